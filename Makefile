@@ -1,0 +1,84 @@
+# dualpath-emu developer commands. `make help` lists them.
+
+.DEFAULT_GOAL := help
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+VENV_STAMP := $(VENV)/.requirements-installed
+BUILD_STAMP := $(VENV)/.build-stamp
+FUZZ_SECONDS ?= 60
+ARGS ?=
+
+# Everything the extension is built from; .py files need no rebuild (maturin develop installs the
+# package editable: python/ is on sys.path through a .pth file).
+BUILD_INPUTS := Cargo.toml $(wildcard Cargo.lock) pyproject.toml core/Cargo.toml \
+	$(shell find core -name '*.rs' -not -path '*/target/*')
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help
+help: ## Show this list of targets
+	@grep -hE '^[a-zA-Z0-9_.-]+:.*?## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.venv: $(VENV_STAMP) ## Create .venv with the pinned dev tools (redone when requirements-dev.txt changes)
+
+$(VENV_STAMP): requirements-dev.txt
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+.PHONY: build
+build: $(BUILD_STAMP) ## Build the Rust extension (release) and install the package and `dualpath-emu` into .venv
+
+$(BUILD_STAMP): $(VENV_STAMP) $(BUILD_INPUTS)
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release
+	touch $@
+
+.PHONY: run
+run: build ## Run the demo (`dualpath-emu run $(ARGS)`)
+	$(VENV)/bin/dualpath-emu run $(ARGS)
+
+.PHONY: test
+test: build ## Rust tests (no libpython), stub check, then pytest
+	cargo test --workspace
+	$(MAKE) --no-print-directory stubtest
+	$(VENV)/bin/pytest
+
+.PHONY: stubtest
+stubtest: build ## Check python/dualpath_emu/_core.pyi against the built extension
+	$(PYTHON) -m mypy.stubtest dualpath_emu._core --allowlist tests/stubtest-allowlist.txt
+
+.PHONY: bench
+bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
+	cargo run --release -p dualpath-emu-core --example bench_core
+	$(PYTHON) -m dualpath_emu.bench
+
+.PHONY: fuzz
+fuzz: ## Run the fuzz targets for FUZZ_SECONDS each (default 60)
+	bash fuzz/run.sh $(FUZZ_SECONDS)
+
+.PHONY: fuzz-smoke
+fuzz-smoke: ## Short fuzz run (20 s) if fuzz/run.sh exists; CI runs it
+	@if [ -f fuzz/run.sh ]; then bash fuzz/run.sh 20; else echo "fuzz-smoke: no fuzz/run.sh, skipped"; fi
+
+.PHONY: lint
+lint: build ## rustfmt check, clippy (with and without the python feature) -D warnings, stubtest, mypy
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p dualpath-emu-core --all-targets --features python -- -D warnings
+	$(MAKE) --no-print-directory stubtest
+	$(PYTHON) -m mypy
+
+.PHONY: format
+format: ## Format the Rust code
+	cargo fmt --all
+
+.PHONY: clean
+clean: ## Remove .venv, build outputs and caches
+	rm -rf $(VENV) target build out .pytest_cache .hypothesis .mypy_cache
+	rm -f python/dualpath_emu/*.so python/dualpath_emu/*.pyd
+	find python tests -name __pycache__ -type d -prune -exec rm -rf {} +

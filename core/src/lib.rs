@@ -1,0 +1,24 @@
+//! dualpath-emu core: owns time and every byte that moves.
+//!
+//! Ports (NIC sides, PCIe links, DRAM, storage) with token buckets and InfiniBand-style virtual lanes;
+//! multi-hop transfers with exact completion times; a 3FS-like storage model; a virtual or wall clock
+//! and the event queue; counters. The Python binding (feature `python`) is a thin batch-oriented layer.
+
+pub mod bucket;
+pub mod clock;
+pub mod error;
+pub mod events;
+pub mod lanes;
+pub mod network;
+pub mod sim;
+pub mod storage;
+
+pub use error::{CoreError, ErrorKind, Result};
+pub use events::TimeNs;
+pub use lanes::{Lane, VlArbitration, MAX_LANES};
+pub use network::{PortCounters, PortId, PortSpec};
+pub use sim::{ClockMode, Completion, CompletionKind, Core, CoreConfig, CoreStats};
+pub use storage::{IoKind, NodeId, QueueState, StorageNodeSpec, StorageSpec};
+
+#[cfg(feature = "python")]
+mod python;

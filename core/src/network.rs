@@ -1,0 +1,950 @@
+//! Ports and multi-hop transfers: the fluid rate model of the data plane.
+//!
+//! A *port* is one direction of a resource (a NIC's transmit or receive side, a PCIe direction, host DRAM,
+//! the storage cluster) with a sustained rate, a lane arbiter (`lanes.rs`), and optionally a token bucket
+//! that lets it run at a higher peak (line) rate while tokens last. A *transfer* moves bytes on one lane
+//! along a path of ports.
+//!
+//! Rate model:
+//! - Transfers with the same path and lane form a *group* and share its rate equally (processor sharing).
+//!   The group keeps the cumulative service one of its flows has received; a flow ends when that reaches
+//!   its value at the flow's arrival plus the flow's size. A rate change therefore touches one number per
+//!   group, never one per transfer.
+//! - Rates across groups are the fixed point of a per-port *advertised rate* (the distributed max-min
+//!   algorithm of Charny et al., generalised to lanes): every port `p` advertises `mu[p][lane]`, the
+//!   per-flow rate it offers to flows not held back elsewhere; a flow's rate is the minimum advertisement
+//!   on its path. A port computes its advertisements from its capacity, its arbiter's work-conserving
+//!   allocation among lanes (a lane's demand is the sum over its flows of what the rest of their path
+//!   allows) and water filling among the flows of a lane. So a port serves lanes by their priority and
+//!   weights, flows within a lane max-min fairly, and capacity a flow cannot use goes to the others.
+//! - A change (arrival, completion, bucket running dry) recomputes the ports on the changed path and
+//!   propagates only to ports whose inputs change, so an event costs a few port recomputations, not a
+//!   global solve. Completion times are exact to the nanosecond between changes; nothing ticks.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::lanes::{Lane, LaneShares, VlArbitration, MAX_LANES};
+use crate::{CoreError, Result};
+
+/// Index of a port, in the order ports were added.
+pub type PortId = u32;
+type GroupId = u32;
+
+const NS_PER_S: f64 = 1e9;
+const INF: f64 = f64::INFINITY;
+const DETACHED: u32 = u32::MAX;
+/// Relative change below which an advertised rate counts as unchanged (stops propagation on noise).
+const REL_TOL: f64 = 1e-12;
+/// Recomputations of one port within one change after which its updates are damped (see recompute_port).
+const DAMP_AFTER_VISITS: u32 = 8;
+/// Recomputations of one port within one change after which it stops propagating (see `recompute`).
+const MAX_VISITS: u32 = 256;
+/// Relative load above capacity that counts as an overload (float rounding stays far below it).
+const OVERLOAD_TOL: f64 = 1e-9;
+
+/// What a port is: its name, rates, bucket, packet size and lane arbitration.
+#[derive(Clone, Debug)]
+pub struct PortSpec {
+    pub name: String,
+    /// Sustained rate: the token bucket's fill rate, and the port's capacity once the bucket is empty.
+    pub rate_bytes_per_s: f64,
+    /// Line rate while the bucket has tokens; equal to `rate_bytes_per_s` for a plain port (no bucket).
+    pub peak_bytes_per_s: f64,
+    /// Token-bucket depth: how far the port may run ahead of its sustained rate.
+    pub burst_bytes: f64,
+    /// Packet size the lane arbiter's weights are quantised by.
+    pub mtu_bytes: u32,
+    pub arbitration: VlArbitration,
+}
+
+impl PortSpec {
+    /// A plain port: no burst above `rate`, 4 KiB packets, no QoS (all lanes equal).
+    pub fn plain(name: impl Into<String>, rate_bytes_per_s: f64) -> Self {
+        Self {
+            name: name.into(),
+            rate_bytes_per_s,
+            peak_bytes_per_s: rate_bytes_per_s,
+            burst_bytes: 0.0,
+            mtu_bytes: 4096,
+            arbitration: VlArbitration::fair(15),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let ok_rate = |x: f64| x.is_finite() && x > 0.0;
+        if self.name.is_empty() {
+            return Err(CoreError::invalid("name", "a non-empty port name"));
+        }
+        if !ok_rate(self.rate_bytes_per_s) {
+            return Err(CoreError::invalid(
+                "rate_bytes_per_s",
+                format!("a finite rate > 0 for port {:?}, got {}", self.name, self.rate_bytes_per_s),
+            ));
+        }
+        if !ok_rate(self.peak_bytes_per_s) || self.peak_bytes_per_s < self.rate_bytes_per_s {
+            return Err(CoreError::invalid(
+                "peak_bytes_per_s",
+                format!(
+                    "a finite rate >= rate_bytes_per_s ({}) for port {:?}, got {}",
+                    self.rate_bytes_per_s, self.name, self.peak_bytes_per_s
+                ),
+            ));
+        }
+        if !(self.burst_bytes.is_finite() && self.burst_bytes >= 0.0) {
+            return Err(CoreError::invalid(
+                "burst_bytes",
+                format!("a finite size >= 0 for port {:?}, got {}", self.name, self.burst_bytes),
+            ));
+        }
+        if self.mtu_bytes == 0 {
+            return Err(CoreError::invalid("mtu_bytes", format!("> 0 for port {:?}", self.name)));
+        }
+        self.arbitration.validate()
+    }
+
+    fn has_bucket(&self) -> bool {
+        self.peak_bytes_per_s > self.rate_bytes_per_s && self.burst_bytes > 0.0
+    }
+}
+
+/// Who a flow belongs to: a user transfer (with the caller's tag) or a storage I/O of the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    User(u64),
+    Io(u32),
+}
+
+/// A transfer that has moved its last byte.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Finished {
+    pub owner: Owner,
+    pub lane: Lane,
+    pub size_bytes: u64,
+    pub start_ns: TimeNs,
+    pub end_ns: TimeNs,
+}
+
+/// Counters of one port, from which every utilisation metric is computed.
+#[derive(Clone, Debug, Default)]
+pub struct PortCounters {
+    /// Integral of each lane's rate over time (what actually crossed the port, so far).
+    pub fluid_bytes: [f64; MAX_LANES],
+    /// Sizes of finished transfers that crossed this port, per lane (exact integers).
+    pub completed_bytes: [u64; MAX_LANES],
+    /// Time during which any byte was moving through the port.
+    pub busy_s: f64,
+    /// Bytes per sampling interval, all lanes (empty if sampling is off).
+    pub samples: Vec<f64>,
+    /// Bytes per sampling interval for each lane that ever carried traffic.
+    pub lane_samples: Vec<(Lane, Vec<f64>)>,
+}
+
+struct Port {
+    spec: PortSpec,
+    shares: LaneShares,
+    /// Current capacity: the peak while the bucket has tokens, the sustained rate otherwise.
+    capacity: f64,
+    tokens: f64,
+    bucket_version: u64,
+    /// Groups with flows crossing this port.
+    members: Vec<GroupId>,
+    /// Bit l set when `mu[l]` is finite.
+    bottleneck_lanes: u16,
+    /// Cached demand per lane: sum over member flows of what the rest of their path allows (finite
+    /// part), and the number of flows nothing else limits. Kept in step with every change so a port that
+    /// holds nothing back can prove in O(lanes) that it still does not, without visiting its members.
+    demand: [f64; MAX_LANES],
+    unbounded_flows: [i64; MAX_LANES],
+    usage: [f64; MAX_LANES],
+    total_usage: f64,
+    settled_at: TimeNs,
+    counters: PortCounters,
+    queued: bool,
+    /// Recomputations of this port during the current `recompute`, and the direction of each lane's
+    /// last change in it (to recognise an alternation).
+    visits: u32,
+    last_step: [i8; MAX_LANES],
+    /// In `Network::raised` (its load went up in the current `apply_rates`).
+    raised: bool,
+}
+
+#[derive(Debug)]
+struct Flow {
+    /// Group service (bytes per flow) at which this flow is done.
+    finish: f64,
+    seq: u64,
+    owner: Owner,
+    size_bytes: u64,
+    start_ns: TimeNs,
+}
+
+impl PartialEq for Flow {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Flow {}
+impl PartialOrd for Flow {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Flow {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.finish.total_cmp(&other.finish).then(self.seq.cmp(&other.seq))
+    }
+}
+
+struct Group {
+    path: Box<[PortId]>,
+    /// Index of this group in `ports[path[i]].members`, or DETACHED while the group is empty.
+    slots: Box<[u32]>,
+    lane: Lane,
+    flows: BinaryHeap<Reverse<Flow>>,
+    /// Per-flow rate (bytes/s).
+    rate: f64,
+    /// `flows.len() * rate` as last charged to the ports' usage.
+    charged: f64,
+    /// Cumulative per-flow service (bytes) at `service_at`.
+    service: f64,
+    service_at: TimeNs,
+    dirty: bool,
+}
+
+impl Group {
+    fn settle(&mut self, now: TimeNs) {
+        if now > self.service_at {
+            self.service += self.rate * (now - self.service_at) as f64 / NS_PER_S;
+            self.service_at = now;
+        }
+    }
+}
+
+/// Counters about the rate computation itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Port recomputations done.
+    pub port_recomputes: u64,
+    /// Changes after which some port hit its recomputation cap (see `recompute`).
+    pub non_converged: u64,
+    /// Flows finished.
+    pub finished: u64,
+    /// Recomputations answered from the demand cache (the port provably holds nothing back).
+    pub skipped_recomputes: u64,
+    /// Ports scaled down because the iteration stopped short of its fixed point.
+    pub overload_repairs: u64,
+}
+
+/// All ports and in-flight transfers.
+pub struct Network {
+    ports: Vec<Port>,
+    /// Advertised per-flow rate of each port per lane (INF: the port does not hold the lane back).
+    /// Kept apart from `ports` because it is the hottest data: read for every member on every recompute.
+    mu: Vec<[f64; MAX_LANES]>,
+    by_name: HashMap<String, PortId>,
+    groups: Vec<Group>,
+    group_of: HashMap<(Box<[PortId]>, Lane), GroupId>,
+    worklist: VecDeque<PortId>,
+    dirty_groups: Vec<GroupId>,
+    bucket_ports: Vec<PortId>,
+    next_flow_seq: u64,
+    active_flows: u64,
+    sample_ns: u64,
+    scratch: Vec<(Lane, f64, f64)>,
+    /// Ports recomputed during the current `recompute` (to reset their visit counts).
+    visited: Vec<PortId>,
+    /// Ports whose load went up during the current `apply_rates`.
+    raised: Vec<PortId>,
+    pub stats: NetStats,
+}
+
+impl Network {
+    /// `sample_ns` is the utilisation sampling interval (0 = no samples).
+    pub fn new(sample_ns: u64) -> Self {
+        Self {
+            ports: Vec::new(),
+            mu: Vec::new(),
+            by_name: HashMap::new(),
+            groups: Vec::new(),
+            group_of: HashMap::new(),
+            worklist: VecDeque::new(),
+            dirty_groups: Vec::new(),
+            bucket_ports: Vec::new(),
+            next_flow_seq: 0,
+            active_flows: 0,
+            sample_ns,
+            scratch: Vec::new(),
+            visited: Vec::new(),
+            raised: Vec::new(),
+            stats: NetStats::default(),
+        }
+    }
+
+    pub fn add_port(&mut self, spec: PortSpec, now: TimeNs) -> Result<PortId> {
+        spec.validate()?;
+        if self.by_name.contains_key(&spec.name) {
+            return Err(CoreError::invalid("name", format!("a new port name, {:?} already exists", spec.name)));
+        }
+        let shares = spec.arbitration.rate_model(spec.mtu_bytes)?;
+        let id = PortId::try_from(self.ports.len()).map_err(|_| CoreError::invalid("name", "too many ports"))?;
+        let (capacity, tokens) =
+            if spec.has_bucket() { (spec.peak_bytes_per_s, spec.burst_bytes) } else { (spec.rate_bytes_per_s, 0.0) };
+        self.by_name.insert(spec.name.clone(), id);
+        self.mu.push([INF; MAX_LANES]);
+        self.ports.push(Port {
+            spec,
+            shares,
+            capacity,
+            tokens,
+            bucket_version: 0,
+            members: Vec::new(),
+            bottleneck_lanes: 0,
+            demand: [0.0; MAX_LANES],
+            unbounded_flows: [0; MAX_LANES],
+            usage: [0.0; MAX_LANES],
+            total_usage: 0.0,
+            settled_at: now,
+            counters: PortCounters::default(),
+            queued: false,
+            visits: 0,
+            last_step: [0; MAX_LANES],
+            raised: false,
+        });
+        Ok(id)
+    }
+
+    pub fn port_id(&self, name: &str) -> Result<PortId> {
+        self.by_name.get(name).copied().ok_or_else(|| CoreError::unknown("port", format!("{name:?}")))
+    }
+
+    pub fn port_count(&self) -> usize {
+        self.ports.len()
+    }
+
+    pub fn port_spec(&self, port: PortId) -> Result<&PortSpec> {
+        Ok(&self.port(port)?.spec)
+    }
+
+    fn port(&self, port: PortId) -> Result<&Port> {
+        self.ports.get(port as usize).ok_or_else(|| CoreError::unknown("port", port))
+    }
+
+    /// Check that a transfer on `lane` along `path` could ever move.
+    pub fn validate_path(&self, path: &[PortId], lane: Lane) -> Result<()> {
+        if path.is_empty() {
+            return Err(CoreError::invalid("path", "at least one port"));
+        }
+        if lane as usize >= MAX_LANES {
+            return Err(CoreError::invalid("lane", format!("a lane in 0..{MAX_LANES}, got {lane}")));
+        }
+        for (i, &p) in path.iter().enumerate() {
+            let port = self.port(p)?;
+            if path[..i].contains(&p) {
+                return Err(CoreError::invalid(
+                    "path",
+                    format!("each port once, port {:?} appears twice", port.spec.name),
+                ));
+            }
+            if !port.shares.serves(lane) {
+                return Err(CoreError::invalid(
+                    "lane",
+                    format!(
+                        "a lane that port {:?} serves; its arbitration gives lane {lane} no weight",
+                        port.spec.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Start a transfer of `size_bytes` (> 0) at `now`. Rates are recomputed by the next `recompute`.
+    pub fn add_flow(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, owner: Owner, now: TimeNs) -> Result<()> {
+        self.validate_path(path, lane)?;
+        if size_bytes == 0 {
+            return Err(CoreError::invalid(
+                "size_bytes",
+                "> 0 for a flow (zero-byte transfers never reach the network)",
+            ));
+        }
+        let gid = match self.group_of.get(&(Box::<[PortId]>::from(path), lane)) {
+            Some(&g) => g,
+            None => {
+                let g = self.groups.len() as GroupId;
+                self.groups.push(Group {
+                    path: path.into(),
+                    slots: vec![DETACHED; path.len()].into(),
+                    lane,
+                    flows: BinaryHeap::new(),
+                    rate: 0.0,
+                    charged: 0.0,
+                    service: 0.0,
+                    service_at: now,
+                    dirty: false,
+                });
+                self.group_of.insert((path.into(), lane), g);
+                g
+            }
+        };
+        let group = &mut self.groups[gid as usize];
+        if group.flows.is_empty() {
+            group.service = 0.0;
+            group.service_at = now;
+            for (i, &p) in group.path.iter().enumerate() {
+                let members = &mut self.ports[p as usize].members;
+                group.slots[i] = members.len() as u32;
+                members.push(gid);
+            }
+        } else {
+            group.settle(now);
+        }
+        let seq = self.next_flow_seq;
+        self.next_flow_seq += 1;
+        group.flows.push(Reverse(Flow {
+            finish: group.service + size_bytes as f64,
+            seq,
+            owner,
+            size_bytes,
+            start_ns: now,
+        }));
+        self.active_flows += 1;
+        self.add_group_demand(gid, 1.0);
+        self.touch_group(gid, true);
+        Ok(())
+    }
+
+    /// What the ports of `gid`'s path other than `p` allow one of its flows.
+    fn external_cap(&self, gid: GroupId, p: PortId) -> f64 {
+        let group = &self.groups[gid as usize];
+        let lane = group.lane as usize;
+        group.path.iter().filter(|&&q| q != p).map(|&q| self.mu[q as usize][lane]).fold(INF, f64::min)
+    }
+
+    /// `flows` more (or fewer, if negative) flows of group `gid` at every port of its path.
+    fn add_group_demand(&mut self, gid: GroupId, flows: f64) {
+        let lane = self.groups[gid as usize].lane;
+        for i in 0..self.groups[gid as usize].path.len() {
+            let p = self.groups[gid as usize].path[i];
+            let ext = self.external_cap(gid, p);
+            add_demand(&mut self.ports[p as usize], lane, flows, ext);
+        }
+    }
+
+    /// Mark a group's rate for recomputation and its ports for re-allocation.
+    fn touch_group(&mut self, gid: GroupId, demand_may_rise: bool) {
+        let group = &mut self.groups[gid as usize];
+        if !group.dirty {
+            group.dirty = true;
+            self.dirty_groups.push(gid);
+        }
+        for i in 0..group.path.len() {
+            let p = self.groups[gid as usize].path[i];
+            self.enqueue(p, demand_may_rise);
+        }
+    }
+
+    fn enqueue(&mut self, p: PortId, demand_may_rise: bool) {
+        let port = &mut self.ports[p as usize];
+        // A port that holds nothing back stays that way when its demand only falls.
+        if port.queued || (!demand_may_rise && port.bottleneck_lanes == 0) {
+            return;
+        }
+        port.queued = true;
+        self.worklist.push_back(p);
+    }
+
+    /// Handle a group's completion event. Returns false if the event was stale.
+    pub fn on_group_event(&mut self, gid: u32, now: TimeNs, out: &mut Vec<Finished>) -> bool {
+        let Some(group) = self.groups.get_mut(gid as usize) else { return false };
+        group.settle(now);
+        // Completion times are rounded up to the nanosecond, so allow a nanosecond's worth of service.
+        let tolerance = group.rate * 1e-9 + 1e-9;
+        let mut done = 0u64;
+        while let Some(Reverse(top)) = group.flows.peek() {
+            if top.finish > group.service + tolerance {
+                break;
+            }
+            let Reverse(flow) = group.flows.pop().expect("peeked");
+            for &p in group.path.iter() {
+                self.ports[p as usize].counters.completed_bytes[group.lane as usize] += flow.size_bytes;
+            }
+            out.push(Finished {
+                owner: flow.owner,
+                lane: group.lane,
+                size_bytes: flow.size_bytes,
+                start_ns: flow.start_ns,
+                end_ns: now,
+            });
+            done += 1;
+        }
+        self.active_flows -= done;
+        self.stats.finished += done;
+        if done > 0 {
+            self.add_group_demand(gid, -(done as f64));
+        }
+        if done > 0 && self.groups[gid as usize].flows.is_empty() {
+            self.detach(gid);
+        }
+        self.touch_group(gid, false);
+        true
+    }
+
+    fn detach(&mut self, gid: GroupId) {
+        let path_len = self.groups[gid as usize].path.len();
+        for i in 0..path_len {
+            let p = self.groups[gid as usize].path[i];
+            let slot = self.groups[gid as usize].slots[i];
+            let members = &mut self.ports[p as usize].members;
+            members.swap_remove(slot as usize);
+            if let Some(&moved) = members.get(slot as usize) {
+                let m = &mut self.groups[moved as usize];
+                let pos = m.path.iter().position(|&q| q == p).expect("member crosses the port");
+                m.slots[pos] = slot;
+            }
+            self.groups[gid as usize].slots[i] = DETACHED;
+        }
+    }
+
+    /// Handle a port's bucket running dry. Returns false if stale.
+    pub fn on_bucket_event(&mut self, p: u32, version: u64, now: TimeNs) -> bool {
+        let sample_ns = self.sample_ns;
+        let Some(port) = self.ports.get_mut(p as usize) else { return false };
+        if port.bucket_version != version {
+            return false;
+        }
+        settle_port(port, now, sample_ns);
+        port.tokens = 0.0;
+        port.capacity = port.spec.rate_bytes_per_s;
+        self.enqueue(p, true);
+        true
+    }
+
+    /// Bring rates to the new fixed point after arrivals/completions at `now`, update port usage and
+    /// counters, and schedule the affected groups' next completions.
+    pub fn recompute(&mut self, now: TimeNs, queue: &mut EventQueue) {
+        let mut pops = 0u64;
+        let mut gave_up = false;
+        while let Some(p) = self.worklist.pop_front() {
+            let port = &mut self.ports[p as usize];
+            port.queued = false;
+            port.visits += 1;
+            if port.visits == 1 {
+                self.visited.push(p);
+            }
+            if port.visits > MAX_VISITS {
+                // Mixed arbitration along paths can leave a continuum of fixed points that the iteration
+                // creeps along; every point on it is feasible and work conserving, so stop here.
+                gave_up = true;
+                continue;
+            }
+            pops += 1;
+            self.recompute_port(p, now);
+        }
+        if gave_up {
+            self.stats.non_converged += 1;
+        }
+        self.stats.port_recomputes += pops;
+        for p in self.visited.drain(..) {
+            self.ports[p as usize].visits = 0;
+            self.ports[p as usize].last_step = [0; MAX_LANES];
+        }
+        self.apply_rates(now, queue);
+        self.check_buckets(now, queue);
+    }
+
+    fn recompute_port(&mut self, p: PortId, now: TimeNs) {
+        let sample_ns = self.sample_ns;
+        {
+            let port = &mut self.ports[p as usize];
+            if port.spec.has_bucket() {
+                settle_port(port, now, sample_ns);
+                // Back to the peak once at least a packet's worth of tokens has built up.
+                port.capacity = if port.tokens >= port.spec.mtu_bytes as f64 {
+                    port.spec.peak_bytes_per_s
+                } else {
+                    port.spec.rate_bytes_per_s
+                };
+            }
+            // A port that held nothing back and whose whole demand fits keeps advertising "no limit".
+            let fits = port.unbounded_flows.iter().all(|&n| n == 0)
+                && port.demand.iter().sum::<f64>() <= port.capacity * (1.0 - 1e-9);
+            if port.bottleneck_lanes == 0 && fits {
+                self.stats.skipped_recomputes += 1;
+                return;
+            }
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let mut demand = [0.0f64; MAX_LANES];
+        let mut unbounded = [0i64; MAX_LANES];
+        for &g in &self.ports[p as usize].members {
+            let group = &self.groups[g as usize];
+            let lane = group.lane as usize;
+            let ext = self.external_cap(g, p);
+            let n = group.flows.len() as f64;
+            if ext.is_finite() {
+                demand[lane] += n * ext;
+            } else {
+                unbounded[lane] += n as i64;
+            }
+            scratch.push((group.lane, ext, n));
+        }
+        let port = &mut self.ports[p as usize];
+        // Refresh the cache exactly, shedding any rounding the incremental updates accumulated.
+        port.demand = demand;
+        port.unbounded_flows = unbounded;
+        for l in 0..MAX_LANES {
+            if unbounded[l] > 0 {
+                demand[l] = INF;
+            }
+        }
+        let mut alloc = [0.0f64; MAX_LANES];
+        let mut lanes = (0..MAX_LANES).filter(|&l| demand[l] > 0.0);
+        match (lanes.next(), lanes.next()) {
+            // One lane: the arbiter has nothing to arbitrate (validate_path ensured the lane is served).
+            (Some(l), None) => alloc[l] = demand[l].min(port.capacity),
+            _ => port.shares.allocate(port.capacity, &demand, &mut alloc),
+        }
+        let old = self.mu[p as usize];
+        let mut mu = old;
+        let mut changed: u16 = 0;
+        let mut damped = false;
+        for l in 0..MAX_LANES {
+            let (d, a) = (demand[l], alloc[l]);
+            let mut new = if d == 0.0 || (d.is_finite() && a >= d * (1.0 - REL_TOL)) {
+                INF
+            } else {
+                water_level(&mut scratch, l as Lane, a)
+            };
+            // Priorities can close a loop with negative feedback (a low lane's share at one port caps a
+            // flow that competes with a high lane elsewhere), where the plain iteration alternates
+            // between two values forever. When a port's advertisement keeps reversing direction within
+            // one change, halving its step turns the alternation into a contraction onto the fixed point.
+            if new.is_finite() && old[l].is_finite() && differs(old[l], new) {
+                let step: i8 = if new > old[l] { 1 } else { -1 };
+                if port.visits > DAMP_AFTER_VISITS && step == -port.last_step[l] {
+                    new = 0.5 * (new + old[l]);
+                    // A damped value is not this port's own answer yet: come back until it settles.
+                    damped = true;
+                }
+                port.last_step[l] = step;
+            }
+            // Changes below the tolerance are not taken, so every advertised change is propagated.
+            if differs(old[l], new) {
+                mu[l] = new;
+                changed |= 1 << l;
+            }
+        }
+        self.scratch = scratch;
+        if changed == 0 {
+            return;
+        }
+        self.mu[p as usize] = mu;
+        port.bottleneck_lanes = (0..MAX_LANES).filter(|&l| mu[l].is_finite()).fold(0u16, |m, l| m | (1 << l));
+        if damped {
+            self.enqueue(p, true);
+        }
+        // Tell the other ports of every group in a changed lane, where the group's cap there changed.
+        let members = std::mem::take(&mut self.ports[p as usize].members);
+        for &g in &members {
+            let lane = self.groups[g as usize].lane as usize;
+            if changed & (1 << lane) == 0 {
+                continue;
+            }
+            if !self.groups[g as usize].dirty {
+                self.groups[g as usize].dirty = true;
+                self.dirty_groups.push(g);
+            }
+            let path_len = self.groups[g as usize].path.len();
+            for j in 0..path_len {
+                let q = self.groups[g as usize].path[j];
+                if q == p {
+                    continue;
+                }
+                let others = |mu_p: f64| {
+                    self.groups[g as usize]
+                        .path
+                        .iter()
+                        .filter(|&&r| r != q)
+                        .map(|&r| if r == p { mu_p } else { self.mu[r as usize][lane] })
+                        .fold(INF, f64::min)
+                };
+                let (before, after) = (others(old[lane]), others(mu[lane]));
+                if before != after {
+                    let n = self.groups[g as usize].flows.len() as f64;
+                    let port = &mut self.ports[q as usize];
+                    add_demand(port, lane as Lane, -n, before);
+                    add_demand(port, lane as Lane, n, after);
+                }
+                if differs(before, after) {
+                    self.enqueue(q, after > before);
+                }
+            }
+        }
+        self.ports[p as usize].members = members;
+    }
+
+    fn apply_rates(&mut self, now: TimeNs, queue: &mut EventQueue) {
+        let dirty = std::mem::take(&mut self.dirty_groups);
+        for &g in &dirty {
+            let group = &mut self.groups[g as usize];
+            group.dirty = false;
+            let lane = group.lane as usize;
+            let mut rate = if group.flows.is_empty() {
+                0.0
+            } else {
+                group.path.iter().map(|&q| self.mu[q as usize][lane]).fold(INF, f64::min)
+            };
+            if !rate.is_finite() {
+                // Only reachable if propagation was cut short: fall back to the slowest port's capacity.
+                rate = group.path.iter().map(|&q| self.ports[q as usize].capacity).fold(INF, f64::min);
+            }
+            self.set_group_rate(g, rate, now, queue);
+        }
+        self.dirty_groups = dirty;
+        self.dirty_groups.clear();
+        // Where the iteration stopped short of its fixed point (see `recompute`), a port may be asked for
+        // more than it has: scale its flows down. Scaling only lowers other ports' load, so one pass over
+        // the ports whose load rose suffices. Never happens when the iteration converged.
+        let raised = std::mem::take(&mut self.raised);
+        for &p in &raised {
+            let port = &mut self.ports[p as usize];
+            port.raised = false;
+            if port.total_usage > port.capacity * (1.0 + OVERLOAD_TOL) {
+                let factor = port.capacity / port.total_usage;
+                self.stats.overload_repairs += 1;
+                // A copy: set_group_rate reads the member list (an empty one means an idle port).
+                let members = self.ports[p as usize].members.clone();
+                for g in members {
+                    let rate = self.groups[g as usize].rate * factor;
+                    self.set_group_rate(g, rate, now, queue);
+                }
+            }
+        }
+        self.raised = raised;
+        self.raised.clear();
+    }
+
+    /// Give group `g` a new per-flow rate at `now`: settle its service, charge its ports, reschedule.
+    fn set_group_rate(&mut self, g: GroupId, rate: f64, now: TimeNs, queue: &mut EventQueue) {
+        let sample_ns = self.sample_ns;
+        let group = &mut self.groups[g as usize];
+        let lane = group.lane as usize;
+        group.settle(now);
+        let charge = group.flows.len() as f64 * rate;
+        if charge != group.charged {
+            let delta = charge - group.charged;
+            for &q in group.path.iter() {
+                let port = &mut self.ports[q as usize];
+                settle_port(port, now, sample_ns);
+                port.usage[lane] = (port.usage[lane] + delta).max(0.0);
+                port.total_usage = (port.total_usage + delta).max(0.0);
+                if port.members.is_empty() {
+                    // Nothing flows: clear accumulated rounding so idle means exactly zero.
+                    port.usage = [0.0; MAX_LANES];
+                    port.total_usage = 0.0;
+                }
+                if delta > 0.0 && !port.raised {
+                    port.raised = true;
+                    self.raised.push(q);
+                }
+                if port.spec.has_bucket() {
+                    self.bucket_ports.push(q);
+                }
+            }
+            group.charged = charge;
+        }
+        group.rate = rate;
+        match group.flows.peek() {
+            Some(Reverse(next)) if rate > 0.0 => {
+                let left = (next.finish - group.service).max(0.0);
+                let dt_ns = (left / rate * NS_PER_S).ceil();
+                let t = now.saturating_add(if dt_ns >= u64::MAX as f64 { u64::MAX } else { dt_ns as u64 });
+                queue.schedule_group(g, t);
+            }
+            // Empty, or starved by a higher-priority lane: nothing to schedule until rates change.
+            _ => queue.cancel_group(g),
+        }
+    }
+
+    fn check_buckets(&mut self, now: TimeNs, queue: &mut EventQueue) {
+        let sample_ns = self.sample_ns;
+        while let Some(p) = self.bucket_ports.pop() {
+            let port = &mut self.ports[p as usize];
+            settle_port(port, now, sample_ns);
+            let rate = port.spec.rate_bytes_per_s;
+            if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
+                port.bucket_version += 1;
+                let dt_ns = (port.tokens / (port.total_usage - rate) * NS_PER_S).ceil() as u64;
+                queue.push(now + dt_ns, EventKind::BucketEmpty { port: p, version: port.bucket_version });
+            }
+        }
+    }
+
+    /// Bring every port's counters up to `now`.
+    pub fn settle_all(&mut self, now: TimeNs) {
+        let sample_ns = self.sample_ns;
+        for port in &mut self.ports {
+            settle_port(port, now, sample_ns);
+        }
+    }
+
+    pub fn counters(&self, port: PortId) -> Result<&PortCounters> {
+        Ok(&self.port(port)?.counters)
+    }
+
+    /// Current rate of each lane through a port (bytes/s).
+    pub fn lane_rates(&self, port: PortId) -> Result<[f64; MAX_LANES]> {
+        Ok(self.port(port)?.usage)
+    }
+
+    /// Current capacity of a port (its peak while its bucket has tokens).
+    pub fn capacity(&self, port: PortId) -> Result<f64> {
+        Ok(self.port(port)?.capacity)
+    }
+
+    /// Per-flow rate of the transfers on `lane` along `path`, if any are in flight.
+    pub fn flow_rate(&self, path: &[PortId], lane: Lane) -> Option<f64> {
+        let g = *self.group_of.get(&(Box::<[PortId]>::from(path), lane))?;
+        let group = &self.groups[g as usize];
+        (!group.flows.is_empty()).then_some(group.rate)
+    }
+
+    pub fn bucket_version(&self, port: u32) -> Option<u64> {
+        self.ports.get(port as usize).map(|p| p.bucket_version)
+    }
+
+    /// Every group with flows in flight: (path, lane, flows, per-flow rate). For tests and inspection.
+    pub fn in_flight(&self) -> Vec<(Vec<PortId>, Lane, usize, f64)> {
+        self.groups
+            .iter()
+            .filter(|g| !g.flows.is_empty())
+            .map(|g| (g.path.to_vec(), g.lane, g.flows.len(), g.rate))
+            .collect()
+    }
+
+    pub fn active_flows(&self) -> u64 {
+        self.active_flows
+    }
+
+    pub fn sample_ns(&self) -> u64 {
+        self.sample_ns
+    }
+
+    /// True while some change has not been folded into the rates yet.
+    pub fn needs_recompute(&self) -> bool {
+        !self.worklist.is_empty() || !self.dirty_groups.is_empty() || !self.bucket_ports.is_empty()
+    }
+}
+
+/// Per-flow level `mu` of `lane` with `sum n * min(cap, mu) = alloc` over its entries `(lane, cap, n)`.
+/// Repeatedly sets aside the entries capped below the current level; no sort needed, and a few passes
+/// suffice in practice. Marks visited entries by negating their count, and restores them.
+fn water_level(entries: &mut [(Lane, f64, f64)], lane: Lane, alloc: f64) -> f64 {
+    let mut remaining = alloc;
+    let mut count: f64 = entries.iter().filter(|e| e.0 == lane).map(|e| e.2).sum();
+    loop {
+        if count <= 0.0 {
+            break;
+        }
+        let level = remaining / count;
+        let mut set_aside = false;
+        for e in entries.iter_mut().filter(|e| e.0 == lane && e.2 > 0.0) {
+            if e.1 < level {
+                remaining -= e.1 * e.2;
+                count -= e.2;
+                e.2 = -e.2;
+                set_aside = true;
+            }
+        }
+        if !set_aside {
+            break;
+        }
+    }
+    for e in entries.iter_mut().filter(|e| e.0 == lane && e.2 < 0.0) {
+        e.2 = -e.2;
+    }
+    if count > 0.0 {
+        (remaining / count).max(0.0)
+    } else {
+        INF
+    }
+}
+
+/// Account `flows` flows (negative: fewer) whose external cap is `ext` in a port's demand cache.
+fn add_demand(port: &mut Port, lane: Lane, flows: f64, ext: f64) {
+    let l = lane as usize;
+    if ext.is_finite() {
+        port.demand[l] += flows * ext;
+    } else {
+        port.unbounded_flows[l] += flows as i64;
+    }
+}
+
+fn differs(a: f64, b: f64) -> bool {
+    if a == b {
+        return false;
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return true;
+    }
+    (a - b).abs() > REL_TOL * a.abs().max(b.abs())
+}
+
+/// Account the time since the port was last settled: bytes per lane, busy time, samples, tokens.
+fn settle_port(port: &mut Port, now: TimeNs, sample_ns: u64) {
+    let from = port.settled_at;
+    if now <= from {
+        return;
+    }
+    port.settled_at = now;
+    let dt = (now - from) as f64 / NS_PER_S;
+    if port.spec.has_bucket() {
+        let fill = (port.spec.rate_bytes_per_s - port.total_usage) * dt;
+        port.tokens = (port.tokens + fill).clamp(0.0, port.spec.burst_bytes);
+    }
+    if port.total_usage <= 0.0 {
+        return;
+    }
+    let c = &mut port.counters;
+    c.busy_s += dt;
+    for l in 0..MAX_LANES {
+        if port.usage[l] > 0.0 {
+            c.fluid_bytes[l] += port.usage[l] * dt;
+        }
+    }
+    if sample_ns == 0 {
+        return;
+    }
+    add_to_samples(&mut c.samples, from, now, sample_ns, port.total_usage);
+    for l in 0..MAX_LANES {
+        if port.usage[l] > 0.0 {
+            let lane = l as Lane;
+            let idx = match c.lane_samples.iter().position(|(x, _)| *x == lane) {
+                Some(i) => i,
+                None => {
+                    c.lane_samples.push((lane, Vec::new()));
+                    c.lane_samples.len() - 1
+                }
+            };
+            add_to_samples(&mut c.lane_samples[idx].1, from, now, sample_ns, port.usage[l]);
+        }
+    }
+}
+
+/// Spread `rate` bytes/s over [from, to) into fixed sampling intervals.
+fn add_to_samples(samples: &mut Vec<f64>, from: TimeNs, to: TimeNs, sample_ns: u64, rate: f64) {
+    let last = ((to - 1) / sample_ns) as usize;
+    if samples.len() <= last {
+        samples.resize(last + 1, 0.0);
+    }
+    let mut t = from;
+    while t < to {
+        let k = t / sample_ns;
+        let end = ((k + 1) * sample_ns).min(to);
+        samples[k as usize] += rate * (end - t) as f64 / NS_PER_S;
+        t = end;
+    }
+}

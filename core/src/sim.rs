@@ -1,0 +1,520 @@
+//! The core as callers see it: ports, storage and timers on one clock, driven in batches.
+//!
+//! Callers submit work (transfers, storage I/Os, timers), then either advance virtual time or, in wall
+//! mode, poll; finished work comes back as [`Completion`]s in a deterministic order (time, then the order
+//! events were scheduled, then flow order within a group).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+
+use crate::clock::{Pacer, WallClock};
+use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::lanes::{Lane, MAX_LANES};
+use crate::network::{Finished, NetStats, Network, Owner, PortCounters, PortId, PortSpec};
+use crate::storage::{Io, IoKind, NodeId, QueueState, Storage, StorageNodeSpec, StorageSpec};
+use crate::{CoreError, Result};
+
+/// How the core's time advances.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ClockMode {
+    /// Jump from event to event; nothing waits.
+    Virtual,
+    /// Follow the wall clock, scaled (`time_scale` core seconds per wall second).
+    Wall { time_scale: f64 },
+}
+
+/// Settings fixed when the core is created.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    pub clock: ClockMode,
+    /// Utilisation sampling interval (0 = off).
+    pub sample_interval_ns: u64,
+    /// Keep one span per finished transfer for the trace (costs memory on long runs).
+    pub record_spans: bool,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false }
+    }
+}
+
+/// What finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionKind {
+    Transfer,
+    Read,
+    Write,
+    Timer,
+}
+
+impl CompletionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transfer => "transfer",
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Timer => "timer",
+        }
+    }
+}
+
+/// One finished piece of work, with the caller's tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub kind: CompletionKind,
+    pub tag: u64,
+    /// When it was submitted (for I/Os: issued, including queueing and latency).
+    pub start_ns: TimeNs,
+    pub end_ns: TimeNs,
+    pub size_bytes: u64,
+    pub lane: Lane,
+}
+
+/// Counters about the core's own work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Transfers and I/O transfers submitted plus those finished: the "transfer events" of the benchmark.
+    pub transfer_events: u64,
+    /// Live queue events handled (stale reschedules excluded).
+    pub queue_events: u64,
+    pub net: NetStats,
+}
+
+/// A transfer kept for the trace.
+#[derive(Clone, Debug)]
+struct Span {
+    kind: CompletionKind,
+    tag: u64,
+    lane: Lane,
+    size_bytes: u64,
+    start_ns: TimeNs,
+    end_ns: TimeNs,
+}
+
+/// The data-plane core.
+pub struct Core {
+    config: CoreConfig,
+    net: Network,
+    storage: Storage,
+    queue: EventQueue,
+    now: TimeNs,
+    completions: Vec<Completion>,
+    finished: Vec<Finished>,
+    spans: Vec<Span>,
+    pending_timers: u64,
+    pending_transfers: u64,
+    transfer_events: u64,
+    queue_events: u64,
+    wall: Option<(WallClock, Pacer)>,
+}
+
+impl Core {
+    pub fn new(config: CoreConfig) -> Result<Self> {
+        let wall = match config.clock {
+            ClockMode::Virtual => None,
+            ClockMode::Wall { time_scale } => {
+                if !(time_scale.is_finite() && time_scale > 0.0) {
+                    return Err(CoreError::invalid("time_scale", format!("a finite number > 0, got {time_scale}")));
+                }
+                let pacer = Pacer::new().map_err(|e| CoreError::io("pacer socket", e))?;
+                Some((WallClock::new(time_scale), pacer))
+            }
+        };
+        Ok(Self {
+            net: Network::new(config.sample_interval_ns),
+            storage: Storage::new(),
+            queue: EventQueue::default(),
+            now: 0,
+            completions: Vec::new(),
+            finished: Vec::new(),
+            spans: Vec::new(),
+            pending_timers: 0,
+            pending_transfers: 0,
+            transfer_events: 0,
+            queue_events: 0,
+            wall,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// Current core time. In wall mode, the time of the last catch-up with the wall clock.
+    pub fn now_ns(&self) -> TimeNs {
+        self.now
+    }
+
+    pub fn add_port(&mut self, spec: PortSpec) -> Result<PortId> {
+        self.catch_up();
+        self.net.add_port(spec, self.now)
+    }
+
+    pub fn port_id(&self, name: &str) -> Result<PortId> {
+        self.net.port_id(name)
+    }
+
+    pub fn port_spec(&self, port: PortId) -> Result<&PortSpec> {
+        self.net.port_spec(port)
+    }
+
+    pub fn port_count(&self) -> usize {
+        self.net.port_count()
+    }
+
+    pub fn configure_storage(&mut self, spec: StorageSpec) -> Result<()> {
+        self.net.port_spec(spec.read_port)?;
+        self.net.port_spec(spec.write_port)?;
+        self.storage.configure(spec)
+    }
+
+    pub fn add_storage_node(&mut self, spec: StorageNodeSpec) -> Result<NodeId> {
+        for &p in spec.read_path.iter().chain(&spec.write_path) {
+            self.net.port_spec(p)?;
+        }
+        self.storage.add_node(spec)
+    }
+
+    pub fn storage_node_id(&self, name: &str) -> Result<NodeId> {
+        self.storage.node_id(name)
+    }
+
+    /// Outstanding I/O of a storage node (`read_q`).
+    pub fn storage_queue(&self, node: NodeId) -> Result<QueueState> {
+        self.storage.queue(node)
+    }
+
+    /// Check a transfer without submitting it.
+    pub fn check_transfer(&self, path: &[PortId], lane: Lane) -> Result<()> {
+        self.net.validate_path(path, lane)
+    }
+
+    /// Start a transfer now. A zero-byte transfer completes at the current time without touching a port.
+    pub fn submit_transfer(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
+        self.catch_up();
+        if size_bytes == 0 {
+            self.net.validate_path(path, lane)?;
+            self.queue.push(self.now, EventKind::Empty { tag, lane });
+        } else {
+            self.net.add_flow(path, lane, size_bytes, Owner::User(tag), self.now)?;
+        }
+        self.transfer_events += 1;
+        self.pending_transfers += 1;
+        self.after_change();
+        Ok(())
+    }
+
+    /// Check a storage I/O without submitting it.
+    pub fn check_io(&self, node: NodeId, kind: IoKind, lane: Lane) -> Result<()> {
+        self.storage.queue(node)?;
+        let probe = Io { node, kind, lane, size_bytes: 0, tag: 0, issued_ns: 0 };
+        self.net.validate_path(&self.storage.path(&probe), lane)
+    }
+
+    /// Queue a storage read or write on a node; it completes after queueing, latency and transfer.
+    pub fn submit_io(&mut self, node: NodeId, kind: IoKind, lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
+        self.catch_up();
+        self.check_io(node, kind, lane)?;
+        let io = Io { node, kind, lane, size_bytes, tag, issued_ns: self.now };
+        if let Some(id) = self.storage.submit(io)? {
+            self.start_io_after_latency(id);
+        }
+        self.after_change();
+        Ok(())
+    }
+
+    fn start_io_after_latency(&mut self, id: u32) {
+        let latency = self.storage.latency_ns(self.storage.io(id).kind);
+        self.queue.push(self.now + latency, EventKind::IoStart { io: id });
+    }
+
+    /// Complete a timer with `tag` at absolute core time `at_ns` (not in the past).
+    pub fn add_timer(&mut self, at_ns: TimeNs, tag: u64) -> Result<()> {
+        self.catch_up();
+        if at_ns < self.now {
+            return Err(CoreError::invalid("at_ns", format!("a time >= now ({} ns), got {at_ns}", self.now)));
+        }
+        self.queue.push(at_ns, EventKind::Timer { tag });
+        self.pending_timers += 1;
+        self.after_change();
+        Ok(())
+    }
+
+    /// Time of the next live event (after folding in pending changes), or None if nothing is pending.
+    pub fn next_event_ns(&mut self) -> Option<TimeNs> {
+        self.flush();
+        self.skip_stale();
+        self.queue.peek_time()
+    }
+
+    /// Virtual mode: handle every event up to and including `t_ns`, then set the clock to `t_ns`.
+    /// Returns the number of completions now waiting to be taken.
+    pub fn advance_to(&mut self, t_ns: TimeNs) -> Result<usize> {
+        if self.wall.is_some() {
+            return Err(CoreError::state("advance_to is for the virtual clock; a wall-clock core uses poll()"));
+        }
+        if t_ns < self.now {
+            return Err(CoreError::invalid("t_ns", format!("a time >= now ({} ns), got {t_ns}", self.now)));
+        }
+        self.process_until(t_ns);
+        self.now = t_ns;
+        Ok(self.completions.len())
+    }
+
+    /// Virtual mode: handle the next batch of simultaneous events; returns its time, or None if idle.
+    pub fn step(&mut self) -> Result<Option<TimeNs>> {
+        if self.wall.is_some() {
+            return Err(CoreError::state("step is for the virtual clock; a wall-clock core uses poll()"));
+        }
+        let Some(t) = self.next_event_ns() else { return Ok(None) };
+        self.process_until(t);
+        Ok(Some(t))
+    }
+
+    /// Virtual mode: run until no event is pending. Returns the final time.
+    pub fn run_until_idle(&mut self) -> Result<TimeNs> {
+        while self.step()?.is_some() {}
+        Ok(self.now)
+    }
+
+    /// Wall mode: handle every event due by the wall clock and re-arm the pacer. Returns the completions
+    /// now waiting. In virtual mode it is an error.
+    pub fn poll(&mut self) -> Result<usize> {
+        let Some((_, pacer)) = &self.wall else {
+            return Err(CoreError::state("poll is for the wall clock; a virtual core uses advance_to() or step()"));
+        };
+        pacer.drain();
+        self.catch_up();
+        self.arm_pacer();
+        Ok(self.completions.len())
+    }
+
+    /// Wall mode: the descriptor that becomes readable when the next event is due.
+    pub fn wakeup_fd(&self) -> Result<i32> {
+        match &self.wall {
+            Some((_, pacer)) => Ok(pacer.fd()),
+            None => Err(CoreError::state("a virtual-clock core has no wake-up descriptor")),
+        }
+    }
+
+    pub fn take_completions(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.completions)
+    }
+
+    /// Transfers and I/Os not finished yet, plus timers not fired.
+    pub fn pending(&self) -> u64 {
+        let ios: u64 = (0..self.storage.node_count() as NodeId)
+            .map(|n| self.storage.queue(n).map(|q| q.read_requests + q.write_requests).unwrap_or(0))
+            .sum();
+        self.pending_transfers + ios + self.pending_timers
+    }
+
+    pub fn stats(&self) -> CoreStats {
+        CoreStats { transfer_events: self.transfer_events, queue_events: self.queue_events, net: self.net.stats }
+    }
+
+    /// Bring counters up to now, then read a port's counters.
+    pub fn port_counters(&mut self, port: PortId) -> Result<&PortCounters> {
+        self.net.settle_all(self.now);
+        self.net.counters(port)
+    }
+
+    pub fn lane_rates(&self, port: PortId) -> Result<[f64; MAX_LANES]> {
+        self.net.lane_rates(port)
+    }
+
+    pub fn flow_rate(&mut self, path: &[PortId], lane: Lane) -> Option<f64> {
+        self.flush();
+        self.net.flow_rate(path, lane)
+    }
+
+    /// Every group of transfers in flight: (path, lane, transfers, per-transfer rate).
+    pub fn in_flight(&mut self) -> Vec<(Vec<PortId>, Lane, usize, f64)> {
+        self.flush();
+        self.net.in_flight()
+    }
+
+    pub fn capacity(&mut self, port: PortId) -> Result<f64> {
+        self.flush();
+        self.net.capacity(port)
+    }
+
+    fn flush(&mut self) {
+        if self.net.needs_recompute() {
+            self.net.recompute(self.now, &mut self.queue);
+        }
+    }
+
+    fn skip_stale(&mut self) {
+        while let Some(kind) = self.queue.peek_kind() {
+            let live = match kind {
+                EventKind::BucketEmpty { port, version } => self.net.bucket_version(port) == Some(version),
+                _ => true,
+            };
+            if live {
+                return;
+            }
+            self.queue.pop();
+        }
+    }
+
+    fn process_until(&mut self, limit: TimeNs) {
+        while let Some(t) = self.next_event_ns().filter(|&t| t <= limit) {
+            self.now = t;
+            while self.queue.peek_time() == Some(t) {
+                let (_, kind) = self.queue.pop().expect("peeked");
+                self.handle(kind);
+            }
+            self.flush();
+        }
+    }
+
+    fn handle(&mut self, kind: EventKind) {
+        let now = self.now;
+        match kind {
+            EventKind::Group { group } => {
+                let mut finished = std::mem::take(&mut self.finished);
+                if self.net.on_group_event(group, now, &mut finished) {
+                    self.queue_events += 1;
+                }
+                for f in finished.drain(..) {
+                    self.transfer_events += 1;
+                    match f.owner {
+                        Owner::User(tag) => {
+                            self.complete(CompletionKind::Transfer, tag, f.start_ns, f.size_bytes, f.lane)
+                        }
+                        Owner::Io(id) => self.finish_io(id),
+                    }
+                }
+                self.finished = finished;
+            }
+            EventKind::Timer { tag } => {
+                self.queue_events += 1;
+                self.pending_timers -= 1;
+                self.complete(CompletionKind::Timer, tag, now, 0, 0);
+            }
+            EventKind::Empty { tag, lane } => {
+                self.queue_events += 1;
+                self.transfer_events += 1;
+                self.complete(CompletionKind::Transfer, tag, now, 0, lane);
+            }
+            EventKind::IoStart { io } => {
+                self.queue_events += 1;
+                let io_ref = self.storage.io(io);
+                if io_ref.size_bytes == 0 {
+                    self.finish_io(io);
+                } else {
+                    let path = self.storage.path(io_ref);
+                    let (lane, size) = (io_ref.lane, io_ref.size_bytes);
+                    self.net
+                        .add_flow(&path, lane, size, Owner::Io(io), now)
+                        .expect("I/O paths are validated at submission");
+                    self.transfer_events += 1;
+                }
+            }
+            EventKind::BucketEmpty { port, version } => {
+                if self.net.on_bucket_event(port, version, now) {
+                    self.queue_events += 1;
+                }
+            }
+        }
+    }
+
+    fn finish_io(&mut self, id: u32) {
+        let (io, next) = self.storage.finish(id);
+        let kind = match io.kind {
+            IoKind::Read => CompletionKind::Read,
+            IoKind::Write => CompletionKind::Write,
+        };
+        self.complete(kind, io.tag, io.issued_ns, io.size_bytes, io.lane);
+        if let Some(next) = next {
+            self.start_io_after_latency(next);
+        }
+    }
+
+    fn complete(&mut self, kind: CompletionKind, tag: u64, start_ns: TimeNs, size_bytes: u64, lane: Lane) {
+        let end_ns = self.now;
+        if kind == CompletionKind::Transfer {
+            self.pending_transfers -= 1;
+        }
+        self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
+        if self.config.record_spans && kind != CompletionKind::Timer {
+            self.spans.push(Span { kind, tag, lane, size_bytes, start_ns, end_ns });
+        }
+    }
+
+    /// Wall mode: handle what is due by now on the wall clock.
+    fn catch_up(&mut self) {
+        if let Some((clock, _)) = &self.wall {
+            let t = clock.now_ns().max(self.now);
+            self.process_until(t);
+            self.now = t;
+        }
+    }
+
+    fn after_change(&mut self) {
+        if self.wall.is_some() {
+            self.arm_pacer();
+        }
+    }
+
+    fn arm_pacer(&mut self) {
+        let next = self.next_event_ns();
+        if let Some((clock, pacer)) = &self.wall {
+            pacer.set_deadline(next.map(|t| clock.instant_of(t)));
+        }
+    }
+
+    /// Write a Chrome/Perfetto trace (JSON): per-port utilisation counters per sampling interval, and one
+    /// span per finished transfer if spans were recorded.
+    pub fn write_trace(&mut self, path: &str) -> Result<()> {
+        self.net.settle_all(self.now);
+        let file = File::create(path).map_err(|e| CoreError::io(path, e))?;
+        let mut out = BufWriter::new(file);
+        self.write_trace_to(&mut out).and_then(|_| out.flush()).map_err(|e| CoreError::io(path, e))
+    }
+
+    fn write_trace_to(&self, out: &mut impl Write) -> std::io::Result<()> {
+        use serde_json::json;
+        let mut first = true;
+        let mut emit = |out: &mut dyn Write, v: serde_json::Value| -> std::io::Result<()> {
+            out.write_all(if first { b"[\n" } else { b",\n" })?;
+            first = false;
+            serde_json::to_writer(&mut *out, &v)?;
+            Ok(())
+        };
+        emit(out, json!({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "ports (utilisation)"}}))?;
+        emit(out, json!({"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "transfers"}}))?;
+        let sample_ns = self.net.sample_ns();
+        if sample_ns > 0 {
+            let interval_s = sample_ns as f64 / 1e9;
+            for p in 0..self.net.port_count() as PortId {
+                let spec = self.net.port_spec(p).expect("port exists");
+                let counters = self.net.counters(p).expect("port exists");
+                let full = spec.rate_bytes_per_s * interval_s;
+                for (k, _) in counters.samples.iter().enumerate() {
+                    let mut args = serde_json::Map::new();
+                    for (lane, samples) in &counters.lane_samples {
+                        let bytes = samples.get(k).copied().unwrap_or(0.0);
+                        args.insert(format!("lane{lane}"), json!(bytes / full));
+                    }
+                    let ts_us = k as f64 * interval_s * 1e6;
+                    emit(out, json!({"name": spec.name, "ph": "C", "pid": 1, "ts": ts_us, "args": args}))?;
+                }
+            }
+        }
+        for s in &self.spans {
+            emit(
+                out,
+                json!({
+                    "name": format!("{} {}", s.kind.as_str(), s.tag), "ph": "X", "pid": 2, "tid": s.lane,
+                    "ts": s.start_ns as f64 / 1e3, "dur": (s.end_ns - s.start_ns) as f64 / 1e3,
+                    "args": {"bytes": s.size_bytes, "lane": s.lane},
+                }),
+            )?;
+        }
+        out.write_all(if first { b"[]\n" } else { b"\n]\n" })
+    }
+}

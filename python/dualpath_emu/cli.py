@@ -1,0 +1,77 @@
+"""The ``dualpath-emu`` command line.
+
+Bad input (usage, scenario, core arguments) is reported on one line, ``dualpath-emu: error: ...``, with exit
+status 2 and no traceback; anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from dualpath_emu import __version__
+from dualpath_emu.errors import CoreError, UsageError
+
+PROG = "dualpath-emu"
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """Raises :class:`UsageError` instead of printing usage and exiting, so ``main`` reports it uniformly."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    # The demo lives in its own module; until it exists, `run` says so and succeeds. A demo module that
+    # exists but fails to import must fail loudly, hence find_spec rather than catching ImportError.
+    if importlib.util.find_spec("dualpath_emu.demo") is None:
+        print(f"{PROG}: the lane demo is not wired yet")
+        return 0
+    demo = importlib.import_module("dualpath_emu.demo")
+    return int(demo.main(args) or 0)
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"{PROG} {__version__}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; each subcommand sets ``func`` to the function that runs it."""
+    parser = _ArgumentParser(prog=PROG, description="Emulate a PD-disaggregated LLM inference cluster.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run a scenario (the built-in one by default)")
+    run.add_argument("scenario", nargs="?", help="scenario TOML file")
+    run.set_defaults(func=_cmd_run)
+
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError(f"a command is required; see {PROG} --help")
+        return int(args.func(args))
+    except (UsageError, CoreError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help and --version
+        return e.code if isinstance(e.code, int) else 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
