@@ -6,9 +6,13 @@
 use pyo3::exceptions::{PyException, PyLookupError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::intern;
 
-use crate::ErrorKind;
+use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
+use crate::sim::{ClockMode, Completion, Core, CoreConfig};
+use crate::storage::{IoKind, StorageNodeSpec, StorageSpec};
+use crate::{ErrorKind, PortSpec};
 
 /// The public module the exception classes belong to (their `__module__`); `errors.py` re-exports them.
 const ERRORS_MODULE: &str = "dualpath_emu.errors";
@@ -119,12 +123,538 @@ impl From<crate::CoreError> for PyErr {
     }
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Argument conversion: every bad value becomes an InvalidArgumentError naming the argument.
+
+fn invalid(arg: &str, expected: impl std::fmt::Display) -> PyErr {
+    to_py_err(crate::CoreError::invalid(arg, expected))
+}
+
+/// A Python int in 0..=max, or an error naming `arg`.
+fn int_in(obj: &Bound<'_, PyAny>, arg: &str, max: u64) -> PyResult<u64> {
+    let value: i128 = obj.extract().map_err(|_| {
+        let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        invalid(arg, format!("an integer, got {ty}"))
+    })?;
+    if value < 0 || value > max as i128 {
+        return Err(invalid(arg, format!("an integer in 0..={max}, got {value}")));
+    }
+    Ok(value as u64)
+}
+
+fn lane_of(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u8> {
+    Ok(int_in(obj, arg, MAX_LANES as u64 - 1)? as u8)
+}
+
+fn id_of(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u32> {
+    Ok(int_in(obj, arg, u32::MAX as u64)? as u32)
+}
+
+fn path_of(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<u32>> {
+    let items = obj.try_iter().map_err(|_| invalid(arg, "a sequence of port ids"))?;
+    items.enumerate().map(|(i, item)| id_of(&item?, &format!("{arg}[{i}]"))).collect()
+}
+
+/// Unpack `item` (a tuple or list) into exactly `N` fields, or an error naming `arg` and the fields.
+fn fields<'py, const N: usize>(item: &Bound<'py, PyAny>, arg: &str, names: &str) -> PyResult<[Bound<'py, PyAny>; N]> {
+    let values: Vec<Bound<'py, PyAny>> = item
+        .try_iter()
+        .and_then(|it| it.collect::<PyResult<Vec<_>>>())
+        .map_err(|_| invalid(arg, format!("a tuple ({names})")))?;
+    values.try_into().map_err(|v: Vec<_>| invalid(arg, format!("a tuple ({names}) of {N} fields, got {}", v.len())))
+}
+
+fn completions_to_list<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for c in done {
+        let kind = match c.kind {
+            crate::CompletionKind::Transfer => intern!(py, "transfer"),
+            crate::CompletionKind::Read => intern!(py, "read"),
+            crate::CompletionKind::Write => intern!(py, "write"),
+            crate::CompletionKind::Timer => intern!(py, "timer"),
+        };
+        list.append((kind, c.tag, c.start_ns, c.end_ns, c.size_bytes, c.lane))?;
+    }
+    Ok(list)
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+/// A port's virtual-lane arbitration (InfiniBand `qos_*` knobs); see `lanes.rs`.
+#[pyclass(module = "dualpath_emu._core", name = "Arbitration", frozen)]
+#[derive(Clone)]
+pub struct PyArbitration {
+    inner: VlArbitration,
+}
+
+impl PyArbitration {
+    fn checked(inner: VlArbitration) -> PyResult<Self> {
+        inner.validate()?;
+        Ok(Self { inner })
+    }
+
+    fn shares(&self, mtu_bytes: &Bound<'_, PyAny>) -> PyResult<LaneShares> {
+        let mtu = int_in(mtu_bytes, "mtu_bytes", u32::MAX as u64)? as u32;
+        Ok(self.inner.rate_model(mtu)?)
+    }
+}
+
+fn table(entries: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<(u8, u8)>> {
+    let items = entries.try_iter().map_err(|_| invalid(arg, "a sequence of (lane, weight) pairs"))?;
+    items
+        .enumerate()
+        .map(|(i, item)| {
+            let [lane, weight] = fields::<2>(&item?, &format!("{arg}[{i}]"), "lane, weight")?;
+            Ok((lane_of(&lane, &format!("{arg}[{i}].lane"))?, int_in(&weight, &format!("{arg}[{i}].weight"), 255)? as u8))
+        })
+        .collect()
+}
+
+#[pymethods]
+impl PyArbitration {
+    /// From the operator's knobs, e.g. `parse(4, 240, "0:192,1:192,2:0,3:192", "0:192,1:192,2:64,3:192")`.
+    #[staticmethod]
+    fn parse(max_vls: &Bound<'_, PyAny>, high_limit: &Bound<'_, PyAny>, vlarb_high: &str, vlarb_low: &str) -> PyResult<Self> {
+        let max_vls = int_in(max_vls, "qos_max_vls", 255)? as u8;
+        let high_limit = int_in(high_limit, "qos_high_limit", 255)? as u8;
+        Ok(Self { inner: VlArbitration::parse(max_vls, high_limit, vlarb_high, vlarb_low)? })
+    }
+
+    /// The paper's App. A.1 configuration (VL2 carries KV traffic at low priority).
+    #[staticmethod]
+    fn paper() -> Self {
+        Self { inner: VlArbitration::paper() }
+    }
+
+    /// `high` lanes strictly before `low` lanes.
+    #[staticmethod]
+    fn strict_priority(high: &Bound<'_, PyAny>, low: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let lanes = |obj: &Bound<'_, PyAny>, arg: &str| -> PyResult<Vec<u8>> {
+            let items = obj.try_iter().map_err(|_| invalid(arg, "a sequence of lanes"))?;
+            items.enumerate().map(|(i, l)| lane_of(&l?, &format!("{arg}[{i}]"))).collect()
+        };
+        Self::checked(VlArbitration::strict_priority(&lanes(high, "high")?, &lanes(low, "low")?))
+    }
+
+    /// One table of (lane, weight) entries, weights in 64-byte units.
+    #[staticmethod]
+    fn weighted_round_robin(entries: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::checked(VlArbitration::weighted_round_robin(&table(entries, "entries")?))
+    }
+
+    /// No QoS: lanes 0..n_lanes share equally (PCIe, DRAM).
+    #[staticmethod]
+    fn fair(n_lanes: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::checked(VlArbitration::fair(int_in(n_lanes, "n_lanes", 15)? as u8))
+    }
+
+    #[getter]
+    fn max_vls(&self) -> u8 {
+        self.inner.max_vls
+    }
+
+    #[getter]
+    fn high_limit(&self) -> u8 {
+        self.inner.high_limit
+    }
+
+    #[getter]
+    fn high(&self) -> Vec<(u8, u8)> {
+        self.inner.high.iter().map(|e| (e.vl, e.weight)).collect()
+    }
+
+    #[getter]
+    fn low(&self) -> Vec<(u8, u8)> {
+        self.inner.low.iter().map(|e| (e.vl, e.weight)).collect()
+    }
+
+    /// Long-run share of the port of each of the 16 lanes when exactly `backlogged` lanes always have data.
+    fn saturated_shares(&self, mtu_bytes: &Bound<'_, PyAny>, backlogged: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+        let shares = self.shares(mtu_bytes)?;
+        let mut mask = 0u16;
+        for (i, lane) in backlogged.try_iter().map_err(|_| invalid("backlogged", "a sequence of lanes"))?.enumerate() {
+            mask |= 1 << lane_of(&lane?, &format!("backlogged[{i}]"))?;
+        }
+        Ok(shares.saturated_shares(mask).to_vec())
+    }
+
+    /// The rate model: split `capacity` among lanes with these demands (up to 16, inf allowed).
+    fn allocate(&self, mtu_bytes: &Bound<'_, PyAny>, capacity: f64, demands: Vec<f64>) -> PyResult<Vec<f64>> {
+        let shares = self.shares(mtu_bytes)?;
+        if !(capacity.is_finite() && capacity > 0.0) {
+            return Err(invalid("capacity", format!("a finite number > 0, got {capacity}")));
+        }
+        if demands.len() > MAX_LANES || demands.iter().any(|d| d.is_nan() || *d < 0.0) {
+            return Err(invalid("demands", format!("at most {MAX_LANES} numbers >= 0")));
+        }
+        let mut demand = [0.0; MAX_LANES];
+        demand[..demands.len()].copy_from_slice(&demands);
+        let mut out = [0.0; MAX_LANES];
+        shares.allocate(capacity, &demand, &mut out);
+        Ok(out.to_vec())
+    }
+
+    fn __repr__(&self) -> String {
+        let fmt = |t: &[crate::lanes::VlArbEntry]| t.iter().map(|e| format!("{}:{}", e.vl, e.weight)).collect::<Vec<_>>().join(",");
+        format!(
+            "Arbitration.parse({}, {}, {:?}, {:?})",
+            self.inner.max_vls,
+            self.inner.high_limit,
+            fmt(&self.inner.high),
+            fmt(&self.inner.low)
+        )
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.inner == other.inner
+    }
+}
+
+/// The exact per-packet arbiter (the reference semantics of `Arbitration`).
+#[pyclass(module = "dualpath_emu._core", name = "PacketArbiter")]
+pub struct PyPacketArbiter {
+    inner: PacketArbiter,
+}
+
+#[pymethods]
+impl PyPacketArbiter {
+    #[new]
+    fn new(arbitration: &PyArbitration) -> PyResult<Self> {
+        Ok(Self { inner: PacketArbiter::new(&arbitration.inner)? })
+    }
+
+    /// `head_bytes[l]`: size of lane l's next packet (0: empty). Returns the lane sent next, or None.
+    fn select(&mut self, head_bytes: &Bound<'_, PyAny>) -> PyResult<Option<u8>> {
+        let mut heads = [0u32; MAX_LANES];
+        let items = head_bytes.try_iter().map_err(|_| invalid("head_bytes", "a sequence of packet sizes"))?;
+        for (i, item) in items.enumerate() {
+            if i >= MAX_LANES {
+                return Err(invalid("head_bytes", format!("at most {MAX_LANES} lanes")));
+            }
+            heads[i] = int_in(&item?, &format!("head_bytes[{i}]"), u32::MAX as u64)? as u32;
+        }
+        Ok(self.inner.select(&heads))
+    }
+}
+
+/// The data-plane core: ports, transfers, storage and timers on one clock, driven in batches.
+/// Times are integer nanoseconds; rates are bytes per second.
+#[pyclass(module = "dualpath_emu._core", name = "Core")]
+pub struct PyCore {
+    core: Core,
+}
+
+#[pymethods]
+impl PyCore {
+    #[new]
+    #[pyo3(signature = (*, clock = "virtual", time_scale = 1.0, sample_interval_ns = None, record_spans = false))]
+    fn new(clock: &str, time_scale: f64, sample_interval_ns: Option<&Bound<'_, PyAny>>, record_spans: bool) -> PyResult<Self> {
+        let clock = match clock {
+            "virtual" => ClockMode::Virtual,
+            "wall" => ClockMode::Wall { time_scale },
+            other => return Err(invalid("clock", format!("\"virtual\" or \"wall\", got {other:?}"))),
+        };
+        let sample_interval_ns = match sample_interval_ns {
+            Some(v) => int_in(v, "sample_interval_ns", u64::MAX)?,
+            None => 0,
+        };
+        Ok(Self { core: Core::new(CoreConfig { clock, sample_interval_ns, record_spans })? })
+    }
+
+    /// Add a port; returns its id. `peak_bytes_per_s` > rate with `burst_bytes` > 0 makes a token bucket.
+    #[pyo3(signature = (name, rate_bytes_per_s, *, peak_bytes_per_s = None, burst_bytes = 0.0, mtu_bytes = None, arbitration = None))]
+    fn add_port(
+        &mut self,
+        name: String,
+        rate_bytes_per_s: f64,
+        peak_bytes_per_s: Option<f64>,
+        burst_bytes: f64,
+        mtu_bytes: Option<&Bound<'_, PyAny>>,
+        arbitration: Option<PyRef<'_, PyArbitration>>,
+    ) -> PyResult<u32> {
+        let mut spec = PortSpec::plain(name, rate_bytes_per_s);
+        spec.peak_bytes_per_s = peak_bytes_per_s.unwrap_or(rate_bytes_per_s);
+        spec.burst_bytes = burst_bytes;
+        if let Some(mtu) = mtu_bytes {
+            spec.mtu_bytes = int_in(mtu, "mtu_bytes", u32::MAX as u64)? as u32;
+        }
+        if let Some(a) = arbitration {
+            spec.arbitration = a.inner.clone();
+        }
+        Ok(self.core.add_port(spec)?)
+    }
+
+    fn port_id(&self, name: &str) -> PyResult<u32> {
+        Ok(self.core.port_id(name)?)
+    }
+
+    fn port_name(&self, port: &Bound<'_, PyAny>) -> PyResult<String> {
+        Ok(self.core.port_spec(id_of(port, "port")?)?.name.clone())
+    }
+
+    /// Sustained rate of a port (bytes/s).
+    fn port_rate(&self, port: &Bound<'_, PyAny>) -> PyResult<f64> {
+        Ok(self.core.port_spec(id_of(port, "port")?)?.rate_bytes_per_s)
+    }
+
+    #[getter]
+    fn port_count(&self) -> usize {
+        self.core.port_count()
+    }
+
+    /// The storage cluster: the ports its reads leave by and its writes enter by, and per-I/O latencies.
+    #[pyo3(signature = (*, read_port, write_port, read_latency_ns, write_latency_ns))]
+    fn configure_storage(
+        &mut self,
+        read_port: &Bound<'_, PyAny>,
+        write_port: &Bound<'_, PyAny>,
+        read_latency_ns: &Bound<'_, PyAny>,
+        write_latency_ns: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        Ok(self.core.configure_storage(StorageSpec {
+            read_port: id_of(read_port, "read_port")?,
+            write_port: id_of(write_port, "write_port")?,
+            read_latency_ns: int_in(read_latency_ns, "read_latency_ns", u64::MAX)?,
+            write_latency_ns: int_in(write_latency_ns, "write_latency_ns", u64::MAX)?,
+        })?)
+    }
+
+    /// A node attached to storage; returns its id.
+    #[pyo3(signature = (name, *, read_path, write_path, queue_depth))]
+    fn add_storage_node(
+        &mut self,
+        name: String,
+        read_path: &Bound<'_, PyAny>,
+        write_path: &Bound<'_, PyAny>,
+        queue_depth: &Bound<'_, PyAny>,
+    ) -> PyResult<u32> {
+        Ok(self.core.add_storage_node(StorageNodeSpec {
+            name,
+            read_path: path_of(read_path, "read_path")?,
+            write_path: path_of(write_path, "write_path")?,
+            queue_depth: int_in(queue_depth, "queue_depth", u32::MAX as u64)? as u32,
+        })?)
+    }
+
+    fn storage_node_id(&self, name: &str) -> PyResult<u32> {
+        Ok(self.core.storage_node_id(name)?)
+    }
+
+    /// Start many transfers now: an iterable of `(path, lane, size_bytes, tag)`. All are checked before
+    /// any is accepted, so a bad one leaves the core unchanged. Returns how many were submitted.
+    fn submit_transfers(&mut self, transfers: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let items = transfers.try_iter().map_err(|_| invalid("transfers", "an iterable of (path, lane, size_bytes, tag)"))?;
+        let mut batch = Vec::new();
+        for (i, item) in items.enumerate() {
+            let arg = format!("transfers[{i}]");
+            let [path, lane, size, tag] = fields::<4>(&item?, &arg, "path, lane, size_bytes, tag")?;
+            let path = path_of(&path, &format!("{arg}.path"))?;
+            let lane = lane_of(&lane, &format!("{arg}.lane"))?;
+            let size = int_in(&size, &format!("{arg}.size_bytes"), u64::MAX)?;
+            let tag = int_in(&tag, &format!("{arg}.tag"), u64::MAX)?;
+            self.core.check_transfer(&path, lane).map_err(|e| prefixed(&arg, e))?;
+            batch.push((path, lane, size, tag));
+        }
+        for (path, lane, size, tag) in &batch {
+            self.core.submit_transfer(path, *lane, *size, *tag)?;
+        }
+        Ok(batch.len())
+    }
+
+    /// Queue many storage I/Os: an iterable of `(node, "read" | "write", lane, size_bytes, tag)`, checked
+    /// all before any is accepted.
+    fn submit_ios(&mut self, ios: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let items = ios.try_iter().map_err(|_| invalid("ios", "an iterable of (node, kind, lane, size_bytes, tag)"))?;
+        let mut batch = Vec::new();
+        for (i, item) in items.enumerate() {
+            let arg = format!("ios[{i}]");
+            let [node, kind, lane, size, tag] = fields::<5>(&item?, &arg, "node, kind, lane, size_bytes, tag")?;
+            let node = id_of(&node, &format!("{arg}.node"))?;
+            let kind = match kind.extract::<String>().as_deref() {
+                Ok("read") => IoKind::Read,
+                Ok("write") => IoKind::Write,
+                _ => return Err(invalid(&format!("{arg}.kind"), "\"read\" or \"write\"")),
+            };
+            let lane = lane_of(&lane, &format!("{arg}.lane"))?;
+            let size = int_in(&size, &format!("{arg}.size_bytes"), u64::MAX)?;
+            let tag = int_in(&tag, &format!("{arg}.tag"), u64::MAX)?;
+            self.core.check_io(node, kind, lane).map_err(|e| prefixed(&arg, e))?;
+            batch.push((node, kind, lane, size, tag));
+        }
+        for (node, kind, lane, size, tag) in &batch {
+            self.core.submit_io(*node, *kind, *lane, *size, *tag)?;
+        }
+        Ok(batch.len())
+    }
+
+    /// Timers: an iterable of `(at_ns, tag)`; each completes as a "timer" completion at `at_ns`.
+    fn add_timers(&mut self, timers: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let items = timers.try_iter().map_err(|_| invalid("timers", "an iterable of (at_ns, tag)"))?;
+        let mut batch = Vec::new();
+        for (i, item) in items.enumerate() {
+            let arg = format!("timers[{i}]");
+            let [at, tag] = fields::<2>(&item?, &arg, "at_ns, tag")?;
+            let at = int_in(&at, &format!("{arg}.at_ns"), u64::MAX)?;
+            if at < self.core.now_ns() {
+                return Err(invalid(&format!("{arg}.at_ns"), format!("a time >= now ({} ns), got {at}", self.core.now_ns())));
+            }
+            batch.push((at, int_in(&tag, &format!("{arg}.tag"), u64::MAX)?));
+        }
+        for (at, tag) in &batch {
+            self.core.add_timer(*at, *tag)?;
+        }
+        Ok(batch.len())
+    }
+
+    #[getter]
+    fn now_ns(&self) -> u64 {
+        self.core.now_ns()
+    }
+
+    /// Time of the next event, or None when nothing is pending.
+    fn next_event_ns(&mut self) -> Option<u64> {
+        self.core.next_event_ns()
+    }
+
+    /// Virtual clock: handle every event up to `t_ns`, move the clock there, return what completed as
+    /// `(kind, tag, start_ns, end_ns, size_bytes, lane)` tuples in completion order.
+    fn advance_to<'py>(&mut self, py: Python<'py>, t_ns: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let t = int_in(t_ns, "t_ns", u64::MAX)?;
+        self.core.advance_to(t)?;
+        completions_to_list(py, self.core.take_completions())
+    }
+
+    /// Virtual clock: handle the next batch of simultaneous events. Returns `(t_ns, completions)`, or
+    /// None when nothing is pending.
+    fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<(u64, Bound<'py, PyList>)>> {
+        match self.core.step()? {
+            Some(t) => Ok(Some((t, completions_to_list(py, self.core.take_completions())?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Virtual clock: run until nothing is pending; returns every completion.
+    fn run_until_idle<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.core.run_until_idle()?;
+        completions_to_list(py, self.core.take_completions())
+    }
+
+    /// Wall clock: handle what is due now and re-arm the wake-up descriptor; returns the completions.
+    fn poll<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.core.poll()?;
+        completions_to_list(py, self.core.take_completions())
+    }
+
+    /// Wall clock: a descriptor that becomes readable when the next event is due (for `add_reader`).
+    fn wakeup_fd(&self) -> PyResult<i32> {
+        Ok(self.core.wakeup_fd()?)
+    }
+
+    /// Completions handled but not yet returned (e.g. during submissions in wall-clock mode).
+    fn take_completions<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        completions_to_list(py, self.core.take_completions())
+    }
+
+    /// Transfers, I/Os and timers submitted and not completed.
+    fn pending(&self) -> u64 {
+        self.core.pending()
+    }
+
+    /// A node's outstanding storage I/O (`read_q`): read/write bytes and requests, and I/Os in flight.
+    fn storage_queue<'py>(&self, py: Python<'py>, node: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let q = self.core.storage_queue(id_of(node, "node")?)?;
+        let d = PyDict::new(py);
+        d.set_item("read_bytes", q.read_bytes)?;
+        d.set_item("read_requests", q.read_requests)?;
+        d.set_item("write_bytes", q.write_bytes)?;
+        d.set_item("write_requests", q.write_requests)?;
+        d.set_item("in_flight", q.in_flight)?;
+        Ok(d)
+    }
+
+    /// A port's counters so far: `fluid_bytes` and `completed_bytes` per lane, `busy_s`.
+    fn port_counters<'py>(&mut self, py: Python<'py>, port: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let k = self.core.port_counters(id_of(port, "port")?)?;
+        let d = PyDict::new(py);
+        d.set_item("fluid_bytes", k.fluid_bytes.to_vec())?;
+        d.set_item("completed_bytes", k.completed_bytes.to_vec())?;
+        d.set_item("busy_s", k.busy_s)?;
+        Ok(d)
+    }
+
+    /// Utilisation of a port (fraction of its sustained rate) per sampling interval, for all lanes or one.
+    #[pyo3(signature = (port, lane = None))]
+    fn utilisation(&mut self, port: &Bound<'_, PyAny>, lane: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<f64>> {
+        let port = id_of(port, "port")?;
+        let interval_ns = self.core.config().sample_interval_ns;
+        if interval_ns == 0 {
+            return Err(to_py_err(crate::CoreError::state("sampling is off: create the Core with sample_interval_ns")));
+        }
+        let full = self.core.port_spec(port)?.rate_bytes_per_s * interval_ns as f64 / 1e9;
+        let lane = lane.map(|l| lane_of(l, "lane")).transpose()?;
+        let k = self.core.port_counters(port)?;
+        let samples: &[f64] = match lane {
+            None => &k.samples,
+            Some(l) => k.lane_samples.iter().find(|(x, _)| *x == l).map(|(_, s)| s.as_slice()).unwrap_or(&[]),
+        };
+        Ok(samples.iter().map(|b| b / full).collect())
+    }
+
+    /// Current rate of each lane through a port (bytes/s).
+    fn lane_rates(&self, port: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+        Ok(self.core.lane_rates(id_of(port, "port")?)?.to_vec())
+    }
+
+    /// Current capacity of a port (its peak while its token bucket has tokens).
+    fn capacity(&mut self, port: &Bound<'_, PyAny>) -> PyResult<f64> {
+        Ok(self.core.capacity(id_of(port, "port")?)?)
+    }
+
+    /// Per-transfer rate of the transfers on `lane` along `path` now, or None if there are none.
+    fn flow_rate(&mut self, path: &Bound<'_, PyAny>, lane: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+        let path = path_of(path, "path")?;
+        Ok(self.core.flow_rate(&path, lane_of(lane, "lane")?))
+    }
+
+    /// Groups of transfers in flight: `(path, lane, transfers, per-transfer rate)`.
+    fn in_flight(&mut self) -> Vec<(Vec<u32>, u8, usize, f64)> {
+        self.core.in_flight()
+    }
+
+    /// Counters about the core's own work.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.core.stats();
+        let d = PyDict::new(py);
+        d.set_item("transfer_events", s.transfer_events)?;
+        d.set_item("queue_events", s.queue_events)?;
+        d.set_item("port_recomputes", s.net.port_recomputes)?;
+        d.set_item("skipped_recomputes", s.net.skipped_recomputes)?;
+        d.set_item("non_converged", s.net.non_converged)?;
+        d.set_item("overload_repairs", s.net.overload_repairs)?;
+        d.set_item("finished", s.net.finished)?;
+        Ok(d)
+    }
+
+    /// Write a Chrome/Perfetto trace (JSON) of port utilisation and, if recorded, transfer spans.
+    fn write_trace(&mut self, path: &str) -> PyResult<()> {
+        Ok(self.core.write_trace(path)?)
+    }
+}
+
+/// Prefix a core error's message with the batch element it is about.
+fn prefixed(arg: &str, e: crate::CoreError) -> PyErr {
+    to_py_err(crate::CoreError { kind: e.kind, message: format!("{arg}.{}", e.message) })
+}
+
 /// The extension module, imported as `dualpath_emu._core`.
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyCore>()?;
+    m.add_class::<PyArbitration>()?;
+    m.add_class::<PyPacketArbiter>()?;
     m.add("CoreError", py.get_type::<CoreError>())?;
     for (name, class) in ErrorClasses::get(py)?.named(py) {
         m.add(name, class)?;
