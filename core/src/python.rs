@@ -601,7 +601,7 @@ impl PyCore {
     }
 
     /// Current rate of each lane through a port (bytes/s).
-    fn lane_rates(&self, port: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+    fn lane_rates(&mut self, port: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
         Ok(self.core.lane_rates(id_of(port, "port")?)?.to_vec())
     }
 

@@ -321,7 +321,8 @@ impl Core {
         self.net.counters(port)
     }
 
-    pub fn lane_rates(&self, port: PortId) -> Result<[f64; MAX_LANES]> {
+    pub fn lane_rates(&mut self, port: PortId) -> Result<[f64; MAX_LANES]> {
+        self.flush();
         self.net.lane_rates(port)
     }
 
