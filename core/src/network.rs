@@ -148,8 +148,9 @@ struct Port {
     capacity: f64,
     tokens: f64,
     bucket_version: u64,
-    /// Groups with flows crossing this port.
-    members: Vec<GroupId>,
+    /// The groups with flows crossing this port, with what recomputing the port needs of them kept here,
+    /// contiguous, so a recomputation is one pass over this array.
+    members: Vec<Member>,
     /// Bit l set when `mu[l]` is finite.
     bottleneck_lanes: u16,
     /// Cached demand per lane: sum over member flows of what the rest of their path allows (finite
@@ -168,6 +169,20 @@ struct Port {
     last_step: [i8; MAX_LANES],
     /// In `Network::raised` (its load went up in the current `apply_rates`).
     raised: bool,
+}
+
+/// A group as one of its ports sees it.
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    group: GroupId,
+    /// Index of this port in the group's path.
+    pos: u32,
+    lane: Lane,
+    /// Flows in the group (as f64: it only ever multiplies rates).
+    flows: f64,
+    /// What the rest of the group's path allows one flow: the minimum advertisement of its other ports.
+    /// Kept exact: every advertisement change updates it where it matters.
+    ext: f64,
 }
 
 #[derive(Debug)]
@@ -252,7 +267,7 @@ pub struct Network {
     next_flow_seq: u64,
     active_flows: u64,
     sample_ns: u64,
-    scratch: Vec<(Lane, f64, f64)>,
+    scratch: Vec<(f64, f64)>,
     /// Ports recomputed during the current `recompute` (to reset their visit counts).
     visited: Vec<PortId>,
     /// Ports whose load went up during the current `apply_rates`.
@@ -393,9 +408,16 @@ impl Network {
             group.service = 0.0;
             group.service_at = now;
             for (i, &p) in group.path.iter().enumerate() {
+                let ext = group
+                    .path
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, &q)| self.mu[q as usize][lane as usize])
+                    .fold(INF, f64::min);
                 let members = &mut self.ports[p as usize].members;
                 group.slots[i] = members.len() as u32;
-                members.push(gid);
+                members.push(Member { group: gid, pos: i as u32, lane, flows: 0.0, ext });
             }
         } else {
             group.settle(now);
@@ -415,20 +437,15 @@ impl Network {
         Ok(())
     }
 
-    /// What the ports of `gid`'s path other than `p` allow one of its flows.
-    fn external_cap(&self, gid: GroupId, p: PortId) -> f64 {
-        let group = &self.groups[gid as usize];
-        let lane = group.lane as usize;
-        group.path.iter().filter(|&&q| q != p).map(|&q| self.mu[q as usize][lane]).fold(INF, f64::min)
-    }
-
     /// `flows` more (or fewer, if negative) flows of group `gid` at every port of its path.
     fn add_group_demand(&mut self, gid: GroupId, flows: f64) {
-        let lane = self.groups[gid as usize].lane;
-        for i in 0..self.groups[gid as usize].path.len() {
-            let p = self.groups[gid as usize].path[i];
-            let ext = self.external_cap(gid, p);
-            add_demand(&mut self.ports[p as usize], lane, flows, ext);
+        let group = &self.groups[gid as usize];
+        for (&p, &slot) in group.path.iter().zip(group.slots.iter()) {
+            let port = &mut self.ports[p as usize];
+            let member = &mut port.members[slot as usize];
+            member.flows += flows;
+            let (lane, ext) = (member.lane, member.ext);
+            add_demand(port, lane, flows, ext);
         }
     }
 
@@ -498,10 +515,8 @@ impl Network {
             let slot = self.groups[gid as usize].slots[i];
             let members = &mut self.ports[p as usize].members;
             members.swap_remove(slot as usize);
-            if let Some(&moved) = members.get(slot as usize) {
-                let m = &mut self.groups[moved as usize];
-                let pos = m.path.iter().position(|&q| q == p).expect("member crosses the port");
-                m.slots[pos] = slot;
+            if let Some(moved) = members.get(slot as usize) {
+                self.groups[moved.group as usize].slots[moved.pos as usize] = slot;
             }
             self.groups[gid as usize].slots[i] = DETACHED;
         }
@@ -576,22 +591,16 @@ impl Network {
             }
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
         let mut demand = [0.0f64; MAX_LANES];
         let mut unbounded = [0i64; MAX_LANES];
-        for &g in &self.ports[p as usize].members {
-            let group = &self.groups[g as usize];
-            let lane = group.lane as usize;
-            let ext = self.external_cap(g, p);
-            let n = group.flows.len() as f64;
-            if ext.is_finite() {
-                demand[lane] += n * ext;
-            } else {
-                unbounded[lane] += n as i64;
-            }
-            scratch.push((group.lane, ext, n));
-        }
         let port = &mut self.ports[p as usize];
+        for m in &port.members {
+            if m.ext.is_finite() {
+                demand[m.lane as usize] += m.flows * m.ext;
+            } else {
+                unbounded[m.lane as usize] += m.flows as i64;
+            }
+        }
         // Refresh the cache exactly, shedding any rounding the incremental updates accumulated.
         port.demand = demand;
         port.unbounded_flows = unbounded;
@@ -616,7 +625,9 @@ impl Network {
             let mut new = if d == 0.0 || (d.is_finite() && a >= d * (1.0 - REL_TOL)) {
                 INF
             } else {
-                water_level(&mut scratch, l as Lane, a)
+                scratch.clear();
+                scratch.extend(port.members.iter().filter(|m| m.lane as usize == l).map(|m| (m.ext, m.flows)));
+                water_level(&mut scratch, a)
             };
             // Priorities can close a loop with negative feedback (a low lane's share at one port caps a
             // flow that competes with a high lane elsewhere), where the plain iteration alternates
@@ -648,38 +659,47 @@ impl Network {
         }
         // Tell the other ports of every group in a changed lane, where the group's cap there changed.
         let members = std::mem::take(&mut self.ports[p as usize].members);
-        for &g in &members {
-            let lane = self.groups[g as usize].lane as usize;
+        for m in &members {
+            let lane = m.lane as usize;
             if changed & (1 << lane) == 0 {
                 continue;
             }
-            if !self.groups[g as usize].dirty {
-                self.groups[g as usize].dirty = true;
-                self.dirty_groups.push(g);
+            let group = &mut self.groups[m.group as usize];
+            if !group.dirty {
+                group.dirty = true;
+                self.dirty_groups.push(m.group);
             }
-            let path_len = self.groups[g as usize].path.len();
-            for j in 0..path_len {
-                let q = self.groups[g as usize].path[j];
-                if q == p {
+            // The smallest and second smallest advertisement along the path give every position's cap.
+            let (mut min1, mut at1, mut min2) = (INF, usize::MAX, INF);
+            for (j, &q) in group.path.iter().enumerate() {
+                let v = self.mu[q as usize][lane];
+                if v < min1 {
+                    (min2, min1, at1) = (min1, v, j);
+                } else if v < min2 {
+                    min2 = v;
+                }
+            }
+            for (j, (&q, &slot)) in group.path.iter().zip(group.slots.iter()).enumerate() {
+                if j == m.pos as usize {
                     continue;
                 }
-                let others = |mu_p: f64| {
-                    self.groups[g as usize]
-                        .path
-                        .iter()
-                        .filter(|&&r| r != q)
-                        .map(|&r| if r == p { mu_p } else { self.mu[r as usize][lane] })
-                        .fold(INF, f64::min)
-                };
-                let (before, after) = (others(old[lane]), others(mu[lane]));
-                if before != after {
-                    let n = self.groups[g as usize].flows.len() as f64;
-                    let port = &mut self.ports[q as usize];
-                    add_demand(port, lane as Lane, -n, before);
-                    add_demand(port, lane as Lane, n, after);
+                let after = if j == at1 { min2 } else { min1 };
+                let port = &mut self.ports[q as usize];
+                let member = &mut port.members[slot as usize];
+                let before = member.ext;
+                if before == after {
+                    continue;
                 }
+                member.ext = after;
+                let flows = member.flows;
+                add_demand(port, m.lane, -flows, before);
+                add_demand(port, m.lane, flows, after);
                 if differs(before, after) {
-                    self.enqueue(q, after > before);
+                    let may_rise = after > before;
+                    if !port.queued && (may_rise || port.bottleneck_lanes != 0) {
+                        port.queued = true;
+                        self.worklist.push_back(q);
+                    }
                 }
             }
         }
@@ -716,8 +736,8 @@ impl Network {
                 let factor = port.capacity / port.total_usage;
                 self.stats.overload_repairs += 1;
                 // A copy: set_group_rate reads the member list (an empty one means an idle port).
-                let members = self.ports[p as usize].members.clone();
-                for g in members {
+                let groups: Vec<GroupId> = self.ports[p as usize].members.iter().map(|m| m.group).collect();
+                for g in groups {
                     let rate = self.groups[g as usize].rate * factor;
                     self.set_group_rate(g, rate, now, queue);
                 }
@@ -839,32 +859,26 @@ impl Network {
     }
 }
 
-/// Per-flow level `mu` of `lane` with `sum n * min(cap, mu) = alloc` over its entries `(lane, cap, n)`.
+/// Per-flow level `mu` with `sum flows * min(cap, mu) = alloc` over one lane's `(cap, flows)` entries.
 /// Repeatedly sets aside the entries capped below the current level; no sort needed, and a few passes
-/// suffice in practice. Marks visited entries by negating their count, and restores them.
-fn water_level(entries: &mut [(Lane, f64, f64)], lane: Lane, alloc: f64) -> f64 {
+/// suffice in practice. Marks set-aside entries by negating their count.
+fn water_level(entries: &mut [(f64, f64)], alloc: f64) -> f64 {
     let mut remaining = alloc;
-    let mut count: f64 = entries.iter().filter(|e| e.0 == lane).map(|e| e.2).sum();
-    loop {
-        if count <= 0.0 {
-            break;
-        }
+    let mut count: f64 = entries.iter().map(|e| e.1).sum();
+    while count > 0.0 {
         let level = remaining / count;
         let mut set_aside = false;
-        for e in entries.iter_mut().filter(|e| e.0 == lane && e.2 > 0.0) {
-            if e.1 < level {
-                remaining -= e.1 * e.2;
-                count -= e.2;
-                e.2 = -e.2;
+        for e in entries.iter_mut().filter(|e| e.1 > 0.0) {
+            if e.0 < level {
+                remaining -= e.0 * e.1;
+                count -= e.1;
+                e.1 = -e.1;
                 set_aside = true;
             }
         }
         if !set_aside {
             break;
         }
-    }
-    for e in entries.iter_mut().filter(|e| e.0 == lane && e.2 < 0.0) {
-        e.2 = -e.2;
     }
     if count > 0.0 {
         (remaining / count).max(0.0)

@@ -4,10 +4,10 @@
 //! matching exception class of `dualpath_emu.errors` in one place ([`to_py_err`]).
 
 use pyo3::exceptions::{PyException, PyLookupError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
-use pyo3::intern;
 
 use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
 use crate::sim::{ClockMode, Completion, Core, CoreConfig};
@@ -205,7 +205,10 @@ fn table(entries: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<(u8, u8)>> {
         .enumerate()
         .map(|(i, item)| {
             let [lane, weight] = fields::<2>(&item?, &format!("{arg}[{i}]"), "lane, weight")?;
-            Ok((lane_of(&lane, &format!("{arg}[{i}].lane"))?, int_in(&weight, &format!("{arg}[{i}].weight"), 255)? as u8))
+            Ok((
+                lane_of(&lane, &format!("{arg}[{i}].lane"))?,
+                int_in(&weight, &format!("{arg}[{i}].weight"), 255)? as u8,
+            ))
         })
         .collect()
 }
@@ -214,7 +217,12 @@ fn table(entries: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<(u8, u8)>> {
 impl PyArbitration {
     /// From the operator's knobs, e.g. `parse(4, 240, "0:192,1:192,2:0,3:192", "0:192,1:192,2:64,3:192")`.
     #[staticmethod]
-    fn parse(max_vls: &Bound<'_, PyAny>, high_limit: &Bound<'_, PyAny>, vlarb_high: &str, vlarb_low: &str) -> PyResult<Self> {
+    fn parse(
+        max_vls: &Bound<'_, PyAny>,
+        high_limit: &Bound<'_, PyAny>,
+        vlarb_high: &str,
+        vlarb_low: &str,
+    ) -> PyResult<Self> {
         let max_vls = int_in(max_vls, "qos_max_vls", 255)? as u8;
         let high_limit = int_in(high_limit, "qos_high_limit", 255)? as u8;
         Ok(Self { inner: VlArbitration::parse(max_vls, high_limit, vlarb_high, vlarb_low)? })
@@ -295,7 +303,9 @@ impl PyArbitration {
     }
 
     fn __repr__(&self) -> String {
-        let fmt = |t: &[crate::lanes::VlArbEntry]| t.iter().map(|e| format!("{}:{}", e.vl, e.weight)).collect::<Vec<_>>().join(",");
+        let fmt = |t: &[crate::lanes::VlArbEntry]| {
+            t.iter().map(|e| format!("{}:{}", e.vl, e.weight)).collect::<Vec<_>>().join(",")
+        };
         format!(
             "Arbitration.parse({}, {}, {:?}, {:?})",
             self.inner.max_vls,
@@ -348,7 +358,12 @@ pub struct PyCore {
 impl PyCore {
     #[new]
     #[pyo3(signature = (*, clock = "virtual", time_scale = 1.0, sample_interval_ns = None, record_spans = false))]
-    fn new(clock: &str, time_scale: f64, sample_interval_ns: Option<&Bound<'_, PyAny>>, record_spans: bool) -> PyResult<Self> {
+    fn new(
+        clock: &str,
+        time_scale: f64,
+        sample_interval_ns: Option<&Bound<'_, PyAny>>,
+        record_spans: bool,
+    ) -> PyResult<Self> {
         let clock = match clock {
             "virtual" => ClockMode::Virtual,
             "wall" => ClockMode::Wall { time_scale },
@@ -443,7 +458,8 @@ impl PyCore {
     /// Start many transfers now: an iterable of `(path, lane, size_bytes, tag)`. All are checked before
     /// any is accepted, so a bad one leaves the core unchanged. Returns how many were submitted.
     fn submit_transfers(&mut self, transfers: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let items = transfers.try_iter().map_err(|_| invalid("transfers", "an iterable of (path, lane, size_bytes, tag)"))?;
+        let items =
+            transfers.try_iter().map_err(|_| invalid("transfers", "an iterable of (path, lane, size_bytes, tag)"))?;
         let mut batch = Vec::new();
         for (i, item) in items.enumerate() {
             let arg = format!("transfers[{i}]");
@@ -496,7 +512,10 @@ impl PyCore {
             let [at, tag] = fields::<2>(&item?, &arg, "at_ns, tag")?;
             let at = int_in(&at, &format!("{arg}.at_ns"), u64::MAX)?;
             if at < self.core.now_ns() {
-                return Err(invalid(&format!("{arg}.at_ns"), format!("a time >= now ({} ns), got {at}", self.core.now_ns())));
+                return Err(invalid(
+                    &format!("{arg}.at_ns"),
+                    format!("a time >= now ({} ns), got {at}", self.core.now_ns()),
+                ));
             }
             batch.push((at, int_in(&tag, &format!("{arg}.tag"), u64::MAX)?));
         }

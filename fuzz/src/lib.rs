@@ -22,6 +22,14 @@ pub fn pick<T: Copy>(u: &mut Unstructured, items: &[T]) -> T {
     items[int(u, 0, items.len() - 1)]
 }
 
+/// One of `items`, or (as one more choice) whatever `other` draws.
+pub fn pick_or<T: Copy>(u: &mut Unstructured, items: &[T], other: impl FnOnce(&mut Unstructured) -> T) -> T {
+    match int(u, 0, items.len()) {
+        i if i < items.len() => items[i],
+        _ => other(u),
+    }
+}
+
 pub fn flag(u: &mut Unstructured) -> bool {
     u.arbitrary().unwrap_or(false)
 }
@@ -76,7 +84,7 @@ pub fn table_text(u: &mut Unstructured, max_vls: u8) -> String {
                     0 => int(u, 0u16, 300).to_string(),
                     1 => "0".into(),
                     2 => "".into(),
-                    _ => pick(u, &[1u8, 16, 32, 64, 96, 128, 192, 255, int(u, 0, 255)]).to_string(),
+                    _ => pick_or(u, &[1u8, 16, 32, 64, 96, 128, 192, 255], |u| int(u, 0, 255)).to_string(),
                 };
                 parts.push(match int(u, 0u8, 15) {
                     0 => vl.clone(),
@@ -99,7 +107,7 @@ pub fn entries(u: &mut Unstructured, max_vls: u8) -> Vec<VlArbEntry> {
     (0..n)
         .map(|_| {
             let vl = if int(u, 0u8, 15) == 0 { lane(u) } else { int(u, 0, max_vls.saturating_sub(1)) };
-            let weight = pick(u, &[0u8, 1, 4, 16, 64, 192, 255, int(u, 0, 255)]);
+            let weight = pick_or(u, &[0u8, 1, 4, 16, 64, 192, 255], |u| int(u, 0, 255));
             VlArbEntry { vl, weight }
         })
         .collect()
@@ -126,14 +134,14 @@ pub fn arbitration(u: &mut Unstructured) -> Result<VlArbitration, dualpath_emu_c
         }
         6 | 7 => {
             let max_vls = if int(u, 0u8, 15) == 0 { int(u, 0, 255) } else { int(u, 1, 8) };
-            let high_limit = pick(u, &[0u8, 1, 240, 254, 255, int(u, 0, 255)]);
+            let high_limit = pick_or(u, &[0u8, 1, 240, 254, 255], |u| int(u, 0, 255));
             let high = table_text(u, max_vls);
             let low = table_text(u, max_vls);
             VlArbitration::parse(max_vls, high_limit, &high, &low)
         }
         _ => {
             let max_vls = if int(u, 0u8, 15) == 0 { int(u, 0, 255) } else { int(u, 1, 8) };
-            let high_limit = pick(u, &[0u8, 1, 240, 254, 255, int(u, 0, 255)]);
+            let high_limit = pick_or(u, &[0u8, 1, 240, 254, 255], |u| int(u, 0, 255));
             let high = entries(u, max_vls);
             let low = entries(u, max_vls);
             Ok(VlArbitration { max_vls, high_limit, high, low })
