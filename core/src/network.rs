@@ -159,6 +159,8 @@ struct Port {
     demand: [f64; MAX_LANES],
     unbounded_flows: [i64; MAX_LANES],
     usage: [f64; MAX_LANES],
+    /// Bit l set when `usage[l] > 0`.
+    busy_lanes: u16,
     total_usage: f64,
     settled_at: TimeNs,
     counters: PortCounters,
@@ -260,7 +262,10 @@ pub struct Network {
     mu: Vec<[f64; MAX_LANES]>,
     by_name: HashMap<String, PortId>,
     groups: Vec<Group>,
-    group_of: HashMap<(Box<[PortId]>, Lane), GroupId>,
+    /// Group of each (path, lane), keyed by the path's port ids followed by the lane.
+    group_of: HashMap<Box<[u32]>, GroupId>,
+    /// Reused lookup key for `group_of`, so finding a group allocates nothing.
+    key: Vec<u32>,
     worklist: VecDeque<PortId>,
     dirty_groups: Vec<GroupId>,
     bucket_ports: Vec<PortId>,
@@ -284,6 +289,7 @@ impl Network {
             by_name: HashMap::new(),
             groups: Vec::new(),
             group_of: HashMap::new(),
+            key: Vec::new(),
             worklist: VecDeque::new(),
             dirty_groups: Vec::new(),
             bucket_ports: Vec::new(),
@@ -319,6 +325,7 @@ impl Network {
             demand: [0.0; MAX_LANES],
             unbounded_flows: [0; MAX_LANES],
             usage: [0.0; MAX_LANES],
+            busy_lanes: 0,
             total_usage: 0.0,
             settled_at: now,
             counters: PortCounters::default(),
@@ -384,7 +391,10 @@ impl Network {
                 "> 0 for a flow (zero-byte transfers never reach the network)",
             ));
         }
-        let gid = match self.group_of.get(&(Box::<[PortId]>::from(path), lane)) {
+        self.key.clear();
+        self.key.extend_from_slice(path);
+        self.key.push(lane as u32);
+        let gid = match self.group_of.get(self.key.as_slice()) {
             Some(&g) => g,
             None => {
                 let g = self.groups.len() as GroupId;
@@ -399,7 +409,7 @@ impl Network {
                     service_at: now,
                     dirty: false,
                 });
-                self.group_of.insert((path.into(), lane), g);
+                self.group_of.insert(self.key.as_slice().into(), g);
                 g
             }
         };
@@ -594,7 +604,10 @@ impl Network {
         let mut demand = [0.0f64; MAX_LANES];
         let mut unbounded = [0i64; MAX_LANES];
         let port = &mut self.ports[p as usize];
+        // Lanes with members now, or with an advertisement left from members that have gone.
+        let mut lanes_here: u16 = port.bottleneck_lanes;
         for m in &port.members {
+            lanes_here |= 1 << m.lane;
             if m.ext.is_finite() {
                 demand[m.lane as usize] += m.flows * m.ext;
             } else {
@@ -604,23 +617,25 @@ impl Network {
         // Refresh the cache exactly, shedding any rounding the incremental updates accumulated.
         port.demand = demand;
         port.unbounded_flows = unbounded;
-        for l in 0..MAX_LANES {
+        for l in lanes_of(lanes_here) {
             if unbounded[l] > 0 {
                 demand[l] = INF;
             }
         }
         let mut alloc = [0.0f64; MAX_LANES];
-        let mut lanes = (0..MAX_LANES).filter(|&l| demand[l] > 0.0);
-        match (lanes.next(), lanes.next()) {
+        if port.members.iter().all(|m| m.lane == port.members[0].lane) {
             // One lane: the arbiter has nothing to arbitrate (validate_path ensured the lane is served).
-            (Some(l), None) => alloc[l] = demand[l].min(port.capacity),
-            _ => port.shares.allocate(port.capacity, &demand, &mut alloc),
+            if let Some(m) = port.members.first() {
+                alloc[m.lane as usize] = demand[m.lane as usize].min(port.capacity);
+            }
+        } else {
+            port.shares.allocate(port.capacity, &demand, &mut alloc);
         }
         let old = self.mu[p as usize];
         let mut mu = old;
         let mut changed: u16 = 0;
         let mut damped = false;
-        for l in 0..MAX_LANES {
+        for l in lanes_of(lanes_here) {
             let (d, a) = (demand[l], alloc[l]);
             let mut new = if d == 0.0 || (d.is_finite() && a >= d * (1.0 - REL_TOL)) {
                 INF
@@ -653,7 +668,7 @@ impl Network {
             return;
         }
         self.mu[p as usize] = mu;
-        port.bottleneck_lanes = (0..MAX_LANES).filter(|&l| mu[l].is_finite()).fold(0u16, |m, l| m | (1 << l));
+        port.bottleneck_lanes = lanes_of(lanes_here).filter(|&l| mu[l].is_finite()).fold(0u16, |m, l| m | (1 << l));
         if damped {
             self.enqueue(p, true);
         }
@@ -766,6 +781,14 @@ impl Network {
                     port.usage = [0.0; MAX_LANES];
                     port.total_usage = 0.0;
                 }
+                if port.usage[lane] > 0.0 {
+                    port.busy_lanes |= 1 << lane;
+                } else {
+                    port.busy_lanes &= !(1 << lane);
+                }
+                if port.total_usage == 0.0 {
+                    port.busy_lanes = 0;
+                }
                 if delta > 0.0 && !port.raised {
                     port.raised = true;
                     self.raised.push(q);
@@ -827,7 +850,8 @@ impl Network {
 
     /// Per-flow rate of the transfers on `lane` along `path`, if any are in flight.
     pub fn flow_rate(&self, path: &[PortId], lane: Lane) -> Option<f64> {
-        let g = *self.group_of.get(&(Box::<[PortId]>::from(path), lane))?;
+        let key: Vec<u32> = path.iter().copied().chain(std::iter::once(lane as u32)).collect();
+        let g = *self.group_of.get(key.as_slice())?;
         let group = &self.groups[g as usize];
         (!group.flows.is_empty()).then_some(group.rate)
     }
@@ -897,6 +921,18 @@ fn add_demand(port: &mut Port, lane: Lane, flows: f64, ext: f64) {
     }
 }
 
+/// The lanes whose bit is set in `mask`, in increasing order.
+fn lanes_of(mask: u16) -> impl Iterator<Item = usize> + Clone {
+    let mut rest = mask;
+    std::iter::from_fn(move || {
+        (rest != 0).then(|| {
+            let l = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            l
+        })
+    })
+}
+
 fn differs(a: f64, b: f64) -> bool {
     if a == b {
         return false;
@@ -924,17 +960,16 @@ fn settle_port(port: &mut Port, now: TimeNs, sample_ns: u64) {
     }
     let c = &mut port.counters;
     c.busy_s += dt;
-    for l in 0..MAX_LANES {
-        if port.usage[l] > 0.0 {
-            c.fluid_bytes[l] += port.usage[l] * dt;
-        }
+    let busy_lanes = lanes_of(port.busy_lanes);
+    for l in busy_lanes.clone() {
+        c.fluid_bytes[l] += port.usage[l] * dt;
     }
     if sample_ns == 0 {
         return;
     }
     add_to_samples(&mut c.samples, from, now, sample_ns, port.total_usage);
-    for l in 0..MAX_LANES {
-        if port.usage[l] > 0.0 {
+    for l in busy_lanes {
+        {
             let lane = l as Lane;
             let idx = match c.lane_samples.iter().position(|(x, _)| *x == lane) {
                 Some(i) => i,
