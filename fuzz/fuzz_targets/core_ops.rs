@@ -28,9 +28,22 @@ use libfuzzer_sys::fuzz_target;
 const MAX_PORTS: usize = 6;
 const MAX_NODES: usize = 3;
 const MAX_OPS: usize = 64;
-/// Largest transfer or I/O: 2^36 bytes at 1 KB/s is 2.2 years, so 64 of them in a row stay below 2^63 ns.
-const MAX_SIZE: u64 = 1 << 36;
-const MAX_DELAY_NS: u64 = 1_000_000_000_000_000; // 11.6 days; 64 of them are far from u64::MAX
+
+/// How far an input may stretch the clock.
+struct Scale {
+    min_rate: f64,
+    /// Largest transfer or I/O.
+    max_size: u64,
+    /// Longest timer, advance or storage latency.
+    max_delay_ns: u64,
+}
+
+/// Without sampling: 2^36 bytes at 1 KB/s is 2.2 years, so 64 of them in a row (and 64 delays of
+/// 11.6 days) stay far below u64::MAX ns.
+const WIDE: Scale = Scale { min_rate: 1e3, max_size: 1 << 36, max_delay_ns: 1_000_000_000_000_000 };
+/// With utilisation sampling every second, a run must stay within hours, or the sample vectors alone
+/// exhaust memory: 1 GB at 1 MB/s is 1000 s.
+const SAMPLED: Scale = Scale { min_rate: 1e6, max_size: 1_000_000_000, max_delay_ns: 100_000_000_000 };
 /// Relative slack on capacity and saturation checks (the proptests in core/tests use the same).
 const TOL: f64 = 1e-7;
 
@@ -108,21 +121,21 @@ impl Model {
     }
 }
 
-fn rate(u: &mut Unstructured) -> f64 {
+fn rate(u: &mut Unstructured, scale: &Scale) -> f64 {
     match int(u, 0u8, 15) {
         0 => pick(u, &[0.0, -0.0, -1e9, f64::NAN, f64::INFINITY, f64::NEG_INFINITY]),
-        1..=7 => pick(u, &[1e3, 1e6, 1e9, 1e10, 5e10, 1e11, 4.096e9]),
-        _ => log_uniform(u, 1e3, 1e13),
+        1..=7 => pick(u, &[1e3f64, 1e6, 1e9, 1e10, 5e10, 1e11, 4.096e9]).max(scale.min_rate),
+        _ => log_uniform(u, scale.min_rate, 1e13),
     }
 }
 
-fn port_spec(u: &mut Unstructured, i: usize, names: &[String]) -> (PortSpec, bool) {
+fn port_spec(u: &mut Unstructured, i: usize, names: &[String], scale: &Scale) -> (PortSpec, bool) {
     let name = match int(u, 0u8, 31) {
         0 => String::new(),
         1 if !names.is_empty() => names[0].clone(),
         _ => format!("p{i}"),
     };
-    let rate = rate(u);
+    let rate = rate(u, scale);
     let (peak, burst) = match int(u, 0u8, 7) {
         0..=3 => (rate, 0.0),
         4 | 5 => {
@@ -170,22 +183,22 @@ fn port_list(u: &mut Unstructured, n_ports: usize, max_len: usize) -> Vec<PortId
         .collect()
 }
 
-fn size(u: &mut Unstructured) -> u64 {
+fn size(u: &mut Unstructured, scale: &Scale) -> u64 {
     match int(u, 0u8, 15) {
         0 => 0,
         1 => int(u, 1u64, 100),
-        2 => MAX_SIZE,
+        2 => scale.max_size,
         3..=9 => pick(u, &[4096u64, 1 << 20, 1_000_000, 100_000_000, 1_000_000_000]),
-        _ => int(u, 1u64, MAX_SIZE),
+        _ => int(u, 1u64, scale.max_size),
     }
 }
 
-fn delay(u: &mut Unstructured) -> u64 {
+fn delay(u: &mut Unstructured, scale: &Scale) -> u64 {
     match int(u, 0u8, 7) {
         0 => 0,
         1 => int(u, 1u64, 1000),
         2..=5 => pick(u, &[1_000u64, 1_000_000, 10_000_000, 1_000_000_000]),
-        _ => int(u, 0u64, MAX_DELAY_NS),
+        _ => int(u, 0u64, scale.max_delay_ns),
     }
 }
 
@@ -200,7 +213,8 @@ fuzz_target!(|data: &[u8]| run(data));
 
 fn run(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let sample_ns = if int(&mut u, 0u8, 3) == 0 { pick(&mut u, &[100_000_000u64, 1_000_000_000]) } else { 0 };
+    let sample_ns = if int(&mut u, 0u8, 3) == 0 { pick(&mut u, &[1_000_000_000u64, 10_000_000_000]) } else { 0 };
+    let scale = if sample_ns > 0 { &SAMPLED } else { &WIDE };
     let mut c = Core::new(CoreConfig { sample_interval_ns: sample_ns, ..CoreConfig::default() }).unwrap();
     let mut m = Model {
         specs: Vec::new(),
@@ -217,7 +231,7 @@ fn run(data: &[u8]) {
     // Topology.
     let mut names = Vec::new();
     for i in 0..int(&mut u, 1usize, MAX_PORTS + 1) {
-        let (spec, valid) = port_spec(&mut u, i, &names);
+        let (spec, valid) = port_spec(&mut u, i, &names, scale);
         let got = c.add_port(spec.clone());
         assert_eq!(got.is_ok(), valid, "add_port({spec:?}) = {got:?}");
         if let Ok(id) = got {
@@ -239,8 +253,8 @@ fn run(data: &[u8]) {
         let spec = StorageSpec {
             read_port,
             write_port,
-            read_latency_ns: pick_or(&mut u, &[0u64, 1, 100_000, 1_000_000], |u| int(u, 0, 1_000_000_000_000)),
-            write_latency_ns: pick_or(&mut u, &[0u64, 1, 100_000, 2_000_000], |u| int(u, 0, 1_000_000_000_000)),
+            read_latency_ns: pick_or(&mut u, &[0u64, 1, 100_000, 1_000_000], |u| int(u, 0, scale.max_delay_ns / 1000)),
+            write_latency_ns: pick_or(&mut u, &[0u64, 1, 100_000, 2_000_000], |u| int(u, 0, scale.max_delay_ns / 1000)),
         };
         let valid = (read_port as usize) < n_ports;
         let got = c.configure_storage(spec.clone());
@@ -289,7 +303,7 @@ fn run(data: &[u8]) {
             0..=5 => {
                 let path = if int(&mut u, 0u8, 15) == 0 { port_list(&mut u, n_ports, 7) } else { port_list(&mut u, n_ports, 3) };
                 let lane = op_lane(&mut u);
-                let size = size(&mut u);
+                let size = size(&mut u, scale);
                 let valid = m.path_ok(&path, lane);
                 assert_eq!(c.check_transfer(&path, lane).is_ok(), valid, "check_transfer({path:?}, {lane})");
                 let tag = m.next_tag;
@@ -319,7 +333,7 @@ fn run(data: &[u8]) {
                 let node = if int(&mut u, 0u8, 15) == 0 { int(&mut u, 0u32, 5) } else { int(&mut u, 0u32, 2) };
                 let kind = if flag(&mut u) { IoKind::Read } else { IoKind::Write };
                 let lane = op_lane(&mut u);
-                let size = size(&mut u);
+                let size = size(&mut u, scale);
                 let path = m.io_path(node, kind);
                 let valid = path.as_ref().is_some_and(|p| m.path_ok(p, lane));
                 assert_eq!(c.check_io(node, kind, lane).is_ok(), valid, "check_io({node}, {kind:?}, {lane})");
@@ -368,7 +382,8 @@ fn run(data: &[u8]) {
             }
             9 | 10 => {
                 let now = c.now_ns();
-                let at = if int(&mut u, 0u8, 15) == 0 { now.wrapping_sub(int(&mut u, 1u64, 1000)) } else { now + delay(&mut u) };
+                let backwards = int(&mut u, 0u8, 15) == 0 && now > 0;
+                let at = if backwards { now - int(&mut u, 1u64, now) } else { now + delay(&mut u, scale) };
                 let tag = m.next_tag;
                 let got = c.add_timer(at, tag);
                 assert_eq!(got.is_ok(), at >= now, "add_timer({at}) at {now} = {got:?}");
@@ -392,7 +407,7 @@ fn run(data: &[u8]) {
             11 | 12 => {
                 let now = c.now_ns();
                 let backwards = int(&mut u, 0u8, 15) == 0 && now > 0;
-                let t = if backwards { now - int(&mut u, 1u64, now) } else { now + delay(&mut u) };
+                let t = if backwards { now - int(&mut u, 1u64, now) } else { now + delay(&mut u, scale) };
                 let got = c.advance_to(t);
                 assert_eq!(got.is_ok(), !backwards, "advance_to({t}) at {now} = {got:?}");
                 if !backwards {
@@ -411,11 +426,7 @@ fn run(data: &[u8]) {
                     assert!(t >= now && c.now_ns() == t, "step to {t} from {now}, now {}", c.now_ns());
                 }
             }
-            _ => {
-                c.run_until_idle().unwrap();
-                collect(&mut c, &mut m);
-                assert_eq!(c.pending(), 0, "pending after run_until_idle: {:?}", m.expect);
-            }
+            _ => run_until_idle(&mut c, &mut m),
         }
         collect(&mut c, &mut m);
         assert_eq!(c.pending(), m.pending(), "pending() disagrees with the model: {:?}", m.expect);
@@ -423,15 +434,23 @@ fn run(data: &[u8]) {
         check_queues(&c, &m);
     }
 
-    let end = c.run_until_idle().unwrap();
-    assert_eq!(end, c.now_ns());
-    collect(&mut c, &mut m);
-    assert!(m.expect.is_empty(), "never completed: {:?}", m.expect);
-    assert_eq!(c.pending(), 0);
+    run_until_idle(&mut c, &mut m);
     assert!(c.in_flight().is_empty(), "flows left: {:?}", c.in_flight());
     assert_eq!(c.step().unwrap(), None);
     check_queues(&c, &m);
     check_counters(&mut c, &m);
+}
+
+/// Run until idle: everything accepted has completed, and the clock stopped at the last completion
+/// (an idle core has no reason to move time on: the last event that does anything finishes something).
+fn run_until_idle(c: &mut Core, m: &mut Model) {
+    let before = c.now_ns();
+    let end = c.run_until_idle().unwrap();
+    assert_eq!(end, c.now_ns());
+    collect(c, m);
+    assert!(m.expect.is_empty(), "never completed: {:?}", m.expect);
+    assert_eq!(c.pending(), 0);
+    assert_eq!(end, before.max(m.last_end), "run_until_idle moved the clock past the last completion");
 }
 
 /// Take completions and check each against what was accepted.
