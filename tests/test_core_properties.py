@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+import conftest
 from dualpath_emu._core import Arbitration, Core
 
 GB = 1e9
@@ -234,3 +236,36 @@ class CoreMachine(RuleBasedStateMachine):
 
 
 TestCoreMachine = CoreMachine.TestCase
+
+
+# ---------------------------------------------------------------------------------------------------
+# The depth of the tests above is chosen by the environment (tests/conftest.py).
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "default"),
+        ({"CI": "true"}, "ci"),
+        ({"CI": "false"}, "default"),
+        ({"CI": "true", conftest.PROFILE_ENV: "deep"}, "deep"),
+        ({conftest.PROFILE_ENV: "ci"}, "ci"),
+    ],
+)
+def test_the_hypothesis_profile_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv(conftest.PROFILE_ENV, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert conftest._profile_name() == expected
+    assert settings.get_profile("ci").derandomize
+    assert settings.get_profile("ci").max_examples == settings.get_profile("default").max_examples
+    assert settings.get_profile("deep").max_examples > settings.get_profile("default").max_examples
+
+
+def test_an_unknown_hypothesis_profile_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(conftest.PROFILE_ENV, "thorough")
+    with pytest.raises(ValueError, match=f"^{conftest.PROFILE_ENV}='thorough': expected one of default, ci, deep$"):
+        conftest._profile_name()

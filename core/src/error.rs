@@ -39,6 +39,11 @@ impl CoreError {
     pub fn state(message: impl fmt::Display) -> Self {
         Self { kind: ErrorKind::State, message: message.to_string() }
     }
+    /// The same error about a part of a larger argument: `path: ...` becomes `transfers[3].path: ...`.
+    pub fn within(self, outer: &str) -> Self {
+        Self { kind: self.kind, message: format!("{outer}.{}", self.message) }
+    }
+
     pub fn io(path: &str, err: impl fmt::Display) -> Self {
         Self { kind: ErrorKind::Io, message: format!("{path}: {err}") }
     }

@@ -26,7 +26,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use crate::events::{EventKind, EventQueue, TimeNs};
 use crate::lanes::{Lane, LaneShares, VlArbitration, MAX_LANES};
-use crate::{CoreError, Result};
+use crate::{CoreError, ErrorKind, Result};
 
 /// Index of a port, in the order ports were added.
 pub type PortId = u32;
@@ -362,7 +362,9 @@ impl Network {
             return Err(CoreError::invalid("lane", format!("a lane in 0..{MAX_LANES}, got {lane}")));
         }
         for (i, &p) in path.iter().enumerate() {
-            let port = self.port(p)?;
+            let port = self
+                .port(p)
+                .map_err(|_| CoreError { kind: ErrorKind::Unknown, message: format!("path: unknown port {p}") })?;
             if path[..i].contains(&p) {
                 return Err(CoreError::invalid(
                     "path",
@@ -803,7 +805,7 @@ impl Network {
         match group.flows.peek() {
             Some(Reverse(next)) if rate > 0.0 => {
                 let left = (next.finish - group.service).max(0.0);
-                let dt_ns = (left / rate * NS_PER_S).ceil();
+                let dt_ns = ceil_ns(left / rate * NS_PER_S);
                 let t = now.saturating_add(if dt_ns >= u64::MAX as f64 { u64::MAX } else { dt_ns as u64 });
                 queue.schedule_group(g, t);
             }
@@ -820,7 +822,7 @@ impl Network {
             let rate = port.spec.rate_bytes_per_s;
             if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
                 port.bucket_version += 1;
-                let dt_ns = (port.tokens / (port.total_usage - rate) * NS_PER_S).ceil() as u64;
+                let dt_ns = ceil_ns(port.tokens / (port.total_usage - rate) * NS_PER_S) as u64;
                 queue.push(now + dt_ns, EventKind::BucketEmpty { port: p, version: port.bucket_version });
             }
         }
@@ -918,6 +920,17 @@ fn add_demand(port: &mut Port, lane: Lane, flows: f64, ext: f64) {
         port.demand[l] += flows * ext;
     } else {
         port.unbounded_flows[l] += flows as i64;
+    }
+}
+
+/// Round a duration in nanoseconds up to a whole nanosecond, except that a value within float noise of a
+/// whole number is that number (3 GB at 50 GB/s is 60,000,000 ns, not 60,000,001).
+fn ceil_ns(x: f64) -> f64 {
+    let nearest = x.round();
+    if (x - nearest).abs() <= 1e-9 * x.max(1.0) {
+        nearest
+    } else {
+        x.ceil()
     }
 }
 

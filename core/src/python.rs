@@ -142,6 +142,14 @@ fn int_in(obj: &Bound<'_, PyAny>, arg: &str, max: u64) -> PyResult<u64> {
     Ok(value as u64)
 }
 
+/// A Python number (int or float), or an error naming `arg`; the core checks its range.
+fn number(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
+    obj.extract::<f64>().map_err(|_| {
+        let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        invalid(arg, format!("a number, got {ty}"))
+    })
+}
+
 fn lane_of(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u8> {
     Ok(int_in(obj, arg, MAX_LANES as u64 - 1)? as u8)
 }
@@ -253,7 +261,11 @@ impl PyArbitration {
     /// No QoS: lanes 0..n_lanes share equally (PCIe, DRAM).
     #[staticmethod]
     fn fair(n_lanes: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Self::checked(VlArbitration::fair(int_in(n_lanes, "n_lanes", 15)? as u8))
+        let n = int_in(n_lanes, "n_lanes", 15)?;
+        if n == 0 {
+            return Err(invalid("n_lanes", "an integer in 1..=15, got 0"));
+        }
+        Self::checked(VlArbitration::fair(n as u8))
     }
 
     #[getter]
@@ -377,19 +389,20 @@ impl PyCore {
     }
 
     /// Add a port; returns its id. `peak_bytes_per_s` > rate with `burst_bytes` > 0 makes a token bucket.
-    #[pyo3(signature = (name, rate_bytes_per_s, *, peak_bytes_per_s = None, burst_bytes = 0.0, mtu_bytes = None, arbitration = None))]
+    #[pyo3(signature = (name, rate_bytes_per_s, *, peak_bytes_per_s = None, burst_bytes = None, mtu_bytes = None, arbitration = None))]
     fn add_port(
         &mut self,
         name: String,
-        rate_bytes_per_s: f64,
-        peak_bytes_per_s: Option<f64>,
-        burst_bytes: f64,
+        rate_bytes_per_s: &Bound<'_, PyAny>,
+        peak_bytes_per_s: Option<&Bound<'_, PyAny>>,
+        burst_bytes: Option<&Bound<'_, PyAny>>,
         mtu_bytes: Option<&Bound<'_, PyAny>>,
         arbitration: Option<PyRef<'_, PyArbitration>>,
     ) -> PyResult<u32> {
-        let mut spec = PortSpec::plain(name, rate_bytes_per_s);
-        spec.peak_bytes_per_s = peak_bytes_per_s.unwrap_or(rate_bytes_per_s);
-        spec.burst_bytes = burst_bytes;
+        let rate = number(rate_bytes_per_s, "rate_bytes_per_s")?;
+        let mut spec = PortSpec::plain(name, rate);
+        spec.peak_bytes_per_s = peak_bytes_per_s.map(|p| number(p, "peak_bytes_per_s")).transpose()?.unwrap_or(rate);
+        spec.burst_bytes = burst_bytes.map(|b| number(b, "burst_bytes")).transpose()?.unwrap_or(0.0);
         if let Some(mtu) = mtu_bytes {
             spec.mtu_bytes = int_in(mtu, "mtu_bytes", u32::MAX as u64)? as u32;
         }
@@ -468,12 +481,9 @@ impl PyCore {
             let lane = lane_of(&lane, &format!("{arg}.lane"))?;
             let size = int_in(&size, &format!("{arg}.size_bytes"), u64::MAX)?;
             let tag = int_in(&tag, &format!("{arg}.tag"), u64::MAX)?;
-            self.core.check_transfer(&path, lane).map_err(|e| prefixed(&arg, e))?;
             batch.push((path, lane, size, tag));
         }
-        for (path, lane, size, tag) in &batch {
-            self.core.submit_transfer(path, *lane, *size, *tag)?;
-        }
+        self.core.submit_transfers(&batch)?;
         Ok(batch.len())
     }
 
@@ -494,12 +504,9 @@ impl PyCore {
             let lane = lane_of(&lane, &format!("{arg}.lane"))?;
             let size = int_in(&size, &format!("{arg}.size_bytes"), u64::MAX)?;
             let tag = int_in(&tag, &format!("{arg}.tag"), u64::MAX)?;
-            self.core.check_io(node, kind, lane).map_err(|e| prefixed(&arg, e))?;
             batch.push((node, kind, lane, size, tag));
         }
-        for (node, kind, lane, size, tag) in &batch {
-            self.core.submit_io(*node, *kind, *lane, *size, *tag)?;
-        }
+        self.core.submit_ios(&batch)?;
         Ok(batch.len())
     }
 
@@ -511,17 +518,9 @@ impl PyCore {
             let arg = format!("timers[{i}]");
             let [at, tag] = fields::<2>(&item?, &arg, "at_ns, tag")?;
             let at = int_in(&at, &format!("{arg}.at_ns"), u64::MAX)?;
-            if at < self.core.now_ns() {
-                return Err(invalid(
-                    &format!("{arg}.at_ns"),
-                    format!("a time >= now ({} ns), got {at}", self.core.now_ns()),
-                ));
-            }
             batch.push((at, int_in(&tag, &format!("{arg}.tag"), u64::MAX)?));
         }
-        for (at, tag) in &batch {
-            self.core.add_timer(*at, *tag)?;
-        }
+        self.core.add_timers(&batch)?;
         Ok(batch.len())
     }
 
@@ -611,12 +610,17 @@ impl PyCore {
         }
         let full = self.core.port_spec(port)?.rate_bytes_per_s * interval_ns as f64 / 1e9;
         let lane = lane.map(|l| lane_of(l, "lane")).transpose()?;
+        let now_ns = self.core.now_ns();
         let k = self.core.port_counters(port)?;
         let samples: &[f64] = match lane {
             None => &k.samples,
             Some(l) => k.lane_samples.iter().find(|(x, _)| *x == l).map(|(_, s)| s.as_slice()).unwrap_or(&[]),
         };
-        Ok(samples.iter().map(|b| b / full).collect())
+        // One value per interval up to now, idle intervals at the end included.
+        let intervals = now_ns.div_ceil(interval_ns) as usize;
+        let mut out: Vec<f64> = samples.iter().map(|b| b / full).collect();
+        out.resize(intervals.max(out.len()), 0.0);
+        Ok(out)
     }
 
     /// Current rate of each lane through a port (bytes/s).
@@ -658,11 +662,6 @@ impl PyCore {
     fn write_trace(&mut self, path: &str) -> PyResult<()> {
         Ok(self.core.write_trace(path)?)
     }
-}
-
-/// Prefix a core error's message with the batch element it is about.
-fn prefixed(arg: &str, e: crate::CoreError) -> PyErr {
-    to_py_err(crate::CoreError { kind: e.kind, message: format!("{arg}.{}", e.message) })
 }
 
 /// The extension module, imported as `dualpath_emu._core`.

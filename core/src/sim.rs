@@ -12,7 +12,7 @@ use crate::events::{EventKind, EventQueue, TimeNs};
 use crate::lanes::{Lane, MAX_LANES};
 use crate::network::{Finished, NetStats, Network, Owner, PortCounters, PortId, PortSpec};
 use crate::storage::{Io, IoKind, NodeId, QueueState, Storage, StorageNodeSpec, StorageSpec};
-use crate::{CoreError, Result};
+use crate::{CoreError, ErrorKind, Result};
 
 /// How the core's time advances.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -104,6 +104,8 @@ pub struct Core {
     spans: Vec<Span>,
     pending_timers: u64,
     pending_transfers: u64,
+    /// Set while a batch is submitted, so a wall clock does not move within it.
+    clock_held: bool,
     transfer_events: u64,
     queue_events: u64,
     wall: Option<(WallClock, Pacer)>,
@@ -131,6 +133,7 @@ impl Core {
             spans: Vec::new(),
             pending_timers: 0,
             pending_transfers: 0,
+            clock_held: false,
             transfer_events: 0,
             queue_events: 0,
             wall,
@@ -191,6 +194,51 @@ impl Core {
         self.net.validate_path(path, lane)
     }
 
+    /// Start many transfers at one instant: `(path, lane, size_bytes, tag)` each. All are checked before
+    /// any is accepted; an error names the element (`transfers[3].path: ...`).
+    pub fn submit_transfers(&mut self, batch: &[(Vec<PortId>, Lane, u64, u64)]) -> Result<()> {
+        self.at_one_instant(|core| {
+            for (i, (path, lane, _, _)) in batch.iter().enumerate() {
+                core.check_transfer(path, *lane).map_err(|e| e.within(&format!("transfers[{i}]")))?;
+            }
+            batch.iter().try_for_each(|(path, lane, size, tag)| core.submit_transfer(path, *lane, *size, *tag))
+        })
+    }
+
+    /// Run `f` with the wall clock held at one instant (caught up once first), so a batch starts together.
+    fn at_one_instant<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.catch_up();
+        self.clock_held = true;
+        let result = f(self);
+        self.clock_held = false;
+        result
+    }
+
+    /// Queue many storage I/Os at one instant: `(node, kind, lane, size_bytes, tag)` each, checked first.
+    pub fn submit_ios(&mut self, batch: &[(NodeId, IoKind, Lane, u64, u64)]) -> Result<()> {
+        self.at_one_instant(|core| {
+            for (i, (node, kind, lane, _, _)) in batch.iter().enumerate() {
+                core.check_io(*node, *kind, *lane).map_err(|e| e.within(&format!("ios[{i}]")))?;
+            }
+            batch.iter().try_for_each(|(node, kind, lane, size, tag)| core.submit_io(*node, *kind, *lane, *size, *tag))
+        })
+    }
+
+    /// Many timers: `(at_ns, tag)` each, none in the past, checked first.
+    pub fn add_timers(&mut self, batch: &[(TimeNs, u64)]) -> Result<()> {
+        self.at_one_instant(|core| {
+            for (i, (at_ns, _)) in batch.iter().enumerate() {
+                if *at_ns < core.now {
+                    return Err(CoreError::invalid(
+                        &format!("timers[{i}].at_ns"),
+                        format!("a time >= now ({} ns), got {at_ns}", core.now),
+                    ));
+                }
+            }
+            batch.iter().try_for_each(|(at_ns, tag)| core.add_timer(*at_ns, *tag))
+        })
+    }
+
     /// Start a transfer now. A zero-byte transfer completes at the current time without touching a port.
     pub fn submit_transfer(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
         self.catch_up();
@@ -208,7 +256,10 @@ impl Core {
 
     /// Check a storage I/O without submitting it.
     pub fn check_io(&self, node: NodeId, kind: IoKind, lane: Lane) -> Result<()> {
-        self.storage.queue(node)?;
+        self.storage.queue(node).map_err(|_| CoreError {
+            kind: ErrorKind::Unknown,
+            message: format!("node: unknown storage node {node}"),
+        })?;
         let probe = Io { node, kind, lane, size_bytes: 0, tag: 0, issued_ns: 0 };
         self.net.validate_path(&self.storage.path(&probe), lane)
     }
@@ -275,6 +326,9 @@ impl Core {
 
     /// Virtual mode: run until no event is pending. Returns the final time.
     pub fn run_until_idle(&mut self) -> Result<TimeNs> {
+        if self.wall.is_some() {
+            return Err(CoreError::state("run_until_idle is for the virtual clock; a wall-clock core uses poll()"));
+        }
         while self.step()?.is_some() {}
         Ok(self.now)
     }
@@ -448,6 +502,9 @@ impl Core {
 
     /// Wall mode: handle what is due by now on the wall clock.
     fn catch_up(&mut self) {
+        if self.clock_held {
+            return;
+        }
         if let Some((clock, _)) = &self.wall {
             let t = clock.now_ns().max(self.now);
             self.process_until(t);

@@ -405,10 +405,12 @@ fn wall_clock_core_follows_the_wall_and_wakes_its_descriptor() {
     let mut fds = [libc_pollfd(fd)];
     let ready = unsafe { poll(fds.as_mut_ptr(), 1, 2_000) };
     assert_eq!(ready, 1, "descriptor did not become readable");
-    assert!(c.poll().unwrap() >= 1 || {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        c.poll().unwrap() >= 1
-    });
+    assert!(
+        c.poll().unwrap() >= 1 || {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            c.poll().unwrap() >= 1
+        }
+    );
     let done = c.take_completions();
     assert_eq!(done[0].tag, 1);
     assert_eq!(done[0].end_ns, done[0].start_ns + 30 * MS, "completion carries its modelled time");

@@ -93,7 +93,7 @@ class Core:
         rate_bytes_per_s: float,
         *,
         peak_bytes_per_s: float | None = None,
-        burst_bytes: float = 0.0,
+        burst_bytes: float | None = None,
         mtu_bytes: int | None = None,
         arbitration: Arbitration | None = None,
     ) -> int: ...
