@@ -820,8 +820,9 @@ impl Network {
             let port = &mut self.ports[p as usize];
             settle_port(port, now, sample_ns);
             let rate = port.spec.rate_bytes_per_s;
+            // Any earlier forecast is void: the port's load has changed since it was made.
+            port.bucket_version += 1;
             if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
-                port.bucket_version += 1;
                 let dt_ns = ceil_ns(port.tokens / (port.total_usage - rate) * NS_PER_S) as u64;
                 queue.push(now + dt_ns, EventKind::BucketEmpty { port: p, version: port.bucket_version });
             }

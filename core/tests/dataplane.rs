@@ -431,3 +431,17 @@ fn libc_pollfd(fd: i32) -> PollFd {
 extern "C" {
     fn poll(fds: *mut PollFd, nfds: u64, timeout_ms: i32) -> i32;
 }
+
+#[test]
+fn a_bucket_forecast_made_void_by_a_lighter_load_does_not_fire() {
+    // The port runs above its sustained rate (tokens draining), then the load drops below it: the
+    // forecast "bucket dry at t" is void and must not move the clock when the core runs to idle.
+    let mut c = core();
+    let spec = PortSpec { peak_bytes_per_s: 2.0 * GB, burst_bytes: 1e9, ..PortSpec::plain("shaped", GB) };
+    let p = c.add_port(spec).unwrap();
+    c.submit_transfer(&[p], 0, 1_000_000, 1).unwrap(); // 0.5 ms at the peak; the bucket would last 1 s
+    let end = c.run_until_idle().unwrap();
+    let done = c.take_completions();
+    assert_eq!(done[0].end_ns, 500_000);
+    assert_eq!(end, 500_000, "the clock ran on to a void bucket forecast");
+}
