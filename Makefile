@@ -58,7 +58,7 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.bench
 
 .PHONY: fuzz
-fuzz: ## Run the fuzz targets for FUZZ_SECONDS each (default 60)
+fuzz: ## Run the fuzz targets, FUZZ_SECONDS in all (default 60)
 	bash fuzz/run.sh $(FUZZ_SECONDS)
 
 .PHONY: fuzz-smoke

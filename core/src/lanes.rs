@@ -356,7 +356,8 @@ impl LaneShares {
                 // min(): the epsilon above must not let a lane exceed its offer.
                 out[v] = demand[v].min(total);
                 for t in 0..2 {
-                    charge[t] += out[v] * offers[t] / total;
+                    // Scale the fraction, not the product: the product overflows or underflows at extreme rates.
+                    charge[t] += out[v] * (offers[t] / total);
                 }
             }
             used = [used[0] + charge[0], used[1] + charge[1]];

@@ -161,6 +161,8 @@ struct Port {
     usage: [f64; MAX_LANES],
     /// Bit l set when `usage[l] > 0`.
     busy_lanes: u16,
+    /// Member groups per lane.
+    lane_members: [u32; MAX_LANES],
     total_usage: f64,
     settled_at: TimeNs,
     counters: PortCounters,
@@ -326,6 +328,7 @@ impl Network {
             unbounded_flows: [0; MAX_LANES],
             usage: [0.0; MAX_LANES],
             busy_lanes: 0,
+            lane_members: [0; MAX_LANES],
             total_usage: 0.0,
             settled_at: now,
             counters: PortCounters::default(),
@@ -427,9 +430,10 @@ impl Network {
                     .filter(|&(j, _)| j != i)
                     .map(|(_, &q)| self.mu[q as usize][lane as usize])
                     .fold(INF, f64::min);
-                let members = &mut self.ports[p as usize].members;
-                group.slots[i] = members.len() as u32;
-                members.push(Member { group: gid, pos: i as u32, lane, flows: 0.0, ext });
+                let port = &mut self.ports[p as usize];
+                group.slots[i] = port.members.len() as u32;
+                port.members.push(Member { group: gid, pos: i as u32, lane, flows: 0.0, ext });
+                port.lane_members[lane as usize] += 1;
             }
         } else {
             group.settle(now);
@@ -525,8 +529,10 @@ impl Network {
         for i in 0..path_len {
             let p = self.groups[gid as usize].path[i];
             let slot = self.groups[gid as usize].slots[i];
-            let members = &mut self.ports[p as usize].members;
-            members.swap_remove(slot as usize);
+            let port = &mut self.ports[p as usize];
+            let gone = port.members.swap_remove(slot as usize);
+            port.lane_members[gone.lane as usize] -= 1;
+            let members = &port.members;
             if let Some(moved) = members.get(slot as usize) {
                 self.groups[moved.group as usize].slots[moved.pos as usize] = slot;
             }
@@ -766,51 +772,65 @@ impl Network {
 
     /// Give group `g` a new per-flow rate at `now`: settle its service, charge its ports, reschedule.
     fn set_group_rate(&mut self, g: GroupId, rate: f64, now: TimeNs, queue: &mut EventQueue) {
-        let sample_ns = self.sample_ns;
         let group = &mut self.groups[g as usize];
-        let lane = group.lane as usize;
         group.settle(now);
         let charge = group.flows.len() as f64 * rate;
-        if charge != group.charged {
-            let delta = charge - group.charged;
-            for &q in group.path.iter() {
-                let port = &mut self.ports[q as usize];
-                settle_port(port, now, sample_ns);
-                port.usage[lane] = (port.usage[lane] + delta).max(0.0);
-                port.total_usage = (port.total_usage + delta).max(0.0);
-                if port.members.is_empty() {
-                    // Nothing flows: clear accumulated rounding so idle means exactly zero.
-                    port.usage = [0.0; MAX_LANES];
-                    port.total_usage = 0.0;
-                }
-                if port.usage[lane] > 0.0 {
-                    port.busy_lanes |= 1 << lane;
-                } else {
-                    port.busy_lanes &= !(1 << lane);
-                }
-                if port.total_usage == 0.0 {
-                    port.busy_lanes = 0;
-                }
-                if delta > 0.0 && !port.raised {
-                    port.raised = true;
-                    self.raised.push(q);
-                }
-                if port.spec.has_bucket() {
-                    self.bucket_ports.push(q);
-                }
-            }
-            group.charged = charge;
-        }
+        let delta = charge - group.charged;
+        group.charged = charge;
         group.rate = rate;
         match group.flows.peek() {
             Some(Reverse(next)) if rate > 0.0 => {
                 let left = (next.finish - group.service).max(0.0);
                 let dt_ns = ceil_ns(left / rate * NS_PER_S);
                 let t = now.saturating_add(if dt_ns >= u64::MAX as f64 { u64::MAX } else { dt_ns as u64 });
-                queue.schedule_group(g, t);
+                if t < TimeNs::MAX {
+                    queue.schedule_group(g, t);
+                } else {
+                    // Past the end of representable time (2^64 ns, ~584 years): it never finishes.
+                    queue.cancel_group(g);
+                }
             }
             // Empty, or starved by a higher-priority lane: nothing to schedule until rates change.
             _ => queue.cancel_group(g),
+        }
+        if delta != 0.0 {
+            for i in 0..self.groups[g as usize].path.len() {
+                let q = self.groups[g as usize].path[i];
+                let lane = self.groups[g as usize].lane;
+                self.charge_port(q, lane, delta, now);
+            }
+        }
+    }
+
+    /// Change the load of `lane` at port `q` by `delta` bytes/s at `now`.
+    fn charge_port(&mut self, q: PortId, lane: Lane, delta: f64, now: TimeNs) {
+        let (ports, groups) = (&mut self.ports, &self.groups);
+        let port = &mut ports[q as usize];
+        settle_port(port, now, self.sample_ns);
+        let l = lane as usize;
+        let mut usage = (port.usage[l] + delta).max(0.0);
+        if port.lane_members[l] == 0 {
+            // Idle here: drop the rounding its past rates left, so idle is exactly zero.
+            usage = 0.0;
+        } else if usage < 1e-6 * delta.abs() {
+            // A large rate has gone and a small one is left: the running sum has lost its digits to
+            // cancellation, so add the lane up again from what its groups are charged.
+            usage = port.members.iter().filter(|m| m.lane == lane).map(|m| groups[m.group as usize].charged).sum();
+        }
+        port.usage[l] = usage;
+        if usage > 0.0 {
+            port.busy_lanes |= 1 << l;
+        } else {
+            port.busy_lanes &= !(1 << l);
+        }
+        // The total is the sum of the lanes, never a running sum of its own.
+        port.total_usage = lanes_of(port.busy_lanes).map(|x| port.usage[x]).sum();
+        if delta > 0.0 && !port.raised {
+            port.raised = true;
+            self.raised.push(q);
+        }
+        if port.spec.has_bucket() {
+            self.bucket_ports.push(q);
         }
     }
 
@@ -824,7 +844,10 @@ impl Network {
             port.bucket_version += 1;
             if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
                 let dt_ns = ceil_ns(port.tokens / (port.total_usage - rate) * NS_PER_S) as u64;
-                queue.push(now + dt_ns, EventKind::BucketEmpty { port: p, version: port.bucket_version });
+                let t = now.saturating_add(dt_ns);
+                if t < TimeNs::MAX {
+                    queue.push(t, EventKind::BucketEmpty { port: p, version: port.bucket_version });
+                }
             }
         }
     }
@@ -924,11 +947,12 @@ fn add_demand(port: &mut Port, lane: Lane, flows: f64, ext: f64) {
     }
 }
 
-/// Round a duration in nanoseconds up to a whole nanosecond, except that a value within float noise of a
-/// whole number is that number (3 GB at 50 GB/s is 60,000,000 ns, not 60,000,001).
+/// Round a duration in nanoseconds up to a whole nanosecond, except that a value within float noise (a
+/// few units in the last place) of a whole number is that number (3 GB at 50 GB/s is 60,000,000 ns, not
+/// 60,000,001).
 fn ceil_ns(x: f64) -> f64 {
     let nearest = x.round();
-    if (x - nearest).abs() <= 1e-9 * x.max(1.0) {
+    if (x - nearest).abs() <= 1e-13 * x.max(1.0) {
         nearest
     } else {
         x.ceil()

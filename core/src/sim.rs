@@ -278,7 +278,7 @@ impl Core {
 
     fn start_io_after_latency(&mut self, id: u32) {
         let latency = self.storage.latency_ns(self.storage.io(id).kind);
-        self.queue.push(self.now + latency, EventKind::IoStart { io: id });
+        self.queue.push(self.now.saturating_add(latency), EventKind::IoStart { io: id });
     }
 
     /// Complete a timer with `tag` at absolute core time `at_ns` (not in the past).

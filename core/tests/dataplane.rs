@@ -445,3 +445,79 @@ fn a_bucket_forecast_made_void_by_a_lighter_load_does_not_fire() {
     assert_eq!(done[0].end_ns, 500_000);
     assert_eq!(end, 500_000, "the clock ran on to a void bucket forecast");
 }
+
+// Regressions found by fuzzing (fuzz/fuzz_targets/core_ops.rs, arbitration.rs).
+
+#[test]
+fn a_bucket_forecast_beyond_the_end_of_time_does_not_overflow() {
+    let mut c = core();
+    let spec = PortSpec { peak_bytes_per_s: 1e3 * (1.0 + 1e-6), burst_bytes: 1e12, ..PortSpec::plain("slow", 1e3) };
+    let p = c.add_port(spec).unwrap();
+    c.advance_to(1).unwrap();
+    c.submit_transfer(&[p], 0, 1000, 1).unwrap();
+    c.run_until_idle().unwrap();
+    assert_eq!(c.take_completions().len(), 1);
+}
+
+#[test]
+fn an_idle_lane_carries_exactly_nothing_after_rates_came_and_went() {
+    let mut c = core();
+    let fast = port(&mut c, "fast", 1e9);
+    let slow = port(&mut c, "slow", 1193.3083573853105);
+    c.submit_transfer(&[slow, fast], 1, 1_000, 1).unwrap();
+    c.submit_transfer(&[fast], 1, 66, 2).unwrap();
+    c.submit_transfer(&[slow, fast], 0, 1_000_000_000_000, 3).unwrap(); // keeps `fast` busy on lane 0
+    c.advance_to(10_000_000_000).unwrap();
+    assert_eq!(c.take_completions().len(), 2);
+    assert_eq!(c.lane_rates(fast).unwrap()[1], 0.0);
+    c.run_until_idle().unwrap();
+    let k = c.port_counters(fast).unwrap();
+    assert_eq!(k.completed_bytes[1], 1066);
+    assert!((k.fluid_bytes[1] - 1066.0).abs() <= 2.0, "{}", k.fluid_bytes[1]);
+}
+
+#[test]
+fn allocation_holds_at_extreme_scales() {
+    let model = VlArbitration::paper().rate_model(4096).unwrap();
+    let mut d = [0.0; MAX_LANES];
+    let mut out = [0.0; MAX_LANES];
+    d[0] = 1e200;
+    d[1] = f64::INFINITY;
+    model.allocate(4e200, &d, &mut out);
+    assert!((out[1] - 3e200).abs() <= 1e188, "{}", out[1]);
+    d[0] = 1e-200;
+    model.allocate(4e-200, &d, &mut out);
+    assert!(out.iter().sum::<f64>() <= 4e-200 * (1.0 + 1e-12), "{out:?}");
+}
+
+#[test]
+fn work_near_the_end_of_time_neither_panics_nor_spins() {
+    let mut c = core();
+    let p = port(&mut c, "p", GB);
+    let cluster = port(&mut c, "3fs", GB);
+    c.configure_storage(StorageSpec {
+        read_port: cluster,
+        write_port: cluster,
+        read_latency_ns: MS,
+        write_latency_ns: MS,
+    })
+    .unwrap();
+    let node = c
+        .add_storage_node(StorageNodeSpec { name: "n".into(), read_path: vec![p], write_path: vec![p], queue_depth: 1 })
+        .unwrap();
+    c.advance_to(u64::MAX - 10).unwrap();
+    c.submit_io(node, IoKind::Read, 0, 1_000_000, 1).unwrap();
+    c.submit_transfer(&[p], 0, 1_000_000, 2).unwrap();
+    c.run_until_idle().unwrap();
+    assert_eq!(c.pending(), 2, "work that would end past 2^64 ns never ends, and says so");
+}
+
+#[test]
+fn long_transfers_end_on_the_nanosecond_they_are_due_not_before() {
+    // 30,000,000,001 bytes at 3 GB/s take 10,000,000,000.33 ns: the end is rounded up, never to nearest.
+    let mut c = core();
+    let p = port(&mut c, "p", 3.0 * GB);
+    c.submit_transfer(&[p], 0, 30_000_000_001, 1).unwrap();
+    let done = run(&mut c);
+    assert_eq!(done[&1].end_ns, 10_000_000_001);
+}

@@ -120,8 +120,10 @@ fn allocation(u: &mut Unstructured, cfg: &VlArbitration, model: &dualpath_emu_co
     let capacity = match int(u, 0u8, 7) {
         0 => 0.0,
         1 => {
+            // Any scale a float holds, short of subnormals (whose rounding alone breaks the 1e-9
+            // tolerance) and of the last factor 1e8 below f64::MAX (a weight times it overflows).
             let x = raw_f64(u).abs();
-            if x.is_finite() {
+            if (1e-250..=1e300).contains(&x) {
                 x
             } else {
                 1.0
