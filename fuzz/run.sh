@@ -59,8 +59,13 @@ for target in "${targets[@]}"; do
     log="$logs/$target.log"
     # -timeout: one input taking 10 s is a hang (inputs are sized to take milliseconds).
     status=0
+    # FUZZ_SEED and FUZZ_RUNS make a run repeatable (CI's smoke run uses both): the same seed, corpus and
+    # number of executions explore the same inputs every time.
+    extra=()
+    [[ -z "${FUZZ_SEED:-}" ]] || extra+=("-seed=$FUZZ_SEED")
+    [[ -z "${FUZZ_RUNS:-}" ]] || extra+=("-runs=$FUZZ_RUNS")
     cargo fuzz run --sanitizer "$sanitizer" "$target" "$corpus" -- \
-        -max_total_time="$per_target" -timeout=10 -print_final_stats=1 >"$log" 2>&1 || status=$?
+        -max_total_time="$per_target" -timeout=10 -print_final_stats=1 "${extra[@]}" >"$log" 2>&1 || status=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     # A crash ends the run before the final stats: take the last progress line's count instead.
     [[ -n "$runs" ]] || runs=$(sed -n 's/^#\([0-9][0-9]*\).*/\1/p' "$log" | tail -n 1)

@@ -812,7 +812,7 @@ impl Network {
         if port.lane_members[l] == 0 {
             // Idle here: drop the rounding its past rates left, so idle is exactly zero.
             usage = 0.0;
-        } else if usage < 1e-6 * delta.abs() {
+        } else if usage < 1e-3 * delta.abs() {
             // A large rate has gone and a small one is left: the running sum has lost its digits to
             // cancellation, so add the lane up again from what its groups are charged.
             usage = port.members.iter().filter(|m| m.lane == lane).map(|m| groups[m.group as usize].charged).sum();
