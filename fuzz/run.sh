@@ -73,7 +73,7 @@ for target in "${targets[@]}"; do
     corpus_size=$(find "$corpus" -type f | wc -l)
     artifact=$(sed -n "s/.*Test unit written to \(.*\)$/\1/p" "$log" | tail -n 1)
     if ((status == 0)); then
-        echo "fuzz: $target: ok, ${runs:-?} executions in ${per_target} s (${rate:-?}/s), corpus $corpus_size inputs"
+        echo "fuzz: $target: ok, ${runs:-?} executions (at most ${per_target} s; ${rate:-?}/s), corpus $corpus_size inputs"
         continue
     fi
     failed+=("$target")
