@@ -688,11 +688,8 @@ impl Network {
                 continue;
             }
             let group = &mut self.groups[m.group as usize];
-            if !group.dirty {
-                group.dirty = true;
-                self.dirty_groups.push(m.group);
-            }
-            // The smallest and second smallest advertisement along the path give every position's cap.
+            // The smallest and second smallest advertisement along the path give every position's cap
+            // (and the smallest is the group's rate).
             let (mut min1, mut at1, mut min2) = (INF, usize::MAX, INF);
             for (j, &q) in group.path.iter().enumerate() {
                 let v = self.mu[q as usize][lane];
@@ -701,6 +698,11 @@ impl Network {
                 } else if v < min2 {
                     min2 = v;
                 }
+            }
+            // Groups held back elsewhere keep their rate: nothing to redo for them.
+            if !group.dirty && differs(min1, group.rate) {
+                group.dirty = true;
+                self.dirty_groups.push(m.group);
             }
             for (j, (&q, &slot)) in group.path.iter().zip(group.slots.iter()).enumerate() {
                 if j == m.pos as usize {
