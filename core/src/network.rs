@@ -41,6 +41,8 @@ const REL_TOL: f64 = 1e-12;
 const DAMP_AFTER_VISITS: u32 = 8;
 /// Recomputations of one port within one change after which it stops propagating (see `recompute`).
 const MAX_VISITS: u32 = 256;
+/// How often (in recomputations of a port) its demand cache is recomputed exactly from its members.
+const EXACT_DEMAND_EVERY: u32 = 32;
 /// Relative load above capacity that counts as an overload (float rounding stays far below it).
 const OVERLOAD_TOL: f64 = 1e-9;
 
@@ -161,8 +163,11 @@ struct Port {
     usage: [f64; MAX_LANES],
     /// Bit l set when `usage[l] > 0`.
     busy_lanes: u16,
-    /// Member groups per lane.
+    /// Member groups per lane, and the lanes that have any.
     lane_members: [u32; MAX_LANES],
+    member_lanes: u16,
+    /// Recomputations left before the demand cache is added up again exactly.
+    exact_in: u32,
     total_usage: f64,
     settled_at: TimeNs,
     counters: PortCounters,
@@ -329,6 +334,8 @@ impl Network {
             usage: [0.0; MAX_LANES],
             busy_lanes: 0,
             lane_members: [0; MAX_LANES],
+            member_lanes: 0,
+            exact_in: 0,
             total_usage: 0.0,
             settled_at: now,
             counters: PortCounters::default(),
@@ -434,6 +441,7 @@ impl Network {
                 group.slots[i] = port.members.len() as u32;
                 port.members.push(Member { group: gid, pos: i as u32, lane, flows: 0.0, ext });
                 port.lane_members[lane as usize] += 1;
+                port.member_lanes |= 1 << lane;
             }
         } else {
             group.settle(now);
@@ -532,6 +540,9 @@ impl Network {
             let port = &mut self.ports[p as usize];
             let gone = port.members.swap_remove(slot as usize);
             port.lane_members[gone.lane as usize] -= 1;
+            if port.lane_members[gone.lane as usize] == 0 {
+                port.member_lanes &= !(1 << gone.lane);
+            }
             let members = &port.members;
             if let Some(moved) = members.get(slot as usize) {
                 self.groups[moved.group as usize].slots[moved.pos as usize] = slot;
@@ -609,33 +620,35 @@ impl Network {
             }
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let mut demand = [0.0f64; MAX_LANES];
-        let mut unbounded = [0i64; MAX_LANES];
         let port = &mut self.ports[p as usize];
+        let member_lanes = port.member_lanes;
         // Lanes with members now, or with an advertisement left from members that have gone.
-        let mut lanes_here: u16 = port.bottleneck_lanes;
-        for m in &port.members {
-            lanes_here |= 1 << m.lane;
-            if m.ext.is_finite() {
-                demand[m.lane as usize] += m.flows * m.ext;
-            } else {
-                unbounded[m.lane as usize] += m.flows as i64;
+        let lanes_here: u16 = port.bottleneck_lanes | member_lanes;
+        if port.exact_in == 0 {
+            // Now and then add the demand up again from the members, shedding the rounding the
+            // incremental updates of the cache accumulate; in between the cache is the demand.
+            let (mut demand, mut unbounded) = ([0.0f64; MAX_LANES], [0i64; MAX_LANES]);
+            for m in &port.members {
+                if m.ext.is_finite() {
+                    demand[m.lane as usize] += m.flows * m.ext;
+                } else {
+                    unbounded[m.lane as usize] += m.flows as i64;
+                }
             }
+            (port.demand, port.unbounded_flows, port.exact_in) = (demand, unbounded, EXACT_DEMAND_EVERY);
         }
-        // Refresh the cache exactly, shedding any rounding the incremental updates accumulated.
-        port.demand = demand;
-        port.unbounded_flows = unbounded;
+        port.exact_in -= 1;
+        let mut demand = port.demand;
         for l in lanes_of(lanes_here) {
-            if unbounded[l] > 0 {
+            if port.unbounded_flows[l] > 0 {
                 demand[l] = INF;
             }
         }
         let mut alloc = [0.0f64; MAX_LANES];
-        if port.members.iter().all(|m| m.lane == port.members[0].lane) {
+        if member_lanes.count_ones() == 1 {
             // One lane: the arbiter has nothing to arbitrate (validate_path ensured the lane is served).
-            if let Some(m) = port.members.first() {
-                alloc[m.lane as usize] = demand[m.lane as usize].min(port.capacity);
-            }
+            let l = member_lanes.trailing_zeros() as usize;
+            alloc[l] = demand[l].min(port.capacity);
         } else {
             port.shares.allocate(port.capacity, &demand, &mut alloc);
         }
@@ -912,23 +925,28 @@ impl Network {
 }
 
 /// Per-flow level `mu` with `sum flows * min(cap, mu) = alloc` over one lane's `(cap, flows)` entries.
-/// Repeatedly sets aside the entries capped below the current level; no sort needed, and a few passes
-/// suffice in practice. Marks set-aside entries by negating their count.
+/// Repeatedly sets aside the entries capped below the current level (moving them behind the rest, so
+/// later passes skip them); no sort needed, and a few passes suffice in practice. Reorders `entries`.
 fn water_level(entries: &mut [(f64, f64)], alloc: f64) -> f64 {
     let mut remaining = alloc;
     let mut count: f64 = entries.iter().map(|e| e.1).sum();
+    let mut open = entries.len();
     while count > 0.0 {
         let level = remaining / count;
-        let mut set_aside = false;
-        for e in entries.iter_mut().filter(|e| e.1 > 0.0) {
-            if e.0 < level {
-                remaining -= e.0 * e.1;
-                count -= e.1;
-                e.1 = -e.1;
-                set_aside = true;
+        let before = open;
+        let mut i = 0;
+        while i < open {
+            let (cap, flows) = entries[i];
+            if cap < level {
+                remaining -= cap * flows;
+                count -= flows;
+                open -= 1;
+                entries.swap(i, open);
+            } else {
+                i += 1;
             }
         }
-        if !set_aside {
+        if open == before {
             break;
         }
     }
