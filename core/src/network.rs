@@ -24,6 +24,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use crate::events::{EventKind, EventQueue, TimeNs};
 use crate::lanes::{Lane, LaneShares, VlArbitration, MAX_LANES};
 use crate::{CoreError, ErrorKind, Result};
@@ -270,7 +272,7 @@ pub struct Network {
     by_name: HashMap<String, PortId>,
     groups: Vec<Group>,
     /// Group of each (path, lane), keyed by the path's port ids followed by the lane.
-    group_of: HashMap<Box<[u32]>, GroupId>,
+    group_of: FxHashMap<Box<[u32]>, GroupId>,
     /// Reused lookup key for `group_of`, so finding a group allocates nothing.
     key: Vec<u32>,
     worklist: VecDeque<PortId>,
@@ -295,7 +297,7 @@ impl Network {
             mu: Vec::new(),
             by_name: HashMap::new(),
             groups: Vec::new(),
-            group_of: HashMap::new(),
+            group_of: FxHashMap::default(),
             key: Vec::new(),
             worklist: VecDeque::new(),
             dirty_groups: Vec::new(),
