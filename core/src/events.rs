@@ -7,7 +7,7 @@ use std::collections::BinaryHeap;
 /// Virtual or wall time in integer nanoseconds since the core was created: exact comparisons, no drift.
 pub type TimeNs = u64;
 
-/// What happens when an event fires. Versions let a reschedule invalidate older entries lazily.
+/// What happens when an event fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
     /// The next flow of a transfer group finishes. Each group has at most one pending entry (kept in an

@@ -498,7 +498,7 @@ impl Network {
         self.worklist.push_back(p);
     }
 
-    /// Handle a group's completion event. Returns false if the event was stale.
+    /// Handle a group's completion event: finish the flows that are done. Returns false for an unknown group.
     pub fn on_group_event(&mut self, gid: u32, now: TimeNs, out: &mut Vec<Finished>) -> bool {
         let Some(group) = self.groups.get_mut(gid as usize) else { return false };
         group.settle(now);

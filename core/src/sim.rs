@@ -76,7 +76,7 @@ pub struct Completion {
 pub struct CoreStats {
     /// Transfers and I/O transfers submitted plus those finished: the "transfer events" of the benchmark.
     pub transfer_events: u64,
-    /// Live queue events handled (stale reschedules excluded).
+    /// Live queue events handled (void bucket forecasts excluded).
     pub queue_events: u64,
     pub net: NetStats,
 }
