@@ -613,6 +613,20 @@ impl Network {
                     port.spec.rate_bytes_per_s
                 };
             }
+            if port.exact_in == 0 {
+                // Now and then add the demand up again from the members, shedding the rounding the
+                // incremental updates of the cache accumulate; in between the cache is the demand.
+                let (mut demand, mut unbounded) = ([0.0f64; MAX_LANES], [0i64; MAX_LANES]);
+                for m in &port.members {
+                    if m.ext.is_finite() {
+                        demand[m.lane as usize] += m.flows * m.ext;
+                    } else {
+                        unbounded[m.lane as usize] += m.flows as i64;
+                    }
+                }
+                (port.demand, port.unbounded_flows, port.exact_in) = (demand, unbounded, EXACT_DEMAND_EVERY);
+            }
+            port.exact_in -= 1;
             // A port that held nothing back and whose whole demand fits keeps advertising "no limit".
             let fits = port.unbounded_flows.iter().all(|&n| n == 0)
                 && port.demand.iter().sum::<f64>() <= port.capacity * (1.0 - 1e-9);
@@ -626,20 +640,6 @@ impl Network {
         let member_lanes = port.member_lanes;
         // Lanes with members now, or with an advertisement left from members that have gone.
         let lanes_here: u16 = port.bottleneck_lanes | member_lanes;
-        if port.exact_in == 0 {
-            // Now and then add the demand up again from the members, shedding the rounding the
-            // incremental updates of the cache accumulate; in between the cache is the demand.
-            let (mut demand, mut unbounded) = ([0.0f64; MAX_LANES], [0i64; MAX_LANES]);
-            for m in &port.members {
-                if m.ext.is_finite() {
-                    demand[m.lane as usize] += m.flows * m.ext;
-                } else {
-                    unbounded[m.lane as usize] += m.flows as i64;
-                }
-            }
-            (port.demand, port.unbounded_flows, port.exact_in) = (demand, unbounded, EXACT_DEMAND_EVERY);
-        }
-        port.exact_in -= 1;
         let mut demand = port.demand;
         for l in lanes_of(lanes_here) {
             if port.unbounded_flows[l] > 0 {
@@ -963,7 +963,13 @@ fn water_level(entries: &mut [(f64, f64)], alloc: f64) -> f64 {
 fn add_demand(port: &mut Port, lane: Lane, flows: f64, ext: f64) {
     let l = lane as usize;
     if ext.is_finite() {
-        port.demand[l] += flows * ext;
+        let change = flows * ext;
+        port.demand[l] += change;
+        // A large term gone and a small sum left: the running sum has lost its digits to cancellation,
+        // so have the next recomputation add the demand up again exactly.
+        if port.demand[l].abs() < 1e-6 * change.abs() {
+            port.exact_in = 0;
+        }
     } else {
         port.unbounded_flows[l] += flows as i64;
     }
