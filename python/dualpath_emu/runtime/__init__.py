@@ -1,9 +1,21 @@
 """The actor runtime (issue 3): the loop that actors run on, in virtual or real time.
 
 :mod:`dualpath_emu.runtime.virtual_loop` holds :class:`VirtualTimeLoop`, an asyncio event loop whose clock
-is the core's virtual clock.
+is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it.
 """
 
+from dualpath_emu.runtime.actors import (
+    MAIN,
+    Actor,
+    ActorError,
+    ActorFailure,
+    ActorStoppedError,
+    ActorSystem,
+    Event,
+    UnhandledMessageError,
+    UnknownActorError,
+    handles,
+)
 from dualpath_emu.runtime.virtual_loop import (
     Completion,
     DeadlockError,
@@ -12,4 +24,20 @@ from dualpath_emu.runtime.virtual_loop import (
     run,
 )
 
-__all__ = ["Completion", "DeadlockError", "UnexpectedCompletionError", "VirtualTimeLoop", "run"]
+__all__ = [
+    "MAIN",
+    "Actor",
+    "ActorError",
+    "ActorFailure",
+    "ActorStoppedError",
+    "ActorSystem",
+    "Completion",
+    "DeadlockError",
+    "Event",
+    "UnexpectedCompletionError",
+    "UnhandledMessageError",
+    "UnknownActorError",
+    "VirtualTimeLoop",
+    "handles",
+    "run",
+]

@@ -1,0 +1,596 @@
+"""Actors: mailboxes, handlers chosen by message type, ``tell`` and ``ask`` (issue 3, DESIGN.md §8).
+
+An :class:`ActorSystem` owns the actors of one run (there is no global registry: pass the system in). An
+:class:`Actor` has a name, a mailbox and a task that handles one envelope at a time; its handlers are
+``async`` methods marked with :func:`handles` (nothing checks a handler's parameter annotation against
+the types it is marked for)::
+
+    class Echo(Actor):
+        @handles(Ping)
+        async def on_ping(self, msg: Ping) -> Pong:
+            return Pong(msg.seq)
+
+    system = ActorSystem(latency_s=0.001)
+    echo = Echo(system, "echo")
+
+    async def main() -> Pong | None:
+        echo.start()
+        return await system.ask("echo", Ping(1), timeout_s=1.0)   # a reply at t = 2 ms
+
+    result = dualpath_emu.runtime.run(system.run(main()), core)
+
+**Delivery.** In-process, messages are passed as objects (never encoded). :meth:`ActorSystem.tell` and
+:meth:`~ActorSystem.ask` wrap the message in an :class:`~dualpath_emu.messages.Envelope` with a ``msg_id``
+from the system's counter (1, 2, 3, … in send order) and put it into the recipient's mailbox
+``latency_s`` of loop time later (``call_soon`` when 0, else ``call_later``: on a
+:class:`~dualpath_emu.runtime.VirtualTimeLoop` that is virtual time). Replies travel back with the same
+latency. Since the latency is one constant, arrivals come in send order: deliveries are FIFO per system,
+so per sender. (asyncio's timer heap alone does not order equal deadlines, so what is sent at one instant
+travels as one batch with one loop callback, and each callback takes the oldest batch.)
+
+**Handlers.** The handler for a message is the one marked for its type or, failing that, for the nearest
+base class in the type's MRO. A subclass may override a base class's handler for a type. A handler may
+``await`` (sleeps, core transfers, asks to other actors); the actor handles nothing else meanwhile, so an
+actor that asks itself, or two actors that ask each other, wait forever (on a ``VirtualTimeLoop`` that
+ends in ``DeadlockError`` unless the ask has a timeout). Its return value (a ``Message`` or ``None``) is
+the reply to an ask (anything else gives the asker a ``TypeError``) and is ignored for a tell.
+
+**Failure semantics** (as in pykka):
+
+* an exception raised by a handler for an **ask** is given to the asker (the same exception object, so the
+  same type and message); the callee keeps running;
+* an exception raised by a handler for a **tell** fails the whole run: the system records a ``failure``
+  event, stops every actor, and :meth:`ActorSystem.run` raises :class:`ActorFailure` with the actor's name,
+  the exception and the last events (``system.failure`` holds it too);
+* a message with no handler: an ask gets :class:`UnhandledMessageError`; a tell is counted
+  (``system.unhandled``), recorded as ``unhandled`` and the actor keeps running;
+* :meth:`Actor.stop` is immediate: the actor stops at once (a running handler is cancelled, unless the
+  actor stops itself from within it, in which case that handler finishes), every ask to it that has not
+  been answered yet -- in flight, in its mailbox or being handled -- fails with :class:`ActorStoppedError`,
+  and a later ask raises it at once. Tells still in its mailbox, and tells sent to it afterwards, are
+  dropped, counted (``system.dropped``) and recorded as ``drop``; they do not raise (a sender may race a
+  shutdown). A stopped actor cannot be started again;
+* an ask with ``timeout_s`` raises :class:`TimeoutError` after that much loop time; a reply arriving later
+  is recorded as ``late`` and dropped.
+
+A name that was never registered is an error for both tell and ask (:class:`UnknownActorError`). Code
+outside any actor sends as :data:`MAIN` (``"main"``, a name no actor may take). :meth:`ActorSystem.run`
+stops every actor when its ``main`` ends, whichever way.
+
+**Events.** The system appends one ``(t_ns, seq, actor, kind, summary)`` tuple to :attr:`ActorSystem.events`
+for each start, stop, send (``tell``/``ask``), ``deliver`` (into a mailbox), ``handle`` (a handler starts),
+``reply``, ``answer`` (a reply reaches its asker), ``error`` (a handler raised for an ask), ``unhandled``,
+``drop``, ``timeout``, ``late`` and ``failure``; actors may add their own with
+:meth:`ActorSystem.record`. ``seq`` counts events from 0; ``t_ns`` is the loop's clock in nanoseconds.
+Summaries hold names, message ids, type names and, for ``error`` and ``failure``, the exception's text
+(no ``id()``, no addresses, no set order), so two runs of the same program give the same list as long as
+its exceptions' texts are deterministic too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ClassVar, Final, NamedTuple, TypeVar
+
+from dualpath_emu.messages import Envelope, Message
+from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
+
+__all__ = [
+    "MAIN",
+    "Actor",
+    "ActorError",
+    "ActorFailure",
+    "ActorStoppedError",
+    "ActorSystem",
+    "Event",
+    "UnhandledMessageError",
+    "UnknownActorError",
+    "handles",
+]
+
+MAIN: Final = "main"
+"""The sender name of tells and asks made by code outside any actor (``ActorSystem.tell``/``ask``)."""
+
+DEFAULT_FAILURE_EVENTS: Final = 20
+"""How many of the last events an :class:`ActorFailure` carries by default."""
+
+_T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Message | None]])
+
+_HANDLES_ATTR: Final = "__actor_handles__"
+
+
+class Event(NamedTuple):
+    """One record of the system's event list; a plain tuple compares equal."""
+
+    t_ns: int
+    seq: int
+    actor: str
+    kind: str
+    summary: str
+
+
+class ActorError(Exception):
+    """Base of the actor runtime's errors."""
+
+
+class ActorStoppedError(ActorError):
+    """An ask to an actor that is stopped, or that stopped before it answered."""
+
+    def __init__(self, actor: str, detail: str = "") -> None:
+        super().__init__(f"actor {actor!r} is stopped{detail}")
+        self.actor = actor
+
+
+class UnknownActorError(ActorError, LookupError):
+    """A tell or ask to a name no actor of this system has."""
+
+    def __init__(self, actor: str) -> None:
+        super().__init__(f"no actor named {actor!r} in this actor system")
+        self.actor = actor
+
+
+class UnhandledMessageError(ActorError, TypeError):
+    """An ask whose message type the recipient has no handler for."""
+
+    def __init__(self, actor: str, message_type: type[Message]) -> None:
+        super().__init__(f"actor {actor!r} has no handler for {message_type.__qualname__}")
+        self.actor = actor
+        self.message_type = message_type
+
+
+class ActorFailure(ActorError):
+    """A handler raised while handling a tell: the run is over. Carries what a report needs.
+
+    ``actor`` is the failing actor's name, ``error`` the exception (also ``__cause__``), ``events`` the
+    last events up to and including the ``failure`` event.
+    """
+
+    def __init__(self, actor: str, error: BaseException, events: tuple[Event, ...]) -> None:
+        lines = "\n".join(f"  {e.t_ns} {e.seq} {e.actor} {e.kind} {e.summary}" for e in events)
+        super().__init__(
+            f"actor {actor!r} failed: {type(error).__name__}: {error}\nlast {len(events)} events:\n{lines}"
+        )
+        self.actor = actor
+        self.error = error
+        self.events = events
+        self.__cause__ = error
+
+
+def handles(*message_types: type[Message]) -> Callable[[_F], _F]:
+    """Mark an ``async`` method of an :class:`Actor` subclass as the handler of ``message_types``.
+
+    May be stacked; the method is returned unchanged. The class refuses, when it is created, a handler
+    that is not a coroutine function and two handlers of its own for one type.
+    """
+    if not message_types:
+        raise TypeError("handles() needs at least one message type")
+    for message_type in message_types:
+        if not (isinstance(message_type, type) and issubclass(message_type, Message)):
+            raise TypeError(f"handles() takes Message subclasses, got {message_type!r}")
+
+    def mark(method: _F) -> _F:
+        previous: tuple[type[Message], ...] = getattr(method, _HANDLES_ATTR, ())
+        setattr(method, _HANDLES_ATTR, previous + message_types)
+        return method
+
+    return mark
+
+
+class _Request(NamedTuple):
+    """A message in flight or in a mailbox, and whether an asker waits for its answer."""
+
+    envelope: Envelope
+    is_ask: bool
+    summary: str
+
+
+class _Reply(NamedTuple):
+    """A reply in flight to an asker: the result or the exception, passed as objects."""
+
+    sender: str
+    recipient: str
+    msg_id: int
+    reply_to: int
+    result: Message | None
+    error: BaseException | None
+
+
+class _Pending(NamedTuple):
+    future: asyncio.Future[Message | None]
+    recipient: str
+
+
+class ActorSystem:
+    """The actors of one run, their deliveries, message ids and event record.
+
+    ``latency_s`` is the delivery latency of every message and reply, in loop (so virtual) seconds;
+    ``failure_events`` how many of the last events an :class:`ActorFailure` carries. The system binds to
+    the running event loop when it is first used.
+    """
+
+    def __init__(self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS) -> None:
+        if not latency_s >= 0.0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        self._latency_s = latency_s
+        self.failure_events = failure_events
+        self.events: list[Event] = []
+        self.dropped = 0
+        """Tells dropped because their recipient was stopped."""
+        self.unhandled = 0
+        """Tells whose recipient had no handler for them."""
+        self.failure: ActorFailure | None = None
+        self._actors: dict[str, Actor] = {}
+        self._next_msg_id = 1
+        # Batches of items in flight, one per send instant, oldest first; each has one loop callback.
+        self._in_flight: deque[list[_Request | _Reply]] = deque()
+        self._open_batch: list[_Request | _Reply] | None = None
+        self._open_batch_ns = -1
+        self._clock: Callable[[], int] | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task[Any] | None = None
+
+    @property
+    def latency_s(self) -> float:
+        """The delivery latency of every message and reply (fixed: FIFO delivery relies on it)."""
+        return self._latency_s
+
+    # --- the loop and the record ---------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the system runs on (the running loop when first used)."""
+        if self._loop is None:
+            self._bind()
+            assert self._loop is not None
+        return self._loop
+
+    def _bind(self) -> Callable[[], int]:
+        """Bind to the running loop; return the clock in nanoseconds."""
+        loop = self._loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop):
+            core = loop.core
+            self._clock = clock = lambda: core.now_ns
+        else:
+            self._clock = clock = lambda: round(loop.time() * 1e9)
+        return clock
+
+    def now_ns(self) -> int:
+        """The loop's clock in nanoseconds (exact on a VirtualTimeLoop)."""
+        clock = self._clock
+        return (clock if clock is not None else self._bind())()
+
+    def record(self, actor: str, kind: str, summary: str) -> None:
+        """Append an event at the current time (actors may record their own events too)."""
+        events = self.events
+        events.append(_new_event(Event, (self.now_ns(), len(events), actor, kind, summary)))
+
+    def last_events(self, n: int) -> tuple[Event, ...]:
+        """The last ``n`` events."""
+        return tuple(self.events[-n:]) if n > 0 else ()
+
+    # --- actors --------------------------------------------------------------------------------------
+
+    def actor(self, name: str) -> Actor:
+        """The actor called ``name``; :class:`UnknownActorError` if there is none."""
+        try:
+            return self._actors[name]
+        except KeyError:
+            raise UnknownActorError(name) from None
+
+    @property
+    def actors(self) -> tuple[Actor, ...]:
+        """The actors in registration order."""
+        return tuple(self._actors.values())
+
+    def _register(self, actor: Actor) -> None:
+        if not actor.name or actor.name == MAIN:
+            raise ValueError(f"an actor's name must be non-empty and not {MAIN!r}, got {actor.name!r}")
+        if actor.name in self._actors:
+            raise ValueError(f"an actor named {actor.name!r} is already registered in this system")
+        self._actors[actor.name] = actor
+
+    # --- sending -------------------------------------------------------------------------------------
+
+    def tell(self, recipient: str, msg: Message, *, sender: str = MAIN) -> None:
+        """Send ``msg`` to ``recipient`` and return at once (dropped and counted if it is stopped)."""
+        target = self.actor(recipient)
+        envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
+        summary = _describe(envelope)
+        self.record(sender, "tell", summary)
+        if target.stopped:
+            self._drop(envelope, summary)
+            return
+        self._send(_Request(envelope, False, summary))
+
+    async def ask(
+        self, recipient: str, msg: Message, *, timeout_s: float | None = None, sender: str = MAIN
+    ) -> Message | None:
+        """Send ``msg`` to ``recipient`` and return its handler's return value.
+
+        Raises the handler's exception, :class:`UnhandledMessageError`, :class:`ActorStoppedError` (the
+        recipient is or becomes stopped before answering) or :class:`TimeoutError` after ``timeout_s``.
+        """
+        target = self.actor(recipient)
+        if target.stopped:
+            raise ActorStoppedError(recipient)
+        envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
+        summary = _describe(envelope)
+        self.record(sender, "ask", summary)
+        future: asyncio.Future[Message | None] = self.loop.create_future()
+        self._pending[envelope.msg_id] = _Pending(future, recipient)
+        self._send(_Request(envelope, True, summary))
+        try:
+            if timeout_s is None:
+                return await future
+            try:
+                return await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                self.record(sender, "timeout", f"#{envelope.msg_id} after {timeout_s} s")
+                raise
+        finally:
+            self._pending.pop(envelope.msg_id, None)
+
+    def _new_msg_id(self) -> int:
+        msg_id = self._next_msg_id
+        self._next_msg_id += 1
+        return msg_id
+
+    def _send(self, item: _Request | _Reply) -> None:
+        # One constant latency, so arrivals come in send order. Items sent at one instant travel as one
+        # batch with one loop callback (asyncio would not order equal timer deadlines; each firing takes
+        # the oldest batch, and batches are due in the order they were opened).
+        now = self.now_ns()
+        batch = self._open_batch
+        if batch is not None and self._open_batch_ns == now:
+            batch.append(item)
+            return
+        batch = self._open_batch = [item]
+        self._open_batch_ns = now
+        self._in_flight.append(batch)
+        if self._latency_s == 0.0:
+            self.loop.call_soon(self._arrive_batch)
+        else:
+            self.loop.call_later(self._latency_s, self._arrive_batch)
+
+    def _arrive_batch(self) -> None:
+        batch = self._in_flight.popleft()
+        if batch is self._open_batch:
+            self._open_batch = None  # what is sent from now on is due later
+        for item in batch:
+            self._arrive(item)
+
+    def _arrive(self, item: _Request | _Reply) -> None:
+        if isinstance(item, _Reply):
+            self._answer(item)
+            return
+        envelope = item.envelope
+        target = self._actors[envelope.recipient]
+        if target.stopped:
+            if not item.is_ask:
+                self._drop(envelope, item.summary)
+            return  # an ask: its asker was told when the actor stopped
+        self.record(envelope.recipient, "deliver", item.summary)
+        target._mailbox.put_nowait(item)
+
+    def _answer(self, reply: _Reply) -> None:
+        pending = self._pending.pop(reply.reply_to, None)
+        if pending is None or pending.future.done():
+            self.record(reply.recipient, "late", f"#{reply.msg_id} re #{reply.reply_to} from {reply.sender}")
+            return
+        what = type(reply.error).__name__ if reply.error is not None else _type_name(reply.result)
+        self.record(reply.recipient, "answer", f"#{reply.msg_id} re #{reply.reply_to} {what} from {reply.sender}")
+        if reply.error is not None:
+            pending.future.set_exception(reply.error)
+        else:
+            pending.future.set_result(reply.result)
+
+    def _reply(self, request: Envelope, result: Message | None, error: BaseException | None) -> None:
+        reply = _Reply(request.recipient, request.sender, self._new_msg_id(), request.msg_id, result, error)
+        if error is None:
+            self.record(request.recipient, "reply", f"#{reply.msg_id} re #{request.msg_id} {_type_name(result)}")
+        else:
+            summary = f"#{reply.msg_id} re #{request.msg_id} {type(error).__name__}: {error}"
+            self.record(request.recipient, "error", summary)
+        self._send(reply)
+
+    def _drop(self, envelope: Envelope, summary: str) -> None:
+        self.dropped += 1
+        self.record(envelope.recipient, "drop", summary)
+
+    # --- handling ------------------------------------------------------------------------------------
+
+    async def _handle(self, actor: Actor, request: _Request) -> None:
+        envelope, is_ask, summary = request
+        self.record(actor.name, "handle", summary)
+        handler = actor._handler_for(type(envelope.body))
+        if handler is None:
+            if is_ask:
+                self._reply(envelope, None, UnhandledMessageError(actor.name, type(envelope.body)))
+            else:
+                self.unhandled += 1
+                self.record(actor.name, "unhandled", summary)
+            return
+        actor.envelope = envelope
+        try:
+            result = await handler(envelope.body)
+        except Exception as error:
+            if is_ask:
+                self._reply(envelope, None, error)
+            else:
+                self._fail(actor, envelope, error)
+            return
+        finally:
+            actor.envelope = None
+        if is_ask and actor.stopped:
+            return  # stopped from within its own handler: the asker already got ActorStoppedError
+        if is_ask:
+            if result is not None and not isinstance(result, Message):
+                error = TypeError(f"handler of {actor.name!r} returned {_type_name(result)}, not a Message or None")
+                self._reply(envelope, None, error)
+            else:
+                self._reply(envelope, result, None)
+
+    def _fail(self, actor: Actor, envelope: Envelope | None, error: Exception) -> None:
+        where = _describe(envelope) if envelope is not None else "runtime"
+        self.record(actor.name, "failure", f"{where}: {type(error).__name__}: {error}")
+        if self.failure is None:
+            self.failure = ActorFailure(actor.name, error, self.last_events(self.failure_events))
+        if self._main_task is not None:
+            self._main_task.cancel()
+        self.stop_all()
+
+    def _fail_pending(self, name: str) -> None:
+        for msg_id, pending in list(self._pending.items()):
+            if pending.recipient == name and not pending.future.done():
+                del self._pending[msg_id]
+                pending.future.set_exception(ActorStoppedError(name, f" (ask #{msg_id} was not answered)"))
+
+    # --- running -------------------------------------------------------------------------------------
+
+    def stop_all(self) -> None:
+        """Stop every actor, in registration order."""
+        for actor in list(self._actors.values()):
+            actor.stop()
+
+    async def run(self, main: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``main`` as the run's driver; stop every actor when it ends; return its result.
+
+        If a handler fails while handling a tell, ``main`` is cancelled and :class:`ActorFailure` raised.
+        """
+        if self.failure is not None:
+            main.close()
+            raise self.failure
+        task = self.loop.create_task(main, name=MAIN)
+        self._main_task = task
+        try:
+            result = await task
+        except BaseException:
+            if self.failure is not None:
+                raise self.failure  # its __cause__ is the handler's exception
+            raise
+        finally:
+            self._main_task = None
+            await self.shutdown()
+        if self.failure is not None:
+            raise self.failure
+        return result
+
+    async def shutdown(self) -> None:
+        """Stop every actor and wait until their tasks have ended."""
+        self.stop_all()
+        current = asyncio.current_task()
+        tasks = [task for task in (actor._task for actor in self._actors.values()) if task is not None]
+        tasks = [task for task in tasks if task is not current]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Actor:
+    """Base class of actors: a name in one :class:`ActorSystem`, a mailbox and handlers (see :func:`handles`).
+
+    Creating an actor registers it; :meth:`start` (inside the running loop) starts its task. Messages sent
+    before that wait in the mailbox. ``envelope`` is the envelope being handled (``None`` between messages).
+    """
+
+    _handlers: ClassVar[dict[type[Message], str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own: dict[type[Message], str] = {}
+        for attribute, value in cls.__dict__.items():  # definition order
+            message_types: tuple[type[Message], ...] = getattr(value, _HANDLES_ATTR, ())
+            if not message_types:
+                continue
+            if not inspect.iscoroutinefunction(value):
+                raise TypeError(f"{cls.__qualname__}.{attribute}: a handler must be an async method")
+            for message_type in message_types:
+                if message_type in own and own[message_type] != attribute:
+                    raise TypeError(
+                        f"{cls.__qualname__}: {own[message_type]} and {attribute} both handle "
+                        f"{message_type.__qualname__}"
+                    )
+                own[message_type] = attribute
+        cls._handlers = {**cls._handlers, **own}
+
+    def __init__(self, system: ActorSystem, name: str) -> None:
+        self.system = system
+        self.name = name
+        self.envelope: Envelope | None = None
+        self._mailbox: asyncio.Queue[_Request] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        system._register(self)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called (or the system failed)."""
+        return self._stopped
+
+    def _handler_for(self, message_type: type[Message]) -> Callable[[Message], Awaitable[Message | None]] | None:
+        handlers = type(self)._handlers
+        for cls in message_type.__mro__:
+            attribute = handlers.get(cls)
+            if attribute is not None:
+                method: Callable[[Message], Awaitable[Message | None]] = getattr(self, attribute)
+                return method
+        return None
+
+    # --- life --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start handling the mailbox (call inside the running loop)."""
+        if self._stopped:
+            raise ActorStoppedError(self.name, " and cannot be started again")
+        if self._task is not None:
+            raise RuntimeError(f"actor {self.name!r} is already started")
+        self.system.record(self.name, "start", type(self).__qualname__)
+        self._task = self.system.loop.create_task(self._run(), name=f"actor:{self.name}")
+
+    def stop(self) -> None:
+        """Stop now (see the module docstring): fail its unanswered asks, drop its queued tells."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.system.record(self.name, "stop", f"{self._mailbox.qsize()} queued")
+        self.system._fail_pending(self.name)
+        while not self._mailbox.empty():
+            request = self._mailbox.get_nowait()
+            if not request.is_ask:
+                self.system._drop(request.envelope, request.summary)
+        task = self._task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            while not self._stopped:
+                request = await self._mailbox.get()
+                await self.system._handle(self, request)
+        except Exception as error:  # a fault of the runtime itself: fail the run rather than hide it
+            self.system._fail(self, None, error)
+
+    # --- sending -----------------------------------------------------------------------------------
+
+    def tell(self, recipient: str, msg: Message) -> None:
+        """Send ``msg`` to ``recipient`` from this actor, fire and forget."""
+        self.system.tell(recipient, msg, sender=self.name)
+
+    async def ask(self, recipient: str, msg: Message, *, timeout_s: float | None = None) -> Message | None:
+        """Ask ``recipient`` from this actor (see :meth:`ActorSystem.ask`)."""
+        return await self.system.ask(recipient, msg, timeout_s=timeout_s, sender=self.name)
+
+
+# Builds an Event without NamedTuple's Python-level __new__ (record runs several times per message).
+_new_event: Final = tuple.__new__
+
+
+def _type_name(value: object) -> str:
+    return "None" if value is None else type(value).__qualname__
+
+
+def _describe(envelope: Envelope) -> str:
+    return f"#{envelope.msg_id} {type(envelope.body).__qualname__} {envelope.sender}->{envelope.recipient}"
