@@ -1,7 +1,8 @@
 """The actor runtime (issue 3): the loop that actors run on, in virtual or real time.
 
 :mod:`dualpath_emu.runtime.virtual_loop` holds :class:`VirtualTimeLoop`, an asyncio event loop whose clock
-is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it.
+is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it; :mod:`dualpath_emu.runtime.zmq_transport` the
+ZeroMQ transport between actor systems on a real-time loop.
 """
 
 from dualpath_emu.runtime.actors import (
@@ -15,6 +16,13 @@ from dualpath_emu.runtime.actors import (
     UnhandledMessageError,
     UnknownActorError,
     handles,
+)
+from dualpath_emu.runtime.zmq_transport import (
+    ErrorReply,
+    NoneReply,
+    RemoteError,
+    ZmqActorSystem,
+    register_transport_messages,
 )
 from dualpath_emu.runtime.virtual_loop import (
     Completion,
@@ -33,11 +41,16 @@ __all__ = [
     "ActorSystem",
     "Completion",
     "DeadlockError",
+    "ErrorReply",
     "Event",
+    "NoneReply",
+    "RemoteError",
     "UnexpectedCompletionError",
     "UnhandledMessageError",
     "UnknownActorError",
     "VirtualTimeLoop",
+    "ZmqActorSystem",
     "handles",
+    "register_transport_messages",
     "run",
 ]
