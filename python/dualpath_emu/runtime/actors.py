@@ -324,16 +324,22 @@ class ActorSystem:
         future: asyncio.Future[Message | None] = self.loop.create_future()
         self._pending[envelope.msg_id] = _Pending(future, recipient)
         self._send(_Request(envelope, True, summary))
+        return await self._await_reply(sender, envelope.msg_id, future, timeout_s)
+
+    async def _await_reply(
+        self, sender: str, msg_id: int, future: asyncio.Future[Message | None], timeout_s: float | None
+    ) -> Message | None:
+        """Wait for the answer to ask `msg_id`, at most `timeout_s` of loop time; forget the ask after."""
         try:
             if timeout_s is None:
                 return await future
             try:
                 return await asyncio.wait_for(future, timeout_s)
             except TimeoutError:
-                self.record(sender, "timeout", f"#{envelope.msg_id} after {timeout_s} s")
+                self.record(sender, "timeout", f"#{msg_id} after {timeout_s} s")
                 raise
         finally:
-            self._pending.pop(envelope.msg_id, None)
+            self._pending.pop(msg_id, None)
 
     def _new_msg_id(self) -> int:
         msg_id = self._next_msg_id

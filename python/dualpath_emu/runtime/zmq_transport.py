@@ -325,16 +325,7 @@ class ZmqActorSystem(ActorSystem):
         future: asyncio.Future[Message | None] = self.loop.create_future()
         self._pending[envelope.msg_id] = _Pending(future, recipient)
         dealer.post([KIND_ASK, data], self.loop)
-        try:
-            if timeout_s is None:
-                return await future
-            try:
-                return await asyncio.wait_for(future, timeout_s)
-            except TimeoutError:
-                self.record(sender, "timeout", f"#{envelope.msg_id} after {timeout_s} s")
-                raise
-        finally:
-            self._pending.pop(envelope.msg_id, None)
+        return await self._await_reply(sender, envelope.msg_id, future, timeout_s)
 
     def _dealer(self, endpoint: str) -> _Channel:
         dealer = self._dealers.get(endpoint)
