@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
 from dualpath_emu._core import Arbitration, Core
+from dualpath_emu.runtime import Completion as Done  # the completion tuple with its fields named
 from dualpath_emu.errors import (
     ConfigError,
     CoreError,
@@ -31,15 +32,6 @@ GB = 1e9
 MS = 1_000_000
 
 
-class Done(NamedTuple):
-    """One completion tuple, with its fields named."""
-
-    kind: str
-    tag: int
-    start_ns: int
-    end_ns: int
-    size_bytes: int
-    lane: int
 
 
 def by_tag(completions: Iterable[tuple[str, int, int, int, int, int]]) -> dict[int, Done]:

@@ -211,6 +211,8 @@ impl Core {
         self.clock_held = true;
         let result = f(self);
         self.clock_held = false;
+        // The pacer is re-armed once for the batch, not once per element (each re-arm folds in rates).
+        self.after_change();
         result
     }
 
@@ -513,7 +515,7 @@ impl Core {
     }
 
     fn after_change(&mut self) {
-        if self.wall.is_some() {
+        if self.wall.is_some() && !self.clock_held {
             self.arm_pacer();
         }
     }
