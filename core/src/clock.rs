@@ -28,6 +28,10 @@ impl WallClock {
         (self.start.elapsed().as_nanos() as f64 * self.time_scale) as TimeNs
     }
 
+    pub fn time_scale(&self) -> f64 {
+        self.time_scale
+    }
+
     /// The wall instant at which core time `t_ns` is reached.
     pub fn instant_of(&self, t_ns: TimeNs) -> Instant {
         self.start + Duration::from_nanos((t_ns as f64 / self.time_scale).ceil() as u64)

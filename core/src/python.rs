@@ -529,6 +529,17 @@ impl PyCore {
         self.core.now_ns()
     }
 
+    /// The clock's reading at this moment (wall mode: the scaled wall time), without handling any event.
+    fn clock_ns(&self) -> u64 {
+        self.core.clock_ns()
+    }
+
+    /// Core seconds per wall second for the wall clock; None for the virtual clock.
+    #[getter]
+    fn time_scale(&self) -> Option<f64> {
+        self.core.time_scale()
+    }
+
     /// Time of the next event, or None when nothing is pending.
     fn next_event_ns(&mut self) -> Option<u64> {
         self.core.next_event_ns()

@@ -150,6 +150,20 @@ impl Core {
         self.now
     }
 
+    /// The clock's reading at this moment, without handling anything: the virtual time, or in wall mode the
+    /// scaled wall time (never before `now_ns`). A real-time event loop uses it as its own clock.
+    pub fn clock_ns(&self) -> TimeNs {
+        match &self.wall {
+            Some((clock, _)) => clock.now_ns().max(self.now),
+            None => self.now,
+        }
+    }
+
+    /// Core nanoseconds per wall nanosecond in wall mode; `None` for the virtual clock.
+    pub fn time_scale(&self) -> Option<f64> {
+        self.wall.as_ref().map(|(clock, _)| clock.time_scale())
+    }
+
     pub fn add_port(&mut self, spec: PortSpec) -> Result<PortId> {
         self.catch_up();
         self.net.add_port(spec, self.now)

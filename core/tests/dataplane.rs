@@ -417,6 +417,25 @@ fn wall_clock_core_follows_the_wall_and_wakes_its_descriptor() {
     assert!(c.now_ns() >= done[0].end_ns);
 }
 
+#[test]
+fn clock_ns_reads_the_scaled_wall_clock_without_handling_events() {
+    let mut c = Core::new(CoreConfig { clock: ClockMode::Wall { time_scale: 4.0 }, ..CoreConfig::default() }).unwrap();
+    assert_eq!(c.time_scale(), Some(4.0));
+    let p = port(&mut c, "p", GB);
+    c.submit_transfer(&[p], 0, 1_000, 1).unwrap(); // 1 us of core time
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    let before = c.now_ns();
+    let reading = c.clock_ns();
+    assert!(reading >= 40 * MS, "10 ms of wall time at scale 4 is >= 40 ms of core time, got {reading}");
+    assert_eq!(c.now_ns(), before, "reading the clock handles nothing");
+    assert!(c.take_completions().is_empty());
+    let mut v = core();
+    assert_eq!((v.time_scale(), v.clock_ns()), (None, 0));
+    v.add_timers(&[(5, 1)]).unwrap();
+    v.advance_to(5).unwrap();
+    assert_eq!(v.clock_ns(), 5);
+}
+
 #[repr(C)]
 struct PollFd {
     fd: i32,

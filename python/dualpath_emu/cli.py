@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from dualpath_emu import __version__
@@ -36,6 +37,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return int(demo.main(args) or 0)
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from dualpath_emu.runtime.launch_cli import launch_command  # imports zmq: only when asked for
+
+    return launch_command(args)
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from dualpath_emu.runtime import node
+
+    return node.main(args.node_args)
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
@@ -50,6 +63,30 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a scenario (the built-in one by default)")
     run.add_argument("scenario", nargs="?", help="scenario TOML file")
     run.set_defaults(func=_cmd_run)
+
+    launch = commands.add_parser(
+        "launch",
+        help="run an actor scenario: in virtual time, or in real time with one OS process per [[process]]",
+        description="Run an actor scenario (e.g. scenarios/pipeline.toml). In virtual time it runs in this "
+        "process and is deterministic; in real time each [[process]] is an OS process, over ZeroMQ. Prints "
+        "the summary and, last, the SHA-256 of the event log.",
+    )
+    launch.add_argument("scenario", help="run scenario TOML file")
+    launch.add_argument("--mode", choices=("virtual", "realtime"), help="override the scenario's mode")
+    launch.add_argument("--seed", type=int, help="override the scenario's seed")
+    launch.add_argument("--time-scale", type=float, help="realtime: emulated seconds per wall second")
+    launch.add_argument("--event-log", type=Path, help="write the canonical event log to this file")
+    launch.add_argument("--run-dir", type=Path, help="realtime: keep each process's output, log and results here")
+    launch.add_argument("--json", action="store_true", help="print the result as JSON")
+    launch.set_defaults(func=_cmd_launch)
+
+    node = commands.add_parser(
+        "node",
+        help="run one process of a real-time run (started by `launch`, or by hand on another host)",
+        add_help=False,
+    )
+    node.add_argument("node_args", nargs=argparse.REMAINDER)
+    node.set_defaults(func=_cmd_node)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)

@@ -70,12 +70,15 @@ its exceptions' texts are deterministic too.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 from dualpath_emu.messages import Envelope, Message
+from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 
 __all__ = [
@@ -208,14 +211,19 @@ class ActorSystem:
     """The actors of one run, their deliveries, message ids and event record.
 
     ``latency_s`` is the delivery latency of every message and reply, in loop (so virtual) seconds;
-    ``failure_events`` how many of the last events an :class:`ActorFailure` carries. The system binds to
-    the running event loop when it is first used.
+    ``failure_events`` how many of the last events an :class:`ActorFailure` carries; ``seed`` the seed of
+    the run's random streams (:meth:`random`). The system binds to the running event loop when it is
+    first used.
     """
 
-    def __init__(self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS) -> None:
+    def __init__(
+        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, seed: int = 0
+    ) -> None:
         if not latency_s >= 0.0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self._latency_s = latency_s
+        self.seed = seed
+        """The run's seed: every random stream of :meth:`random` derives from it."""
         self.failure_events = failure_events
         self.events: list[Event] = []
         self.dropped = 0
@@ -255,6 +263,8 @@ class ActorSystem:
         if isinstance(loop, VirtualTimeLoop):
             core = loop.core
             self._clock = clock = lambda: core.now_ns
+        elif isinstance(loop, CoreWork):
+            self._clock = clock = loop.core.clock_ns
         else:
             self._clock = clock = lambda: round(loop.time() * 1e9)
         return clock
@@ -263,6 +273,27 @@ class ActorSystem:
         """The loop's clock in nanoseconds (exact on a VirtualTimeLoop)."""
         clock = self._clock
         return (clock if clock is not None else self._bind())()
+
+    @property
+    def data_plane(self) -> CoreWork:
+        """The loop's core work (``transfer``, ``io``, ``core_timer``): the running loop, if it drives a core
+        (a :class:`VirtualTimeLoop` or a :class:`~dualpath_emu.runtime.RealTimeLoop`)."""
+        loop = self.loop
+        if not isinstance(loop, CoreWork):
+            raise RuntimeError(
+                f"the running loop ({type(loop).__name__}) drives no core; run on a VirtualTimeLoop or a RealTimeLoop"
+            )
+        return loop
+
+    def random(self, stream: str) -> random.Random:
+        """The random stream called ``stream`` (e.g. an actor's name), seeded from :attr:`seed` and the name.
+
+        The same seed and name give the same sequence in every process and under every
+        ``PYTHONHASHSEED`` (the derivation is SHA-256, not ``hash()``); each call returns a new generator
+        at the stream's start.
+        """
+        digest = hashlib.sha256(f"{self.seed}/{stream}".encode()).digest()
+        return random.Random(int.from_bytes(digest[:16], "big"))
 
     def record(self, actor: str, kind: str, summary: str) -> None:
         """Append an event at the current time (actors may record their own events too)."""
@@ -529,6 +560,7 @@ class Actor:
         self._mailbox: asyncio.Queue[_Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._random: random.Random | None = None
         system._register(self)
 
     @property
@@ -580,6 +612,15 @@ class Actor:
             self.system._fail(self, None, error)
 
     # --- sending -----------------------------------------------------------------------------------
+
+    @property
+    def random(self) -> random.Random:
+        """This actor's random stream (``system.random(name)``, made on first use): the only randomness an
+        actor should use, so that a run repeats from its seed."""
+        rng = self._random
+        if rng is None:
+            rng = self._random = self.system.random(self.name)
+        return rng
 
     def tell(self, recipient: str, msg: Message) -> None:
         """Send ``msg`` to ``recipient`` from this actor, fire and forget."""

@@ -29,15 +29,11 @@ clock never moves while anything is ready; (2) then core completions, in the cor
 (3) then asyncio timers due at that nanosecond, in asyncio's heap order (by deadline; equal deadlines in
 an order fixed by the sequence of timer operations, not necessarily FIFO).
 
-**Core work.** :meth:`VirtualTimeLoop.transfer`, :meth:`~VirtualTimeLoop.io` and
-:meth:`~VirtualTimeLoop.core_timer` return futures resolved with the :class:`Completion`. Tags come from
-a per-loop counter. Requests are batched until the loop is next idle, then submitted in one
-``submit_transfers``, one ``submit_ios`` and one ``add_timers`` call (in that order). The clock does not
-move while callbacks are ready, so each request still starts at the instant it was made; code that reads
-the core's state directly (``in_flight``, ``storage_queue``) should call :meth:`~VirtualTimeLoop.flush`
-first. Work submitted to the
-core by other code must take its tag from :meth:`~VirtualTimeLoop.new_tag` and register it with
-:meth:`~VirtualTimeLoop.expect`; a completion with a tag the loop does not know is an error.
+**Core work** (:mod:`dualpath_emu.runtime.core_work`, shared with the real-time loop):
+:meth:`~CoreWork.transfer`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved
+with the :class:`Completion`. Requests are batched until the loop is next idle, then submitted in one call
+per kind. The clock does not move while callbacks are ready, so each request still starts at the instant
+it was made.
 """
 
 from __future__ import annotations
@@ -45,11 +41,12 @@ from __future__ import annotations
 import asyncio
 import math
 import selectors
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from typing import Any, NamedTuple, TypeVar, TypeVarTuple, Unpack, cast
+from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
 
 from dualpath_emu._core import Core
+from dualpath_emu.runtime.core_work import Completion, CoreWork, UnexpectedCompletionError
 
 __all__ = [
     "Completion",
@@ -71,26 +68,8 @@ _U64_MAX = 2**64 - 1
 _MAX_STALLS = 10_000
 
 
-class Completion(NamedTuple):
-    """What the core reports when work ends: ``(kind, tag, start_ns, end_ns, size_bytes, lane)``.
-
-    ``kind`` is ``"transfer"``, ``"read"``, ``"write"`` or ``"timer"``. A plain tuple compares equal.
-    """
-
-    kind: str
-    tag: int
-    start_ns: int
-    end_ns: int
-    size_bytes: int
-    lane: int
-
-
 class DeadlockError(RuntimeError):
     """The loop has nothing ready, no timer and no core event, yet a coroutine still waits."""
-
-
-class UnexpectedCompletionError(RuntimeError):
-    """The core completed work whose tag the loop was never told about (see ``VirtualTimeLoop.expect``)."""
 
 
 class _VirtualSelector(selectors.SelectSelector):
@@ -114,7 +93,7 @@ class _VirtualSelector(selectors.SelectSelector):
         return []
 
 
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
+class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
     """An asyncio event loop on the virtual clock of ``core`` (a ``Core(clock="virtual")``).
 
     Use it as a loop factory, e.g. ``asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(core))``, or
@@ -125,26 +104,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, core: Core) -> None:
         selector = _VirtualSelector()
         super().__init__(selector)
-        self._core = core
+        self._init_core_work(core)
         self._clock_resolution = _CLOCK_RESOLUTION_S
         # asyncio's timer heap (a list of TimerHandle, earliest first); present in every CPython since 3.4.
         scheduled = getattr(self, "_scheduled", None)
         if not isinstance(scheduled, list):  # pragma: no cover - a future CPython without the heap
             raise RuntimeError("VirtualTimeLoop needs asyncio's BaseEventLoop._scheduled timer heap")
-        self._next_tag = 1
-        self._waiters: dict[int, asyncio.Future[Completion]] = {}
-        self._pending_transfers: list[tuple[Sequence[int], int, int, int]] = []
-        self._pending_ios: list[tuple[int, str, int, int, int]] = []
-        self._pending_timers: list[tuple[int, int]] = []
         self._stalls = 0
         selector._advance = self._advance
 
     # --- the clock -----------------------------------------------------------------------------------
-
-    @property
-    def core(self) -> Core:
-        """The core whose clock this loop runs on."""
-        return self._core
 
     @property
     def now_ns(self) -> int:
@@ -154,70 +123,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         """The virtual time in seconds: ``core.now_ns / 1e9``."""
         return self._core.now_ns / 1e9
-
-    # --- core work -----------------------------------------------------------------------------------
-
-    def new_tag(self) -> int:
-        """A tag no other work of this loop uses (1, 2, 3, … in request order)."""
-        tag = self._next_tag
-        self._next_tag += 1
-        return tag
-
-    def expect(self, tag: int) -> asyncio.Future[Completion]:
-        """A future resolved with the completion of ``tag``, for work submitted to the core directly."""
-        if tag in self._waiters:
-            raise ValueError(f"tag {tag} is already awaited")
-        future: asyncio.Future[Completion] = self.create_future()
-        self._waiters[tag] = future
-        return future
-
-    def transfer(self, path: Sequence[int], lane: int, size_bytes: int) -> asyncio.Future[Completion]:
-        """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now.
-
-        The future resolves with its completion, or fails with the core's error for a bad argument.
-        Cancelling the future does not stop the transfer: the core has no cancellation.
-        """
-        tag = self.new_tag()
-        self._pending_transfers.append((tuple(path), lane, size_bytes, tag))
-        return self.expect(tag)
-
-    def io(self, node: int, kind: str, lane: int, size_bytes: int) -> asyncio.Future[Completion]:
-        """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now."""
-        tag = self.new_tag()
-        self._pending_ios.append((node, kind, lane, size_bytes, tag))
-        return self.expect(tag)
-
-    def core_timer(self, at_ns: int) -> asyncio.Future[Completion]:
-        """A timer in the core's event queue, completing at ``at_ns`` (a ``"timer"`` completion)."""
-        tag = self.new_tag()
-        self._pending_timers.append((at_ns, tag))
-        return self.expect(tag)
-
-    def flush(self) -> None:
-        """Submit the work requested so far; the loop does this itself before it looks at the core."""
-        if self._pending_transfers:
-            transfers, self._pending_transfers = self._pending_transfers, []
-            self._submit(self._core.submit_transfers, transfers, lambda t: t[3])
-        if self._pending_ios:
-            ios, self._pending_ios = self._pending_ios, []
-            self._submit(self._core.submit_ios, ios, lambda t: t[4])
-        if self._pending_timers:
-            timers, self._pending_timers = self._pending_timers, []
-            self._submit(self._core.add_timers, timers, lambda t: t[1])
-
-    def _submit(self, submit: Callable[[list[_T]], int], batch: list[_T], tag_of: Callable[[_T], int]) -> None:
-        try:
-            submit(batch)
-        except Exception:
-            # The core checks a whole batch before accepting any of it, so nothing was submitted: retry one
-            # at a time and give each bad request's error to its own future.
-            for item in batch:
-                try:
-                    submit([item])
-                except Exception as error:
-                    future = self._waiters.pop(tag_of(item))
-                    if not future.done():
-                        future.set_exception(error)
 
     # --- moving the clock ----------------------------------------------------------------------------
 
@@ -256,20 +161,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         else:
             self._stalls = 0
         self._deliver(completions)
-
-    def _deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
-        unknown: list[int] = []
-        for raw in completions:
-            future = self._waiters.pop(raw[1], None)
-            if future is None:
-                unknown.append(raw[1])
-            elif not future.done():  # a waiter may have given up (cancelled, e.g. by wait_for)
-                future.set_result(Completion._make(raw))
-        if unknown:
-            raise UnexpectedCompletionError(
-                f"the core completed work with tags {unknown} at {self._core.now_ns} ns that nobody awaits; "
-                "submit through the loop or register the tag with VirtualTimeLoop.expect"
-            )
 
     def _deadlock_message(self, now_ns: int) -> str:
         tasks = sorted(asyncio.all_tasks(self), key=lambda task: task.get_name())

@@ -202,8 +202,9 @@ class ZmqActorSystem(ActorSystem):
         address_book: Mapping[str, str] | None = None,
         latency_s: float = 0.0,
         failure_events: int = 20,
+        seed: int = 0,
     ) -> None:
-        super().__init__(latency_s=latency_s, failure_events=failure_events)
+        super().__init__(latency_s=latency_s, failure_events=failure_events, seed=seed)
         register_transport_messages(codec._registry)
         self.codec = codec
         self.bind_address = bind

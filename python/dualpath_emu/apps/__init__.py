@@ -1,0 +1,1 @@
+"""Applications that run on the actor runtime (see :mod:`dualpath_emu.runtime.app`)."""

@@ -1,0 +1,74 @@
+"""Applications: what a run scenario runs (its messages, actors, core ports and driver) (issue 3).
+
+An :class:`Application` is the unit the runners of :mod:`dualpath_emu.runtime.node` and
+:mod:`dualpath_emu.runtime.launcher` know how to start, in virtual time in one process or in real time
+across processes: the same actor classes either way. A scenario names it (``app = "pipeline"``) and
+configures it in the table of that name (``[pipeline]``).
+
+To add one, subclass :class:`Application` and add ``name -> "module:Class"`` to :data:`APPLICATIONS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Final
+
+from dualpath_emu._core import Core
+from dualpath_emu.config import ScenarioError, Table
+from dualpath_emu.messages import MessageRegistry
+from dualpath_emu.runtime.actors import Actor, ActorSystem
+
+__all__ = ["APPLICATIONS", "Application", "application_class"]
+
+APPLICATIONS: Final[dict[str, str]] = {
+    "pipeline": "dualpath_emu.apps.pipeline:Pipeline",
+}
+"""Application name -> ``"module:Class"``; imported only when a scenario names it."""
+
+
+class Application(ABC):
+    """A runnable set of actors. ``config`` is the scenario's table named after the application; the
+    constructor reads its keys (and calls ``config.finish()``) so that a bad value is reported up front.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def __init__(self, config: Table) -> None: ...
+
+    @abstractmethod
+    def registry(self) -> MessageRegistry:
+        """Every message type the actors exchange (the ZeroMQ transport encodes them)."""
+
+    @abstractmethod
+    def actor_names(self) -> list[str]:
+        """The names of the application's actors, in a fixed order."""
+
+    @property
+    @abstractmethod
+    def driver_actor(self) -> str:
+        """The driver (:meth:`drive`) runs in the process that hosts this actor."""
+
+    @abstractmethod
+    def build_core(self, core: Core) -> None:
+        """Add the ports and storage the actors use (called on each process's core)."""
+
+    @abstractmethod
+    def create_actor(self, system: ActorSystem, name: str) -> Actor:
+        """Create (and so register) actor ``name`` in ``system``; it is started by the runner."""
+
+    @abstractmethod
+    async def drive(self, system: ActorSystem) -> dict[str, Any]:
+        """Drive the run from outside the actors; return its JSON-able summary when it is complete."""
+
+
+def application_class(name: str, source: str = "scenario", key: str = "app") -> type[Application]:
+    """The application class called ``name`` (a :class:`ScenarioError` naming ``source`` and ``key`` if none)."""
+    target = APPLICATIONS.get(name)
+    if target is None:
+        known = ", ".join(repr(n) for n in sorted(APPLICATIONS))
+        raise ScenarioError(f"{source}: key {key!r}: expected one of {known}, got {name!r}")
+    module_name, _, class_name = target.partition(":")
+    cls: type[Application] = getattr(importlib.import_module(module_name), class_name)
+    return cls

@@ -1,0 +1,105 @@
+"""The canonical event log: one line per actor-system event, and its SHA-256 (issue 3).
+
+A line is the five fields of an :class:`~dualpath_emu.runtime.Event` separated by tabs and ended by a
+newline, UTF-8::
+
+    <t_ns>\\t<seq>\\t<actor>\\t<kind>\\t<summary>\\n
+
+Backslash, tab, carriage return and newline inside a field are written ``\\\\``, ``\\t``, ``\\r``, ``\\n``,
+so every event is exactly one line and the log can be split back into events (:func:`parse_line`).
+The digest is the SHA-256 of these bytes, nothing else. An actor system's events hold no wall-clock time,
+object address or hash-ordered collection, so in virtual time the same scenario and seed give the same
+bytes and the same digest, whatever ``PYTHONHASHSEED`` is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+from dualpath_emu.runtime.actors import Event
+
+__all__ = ["EventLogWriter", "event_line", "event_log_sha256", "parse_line", "write_event_log"]
+
+_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\r": "\\r", "\n": "\\n"})
+_UNESCAPES: Final = {"\\": "\\", "t": "\t", "r": "\r", "n": "\n"}
+
+
+def _escape(field: str) -> str:
+    return field.translate(_ESCAPES)
+
+
+def _unescape(field: str) -> str:
+    if "\\" not in field:
+        return field
+    out: list[str] = []
+    chars = iter(field)
+    for c in chars:
+        if c == "\\":
+            nxt = next(chars, "")
+            if nxt not in _UNESCAPES:
+                raise ValueError(f"bad escape '\\{nxt}' in event log field {field!r}")
+            out.append(_UNESCAPES[nxt])
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def event_line(event: Event) -> str:
+    """The canonical line of ``event``, newline included."""
+    t_ns, seq, actor, kind, summary = event
+    return f"{t_ns}\t{seq}\t{_escape(actor)}\t{_escape(kind)}\t{_escape(summary)}\n"
+
+
+def parse_line(line: str) -> Event:
+    """The event a canonical line holds (``ValueError`` if it is not one)."""
+    fields = line.rstrip("\n").split("\t")
+    if len(fields) != 5:
+        raise ValueError(f"an event log line has 5 tab-separated fields, got {len(fields)}: {line!r}")
+    return Event(int(fields[0]), int(fields[1]), _unescape(fields[2]), _unescape(fields[3]), _unescape(fields[4]))
+
+
+class EventLogWriter:
+    """Writes canonical lines to an optional file and hashes them as they go."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._hash = hashlib.sha256()
+        self._file = open(path, "w", encoding="utf-8", newline="\n") if path is not None else None  # noqa: SIM115
+        self.lines = 0
+
+    def write(self, events: Iterable[Event]) -> None:
+        for event in events:
+            line = event_line(event)
+            self._hash.update(line.encode())
+            if self._file is not None:
+                self._file.write(line)
+            self.lines += 1
+
+    def sha256(self) -> str:
+        """The hex digest of everything written so far."""
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> EventLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_event_log(events: Iterable[Event], path: Path | None) -> str:
+    """Write ``events`` to ``path`` (if given) as canonical lines; return their SHA-256."""
+    with EventLogWriter(path) as writer:
+        writer.write(events)
+        return writer.sha256()
+
+
+def event_log_sha256(events: Iterable[Event]) -> str:
+    """The SHA-256 of the canonical lines of ``events``."""
+    return write_event_log(events, None)

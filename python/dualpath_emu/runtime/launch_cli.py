@@ -1,0 +1,97 @@
+"""``dualpath-emu launch``: run an actor scenario in virtual time or across processes in real time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted, launch
+from dualpath_emu.runtime.node import run_virtual
+from dualpath_emu.runtime.scenario import RunScenario, load_run_scenario
+
+__all__ = ["launch_command"]
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    scenario = load_run_scenario(args.scenario).with_overrides(
+        seed=args.seed, mode=args.mode, time_scale=args.time_scale
+    )
+    app = scenario.app.name
+    if scenario.mode == "virtual":
+        _say(args, f"{app}: {len(scenario.app.actor_names())} actors in virtual time, seed {scenario.seed}")
+        result = run_virtual(scenario, args.event_log)
+        if result.failure is not None:
+            print(f"{result.failure}\nseed {scenario.seed}", file=sys.stderr)
+            print(f"event log sha256 {result.sha256}", file=sys.stderr)
+            return EXIT_FAILED
+        out: dict[str, Any] = {
+            "scenario": scenario.source,
+            "mode": "virtual",
+            "seed": scenario.seed,
+            "summary": result.summary,
+            "events": result.events,
+            "counters": result.counters,
+            "wall_s": round(result.wall_s, 3),
+            "event_log_sha256": result.sha256,
+        }
+        if args.json:
+            print(json.dumps(out, indent=1))
+        else:
+            print(f"summary {json.dumps(result.summary, sort_keys=True)}")
+            print(f"{result.events} events in {result.wall_s:.2f} s wall; counters {result.counters}")
+            print(f"event log sha256 {result.sha256}")
+        return 0
+    return _launch_realtime(args, scenario)
+
+
+def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
+    _say(
+        args,
+        f"{scenario.app.name}: {len(scenario.processes)} processes in real time (time scale "
+        f"{scenario.time_scale}, {scenario.transport}), seed {scenario.seed}",
+    )
+
+    def started(name: str, pid: int) -> None:
+        actors = ", ".join(scenario.process(name).actors)
+        _say(args, f"  started {name} (pid {pid}): {actors}")
+
+    try:
+        result = launch(scenario, run_dir=args.run_dir, event_log=args.event_log, on_start=started)
+    except LaunchInterrupted as error:
+        print(f"dualpath-emu: {error}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except LaunchError as error:
+        print(f"dualpath-emu: error: {error}\nseed {scenario.seed}", file=sys.stderr)
+        return EXIT_FAILED
+    out: dict[str, Any] = {
+        "scenario": scenario.source,
+        "mode": "realtime",
+        "seed": scenario.seed,
+        "summary": result.summary,
+        "processes": result.processes,
+        "messages_sent": result.delivery.sent,
+        "events": result.events,
+        "wall_s": round(result.wall_s, 3),
+        "event_log_sha256": result.sha256,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"summary {json.dumps(result.summary, sort_keys=True)}")
+    for name, process in result.processes.items():
+        print(
+            f"  {name}: {process['events']} events, counters {process['counters']}, "
+            f"log sha256 {process['sha256'][:16]}…"
+        )
+    print(f"{result.delivery.sent} messages sent, each delivered exactly once; {result.wall_s:.2f} s wall")
+    print(f"event log sha256 {result.sha256}")
+    return 0
