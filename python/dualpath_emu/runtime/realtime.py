@@ -56,11 +56,13 @@ class RealTimeLoop(CoreWork, asyncio.SelectorEventLoop):
         if core is None:
             core = Core(clock="wall", time_scale=1.0 if time_scale is None else time_scale)
         scale = core.time_scale
+        super().__init__(_ScaledSelector(scale or 1.0))  # first: a loop that raises below must close cleanly
         if scale is None:
+            self.close()
             raise ValueError("a RealTimeLoop needs a wall-clock core: Core(clock='wall', time_scale=...)")
         if time_scale is not None and time_scale != scale:
+            self.close()
             raise ValueError(f"time_scale {time_scale} differs from the core's time_scale {scale}")
-        super().__init__(_ScaledSelector(scale))
         self._init_core_work(core)
         self._time_scale = scale
         self._wakeup_fd = core.wakeup_fd()
@@ -92,7 +94,7 @@ class RealTimeLoop(CoreWork, asyncio.SelectorEventLoop):
         self._deliver(self._core.poll())
 
     def close(self) -> None:
-        if not self.is_closed():
+        if not self.is_closed() and hasattr(self, "_wakeup_fd"):
             self.remove_reader(self._wakeup_fd)
         super().close()
 

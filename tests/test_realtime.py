@@ -1,0 +1,142 @@
+"""The real-time loop (``RealTimeLoop``): the core's scaled wall clock is the loop's clock, the core's pacer
+wakes the loop through its descriptor, core work resolves at its modelled time; plus what actors get from
+the runtime on either loop (``data_plane``, seeded random streams) and the canonical event log format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dualpath_emu._core import Core
+from dualpath_emu.errors import UnknownNameError
+from dualpath_emu.runtime import Actor, ActorSystem, Event, VirtualTimeLoop, run
+from dualpath_emu.runtime.eventlog import event_line, event_log_sha256, parse_line, write_event_log
+from dualpath_emu.runtime.realtime import RealTimeLoop, run_realtime
+
+GB = 1e9
+
+
+def test_sleep_and_transfers_follow_the_scaled_wall_clock() -> None:
+    core = Core(clock="wall", time_scale=20.0)
+    port = core.add_port("p", GB)
+
+    async def main() -> tuple[float, float, float, int, int, float]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, RealTimeLoop) and loop.time_scale == 20.0
+        t0, w0 = loop.time(), time.perf_counter()
+        await asyncio.sleep(1.0)  # one emulated second: 50 ms of wall time
+        slept, wall = loop.time() - t0, time.perf_counter() - w0
+        done = await loop.transfer([port], 0, 500_000_000)  # 0.5 s at 1 GB/s
+        return slept, wall, loop.time(), done.start_ns, done.end_ns, done.end_ns / 1e9
+
+    slept, wall, now, start_ns, end_ns, end_s = run_realtime(main(), core)
+    assert slept >= 1.0
+    assert wall >= 1.0 / 20.0 * 0.99, "a scaled sleep never ends early in wall time"
+    assert end_ns - start_ns == 500_000_000, "completions carry the modelled time"
+    assert now >= end_s, "the pacer woke the loop at (or after) the completion"
+
+
+def test_loop_refuses_a_virtual_core_and_a_mismatched_scale() -> None:
+    with pytest.raises(ValueError, match="wall-clock core"):
+        RealTimeLoop(Core())
+    with pytest.raises(ValueError, match="differs"):
+        RealTimeLoop(Core(clock="wall", time_scale=2.0), time_scale=3.0)
+    loop = RealTimeLoop(time_scale=4.0)
+    try:
+        assert loop.core.time_scale == 4.0
+    finally:
+        loop.close()
+
+
+def test_bad_core_work_fails_only_its_own_future() -> None:
+    core = Core(clock="wall")
+    port = core.add_port("p", GB)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, RealTimeLoop)
+        good = loop.transfer([port], 0, 1000)
+        bad = loop.transfer([99], 0, 1000)
+        with pytest.raises(UnknownNameError):
+            await bad
+        assert (await good).size_bytes == 1000
+
+    run_realtime(main(), core)
+
+
+class Mover(Actor):
+    pass
+
+
+@pytest.mark.parametrize("clock", ["virtual", "wall"])
+def test_actors_reach_the_data_plane_on_either_loop(clock: str) -> None:
+    core = Core(clock=clock, time_scale=100.0) if clock == "wall" else Core()
+    port = core.add_port("p", GB)
+    system = ActorSystem()
+    mover = Mover(system, "mover")
+
+    async def main() -> int:
+        mover.start()
+        done = await system.data_plane.transfer([port], 0, 2_000_000)
+        system.record("mover", "moved", f"{done.end_ns - done.start_ns}")
+        return done.end_ns - done.start_ns
+
+    runner = run if clock == "virtual" else run_realtime
+    assert runner(system.run(main()), core) == 2_000_000
+    moved = [e for e in system.events if e.kind == "moved"]
+    assert moved and moved[0].t_ns >= 2_000_000  # event times are the core's clock
+
+
+def test_data_plane_needs_a_loop_with_a_core() -> None:
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="drives no core"):
+            ActorSystem().data_plane
+
+    asyncio.run(main())
+
+
+def test_random_streams_derive_from_seed_and_name_only() -> None:
+    a, b = ActorSystem(seed=7), ActorSystem(seed=7)
+    assert a.random("x").random() == b.random("x").random()
+    assert a.random("x").random() != a.random("y").random()
+    assert a.random("x").random() != ActorSystem(seed=8).random("x").random()
+    # Pinned: the derivation is SHA-256 of "<seed>/<name>", the same in every process and Python build.
+    digest = hashlib.sha256(b"7/x").digest()
+    import random
+
+    assert a.random("x").random() == random.Random(int.from_bytes(digest[:16], "big")).random()
+    actor = Mover(a, "m")
+    assert actor.random is actor.random and actor.random.random() == a.random("m").random()
+
+
+
+
+texts = st.text(st.characters(codec="utf-8"), max_size=40)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 10**9), texts, texts, texts), max_size=20))
+def test_event_lines_round_trip_and_stay_one_line(raw: list[tuple[int, int, str, str, str]]) -> None:
+    events = [Event(*r) for r in raw]
+    lines = [event_line(e) for e in events]
+    assert all(line.endswith("\n") and line.count("\n") == 1 and line.count("\t") == 4 for line in lines)
+    assert [parse_line(line) for line in lines] == events
+    assert event_log_sha256(events) == hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def test_event_log_file_and_digest(tmp_path: Path) -> None:
+    events = [Event(0, 0, "a", "tell", "#1 Ping a->b"), Event(5, 1, "b", "note", "tab\there\nnewline \\ back")]
+    path = tmp_path / "log"
+    digest = write_event_log(events, path)
+    assert path.read_bytes() == b"0\t0\ta\ttell\t#1 Ping a->b\n5\t1\tb\tnote\ttab\\there\\nnewline \\\\ back\n"
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="5 tab-separated fields"):
+        parse_line("1\t2\n")
+    with pytest.raises(ValueError, match="bad escape"):
+        parse_line("1\t2\ta\tb\tc\\q\n")
