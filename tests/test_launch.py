@@ -239,3 +239,13 @@ def test_bad_scenarios_exit_2_naming_file_and_key(
 def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert cli_main(["launch", str(tmp_path / "none.toml")]) == 2
     assert "none.toml: no such file" in capsys.readouterr().err
+
+
+def test_realtime_over_tcp_loopback_with_a_time_scale(tmp_path: Path) -> None:
+    text = scenario(tmp_path, jobs=20).read_text().replace('transport = "ipc"', 'transport = "tcp"')
+    path = tmp_path / "tcp.toml"
+    path.write_text(text)
+    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--time-scale", "5", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["summary"]["done"] == 20 and out["summary"]["duplicates"] == 0

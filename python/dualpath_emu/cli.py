@@ -43,12 +43,6 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return launch_command(args)
 
 
-def _cmd_node(args: argparse.Namespace) -> int:
-    from dualpath_emu.runtime import node
-
-    return node.main(args.node_args)
-
-
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
@@ -85,8 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run one process of a real-time run (started by `launch`, or by hand on another host)",
         add_help=False,
     )
-    node.add_argument("node_args", nargs=argparse.REMAINDER)
-    node.set_defaults(func=_cmd_node)
+    node.add_argument("arguments", nargs="*", help="see `dualpath-emu node --help`")
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
@@ -96,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["node"]:  # its own parser: every argument after "node" is its own
+        from dualpath_emu.runtime import node
+
+        return node.main(argv[1:])
     try:
         args = parser.parse_args(argv)
         if args.command is None:

@@ -11,7 +11,8 @@ A process of a real-time run:
 
 1. builds its core (wall clock, the scenario's time scale) and its actors, binds its endpoint and starts
    the actors, then writes ``<run_dir>/<name>.ready``;
-2. the driver's process waits until every other process is ready, runs the application's driver and ends
+2. the driver's process waits until every other process is ready (their ready files; ``--no-ready-wait``
+   skips this, for hosts without a shared run directory: start the driver's process last), runs the application's driver and ends
    when it returns; any other process runs until it is told to stop: its standard input closes (the
    launcher closes it, or dies), or it gets SIGTERM or SIGINT;
 3. it always writes its event log ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters,
@@ -138,7 +139,12 @@ async def _wait_ready(run_dir: Path, others: Sequence[str], stop: asyncio.Event)
 
 
 async def _serve(
-    system: ZmqActorSystem, scenario: RunScenario, spec: ProcessSpec, run_dir: Path, watch_stdin: bool
+    system: ZmqActorSystem,
+    scenario: RunScenario,
+    spec: ProcessSpec,
+    run_dir: Path,
+    watch_stdin: bool,
+    wait_ready: bool,
 ) -> dict[str, Any] | None:
     app = scenario.app
     loop = asyncio.get_running_loop()
@@ -163,7 +169,8 @@ async def _serve(
             others = [p.name for p in scenario.processes if p is not spec]
 
             async def drive() -> dict[str, Any]:
-                await _wait_ready(run_dir, others, stop)
+                if wait_ready:
+                    await _wait_ready(run_dir, others, stop)
                 return await app.drive(system)
 
             summary: dict[str, Any] | None = await system.run(_first(drive(), stop))
@@ -182,6 +189,7 @@ def serve_process(
     run_dir: Path,
     *,
     watch_stdin: bool = False,
+    wait_ready: bool = True,
 ) -> int:
     """Run process ``name`` of a real-time run until it is done or told to stop; return its exit status."""
     spec = scenario.process(name)
@@ -203,7 +211,7 @@ def serve_process(
     failure: ActorFailure | None = None
     try:
         with asyncio.Runner(loop_factory=lambda: RealTimeLoop(core)) as runner:
-            summary = runner.run(_serve(system, scenario, spec, run_dir, watch_stdin))
+            summary = runner.run(_serve(system, scenario, spec, run_dir, watch_stdin, wait_ready))
     except ActorFailure as error:
         status, failure = EXIT_FAILED, error
         print(f"{error}\nseed {scenario.seed}", file=sys.stderr)
@@ -248,6 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--time-scale", type=float)
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
+    parser.add_argument(
+        "--no-ready-wait",
+        action="store_true",
+        help="the driver's process starts at once instead of waiting for the others' ready files in the run "
+        "directory (on several hosts without a shared run directory: start the driver's process last)",
+    )
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         set_parent_death_signal(args.parent_pid)
@@ -266,7 +280,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dualpath-emu node: error: {error}", file=sys.stderr)
         return 2
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    return serve_process(scenario, args.process, endpoints, args.run_dir, watch_stdin=args.parent_pid is not None)
+    return serve_process(
+        scenario,
+        args.process,
+        endpoints,
+        args.run_dir,
+        watch_stdin=args.parent_pid is not None,
+        wait_ready=not args.no_ready_wait,
+    )
 
 
 if __name__ == "__main__":
