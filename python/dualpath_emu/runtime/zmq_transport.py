@@ -37,7 +37,8 @@ exactly once while both ends live: nothing is retried. ``tell`` never blocks: a 
 once (non-blocking) or, when the peer's queue is full (``HWM`` messages), into an in-order backlog that a
 task drains. The ROUTER is ``ROUTER_MANDATORY``, so a reply it cannot route is logged rather than
 silently lost. A receiver takes up to ``RECEIVE_BATCH`` queued frames per wake-up. An ask whose remote recipient stops before
-answering gets :class:`ActorStoppedError`; one whose recipient's process is gone waits for its
+answering gets :class:`ActorStoppedError` (if the actor stopped itself, the handler's own answer still
+follows, and the asker drops it as ``late``); one whose recipient's process is gone waits for its
 ``timeout_s`` (give one to every remote ask).
 
 Rejection
@@ -72,6 +73,7 @@ import zmq.asyncio
 from dualpath_emu.messages import Codec, Envelope, Message, MessageError, MessageRegistry
 from dualpath_emu.runtime.actors import (
     MAIN,
+    Actor,
     ActorError,
     ActorStoppedError,
     ActorSystem,
@@ -367,10 +369,24 @@ class ZmqActorSystem(ActorSystem):
 
     def _fail_pending(self, name: str) -> None:
         super()._fail_pending(name)
+        actor = self._actors.get(name)
+        handling = actor.envelope if actor is not None else None
         for route in list(self._remote_asks.values()):
             if route.envelope.recipient == name:
                 detail = f" (ask #{route.envelope.msg_id} was not answered)"
                 self._reply(route.envelope, None, ActorStoppedError(name, detail))
+                if route.envelope is handling:
+                    # Its handler may still answer (an actor that stops itself finishes the handler): that
+                    # answer goes to the asker too, which drops it as late, as in-process. (Without the route
+                    # it would be taken for an ask of this system's own with the same msg_id.)
+                    self._remote_asks[id(handling)] = route
+
+    async def _handle(self, actor: Actor, request: _Request) -> None:
+        try:
+            await super()._handle(actor, request)
+        finally:
+            if request.is_ask:  # the route of an ask its handler did not answer (see _fail_pending)
+                self._remote_asks.pop(id(request.envelope), None)
 
     # --- receiving -----------------------------------------------------------------------------------
 
@@ -463,6 +479,13 @@ class _Channel:
             except zmq.ZMQError as error:
                 _log.warning("a ZeroMQ send failed: %s", error)
                 return
+            finally:
+                # The socket's file descriptor is edge-triggered, and a send may consume the edge that was to
+                # wake the pending recv of `receive` (a message that arrived meanwhile would then wait for the
+                # next edge, perhaps forever). Reading EVENTS through the asyncio socket makes pyzmq look again,
+                # as its own sends do.
+                if not self.socket.closed:
+                    self.socket.get(zmq.EVENTS)
         self.backlog.append(frames)
         if self.drain is None:
             self.drain = loop.create_task(self._drain(), name="zmq:drain")

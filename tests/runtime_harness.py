@@ -1,0 +1,216 @@
+"""A harness that runs one actor-runtime test on either transport (issue 3: "the runtime's test suite runs on
+both").
+
+A test asks the ``transport`` fixture (a :class:`Transport`) for a :class:`Harness`, creates its actors in
+``h.system``, sends from ``h.sender`` and runs its driver with ``h.run(main())``:
+
+``inproc`` (:class:`InprocHarness`)
+    One :class:`~dualpath_emu.runtime.ActorSystem` on a :class:`~dualpath_emu.runtime.VirtualTimeLoop` over a
+    fresh ``Core()``; ``system`` and ``sender`` are the same system. Time is virtual, so ``time_exact`` is
+    true: a test may assert the exact nanosecond of an event.
+``zmq`` (:class:`ZmqHarness`)
+    Two :class:`~dualpath_emu.runtime.ZmqActorSystem`\\ s on one ordinary asyncio loop: ``system`` is the
+    "server" that hosts the actors, ``sender`` the "client" the driver sends from. Both bind ``ipc://``
+    endpoints in a directory under pytest's base temporary directory; when :meth:`Harness.run` starts, the
+    client's address book routes the name of every actor the server has then to the server's endpoint, so
+    every tell and ask of the driver is encoded with the :class:`~dualpath_emu.messages.Codec` and crosses
+    ZeroMQ (each system has its own registry of the test's message types). Asks between the server's own
+    actors stay in-process. Time is real (``time_exact`` false), every wait is bounded: a driver's ask gets
+    ``h.timeout_s``, :meth:`Harness.wait` polls at most :data:`WAIT_S`, the whole run is cut at
+    :data:`RUN_LIMIT_S`.
+
+In both, the driver runs as the ``main`` of ``h.system.run``, so a failing tell still ends the run with
+:class:`~dualpath_emu.runtime.ActorFailure`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable, Coroutine, Iterable
+from pathlib import Path
+from typing import Any, ClassVar, Final, TypeVar
+
+import pytest
+
+from dualpath_emu._core import Core
+from dualpath_emu.messages import Codec, Message, MessageRegistry
+from dualpath_emu.runtime import ActorSystem, ZmqActorSystem, run
+from dualpath_emu.runtime.actors import DEFAULT_FAILURE_EVENTS
+
+__all__ = ["RUN_LIMIT_S", "TRANSPORTS", "WAIT_S", "Harness", "InprocHarness", "Transport", "ZmqHarness"]
+
+_T = TypeVar("_T")
+
+TRANSPORTS: Final = ("inproc", "zmq")
+"""The parameters of the ``transport`` fixture."""
+
+WAIT_S: Final = 4.0
+"""Over ZeroMQ: the timeout of a driver's ask and the bound of :meth:`Harness.wait` (a healthy run needs
+milliseconds)."""
+
+RUN_LIMIT_S: Final = 8.0
+"""Over ZeroMQ: the bound on a whole run (opening, the driver, closing)."""
+
+POLL_S: Final = 0.001
+"""How often :meth:`Harness.wait` checks its condition in real time."""
+
+MAX_IPC_PATH: Final = 100
+"""The longest ``ipc://`` socket path used (the OS limit is ``sizeof(sun_path)``, about 107 bytes)."""
+
+
+class Harness(abc.ABC):
+    """One test's actor systems on one transport (see the module docstring)."""
+
+    name: ClassVar[str]
+    time_exact: ClassVar[bool]
+    """Whether time is virtual, so exact times may be asserted."""
+    over_wire: ClassVar[bool]
+    """Whether the driver's messages are encoded and cross ZeroMQ."""
+    timeout_s: ClassVar[float]
+    """The timeout to give every ask of the driver (virtual seconds in-process: costs nothing)."""
+
+    system: ActorSystem
+    """Where the actors under test live: create them here."""
+    sender: ActorSystem
+    """What the driver tells and asks from (as ``main``)."""
+
+    @abc.abstractmethod
+    def run(self, main: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``main`` as the driver of ``system`` (``system.run``) and return its result.
+
+        Raises what ``main`` raises, or :class:`~dualpath_emu.runtime.ActorFailure` when a tell failed.
+        """
+
+    async def wait(self, virtual_s: float, until: Callable[[], bool]) -> None:
+        """Let the actors work until ``until()`` holds.
+
+        In virtual time: sleep exactly ``virtual_s`` (so the test's exact times stay as they are), then
+        ``until()`` must hold. In real time: poll ``until()`` every :data:`POLL_S`, at most :data:`WAIT_S`
+        (``TimeoutError`` after that).
+        """
+        if self.time_exact:
+            await asyncio.sleep(virtual_s)
+            assert until(), f"the condition does not hold after {virtual_s} virtual seconds"
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        while not until():
+            if loop.time() > deadline:
+                raise TimeoutError(f"the condition did not hold within {WAIT_S} s")
+            await asyncio.sleep(POLL_S)
+
+
+class InprocHarness(Harness):
+    """One :class:`ActorSystem` on a :class:`VirtualTimeLoop`; the driver sends from the same system."""
+
+    name = "inproc"
+    time_exact = True
+    over_wire = False
+    timeout_s = 1.0
+
+    def __init__(
+        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, core: Core | None = None
+    ) -> None:
+        self.core = core if core is not None else Core()
+        self.system = self.sender = ActorSystem(latency_s=latency_s, failure_events=failure_events)
+
+    def run(self, main: Coroutine[Any, Any, _T]) -> _T:
+        return run(self.system.run(main), self.core)
+
+
+class ZmqHarness(Harness):
+    """A server :class:`ZmqActorSystem` hosting the actors and a client one the driver sends from."""
+
+    name = "zmq"
+    time_exact = False
+    over_wire = True
+    timeout_s = WAIT_S
+
+    def __init__(
+        self,
+        messages: Iterable[type[Message]],
+        ipc_dir: Path,
+        *,
+        latency_s: float = 0.0,
+        failure_events: int = DEFAULT_FAILURE_EVENTS,
+    ) -> None:
+        messages = tuple(messages)
+        self.server = ZmqActorSystem(
+            Codec(_registry(messages)),
+            bind=f"ipc://{ipc_dir}/server",
+            latency_s=latency_s,
+            failure_events=failure_events,
+        )
+        self.client = ZmqActorSystem(Codec(_registry(messages)), bind=f"ipc://{ipc_dir}/client")
+        self.system = self.server
+        self.sender = self.client
+
+    def run(self, main: Coroutine[Any, Any, _T]) -> _T:
+        server, client = self.server, self.client
+
+        async def driven() -> _T:
+            async with server, client:
+                for actor in server.actors:
+                    client.add_route(actor.name, server.endpoint)
+                return await server.run(main)
+
+        try:
+            return asyncio.run(asyncio.wait_for(driven(), RUN_LIMIT_S))
+        finally:
+            main.close()  # a no-op once it ran; else no "never awaited" warning
+
+
+def _registry(messages: tuple[type[Message], ...]) -> MessageRegistry:
+    registry = MessageRegistry()
+    for cls in messages:
+        registry.register(cls)
+    return registry
+
+
+class Transport:
+    """What the ``transport`` fixture gives a test: one transport's name and its harnesses.
+
+    ``messages`` are the test module's message types (every one the driver sends or gets back must be
+    registered for ZeroMQ); ``tmp_path_factory`` gives each ZeroMQ harness a directory for its sockets.
+    Call :meth:`cleanup` when the test ends.
+    """
+
+    def __init__(
+        self, name: str, messages: Iterable[type[Message]], tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        if name not in TRANSPORTS:
+            raise ValueError(f"unknown transport {name!r}, expected one of {TRANSPORTS}")
+        self.name = name
+        self.messages = tuple(messages)
+        self._tmp_path_factory = tmp_path_factory
+        self._own_dirs: list[str] = []
+
+    def harness(
+        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, core: Core | None = None
+    ) -> Harness:
+        """A new harness: actor systems with this delivery latency and failure record.
+
+        ``core`` is the in-process run's core (a fresh one by default); ZeroMQ runs have none.
+        """
+        if self.name == "inproc":
+            return InprocHarness(latency_s=latency_s, failure_events=failure_events, core=core)
+        if core is not None:
+            raise ValueError("a ZeroMQ harness runs on a real-time loop, without a core")
+        return ZmqHarness(self.messages, self._ipc_dir(), latency_s=latency_s, failure_events=failure_events)
+
+    def _ipc_dir(self) -> Path:
+        path = self._tmp_path_factory.mktemp("zmq")
+        if len(f"{path}/server") <= MAX_IPC_PATH:
+            return path
+        short = tempfile.mkdtemp(prefix="dpz")  # a long --basetemp: fall back to a short directory
+        self._own_dirs.append(short)
+        return Path(short)
+
+    def cleanup(self) -> None:
+        """Remove the directories made outside pytest's base temporary directory."""
+        for path in self._own_dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        self._own_dirs.clear()
