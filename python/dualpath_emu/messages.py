@@ -55,7 +55,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
@@ -104,9 +104,11 @@ class Message:
     VERSION: ClassVar[int]
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """What actors exchange: a message with its addressing. ``reply_to`` is the ``msg_id`` an answer answers."""
+class Envelope(NamedTuple):
+    """What actors exchange: a message with its addressing. ``reply_to`` is the ``msg_id`` an answer answers.
+
+    A named tuple rather than a dataclass: one is made per message, and a tuple is the cheapest to make.
+    """
 
     sender: str
     recipient: str

@@ -79,7 +79,6 @@ from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 from dualpath_emu.messages import Envelope, Message
 from dualpath_emu.runtime.core_work import CoreWork
-from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 
 __all__ = [
     "MAIN",
@@ -225,7 +224,9 @@ class ActorSystem:
         self.seed = seed
         """The run's seed: every random stream of :meth:`random` derives from it."""
         self.failure_events = failure_events
-        self.events: list[Event] = []
+        # Events as plain tuples, appended on the hot paths; `events` turns them into Event as read.
+        self._log: list[tuple[int, int, str, str, str]] = []
+        self._events: list[Event] = []
         self.dropped = 0
         """Tells dropped because their recipient was stopped."""
         self.unhandled = 0
@@ -260,11 +261,8 @@ class ActorSystem:
     def _bind(self) -> Callable[[], int]:
         """Bind to the running loop; return the clock in nanoseconds."""
         loop = self._loop = asyncio.get_running_loop()
-        if isinstance(loop, VirtualTimeLoop):
-            core = loop.core
-            self._clock = clock = lambda: core.now_ns
-        elif isinstance(loop, CoreWork):
-            self._clock = clock = loop.core.clock_ns
+        if isinstance(loop, CoreWork):  # a VirtualTimeLoop or a RealTimeLoop: the core's clock
+            self._clock = clock = loop.clock_ns
         else:
             self._clock = clock = lambda: round(loop.time() * 1e9)
         return clock
@@ -295,14 +293,31 @@ class ActorSystem:
         digest = hashlib.sha256(f"{self.seed}/{stream}".encode()).digest()
         return random.Random(int.from_bytes(digest[:16], "big"))
 
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, oldest first (read it; :meth:`record` adds to it)."""
+        log, events = self._log, self._events
+        if len(events) < len(log):
+            events.extend(_new_event(Event, raw) for raw in log[len(events) :])
+        return events
+
+    @property
+    def event_count(self) -> int:
+        """How many events were recorded (without converting them)."""
+        return len(self._log)
+
+    def raw_events(self) -> list[tuple[int, int, str, str, str]]:
+        """The events as plain ``(t_ns, seq, actor, kind, summary)`` tuples (no copy: do not modify)."""
+        return self._log
+
     def record(self, actor: str, kind: str, summary: str) -> None:
         """Append an event at the current time (actors may record their own events too)."""
-        events = self.events
-        events.append(_new_event(Event, (self.now_ns(), len(events), actor, kind, summary)))
+        log = self._log
+        log.append((self.now_ns(), len(log), actor, kind, summary))
 
     def last_events(self, n: int) -> tuple[Event, ...]:
         """The last ``n`` events."""
-        return tuple(self.events[-n:]) if n > 0 else ()
+        return tuple(_new_event(Event, raw) for raw in self._log[-n:]) if n > 0 else ()
 
     # --- actors --------------------------------------------------------------------------------------
 
@@ -329,14 +344,22 @@ class ActorSystem:
 
     def tell(self, recipient: str, msg: Message, *, sender: str = MAIN) -> None:
         """Send ``msg`` to ``recipient`` and return at once (dropped and counted if it is stopped)."""
-        target = self.actor(recipient)
-        envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
-        summary = _describe(envelope)
-        self.record(sender, "tell", summary)
-        if target.stopped:
+        # The hottest path of a run: what record(), _new_msg_id() and _describe() do, inlined.
+        target = self._actors.get(recipient)
+        if target is None:
+            raise UnknownActorError(recipient)
+        msg_id = self._next_msg_id
+        self._next_msg_id = msg_id + 1
+        envelope = Envelope(sender, recipient, msg_id, None, msg)
+        summary = f"#{msg_id} {type(msg).__qualname__} {sender}->{recipient}"
+        clock = self._clock
+        now = clock() if clock is not None else self._bind()()
+        log = self._log
+        log.append((now, len(log), sender, "tell", summary))
+        if target._stopped:
             self._drop(envelope, summary)
             return
-        self._send(_Request(envelope, False, summary))
+        self._send(_Request(envelope, False, summary), now)
 
     async def ask(
         self, recipient: str, msg: Message, *, timeout_s: float | None = None, sender: str = MAIN
@@ -354,7 +377,7 @@ class ActorSystem:
         self.record(sender, "ask", summary)
         future: asyncio.Future[Message | None] = self.loop.create_future()
         self._pending[envelope.msg_id] = _Pending(future, recipient)
-        self._send(_Request(envelope, True, summary))
+        self._send(_Request(envelope, True, summary), self.now_ns())
         return await self._await_reply(sender, envelope.msg_id, future, timeout_s)
 
     async def _await_reply(
@@ -377,11 +400,10 @@ class ActorSystem:
         self._next_msg_id += 1
         return msg_id
 
-    def _send(self, item: _Request | _Reply) -> None:
-        # One constant latency, so arrivals come in send order. Items sent at one instant travel as one
-        # batch with one loop callback (asyncio would not order equal timer deadlines; each firing takes
+    def _send(self, item: _Request | _Reply, now: int) -> None:
+        # One constant latency, so arrivals come in send order. Items sent at one instant (`now`) travel as
+        # one batch with one loop callback (asyncio would not order equal timer deadlines; each firing takes
         # the oldest batch, and batches are due in the order they were opened).
-        now = self.now_ns()
         batch = self._open_batch
         if batch is not None and self._open_batch_ns == now:
             batch.append(item)
@@ -398,21 +420,19 @@ class ActorSystem:
         batch = self._in_flight.popleft()
         if batch is self._open_batch:
             self._open_batch = None  # what is sent from now on is due later
+        actors, log, now = self._actors, self._log, self.now_ns()
         for item in batch:
-            self._arrive(item)
-
-    def _arrive(self, item: _Request | _Reply) -> None:
-        if isinstance(item, _Reply):
-            self._answer(item)
-            return
-        envelope = item.envelope
-        target = self._actors[envelope.recipient]
-        if target.stopped:
-            if not item.is_ask:
-                self._drop(envelope, item.summary)
-            return  # an ask: its asker was told when the actor stopped
-        self.record(envelope.recipient, "deliver", item.summary)
-        target._mailbox.put_nowait(item)
+            if isinstance(item, _Reply):
+                self._answer(item)
+                continue
+            envelope = item.envelope
+            target = actors[envelope.recipient]
+            if target._stopped:
+                if not item.is_ask:
+                    self._drop(envelope, item.summary)
+                continue  # an ask: its asker was told when the actor stopped
+            log.append((now, len(log), envelope.recipient, "deliver", item.summary))
+            target._mailbox.put_nowait(item)
 
     def _answer(self, reply: _Reply) -> None:
         pending = self._pending.pop(reply.reply_to, None)
@@ -433,7 +453,7 @@ class ActorSystem:
         else:
             summary = f"#{reply.msg_id} re #{request.msg_id} {type(error).__name__}: {error}"
             self.record(request.recipient, "error", summary)
-        self._send(reply)
+        self._send(reply, self.now_ns())
 
     def _drop(self, envelope: Envelope, summary: str) -> None:
         self.dropped += 1
@@ -443,7 +463,8 @@ class ActorSystem:
 
     async def _handle(self, actor: Actor, request: _Request) -> None:
         envelope, is_ask, summary = request
-        self.record(actor.name, "handle", summary)
+        log = self._log
+        log.append((self.now_ns(), len(log), actor.name, "handle", summary))
         handler = actor._handler_for(type(envelope.body))
         if handler is None:
             if is_ask:
@@ -534,6 +555,7 @@ class Actor:
     """
 
     _handlers: ClassVar[dict[type[Message], str]] = {}
+    _resolved: ClassVar[dict[type[Message], str | None]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -552,12 +574,13 @@ class Actor:
                     )
                 own[message_type] = attribute
         cls._handlers = {**cls._handlers, **own}
+        cls._resolved = {}  # message type -> handler attribute (or None), filled as types arrive
 
     def __init__(self, system: ActorSystem, name: str) -> None:
         self.system = system
         self.name = name
         self.envelope: Envelope | None = None
-        self._mailbox: asyncio.Queue[_Request] = asyncio.Queue()
+        self._mailbox = _Mailbox()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._random: random.Random | None = None
@@ -569,13 +592,15 @@ class Actor:
         return self._stopped
 
     def _handler_for(self, message_type: type[Message]) -> Callable[[Message], Awaitable[Message | None]] | None:
-        handlers = type(self)._handlers
-        for cls in message_type.__mro__:
-            attribute = handlers.get(cls)
-            if attribute is not None:
-                method: Callable[[Message], Awaitable[Message | None]] = getattr(self, attribute)
-                return method
-        return None
+        cls = type(self)
+        try:
+            attribute = cls._resolved[message_type]
+        except KeyError:
+            attribute = cls._resolved[message_type] = _resolve(cls._handlers, message_type)
+        if attribute is None:
+            return None
+        method: Callable[[Message], Awaitable[Message | None]] = getattr(self, attribute)
+        return method
 
     # --- life --------------------------------------------------------------------------------------
 
@@ -604,10 +629,12 @@ class Actor:
             task.cancel()
 
     async def _run(self) -> None:
+        mailbox, handle = self._mailbox, self.system._handle
         try:
             while not self._stopped:
-                request = await self._mailbox.get()
-                await self.system._handle(self, request)
+                items = mailbox.items
+                request = items.popleft() if items else await mailbox.get()
+                await handle(self, request)
         except Exception as error:  # a fault of the runtime itself: fail the run rather than hide it
             self.system._fail(self, None, error)
 
@@ -629,6 +656,48 @@ class Actor:
     async def ask(self, recipient: str, msg: Message, *, timeout_s: float | None = None) -> Message | None:
         """Ask ``recipient`` from this actor (see :meth:`ActorSystem.ask`)."""
         return await self.system.ask(recipient, msg, timeout_s=timeout_s, sender=self.name)
+
+
+def _resolve(handlers: dict[type[Message], str], message_type: type[Message]) -> str | None:
+    """The handler attribute for ``message_type``: the one for the nearest class in its MRO."""
+    for cls in message_type.__mro__:
+        attribute = handlers.get(cls)
+        if attribute is not None:
+            return attribute
+    return None
+
+
+class _Mailbox:
+    """An actor's queue: a deque and at most one waiting getter (an ``asyncio.Queue`` costs more per item)."""
+
+    __slots__ = ("items", "_waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[_Request] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: _Request) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> _Request:
+        while not self.items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self.items.popleft()
+
+    def get_nowait(self) -> _Request:
+        return self.items.popleft()
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def empty(self) -> bool:
+        return not self.items
 
 
 # Builds an Event without NamedTuple's Python-level __new__ (record runs several times per message).

@@ -65,6 +65,10 @@ class CoreWork:
         """The core this loop drives."""
         return self._core
 
+    def clock_ns(self) -> int:
+        """The loop's clock in integer nanoseconds (the core's clock)."""
+        return self._core.clock_ns()
+
     def _work_requested(self) -> None:
         """Called once per batch, when the first request of a batch is queued."""
 

@@ -47,7 +47,11 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def event_line(event: Event) -> str:
+RawEvent = tuple[int, int, str, str, str]
+"""An event as a plain tuple (an :class:`Event` is one too)."""
+
+
+def event_line(event: RawEvent) -> str:
     """The canonical line of ``event``, newline included."""
     t_ns, seq, actor, kind, summary = event
     return f"{t_ns}\t{seq}\t{_escape(actor)}\t{_escape(kind)}\t{_escape(summary)}\n"
@@ -69,7 +73,7 @@ class EventLogWriter:
         self._file = open(path, "w", encoding="utf-8", newline="\n") if path is not None else None  # noqa: SIM115
         self.lines = 0
 
-    def write(self, events: Iterable[Event]) -> None:
+    def write(self, events: Iterable[RawEvent]) -> None:
         for event in events:
             line = event_line(event)
             self._hash.update(line.encode())
@@ -93,13 +97,13 @@ class EventLogWriter:
         self.close()
 
 
-def write_event_log(events: Iterable[Event], path: Path | None) -> str:
+def write_event_log(events: Iterable[RawEvent], path: Path | None) -> str:
     """Write ``events`` to ``path`` (if given) as canonical lines; return their SHA-256."""
     with EventLogWriter(path) as writer:
         writer.write(events)
         return writer.sha256()
 
 
-def event_log_sha256(events: Iterable[Event]) -> str:
+def event_log_sha256(events: Iterable[RawEvent]) -> str:
     """The SHA-256 of the canonical lines of ``events``."""
     return write_event_log(events, None)

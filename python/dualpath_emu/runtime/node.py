@@ -108,8 +108,8 @@ def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResu
     except ActorFailure as error:
         failure = error
     wall_s = time.perf_counter() - started
-    sha256 = write_event_log(system.events, event_log)
-    return RunResult(summary, len(system.events), sha256, wall_s, _counters(system), failure)
+    sha256 = write_event_log(system.raw_events(), event_log)
+    return RunResult(summary, system.event_count, sha256, wall_s, _counters(system), failure)
 
 
 async def _first(main: Awaitable[_T], stop: asyncio.Event) -> _T:
@@ -219,7 +219,7 @@ def serve_process(
         status = EXIT_STOPPED
         print(f"process {name!r}: {error}", file=sys.stderr)
     wall_s = time.perf_counter() - started
-    events = system.events
+    events = system.raw_events()
     sha256 = write_event_log(events, run_dir / f"{name}.events")
     result = {
         "process": name,

@@ -66,6 +66,8 @@ _U64_MAX = 2**64 - 1
 # Consecutive advances that neither move the clock nor complete anything nor fire a timer before the loop
 # calls the core stuck (a core that keeps reporting an event "now" without handling it).
 _MAX_STALLS = 10_000
+# Real descriptors are polled at one idle moment in this many (and always before a deadlock is declared).
+_POLL_EVERY = 16
 
 
 class DeadlockError(RuntimeError):
@@ -78,16 +80,22 @@ class _VirtualSelector(selectors.SelectSelector):
     def __init__(self) -> None:
         super().__init__()
         self._advance: Callable[[], None] | None = None
+        self._should_poll: Callable[[], bool] = lambda: True
+        self._pending_events: list[tuple[selectors.SelectorKey, int]] = []
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self._pending_events:  # found ready while checking for a deadlock
+            events, self._pending_events = self._pending_events, []
+            return events
         if timeout == 0 or self._advance is None:
             # Callbacks are ready: run them first. Real descriptors wait until the virtual world is idle.
             return []
-        # Real descriptors (the loop's self-pipe, for signals and other threads) are only ever polled: the
-        # wall clock does not pass here.
-        events = super().select(0)
-        if events:
-            return events
+        # Real descriptors (the loop's self-pipe, for signals and other threads) are only ever polled, and
+        # only at some idle moments: the wall clock does not pass here.
+        if self._should_poll():
+            events = super().select(0)
+            if events:
+                return events
         # asyncio asked to wait: nothing is ready, so virtual time moves to the next event.
         self._advance()
         return []
@@ -111,49 +119,79 @@ class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
         if not isinstance(scheduled, list):  # pragma: no cover - a future CPython without the heap
             raise RuntimeError("VirtualTimeLoop needs asyncio's BaseEventLoop._scheduled timer heap")
         self._stalls = 0
+        # The clock, kept here so that reading it costs no FFI call; only _advance moves the core's clock
+        # while the loop runs (run_forever re-reads it, in case other code moved it between runs).
+        self._now = core.now_ns
+        self._idle_count = 0
         selector._advance = self._advance
+        selector._should_poll = self._should_poll
 
     # --- the clock -----------------------------------------------------------------------------------
 
     @property
     def now_ns(self) -> int:
         """The virtual time in integer nanoseconds."""
-        return self._core.now_ns
+        return self._now
+
+    def clock_ns(self) -> int:
+        """The virtual time in integer nanoseconds."""
+        return self._now
 
     def time(self) -> float:
         """The virtual time in seconds: ``core.now_ns / 1e9``."""
-        return self._core.now_ns / 1e9
+        return self._now / 1e9
+
+    def run_forever(self) -> None:
+        self._now = self._core.now_ns
+        super().run_forever()
 
     # --- moving the clock ----------------------------------------------------------------------------
 
     def _timer_fire_ns(self, when: float, now_ns: int) -> int:
-        """The first nanosecond ``n >= now_ns`` at which asyncio fires a timer due at ``when`` seconds."""
+        """The first nanosecond ``n >= now_ns`` at which asyncio fires a timer due at ``when`` seconds.
+
+        asyncio fires it when ``when < n / 1e9 + resolution`` (its test in ``_run_once``, with
+        ``time() == n / 1e9``); the estimate below is almost always exact, the loops fix float edge cases.
+        """
         resolution = self._clock_resolution
-
-        def fires(n: int) -> bool:  # asyncio's test in _run_once, with time() == n / 1e9
-            return when < n / 1e9 + resolution
-
         if not math.isfinite(when) or when * 1e9 > _U64_MAX:
             raise OverflowError(f"a timer at {when} s is beyond the virtual clock's range")
         n = max(now_ns, math.floor(when * 1e9 - 0.5) + 1)
-        while not fires(n):
+        while not when < n / 1e9 + resolution:
             n += 1
-        while n > now_ns and fires(n - 1):
+        while n > now_ns and when < (n - 1) / 1e9 + resolution:
             n -= 1
         return n
+
+    def _should_poll(self) -> bool:
+        """Whether this idle moment polls the real descriptors: one in every POLL_EVERY (a select() call
+        costs as much as the rest of a clock jump), and always before a deadlock is declared."""
+        self._idle_count += 1
+        return self._idle_count % _POLL_EVERY == 0
+
+    def _selector_poll(self) -> bool:
+        selector = cast(_VirtualSelector, self._selector)  # type: ignore[attr-defined]  # BaseSelectorEventLoop's
+        events = selectors.SelectSelector.select(selector, 0)
+        if events:
+            selector._pending_events = events
+            return True
+        return False
 
     def _advance(self) -> None:
         """Nothing is ready: jump to the next timer or core event and deliver the core's completions."""
         self.flush()
         core = self._core
-        now = core.now_ns
+        now = self._now = core.now_ns
         scheduled = cast("list[asyncio.TimerHandle]", getattr(self, "_scheduled"))
         timer_ns = self._timer_fire_ns(scheduled[0].when(), now) if scheduled else None
         core_ns = core.next_event_ns()
         if timer_ns is None and core_ns is None:
+            if self._selector_poll():
+                return  # a real descriptor is ready (a signal, another thread): handle it first
             raise DeadlockError(self._deadlock_message(now))
         target = min(t for t in (timer_ns, core_ns) if t is not None)
         completions = core.advance_to(target)
+        self._now = core.now_ns
         if target == now and not completions and timer_ns != target:
             self._stalls += 1
             if self._stalls > _MAX_STALLS:
