@@ -56,6 +56,7 @@ stubtest: build ## Check python/dualpath_emu/_core.pyi against the built extensi
 bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	cargo run --release -p dualpath-emu-core --example bench_core
 	$(PYTHON) -m dualpath_emu.bench
+	$(PYTHON) -m dualpath_emu.bench_runtime
 
 .PHONY: fuzz
 fuzz: ## Run the fuzz targets, FUZZ_SECONDS in all (default 60)

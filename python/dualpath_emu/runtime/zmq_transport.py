@@ -459,20 +459,33 @@ def _type_name(value: object) -> str:
 class _Channel:
     """One socket of the transport. Sends keep their order without awaiting: at once while the socket takes
     them, else into a backlog that a task drains; receiving takes what is queued in batches (pyzmq's
-    per-message futures cost far more than the messages)."""
+    per-message futures cost far more than the messages).
 
-    __slots__ = ("socket", "sync", "backlog", "drain")
+    On the per-message paths, flags go to pyzmq as plain ints and frames one by one, as ``send_multipart``
+    and ``recv_multipart`` would: their flag-enum arithmetic (``zmq.SNDMORE | flags``) and ``RCVMORE``
+    look-ups (an enum conversion in every ``getsockopt``) cost more than the send or receive itself."""
+
+    __slots__ = ("socket", "sync", "backlog", "drain", "recheck_due")
+
+    _SEND_MORE: ClassVar[int] = int(zmq.SNDMORE | zmq.NOBLOCK)
+    _NOBLOCK: ClassVar[int] = int(zmq.NOBLOCK)
 
     def __init__(self, socket: zmq.asyncio.Socket) -> None:
         self.socket = socket
         self.sync: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)  # same socket, blocking API
         self.backlog: deque[list[bytes]] = deque()
         self.drain: asyncio.Task[None] | None = None
+        self.recheck_due = False
 
     def post(self, frames: list[bytes], loop: asyncio.AbstractEventLoop) -> None:
         if not self.backlog:
             try:
-                self.sync.send_multipart(frames, zmq.NOBLOCK)
+                # send_multipart(frames, NOBLOCK), frame by frame. ZeroMQ checks the high-water mark (and a
+                # ROUTER the peer) on a message's first frame: Again or an error leaves nothing queued.
+                send, last = self.sync.send, len(frames) - 1
+                for index in range(last):
+                    send(frames[index], self._SEND_MORE)
+                send(frames[last], self._NOBLOCK)
                 return
             except zmq.Again:
                 pass  # the peer's queue is full (or not there yet): keep the order through the backlog
@@ -483,12 +496,20 @@ class _Channel:
                 # The socket's file descriptor is edge-triggered, and a send may consume the edge that was to
                 # wake the pending recv of `receive` (a message that arrived meanwhile would then wait for the
                 # next edge, perhaps forever). Reading EVENTS through the asyncio socket makes pyzmq look again,
-                # as its own sends do.
-                if not self.socket.closed:
-                    self.socket.get(zmq.EVENTS)
+                # as its own sends do. Once per loop iteration, after the sends made in it, is enough: pyzmq
+                # only schedules its handler for a later iteration when it finds something, and reading EVENTS
+                # costs more than the send.
+                if not self.recheck_due:
+                    self.recheck_due = True
+                    loop.call_soon(self._recheck)
         self.backlog.append(frames)
         if self.drain is None:
             self.drain = loop.create_task(self._drain(), name="zmq:drain")
+
+    def _recheck(self) -> None:
+        self.recheck_due = False
+        if not self.socket.closed:
+            self.socket.get(zmq.EVENTS)
 
     async def _drain(self) -> None:
         try:
@@ -502,13 +523,21 @@ class _Channel:
             self.drain = None
 
     async def receive(self, handle: Callable[[list[bytes]], None], reject: Callable[[str], None]) -> None:
+        recv, noblock = self.sync.recv, self._NOBLOCK
         while True:
             batch = [await self.socket.recv_multipart()]
             while len(batch) < RECEIVE_BATCH:
+                # recv_multipart(NOBLOCK), frame by frame; a message's frames arrive together, so only its
+                # first can be missing.
                 try:
-                    batch.append(self.sync.recv_multipart(zmq.NOBLOCK))
+                    frame = recv(noblock, copy=False)
                 except zmq.Again:
                     break
+                frames = [frame.bytes]
+                while frame.more:
+                    frame = recv(noblock, copy=False)
+                    frames.append(frame.bytes)
+                batch.append(frames)
             for frames in batch:
                 try:
                     handle(frames)

@@ -1,0 +1,554 @@
+"""`make bench`, actor runtime: message rates of the actor runtime, in process and over ZeroMQ.
+
+Run as ``python -m dualpath_emu.bench_runtime`` (``--help`` for the counts). Prints ``BENCH <name> <value>
+<unit>`` lines, most preceded by a human-readable line. Every rate is messages over wall-clock seconds
+measured with ``time.perf_counter`` on this machine (each process runs one asyncio loop in one thread;
+ZeroMQ adds its own I/O thread), and every run checks that each message arrived exactly once and in order;
+a failed check, or any other failure, prints ``bench_runtime: error: ...`` and exits with status 1.
+
+In process, on the virtual-time loop (``dualpath_emu.runtime.run(system.run(main()), Core())``), timed
+around that whole call (the loop's and actors' start and stop included; a ``gc.collect()`` before it, so
+that no earlier run's garbage is collected on this run's time); the **best of** ``--repeats`` (default 3)
+runs is reported:
+
+``actor_inproc_msgs_per_s``
+    Tells per second. A ``producer`` actor tells ``--tells`` (default 200,000) small messages
+    (``Tick(seq, b"")``) to a ``counter`` actor, in bursts of ``--burst`` (default 100) tells at one virtual
+    instant, sleeping one virtual microsecond between bursts; the delivery latency is one virtual
+    microsecond, so the virtual clock moves about twice per burst. The counter counts each tick and checks
+    that the seqs come 0, 1, 2, … in order. One message = one tell sent, delivered and handled. The driver
+    asks the producer to produce, then asks the counter for its tally (that ask arrives after every tell:
+    delivery is FIFO), so the clock stops only when all are counted.
+``actor_inproc_asks_per_s``
+    Ask round trips per second: an ``asker`` actor asks an ``echo`` actor ``Ping(seq)`` ``--asks`` (default
+    20,000) times, one after the other (no timeout), each answered by ``Pong(seq)`` after two latencies.
+    One ask = request sent, delivered, handled, reply sent and answered. Each ask waits for the previous
+    one, so the figure includes two moves of the virtual clock and several loop iterations per ask.
+``actor_inproc_tell_events_per_msg``, ``actor_inproc_ask_events_per_ask``
+    Events the system records (``ActorSystem.event_count``) per tell and per ask in those runs, all included
+    (the few start/stop/driver events make it a little above the per-message count).
+
+Over ZeroMQ on a real-time asyncio loop (``ZmqActorSystem``, ``ipc://`` endpoints in a temporary
+directory), ``--zmq`` (default 200,000) tells of ``Tick(seq, pad)``, the pad sized so the encoded
+envelope (``Codec.encode_envelope``) is about 100 bytes; one run each (``--zmq-repeats``):
+
+``zmq_ipc_msgs_per_s``
+    Between two OS processes: a child process (``python -m dualpath_emu.bench_runtime --serve ENDPOINT``)
+    binds a ``ZmqActorSystem`` hosting the ``counter``; the parent's ``ZmqActorSystem`` first asks it until
+    it answers (so it is bound and connected), then tells it every message (yielding to the loop every
+    1,000), then asks for its tally. Timed from the first tell to that answer. Sender and receiver run
+    in parallel, so this is the rate of the slower side (encoding and sending, or receiving, decoding and
+    handling). The child is stopped with an ask, and terminated (then killed) if it does not exit.
+``zmq_ipc_one_process_msgs_per_s``
+    The same with both systems in this process, on one loop: the sum of both sides' costs per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Final
+
+from dualpath_emu._core import Core
+from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
+from dualpath_emu.runtime import MAIN, Actor, ActorSystem, ZmqActorSystem, handles, run
+
+__all__ = [
+    "BenchError",
+    "Result",
+    "Tally",
+    "bench_inproc_asks",
+    "bench_inproc_tells",
+    "bench_zmq_one_process",
+    "bench_zmq_two_processes",
+    "check_tally",
+    "main",
+]
+
+LATENCY_S: Final = 1e-6
+"""The in-process delivery latency and the pause between bursts, in virtual seconds."""
+
+ENVELOPE_BYTES: Final = 100
+"""The encoded envelope size the ZeroMQ benchmark aims its pad at."""
+
+YIELD_EVERY: Final = 1_000
+"""The ZeroMQ sender yields to the loop after this many tells."""
+
+READY_TIMEOUT_S: Final = 30.0
+"""How long the parent waits for the child's counter to answer before giving up."""
+
+TALLY_TIMEOUT_S: Final = 120.0
+"""The bound on the final tally ask (every message must have been handled by then)."""
+
+CHILD_LIFETIME_S: Final = 300.0
+"""A serving child exits on its own after this long, should its parent vanish without stopping it."""
+
+COUNTER: Final = "counter"
+
+
+# --- messages ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Message):
+    """One message of the stream: its position and a pad (empty in process)."""
+
+    WIRE_NAME: ClassVar[str] = "bench.Tick"
+    VERSION: ClassVar[int] = 1
+
+    seq: int
+    pad: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Produce(Message):
+    """Asks the producer to tell ``count`` ticks to ``to``, ``burst`` at a time, ``gap_s`` apart."""
+
+    WIRE_NAME: ClassVar[str] = "bench.Produce"
+    VERSION: ClassVar[int] = 1
+
+    to: str
+    count: int
+    burst: int
+    gap_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AskMany(Message):
+    """Asks the asker to ask ``to`` ``count`` pings, one after the other; answered by a :class:`Tally`."""
+
+    WIRE_NAME: ClassVar[str] = "bench.AskMany"
+    VERSION: ClassVar[int] = 1
+
+    to: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(Message):
+    WIRE_NAME: ClassVar[str] = "bench.Ping"
+    VERSION: ClassVar[int] = 1
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong(Message):
+    WIRE_NAME: ClassVar[str] = "bench.Pong"
+    VERSION: ClassVar[int] = 1
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Query(Message):
+    """Asks the counter for its :class:`Tally`."""
+
+    WIRE_NAME: ClassVar[str] = "bench.Query"
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Stop(Message):
+    """Asks a serving child to answer with its :class:`Tally`, then exit."""
+
+    WIRE_NAME: ClassVar[str] = "bench.Stop"
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Tally(Message):
+    """What arrived: how many, the sum of their seqs, and how many came out of order (seq != position)."""
+
+    WIRE_NAME: ClassVar[str] = "bench.Tally"
+    VERSION: ClassVar[int] = 1
+
+    count: int
+    seq_sum: int
+    out_of_order: int
+
+
+def codec() -> Codec:
+    """A codec for the benchmark's messages."""
+    registry = MessageRegistry()
+    for cls in (Tick, Produce, AskMany, Ping, Pong, Query, Stop, Tally):
+        registry.register(cls)
+    return Codec(registry)
+
+
+# --- actors --------------------------------------------------------------------------------------------
+
+
+class Counter(Actor):
+    """Counts ticks (expecting seqs 0, 1, 2, … in order), answers pings, and tells its tally."""
+
+    def __init__(self, system: ActorSystem, name: str) -> None:
+        super().__init__(system, name)
+        self.count = 0
+        self.seq_sum = 0
+        self.out_of_order = 0
+        self.stop_requested = asyncio.Event()
+
+    @handles(Tick)
+    async def on_tick(self, msg: Tick) -> None:
+        if msg.seq != self.count:
+            self.out_of_order += 1
+        self.count += 1
+        self.seq_sum += msg.seq
+
+    @handles(Ping)
+    async def on_ping(self, msg: Ping) -> Pong:
+        return Pong(msg.seq)
+
+    @handles(Query)
+    async def on_query(self, msg: Query) -> Tally:
+        return Tally(self.count, self.seq_sum, self.out_of_order)
+
+    @handles(Stop)
+    async def on_stop(self, msg: Stop) -> Tally:
+        # Exit a moment later, so the reply leaves the socket before it closes (it closes with linger 0).
+        asyncio.get_running_loop().call_later(0.2, self.stop_requested.set)
+        return Tally(self.count, self.seq_sum, self.out_of_order)
+
+
+class Producer(Actor):
+    """Tells a stream of ticks when asked to (see :class:`Produce`)."""
+
+    @handles(Produce)
+    async def on_produce(self, msg: Produce) -> None:
+        tell, to, count = self.tell, msg.to, msg.count
+        for start in range(0, count, msg.burst):
+            for seq in range(start, min(start + msg.burst, count)):
+                tell(to, Tick(seq, b""))
+            await asyncio.sleep(msg.gap_s)
+
+
+class Asker(Actor):
+    """Asks pings one after the other (see :class:`AskMany`); counts wrong answers as out of order."""
+
+    @handles(AskMany)
+    async def on_ask_many(self, msg: AskMany) -> Tally:
+        wrong = 0
+        for seq in range(msg.count):
+            reply = await self.ask(msg.to, Ping(seq))
+            if not (isinstance(reply, Pong) and reply.seq == seq):
+                wrong += 1
+        return Tally(msg.count, msg.count * (msg.count - 1) // 2, wrong)
+
+
+# --- results -------------------------------------------------------------------------------------------
+
+
+class BenchError(RuntimeError):
+    """A benchmark run failed or found messages lost, duplicated or reordered."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One timed run: ``messages`` messages (or asks) in ``wall_s`` seconds."""
+
+    messages: int
+    wall_s: float
+    events: int = 0
+    """Events the sending system recorded in the run (in process: all of them)."""
+    envelope_bytes: int = 0
+    """The encoded envelope size of one message (ZeroMQ runs only)."""
+
+    @property
+    def rate(self) -> float:
+        """Messages per second."""
+        return self.messages / self.wall_s
+
+
+def check_tally(tally: Message | None, count: int, what: str) -> Tally:
+    """``tally`` if it shows ``count`` messages with seqs 0 … count-1, each once and in order."""
+    if not isinstance(tally, Tally):
+        raise BenchError(f"{what}: expected a Tally, got {tally!r}")
+    expected = Tally(count, count * (count - 1) // 2, 0)
+    if tally != expected:
+        raise BenchError(
+            f"{what}: {tally.count} messages arrived (expected {count}), seq sum {tally.seq_sum} "
+            f"(expected {expected.seq_sum}), {tally.out_of_order} out of order"
+        )
+    return tally
+
+
+def best_of(repeats: int, bench: Callable[[], Result]) -> Result:
+    """The fastest of ``repeats`` runs of ``bench``."""
+    return min((bench() for _ in range(max(repeats, 1))), key=lambda result: result.wall_s)
+
+
+# --- in process, virtual time --------------------------------------------------------------------------
+
+
+def bench_inproc_tells(count: int = 200_000, burst: int = 100) -> Result:
+    """One run of the in-process tell benchmark (see the module docstring)."""
+    system = ActorSystem(latency_s=LATENCY_S)
+    counter = Counter(system, COUNTER)
+    producer = Producer(system, "producer")
+
+    async def drive() -> Message | None:
+        counter.start()
+        producer.start()
+        await system.ask("producer", Produce(COUNTER, count, burst, LATENCY_S))
+        return await system.ask(COUNTER, Query())
+
+    gc.collect()  # start clean: an earlier run's garbage is not this run's cost
+    start = time.perf_counter()
+    tally = run(system.run(drive()), Core())
+    wall_s = time.perf_counter() - start
+    check_tally(tally, count, "in-process tells")
+    return Result(count, wall_s, events=system.event_count)
+
+
+def bench_inproc_asks(count: int = 20_000) -> Result:
+    """One run of the in-process ask benchmark (see the module docstring)."""
+    system = ActorSystem(latency_s=LATENCY_S)
+    echo = Counter(system, "echo")
+    asker = Asker(system, "asker")
+
+    async def drive() -> Message | None:
+        echo.start()
+        asker.start()
+        return await system.ask("asker", AskMany("echo", count))
+
+    gc.collect()
+    start = time.perf_counter()
+    tally = run(system.run(drive()), Core())
+    wall_s = time.perf_counter() - start
+    check_tally(tally, count, "in-process asks")
+    return Result(count, wall_s, events=system.event_count)
+
+
+# --- over ZeroMQ, real time ----------------------------------------------------------------------------
+
+
+def tick_pad(count: int, envelope_bytes: int = ENVELOPE_BYTES) -> bytes:
+    """A pad that makes the envelope of a tick from the middle of a run ``envelope_bytes`` long."""
+    bare = len(codec().encode_envelope(Envelope(MAIN, COUNTER, count // 2, None, Tick(count // 2, b""))))
+    return b"x" * max(envelope_bytes - bare, 0)  # an empty and a short bin header are both 2 bytes
+
+
+def envelope_size(count: int, pad: bytes) -> int:
+    """The encoded size of the envelope of a tick from the middle of a run."""
+    return len(codec().encode_envelope(Envelope(MAIN, COUNTER, count // 2, None, Tick(count // 2, pad))))
+
+
+@dataclass(frozen=True)
+class Child:
+    """The serving child process, and the file its output goes to (for error messages)."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        """The tail of the child's output, as the end of an error message ("" if there is none)."""
+        try:
+            text = self.log.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return f"; its output ends:\n{text[-2000:]}" if text else ""
+
+    def check_alive(self) -> None:
+        """Raise :class:`BenchError` if the child has exited."""
+        if self.process.poll() is not None:
+            raise BenchError(f"the serving child exited with status {self.process.returncode}{self.output()}")
+
+
+async def ask_counter(system: ZmqActorSystem, msg: Message, timeout_s: float, child: Child | None) -> Message | None:
+    """Ask the counter; while waiting, fail at once (not after ``timeout_s``) if the child exits."""
+    answer = asyncio.ensure_future(system.ask(COUNTER, msg, timeout_s=timeout_s))
+    try:
+        while not answer.done():
+            await asyncio.wait({answer}, timeout=0.2)
+            if child is not None and not answer.done():
+                child.check_alive()
+        return answer.result()
+    finally:
+        answer.cancel()
+
+
+async def wait_ready(system: ZmqActorSystem, child: Child | None) -> None:
+    """Ask the counter until it answers (it is bound and connected); fail if the child exits meanwhile."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            reply = await ask_counter(system, Ping(-1), 0.25, child)
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                output = child.output() if child is not None else ""
+                raise BenchError(f"the counter did not answer within {READY_TIMEOUT_S} s{output}") from None
+            continue
+        if reply != Pong(-1):
+            raise BenchError(f"the counter answered a ping with {reply!r}")
+        return
+
+
+async def send_ticks(system: ZmqActorSystem, count: int, pad: bytes, child: Child | None) -> Tally:
+    """Tell ``count`` ticks to the counter, ask its tally and check it."""
+    tell = system.tell
+    for seq in range(count):
+        tell(COUNTER, Tick(seq, pad))
+        if seq % YIELD_EVERY == YIELD_EVERY - 1:
+            await asyncio.sleep(0)
+    try:
+        tally = await ask_counter(system, Query(), TALLY_TIMEOUT_S, child)
+    except TimeoutError:
+        raise BenchError(f"the counter did not answer for its tally within {TALLY_TIMEOUT_S} s") from None
+    return check_tally(tally, count, "ZeroMQ tells")
+
+
+def bench_zmq_two_processes(
+    count: int = 200_000, envelope_bytes: int = ENVELOPE_BYTES, *, serve_endpoint: str | None = None
+) -> Result:
+    """One run of the two-process ZeroMQ benchmark (see the module docstring).
+
+    The child binds ``serve_endpoint`` (default: ``ipc://`` in a new temporary directory).
+    """
+    pad = tick_pad(count, envelope_bytes)
+    directory = Path(tempfile.mkdtemp(prefix="dpb"))  # short: ipc:// paths are limited to ~107 bytes
+    endpoint = serve_endpoint if serve_endpoint is not None else f"ipc://{directory}/counter"
+    log = directory / "child.log"
+    child: Child | None = None
+    try:
+        with log.open("wb") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve", endpoint],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        child = Child(process, log)
+
+        async def drive(child: Child) -> float:
+            async with ZmqActorSystem(
+                codec(), bind=f"ipc://{directory}/driver", address_book={COUNTER: endpoint}
+            ) as system:
+                await wait_ready(system, child)
+                start = time.perf_counter()
+                await send_ticks(system, count, pad, child)
+                wall_s = time.perf_counter() - start
+                try:
+                    final = await ask_counter(system, Stop(), 10.0, child)
+                except TimeoutError:
+                    raise BenchError(f"the serving child did not answer Stop{child.output()}") from None
+                check_tally(final, count, "the child's final tally")
+                return wall_s
+
+        wall_s = asyncio.run(drive(child))
+        try:
+            status = process.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"the serving child did not exit after Stop{child.output()}") from None
+        if status != 0:
+            raise BenchError(f"the serving child exited with status {status}{child.output()}")
+        return Result(count, wall_s, envelope_bytes=envelope_size(count, pad))
+    finally:
+        if child is not None:
+            stop_child(child.process)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def bench_zmq_one_process(count: int = 200_000, envelope_bytes: int = ENVELOPE_BYTES) -> Result:
+    """One run of the one-process ZeroMQ benchmark (see the module docstring)."""
+    pad = tick_pad(count, envelope_bytes)
+    directory = Path(tempfile.mkdtemp(prefix="dpb"))
+    try:
+
+        async def drive() -> float:
+            async with ZmqActorSystem(codec(), bind=f"ipc://{directory}/counter") as host:
+                Counter(host, COUNTER).start()
+                async with ZmqActorSystem(
+                    codec(), bind=f"ipc://{directory}/driver", address_book={COUNTER: host.endpoint}
+                ) as system:
+                    await wait_ready(system, None)
+                    start = time.perf_counter()
+                    await send_ticks(system, count, pad, None)
+                    return time.perf_counter() - start
+
+        wall_s = asyncio.run(drive())
+        return Result(count, wall_s, envelope_bytes=envelope_size(count, pad))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def stop_child(child: subprocess.Popen[bytes]) -> None:
+    """Make sure ``child`` has exited: terminate it, then kill it if it lingers; reap it either way."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+async def serve(endpoint: str, lifetime_s: float) -> None:
+    """The child's side: host the counter at ``endpoint`` until asked to stop (or ``lifetime_s`` passes)."""
+    async with ZmqActorSystem(codec(), bind=endpoint) as system:
+        counter = Counter(system, COUNTER)
+        counter.start()
+        await asyncio.wait_for(counter.stop_requested.wait(), lifetime_s)
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def report(name: str, result: Result, unit: str = "msgs/s", note: str = "") -> None:
+    print(f"BENCH {name} {result.rate:.0f} {unit}{note}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dualpath_emu.bench_runtime", description=__doc__.split("\n")[0])
+    parser.add_argument("--tells", type=int, default=200_000, help="in-process tells per run")
+    parser.add_argument("--burst", type=int, default=100, help="in-process tells per virtual instant")
+    parser.add_argument("--asks", type=int, default=20_000, help="in-process asks per run")
+    parser.add_argument("--repeats", type=int, default=3, help="in-process runs; the best is reported")
+    parser.add_argument("--zmq", type=int, default=200_000, help="ZeroMQ tells per run (0 skips them)")
+    parser.add_argument("--zmq-repeats", type=int, default=1, help="ZeroMQ runs; the best is reported")
+    parser.add_argument("--serve", metavar="ENDPOINT", help="(internal) serve the counter at ENDPOINT")
+    parser.add_argument("--lifetime-s", type=float, default=CHILD_LIFETIME_S, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.tells, args.burst, args.asks, args.repeats, args.zmq_repeats) < 1 or args.zmq < 0:
+        parser.error("the counts must be at least 1 (--zmq at least 0)")
+    try:
+        if args.serve is not None:
+            asyncio.run(serve(args.serve, args.lifetime_s))
+            return 0
+        tells = best_of(args.repeats, lambda: bench_inproc_tells(args.tells, args.burst))
+        print(f"in-process tells: {tells.messages} in {tells.wall_s:.3f} s wall (best of {args.repeats})")
+        report("actor_inproc_msgs_per_s", tells)
+        print(f"BENCH actor_inproc_tell_events_per_msg {tells.events / tells.messages:.2f} events")
+        asks = best_of(args.repeats, lambda: bench_inproc_asks(args.asks))
+        print(f"in-process asks: {asks.messages} in {asks.wall_s:.3f} s wall (best of {args.repeats})")
+        report("actor_inproc_asks_per_s", asks, "asks/s")
+        print(f"BENCH actor_inproc_ask_events_per_ask {asks.events / asks.messages:.2f} events")
+        if args.zmq > 0:
+            two = best_of(args.zmq_repeats, lambda: bench_zmq_two_processes(args.zmq))
+            print(f"ZeroMQ ipc, two processes: {two.messages} in {two.wall_s:.3f} s wall")
+            report("zmq_ipc_msgs_per_s", two, note=f" ({two.envelope_bytes} B/msg)")
+            one = best_of(args.zmq_repeats, lambda: bench_zmq_one_process(args.zmq))
+            print(f"ZeroMQ ipc, one process: {one.messages} in {one.wall_s:.3f} s wall")
+            report("zmq_ipc_one_process_msgs_per_s", one, note=f" ({one.envelope_bytes} B/msg)")
+    except BenchError as error:
+        print(f"bench_runtime: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as error:  # a fault of the benchmark or the runtime: say so, with the traceback
+        traceback.print_exc()
+        print(f"bench_runtime: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

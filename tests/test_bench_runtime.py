@@ -1,0 +1,105 @@
+"""Smoke tests of the actor runtime's benchmarks (``dualpath_emu.bench_runtime``) with tiny counts.
+
+Each benchmark function checks that every message arrived exactly once and in order (it raises
+``BenchError`` otherwise); these tests run them in process, over ZeroMQ in one process and across two
+processes, and check that the rates are positive numbers. No timing thresholds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dualpath_emu._core import Core
+from dualpath_emu.bench_runtime import (
+    BenchError,
+    Counter,
+    Query,
+    Result,
+    Tally,
+    Tick,
+    bench_inproc_asks,
+    bench_inproc_tells,
+    bench_zmq_one_process,
+    bench_zmq_two_processes,
+    check_tally,
+    main,
+)
+from dualpath_emu.messages import Message
+from dualpath_emu.runtime import ActorSystem, run
+
+N = 2_000
+
+
+def assert_rate(result: Result, messages: int) -> None:
+    assert result.messages == messages
+    assert result.wall_s > 0 and math.isfinite(result.rate) and result.rate > 0
+
+
+def test_in_process_tells_and_asks_arrive_exactly_once() -> None:
+    tells = bench_inproc_tells(N, burst=64)  # a burst that does not divide N
+    assert_rate(tells, N)
+    assert tells.events >= 3 * N  # tell, deliver, handle
+    asks = bench_inproc_asks(N // 4)
+    assert_rate(asks, N // 4)
+    assert asks.events >= 5 * (N // 4)  # ask, deliver, handle, reply, answer
+
+
+def test_zmq_in_one_process_arrives_exactly_once() -> None:
+    result = bench_zmq_one_process(N)
+    assert_rate(result, N)
+    assert 90 <= result.envelope_bytes <= 110
+
+
+def test_zmq_across_two_processes_arrives_exactly_once() -> None:
+    result = bench_zmq_two_processes(N)
+    assert_rate(result, N)
+    assert 90 <= result.envelope_bytes <= 110
+
+
+def test_a_child_that_cannot_serve_is_reported_with_its_output() -> None:
+    with pytest.raises(BenchError, match=r"exited with status 1(.|\n)*No such file or directory"):
+        bench_zmq_two_processes(10, serve_endpoint="ipc:///nonexistent-dualpath-bench-dir/counter")
+
+
+def test_the_checks_catch_lost_duplicated_and_reordered_messages() -> None:
+    assert check_tally(Tally(3, 3, 0), 3, "ok") == Tally(3, 3, 0)
+    for wrong in (Tally(2, 1, 0), Tally(4, 3, 0), Tally(3, 4, 0), Tally(3, 3, 2)):
+        with pytest.raises(BenchError, match="^seen: "):
+            check_tally(wrong, 3, "seen")
+    with pytest.raises(BenchError, match="expected a Tally"):
+        check_tally(None, 3, "seen")
+
+    system = ActorSystem()
+    Counter(system, "counter")
+
+    async def reordered() -> Message | None:
+        system.actor("counter").start()
+        for seq in (0, 2, 1):
+            system.tell("counter", Tick(seq, b""))
+        return await system.ask("counter", Query())
+
+    assert run(system.run(reordered()), Core()) == Tally(3, 3, 2)
+
+
+def test_main_prints_bench_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tells", "500", "--asks", "100", "--repeats", "2", "--zmq", "500"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("BENCH ")]
+    names = [fields[1] for fields in lines]
+    assert names == [
+        "actor_inproc_msgs_per_s",
+        "actor_inproc_tell_events_per_msg",
+        "actor_inproc_asks_per_s",
+        "actor_inproc_ask_events_per_ask",
+        "zmq_ipc_msgs_per_s",
+        "zmq_ipc_one_process_msgs_per_s",
+    ]
+    assert all(float(fields[2]) > 0 for fields in lines)
+    assert lines[4][3:] == ["msgs/s", "(100", "B/msg)"]
+
+
+def test_main_reports_a_failure_and_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    # The serving side alone, on an endpoint it cannot bind: an error line and status 1.
+    assert main(["--serve", "ipc:///nonexistent-dualpath-bench-dir/counter"]) == 1
+    assert "bench_runtime: error: ZMQError" in capsys.readouterr().err
