@@ -43,6 +43,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return launch_command(args)
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from dualpath_emu.reproduce import EXPERIMENTS
+
+    experiment = importlib.import_module(EXPERIMENTS[args.name])  # only the one asked for
+    return int(experiment.main(["--json"] if args.json else []))
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
@@ -80,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     node.add_argument("arguments", nargs="*", help="see `dualpath-emu node --help`")
+
+    from dualpath_emu.reproduce import EXPERIMENTS  # names only; each experiment's module loads when it runs
+
+    reproduce = commands.add_parser("reproduce", help="reproduce one of the paper's experiments")
+    reproduce.add_argument("name", metavar="NAME", choices=tuple(EXPERIMENTS), help=f"one of {', '.join(EXPERIMENTS)}")
+    reproduce.add_argument("--json", action="store_true", help="print the result as JSON")
+    reproduce.set_defaults(func=_cmd_reproduce)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)

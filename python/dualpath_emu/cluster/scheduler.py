@@ -1,0 +1,293 @@
+"""Scheduling policies (paper §6, Algorithm 1; paper-facts §7): pure decisions, no actors, no clock.
+
+The cluster's scheduler actor keeps the queues and asks a :class:`Policy` what to do when an engine group
+fetches work (groups *pull*, §6.1). Everything here is deterministic: ties go to the lowest engine id, queues
+are FIFO, nothing iterates over a set.
+
+**Prefill engines** (:meth:`Policy.assign_prefill`). DualPath's :class:`DualPathPolicy` runs Algorithm 1 for
+the fetching PE group: the group's PEs are classified by their load ``tok_e`` and their node's read queue
+``read_q`` (both in tokens) -- C1 overloaded (``tok_e > β``, never given work), C2 ``read_q ≤ α``, C3
+``read_q > α`` -- and the head of the global FIFO queue goes to the least-loaded PE of C2, else of C3;
+the chosen PE's ``tok_e`` grows by the request's tokens and the next request is considered, until both
+classes are empty (the rest waits for the next fetch). :class:`RoundRobinPolicy` gives requests to the
+group's PEs in turn, with no load limit.
+
+**Decode engines** (:meth:`Policy.assign_decode`), two levels (§6.2): when a DE group fetches, the global
+decode queue is first drained into per-group private queues, each request to the group with the smallest
+``Σ tok_e`` (phase 1). Then (phase 2), with the group's free HBM summed, the prefix ``R`` of the private
+queue that fits is found and the high-token threshold ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|``
+computed; requests are popped in order: among DEs with room in HBM, those staying at or below ``Z`` are
+preferred (fewest requests ``seq_e``), else the least-loaded high-token DE; the fetch ends when no DE has
+room for the head. Round robin takes the group's private queue in order and gives each request to the next
+DE with room.
+
+**Read side** (:meth:`Policy.read_side`, §6.3): the request's whole hit KV is read on one side: DualPath
+picks the node with the shorter read queue (ties: the PE's side); PE-only systems always read on the PE
+side. The scheduler's view of ``read_q`` grows by the request's hit tokens, so one fetch does not send
+everything to the same side (the paper does not say whether it updates ``read_q`` within a fetch).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+__all__ = [
+    "DE_HIGH_TOKEN_FACTOR",
+    "DecodeAssignment",
+    "DualPathPolicy",
+    "Engine",
+    "Policy",
+    "PrefillAssignment",
+    "ReadSide",
+    "Request",
+    "RoundRobinPolicy",
+]
+
+DE_HIGH_TOKEN_FACTOR: Final = 1.05
+"""The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper)."""
+
+ReadSide = Literal["pe", "de"]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the scheduler knows of a request: its id, its tokens and the HBM its KV needs on a DE.
+
+    ``prompt_tokens`` = hit + new; ``new_tokens`` are computed by the PE; ``hit_tokens`` are read from storage;
+    ``tokens`` is what counts in ``tok_e`` (see :class:`DualPathPolicy`); ``hbm_bytes`` the DE HBM it takes.
+    """
+
+    id: int
+    prompt_tokens: int
+    new_tokens: int
+    hit_tokens: int
+    gen_tokens: int
+    hbm_bytes: int
+
+
+@dataclass(slots=True)
+class Engine:
+    """One engine as its last report shows it: ``tok`` (tok_e), ``seq`` (seq_e), its node, and for a DE its
+    free HBM in bytes. The policy updates ``tok``/``seq``/``free_hbm_bytes`` as it assigns within a fetch."""
+
+    id: int
+    node: int
+    tok: int = 0
+    seq: int = 0
+    free_hbm_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillAssignment:
+    request: Request
+    engine: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeAssignment:
+    request: Request
+    engine: int
+
+
+@dataclass
+class Policy:
+    """The decisions of one scheduler. Subclasses implement the three choices; state lives in the queues the
+    scheduler passes in and in the policy's own counters (round robin).
+
+    ``read_both_sides`` False keeps every read on the PE side (single-path systems); True reads on the node
+    with the shorter read queue (dual-path loading).
+    """
+
+    read_both_sides: bool = False
+
+    def prefill_tokens(self, request: Request) -> int:
+        """What a request adds to a PE's ``tok_e``."""
+        return request.new_tokens
+
+    def decode_tokens(self, request: Request) -> int:
+        """What a request adds to a DE's ``tok_e`` (its KV in HBM while it decodes)."""
+        return request.prompt_tokens + request.gen_tokens
+
+    def assign_prefill(
+        self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+    ) -> list[PrefillAssignment]:
+        raise NotImplementedError
+
+    def assign_decode(
+        self,
+        global_queue: deque[Request],
+        private_queues: dict[int, deque[Request]],
+        group_loads: dict[int, int],
+        group_id: int,
+        group: list[Engine],
+    ) -> list[DecodeAssignment]:
+        raise NotImplementedError
+
+    def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
+        """The side that reads the request's hit KV; adds its hit tokens to that node's ``read_q``."""
+        side: ReadSide = "pe"
+        if self.read_both_sides and read_q.get(de_node, 0) < read_q.get(pe_node, 0):
+            side = "de"
+        node = pe_node if side == "pe" else de_node
+        read_q[node] = read_q.get(node, 0) + request.hit_tokens
+        return side
+
+    def _drain_to_groups(
+        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
+    ) -> None:
+        """Phase 1 of the DE selection: each queued request to the group with the least ``Σ tok_e`` (ties:
+        lowest id). ``group_loads`` (group id -> its engines' Σ tok_e plus what waits in its private queue) is
+        updated in place."""
+        while global_queue:
+            request = global_queue.popleft()
+            target = min(group_loads, key=lambda g: (group_loads[g], g))
+            private_queues[target].append(request)
+            group_loads[target] += self.decode_tokens(request)
+
+
+@dataclass
+class DualPathPolicy(Policy):
+    """DualPath's scheduler (§6): Algorithm 1 for PEs, the two-level DE selection, shorter-queue read side.
+
+    ``alpha_tokens`` (α: tokens a node reads from storage in 3 s) and ``beta_tokens`` (β: tokens one GPU
+    prefills in 5 s) are computed by the cluster from its hardware (A.4).
+    """
+
+    alpha_tokens: int = 0
+    beta_tokens: int = 0
+    read_both_sides: bool = True
+    high_token_factor: float = DE_HIGH_TOKEN_FACTOR
+
+    def assign_prefill(
+        self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+    ) -> list[PrefillAssignment]:
+        out: list[PrefillAssignment] = []
+        alpha, beta = self.alpha_tokens, self.beta_tokens
+        while queue:
+            c2 = [e for e in group if e.tok <= beta and read_q.get(e.node, 0) <= alpha]
+            chosen_class = c2 or [e for e in group if e.tok <= beta and read_q.get(e.node, 0) > alpha]
+            if not chosen_class:
+                break  # every PE of the group is overloaded: the rest waits for a later fetch
+            engine = min(chosen_class, key=lambda e: (e.tok, e.id))
+            request = queue.popleft()
+            engine.tok += self.prefill_tokens(request)
+            engine.seq += 1
+            out.append(PrefillAssignment(request, engine.id))
+        return out
+
+    def assign_decode(
+        self,
+        global_queue: deque[Request],
+        private_queues: dict[int, deque[Request]],
+        group_loads: dict[int, int],
+        group_id: int,
+        group: list[Engine],
+    ) -> list[DecodeAssignment]:
+        self._drain_to_groups(global_queue, private_queues, group_loads)
+        queue = private_queues[group_id]
+        if not queue or not group:
+            return []
+        # Z from the prefix R of the queue that fits in the group's free HBM (no fragmentation assumed).
+        free = sum(e.free_hbm_bytes for e in group)
+        fitting_tokens = 0
+        for request in queue:
+            if request.hbm_bytes > free:
+                break
+            free -= request.hbm_bytes
+            fitting_tokens += self.decode_tokens(request)
+        z = self.high_token_factor * (fitting_tokens + sum(e.tok for e in group)) / len(group)
+        out: list[DecodeAssignment] = []
+        while queue:
+            request = queue[0]
+            tokens = self.decode_tokens(request)
+            room = [e for e in group if e.free_hbm_bytes >= request.hbm_bytes]
+            if not room:
+                break
+            low = [e for e in room if e.tok + tokens <= z]
+            engine = min(low, key=lambda e: (e.seq, e.tok, e.id)) if low else min(room, key=lambda e: (e.tok, e.id))
+            queue.popleft()
+            engine.tok += tokens
+            engine.seq += 1
+            engine.free_hbm_bytes -= request.hbm_bytes
+            out.append(DecodeAssignment(request, engine.id))
+        return out
+
+    def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
+        side: ReadSide = "pe"
+        if self.read_both_sides and read_q.get(de_node, 0) < read_q.get(pe_node, 0):
+            side = "de"
+        node = pe_node if side == "pe" else de_node
+        read_q[node] = read_q.get(node, 0) + request.hit_tokens
+        return side
+
+
+@dataclass
+class RoundRobinPolicy(Policy):
+    """Round robin (the paper's Basic baseline, Fig. 13): PEs and DEs in turn, no load limit but HBM.
+
+    With ``read_both_sides`` it is the ablation step ``basic+layerwise+dualpath``: dual-path loading
+    without DualPath's engine selection.
+    """
+
+    _next_pe: dict[int, int] = field(default_factory=dict)
+    _next_de: dict[int, int] = field(default_factory=dict)
+
+    def assign_prefill(
+        self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+    ) -> list[PrefillAssignment]:
+        out: list[PrefillAssignment] = []
+        if not group:
+            return out
+        key = group[0].id
+        turn = self._next_pe.get(key, 0)
+        while queue:
+            engine = group[turn % len(group)]
+            turn += 1
+            request = queue.popleft()
+            engine.tok += self.prefill_tokens(request)
+            engine.seq += 1
+            out.append(PrefillAssignment(request, engine.id))
+        self._next_pe[key] = turn % len(group)
+        return out
+
+    def assign_decode(
+        self,
+        global_queue: deque[Request],
+        private_queues: dict[int, deque[Request]],
+        group_loads: dict[int, int],
+        group_id: int,
+        group: list[Engine],
+    ) -> list[DecodeAssignment]:
+        # Groups in turn too: each request to the next group, whichever fetches.
+        groups = sorted(private_queues)
+        turn = self._next_de.get(-1, 0)
+        while global_queue:
+            request = global_queue.popleft()
+            target = groups[turn % len(groups)]
+            turn += 1
+            private_queues[target].append(request)
+            group_loads[target] += self.decode_tokens(request)
+        self._next_de[-1] = turn % len(groups)
+        queue = private_queues[group_id]
+        out: list[DecodeAssignment] = []
+        if not group:
+            return out
+        next_engine = self._next_de.get(group_id, 0)
+        while queue:
+            request = queue[0]
+            for step in range(len(group)):
+                engine = group[(next_engine + step) % len(group)]
+                if engine.free_hbm_bytes >= request.hbm_bytes:
+                    next_engine = (next_engine + step + 1) % len(group)
+                    break
+            else:
+                break  # no DE of the group has room: wait
+            queue.popleft()
+            engine.tok += self.decode_tokens(request)
+            engine.seq += 1
+            engine.free_hbm_bytes -= request.hbm_bytes
+            out.append(DecodeAssignment(request, engine.id))
+        self._next_de[group_id] = next_engine
+        return out
