@@ -732,3 +732,55 @@ def test_pipeline_record_does_not_depend_on_pythonhashseed(hash_seed: str) -> No
         timeout=120,
     )
     assert out.stdout.strip() == events_digest(pipeline(seed=1)[0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Background tasks and the event sink (in-process).
+
+
+def test_spawned_task_failure_fails_the_run_and_stop_cancels_tasks() -> None:
+    system = ActorSystem()
+    echo = Echo(system, "echo")
+    cancelled: list[str] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(10**6)
+        except asyncio.CancelledError:
+            cancelled.append("forever")
+            raise
+
+    async def boom() -> None:
+        await asyncio.sleep(0.5)
+        raise ValueError("background boom")
+
+    async def main() -> None:
+        echo.start()
+        system.spawn(echo, forever(), "forever")
+        system.spawn(echo, boom(), "boom")
+        await asyncio.sleep(10)
+
+    with pytest.raises(ActorFailure, match="background boom") as info:
+        run_system(system, main())
+    assert info.value.actor == "echo"
+    assert cancelled == ["forever"]
+
+
+def test_event_sink_receives_every_event_once_in_order() -> None:
+    system = ActorSystem(latency_s=0.001)
+    Echo(system, "echo")
+    chunks: list[tuple[int, list[tuple[int, int, str, str, str]]]] = []
+    system.set_event_sink(lambda events, first: chunks.append((first, list(events))), chunk=10)
+
+    async def main() -> None:
+        system.actor("echo").start()
+        for i in range(30):
+            await system.ask("echo", Ping(i), timeout_s=1.0)
+
+    run_system(system, main())
+    system.flush_events()
+    numbered = [(first + i, e) for first, events in chunks for i, e in enumerate(events)]
+    assert [n for n, _ in numbered] == list(range(system.event_count))
+    assert len(chunks) > 3 and system.events == []
+    kinds = [e[3] for _, e in numbered]
+    assert kinds.count("ask") == 30 and kinds.count("answer") == 30

@@ -227,6 +227,12 @@ class ActorSystem:
         # Events as plain tuples, appended on the hot paths; `events` turns them into Event as read.
         self._log: list[tuple[int, int, str, str, str]] = []
         self._events: list[Event] = []
+        # With an event sink, the log is handed over in chunks: `_log_base` events came before `_log`, whose
+        # tuples number their seq from 0 (the sink and `events` add the base).
+        self._log_base = 0
+        self._sink: Callable[[list[tuple[int, int, str, str, str]], int], None] | None = None
+        self._sink_chunk = 0
+        self._background: set[asyncio.Task[Any]] = set()
         self.dropped = 0
         """Tells dropped because their recipient was stopped."""
         self.unhandled = 0
@@ -295,20 +301,60 @@ class ActorSystem:
 
     @property
     def events(self) -> list[Event]:
-        """Every event so far, oldest first (read it; :meth:`record` adds to it)."""
-        log, events = self._log, self._events
+        """Every event so far, oldest first (read it; :meth:`record` adds to it). With an event sink, only
+        the events not handed to the sink yet."""
+        log, events, base = self._log, self._events, self._log_base
         if len(events) < len(log):
-            events.extend(_new_event(Event, raw) for raw in log[len(events) :])
+            events.extend(Event(t, seq + base, a, k, m) for t, seq, a, k, m in log[len(events) :])
         return events
 
     @property
     def event_count(self) -> int:
-        """How many events were recorded (without converting them)."""
-        return len(self._log)
+        """How many events were recorded (without converting them), those handed to a sink included."""
+        return self._log_base + len(self._log)
 
     def raw_events(self) -> list[tuple[int, int, str, str, str]]:
-        """The events as plain ``(t_ns, seq, actor, kind, summary)`` tuples (no copy: do not modify)."""
+        """The events as plain ``(t_ns, seq, actor, kind, summary)`` tuples (no copy: do not modify); without
+        an event sink, every event."""
+        if self._log_base:
+            raise RuntimeError("the events went to the event sink; raw_events() holds only the rest")
         return self._log
+
+    def set_event_sink(
+        self, sink: Callable[[list[tuple[int, int, str, str, str]], int], None], chunk: int = 1 << 16
+    ) -> None:
+        """Hand the events to ``sink(events, first_seq)`` in chunks of about ``chunk`` instead of keeping them
+        all (a long run records millions); :meth:`flush_events` hands over the rest. The tuples' own ``seq``
+        counts from 0 within a chunk: ``first_seq + index`` is the event's number."""
+        self._sink = sink
+        self._sink_chunk = chunk
+
+    def flush_events(self) -> None:
+        """Hand every event not handed over yet to the sink (nothing without one)."""
+        sink = self._sink
+        if sink is None or not self._log:
+            return
+        log, base = self._log, self._log_base
+        self._log, self._events = [], []
+        self._log_base = base + len(log)
+        sink(log, base)
+
+    def spawn(self, actor: Actor, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``coro`` as a background task of ``actor`` (an engine's loop, say): it is cancelled when the
+        actor stops, and an exception in it fails the run as a failing tell does."""
+        task = self.loop.create_task(coro, name=f"{actor.name}:{name}")
+        self._background.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._background.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                error = task.exception()
+                assert isinstance(error, Exception)
+                self._fail(actor, None, error)
+
+        task.add_done_callback(done)
+        actor._tasks.append(task)
+        return task
 
     def record(self, actor: str, kind: str, summary: str) -> None:
         """Append an event at the current time (actors may record their own events too)."""
@@ -417,6 +463,8 @@ class ActorSystem:
             self.loop.call_later(self._latency_s, self._arrive_batch)
 
     def _arrive_batch(self) -> None:
+        if self._sink is not None and len(self._log) >= self._sink_chunk:
+            self.flush_events()
         batch = self._in_flight.popleft()
         if batch is self._open_batch:
             self._open_batch = None  # what is sent from now on is due later
@@ -542,7 +590,7 @@ class ActorSystem:
         """Stop every actor and wait until their tasks have ended."""
         self.stop_all()
         current = asyncio.current_task()
-        tasks = [task for task in (actor._task for actor in self._actors.values()) if task is not None]
+        tasks = [t for actor in self._actors.values() for t in (actor._task, *actor._tasks) if t is not None]
         tasks = [task for task in tasks if task is not current]
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -584,6 +632,7 @@ class Actor:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._random: random.Random | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # background tasks (ActorSystem.spawn)
         system._register(self)
 
     @property
@@ -624,9 +673,10 @@ class Actor:
             request = self._mailbox.get_nowait()
             if not request.is_ask:
                 self.system._drop(request.envelope, request.summary)
-        task = self._task
-        if task is not None and task is not asyncio.current_task() and not task.done():
-            task.cancel()
+        current = asyncio.current_task()
+        for task in (self._task, *self._tasks):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
 
     async def _run(self) -> None:
         mailbox, handle = self._mailbox, self.system._handle
