@@ -50,6 +50,12 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return int(experiment.main(["--json"] if args.json else []))
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from dualpath_emu.workload.trace_cli import trace_command  # only when asked for
+
+    return trace_command(args)
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
@@ -94,6 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("name", metavar="NAME", choices=tuple(EXPERIMENTS), help=f"one of {', '.join(EXPERIMENTS)}")
     reproduce.add_argument("--json", action="store_true", help="print the result as JSON")
     reproduce.set_defaults(func=_cmd_reproduce)
+
+    trace = commands.add_parser("trace", help="workload traces: summarise, generate (Table 2 datasets), import Mooncake")
+    trace.set_defaults(func=_cmd_trace)
+    traces = trace.add_subparsers(dest="trace_command", metavar="TRACE_COMMAND")
+    stats = traces.add_parser("stats", help="summarise a trajectory file or a Mooncake trace")
+    stats.add_argument("file", type=Path, help="trace file (JSONL)")
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    gen = traces.add_parser("gen", help="generate agent trajectories shaped like one of the paper's datasets")
+    gen.add_argument("--dataset", required=True, help="32k, 48k or 64k (MaxLen of Table 2)")
+    gen.add_argument("--agents", type=int, help="number of agents (default: the base trajectories)")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    gen.add_argument("--base", type=int, help="base trajectories per dataset (default 500)")
+    gen.add_argument("--reading", help="per-trajectory (default) or per-turn: which reading of Table 2 to match")
+    gen.add_argument("--first-append", type=int, help="tokens of the extra agents' synthetic first round (default 1)")
+    gen.add_argument("--out", type=Path, required=True, help="output trajectory file")
+    imported = traces.add_parser("import", help="convert a Mooncake request trace to a trajectory file")
+    imported.add_argument("file", type=Path, help="Mooncake trace (JSONL)")
+    imported.add_argument("--out", type=Path, required=True, help="output trajectory file")
+    imported.add_argument("--block-tokens", type=int, help="tokens per hash block (default 512)")
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)

@@ -1,0 +1,298 @@
+"""Synthetic agent trajectories shaped like the paper's three datasets (Table 2: MaxLen 32K, 48K, 64K).
+
+The paper's traces (500 trajectories each, from production agentic-RL coding agents) are not public; §7.2
+gives only the means in Table 2. This module draws trajectories whose Table 2 statistics match those means,
+deterministically from a seed, and extends a dataset to more agents the way §3.2 / A.3 does.
+
+Which columns are matched, and why
+----------------------------------
+Table 2's columns cannot all be per-turn means (paper-facts §3.1): the mean of a trajectory's total tokens
+is *identically* (mean turns) × (per-turn mean of append + gen), yet 157 × (429 + 176) = 94,985 exceeds both
+the Total column (55,958) and the 64K MaxLen itself. Under the only reading in which the columns agree, all
+five are matched **in expectation** (the *per-trajectory* reading, default):
+
+* Turns: mean over trajectories of the number of rounds;
+* Append, Gen: mean over trajectories of the trajectory's mean append (gen) tokens per round;
+* Total: mean over trajectories of Σ(append + gen), the final context;
+* Context: mean over all rounds (turn-weighted) of the round's context (its hit, before the append).
+
+Append and Gen can exceed Total / Turns in this reading because trajectories with many rounds have short
+rounds (truncation at MaxLen makes turn count and round size anti-correlated), exactly as Jensen's inequality
+requires. The price: per *request* (turn-weighted) the append is smaller than the Append column (≈ 253 vs 429
+tokens for 64K), so the token-weighted prefix-hit fraction is ≈ 99.2 % rather than the 98.7 % the paper derives
+from the columns. The alternative *per-turn* reading (``reading="per-turn"``) matches Append, Gen (per round),
+Total and Context and lets Turns fall to Total / (Append + Gen) (≈ 92 for 64K instead of 157): same tokens
+computed and generated per trajectory, 1.7× fewer requests and so 1.7× less KV read from storage.
+:func:`~dualpath_emu.workload.stats.dataset_stats` computes both readings.
+
+The model (distributions are assumptions: the paper gives none, paper-facts §10)
+---------------------------------------------------------------------------------
+For each base trajectory, with M = MaxLen and s_A = Append / (Append + Gen):
+
+1. Turn count T = round(exp(μ_T + σ_T·z)), z standard normal clamped to ±3 (no 1-round or 5,000-round
+   agents), with mean τ = Turns and σ_T solved so that E[T]·E[1/T] = Turns·(Append + Gen) / Total, which
+   makes E[Total / T] = Append + Gen (σ_T ≈ 0.68–0.74; without the clamp σ_T² would be the log of that
+   ratio). For 64K, T spans ≈ 13–1,080 rounds.
+2. Total tokens L = λ·M with λ = 1 - (1 - λ_min)·u^k, u uniform: most trajectories end near MaxLen (the
+   agent ran out of context), the rest end earlier (the task ended), down to λ_min·M (default 0.1·M); k is
+   set so that E[L] = Total. T and L are independent. L <= M, so no turn ever exceeds MaxLen.
+3. Appended tokens A_tot = round(s_A·L), generated G_tot = L - A_tot.
+4. First round (system prompt + task): A_1 = φ_j·L, φ_j lognormal around φ (σ 0.3), with φ solved in closed
+   form so the turn-weighted mean context equals Context (φ ≈ 0.18–0.23: A_1 ≈ 6K–10K tokens).
+5. The other appends (tool outputs) share A_tot - A_1 over rounds 2..T by i.i.d. lognormal weights (σ 1.0,
+   heavy-tailed); the gens share G_tot over rounds 1..T by lognormal weights (σ 0.6); each >= 1 token.
+
+T and λ are drawn by stratified sampling (one uniform per 1/n stratum, strata shuffled), so a 500-trajectory
+dataset lands close to the matched means for every seed, not only in expectation: over seeds 0–39, within
+±0.3 % (Turns, Total) and ±3 % (Append, Gen, Context) of Table 2.
+
+Extra agents (§3.2, A.3): beyond the base set, agent k copies a base trajectory drawn uniformly at random and
+prepends a synthetic first round of ``first_append`` random tokens with g_1 = 1, which gives it a unique
+prefix (no cross-agent sharing). The paper does not give that length; the default is 1 token (the SIGCOMM
+version speaks of "a random token"). If the prepended round pushes the last rounds past MaxLen they are cut.
+
+Determinism: each dataset draws from its own ``random.Random`` seeded by the string
+``"dualpath-emu/workload/<dataset>/<seed>/base"`` (``…/extra`` for extra agents), never the global generator;
+so the first 500 agents are the same whatever the agent count.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from dualpath_emu.workload.trajectory import Trajectory, truncated
+
+__all__ = [
+    "DATASETS",
+    "READINGS",
+    "Dataset",
+    "GeneratorParams",
+    "Model",
+    "PaperRow",
+    "extend_agents",
+    "generate",
+    "generate_base",
+    "model",
+    "scaled",
+]
+
+Reading = Literal["per-trajectory", "per-turn"]
+READINGS: Final[tuple[Reading, ...]] = ("per-trajectory", "per-turn")
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """The Table 2 columns (§7.2): means of turns, append/gen tokens per turn, total tokens, context tokens."""
+
+    turns: float
+    append: float
+    gen: float
+    total: float
+    context: float
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One of the paper's datasets: its name, MaxLen (tokens) and its Table 2 row."""
+
+    name: str
+    max_len: int
+    paper: PaperRow
+
+
+# Table 2 (arXiv 2602.21548 §7.2) [exact]. "32K" is taken as 32 × 1024 tokens (a model's context window).
+DATASETS: Final[Mapping[str, Dataset]] = {
+    "32k": Dataset("32k", 32 * 1024, PaperRow(turns=60, append=608, gen=148, total=28_639, context=17_183)),
+    "48k": Dataset("48k", 48 * 1024, PaperRow(turns=106, append=474, gen=172, total=42_607, context=25_120)),
+    "64k": Dataset("64k", 64 * 1024, PaperRow(turns=157, append=429, gen=176, total=55_958, context=32_721)),
+}
+
+
+@dataclass(frozen=True)
+class GeneratorParams:
+    """The generator's knobs, with their defaults (distributions: see the module docstring)."""
+
+    n_base: int = 500
+    """Base trajectories per dataset (the paper's datasets have 500)."""
+    reading: Reading = "per-trajectory"
+    """Which reading of Table 2 to match (module docstring)."""
+    append_sigma: float = 1.0
+    """σ of the lognormal weights sharing a trajectory's appends over rounds 2..T (heavy tail: tool output)."""
+    gen_sigma: float = 0.6
+    """σ of the lognormal weights sharing a trajectory's generated tokens over its rounds."""
+    first_round_sigma: float = 0.3
+    """σ of the lognormal spread of the first round's share φ_j of a trajectory's tokens."""
+    total_min_fraction: float = 0.1
+    """λ_min: the shortest trajectory's total tokens as a fraction of MaxLen."""
+    first_append: int = 1
+    """Tokens A_1 of the synthetic first round of extra agents (its g_1 is 1): not in the paper."""
+
+    def __post_init__(self) -> None:
+        if self.n_base < 1:
+            raise ValueError(f"n_base: expected an integer >= 1, got {self.n_base}")
+        if self.reading not in READINGS:
+            raise ValueError(f"reading: expected one of {', '.join(READINGS)}, got {self.reading!r}")
+        for name in ("append_sigma", "gen_sigma", "first_round_sigma"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a number >= 0, got {value}")
+        if not 0 < self.total_min_fraction < 1:
+            raise ValueError(f"total_min_fraction: expected a number in (0, 1), got {self.total_min_fraction}")
+        if self.first_append < 1:
+            raise ValueError(f"first_append: expected an integer >= 1, got {self.first_append}")
+
+
+@dataclass(frozen=True)
+class Model:
+    """The per-dataset parameters derived from Table 2 (module docstring, steps 1–4)."""
+
+    turns_mean: float
+    """τ, the target mean turn count."""
+    turns_sigma: float
+    """σ_T of the turn-count lognormal."""
+    total_shape: float
+    """k in λ = 1 - (1 - λ_min)·u^k."""
+    append_share: float
+    """s_A = Append / (Append + Gen): appended share of a trajectory's tokens."""
+    first_share: float
+    """φ, the mean share of a trajectory's tokens in its first round."""
+
+
+def model(dataset: Dataset, params: GeneratorParams = GeneratorParams()) -> Model:
+    """Solve the model's parameters from the dataset's Table 2 row (closed forms; module docstring)."""
+    row = dataset.paper
+    per_turn = row.append + row.gen
+    turns_sigma = _solve_sigma(row.turns * per_turn / row.total)
+    tau = row.turns if params.reading == "per-trajectory" else row.total / per_turn
+    mean_fraction = row.total / dataset.max_len
+    total_shape = (1 - params.total_min_fraction) / (1 - mean_fraction) - 1
+    s_a = row.append / per_turn
+    # Σ_i context_i = Σ_k (A_k + g_k)(T - k); with exchangeable weights its expectation given (T, L) is
+    # L·[φ·T/2 + s_A·(T - 2)/2 + (1 - s_A)·(T - 1)/2]; T ⟂ L, so dividing by E[T] = τ and equating to
+    # Context gives φ.
+    first_share = (2 * row.context * tau / row.total - s_a * (tau - 2) - (1 - s_a) * (tau - 1)) / tau
+    if not (total_shape > 0 and 0 < first_share < s_a):
+        raise ValueError(f"dataset {dataset.name}: Table 2 row {row} gives no valid model")
+    return Model(tau, turns_sigma, total_shape, s_a, first_share)
+
+
+_Z_CLAMP: Final = 3.0
+"""Turn counts are exp(μ + σ·z) with the standard normal z clamped to ±3: no 1-round or 5,000-round agents."""
+
+
+def _clamped_mean(sigma: float) -> float:
+    """E[exp(σ·clamp(Z, -c, c))] for standard normal Z (c = 3); the same for -σ by symmetry."""
+    phi = statistics.NormalDist().cdf
+    c = _Z_CLAMP
+    return math.exp(sigma**2 / 2) * (phi(c - sigma) - phi(-c - sigma)) + (math.exp(sigma * c) + math.exp(-sigma * c)) * phi(-c)
+
+
+def _solve_sigma(ratio: float) -> float:
+    """σ with E[T]·E[1/T] = ratio for T = exp(μ + σ·clamp(Z)) (that product is ``_clamped_mean(σ)²``)."""
+    low, high = 0.0, 3.0
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _clamped_mean(mid) ** 2 < ratio else (low, mid)
+    return (low + high) / 2
+
+
+def _stratified(n: int, rng: random.Random) -> list[float]:
+    """n uniforms in (0, 1), one in each stratum [j/n, (j+1)/n), in random order."""
+    strata = list(range(n))
+    rng.shuffle(strata)
+    return [min(max((j + rng.random()) / n, 1e-12), 1 - 1e-12) for j in strata]
+
+
+def _split(total: int, parts: int, sigma: float, rng: random.Random) -> list[int]:
+    """``total`` tokens in ``parts`` integers >= 1 proportional to i.i.d. lognormal(0, σ) weights."""
+    weights = [rng.lognormvariate(0.0, sigma) for _ in range(parts)]
+    scale = (total - parts) / sum(weights)
+    out = []
+    cumulative = 0.0
+    previous = 0
+    for w in weights:  # cumulative rounding: the parts add up to total exactly
+        cumulative += w * scale
+        current = round(cumulative)
+        out.append(1 + current - previous)
+        previous = current
+    out[-1] += total - sum(out)  # float rounding of the last cumulative sum
+    return out
+
+
+def generate_base(dataset: Dataset, seed: int = 0, params: GeneratorParams = GeneratorParams()) -> list[Trajectory]:
+    """The ``params.n_base`` base trajectories of ``dataset`` for ``seed`` (ids ``<name>-00000``, …)."""
+    m = model(dataset, params)
+    rng = random.Random(f"dualpath-emu/workload/{dataset.name}/{seed}/base")
+    normal = statistics.NormalDist()
+    n = params.n_base
+    turn_u = _stratified(n, rng)
+    total_u = _stratified(n, rng)
+    mu_t = math.log(m.turns_mean / _clamped_mean(m.turns_sigma))
+    out = []
+    for j in range(n):
+        fraction = 1 - (1 - params.total_min_fraction) * total_u[j] ** m.total_shape
+        total = max(4, min(dataset.max_len, round(fraction * dataset.max_len)))
+        append_total = round(m.append_share * total)
+        gen_total = total - append_total
+        z = min(max(normal.inv_cdf(turn_u[j]), -_Z_CLAMP), _Z_CLAMP)
+        turns = round(math.exp(mu_t + m.turns_sigma * z))
+        turns = max(2, min(turns, gen_total, append_total))
+        phi = m.first_share * rng.lognormvariate(-params.first_round_sigma**2 / 2, params.first_round_sigma)
+        first = max(1, min(round(phi * total), append_total - (turns - 1)))
+        append = [first, *_split(append_total - first, turns - 1, params.append_sigma, rng)]
+        gen = _split(gen_total, turns, params.gen_sigma, rng)
+        out.append(Trajectory(f"{dataset.name}-{j:05d}", tuple(append), tuple(gen)))
+    return out
+
+
+def extend_agents(
+    base: Sequence[Trajectory], agents: int, rng: random.Random, *, first_append: int = 1, max_len: int, prefix: str
+) -> list[Trajectory]:
+    """``base`` cut or extended to ``agents`` trajectories (§3.2, A.3).
+
+    With ``agents <= len(base)`` the first ``agents`` base trajectories. Otherwise all of them, then extra
+    agents ``<prefix>-<k>`` (k continuing the numbering): a uniformly drawn base trajectory with a synthetic
+    first round (``first_append`` tokens, g_1 = 1) prepended, cut to ``max_len``.
+    """
+    if agents <= len(base):
+        return list(base[:agents])
+    if not base:
+        raise ValueError("extend_agents: no base trajectories to copy")
+    out = list(base)
+    for k in range(len(base), agents):
+        copied = base[rng.randrange(len(base))]
+        agent = Trajectory(f"{prefix}-{k:05d}", (first_append, *copied.append), (1, *copied.gen))
+        out.append(truncated(agent, max_len))
+    return out
+
+
+def generate(name: str, agents: int | None = None, seed: int = 0, params: GeneratorParams = GeneratorParams()) -> list[Trajectory]:
+    """``agents`` trajectories (default ``params.n_base``) of dataset ``name`` (``32k``, ``48k``, ``64k``)."""
+    if name not in DATASETS:
+        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {name!r}")
+    if agents is not None and agents < 1:
+        raise ValueError(f"agents: expected an integer >= 1, got {agents}")
+    dataset = DATASETS[name]
+    base = generate_base(dataset, seed, params)
+    rng = random.Random(f"dualpath-emu/workload/{name}/{seed}/extra")
+    return extend_agents(
+        base, params.n_base if agents is None else agents, rng, first_append=params.first_append,
+        max_len=dataset.max_len, prefix=name,
+    )
+
+
+def scaled(trajectory: Trajectory, *, append_factor: float = 1.0, gen_factor: float = 1.0, max_len: int) -> Trajectory:
+    """An agent trajectory with every append (gen) length × ``append_factor`` (``gen_factor``), rounded, >= 1,
+    then re-truncated at ``max_len``: the append / generation scaling runs of §7.3 (Fig. 9)."""
+    if trajectory.hit is not None:
+        raise ValueError(f"trajectory {trajectory.id!r}: scaling needs an agent trajectory (implied hits)")
+    if not (append_factor > 0 and gen_factor > 0):
+        raise ValueError("scaled: factors must be > 0")
+    append = tuple(max(1, round(a * append_factor)) for a in trajectory.append)
+    gen = tuple(max(1, round(g * gen_factor)) for g in trajectory.gen)
+    return truncated(Trajectory(trajectory.id, append, gen), max_len)

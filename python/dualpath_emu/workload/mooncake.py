@@ -1,0 +1,108 @@
+"""Import Mooncake request traces (kvcache-ai/Mooncake, ``FAST25-release/traces``) as explicit turns.
+
+Input: JSON Lines, one request a line, in arrival order::
+
+    {"timestamp": 27, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, ...]}
+
+``timestamp`` is the arrival time in milliseconds from the start of the trace (non-decreasing);
+``input_length`` the prompt tokens (>= 1); ``output_length`` the generated tokens (>= 1); ``hash_ids`` the
+remapped hashes of the prompt's 512-token prefix blocks, ceil(input_length / 512) of them (the last block
+may be partial). Equal ids mean equal prefixes (a block's hash covers everything before it).
+
+Hit rule (storage keeps everything, as for the agent traces, §3.4): a request reuses the longest prefix run of
+its hash_ids that are already stored, i.e. appeared in any earlier line; hit = run × 512 tokens, capped at
+input_length - 1 so that at least one token is computed. Then all of its blocks are stored. A request can
+therefore hit blocks written by *another* client (a shared system prompt, an earlier turn of the same
+conversation): the trace has no session ids.
+
+Output: one single-turn trajectory per request, ``[prompt, hit, gen, arrival_s]`` with arrival_s =
+timestamp / 1000, ids ``<prefix>-<line index from 0>``. Malformed lines are a
+:class:`~dualpath_emu.workload.trajectory.TraceError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.workload.trajectory import SourceLine, TraceError, Trajectory, numbered_lines, parse_json_object
+
+__all__ = ["BLOCK_TOKENS", "KEYS", "hit_tokens", "is_mooncake_record", "read_mooncake"]
+
+BLOCK_TOKENS: Final = 512
+"""Tokens per hash block in the Mooncake traces."""
+
+KEYS: Final = ("timestamp", "input_length", "output_length", "hash_ids")
+"""The keys of a Mooncake request line (no others)."""
+
+
+def is_mooncake_record(record: dict[str, Any]) -> bool:
+    """Whether a parsed JSON line looks like a Mooncake request (used to detect the file type)."""
+    return "input_length" in record and "hash_ids" in record
+
+
+def hit_tokens(hash_ids: list[int], input_length: int, stored: set[int], block_tokens: int = BLOCK_TOKENS) -> int:
+    """The reused-prefix tokens of a request: the run of leading ``hash_ids`` in ``stored`` × ``block_tokens``,
+    capped at ``input_length - 1``. Does not update ``stored``."""
+    run = 0
+    for block in hash_ids:
+        if block not in stored:
+            break
+        run += 1
+    return min(run * block_tokens, input_length - 1)
+
+
+def _field_count(line: SourceLine, record: dict[str, Any], key: str) -> int:
+    if key not in record:
+        raise line.error(f"missing key {key!r} (expected an integer >= 1)")
+    return line.count(key, record[key], 1)
+
+
+def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, int, list[int]]:
+    record = parse_json_object(line, text)
+    unknown = sorted(set(record) - set(KEYS))
+    if unknown:
+        raise line.error(f"unknown key {unknown[0]!r} in a Mooncake request (known keys: {', '.join(KEYS)})")
+    if "timestamp" not in record:
+        raise line.error("missing key 'timestamp' (expected milliseconds >= 0)")
+    timestamp = record["timestamp"]
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp) or timestamp < 0:
+        raise line.expected("timestamp", "a finite number of milliseconds >= 0", timestamp)
+    input_length = _field_count(line, record, "input_length")
+    output_length = _field_count(line, record, "output_length")
+    if "hash_ids" not in record:
+        raise line.error("missing key 'hash_ids' (expected a list of integers >= 0)")
+    hash_ids = record["hash_ids"]
+    blocks = math.ceil(input_length / block_tokens)
+    if not isinstance(hash_ids, list) or not all(type(h) is int and h >= 0 for h in hash_ids):
+        raise line.expected("hash_ids", "a list of integers >= 0", hash_ids)
+    if len(hash_ids) != blocks:
+        raise line.error(
+            f"'hash_ids': expected ceil({input_length} / {block_tokens}) = {blocks} block hashes, got {len(hash_ids)}"
+        )
+    return float(timestamp), input_length, output_length, hash_ids
+
+
+def read_mooncake(path: str | Path, *, block_tokens: int = BLOCK_TOKENS, prefix: str = "req") -> list[Trajectory]:
+    """The requests of the Mooncake trace ``path`` as single-turn trajectories with explicit hits (module doc)."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens: expected an integer >= 1, got {block_tokens}")
+    stored: set[int] = set()
+    out: list[Trajectory] = []
+    last_ms = 0.0
+    with closing(numbered_lines(path)) as lines:
+        for line, text in lines:
+            timestamp_ms, input_length, output_length, hash_ids = _parse(line, text, block_tokens)
+            if timestamp_ms < last_ms:
+                raise line.error(f"'timestamp': expected arrival order (not before {last_ms:g} ms), got {timestamp_ms:g}")
+            last_ms = timestamp_ms
+            hit = hit_tokens(hash_ids, input_length, stored, block_tokens)
+            stored.update(hash_ids)
+            out.append(
+                Trajectory(f"{prefix}-{len(out):05d}", (input_length - hit,), (output_length,), (hit,), (timestamp_ms / 1000,))
+            )
+    if not out:
+        raise TraceError(f"{path}: empty file: expected Mooncake request lines ({', '.join(KEYS)})")
+    return out

@@ -1,0 +1,131 @@
+"""``dualpath-emu trace``: summarise, generate and import workload traces.
+
+* ``trace stats FILE [--json]`` — a trajectory file or a Mooncake trace (told apart by the first line):
+  counts, per-turn prompt / hit / append / gen lengths (mean, p50, p99, max), the prefix-hit fraction
+  (hit tokens / prompt tokens) and, for agent trajectories, the paper's Table 2 columns;
+* ``trace gen --dataset 64k [--agents N] [--seed S] --out FILE`` — a synthetic dataset
+  (:mod:`~dualpath_emu.workload.generator`) in our format;
+* ``trace import FILE --out FILE`` — a Mooncake trace converted to our format
+  (:mod:`~dualpath_emu.workload.mooncake`).
+
+Bad input (a malformed line, an unknown dataset) is a :class:`~dualpath_emu.errors.UsageError`: one line,
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dualpath_emu import __version__
+from dualpath_emu.errors import UsageError
+from dualpath_emu.workload import load_trace
+from dualpath_emu.workload.generator import DATASETS, READINGS, GeneratorParams, generate
+from dualpath_emu.workload.mooncake import BLOCK_TOKENS, read_mooncake
+from dualpath_emu.workload.stats import Distribution, dataset_stats, trace_stats
+from dualpath_emu.workload.trajectory import Trajectory, write_trajectories
+
+__all__ = ["trace_command"]
+
+
+def trace_command(args: argparse.Namespace) -> int:
+    """Runs ``dualpath-emu trace <command>``; returns the exit status."""
+    commands = {"stats": _stats, "gen": _gen, "import": _import}
+    if args.trace_command not in commands:
+        raise UsageError(f"a trace command is required: {', '.join(commands)}; see dualpath-emu trace --help")
+    return commands[args.trace_command](args)
+
+
+def _write(path: Path, trajectories: list[Trajectory], meta: dict[str, Any]) -> None:
+    try:
+        write_trajectories(path, trajectories, meta)
+    except OSError as error:
+        raise UsageError(f"{path}: cannot write: {error.strerror or error}") from None
+
+
+def _gen(args: argparse.Namespace) -> int:
+    if args.dataset not in DATASETS:
+        raise UsageError(f"--dataset: expected one of {', '.join(DATASETS)}, got {args.dataset!r}")
+    if args.agents is not None and args.agents < 1:
+        raise UsageError(f"--agents: expected an integer >= 1, got {args.agents}")
+    if args.reading is not None and args.reading not in READINGS:
+        raise UsageError(f"--reading: expected one of {', '.join(READINGS)}, got {args.reading!r}")
+    # Options not given keep GeneratorParams' defaults (documented there, in one place).
+    given = {"n_base": args.base, "reading": args.reading, "first_append": args.first_append}
+    try:
+        params = GeneratorParams(**{key: value for key, value in given.items() if value is not None})
+    except ValueError as error:
+        raise UsageError(f"trace gen: {error}") from None
+    trajectories = generate(args.dataset, args.agents, args.seed, params)
+    dataset = DATASETS[args.dataset]
+    meta = {
+        "generator": "dualpath_emu.workload.generator",
+        "dualpath_emu_version": __version__,
+        "dataset": dataset.name,
+        "max_len": dataset.max_len,
+        "seed": args.seed,
+        "agents": len(trajectories),
+        "params": asdict(params),
+    }
+    _write(args.out, trajectories, meta)
+    print(f"wrote {len(trajectories):,} trajectories (dataset {dataset.name}, seed {args.seed}) to {args.out}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    block_tokens = BLOCK_TOKENS if args.block_tokens is None else args.block_tokens
+    if block_tokens < 1:
+        raise UsageError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
+    requests = read_mooncake(args.file, block_tokens=block_tokens)
+    meta = {"importer": "mooncake", "source": Path(args.file).name, "block_tokens": block_tokens}
+    _write(args.out, requests, meta)
+    stats = trace_stats(requests)
+    print(
+        f"imported {len(requests):,} requests from {args.file} to {args.out}; "
+        f"prefix-hit fraction {stats.hit_fraction:.2%}"
+    )
+    return 0
+
+
+def _row(name: str, d: Distribution) -> str:
+    return f"{name:<22}{d.mean:>12,.1f}{d.p50:>12,.0f}{d.p99:>12,.0f}{d.max:>12,.0f}"
+
+
+def _stats(args: argparse.Namespace) -> int:
+    trace = load_trace(args.file)
+    stats = trace_stats(trace.trajectories)
+    all_agents = stats.agent_trajectories == stats.trajectories
+    table2 = dataset_stats(trace.trajectories) if all_agents else None
+    if args.json:
+        out = {
+            "file": str(args.file),
+            "kind": trace.kind,
+            "meta": trace.meta,
+            "stats": stats.as_dict(),
+            "table2": None if table2 is None else table2.as_dict(),
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    kind = "Mooncake request trace" if trace.kind == "mooncake" else "dualpath-emu trajectories"
+    print(f"{args.file}: {kind}" + (f"; meta {json.dumps(trace.meta, sort_keys=True)}" if trace.meta else ""))
+    span = "" if stats.duration_s is None else f", arrivals over {stats.duration_s:,.1f} s"
+    print(
+        f"{stats.trajectories:,} trajectories ({stats.agent_trajectories:,} agents with implied hits), "
+        f"{stats.turns:,} turns (requests){span}"
+    )
+    print(f"{'':<22}{'mean':>12}{'p50':>12}{'p99':>12}{'max':>12}")
+    print(_row("turns per trajectory", stats.turns_per_trajectory))
+    for name in ("prompt", "hit", "append", "gen"):
+        print(_row(f"{name} tokens", getattr(stats, name)))
+    print(f"prefix-hit fraction {stats.hit_fraction:.2%} (hit tokens / prompt tokens)")
+    if table2 is not None:
+        print(
+            f"Table 2 columns: turns {table2.turns:,.1f}, append {table2.append:,.1f}, gen {table2.gen:,.1f}, "
+            f"total {table2.total:,.0f}, context {table2.context:,.0f}, hit rate {table2.hit_rate:.2%} "
+            "(per-trajectory means; context per turn)"
+        )
+    return 0
+

@@ -1,0 +1,440 @@
+"""Trajectories, the unit of workload, and their JSONL file format (``dualpath-emu-trajectories``, version 1).
+
+A **trajectory** is one client's sequence of turns (requests), issued one after another. Two kinds share one
+data model, :class:`Trajectory`:
+
+* **Agent trajectories** (paper §3.2, A.3): round *i* has ``append`` tokens A_i and ``gen`` tokens g_i. The
+  context before round *i* is A_1, g_1, …, A_{i-1}, g_{i-1}; replaying round *i* sends prompt = context + A_i
+  and forces exactly g_i output tokens. The reused prefix (hit) of round *i* is its whole context, and hits
+  come only from the same trajectory (§3.4: the client computes hit lengths; storage never evicts). No hit is
+  stored: it is implied (``hit is None``). Round 1 has no hit.
+* **Request traces** (imported, e.g. Mooncake): each turn carries its own prompt length, hit (reused-prefix
+  tokens, which may come from *any* earlier request) and output length, and optionally an arrival time.
+
+All lengths are in tokens; times in seconds, relative to the start of the trace. Every turn computes at least
+one token (``append >= 1``) and generates at least one (``gen >= 1``).
+
+File format, version 1
+======================
+
+UTF-8 JSON Lines; one JSON object per line; blank lines are ignored. The **first line is a header**::
+
+    {"format": "dualpath-emu-trajectories", "version": 1, "trajectories": 500, "meta": {...}}
+
+``format`` (required) is exactly that string; ``version`` (required) is the integer 1 (a reader refuses any
+other version: a new field or meaning makes a new version); ``trajectories`` (optional) is the number of
+trajectory lines that follow (a reader checks it, so a truncated file is an error); ``meta`` (optional) is a
+free-form object (how the file was made: dataset, seed, source file, …). No other keys.
+
+Each **further line is one trajectory**, in one of two shapes (no other keys)::
+
+    {"id": "64k-00042", "rounds": [[A_1, g_1], [A_2, g_2], ...]}
+    {"id": "conv-00017", "turns": [[prompt, hit, gen], ...]}
+    {"id": "conv-00017", "turns": [[prompt, hit, gen, arrival_s], ...]}
+
+* ``id``: a non-empty string, unique in the file.
+* ``rounds`` (agent trajectory): a non-empty list of ``[append, gen]`` pairs of integers >= 1.
+* ``turns`` (explicit turns): a non-empty list of ``[prompt, hit, gen]`` integers with prompt >= 1,
+  0 <= hit <= prompt - 1, gen >= 1, optionally followed by ``arrival_s``, a finite number >= 0. Either every
+  turn of a trajectory has ``arrival_s`` or none does; arrivals do not decrease within a trajectory. A turn
+  with an arrival time is meant to be issued at that time (open loop); a trajectory without arrivals is
+  issued turn after turn (closed loop, zero think time: §8.2), its start chosen by the driver.
+
+The reader reports every malformed line as a :class:`TraceError` (a
+:class:`~dualpath_emu.errors.UsageError`: the CLI prints it on one line, exit status 2) naming the file, the
+line number, the key and what was expected::
+
+    trace.jsonl:7: 'rounds[2][0]' (append tokens): expected an integer >= 1, got -5
+
+Memory: a trajectory holds its numbers in flat tuples of ints (one per column), not an object per round, so
+4,096 agents × 157 rounds cost a few MB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+from dualpath_emu.errors import UsageError
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "TraceError",
+    "Trajectory",
+    "TrajectoryFile",
+    "Turn",
+    "read_trajectories",
+    "truncated",
+    "write_trajectories",
+]
+
+FORMAT: Final = "dualpath-emu-trajectories"
+"""The header's ``format`` value."""
+
+VERSION: Final = 1
+"""The format version this module reads and writes."""
+
+_HEADER_KEYS: Final = frozenset({"format", "version", "trajectories", "meta"})
+
+
+class TraceError(UsageError, ValueError):
+    """A trace file that cannot be used: names the file, the line and what was expected (CLI: exit status 2)."""
+
+
+class Turn(NamedTuple):
+    """One request of a trajectory, as a driver replays it (tokens; seconds)."""
+
+    prompt: int
+    """Prompt tokens = hit + append."""
+    hit: int
+    """Reused-prefix tokens: KV-cache read from storage, not computed."""
+    append: int
+    """Tokens computed by prefill (the miss)."""
+    gen: int
+    """Output tokens (forced exactly)."""
+    arrival_s: float | None
+    """Arrival time (open loop), or None (issued when the previous turn finishes)."""
+
+
+def _is_count(value: object, low: int) -> bool:
+    return type(value) is int and value >= low
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One client's turns: an agent trajectory (``hit is None``: hits implied) or explicit turns.
+
+    ``append[i]`` are the tokens computed in turn *i* (A_i; for explicit turns prompt - hit), ``gen[i]`` the
+    tokens generated, ``hit[i]`` the explicit reused-prefix tokens, ``arrival_s[i]`` the explicit arrival time.
+    Raises ``ValueError`` if the columns disagree in length or hold out-of-range numbers.
+    """
+
+    id: str
+    append: tuple[int, ...]
+    gen: tuple[int, ...]
+    hit: tuple[int, ...] | None = None
+    arrival_s: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.append)
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"trajectory id: expected a non-empty string, got {self.id!r}")
+        if n == 0:
+            raise ValueError(f"trajectory {self.id!r}: expected at least one turn")
+        if len(self.gen) != n:
+            raise ValueError(f"trajectory {self.id!r}: {n} append values but {len(self.gen)} gen values")
+        if not all(_is_count(a, 1) for a in self.append):
+            raise ValueError(f"trajectory {self.id!r}: append tokens must be integers >= 1")
+        if not all(_is_count(g, 1) for g in self.gen):
+            raise ValueError(f"trajectory {self.id!r}: gen tokens must be integers >= 1")
+        if self.hit is not None:
+            if len(self.hit) != n:
+                raise ValueError(f"trajectory {self.id!r}: {n} append values but {len(self.hit)} hit values")
+            if not all(_is_count(h, 0) for h in self.hit):
+                raise ValueError(f"trajectory {self.id!r}: hit tokens must be integers >= 0")
+        if self.arrival_s is not None:
+            if self.hit is None:
+                raise ValueError(f"trajectory {self.id!r}: arrival times need explicit turns (hit given)")
+            if len(self.arrival_s) != n:
+                raise ValueError(f"trajectory {self.id!r}: {n} turns but {len(self.arrival_s)} arrival times")
+            if not all(isinstance(t, float) and math.isfinite(t) and t >= 0.0 for t in self.arrival_s):
+                raise ValueError(f"trajectory {self.id!r}: arrival times must be finite floats >= 0")
+            if any(b < a for a, b in zip(self.arrival_s, self.arrival_s[1:])):
+                raise ValueError(f"trajectory {self.id!r}: arrival times must not decrease")
+
+    @classmethod
+    def from_rounds(cls, id: str, rounds: Iterable[tuple[int, int]]) -> Trajectory:
+        """An agent trajectory from ``(append, gen)`` pairs."""
+        pairs = list(rounds)
+        return cls(id, tuple(a for a, _ in pairs), tuple(g for _, g in pairs))
+
+    @classmethod
+    def from_turns(cls, id: str, turns: Iterable[tuple[int, int, int]], arrival_s: Sequence[float] | None = None) -> Trajectory:
+        """Explicit turns from ``(prompt, hit, gen)`` triples (``prompt - hit`` must be >= 1)."""
+        triples = list(turns)
+        if any(not (_is_count(p, 1) and _is_count(h, 0) and h < p) for p, h, _ in triples):
+            raise ValueError(f"trajectory {id!r}: expected 0 <= hit <= prompt - 1 in every turn")
+        return cls(
+            id,
+            tuple(p - h for p, h, _ in triples),
+            tuple(g for _, _, g in triples),
+            tuple(h for _, h, _ in triples),
+            None if arrival_s is None else tuple(float(t) for t in arrival_s),
+        )
+
+    @property
+    def is_agent(self) -> bool:
+        """Whether hits are implied by the rounds (agent trajectory, §3.2) rather than explicit."""
+        return self.hit is None
+
+    def __len__(self) -> int:
+        """The number of turns (rounds)."""
+        return len(self.append)
+
+    def hits(self) -> tuple[int, ...]:
+        """The hit of every turn: explicit, or (agent) the context A_1 + g_1 + … + A_{i-1} + g_{i-1}."""
+        if self.hit is not None:
+            return self.hit
+        out = []
+        context = 0
+        for a, g in zip(self.append, self.gen):
+            out.append(context)
+            context += a + g
+        return tuple(out)
+
+    def turns(self) -> Iterator[Turn]:
+        """The turns in order, as a driver replays them."""
+        arrivals: Iterable[float | None] = self.arrival_s if self.arrival_s is not None else [None] * len(self)
+        for h, a, g, t in zip(self.hits(), self.append, self.gen, arrivals):
+            yield Turn(h + a, h, a, g, t)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens appended and generated over all turns (an agent's final context length; Table 2 'Total')."""
+        return sum(self.append) + sum(self.gen)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence any turn holds: max over turns of prompt + gen (must fit the model's MaxLen)."""
+        return max(t.prompt + t.gen for t in self.turns())
+
+
+def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
+    """``trajectory`` cut before the first round whose prompt + output would exceed ``max_len`` tokens.
+
+    The paper's datasets are truncated at their MaxLen (Table 2; re-truncated in the §7.3 append/gen scaling
+    runs). Raises ``ValueError`` if not even the first turn fits.
+    """
+    keep = 0
+    for turn in trajectory.turns():
+        if turn.prompt + turn.gen > max_len:
+            break
+        keep += 1
+    if keep == len(trajectory):
+        return trajectory
+    if keep == 0:
+        raise ValueError(f"trajectory {trajectory.id!r}: the first turn does not fit in {max_len} tokens")
+
+    def cut(column: tuple[Any, ...] | None) -> Any:
+        return None if column is None else column[:keep]
+
+    return Trajectory(trajectory.id, trajectory.append[:keep], trajectory.gen[:keep], cut(trajectory.hit), cut(trajectory.arrival_s))
+
+
+@dataclass(frozen=True)
+class TrajectoryFile:
+    """The contents of a trajectory file: its header's ``meta`` object and the trajectories in file order."""
+
+    trajectories: tuple[Trajectory, ...]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+
+def _record(trajectory: Trajectory) -> dict[str, Any]:
+    if trajectory.hit is None:
+        return {"id": trajectory.id, "rounds": [[a, g] for a, g in zip(trajectory.append, trajectory.gen)]}
+    columns: list[Iterable[Any]] = [
+        (h + a for h, a in zip(trajectory.hit, trajectory.append)),
+        trajectory.hit,
+        trajectory.gen,
+    ]
+    if trajectory.arrival_s is not None:
+        columns.append(trajectory.arrival_s)
+    return {"id": trajectory.id, "turns": [list(row) for row in zip(*columns)]}
+
+
+def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory], meta: Mapping[str, Any] | None = None) -> None:
+    """Write ``trajectories`` to ``path`` in format version 1 (header with the count and ``meta``).
+
+    Raises ``ValueError`` on duplicate ids (the file would be unreadable).
+    """
+    seen: set[str] = set()
+    for trajectory in trajectories:
+        if trajectory.id in seen:
+            raise ValueError(f"duplicate trajectory id {trajectory.id!r}")
+        seen.add(trajectory.id)
+    header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "trajectories": len(trajectories)}
+    if meta:
+        header["meta"] = dict(meta)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(json.dumps(header, allow_nan=False) + "\n")
+        for trajectory in trajectories:
+            file.write(json.dumps(_record(trajectory), separators=(",", ":"), allow_nan=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    return repr(value)
+
+
+class SourceLine:
+    """One line being parsed: builds errors that name the file and line."""
+
+    def __init__(self, source: str, number: int) -> None:
+        self.source = source
+        self.number = number
+
+    def error(self, message: str) -> TraceError:
+        return TraceError(f"{self.source}:{self.number}: {message}")
+
+    def expected(self, key: str, expected: str, got: object, what: str = "") -> TraceError:
+        label = f"'{key}' ({what})" if what else f"'{key}'"
+        return self.error(f"{label}: expected {expected}, got {_describe(got)}")
+
+    def count(self, key: str, value: object, low: int, what: str = "") -> int:
+        if not _is_count(value, low):
+            raise self.expected(key, f"an integer >= {low}", value, what)
+        assert isinstance(value, int)
+        return value
+
+
+def parse_json_object(line: SourceLine, text: str) -> dict[str, Any]:
+    """``text`` as a JSON object, or a :class:`TraceError` naming the line."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise line.error(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(value, dict):
+        raise line.error(f"expected a JSON object, got {_describe(value)}")
+    return value
+
+
+def _check_keys(line: SourceLine, record: dict[str, Any], allowed: Iterable[str], what: str) -> None:
+    unknown = sorted(set(record) - set(allowed))
+    if unknown:
+        raise line.error(f"unknown key {unknown[0]!r} in {what} (known keys: {', '.join(sorted(allowed))})")
+
+
+def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, Any]]:
+    header = parse_json_object(line, text)
+    if header.get("format") != FORMAT:
+        raise line.error(f'not a dualpath-emu trajectory file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}')
+    version = header.get("version")
+    if version != VERSION or type(version) is not int:
+        raise line.error(f"unsupported format version {_describe(version)}: this reader knows version {VERSION}")
+    _check_keys(line, header, _HEADER_KEYS, "the header")
+    count = header.get("trajectories")
+    if count is not None:
+        count = line.count("trajectories", count, 0)
+    meta = header.get("meta", {})
+    if not isinstance(meta, dict):
+        raise line.expected("meta", "an object", meta)
+    return count, meta
+
+
+def _parse_rows(line: SourceLine, key: str, value: object, names: Sequence[str], optional_last: bool) -> list[list[Any]]:
+    shape = "[" + ", ".join(names[:-1] if optional_last else names) + (f"[, {names[-1]}]" if optional_last else "") + "]"
+    if not isinstance(value, list) or not value:
+        raise line.expected(key, f"a non-empty list of {shape}", value)
+    widths = {len(names) - 1, len(names)} if optional_last else {len(names)}
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or len(row) not in widths:
+            raise line.expected(f"{key}[{i}]", shape, row)
+    if optional_last and len({len(row) for row in value}) > 1:
+        raise line.error(f"{key!r}: either every turn has {names[-1]} or none does")
+    return value
+
+
+def _parse_trajectory(line: SourceLine, text: str) -> Trajectory:
+    record = parse_json_object(line, text)
+    if "rounds" in record and "turns" in record:
+        raise line.error("expected either 'rounds' (agent trajectory) or 'turns' (explicit turns), not both")
+    body = "rounds" if "rounds" in record else "turns"
+    _check_keys(line, record, ("id", body), "a trajectory")
+    if "id" not in record:
+        raise line.error("missing key 'id' (expected a non-empty string)")
+    ident = record["id"]
+    if not isinstance(ident, str) or not ident:
+        raise line.expected("id", "a non-empty string", ident)
+    if body not in record:
+        raise line.error("missing key 'rounds' (agent trajectory: [[append, gen], ...]) or 'turns' (explicit turns)")
+    if body == "rounds":
+        rows = _parse_rows(line, "rounds", record["rounds"], ("append", "gen"), optional_last=False)
+        append = tuple(line.count(f"rounds[{i}][0]", row[0], 1, "append tokens") for i, row in enumerate(rows))
+        gen = tuple(line.count(f"rounds[{i}][1]", row[1], 1, "gen tokens") for i, row in enumerate(rows))
+        return Trajectory(ident, append, gen)
+    rows = _parse_rows(line, "turns", record["turns"], ("prompt", "hit", "gen", "arrival_s"), optional_last=True)
+    prompts: list[int] = []
+    hits: list[int] = []
+    gens: list[int] = []
+    arrivals: list[float] = []
+    for i, row in enumerate(rows):
+        prompt = line.count(f"turns[{i}][0]", row[0], 1, "prompt tokens")
+        hit = line.count(f"turns[{i}][1]", row[1], 0, "hit tokens")
+        if hit >= prompt:
+            raise line.error(f"'turns[{i}]': expected hit <= prompt - 1 (at least one token computed), got hit {hit}, prompt {prompt}")
+        prompts.append(prompt)
+        hits.append(hit)
+        gens.append(line.count(f"turns[{i}][2]", row[2], 1, "gen tokens"))
+        if len(row) == 4:
+            t = row[3]
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+                raise line.expected(f"turns[{i}][3]", "a finite number >= 0", t, "arrival_s")
+            if arrivals and t < arrivals[-1]:
+                raise line.error(f"'turns[{i}][3]' (arrival_s): expected arrivals that do not decrease, got {t} after {arrivals[-1]}")
+            arrivals.append(float(t))
+    return Trajectory(
+        ident,
+        tuple(p - h for p, h in zip(prompts, hits)),
+        tuple(gens),
+        tuple(hits),
+        tuple(arrivals) if arrivals else None,
+    )
+
+
+def numbered_lines(path: str | Path) -> Generator[tuple[SourceLine, str], None, None]:
+    """The non-blank lines of ``path`` with their line numbers; unreadable files are a :class:`TraceError`."""
+    source = str(path)
+    try:
+        with open(path, "rb") as file:  # bytes, decoded line by line: a bad byte is reported on its line
+            for number, raw in enumerate(file, 1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise TraceError(f"{source}:{number}: not UTF-8 text") from None
+                if text.strip():
+                    yield SourceLine(source, number), text
+    except FileNotFoundError:
+        raise TraceError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{source}: is a directory, expected a trace file") from None
+    except OSError as error:
+        raise TraceError(f"{source}: cannot read: {error.strerror or error}") from None
+
+
+def read_trajectories(path: str | Path) -> TrajectoryFile:
+    """Read a trajectory file (format version 1); every problem is a :class:`TraceError` naming the line."""
+    trajectories: list[Trajectory] = []
+    first_line: dict[str, int] = {}
+    with closing(numbered_lines(path)) as lines:
+        first = next(lines, None)
+        if first is None:
+            raise TraceError(f'{path}: empty file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}')
+        count, meta = _parse_header(*first)
+        for line, text in lines:
+            trajectory = _parse_trajectory(line, text)
+            if trajectory.id in first_line:
+                raise line.error(f"duplicate id {trajectory.id!r} (first on line {first_line[trajectory.id]})")
+            first_line[trajectory.id] = line.number
+            trajectories.append(trajectory)
+    if count is not None and count != len(trajectories):
+        raise TraceError(f"{path}: the header says {count} trajectories, the file has {len(trajectories)} (truncated?)")
+    return TrajectoryFile(tuple(trajectories), meta)
