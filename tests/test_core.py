@@ -354,6 +354,10 @@ def test_stats_count_the_cores_work() -> None:
         "non_converged",
         "overload_repairs",
         "finished",
+        "forwards",
+        "forward_transfers",
+        "forward_delays",
+        "forward_instant_steps",
     }
     assert core.stats() == dict.fromkeys(keys, 0)
     p = core.add_port("p", GB)

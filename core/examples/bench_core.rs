@@ -4,7 +4,10 @@
 //! arbitration) share host DRAM (500 GB/s), one storage NIC (400 Gb/s each way), and a storage cluster
 //! behind them. A closed loop keeps ~2,000 transfers in flight: storage reads, DRAM→HBM loopback copies and
 //! PE→DE KV transfers on the KV lane, and collective bursts on a high-priority lane. Each completion
-//! submits a new transfer, until 1,000,000 have completed. Prints `BENCH` lines.
+//! submits a new transfer, until 1,000,000 have completed. Then forward passes: one prefill engine group
+//! (8 DP-attention ranks of one node) runs 61-layer forwards back to back, each one core call expanded
+//! into per-layer loads, attention, MoE all-to-all and KV stores, while the mix above keeps moving.
+//! Prints `BENCH` lines.
 
 use std::time::Instant;
 
@@ -116,4 +119,53 @@ fn main() {
         "BENCH core_port_recomputes_per_event {:.2} recomputes/event",
         stats.net.port_recomputes as f64 / events as f64
     );
+    bench_forwards(&mut core, &cluster);
+}
+
+/// Forward passes of one PE group (node 0): per layer and rank a 100-block hit-KV load DRAM → CNIC →
+/// HBM and a 10-block store to a DE node, 0.3 ms of attention; 0.2 ms of MoE compute with an all-to-all
+/// among the 8 GPUs on the high lane. The transfers still in flight from the mix compete with them.
+fn bench_forwards(core: &mut Core, c: &Cluster) {
+    let forwards: u64 = std::env::var("BENCH_FORWARDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let layer_block = 64 * 656;
+    let ranks: Vec<ForwardRank> = (0..GPUS)
+        .map(|g| ForwardRank {
+            load: Some(LayerTransfer {
+                path: vec![c.dram[0], c.cnic_tx[0][g], c.cnic_rx[0][g]],
+                lane: 2,
+                size_bytes: 100 * layer_block,
+            }),
+            attn_ns: 300_000,
+            store: Some(LayerTransfer {
+                path: vec![c.cnic_tx[0][g], c.cnic_rx[1][g], c.dram[1]],
+                lane: 2,
+                size_bytes: 10 * layer_block,
+            }),
+        })
+        .collect();
+    let collectives: Vec<LayerTransfer> = (0..GPUS)
+        .flat_map(|a| (0..GPUS).filter(move |&b| b != a).map(move |b| (a, b)))
+        .map(|(a, b)| LayerTransfer { path: vec![c.cnic_tx[0][a], c.cnic_rx[0][b]], lane: 0, size_bytes: 7168 * 256 })
+        .collect();
+    let spec = ForwardSpec { n_layers: 61, ranks, ffn_ns: 200_000, collectives, load_window: 2 };
+    let before = core.stats();
+    let start = Instant::now();
+    let t0 = core.now_ns();
+    for tag in 0..forwards {
+        core.submit_forward(spec.clone(), u64::MAX - tag).unwrap();
+        // Step until this forward is done (the mix's completions are dropped: it is winding down).
+        while !core.take_completions().iter().any(|x| x.kind == CompletionKind::Forward) {
+            core.step().unwrap().expect("the forward is pending");
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let stats = core.stats();
+    let events = stats.transfer_events - before.transfer_events;
+    println!(
+        "forwards: {forwards} of 61 layers x 8 ranks (+56 all-to-all transfers per layer), {:.3} s emulated in {wall:.2} s wall; {} internal transfers",
+        (core.now_ns() - t0) as f64 / 1e9,
+        stats.forwards.transfers - before.forwards.transfers
+    );
+    println!("BENCH core_forwards_per_s {:.0} forwards/s", forwards as f64 / wall);
+    println!("BENCH core_forward_transfer_events_per_s {:.0} events/s", events as f64 / wall);
 }

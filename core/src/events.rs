@@ -4,6 +4,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
+use crate::forward::ForwardStep;
+
 /// Virtual or wall time in integer nanoseconds since the core was created: exact comparisons, no drift.
 pub type TimeNs = u64;
 
@@ -21,6 +23,10 @@ pub enum EventKind {
     BucketEmpty { port: u32, version: u64 },
     /// A zero-byte transfer: completes without touching any port.
     Empty { tag: u64, lane: u8 },
+    /// A compute delay of a forward pass has passed (attention of a rank, or the shared phase).
+    Forward { forward: u32, step: ForwardStep },
+    /// A forward pass that took no time at all completes (it finished the instant it was submitted).
+    ForwardDone { forward: u32 },
 }
 
 #[derive(Debug, Clone, Copy)]

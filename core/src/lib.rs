@@ -1,13 +1,14 @@
 //! dualpath-emu core: owns time and every byte that moves.
 //!
 //! Ports (NIC sides, PCIe links, DRAM, storage) with token buckets and InfiniBand-style virtual lanes;
-//! multi-hop transfers with exact completion times; a 3FS-like storage model; a virtual or wall clock
-//! and the event queue; counters. The Python binding (feature `python`) is a thin batch-oriented layer.
+//! multi-hop transfers with exact completion times; a 3FS-like storage model; forward passes expanded
+//! into per-layer transfers and compute delays; a virtual or wall clock and the event queue; counters. The Python binding (feature `python`) is a thin batch-oriented layer.
 
 pub mod bucket;
 pub mod clock;
 pub mod error;
 pub mod events;
+pub mod forward;
 pub mod lanes;
 pub mod network;
 pub mod sim;
@@ -15,6 +16,7 @@ pub mod storage;
 
 pub use error::{CoreError, ErrorKind, Result};
 pub use events::TimeNs;
+pub use forward::{ForwardRank, ForwardSpec, ForwardStats, LayerTransfer};
 pub use lanes::{Lane, VlArbitration, MAX_LANES};
 pub use network::{PortCounters, PortId, PortSpec};
 pub use sim::{ClockMode, Completion, CompletionKind, Core, CoreConfig, CoreStats};

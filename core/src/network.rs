@@ -27,6 +27,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::forward::ForwardStep;
 use crate::lanes::{Lane, LaneShares, VlArbitration, MAX_LANES};
 use crate::{CoreError, ErrorKind, Result};
 
@@ -113,11 +114,13 @@ impl PortSpec {
     }
 }
 
-/// Who a flow belongs to: a user transfer (with the caller's tag) or a storage I/O of the core.
+/// Who a flow belongs to: a user transfer (with the caller's tag), a storage I/O of the core, or a piece
+/// of a forward pass (`forward.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner {
     User(u64),
     Io(u32),
+    Forward { forward: u32, step: ForwardStep },
 }
 
 /// A transfer that has moved its last byte.

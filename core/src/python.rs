@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 
+use crate::forward::{ForwardRank, ForwardSpec, LayerTransfer};
 use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
 use crate::sim::{ClockMode, Completion, Core, CoreConfig};
 use crate::storage::{IoKind, StorageNodeSpec, StorageSpec};
@@ -172,6 +173,95 @@ fn fields<'py, const N: usize>(item: &Bound<'py, PyAny>, arg: &str, names: &str)
     values.try_into().map_err(|v: Vec<_>| invalid(arg, format!("a tuple ({names}) of {N} fields, got {}", v.len())))
 }
 
+// The forward-pass conversions run once per field of every forward (thousands of fields per call), so
+// they name the argument only when it is wrong: `name` builds it on the error path.
+
+/// A Python int in 0..=max; `name()` is the argument's name, built only for an error.
+fn int_named(obj: &Bound<'_, PyAny>, max: u64, name: impl FnOnce() -> String) -> PyResult<u64> {
+    match obj.extract::<u64>() {
+        Ok(v) if v <= max => Ok(v),
+        _ => int_in(obj, &name(), max),
+    }
+}
+
+/// The items of an iterable (a list or tuple directly), or an error naming it and what was expected.
+fn items_named<'py>(
+    obj: &Bound<'py, PyAny>,
+    expected: &str,
+    name: impl FnOnce() -> String,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return Ok(t.iter().collect());
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return Ok(l.iter().collect());
+    }
+    obj.try_iter().and_then(|it| it.collect::<PyResult<Vec<_>>>()).map_err(|_| invalid(&name(), expected))
+}
+
+/// Exactly `N` fields of a tuple (or any iterable), or an error naming it and the fields.
+fn fields_named<'py, const N: usize>(
+    obj: &Bound<'py, PyAny>,
+    names: &str,
+    name: impl Fn() -> String,
+) -> PyResult<[Bound<'py, PyAny>; N]> {
+    let values = items_named(obj, &format!("a tuple ({names})"), &name)?;
+    values.try_into().map_err(|v: Vec<_>| invalid(&name(), format!("a tuple ({names}) of {N} fields, got {}", v.len())))
+}
+
+/// `(path, lane, size_bytes)`: a transfer repeated in every layer.
+fn layer_transfer(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<LayerTransfer> {
+    let [path, lane, size] = fields_named::<3>(obj, "path, lane, size_bytes", name)?;
+    let path = items_named(&path, "a sequence of port ids", || format!("{}.path", name()))?
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Ok(int_named(p, u32::MAX as u64, || format!("{}.path[{i}]", name()))? as u32))
+        .collect::<PyResult<Vec<u32>>>()?;
+    let lane = int_named(&lane, MAX_LANES as u64 - 1, || format!("{}.lane", name()))? as u8;
+    let size_bytes = int_named(&size, u64::MAX, || format!("{}.size_bytes", name()))?;
+    Ok(LayerTransfer { path, lane, size_bytes })
+}
+
+/// `None` or a layer transfer.
+fn optional_transfer(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<Option<LayerTransfer>> {
+    if obj.is_none() {
+        Ok(None)
+    } else {
+        layer_transfer(obj, name).map(Some)
+    }
+}
+
+/// `(n_layers, ranks, ffn_ns, collectives, load_window, tag)`, each rank `(load, attn_ns, store)`.
+fn forward_of(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<(ForwardSpec, u64)> {
+    let at = || format!("forwards[{i}]");
+    let [n_layers, ranks, ffn_ns, collectives, load_window, tag] =
+        fields_named::<6>(obj, "n_layers, ranks, ffn_ns, collectives, load_window, tag", at)?;
+    let n_layers = int_named(&n_layers, u32::MAX as u64, || format!("{}.n_layers", at()))? as u32;
+    let ranks = items_named(&ranks, "a sequence of (load, attn_ns, store)", || format!("{}.ranks", at()))?
+        .iter()
+        .enumerate()
+        .map(|(r, rank)| {
+            let at = || format!("{}.ranks[{r}]", at());
+            let [load, attn_ns, store] = fields_named::<3>(rank, "load, attn_ns, store", at)?;
+            Ok(ForwardRank {
+                load: optional_transfer(&load, &|| format!("{}.load", at()))?,
+                attn_ns: int_named(&attn_ns, u64::MAX, || format!("{}.attn_ns", at()))?,
+                store: optional_transfer(&store, &|| format!("{}.store", at()))?,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let ffn_ns = int_named(&ffn_ns, u64::MAX, || format!("{}.ffn_ns", at()))?;
+    let collectives =
+        items_named(&collectives, "a sequence of (path, lane, size_bytes)", || format!("{}.collectives", at()))?
+            .iter()
+            .enumerate()
+            .map(|(c, t)| layer_transfer(t, &|| format!("{}.collectives[{c}]", at())))
+            .collect::<PyResult<Vec<_>>>()?;
+    let load_window = int_named(&load_window, u32::MAX as u64, || format!("{}.load_window", at()))? as u32;
+    let tag = int_named(&tag, u64::MAX, || format!("{}.tag", at()))?;
+    Ok((ForwardSpec { n_layers, ranks, ffn_ns, collectives, load_window }, tag))
+}
+
 fn completions_to_list<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for c in done {
@@ -180,6 +270,7 @@ fn completions_to_list<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<
             crate::CompletionKind::Read => intern!(py, "read"),
             crate::CompletionKind::Write => intern!(py, "write"),
             crate::CompletionKind::Timer => intern!(py, "timer"),
+            crate::CompletionKind::Forward => intern!(py, "forward"),
         };
         list.append((kind, c.tag, c.start_ns, c.end_ns, c.size_bytes, c.lane))?;
     }
@@ -510,6 +601,22 @@ impl PyCore {
         Ok(batch.len())
     }
 
+    /// Start many forward passes now: an iterable of `(n_layers, ranks, ffn_ns, collectives, load_window,
+    /// tag)`, each rank `(load, attn_ns, store)`, each load, store (or None) and collective
+    /// `(path, lane, size_bytes)` per layer. The core expands each into its per-layer transfers and delays
+    /// and reports one "forward" completion. All are checked before any is accepted.
+    fn submit_forwards(&mut self, forwards: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let expected = "an iterable of (n_layers, ranks, ffn_ns, collectives, load_window, tag)";
+        let items = forwards.try_iter().map_err(|_| invalid("forwards", expected))?;
+        let mut batch = Vec::new();
+        for (i, item) in items.enumerate() {
+            batch.push(forward_of(&item?, i)?);
+        }
+        let n = batch.len();
+        self.core.submit_forwards(batch)?;
+        Ok(n)
+    }
+
     /// Timers: an iterable of `(at_ns, tag)`; each completes as a "timer" completion at `at_ns`.
     fn add_timers(&mut self, timers: &Bound<'_, PyAny>) -> PyResult<usize> {
         let items = timers.try_iter().map_err(|_| invalid("timers", "an iterable of (at_ns, tag)"))?;
@@ -666,6 +773,10 @@ impl PyCore {
         d.set_item("non_converged", s.net.non_converged)?;
         d.set_item("overload_repairs", s.net.overload_repairs)?;
         d.set_item("finished", s.net.finished)?;
+        d.set_item("forwards", s.forwards.forwards)?;
+        d.set_item("forward_transfers", s.forwards.transfers)?;
+        d.set_item("forward_delays", s.forwards.delays)?;
+        d.set_item("forward_instant_steps", s.forwards.instant_steps)?;
         Ok(d)
     }
 

@@ -1,14 +1,15 @@
 //! The core as callers see it: ports, storage and timers on one clock, driven in batches.
 //!
-//! Callers submit work (transfers, storage I/Os, timers), then either advance virtual time or, in wall
-//! mode, poll; finished work comes back as [`Completion`]s in a deterministic order (time, then the order
-//! events were scheduled, then flow order within a group).
+//! Callers submit work (transfers, storage I/Os, timers, forward passes), then either advance virtual
+//! time or, in wall mode, poll; finished work comes back as [`Completion`]s in a deterministic order
+//! (time, then the order events were scheduled, then flow order within a group).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 
 use crate::clock::{Pacer, WallClock};
 use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::forward::{Action, ForwardSpec, ForwardStats, ForwardStep, Forwards};
 use crate::lanes::{Lane, MAX_LANES};
 use crate::network::{Finished, NetStats, Network, Owner, PortCounters, PortId, PortSpec};
 use crate::storage::{Io, IoKind, NodeId, QueueState, Storage, StorageNodeSpec, StorageSpec};
@@ -46,6 +47,8 @@ pub enum CompletionKind {
     Read,
     Write,
     Timer,
+    /// A forward pass (`forward.rs`): one completion for all its layers.
+    Forward,
 }
 
 impl CompletionKind {
@@ -55,6 +58,7 @@ impl CompletionKind {
             Self::Read => "read",
             Self::Write => "write",
             Self::Timer => "timer",
+            Self::Forward => "forward",
         }
     }
 }
@@ -74,11 +78,14 @@ pub struct Completion {
 /// Counters about the core's own work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CoreStats {
-    /// Transfers and I/O transfers submitted plus those finished: the "transfer events" of the benchmark.
+    /// Transfers, I/O transfers and forwards' transfers started plus those finished: the "transfer
+    /// events" of the benchmark.
     pub transfer_events: u64,
     /// Live queue events handled (void bucket forecasts excluded).
     pub queue_events: u64,
     pub net: NetStats,
+    /// What forward passes created inside the core.
+    pub forwards: ForwardStats,
 }
 
 /// A transfer kept for the trace.
@@ -104,6 +111,9 @@ pub struct Core {
     spans: Vec<Span>,
     pending_timers: u64,
     pending_transfers: u64,
+    forwards: Forwards,
+    /// Reused buffer of what a forward asks the core to start.
+    forward_actions: Vec<Action>,
     /// Set while a batch is submitted, so a wall clock does not move within it.
     clock_held: bool,
     transfer_events: u64,
@@ -133,6 +143,8 @@ impl Core {
             spans: Vec::new(),
             pending_timers: 0,
             pending_transfers: 0,
+            forwards: Forwards::default(),
+            forward_actions: Vec::new(),
             clock_held: false,
             transfer_events: 0,
             queue_events: 0,
@@ -255,6 +267,105 @@ impl Core {
         })
     }
 
+    /// Check a forward pass without submitting it: its shape, and every path with its lane. An error names
+    /// the part (`ranks[0].load.path: unknown port 9`).
+    pub fn check_forward(&self, spec: &ForwardSpec) -> Result<()> {
+        spec.check_shape()?;
+        for (i, rank) in spec.ranks.iter().enumerate() {
+            for (name, t) in [("load", &rank.load), ("store", &rank.store)] {
+                if let Some(t) = t {
+                    self.check_transfer(&t.path, t.lane).map_err(|e| e.within(&format!("ranks[{i}].{name}")))?;
+                }
+            }
+        }
+        for (i, t) in spec.collectives.iter().enumerate() {
+            self.check_transfer(&t.path, t.lane).map_err(|e| e.within(&format!("collectives[{i}]")))?;
+        }
+        Ok(())
+    }
+
+    /// Start many forward passes at one instant, `(spec, tag)` each. All are checked before any is
+    /// accepted; an error names the element (`forwards[1].ranks[0].load.path: unknown port 9`).
+    pub fn submit_forwards(&mut self, batch: Vec<(ForwardSpec, u64)>) -> Result<()> {
+        for (i, (spec, _)) in batch.iter().enumerate() {
+            self.check_forward(spec).map_err(|e| e.within(&format!("forwards[{i}]")))?;
+        }
+        self.at_one_instant(|core| {
+            for (spec, tag) in batch {
+                core.start_forward(spec, tag);
+            }
+            Ok(())
+        })
+    }
+
+    /// Start a forward pass now (see `forward.rs` for what it does). It completes once, as a
+    /// [`CompletionKind::Forward`] with `tag`; its transfers and delays are internal.
+    pub fn submit_forward(&mut self, spec: ForwardSpec, tag: u64) -> Result<()> {
+        self.check_forward(&spec)?;
+        self.start_forward(spec, tag);
+        Ok(())
+    }
+
+    /// Start a checked forward pass now.
+    fn start_forward(&mut self, spec: ForwardSpec, tag: u64) {
+        self.catch_up();
+        let id = self.forwards.insert(spec, tag, self.now);
+        let mut actions = std::mem::take(&mut self.forward_actions);
+        let done = self.forwards.begin(id, &mut actions);
+        self.start_forward_actions(id, &mut actions);
+        self.forward_actions = actions;
+        if done {
+            // Nothing took time: complete through the queue at this instant, like a zero-byte transfer,
+            // so the caller finds it by advancing the clock (never among a submission's side effects).
+            self.queue.push(self.now, EventKind::ForwardDone { forward: id });
+        }
+        self.after_change();
+    }
+
+    /// A piece of forward `id` finished now: start what it lets start, and complete the forward if done.
+    fn forward_step(&mut self, id: u32, step: ForwardStep) {
+        let mut actions = std::mem::take(&mut self.forward_actions);
+        let done = self.forwards.on_step(id, step, &mut actions);
+        self.start_forward_actions(id, &mut actions);
+        self.forward_actions = actions;
+        if done {
+            self.finish_forward(id);
+        }
+    }
+
+    /// Start the transfers and delays a forward asked for (paths were checked at submission).
+    fn start_forward_actions(&mut self, id: u32, actions: &mut Vec<Action>) {
+        let now = self.now;
+        for action in actions.drain(..) {
+            let spec = &self.forwards.get(id).spec;
+            let (transfer, step) = match action {
+                Action::Load(r) => (spec.ranks[r as usize].load.as_ref(), ForwardStep::Load(r)),
+                Action::Store(r) => (spec.ranks[r as usize].store.as_ref(), ForwardStep::Store(r)),
+                Action::Collective(i) => (Some(&spec.collectives[i as usize]), ForwardStep::Shared),
+                Action::Attn(r) => {
+                    let at = now.saturating_add(spec.ranks[r as usize].attn_ns);
+                    self.queue.push(at, EventKind::Forward { forward: id, step: ForwardStep::Attn(r) });
+                    continue;
+                }
+                Action::Ffn => {
+                    let at = now.saturating_add(spec.ffn_ns);
+                    self.queue.push(at, EventKind::Forward { forward: id, step: ForwardStep::Shared });
+                    continue;
+                }
+            };
+            let t = transfer.expect("the state machine starts only transfers that exist");
+            self.net
+                .add_flow(&t.path, t.lane, t.size_bytes, Owner::Forward { forward: id, step }, now)
+                .expect("forward paths are validated at submission");
+            self.transfer_events += 1;
+        }
+    }
+
+    fn finish_forward(&mut self, id: u32) {
+        let f = self.forwards.remove(id);
+        self.complete(CompletionKind::Forward, f.tag, f.start_ns, f.size_bytes, 0);
+    }
+
     /// Start a transfer now. A zero-byte transfer completes at the current time without touching a port.
     pub fn submit_transfer(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
         self.catch_up();
@@ -373,16 +484,21 @@ impl Core {
         std::mem::take(&mut self.completions)
     }
 
-    /// Transfers and I/Os not finished yet, plus timers not fired.
+    /// Transfers, I/Os and forwards not finished yet, plus timers not fired.
     pub fn pending(&self) -> u64 {
         let ios: u64 = (0..self.storage.node_count() as NodeId)
             .map(|n| self.storage.queue(n).map(|q| q.read_requests + q.write_requests).unwrap_or(0))
             .sum();
-        self.pending_transfers + ios + self.pending_timers
+        self.pending_transfers + ios + self.pending_timers + self.forwards.live()
     }
 
     pub fn stats(&self) -> CoreStats {
-        CoreStats { transfer_events: self.transfer_events, queue_events: self.queue_events, net: self.net.stats }
+        CoreStats {
+            transfer_events: self.transfer_events,
+            queue_events: self.queue_events,
+            net: self.net.stats,
+            forwards: self.forwards.stats,
+        }
     }
 
     /// Bring counters up to now, then read a port's counters.
@@ -457,6 +573,7 @@ impl Core {
                             self.complete(CompletionKind::Transfer, tag, f.start_ns, f.size_bytes, f.lane)
                         }
                         Owner::Io(id) => self.finish_io(id),
+                        Owner::Forward { forward, step } => self.forward_step(forward, step),
                     }
                 }
                 self.finished = finished;
@@ -484,6 +601,14 @@ impl Core {
                         .expect("I/O paths are validated at submission");
                     self.transfer_events += 1;
                 }
+            }
+            EventKind::Forward { forward, step } => {
+                self.queue_events += 1;
+                self.forward_step(forward, step);
+            }
+            EventKind::ForwardDone { forward } => {
+                self.queue_events += 1;
+                self.finish_forward(forward);
             }
             EventKind::BucketEmpty { port, version } => {
                 if self.net.on_bucket_event(port, version, now) {

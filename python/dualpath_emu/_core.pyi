@@ -36,8 +36,15 @@ class StateError(CoreError, RuntimeError):
 class CoreIOError(CoreError, OSError):
     """Reading or writing a file failed."""
 
-# ``(kind, tag, start_ns, end_ns, size_bytes, lane)``; kind is "transfer", "read", "write" or "timer".
+# ``(kind, tag, start_ns, end_ns, size_bytes, lane)``; kind is "transfer", "read", "write", "timer" or
+# "forward".
 _Completion: TypeAlias = tuple[str, int, int, int, int, int]
+# A forward pass's per-layer transfer: ``(path, lane, size_bytes)``.
+_LayerTransfer: TypeAlias = tuple[Iterable[int], int, int]
+# One DP-attention rank of a forward pass: ``(load, attn_ns, store)``.
+_ForwardRank: TypeAlias = tuple[_LayerTransfer | None, int, _LayerTransfer | None]
+# ``(n_layers, ranks, ffn_ns, collectives, load_window, tag)``.
+_Forward: TypeAlias = tuple[int, Iterable[_ForwardRank], int, Iterable[_LayerTransfer], int, int]
 
 @final
 class Arbitration:
@@ -110,6 +117,7 @@ class Core:
     ) -> int: ...
     def storage_node_id(self, name: str) -> int: ...
     def submit_transfers(self, transfers: Iterable[tuple[Sequence[int], int, int, int]]) -> int: ...
+    def submit_forwards(self, forwards: Iterable[_Forward]) -> int: ...
     def submit_ios(self, ios: Iterable[tuple[int, str, int, int, int]]) -> int: ...
     def add_timers(self, timers: Iterable[tuple[int, int]]) -> int: ...
     @property

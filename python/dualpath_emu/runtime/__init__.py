@@ -17,6 +17,7 @@ from dualpath_emu.runtime.actors import (
     UnknownActorError,
     handles,
 )
+from dualpath_emu.runtime.core_work import ForwardRank, LayerTransfer
 from dualpath_emu.runtime.zmq_transport import (
     ErrorReply,
     NoneReply,
@@ -43,6 +44,8 @@ __all__ = [
     "DeadlockError",
     "ErrorReply",
     "Event",
+    "ForwardRank",
+    "LayerTransfer",
     "NoneReply",
     "RemoteError",
     "UnexpectedCompletionError",

@@ -1,10 +1,12 @@
 """Work on the core as asyncio futures, shared by the virtual-time and the real-time loop (issue 3).
 
-Actors move bytes by asking their loop: :meth:`CoreWork.transfer`, :meth:`~CoreWork.io` and
-:meth:`~CoreWork.core_timer` return futures resolved with the :class:`Completion`. Requests are batched
-and submitted in one ``submit_transfers``, one ``submit_ios`` and one ``add_timers`` call (in that order):
-the virtual-time loop submits when it is next idle, the real-time loop at its next iteration. So the
-FFI boundary is crossed per batch, not per request, and one actor code base runs on either loop.
+Actors move bytes by asking their loop: :meth:`CoreWork.transfer`, :meth:`~CoreWork.forward`,
+:meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with the :class:`Completion`.
+Requests are batched and submitted in one ``submit_transfers``, one ``submit_forwards``, one ``submit_ios``
+and one ``add_timers`` call (in that order): the virtual-time loop submits when it is next idle, the
+real-time loop at its next iteration. So the FFI boundary is crossed per batch, not per request, and one
+actor code base runs on either loop. A forward pass (all its layers' loads, attention, shared phase,
+collectives and stores) is one request: the core expands it into its own events (DESIGN.md §4).
 
 Tags come from a per-loop counter. Work submitted to the core by other code must take its tag from
 :meth:`~CoreWork.new_tag` and register it with :meth:`~CoreWork.expect`; a completion with a tag the loop
@@ -14,20 +16,27 @@ does not know is an error (:class:`UnexpectedCompletionError`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple, TypeAlias, TypeVar
 
 from dualpath_emu._core import Core
 
-__all__ = ["Completion", "CoreWork", "UnexpectedCompletionError"]
+__all__ = ["Completion", "CoreWork", "ForwardRank", "LayerTransfer", "UnexpectedCompletionError"]
 
 _T = TypeVar("_T")
+
+# ``(path, lane, size_bytes)``, e.g. a :class:`LayerTransfer`.
+_LayerTransferLike: TypeAlias = tuple[Sequence[int], int, int]
+# ``(load, attn_ns, store)``, e.g. a :class:`ForwardRank`.
+_ForwardRankLike: TypeAlias = tuple[_LayerTransferLike | None, int, _LayerTransferLike | None]
+_Forward: TypeAlias = tuple[int, tuple[_ForwardRankLike, ...], int, tuple[_LayerTransferLike, ...], int, int]
 
 
 class Completion(NamedTuple):
     """What the core reports when work ends: ``(kind, tag, start_ns, end_ns, size_bytes, lane)``.
 
-    ``kind`` is ``"transfer"``, ``"read"``, ``"write"`` or ``"timer"``. A plain tuple compares equal.
+    ``kind`` is ``"transfer"``, ``"read"``, ``"write"``, ``"timer"`` or ``"forward"``. A plain tuple
+    compares equal.
     """
 
     kind: str
@@ -36,6 +45,24 @@ class Completion(NamedTuple):
     end_ns: int
     size_bytes: int
     lane: int
+
+
+class LayerTransfer(NamedTuple):
+    """A transfer repeated in every layer of a forward pass: ``size_bytes`` on ``lane`` along ``path``."""
+
+    path: Sequence[int]
+    lane: int
+    size_bytes: int
+
+
+class ForwardRank(NamedTuple):
+    """One DP-attention rank (GPU) of a forward pass, per layer: an optional load before its attention
+    (e.g. hit KV into HBM over its CNIC), the attention time, and an optional store after it (e.g. the
+    layer's KV to the decode engine)."""
+
+    load: LayerTransfer | None = None
+    attn_ns: int = 0
+    store: LayerTransfer | None = None
 
 
 class UnexpectedCompletionError(RuntimeError):
@@ -56,6 +83,7 @@ class CoreWork:
         self._next_tag = 1
         self._waiters: dict[int, asyncio.Future[Completion]] = {}
         self._pending_transfers: list[tuple[Sequence[int], int, int, int]] = []
+        self._pending_forwards: list[_Forward] = []
         self._pending_ios: list[tuple[int, str, int, int, int]] = []
         self._pending_timers: list[tuple[int, int]] = []
         self._requested = False
@@ -103,6 +131,30 @@ class CoreWork:
         self._queued()
         return self.expect(tag)
 
+    def forward(
+        self,
+        n_layers: int,
+        ranks: Iterable[_ForwardRankLike],
+        *,
+        ffn_ns: int = 0,
+        collectives: Iterable[_LayerTransferLike] = (),
+        load_window: int = 0,
+    ) -> asyncio.Future[Completion]:
+        """Start a forward pass of ``n_layers`` layers over the DP-attention ``ranks`` (:class:`ForwardRank`)
+        now; the future resolves with its one ``"forward"`` completion (``size_bytes``: every byte it moved).
+
+        Per layer, each rank's attention waits for its load of that layer and for the previous layer to
+        finish; the shared phase (``ffn_ns`` of compute and the ``collectives``, :class:`LayerTransfer`)
+        starts when every rank's attention is done, and ends the layer; each rank's store follows its
+        attention, one at a time. Loads stream back to back, at most ``load_window`` layers ahead of the
+        layer being finished (0: no limit). The exact rules are in the core (``core/src/forward.rs``).
+        ``ranks`` and ``collectives`` are copied (shallowly) now and read when the batch is submitted.
+        """
+        tag = self.new_tag()
+        self._pending_forwards.append((n_layers, tuple(ranks), ffn_ns, tuple(collectives), load_window, tag))
+        self._queued()
+        return self.expect(tag)
+
     def io(self, node: int, kind: str, lane: int, size_bytes: int) -> asyncio.Future[Completion]:
         """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now."""
         tag = self.new_tag()
@@ -124,6 +176,9 @@ class CoreWork:
         if self._pending_transfers:
             transfers, self._pending_transfers = self._pending_transfers, []
             self._submit(self._core.submit_transfers, transfers, lambda t: t[3])
+        if self._pending_forwards:
+            forwards, self._pending_forwards = self._pending_forwards, []
+            self._submit(self._core.submit_forwards, forwards, lambda f: f[5])
         if self._pending_ios:
             ios, self._pending_ios = self._pending_ios, []
             self._submit(self._core.submit_ios, ios, lambda t: t[4])

@@ -1,0 +1,762 @@
+"""The cluster's actors: client, scheduler, prefill engine groups, decode engine groups (paper §4, §6).
+
+Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a core transfer or I/O):
+
+1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
+2. The scheduler queues it and tells idle engine groups :class:`WorkPending`; groups *pull*: a group asks
+   :class:`Fetch` at most once per ``fetch_period_s``. A prefill fetch runs Algorithm 1 for that node's PEs
+   (the request joins the decode queue); a decode fetch runs the two-level DE selection and picks the read
+   side (§6). The scheduler then tells the prefill group :class:`Prefill` and the decode group
+   :class:`Expect`.
+3. The reading side's group reads the hit KV from storage into its node's DRAM buffer (a core I/O over the
+   storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
+   scheduler :class:`ReadDone` (its ``read_q`` shrinks).
+4. The prefill group batches ready requests per GPU under the attention quota (binary-search chunking,
+   §6.4) and runs one forward pass over all its GPUs (one core call: per-layer loads into HBM, attention,
+   the DP barrier, MoE phase with its all-to-all on the high lane, per-layer stores to the DE buffer).
+   Without layerwise prefill the hit KV is copied into HBM first and the KV sent to the DE after the pass.
+   A request whose last chunk is done has its first token: :class:`KvReady` to the decode group,
+   :class:`PrefillDone` to the scheduler.
+5. The decode group copies the prompt KV into HBM (H2D) and adds the request to its GPU's continuous batch;
+   decode steps persist every completed 64-token block (DRAM → SNIC → storage). When the request has all
+   its tokens: :class:`DecodeDone` to the scheduler and :class:`TurnDone` to the client, which submits the
+   agent's next turn at once (zero tool latency, §3.2).
+
+A decode GPU steps its whole batch as one event per *segment*: the step time is computed from the batch when
+it changes (a request joins or finishes), and the GPU sleeps until the next request finishes or a new one
+joins; a joining request makes the GPU account the steps done so far. So a request costs a few events
+however many tokens it generates (DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, Derived
+from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.scheduler import Engine, Policy, Request
+from dualpath_emu.cluster.systems import System
+from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE, Topology
+from dualpath_emu.messages import Message, MessageRegistry
+from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.core_work import Completion
+from dualpath_emu.workload.trajectory import Trajectory
+
+__all__ = ["ClientActor", "DecodeGroup", "PrefillGroup", "SchedulerActor", "cluster_registry"]
+
+NS = 1_000_000_000
+
+
+# --------------------------------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.Submit"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    prompt: int
+    hit: int
+    gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPending(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.WorkPending"
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.Fetch"
+    VERSION: ClassVar[int] = 1
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.Fetched"
+    VERSION: ClassVar[int] = 1
+    assigned: int
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill(Message):
+    """To the prefill group: compute request ``rid`` on GPU ``pe_gpu``; its KV goes to ``de_node``/``de_gpu``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Prefill"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    prompt: int
+    hit: int
+    gen: int
+    pe_node: int
+    pe_gpu: int
+    de_node: int
+    de_gpu: int
+    read_on_de: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Expect(Message):
+    """To the decode group: request ``rid`` will decode on ``de_gpu``; read its hit KV if ``read_on_de``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Expect"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    prompt: int
+    hit: int
+    gen: int
+    de_node: int
+    de_gpu: int
+    pe_node: int
+    read_on_de: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HitReady(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.HitReady"
+    VERSION: ClassVar[int] = 1
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDone(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.ReadDone"
+    VERSION: ClassVar[int] = 1
+    node: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvReady(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.KvReady"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    de_node: int
+    de_gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.PrefillDone"
+    VERSION: ClassVar[int] = 1
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeDone(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.DecodeDone"
+    VERSION: ClassVar[int] = 1
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.TurnDone"
+    VERSION: ClassVar[int] = 1
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Start(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.Start"
+    VERSION: ClassVar[int] = 1
+
+
+def cluster_registry() -> MessageRegistry:
+    """Every message type of the cluster."""
+    registry = MessageRegistry()
+    for cls in (Submit, WorkPending, Fetch, Fetched, Prefill, Expect, HitReady, ReadDone, KvReady, PrefillDone,
+                DecodeDone, TurnDone, Start):  # fmt: skip
+        registry.register(cls)
+    return registry
+
+
+# --------------------------------------------------------------------------------------------------- context
+
+
+@dataclass
+class Cluster:
+    """What every actor of one run shares (in one process): settings, data plane, metrics, request table."""
+
+    config: ClusterConfig
+    system: System
+    derived: Derived
+    topology: Topology
+    metrics: Metrics
+    policy: Policy
+
+    def group_name(self, role: str, node: int) -> str:
+        """The actor that hosts ``node``'s engines (prefill groups may span nodes)."""
+        if role == "pe":
+            first = node - node % self.config.prefill_ep_nodes
+            return f"pe{first}"
+        return f"de{node}"
+
+
+# --------------------------------------------------------------------------------------------------- client
+
+
+class ClientActor(Actor):
+    """Replays agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals; a turn is
+    submitted as soon as the previous one of its agent is done (zero tool latency). Hit lengths are computed
+    here (same-trajectory hits only, §3.4), rounded down to whole Full Blocks if configured."""
+
+    def __init__(self, system: ActorSystem, cluster: Cluster, trajectories: Sequence[Trajectory]) -> None:
+        super().__init__(system, "client")
+        self.cluster = cluster
+        self.trajectories = trajectories
+        self._next_turn = [0] * len(trajectories)
+        self._agent_of: dict[int, int] = {}
+        self._next_rid = 0
+        self.remaining = len(trajectories)
+        self.finished = asyncio.Event()
+
+    @handles(Start)
+    async def on_start(self, msg: Start) -> None:
+        if not self.trajectories:
+            self.finished.set()
+            return
+        config = self.cluster.config
+        if config.mode == "offline":
+            for agent in range(len(self.trajectories)):
+                self._submit_next(agent)
+        else:
+            self.system.spawn(self, self._arrivals(), "arrivals")
+
+    async def _arrivals(self) -> None:
+        rng, rate = self.random, self.cluster.config.arrival_rate
+        for agent in range(len(self.trajectories)):
+            if agent:
+                await asyncio.sleep(rng.expovariate(rate))
+            self._submit_next(agent)
+
+    def _submit_next(self, agent: int) -> None:
+        trajectory = self.trajectories[agent]
+        turn = self._next_turn[agent]
+        self._next_turn[agent] = turn + 1
+        hits = trajectory.hits()
+        hit, append, gen = hits[turn], trajectory.append[turn], trajectory.gen[turn]
+        prompt = hit + append
+        if self.cluster.config.hit_block_aligned:
+            hit = hit // BLOCK_TOKENS * BLOCK_TOKENS
+        rid = self._next_rid
+        self._next_rid += 1
+        self._agent_of[rid] = agent
+        self.cluster.metrics.arrive(rid, agent, self.system.now_ns(), prompt, hit, gen)
+        self.tell("scheduler", Submit(rid, prompt, hit, gen))
+
+    @handles(TurnDone)
+    async def on_turn_done(self, msg: TurnDone) -> None:
+        agent = self._agent_of.pop(msg.rid)
+        if self._next_turn[agent] < len(self.trajectories[agent]):
+            self._submit_next(agent)
+        else:
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.finished.set()
+
+
+# --------------------------------------------------------------------------------------------------- scheduler
+
+
+class SchedulerActor(Actor):
+    """The central request scheduler (§6): global queues, engine loads as the engines report them on every
+    fetch (here kept in step with assignments and completions), and the :class:`Policy` of the system."""
+
+    def __init__(self, system: ActorSystem, cluster: Cluster) -> None:
+        super().__init__(system, "scheduler")
+        self.cluster = cluster
+        self.policy = cluster.policy
+        config, gpus = cluster.config, cluster.config.node.gpus
+        topo = cluster.topology
+        self.pe_engines = {n.index: [Engine(n.index * gpus + g, n.index) for g in range(gpus)] for n in topo.pe_nodes}
+        self.de_engines = {
+            n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes)
+                      for g in range(gpus)]
+            for n in topo.de_nodes
+        }  # fmt: skip
+        self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
+        self.prefill_queue: deque[Request] = deque()
+        self.decode_queue: deque[Request] = deque()
+        self.private: dict[int, deque[Request]] = {n: deque() for n in self.de_engines}
+        self.group_loads: dict[int, int] = {n: 0 for n in self.de_engines}
+        self.requests: dict[int, Request] = {}
+        self.pe_of: dict[int, int] = {}
+        self.de_of: dict[int, int] = {}
+        self._notified: set[str] = set()
+        self._gpus = gpus
+        self._kv = cluster.derived.kv_bytes_per_token
+        del config
+
+    def _notify(self, role: str) -> None:
+        nodes = self.pe_engines if role == "pe" else self.de_engines
+        for node in nodes:
+            name = self.cluster.group_name(role, node)
+            if name not in self._notified:
+                self._notified.add(name)
+                self.tell(name, WorkPending())
+
+    @handles(Submit)
+    async def on_submit(self, msg: Submit) -> None:
+        new = msg.prompt - msg.hit
+        hbm = (msg.prompt + msg.gen) * self._kv
+        request = Request(msg.rid, msg.prompt, new, msg.hit, msg.gen, hbm)
+        if hbm > self.cluster.derived.de_hbm_kv_bytes:
+            raise ValueError(f"request {msg.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
+        self.requests[msg.rid] = request
+        self.prefill_queue.append(request)
+        self._notify("pe")
+
+    @handles(Fetch)
+    async def on_fetch(self, msg: Fetch) -> Fetched:
+        sender = self.envelope.sender if self.envelope is not None else ""
+        self._notified.discard(sender)
+        if msg.node in self.pe_engines:
+            return self._fetch_prefill(msg.node)
+        return self._fetch_decode(msg.node)
+
+    def _fetch_prefill(self, node: int) -> Fetched:
+        assigned = self.policy.assign_prefill(self.prefill_queue, self.pe_engines[node], self.read_q)
+        now = self.system.now_ns()
+        for a in assigned:
+            self.pe_of[a.request.id] = a.engine
+            self.decode_queue.append(a.request)
+            self.cluster.metrics.scheduled_pe(a.request.id, now)
+        if assigned:
+            self._notify("de")
+        return Fetched(len(assigned), bool(self.prefill_queue))
+
+    def _fetch_decode(self, node: int) -> Fetched:
+        assigned = self.policy.assign_decode(
+            self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
+        )
+        gpus, oracle, now = self._gpus, self.cluster.system.oracle, self.system.now_ns()
+        for a in assigned:
+            r = a.request
+            pe = self.pe_of[r.id]
+            pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, a.engine % gpus
+            self.de_of[r.id] = a.engine
+            read_on_de = False
+            if not oracle and r.hit_tokens > 0:
+                read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
+            self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
+            self.tell(self.cluster.group_name("pe", pe_node),
+                      Prefill(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu,
+                              read_on_de))  # fmt: skip
+            self.tell(self.cluster.group_name("de", node),
+                      Expect(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de))
+        more = bool(self.private[node]) or bool(self.decode_queue)
+        return Fetched(len(assigned), more)
+
+    @handles(ReadDone)
+    async def on_read_done(self, msg: ReadDone) -> None:
+        self.read_q[msg.node] -= msg.tokens
+
+    @handles(PrefillDone)
+    async def on_prefill_done(self, msg: PrefillDone) -> None:
+        request = self.requests[msg.rid]
+        pe = self.pe_of.pop(msg.rid)
+        engine = self.pe_engines[pe // self._gpus][pe % self._gpus]
+        engine.tok -= self.policy.prefill_tokens(request)
+        engine.seq -= 1
+        if self.prefill_queue:
+            self._notify("pe")
+
+    @handles(DecodeDone)
+    async def on_decode_done(self, msg: DecodeDone) -> None:
+        request = self.requests.pop(msg.rid)
+        de = self.de_of.pop(msg.rid)
+        node = de // self._gpus
+        engine = self.de_engines[node][de % self._gpus]
+        tokens = self.policy.decode_tokens(request)
+        engine.tok -= tokens
+        engine.seq -= 1
+        engine.free_hbm_bytes += request.hbm_bytes
+        self.group_loads[node] -= tokens
+        if self.decode_queue or any(self.private.values()):
+            self._notify("de")
+
+
+class _GroupActor(Actor):
+    """An engine group's leader: pulls work from the scheduler at most once per fetch period (§6.1)."""
+
+    def __init__(self, system: ActorSystem, name: str, cluster: Cluster, nodes: Sequence[int]) -> None:
+        super().__init__(system, name)
+        self.cluster = cluster
+        self.nodes = list(nodes)
+        self._fetching = False
+        self._wanted = False
+        self._last_fetch_ns = -(10**18)
+
+    @handles(WorkPending)
+    async def on_work_pending(self, msg: WorkPending) -> None:
+        self._wanted = True
+        if not self._fetching:
+            self._fetching = True
+            self.system.spawn(self, self._fetch_loop(), "fetch")
+
+    async def _fetch_loop(self) -> None:
+        # Fetch while there is work for this group: after a WorkPending (even one that arrived during a
+        # fetch), and again while a fetch got work and left more queued.
+        period_ns = round(self.cluster.config.fetch_period_s * NS)
+        while self._wanted:
+            self._wanted = False
+            wait_ns = self._last_fetch_ns + period_ns - self.system.now_ns()
+            if wait_ns > 0:
+                await asyncio.sleep(wait_ns / NS)
+            self._last_fetch_ns = self.system.now_ns()
+            for node in self.nodes:
+                reply = await self.ask("scheduler", Fetch(node))
+                assert isinstance(reply, Fetched)
+                if reply.more and reply.assigned > 0:
+                    self._wanted = True
+        self._fetching = False
+
+
+# --------------------------------------------------------------------------------------------------- prefill
+
+
+@dataclass
+class _PrefillItem:
+    rid: int
+    hit: int
+    new: int
+    done_new: int = 0
+    ready: bool = False
+    de_node: int = 0
+    de_gpu: int = 0
+    read_on_de: bool = False
+    in_hbm: bool = False
+    """Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk)."""
+
+    @property
+    def cached(self) -> int:
+        return self.hit + self.done_new
+
+    @property
+    def remaining(self) -> int:
+        return self.new - self.done_new
+
+
+class PrefillGroup(_GroupActor):
+    """The PEs of one EP group (one or more nodes; one PE per GPU, DP attention, §6.4)."""
+
+    def __init__(self, system: ActorSystem, cluster: Cluster, nodes: Sequence[int]) -> None:
+        super().__init__(system, f"pe{nodes[0]}", cluster, nodes)
+        gpus = cluster.config.node.gpus
+        self.gpus = [(n, g) for n in nodes for g in range(gpus)]
+        self.queues: dict[tuple[int, int], list[_PrefillItem]] = {key: [] for key in self.gpus}
+        self.items: dict[int, tuple[tuple[int, int], _PrefillItem]] = {}
+        self._work = asyncio.Event()
+        self._loop_started = False
+        d = cluster.derived
+        self._kv = d.kv_bytes_per_token
+        m = d.model
+        ep = len(self.gpus)
+        # MoE dispatch + combine bytes per token per layer that leave the GPU (an even spread over the EP
+        # group keeps 1/ep local), averaged over all layers (dense layers have none).
+        per_moe_layer = m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer
+        self._a2a = per_moe_layer * m.moe_layers * (ep - 1) / ep / m.layers if ep > 1 else 0.0
+
+    def _ensure_loop(self) -> None:
+        if not self._loop_started:
+            self._loop_started = True
+            self.system.spawn(self, self._forward_loop(), "forward")
+
+    @handles(Prefill)
+    async def on_prefill(self, msg: Prefill) -> None:
+        self._ensure_loop()
+        new = msg.prompt - msg.hit
+        item = _PrefillItem(msg.rid, msg.hit, new, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
+        key = (msg.pe_node, msg.pe_gpu)
+        self.queues[key].append(item)
+        self.items[msg.rid] = (key, item)
+        if self.cluster.system.oracle or msg.hit == 0:
+            self._ready(item)
+        elif not msg.read_on_de:
+            self._read(msg.pe_node, item)
+
+    def _read(self, node: int, item: _PrefillItem) -> None:
+        self.system.spawn(self, self._read_hit(node, item), "read")
+
+    async def _read_hit(self, node: int, item: _PrefillItem) -> None:
+        """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
+        metrics = self.cluster.metrics
+        metrics.read_start(item.rid, self.system.now_ns())
+        storage_node = self.cluster.topology.nodes[node].storage_node
+        await self.system.data_plane.io(storage_node, "read", KV_LANE, item.hit * self._kv)
+        metrics.read_done(item.rid, self.system.now_ns())
+        self.tell("scheduler", ReadDone(node, item.hit))
+        self._ready(item)
+
+    def _ready(self, item: _PrefillItem) -> None:
+        item.ready = True
+        self._work.set()
+
+    @handles(HitReady)
+    async def on_hit_ready(self, msg: HitReady) -> None:
+        self._ready(self.items[msg.rid][1])
+
+    # --- batching (§6.4) -----------------------------------------------------------------------------
+
+    def _batch(self, key: tuple[int, int]) -> list[tuple[_PrefillItem, int]]:
+        """FIFO packing of ready requests while the attention time per layer stays within the quota; the
+        request that would exceed it is chunked to what fits (binary search on its new tokens)."""
+        quota = self.cluster.config.attention_quota_s
+        roofline = self.cluster.derived.prefill
+        layerwise = self.cluster.system.layerwise or self.cluster.system.oracle
+        hbm_left = self.cluster.derived.pe_hbm_kv_bytes
+        batch: list[tuple[_PrefillItem, int]] = []
+        shape: list[tuple[int, int]] = []
+        for item in self.queues[key]:
+            if not item.ready:
+                break  # FIFO: a request waiting for its read holds back the ones behind it
+            if not layerwise:
+                need = (item.hit + item.new) * self._kv
+                if need > hbm_left:
+                    if not batch and need > self.cluster.derived.pe_hbm_kv_bytes:
+                        raise ValueError(f"request {item.rid}'s KV does not fit a PE's HBM without layerwise prefill")
+                    break
+                hbm_left -= need
+            full = roofline.attention_s_per_layer([*shape, (item.cached, item.remaining)])
+            if full <= quota or not batch and item.remaining == 1:
+                batch.append((item, item.remaining))
+                shape.append((item.cached, item.remaining))
+                continue
+            low, high = 0, item.remaining  # largest chunk in [0, remaining) that fits
+            while high - low > 1:
+                mid = (low + high) // 2
+                if roofline.attention_s_per_layer([*shape, (item.cached, mid)]) <= quota:
+                    low = mid
+                else:
+                    high = mid
+            if low == 0 and not batch:
+                low = 1  # always make progress
+            if low > 0:
+                batch.append((item, low))
+            break
+        return batch
+
+    async def _forward_loop(self) -> None:
+        while True:
+            batches = {key: self._batch(key) for key in self.gpus}
+            if not any(batches.values()):
+                self._work.clear()
+                await self._work.wait()
+                continue
+            await self._forward(batches)
+
+    async def _forward(self, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
+        cluster = self.cluster
+        system, d, topo, metrics = cluster.system, cluster.derived, cluster.topology, cluster.metrics
+        plane = self.system.data_plane
+        now = self.system.now_ns()
+        stages = d.stages
+        layers = d.model.layers
+        # Compute times per GPU; the DP barrier makes every layer as slow as the slowest GPU's attention.
+        ffn_s = 0.0
+        ranks: list[tuple[tuple[tuple[int, ...], int, int] | None, int, tuple[tuple[int, ...], int, int] | None]] = []
+        collectives: list[tuple[tuple[int, ...], int, int]] = []
+        post: list[tuple[int, int, _PrefillItem, int]] = []
+        pre: list[asyncio.Future[Completion]] = []
+        for (node, gpu), batch in batches.items():
+            if not batch:
+                continue
+            shape = [(item.cached, chunk) for item, chunk in batch]
+            times = d.prefill.prefill(shape)
+            attn_ns = round(times.attention_s * layers / stages * NS)
+            ffn_s = max(ffn_s, times.other_s)
+            tokens = sum(chunk for _, chunk in batch)
+            for item, chunk in batch:
+                metrics.prefill_start(item.rid, now)
+                miss_bytes = chunk * self._kv
+                if system.oracle:
+                    ranks.append((None, attn_ns, None))
+                    continue
+                if system.layerwise:
+                    load = None
+                    if item.done_new == 0 and item.hit > 0:  # the hit KV streams in with the first chunk
+                        path = (topo.buffer_to_gpu(item.de_node, item.de_gpu, node, gpu) if item.read_on_de
+                                else topo.h2d(node, gpu))  # fmt: skip
+                        load = (path, KV_LANE, item.hit * self._kv // stages)
+                    # The DE needs the full KV (PE-read) or the miss only (DE-read, it holds the hit).
+                    sent = miss_bytes + (item.hit * self._kv if not item.read_on_de and item.done_new == 0 else 0)
+                    store = (topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, sent // stages)
+                    ranks.append((load, attn_ns, store))
+                else:
+                    ranks.append((None, attn_ns, None))
+                    if not item.in_hbm and item.hit > 0:
+                        item.in_hbm = True
+                        pre.append(plane.transfer(topo.h2d(node, gpu), KV_LANE, item.hit * self._kv))
+                    last = item.done_new + chunk == item.new
+                    if last:  # the whole prompt KV goes to the DE buffer after the pass
+                        post.append((node, gpu, item, (item.hit + item.new) * self._kv))
+            if self._a2a and not system.oracle:  # to the next GPU of the group: one flow per GPU and layer
+                peer_node, peer_gpu = self.gpus[(self.gpus.index((node, gpu)) + 1) % len(self.gpus)]
+                collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), MODEL_LANE,
+                                    int(self._a2a * tokens * layers / stages)))  # fmt: skip
+        if pre:
+            await asyncio.gather(*pre)
+        ffn_ns = round(ffn_s * layers / stages * NS)
+        await plane.forward(stages, ranks, ffn_ns=ffn_ns, collectives=collectives)
+        sends: list[asyncio.Future[Completion]] = []
+        for node, gpu, item, size in post:
+            sends.append(plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size))
+        if sends:
+            await asyncio.gather(*sends)
+        end = self.system.now_ns()
+        for (node, gpu), batch in batches.items():
+            queue = self.queues[(node, gpu)]
+            for item, chunk in batch:
+                item.done_new += chunk
+                if item.done_new == item.new:
+                    queue.remove(item)
+                    del self.items[item.rid]
+                    metrics.first_token(item.rid, end)
+                    self.tell(cluster.group_name("de", item.de_node), KvReady(item.rid, item.de_node, item.de_gpu))
+                    self.tell("scheduler", PrefillDone(item.rid))
+
+
+# --------------------------------------------------------------------------------------------------- decode
+
+
+@dataclass
+class _DecodeRequest:
+    rid: int
+    prompt: int
+    gen: int
+    produced: int = 1
+    """Tokens out so far: the first came from the prefill."""
+    stored_blocks: int = 0
+    """Full Blocks of this request's KV in storage (the hit's at first)."""
+
+
+@dataclass
+class _DecodeGpu:
+    """One DE GPU's continuous batch, stepped in segments (see the module docstring)."""
+
+    node: int
+    gpu: int
+    batch: list[_DecodeRequest] = field(default_factory=list)
+    segment_start_ns: int = 0
+    step_ns: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    joining: list[_DecodeRequest] = field(default_factory=list)
+
+
+class DecodeGroup(_GroupActor):
+    """The DEs of one node (one per GPU): continuous batching, the DE buffer, H2D before decode, and the
+    persistence of every completed Full Block (§4)."""
+
+    def __init__(self, system: ActorSystem, cluster: Cluster, node: int) -> None:
+        super().__init__(system, f"de{node}", cluster, [node])
+        self.node = node
+        gpus = cluster.config.node.gpus
+        self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
+        self.expected: dict[int, Expect] = {}
+        self._kv = cluster.derived.kv_bytes_per_token
+        self._started = False
+
+    @handles(Expect)
+    async def on_expect(self, msg: Expect) -> None:
+        if not self._started:
+            self._started = True
+            for gpu in self.gpus:
+                self.system.spawn(self, self._decode_loop(gpu), f"decode{gpu.gpu}")
+        self.expected[msg.rid] = msg
+        if msg.read_on_de:
+            self.system.spawn(self, self._read_hit(msg), "read")
+
+    async def _read_hit(self, msg: Expect) -> None:
+        """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
+        streams it layer by layer from there."""
+        metrics = self.cluster.metrics
+        metrics.read_start(msg.rid, self.system.now_ns())
+        storage_node = self.cluster.topology.nodes[self.node].storage_node
+        await self.system.data_plane.io(storage_node, "read", KV_LANE, msg.hit * self._kv)
+        metrics.read_done(msg.rid, self.system.now_ns())
+        self.tell("scheduler", ReadDone(self.node, msg.hit))
+        self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+
+    @handles(KvReady)
+    async def on_kv_ready(self, msg: KvReady) -> None:
+        expect = self.expected.pop(msg.rid)
+        gpu = self.gpus[msg.de_gpu]
+        request = _DecodeRequest(msg.rid, expect.prompt, expect.gen, stored_blocks=expect.hit // BLOCK_TOKENS)
+        if not self.cluster.system.oracle:  # the prompt KV: DE buffer → HBM (one H2D, §4)
+            topo = self.cluster.topology
+            await self.system.data_plane.transfer(topo.h2d(self.node, msg.de_gpu), KV_LANE, expect.prompt * self._kv)
+        if request.produced >= request.gen:
+            self._finish(request)
+            return
+        gpu.joining.append(request)
+        gpu.wake.set()
+
+    def _finish(self, request: _DecodeRequest) -> None:
+        self.cluster.metrics.done(request.rid, self.system.now_ns())
+        self.tell("scheduler", DecodeDone(request.rid))
+        self.tell("client", TurnDone(request.rid))
+
+    async def _decode_loop(self, gpu: _DecodeGpu) -> None:
+        roofline = self.cluster.derived.decode
+        while True:
+            if not gpu.batch and not gpu.joining:
+                gpu.wake.clear()
+                await gpu.wake.wait()
+            now = self.system.now_ns()
+            self._account(gpu, now)
+            if gpu.joining:
+                gpu.batch.extend(gpu.joining)
+                gpu.joining.clear()
+            if not gpu.batch:
+                continue
+            context = sum(r.prompt + r.produced for r in gpu.batch)
+            step_s = roofline.decode_step(len(gpu.batch), context).total_s
+            gpu.step_ns = max(1, round(step_s * NS))
+            gpu.segment_start_ns = now
+            steps = min(r.gen - r.produced for r in gpu.batch)
+            gpu.wake.clear()
+            try:
+                await asyncio.wait_for(gpu.wake.wait(), steps * gpu.step_ns / NS)
+            except TimeoutError:
+                pass
+
+    def _account(self, gpu: _DecodeGpu, now: int) -> None:
+        """Apply the steps done since the segment started: tokens, second-token times, persisted blocks,
+        finished requests."""
+        if not gpu.batch or gpu.step_ns == 0:
+            return
+        steps = (now - gpu.segment_start_ns) // gpu.step_ns
+        if steps <= 0:
+            return
+        metrics = self.cluster.metrics
+        blocks = 0
+        still: list[_DecodeRequest] = []
+        for r in gpu.batch:
+            before = r.produced
+            r.produced = min(r.gen, r.produced + steps)
+            if before == 1 and r.produced >= 2:
+                metrics.second_token(r.rid, gpu.segment_start_ns + gpu.step_ns)
+            full = (r.prompt + r.produced) // BLOCK_TOKENS
+            blocks += full - r.stored_blocks
+            r.stored_blocks = full
+            if r.produced >= r.gen:
+                self._finish(r)
+            else:
+                still.append(r)
+        gpu.batch = still
+        gpu.segment_start_ns += steps * gpu.step_ns
+        if blocks > 0 and not self.cluster.system.oracle:
+            # Completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged
+            # once per segment, not per block.
+            size = blocks * BLOCK_TOKENS * self._kv
+            topo, plane = self.cluster.topology, self.system.data_plane
+            plane.transfer(topo.d2h(self.node, gpu.gpu), KV_LANE, size)
+            plane.io(topo.nodes[self.node].storage_node, "write", KV_LANE, size)

@@ -1,0 +1,113 @@
+"""The settings of one cluster run: deployment, hardware, model, workload and the parameters the paper leaves
+open (paper-facts §10), each with a documented default.
+
+:class:`ClusterConfig` is plain data; :mod:`dualpath_emu.cluster.scenario` reads it from a TOML file and
+:func:`derived` turns it into the numbers the actors use (α, β, HBM budgets, the roofline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from dualpath_emu.cluster.catalog import DEFAULT_GPU, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec, gpu, model
+from dualpath_emu.cluster.roofline import Roofline, RooflineParams
+from dualpath_emu.cluster.topology import StorageSpec
+
+__all__ = ["BLOCK_TOKENS", "ClusterConfig", "Derived", "derived"]
+
+BLOCK_TOKENS: Final = 64
+"""Tokens per Full Block (§4.1): storage reads and writes whole blocks."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """One deployment and workload. Defaults: the paper's DS 660B 2P4D offline setting on the 64K dataset."""
+
+    model: str = "ds660b"
+    gpu: str = DEFAULT_GPU
+    node: NodeSpec = TESTBED_NODE
+    pe_nodes: int = 2
+    de_nodes: int = 4
+    prefill_ep_nodes: int = 2
+    """Nodes per prefill EP group: DP-attention ranks of one group run each layer in lock step (§6.4). DS 660B
+    needs EP16 (two nodes of 80 GiB GPUs) for its weights to fit [derived]."""
+    decode_ep_nodes: int = 4
+    """Nodes per decode EP group; sets the weights per DE GPU (each DE GPU steps its own batch here)."""
+    storage: StorageSpec = field(default_factory=StorageSpec)
+    roofline: RooflineParams = field(default_factory=RooflineParams)
+    # --- workload ---
+    dataset: str = "64k"
+    agents: int = 64
+    mode: Literal["offline", "online"] = "offline"
+    arrival_rate: float = 0.1
+    """Online: agents per second (Poisson, §7.4)."""
+    # --- scheduling (§6, A.4) ---
+    alpha_read_s: float = 3.0
+    """α = tokens a node reads from storage in this many seconds (A.4)."""
+    beta_compute_s: float = 5.0
+    """β = tokens one GPU prefills in this many seconds (A.4)."""
+    attention_quota_s: float = 0.3
+    """Per-layer attention-time quota of a PE forward batch (A.4: 300 ms; per layer, paper-facts §7.5)."""
+    fetch_period_s: float = 0.005
+    """How often an engine group may fetch work [not found in the paper]."""
+    hit_block_aligned: bool = True
+    """Hits are whole Full Blocks (storage holds Full Blocks): the partial last block is recomputed [not found]."""
+    de_hbm_reserve_fraction: float = 0.1
+    """Fraction of a DE GPU's free HBM (after weights) kept for activations and fragmentation [assumed]."""
+    pe_hbm_reserve_fraction: float = 0.1
+    """The same on a PE GPU; without layerwise prefill a batch's whole KV must fit the rest [assumed]."""
+    pipeline_stages: int = 0
+    """Stages of the layerwise pipeline per forward pass (0: one per layer). Fewer stages (layers grouped)
+    run faster with a little less overlap."""
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Numbers the actors use, computed once from a :class:`ClusterConfig`."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    prefill: Roofline
+    decode: Roofline
+    kv_bytes_per_token: int
+    alpha_tokens: int
+    beta_tokens: int
+    pe_hbm_kv_bytes: int
+    """HBM a PE GPU has for KV (non-layerwise batches)."""
+    de_hbm_kv_bytes: int
+    """HBM a DE GPU has for KV."""
+    stages: int
+
+
+def derived(config: ClusterConfig) -> Derived:
+    """The derived numbers of ``config`` (α, β, HBM budgets, rooflines)."""
+    m, g = model(config.model), gpu(config.gpu)
+    gpus = config.node.gpus
+    prefill = Roofline(g, m, config.prefill_ep_nodes * gpus, config.roofline)
+    decode = Roofline(g, m, config.decode_ep_nodes * gpus, config.roofline)
+    kv = m.kv_bytes_per_token
+    # α: a node's storage NIC(s) for alpha_read_s, in tokens of KV.
+    alpha = int(config.alpha_read_s * config.node.snic_bytes_per_s * config.node.snics / kv)
+    # β: tokens one GPU prefills in beta_compute_s, at a typical batch (one request of the dataset's mean
+    # context with a 429-token append, the paper's Table 1 setting).
+    per_token_s = prefill.prefill([(32_768, 429)]).total_s / 429
+    beta = int(config.beta_compute_s / per_token_s)
+
+    def kv_budget(roofline: Roofline, reserve: float) -> int:
+        free = g.hbm_bytes - m.weight_bytes_per_gpu(roofline.ep_degree)
+        return int(max(0.0, free) * (1.0 - reserve))
+
+    stages = config.pipeline_stages or m.layers
+    return Derived(
+        model=m,
+        gpu=g,
+        prefill=prefill,
+        decode=decode,
+        kv_bytes_per_token=kv,
+        alpha_tokens=alpha,
+        beta_tokens=beta,
+        pe_hbm_kv_bytes=kv_budget(prefill, config.pe_hbm_reserve_fraction),
+        de_hbm_kv_bytes=kv_budget(decode, config.de_hbm_reserve_fraction),
+        stages=min(stages, m.layers),
+    )

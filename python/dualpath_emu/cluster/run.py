@@ -1,0 +1,170 @@
+"""Running one system on one cluster configuration in virtual time, and its results (paper §7).
+
+:func:`run_system` builds the core (ports per :mod:`~dualpath_emu.cluster.topology`), the actors (client,
+scheduler, one prefill group per EP group, one decode group per node), runs until every agent's last turn is
+done, checks that every admitted request ended exactly once, and returns a :class:`SystemResult`: JCT,
+TTFT/TTST/TPOT percentiles, storage- and compute-NIC bytes and utilisation on prefill vs decode nodes, the
+storage-NIC max/mean, the event log's SHA-256, wall time and event counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualpath_emu._core import Core
+from dualpath_emu.cluster.actors import (
+    Cluster,
+    ClientActor,
+    DecodeGroup,
+    PrefillGroup,
+    SchedulerActor,
+    Start,
+)
+from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.metrics import Metrics, percentiles
+from dualpath_emu.cluster.systems import SYSTEMS
+from dualpath_emu.cluster.topology import KV_LANE, build_topology
+from dualpath_emu.runtime.actors import ActorSystem
+from dualpath_emu.runtime.eventlog import EventLogWriter
+from dualpath_emu.runtime.virtual_loop import run as run_virtual
+from dualpath_emu.workload.trajectory import Trajectory
+
+__all__ = ["LostRequestsError", "SystemResult", "run_system"]
+
+
+class LostRequestsError(RuntimeError):
+    """A run ended with admitted requests that never finished (a bug: every request ends exactly once)."""
+
+
+@dataclass
+class SystemResult:
+    system: str
+    jct_s: float
+    turns: int
+    agents: int
+    lost_requests: int
+    ttft_s: dict[str, float]
+    ttst_s: dict[str, float]
+    tpot_s: dict[str, float]
+    snic_read_bytes: dict[str, float]
+    snic_util: dict[str, float]
+    cnic_util: dict[str, float]
+    snic_max_over_mean: float
+    event_log_sha256: str
+    wall_s: float
+    events: int
+    core_events: int
+    metrics: Metrics = field(repr=False)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
+        return {
+            "jct_s": self.jct_s,
+            "turns": self.turns,
+            "agents": self.agents,
+            "lost_requests": self.lost_requests,
+            "ttft_s": self.ttft_s,
+            "ttst_s": self.ttst_s,
+            "tpot_s": self.tpot_s,
+            "snic_read_bytes": self.snic_read_bytes,
+            "snic_util": self.snic_util,
+            "cnic_util": self.cnic_util,
+            "snic_max_over_mean": self.snic_max_over_mean,
+            "event_log_sha256": self.event_log_sha256,
+            "wall_s": self.wall_s,
+            "events": self.events,
+            "core_events": self.core_events,
+            **self.extra,
+        }
+
+
+def run_system(
+    config: ClusterConfig, system_name: str, trajectories: Sequence[Trajectory], *, seed: int = 0
+) -> SystemResult:
+    """Run ``trajectories`` on ``config`` with the system called ``system_name`` in virtual time."""
+    system = SYSTEMS[system_name]
+    d = derived(config)
+    core = Core()
+    topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
+    metrics = Metrics()
+    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens))
+    actors = ActorSystem(seed=seed)
+    writer = EventLogWriter()
+    actors.set_event_sink(lambda events, first: writer.write((t, first + i, a, k, s) for i, (t, _, a, k, s)
+                                                             in enumerate(events)))  # fmt: skip
+    client = ClientActor(actors, cluster, trajectories)
+    SchedulerActor(actors, cluster)
+    ep = config.prefill_ep_nodes
+    pe_nodes = [n.index for n in topology.pe_nodes]
+    for first in range(0, len(pe_nodes), ep):
+        PrefillGroup(actors, cluster, pe_nodes[first : first + ep])
+    for node in topology.de_nodes:
+        DecodeGroup(actors, cluster, node.index)
+
+    async def main() -> None:
+        for actor in actors.actors:
+            actor.start()
+        actors.tell("client", Start())
+        await client.finished.wait()
+
+    started = time.perf_counter()
+    run_virtual(actors.run(main()), core)
+    wall_s = time.perf_counter() - started
+    actors.flush_events()
+    lost = metrics.unfinished()
+    if lost:
+        raise LostRequestsError(f"{system_name}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
+    return _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s)
+
+
+def _result(
+    name: str,
+    core: Core,
+    cluster: Cluster,
+    trajectories: Sequence[Trajectory],
+    actors: ActorSystem,
+    sha256: str,
+    wall_s: float,
+) -> SystemResult:
+    metrics, topology = cluster.metrics, cluster.topology
+    end_s = core.now_ns / 1e9 or 1e-9
+
+    def kv_bytes(port: int) -> float:
+        return float(core.port_counters(port)["fluid_bytes"][KV_LANE])  # type: ignore[index]
+
+    def total_bytes(port: int) -> float:
+        return float(sum(core.port_counters(port)["fluid_bytes"]))  # type: ignore[arg-type]
+
+    snic = {role: [kv_bytes(n.snic_rx) for n in topology.nodes if n.role == role] for role in ("pe", "de")}
+    snic_cap = cluster.config.node.snic_bytes_per_s * cluster.config.node.snics
+    cnic = {
+        role: [total_bytes(p) for n in topology.nodes if n.role == role for p in (*n.cnic_tx, *n.cnic_rx)]
+        for role in ("pe", "de")
+    }
+    cnic_cap = cluster.config.node.cnic_bytes_per_s
+    every_snic = snic["pe"] + snic["de"]
+    mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
+    stats = core.stats()
+    return SystemResult(
+        system=name,
+        jct_s=metrics.jct_s(),
+        turns=len(metrics),
+        agents=len(trajectories),
+        lost_requests=0,
+        ttft_s=percentiles(metrics.ttft_s()).as_dict(),
+        ttst_s=percentiles(metrics.ttst_s()).as_dict(),
+        tpot_s=percentiles(metrics.tpot_s()).as_dict(),
+        snic_read_bytes={role: sum(v) for role, v in snic.items()},
+        snic_util={role: sum(v) / (len(v) * snic_cap * end_s) if v else 0.0 for role, v in snic.items()},
+        cnic_util={role: sum(v) / (len(v) * cnic_cap * end_s) if v else 0.0 for role, v in cnic.items()},
+        snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0,
+        event_log_sha256=sha256,
+        wall_s=wall_s,
+        events=actors.event_count,
+        core_events=int(stats.get("events", 0)),
+        metrics=metrics,
+    )

@@ -1,0 +1,138 @@
+"""The cluster's data plane on the core: ports for every NIC, DRAM and the storage cluster, and the paths of
+every data movement of paper-facts §4 (DESIGN.md §4).
+
+Per node ``n`` (prefill nodes first, then decode nodes): one storage NIC, each direction a port
+(``n<i>.snic.rx`` storage → node, ``n<i>.snic.tx`` node → storage); host DRAM (``n<i>.dram``, one port for
+both directions: the bandwidth M of §4.2); per GPU ``g`` a compute NIC, each direction a port
+(``n<i>.cnic<g>.tx`` reads host memory or HBM, ``n<i>.cnic<g>.rx`` writes them), arbitrated with the paper's
+virtual lanes (A.1: model traffic on VL0, KV traffic on VL2). The storage cluster is one aggregate port each
+way (``3fs.read``, ``3fs.write``) with a per-I/O latency, and one storage queue per node.
+
+The compute network itself (the IB fabric) is taken to be non-blocking: a transfer between nodes is limited by
+the sending and the receiving NIC, and by the memory it touches. PCIe is not a separate port either: under
+the CNIC-centric rule (§5.1) every GPU byte passes the GPU's own CNIC, whose 50 GB/s is below a PCIe Gen5 ×16
+link's 63 GB/s, so the CNIC port is the binding one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from dualpath_emu._core import Arbitration, Core
+from dualpath_emu.cluster.catalog import NodeSpec
+
+__all__ = ["KV_LANE", "MODEL_LANE", "NodePorts", "StorageSpec", "Topology", "build_topology"]
+
+MODEL_LANE: Final = 0
+"""VL0: inference traffic (MoE dispatch/combine), high priority (paper A.1)."""
+KV_LANE: Final = 2
+"""VL2: KV-cache traffic, low priority (paper A.1)."""
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """The 3FS-like storage cluster; the paper gives none of these numbers (paper-facts §10).
+
+    ``read_bytes_per_s``/``write_bytes_per_s`` None means "as much as every storage NIC together" (the SNICs,
+    not the storage cluster, are the bottleneck the paper describes). ``queue_depth`` is how many I/Os one
+    node keeps in flight; the rest wait in its read queue (``read_q``).
+    """
+
+    read_bytes_per_s: float | None = None
+    write_bytes_per_s: float | None = None
+    read_latency_s: float = 200e-6
+    write_latency_s: float = 200e-6
+    queue_depth: int = 64
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    index: int
+    role: str
+    """``"pe"`` or ``"de"``."""
+    snic_rx: int
+    snic_tx: int
+    dram: int
+    cnic_tx: tuple[int, ...]
+    cnic_rx: tuple[int, ...]
+    storage_node: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: tuple[NodePorts, ...]
+    storage_read: int
+    storage_write: int
+
+    @property
+    def pe_nodes(self) -> Sequence[NodePorts]:
+        return [n for n in self.nodes if n.role == "pe"]
+
+    @property
+    def de_nodes(self) -> Sequence[NodePorts]:
+        return [n for n in self.nodes if n.role == "de"]
+
+    # --- paths (§4) ----------------------------------------------------------------------------------
+
+    def h2d(self, node: int, gpu: int) -> tuple[int, ...]:
+        """Host DRAM → HBM through the GPU's CNIC (loopback RDMA write, §5.1)."""
+        n = self.nodes[node]
+        return (n.dram, n.cnic_tx[gpu], n.cnic_rx[gpu])
+
+    def d2h(self, node: int, gpu: int) -> tuple[int, ...]:
+        """HBM → host DRAM through the GPU's CNIC."""
+        n = self.nodes[node]
+        return (n.cnic_tx[gpu], n.cnic_rx[gpu], n.dram)
+
+    def gpu_to_buffer(self, node: int, gpu: int, to_node: int, to_gpu: int) -> tuple[int, ...]:
+        """One GPU's HBM → another node's DRAM buffer, through both GPUs' CNICs (PE → DE buffer)."""
+        src, dst = self.nodes[node], self.nodes[to_node]
+        return (src.cnic_tx[gpu], dst.cnic_rx[to_gpu], dst.dram)
+
+    def buffer_to_gpu(self, node: int, gpu: int, to_node: int, to_gpu: int) -> tuple[int, ...]:
+        """A node's DRAM buffer → another node's GPU HBM, through both CNICs (DE buffer → PE, DE-read)."""
+        src, dst = self.nodes[node], self.nodes[to_node]
+        return (src.dram, src.cnic_tx[gpu], dst.cnic_rx[to_gpu])
+
+    def gpu_to_gpu(self, node: int, gpu: int, to_node: int, to_gpu: int) -> tuple[int, ...]:
+        """HBM → HBM over the compute network (MoE dispatch/combine)."""
+        return (self.nodes[node].cnic_tx[gpu], self.nodes[to_node].cnic_rx[to_gpu])
+
+
+def build_topology(core: Core, node: NodeSpec, pe_nodes: int, de_nodes: int, storage: StorageSpec) -> Topology:
+    """Add the cluster's ports and storage to ``core``; prefill nodes are 0 … pe_nodes-1, then decode nodes."""
+    paper = Arbitration.paper()
+    count = pe_nodes + de_nodes
+    storage_read = core.add_port("3fs.read", storage.read_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
+    storage_write = core.add_port(
+        "3fs.write", storage.write_bytes_per_s or count * node.snic_bytes_per_s * node.snics
+    )
+    core.configure_storage(
+        read_port=storage_read,
+        write_port=storage_write,
+        read_latency_ns=round(storage.read_latency_s * 1e9),
+        write_latency_ns=round(storage.write_latency_s * 1e9),
+    )
+    nodes: list[NodePorts] = []
+    for i in range(count):
+        role = "pe" if i < pe_nodes else "de"
+        prefix = f"n{i}"
+        snic_rx = core.add_port(f"{prefix}.snic.rx", node.snic_bytes_per_s * node.snics)
+        snic_tx = core.add_port(f"{prefix}.snic.tx", node.snic_bytes_per_s * node.snics)
+        dram = core.add_port(f"{prefix}.dram", node.host_dram_bytes_per_s)
+        cnic_tx = tuple(
+            core.add_port(f"{prefix}.cnic{g}.tx", node.cnic_bytes_per_s, arbitration=paper) for g in range(node.gpus)
+        )
+        cnic_rx = tuple(
+            core.add_port(f"{prefix}.cnic{g}.rx", node.cnic_bytes_per_s, arbitration=paper) for g in range(node.gpus)
+        )
+        storage_node = core.add_storage_node(
+            prefix,
+            read_path=[snic_rx, dram],  # after the storage cluster's own port (configure_storage)
+            write_path=[dram, snic_tx],
+            queue_depth=storage.queue_depth,
+        )
+        nodes.append(NodePorts(i, role, snic_rx, snic_tx, dram, cnic_tx, cnic_rx, storage_node))
+    return Topology(tuple(nodes), storage_read, storage_write)
