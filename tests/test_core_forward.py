@@ -229,8 +229,8 @@ class CountingCore:
         self.calls["submit_forwards"] += 1
         return self.core.submit_forwards(forwards)
 
-    def advance_to(self, t_ns: int) -> list[tuple[str, int, int, int, int, int]]:
-        return self.core.advance_to(t_ns)
+    def advance_until(self, t_ns: int) -> list[tuple[str, int, int, int, int, int]]:
+        return self.core.advance_until(t_ns)
 
     @property
     def now_ns(self) -> int:

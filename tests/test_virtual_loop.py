@@ -41,7 +41,7 @@ class CountingCore:
 
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.calls: dict[str, int] = {"submit_transfers": 0, "submit_ios": 0, "add_timers": 0, "advance_to": 0}
+        self.calls: dict[str, int] = {"submit_transfers": 0, "submit_ios": 0, "add_timers": 0, "advance": 0}
 
     def _count(self, name: str) -> None:
         self.calls[name] += 1
@@ -58,9 +58,9 @@ class CountingCore:
         self._count("add_timers")
         return self.core.add_timers(timers)
 
-    def advance_to(self, t_ns: int) -> list[tuple[str, int, int, int, int, int]]:
-        self._count("advance_to")
-        return self.core.advance_to(t_ns)
+    def advance_until(self, t_ns: int) -> list[tuple[str, int, int, int, int, int]]:
+        self._count("advance")
+        return self.core.advance_until(t_ns)
 
     @property
     def now_ns(self) -> int:
@@ -161,7 +161,7 @@ def test_timers_fire_at_their_nanosecond_without_spinning(delays: list[float]) -
         # Fired at the nanosecond nearest its deadline (half a ns either way, plus float noise).
         assert abs(now_ns - deadline * 1e9) <= 0.5 + deadline * 1e-6
     # One jump per sleep at most: the loop never asks the core to advance without reaching a timer.
-    assert counting.calls["advance_to"] <= len(delays)
+    assert counting.calls["advance"] <= len(delays)
 
 
 def test_to_thread_runs_inline_in_zero_virtual_time() -> None:

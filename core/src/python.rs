@@ -660,6 +660,14 @@ impl PyCore {
         completions_to_list(py, self.core.take_completions())
     }
 
+    /// Virtual clock: handle events up to `t_ns` but stop after the first instant with completions (the
+    /// clock ends there, or at `t_ns`); return what completed.
+    fn advance_until<'py>(&mut self, py: Python<'py>, t_ns: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let t = int_in(t_ns, "t_ns", u64::MAX)?;
+        self.core.advance_until(t)?;
+        completions_to_list(py, self.core.take_completions())
+    }
+
     /// Virtual clock: handle the next batch of simultaneous events. Returns `(t_ns, completions)`, or
     /// None when nothing is pending.
     fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<(u64, Bound<'py, PyList>)>> {

@@ -441,6 +441,35 @@ impl Core {
         Ok(self.completions.len())
     }
 
+    /// Virtual mode: handle events in time order up to `t_ns`, but stop after the first instant at which
+    /// something completed: the clock ends there, or at `t_ns` if nothing completed by then (with `t_ns ==
+    /// u64::MAX`, at the last event handled). Internal events (rate changes, the pieces of a forward pass)
+    /// never make a caller wake up for nothing. Returns the number of completions waiting.
+    pub fn advance_until(&mut self, t_ns: TimeNs) -> Result<usize> {
+        if self.wall.is_some() {
+            return Err(CoreError::state("advance_until is for the virtual clock; a wall-clock core uses poll()"));
+        }
+        if t_ns < self.now {
+            return Err(CoreError::invalid("t_ns", format!("a time >= now ({} ns), got {t_ns}", self.now)));
+        }
+        let before = self.completions.len();
+        while let Some(t) = self.next_event_ns().filter(|&t| t <= t_ns) {
+            self.now = t;
+            while self.queue.peek_time() == Some(t) {
+                let (_, kind) = self.queue.pop().expect("peeked");
+                self.handle(kind);
+            }
+            self.flush();
+            if self.completions.len() > before {
+                return Ok(self.completions.len());
+            }
+        }
+        if t_ns != TimeNs::MAX {
+            self.now = t_ns;
+        }
+        Ok(self.completions.len())
+    }
+
     /// Virtual mode: handle the next batch of simultaneous events; returns its time, or None if idle.
     pub fn step(&mut self) -> Result<Option<TimeNs>> {
         if self.wall.is_some() {

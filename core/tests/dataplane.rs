@@ -540,3 +540,23 @@ fn long_transfers_end_on_the_nanosecond_they_are_due_not_before() {
     let done = run(&mut c);
     assert_eq!(done[&1].end_ns, 10_000_000_001);
 }
+
+#[test]
+fn advance_until_stops_at_the_first_completion_and_skips_internal_events() {
+    let mut c = core();
+    let p = port(&mut c, "p", GB);
+    c.submit_transfer(&[p], 0, 1_000_000, 1).unwrap(); // alone: 1 ms; shares the port from 0.5 ms
+    c.add_timers(&[(500_000, 9)]).unwrap();
+    c.submit_transfer(&[p], 0, 10_000_000, 2).unwrap();
+    // Both share 1 GB/s: the timer at 0.5 ms completes first.
+    assert_eq!(c.advance_until(u64::MAX).unwrap(), 1);
+    assert_eq!(c.now_ns(), 500_000);
+    assert_eq!(c.take_completions()[0].tag, 9);
+    // Transfer 1 has 0.75 MB left at 0.5 GB/s: done at 2 ms; a limit before that moves the clock to it.
+    assert_eq!(c.advance_until(1_000_000).unwrap(), 0);
+    assert_eq!(c.now_ns(), 1_000_000);
+    assert_eq!(c.advance_until(u64::MAX).unwrap(), 1);
+    assert_eq!(c.now_ns(), 2 * MS);
+    assert_eq!(c.take_completions()[0].tag, 1);
+    assert!(c.advance_until(0).is_err(), "time never goes back");
+}

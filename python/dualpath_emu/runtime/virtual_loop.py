@@ -9,9 +9,11 @@ wall clock.
 **When the clock moves.** asyncio's ``_run_once`` asks its selector to wait (``select(timeout)`` with
 ``timeout`` None or > 0) only when no callback is ready. The loop's selector then never sleeps: it polls
 the real file descriptors without blocking (the loop's self-pipe, which carries signals; real descriptors
-are looked at only at these idle moments), and if none is ready it calls
-``core.advance_to(t)`` with ``t`` the earliest of the first asyncio timer's firing time and
-``core.next_event_ns()``, resolves the futures of the completions returned, and returns. When there is no
+are looked at only at one idle moment in 16, and always before a deadlock is declared), and if none is ready it calls
+``core.advance_until(t)`` with ``t`` the first asyncio timer's firing time: the core handles its events up
+to ``t`` but stops at the first instant where something completed (its internal events -- rate changes,
+the pieces of a forward pass -- never wake Python); the loop resolves the futures of the completions
+returned, and returns. When there is no
 timer and the core has no event while a coroutine still waits, that coroutine waits for something that
 can never happen: :class:`DeadlockError` is raised out of ``run_until_complete`` instead of hanging.
 
@@ -190,7 +192,9 @@ class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
                 return  # a real descriptor is ready (a signal, another thread): handle it first
             raise DeadlockError(self._deadlock_message(now))
         target = min(t for t in (timer_ns, core_ns) if t is not None)
-        completions = core.advance_to(target)
+        # Up to the next timer, but no further than the first core completion: the core's internal events
+        # (rate changes, the pieces of a forward pass) need no Python.
+        completions = core.advance_until(_U64_MAX if timer_ns is None else timer_ns)
         self._now = core.now_ns
         if target == now and not completions and timer_ns != target:
             self._stalls += 1
