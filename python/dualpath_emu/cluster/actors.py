@@ -3,11 +3,13 @@
 Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a core transfer or I/O):
 
 1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
-2. The scheduler queues it and tells idle engine groups :class:`WorkPending`; groups *pull*: a group asks
-   :class:`Fetch` at most once per ``fetch_period_s``. A prefill fetch runs Algorithm 1 for that node's PEs
-   (the request joins the decode queue); a decode fetch runs the two-level DE selection and picks the read
-   side (§6). The scheduler then tells the prefill group :class:`Prefill` and the decode group
-   :class:`Expect`.
+2. The scheduler queues it and tells the engine groups that have work waiting :class:`WorkPending`;
+   groups *pull*: a group sends :class:`Fetch` (with its report) at most once per ``fetch_period_s``. A
+   prefill fetch runs Algorithm 1 for that node's PEs; the assigned requests join the decode queue and are
+   routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do anyway), and that
+   group is told. A decode fetch runs phase 2 and picks the read side (§6.3). The scheduler then tells the
+   prefill group :class:`Prefill` and the decode group :class:`Expect`; a fetch that got work and left more
+   is answered with another :class:`WorkPending`.
 3. The reading side's group reads the hit KV from storage into its node's DRAM buffer (a core I/O over the
    storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
    scheduler :class:`ReadDone` (its ``read_q`` shrinks).
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -75,14 +77,6 @@ class Fetch(Message):
     WIRE_NAME: ClassVar[str] = "cluster.Fetch"
     VERSION: ClassVar[int] = 1
     node: int
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched(Message):
-    WIRE_NAME: ClassVar[str] = "cluster.Fetched"
-    VERSION: ClassVar[int] = 1
-    assigned: int
-    more: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +166,7 @@ class Start(Message):
 def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
-    for cls in (Submit, WorkPending, Fetch, Fetched, Prefill, Expect, HitReady, ReadDone, KvReady, PrefillDone,
+    for cls in (Submit, WorkPending, Fetch, Prefill, Expect, HitReady, ReadDone, KvReady, PrefillDone,
                 DecodeDone, TurnDone, Start):  # fmt: skip
         registry.register(cls)
     return registry
@@ -198,6 +192,19 @@ class Cluster:
             first = node - node % self.config.prefill_ep_nodes
             return f"pe{first}"
         return f"de{node}"
+
+
+def _then(actor: Actor, future: asyncio.Future[Completion], callback: Callable[[], None]) -> None:
+    """Call ``callback`` when ``future`` is done (cheaper than a task per I/O); an error fails the run."""
+
+    def done(f: asyncio.Future[Completion]) -> None:
+        try:
+            f.result()
+            callback()
+        except Exception as error:
+            actor.system.fail(actor, error)
+
+    future.add_done_callback(done)
 
 
 # --------------------------------------------------------------------------------------------------- client
@@ -296,12 +303,19 @@ class SchedulerActor(Actor):
         del config
 
     def _notify(self, role: str) -> None:
-        nodes = self.pe_engines if role == "pe" else self.de_engines
-        for node in nodes:
-            name = self.cluster.group_name(role, node)
-            if name not in self._notified:
-                self._notified.add(name)
-                self.tell(name, WorkPending())
+        """Tell every group of ``role`` with work for it (prefill: any; decode: a non-empty private queue)."""
+        if role == "pe":
+            for node in self.pe_engines:
+                self._notify_group(self.cluster.group_name("pe", node))
+        else:
+            for node, queue in self.private.items():
+                if queue:
+                    self._notify_group(self.cluster.group_name("de", node))
+
+    def _notify_group(self, name: str) -> None:
+        if name not in self._notified:
+            self._notified.add(name)
+            self.tell(name, WorkPending())
 
     @handles(Submit)
     async def on_submit(self, msg: Submit) -> None:
@@ -315,14 +329,17 @@ class SchedulerActor(Actor):
         self._notify("pe")
 
     @handles(Fetch)
-    async def on_fetch(self, msg: Fetch) -> Fetched:
+    async def on_fetch(self, msg: Fetch) -> None:
         sender = self.envelope.sender if self.envelope is not None else ""
         self._notified.discard(sender)
         if msg.node in self.pe_engines:
-            return self._fetch_prefill(msg.node)
-        return self._fetch_decode(msg.node)
+            assigned, more = self._fetch_prefill(msg.node)
+        else:
+            assigned, more = self._fetch_decode(msg.node)
+        if assigned and more:
+            self._notify_group(sender)
 
-    def _fetch_prefill(self, node: int) -> Fetched:
+    def _fetch_prefill(self, node: int) -> tuple[int, bool]:
         assigned = self.policy.assign_prefill(self.prefill_queue, self.pe_engines[node], self.read_q)
         now = self.system.now_ns()
         for a in assigned:
@@ -330,10 +347,11 @@ class SchedulerActor(Actor):
             self.decode_queue.append(a.request)
             self.cluster.metrics.scheduled_pe(a.request.id, now)
         if assigned:
+            self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
             self._notify("de")
-        return Fetched(len(assigned), bool(self.prefill_queue))
+        return len(assigned), bool(self.prefill_queue)
 
-    def _fetch_decode(self, node: int) -> Fetched:
+    def _fetch_decode(self, node: int) -> tuple[int, bool]:
         assigned = self.policy.assign_decode(
             self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
         )
@@ -352,8 +370,7 @@ class SchedulerActor(Actor):
                               read_on_de))  # fmt: skip
             self.tell(self.cluster.group_name("de", node),
                       Expect(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de))
-        more = bool(self.private[node]) or bool(self.decode_queue)
-        return Fetched(len(assigned), more)
+        return len(assigned), bool(self.private[node])
 
     @handles(ReadDone)
     async def on_read_done(self, msg: ReadDone) -> None:
@@ -380,8 +397,8 @@ class SchedulerActor(Actor):
         engine.seq -= 1
         engine.free_hbm_bytes += request.hbm_bytes
         self.group_loads[node] -= tokens
-        if self.decode_queue or any(self.private.values()):
-            self._notify("de")
+        if self.private[node]:
+            self._notify_group(self.cluster.group_name("de", node))
 
 
 class _GroupActor(Actor):
@@ -391,33 +408,26 @@ class _GroupActor(Actor):
         super().__init__(system, name)
         self.cluster = cluster
         self.nodes = list(nodes)
-        self._fetching = False
-        self._wanted = False
+        self._fetch_due = False
         self._last_fetch_ns = -(10**18)
+        self._period_ns = round(cluster.config.fetch_period_s * NS)
 
     @handles(WorkPending)
     async def on_work_pending(self, msg: WorkPending) -> None:
-        self._wanted = True
-        if not self._fetching:
-            self._fetching = True
-            self.system.spawn(self, self._fetch_loop(), "fetch")
+        if self._fetch_due:
+            return
+        self._fetch_due = True
+        wait_ns = self._last_fetch_ns + self._period_ns - self.system.now_ns()
+        if wait_ns > 0:
+            self.system.loop.call_later(wait_ns / NS, self._fetch)
+        else:
+            self._fetch()
 
-    async def _fetch_loop(self) -> None:
-        # Fetch while there is work for this group: after a WorkPending (even one that arrived during a
-        # fetch), and again while a fetch got work and left more queued.
-        period_ns = round(self.cluster.config.fetch_period_s * NS)
-        while self._wanted:
-            self._wanted = False
-            wait_ns = self._last_fetch_ns + period_ns - self.system.now_ns()
-            if wait_ns > 0:
-                await asyncio.sleep(wait_ns / NS)
-            self._last_fetch_ns = self.system.now_ns()
-            for node in self.nodes:
-                reply = await self.ask("scheduler", Fetch(node))
-                assert isinstance(reply, Fetched)
-                if reply.more and reply.assigned > 0:
-                    self._wanted = True
-        self._fetching = False
+    def _fetch(self) -> None:
+        self._fetch_due = False
+        self._last_fetch_ns = self.system.now_ns()
+        for node in self.nodes:
+            self.tell("scheduler", Fetch(node))
 
 
 # --------------------------------------------------------------------------------------------------- prefill
@@ -484,17 +494,18 @@ class PrefillGroup(_GroupActor):
             self._read(msg.pe_node, item)
 
     def _read(self, node: int, item: _PrefillItem) -> None:
-        self.system.spawn(self, self._read_hit(node, item), "read")
-
-    async def _read_hit(self, node: int, item: _PrefillItem) -> None:
         """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
         metrics = self.cluster.metrics
         metrics.read_start(item.rid, self.system.now_ns())
         storage_node = self.cluster.topology.nodes[node].storage_node
-        await self.system.data_plane.io(storage_node, "read", KV_LANE, item.hit * self._kv)
-        metrics.read_done(item.rid, self.system.now_ns())
-        self.tell("scheduler", ReadDone(node, item.hit))
-        self._ready(item)
+        done = self.system.data_plane.io(storage_node, "read", KV_LANE, item.hit * self._kv)
+
+        def finished() -> None:
+            metrics.read_done(item.rid, self.system.now_ns())
+            self.tell("scheduler", ReadDone(node, item.hit))
+            self._ready(item)
+
+        _then(self, done, finished)
 
     def _ready(self, item: _PrefillItem) -> None:
         item.ready = True
@@ -647,8 +658,7 @@ class _DecodeGpu:
     batch: list[_DecodeRequest] = field(default_factory=list)
     segment_start_ns: int = 0
     step_ns: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    joining: list[_DecodeRequest] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
 
 
 class DecodeGroup(_GroupActor):
@@ -662,28 +672,27 @@ class DecodeGroup(_GroupActor):
         self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
         self.expected: dict[int, Expect] = {}
         self._kv = cluster.derived.kv_bytes_per_token
-        self._started = False
 
     @handles(Expect)
     async def on_expect(self, msg: Expect) -> None:
-        if not self._started:
-            self._started = True
-            for gpu in self.gpus:
-                self.system.spawn(self, self._decode_loop(gpu), f"decode{gpu.gpu}")
         self.expected[msg.rid] = msg
         if msg.read_on_de:
-            self.system.spawn(self, self._read_hit(msg), "read")
+            self._read(msg)
 
-    async def _read_hit(self, msg: Expect) -> None:
+    def _read(self, msg: Expect) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
         metrics.read_start(msg.rid, self.system.now_ns())
         storage_node = self.cluster.topology.nodes[self.node].storage_node
-        await self.system.data_plane.io(storage_node, "read", KV_LANE, msg.hit * self._kv)
-        metrics.read_done(msg.rid, self.system.now_ns())
-        self.tell("scheduler", ReadDone(self.node, msg.hit))
-        self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+        done = self.system.data_plane.io(storage_node, "read", KV_LANE, msg.hit * self._kv)
+
+        def finished() -> None:
+            metrics.read_done(msg.rid, self.system.now_ns())
+            self.tell("scheduler", ReadDone(self.node, msg.hit))
+            self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+
+        _then(self, done, finished)
 
     @handles(KvReady)
     async def on_kv_ready(self, msg: KvReady) -> None:
@@ -696,37 +705,38 @@ class DecodeGroup(_GroupActor):
         if request.produced >= request.gen:
             self._finish(request)
             return
-        gpu.joining.append(request)
-        gpu.wake.set()
+        self._account(gpu, self.system.now_ns())
+        gpu.batch.append(request)
+        self._next_segment(gpu)
 
     def _finish(self, request: _DecodeRequest) -> None:
         self.cluster.metrics.done(request.rid, self.system.now_ns())
         self.tell("scheduler", DecodeDone(request.rid))
         self.tell("client", TurnDone(request.rid))
 
-    async def _decode_loop(self, gpu: _DecodeGpu) -> None:
-        roofline = self.cluster.derived.decode
-        while True:
-            if not gpu.batch and not gpu.joining:
-                gpu.wake.clear()
-                await gpu.wake.wait()
-            now = self.system.now_ns()
-            self._account(gpu, now)
-            if gpu.joining:
-                gpu.batch.extend(gpu.joining)
-                gpu.joining.clear()
-            if not gpu.batch:
-                continue
-            context = sum(r.prompt + r.produced for r in gpu.batch)
-            step_s = roofline.decode_step(len(gpu.batch), context).total_s
-            gpu.step_ns = max(1, round(step_s * NS))
-            gpu.segment_start_ns = now
-            steps = min(r.gen - r.produced for r in gpu.batch)
-            gpu.wake.clear()
-            try:
-                await asyncio.wait_for(gpu.wake.wait(), steps * gpu.step_ns / NS)
-            except TimeoutError:
-                pass
+    def _next_segment(self, gpu: _DecodeGpu) -> None:
+        """Start a segment: the step time of the batch as it is now, and a timer for when its first request
+        finishes (a request joining earlier ends the segment sooner)."""
+        if gpu.timer is not None:
+            gpu.timer.cancel()
+            gpu.timer = None
+        if not gpu.batch:
+            gpu.step_ns = 0
+            return
+        context = sum(r.prompt + r.produced for r in gpu.batch)
+        step_s = self.cluster.derived.decode.decode_step(len(gpu.batch), context).total_s
+        gpu.step_ns = max(1, round(step_s * NS))
+        gpu.segment_start_ns = self.system.now_ns()
+        steps = min(r.gen - r.produced for r in gpu.batch)
+        gpu.timer = self.system.loop.call_later(steps * gpu.step_ns / NS, self._segment_end, gpu)
+
+    def _segment_end(self, gpu: _DecodeGpu) -> None:
+        gpu.timer = None
+        try:
+            self._account(gpu, self.system.now_ns())
+            self._next_segment(gpu)
+        except Exception as error:  # a callback: fail the run rather than lose the error
+            self.system.fail(self, error)
 
     def _account(self, gpu: _DecodeGpu, now: int) -> None:
         """Apply the steps done since the segment started: tokens, second-token times, persisted blocks,

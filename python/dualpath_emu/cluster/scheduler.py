@@ -134,6 +134,13 @@ class Policy:
         read_q[node] = read_q.get(node, 0) + request.hit_tokens
         return side
 
+    def route_decode(
+        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
+    ) -> None:
+        """Phase 1 of the DE selection: move the global decode queue into the groups' private queues. The
+        scheduler may call it as soon as requests join the global queue (the next fetch would do it anyway)."""
+        self._drain_to_groups(global_queue, private_queues, group_loads)
+
     def _drain_to_groups(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
     ) -> None:
@@ -234,6 +241,20 @@ class RoundRobinPolicy(Policy):
     _next_pe: dict[int, int] = field(default_factory=dict)
     _next_de: dict[int, int] = field(default_factory=dict)
 
+    def _drain_to_groups(
+        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
+    ) -> None:
+        # Groups in turn too: each request to the next group.
+        groups = sorted(private_queues)
+        turn = self._next_de.get(-1, 0)
+        while global_queue:
+            request = global_queue.popleft()
+            target = groups[turn % len(groups)]
+            turn += 1
+            private_queues[target].append(request)
+            group_loads[target] += self.decode_tokens(request)
+        self._next_de[-1] = turn % len(groups)
+
     def assign_prefill(
         self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
@@ -260,16 +281,7 @@ class RoundRobinPolicy(Policy):
         group_id: int,
         group: list[Engine],
     ) -> list[DecodeAssignment]:
-        # Groups in turn too: each request to the next group, whichever fetches.
-        groups = sorted(private_queues)
-        turn = self._next_de.get(-1, 0)
-        while global_queue:
-            request = global_queue.popleft()
-            target = groups[turn % len(groups)]
-            turn += 1
-            private_queues[target].append(request)
-            group_loads[target] += self.decode_tokens(request)
-        self._next_de[-1] = turn % len(groups)
+        self._drain_to_groups(global_queue, private_queues, group_loads)
         queue = private_queues[group_id]
         out: list[DecodeAssignment] = []
         if not group:

@@ -339,6 +339,10 @@ class ActorSystem:
         self._log_base = base + len(log)
         sink(log, base)
 
+    def fail(self, actor: Actor, error: Exception) -> None:
+        """Fail the run as a failing tell does, from code of ``actor`` outside a handler (a callback)."""
+        self._fail(actor, None, error)
+
     def spawn(self, actor: Actor, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` as a background task of ``actor`` (an engine's loop, say): it is cancelled when the
         actor stops, and an exception in it fails the run as a failing tell does."""
