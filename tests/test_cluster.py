@@ -79,3 +79,33 @@ def test_every_registered_system_runs() -> None:
     config, work = small_config(), trajectories()[:6]
     for name in SYSTEMS:
         assert run_system(config, name, work).turns == sum(len(t) for t in work)
+
+
+def test_invariant_checker_catches_each_kind_of_violation() -> None:
+    from dualpath_emu.cluster.invariants import EventLogChecker
+
+    def check(events: list[tuple[int, str, str]]) -> list[str]:
+        checker = EventLogChecker()
+        checker.feed((t, i, "a", kind, summary) for i, (t, kind, summary) in enumerate(events))
+        return checker.finish()
+
+    ok = [(0, "admit", "r0"), (1, "capacity", "hbm 10"), (2, "take", "hbm 0 10"), (3, "give", "hbm 0 10"), (4, "end", "r0")]
+    assert check(ok) == []
+    assert check(ok[:4]) == ["1 admitted request(s) never ended, e.g. [0]"]
+    assert check([*ok, (5, "end", "r0")]) == ["request 0 ended twice (event 5)"]
+    assert check([(0, "end", "r3")]) == ["request 3 ended but was never admitted (event 0)"]
+    over = [(0, "capacity", "hbm 10"), (1, "take", "hbm 0 8"), (2, "take", "hbm 1 8")]
+    assert check(over)[0] == "hbm over capacity: 16 > 10 B (event 2, r1)"
+    assert check([(5, "admit", "r0"), (4, "end", "r0")])[0] == "time went back from 5 to 4 ns at event 1"
+
+
+def test_every_byte_is_accounted_against_the_ledger() -> None:
+    from dualpath_emu._core import Core
+    from dualpath_emu.cluster.invariants import check_core_bytes
+
+    core = Core()
+    port = core.add_port("p", 1e9)
+    core.submit_transfers([([port], 2, 1000, 1)])
+    core.run_until_idle()
+    assert check_core_bytes(core, {(port, 2): 1000}, {(port, 2): 1}) == []
+    assert check_core_bytes(core, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]

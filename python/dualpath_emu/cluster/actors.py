@@ -185,6 +185,7 @@ class Cluster:
     topology: Topology
     metrics: Metrics
     policy: Policy
+    plane: Ledger
 
     def group_name(self, role: str, node: int) -> str:
         """The actor that hosts ``node``'s engines (prefill groups may span nodes)."""
@@ -192,6 +193,57 @@ class Cluster:
             first = node - node % self.config.prefill_ep_nodes
             return f"pe{first}"
         return f"de{node}"
+
+
+_Hop = tuple[tuple[int, ...], int, int]
+"""A per-layer transfer of a forward pass: ``(path, lane, bytes per layer)``."""
+
+
+class Ledger:
+    """The cluster's door to the data plane: forwards each request to the running loop's core work and
+    books its bytes per (port, lane), so that the run can check that the core moved exactly what the
+    actors asked for (every byte accounted, :func:`~dualpath_emu.cluster.invariants.check_ledger`)."""
+
+    def __init__(self, system: ActorSystem, topology: Topology) -> None:
+        self._system = system
+        self._topology = topology
+        self.bytes: dict[tuple[int, int], int] = {}
+        self.transfers: dict[tuple[int, int], int] = {}
+
+    def _book(self, path: Sequence[int], lane: int, size: int, count: int = 1) -> None:
+        booked, counted = self.bytes, self.transfers
+        for port in path:
+            key = (port, lane)
+            booked[key] = booked.get(key, 0) + size
+            counted[key] = counted.get(key, 0) + count
+
+    def transfer(self, path: tuple[int, ...], lane: int, size: int) -> asyncio.Future[Completion]:
+        self._book(path, lane, size)
+        return self._system.data_plane.transfer(path, lane, size)
+
+    def io(self, node: int, kind: str, lane: int, size: int) -> asyncio.Future[Completion]:
+        n = self._topology.nodes[node]
+        if kind == "read":
+            self._book((self._topology.storage_read, n.snic_rx, n.dram), lane, size)
+        else:
+            self._book((n.dram, n.snic_tx, self._topology.storage_write), lane, size)
+        return self._system.data_plane.io(n.storage_node, kind, lane, size)
+
+    def forward(
+        self,
+        n_layers: int,
+        ranks: Sequence[tuple[_Hop | None, int, _Hop | None]],
+        *,
+        ffn_ns: int,
+        collectives: Sequence[_Hop],
+    ) -> asyncio.Future[Completion]:
+        for load, _, store in ranks:
+            for hop in (load, store):
+                if hop is not None:
+                    self._book(hop[0], hop[1], hop[2] * n_layers, n_layers)
+        for path, lane, size in collectives:
+            self._book(path, lane, size * n_layers, n_layers)
+        return self._system.data_plane.forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives)
 
 
 def _then(actor: Actor, future: asyncio.Future[Completion], callback: Callable[[], None]) -> None:
@@ -205,6 +257,45 @@ def _then(actor: Actor, future: asyncio.Future[Completion], callback: Callable[[
             actor.system.fail(actor, error)
 
     future.add_done_callback(done)
+
+
+class Pool:
+    """A capacity in bytes handed out in FIFO order (a node's DRAM buffer, a GPU's HBM for KV).
+
+    :meth:`acquire` calls ``then`` once the bytes are granted (at once if they fit and nobody waits);
+    :meth:`release` returns them and grants waiters in order. Grants and returns are recorded as ``take`` and
+    ``give`` events (``<pool> <rid> <bytes>``) after a ``capacity`` event, so the invariant checker can verify
+    from the event log alone that no pool is ever over its capacity.
+    """
+
+    def __init__(self, actor: Actor, name: str, capacity: int) -> None:
+        self.actor, self.name, self.capacity, self.free = actor, name, capacity, capacity
+        self._waiting: deque[tuple[int, int, Callable[[], None]]] = deque()
+        self._announced = False
+
+    def acquire(self, rid: int, size: int, then: Callable[[], None]) -> None:
+        if not self._announced:  # the first use, inside the running loop
+            self._announced = True
+            self.actor.system.record(self.actor.name, "capacity", f"{self.name} {self.capacity}")
+        if size > self.capacity:
+            raise ValueError(f"request {rid} needs {size} B of {self.name}, whose capacity is {self.capacity} B")
+        if not self._waiting and size <= self.free:
+            self._take(rid, size)
+            then()
+        else:
+            self._waiting.append((rid, size, then))
+
+    def release(self, rid: int, size: int) -> None:
+        self.free += size
+        self.actor.system.record(self.actor.name, "give", f"{self.name} {rid} {size}")
+        while self._waiting and self._waiting[0][1] <= self.free:
+            waiter, wanted, then = self._waiting.popleft()
+            self._take(waiter, wanted)
+            then()
+
+    def _take(self, rid: int, size: int) -> None:
+        self.free -= size
+        self.actor.system.record(self.actor.name, "take", f"{self.name} {rid} {size}")
 
 
 # --------------------------------------------------------------------------------------------------- client
@@ -257,6 +348,7 @@ class ClientActor(Actor):
         self._next_rid += 1
         self._agent_of[rid] = agent
         self.cluster.metrics.arrive(rid, agent, self.system.now_ns(), prompt, hit, gen)
+        self.system.record(self.name, "admit", f"r{rid}")
         self.tell("scheduler", Submit(rid, prompt, hit, gen))
 
     @handles(TurnDone)
@@ -439,12 +531,21 @@ class _PrefillItem:
     hit: int
     new: int
     done_new: int = 0
-    ready: bool = False
+    pe_ready: bool = False
+    """The hit KV is where the PE reads it (PE buffer, or nothing to read)."""
+    de_ready: bool = False
+    """The DE side is ready: its buffer is allocated (and, DE-read, the hit KV is in it)."""
+    buffered: int = 0
+    """Bytes of the PE buffer this request holds."""
     de_node: int = 0
     de_gpu: int = 0
     read_on_de: bool = False
     in_hbm: bool = False
     """Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk)."""
+
+    @property
+    def ready(self) -> bool:
+        return self.pe_ready and self.de_ready
 
     @property
     def cached(self) -> int:
@@ -474,6 +575,8 @@ class PrefillGroup(_GroupActor):
         # group keeps 1/ep local), averaged over all layers (dense layers have none).
         per_moe_layer = m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer
         self._a2a = per_moe_layer * m.moe_layers * (ep - 1) / ep / m.layers if ep > 1 else 0.0
+        buffer = cluster.config.dram_buffer_bytes
+        self.buffers = {n: Pool(self, f"n{n}.buffer", buffer) for n in nodes}
 
     def _ensure_loop(self) -> None:
         if not self._loop_started:
@@ -488,32 +591,39 @@ class PrefillGroup(_GroupActor):
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
-        if self.cluster.system.oracle or msg.hit == 0:
-            self._ready(item)
-        elif not msg.read_on_de:
-            self._read(msg.pe_node, item)
+        if self.cluster.system.oracle:
+            item.de_ready = True
+            self._pe_ready(item)
+        elif msg.hit == 0 or msg.read_on_de:
+            self._pe_ready(item)
+        else:
+            item.buffered = msg.hit * self._kv
+            self.buffers[msg.pe_node].acquire(msg.rid, item.buffered, lambda: self._read(msg.pe_node, item))
 
     def _read(self, node: int, item: _PrefillItem) -> None:
         """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
         metrics = self.cluster.metrics
         metrics.read_start(item.rid, self.system.now_ns())
-        storage_node = self.cluster.topology.nodes[node].storage_node
-        done = self.system.data_plane.io(storage_node, "read", KV_LANE, item.hit * self._kv)
+        done = self.cluster.plane.io(node, "read", KV_LANE, item.hit * self._kv)
 
         def finished() -> None:
             metrics.read_done(item.rid, self.system.now_ns())
             self.tell("scheduler", ReadDone(node, item.hit))
-            self._ready(item)
+            self._pe_ready(item)
 
         _then(self, done, finished)
 
-    def _ready(self, item: _PrefillItem) -> None:
-        item.ready = True
-        self._work.set()
+    def _pe_ready(self, item: _PrefillItem) -> None:
+        item.pe_ready = True
+        if item.ready:
+            self._work.set()
 
     @handles(HitReady)
     async def on_hit_ready(self, msg: HitReady) -> None:
-        self._ready(self.items[msg.rid][1])
+        item = self.items[msg.rid][1]
+        item.de_ready = True
+        if item.ready:
+            self._work.set()
 
     # --- batching (§6.4) -----------------------------------------------------------------------------
 
@@ -567,14 +677,14 @@ class PrefillGroup(_GroupActor):
     async def _forward(self, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
         cluster = self.cluster
         system, d, topo, metrics = cluster.system, cluster.derived, cluster.topology, cluster.metrics
-        plane = self.system.data_plane
+        plane = cluster.plane
         now = self.system.now_ns()
         stages = d.stages
         layers = d.model.layers
         # Compute times per GPU; the DP barrier makes every layer as slow as the slowest GPU's attention.
         ffn_s = 0.0
-        ranks: list[tuple[tuple[tuple[int, ...], int, int] | None, int, tuple[tuple[int, ...], int, int] | None]] = []
-        collectives: list[tuple[tuple[int, ...], int, int]] = []
+        ranks: list[tuple[_Hop | None, int, _Hop | None]] = []
+        collectives: list[_Hop] = []
         post: list[tuple[int, int, _PrefillItem, int]] = []
         pre: list[asyncio.Future[Completion]] = []
         for (node, gpu), batch in batches.items():
@@ -626,6 +736,9 @@ class PrefillGroup(_GroupActor):
         for (node, gpu), batch in batches.items():
             queue = self.queues[(node, gpu)]
             for item, chunk in batch:
+                if item.buffered:  # the hit KV is in HBM now: the PE buffer is free again
+                    self.buffers[node].release(item.rid, item.buffered)
+                    item.buffered = 0
                 item.done_new += chunk
                 if item.done_new == item.new:
                     queue.remove(item)
@@ -643,10 +756,11 @@ class _DecodeRequest:
     rid: int
     prompt: int
     gen: int
+    gpu: int
+    stored_blocks: int
+    """Full Blocks of this request's KV in storage (the hit's at first)."""
     produced: int = 1
     """Tokens out so far: the first came from the prefill."""
-    stored_blocks: int = 0
-    """Full Blocks of this request's KV in storage (the hit's at first)."""
 
 
 @dataclass
@@ -672,20 +786,31 @@ class DecodeGroup(_GroupActor):
         self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
         self.expected: dict[int, Expect] = {}
         self._kv = cluster.derived.kv_bytes_per_token
+        self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
+        hbm = cluster.derived.de_hbm_kv_bytes
+        self.hbm = [Pool(self, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
 
     @handles(Expect)
     async def on_expect(self, msg: Expect) -> None:
         self.expected[msg.rid] = msg
+        if self.cluster.system.oracle:
+            return
+        # The DE buffer holds the whole prompt KV until it goes to HBM (§4): hit (read here or sent by the
+        # PE) and miss (sent by the PE layer by layer).
+        self.buffer.acquire(msg.rid, msg.prompt * self._kv, lambda: self._buffer_ready(msg))
+
+    def _buffer_ready(self, msg: Expect) -> None:
         if msg.read_on_de:
             self._read(msg)
+        else:
+            self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
     def _read(self, msg: Expect) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
         metrics.read_start(msg.rid, self.system.now_ns())
-        storage_node = self.cluster.topology.nodes[self.node].storage_node
-        done = self.system.data_plane.io(storage_node, "read", KV_LANE, msg.hit * self._kv)
+        done = self.cluster.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv)
 
         def finished() -> None:
             metrics.read_done(msg.rid, self.system.now_ns())
@@ -697,19 +822,37 @@ class DecodeGroup(_GroupActor):
     @handles(KvReady)
     async def on_kv_ready(self, msg: KvReady) -> None:
         expect = self.expected.pop(msg.rid)
-        gpu = self.gpus[msg.de_gpu]
-        request = _DecodeRequest(msg.rid, expect.prompt, expect.gen, stored_blocks=expect.hit // BLOCK_TOKENS)
-        if not self.cluster.system.oracle:  # the prompt KV: DE buffer → HBM (one H2D, §4)
-            topo = self.cluster.topology
-            await self.system.data_plane.transfer(topo.h2d(self.node, msg.de_gpu), KV_LANE, expect.prompt * self._kv)
+        request = _DecodeRequest(msg.rid, expect.prompt, expect.gen, msg.de_gpu, expect.hit // BLOCK_TOKENS)
+        # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
+        # assigns requests that fit (§6.2), so this never waits.
+        self.hbm[msg.de_gpu].acquire(msg.rid, (expect.prompt + expect.gen) * self._kv, lambda: self._h2d(request))
+
+    def _h2d(self, request: _DecodeRequest) -> None:
+        if self.cluster.system.oracle:
+            self._join(request)
+            return
+        # The prompt KV: DE buffer → HBM (one H2D, §4); then the buffer is free.
+        size = request.prompt * self._kv
+        done = self.cluster.plane.transfer(self.cluster.topology.h2d(self.node, request.gpu), KV_LANE, size)
+
+        def copied() -> None:
+            self.buffer.release(request.rid, size)
+            self._join(request)
+
+        _then(self, done, copied)
+
+    def _join(self, request: _DecodeRequest) -> None:
         if request.produced >= request.gen:
             self._finish(request)
             return
+        gpu = self.gpus[request.gpu]
         self._account(gpu, self.system.now_ns())
         gpu.batch.append(request)
         self._next_segment(gpu)
 
     def _finish(self, request: _DecodeRequest) -> None:
+        self.hbm[request.gpu].release(request.rid, (request.prompt + request.gen) * self._kv)
+        self.system.record(self.name, "end", f"r{request.rid}")
         self.cluster.metrics.done(request.rid, self.system.now_ns())
         self.tell("scheduler", DecodeDone(request.rid))
         self.tell("client", TurnDone(request.rid))
@@ -767,6 +910,6 @@ class DecodeGroup(_GroupActor):
             # Completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged
             # once per segment, not per block.
             size = blocks * BLOCK_TOKENS * self._kv
-            topo, plane = self.cluster.topology, self.system.data_plane
-            plane.transfer(topo.d2h(self.node, gpu.gpu), KV_LANE, size)
-            plane.io(topo.nodes[self.node].storage_node, "write", KV_LANE, size)
+            plane = self.cluster.plane
+            plane.transfer(self.cluster.topology.d2h(self.node, gpu.gpu), KV_LANE, size)
+            plane.io(self.node, "write", KV_LANE, size)

@@ -55,6 +55,8 @@ class ClusterConfig:
     """Hits are whole Full Blocks (storage holds Full Blocks): the partial last block is recomputed [not found]."""
     de_hbm_reserve_fraction: float = 0.1
     """Fraction of a DE GPU's free HBM (after weights) kept for activations and fragmentation [assumed]."""
+    dram_buffer_bytes: int = 80_000_000_000
+    """Host DRAM per node for the PE or DE buffer: 80 GB for the DeepSeek models, 320 GB for Qwen (§7.1)."""
     pe_hbm_reserve_fraction: float = 0.1
     """The same on a PE GPU; without layerwise prefill a batch's whole KV must fit the rest [assumed]."""
     pipeline_stages: int = 0

@@ -19,11 +19,13 @@ from dualpath_emu.cluster.actors import (
     Cluster,
     ClientActor,
     DecodeGroup,
+    Ledger,
     PrefillGroup,
     SchedulerActor,
     Start,
 )
 from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.cluster.topology import KV_LANE, build_topology
@@ -91,11 +93,18 @@ def run_system(
     core = Core()
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics()
-    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens))
     actors = ActorSystem(seed=seed)
+    ledger = Ledger(actors, topology)
+    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), ledger)
     writer = EventLogWriter()
-    actors.set_event_sink(lambda events, first: writer.write((t, first + i, a, k, s) for i, (t, _, a, k, s)
-                                                             in enumerate(events)))  # fmt: skip
+    checker = EventLogChecker()
+
+    def sink(events: list[tuple[int, int, str, str, str]], first: int) -> None:
+        numbered = [(t, first + i, a, k, s) for i, (t, _, a, k, s) in enumerate(events)]
+        writer.write(numbered)
+        checker.feed(numbered)
+
+    actors.set_event_sink(sink)
     client = ClientActor(actors, cluster, trajectories)
     SchedulerActor(actors, cluster)
     ep = config.prefill_ep_nodes
@@ -110,6 +119,7 @@ def run_system(
             actor.start()
         actors.tell("client", Start())
         await client.finished.wait()
+        actors.data_plane.flush()  # work asked for in the last instant (block write-backs) reaches the core
 
     started = time.perf_counter()
     run_virtual(actors.run(main()), core)
@@ -118,7 +128,12 @@ def run_system(
     lost = metrics.unfinished()
     if lost:
         raise LostRequestsError(f"{system_name}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
-    return _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s)
+    end_ns = core.now_ns
+    core.run_until_idle()  # the last block write-backs, so that every byte is accounted
+    violations = checker.finish() + check_core_bytes(core, ledger.bytes, ledger.transfers)
+    if violations:
+        raise InvariantError(f"{system_name}: " + "; ".join(violations))
+    return _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
 
 
 def _result(
@@ -129,9 +144,10 @@ def _result(
     actors: ActorSystem,
     sha256: str,
     wall_s: float,
+    end_ns: int,
 ) -> SystemResult:
     metrics, topology = cluster.metrics, cluster.topology
-    end_s = core.now_ns / 1e9 or 1e-9
+    end_s = end_ns / 1e9 or 1e-9
 
     def kv_bytes(port: int) -> float:
         return float(core.port_counters(port)["fluid_bytes"][KV_LANE])  # type: ignore[index]

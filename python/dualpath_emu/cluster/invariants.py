@@ -1,0 +1,122 @@
+"""Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's
+simulators do): from the event log as it is written, and from the core's byte counters at the end.
+
+From the event log (:class:`EventLogChecker`):
+
+* time never goes backwards and events are numbered 0, 1, 2, … without a gap;
+* every admitted request (``admit r<id>``) ends exactly once (``end r<id>``), and nothing ends that was
+  not admitted;
+* no pool -- a node's DRAM buffer, a GPU's HBM for KV -- is ever over its capacity or below zero
+  (``capacity <pool> <bytes>``, ``take``/``give <pool> <rid> <bytes>``), and every pool is empty at the end.
+
+From the core (:func:`check_core_bytes`): every byte accounted per port and lane -- the finished transfers'
+bytes equal, exactly, what the actors asked the core to move through that port on that lane, and what flowed
+matches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from dualpath_emu._core import Core
+
+__all__ = ["EventLogChecker", "InvariantError", "check_core_bytes"]
+
+MAX_REPORTED: Final = 20
+
+
+class InvariantError(AssertionError):
+    """A run broke an invariant; the message lists the violations."""
+
+
+class EventLogChecker:
+    """Feed it every event in order (:meth:`feed`), then call :meth:`finish` for the end-of-run checks."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.violation_count = 0
+        self._last_t = 0
+        self._next_seq = 0
+        self._admitted: set[int] = set()
+        self._ended: set[int] = set()
+        self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
+        self.events = 0
+
+    def _violate(self, text: str) -> None:
+        self.violation_count += 1
+        if len(self.violations) < MAX_REPORTED:
+            self.violations.append(text)
+
+    def feed(self, events: Iterable[tuple[int, int, str, str, str]]) -> None:
+        for t_ns, seq, actor, kind, summary in events:
+            self.events += 1
+            if t_ns < self._last_t:
+                self._violate(f"time went back from {self._last_t} to {t_ns} ns at event {seq}")
+            if seq != self._next_seq:
+                self._violate(f"event {seq} where {self._next_seq} was expected")
+            self._last_t, self._next_seq = t_ns, seq + 1
+            if kind == "admit":
+                rid = int(summary[1:])
+                if rid in self._admitted:
+                    self._violate(f"request {rid} admitted twice (event {seq})")
+                self._admitted.add(rid)
+            elif kind == "end":
+                rid = int(summary[1:])
+                if rid not in self._admitted:
+                    self._violate(f"request {rid} ended but was never admitted (event {seq})")
+                elif rid in self._ended:
+                    self._violate(f"request {rid} ended twice (event {seq})")
+                self._ended.add(rid)
+            elif kind == "capacity":
+                name, capacity = summary.rsplit(" ", 1)
+                self._pools[name] = [int(capacity), 0]
+            elif kind in ("take", "give"):
+                name, rid_text, size_text = summary.rsplit(" ", 2)
+                pool = self._pools.get(name)
+                if pool is None:
+                    self._violate(f"{kind} on pool {name} before its capacity was given (event {seq})")
+                    continue
+                pool[1] += int(size_text) if kind == "take" else -int(size_text)
+                if pool[1] > pool[0]:
+                    self._violate(f"{name} over capacity: {pool[1]} > {pool[0]} B (event {seq}, r{rid_text})")
+                elif pool[1] < 0:
+                    self._violate(f"{name} below zero: {pool[1]} B (event {seq}, r{rid_text})")
+
+    def finish(self) -> list[str]:
+        """The end-of-run checks; returns every violation found (up to :data:`MAX_REPORTED`)."""
+        never = sorted(self._admitted - self._ended)
+        if never:
+            self._violate(f"{len(never)} admitted request(s) never ended, e.g. {never[:5]}")
+        for name, (_, used) in sorted(self._pools.items()):
+            if used != 0:
+                self._violate(f"{name} still holds {used} B at the end")
+        return self.violations
+
+    @property
+    def admitted(self) -> int:
+        return len(self._admitted)
+
+
+def check_core_bytes(
+    core: Core, booked: Mapping[tuple[int, int], int], transfers: Mapping[tuple[int, int], int]
+) -> list[str]:
+    """Every byte accounted: per port and lane, the bytes of the transfers the core finished equal the bytes
+    the actors asked it to move (``booked`` by the cluster's ledger, with ``transfers`` counted), exactly;
+    and what flowed (the integral of the rates) matches to within the nanosecond rounding of completion
+    times: each transfer may flow up to one nanosecond longer than its bytes need."""
+    out: list[str] = []
+    for port in range(core.port_count):
+        counters = core.port_counters(port)
+        fluid, completed = counters["fluid_bytes"], counters["completed_bytes"]
+        assert isinstance(fluid, list) and isinstance(completed, list)
+        capacity = core.capacity(port)
+        for lane, (flowed, done) in enumerate(zip(fluid, completed)):
+            key = (port, lane)
+            want = booked.get(key, 0)
+            if done != want:
+                out.append(f"port {core.port_name(port)} lane {lane}: {done} B finished, {want} B asked for")
+            slack = transfers.get(key, 0) * capacity * 1e-9 + 1e-6 * done + 1.0
+            if abs(flowed - done) > slack:
+                out.append(f"port {core.port_name(port)} lane {lane}: {flowed:.0f} B flowed, {done} B finished")
+    return out
