@@ -457,6 +457,7 @@ class SchedulerActor(Actor):
             if not oracle and r.hit_tokens > 0:
                 read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
             self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
+            self.system.record(self.name, "assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
             self.tell(self.cluster.group_name("pe", pe_node),
                       Prefill(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu,
                               read_on_de))  # fmt: skip
@@ -608,6 +609,7 @@ class PrefillGroup(_GroupActor):
 
         def finished() -> None:
             metrics.read_done(item.rid, self.system.now_ns())
+            self.system.record(self.name, "read", f"r{item.rid} n{node}")
             self.tell("scheduler", ReadDone(node, item.hit))
             self._pe_ready(item)
 
@@ -744,6 +746,7 @@ class PrefillGroup(_GroupActor):
                     queue.remove(item)
                     del self.items[item.rid]
                     metrics.first_token(item.rid, end)
+                    self.system.record(self.name, "prefilled", f"r{item.rid}")
                     self.tell(cluster.group_name("de", item.de_node), KvReady(item.rid, item.de_node, item.de_gpu))
                     self.tell("scheduler", PrefillDone(item.rid))
 
@@ -814,6 +817,7 @@ class DecodeGroup(_GroupActor):
 
         def finished() -> None:
             metrics.read_done(msg.rid, self.system.now_ns())
+            self.system.record(self.name, "read", f"r{msg.rid} n{self.node}")
             self.tell("scheduler", ReadDone(self.node, msg.hit))
             self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 

@@ -48,8 +48,11 @@ class EventLogChecker:
         if len(self.violations) < MAX_REPORTED:
             self.violations.append(text)
 
-    def feed(self, events: Iterable[tuple[int, int, str, str, str]]) -> None:
-        for t_ns, seq, actor, kind, summary in events:
+    def feed(self, events: Iterable[tuple[int, int, str, str, str]], first_seq: int | None = None) -> None:
+        """Check ``events`` in order; with ``first_seq`` they are numbered from it (their own seq ignored)."""
+        for index, (t_ns, seq, actor, kind, summary) in enumerate(events):
+            if first_seq is not None:
+                seq = first_seq + index
             self.events += 1
             if t_ns < self._last_t:
                 self._violate(f"time went back from {self._last_t} to {t_ns} ns at event {seq}")

@@ -10,8 +10,9 @@ storage-NIC max/mean, the event log's SHA-256, wall time and event counts.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dualpath_emu._core import Core
@@ -28,17 +29,28 @@ from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.systems import SYSTEMS
-from dualpath_emu.cluster.topology import KV_LANE, build_topology
+from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.runtime.actors import ActorSystem
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.virtual_loop import run as run_virtual
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["LostRequestsError", "SystemResult", "run_system"]
+__all__ = ["LostRequestsError", "Progress", "SystemResult", "run_system"]
 
 
 class LostRequestsError(RuntimeError):
     """A run ended with admitted requests that never finished (a bug: every request ends exactly once)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is: turns done of all, emulated and wall seconds so far."""
+
+    system: str
+    turns_done: int
+    turns_total: int
+    emulated_s: float
+    wall_s: float
 
 
 @dataclass
@@ -61,6 +73,10 @@ class SystemResult:
     core_events: int
     metrics: Metrics = field(repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
+    snic_timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    """With ``sample_interval_s``: the storage NICs' mean utilisation (reads) per sample on prefill (``pe``) and
+    decode (``de``) nodes; empty otherwise."""
+    sample_interval_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
@@ -85,26 +101,51 @@ class SystemResult:
 
 
 def run_system(
-    config: ClusterConfig, system_name: str, trajectories: Sequence[Trajectory], *, seed: int = 0
+    config: ClusterConfig,
+    system_name: str,
+    trajectories: Sequence[Trajectory],
+    *,
+    seed: int = 0,
+    record_messages: bool = False,
+    progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 0.25,
+    sample_interval_s: float | None = None,
+    trace_path: str | Path | None = None,
 ) -> SystemResult:
-    """Run ``trajectories`` on ``config`` with the system called ``system_name`` in virtual time."""
+    """Run ``trajectories`` on ``config`` with the system called ``system_name`` in virtual time.
+
+    The event log holds the actors' decisions and milestones (admission, scheduling, reads, first token,
+    end, buffer and HBM grants); ``record_messages`` adds the life of every message (several times longer).
+
+    ``progress`` is called with a :class:`Progress` at most every ``progress_interval_s`` of wall time while
+    the run goes on (from the event sink, so it costs nothing in between), and once at the end.
+    ``sample_interval_s`` makes the core sample port utilisation (:attr:`SystemResult.snic_timeline`);
+    ``trace_path`` records every transfer as a span and writes a Chrome/Perfetto trace there (memory grows
+    with the run). Neither changes the run's results or its event log.
+    """
     system = SYSTEMS[system_name]
     d = derived(config)
-    core = Core()
+    core = Core(
+        sample_interval_ns=None if sample_interval_s is None else max(1, round(sample_interval_s * 1e9)),
+        record_spans=trace_path is not None,
+    )
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics()
-    actors = ActorSystem(seed=seed)
+    actors = ActorSystem(seed=seed, record_messages=record_messages)
     ledger = Ledger(actors, topology)
     cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), ledger)
     writer = EventLogWriter()
     checker = EventLogChecker()
 
     def sink(events: list[tuple[int, int, str, str, str]], first: int) -> None:
-        numbered = [(t, first + i, a, k, s) for i, (t, _, a, k, s) in enumerate(events)]
-        writer.write(numbered)
-        checker.feed(numbered)
+        writer.write_numbered(events, first)
+        checker.feed(events, first)
 
     actors.set_event_sink(sink)
+    report = None
+    if progress is not None:  # smaller chunks: the sink is where progress is looked at
+        report = _Reporter(system_name, progress, progress_interval_s, metrics, core, trajectories)
+        actors.set_event_sink(report.wrap(sink), chunk=4096)
     client = ClientActor(actors, cluster, trajectories)
     SchedulerActor(actors, cluster)
     ep = config.prefill_ep_nodes
@@ -125,6 +166,8 @@ def run_system(
     run_virtual(actors.run(main()), core)
     wall_s = time.perf_counter() - started
     actors.flush_events()
+    if report is not None:
+        report.now()
     lost = metrics.unfinished()
     if lost:
         raise LostRequestsError(f"{system_name}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
@@ -133,7 +176,13 @@ def run_system(
     violations = checker.finish() + check_core_bytes(core, ledger.bytes, ledger.transfers)
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
-    return _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
+    result = _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
+    if sample_interval_s is not None:
+        result.snic_timeline = _snic_timeline(core, topology)
+        result.sample_interval_s = sample_interval_s
+    if trace_path is not None:
+        core.write_trace(str(trace_path))
+    return result
 
 
 def _result(
@@ -184,3 +233,45 @@ def _result(
         core_events=int(stats.get("events", 0)),
         metrics=metrics,
     )
+
+
+class _Reporter:
+    """Calls a progress callback from the event sink, at most every ``interval_s`` of wall time."""
+
+    def __init__(
+        self, system: str, callback: Callable[[Progress], None], interval_s: float, metrics: Metrics, core: Core,
+        trajectories: Sequence[Trajectory],
+    ) -> None:
+        self.system, self.callback, self.interval_s = system, callback, interval_s
+        self.metrics, self.core = metrics, core
+        self.total = sum(len(t) for t in trajectories)
+        self.started = time.perf_counter()
+        self.next_s = self.started + interval_s
+
+    def wrap(
+        self, sink: Callable[[list[tuple[int, int, str, str, str]], int], None]
+    ) -> Callable[[list[tuple[int, int, str, str, str]], int], None]:
+        def reporting(events: list[tuple[int, int, str, str, str]], first: int) -> None:
+            sink(events, first)
+            if time.perf_counter() >= self.next_s:
+                self.now()
+
+        return reporting
+
+    def now(self) -> None:
+        """Report now."""
+        wall = time.perf_counter()
+        self.next_s = wall + self.interval_s
+        done = self.metrics.done_ns
+        turns_done = len(done) - done.count(-1)  # a C loop over the column: cheap at a few calls per second
+        self.callback(Progress(self.system, turns_done, self.total, self.core.now_ns / 1e9, wall - self.started))
+
+
+def _snic_timeline(core: Core, topology: Topology) -> dict[str, list[float]]:
+    """Mean storage-NIC read utilisation per sample over the prefill and the decode nodes."""
+    out: dict[str, list[float]] = {}
+    for role in ("pe", "de"):
+        series = [core.utilisation(n.snic_rx) for n in topology.nodes if n.role == role]
+        width = max((len(s) for s in series), default=0)
+        out[role] = [sum(s[i] if i < len(s) else 0.0 for s in series) / len(series) for i in range(width)]
+    return out

@@ -211,18 +211,29 @@ class ActorSystem:
 
     ``latency_s`` is the delivery latency of every message and reply, in loop (so virtual) seconds;
     ``failure_events`` how many of the last events an :class:`ActorFailure` carries; ``seed`` the seed of
-    the run's random streams (:meth:`random`). The system binds to the running event loop when it is
+    the run's random streams (:meth:`random`); ``record_messages`` whether every message's life is
+    recorded (see the attribute). The system binds to the running event loop when it is
     first used.
     """
 
     def __init__(
-        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, seed: int = 0
+        self,
+        *,
+        latency_s: float = 0.0,
+        failure_events: int = DEFAULT_FAILURE_EVENTS,
+        seed: int = 0,
+        record_messages: bool = True,
     ) -> None:
         if not latency_s >= 0.0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self._latency_s = latency_s
         self.seed = seed
         """The run's seed: every random stream of :meth:`random` derives from it."""
+        self.record_messages = record_messages
+        """Whether the life of every message is recorded (``tell``/``ask``, ``deliver``, ``handle``,
+        ``reply``, ``answer``). Off, only the actors' own events and the exceptional ones (``drop``,
+        ``timeout``, ``late``, ``unhandled``, ``error``, ``failure``, ``start``, ``stop``) are: a long run
+        whose actors record what they decide then keeps a log a tenth of the size."""
         self.failure_events = failure_events
         # Events as plain tuples, appended on the hot paths; `events` turns them into Event as read.
         self._log: list[tuple[int, int, str, str, str]] = []
@@ -404,8 +415,9 @@ class ActorSystem:
         summary = f"#{msg_id} {type(msg).__qualname__} {sender}->{recipient}"
         clock = self._clock
         now = clock() if clock is not None else self._bind()()
-        log = self._log
-        log.append((now, len(log), sender, "tell", summary))
+        if self.record_messages:
+            log = self._log
+            log.append((now, len(log), sender, "tell", summary))
         if target._stopped:
             self._drop(envelope, summary)
             return
@@ -424,7 +436,8 @@ class ActorSystem:
             raise ActorStoppedError(recipient)
         envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
         summary = _describe(envelope)
-        self.record(sender, "ask", summary)
+        if self.record_messages:
+            self.record(sender, "ask", summary)
         future: asyncio.Future[Message | None] = self.loop.create_future()
         self._pending[envelope.msg_id] = _Pending(future, recipient)
         self._send(_Request(envelope, True, summary), self.now_ns())
@@ -472,7 +485,7 @@ class ActorSystem:
         batch = self._in_flight.popleft()
         if batch is self._open_batch:
             self._open_batch = None  # what is sent from now on is due later
-        actors, log, now = self._actors, self._log, self.now_ns()
+        actors, log, now, record = self._actors, self._log, self.now_ns(), self.record_messages
         for item in batch:
             if isinstance(item, _Reply):
                 self._answer(item)
@@ -483,7 +496,8 @@ class ActorSystem:
                 if not item.is_ask:
                     self._drop(envelope, item.summary)
                 continue  # an ask: its asker was told when the actor stopped
-            log.append((now, len(log), envelope.recipient, "deliver", item.summary))
+            if record:
+                log.append((now, len(log), envelope.recipient, "deliver", item.summary))
             target._mailbox.put_nowait(item)
 
     def _answer(self, reply: _Reply) -> None:
@@ -492,7 +506,8 @@ class ActorSystem:
             self.record(reply.recipient, "late", f"#{reply.msg_id} re #{reply.reply_to} from {reply.sender}")
             return
         what = type(reply.error).__name__ if reply.error is not None else _type_name(reply.result)
-        self.record(reply.recipient, "answer", f"#{reply.msg_id} re #{reply.reply_to} {what} from {reply.sender}")
+        if self.record_messages:
+            self.record(reply.recipient, "answer", f"#{reply.msg_id} re #{reply.reply_to} {what} from {reply.sender}")
         if reply.error is not None:
             pending.future.set_exception(reply.error)
         else:
@@ -501,7 +516,8 @@ class ActorSystem:
     def _reply(self, request: Envelope, result: Message | None, error: BaseException | None) -> None:
         reply = _Reply(request.recipient, request.sender, self._new_msg_id(), request.msg_id, result, error)
         if error is None:
-            self.record(request.recipient, "reply", f"#{reply.msg_id} re #{request.msg_id} {_type_name(result)}")
+            if self.record_messages:
+                self.record(request.recipient, "reply", f"#{reply.msg_id} re #{request.msg_id} {_type_name(result)}")
         else:
             summary = f"#{reply.msg_id} re #{request.msg_id} {type(error).__name__}: {error}"
             self.record(request.recipient, "error", summary)
@@ -515,8 +531,9 @@ class ActorSystem:
 
     async def _handle(self, actor: Actor, request: _Request) -> None:
         envelope, is_ask, summary = request
-        log = self._log
-        log.append((self.now_ns(), len(log), actor.name, "handle", summary))
+        if self.record_messages:
+            log = self._log
+            log.append((self.now_ns(), len(log), actor.name, "handle", summary))
         handler = actor._handler_for(type(envelope.body))
         if handler is None:
             if is_ask:

@@ -85,6 +85,19 @@ class EventLogWriter:
                 self._file.write(line)
             self.lines += 1
 
+    def write_numbered(self, events: list[RawEvent], first_seq: int) -> None:
+        """Write ``events`` numbering them ``first_seq``, ``first_seq + 1``, … (their own seq is ignored):
+        the chunks an :meth:`ActorSystem.set_event_sink` sink receives. One string per chunk, escaped only
+        if some field needs it."""
+        text = "".join([f"{t}\t{first_seq + i}\t{a}\t{k}\t{m}\n" for i, (t, _, a, k, m) in enumerate(events)])
+        n = len(events)
+        if text.count("\t") != 4 * n or text.count("\n") != n or "\\" in text or "\r" in text:
+            text = "".join([event_line((t, first_seq + i, a, k, m)) for i, (t, _, a, k, m) in enumerate(events)])
+        self._hash.update(text.encode())
+        if self._file is not None:
+            self._file.write(text)
+        self.lines += n
+
     def sha256(self) -> str:
         """The hex digest of everything written so far."""
         return self._hash.hexdigest()

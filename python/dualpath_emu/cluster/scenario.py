@@ -1,0 +1,422 @@
+"""Cluster scenarios: a TOML file → the :class:`~dualpath_emu.cluster.config.ClusterConfig`, the systems to
+compare, the workload and the seed of one ``dualpath-emu run``.
+
+A cluster scenario says ``kind = "cluster"`` at the top; the actor runtime's run scenarios (``app = ...``,
+e.g. ``scenarios/pipeline.toml``, for ``dualpath-emu launch``) are a different format and are refused here
+with a pointer to ``launch``. Every key below is shown with its default (the defaults are those of the
+dataclasses the keys fill: :class:`ClusterConfig`, :class:`~dualpath_emu.cluster.catalog.NodeSpec`'s
+testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
+:class:`~dualpath_emu.cluster.roofline.RooflineParams`,
+:class:`~dualpath_emu.workload.generator.GeneratorParams`; their docstrings give each value's source)::
+
+    kind = "cluster"                     # required: marks a cluster scenario
+    name = "<file name without .toml>"   # the run's name in tables and summary.json
+    seed = 0                             # the workload generator's and every actor's random streams
+    systems = ["basic", "dualpath", "oracle"]   # run in this order; any of dualpath_emu.cluster.systems.SYSTEMS
+
+    [deployment]
+    model = "ds660b"                     # ds660b | ds27b | qwen32b (dualpath_emu.cluster.catalog.MODELS)
+    pe_nodes = 2                         # prefill nodes
+    de_nodes = 4                         # decode nodes
+    prefill_ep_nodes = 2                 # nodes per prefill EP group; must divide pe_nodes, and the group's
+                                         # GPUs must hold the model's weights (DS 660B on 80 GiB GPUs: >= 2)
+    decode_ep_nodes = 4                  # nodes per decode EP group (sets the weights per DE GPU); divides de_nodes
+    dram_buffer_bytes = 80_000_000_000   # host DRAM per node for the PE/DE buffer (paper §7.1: 80 GB for the
+                                         # DeepSeek models, 320 GB for Qwen)
+
+    [hardware]                           # one node (paper §7.1) and its GPU
+    gpu = "h800"                         # h800 | h100 | h200 | h20 (dualpath_emu.cluster.catalog.GPUS)
+    gpus = 8                             # GPUs per node, each with its own compute NIC
+    cnic_bytes_per_s = 50e9              # per compute NIC (400 Gb/s)
+    snic_bytes_per_s = 50e9              # per storage NIC (400 Gb/s)
+    snics = 1                            # storage NICs per node
+    host_dram_bytes_per_s = 500e9        # host memory bandwidth (paper §4.2's M)
+    pcie_bytes_per_s = 63e9              # per GPU-CNIC PCIe link, each direction
+
+    [storage]                            # the 3FS-like storage cluster (the paper gives no numbers)
+    read_bytes_per_s = 0                 # aggregate read bandwidth; 0 (unset): every storage NIC together
+    write_bytes_per_s = 0                # aggregate write bandwidth; 0 (unset): every storage NIC together
+    read_latency_s = 0.0002              # per I/O
+    write_latency_s = 0.0002
+    queue_depth = 64                     # I/Os one node keeps in flight; the rest wait in its read_q
+
+    [roofline]                           # compute model (dualpath_emu.cluster.roofline: each default's reason)
+    gemm_efficiency = 0.6                # in (0, 1]
+    attention_efficiency = 0.6           # in (0, 1]
+    memory_efficiency = 0.8              # in (0, 1]
+    prefill_overhead_s_per_layer = 0.0   # >= 0
+
+    [workload]
+    dataset = "64k"                      # 32k | 48k | 64k: the generator's Table 2 datasets (paper §7.2)
+    # trace = "file.jsonl"               # instead of dataset: a trajectory file or a Mooncake trace,
+                                         # relative to this file's folder
+    agents = 64                          # >= 1; with a trace: the first N of its trajectories (default all)
+    max_rounds = 0                       # > 0: keep only each agent's first N rounds (quick runs); 0: all
+    mode = "offline"                     # "offline": every agent starts at t = 0 (metric JCT);
+                                         # "online": Poisson agent arrivals (TTFT, TTST, TPOT)
+    arrival_rate = 0.1                   # online: agents per second (APS, §7.4); > 0
+
+    [workload.generator]                 # the synthetic datasets (dualpath_emu.workload.generator)
+    base_trajectories = 500              # base trajectories per dataset (the paper's datasets have 500)
+    reading = "per-trajectory"           # or "per-turn": which reading of Table 2 to match
+    append_sigma = 1.0
+    gen_sigma = 0.6
+    first_round_sigma = 0.3
+    total_min_fraction = 0.1             # in (0, 1)
+    first_append = 1                     # tokens of an extra agent's synthetic first round
+
+    [scheduling]                         # paper §6, App. A.4
+    alpha_read_s = 3.0                   # α = tokens a node reads from storage in this many seconds
+    beta_compute_s = 5.0                 # β = tokens one GPU prefills in this many seconds
+    attention_quota_s = 0.3              # per-layer attention-time quota of a PE forward batch
+    fetch_period_s = 0.005               # how often an engine group may fetch work
+    hit_block_aligned = true             # hits are whole 64-token Full Blocks
+    de_hbm_reserve_fraction = 0.1        # of a DE GPU's free HBM, kept for activations; in [0, 0.99]
+    pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
+    pipeline_stages = 0                  # layerwise pipeline stages per forward pass (0: one per layer)
+
+Checks beyond types and ranges, each an error naming the key: the model's weights must fit the GPUs of an
+EP group (prefill and decode); a DE GPU must have HBM for the KV of the longest request; a system without
+layerwise prefill (``basic``) needs a PE GPU to hold one request's whole KV; a node's DRAM buffer must hold
+one request's KV. Unknown keys, wrong types and impossible values are
+:class:`~dualpath_emu.config.ScenarioError`\\ s naming the file, the key and what was expected (the CLI:
+one line, exit status 2).
+
+:data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as
+``scenarios/ds660b-2p4d-offline.toml`` (a test keeps them equal), so it works without the repository.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal, cast
+
+from dualpath_emu.cluster.catalog import GPUS, MODELS, TESTBED_NODE, NodeSpec
+from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.roofline import Roofline, RooflineParams
+from dualpath_emu.cluster.systems import SYSTEMS
+from dualpath_emu.cluster.topology import StorageSpec
+from dualpath_emu.config import ScenarioError, Table, load_toml
+from dualpath_emu.errors import InvalidArgumentError
+from dualpath_emu.workload import load_trace
+from dualpath_emu.workload.generator import DATASETS, READINGS, GeneratorParams, Reading, generate
+from dualpath_emu.workload.trajectory import Trajectory
+
+__all__ = [
+    "BUILT_IN",
+    "DEFAULT",
+    "DEFAULT_AGENTS",
+    "DEFAULT_SYSTEMS",
+    "ClusterScenario",
+    "is_cluster_scenario",
+    "load_cluster_scenario",
+]
+
+KIND: Final = "cluster"
+BUILT_IN: Final = "<built-in>"
+DEFAULT_SYSTEMS: Final = ("basic", "dualpath", "oracle")
+DEFAULT_AGENTS: Final = 128
+"""Agents of the built-in scenario: as many as keep ``make run`` (three systems) under about a minute on this
+project's 2-core machine; the storage bottleneck already shows (Basic's prefill-node storage NICs carry every
+read, DualPath splits them)."""
+
+_MAX_SEED: Final = 2**63 - 1
+Mode = Literal["offline", "online"]
+MODES: Final[tuple[Mode, ...]] = ("offline", "online")
+
+
+@dataclass(frozen=True)
+class ClusterScenario:
+    """One cluster run: settings, systems, workload and seed. ``source`` is the file (or ``<built-in>``)."""
+
+    name: str
+    config: ClusterConfig
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
+    seed: int = 0
+    trace: Path | None = None
+    """A trace file to replay instead of generating ``config.dataset``."""
+    max_rounds: int = 0
+    """> 0: keep only each agent's first ``max_rounds`` rounds."""
+    generator: GeneratorParams = field(default_factory=GeneratorParams)
+    source: str = BUILT_IN
+
+    def workload(self) -> str:
+        """The workload in words, e.g. ``64k × 128 agents, offline``."""
+        what = f"trace {self.trace}" if self.trace is not None else f"{self.config.dataset}"
+        rounds = f" (first {self.max_rounds} rounds)" if self.max_rounds else ""
+        mode = self.config.mode if self.config.mode == "offline" else f"online at {self.config.arrival_rate:g} APS"
+        return f"{what} × {self.config.agents} agents{rounds}, {mode}"
+
+    def describe(self) -> str:
+        """One line: model, GPU, deployment, workload, systems, seed."""
+        c = self.config
+        gpus = c.node.gpus
+        return (
+            f"{c.model} on {c.gpu}, {c.pe_nodes}P{c.de_nodes}D (prefill EP{c.prefill_ep_nodes * gpus}, decode "
+            f"EP{c.decode_ep_nodes * gpus}), {self.workload()}; systems {', '.join(self.systems)}; seed {self.seed}"
+        )
+
+    def trajectories(self) -> list[Trajectory]:
+        """The workload: generated (deterministic in ``seed``) or read from ``trace``."""
+        if self.trace is not None:
+            out = list(load_trace(self.trace).trajectories[: self.config.agents])
+        else:
+            out = generate(self.config.dataset, self.config.agents, seed=self.seed, params=self.generator)
+        if self.max_rounds:
+            out = [_first_rounds(t, self.max_rounds) for t in out]
+        return out
+
+    def with_overrides(
+        self, *, systems: Sequence[str] | None = None, agents: int | None = None, seed: int | None = None
+    ) -> ClusterScenario:
+        """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file."""
+        out = self
+        if systems is not None:
+            out = dataclasses.replace(out, systems=_check_systems(list(systems), "--system", out.config))
+        if agents is not None:
+            if agents < 1:
+                raise ScenarioError(f"--agents: expected an integer >= 1, got {agents}")
+            if out.trace is not None:
+                available = len(load_trace(out.trace).trajectories)
+                if agents > available:
+                    raise ScenarioError(f"--agents: expected at most {available} (the trajectories in {out.trace}), got {agents}")
+            out = dataclasses.replace(out, config=dataclasses.replace(out.config, agents=agents))
+        if seed is not None:
+            if not 0 <= seed <= _MAX_SEED:
+                raise ScenarioError(f"--seed: expected an integer in [0, {_MAX_SEED}], got {seed}")
+            out = dataclasses.replace(out, seed=seed)
+        return out
+
+
+DEFAULT: Final = ClusterScenario(name="ds660b-2p4d-offline", config=ClusterConfig(agents=DEFAULT_AGENTS))
+"""The built-in scenario: DS 660B, 2P4D, offline, 64K dataset, :data:`DEFAULT_AGENTS` agents, Basic /
+DualPath / Oracle (``scenarios/ds660b-2p4d-offline.toml`` holds the same)."""
+
+
+def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
+    if len(trajectory) <= rounds:
+        return trajectory
+
+    hit, arrival_s = trajectory.hit, trajectory.arrival_s
+    return dataclasses.replace(
+        trajectory, append=trajectory.append[:rounds], gen=trajectory.gen[:rounds],
+        hit=None if hit is None else hit[:rounds], arrival_s=None if arrival_s is None else arrival_s[:rounds],
+    )
+
+
+def is_cluster_scenario(top: Table) -> bool:
+    """Whether the file's top table says ``kind = "cluster"`` (run scenarios for ``launch`` have ``app``)."""
+    return "kind" in top and top.get_str("kind") == KIND
+
+
+def load_cluster_scenario(path: str | Path) -> ClusterScenario:
+    """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong)."""
+    return scenario_from_table(load_toml(path), Path(path))
+
+
+def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
+    """The cluster scenario of the TOML top-level table ``top``, read from ``path``."""
+    if "kind" not in top and "app" in top:
+        raise ScenarioError(
+            f"{top.source}: this is an actor-runtime scenario (it has key 'app'), not a cluster scenario "
+            "(kind = \"cluster\"): run it with `dualpath-emu launch`"
+        )
+    top.get_str("kind", choices=(KIND,))
+    name = top.get_str("name", path.stem)
+    if not name:
+        raise top.error("name", "a non-empty string", name)
+    seed = top.get_int("seed", 0, min=0, max=_MAX_SEED)
+    systems_table_value = top.get_str_list("systems", list(DEFAULT_SYSTEMS), non_empty=True)
+
+    deployment = top.table("deployment")
+    hardware = top.table("hardware")
+    storage_table = top.table("storage")
+    roofline_table = top.table("roofline")
+    workload = top.table("workload")
+    scheduling = top.table("scheduling")
+    top.finish()
+
+    base = ClusterConfig()
+    node = _node(hardware, base.node)
+    gpu = hardware.get_str("gpu", base.gpu, choices=tuple(GPUS))
+    hardware.finish()
+
+    model = deployment.get_str("model", base.model, choices=tuple(MODELS))
+    pe_nodes = deployment.get_int("pe_nodes", base.pe_nodes, min=1)
+    de_nodes = deployment.get_int("de_nodes", base.de_nodes, min=1)
+    prefill_ep = deployment.get_int("prefill_ep_nodes", base.prefill_ep_nodes, min=1)
+    decode_ep = deployment.get_int("decode_ep_nodes", base.decode_ep_nodes, min=1)
+    dram_buffer = deployment.get_int("dram_buffer_bytes", base.dram_buffer_bytes, min=1)
+    if pe_nodes % prefill_ep:
+        raise deployment.error("prefill_ep_nodes", f"a divisor of pe_nodes = {pe_nodes}", prefill_ep)
+    if de_nodes % decode_ep:
+        raise deployment.error("decode_ep_nodes", f"a divisor of de_nodes = {de_nodes}", decode_ep)
+    for key, ep_nodes in (("prefill_ep_nodes", prefill_ep), ("decode_ep_nodes", decode_ep)):
+        _check_weights_fit(deployment, key, model, gpu, node.gpus, ep_nodes)
+    deployment.finish()
+
+    storage = _storage(storage_table, base.storage)
+    roofline = _roofline(roofline_table, base.roofline)
+    base = _scheduling(scheduling, base)
+
+    dataset = workload.get_str("dataset", base.dataset, choices=tuple(DATASETS))
+    trace_value = workload.get_str("trace", "")
+    if trace_value and "dataset" in workload:
+        raise workload.error("trace", "either dataset or trace, not both", trace_value)
+    trace = (path.parent / trace_value) if trace_value else None
+    agents_given = "agents" in workload
+    agents = workload.get_int("agents", base.agents, min=1)
+    max_rounds = workload.get_int("max_rounds", 0, min=0)
+    mode = cast(Mode, workload.get_str("mode", base.mode, choices=MODES))
+    arrival_rate = workload.get_float("arrival_rate", base.arrival_rate, min=0.0, min_exclusive=True)
+    generator = _generator(workload.table("generator"))
+    workload.finish()
+    if trace is not None:
+        available = len(load_trace(trace).trajectories)
+        if agents_given and agents > available:
+            raise workload.error("agents", f"at most {available} (the trajectories in {trace})", agents)
+        agents = agents if agents_given else available
+
+    config = dataclasses.replace(
+        base, model=model, gpu=gpu, node=node, pe_nodes=pe_nodes, de_nodes=de_nodes, prefill_ep_nodes=prefill_ep,
+        decode_ep_nodes=decode_ep, storage=storage, roofline=roofline, dataset=dataset, agents=agents, mode=mode,
+        arrival_rate=arrival_rate, dram_buffer_bytes=dram_buffer,
+    )  # fmt: skip
+    systems = _check_systems(systems_table_value, "systems", config, top)
+    scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source)
+    _check_memory(scenario, top, deployment)
+    return scenario
+
+
+def _node(t: Table, base: NodeSpec) -> NodeSpec:
+    return NodeSpec(
+        gpus=t.get_int("gpus", base.gpus, min=1),
+        cnic_bytes_per_s=t.get_float("cnic_bytes_per_s", base.cnic_bytes_per_s, min=0.0, min_exclusive=True),
+        snic_bytes_per_s=t.get_float("snic_bytes_per_s", base.snic_bytes_per_s, min=0.0, min_exclusive=True),
+        snics=t.get_int("snics", base.snics, min=1),
+        host_dram_bytes_per_s=t.get_float("host_dram_bytes_per_s", base.host_dram_bytes_per_s, min=0.0,
+                                          min_exclusive=True),
+        pcie_bytes_per_s=t.get_float("pcie_bytes_per_s", base.pcie_bytes_per_s, min=0.0, min_exclusive=True),
+    )  # fmt: skip
+
+
+def _storage(t: Table, base: StorageSpec) -> StorageSpec:
+    def bandwidth(key: str, default: float | None) -> float | None:
+        # TOML has no null: 0 (or no key) means "unset", i.e. every storage NIC together.
+        return t.get_float(key, default or 0.0, min=0.0) or None
+
+    out = StorageSpec(
+        read_bytes_per_s=bandwidth("read_bytes_per_s", base.read_bytes_per_s),
+        write_bytes_per_s=bandwidth("write_bytes_per_s", base.write_bytes_per_s),
+        read_latency_s=t.get_float("read_latency_s", base.read_latency_s, min=0.0),
+        write_latency_s=t.get_float("write_latency_s", base.write_latency_s, min=0.0),
+        queue_depth=t.get_int("queue_depth", base.queue_depth, min=1),
+    )
+    t.finish()
+    return out
+
+
+def _roofline(t: Table, base: RooflineParams) -> RooflineParams:
+    out = RooflineParams(
+        gemm_efficiency=t.get_float("gemm_efficiency", base.gemm_efficiency, min=0.0, max=1.0, min_exclusive=True),
+        attention_efficiency=t.get_float("attention_efficiency", base.attention_efficiency, min=0.0, max=1.0,
+                                         min_exclusive=True),
+        memory_efficiency=t.get_float("memory_efficiency", base.memory_efficiency, min=0.0, max=1.0,
+                                      min_exclusive=True),
+        prefill_overhead_s_per_layer=t.get_float("prefill_overhead_s_per_layer", base.prefill_overhead_s_per_layer,
+                                                 min=0.0),
+    )  # fmt: skip
+    t.finish()
+    return out
+
+
+def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
+    """``base`` with the [scheduling] keys (their defaults are ``base``'s)."""
+    out = dataclasses.replace(
+        base,
+        alpha_read_s=t.get_float("alpha_read_s", base.alpha_read_s, min=0.0, min_exclusive=True),
+        beta_compute_s=t.get_float("beta_compute_s", base.beta_compute_s, min=0.0, min_exclusive=True),
+        attention_quota_s=t.get_float("attention_quota_s", base.attention_quota_s, min=0.0, min_exclusive=True),
+        fetch_period_s=t.get_float("fetch_period_s", base.fetch_period_s, min=0.0, min_exclusive=True),
+        hit_block_aligned=t.get_bool("hit_block_aligned", base.hit_block_aligned),
+        de_hbm_reserve_fraction=t.get_float("de_hbm_reserve_fraction", base.de_hbm_reserve_fraction, min=0.0,
+                                            max=0.99),
+        pe_hbm_reserve_fraction=t.get_float("pe_hbm_reserve_fraction", base.pe_hbm_reserve_fraction, min=0.0,
+                                            max=0.99),
+        pipeline_stages=t.get_int("pipeline_stages", base.pipeline_stages, min=0),
+    )  # fmt: skip
+    t.finish()
+    return out
+
+
+def _generator(t: Table) -> GeneratorParams:
+    base = GeneratorParams()
+    out = GeneratorParams(
+        n_base=t.get_int("base_trajectories", base.n_base, min=1),
+        reading=cast(Reading, t.get_str("reading", base.reading, choices=READINGS)),
+        append_sigma=t.get_float("append_sigma", base.append_sigma, min=0.0),
+        gen_sigma=t.get_float("gen_sigma", base.gen_sigma, min=0.0),
+        first_round_sigma=t.get_float("first_round_sigma", base.first_round_sigma, min=0.0),
+        total_min_fraction=t.get_float("total_min_fraction", base.total_min_fraction, min=0.0, max=1.0,
+                                       min_exclusive=True),
+        first_append=t.get_int("first_append", base.first_append, min=1),
+    )  # fmt: skip
+    if out.total_min_fraction >= 1.0:
+        raise t.error("total_min_fraction", "a number in (0, 1)", out.total_min_fraction)
+    t.finish()
+    return out
+
+
+def _check_systems(names: list[str], key: str, config: ClusterConfig, table: Table | None = None) -> tuple[str, ...]:
+    expected = f"names of systems ({', '.join(SYSTEMS)}), each once"
+    seen: list[str] = []
+    for name in names:
+        if name not in SYSTEMS or name in seen:
+            if table is not None:
+                raise table.error(key, expected, name)
+            raise ScenarioError(f"{key}: expected {expected}, got {name!r}")
+        seen.append(name)
+    if not seen:
+        raise ScenarioError(f"{key}: expected at least one system")
+    return tuple(seen)
+
+
+def _check_weights_fit(t: Table, key: str, model: str, gpu: str, gpus_per_node: int, ep_nodes: int) -> None:
+    spec, card = MODELS[model], GPUS[gpu]
+    try:
+        Roofline(card, spec, ep_nodes * gpus_per_node)
+    except InvalidArgumentError as error:
+        fitting = [n for n in range(1, 257) if spec.weight_bytes_per_gpu(n * gpus_per_node) <= card.hbm_bytes]
+        need = (f"at least {fitting[0]} node(s) of {gpus_per_node} {gpu}, so that every GPU holds its share of "
+                f"{model}'s weights" if fitting else f"a GPU with more HBM: {model}'s weights fit no EP group of {gpu}")  # fmt: skip
+        raise ScenarioError(f"{t.source}: key {t.key_path(key)!r}: expected {need}, got {ep_nodes} ({error})") from None
+
+
+def _check_memory(scenario: ClusterScenario, top: Table, deployment: Table) -> None:
+    """The longest request's KV must fit where the actors put it (they would fail mid-run otherwise)."""
+    config = scenario.config
+    d = derived(config)
+    if scenario.trace is not None:
+        longest = max(t.max_tokens for t in scenario.trajectories())
+        what = f"the longest request of {scenario.trace}"
+    else:
+        longest = DATASETS[config.dataset].max_len
+        what = f"a {config.dataset} request"
+    kv = longest * d.kv_bytes_per_token
+    gb = f"{kv / 1e9:.1f} GB of KV for {what} ({longest} tokens)"
+    if d.de_hbm_kv_bytes < kv:
+        raise deployment.error(
+            "decode_ep_nodes", f"a decode EP group whose GPUs have HBM for {gb}; a DE GPU has "
+            f"{d.de_hbm_kv_bytes / 1e9:.1f} GB for KV (see also scheduling.de_hbm_reserve_fraction)",
+            config.decode_ep_nodes)  # fmt: skip
+    whole = [name for name in scenario.systems if not SYSTEMS[name].layerwise]
+    if whole and d.pe_hbm_kv_bytes < kv:
+        raise top.error(
+            "systems", f"systems whose PE GPUs can hold a request's KV: without layerwise prefill {whole[0]!r} "
+            f"needs {gb}, a PE GPU has {d.pe_hbm_kv_bytes / 1e9:.1f} GB for KV (see also "
+            "scheduling.pe_hbm_reserve_fraction)", whole[0])  # fmt: skip
+    if config.dram_buffer_bytes < kv:
+        raise deployment.error("dram_buffer_bytes", f"at least {gb}", config.dram_buffer_bytes)
