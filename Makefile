@@ -57,6 +57,7 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	cargo run --release -p dualpath-emu-core --example bench_core
 	$(PYTHON) -m dualpath_emu.bench
 	$(PYTHON) -m dualpath_emu.bench_runtime
+	$(PYTHON) -m dualpath_emu.bench_cluster
 
 .PHONY: fuzz
 fuzz: ## Run the fuzz targets, FUZZ_SECONDS in all (default 60)
