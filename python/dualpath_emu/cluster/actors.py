@@ -631,13 +631,14 @@ class PrefillGroup(_GroupActor):
 
     def _batch(self, key: tuple[int, int]) -> list[tuple[_PrefillItem, int]]:
         """FIFO packing of ready requests while the attention time per layer stays within the quota; the
-        request that would exceed it is chunked to what fits (binary search on its new tokens)."""
+        request that would exceed it is chunked to what fits (binary search on its new tokens). Attention
+        FLOPs and bytes add up over a batch, so each candidate costs one roofline evaluation."""
         quota = self.cluster.config.attention_quota_s
         roofline = self.cluster.derived.prefill
         layerwise = self.cluster.system.layerwise or self.cluster.system.oracle
         hbm_left = self.cluster.derived.pe_hbm_kv_bytes
         batch: list[tuple[_PrefillItem, int]] = []
-        shape: list[tuple[int, int]] = []
+        flops = hbm = 0.0
         for item in self.queues[key]:
             if not item.ready:
                 break  # FIFO: a request waiting for its read holds back the ones behind it
@@ -648,15 +649,16 @@ class PrefillGroup(_GroupActor):
                         raise ValueError(f"request {item.rid}'s KV does not fit a PE's HBM without layerwise prefill")
                     break
                 hbm_left -= need
-            full = roofline.attention_s_per_layer([*shape, (item.cached, item.remaining)])
-            if full <= quota or not batch and item.remaining == 1:
+            f, b = roofline.attention_cost(item.cached, item.remaining)
+            if roofline.attention_s_from(flops + f, hbm + b) <= quota or not batch and item.remaining == 1:
                 batch.append((item, item.remaining))
-                shape.append((item.cached, item.remaining))
+                flops, hbm = flops + f, hbm + b
                 continue
-            low, high = 0, item.remaining  # largest chunk in [0, remaining) that fits
+            low, high = 0, item.remaining  # the largest chunk in [0, remaining) that fits
             while high - low > 1:
                 mid = (low + high) // 2
-                if roofline.attention_s_per_layer([*shape, (item.cached, mid)]) <= quota:
+                f, b = roofline.attention_cost(item.cached, mid)
+                if roofline.attention_s_from(flops + f, hbm + b) <= quota:
                     low = mid
                 else:
                     high = mid

@@ -134,6 +134,17 @@ class Roofline:
             m.weight_bytes_per_gpu(self.ep_degree) / m.layers, self.gpu.hbm_bytes_per_s, p.memory_efficiency,
         )
 
+    def attention_cost(self, cached_tokens: int, new_tokens: int) -> tuple[float, float]:
+        """One request's attention FLOPs and HBM bytes per layer; a batch's time is
+        :meth:`attention_s_from` of their sums (what :meth:`attention_s_per_layer` computes)."""
+        m = self.model
+        bytes_per_key = m.kv_bytes_per_token_layer + m.indexer_kv_bytes_per_token_layer
+        return m.attention_flops_per_layer(cached_tokens, new_tokens), (cached_tokens + new_tokens) * bytes_per_key
+
+    def attention_s_from(self, flops: float, hbm_bytes: float) -> float:
+        """Attention time of one layer for the summed :meth:`attention_cost` of a batch."""
+        return self._attention_s(flops, hbm_bytes)
+
     def attention_s_per_layer(self, batch: Sequence[tuple[int, int]]) -> float:
         """Attention time of one layer for a prefill batch of ``(cached_tokens, new_tokens)`` requests.
 
