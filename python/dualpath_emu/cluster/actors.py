@@ -74,9 +74,11 @@ class WorkPending(Message):
 
 @dataclass(frozen=True, slots=True)
 class Fetch(Message):
+    """A group's pull: one fetch for each of its nodes (the scheduler's groups are nodes, §6.1)."""
+
     WIRE_NAME: ClassVar[str] = "cluster.Fetch"
     VERSION: ClassVar[int] = 1
-    node: int
+    nodes: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,11 +426,14 @@ class SchedulerActor(Actor):
     async def on_fetch(self, msg: Fetch) -> None:
         sender = self.envelope.sender if self.envelope is not None else ""
         self._notified.discard(sender)
-        if msg.node in self.pe_engines:
-            assigned, more = self._fetch_prefill(msg.node)
-        else:
-            assigned, more = self._fetch_decode(msg.node)
-        if assigned and more:
+        again = False
+        for node in msg.nodes:
+            if node in self.pe_engines:
+                assigned, more = self._fetch_prefill(node)
+            else:
+                assigned, more = self._fetch_decode(node)
+            again = again or bool(assigned and more)
+        if again:
             self._notify_group(sender)
 
     def _fetch_prefill(self, node: int) -> tuple[int, bool]:
@@ -519,8 +524,7 @@ class _GroupActor(Actor):
     def _fetch(self) -> None:
         self._fetch_due = False
         self._last_fetch_ns = self.system.now_ns()
-        for node in self.nodes:
-            self.tell("scheduler", Fetch(node))
+        self.tell("scheduler", Fetch(tuple(self.nodes)))
 
 
 # --------------------------------------------------------------------------------------------------- prefill
