@@ -39,7 +39,7 @@ $(BUILD_STAMP): $(VENV_STAMP) $(BUILD_INPUTS)
 	touch $@
 
 .PHONY: run
-run: build ## Run the demo (`dualpath-emu run $(ARGS)`)
+run: build ## Run the default cluster scenario (`dualpath-emu run $(ARGS)`, e.g. ARGS="--agents 64 --out out")
 	$(VENV)/bin/dualpath-emu run $(ARGS)
 
 .PHONY: test

@@ -79,6 +79,16 @@ def test_read_side_is_the_shorter_queue_and_counts_the_read() -> None:
     assert RoundRobinPolicy().read_side(req(3), pe_node=0, de_node=2, read_q={0: 9, 2: 0}) == "pe"
 
 
+def test_round_robin_takes_turns_across_groups() -> None:
+    policy = RoundRobinPolicy(pe_order=(0, 1, 10, 11))
+    a, b = [Engine(0, node=0), Engine(1, node=0)], [Engine(10, node=1), Engine(11, node=1)]
+    queue = deque([req(i) for i in range(5)])
+    assert [x.engine for x in policy.assign_prefill(queue, a, {})] == [0, 1]
+    assert [x.engine for x in policy.assign_prefill(queue, a, {})] == []  # node 1's turn
+    assert [x.engine for x in policy.assign_prefill(queue, b, {})] == [10, 11]
+    assert [x.engine for x in policy.assign_prefill(queue, a, {})] == [0]
+
+
 def test_round_robin_takes_turns() -> None:
     policy = RoundRobinPolicy()
     group = [Engine(0, node=0), Engine(1, node=0), Engine(2, node=0)]
@@ -197,7 +207,8 @@ class RoundRobinMachine(SchedulerMachine):
     checks_loads = False
 
     def make_policy(self, alpha: int, beta: int) -> Policy:
-        return RoundRobinPolicy(read_both_sides=alpha % 2 == 0)
+        order = tuple(n * 10 + g for n in PE_NODES for g in range(GPUS))
+        return RoundRobinPolicy(read_both_sides=alpha % 2 == 0, pe_order=order if beta % 2 else ())
 
 
 TestDualPathScheduler = SchedulerMachine.TestCase

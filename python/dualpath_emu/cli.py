@@ -28,10 +28,22 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    # The demo lives in its own module; until it exists, `run` says so and succeeds. A demo module that
-    # exists but fails to import must fail loudly, hence find_spec rather than catching ImportError.
+    from dualpath_emu.cluster.run_cli import run_command  # the cluster loads only when asked for
+
+    return run_command(args)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from dualpath_emu.cluster.run_cli import validate_command
+
+    return validate_command(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    # The virtual-lane demonstration (one compute NIC, KV traffic beside all-to-all bursts). A demo module
+    # that exists but fails to import must fail loudly, hence find_spec rather than catching ImportError.
     if importlib.util.find_spec("dualpath_emu.demo") is None:
-        print(f"{PROG}: the lane demo is not wired yet")
+        print(f"{PROG}: the lane demo is not available")
         return 0
     demo = importlib.import_module("dualpath_emu.demo")
     return int(demo.main(args) or 0)
@@ -67,9 +79,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run a scenario (the built-in one by default)")
-    run.add_argument("scenario", nargs="?", help="scenario TOML file")
+    run = commands.add_parser(
+        "run",
+        help="run a cluster scenario (the built-in DS 660B 2P4D one by default) for each of its systems",
+        description="Run a cluster scenario in virtual time for each system (default: basic, dualpath, oracle) "
+        "and print a table: JCT, speedup vs basic, TTFT/TPOT, storage- and compute-NIC utilisation on prefill "
+        "vs decode nodes, wall time. --out DIR also writes summary.json, requests.csv, plots and traces.",
+    )
+    run.add_argument("scenario", nargs="?", type=Path, help="cluster scenario TOML (default: the built-in one, "
+                     "the settings of scenarios/ds660b-2p4d-offline.toml)")  # fmt: skip
+    run.add_argument("--system", action="append", metavar="NAME",
+                     help="run this system (repeat for several; default: the scenario's systems)")  # fmt: skip
+    run.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
+    run.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
+    run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv, plots and traces here")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON (and nothing else) on stdout")
+    run.add_argument("--quiet", action="store_true", help="no header line, no progress bars")
     run.set_defaults(func=_cmd_run)
+
+    validate = commands.add_parser("validate", help="check a scenario file (cluster or run scenario)")
+    validate.add_argument("file", type=Path, help="scenario TOML file")
+    validate.set_defaults(func=_cmd_validate)
+
+    demo = commands.add_parser("demo", help="small demonstrations of the data plane")
+    demo.add_argument("name", choices=("lanes",), help="lanes: virtual-lane isolation on one compute NIC")
+    demo.set_defaults(func=_cmd_demo)
 
     launch = commands.add_parser(
         "launch",

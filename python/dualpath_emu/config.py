@@ -163,7 +163,7 @@ def _within(value: float, low: float | None, high: float | None) -> bool:
 
 def _range(what: str, low: float | None, high: float | None, low_exclusive: bool = False) -> str:
     if low is not None and high is not None:
-        return f"{what} in [{low}, {high}]"
+        return f"{what} in {'(' if low_exclusive else '['}{low}, {high}]"
     if low is not None:
         return f"{what} {'>' if low_exclusive else '>='} {low}"
     if high is not None:

@@ -100,7 +100,7 @@ from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.config import ScenarioError, Table, load_toml
-from dualpath_emu.errors import InvalidArgumentError
+from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.workload import load_trace
 from dualpath_emu.workload.generator import DATASETS, READINGS, GeneratorParams, Reading, generate
 from dualpath_emu.workload.trajectory import Trajectory
@@ -111,14 +111,14 @@ __all__ = [
     "DEFAULT_AGENTS",
     "DEFAULT_SYSTEMS",
     "ClusterScenario",
-    "is_cluster_scenario",
     "load_cluster_scenario",
+    "scenario_from_table",
 ]
 
 KIND: Final = "cluster"
 BUILT_IN: Final = "<built-in>"
 DEFAULT_SYSTEMS: Final = ("basic", "dualpath", "oracle")
-DEFAULT_AGENTS: Final = 128
+DEFAULT_AGENTS: Final = 160
 """Agents of the built-in scenario: as many as keep ``make run`` (three systems) under about a minute on this
 project's 2-core machine; the storage bottleneck already shows (Basic's prefill-node storage NICs carry every
 read, DualPath splits them)."""
@@ -154,9 +154,13 @@ class ClusterScenario:
         """One line: model, GPU, deployment, workload, systems, seed."""
         c = self.config
         gpus = c.node.gpus
+        parallel = (
+            "DP only" if MODELS[c.model].moe_layers == 0  # a dense model has no experts to shard
+            else f"prefill EP{c.prefill_ep_nodes * gpus}, decode EP{c.decode_ep_nodes * gpus}"
+        )  # fmt: skip
         return (
-            f"{c.model} on {c.gpu}, {c.pe_nodes}P{c.de_nodes}D (prefill EP{c.prefill_ep_nodes * gpus}, decode "
-            f"EP{c.decode_ep_nodes * gpus}), {self.workload()}; systems {', '.join(self.systems)}; seed {self.seed}"
+            f"{c.model} on {c.gpu}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
+            f"systems {', '.join(self.systems)}; seed {self.seed}"
         )
 
     def trajectories(self) -> list[Trajectory]:
@@ -205,11 +209,6 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
         trajectory, append=trajectory.append[:rounds], gen=trajectory.gen[:rounds],
         hit=None if hit is None else hit[:rounds], arrival_s=None if arrival_s is None else arrival_s[:rounds],
     )
-
-
-def is_cluster_scenario(top: Table) -> bool:
-    """Whether the file's top table says ``kind = "cluster"`` (run scenarios for ``launch`` have ``app``)."""
-    return "kind" in top and top.get_str("kind") == KIND
 
 
 def load_cluster_scenario(path: str | Path) -> ClusterScenario:
@@ -275,7 +274,10 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     generator = _generator(workload.table("generator"))
     workload.finish()
     if trace is not None:
-        available = len(load_trace(trace).trajectories)
+        try:
+            available = len(load_trace(trace).trajectories)
+        except UsageError as error:  # a missing or malformed trace: name the key that points at it
+            raise ScenarioError(f"{top.source}: key {workload.key_path('trace')!r}: {error}") from None
         if agents_given and agents > available:
             raise workload.error("agents", f"at most {available} (the trajectories in {trace})", agents)
         agents = agents if agents_given else available

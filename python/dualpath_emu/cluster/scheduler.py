@@ -238,7 +238,9 @@ class RoundRobinPolicy(Policy):
     without DualPath's engine selection.
     """
 
-    _next_pe: dict[int, int] = field(default_factory=dict)
+    pe_order: tuple[int, ...] = ()
+    """Every PE's id in turn order (node by node); empty: each fetching group's own PEs in turn."""
+    _pe_turn: int = 0
     _next_de: dict[int, int] = field(default_factory=dict)
 
     def _drain_to_groups(
@@ -258,19 +260,26 @@ class RoundRobinPolicy(Policy):
     def assign_prefill(
         self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
+        """Requests go to the PEs in turn across the whole cluster (``pe_order``); a fetching group takes
+        queued requests while the PE whose turn it is belongs to it, and leaves the rest for the group of
+        the next PE in turn (which has been told there is work). Without ``pe_order``: the group's PEs in
+        turn."""
         out: list[PrefillAssignment] = []
         if not group:
             return out
-        key = group[0].id
-        turn = self._next_pe.get(key, 0)
+        order = self.pe_order or tuple(e.id for e in group)
+        mine = {e.id: e for e in group}
+        turn = self._pe_turn
         while queue:
-            engine = group[turn % len(group)]
+            engine = mine.get(order[turn % len(order)])
+            if engine is None:
+                break  # another group's turn
             turn += 1
             request = queue.popleft()
             engine.tok += self.prefill_tokens(request)
             engine.seq += 1
             out.append(PrefillAssignment(request, engine.id))
-        self._next_pe[key] = turn % len(group)
+        self._pe_turn = turn % len(order)
         return out
 
     def assign_decode(

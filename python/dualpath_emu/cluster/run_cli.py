@@ -1,0 +1,171 @@
+"""``dualpath-emu run`` and ``dualpath-emu validate``.
+
+``run [SCENARIO] [--system NAME ...] [--agents N] [--seed S] [--out DIR] [--json] [--quiet]`` runs each
+system of a cluster scenario (:mod:`~dualpath_emu.cluster.scenario`; without one, the built-in
+:data:`~dualpath_emu.cluster.scenario.DEFAULT`) on the same workload and prints one table, a row per
+system. While it runs, a progress bar per system (turns done of all, emulated time) when stdout is a
+terminal, unless ``--quiet`` or ``--json``. ``--json`` prints the summary (:func:`~.outputs.summary`) and
+nothing else on stdout. ``--out DIR`` writes ``summary.json``, ``requests.csv``, ``jct.png``,
+``snic-util.png`` (utilisation sampled every second of emulated time) and a Perfetto/Chrome trace per
+system, ``trace-<system>.json`` (open it at ui.perfetto.dev; recording spans costs memory, hence only with
+``--out``).
+
+``validate FILE`` checks a scenario file -- a cluster scenario, or a run scenario for ``launch`` -- and
+prints one ``OK`` line; a bad file is a :class:`~dualpath_emu.config.ScenarioError` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dualpath_emu.cluster.run import Progress as RunProgress
+from dualpath_emu.cluster.run import SystemResult, run_system
+from dualpath_emu.cluster.scenario import DEFAULT, ClusterScenario, load_cluster_scenario, scenario_from_table
+from dualpath_emu.config import load_toml
+from dualpath_emu.errors import UsageError
+
+__all__ = ["load_scenario", "run_command", "validate_command"]
+
+SAMPLE_INTERVAL_S = 1.0
+"""With ``--out``: the core samples port utilisation every emulated second (``snic-util.png``)."""
+
+
+def load_scenario(path: Path | None) -> ClusterScenario:
+    """The scenario in ``path``, or the built-in one."""
+    return DEFAULT if path is None else load_cluster_scenario(path)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs ``dualpath-emu run``; returns the exit status."""
+    scenario = load_scenario(args.scenario).with_overrides(systems=args.system, agents=args.agents, seed=args.seed)
+    out: Path | None = args.out
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--out {out}: cannot create the folder: {error.strerror or error}") from None
+    console = Console()
+    if not console.is_terminal:  # a file or a pipe: no reason to wrap the table at 80 columns
+        console = Console(width=max(console.width, 150))
+    show_progress = not (args.quiet or args.json) and console.is_terminal
+    if not args.json and not args.quiet:
+        console.print(f"[bold]{scenario.name}[/] ({scenario.source}): {scenario.describe()}")
+    trajectories = scenario.trajectories()
+    results: dict[str, SystemResult] = {}
+    with _progress_bars(console, show_progress) as track:
+        for name in scenario.systems:
+            results[name] = run_system(
+                scenario.config, name, trajectories, seed=scenario.seed, progress=track(name),
+                sample_interval_s=SAMPLE_INTERVAL_S if out is not None else None,
+                trace_path=None if out is None else _trace_file(out, name),
+            )  # fmt: skip
+    from dualpath_emu.cluster.outputs import summary  # after the runs: plots pull in matplotlib
+
+    document = summary(scenario, results)
+    if out is not None:
+        _write_outputs(out, scenario, results, document)
+    if args.json:
+        print(json.dumps(document, indent=2, allow_nan=False))
+        return 0
+    console.print(_table(scenario, results))
+    if out is not None:
+        console.print(f"wrote summary.json, requests.csv, jct.png, snic-util.png and trace-<system>.json to {out}")
+    return 0
+
+
+def _trace_file(out: Path, system: str) -> Path:
+    from dualpath_emu.cluster.outputs import trace_file
+
+    return trace_file(out, system)
+
+
+def _write_outputs(out: Path, scenario: ClusterScenario, results: dict[str, SystemResult], document: Any) -> None:
+    from dualpath_emu.cluster.outputs import write_plots, write_requests_csv
+
+    try:
+        (out / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        write_requests_csv(out / "requests.csv", results)
+        write_plots(out, scenario, results)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot write: {error.strerror or error}") from None
+
+
+@contextmanager
+def _progress_bars(
+    console: Console, enabled: bool
+) -> Iterator[Callable[[str], Callable[[RunProgress], None] | None]]:
+    """``track(system)`` gives the progress callback of one run (None when bars are off)."""
+    if not enabled:
+        yield lambda name: None
+        return
+    bars = Progress(
+        TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
+        TextColumn("{task.fields[emulated]}"), TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+    with bars:
+
+        def track(name: str) -> Callable[[RunProgress], None]:
+            task = bars.add_task(name, total=None, emulated="")
+
+            def update(p: RunProgress) -> None:
+                bars.update(task, completed=p.turns_done, total=p.turns_total, emulated=f"t = {p.emulated_s:,.0f} s emulated")
+
+            return update
+
+        yield track
+
+
+def _f(value: float, digits: int = 2) -> str:
+    return f"{value:,.{digits}f}" if math.isfinite(value) else "-"
+
+
+def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table:
+    # No vertical rules, one space between columns, utilisation in percent: ten columns fit 80 columns.
+    table = Table(title=f"{scenario.name}: {scenario.workload()}", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=0, show_edge=False)  # fmt: skip
+    for header in ("system", "JCT\n(s)", "vs\nbasic", "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99",
+                   "SNIC %\nPE/DE", "CNIC %\nPE/DE", "SNIC\nmax/mean", "wall\n(s)", "events\n/ s"):  # fmt: skip
+        table.add_column(header, justify="left" if header == "system" else "right", no_wrap=True)
+    basic = results.get("basic")
+    for name, r in results.items():
+        speedup = f"{basic.jct_s / r.jct_s:.2f}×" if basic is not None and r.jct_s > 0 else "-"
+        table.add_row(
+            name,
+            _f(r.jct_s, 1),
+            speedup,
+            f"{_f(r.ttft_s['p50'])}/{_f(r.ttft_s['p99'])}",
+            f"{_f(1e3 * r.tpot_s['p50'], 1)}/{_f(1e3 * r.tpot_s['p99'], 1)}",
+            f"{100 * r.snic_util['pe']:.0f}/{100 * r.snic_util['de']:.0f}",
+            f"{100 * r.cnic_util['pe']:.0f}/{100 * r.cnic_util['de']:.0f}",
+            _f(r.snic_max_over_mean),
+            _f(r.wall_s, 1),
+            f"{r.events / r.wall_s:,.0f}" if r.wall_s > 0 else "-",
+        )
+    return table
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    """Runs ``dualpath-emu validate FILE``: one OK line, or a :class:`ScenarioError`."""
+    path: Path = args.file
+    top = load_toml(path)
+    if "app" in top and "kind" not in top:
+        from dualpath_emu.runtime.scenario import load_run_scenario
+
+        run = load_run_scenario(path)
+        print(f"{path}: OK: run scenario for `dualpath-emu launch` (app {run.app.name!r}, {run.mode}, seed {run.seed}, "
+              f"{len(run.processes)} process(es))")  # fmt: skip
+        return 0
+    scenario = scenario_from_table(top, path)
+    print(f"{path}: OK: cluster scenario {scenario.name!r}: {scenario.describe()}")
+    return 0

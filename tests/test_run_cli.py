@@ -1,0 +1,376 @@
+"""`dualpath-emu run` and `dualpath-emu validate`: cluster scenarios (every file in scenarios/, bad files with
+their exact messages, the built-in default equal to its file), and a run of a tiny scenario with its table,
+its JSON summary and the files of --out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from dualpath_emu.cli import main
+from dualpath_emu.cluster.catalog import TESTBED_NODE
+from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.outputs import CSV_COLUMNS
+from dualpath_emu.cluster.roofline import RooflineParams
+from dualpath_emu.cluster.run import Progress, run_system
+from dualpath_emu.cluster.run_cli import _progress_bars
+from dualpath_emu.cluster.scenario import BUILT_IN, DEFAULT, DEFAULT_SYSTEMS, load_cluster_scenario
+from dualpath_emu.cluster.topology import StorageSpec
+from dualpath_emu.config import ScenarioError
+from dualpath_emu.workload.generator import GeneratorParams
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+RUN_SCENARIOS = {"pipeline.toml"}  # actor-runtime scenarios for `dualpath-emu launch`, not cluster scenarios
+CLUSTER_FILES = sorted(p for p in SCENARIOS.glob("*.toml") if p.name not in RUN_SCENARIOS)
+
+# A DS 27B 1P1D cluster, 8 agents of the 32K dataset cut to their first 6 rounds: a run takes well under a
+# second per system.
+TINY = """\
+kind = "cluster"
+name = "tiny"
+seed = 3
+
+[deployment]
+model = "ds27b"
+pe_nodes = 1
+de_nodes = 1
+prefill_ep_nodes = 1
+decode_ep_nodes = 1
+
+[workload]
+dataset = "32k"
+agents = 8
+max_rounds = 6
+"""
+TINY_TURNS = 8 * 6
+
+SYSTEM_KEYS = {
+    "jct_s", "turns", "agents", "lost_requests", "ttft_s", "ttst_s", "tpot_s", "snic_read_bytes", "snic_util",
+    "cnic_util", "snic_max_over_mean", "event_log_sha256", "wall_s", "events",
+}  # fmt: skip
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------- scenarios
+
+
+def test_scenario_files_exist() -> None:
+    names = {p.stem for p in CLUSTER_FILES}
+    assert {"ds660b-2p4d-offline", "ds660b-2p4d-online", "ds27b-1p1d-offline", "ds27b-1p1d-online",
+            "qwen32b-1p2d-offline"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize("path", CLUSTER_FILES, ids=lambda p: p.name)
+def test_every_cluster_scenario_file_validates(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = load_cluster_scenario(path)
+    assert scenario.name == path.stem
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out == f"{path}: OK: cluster scenario {scenario.name!r}: {scenario.describe()}\n"
+
+
+def test_the_run_scenario_is_told_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    path = SCENARIOS / "pipeline.toml"
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: OK: run scenario for `dualpath-emu launch` (app 'pipeline'")
+    with pytest.raises(ScenarioError, match=r"actor-runtime scenario \(it has key 'app'\).*dualpath-emu launch"):
+        load_cluster_scenario(path)
+
+
+def test_the_built_in_default_equals_its_file() -> None:
+    from_file = load_cluster_scenario(SCENARIOS / "ds660b-2p4d-offline.toml")
+    assert dataclasses.replace(from_file, source=BUILT_IN) == DEFAULT
+    assert DEFAULT.systems == ("basic", "dualpath", "oracle") and DEFAULT.config.mode == "offline"
+
+
+def test_a_minimal_file_has_every_default(tmp_path: Path) -> None:
+    scenario = load_cluster_scenario(write(tmp_path, 'kind = "cluster"\n', "minimal.toml"))
+    assert scenario.config == ClusterConfig()
+    assert scenario.generator == GeneratorParams()
+    assert (scenario.name, scenario.seed, scenario.systems, scenario.trace, scenario.max_rounds) == (
+        "minimal", 0, DEFAULT_SYSTEMS, None, 0)  # fmt: skip
+
+
+EVERY_KEY = """\
+kind = "cluster"
+name = "every-key"
+seed = 9
+systems = ["dualpath"]
+[deployment]
+model = "ds27b"
+pe_nodes = 3
+de_nodes = 2
+prefill_ep_nodes = 3
+decode_ep_nodes = 2
+dram_buffer_bytes = 40_000_000_000
+[hardware]
+gpu = "h200"
+gpus = 4
+cnic_bytes_per_s = 25e9
+snic_bytes_per_s = 40e9
+snics = 2
+host_dram_bytes_per_s = 400e9
+pcie_bytes_per_s = 32e9
+[storage]
+read_bytes_per_s = 1e11
+write_bytes_per_s = 5e10
+read_latency_s = 0.001
+write_latency_s = 0.002
+queue_depth = 8
+[roofline]
+gemm_efficiency = 0.5
+attention_efficiency = 0.4
+memory_efficiency = 0.7
+prefill_overhead_s_per_layer = 0.002
+[workload]
+dataset = "32k"
+agents = 3
+max_rounds = 2
+mode = "online"
+arrival_rate = 0.5
+[workload.generator]
+base_trajectories = 50
+reading = "per-turn"
+append_sigma = 0.5
+gen_sigma = 0.5
+first_round_sigma = 0.2
+total_min_fraction = 0.2
+first_append = 2
+[scheduling]
+alpha_read_s = 2.0
+beta_compute_s = 4.0
+attention_quota_s = 0.2
+fetch_period_s = 0.01
+hit_block_aligned = false
+de_hbm_reserve_fraction = 0.2
+pe_hbm_reserve_fraction = 0.2
+pipeline_stages = 6
+"""
+
+
+def test_every_config_field_has_a_key(tmp_path: Path) -> None:
+    # Each key above differs from its default, so a field left at its default has no key.
+    scenario = load_cluster_scenario(write(tmp_path, EVERY_KEY))
+    default = ClusterConfig()
+    for f in dataclasses.fields(ClusterConfig):
+        value, base = getattr(scenario.config, f.name), getattr(default, f.name)
+        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams)):
+            for sub in dataclasses.fields(base):
+                assert getattr(value, sub.name) != getattr(base, sub.name), f"{f.name}.{sub.name} has no key"
+        else:
+            assert value != base, f"{f.name} has no key"
+    for f in dataclasses.fields(GeneratorParams):
+        assert getattr(scenario.generator, f.name) != getattr(GeneratorParams(), f.name), f.name
+    assert (scenario.name, scenario.seed, scenario.systems, scenario.max_rounds) == ("every-key", 9, ("dualpath",), 2)
+
+
+BAD = [
+    ('kind = "cluster"\nagent = 3\n',
+     "unknown key 'agent' (known keys here: deployment, hardware, kind, name, roofline, scheduling, seed, "
+     "storage, systems, workload)"),
+    ('kind = "cluster"\n[workload]\nagents = "many"\n',
+     "key 'workload.agents': expected an integer >= 1, got the string 'many'"),
+    ('kind = "cluster"\n[workload]\nagents = 0\n', "key 'workload.agents': expected an integer >= 1, got 0"),
+    ('kind = "cluster"\n[deployment]\npe_nodes = 2.0\n',
+     "key 'deployment.pe_nodes': expected an integer >= 1, got 2.0"),
+    ('kind = "cluster"\n[deployment]\nprefill_ep_nodes = 3\n',
+     "key 'deployment.prefill_ep_nodes': expected a divisor of pe_nodes = 2, got 3"),
+    ('kind = "cluster"\n[deployment]\nprefill_ep_nodes = 1\n',
+     "key 'deployment.prefill_ep_nodes': expected at least 2 node(s) of 8 h800, so that every GPU holds its "
+     "share of ds660b's weights, got 1 (ds660b at ep_degree=8 needs 99.7 GB of weights per GPU, more than "
+     "the H800 SXM5's 85.9 GB of HBM)"),
+    ('kind = "cluster"\n[deployment]\nmodel = "gpt5"\n',
+     "key 'deployment.model': expected one of 'ds660b', 'ds27b', 'qwen32b', got the string 'gpt5'"),
+    ('kind = "cluster"\n[hardware]\ngpu = "b200"\n',
+     "key 'hardware.gpu': expected one of 'h800', 'h100', 'h200', 'h20', got the string 'b200'"),
+    ('kind = "cluster"\nsystems = ["basic", "fast"]\n',
+     "key 'systems': expected names of systems (basic, basic+layerwise, basic+layerwise+dualpath, dualpath, "
+     "oracle), each once, got the string 'fast'"),
+    ('kind = "cluster"\n[workload]\ndataset = "128k"\n',
+     "key 'workload.dataset': expected one of '32k', '48k', '64k', got the string '128k'"),
+    ('kind = "cluster"\n[workload]\nmode = "batch"\n',
+     "key 'workload.mode': expected one of 'offline', 'online', got the string 'batch'"),
+    ('kind = "cluster"\n[workload]\narrival_rate = 0\n',
+     "key 'workload.arrival_rate': expected a number > 0.0, got 0"),
+    ('kind = "cluster"\n[roofline]\ngemm_efficiency = 1.5\n',
+     "key 'roofline.gemm_efficiency': expected a number in (0.0, 1.0], got 1.5"),
+    ('kind = "cluster"\n[deployment]\ndram_buffer_bytes = 1000\n',
+     "key 'deployment.dram_buffer_bytes': expected at least 2.6 GB of KV for a 64k request (65536 tokens), "
+     "got 1000"),
+    ('kind = "cluster"\n[workload]\ndataset = "32k"\ntrace = "t.jsonl"\n',
+     "key 'workload.trace': expected either dataset or trace, not both, got the string 't.jsonl'"),
+    ('[workload]\nagents = 3\n', "missing key 'kind' (one of 'cluster')"),
+    ('kind = "cluster"\ndeployment = 3\n', "key 'deployment': expected a table, got 3"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_a_bad_file_exits_2_naming_file_key_and_expected_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    path = write(tmp_path, text)
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"dualpath-emu: error: {path}: {message}\n"
+
+
+def test_a_missing_trace_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, 'kind = "cluster"\n[workload]\ntrace = "nowhere.jsonl"\n')
+    with pytest.raises(ScenarioError) as error:
+        load_cluster_scenario(path)
+    assert str(error.value) == f"{path}: key 'workload.trace': {tmp_path / 'nowhere.jsonl'}: no such file"
+
+
+def test_a_trace_workload(tmp_path: Path) -> None:
+    assert main(["trace", "gen", "--dataset", "32k", "--agents", "5", "--out", str(tmp_path / "t.jsonl")]) == 0
+    scenario = load_cluster_scenario(write(tmp_path, 'kind = "cluster"\n[workload]\ntrace = "t.jsonl"\n'))
+    assert scenario.config.agents == 5 and len(scenario.trajectories()) == 5
+    with pytest.raises(ScenarioError, match=r"--agents: expected at most 5"):
+        scenario.with_overrides(agents=6)
+    assert len(scenario.with_overrides(agents=2).trajectories()) == 2
+
+
+# --------------------------------------------------------------------------------------------- runs
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Path]:
+    """One `run --json --out` of the tiny scenario with every default system: (scenario, summary, out dir)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    scenario = write(folder, TINY, "tiny.toml")
+    out = folder / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["run", str(scenario), "--json", "--out", str(out)]) == 0
+    return scenario, json.loads(stdout.getvalue()), out
+
+
+def test_json_summary_has_the_required_keys(tiny_run: tuple[Path, dict[str, Any], Path]) -> None:
+    _, summary, _ = tiny_run
+    assert summary["scenario"] == "tiny" and summary["seed"] == 3
+    assert list(summary["systems"]) == list(DEFAULT_SYSTEMS)
+    for name, system in summary["systems"].items():
+        assert SYSTEM_KEYS <= set(system), name
+        for key in ("ttft_s", "ttst_s", "tpot_s"):
+            assert {"p50", "p90", "p99"} <= set(system[key])
+        for key in ("snic_read_bytes", "snic_util", "cnic_util"):
+            assert set(system[key]) == {"pe", "de"}
+        assert system["turns"] == TINY_TURNS and system["agents"] == 8 and system["lost_requests"] == 0
+        assert len(system["event_log_sha256"]) == 64
+    speedup = summary["speedup_vs_basic"]
+    assert speedup["basic"] == 1.0
+    assert speedup["oracle"] == pytest.approx(summary["systems"]["basic"]["jct_s"] / summary["systems"]["oracle"]["jct_s"])
+    assert summary["systems"]["basic"]["snic_read_bytes"]["de"] == 0
+
+
+def test_out_files_are_well_formed(tiny_run: tuple[Path, dict[str, Any], Path]) -> None:
+    _, summary, out = tiny_run
+    assert json.loads((out / "summary.json").read_text()) == summary
+    with open(out / "requests.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert len(rows) - 1 == TINY_TURNS * len(DEFAULT_SYSTEMS)
+    by_system = {name: [r for r in rows[1:] if r[0] == name] for name in DEFAULT_SYSTEMS}
+    for name, system_rows in by_system.items():
+        assert len(system_rows) == TINY_TURNS
+        for row in system_rows:
+            record = dict(zip(CSV_COLUMNS, row))
+            assert float(record["arrive_s"]) <= float(record["first_token_s"]) <= float(record["done_s"])
+            assert record["read_side"] in {"pe", "de", "none"}
+    assert {r[10] for r in by_system["basic"]} <= {"pe", "none"}
+    assert {r[10] for r in by_system["oracle"]} == {"none"}
+    for png in ("jct.png", "snic-util.png"):
+        data = (out / png).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5_000, png
+    for name in DEFAULT_SYSTEMS:
+        trace = json.loads((out / f"trace-{name}.json").read_text())
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        assert any(e.get("ph") == "X" for e in events), name  # transfer and forward-pass spans
+        if name != "oracle":  # Oracle moves no KV: no port carries anything
+            assert any(e.get("ph") == "C" for e in events), name  # port utilisation counters
+
+
+def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, TINY)
+    assert main(["run", str(scenario), "--system", "basic", "--system", "dualpath"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny (")  # the header line
+    for text in ("JCT", "vs", "TTFT (s)", "TPOT (ms)", "SNIC %", "CNIC %", "max/mean", "events", "basic", "dualpath"):
+        assert text in out, text
+    assert "oracle" not in out
+    assert "1.00×" in out  # basic against itself
+
+
+def test_system_selection_and_seed_override(tiny_run: tuple[Path, dict[str, Any], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    scenario, summary, _ = tiny_run
+    assert main(["run", str(scenario), "--json", "--system", "oracle", "--system", "dualpath", "--seed", "3"]) == 0
+    selected = json.loads(capsys.readouterr().out)
+    assert list(selected["systems"]) == ["oracle", "dualpath"]
+    assert selected["speedup_vs_basic"] == {"oracle": None, "dualpath": None}
+    # Same seed, same workload: the same run, byte for byte.
+    for name in ("oracle", "dualpath"):
+        assert selected["systems"][name]["event_log_sha256"] == summary["systems"][name]["event_log_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--system", "fast"], "--system: expected names of systems (basic, basic+layerwise, "
+                               "basic+layerwise+dualpath, dualpath, oracle), each once, got 'fast'"),
+        (["--agents", "0"], "--agents: expected an integer >= 1, got 0"),
+        (["--seed", "-1"], "--seed: expected an integer in [0, 9223372036854775807], got -1"),
+    ],
+)  # fmt: skip
+def test_bad_run_options_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["run", str(write(tmp_path, TINY)), *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"dualpath-emu: error: {message}\n"
+
+
+def test_progress_is_reported_and_changes_nothing(tmp_path: Path) -> None:
+    scenario = load_cluster_scenario(write(tmp_path, TINY))
+    work = scenario.trajectories()
+    calls: list[Progress] = []
+    plain = run_system(scenario.config, "dualpath", work, seed=3)
+    watched = run_system(scenario.config, "dualpath", work, seed=3, progress=calls.append, progress_interval_s=0.0,
+                         sample_interval_s=1.0)  # fmt: skip
+    assert watched.event_log_sha256 == plain.event_log_sha256 and watched.jct_s == plain.jct_s
+    assert calls and calls[-1].turns_done == calls[-1].turns_total == TINY_TURNS
+    assert [c.turns_done for c in calls] == sorted(c.turns_done for c in calls)
+    assert set(watched.snic_timeline) == {"pe", "de"}
+    assert len(watched.snic_timeline["pe"]) >= int(watched.jct_s)
+    assert all(0.0 <= u <= 1.0 + 1e-9 for u in watched.snic_timeline["pe"] + watched.snic_timeline["de"])
+
+
+def test_progress_bars_draw_on_a_terminal() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120)
+    with _progress_bars(console, True) as track:
+        update = track("dualpath")
+        assert update is not None
+        update(Progress("dualpath", 5, 10, 12.0, 0.1))
+    assert "dualpath" in buffer.getvalue() and "5/10" in buffer.getvalue()
+    with _progress_bars(console, False) as track:
+        assert track("dualpath") is None
+
+
+def test_the_lane_demo_is_still_reachable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "lanes"]) == 0
+    assert "All-to-all burst latency" in capsys.readouterr().out
