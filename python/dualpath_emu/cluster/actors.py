@@ -427,17 +427,20 @@ class SchedulerActor(Actor):
         sender = self.envelope.sender if self.envelope is not None else ""
         self._notified.discard(sender)
         again = False
+        pe_nodes = [node for node in msg.nodes if node in self.pe_engines]
+        if pe_nodes:  # the group's PEs are assigned together (one group fetch, §6.1)
+            assigned, more = self._fetch_prefill(pe_nodes)
+            again = bool(assigned and more)
         for node in msg.nodes:
-            if node in self.pe_engines:
-                assigned, more = self._fetch_prefill(node)
-            else:
+            if node not in self.pe_engines:
                 assigned, more = self._fetch_decode(node)
-            again = again or bool(assigned and more)
+                again = again or bool(assigned and more)
         if again:
             self._notify_group(sender)
 
-    def _fetch_prefill(self, node: int) -> tuple[int, bool]:
-        assigned = self.policy.assign_prefill(self.prefill_queue, self.pe_engines[node], self.read_q)
+    def _fetch_prefill(self, nodes: Sequence[int]) -> tuple[int, bool]:
+        engines = [engine for node in nodes for engine in self.pe_engines[node]]
+        assigned = self.policy.assign_prefill(self.prefill_queue, engines, self.read_q)
         now = self.system.now_ns()
         for a in assigned:
             self.pe_of[a.request.id] = a.engine
