@@ -313,6 +313,7 @@ class ClientActor(Actor):
         self.cluster = cluster
         self.trajectories = trajectories
         self._next_turn = [0] * len(trajectories)
+        self._hits: list[tuple[int, ...] | None] = [None] * len(trajectories)
         self._agent_of: dict[int, int] = {}
         self._next_rid = 0
         self.remaining = len(trajectories)
@@ -341,7 +342,9 @@ class ClientActor(Actor):
         trajectory = self.trajectories[agent]
         turn = self._next_turn[agent]
         self._next_turn[agent] = turn + 1
-        hits = trajectory.hits()
+        hits = self._hits[agent]
+        if hits is None:  # computed once per agent (it sums the trajectory's rounds)
+            hits = self._hits[agent] = trajectory.hits()
         hit, append, gen = hits[turn], trajectory.append[turn], trajectory.gen[turn]
         prompt = hit + append
         if self.cluster.config.hit_block_aligned:
