@@ -118,7 +118,7 @@ __all__ = [
 KIND: Final = "cluster"
 BUILT_IN: Final = "<built-in>"
 DEFAULT_SYSTEMS: Final = ("basic", "dualpath", "oracle")
-DEFAULT_AGENTS: Final = 160
+DEFAULT_AGENTS: Final = 256
 """Agents of the built-in scenario: as many as keep ``make run`` (three systems) under about a minute on this
 project's 2-core machine; the storage bottleneck already shows (Basic's prefill-node storage NICs carry every
 read, DualPath splits them)."""
