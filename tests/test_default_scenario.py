@@ -1,0 +1,21 @@
+"""The built-in default scenario (DS 660B 2P4D, offline, 64K, 256 agents), in full: Oracle ≤ DualPath < Basic
+in JCT; Basic's decode-node storage NICs read nothing while DualPath reads on both sides; every run passes the
+invariant checks (run_system raises otherwise). About a minute on a 2-core machine: the one long test of CI.
+"""
+
+from __future__ import annotations
+
+from dualpath_emu.cluster.run import run_system
+from dualpath_emu.cluster.scenario import DEFAULT
+
+
+def test_default_scenario_orders_the_systems_and_uses_both_read_paths() -> None:
+    work = DEFAULT.trajectories()
+    results = {name: run_system(DEFAULT.config, name, work, seed=DEFAULT.seed) for name in ("basic", "dualpath", "oracle")}
+    jct = {name: r.jct_s for name, r in results.items()}
+    assert jct["oracle"] <= jct["dualpath"] < jct["basic"], jct
+    assert results["basic"].snic_read_bytes["de"] == 0 and results["basic"].snic_read_bytes["pe"] > 0
+    assert results["dualpath"].snic_read_bytes["de"] > 0 and results["dualpath"].snic_read_bytes["pe"] > 0
+    # The storage bottleneck: Basic's prefill-node storage NICs carry every read.
+    assert results["basic"].snic_util["pe"] > 2 * results["dualpath"].snic_util["de"]
+    assert all(r.lost_requests == 0 and r.turns == results["basic"].turns for r in results.values())
