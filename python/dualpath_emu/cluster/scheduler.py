@@ -125,6 +125,19 @@ class Policy:
     ) -> list[DecodeAssignment]:
         raise NotImplementedError
 
+    def _give_prefill(self, engine: Engine, request: Request) -> PrefillAssignment:
+        """Assign ``request`` to PE ``engine``, updating the engine's load as its next report would show it."""
+        engine.tok += self.prefill_tokens(request)
+        engine.seq += 1
+        return PrefillAssignment(request, engine.id)
+
+    def _give_decode(self, engine: Engine, request: Request) -> DecodeAssignment:
+        """Assign ``request`` to DE ``engine``: its load, its request count and its free HBM."""
+        engine.tok += self.decode_tokens(request)
+        engine.seq += 1
+        engine.free_hbm_bytes -= request.hbm_bytes
+        return DecodeAssignment(request, engine.id)
+
     def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
         """The side that reads the request's hit KV; adds its hit tokens to that node's ``read_q``."""
         side: ReadSide = "pe"
@@ -179,9 +192,7 @@ class DualPathPolicy(Policy):
                 break  # every PE of the group is overloaded: the rest waits for a later fetch
             engine = min(chosen_class, key=lambda e: (e.tok, e.id))
             request = queue.popleft()
-            engine.tok += self.prefill_tokens(request)
-            engine.seq += 1
-            out.append(PrefillAssignment(request, engine.id))
+            out.append(self._give_prefill(engine, request))
         return out
 
     def assign_decode(
@@ -215,10 +226,7 @@ class DualPathPolicy(Policy):
             low = [e for e in room if e.tok + tokens <= z]
             engine = min(low, key=lambda e: (e.seq, e.tok, e.id)) if low else min(room, key=lambda e: (e.tok, e.id))
             queue.popleft()
-            engine.tok += tokens
-            engine.seq += 1
-            engine.free_hbm_bytes -= request.hbm_bytes
-            out.append(DecodeAssignment(request, engine.id))
+            out.append(self._give_decode(engine, request))
         return out
 
     def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
@@ -276,9 +284,7 @@ class RoundRobinPolicy(Policy):
                 break  # another group's turn
             turn += 1
             request = queue.popleft()
-            engine.tok += self.prefill_tokens(request)
-            engine.seq += 1
-            out.append(PrefillAssignment(request, engine.id))
+            out.append(self._give_prefill(engine, request))
         self._pe_turn = turn % len(order)
         return out
 
@@ -306,9 +312,6 @@ class RoundRobinPolicy(Policy):
             else:
                 break  # no DE of the group has room: wait
             queue.popleft()
-            engine.tok += self.decode_tokens(request)
-            engine.seq += 1
-            engine.free_hbm_bytes -= request.hbm_bytes
-            out.append(DecodeAssignment(request, engine.id))
+            out.append(self._give_decode(engine, request))
         self._next_de[group_id] = next_engine
         return out
