@@ -109,3 +109,16 @@ def test_every_byte_is_accounted_against_the_ledger() -> None:
     core.run_until_idle()
     assert check_core_bytes(core, {(port, 2): 1000}, {(port, 2): 1}) == []
     assert check_core_bytes(core, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]
+
+
+def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:
+    from pathlib import Path
+
+    from dualpath_emu.workload.mooncake import read_mooncake
+
+    work = read_mooncake(Path(__file__).parent / "data" / "mooncake" / "conversation_trace.jsonl")[:60]
+    result = run_system(small_config(), "dualpath", work)
+    m = result.metrics
+    arrivals = sorted(t for trajectory in work for t in trajectory.arrival_s or ())
+    assert result.turns == len(arrivals)
+    assert sorted(t / 1e9 for t in m.arrive_ns) == pytest.approx(arrivals, abs=1e-9)

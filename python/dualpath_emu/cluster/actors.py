@@ -304,15 +304,19 @@ class Pool:
 
 
 class ClientActor(Actor):
-    """Replays agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals; a turn is
-    submitted as soon as the previous one of its agent is done (zero tool latency). Hit lengths are computed
-    here (same-trajectory hits only, §3.4), rounded down to whole Full Blocks if configured."""
+    """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
+    a turn is submitted as soon as the previous one of its agent is done (zero tool latency). Imported
+    request traces with arrival times (Mooncake) are replayed open loop: each turn at its own time. Hit
+    lengths are the trajectory's (same-trajectory hits only for agents, §3.4), rounded down to whole Full
+    Blocks if configured."""
 
     def __init__(self, system: ActorSystem, cluster: Cluster, trajectories: Sequence[Trajectory]) -> None:
         super().__init__(system, "client")
         self.cluster = cluster
         self.trajectories = trajectories
         self._next_turn = [0] * len(trajectories)
+        self._open = [len(t) for t in trajectories]
+        """Turns of each trajectory not done yet."""
         self._hits: list[tuple[int, ...] | None] = [None] * len(trajectories)
         self._agent_of: dict[int, int] = {}
         self._next_rid = 0
@@ -324,24 +328,45 @@ class ClientActor(Actor):
         if not self.trajectories:
             self.finished.set()
             return
-        config = self.cluster.config
-        if config.mode == "offline":
-            for agent in range(len(self.trajectories)):
+        timed = [a for a, t in enumerate(self.trajectories) if t.arrival_s is not None]
+        closed = [a for a, t in enumerate(self.trajectories) if t.arrival_s is None]
+        if timed:
+            self.system.spawn(self, self._replay(timed), "replay")
+        if self.cluster.config.mode == "offline":
+            for agent in closed:
                 self._submit_next(agent)
-        else:
-            self.system.spawn(self, self._arrivals(), "arrivals")
+        elif closed:
+            self.system.spawn(self, self._arrivals(closed), "arrivals")
 
-    async def _arrivals(self) -> None:
+    async def _arrivals(self, agents: Sequence[int]) -> None:
         rng, rate = self.random, self.cluster.config.arrival_rate
-        for agent in range(len(self.trajectories)):
-            if agent:
+        for index, agent in enumerate(agents):
+            if index:
                 await asyncio.sleep(rng.expovariate(rate))
             self._submit_next(agent)
 
+    async def _replay(self, agents: Sequence[int]) -> None:
+        """Open loop: every turn of the timed trajectories at its arrival time, in time order."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        turns = sorted(
+            (t_s, agent, turn)
+            for agent in agents
+            for turn, t_s in enumerate(self.trajectories[agent].arrival_s or ())
+        )
+        for t_s, agent, turn in turns:
+            delay = start + t_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._submit(agent, turn)
+
     def _submit_next(self, agent: int) -> None:
-        trajectory = self.trajectories[agent]
         turn = self._next_turn[agent]
         self._next_turn[agent] = turn + 1
+        self._submit(agent, turn)
+
+    def _submit(self, agent: int, turn: int) -> None:
+        trajectory = self.trajectories[agent]
         hits = self._hits[agent]
         if hits is None:  # computed once per agent (it sums the trajectory's rounds)
             hits = self._hits[agent] = trajectory.hits()
@@ -359,9 +384,11 @@ class ClientActor(Actor):
     @handles(TurnDone)
     async def on_turn_done(self, msg: TurnDone) -> None:
         agent = self._agent_of.pop(msg.rid)
-        if self._next_turn[agent] < len(self.trajectories[agent]):
+        self._open[agent] -= 1
+        trajectory = self.trajectories[agent]
+        if trajectory.arrival_s is None and self._next_turn[agent] < len(trajectory):
             self._submit_next(agent)
-        else:
+        elif self._open[agent] == 0:
             self.remaining -= 1
             if self.remaining == 0:
                 self.finished.set()
