@@ -122,3 +122,16 @@ def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:
     arrivals = sorted(t for trajectory in work for t in trajectory.arrival_s or ())
     assert result.turns == len(arrivals)
     assert sorted(t / 1e9 for t in m.arrive_ns) == pytest.approx(arrivals, abs=1e-9)
+
+
+def test_moe_all_to_all_crosses_the_network_once_per_remote_node() -> None:
+    from dualpath_emu.cluster.actors import _inter_node_a2a_bytes
+    from dualpath_emu.cluster.catalog import model
+
+    v32, qwen = model("ds660b"), model("qwen32b")
+    assert _inter_node_a2a_bytes(v32, 1) == 0.0 and _inter_node_a2a_bytes(qwen, 4) == 0.0
+    per_expert = (v32.a2a_dispatch_bytes_per_token_layer + v32.a2a_combine_bytes_per_token_layer) / 8
+    # Two nodes: a token's 8 experts miss the other node with probability 1/2^8.
+    two = _inter_node_a2a_bytes(v32, 2)
+    assert two == pytest.approx(per_expert * (1 - 0.5**8) * v32.moe_layers / v32.layers)
+    assert two < _inter_node_a2a_bytes(v32, 4) < per_expert * 3  # at most one copy per remote node

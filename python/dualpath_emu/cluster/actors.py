@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, Derived
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.scheduler import Engine, Policy, Request
@@ -594,6 +595,22 @@ class _PrefillItem:
         return self.new - self.done_new
 
 
+def _inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:
+    """MoE dispatch + combine bytes per token per layer (averaged over all layers) that cross the compute
+    network, for an EP group spread over ``nodes`` nodes.
+
+    As DeepEP does, a token goes once to each *remote node* that hosts one of its ``k`` experts and is spread
+    within the node over NVLink (which no port models); the combine comes back the same way. With experts
+    evenly over the nodes, a token reaches on average ``(nodes - 1) × (1 - (1 - 1/nodes)^k)`` remote nodes
+    [derived]. One node: no network traffic at all."""
+    k = model.activated_experts
+    if nodes <= 1 or k == 0:
+        return 0.0
+    per_expert = (model.a2a_dispatch_bytes_per_token_layer + model.a2a_combine_bytes_per_token_layer) / k
+    remote_nodes = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    return per_expert * remote_nodes * model.moe_layers / model.layers
+
+
 class PrefillGroup(_GroupActor):
     """The PEs of one EP group (one or more nodes; one PE per GPU, DP attention, §6.4)."""
 
@@ -607,12 +624,7 @@ class PrefillGroup(_GroupActor):
         self._loop_started = False
         d = cluster.derived
         self._kv = d.kv_bytes_per_token
-        m = d.model
-        ep = len(self.gpus)
-        # MoE dispatch + combine bytes per token per layer that leave the GPU (an even spread over the EP
-        # group keeps 1/ep local), averaged over all layers (dense layers have none).
-        per_moe_layer = m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer
-        self._a2a = per_moe_layer * m.moe_layers * (ep - 1) / ep / m.layers if ep > 1 else 0.0
+        self._a2a = _inter_node_a2a_bytes(d.model, len(nodes))
         buffer = cluster.config.dram_buffer_bytes
         self.buffers = {n: Pool(self, f"n{n}.buffer", buffer) for n in nodes}
 
@@ -760,8 +772,9 @@ class PrefillGroup(_GroupActor):
                     last = item.done_new + chunk == item.new
                     if last:  # the whole prompt KV goes to the DE buffer after the pass
                         post.append((node, gpu, item, (item.hit + item.new) * self._kv))
-            if self._a2a and not system.oracle:  # to the next GPU of the group: one flow per GPU and layer
-                peer_node, peer_gpu = self.gpus[(self.gpus.index((node, gpu)) + 1) % len(self.gpus)]
+            if self._a2a:  # model traffic: Oracle has it too. To the same GPU of the next node of the group.
+                peer_node = self.nodes[(self.nodes.index(node) + 1) % len(self.nodes)]
+                peer_gpu = gpu
                 collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), MODEL_LANE,
                                     int(self._a2a * tokens * layers / stages)))  # fmt: skip
         if pre:
