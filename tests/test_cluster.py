@@ -135,3 +135,15 @@ def test_moe_all_to_all_crosses_the_network_once_per_remote_node() -> None:
     two = _inter_node_a2a_bytes(v32, 2)
     assert two == pytest.approx(per_expert * (1 - 0.5**8) * v32.moe_layers / v32.layers)
     assert two < _inter_node_a2a_bytes(v32, 4) < per_expert * 3  # at most one copy per remote node
+
+
+@pytest.mark.parametrize("system", ["basic", "dualpath"])
+def test_a_two_node_prefill_group_uses_both_nodes(system: str) -> None:
+    config = dataclasses.replace(small_config(), pe_nodes=2, prefill_ep_nodes=2)
+    result = run_system(config, system, trajectories())
+    gpus = config.node.gpus
+    nodes = {pe // gpus for pe in result.metrics.pe}
+    assert nodes == {0, 1}
+    if system == "basic":  # round robin: every PE of both nodes, evenly
+        per_pe = [list(result.metrics.pe).count(pe) for pe in range(2 * gpus)]
+        assert max(per_pe) - min(per_pe) <= 1
