@@ -844,6 +844,15 @@ class DecodeGroup(_GroupActor):
         self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
         self.hbm = [Pool(self, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
+        # The decode EP group: decode_ep_nodes consecutive decode nodes; its MoE all-to-all crosses the
+        # network to the next node of the group (model traffic, high lane).
+        ep = cluster.config.decode_ep_nodes
+        de_nodes = [n.index for n in cluster.topology.de_nodes]
+        first = de_nodes[(de_nodes.index(node) // ep) * ep]
+        group = de_nodes[de_nodes.index(first) : de_nodes.index(first) + ep]
+        self._a2a_peer = group[(group.index(node) + 1) % len(group)]
+        self._a2a = _inter_node_a2a_bytes(cluster.derived.model, len(group)) * cluster.derived.model.layers
+        """MoE all-to-all bytes per decoded token (all layers) that cross the network."""
 
     @handles(Expect)
     async def on_expect(self, msg: Expect) -> None:
@@ -947,6 +956,7 @@ class DecodeGroup(_GroupActor):
             return
         metrics = self.cluster.metrics
         blocks = 0
+        tokens = steps * len(gpu.batch)  # at most: a request that finishes early decodes fewer
         still: list[_DecodeRequest] = []
         for r in gpu.batch:
             before = r.produced
@@ -956,12 +966,20 @@ class DecodeGroup(_GroupActor):
             full = (r.prompt + r.produced) // BLOCK_TOKENS
             blocks += full - r.stored_blocks
             r.stored_blocks = full
+            tokens -= before + steps - r.produced
             if r.produced >= r.gen:
                 self._finish(r)
             else:
                 still.append(r)
         gpu.batch = still
         gpu.segment_start_ns += steps * gpu.step_ns
+        if self._a2a and tokens > 0:
+            # The steps' MoE dispatch/combine over the network, charged once per segment (after it, like the
+            # block write-backs): it loads the compute NICs the KV traffic shares, the step times stay the
+            # roofline's.
+            topo = self.cluster.topology
+            path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
+            self.cluster.plane.transfer(path, MODEL_LANE, int(self._a2a * tokens))
         if blocks > 0 and not self.cluster.system.oracle:
             # Completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged
             # once per segment, not per block.
