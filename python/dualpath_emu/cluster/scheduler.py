@@ -29,6 +29,7 @@ everything to the same side (the paper does not say whether it updates ``read_q`
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -92,8 +93,8 @@ class DecodeAssignment:
 
 
 @dataclass
-class Policy:
-    """The decisions of one scheduler. Subclasses implement the three choices; state lives in the queues the
+class Policy(ABC):
+    """The decisions of one scheduler. Subclasses choose the engines; the read side is chosen here. State lives in the queues the
     scheduler passes in and in the policy's own counters (round robin).
 
     ``read_both_sides`` False keeps every read on the PE side (single-path systems); True reads on the node
@@ -110,11 +111,13 @@ class Policy:
         """What a request adds to a DE's ``tok_e`` (its KV in HBM while it decodes)."""
         return request.prompt_tokens + request.gen_tokens
 
+    @abstractmethod
     def assign_prefill(
         self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
-        raise NotImplementedError
+        """Assign queued requests (from the head, FIFO) to the fetching ``group``'s PEs."""
 
+    @abstractmethod
     def assign_decode(
         self,
         global_queue: deque[Request],
@@ -123,7 +126,8 @@ class Policy:
         group_id: int,
         group: list[Engine],
     ) -> list[DecodeAssignment]:
-        raise NotImplementedError
+        """Phase 1 (route the global queue to groups) and phase 2 (assign group ``group_id``'s private queue to
+        its DEs)."""
 
     def _give_prefill(self, engine: Engine, request: Request) -> PrefillAssignment:
         """Assign ``request`` to PE ``engine``, updating the engine's load as its next report would show it."""
