@@ -94,8 +94,8 @@ class DecodeAssignment:
 
 @dataclass
 class Policy(ABC):
-    """The decisions of one scheduler. Subclasses choose the engines; the read side is chosen here. State lives in the queues the
-    scheduler passes in and in the policy's own counters (round robin).
+    """The decisions of one scheduler. Subclasses choose the engines; the read side is chosen here. State
+    lives in the queues the scheduler passes in and in the policy's own counters (round robin).
 
     ``read_both_sides`` False keeps every read on the PE side (single-path systems); True reads on the node
     with the shorter read queue (dual-path loading).
