@@ -406,8 +406,7 @@ class SchedulerActor(Actor):
         super().__init__(system, "scheduler")
         self.cluster = cluster
         self.policy = cluster.policy
-        config, gpus = cluster.config, cluster.config.node.gpus
-        topo = cluster.topology
+        gpus, topo = cluster.config.node.gpus, cluster.topology
         self.pe_engines = {n.index: [Engine(n.index * gpus + g, n.index) for g in range(gpus)] for n in topo.pe_nodes}
         self.de_engines = {
             n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes)
@@ -425,7 +424,6 @@ class SchedulerActor(Actor):
         self._notified: set[str] = set()
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
-        del config
 
     def _notify(self, role: str) -> None:
         """Tell every group of ``role`` with work for it (prefill: any; decode: a non-empty private queue)."""

@@ -117,7 +117,6 @@ class Policy(ABC):
     ) -> list[PrefillAssignment]:
         """Assign queued requests (from the head, FIFO) to the fetching ``group``'s PEs."""
 
-    @abstractmethod
     def assign_decode(
         self,
         global_queue: deque[Request],
@@ -126,8 +125,14 @@ class Policy(ABC):
         group_id: int,
         group: list[Engine],
     ) -> list[DecodeAssignment]:
-        """Phase 1 (route the global queue to groups) and phase 2 (assign group ``group_id``'s private queue to
-        its DEs)."""
+        """Phase 1 (route the global queue to groups), then phase 2: assign group ``group_id``'s private
+        queue to its DEs (:meth:`_assign_group`)."""
+        self._drain_to_groups(global_queue, private_queues, group_loads)
+        return self._assign_group(private_queues[group_id], group_id, group)
+
+    @abstractmethod
+    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
+        """Phase 2: requests from the head of a group's private queue to its DEs, while they fit."""
 
     def _give_prefill(self, engine: Engine, request: Request) -> PrefillAssignment:
         """Assign ``request`` to PE ``engine``, updating the engine's load as its next report would show it."""
@@ -199,16 +204,7 @@ class DualPathPolicy(Policy):
             out.append(self._give_prefill(engine, request))
         return out
 
-    def assign_decode(
-        self,
-        global_queue: deque[Request],
-        private_queues: dict[int, deque[Request]],
-        group_loads: dict[int, int],
-        group_id: int,
-        group: list[Engine],
-    ) -> list[DecodeAssignment]:
-        self._drain_to_groups(global_queue, private_queues, group_loads)
-        queue = private_queues[group_id]
+    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
         if not queue or not group:
             return []
         # Z from the prefix R of the queue that fits in the group's free HBM (no fragmentation assumed).
@@ -292,16 +288,7 @@ class RoundRobinPolicy(Policy):
         self._pe_turn = turn % len(order)
         return out
 
-    def assign_decode(
-        self,
-        global_queue: deque[Request],
-        private_queues: dict[int, deque[Request]],
-        group_loads: dict[int, int],
-        group_id: int,
-        group: list[Engine],
-    ) -> list[DecodeAssignment]:
-        self._drain_to_groups(global_queue, private_queues, group_loads)
-        queue = private_queues[group_id]
+    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
         out: list[DecodeAssignment] = []
         if not group:
             return out
