@@ -325,7 +325,7 @@ class ClientActor(Actor):
         self.finished = asyncio.Event()
 
     @handles(Start)
-    async def on_start(self, msg: Start) -> None:
+    def on_start(self, msg: Start) -> None:
         if not self.trajectories:
             self.finished.set()
             return
@@ -383,7 +383,7 @@ class ClientActor(Actor):
         self.tell("scheduler", Submit(rid, prompt, hit, gen))
 
     @handles(TurnDone)
-    async def on_turn_done(self, msg: TurnDone) -> None:
+    def on_turn_done(self, msg: TurnDone) -> None:
         agent = self._agent_of.pop(msg.rid)
         self._open[agent] -= 1
         trajectory = self.trajectories[agent]
@@ -441,7 +441,7 @@ class SchedulerActor(Actor):
             self.tell(name, WorkPending())
 
     @handles(Submit)
-    async def on_submit(self, msg: Submit) -> None:
+    def on_submit(self, msg: Submit) -> None:
         new = msg.prompt - msg.hit
         hbm = (msg.prompt + msg.gen) * self._kv
         request = Request(msg.rid, msg.prompt, new, msg.hit, msg.gen, hbm)
@@ -452,7 +452,7 @@ class SchedulerActor(Actor):
         self._notify("pe")
 
     @handles(Fetch)
-    async def on_fetch(self, msg: Fetch) -> None:
+    def on_fetch(self, msg: Fetch) -> None:
         sender = self.envelope.sender if self.envelope is not None else ""
         self._notified.discard(sender)
         again = False
@@ -503,11 +503,11 @@ class SchedulerActor(Actor):
         return len(assigned), bool(self.private[node])
 
     @handles(ReadDone)
-    async def on_read_done(self, msg: ReadDone) -> None:
+    def on_read_done(self, msg: ReadDone) -> None:
         self.read_q[msg.node] -= msg.tokens
 
     @handles(PrefillDone)
-    async def on_prefill_done(self, msg: PrefillDone) -> None:
+    def on_prefill_done(self, msg: PrefillDone) -> None:
         request = self.requests[msg.rid]
         pe = self.pe_of.pop(msg.rid)
         engine = self.pe_engines[pe // self._gpus][pe % self._gpus]
@@ -517,7 +517,7 @@ class SchedulerActor(Actor):
             self._notify("pe")
 
     @handles(DecodeDone)
-    async def on_decode_done(self, msg: DecodeDone) -> None:
+    def on_decode_done(self, msg: DecodeDone) -> None:
         request = self.requests.pop(msg.rid)
         de = self.de_of.pop(msg.rid)
         node = de // self._gpus
@@ -543,7 +543,7 @@ class _GroupActor(Actor):
         self._period_ns = round(cluster.config.fetch_period_s * NS)
 
     @handles(WorkPending)
-    async def on_work_pending(self, msg: WorkPending) -> None:
+    def on_work_pending(self, msg: WorkPending) -> None:
         if self._fetch_due:
             return
         self._fetch_due = True
@@ -632,7 +632,7 @@ class PrefillGroup(_GroupActor):
             self.system.spawn(self, self._forward_loop(), "forward")
 
     @handles(Prefill)
-    async def on_prefill(self, msg: Prefill) -> None:
+    def on_prefill(self, msg: Prefill) -> None:
         self._ensure_loop()
         new = msg.prompt - msg.hit
         item = _PrefillItem(msg.rid, msg.hit, new, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
@@ -668,7 +668,7 @@ class PrefillGroup(_GroupActor):
             self._work.set()
 
     @handles(HitReady)
-    async def on_hit_ready(self, msg: HitReady) -> None:
+    def on_hit_ready(self, msg: HitReady) -> None:
         item = self.items[msg.rid][1]
         item.de_ready = True
         if item.ready:
@@ -853,7 +853,7 @@ class DecodeGroup(_GroupActor):
         """MoE all-to-all bytes per decoded token (all layers) that cross the network."""
 
     @handles(Expect)
-    async def on_expect(self, msg: Expect) -> None:
+    def on_expect(self, msg: Expect) -> None:
         self.expected[msg.rid] = msg
         if self.cluster.system.oracle:
             return
@@ -883,7 +883,7 @@ class DecodeGroup(_GroupActor):
         _then(self, done, finished)
 
     @handles(KvReady)
-    async def on_kv_ready(self, msg: KvReady) -> None:
+    def on_kv_ready(self, msg: KvReady) -> None:
         expect = self.expected.pop(msg.rid)
         request = _DecodeRequest(msg.rid, expect.prompt, expect.gen, msg.de_gpu, expect.hit // BLOCK_TOKENS)
         # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only

@@ -29,11 +29,14 @@ so per sender. (asyncio's timer heap alone does not order equal deadlines, so wh
 travels as one batch with one loop callback, and each callback takes the oldest batch.)
 
 **Handlers.** The handler for a message is the one marked for its type or, failing that, for the nearest
-base class in the type's MRO. A subclass may override a base class's handler for a type. A handler may
-``await`` (sleeps, core transfers, asks to other actors); the actor handles nothing else meanwhile, so an
-actor that asks itself, or two actors that ask each other, wait forever (on a ``VirtualTimeLoop`` that
-ends in ``DeadlockError`` unless the ask has a timeout). Its return value (a ``Message`` or ``None``) is
-the reply to an ask (anything else gives the asker a ``TypeError``) and is ignored for a tell.
+base class in the type's MRO. A subclass may override a base class's handler for a type. An ``async``
+handler may ``await`` (sleeps, core transfers, asks to other actors); the actor handles nothing else
+meanwhile, so an actor that asks itself, or two actors that ask each other, wait forever (on a
+``VirtualTimeLoop`` that ends in ``DeadlockError`` unless the ask has a timeout). A plain (``def``) handler
+cannot wait and costs less: a tell that arrives while its actor idles with an empty mailbox is handled on
+the spot, without a task switch (the same order as through the mailbox: arrivals are handled in arrival
+order, one at a time). The return value (a ``Message`` or ``None``) is the reply to an ask (anything else
+gives the asker a ``TypeError``) and is ignored for a tell.
 
 **Failure semantics** (as in pykka):
 
@@ -100,7 +103,7 @@ DEFAULT_FAILURE_EVENTS: Final = 20
 """How many of the last events an :class:`ActorFailure` carries by default."""
 
 _T = TypeVar("_T")
-_F = TypeVar("_F", bound=Callable[..., Awaitable[Message | None]])
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Message | None] | Message | None])
 
 _HANDLES_ATTR: Final = "__actor_handles__"
 
@@ -163,10 +166,10 @@ class ActorFailure(ActorError):
 
 
 def handles(*message_types: type[Message]) -> Callable[[_F], _F]:
-    """Mark an ``async`` method of an :class:`Actor` subclass as the handler of ``message_types``.
+    """Mark a method of an :class:`Actor` subclass (``async`` or plain) as the handler of ``message_types``.
 
-    May be stacked; the method is returned unchanged. The class refuses, when it is created, a handler
-    that is not a coroutine function and two handlers of its own for one type.
+    May be stacked; the method is returned unchanged. The class refuses, when it is created, two handlers
+    of its own for one type.
     """
     if not message_types:
         raise TypeError("handles() needs at least one message type")
@@ -187,7 +190,12 @@ class _Request(NamedTuple):
 
     envelope: Envelope
     is_ask: bool
-    summary: str
+    summary_or_none: str | None
+    """The event-log summary, if it was made already (it is only made when it is recorded)."""
+
+    @property
+    def summary(self) -> str:
+        return self.summary_or_none or _describe(self.envelope)
 
 
 class _Reply(NamedTuple):
@@ -412,14 +420,15 @@ class ActorSystem:
         msg_id = self._next_msg_id
         self._next_msg_id = msg_id + 1
         envelope = Envelope(sender, recipient, msg_id, None, msg)
-        summary = f"#{msg_id} {type(msg).__qualname__} {sender}->{recipient}"
         clock = self._clock
         now = clock() if clock is not None else self._bind()()
+        summary = None
         if self.record_messages:
+            summary = f"#{msg_id} {type(msg).__qualname__} {sender}->{recipient}"
             log = self._log
             log.append((now, len(log), sender, "tell", summary))
         if target._stopped:
-            self._drop(envelope, summary)
+            self._drop(envelope, summary or _describe(envelope))
             return
         self._send(_Request(envelope, False, summary), now)
 
@@ -498,7 +507,14 @@ class ActorSystem:
                 continue  # an ask: its asker was told when the actor stopped
             if record:
                 log.append((now, len(log), envelope.recipient, "deliver", item.summary))
-            target._mailbox.put_nowait(item)
+            mailbox = target._mailbox
+            if mailbox._waiter is not None and not mailbox.items and not item.is_ask:
+                # Its task idles with nothing queued: a plain handler runs here, without a task switch.
+                handler = target._handler_for(type(envelope.body))
+                if handler is not None and handler[1]:
+                    self._handle_tell_now(target, item, handler[0])
+                    continue
+            mailbox.put_nowait(item)
 
     def _answer(self, reply: _Reply) -> None:
         pending = self._pending.pop(reply.reply_to, None)
@@ -530,21 +546,22 @@ class ActorSystem:
     # --- handling ------------------------------------------------------------------------------------
 
     async def _handle(self, actor: Actor, request: _Request) -> None:
-        envelope, is_ask, summary = request
+        envelope, is_ask, _ = request
         if self.record_messages:
             log = self._log
-            log.append((self.now_ns(), len(log), actor.name, "handle", summary))
+            log.append((self.now_ns(), len(log), actor.name, "handle", request.summary))
         handler = actor._handler_for(type(envelope.body))
         if handler is None:
             if is_ask:
                 self._reply(envelope, None, UnhandledMessageError(actor.name, type(envelope.body)))
             else:
                 self.unhandled += 1
-                self.record(actor.name, "unhandled", summary)
+                self.record(actor.name, "unhandled", request.summary)
             return
+        method, plain = handler
         actor.envelope = envelope
         try:
-            result = await handler(envelope.body)
+            result = method(envelope.body) if plain else await method(envelope.body)
         except Exception as error:
             if is_ask:
                 self._reply(envelope, None, error)
@@ -561,6 +578,20 @@ class ActorSystem:
                 self._reply(envelope, None, error)
             else:
                 self._reply(envelope, result, None)
+
+    def _handle_tell_now(self, actor: Actor, request: _Request, method: Callable[[Message], object]) -> None:
+        """:meth:`_handle` for a tell with a plain handler, called at its arrival (the actor idles)."""
+        envelope = request.envelope
+        if self.record_messages:
+            log = self._log
+            log.append((self.now_ns(), len(log), actor.name, "handle", request.summary))
+        actor.envelope = envelope
+        try:
+            method(envelope.body)
+        except Exception as error:
+            self._fail(actor, envelope, error)
+        finally:
+            actor.envelope = None
 
     def _fail(self, actor: Actor, envelope: Envelope | None, error: Exception) -> None:
         where = _describe(envelope) if envelope is not None else "runtime"
@@ -624,7 +655,7 @@ class Actor:
     """
 
     _handlers: ClassVar[dict[type[Message], str]] = {}
-    _resolved: ClassVar[dict[type[Message], str | None]] = {}
+    _resolved: ClassVar[dict[type[Message], tuple[str, bool] | None]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -633,8 +664,6 @@ class Actor:
             message_types: tuple[type[Message], ...] = getattr(value, _HANDLES_ATTR, ())
             if not message_types:
                 continue
-            if not inspect.iscoroutinefunction(value):
-                raise TypeError(f"{cls.__qualname__}.{attribute}: a handler must be an async method")
             for message_type in message_types:
                 if message_type in own and own[message_type] != attribute:
                     raise TypeError(
@@ -643,7 +672,7 @@ class Actor:
                     )
                 own[message_type] = attribute
         cls._handlers = {**cls._handlers, **own}
-        cls._resolved = {}  # message type -> handler attribute (or None), filled as types arrive
+        cls._resolved = {}  # message type -> (handler attribute, plain) or None, filled as types arrive
 
     def __init__(self, system: ActorSystem, name: str) -> None:
         self.system = system
@@ -661,16 +690,18 @@ class Actor:
         """Whether :meth:`stop` was called (or the system failed)."""
         return self._stopped
 
-    def _handler_for(self, message_type: type[Message]) -> Callable[[Message], Awaitable[Message | None]] | None:
+    def _handler_for(self, message_type: type[Message]) -> tuple[Callable[[Message], Any], bool] | None:
+        """The bound handler for ``message_type`` and whether it is plain (not ``async``), or None."""
         cls = type(self)
         try:
-            attribute = cls._resolved[message_type]
+            resolved = cls._resolved[message_type]
         except KeyError:
-            attribute = cls._resolved[message_type] = _resolve(cls._handlers, message_type)
-        if attribute is None:
+            attribute = _resolve(cls._handlers, message_type)
+            plain = attribute is not None and not inspect.iscoroutinefunction(getattr(cls, attribute))
+            resolved = cls._resolved[message_type] = (attribute, plain) if attribute is not None else None
+        if resolved is None:
             return None
-        method: Callable[[Message], Awaitable[Message | None]] = getattr(self, attribute)
-        return method
+        return getattr(self, resolved[0]), resolved[1]
 
     # --- life --------------------------------------------------------------------------------------
 
