@@ -264,6 +264,32 @@ def test_storage_read_and_core_timer() -> None:
     assert now_ns == 21 * MS
 
 
+def test_detached_work_moves_its_bytes_without_waking_the_loop() -> None:
+    """A detached transfer and I/O share the ports like any work and are counted, but the loop never wakes
+    for their ends: the only clock jumps are the awaited transfer's and the timer's."""
+    counting = CountingCore(Core())
+    core = counting.core
+    cluster = core.add_port("3fs", 1000 * GB)
+    snic = core.add_port("node0.snic", 50 * GB)
+    core.configure_storage(read_port=cluster, write_port=cluster, read_latency_ns=MS, write_latency_ns=MS)
+    node = core.add_storage_node("node0", read_path=[snic], write_path=[snic], queue_depth=4)
+
+    async def main() -> tuple[Completion, int]:
+        loop = vloop()
+        loop.transfer_detached([snic], 0, GB // 2)  # shares the SNIC with the awaited GB
+        loop.io_detached(node, "write", 0, GB // 10)
+        done = await loop.transfer([snic], 0, GB)
+        await asyncio.sleep(1.0)
+        return done, loop.now_ns
+
+    done, now_ns = run_counting(main(), counting)
+    assert done.end_ns == 32 * MS  # last of the SNIC's 1.6 GB at 50 GB/s, not 20 ms alone
+    assert now_ns == 1032 * MS
+    assert counting.calls["advance"] == 2
+    assert core.port_counters(snic)["completed_bytes"][0] == GB + GB // 2 + GB // 10
+    assert core.pending() == 0
+
+
 def test_flush_submits_at_the_request_instant() -> None:
     core, port = port_core()
 

@@ -19,7 +19,7 @@ pub use events::TimeNs;
 pub use forward::{ForwardRank, ForwardSpec, ForwardStats, LayerTransfer};
 pub use lanes::{Lane, VlArbitration, MAX_LANES};
 pub use network::{PortCounters, PortId, PortSpec};
-pub use sim::{ClockMode, Completion, CompletionKind, Core, CoreConfig, CoreStats};
+pub use sim::{ClockMode, Completion, CompletionKind, Core, CoreConfig, CoreStats, UNREPORTED_TAG};
 pub use storage::{IoKind, NodeId, QueueState, StorageNodeSpec, StorageSpec};
 
 #[cfg(feature = "python")]

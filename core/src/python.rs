@@ -800,6 +800,7 @@ impl PyCore {
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("UNREPORTED_TAG", crate::UNREPORTED_TAG)?;
     m.add_class::<PyCore>()?;
     m.add_class::<PyArbitration>()?;
     m.add_class::<PyPacketArbiter>()?;

@@ -63,6 +63,11 @@ impl CompletionKind {
     }
 }
 
+/// The tag of work whose end nobody waits for (fire and forget: e.g. KV write-backs): it moves its bytes, is
+/// counted and traced like any work, but is never reported as a completion, so `advance_until` does not
+/// stop for it.
+pub const UNREPORTED_TAG: u64 = u64::MAX;
+
 /// One finished piece of work, with the caller's tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
@@ -664,7 +669,9 @@ impl Core {
         if kind == CompletionKind::Transfer {
             self.pending_transfers -= 1;
         }
-        self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
+        if tag != UNREPORTED_TAG {
+            self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
+        }
         if self.config.record_spans && kind != CompletionKind::Timer {
             self.spans.push(Span { kind, tag, lane, size_bytes, start_ns, end_ns });
         }

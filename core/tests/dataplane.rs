@@ -560,3 +560,19 @@ fn advance_until_stops_at_the_first_completion_and_skips_internal_events() {
     assert_eq!(c.take_completions()[0].tag, 1);
     assert!(c.advance_until(0).is_err(), "time never goes back");
 }
+
+#[test]
+fn unreported_work_moves_its_bytes_but_never_completes_for_the_caller() {
+    use dualpath_emu_core::UNREPORTED_TAG;
+    let mut c = core();
+    let p = port(&mut c, "p", GB);
+    // Two transfers share the port: the unreported one (1 MB) ends at 2 ms, the reported one (3 MB) at 4 ms.
+    c.submit_transfer(&[p], 0, 1_000_000, UNREPORTED_TAG).unwrap();
+    c.submit_transfer(&[p], 0, 3_000_000, 7).unwrap();
+    assert_eq!(c.advance_until(u64::MAX).unwrap(), 1, "advance_until does not stop at 2 ms");
+    assert_eq!(c.now_ns(), 4 * MS);
+    let done = c.take_completions();
+    assert_eq!((done.len(), done[0].tag), (1, 7));
+    assert_eq!(c.port_counters(p).unwrap().completed_bytes[0], 4_000_000, "both transfers' bytes are counted");
+    assert_eq!(c.pending(), 0);
+}

@@ -5,6 +5,7 @@ from typing import Literal, TypeAlias, final
 
 __all__ = [
     "__version__",
+    "UNREPORTED_TAG",
     "Core",
     "Arbitration",
     "PacketArbiter",
@@ -17,6 +18,8 @@ __all__ = [
 ]
 
 __version__: str
+UNREPORTED_TAG: int
+"""The tag of work nobody waits for: counted and traced, never reported as a completion."""
 
 class CoreError(Exception):
     """Base class of every error raised by the dualpath-emu core."""

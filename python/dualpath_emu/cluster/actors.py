@@ -224,13 +224,26 @@ class Ledger:
         self._book(path, lane, size)
         return self._system.data_plane.transfer(path, lane, size)
 
+    def transfer_detached(self, path: tuple[int, ...], lane: int, size: int) -> None:
+        """A transfer nobody waits for (write-backs, decode all-to-all): booked, never reported."""
+        self._book(path, lane, size)
+        self._system.data_plane.transfer_detached(path, lane, size)
+
     def io(self, node: int, kind: str, lane: int, size: int) -> asyncio.Future[Completion]:
+        return self._system.data_plane.io(self._book_io(node, kind, lane, size), kind, lane, size)
+
+    def io_detached(self, node: int, kind: str, lane: int, size: int) -> None:
+        """A storage I/O nobody waits for (block write-backs): booked, never reported."""
+        self._system.data_plane.io_detached(self._book_io(node, kind, lane, size), kind, lane, size)
+
+    def _book_io(self, node: int, kind: str, lane: int, size: int) -> int:
+        """Book a storage I/O of ``node``; return its storage node."""
         n = self._topology.nodes[node]
         if kind == "read":
             self._book((self._topology.storage_read, n.snic_rx, n.dram), lane, size)
         else:
             self._book((n.dram, n.snic_tx, self._topology.storage_write), lane, size)
-        return self._system.data_plane.io(n.storage_node, kind, lane, size)
+        return n.storage_node
 
     def forward(
         self,
@@ -977,11 +990,11 @@ class DecodeGroup(_GroupActor):
             # roofline's.
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
-            self.cluster.plane.transfer(path, MODEL_LANE, int(self._a2a * tokens))
+            self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
         if blocks > 0 and not self.cluster.system.oracle:
             # Completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged
             # once per segment, not per block.
             size = blocks * BLOCK_TOKENS * self._kv
             plane = self.cluster.plane
-            plane.transfer(self.cluster.topology.d2h(self.node, gpu.gpu), KV_LANE, size)
-            plane.io(self.node, "write", KV_LANE, size)
+            plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu.gpu), KV_LANE, size)
+            plane.io_detached(self.node, "write", KV_LANE, size)

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, TypeAlias, TypeVar
 
-from dualpath_emu._core import Core
+from dualpath_emu._core import UNREPORTED_TAG, Core
 
 __all__ = ["Completion", "CoreWork", "ForwardRank", "LayerTransfer", "UnexpectedCompletionError"]
 
@@ -131,6 +131,13 @@ class CoreWork:
         self._queued()
         return self.expect(tag)
 
+    def transfer_detached(self, path: Sequence[int], lane: int, size_bytes: int) -> None:
+        """Start a transfer nobody waits for (a write-back, say): it moves its bytes and is counted like any
+        other, but its end is never reported, so the loop does not wake up for it. A bad argument fails
+        the run's next flush (the core refuses it)."""
+        self._pending_transfers.append((tuple(path), lane, size_bytes, UNREPORTED_TAG))
+        self._queued()
+
     def forward(
         self,
         n_layers: int,
@@ -161,6 +168,11 @@ class CoreWork:
         self._pending_ios.append((node, kind, lane, size_bytes, tag))
         self._queued()
         return self.expect(tag)
+
+    def io_detached(self, node: int, kind: str, lane: int, size_bytes: int) -> None:
+        """Queue a storage I/O nobody waits for (see :meth:`transfer_detached`)."""
+        self._pending_ios.append((node, kind, lane, size_bytes, UNREPORTED_TAG))
+        self._queued()
 
     def core_timer(self, at_ns: int) -> asyncio.Future[Completion]:
         """A timer in the core's event queue, completing at ``at_ns`` (a ``"timer"`` completion)."""
@@ -196,7 +208,10 @@ class CoreWork:
                 try:
                     submit([item])
                 except Exception as error:
-                    future = self._waiters.pop(tag_of(item))
+                    tag = tag_of(item)
+                    if tag == UNREPORTED_TAG:
+                        raise  # detached: nobody to tell but the run
+                    future = self._waiters.pop(tag)
                     if not future.done():
                         future.set_exception(error)
 
