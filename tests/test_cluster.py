@@ -152,10 +152,11 @@ def test_a_two_node_prefill_group_uses_both_nodes(system: str) -> None:
 def test_cluster_messages_have_a_wire_format() -> None:
     # The cluster's actors exchange objects in one process; over ZeroMQ they would be encoded: every message
     # type registers (its fields are codec types) and round-trips.
-    from dualpath_emu.cluster.actors import Fetch, Prefill, cluster_registry
+    from dualpath_emu.cluster.actors import Fetch, Prefill, PrefillTask, Submit, Turn, TurnDone, cluster_registry
     from dualpath_emu.messages import Codec, Envelope
 
     codec = Codec(cluster_registry())
-    for body in (Fetch((0, 1)), Prefill(7, 33_000, 32_768, 176, 0, 3, 2, 5, True)):
+    tasks = (PrefillTask(7, 33_000, 32_768, 176, 0, 3, 2, 5, True), PrefillTask(8, 900, 0, 12, 1, 0, 3, 1, False))
+    for body in (Fetch((0, 1)), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176),)), TurnDone((7, 8))):
         envelope = Envelope("scheduler", "pe0", 1, None, body)
         assert codec.decode_envelope(codec.encode_envelope(envelope)) == envelope

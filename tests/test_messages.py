@@ -102,6 +102,17 @@ class Deep(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Batch(Message):
+    """A batch of nested records."""
+
+    WIRE_NAME: ClassVar[str] = "Batch"
+    VERSION: ClassVar[int] = 1
+
+    pings: tuple[Ping, ...]
+    outers: tuple[Outer, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Stop(Message):
     WIRE_NAME: ClassVar[str] = "Stop"
     VERSION: ClassVar[int] = 1
@@ -121,7 +132,7 @@ class Checked(Message):
             raise ValueError(f"count must be >= 0, got {self.count}")
 
 
-ALL_TYPES: tuple[type[Message], ...] = (Ping, Scalars, Optionals, Tuples, Outer, Deep, Stop, Checked)
+ALL_TYPES: tuple[type[Message], ...] = (Ping, Scalars, Optionals, Tuples, Outer, Deep, Batch, Stop, Checked)
 
 
 def make_registry() -> MessageRegistry:
@@ -158,6 +169,8 @@ EXAMPLES: tuple[Message, ...] = (
     Outer("o", PING, None),
     Outer("o", PING, SCALARS),
     DEEP,
+    Batch((), None),
+    Batch((PING, Ping(0, "", b"")), (Outer("o", PING, None), Outer("p", PING, SCALARS))),
     Stop(),
     Checked(0),
 )
@@ -199,6 +212,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
     tuple_messages,
     outers,
     st.builds(Deep, outers, ints),
+    st.builds(Batch, tuples_of(pings), st.none() | tuples_of(outers)),
     st.just(Stop()),
     st.builds(Checked, st.integers(0, INT_MAX)),
 )
@@ -588,6 +602,12 @@ BAD_VALUES: list[tuple[str, Message, str]] = [
         Deep(Outer("o", Ping(1, 2, b""), None), 0),  # type: ignore[arg-type]
         "Deep v1 field 'outer': Outer v2 field 'ping': Ping v1 field 'note': expected str, got int",
     ),
+    (
+        "bad value in a batch",
+        Batch((PING, Ping(1, 2, b"")), None),  # type: ignore[arg-type]
+        "Batch v1 field 'pings': element 1: Ping v1 field 'note': expected str, got int",
+    ),
+    ("wrong type in a batch", Batch((SCALARS,), None), r"Batch v1 field 'pings': expected tuple\[Ping, \.\.\.\], got tuple with Scalars at index 0"),  # type: ignore[arg-type]
     ("lone surrogate", Ping(1, "\ud800", b""), "cannot encode Ping"),
 ]
 
@@ -760,7 +780,6 @@ def message_type(annotation: object, **namespace: object) -> type[Message]:
         tuple[int, int],
         tuple[int],
         tuple[list[int], ...],
-        tuple[Ping, ...],
         tuple[int | None, ...],
         object,
         Any,
@@ -782,6 +801,8 @@ def test_a_nested_type_must_be_registered_first() -> None:
     with pytest.raises(TypeError, match=r"^Outer\.ping: message type Ping is not registered here \(register it first\)"):
         registry.register(Outer)
     assert Outer not in registry
+    with pytest.raises(TypeError, match=r"^Batch\.pings: message type Ping is not registered here"):
+        registry.register(Batch)
 
 
 @dataclass(frozen=True, slots=True)

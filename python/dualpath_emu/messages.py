@@ -15,8 +15,9 @@ Types are registered in a :class:`MessageRegistry` that the caller creates and p
 global registry); a :class:`Codec` over a registry turns messages into bytes and back. Actors exchange an
 :class:`Envelope` (sender, recipient, ``msg_id``, ``reply_to``, body).
 
-Field types: ``int``, ``float``, ``str``, ``bool``, ``bytes``; ``tuple[T, ...]`` with ``T`` one of those five;
-another message type registered earlier in the same registry (nested); and ``X | None`` of any of these.
+Field types: ``int``, ``float``, ``str``, ``bool``, ``bytes``; another message type registered earlier in the
+same registry (nested); ``tuple[T, ...]`` with ``T`` one of those (e.g. a batch of nested records); and
+``X | None`` of any of these.
 Anything else is refused at registration with a ``TypeError`` naming the class and the field.
 
 Wire format (``FORMAT = 1``)
@@ -295,6 +296,42 @@ def _nested(spec: _Spec) -> _Kind:
     return _Kind(spec.wire_name, to_wire, from_wire)
 
 
+def _tuple_of_messages(spec: _Spec) -> _Kind:
+    """A tuple of nested messages of one registered type (each element as a four-element array)."""
+    nested = _nested(spec)
+    to_one, from_one = nested.to_wire, nested.from_wire
+
+    def from_wire(value: Any) -> Any:
+        if type(value) is not tuple:
+            raise _Mismatch(_type_name(value))
+        out = []
+        for index, item in enumerate(value):
+            try:
+                out.append(from_one(item))
+            except _Mismatch as mismatch:
+                raise _Mismatch(f"tuple with {mismatch.got} at index {index}") from None
+            except MessageError as error:  # a bad field inside the element
+                raise MessageError(f"element {index}: {error}") from None
+        return tuple(out)
+
+    def to_wire(value: Any, max_len: int) -> Any:
+        if type(value) is not tuple:
+            raise _Mismatch(_type_name(value))
+        if len(value) > max_len:
+            raise _Mismatch(f"tuple of {len(value)} elements (the codec's max_array_len is {max_len})")
+        out = []
+        for index, item in enumerate(value):
+            try:
+                out.append(to_one(item, max_len))
+            except _Mismatch as mismatch:
+                raise _Mismatch(f"tuple with {mismatch.got} at index {index}") from None
+            except MessageError as error:
+                raise MessageError(f"element {index}: {error}") from None
+        return out
+
+    return _Kind(f"tuple[{spec.wire_name}, ...]", to_wire, from_wire)
+
+
 def _field_error(label: str, field: _Field, error: Exception) -> MessageError:
     if isinstance(error, _Mismatch):
         return MessageError(f"{label} field {field.name!r}: expected {field.kind.expected}, got {error.got}")
@@ -433,6 +470,12 @@ class MessageRegistry:
             element = _scalar_kind(args[0])
             if element is not None:
                 return _tuple_of(args[0], element)
+            if isinstance(args[0], type) and issubclass(args[0], Message) and args[0] is not Message:
+                spec = self._by_class.get(args[0])
+                if spec is None:
+                    name = args[0].__qualname__
+                    raise TypeError(f"{where}: message type {name} is not registered here (register it first)")
+                return _tuple_of_messages(spec)
         if isinstance(annotation, type) and issubclass(annotation, Message) and annotation is not Message:
             spec = self._by_class.get(annotation)
             if spec is None:
@@ -440,8 +483,8 @@ class MessageRegistry:
                 raise TypeError(f"{where}: message type {name} is not registered here (register it first)")
             return _nested(spec)
         raise TypeError(
-            f"{where}: unsupported field type {annotation!r} (expected int, float, str, bool, bytes, "
-            "tuple[T, ...] of those, a registered message type, or X | None of these)"
+            f"{where}: unsupported field type {annotation!r} (expected int, float, str, bool, bytes, a "
+            "registered message type, tuple[T, ...] of one of those, or X | None of these)"
         )
 
 

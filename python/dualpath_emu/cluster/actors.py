@@ -36,6 +36,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 from dualpath_emu.cluster.catalog import ModelSpec
@@ -58,13 +59,25 @@ NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
-class Submit(Message):
-    WIRE_NAME: ClassVar[str] = "cluster.Submit"
+class Turn(Message):
+    """One agent turn as the scheduler sees it: request ``rid`` with ``prompt`` tokens of which ``hit`` are
+    in storage, generating ``gen``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Turn"
     VERSION: ClassVar[int] = 1
     rid: int
     prompt: int
     hit: int
     gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Message):
+    """New turns, in arrival order (those the client submits at one instant travel together)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Submit"
+    VERSION: ClassVar[int] = 2
+    turns: tuple[Turn, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +96,10 @@ class Fetch(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Prefill(Message):
-    """To the prefill group: compute request ``rid`` on GPU ``pe_gpu``; its KV goes to ``de_node``/``de_gpu``."""
+class PrefillTask(Message):
+    """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Prefill"
+    WIRE_NAME: ClassVar[str] = "cluster.PrefillTask"
     VERSION: ClassVar[int] = 1
     rid: int
     prompt: int
@@ -100,10 +113,19 @@ class Prefill(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Expect(Message):
-    """To the decode group: request ``rid`` will decode on ``de_gpu``; read its hit KV if ``read_on_de``."""
+class Prefill(Message):
+    """To a prefill group: the tasks one decode fetch assigned to its GPUs, in assignment order."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Expect"
+    WIRE_NAME: ClassVar[str] = "cluster.Prefill"
+    VERSION: ClassVar[int] = 2
+    tasks: tuple[PrefillTask, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTask(Message):
+    """Request ``rid`` will decode on ``de_gpu`` of ``de_node``; read its hit KV there if ``read_on_de``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.DecodeTask"
     VERSION: ClassVar[int] = 1
     rid: int
     prompt: int
@@ -113,6 +135,15 @@ class Expect(Message):
     de_gpu: int
     pe_node: int
     read_on_de: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Expect(Message):
+    """To a decode group: the tasks one decode fetch assigned to its GPUs, in assignment order."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Expect"
+    VERSION: ClassVar[int] = 2
+    tasks: tuple[DecodeTask, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,32 +163,38 @@ class ReadDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class KvReady(Message):
+    """To a decode group: these requests' prompt KV is in its DE buffer (from one forward pass)."""
+
     WIRE_NAME: ClassVar[str] = "cluster.KvReady"
-    VERSION: ClassVar[int] = 1
-    rid: int
-    de_node: int
-    de_gpu: int
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillDone(Message):
+    """To the scheduler: these requests left their PEs (one forward pass)."""
+
     WIRE_NAME: ClassVar[str] = "cluster.PrefillDone"
-    VERSION: ClassVar[int] = 1
-    rid: int
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeDone(Message):
+    """To the scheduler: these requests left their DEs (at one instant)."""
+
     WIRE_NAME: ClassVar[str] = "cluster.DecodeDone"
-    VERSION: ClassVar[int] = 1
-    rid: int
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class TurnDone(Message):
+    """To the client: these turns are done (at one instant)."""
+
     WIRE_NAME: ClassVar[str] = "cluster.TurnDone"
-    VERSION: ClassVar[int] = 1
-    rid: int
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +206,8 @@ class Start(Message):
 def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
-    for cls in (Submit, WorkPending, Fetch, Prefill, Expect, HitReady, ReadDone, KvReady, PrefillDone,
-                DecodeDone, TurnDone, Start):  # fmt: skip
+    for cls in (Turn, Submit, WorkPending, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
+                KvReady, PrefillDone, DecodeDone, TurnDone, Start):  # fmt: skip
         registry.register(cls)
     return registry
 
@@ -334,6 +371,8 @@ class ClientActor(Actor):
         self._hits: list[tuple[int, ...] | None] = [None] * len(trajectories)
         self._agent_of: dict[int, int] = {}
         self._next_rid = 0
+        self._outbox: list[Turn] = []
+        """Turns submitted at this instant, sent as one :class:`Submit` by :meth:`_send_turns`."""
         self.remaining = len(trajectories)
         self.finished = asyncio.Event()
 
@@ -349,6 +388,7 @@ class ClientActor(Actor):
         if self.cluster.config.mode == "offline":
             for agent in closed:
                 self._submit_next(agent)
+            self._send_turns()
         elif closed:
             self.system.spawn(self, self._arrivals(closed), "arrivals")
 
@@ -358,6 +398,7 @@ class ClientActor(Actor):
             if index:
                 await asyncio.sleep(rng.expovariate(rate))
             self._submit_next(agent)
+            self._send_turns()
 
     async def _replay(self, agents: Sequence[int]) -> None:
         """Open loop: every turn of the timed trajectories at its arrival time, in time order."""
@@ -371,8 +412,10 @@ class ClientActor(Actor):
         for t_s, agent, turn in turns:
             delay = start + t_s - loop.time()
             if delay > 0:
+                self._send_turns()
                 await asyncio.sleep(delay)
             self._submit(agent, turn)
+        self._send_turns()
 
     def _submit_next(self, agent: int) -> None:
         turn = self._next_turn[agent]
@@ -393,19 +436,26 @@ class ClientActor(Actor):
         self._agent_of[rid] = agent
         self.cluster.metrics.arrive(rid, agent, self.system.now_ns(), prompt, hit, gen)
         self.system.record(self.name, "admit", f"r{rid}")
-        self.tell("scheduler", Submit(rid, prompt, hit, gen))
+        self._outbox.append(Turn(rid, prompt, hit, gen))
+
+    def _send_turns(self) -> None:
+        if self._outbox:
+            self.tell("scheduler", Submit(tuple(self._outbox)))
+            self._outbox.clear()
 
     @handles(TurnDone)
     def on_turn_done(self, msg: TurnDone) -> None:
-        agent = self._agent_of.pop(msg.rid)
-        self._open[agent] -= 1
-        trajectory = self.trajectories[agent]
-        if trajectory.arrival_s is None and self._next_turn[agent] < len(trajectory):
-            self._submit_next(agent)
-        elif self._open[agent] == 0:
-            self.remaining -= 1
-            if self.remaining == 0:
-                self.finished.set()
+        for rid in msg.rids:
+            agent = self._agent_of.pop(rid)
+            self._open[agent] -= 1
+            trajectory = self.trajectories[agent]
+            if trajectory.arrival_s is None and self._next_turn[agent] < len(trajectory):
+                self._submit_next(agent)
+            elif self._open[agent] == 0:
+                self.remaining -= 1
+                if self.remaining == 0:
+                    self.finished.set()
+        self._send_turns()
 
 
 # --------------------------------------------------------------------------------------------------- scheduler
@@ -455,13 +505,14 @@ class SchedulerActor(Actor):
 
     @handles(Submit)
     def on_submit(self, msg: Submit) -> None:
-        new = msg.prompt - msg.hit
-        hbm = (msg.prompt + msg.gen) * self._kv
-        request = Request(msg.rid, msg.prompt, new, msg.hit, msg.gen, hbm)
-        if hbm > self.cluster.derived.de_hbm_kv_bytes:
-            raise ValueError(f"request {msg.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
-        self.requests[msg.rid] = request
-        self.prefill_queue.append(request)
+        capacity = self.cluster.derived.de_hbm_kv_bytes
+        for turn in msg.turns:
+            hbm = (turn.prompt + turn.gen) * self._kv
+            request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm)
+            if hbm > capacity:
+                raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
+            self.requests[turn.rid] = request
+            self.prefill_queue.append(request)
         self._notify("pe")
 
     @handles(Fetch)
@@ -498,6 +549,8 @@ class SchedulerActor(Actor):
             self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
         )
         gpus, oracle, now = self._gpus, self.cluster.system.oracle, self.system.now_ns()
+        prefill: dict[str, list[PrefillTask]] = {}
+        expect: list[DecodeTask] = []
         for a in assigned:
             r = a.request
             pe = self.pe_of[r.id]
@@ -508,11 +561,14 @@ class SchedulerActor(Actor):
                 read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
             self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
             self.system.record(self.name, "assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
-            self.tell(self.cluster.group_name("pe", pe_node),
-                      Prefill(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu,
-                              read_on_de))  # fmt: skip
-            self.tell(self.cluster.group_name("de", node),
-                      Expect(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de))
+            prefill.setdefault(self.cluster.group_name("pe", pe_node), []).append(
+                PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de)
+            )
+            expect.append(DecodeTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de))
+        for group, tasks in prefill.items():
+            self.tell(group, Prefill(tuple(tasks)))
+        if expect:
+            self.tell(self.cluster.group_name("de", node), Expect(tuple(expect)))
         return len(assigned), bool(self.private[node])
 
     @handles(ReadDone)
@@ -521,27 +577,32 @@ class SchedulerActor(Actor):
 
     @handles(PrefillDone)
     def on_prefill_done(self, msg: PrefillDone) -> None:
-        request = self.requests[msg.rid]
-        pe = self.pe_of.pop(msg.rid)
-        engine = self.pe_engines[pe // self._gpus][pe % self._gpus]
-        engine.tok -= self.policy.prefill_tokens(request)
-        engine.seq -= 1
+        gpus = self._gpus
+        for rid in msg.rids:
+            pe = self.pe_of.pop(rid)
+            engine = self.pe_engines[pe // gpus][pe % gpus]
+            engine.tok -= self.policy.prefill_tokens(self.requests[rid])
+            engine.seq -= 1
         if self.prefill_queue:
             self._notify("pe")
 
     @handles(DecodeDone)
     def on_decode_done(self, msg: DecodeDone) -> None:
-        request = self.requests.pop(msg.rid)
-        de = self.de_of.pop(msg.rid)
-        node = de // self._gpus
-        engine = self.de_engines[node][de % self._gpus]
-        tokens = self.policy.decode_tokens(request)
-        engine.tok -= tokens
-        engine.seq -= 1
-        engine.free_hbm_bytes += request.hbm_bytes
-        self.group_loads[node] -= tokens
-        if self.private[node]:
-            self._notify_group(self.cluster.group_name("de", node))
+        gpus, nodes = self._gpus, set()
+        for rid in msg.rids:
+            request = self.requests.pop(rid)
+            de = self.de_of.pop(rid)
+            node = de // gpus
+            engine = self.de_engines[node][de % gpus]
+            tokens = self.policy.decode_tokens(request)
+            engine.tok -= tokens
+            engine.seq -= 1
+            engine.free_hbm_bytes += request.hbm_bytes
+            self.group_loads[node] -= tokens
+            nodes.add(node)
+        for node in sorted(nodes):
+            if self.private[node]:
+                self._notify_group(self.cluster.group_name("de", node))
 
 
 class _GroupActor(Actor):
@@ -647,6 +708,10 @@ class PrefillGroup(_GroupActor):
     @handles(Prefill)
     def on_prefill(self, msg: Prefill) -> None:
         self._ensure_loop()
+        for task in msg.tasks:
+            self._add(task)
+
+    def _add(self, msg: PrefillTask) -> None:
         new = msg.prompt - msg.hit
         item = _PrefillItem(msg.rid, msg.hit, new, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
         key = (msg.pe_node, msg.pe_gpu)
@@ -798,6 +863,8 @@ class PrefillGroup(_GroupActor):
         if sends:
             await asyncio.gather(*sends)
         end = self.system.now_ns()
+        finished: list[int] = []
+        kv_ready: dict[str, list[int]] = {}
         for (node, gpu), batch in batches.items():
             queue = self.queues[(node, gpu)]
             for item, chunk in batch:
@@ -810,8 +877,12 @@ class PrefillGroup(_GroupActor):
                     del self.items[item.rid]
                     metrics.first_token(item.rid, end)
                     self.system.record(self.name, "prefilled", f"r{item.rid}")
-                    self.tell(cluster.group_name("de", item.de_node), KvReady(item.rid, item.de_node, item.de_gpu))
-                    self.tell("scheduler", PrefillDone(item.rid))
+                    kv_ready.setdefault(cluster.group_name("de", item.de_node), []).append(item.rid)
+                    finished.append(item.rid)
+        for group, rids in kv_ready.items():
+            self.tell(group, KvReady(tuple(rids)))
+        if finished:
+            self.tell("scheduler", PrefillDone(tuple(finished)))
 
 
 # --------------------------------------------------------------------------------------------------- decode
@@ -850,7 +921,9 @@ class DecodeGroup(_GroupActor):
         self.node = node
         gpus = cluster.config.node.gpus
         self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
-        self.expected: dict[int, Expect] = {}
+        self.expected: dict[int, DecodeTask] = {}
+        self._done: list[int] = []
+        """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._kv = cluster.derived.kv_bytes_per_token
         self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
@@ -867,6 +940,10 @@ class DecodeGroup(_GroupActor):
 
     @handles(Expect)
     def on_expect(self, msg: Expect) -> None:
+        for task in msg.tasks:
+            self._expect(task)
+
+    def _expect(self, msg: DecodeTask) -> None:
         self.expected[msg.rid] = msg
         if self.cluster.system.oracle:
             return
@@ -874,13 +951,13 @@ class DecodeGroup(_GroupActor):
         # PE) and miss (sent by the PE layer by layer).
         self.buffer.acquire(msg.rid, msg.prompt * self._kv, lambda: self._buffer_ready(msg))
 
-    def _buffer_ready(self, msg: Expect) -> None:
+    def _buffer_ready(self, msg: DecodeTask) -> None:
         if msg.read_on_de:
             self._read(msg)
         else:
             self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
-    def _read(self, msg: Expect) -> None:
+    def _read(self, msg: DecodeTask) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
@@ -897,11 +974,13 @@ class DecodeGroup(_GroupActor):
 
     @handles(KvReady)
     def on_kv_ready(self, msg: KvReady) -> None:
-        expect = self.expected.pop(msg.rid)
-        request = _DecodeRequest(msg.rid, expect.prompt, expect.gen, msg.de_gpu, expect.hit // BLOCK_TOKENS)
-        # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
-        # assigns requests that fit (§6.2), so this never waits.
-        self.hbm[msg.de_gpu].acquire(msg.rid, (expect.prompt + expect.gen) * self._kv, lambda: self._h2d(request))
+        for rid in msg.rids:
+            task = self.expected.pop(rid)
+            request = _DecodeRequest(rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS)
+            # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
+            # assigns requests that fit (§6.2), so this never waits.
+            self.hbm[task.de_gpu].acquire(rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
+        self._report_done()
 
     def _h2d(self, request: _DecodeRequest) -> None:
         if self.cluster.system.oracle:
@@ -914,6 +993,7 @@ class DecodeGroup(_GroupActor):
         def copied() -> None:
             self.buffer.release(request.rid, size)
             self._join(request)
+            self._report_done()
 
         _then(self, done, copied)
 
@@ -930,8 +1010,15 @@ class DecodeGroup(_GroupActor):
         self.hbm[request.gpu].release(request.rid, (request.prompt + request.gen) * self._kv)
         self.system.record(self.name, "end", f"r{request.rid}")
         self.cluster.metrics.done(request.rid, self.system.now_ns())
-        self.tell("scheduler", DecodeDone(request.rid))
-        self.tell("client", TurnDone(request.rid))
+        self._done.append(request.rid)
+
+    def _report_done(self) -> None:
+        """Tell the scheduler and the client which requests finished (called where requests can finish)."""
+        if self._done:
+            rids = tuple(self._done)
+            self._done.clear()
+            self.tell("scheduler", DecodeDone(rids))
+            self.tell("client", TurnDone(rids))
 
     def _next_segment(self, gpu: _DecodeGpu) -> None:
         """Start a segment: the step time of the batch as it is now, and a timer for when its first request
@@ -954,6 +1041,7 @@ class DecodeGroup(_GroupActor):
         try:
             self._account(gpu, self.system.now_ns())
             self._next_segment(gpu)
+            self._report_done()
         except Exception as error:  # a callback: fail the run rather than lose the error
             self.system.fail(self, error)
 

@@ -73,7 +73,7 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     hit_block_aligned = true             # hits are whole 64-token Full Blocks
     de_hbm_reserve_fraction = 0.1        # of a DE GPU's free HBM, kept for activations; in [0, 0.99]
     pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
-    pipeline_stages = 0                  # layerwise pipeline stages per forward pass (0: one per layer)
+    pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer)
 
 Checks beyond types and ranges, each an error naming the key: the model's weights must fit the GPUs of an
 EP group (prefill and decode); a DE GPU must have HBM for the KV of the longest request; a system without
