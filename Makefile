@@ -58,6 +58,7 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.bench
 	$(PYTHON) -m dualpath_emu.bench_runtime
 	$(PYTHON) -m dualpath_emu.bench_cluster
+	$(PYTHON) -m dualpath_emu.bench_cluster --agents 1024 --rounds 0 --systems dualpath --repeat 1 --label _1024
 
 .PHONY: fuzz
 fuzz: ## Run the fuzz targets, FUZZ_SECONDS in all (default 60)

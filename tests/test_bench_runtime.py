@@ -95,7 +95,7 @@ def test_main_prints_bench_lines(capsys: pytest.CaptureFixture[str]) -> None:
         "zmq_ipc_msgs_per_s",
         "zmq_ipc_one_process_msgs_per_s",
     ]
-    assert all(float(fields[2]) > 0 for fields in lines)
+    assert all(float(fields[2]) > 0 for fields in lines if not fields[1].endswith("_wall_s"))
     assert lines[4][3:] == ["msgs/s", "(100", "B/msg)"]
 
 
@@ -103,3 +103,19 @@ def test_main_reports_a_failure_and_exits_non_zero(capsys: pytest.CaptureFixture
     # The serving side alone, on an endpoint it cannot bind: an error line and status 1.
     assert main(["--serve", "ipc:///nonexistent-dualpath-bench-dir/counter"]) == 1
     assert "bench_runtime: error: ZMQError" in capsys.readouterr().err
+
+
+def test_the_cluster_benchmark_prints_its_bench_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu import bench_cluster
+
+    argv = ["--agents", "4", "--rounds", "2", "--systems", "oracle", "--repeat", "2", "--label", "_tiny"]
+    assert bench_cluster.main(argv) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("BENCH ")]
+    names = [fields[1] for fields in lines]
+    assert names == [
+        "cluster_tiny_oracle_turns_per_s",
+        "cluster_tiny_oracle_emulated_s_per_wall_s",
+        "cluster_tiny_oracle_wall_s",
+        "cluster_tiny_peak_rss_mib",
+    ]
+    assert all(float(fields[2]) > 0 for fields in lines if not fields[1].endswith("_wall_s"))
