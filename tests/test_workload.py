@@ -273,6 +273,16 @@ def test_scaled_appends_are_retruncated() -> None:
     assert doubled.append == tuple(2 * a for a in t.append[: len(doubled)])
 
 
+def test_scaling_clips_a_first_round_that_no_longer_fits() -> None:
+    from dualpath_emu.workload.trajectory import Trajectory
+
+    t = Trajectory("big-first", (30_000, 500), (2_000, 100))
+    tripled = scaled(t, append_factor=3.0, max_len=64 * 1024)
+    assert len(tripled) == 1  # the first turn, clipped to fit; the second no longer fits after it
+    assert tripled.append[0] + tripled.gen[0] == 64 * 1024
+    assert tripled.gen[0] == 2_000
+
+
 def test_generator_refuses_bad_parameters() -> None:
     with pytest.raises(ValueError, match="dataset"):
         generate("16k")

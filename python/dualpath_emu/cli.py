@@ -59,7 +59,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from dualpath_emu.reproduce import EXPERIMENTS
 
     experiment = importlib.import_module(EXPERIMENTS[args.name])  # only the one asked for
-    return int(experiment.main(["--json"] if args.json else []))
+    return int(experiment.main(list(args.options)))
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
@@ -130,9 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dualpath_emu.reproduce import EXPERIMENTS  # names only; each experiment's module loads when it runs
 
-    reproduce = commands.add_parser("reproduce", help="reproduce one of the paper's experiments")
+    reproduce = commands.add_parser(
+        "reproduce",
+        help="reproduce one of the paper's experiments",
+        description="Run one of the paper's experiments and print the paper's values beside the emulator's. "
+        "Options after NAME: --quick (the small variant), --out DIR (CSV, PNG, JSON), --jobs N (processes), "
+        "--json; `dualpath-emu reproduce NAME --help` lists them.",
+    )
     reproduce.add_argument("name", metavar="NAME", choices=tuple(EXPERIMENTS), help=f"one of {', '.join(EXPERIMENTS)}")
-    reproduce.add_argument("--json", action="store_true", help="print the result as JSON")
+    reproduce.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's options")
     reproduce.set_defaults(func=_cmd_reproduce)
 
     trace = commands.add_parser("trace", help="workload traces: summarise, generate (Table 2 datasets), import Mooncake")

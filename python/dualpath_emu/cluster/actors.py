@@ -816,11 +816,14 @@ class PrefillGroup(_GroupActor):
         collectives: list[_Hop] = []
         post: list[tuple[int, int, _PrefillItem, int]] = []
         pre: list[asyncio.Future[Completion]] = []
+        attention_s: list[float] = []
         for (node, gpu), batch in batches.items():
             if not batch:
+                attention_s.append(0.0)
                 continue
             shape = [(item.cached, chunk) for item, chunk in batch]
             times = d.prefill.prefill(shape)
+            attention_s.append(times.attention_s)
             attn_ns = round(times.attention_s * layers / stages * NS)
             ffn_s = max(ffn_s, times.other_s)
             tokens = sum(chunk for _, chunk in batch)
@@ -853,6 +856,7 @@ class PrefillGroup(_GroupActor):
                 peer_gpu = gpu
                 collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), MODEL_LANE,
                                     int(self._a2a * tokens * layers / stages)))  # fmt: skip
+        metrics.forward(now, attention_s)
         if pre:
             await asyncio.gather(*pre)
         ffn_ns = round(ffn_s * layers / stages * NS)

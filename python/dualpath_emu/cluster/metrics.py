@@ -64,6 +64,11 @@ class Metrics:
         self.pe = _column()
         self.de = _column()
         self.read_on_de = _column()
+        self.forward_ns = _column()
+        """Start of each prefill forward pass (all groups, in start order)."""
+        self.forward_attention_balance: array[float] = array("d")
+        """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
+        DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
 
     def __len__(self) -> int:
         return len(self.arrive_ns)
@@ -106,6 +111,12 @@ class Metrics:
         if self.done_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.done_ns[rid] = t_ns
+
+    def forward(self, t_ns: int, attention_s: Sequence[float]) -> None:
+        """A prefill forward pass started with these per-GPU attention times (one per GPU of the group)."""
+        mean = sum(attention_s) / len(attention_s)
+        self.forward_ns.append(t_ns)
+        self.forward_attention_balance.append(max(attention_s) / mean if mean > 0 else 1.0)
 
     # --- figures -------------------------------------------------------------------------------------
 

@@ -30,9 +30,11 @@ the config gives). Qwen then lands on the paper's 117 and 267; V3.2's 16K end st
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
@@ -159,8 +161,20 @@ def main(argv: list[str] | None = None) -> int:
         prog="dualpath-emu reproduce table1", description="Table 1: GB of KV to load per PFLOP of prefill compute."
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--quick", action="store_true", help="accepted for uniformity: table1 is always quick")
+    parser.add_argument("--out", metavar="DIR", type=Path, help="write table1.csv there")
+    parser.add_argument("--jobs", type=int, default=1, help="accepted for uniformity (no runs)")
     args = parser.parse_args(argv)
     table_rows = rows()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with (args.out / "table1.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["model", "context_tokens", "gb_per_pflop", "paper_low", "paper_high"])
+            for row in table_rows:
+                low, high = row.paper_range if row.paper_range is not None else ("", "")
+                for context, value in zip(CONTEXTS, row.gb_per_pflop):
+                    writer.writerow([row.model, context, f"{value:.2f}", low, high])
     if args.json:
         print(
             json.dumps(

@@ -293,6 +293,11 @@ def scaled(trajectory: Trajectory, *, append_factor: float = 1.0, gen_factor: fl
         raise ValueError(f"trajectory {trajectory.id!r}: scaling needs an agent trajectory (implied hits)")
     if not (append_factor > 0 and gen_factor > 0):
         raise ValueError("scaled: factors must be > 0")
-    append = tuple(max(1, round(a * append_factor)) for a in trajectory.append)
-    gen = tuple(max(1, round(g * gen_factor)) for g in trajectory.gen)
-    return truncated(Trajectory(trajectory.id, append, gen), max_len)
+    append = [max(1, round(a * append_factor)) for a in trajectory.append]
+    gen = [max(1, round(g * gen_factor)) for g in trajectory.gen]
+    # A first round that no longer fits alone is clipped to fit (the agent still runs one turn), as the
+    # re-truncation keeps every agent in the job.
+    if append[0] + gen[0] > max_len:
+        gen[0] = min(gen[0], max(1, max_len // 8))
+        append[0] = max_len - gen[0]
+    return truncated(Trajectory(trajectory.id, tuple(append), tuple(gen)), max_len)

