@@ -1,6 +1,7 @@
 """The ``--quick`` variants of ``dualpath-emu reproduce`` (issue 5): each runs end to end, writes its CSV,
 PNG and JSON, and the orderings the paper's results rest on hold on the storage-bound miniature (Oracle ≤
-DualPath ≤ Basic, Basic's decode-node storage NICs idle, the ablation ladder monotone). The experiments
+DualPath ≤ Basic, Basic's decode-node storage NICs idle, the ablation ladder monotone, round robin less
+balanced than DualPath's scheduler). The experiments
 that are not cluster runs (``table1``, ``isolation``, ``fig10``) have their own tests.
 """
 
@@ -16,13 +17,6 @@ from dualpath_emu.cli import main as cli_main
 from dualpath_emu.reproduce import EXPERIMENTS
 
 QUICK = ("fig7", "fig8", "fig9", "fig12", "fig13")
-
-KNOWN_DIFFERENCES = {
-    # The emulator's DualPath scheduler balances storage NICs no better than round robin on the miniature
-    # (nor at 1,024 agents × 60 rounds: 1.32 vs 1.26), where the paper measures 1.18 vs 1.53: open in issue 5.
-    ("fig13", "round robin is less balanced than DualPath (storage-NIC max/mean)"),
-}
-
 
 def run_quick(name: str, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     module = importlib.import_module(EXPERIMENTS[name])
@@ -42,16 +36,10 @@ def test_quick_variant_runs_writes_its_files_and_keeps_the_orderings(
     assert report["rows"], "no rows"
     checks = report["checks"]
     assert isinstance(checks, dict) and checks
-    failed = [check for check, ok in checks.items() if not ok and (name, check) not in KNOWN_DIFFERENCES]
+    failed = [check for check, ok in checks.items() if not ok]
     assert not failed, f"{name}: {failed}"
     for c in report["comparisons"]:  # type: ignore[attr-defined]
         assert c["emulator"] == c["emulator"] and c["paper"] > 0  # no NaN, a paper value to compare with
-
-
-@pytest.mark.xfail(strict=True, reason="known difference: the DualPath scheduler does not balance storage NICs better than round robin yet")
-def test_fig13_round_robin_is_less_balanced_than_dualpath(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = run_quick("fig13", tmp_path, capsys)
-    assert all(report["checks"].values())  # type: ignore[attr-defined]
 
 
 def test_reproduce_lists_every_experiment_and_passes_options(capsys: pytest.CaptureFixture[str]) -> None:

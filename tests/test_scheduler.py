@@ -76,7 +76,12 @@ def test_read_side_is_the_shorter_queue_and_counts_the_read() -> None:
     assert policy.read_side(req(1, hit=1000), pe_node=0, de_node=2, read_q=read_q) == "de"
     assert read_q == {0: 500, 2: 1100}
     assert policy.read_side(req(2, hit=10), pe_node=0, de_node=2, read_q=read_q) == "pe"
+    assert policy.read_side(req(3, hit=10), pe_node=0, de_node=2, read_q={0: 7, 2: 7}) == "de"  # a tie: DE
     assert RoundRobinPolicy().read_side(req(3), pe_node=0, de_node=2, read_q={0: 9, 2: 0}) == "pe"
+    # Round robin with both paths: the sides take turns, whatever the queues.
+    rr = RoundRobinPolicy(read_both_sides=True)
+    sides = [rr.read_side(req(4 + i), pe_node=0, de_node=2, read_q={0: 0, 2: 9}) for i in range(4)]
+    assert sides == ["pe", "de", "pe", "de"]
 
 
 def test_round_robin_takes_turns_across_groups() -> None:
@@ -168,8 +173,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             pe_node = self.pe_of[a.request.id] // 10
             q_pe, q_de = self.read_q[pe_node], self.read_q[node]
             side = self.policy.read_side(a.request, pe_node, node, self.read_q)
-            if self.policy.read_both_sides:
+            if self.policy.read_both_sides and isinstance(self.policy, DualPathPolicy):
                 assert (q_pe, q_de)[side == "de"] <= (q_pe, q_de)[side == "pe"], "the read side had the longer queue"
+            elif self.policy.read_both_sides:
+                assert side in ("pe", "de")
             else:
                 assert side == "pe"
             self.running_de.append((a.engine, a.request))

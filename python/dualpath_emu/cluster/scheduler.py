@@ -148,10 +148,17 @@ class Policy(ABC):
         return DecodeAssignment(request, engine.id)
 
     def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
-        """The side that reads the request's hit KV; adds its hit tokens to that node's ``read_q``."""
+        """The side that reads the request's hit KV (§6.3: the node with the shorter read queue; on a tie
+        the DE, whose storage NIC a single-path system leaves idle [our choice: the paper names no tie rule;
+        breaking ties towards the PE piles light-load reads on the fewer prefill nodes]); adds its hit
+        tokens to that node's ``read_q``."""
         side: ReadSide = "pe"
-        if self.read_both_sides and read_q.get(de_node, 0) < read_q.get(pe_node, 0):
+        if self.read_both_sides and read_q.get(de_node, 0) <= read_q.get(pe_node, 0):
             side = "de"
+        return self._count_read(request, side, pe_node, de_node, read_q)
+
+    @staticmethod
+    def _count_read(request: Request, side: ReadSide, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
         node = pe_node if side == "pe" else de_node
         read_q[node] = read_q.get(node, 0) + request.hit_tokens
         return side
@@ -229,13 +236,6 @@ class DualPathPolicy(Policy):
             out.append(self._give_decode(engine, request))
         return out
 
-    def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
-        side: ReadSide = "pe"
-        if self.read_both_sides and read_q.get(de_node, 0) < read_q.get(pe_node, 0):
-            side = "de"
-        node = pe_node if side == "pe" else de_node
-        read_q[node] = read_q.get(node, 0) + request.hit_tokens
-        return side
 
 
 @dataclass
@@ -243,13 +243,23 @@ class RoundRobinPolicy(Policy):
     """Round robin (the paper's Basic baseline, Fig. 13): PEs and DEs in turn, no load limit but HBM.
 
     With ``read_both_sides`` it is the ablation step ``basic+layerwise+dualpath``: dual-path loading
-    without DualPath's engine selection.
+    without DualPath's scheduler. The read side then takes turns too (PE, DE, PE, …): choosing it by read
+    queue is part of DualPath's scheduling (§6.3), and the paper does not say how the step without it
+    chooses [our choice].
     """
 
     pe_order: tuple[int, ...] = ()
     """Every PE's id in turn order (node by node); empty: each fetching group's own PEs in turn."""
     _pe_turn: int = 0
     _next_de: dict[int, int] = field(default_factory=dict)
+    _read_turn: int = 0
+
+    def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
+        side: ReadSide = "pe"
+        if self.read_both_sides:
+            side = "de" if self._read_turn % 2 else "pe"
+            self._read_turn += 1
+        return self._count_read(request, side, pe_node, de_node, read_q)
 
     def _drain_to_groups(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]

@@ -23,5 +23,6 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
         "fig12": "dualpath_emu.reproduce.fig12",  # ablation ladder and TTFT breakdown (§7.4-7.5)
         "fig13": "dualpath_emu.reproduce.fig13",  # storage-NIC and attention balance (§7.5)
         "isolation": "dualpath_emu.reproduce.isolation",  # MoE collective latency with KV traffic, lanes (§5)
+        "calibrate": "dualpath_emu.reproduce.calibrate",  # fit the unknown hardware parameters on Basic/Oracle
     }
 )

@@ -60,11 +60,20 @@ hundred agents' first rounds are storage-bound as the paper's thousands of whole
 orderings the quick variants check are those of a storage-bound cluster)."""
 
 
-def deployment(model: str, *, quick: bool = False, **overrides: Any) -> ClusterConfig:
+def deployment(model: str, *, quick: bool = False, calibrated: bool = True, **overrides: Any) -> ClusterConfig:
     """The paper's deployment of ``model`` (DS 660B 2P4D, DS 27B 1P1D, Qwen 32B 1P2D) with ``overrides``;
-    ``quick``: on :data:`QUICK_NODE`."""
+    ``quick``: on :data:`QUICK_NODE`; ``calibrated``: with the fitted hardware parameters of
+    ``calibration.json`` (:mod:`~dualpath_emu.reproduce.calibrate`), where there is one and not ``quick``
+    (the miniature keeps its own storage NICs)."""
     base = {**DEPLOYMENTS[model], **({"node": QUICK_NODE} if quick else {})}
-    return ClusterConfig(**{**base, **overrides})
+    config = ClusterConfig(**{**base, **overrides})
+    if calibrated and not quick:
+        from dualpath_emu.reproduce.calibrate import apply, load
+
+        fitted = load()
+        if fitted is not None:
+            config = apply(config, fitted)
+    return config
 
 
 @dataclass(frozen=True)
