@@ -46,3 +46,15 @@ def test_reproduce_lists_every_experiment_and_passes_options(capsys: pytest.Capt
     assert set(EXPERIMENTS) >= {"table1", "fig7", "fig8", "fig9", "fig10", "fig12", "fig13", "isolation"}
     assert cli_main(["reproduce", "fig7", "--jobs", "0"]) == 2
     assert "--jobs: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_calibrate_quick_converges_and_writes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu.reproduce.calibrate import CALIBRATION_FILE
+
+    before = CALIBRATION_FILE.read_bytes() if CALIBRATION_FILE.exists() else None
+    assert cli_main(["calibrate", "--quick", "--json", "--jobs", "2", "--write"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["checks"] == {"both fits converged": True}
+    assert {row["parameter"] for row in report["rows"]} == {"gpu_speed", "snic_bytes_per_s"}
+    after = CALIBRATION_FILE.read_bytes() if CALIBRATION_FILE.exists() else None
+    assert after == before, "--quick must never overwrite the calibration"

@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's options")
     reproduce.set_defaults(func=_cmd_reproduce)
 
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="fit the hardware parameters the paper does not give on Basic and Oracle runs "
+        "(= `reproduce calibrate`; --write saves the fit)",
+        add_help=False,  # --help goes to the experiment's own parser
+    )
+    calibrate.add_argument("options", nargs="*", help="see `dualpath-emu calibrate --help`")
+
     trace = commands.add_parser("trace", help="workload traces: summarise, generate (Table 2 datasets), import Mooncake")
     trace.set_defaults(func=_cmd_trace)
     traces = trace.add_subparsers(dest="trace_command", metavar="TRACE_COMMAND")
@@ -173,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dualpath_emu.runtime import node
 
         return node.main(argv[1:])
+    if argv[:1] == ["calibrate"]:  # = `reproduce calibrate`: every argument after it is the experiment's
+        argv = ["reproduce", *argv]
     try:
         args = parser.parse_args(argv)
         if args.command is None:
