@@ -16,6 +16,9 @@ def test_default_scenario_orders_the_systems_and_uses_both_read_paths() -> None:
     assert jct["oracle"] <= jct["dualpath"] < jct["basic"], jct
     assert results["basic"].snic_read_bytes["de"] == 0 and results["basic"].snic_read_bytes["pe"] > 0
     assert results["dualpath"].snic_read_bytes["de"] > 0 and results["dualpath"].snic_read_bytes["pe"] > 0
-    # The storage bottleneck: Basic's prefill-node storage NICs carry every read.
-    assert results["basic"].snic_util["pe"] > 2 * results["dualpath"].snic_util["de"]
+    # The storage bottleneck: Basic's prefill-node storage NICs carry every read (max/mean 3 over 2 of 6
+    # nodes); DualPath spreads the reads (and its decode-node NICs read less than Basic's prefill-node ones).
+    assert results["basic"].snic_max_over_mean > 2.9
+    assert results["dualpath"].snic_max_over_mean < 2.0
+    assert results["basic"].snic_util["pe"] > results["dualpath"].snic_util["de"]
     assert all(r.lost_requests == 0 and r.turns == results["basic"].turns for r in results.values())
