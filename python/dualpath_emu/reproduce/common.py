@@ -23,8 +23,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -175,16 +175,15 @@ def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False) -> l
     results: dict[int, CellResult] = {}
     with ProcessPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
         futures = {pool.submit(run_cell, cells[i]): i for i in order}
-        for future in _as_completed(futures):
+        for future in as_completed(futures):
             results[futures[future]] = future.result()
             report(results[futures[future]])
     return [results[i] for i in range(len(cells))]
 
 
-def _as_completed(futures: Iterable[Any]) -> Iterable[Any]:
-    from concurrent.futures import as_completed
-
-    return as_completed(list(futures))
+def systems_ordered(jct: Mapping[Any, Mapping[str, float]], slack: float = 0.02) -> bool:
+    """Oracle ≤ DualPath ≤ Basic in JCT at every point (Oracle within ``slack`` of DualPath: run noise)."""
+    return all(v["oracle"] <= v["dualpath"] * (1 + slack) and v["dualpath"] <= v["basic"] for v in jct.values())
 
 
 # --------------------------------------------------------------------------------------------------- comparing

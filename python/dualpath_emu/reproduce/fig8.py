@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.reproduce.common import CellResult, Cell, Report, deployment, experiment_main, run_cells, within
+from dualpath_emu.reproduce.common import CellResult, Cell, Report, deployment, experiment_main, run_cells, systems_ordered, within
 
 __all__ = ["RATIOS", "main"]
 
@@ -54,7 +54,7 @@ def build(args: argparse.Namespace) -> Report:
         within("mean DualPath/Basic speedup", PAPER_MEAN_SPEEDUP, sum(speedups.values()) / len(speedups), rel=0.15),
         within("best DualPath/Basic speedup", PAPER_BEST_SPEEDUP, max(speedups.values()), rel=0.15),
     ]
-    ordered = all(v["oracle"] <= v["dualpath"] * 1.02 and v["dualpath"] <= v["basic"] for v in jct.values())
+    ordered = systems_ordered(jct)
     return Report(
         name="fig8",
         title="P/D ratio on DS 27B (1P1D, 2P1D, 1P2D), offline JCT",
