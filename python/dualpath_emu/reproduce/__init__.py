@@ -19,6 +19,7 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
         "fig7": "dualpath_emu.reproduce.fig7",  # offline JCT vs agents × context, three models (§7.3)
         "fig8": "dualpath_emu.reproduce.fig8",  # P/D ratio on DS 27B (§7.3)
         "fig9": "dualpath_emu.reproduce.fig9",  # append and generation scaling (§7.3)
+        "fig10": "dualpath_emu.reproduce.fig10",  # online: the largest SLO-meeting arrival rate (§7.4)
         "fig12": "dualpath_emu.reproduce.fig12",  # ablation ladder and TTFT breakdown (§7.4-7.5)
         "fig13": "dualpath_emu.reproduce.fig13",  # storage-NIC and attention balance (§7.5)
         "isolation": "dualpath_emu.reproduce.isolation",  # MoE collective latency with KV traffic, lanes (§5)

@@ -1,0 +1,697 @@
+"""Fig. 10 of the paper (§7.4): online serving. The largest agent arrival rate (APS, agents per second) each
+system sustains within the SLO, and TTFT / TTST / TPOT against the rate.
+
+Setup
+-----
+Agents arrive as a Poisson process at rate APS (``ClusterConfig(mode="online", arrival_rate=...)``); each
+replays its 64K-dataset trajectory turn after turn from round 0 (zero tool latency, paper-facts §3.3; which
+trace the paper uses online is not stated, we take 64K as the offline default). Systems: Basic, DualPath,
+Oracle; models: DS 660B (2P4D) and DS 27B (1P1D), the paper's deployments
+(:func:`~dualpath_emu.reproduce.common.deployment`). SLO: **TTFT ≤ 4 s and TPOT ≤ 50 ms**.
+
+Paper (paper-facts §8.3): largest SLO-meeting APS DualPath / Basic = **2.25×** (DS 660B) and **1.67×** (DS
+27B), targets ±20%; edges read from the figure ≈ 0.20 / 0.45 APS (DS 660B Basic / DualPath) and ≈ 0.30 / 0.50
+(DS 27B), compared at ±20% (our tolerance: the paper gives none, and the emulator's absolute throughput
+rests on hardware figures the paper does not give, paper-facts §10); DualPath's TPOT ≈ Basic's (target: within
+10% at a common rate, Basic's edge rate).
+
+Run length and the steady-state window (our choice; the paper does not say how many agents)
+-------------------------------------------------------------------------------------------------
+The paper runs until TTFT exceeds 4 s or is steady (a 150-s sliding window within 5% of its value 30 min
+earlier). An emulator run has a finite number of agents, so it ramps up (the system fills as agents arrive
+and none has finished yet), plateaus, and drains after the last arrival. A run at rate λ admits
+``N = λ × D`` agents, i.e. the arrivals last ``D`` emulated seconds whatever the rate (:attr:`Variant.arrival_s`,
+per model), and the statistics are taken over the **steady-state window**: the requests that *arrive* in the
+second half of the arrival period, ``[D/2, D]`` (measured from the run's last agent arrival), when the early
+agents have been running for ``D/2`` and no agent has left for lack of arrivals. The whole-run statistics
+(ramp and drain included, which dilute queueing) are kept in the rows as ``run_ttft_*``.
+
+The window can only be steady if ``D/2`` exceeds the ramp, about one trajectory's duration. With the
+calibrated compute (:mod:`~dualpath_emu.reproduce.calibrate`, which every full run here uses through
+:func:`~dualpath_emu.reproduce.common.deployment`) a DS 660B trajectory takes ≈ 900-1,000 s near the edge
+(TPOT ≈ 41 ms; paper Fig. 11: ≈ 575 s at 0.1 APS, ≈ 1,100 s at 0.45) and a DS 27B one ≈ 550-650 s, as
+measured over the agents arriving in the window (the ``trajectory_s_mean`` column; longer at steady
+state). The full variant cannot afford ``D`` of twice that on a 2-core machine (a run costs ≈ λ·D·157 turns
+at ≈ 1-2 k turns per wall second, and the drain after the last arrival is measured by nothing): it takes
+``D`` = 1,500 s (DS 660B) and 300 s (DS 27B), so its window lies in the later part of the ramp, where fewer
+agents are in the system than at steady state and more of them are in their first rounds (long appends, no
+hit: prefill-heavy, read-light). Its load is then below the steady state's at the same rate and less
+storage-bound, so the absolute edges are biased upward and DualPath's advantage, which grows with the
+share of reads, is if anything understated (more so for DS 27B, whose window is the ramp's first part);
+``--duration-scale`` lengthens ``D`` for a closer approach, at proportional cost.
+
+Which statistic meets the SLO
+-----------------------------
+The **mean** over the window, of TTFT and of TPOT (``--slo-stat`` picks p50/p90/p99 instead). The paper
+states the SLO without a percentile and plots one line per system with a band for the fluctuation over the
+last 150 s, i.e. a central value of a time window, and stops a run when "TTFT > 4 s", a run-level value; we
+read it as the window's mean (TPOT: per request, (last token − second token) / (tokens − 2), then averaged).
+p50/p90/p99 of the window are in the rows. In the emulator TPOT stays below 50 ms (calibrated: ≈ 40-44 ms
+DS 660B, ≈ 7-10 ms DS 27B), so the TTFT decides the edges; the rows also give each run's mean trajectory
+completion time (Fig. 11's measure) over the agents arriving in the window.
+
+Search for the edge
+-------------------
+Per (model, system), a bracket ``lo`` (largest rate measured to meet the SLO, below ``hi``) and ``hi``
+(smallest rate measured to miss it), on a geometric scale. The first step measures
+:attr:`Variant.rates_per_step` rates (2) spread around a guess by ``√growth`` (the guesses come from a
+pilot run of the full variant); while no rate missed, the next step multiplies the largest met rate by
+``growth``, ``growth²`` …, up to the cap; while none met, it divides the smallest missed one likewise; once
+bracketed, each step splits ``[lo, hi]`` geometrically into :attr:`Variant.refine_rates_per_step` + 1 parts
+(full: bisection, 1 run; quick: trisection, 2 runs). A search stops when ``hi / lo − 1 ≤ resolution``
+(relative: 0.15 full, 0.35 quick), when ``lo`` reaches the search's cap (the edge is then censored: "at
+least"), or after :attr:`Variant.max_steps` steps. The **edge** is ``lo``, a measured rate that meets the
+SLO, at most ``resolution`` below the crossing. Full variant: growth 1.3, so a good guess gives a bracket
+of 1.3× after the first step and 1.14× after one bisection, 3 runs per edge. Oracle, whose edge the paper
+gives no number for, only has to show it is at least DualPath's: in the full variant it is measured once,
+at its cap (0.26 APS DS 660B, 4 APS DS 27B, above the pilot's DualPath edges); only if that misses does its
+search go down (resolution 0.5). Runs are deterministic (seeded Poisson arrivals and workload), but the
+SLO outcome need not be monotone in the rate near the edge: a rate that met above ``hi`` is kept in the rows
+and ignored by the bracket. Every step's runs, of all six searches at once, run in parallel (``--jobs``
+processes, largest first). After the searches, DualPath runs once more at Basic's edge rate (if it was not
+measured there) for the TPOT comparison at a common rate.
+
+The runs go through this module's own worker rather than
+:func:`~dualpath_emu.reproduce.common.run_cells`, whose results carry whole-run statistics only: the
+window needs the per-request timestamps, which stay in the worker process.
+
+``--quick``: on the storage-bound miniature (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`, storage NICs
+at a quarter of the testbed's, compute uncalibrated), each agent's first 12 rounds, arrivals over 40 s (DS
+660B) / 30 s (DS 27B), growth 2, relative resolution 0.35, at most 3 steps per search, Oracle probed once at
+its cap: ≈ 20 s on two idle cores. Its edges are those of the miniature, not the paper's; its checks are the
+orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, each within one resolution step of DualPath's
+search), positive edges, and DualPath's TPOT within 10% of Basic's at Basic's edge rate.
+
+Measured (full variant, calibration of 2026-11-29: ``gpu_speed`` 0.365, storage NICs 50 GB/s; 7 min on two
+cores, 18 runs). Edges, APS (bracket): DS 660B Basic 0.17 (< 0.194), DualPath 0.22 (< 0.251), Oracle 0.20
+(< 0.26); DS 27B Basic 1.67 (< 1.9), DualPath 2.72 (< 3.1), Oracle ≥ 4 (censored). DualPath / Basic: 1.29×
+on DS 660B (paper 2.25×: not met), 1.63× on DS 27B (paper 1.67×: met). Basic's DS 660B edge is the paper's
+(0.17 vs ≈ 0.20) but DualPath's is half the paper's 0.45, and so is Oracle's: online, the calibrated DS 660B
+cluster is prefill-compute-bound (Oracle, with no I/O at all, sustains no more than DualPath; a DualPath
+trajectory takes ≈ 810 s at 0.1 APS against the paper's ≈ 575 s), so dual-path loading has little read
+bottleneck left to remove. DS 27B's edges are ≈ 5.5× the paper's (its compute is the DS 660B fit applied to
+a smaller model; the paper's DS 27B is an internal model), its ratio matches. TPOT DualPath / Basic at
+Basic's edge: 1.00 (DS 660B, ≈ 41 ms), 1.09 (DS 27B, 7.8 vs 7.2 ms), both within 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+from dualpath_emu.cluster.metrics import Metrics, percentiles
+from dualpath_emu.reproduce.common import Cell, Comparison, Report, deployment, experiment_main, within
+
+__all__ = [
+    "FULL",
+    "MODELS",
+    "PAPER_EDGE_APS",
+    "PAPER_RATIO",
+    "QUICK",
+    "SLO_TPOT_S",
+    "SLO_TTFT_S",
+    "SYSTEMS",
+    "Point",
+    "Search",
+    "Variant",
+    "main",
+    "measure",
+    "measure_all",
+    "trajectory_s",
+    "window_bounds_ns",
+    "window_stats",
+]
+
+Stats = dict[str, float]
+"""p50, p90, p99 and mean."""
+
+MODELS: Final = ("ds660b", "ds27b")
+SYSTEMS: Final = ("basic", "dualpath", "oracle")
+SLO_TTFT_S: Final = 4.0
+SLO_TPOT_S: Final = 0.050
+STATS: Final = ("mean", "p50", "p90", "p99")
+PAPER_RATIO: Final[Mapping[str, float]] = MappingProxyType({"ds660b": 2.25, "ds27b": 1.67})
+"""Largest SLO-meeting APS, DualPath / Basic [exact §7.4]."""
+PAPER_MEAN_RATIO: Final = 1.96
+"""The arithmetic mean of the two ratios [derived]."""
+PAPER_EDGE_APS: Final[Mapping[tuple[str, str], float]] = MappingProxyType(
+    {("ds660b", "basic"): 0.20, ("ds660b", "dualpath"): 0.45, ("ds27b", "basic"): 0.30, ("ds27b", "dualpath"): 0.50}
+)
+"""APS at the SLO edge, read from Fig. 10 [fig~]."""
+RATIO_TOLERANCE: Final = 0.20
+TPOT_TOLERANCE: Final = 0.10
+WINDOW_FRACTION: Final = 0.5
+"""The window is the last half of the arrival period."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The size of the experiment: run length, workload cut, and the search's parameters."""
+
+    arrival_s: Mapping[str, float]
+    """Per model: D, the emulated seconds over which agents arrive (a run at rate λ admits round(λ·D) agents)."""
+    max_rounds: int
+    """> 0: each agent replays only its first rounds."""
+    quick_node: bool
+    guess: Mapping[tuple[str, str], float]
+    """First guess of the edge per (model, system), from pilot runs."""
+    cap: Mapping[tuple[str, str], float]
+    """Per (model, system): the largest rate a search measures (the edge is then reported as censored, "at
+    least"). A guess at the cap is measured alone: one run showing the edge is at least that rate."""
+    resolution: float
+    """Relative width of the final bracket: stop when hi / lo - 1 <= resolution."""
+    oracle_resolution: float
+    growth: float
+    """Bracketing factor per rate (and the first step's spread, √growth around the guess)."""
+    rates_per_step: int
+    """Rates per search in the first and the bracketing steps."""
+    refine_rates_per_step: int
+    """Rates per search in the steps that split a bracket (1: bisection)."""
+    max_steps: int
+    min_agents: int
+    label: str
+
+    def agents(self, model: str, rate: float) -> int:
+        return max(self.min_agents, round(rate * self.arrival_s[model]))
+
+
+FULL: Final = Variant(
+    arrival_s=MappingProxyType({"ds660b": 1500.0, "ds27b": 300.0}),
+    max_rounds=0,
+    quick_node=False,
+    guess=MappingProxyType({
+        ("ds660b", "basic"): 0.17, ("ds660b", "dualpath"): 0.22, ("ds660b", "oracle"): 0.26,
+        ("ds27b", "basic"): 1.9, ("ds27b", "dualpath"): 3.1, ("ds27b", "oracle"): 4.0,
+    }),  # fmt: skip
+    cap=MappingProxyType({
+        ("ds660b", "basic"): 1.0, ("ds660b", "dualpath"): 1.0, ("ds660b", "oracle"): 0.26,
+        ("ds27b", "basic"): 5.0, ("ds27b", "dualpath"): 5.0, ("ds27b", "oracle"): 4.0,
+    }),  # fmt: skip
+    resolution=0.15,
+    oracle_resolution=0.5,
+    growth=1.3,
+    rates_per_step=2,
+    refine_rates_per_step=1,
+    max_steps=5,
+    min_agents=16,
+    label="full",
+)
+QUICK: Final = Variant(
+    arrival_s=MappingProxyType({"ds660b": 40.0, "ds27b": 30.0}),
+    max_rounds=12,
+    quick_node=True,
+    guess=MappingProxyType({
+        ("ds660b", "basic"): 1.6, ("ds660b", "dualpath"): 3.5, ("ds660b", "oracle"): 3.5,
+        ("ds27b", "basic"): 14.0, ("ds27b", "dualpath"): 20.0, ("ds27b", "oracle"): 24.0,
+    }),  # fmt: skip
+    cap=MappingProxyType({
+        ("ds660b", "basic"): 12.0, ("ds660b", "dualpath"): 12.0, ("ds660b", "oracle"): 3.5,
+        ("ds27b", "basic"): 24.0, ("ds27b", "dualpath"): 24.0, ("ds27b", "oracle"): 24.0,
+    }),  # fmt: skip
+    resolution=0.35,
+    oracle_resolution=0.35,
+    growth=2.0,
+    rates_per_step=2,
+    refine_rates_per_step=2,
+    max_steps=3,
+    min_agents=8,
+    label="quick",
+)
+
+
+# --------------------------------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run's figures (plain data: it crosses processes). Latencies in seconds; each ``*_s`` dict has
+    ``p50``, ``p90``, ``p99`` and ``mean`` over the window's requests."""
+
+    model: str
+    system: str
+    rate: float
+    agents: int
+    step: int
+    window_start_s: float
+    window_end_s: float
+    window_requests: int
+    ttft_s: dict[str, float]
+    ttst_s: dict[str, float]
+    tpot_s: dict[str, float]
+    run_ttft_s: dict[str, float]
+    """Over the whole run (ramp and drain included)."""
+    run_tpot_s: dict[str, float]
+    turns: int
+    end_s: float
+    """Emulated seconds until the last request ended."""
+    trajectory_s: float
+    """Mean time from an agent's arrival to its last turn's end, over the agents arriving in the window
+    (Fig. 11's trajectory completion time)."""
+    wall_s: float
+
+    def meets_slo(self, stat: str = "mean") -> bool:
+        return self.window_requests > 0 and self.ttft_s[stat] <= SLO_TTFT_S and self.tpot_s[stat] <= SLO_TPOT_S
+
+
+def window_bounds_ns(m: Metrics, fraction: float = WINDOW_FRACTION) -> tuple[int, int]:
+    """The steady-state window: the last ``fraction`` of the agents' arrival period (first turns' arrivals)."""
+    seen: set[int] = set()
+    first, last = -1, -1
+    for agent, t in zip(m.agent, m.arrive_ns):  # request ids are in arrival order: an agent's first is its arrival
+        if agent not in seen:
+            seen.add(agent)
+            first = t if first < 0 else first
+            last = t
+    if last < 0:
+        return 0, 0
+    return round(last - (last - first) * fraction), last
+
+
+def window_stats(m: Metrics, start_ns: int, end_ns: int) -> tuple[int, Stats, Stats, Stats]:
+    """Requests arriving in ``[start_ns, end_ns]``: their number and TTFT, TTST, TPOT percentiles."""
+    ttft, ttst, tpot = [], [], []
+    for a, f, s, d, g in zip(m.arrive_ns, m.first_token_ns, m.second_token_ns, m.done_ns, m.gen):
+        if not start_ns <= a <= end_ns:
+            continue
+        if f >= 0:
+            ttft.append((f - a) / 1e9)
+        if s >= 0:
+            ttst.append((s - a) / 1e9)
+            if d >= 0 and g > 2:
+                tpot.append((d - s) / (g - 2) / 1e9)
+    return (len(ttft), percentiles(ttft).as_dict(), percentiles(ttst).as_dict(), percentiles(tpot).as_dict())
+
+
+def trajectory_s(m: Metrics, start_ns: int, end_ns: int) -> float:
+    """Mean seconds from arrival to the last turn's end of the agents whose first turn arrives in the window."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for agent, a, d in zip(m.agent, m.arrive_ns, m.done_ns):
+        first.setdefault(agent, a)
+        last[agent] = d
+    spans = [(last[agent] - a) / 1e9 for agent, a in first.items() if start_ns <= a <= end_ns and last[agent] >= 0]
+    return sum(spans) / len(spans) if spans else 0.0
+
+
+def measure(cell: Cell) -> Point:
+    """Run one cell (in whichever process) and reduce it to a :class:`Point`."""
+    from dualpath_emu.cluster.run import run_system  # the worker's import
+
+    result = run_system(cell.config, cell.system, cell.trajectories(), seed=cell.seed)
+    m = result.metrics
+    start, end = window_bounds_ns(m)
+    n, ttft, ttst, tpot = window_stats(m, start, end)
+    return Point(
+        model=cell.labels["model"],
+        system=cell.system,
+        rate=cell.config.arrival_rate,
+        agents=cell.config.agents,
+        step=cell.labels["step"],
+        window_start_s=start / 1e9,
+        window_end_s=end / 1e9,
+        window_requests=n,
+        ttft_s=ttft,
+        ttst_s=ttst,
+        tpot_s=tpot,
+        run_ttft_s=result.ttft_s,
+        run_tpot_s=result.tpot_s,
+        turns=result.turns,
+        end_s=max(m.done_ns, default=0) / 1e9,
+        trajectory_s=trajectory_s(m, start, end),
+        wall_s=result.wall_s,
+    )
+
+
+def measure_all(cells: Sequence[Cell], jobs: int, *, quiet: bool = False, stat: str = "mean") -> list[Point]:
+    """Run ``cells`` in up to ``jobs`` processes (largest first); points in the order of ``cells``."""
+    if not cells:
+        return []
+    started = time.perf_counter()
+    done = 0
+
+    def report(p: Point) -> None:
+        nonlocal done
+        done += 1
+        if not quiet:
+            verdict = "meets" if p.meets_slo(stat) else "misses"
+            elapsed = time.perf_counter() - started
+            print(f"  [{done}/{len(cells)}] {p.model} {p.system} {p.rate:g} APS ({p.agents} agents): TTFT {stat} "
+                  f"{p.ttft_s[stat]:.2f} s, TPOT {p.tpot_s[stat] * 1e3:.1f} ms: {verdict} the SLO "
+                  f"({p.wall_s:.0f} s wall; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
+
+    if jobs <= 1 or len(cells) == 1:
+        out = []
+        for cell in cells:
+            out.append(measure(cell))
+            report(out[-1])
+        return out
+    order = sorted(range(len(cells)), key=lambda i: -cells[i].config.agents)
+    results: dict[int, Point] = {}
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
+        futures = {pool.submit(measure, cells[i]): i for i in order}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            report(results[futures[future]])
+    return [results[i] for i in range(len(cells))]
+
+
+# --------------------------------------------------------------------------------------------------- search
+
+
+def _round_rate(rate: float) -> float:
+    """Rates on a 3-significant-digit grid (readable rows, repeatable runs)."""
+    return float(f"{rate:.3g}")
+
+
+@dataclass
+class Search:
+    """The bracket search for one (model, system)'s edge (see the module docstring)."""
+
+    model: str
+    system: str
+    guess: float
+    cap: float
+    resolution: float
+    growth: float
+    k: int
+    max_steps: int
+    stat: str = "mean"
+    refine_k: int = 2
+    points: list[Point] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def lo(self) -> float:
+        """The largest rate measured to meet the SLO below :attr:`hi` (0: none)."""
+        hi = self.hi
+        met = [p.rate for p in self.points if p.meets_slo(self.stat) and (hi is None or p.rate < hi)]
+        return max(met, default=0.0)
+
+    @property
+    def hi(self) -> float | None:
+        """The smallest rate measured to miss the SLO (None: none)."""
+        return min((p.rate for p in self.points if not p.meets_slo(self.stat)), default=None)
+
+    @property
+    def censored(self) -> bool:
+        """The edge is at least the cap: every rate up to it met the SLO."""
+        return self.hi is None and self.lo >= self.cap
+
+    @property
+    def done(self) -> bool:
+        lo, hi = self.lo, self.hi
+        if self.steps >= self.max_steps or self.censored:
+            return True
+        return lo > 0 and hi is not None and hi / lo - 1.0 <= self.resolution
+
+    def next_rates(self) -> list[float]:
+        """The rates of the next step (none when done)."""
+        if self.done:
+            return []
+        lo, hi, g, k = self.lo, self.hi, self.growth, self.k
+        if not self.points and self.guess >= self.cap:
+            rates = [self.cap]
+        elif not self.points:
+            rates = [min(self.cap, self.guess * g ** (j - (k - 1) / 2)) for j in range(k)]
+        elif hi is None:
+            rates = [min(self.cap, lo * g ** (j + 1)) for j in range(k)]
+        elif lo == 0.0:
+            rates = [hi / g ** (j + 1) for j in range(k)]
+        else:
+            k = self.refine_k
+            rates = [lo * (hi / lo) ** ((j + 1) / (k + 1)) for j in range(k)]
+        measured = {p.rate for p in self.points}
+        out = sorted({r for r in map(_round_rate, rates) if r > 0 and r not in measured})
+        if not out:  # the grid is finer than the bracket: nothing new to measure
+            self.steps = self.max_steps
+        return out
+
+    def add(self, points: Sequence[Point]) -> None:
+        self.points.extend(points)
+        self.steps += 1
+
+    def measured_at(self, rate: float) -> Point | None:
+        return next((p for p in self.points if p.rate == rate), None)
+
+
+def _cell(variant: Variant, model: str, system: str, rate: float, step: int) -> Cell:
+    config = deployment(model, quick=variant.quick_node, mode="online", arrival_rate=rate,
+                        agents=variant.agents(model, rate), dataset="64k")  # fmt: skip
+    return Cell({"model": model, "step": step}, config, system, max_rounds=variant.max_rounds)
+
+
+def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, quiet: bool = False) -> None:
+    """Advance every search step by step; each step's runs, of all searches, in one parallel batch."""
+    step = 0
+    while True:
+        plan = [(s, rate) for s in searches for rate in s.next_rates()]
+        if not plan:
+            return
+        if not quiet:
+            print(f"step {step + 1}: {len(plan)} runs", file=sys.stderr, flush=True)
+        cells = [_cell(variant, s.model, s.system, rate, step) for s, rate in plan]
+        points = measure_all(cells, jobs, quiet=quiet, stat=searches[0].stat if searches else "mean")
+        for s in searches:
+            mine = [p for (owner, _), p in zip(plan, points) if owner is s]
+            if mine:
+                s.add(mine)
+        step += 1
+
+
+# --------------------------------------------------------------------------------------------------- report
+
+
+def _stat_row(prefix: str, values: Mapping[str, float], scale: float = 1.0, digits: int = 4) -> dict[str, float]:
+    return {f"{prefix}_{k}": round(values[k] * scale, digits) for k in STATS}
+
+
+def point_row(p: Point, stat: str) -> dict[str, Any]:
+    return {
+        "kind": "run",
+        "model": p.model,
+        "system": p.system,
+        "rate_aps": p.rate,
+        "agents": p.agents,
+        "step": p.step,
+        "turns": p.turns,
+        "window_start_s": round(p.window_start_s, 1),
+        "window_end_s": round(p.window_end_s, 1),
+        "window_requests": p.window_requests,
+        **_stat_row("ttft_s", p.ttft_s),
+        **_stat_row("ttst_s", p.ttst_s),
+        **_stat_row("tpot_ms", p.tpot_s, 1e3, 3),
+        "run_ttft_s_mean": round(p.run_ttft_s["mean"], 4),
+        "run_ttft_s_p99": round(p.run_ttft_s["p99"], 4),
+        "run_tpot_ms_mean": round(p.run_tpot_s["mean"] * 1e3, 3),
+        "meets_slo": p.meets_slo(stat),
+        "trajectory_s_mean": round(p.trajectory_s, 1),
+        "end_s": round(p.end_s, 1),
+        "wall_s": round(p.wall_s, 2),
+    }
+
+
+def edge_row(s: Search) -> dict[str, Any]:
+    return {
+        "kind": "edge",
+        "model": s.model,
+        "system": s.system,
+        "edge_aps": s.lo,
+        "bracket_hi_aps": s.hi if s.hi is not None else "",
+        "censored": s.censored,
+        "runs": len(s.points),
+        "slo_stat": s.stat,
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+def build(args: argparse.Namespace) -> Report:
+    variant = QUICK if args.quick else FULL
+    if args.resolution is not None:
+        coarser = max(args.resolution, variant.oracle_resolution)
+        variant = replace(variant, resolution=args.resolution, oracle_resolution=coarser)
+    if args.duration_scale != 1.0:
+        scaled = {m: d * args.duration_scale for m, d in variant.arrival_s.items()}
+        variant = replace(variant, arrival_s=MappingProxyType(scaled))
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in models:
+        if m not in MODELS:
+            raise SystemExit(f"fig10: --models: unknown model {m!r} (expected some of {', '.join(MODELS)})")
+    stat = args.slo_stat
+    searches = {
+        (model, system): Search(
+            model, system, guess=variant.guess[model, system], cap=variant.cap[model, system],
+            resolution=variant.oracle_resolution if system == "oracle" else variant.resolution,
+            growth=variant.growth, k=variant.rates_per_step, max_steps=variant.max_steps, stat=stat,
+            refine_k=variant.refine_rates_per_step,
+        )  # fmt: skip
+        for model in models
+        for system in SYSTEMS
+    }
+    run_searches(list(searches.values()), variant, args.jobs, quiet=args.quiet)
+
+    # TPOT at a common rate: Basic's edge (DualPath measured there if it was not already).
+    extra: list[tuple[str, Cell]] = []
+    for model in models:
+        rate = searches[model, "basic"].lo
+        if rate > 0 and searches[model, "dualpath"].measured_at(rate) is None:
+            extra.append((model, _cell(variant, model, "dualpath", rate, variant.max_steps)))
+    if extra and not args.quiet:
+        print(f"TPOT at Basic's edge: {len(extra)} runs", file=sys.stderr, flush=True)
+    measured = measure_all([c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat)
+    extra_points = {model: p for (model, _), p in zip(extra, measured)}
+
+    rows: list[dict[str, Any]] = []
+    for s in searches.values():
+        rows.extend(point_row(p, stat) for p in sorted(s.points, key=lambda p: p.rate))
+    rows.extend({**point_row(p, stat), "step": "tpot"} for p in extra_points.values())
+    rows.extend(edge_row(s) for s in searches.values())
+
+    comparisons: list[Comparison] = []
+    checks: dict[str, bool] = {}
+    tpot_ratio: dict[str, float] = {}
+    ratios: list[float] = []
+    for model in models:
+        basic, dual, oracle = (searches[model, system] for system in SYSTEMS)
+        ratio = _ratio(dual.lo, basic.lo)
+        ratios.append(ratio)
+        comparisons.append(within(f"{model}: largest SLO-meeting APS, DualPath / Basic", PAPER_RATIO[model], ratio,
+                                  rel=RATIO_TOLERANCE))  # fmt: skip
+        for s in (basic, dual):
+            comparisons.append(within(f"{model}: {s.system} SLO edge (APS)", PAPER_EDGE_APS[model, s.system], s.lo,
+                                      rel=RATIO_TOLERANCE))  # fmt: skip
+        b_point = basic.measured_at(basic.lo)
+        d_point = dual.measured_at(basic.lo) or extra_points.get(model)
+        if b_point is not None and d_point is not None:
+            tpot_ratio[model] = _ratio(d_point.tpot_s[stat], b_point.tpot_s[stat])
+            comparisons.append(within(f"{model}: DualPath TPOT / Basic's at {basic.lo:g} APS", 1.0, tpot_ratio[model],
+                                      rel=TPOT_TOLERANCE))  # fmt: skip
+        checks[f"{model}: every edge > 0"] = all(s.lo > 0 for s in (basic, dual, oracle))
+        checks[f"{model}: DualPath's edge >= Basic's (within one resolution step)"] = (
+            dual.lo * (1.0 + dual.resolution) >= basic.lo and basic.lo > 0
+        )
+        checks[f"{model}: Oracle's edge >= DualPath's (within one resolution step)"] = (
+            oracle.lo * (1.0 + dual.resolution) >= dual.lo and dual.lo > 0
+        )
+        checks[f"{model}: DualPath's TPOT within 10% of Basic's at Basic's edge"] = (
+            model in tpot_ratio and abs(tpot_ratio[model] - 1.0) <= TPOT_TOLERANCE
+        )
+    if len(ratios) == len(MODELS):
+        mean_ratio = sum(ratios) / len(ratios)
+        comparisons.append(within("mean of the two DualPath / Basic ratios", PAPER_MEAN_RATIO, mean_ratio,
+                                  rel=RATIO_TOLERANCE))  # fmt: skip
+
+    notes = [
+        f"SLO: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms on the {stat} over each run's window "
+        f"(requests arriving in the last {WINDOW_FRACTION:.0%} of the arrival period; arrivals over "
+        + ", ".join(f"{m} {variant.arrival_s[m]:g} s" for m in models) + ").",
+        "Edges (APS; lo = largest measured rate meeting the SLO, hi = smallest missing it): "
+        + "; ".join(f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
+                    for s in searches.values()),  # fmt: skip
+    ]
+    if args.quick:
+        notes.append("Quick variant: storage-bound miniature, 12 rounds per agent, short arrival periods; its edges "
+                     "are not the paper's, only the orderings are checked.")  # fmt: skip
+    points = {key: list(s.points) for key, s in searches.items()}
+    for model, p in extra_points.items():
+        points[model, "dualpath"].append(p)
+    edges = {key: s.lo for key, s in searches.items()}
+    return Report(
+        name="fig10",
+        title=f"online serving: TTFT/TTST/TPOT vs arrival rate and the SLO edge ({variant.label})",
+        rows=rows,
+        comparisons=comparisons,
+        notes=notes,
+        plot=lambda path: plot(path, models, points, edges, stat),
+        checks=checks,
+    )
+
+
+def plot(path: Path, models: Sequence[str], points: Mapping[tuple[str, str], Sequence[Point]],
+         edges: Mapping[tuple[str, str], float], stat: str) -> None:  # fmt: skip
+    """Per model (rows): TTFT, TTST and TPOT (the SLO statistic, band p50-p90) vs APS per system; the SLO
+    lines, each system's edge dotted. As in the paper, TTST and TPOT show only the points within the SLO."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    colors = {"basic": "tab:blue", "dualpath": "tab:red", "oracle": "tab:green"}
+    fig, axes = plt.subplots(len(models), 3, figsize=(13, 3.4 * len(models)), squeeze=False)
+    for row, model in enumerate(models):
+        for col, (metric, unit, scale, slo) in enumerate(
+            (("ttft_s", "s", 1.0, SLO_TTFT_S), ("ttst_s", "s", 1.0, None), ("tpot_s", "ms", 1e3, SLO_TPOT_S * 1e3))
+        ):
+            ax = axes[row][col]
+            for system in SYSTEMS:
+                pts = sorted(points.get((model, system), ()), key=lambda p: p.rate)
+                if col > 0:
+                    pts = [p for p in pts if p.meets_slo(stat)]
+                if not pts:
+                    continue
+                x = [p.rate for p in pts]
+                y = [getattr(p, metric)[stat] * scale for p in pts]
+                ax.plot(x, y, marker="o", ms=3, color=colors[system], label=system)
+                low = [getattr(p, metric)["p50"] * scale for p in pts]
+                high = [getattr(p, metric)["p90"] * scale for p in pts]
+                ax.fill_between(x, low, high, color=colors[system], alpha=0.12)
+                edge = edges.get((model, system), 0.0)
+                if edge > 0:
+                    ax.axvline(edge, color=colors[system], ls=":", lw=1)
+            if slo is not None:
+                ax.axhline(slo, color="black", ls="--", lw=1, label="SLO")
+            if col < 2:
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+            else:
+                ax.set_ylim(0, slo * 1.1 if slo else None)
+            ax.set_xlabel("arrival rate (agents/s)")
+            ax.set_ylabel(f"{metric.split('_')[0].upper()} {stat} ({unit})")
+            ax.set_title(f"{model}: {metric.split('_')[0].upper()}")
+            if col == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--slo-stat", choices=STATS, default="mean",
+                        help="the window statistic checked against the SLO (default: mean)")  # fmt: skip
+    parser.add_argument("--resolution", type=_positive, default=None,
+                        help="relative width at which a search stops (default: 0.15 full, 0.35 quick)")  # fmt: skip
+    parser.add_argument("--duration-scale", type=_positive, default=1.0,
+                        help="multiply each model's arrival period (and so the agents per run)")  # fmt: skip
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    description = ("Fig. 10 (online serving): the largest agent arrival rate each system sustains within the SLO "
+                   "(TTFT <= 4 s, TPOT <= 50 ms), and TTFT/TTST/TPOT vs the rate.")  # fmt: skip
+    return experiment_main("fig10", description, build, argv, configure=_configure)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
