@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dualpath_emu.cli import main as cli_main
 from dualpath_emu.reproduce import EXPERIMENTS
+from dualpath_emu.reproduce.common import Cell, deployment, run_cells, run_parallel
 
 QUICK = ("fig7", "fig8", "fig9", "fig12", "fig13")
 
@@ -58,3 +60,39 @@ def test_calibrate_quick_converges_and_writes_nothing(capsys: pytest.CaptureFixt
     assert {row["parameter"] for row in report["rows"]} == {"gpu_speed", "snic_bytes_per_s"}
     after = CALIBRATION_FILE.read_bytes() if CALIBRATION_FILE.exists() else None
     assert after == before, "--quick must never overwrite the calibration"
+
+
+_calls: list[str] = []
+
+
+def _counting_worker(cell: Cell) -> dict[str, object]:
+    _calls.append(cell.system)
+    return {"system": cell.system, "agents": cell.config.agents}
+
+
+def test_cache_reuses_a_run_under_other_labels_and_never_across_different_runs(tmp_path: Path) -> None:
+    config = deployment("ds27b", quick=True, agents=4)
+    first = [Cell({"fig": 7}, config, "basic"), Cell({"fig": 7}, config, "dualpath")]
+    _calls.clear()
+    assert run_parallel(_counting_worker, first, cache=tmp_path) == [
+        {"system": "basic", "agents": 4},
+        {"system": "dualpath", "agents": 4},
+    ]
+    assert _calls == ["basic", "dualpath"] and len(list(tmp_path.glob("*.pickle"))) == 2
+    # The same runs under another experiment's labels come from the cache; a different run does not.
+    again = [Cell({"part": "ablation"}, config, "dualpath"), Cell({}, replace(config, agents=5), "dualpath"),
+             Cell({}, config, "dualpath", seed=1)]  # fmt: skip
+    _calls.clear()
+    results = run_parallel(_counting_worker, again, cache=tmp_path)
+    assert _calls == ["dualpath", "dualpath"]  # agents=5 and seed=1 ran; the relabelled one did not
+    assert results[0] == {"system": "dualpath", "agents": 4} and results[1]["agents"] == 5
+    _calls.clear()
+    run_parallel(_counting_worker, first)  # no cache: always runs
+    assert _calls == ["basic", "dualpath"]
+
+
+def test_run_cells_gives_a_cached_result_the_asking_cells_labels(tmp_path: Path) -> None:
+    config = deployment("ds27b", quick=True, agents=4)
+    (fresh,) = run_cells([Cell({"fig": 7}, config, "oracle", max_rounds=2)], quiet=True, cache=tmp_path)
+    (cached,) = run_cells([Cell({"fig": 12}, config, "oracle", max_rounds=2)], quiet=True, cache=tmp_path)
+    assert cached.summary == fresh.summary and cached.cell.labels == {"fig": 12}

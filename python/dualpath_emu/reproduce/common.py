@@ -6,11 +6,11 @@ An experiment module builds a list of :class:`Cell` (one cluster run each), runs
 emulator's, their ratio, the issue's target and whether it is met) and returns a :class:`Report`;
 :func:`experiment_main` gives it the common command line::
 
-    dualpath-emu reproduce NAME [--quick] [--out DIR] [--jobs N] [--json]
+    dualpath-emu reproduce NAME [--quick] [--out DIR] [--jobs N] [--cache DIR] [--json]
 
 ``--quick`` runs the small variant (a few minutes in all, for CI), ``--out DIR`` writes ``NAME.csv``,
 ``NAME.png`` and ``NAME.json`` there, ``--jobs`` runs cells in that many processes (default: the CPUs this
-process may use). A cell's result depends only on the cell (every run is deterministic from its seed), so
+process may use), ``--cache DIR`` keeps every run's result for reuse (:func:`run_parallel`). A cell's result depends only on the cell (every run is deterministic from its seed), so
 the number of processes changes the wall time, never a figure.
 """
 
@@ -19,15 +19,18 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
+import hashlib
 import json
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
@@ -42,6 +45,7 @@ __all__ = [
     "deployment",
     "experiment_main",
     "run_cells",
+    "run_parallel",
     "within",
 ]
 
@@ -148,37 +152,81 @@ def run_cell(cell: Cell) -> CellResult:
     return CellResult(cell, result.summary(), breakdown, balance)
 
 
-def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False) -> list[CellResult]:
-    """Run ``cells`` in up to ``jobs`` processes; results in the order of ``cells``."""
-    if not cells:
-        return []
+T = TypeVar("T")
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A digest of this installation's code (every Python file of the package and the native core): a cached
+    result is reused only by the code that computed it."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*package.rglob("*.py"), *package.glob("_core*.so"), *package.glob("_core*.pyd")]):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _cache_path(cache: Path, worker: Callable[[Cell], Any], cell: Cell) -> Path:
+    # Labels only name a figure's point: the same run under other labels (another experiment's) is reused.
+    key = f"{worker.__module__}.{worker.__qualname__}|{code_fingerprint()}|{dataclasses.replace(cell, labels={})!r}"
+    return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pickle"
+
+
+def run_parallel(worker: Callable[[Cell], T], cells: Sequence[Cell], jobs: int = 1, *,
+                 report: Callable[[Cell, T, float], None] | None = None, cache: Path | None = None) -> list[T]:  # fmt: skip
+    """``worker(cell)`` for every cell, in up to ``jobs`` processes, largest runs (agents) first; results in
+    the order of ``cells``. ``report(cell, result, seconds so far)`` after each. With ``cache`` (a folder),
+    each result is also kept there and reused by a later call with the same worker, cell and code: an
+    interrupted experiment resumes where it stopped, and experiments that share runs compute them once."""
     started = time.perf_counter()
+    results: dict[int, T] = {}
+
+    def finished(i: int, result: T, fresh: bool) -> None:
+        results[i] = result
+        if cache is not None and fresh:
+            cache.mkdir(parents=True, exist_ok=True)
+            path = _cache_path(cache, worker, cells[i])
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(pickle.dumps(result))
+            partial.replace(path)  # atomic: a reader never sees half a result
+        if report is not None:
+            report(cells[i], result, time.perf_counter() - started)
+
+    todo = []
+    for i, cell in enumerate(cells):
+        path = _cache_path(cache, worker, cell) if cache is not None else None
+        if path is not None and path.exists():
+            finished(i, pickle.loads(path.read_bytes()), fresh=False)
+        else:
+            todo.append(i)
+    todo.sort(key=lambda i: -cells[i].config.agents)  # so that the last ones to start are short
+    if jobs <= 1 or len(todo) <= 1:
+        for i in todo:
+            finished(i, worker(cells[i]), fresh=True)
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            futures = {pool.submit(worker, cells[i]): i for i in todo}
+            for future in as_completed(futures):
+                finished(futures[future], future.result(), fresh=True)
+    return [results[i] for i in range(len(cells))]
+
+
+def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False,
+              cache: Path | None = None) -> list[CellResult]:  # fmt: skip
+    """Run ``cells`` (:func:`run_cell`) in up to ``jobs`` processes; results in the order of ``cells``."""
     done = 0
 
-    def report(result: CellResult) -> None:
+    def report(cell: Cell, result: CellResult, elapsed: float) -> None:
         nonlocal done
         done += 1
         if not quiet:
-            labels = " ".join(f"{k}={v}" for k, v in result.cell.labels.items())
-            elapsed = time.perf_counter() - started
-            print(f"  [{done}/{len(cells)}] {labels} {result.cell.system}: JCT {result.jct_s:,.0f} s "
+            labels = " ".join(f"{k}={v}" for k, v in cell.labels.items())
+            print(f"  [{done}/{len(cells)}] {labels} {cell.system}: JCT {result.jct_s:,.0f} s "
                   f"({result.summary['wall_s']:.0f} s wall; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
 
-    if jobs <= 1 or len(cells) == 1:
-        out = []
-        for cell in cells:
-            out.append(run_cell(cell))
-            report(out[-1])
-        return out
-    # Largest first (agents × rounds), so that the last ones to start are short.
-    order = sorted(range(len(cells)), key=lambda i: -cells[i].config.agents)
-    results: dict[int, CellResult] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
-        futures = {pool.submit(run_cell, cells[i]): i for i in order}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            report(results[futures[future]])
-    return [results[i] for i in range(len(cells))]
+    results = run_parallel(run_cell, cells, jobs, report=report, cache=cache)
+    return [dataclasses.replace(r, cell=c) for r, c in zip(results, cells)]  # a cached result's own labels
 
 
 def systems_ordered(jct: Mapping[Any, Mapping[str, float]], slack: float = 0.02) -> bool:
@@ -299,6 +347,9 @@ def experiment_main(
     parser.add_argument("--out", metavar="DIR", type=Path, help=f"write {name}.csv, {name}.png and {name}.json here")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="processes for the runs (default: CPUs)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (and nothing else)")
+    parser.add_argument("--cache", metavar="DIR", type=Path,
+                        help="keep each run's result in DIR and reuse it (same run, same code): resumes an "
+                             "interrupted experiment, shares runs between experiments")  # fmt: skip
     if configure is not None:
         configure(parser)
     args = parser.parse_args(argv)

@@ -71,9 +71,9 @@ and ignored by the bracket. Every step's runs, of all six searches at once, run 
 processes, largest first). After the searches, DualPath runs once more at Basic's edge rate (if it was not
 measured there) for the TPOT comparison at a common rate.
 
-The runs go through this module's own worker rather than
-:func:`~dualpath_emu.reproduce.common.run_cells`, whose results carry whole-run statistics only: the
-window needs the per-request timestamps, which stay in the worker process.
+The runs go through this module's own worker, :func:`measure` (with
+:func:`~dualpath_emu.reproduce.common.run_parallel`, as every experiment's): the window needs the per-request
+timestamps, which stay in the worker process.
 
 ``--quick``: on the storage-bound miniature (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`, storage NICs
 at a quarter of the testbed's, compute uncalibrated), each agent's first 12 rounds, arrivals over 40 s (DS
@@ -99,16 +99,22 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
 from dualpath_emu.cluster.metrics import Metrics, percentiles
-from dualpath_emu.reproduce.common import Cell, Comparison, Report, deployment, experiment_main, within
+from dualpath_emu.reproduce.common import (
+    Cell,
+    Comparison,
+    Report,
+    deployment,
+    experiment_main,
+    run_parallel,
+    within,
+)
 
 __all__ = [
     "FULL",
@@ -330,37 +336,22 @@ def measure(cell: Cell) -> Point:
     )
 
 
-def measure_all(cells: Sequence[Cell], jobs: int, *, quiet: bool = False, stat: str = "mean") -> list[Point]:
-    """Run ``cells`` in up to ``jobs`` processes (largest first); points in the order of ``cells``."""
-    if not cells:
-        return []
-    started = time.perf_counter()
+def measure_all(cells: Sequence[Cell], jobs: int, *, quiet: bool = False, stat: str = "mean",
+                cache: Path | None = None) -> list[Point]:  # fmt: skip
+    """Run ``cells`` (:func:`measure`) in up to ``jobs`` processes (largest first); points in their order."""
     done = 0
 
-    def report(p: Point) -> None:
+    def report(cell: Cell, p: Point, elapsed: float) -> None:
         nonlocal done
         done += 1
         if not quiet:
             verdict = "meets" if p.meets_slo(stat) else "misses"
-            elapsed = time.perf_counter() - started
             print(f"  [{done}/{len(cells)}] {p.model} {p.system} {p.rate:g} APS ({p.agents} agents): TTFT {stat} "
                   f"{p.ttft_s[stat]:.2f} s, TPOT {p.tpot_s[stat] * 1e3:.1f} ms: {verdict} the SLO "
                   f"({p.wall_s:.0f} s wall; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
 
-    if jobs <= 1 or len(cells) == 1:
-        out = []
-        for cell in cells:
-            out.append(measure(cell))
-            report(out[-1])
-        return out
-    order = sorted(range(len(cells)), key=lambda i: -cells[i].config.agents)
-    results: dict[int, Point] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
-        futures = {pool.submit(measure, cells[i]): i for i in order}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            report(results[futures[future]])
-    return [results[i] for i in range(len(cells))]
+    points = run_parallel(measure, cells, jobs, report=report, cache=cache)
+    return [replace(p, step=c.labels["step"]) for p, c in zip(points, cells)]  # a cached point's own step
 
 
 # --------------------------------------------------------------------------------------------------- search
@@ -448,7 +439,8 @@ def _cell(variant: Variant, model: str, system: str, rate: float, step: int) -> 
     return Cell({"model": model, "step": step}, config, system, max_rounds=variant.max_rounds)
 
 
-def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, quiet: bool = False) -> None:
+def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, quiet: bool = False,
+                 cache: Path | None = None) -> None:  # fmt: skip
     """Advance every search step by step; each step's runs, of all searches, in one parallel batch."""
     step = 0
     while True:
@@ -458,7 +450,7 @@ def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, qui
         if not quiet:
             print(f"step {step + 1}: {len(plan)} runs", file=sys.stderr, flush=True)
         cells = [_cell(variant, s.model, s.system, rate, step) for s, rate in plan]
-        points = measure_all(cells, jobs, quiet=quiet, stat=searches[0].stat if searches else "mean")
+        points = measure_all(cells, jobs, quiet=quiet, stat=searches[0].stat if searches else "mean", cache=cache)
         for s in searches:
             mine = [p for (owner, _), p in zip(plan, points) if owner is s]
             if mine:
@@ -538,7 +530,7 @@ def build(args: argparse.Namespace) -> Report:
         for model in models
         for system in SYSTEMS
     }
-    run_searches(list(searches.values()), variant, args.jobs, quiet=args.quiet)
+    run_searches(list(searches.values()), variant, args.jobs, quiet=args.quiet, cache=args.cache)
 
     # TPOT at a common rate: Basic's edge (DualPath measured there if it was not already).
     extra: list[tuple[str, Cell]] = []
@@ -548,7 +540,7 @@ def build(args: argparse.Namespace) -> Report:
             extra.append((model, _cell(variant, model, "dualpath", rate, variant.max_steps)))
     if extra and not args.quiet:
         print(f"TPOT at Basic's edge: {len(extra)} runs", file=sys.stderr, flush=True)
-    measured = measure_all([c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat)
+    measured = measure_all([c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat, cache=args.cache)
     extra_points = {model: p for (model, _), p in zip(extra, measured)}
 
     rows: list[dict[str, Any]] = []

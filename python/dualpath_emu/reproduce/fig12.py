@@ -60,7 +60,7 @@ def reductions(ladder: Sequence[CellResult]) -> dict[str, float]:
 
 def build(args: argparse.Namespace) -> Report:
     ladder_cells, online_cells = cells(args.quick)
-    results = run_cells([*ladder_cells, *online_cells], args.jobs, quiet=args.quiet)
+    results = run_cells([*ladder_cells, *online_cells], args.jobs, quiet=args.quiet, cache=args.cache)
     ladder, online = results[: len(ladder_cells)], results[len(ladder_cells) :]
     reduction = reductions(ladder)
     rows: list[dict[str, Any]] = []

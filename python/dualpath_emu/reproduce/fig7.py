@@ -99,7 +99,7 @@ def compare(jct: dict[tuple[str, str, int], dict[str, float]], *, best: bool = T
 
 
 def build(args: argparse.Namespace) -> Report:
-    results = run_cells(cells(args.quick, args.model or MODELS), args.jobs, quiet=args.quiet)
+    results = run_cells(cells(args.quick, args.model or MODELS), args.jobs, quiet=args.quiet, cache=args.cache)
     jct = _jct(results)
     rows: list[dict[str, Any]] = []
     for r in results:

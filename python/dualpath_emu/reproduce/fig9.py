@@ -48,7 +48,7 @@ def build(args: argparse.Namespace) -> Report:
         for knob, scale in plan
         for system in SYSTEMS
     ]
-    results = run_cells(cells, args.jobs, quiet=args.quiet)
+    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache)
     jct: dict[tuple[str, float], dict[str, float]] = {}
     for r in results:
         jct.setdefault((r.cell.labels["knob"], r.cell.labels["scale"]), {})[r.cell.system] = r.jct_s
