@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import functools
 import hashlib
+import importlib
 import json
 import os
 import pickle
@@ -156,20 +157,25 @@ T = TypeVar("T")
 
 
 @functools.cache
-def code_fingerprint() -> str:
-    """A digest of this installation's code (every Python file of the package and the native core): a cached
-    result is reused only by the code that computed it."""
+def code_fingerprint(worker_module: str) -> str:
+    """A digest of the code a run's result depends on: every Python file of the package outside
+    ``reproduce/`` (the emulator), this module (cells, the default worker), ``worker_module``'s file and the
+    native core. The other experiment modules only lay out and compare results, so editing them keeps the
+    cache; any change to what runs invalidates it."""
     package = Path(__file__).resolve().parent.parent
+    worker_file = Path(importlib.import_module(worker_module).__file__ or "").resolve()
+    paths = [p for p in package.rglob("*.py") if "reproduce" not in p.relative_to(package).parts[:-1]]
+    paths += [Path(__file__).resolve(), worker_file, *package.glob("_core*.so"), *package.glob("_core*.pyd")]
     digest = hashlib.sha256()
-    for path in sorted([*package.rglob("*.py"), *package.glob("_core*.so"), *package.glob("_core*.pyd")]):
-        digest.update(str(path.relative_to(package)).encode())
+    for path in sorted(set(paths)):
+        digest.update(str(path.relative_to(package) if path.is_relative_to(package) else path).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
 def _cache_path(cache: Path, worker: Callable[[Cell], Any], cell: Cell) -> Path:
     # Labels only name a figure's point: the same run under other labels (another experiment's) is reused.
-    key = f"{worker.__module__}.{worker.__qualname__}|{code_fingerprint()}|{dataclasses.replace(cell, labels={})!r}"
+    key = f"{worker.__module__}.{worker.__qualname__}|{code_fingerprint(worker.__module__)}|{dataclasses.replace(cell, labels={})!r}"
     return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pickle"
 
 
