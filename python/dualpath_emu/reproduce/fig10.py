@@ -115,6 +115,7 @@ from dualpath_emu.reproduce.common import (
     run_parallel,
     within,
 )
+from dualpath_emu.reproduce.plots import SYSTEM_COLORS, save
 
 __all__ = [
     "FULL",
@@ -619,7 +620,6 @@ def plot(path: Path, models: Sequence[str], points: Mapping[tuple[str, str], Seq
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    colors = {"basic": "tab:blue", "dualpath": "tab:red", "oracle": "tab:green"}
     fig, axes = plt.subplots(len(models), 3, figsize=(13, 3.4 * len(models)), squeeze=False)
     for row, model in enumerate(models):
         for col, (metric, unit, scale, slo) in enumerate(
@@ -634,13 +634,13 @@ def plot(path: Path, models: Sequence[str], points: Mapping[tuple[str, str], Seq
                     continue
                 x = [p.rate for p in pts]
                 y = [getattr(p, metric)[stat] * scale for p in pts]
-                ax.plot(x, y, marker="o", ms=3, color=colors[system], label=system)
+                ax.plot(x, y, marker="o", ms=3, color=SYSTEM_COLORS[system], label=system)
                 low = [getattr(p, metric)["p50"] * scale for p in pts]
                 high = [getattr(p, metric)["p90"] * scale for p in pts]
-                ax.fill_between(x, low, high, color=colors[system], alpha=0.12)
+                ax.fill_between(x, low, high, color=SYSTEM_COLORS[system], alpha=0.12)
                 edge = edges.get((model, system), 0.0)
                 if edge > 0:
-                    ax.axvline(edge, color=colors[system], ls=":", lw=1)
+                    ax.axvline(edge, color=SYSTEM_COLORS[system], ls=":", lw=1)
             if slo is not None:
                 ax.axhline(slo, color="black", ls="--", lw=1, label="SLO")
             if col < 2:
@@ -654,9 +654,7 @@ def plot(path: Path, models: Sequence[str], points: Mapping[tuple[str, str], Seq
             ax.set_title(f"{model}: {metric.split('_')[0].upper()}")
             if col == 0:
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _positive(text: str) -> float:

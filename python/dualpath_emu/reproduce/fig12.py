@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells, within
+from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = ["LADDER", "PAPER_REDUCTION", "main"]
 
@@ -89,12 +90,7 @@ def build(args: argparse.Namespace) -> Report:
 
 
 def plot(path: Path, ladder: Sequence[CellResult], online: Sequence[CellResult], reduction: dict[str, float]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left_b, left_d, right) = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, (left_b, left_d, right) = panels(3, width=13 / 3, height=3.6)
     for ax, system in ((left_b, "basic"), (left_d, "dualpath")):
         points = sorted((r.cell.labels["rate"], r.ttft_breakdown_s) for r in online if r.cell.system == system)
         rates = [f"{rate:g}" for rate, _ in points]
@@ -115,9 +111,7 @@ def plot(path: Path, ladder: Sequence[CellResult], online: Sequence[CellResult],
     right.set_ylabel("JCT reduction vs Basic (%)")
     right.set_title("ablation")
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

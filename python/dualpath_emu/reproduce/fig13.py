@@ -33,6 +33,7 @@ from dualpath_emu.reproduce.common import (
     run_cells,
     within,
 )
+from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
 
 __all__ = ["PAPER_SNIC_MAX_OVER_MEAN", "early_attention_balance", "main"]
 
@@ -81,12 +82,7 @@ def build(args: argparse.Namespace) -> Report:
 
 
 def plot(path: Path, results: Sequence[CellResult]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (left, right) = panels(2, width=5.0, height=3.6)
     names = [SYSTEMS[r.cell.system] for r in results]
     left.bar([i - 0.2 for i in range(len(results))], [PAPER_SNIC_MAX_OVER_MEAN[r.cell.system] for r in results],
              width=0.4, label="paper")  # fmt: skip
@@ -98,14 +94,13 @@ def plot(path: Path, results: Sequence[CellResult]) -> None:
     for r in results:
         points = [(t * 100, b) for t, b in r.attention_balance if t <= 0.3]
         if points:
-            right.plot(*zip(*points), ".", markersize=2, label=SYSTEMS[r.cell.system])
+            right.plot(*zip(*points), ".", markersize=2, color=SYSTEM_COLORS.get(r.cell.system),
+                       label=SYSTEMS[r.cell.system])  # fmt: skip
     right.axvline(EARLY_FRACTION * 100, color="k", linewidth=0.8, linestyle="--")
     right.set_xlabel("progress (% of the JCT)")
     right.set_ylabel("attention max/mean per forward")
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from dualpath_emu.reproduce.common import (
     systems_ordered,
     within,
 )
+from dualpath_emu.reproduce.plots import jct_panel, panels, save
 
 __all__ = ["PAPER_JCT_S", "main"]
 
@@ -134,30 +135,16 @@ def build(args: argparse.Namespace) -> Report:
 
 def plot(path: Path, jct: dict[tuple[str, str, int], dict[str, float]]) -> None:
     """One panel per (model, dataset): JCT vs agents per system, the paper's readings as crosses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = sorted({(k[0], k[1]) for k in jct}, key=lambda p: (MODELS.index(p[0]), p[1]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
-    for ax, (model, dataset) in zip(axes[0], panels):
+    keys = sorted({(k[0], k[1]) for k in jct}, key=lambda p: (MODELS.index(p[0]), p[1]))
+    fig, axes = panels(len(keys))
+    for ax, (model, dataset) in zip(axes, keys):
         agents = sorted(k[2] for k in jct if k[:2] == (model, dataset))
-        for system, color in zip(SYSTEMS, ("tab:red", "tab:blue", "tab:gray")):
-            ax.plot(agents, [jct[(model, dataset, a)][system] for a in agents], "o-", color=color, label=system)
-            paper = [(a, PAPER_JCT_S[(model, dataset, a)][system]) for a in agents
-                     if system in PAPER_JCT_S.get((model, dataset, a), {})]  # fmt: skip
-            if paper:
-                ax.plot(*zip(*paper), "x", color=color, markersize=9, label=f"{system} (paper)")
-        ax.set_title(f"{model}, {dataset}")
-        ax.set_xlabel("agents")
-        ax.set_ylabel("JCT (s)")
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        series = {s: [(a, jct[(model, dataset, a)][s]) for a in agents] for s in SYSTEMS}
+        paper = {s: [(a, PAPER_JCT_S[(model, dataset, a)][s]) for a in agents
+                     if s in PAPER_JCT_S.get((model, dataset, a), {})] for s in SYSTEMS}  # fmt: skip
+        jct_panel(ax, series, title=f"{model}, {dataset}", xlabel="agents", paper=paper, log_x=True)
+    axes[0].legend(fontsize=7)
+    save(fig, path)
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.reproduce.common import CellResult, Cell, Report, deployment, experiment_main, run_cells, systems_ordered, within
+from dualpath_emu.reproduce.plots import jct_panel, panels, save
 
 __all__ = ["RATIOS", "main"]
 
@@ -67,24 +68,13 @@ def build(args: argparse.Namespace) -> Report:
 
 
 def plot(path: Path, jct: dict[tuple[str, int], dict[str, float]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(RATIOS), figsize=(12, 3.4), squeeze=False)
-    for ax, ratio in zip(axes[0], RATIOS):
+    fig, axes = panels(len(RATIOS))
+    for ax, ratio in zip(axes, RATIOS):
         agents = sorted(a for r, a in jct if r == ratio)
-        for system, color in zip(SYSTEMS, ("tab:red", "tab:blue", "tab:gray")):
-            ax.plot(agents, [jct[(ratio, a)][system] for a in agents], "o-", color=color, label=system)
-        ax.set_title(f"DS 27B {ratio}")
-        ax.set_xlabel("agents")
-        ax.set_ylabel("JCT (s)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        series = {s: [(a, jct[(ratio, a)][s]) for a in agents] for s in SYSTEMS}
+        jct_panel(ax, series, title=f"DS 27B {ratio}", xlabel="agents")
+    axes[0].legend(fontsize=7)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

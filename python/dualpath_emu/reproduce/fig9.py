@@ -28,6 +28,7 @@ from dualpath_emu.reproduce.common import (
     run_cells,
     systems_ordered,
 )
+from dualpath_emu.reproduce.plots import jct_panel, panels, save
 
 __all__ = ["SCALES", "main"]
 
@@ -86,26 +87,14 @@ def build(args: argparse.Namespace) -> Report:
 
 
 def plot(path: Path, results: Sequence[CellResult]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     knobs = sorted({r.cell.labels["knob"] for r in results})
-    fig, axes = plt.subplots(1, len(knobs), figsize=(5 * len(knobs), 3.4), squeeze=False)
-    for ax, knob in zip(axes[0], knobs):
-        for system, color in zip(SYSTEMS, ("tab:red", "tab:blue", "tab:gray")):
-            points = sorted((r.cell.labels["scale"], r.jct_s) for r in results
-                            if r.cell.labels["knob"] == knob and r.cell.system == system)  # fmt: skip
-            ax.plot(*zip(*points), "o-", color=color, label=system)
-        ax.set_title(f"{knob} length scaling")
-        ax.set_xlabel("scale")
-        ax.set_ylabel("JCT (s)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig, axes = panels(len(knobs), width=5.0)
+    for ax, knob in zip(axes, knobs):
+        series = {s: [(r.cell.labels["scale"], r.jct_s) for r in results
+                      if r.cell.labels["knob"] == knob and r.cell.system == s] for s in SYSTEMS}  # fmt: skip
+        jct_panel(ax, series, title=f"{knob} length scaling", xlabel="scale")
+    axes[0].legend(fontsize=7)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,7 @@ from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.cluster.catalog import TESTBED_NODE, ModelSpec, model
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.reproduce.common import DEPLOYMENTS, Comparison, Report, experiment_main, within
+from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = [
     "BATCH_TOKENS",
@@ -200,16 +201,11 @@ def measure(condition: Condition, batch_tokens: int, kv_flows: int) -> Point:
 
 def _plot(path: Path, points: Sequence[Point], unloaded: dict[int, int]) -> None:
     """Left: latency per condition and batch; right: slowdown (loaded / unloaded) per point and condition."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     loaded = [c for c in CONDITIONS if c.kv_lane is not None]
     keys = sorted({(p.batch_tokens, p.kv_flows) for p in points if p.condition.kv_lane is not None})
     by_key = {(p.batch_tokens, p.kv_flows, p.condition.name): p for p in points}
     colors = {"unloaded": "tab:gray", "isolated": "tab:green", "shared_lane": "tab:red", "no_priority": "tab:orange"}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = panels(2, width=5.5, height=3.8)
     width = 0.8 / len(loaded)
     for i, c in enumerate(loaded):
         xs = [k + (i - (len(loaded) - 1) / 2) * width for k in range(len(keys))]
@@ -242,9 +238,7 @@ def _plot(path: Path, points: Sequence[Point], unloaded: dict[int, int]) -> None
     left.set_title(f"MoE dispatch, {flows} KV flows per CNIC direction")
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def build(args: argparse.Namespace) -> Report:
