@@ -14,7 +14,8 @@ Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a
    storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
    scheduler :class:`ReadDone` (its ``read_q`` shrinks).
 4. The prefill group batches ready requests per GPU under the attention quota (binary-search chunking,
-   §6.4) and runs one forward pass over all its GPUs (one core call: per-layer loads into HBM, attention,
+   §6.4; after a pass it first lets its pull be answered, see ``_forward_loop``) and runs one forward pass
+   over all its GPUs (one core call: per-layer loads into HBM, attention,
    the DP barrier, MoE phase with its all-to-all on the high lane, per-layer stores to the DE buffer).
    Without layerwise prefill the hit KV is copied into HBM first and the KV sent to the DE after the pass.
    A request whose last chunk is done has its first token: :class:`KvReady` to the decode group,
@@ -795,6 +796,14 @@ class PrefillGroup(_GroupActor):
         return batch
 
     async def _forward_loop(self) -> None:
+        # After a pass the group pulls before it batches again: the pass's PrefillDone frees its PEs' load
+        # (tok_e ≤ β again), the scheduler answers the group's fetch and the decode fetch that follows (each
+        # at most one fetch period later) with new requests, and only then is the next batch formed. Without
+        # this wait the next pass starts at the same instant with only the GPUs that still had queued work,
+        # and the refilled ones sit out a whole pass: measured on DS 660B 2P4D (Oracle, 32K, 2,048 agents),
+        # 7.6 of 16 GPUs busy per pass on average and a 24% longer JCT at 1,024 agents, against the
+        # balanced passes the paper measures (Fig. 13 right).
+        pull_wait_s = 2 * self.cluster.config.fetch_period_s + 1e-6
         while True:
             batches = {key: self._batch(key) for key in self.gpus}
             if not any(batches.values()):
@@ -802,6 +811,7 @@ class PrefillGroup(_GroupActor):
                 await self._work.wait()
                 continue
             await self._forward(batches)
+            await asyncio.sleep(pull_wait_s)
 
     async def _forward(self, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
         cluster = self.cluster
