@@ -96,3 +96,30 @@ def test_run_cells_gives_a_cached_result_the_asking_cells_labels(tmp_path: Path)
     (fresh,) = run_cells([Cell({"fig": 7}, config, "oracle", max_rounds=2)], quiet=True, cache=tmp_path)
     (cached,) = run_cells([Cell({"fig": 12}, config, "oracle", max_rounds=2)], quiet=True, cache=tmp_path)
     assert cached.summary == fresh.summary and cached.cell.labels == {"fig": 12}
+
+
+def test_markdown_renders_a_report_and_rejects_what_is_not_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dualpath_emu.reproduce.markdown import main as markdown_main
+
+    report = {
+        "experiment": "fig7", "title": "offline JCT", "wall_s": 90.0, "rows": [],
+        "comparisons": [
+            {"what": "best speedup", "paper": 1.87, "emulator": 1.5, "target": "±10%", "met": False, "ratio": 0.802},
+            {"what": "JCT (s)", "paper": 5400.0, "emulator": 5202.4, "target": "context", "met": None, "ratio": 0.963},
+        ],
+        "checks": {"oracle <= dualpath <= basic": True}, "notes": ["a note"],
+    }  # fmt: skip
+    path = tmp_path / "fig7_ds660b.json"
+    path.write_text(json.dumps(report))
+    assert markdown_main([str(path), "--image-dir", "docs/evaluation"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### fig7: offline JCT\n") and "![fig7](docs/evaluation/fig7_ds660b.png)" in out
+    assert "| best speedup | 1.87 | 1.5 | 0.80 | ±10% | **no** |" in out
+    assert "| JCT (s) | 5,400 | 5,202 | 0.96 | context | – |" in out
+    assert "- check: oracle <= dualpath <= basic: ok" in out and "- a note" in out and "1.5 min" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert markdown_main([str(bad)]) == 2
+    assert "bad.json: not a report" in capsys.readouterr().err

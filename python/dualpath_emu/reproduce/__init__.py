@@ -1,7 +1,8 @@
 """The paper's experiments, one module each, run by ``dualpath-emu reproduce NAME``.
 
 :data:`EXPERIMENTS` maps each name to its module; every such module exposes ``main(argv: list[str] | None)
--> int`` and accepts ``--json``. This package imports nothing heavy: the command line reads the names here
+-> int``, and every experiment accepts ``--json`` (``markdown`` is the tool that turns their reports into
+Markdown). This package imports nothing heavy: the command line reads the names here
 and imports an experiment's module only when it runs.
 """
 
@@ -24,5 +25,6 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
         "fig13": "dualpath_emu.reproduce.fig13",  # storage-NIC and attention balance (§7.5)
         "isolation": "dualpath_emu.reproduce.isolation",  # MoE collective latency with KV traffic, lanes (§5)
         "calibrate": "dualpath_emu.reproduce.calibrate",  # fit the unknown hardware parameters on Basic/Oracle
+        "markdown": "dualpath_emu.reproduce.markdown",  # reports (NAME.json) as Markdown for EVALUATION.md
     }
 )

@@ -1,0 +1,73 @@
+"""``dualpath-emu reproduce markdown FILE.json...``: an experiment's report (the ``NAME.json`` that ``--out``
+writes) as a Markdown section — the side-by-side table, the checks, the notes and the wall time — so that
+EVALUATION.md shows what was measured, not numbers copied by hand.
+
+``--image-dir DIR`` links each report's figure as ``DIR/STEM.png``, STEM being the JSON file's name without
+``.json`` (keep each PNG beside its JSON under the same name);
+``--heading`` sets the heading level (default 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "render"]
+
+
+def _number(value: float) -> str:
+    if value != value:  # NaN
+        return "–"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = None) -> str:
+    """One report as Markdown."""
+    name, title = report["experiment"], report["title"]
+    lines = [f"{'#' * heading} {name}: {title}", ""]
+    if image is not None:
+        lines += [f"![{name}]({image})", ""]
+    comparisons = report.get("comparisons") or []
+    if comparisons:
+        lines += ["| what | paper | emulator | ratio | target | met |", "|---|---:|---:|---:|---|---|"]
+        for c in comparisons:
+            met = "–" if c["met"] is None else ("yes" if c["met"] else "**no**")
+            lines.append(f"| {c['what']} | {_number(c['paper'])} | {_number(c['emulator'])} | {c['ratio']:.2f} "
+                         f"| {c['target']} | {met} |")  # fmt: skip
+        lines.append("")
+    for check, ok in (report.get("checks") or {}).items():
+        lines.append(f"- check: {check}: {'ok' if ok else '**failed**'}")
+    for note in report.get("notes") or []:
+        lines.append(f"- {note}")
+    lines += [f"- wall time: {report.get('wall_s', 0.0) / 60:.1f} min", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dualpath-emu reproduce markdown", description=__doc__.split("\n")[0])
+    parser.add_argument("reports", nargs="+", type=Path, metavar="FILE.json")
+    parser.add_argument("--image-dir", help="link STEM.png in this folder (relative to the Markdown) under each heading")
+    parser.add_argument("--heading", type=int, default=3, choices=range(1, 7))
+    args = parser.parse_args(argv)
+    sections = []
+    for path in args.reports:
+        try:
+            report = json.loads(path.read_text())
+            report["experiment"], report["title"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: {path}: not a report of dualpath-emu reproduce --out ({e})", file=sys.stderr)
+            return 2
+        image = f"{args.image_dir.rstrip('/')}/{path.stem}.png" if args.image_dir else None
+        sections.append(render(report, heading=args.heading, image=image))
+    print("\n".join(sections), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
