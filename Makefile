@@ -10,6 +10,7 @@ VENV_STAMP := $(VENV)/.requirements-installed
 BUILD_STAMP := $(VENV)/.build-stamp
 FUZZ_SECONDS ?= 60
 ARGS ?=
+comma := ,
 
 # Everything the extension is built from; .py files need no rebuild (maturin develop installs the
 # package editable: python/ is on sys.path through a .pth file).
@@ -59,6 +60,22 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.bench_runtime
 	$(PYTHON) -m dualpath_emu.bench_cluster
 	$(PYTHON) -m dualpath_emu.bench_cluster --agents 1024 --rounds 0 --systems dualpath --repeat 1 --label _1024
+
+# The full experiments of EVALUATION.md, most telling first; NAME[:OPTIONS] (options joined by commas).
+EXPERIMENTS_FULL ?= table1 fig7:--model,ds660b fig12 fig13 fig9 fig8 fig10 isolation fig7:--model,ds27b fig7:--model,qwen32b
+
+.PHONY: evaluation
+evaluation: build ## Every full experiment (hours on 2 cores; resumable: runs kept in out/cache), then EVALUATION.md's tables
+	mkdir -p docs/evaluation
+	for spec in $(EXPERIMENTS_FULL); do \
+		name=$${spec%%:*}; opts=$$( [[ $$spec == *:* ]] && echo "$${spec#*:}" | tr , ' ' || true ); \
+		stem=$$name$$( [[ -n $$opts ]] && echo "_$${opts##* }" || true ); \
+		$(VENV)/bin/dualpath-emu reproduce $$name $$opts --cache out/cache --out out/evaluation/$$stem; \
+		cp out/evaluation/$$stem/$$name.json docs/evaluation/$$stem.json; \
+		if [[ -f out/evaluation/$$stem/$$name.png ]]; then cp out/evaluation/$$stem/$$name.png docs/evaluation/$$stem.png; fi; \
+	done
+	$(VENV)/bin/dualpath-emu reproduce markdown $(foreach spec,$(EXPERIMENTS_FULL),docs/evaluation/$(firstword $(subst :, ,$(spec)))$(if $(findstring :,$(spec)),_$(lastword $(subst $(comma), ,$(spec))),).json) \
+		--image-dir docs/evaluation --into EVALUATION.md
 
 .PHONY: fuzz
 fuzz: ## Run the fuzz targets, FUZZ_SECONDS in all (default 60)

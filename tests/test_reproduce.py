@@ -113,6 +113,7 @@ def test_markdown_renders_a_report_and_rejects_what_is_not_one(
     }  # fmt: skip
     path = tmp_path / "fig7_ds660b.json"
     path.write_text(json.dumps(report))
+    (tmp_path / "fig7_ds660b.png").write_bytes(b"png")
     assert markdown_main([str(path), "--image-dir", "docs/evaluation"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("### fig7: offline JCT\n") and "![fig7](docs/evaluation/fig7_ds660b.png)" in out
@@ -123,3 +124,21 @@ def test_markdown_renders_a_report_and_rejects_what_is_not_one(
     bad.write_text("{}")
     assert markdown_main([str(bad)]) == 2
     assert "bad.json: not a report" in capsys.readouterr().err
+
+
+def test_markdown_into_replaces_only_the_marked_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu.reproduce.markdown import BEGIN, END
+    from dualpath_emu.reproduce.markdown import main as markdown_main
+
+    report = tmp_path / "fig13.json"
+    report.write_text(json.dumps({"experiment": "fig13", "title": "balance", "wall_s": 6.0, "comparisons": []}))
+    doc = tmp_path / "EVALUATION.md"
+    doc.write_text(f"# Evaluation\nprose\n{BEGIN}\nold tables\n{END}\nmore prose\n")
+    assert markdown_main([str(report), "--into", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith(f"# Evaluation\nprose\n{BEGIN}\n\n### fig13: balance\n") and text.endswith(f"{END}\nmore prose\n")
+    assert "old tables" not in text
+    assert markdown_main([str(report), "--into", str(doc)]) == 0 and doc.read_text() == text  # idempotent
+    (tmp_path / "plain.md").write_text("no markers\n")
+    assert markdown_main([str(report), "--into", str(tmp_path / "plain.md")]) == 2
+    assert "expected a line <!-- reproduce:begin -->" in capsys.readouterr().err

@@ -3,7 +3,9 @@ writes) as a Markdown section — the side-by-side table, the checks, the notes 
 EVALUATION.md shows what was measured, not numbers copied by hand.
 
 ``--image-dir DIR`` links each report's figure as ``DIR/STEM.png``, STEM being the JSON file's name without
-``.json`` (keep each PNG beside its JSON under the same name);
+``.json`` (keep each PNG beside its JSON under the same name); ``--into FILE`` writes the sections into FILE
+between the lines ``<!-- reproduce:begin -->`` and ``<!-- reproduce:end -->`` (what ``make evaluation`` does
+to EVALUATION.md) instead of printing them;
 ``--heading`` sets the heading level (default 3).
 """
 
@@ -16,7 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "render"]
+__all__ = ["BEGIN", "END", "main", "render"]
+
+BEGIN = "<!-- reproduce:begin -->"
+END = "<!-- reproduce:end -->"
 
 
 def _number(value: float) -> str:
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reports", nargs="+", type=Path, metavar="FILE.json")
     parser.add_argument("--image-dir", help="link STEM.png in this folder (relative to the Markdown) under each heading")
     parser.add_argument("--heading", type=int, default=3, choices=range(1, 7))
+    parser.add_argument("--into", type=Path, metavar="FILE", help=f"replace what lies between {BEGIN} and {END} in FILE")
     args = parser.parse_args(argv)
     sections = []
     for path in args.reports:
@@ -64,8 +70,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path}: not a report of dualpath-emu reproduce --out ({e})", file=sys.stderr)
             return 2
         image = f"{args.image_dir.rstrip('/')}/{path.stem}.png" if args.image_dir else None
+        if image is not None and not (path.parent / f"{path.stem}.png").exists():
+            image = None  # an experiment without a figure
         sections.append(render(report, heading=args.heading, image=image))
-    print("\n".join(sections), end="")
+    text = "\n".join(sections)
+    if args.into is None:
+        print(text, end="")
+        return 0
+    try:
+        document = args.into.read_text()
+    except OSError as e:
+        print(f"error: --into {args.into}: {e.strerror}", file=sys.stderr)
+        return 2
+    begin, end = document.find(BEGIN), document.find(END)
+    if begin < 0 or end < begin:
+        print(f"error: --into {args.into}: expected a line {BEGIN} and, after it, a line {END}", file=sys.stderr)
+        return 2
+    args.into.write_text(document[: begin + len(BEGIN)] + "\n\n" + text + "\n" + document[end:])
     return 0
 
 
