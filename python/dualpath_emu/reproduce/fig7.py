@@ -6,7 +6,7 @@ trajectories; JCT is from the first arrival to the last request's end. Deploymen
 2P4D, DS 27B 1P1D, Qwen2.5-32B 1P2D; :data:`~dualpath_emu.reproduce.common.DEPLOYMENTS`).
 
 The full experiment is 4 agent counts × 3 datasets × 3 systems per model (``--model`` picks models; all
-three by default): DS 660B alone is ~3.3 M agent turns. ``--quick`` runs, on the storage-bound miniature
+three by default): DS 660B alone is 7.6 M agent turns (27.5 minutes with two processes here). ``--quick`` runs, on the storage-bound miniature
 (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`), DS 660B and DS 27B on the 64K
 dataset with 128 and 256 agents replaying their first 40 rounds, and checks the orderings
 Oracle ≤ DualPath ≤ Basic and that Basic's decode-node storage NICs read nothing.
