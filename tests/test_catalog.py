@@ -4,6 +4,7 @@ the paper's ranges, and ``dualpath-emu reproduce``."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -233,17 +234,21 @@ def test_table1_close_to_the_public_config_reconstruction(name: str, context: in
 def test_reproduce_table1_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["reproduce", "table1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["contexts"] == [16_384, 32_721, 49_152, 65_536]
+    assert result["experiment"] == "table1" and all(result["checks"].values())
     rows = {row["model"]: row for row in result["rows"]}
+    assert rows["ds660b"]["contexts"] == [16_384, 32_721, 49_152, 65_536]
     assert rows["ds660b"]["paper_range"] == [13.0, 36.0]
     assert rows["ds660b"]["ends_within_tolerance"] is True
     assert rows["ds27b"]["paper_range"] is None
+    assert [c["paper"] for c in result["comparisons"]] == [117.0, 267.0, 13.0, 36.0]
+    assert all(c["met"] for c in result["comparisons"])
 
 
-def test_reproduce_table1_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["reproduce", "table1"]) == 0
+def test_reproduce_table1_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli_main(["reproduce", "table1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "13-36" in out and "117-267" in out and "no row" in out
+    assert {p.name for p in tmp_path.iterdir()} == {"table1.csv", "table1.json", "table1.png"}
 
 
 def test_reproduce_unknown_experiment_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

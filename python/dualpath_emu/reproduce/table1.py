@@ -30,8 +30,6 @@ the config gives). Qwen then lands on the paper's 117 and 267; V3.2's 16K end st
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,8 @@ from types import MappingProxyType
 from typing import Final
 
 from dualpath_emu.cluster.catalog import ModelSpec, model
+from dualpath_emu.reproduce.common import Report, experiment_main, within
+from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = [
     "APPEND_TOKENS",
@@ -126,71 +126,53 @@ def rows(models: Sequence[str] = MODELS) -> list[Table1Row]:
     return out
 
 
-def _print_table(table_rows: Sequence[Table1Row]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"Table 1: cache-compute ratio (GB/PFLOP), {APPEND_TOKENS}-token append")
-    table.add_column("model")
-    table.add_column("KV B/tok", justify="right")
-    for label in _CONTEXT_LABELS:
-        table.add_column(label, justify="right")
-    table.add_column("paper", justify="right")
-    table.add_column(f"ends ±{TOLERANCE:.0%}?")
+def build(args: argparse.Namespace) -> Report:
+    """Table 1 as a report: one row per model, the paper's range ends beside the 16K and 64K values."""
+    table_rows = rows()
+    comparisons = []
     for row in table_rows:
-        if row.paper_range is None:
-            paper, check = "no row", "-"
-        else:
-            paper = f"{row.paper_range[0]:g}-{row.paper_range[1]:g}"
-            errors = row.end_errors or (0.0, 0.0)
-            check = ("yes" if row.ends_within_tolerance else "NO") + f" {errors[0]:+.0%}/{errors[1]:+.0%}"
-        values = (f"{v:.1f}" for v in row.gb_per_pflop)
-        table.add_row(row.model, f"{row.kv_bytes_per_token:,}", *values, paper, check)
-    console = Console()
-    console.print(table)
-    console.print(
-        "KV: FP8 for the DeepSeek models (V3.2 indexer cache excluded), FP16 for Qwen. "
-        "ds27b is the paper's internal down-scaled model: Table 1 has no row for it.",
-        highlight=False,
+        if row.paper_range is not None:
+            for label, paper, value in (("16K", row.paper_range[0], row.gb_per_pflop[0]),
+                                        ("64K", row.paper_range[1], row.gb_per_pflop[-1])):  # fmt: skip
+                comparisons.append(within(f"{row.model} cache-compute ratio at {label} (GB/PFLOP)", paper, value,
+                                          rel=TOLERANCE))  # fmt: skip
+    notes = [
+        f"{row.model}: " + " / ".join(f"{v:.1f}" for v in row.gb_per_pflop) + f" GB/PFLOP at {'/'.join(_CONTEXT_LABELS)}"
+        + (f" (paper {row.paper_range[0]:g}-{row.paper_range[1]:g})" if row.paper_range else " (no row in the paper)")
+        for row in table_rows
+    ]  # fmt: skip
+    notes.append(f"{APPEND_TOKENS}-token append; KV in FP8 for the DeepSeek models (V3.2's indexer cache excluded), "
+                 "FP16 for Qwen; ds27b is the paper's internal down-scaled model.")  # fmt: skip
+    return Report(
+        name="table1",
+        title=f"cache-compute ratio (GB of KV per PFLOP of prefill), {APPEND_TOKENS}-token append",
+        rows=[{**row.to_json(), "contexts": list(CONTEXTS)} for row in table_rows],
+        comparisons=comparisons,
+        notes=notes,
+        checks={"both ends of each paper range within ±10%": all(r.ends_within_tolerance is not False for r in table_rows)},
+        plot=lambda path: plot(path, table_rows),
     )
+
+
+def plot(path: Path, table_rows: Sequence[Table1Row]) -> None:
+    """GB/PFLOP against context per model, the paper's range ends as crosses (log scale)."""
+    fig, (ax,) = panels(1, width=5.0)
+    for row in table_rows:
+        (line,) = ax.plot([c / 1024 for c in CONTEXTS], row.gb_per_pflop, "o-", label=row.model)
+        if row.paper_range is not None:
+            ax.plot([CONTEXTS[0] / 1024, CONTEXTS[-1] / 1024], row.paper_range, "x", color=line.get_color(),
+                    markersize=9, label=f"{row.model} (paper)")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("context (K tokens)")
+    ax.set_ylabel("GB per PFLOP")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``dualpath-emu reproduce table1 [--json]``: prints the table (or JSON); returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="dualpath-emu reproduce table1", description="Table 1: GB of KV to load per PFLOP of prefill compute."
-    )
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-    parser.add_argument("--quick", action="store_true", help="accepted for uniformity: table1 is always quick")
-    parser.add_argument("--out", metavar="DIR", type=Path, help="write table1.csv there")
-    parser.add_argument("--jobs", type=int, default=1, help="accepted for uniformity (no runs)")
-    args = parser.parse_args(argv)
-    table_rows = rows()
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with (args.out / "table1.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["model", "context_tokens", "gb_per_pflop", "paper_low", "paper_high"])
-            for row in table_rows:
-                low, high = row.paper_range if row.paper_range is not None else ("", "")
-                for context, value in zip(CONTEXTS, row.gb_per_pflop):
-                    writer.writerow([row.model, context, f"{value:.2f}", low, high])
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "experiment": "table1",
-                    "append_tokens": APPEND_TOKENS,
-                    "contexts": list(CONTEXTS),
-                    "tolerance": TOLERANCE,
-                    "rows": [row.to_json() for row in table_rows],
-                },
-                indent=2,
-            )
-        )
-    else:
-        _print_table(table_rows)
-    return 0
+    """``dualpath-emu reproduce table1 [--out DIR] [--json]``; returns the exit status."""
+    return experiment_main("table1", "Table 1: GB of KV to load per PFLOP of prefill compute.", build, argv)
 
 
 if __name__ == "__main__":
