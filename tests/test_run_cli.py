@@ -154,6 +154,7 @@ first_append = 2
 alpha_read_s = 2.0
 beta_compute_s = 4.0
 attention_quota_s = 0.2
+attention_quota_per = "layer"
 fetch_period_s = 0.01
 hit_block_aligned = false
 de_hbm_reserve_fraction = 0.2
@@ -185,6 +186,8 @@ BAD = [
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer >= 1, got the string 'many'"),
     ('kind = "cluster"\n[workload]\nagents = 0\n', "key 'workload.agents': expected an integer >= 1, got 0"),
+    ('kind = "cluster"\n[scheduling]\nattention_quota_per = "pass"\n',
+     "key 'scheduling.attention_quota_per': expected one of 'forward', 'layer', got the string 'pass'"),
     ('kind = "cluster"\n[deployment]\npe_nodes = 2.0\n',
      "key 'deployment.pe_nodes': expected an integer >= 1, got 2.0"),
     ('kind = "cluster"\n[deployment]\nprefill_ep_nodes = 3\n',

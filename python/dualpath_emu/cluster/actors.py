@@ -756,11 +756,12 @@ class PrefillGroup(_GroupActor):
     # --- batching (§6.4) -----------------------------------------------------------------------------
 
     def _batch(self, key: tuple[int, int]) -> list[tuple[_PrefillItem, int]]:
-        """FIFO packing of ready requests while the attention time per layer stays within the quota; the
+        """FIFO packing of ready requests while the attention time stays within the quota; the
         request that would exceed it is chunked to what fits (binary search on its new tokens). Attention
         FLOPs and bytes add up over a batch, so each candidate costs one roofline evaluation."""
-        quota = self.cluster.config.attention_quota_s
-        roofline = self.cluster.derived.prefill
+        config, roofline = self.cluster.config, self.cluster.derived.prefill
+        # The roofline gives one layer's attention: a per-forward quota is shared by the layers.
+        quota = config.attention_quota_s / (roofline.model.layers if config.attention_quota_per == "forward" else 1)
         layerwise = self.cluster.system.layerwise or self.cluster.system.oracle
         hbm_left = self.cluster.derived.pe_hbm_kv_bytes
         batch: list[tuple[_PrefillItem, int]] = []

@@ -68,7 +68,8 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     [scheduling]                         # paper §6, App. A.4
     alpha_read_s = 3.0                   # α = tokens a node reads from storage in this many seconds
     beta_compute_s = 5.0                 # β = tokens one GPU prefills in this many seconds
-    attention_quota_s = 0.3              # per-layer attention-time quota of a PE forward batch
+    attention_quota_s = 0.3              # attention-time quota of a PE forward batch
+    attention_quota_per = "forward"      # what it bounds: "forward" (all layers of a pass) or "layer"
     fetch_period_s = 0.005               # how often an engine group may fetch work
     hit_block_aligned = true             # hits are whole 64-token Full Blocks
     de_hbm_reserve_fraction = 0.1        # of a DE GPU's free HBM, kept for activations; in [0, 0.99]
@@ -342,6 +343,8 @@ def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
         alpha_read_s=t.get_float("alpha_read_s", base.alpha_read_s, min=0.0, min_exclusive=True),
         beta_compute_s=t.get_float("beta_compute_s", base.beta_compute_s, min=0.0, min_exclusive=True),
         attention_quota_s=t.get_float("attention_quota_s", base.attention_quota_s, min=0.0, min_exclusive=True),
+        attention_quota_per=cast(Literal["forward", "layer"],
+                                 t.get_str("attention_quota_per", base.attention_quota_per, choices=("forward", "layer"))),
         fetch_period_s=t.get_float("fetch_period_s", base.fetch_period_s, min=0.0, min_exclusive=True),
         hit_block_aligned=t.get_bool("hit_block_aligned", base.hit_block_aligned),
         de_hbm_reserve_fraction=t.get_float("de_hbm_reserve_fraction", base.de_hbm_reserve_fraction, min=0.0,
