@@ -82,16 +82,12 @@ its cap: ≈ 20 s on two idle cores. Its edges are those of the miniature, not t
 orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, each within one resolution step of DualPath's
 search), positive edges, and DualPath's TPOT within 10% of Basic's at Basic's edge rate.
 
-Measured (full variant, calibration of 2026-11-29: ``gpu_speed`` 0.365, storage NICs 50 GB/s; 7 min on two
-cores, 18 runs). Edges, APS (bracket): DS 660B Basic 0.17 (< 0.194), DualPath 0.22 (< 0.251), Oracle 0.20
-(< 0.26); DS 27B Basic 1.67 (< 1.9), DualPath 2.72 (< 3.1), Oracle ≥ 4 (censored). DualPath / Basic: 1.29×
-on DS 660B (paper 2.25×: not met), 1.63× on DS 27B (paper 1.67×: met). Basic's DS 660B edge is the paper's
-(0.17 vs ≈ 0.20) but DualPath's is half the paper's 0.45, and so is Oracle's: online, the calibrated DS 660B
-cluster is prefill-compute-bound (Oracle, with no I/O at all, sustains no more than DualPath; a DualPath
-trajectory takes ≈ 810 s at 0.1 APS against the paper's ≈ 575 s), so dual-path loading has little read
-bottleneck left to remove. DS 27B's edges are ≈ 5.5× the paper's (its compute is the DS 660B fit applied to
-a smaller model; the paper's DS 27B is an internal model), its ratio matches. TPOT DualPath / Basic at
-Basic's edge: 1.00 (DS 660B, ≈ 41 ms), 1.09 (DS 27B, 7.8 vs 7.2 ms), both within 10%.
+Measured (full variant; per-forward attention quota, calibration gpu_speed 0.242, storage NICs 50 GB/s; 11 min
+on two cores, 32 runs): DS 27B edges Basic 2.22 (< 2.53), DualPath 3.25 (< 3.71), Oracle ≥ 5 (censored):
+DualPath / Basic 1.46× (paper 1.67×: met), TPOT DualPath / Basic 1.11 at Basic's edge (target ±10%: not met).
+DS 660B: no rate meets the SLO for any system, because TPOT is 61–67 ms even at 0.02 APS: the calibration's
+one factor slows decoding too (EVALUATION.md). The edges of the previous model (per-layer quota) were
+DS 660B 0.17 / 0.22 APS and DS 27B 1.67 / 2.72 APS.
 """
 
 from __future__ import annotations

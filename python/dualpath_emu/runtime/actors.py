@@ -574,8 +574,8 @@ class ActorSystem:
             return  # stopped from within its own handler: the asker already got ActorStoppedError
         if is_ask:
             if result is not None and not isinstance(result, Message):
-                error = TypeError(f"handler of {actor.name!r} returned {_type_name(result)}, not a Message or None")
-                self._reply(envelope, None, error)
+                wrong = TypeError(f"handler of {actor.name!r} returned {_type_name(result)}, not a Message or None")
+                self._reply(envelope, None, wrong)
             else:
                 self._reply(envelope, result, None)
 
