@@ -85,7 +85,7 @@ search), positive edges, and DualPath's TPOT within 10% of Basic's at Basic's ed
 Measured (full variant; per-forward attention quota, calibration gpu_speed 0.242, storage NICs 50 GB/s; 11 min
 on two cores, 32 runs): DS 27B edges Basic 2.22 (< 2.53), DualPath 3.25 (< 3.71), Oracle ≥ 5 (censored):
 DualPath / Basic 1.46× (paper 1.67×: met), TPOT DualPath / Basic 1.11 at Basic's edge (target ±10%: not met).
-DS 660B: no rate meets the SLO for any system, because TPOT is 61–67 ms even at 0.02 APS: the calibration's
+DS 660B: no rate meets the SLO for any system, because TPOT is 60–68 ms even at 0.02 APS: the calibration's
 one factor slows decoding too (EVALUATION.md). The edges of the previous model (per-layer quota) were
 DS 660B 0.17 / 0.22 APS and DS 27B 1.67 / 2.72 APS.
 """
