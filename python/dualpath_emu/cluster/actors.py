@@ -759,9 +759,8 @@ class PrefillGroup(_GroupActor):
         """FIFO packing of ready requests while the attention time stays within the quota; the
         request that would exceed it is chunked to what fits (binary search on its new tokens). Attention
         FLOPs and bytes add up over a batch, so each candidate costs one roofline evaluation."""
-        config, roofline = self.cluster.config, self.cluster.derived.prefill
-        # The roofline gives one layer's attention: a per-forward quota is shared by the layers.
-        quota = config.attention_quota_s / (roofline.model.layers if config.attention_quota_per == "forward" else 1)
+        quota = self.cluster.derived.layer_attention_quota_s
+        roofline = self.cluster.derived.prefill
         layerwise = self.cluster.system.layerwise or self.cluster.system.oracle
         hbm_left = self.cluster.derived.pe_hbm_kv_bytes
         batch: list[tuple[_PrefillItem, int]] = []

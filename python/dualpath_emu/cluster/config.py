@@ -89,6 +89,8 @@ class Derived:
     de_hbm_kv_bytes: int
     """HBM a DE GPU has for KV."""
     stages: int
+    layer_attention_quota_s: float
+    """The attention quota as one layer's share (the roofline gives one layer's attention time)."""
 
 
 def derived(config: ClusterConfig) -> Derived:
@@ -121,4 +123,5 @@ def derived(config: ClusterConfig) -> Derived:
         pe_hbm_kv_bytes=kv_budget(prefill, config.pe_hbm_reserve_fraction),
         de_hbm_kv_bytes=kv_budget(decode, config.de_hbm_reserve_fraction),
         stages=min(stages, m.layers),
+        layer_attention_quota_s=config.attention_quota_s / (m.layers if config.attention_quota_per == "forward" else 1),
     )
