@@ -3,12 +3,10 @@ DualPath's results are predictions (issue 5).
 
 Two hardware parameters, shared by every model (they describe the testbed, not a model):
 
-1. ``gpu_speed`` — one factor on the two compute efficiencies (GEMM and attention; their documented defaults
-   0.6 / 0.6 are the starting point, :mod:`dualpath_emu.cluster.roofline`). Oracle has no I/O, so its JCT is
-   set by the GPUs alone: fitted so that **Oracle** on DS 660B 2P4D, 64K, 512 agents takes the paper's
-   ≈2,000 s (Fig. 7 [fig~]). The HBM efficiency keeps its measured-kernel default (0.8): an offline JCT cannot
-   tell compute from memory time apart, and scaling both slowed decoding ~4× (TPOT 60–68 ms on DS 660B at any
-   arrival rate, over the paper's 50 ms SLO that its systems meet).
+1. ``gpu_speed`` — one factor on every roofline efficiency (GEMM, attention, HBM; their documented defaults
+   0.6 / 0.6 / 0.8 are the starting point, :mod:`dualpath_emu.cluster.roofline`). Oracle has no I/O, so its
+   JCT is set by compute alone: fitted so that **Oracle** on DS 660B 2P4D, 64K, 512 agents takes the paper's
+   ≈2,000 s (Fig. 7 [fig~]).
 2. ``snic_bytes_per_s`` — the storage NICs' effective read rate (line rate 50 GB/s; what 3FS reads reach
    through one NIC is not given, paper-facts §10). With the compute fitted, **Basic** is storage-bound:
    fitted so that Basic on the same point takes the paper's ≈2,900 s.
@@ -62,14 +60,14 @@ def load(path: Path = CALIBRATION_FILE) -> dict[str, float] | None:
 
 
 def apply(config: ClusterConfig, fitted: dict[str, float]) -> ClusterConfig:
-    """``config`` with the fitted parameters: compute efficiencies × ``gpu_speed`` (capped at 1), the SNIC
-    rate; the HBM efficiency is the config's own."""
+    """``config`` with the fitted parameters: efficiencies × ``gpu_speed`` (capped at 1), the SNIC rate."""
     base = RooflineParams()
     speed = fitted["gpu_speed"]
     roofline = dataclasses.replace(
         config.roofline,
         gemm_efficiency=min(1.0, base.gemm_efficiency * speed),
         attention_efficiency=min(1.0, base.attention_efficiency * speed),
+        memory_efficiency=min(1.0, base.memory_efficiency * speed),
     )
     node = dataclasses.replace(config.node, snic_bytes_per_s=fitted["snic_bytes_per_s"])
     return dataclasses.replace(config, roofline=roofline, node=node)
@@ -137,7 +135,7 @@ def build(args: argparse.Namespace) -> Report:
         rows=history,
         comparisons=comparisons,
         checks={"both fits converged": all(c.met for c in comparisons)},
-        notes=[f"fitted: gpu_speed {speed:.3f} (compute efficiencies × it), storage-NIC rate {snic / 1e9:.1f} GB/s"
+        notes=[f"fitted: gpu_speed {speed:.3f} (efficiencies × it), storage-NIC rate {snic / 1e9:.1f} GB/s"
                + (f"; written to {CALIBRATION_FILE}" if args.write and not args.quick else "")],
     )
 
