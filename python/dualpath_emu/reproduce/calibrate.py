@@ -6,7 +6,11 @@ Two hardware parameters, shared by every model (they describe the testbed, not a
 1. ``gpu_speed`` — one factor on every roofline efficiency (GEMM, attention, HBM; their documented defaults
    0.6 / 0.6 / 0.8 are the starting point, :mod:`dualpath_emu.cluster.roofline`). Oracle has no I/O, so its
    JCT is set by compute alone: fitted so that **Oracle** on DS 660B 2P4D, 64K, 512 agents takes the paper's
-   ≈2,000 s (Fig. 7 [fig~]).
+   ≈2,000 s (Fig. 7 [fig~]). One factor on all three, not on compute alone: at 512 agents the JCT is the
+   longest trajectory's chain of short turns, mostly decoding, while at 4,096 it is prefill throughput. Fitted
+   on compute alone (HBM at its 0.8 default) the factor becomes 0.165 and Oracle at 4,096 agents takes
+   13,708 s against the paper's ≈9,400 (+46%); with one factor on all three it takes 9,729 (+4%), at the
+   price of a slow decode (TPOT 60–68 ms online, EVALUATION.md).
 2. ``snic_bytes_per_s`` — the storage NICs' effective read rate (line rate 50 GB/s; what 3FS reads reach
    through one NIC is not given, paper-facts §10). With the compute fitted, **Basic** is storage-bound:
    fitted so that Basic on the same point takes the paper's ≈2,900 s.
