@@ -142,3 +142,32 @@ def test_markdown_into_replaces_only_the_marked_part(tmp_path: Path, capsys: pyt
     (tmp_path / "plain.md").write_text("no markers\n")
     assert markdown_main([str(report), "--into", str(tmp_path / "plain.md")]) == 2
     assert "expected a line <!-- reproduce:begin -->" in capsys.readouterr().err
+
+
+def test_a_fit_brackets_a_parameter_that_binds_only_past_a_knee(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like Basic against its storage-NIC rate: flat near the start (another bottleneck binds), then ∝ 1/x.
+    Fixed-point steps alone stall on the flat part; the fit must find the knee's far side."""
+    import argparse
+
+    from dualpath_emu.reproduce import calibrate
+
+    knee = 30.0
+
+    def jct(x: float) -> float:
+        return 2720.0 * max(1.0, knee / x)
+
+    class Fake:
+        def __init__(self, x: float) -> None:
+            self.jct_s = jct(x)
+
+    def fake_run_cells(cells: list[Cell], jobs: int, **_: object) -> list[Fake]:
+        return [Fake(cell.labels["value"]) for cell in cells]
+
+    monkeypatch.setattr(calibrate, "run_cells", fake_run_cells)
+    history: list[dict[str, object]] = []
+    config = deployment("ds27b", quick=True, agents=4)
+    x, fitted_jct = calibrate._fit("rate", "basic", 2900.0, 50.0, (50.0 / 16, 50.0), lambda _: config, 0,
+                                   argparse.Namespace(quiet=True, cache=None), history)  # fmt: skip
+    assert abs(fitted_jct / 2900.0 - 1) <= calibrate.TOLERANCE
+    assert abs(x - knee * 2720.0 / 2900.0) / x < 0.03
+    assert len(history) <= calibrate.MAX_ITERATIONS

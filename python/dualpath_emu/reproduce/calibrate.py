@@ -15,13 +15,11 @@ Two hardware parameters, shared by every model (they describe the testbed, not a
    through one NIC is not given, paper-facts §10). With the compute fitted, **Basic** is storage-bound:
    fitted so that Basic on the same point takes the paper's ≈2,900 s.
 
-Each fit is a fixed-point iteration ``x ← x × (JCT / target)`` (JCT scales about inversely with either
-parameter where it binds), at most :data:`MAX_ITERATIONS` runs, stopping within :data:`TOLERANCE`; the
-efficiencies are capped at 1 and the rate at the line rate. A fit whose JCT hardly responds (elasticity below
-:data:`MIN_ELASTICITY` after its first step) keeps its start value rather than wander on noise: with the
-per-forward attention quota Basic's JCT at 512 agents moves by 2% when the storage NICs lose 25% of their rate
-(its prefill buffer binds, not the NIC), so the rate stays at the line rate and Basic's JCT is reported as
-it comes out (EVALUATION.md). The result is written to
+Each fit (:func:`_fit`) starts with fixed-point steps ``x ← x × (JCT / target)`` (JCT scales about inversely
+with either parameter where it binds), doubles or halves ``x`` where the JCT hardly responds, and once runs
+bracket the target closes in with secant steps (bisecting when two in a row land on one side); at most :data:`MAX_ITERATIONS` runs, stopping within
+:data:`TOLERANCE`. Basic needs the bracket: near the line rate its JCT at 512 agents moves by under 1% when the
+rate drops by 6% (its prefill-side buffer binds first), and only below ≈35 GB/s do the NICs bind. The result is written to
 ``calibration.json`` in this package (``--write``), which the experiments of ``dualpath-emu reproduce`` read
 through :func:`~dualpath_emu.reproduce.common.deployment`; ``dualpath-emu calibrate`` reruns the fit.
 ``--quick`` fits on a storage-bound miniature (fewer agents, 40 rounds) to check the procedure, and never
@@ -47,7 +45,7 @@ __all__ = ["CALIBRATION_FILE", "apply", "load", "main"]
 
 CALIBRATION_FILE: Final = Path(__file__).resolve().parent / "calibration.json"
 TOLERANCE: Final = 0.02
-MAX_ITERATIONS: Final = 6
+MAX_ITERATIONS: Final = 8
 MIN_ELASTICITY: Final = 0.25
 """|d ln JCT / d ln parameter| below which a fit stops and keeps its start value."""
 TARGETS: Final = {"oracle": 2000.0, "basic": 2900.0}
@@ -77,31 +75,46 @@ def apply(config: ClusterConfig, fitted: dict[str, float]) -> ClusterConfig:
     return dataclasses.replace(config, roofline=roofline, node=node)
 
 
-def _fit(name: str, system: str, target: float, start: float, cap: float,
+def _fit(name: str, system: str, target: float, start: float, bounds: tuple[float, float],
          config: Callable[[float], ClusterConfig], rounds: int, args: argparse.Namespace,
          history: list[dict[str, Any]]) -> tuple[float, float]:  # fmt: skip
-    """Fixed-point fit of one parameter so that ``system``'s JCT on ``config(x)`` is ``target``: a parameter
-    that makes the cluster faster as it grows, so ``x ← x × JCT / target``. Returns ``(x, its JCT)``.
+    """Fit one parameter so that ``system``'s JCT on ``config(x)`` is ``target``, for a parameter that makes
+    the cluster faster as it grows. Returns ``(x, its JCT)``, the closest run if none lands within
+    :data:`TOLERANCE`.
 
-    When the JCT hardly responds to the parameter (elasticity below :data:`MIN_ELASTICITY` after the first
-    step) the fit cannot be trusted to land anywhere meaningful: it keeps ``start`` and its JCT."""
-    x, first = start, None
+    Steps: the fixed point ``x ← x × JCT / target`` (JCT about inversely proportional to ``x`` where ``x``
+    binds); where the JCT hardly responds (elasticity below :data:`MIN_ELASTICITY` since the first run: ``x``
+    does not bind there yet) a factor of 2 towards the target instead; once runs lie on both sides of the
+    target, the secant of log JCT against log ``x`` between the two closest, which stays inside that
+    bracket. ``x`` stays within ``bounds``."""
+    low, high = bounds
+    runs: list[tuple[float, float]] = []
+    x = start
     for iteration in range(MAX_ITERATIONS):
         cell = Cell({"fit": name, "value": x}, config(x), system, max_rounds=rounds)
-        (result,) = run_cells([cell], 1, quiet=args.quiet)
+        (result,) = run_cells([cell], 1, quiet=args.quiet, cache=args.cache)
+        jct = result.jct_s
         history.append({"parameter": name, "iteration": iteration, "value": x, "system": system,
-                        "jct_s": result.jct_s, "target_s": target})  # fmt: skip
-        error = result.jct_s / target
-        if abs(error - 1.0) <= TOLERANCE:
+                        "jct_s": jct, "target_s": target})  # fmt: skip
+        runs.append((x, jct))
+        if abs(jct / target - 1.0) <= TOLERANCE:
             break
-        if first is None:
-            first = (x, result.jct_s)
-        elif abs(math.log(result.jct_s / first[1]) / math.log(x / first[0])) < MIN_ELASTICITY:
-            history.append({"parameter": name, "iteration": iteration, "value": first[0], "system": system,
-                            "jct_s": first[1], "target_s": target, "note": "insensitive: kept the start value"})  # fmt: skip
-            return first
-        x = min(cap, x * error)
-    return x, result.jct_s
+        too_slow = [r for r in runs if r[1] > target]  # x too small
+        too_fast = [r for r in runs if r[1] < target]  # x too large
+        if too_slow and too_fast:
+            (x0, j0), (x1, j1) = max(too_slow), min(too_fast)
+            step = math.log(target / j0) / math.log(j1 / j0)
+            if len(runs) > 2 and (runs[-1][1] > target) == (runs[-2][1] > target):
+                step = 0.5  # the secant keeps landing on one side (a kink): bisect
+            x = math.exp(math.log(x0) + step * math.log(x1 / x0))
+        else:
+            first_x, first_jct = runs[0]
+            flat = len(runs) > 1 and abs(math.log(jct / first_jct) / math.log(x / first_x)) < MIN_ELASTICITY
+            x = x * (2.0 if jct > target else 0.5) if flat else x * jct / target
+        x = min(high, max(low, x))
+        if any(x == r[0] for r in runs):
+            break  # at a bound it already ran
+    return min(runs, key=lambda r: abs(r[1] / target - 1.0))
 
 
 def build(args: argparse.Namespace) -> Report:
@@ -118,9 +131,9 @@ def build(args: argparse.Namespace) -> Report:
         return apply(c, {"gpu_speed": speed, "snic_bytes_per_s": snic})
 
     line_rate = deployment("ds660b", quick=args.quick, calibrated=False).node.snic_bytes_per_s
-    speed, oracle_jct = _fit("gpu_speed", "oracle", targets["oracle"], 1.0, 1.0 / 0.6,
+    speed, oracle_jct = _fit("gpu_speed", "oracle", targets["oracle"], 1.0, (0.01, 1.0 / 0.6),
                              lambda x: config(x, line_rate), rounds, args, history)  # fmt: skip
-    snic, basic_jct = _fit("snic_bytes_per_s", "basic", targets["basic"], line_rate, line_rate,
+    snic, basic_jct = _fit("snic_bytes_per_s", "basic", targets["basic"], line_rate, (line_rate / 16, line_rate),
                            lambda x: config(speed, x), rounds, args, history)  # fmt: skip
     fitted = {"gpu_speed": speed, "snic_bytes_per_s": snic}
     comparisons = [
