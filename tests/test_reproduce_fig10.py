@@ -58,6 +58,17 @@ def test_tpot_over_the_slo_misses_it_and_a_met_rate_above_a_missed_one_is_ignore
     assert (search.lo, search.hi) == (0.4, 0.5)
 
 
+def test_a_ttft_search_ignores_the_tpot_that_fails_the_slo_search_at_every_rate() -> None:
+    slo = Search("ds660b", "basic", guess=0.5, cap=10.0, resolution=0.15, growth=1.5, k=2, max_steps=5)
+    ttft = Search("ds660b", "basic", guess=0.5, cap=10.0, resolution=0.15, growth=1.5, k=2, max_steps=5,
+                  criterion="ttft")  # fmt: skip
+    slow_decode = [_point(0.4, 1.0, SLO_TPOT_S * 1.3), _point(0.5, 5.0, SLO_TPOT_S * 1.3)]
+    slo.add(slow_decode)
+    ttft.add(slow_decode)
+    assert (slo.lo, slo.hi) == (0.0, 0.4)
+    assert (ttft.lo, ttft.hi) == (0.4, 0.5)
+
+
 def test_the_window_is_the_last_half_of_the_agents_arrival_period() -> None:
     m = Metrics()
     # agent, arrival (s), first token after (s); agents 0..2 arrive at 0, 10, 20 s; agent 0 has a second turn.
