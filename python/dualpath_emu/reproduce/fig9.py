@@ -14,13 +14,12 @@ with the scale (fewer turns).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.reproduce.common import (
     Cell,
-    CellResult,
     Comparison,
     Report,
     deployment,
@@ -75,6 +74,10 @@ def build(args: argparse.Namespace) -> Report:
     checks = {"oracle <= dualpath <= basic (oracle within 2%)": ordered}
     if not args.quick:
         checks["the Basic-Oracle gap shrinks as appends grow"] = shrinking
+        append = [v for (knob, _), v in sorted(jct.items()) if knob == "append"]
+        checks["every system's JCT falls as appends grow (fewer turns)"] = all(
+            b[s] <= a[s] * 1.02 for a, b in zip(append, append[1:]) for s in SYSTEMS
+        )
     return Report(
         name="fig9",
         title="append and generation scaling (DS 660B, 64K)",
@@ -82,16 +85,16 @@ def build(args: argparse.Namespace) -> Report:
         comparisons=comparisons if not args.quick else [],
         checks=checks,
         notes=[f"Basic/Oracle JCT over the append scales: {', '.join(f'{g:.2f}' for g in gaps)}"],
-        plot=lambda path: plot(path, results),
+        plot=lambda path: plot(path, jct),
     )
 
 
-def plot(path: Path, results: Sequence[CellResult]) -> None:
-    knobs = sorted({r.cell.labels["knob"] for r in results})
+def plot(path: Path, jct: Mapping[tuple[str, float], Mapping[str, float]]) -> None:
+    """One panel per knob: JCT vs scale per system (the generation series starts at the append series' 1×)."""
+    knobs = sorted({knob for knob, _ in jct})
     fig, axes = panels(len(knobs), width=5.0)
     for ax, knob in zip(axes, knobs):
-        series = {s: [(r.cell.labels["scale"], r.jct_s) for r in results
-                      if r.cell.labels["knob"] == knob and r.cell.system == s] for s in SYSTEMS}  # fmt: skip
+        series = {s: [(scale, v[s]) for (k, scale), v in sorted(jct.items()) if k == knob] for s in SYSTEMS}
         jct_panel(ax, series, title=f"{knob} length scaling", xlabel="scale")
     axes[0].legend(fontsize=7)
     save(fig, path)
