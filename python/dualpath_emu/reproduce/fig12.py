@@ -9,7 +9,10 @@ DualPath does) → ``dualpath`` (+ its scheduler). Reported: each step's JCT red
 **TTFT breakdown** (online, DS 660B, Basic and DualPath at several arrival rates): mean seconds of a turn's
 TTFT spent in scheduling (arrival → both engines assigned), allocation (→ its read starts: buffers
 granted), reading (the storage read) and prefill (→ first token); paper: DualPath's stays flat while Basic's
-queueing explodes with the rate (no numbers, so no targets).
+queueing explodes with the rate (no numbers, so no targets). Agents arrive over fig10's period (1,500 s for
+DS 660B: ``rate × 1,500`` agents, whole trajectories), so the load at each rate is fig10's; the means are
+over the whole run, ramp and drain included. (With a fixed 128 agents, as before, the cluster never filled
+and Basic's TTFT stayed flat at ≈1 s up to 0.5 APS.)
 
 ``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 192 agents × 40 rounds for the ladder, 48 agents × 20 rounds online at two rates; checks that
 the ladder is monotone (each step's JCT at most the previous one's, 2% slack for noise).
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells, within
+from dualpath_emu.reproduce.fig10 import FULL
 from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = ["LADDER", "PAPER_REDUCTION", "main"]
@@ -38,10 +42,14 @@ def cells(quick: bool) -> tuple[list[Cell], list[Cell]]:
     agents, rounds = ((192,), 40) if quick else ((1024, 2048), 0)
     ladder = [Cell({"part": "ablation", "agents": a}, deployment("ds660b", quick=quick, agents=a), system, max_rounds=rounds)
               for a in agents for system in LADDER]  # fmt: skip
-    online_agents, online_rounds, rates = (48, 20, (0.2, 0.5)) if quick else (128, 0, RATES)
+    online_rounds, rates = (20, (0.2, 0.5)) if quick else (0, RATES)
+
+    def online_agents(rate: float) -> int:
+        return 48 if quick else round(rate * FULL.arrival_s["ds660b"])
+
     online = [
         Cell({"part": "ttft", "rate": rate},
-             deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents), system,
+             deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents(rate)), system,
              max_rounds=online_rounds)  # fmt: skip
         for rate in rates
         for system in ("basic", "dualpath")
