@@ -17,9 +17,10 @@ Two hardware parameters, shared by every model (they describe the testbed, not a
 
 Each fit (:func:`_fit`) starts with fixed-point steps ``x ← x × (JCT / target)`` (JCT scales about inversely
 with either parameter where it binds), doubles or halves ``x`` where the JCT hardly responds, and once runs
-bracket the target closes in with secant steps (bisecting when two in a row land on one side); at most :data:`MAX_ITERATIONS` runs, stopping within
-:data:`TOLERANCE`. Basic needs the bracket: near the line rate its JCT at 512 agents moves by under 1% when the
-rate drops by 6% (its prefill-side buffer binds first), and only below ≈35 GB/s do the NICs bind. The result is written to
+bracket the target closes in with secant steps (bisecting when two in a row land on one side); at most
+:data:`MAX_ITERATIONS` runs, stopping within :data:`TOLERANCE`. Basic needs the bracket: near the line rate
+its JCT at 512 agents moves by under 1% when the rate drops by 6% (its prefill-side buffer binds first); it
+responds only below ≈30 GB/s (elasticity ≈0.4 between 30 and 23 GB/s). The result is written to
 ``calibration.json`` in this package (``--write``), which the experiments of ``dualpath-emu reproduce`` read
 through :func:`~dualpath_emu.reproduce.common.deployment`; ``dualpath-emu calibrate`` reruns the fit.
 ``--quick`` fits on a storage-bound miniature (fewer agents, 40 rounds) to check the procedure, and never
@@ -86,7 +87,8 @@ def _fit(name: str, system: str, target: float, start: float, bounds: tuple[floa
     binds); where the JCT hardly responds (elasticity below :data:`MIN_ELASTICITY` since the first run: ``x``
     does not bind there yet) a factor of 2 towards the target instead; once runs lie on both sides of the
     target, the secant of log JCT against log ``x`` between the two closest, which stays inside that
-    bracket. ``x`` stays within ``bounds``."""
+    bracket, or its geometric midpoint when the last two runs fell on one side (a kink stalls the secant).
+    ``x`` stays within ``bounds``."""
     low, high = bounds
     runs: list[tuple[float, float]] = []
     x = start
