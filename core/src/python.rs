@@ -205,7 +205,10 @@ fn fields_named<'py, const N: usize>(
     names: &str,
     name: impl Fn() -> String,
 ) -> PyResult<[Bound<'py, PyAny>; N]> {
-    let values = items_named(obj, &format!("a tuple ({names})"), &name)?;
+    let values = match items_named(obj, "", &name) {
+        Ok(values) => values,
+        Err(_) => return Err(invalid(&name(), format!("a tuple ({names})"))),
+    };
     values.try_into().map_err(|v: Vec<_>| invalid(&name(), format!("a tuple ({names}) of {N} fields, got {}", v.len())))
 }
 
@@ -565,13 +568,18 @@ impl PyCore {
         let items =
             transfers.try_iter().map_err(|_| invalid("transfers", "an iterable of (path, lane, size_bytes, tag)"))?;
         let mut batch = Vec::new();
+        // Checked field by field; the argument's name is built only for an error (this runs per transfer).
         for (i, item) in items.enumerate() {
-            let arg = format!("transfers[{i}]");
-            let [path, lane, size, tag] = fields::<4>(&item?, &arg, "path, lane, size_bytes, tag")?;
-            let path = path_of(&path, &format!("{arg}.path"))?;
-            let lane = lane_of(&lane, &format!("{arg}.lane"))?;
-            let size = int_in(&size, &format!("{arg}.size_bytes"), u64::MAX)?;
-            let tag = int_in(&tag, &format!("{arg}.tag"), u64::MAX)?;
+            let arg = || format!("transfers[{i}]");
+            let [path, lane, size, tag] = fields_named::<4>(&item?, "path, lane, size_bytes, tag", arg)?;
+            let path = items_named(&path, "a sequence of port ids", || format!("{}.path", arg()))?
+                .iter()
+                .enumerate()
+                .map(|(j, p)| Ok(int_named(p, u32::MAX as u64, || format!("{}.path[{j}]", arg()))? as u32))
+                .collect::<PyResult<Vec<u32>>>()?;
+            let lane = int_named(&lane, MAX_LANES as u64 - 1, || format!("{}.lane", arg()))? as u8;
+            let size = int_named(&size, u64::MAX, || format!("{}.size_bytes", arg()))?;
+            let tag = int_named(&tag, u64::MAX, || format!("{}.tag", arg()))?;
             batch.push((path, lane, size, tag));
         }
         self.core.submit_transfers(&batch)?;
@@ -584,17 +592,17 @@ impl PyCore {
         let items = ios.try_iter().map_err(|_| invalid("ios", "an iterable of (node, kind, lane, size_bytes, tag)"))?;
         let mut batch = Vec::new();
         for (i, item) in items.enumerate() {
-            let arg = format!("ios[{i}]");
-            let [node, kind, lane, size, tag] = fields::<5>(&item?, &arg, "node, kind, lane, size_bytes, tag")?;
-            let node = id_of(&node, &format!("{arg}.node"))?;
-            let kind = match kind.extract::<String>().as_deref() {
+            let arg = || format!("ios[{i}]");
+            let [node, kind, lane, size, tag] = fields_named::<5>(&item?, "node, kind, lane, size_bytes, tag", arg)?;
+            let node = int_named(&node, u32::MAX as u64, || format!("{}.node", arg()))? as u32;
+            let kind = match kind.extract::<&str>() {
                 Ok("read") => IoKind::Read,
                 Ok("write") => IoKind::Write,
-                _ => return Err(invalid(&format!("{arg}.kind"), "\"read\" or \"write\"")),
+                _ => return Err(invalid(&format!("{}.kind", arg()), "\"read\" or \"write\"")),
             };
-            let lane = lane_of(&lane, &format!("{arg}.lane"))?;
-            let size = int_in(&size, &format!("{arg}.size_bytes"), u64::MAX)?;
-            let tag = int_in(&tag, &format!("{arg}.tag"), u64::MAX)?;
+            let lane = int_named(&lane, MAX_LANES as u64 - 1, || format!("{}.lane", arg()))? as u8;
+            let size = int_named(&size, u64::MAX, || format!("{}.size_bytes", arg()))?;
+            let tag = int_named(&tag, u64::MAX, || format!("{}.tag", arg()))?;
             batch.push((node, kind, lane, size, tag));
         }
         self.core.submit_ios(&batch)?;

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from heapq import heappop, heappush
 from typing import ClassVar
 
 from dualpath_emu.cluster.catalog import ModelSpec
@@ -902,7 +903,7 @@ class PrefillGroup(_GroupActor):
 # --------------------------------------------------------------------------------------------------- decode
 
 
-@dataclass
+@dataclass(eq=False)
 class _DecodeRequest:
     rid: int
     prompt: int
@@ -911,16 +912,36 @@ class _DecodeRequest:
     stored_blocks: int
     """Full Blocks of this request's KV in storage (the hit's at first)."""
     produced: int = 1
-    """Tokens out so far: the first came from the prefill."""
+    """Tokens out when it joins its GPU's batch: the first came from the prefill."""
+    offset: int = 0
+    """In a batch, it has produced ``offset`` + its GPU's step count tokens (it leaves the batch at ``gen``)."""
+    seq: int = 0
+    """Its place in its GPU's join order (requests that finish together end in this order)."""
 
 
 @dataclass
 class _DecodeGpu:
-    """One DE GPU's continuous batch, stepped in segments (see the module docstring)."""
+    """One DE GPU's continuous batch, stepped in segments (see the module docstring).
+
+    A segment's steps are applied to the batch as a whole: every request's output count follows from
+    ``steps`` (this GPU's steps so far) and its own ``offset``, so that accounting for a segment costs
+    O(log n) per request that finishes or completes a Full Block, not O(n) for the whole batch."""
 
     node: int
     gpu: int
-    batch: list[_DecodeRequest] = field(default_factory=list)
+    batch: dict[int, _DecodeRequest] = field(default_factory=dict)
+    """The requests decoding here, by join order."""
+    steps: int = 0
+    base: int = 0
+    """The sum of ``prompt + offset`` over the batch: its context is ``base + len(batch) * steps`` tokens."""
+    finishing: list[tuple[int, int, _DecodeRequest]] = field(default_factory=list)
+    """A heap of ``(steps at which it has all its tokens, seq, request)``."""
+    next_block: list[tuple[int, int, _DecodeRequest]] = field(default_factory=list)
+    """A heap of ``(steps at which its next Full Block is complete, seq, request)``."""
+    fresh: list[_DecodeRequest] = field(default_factory=list)
+    """Requests that joined since the last step: their second token and their prompt's last blocks come
+    with the next step."""
+    joined: int = 0
     segment_start_ns: int = 0
     step_ns: int = 0
     timer: asyncio.TimerHandle | None = None
@@ -1017,7 +1038,12 @@ class DecodeGroup(_GroupActor):
             return
         gpu = self.gpus[request.gpu]
         self._account(gpu, self.system.now_ns())
-        gpu.batch.append(request)
+        request.seq, gpu.joined = gpu.joined, gpu.joined + 1
+        request.offset = request.produced - gpu.steps
+        gpu.batch[request.seq] = request
+        gpu.base += request.prompt + request.offset
+        heappush(gpu.finishing, (request.gen - request.offset, request.seq, request))
+        gpu.fresh.append(request)
         self._next_segment(gpu)
 
     def _finish(self, request: _DecodeRequest) -> None:
@@ -1043,11 +1069,11 @@ class DecodeGroup(_GroupActor):
         if not gpu.batch:
             gpu.step_ns = 0
             return
-        context = sum(r.prompt + r.produced for r in gpu.batch)
+        context = gpu.base + len(gpu.batch) * gpu.steps
         step_s = self.cluster.derived.decode.decode_step(len(gpu.batch), context).total_s
         gpu.step_ns = max(1, round(step_s * NS))
         gpu.segment_start_ns = self.system.now_ns()
-        steps = min(r.gen - r.produced for r in gpu.batch)
+        steps = gpu.finishing[0][0] - gpu.steps
         gpu.timer = self.system.loop.call_later(steps * gpu.step_ns / NS, self._segment_end, gpu)
 
     def _segment_end(self, gpu: _DecodeGpu) -> None:
@@ -1067,24 +1093,30 @@ class DecodeGroup(_GroupActor):
         steps = (now - gpu.segment_start_ns) // gpu.step_ns
         if steps <= 0:
             return
-        metrics = self.cluster.metrics
+        metrics, batch = self.cluster.metrics, gpu.batch
+        done = gpu.steps = gpu.steps + steps
+        tokens = steps * len(batch)
         blocks = 0
-        tokens = steps * len(gpu.batch)  # at most: a request that finishes early decodes fewer
-        still: list[_DecodeRequest] = []
-        for r in gpu.batch:
-            before = r.produced
-            r.produced = min(r.gen, r.produced + steps)
-            if before == 1 and r.produced >= 2:
-                metrics.second_token(r.rid, gpu.segment_start_ns + gpu.step_ns)
-            full = (r.prompt + r.produced) // BLOCK_TOKENS
-            blocks += full - r.stored_blocks
-            r.stored_blocks = full
-            tokens -= before + steps - r.produced
-            if r.produced >= r.gen:
-                self._finish(r)
-            else:
-                still.append(r)
-        gpu.batch = still
+        for r in gpu.fresh:
+            metrics.second_token(r.rid, gpu.segment_start_ns + gpu.step_ns)
+            blocks += self._store_blocks(gpu, r)
+        gpu.fresh.clear()
+        next_block = gpu.next_block
+        while next_block and next_block[0][0] <= done:
+            r = heappop(next_block)[2]
+            if batch.get(r.seq) is r:
+                blocks += self._store_blocks(gpu, r)
+        finished: list[_DecodeRequest] = []
+        finishing = gpu.finishing
+        while finishing and finishing[0][0] <= done:
+            r = heappop(finishing)[2]
+            tokens -= r.offset + done - r.gen  # steps past its last token: a request ends early
+            finished.append(r)
+        finished.sort(key=lambda r: r.seq)
+        for r in finished:
+            del batch[r.seq]
+            gpu.base -= r.prompt + r.offset
+            self._finish(r)
         gpu.segment_start_ns += steps * gpu.step_ns
         if self._a2a and tokens > 0:
             # The steps' MoE dispatch/combine over the network, charged once per segment (after it, like the
@@ -1100,3 +1132,14 @@ class DecodeGroup(_GroupActor):
             plane = self.cluster.plane
             plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu.gpu), KV_LANE, size)
             plane.io_detached(self.node, "write", KV_LANE, size)
+
+    @staticmethod
+    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest) -> int:
+        """The Full Blocks ``r`` has completed since they were last counted; schedule its next one."""
+        produced = min(r.gen, r.offset + gpu.steps)
+        full = (r.prompt + produced) // BLOCK_TOKENS
+        blocks = full - r.stored_blocks
+        r.stored_blocks = full
+        if produced < r.gen:
+            heappush(gpu.next_block, ((full + 1) * BLOCK_TOKENS - r.prompt - r.offset, r.seq, r))
+        return blocks
