@@ -175,3 +175,34 @@ def test_a_prefill_group_pulls_before_its_next_pass_so_refilled_gpus_join_it() -
     loaded = sorted(b for t, b in zip(m.forward_ns, m.forward_attention_balance) if 0.2 * span <= t <= 0.6 * span)
     assert len(loaded) > 20
     assert loaded[len(loaded) // 2] <= 1.5
+
+
+@pytest.mark.parametrize("system", ["basic", "dualpath"])
+def test_decode_persists_exactly_the_full_blocks_each_request_completes(
+    system: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every 64-token block a request completes (its prompt's tail included) is written back once: the
+    # storage writes add up to sum((prompt + gen) // 64 - hit // 64) blocks, whatever the batch did. Turns
+    # with one output token (it comes from the prefill: the request never steps) and long generations that
+    # cross many blocks inside one segment are both here.
+    from dualpath_emu.cluster.actors import Ledger
+    from dualpath_emu.cluster.config import BLOCK_TOKENS, derived
+
+    written: list[int] = []
+    io_detached = Ledger.io_detached
+
+    def spy(self: Ledger, node: int, kind: str, lane: int, size: int) -> None:
+        if kind == "write":
+            written.append(size)
+        io_detached(self, node, kind, lane, size)
+
+    monkeypatch.setattr(Ledger, "io_detached", spy)
+    work = [
+        Trajectory.from_rounds(f"a{i}", [(700 + 37 * i, 1), (90, 300 + 61 * i), (5, 1), (2000, 17 + i), (64, 1)])
+        for i in range(12)
+    ]
+    config = small_config()
+    result = run_system(config, system, work)
+    m = result.metrics
+    blocks = sum((p + g) // BLOCK_TOKENS - h // BLOCK_TOKENS for p, h, g in zip(m.prompt, m.hit, m.gen))
+    assert sum(written) == blocks * BLOCK_TOKENS * derived(config).kv_bytes_per_token

@@ -249,15 +249,34 @@ class Ledger:
     def __init__(self, system: ActorSystem, topology: Topology) -> None:
         self._system = system
         self._topology = topology
-        self.bytes: dict[tuple[int, int], int] = {}
-        self.transfers: dict[tuple[int, int], int] = {}
+        self._by_path: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        """``[bytes, transfers]`` per ``(path, lane)``: a run has few distinct paths, so booking costs one
+        dict update per transfer; the per-port totals are summed when asked for."""
 
-    def _book(self, path: Sequence[int], lane: int, size: int, count: int = 1) -> None:
-        booked, counted = self.bytes, self.transfers
-        for port in path:
-            key = (port, lane)
-            booked[key] = booked.get(key, 0) + size
-            counted[key] = counted.get(key, 0) + count
+    def _book(self, path: tuple[int, ...], lane: int, size: int, count: int = 1) -> None:
+        tally = self._by_path.get((path, lane))
+        if tally is None:
+            self._by_path[(path, lane)] = [size, count]
+        else:
+            tally[0] += size
+            tally[1] += count
+
+    def _per_port(self, field: int) -> dict[tuple[int, int], int]:
+        totals: dict[tuple[int, int], int] = {}
+        for (path, lane), tally in self._by_path.items():
+            for port in path:
+                totals[(port, lane)] = totals.get((port, lane), 0) + tally[field]
+        return totals
+
+    @property
+    def bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes booked per ``(port, lane)``."""
+        return self._per_port(0)
+
+    @property
+    def transfers(self) -> dict[tuple[int, int], int]:
+        """Transfers booked per ``(port, lane)`` (a forward pass's per-layer transfers count one each)."""
+        return self._per_port(1)
 
     def transfer(self, path: tuple[int, ...], lane: int, size: int) -> asyncio.Future[Completion]:
         self._book(path, lane, size)
@@ -1033,7 +1052,10 @@ class DecodeGroup(_GroupActor):
         _then(self, done, copied)
 
     def _join(self, request: _DecodeRequest) -> None:
-        if request.produced >= request.gen:
+        if request.produced >= request.gen:  # its one token came from the prefill: no step to take
+            full = (request.prompt + request.produced) // BLOCK_TOKENS
+            self._persist(request.gpu, full - request.stored_blocks)
+            request.stored_blocks = full
             self._finish(request)
             return
         gpu = self.gpus[request.gpu]
@@ -1125,12 +1147,15 @@ class DecodeGroup(_GroupActor):
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
             self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
+        self._persist(gpu.gpu, blocks)
+
+    def _persist(self, gpu: int, blocks: int) -> None:
+        """Write back completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4),
+        charged once per segment, not per block."""
         if blocks > 0 and not self.cluster.system.oracle:
-            # Completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged
-            # once per segment, not per block.
             size = blocks * BLOCK_TOKENS * self._kv
             plane = self.cluster.plane
-            plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu.gpu), KV_LANE, size)
+            plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
             plane.io_detached(self.node, "write", KV_LANE, size)
 
     @staticmethod

@@ -9,6 +9,7 @@ storage-NIC max/mean, the event log's SHA-256, wall time and event counts.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -165,7 +166,18 @@ def run_system(
         actors.data_plane.flush()  # work asked for in the last instant (block write-backs) reaches the core
 
     started = time.perf_counter()
-    run_virtual(actors.run(main()), core)
+    # A run allocates millions of short-lived objects and creates almost no cycles: what exists now
+    # (trajectories, topology, metrics arrays) is frozen out of the cyclic collector, and it runs 30 times
+    # less often (collections took 4% of a 4,096-agent run, then 2%).
+    gc.collect()
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(20_000, 10, 10)
+    try:
+        run_virtual(actors.run(main()), core)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
     wall_s = time.perf_counter() - started
     actors.flush_events()
     if report is not None:
