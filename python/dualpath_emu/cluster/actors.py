@@ -28,7 +28,8 @@ Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a
 A decode GPU steps its whole batch as one event per *segment*: the step time is computed from the batch when
 it changes (a request joins or finishes), and the GPU sleeps until the next request finishes or a new one
 joins; a joining request makes the GPU account the steps done so far. So a request costs a few events
-however many tokens it generates (DESIGN.md §8).
+however many tokens it generates (DESIGN.md §8), and accounting for a segment touches only the requests
+that finish or complete a Full Block in it (kept in heaps by the step at which they do), not the whole batch.
 """
 
 from __future__ import annotations
