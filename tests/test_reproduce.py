@@ -120,6 +120,15 @@ def test_markdown_renders_a_report_and_rejects_what_is_not_one(
     assert "| best speedup | 1.87 | 1.5 | 0.80 | ±10% | **no** |" in out
     assert "| JCT (s) | 5,400 | 5,202 | 0.96 | context | – |" in out
     assert "- check: oracle <= dualpath <= basic: ok" in out and "- a note" in out and "1.5 min" in out
+    # fig7's rows: the model in the heading, every JCT in a table (DualPath's ratios to Basic and Oracle).
+    row = {"model": "qwen32b", "dataset": "32k", "agents": 512}
+    report["rows"] = [{**row, "system": s, "jct_s": jct} for s, jct in (("basic", 3000.0), ("dualpath", 2000.0),
+                                                                        ("oracle", 1600.0))]  # fmt: skip
+    path.write_text(json.dumps(report))
+    assert markdown_main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### fig7 (qwen32b): offline JCT\n")
+    assert "| 32k | 512 | 3,000 | 2,000 | 1,600 | 1.50× | 1.25 |" in out
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert markdown_main([str(bad)]) == 2

@@ -32,10 +32,35 @@ def _number(value: float) -> str:
     return f"{value:.3g}"
 
 
+_JCT_KEYS = frozenset({"model", "dataset", "agents", "system", "jct_s"})
+_SYSTEMS = ("basic", "dualpath", "oracle")
+
+
+def _jct_table(rows: list[Mapping[str, Any]]) -> list[str]:
+    """fig7's rows, one line per (dataset, agents): each system's JCT and DualPath's ratios to the others.
+    Every measured JCT is there, whether or not the paper gives one."""
+    jct: dict[tuple[str, int], dict[str, float]] = {}
+    for row in rows:
+        jct.setdefault((row["dataset"], row["agents"]), {})[row["system"]] = row["jct_s"]
+    lines = ["| context | agents | Basic JCT (s) | DualPath JCT (s) | Oracle JCT (s) | DualPath / Basic speedup "
+             "| DualPath / Oracle |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for (dataset, agents), by_system in sorted(jct.items(), key=lambda item: (item[0][0], item[0][1])):
+        if not all(system in by_system for system in _SYSTEMS):
+            continue
+        basic, dualpath, oracle = (by_system[system] for system in _SYSTEMS)
+        lines.append(f"| {dataset} | {agents:,} | {basic:,.0f} | {dualpath:,.0f} | {oracle:,.0f} "
+                     f"| {basic / dualpath:.2f}× | {dualpath / oracle:.2f} |")  # fmt: skip
+    return [*lines, ""] if len(lines) > 2 else []
+
+
 def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = None) -> str:
     """One report as Markdown."""
     name, title = report["experiment"], report["title"]
-    lines = [f"{'#' * heading} {name}: {title}", ""]
+    rows = report.get("rows") or []
+    jct_rows = [row for row in rows if isinstance(row, Mapping) and _JCT_KEYS <= row.keys()]
+    models = sorted({str(row["model"]) for row in jct_rows})
+    label = f"{name} ({', '.join(models)})" if models else name
+    lines = [f"{'#' * heading} {label}: {title}", ""]
     if image is not None:
         lines += [f"![{name}]({image})", ""]
     comparisons = report.get("comparisons") or []
@@ -46,6 +71,7 @@ def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = N
             lines.append(f"| {c['what']} | {_number(c['paper'])} | {_number(c['emulator'])} | {c['ratio']:.2f} "
                          f"| {c['target']} | {met} |")  # fmt: skip
         lines.append("")
+    lines += _jct_table(jct_rows)
     for check, ok in (report.get("checks") or {}).items():
         lines.append(f"- check: {check}: {'ok' if ok else '**failed**'}")
     for note in report.get("notes") or []:
