@@ -152,7 +152,8 @@ fn bench_forwards(core: &mut Core, c: &Cluster) {
     let start = Instant::now();
     let t0 = core.now_ns();
     for tag in 0..forwards {
-        core.submit_forward(spec.clone(), u64::MAX - tag).unwrap();
+        // Tags below UNREPORTED_TAG (u64::MAX: detached work, never reported) and above the mix's.
+        core.submit_forward(spec.clone(), u64::MAX - 1 - tag).unwrap();
         // Step until this forward is done (the mix's completions are dropped: it is winding down).
         while !core.take_completions().iter().any(|x| x.kind == CompletionKind::Forward) {
             core.step().unwrap().expect("the forward is pending");
