@@ -215,13 +215,23 @@ fn fields_named<'py, const N: usize>(
 /// `(path, lane, size_bytes)`: a transfer repeated in every layer.
 fn layer_transfer(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<LayerTransfer> {
     let [path, lane, size] = fields_named::<3>(obj, "path, lane, size_bytes", name)?;
-    let path = items_named(&path, "a sequence of port ids", || format!("{}.path", name()))?
+    transfer_of(&path, &lane, &size, name)
+}
+
+/// A transfer's `path`, `lane` and `size_bytes` fields, checked; `name()` (the transfer's) only for an error.
+fn transfer_of(
+    path: &Bound<'_, PyAny>,
+    lane: &Bound<'_, PyAny>,
+    size: &Bound<'_, PyAny>,
+    name: &dyn Fn() -> String,
+) -> PyResult<LayerTransfer> {
+    let path = items_named(path, "a sequence of port ids", || format!("{}.path", name()))?
         .iter()
         .enumerate()
         .map(|(i, p)| Ok(int_named(p, u32::MAX as u64, || format!("{}.path[{i}]", name()))? as u32))
         .collect::<PyResult<Vec<u32>>>()?;
-    let lane = int_named(&lane, MAX_LANES as u64 - 1, || format!("{}.lane", name()))? as u8;
-    let size_bytes = int_named(&size, u64::MAX, || format!("{}.size_bytes", name()))?;
+    let lane = int_named(lane, MAX_LANES as u64 - 1, || format!("{}.lane", name()))? as u8;
+    let size_bytes = int_named(size, u64::MAX, || format!("{}.size_bytes", name()))?;
     Ok(LayerTransfer { path, lane, size_bytes })
 }
 
@@ -572,15 +582,9 @@ impl PyCore {
         for (i, item) in items.enumerate() {
             let arg = || format!("transfers[{i}]");
             let [path, lane, size, tag] = fields_named::<4>(&item?, "path, lane, size_bytes, tag", arg)?;
-            let path = items_named(&path, "a sequence of port ids", || format!("{}.path", arg()))?
-                .iter()
-                .enumerate()
-                .map(|(j, p)| Ok(int_named(p, u32::MAX as u64, || format!("{}.path[{j}]", arg()))? as u32))
-                .collect::<PyResult<Vec<u32>>>()?;
-            let lane = int_named(&lane, MAX_LANES as u64 - 1, || format!("{}.lane", arg()))? as u8;
-            let size = int_named(&size, u64::MAX, || format!("{}.size_bytes", arg()))?;
+            let LayerTransfer { path, lane, size_bytes } = transfer_of(&path, &lane, &size, &arg)?;
             let tag = int_named(&tag, u64::MAX, || format!("{}.tag", arg()))?;
-            batch.push((path, lane, size, tag));
+            batch.push((path, lane, size_bytes, tag));
         }
         self.core.submit_transfers(&batch)?;
         Ok(batch.len())

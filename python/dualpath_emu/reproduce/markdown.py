@@ -37,19 +37,21 @@ _SYSTEMS = ("basic", "dualpath", "oracle")
 
 
 def _jct_table(rows: list[Mapping[str, Any]]) -> list[str]:
-    """fig7's rows, one line per (dataset, agents): each system's JCT and DualPath's ratios to the others.
-    Every measured JCT is there, whether or not the paper gives one."""
-    jct: dict[tuple[str, int], dict[str, float]] = {}
+    """fig7's rows, one line per (model, dataset, agents): each system's JCT and DualPath's ratios to the
+    others. Every measured JCT is there, whether or not the paper gives one."""
+    jct: dict[tuple[str, str, int], dict[str, float]] = {}
     for row in rows:
-        jct.setdefault((row["dataset"], row["agents"]), {})[row["system"]] = row["jct_s"]
-    lines = ["| context | agents | Basic JCT (s) | DualPath JCT (s) | Oracle JCT (s) | DualPath / Basic speedup "
-             "| DualPath / Oracle |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for (dataset, agents), by_system in sorted(jct.items(), key=lambda item: (item[0][0], item[0][1])):
+        jct.setdefault((str(row["model"]), row["dataset"], row["agents"]), {})[row["system"]] = row["jct_s"]
+    several = len({model for model, _, _ in jct}) > 1
+    lines = [("| model " if several else "") + "| context | agents | Basic JCT (s) | DualPath JCT (s) | Oracle JCT (s) "
+             "| DualPath / Basic speedup | DualPath / Oracle |",
+             ("|---" if several else "") + "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for (model, dataset, agents), by_system in sorted(jct.items()):
         if not all(system in by_system for system in _SYSTEMS):
             continue
         basic, dualpath, oracle = (by_system[system] for system in _SYSTEMS)
-        lines.append(f"| {dataset} | {agents:,} | {basic:,.0f} | {dualpath:,.0f} | {oracle:,.0f} "
-                     f"| {basic / dualpath:.2f}× | {dualpath / oracle:.2f} |")  # fmt: skip
+        lines.append((f"| {model} " if several else "") + f"| {dataset} | {agents:,} | {basic:,.0f} | {dualpath:,.0f} "
+                     f"| {oracle:,.0f} | {basic / dualpath:.2f}× | {dualpath / oracle:.2f} |")  # fmt: skip
     return [*lines, ""] if len(lines) > 2 else []
 
 
