@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dualpath_emu._core import Arbitration, Core
+from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
 from dualpath_emu.runtime import Completion as Done  # the completion tuple with its fields named
 from dualpath_emu.errors import (
     ConfigError,
@@ -279,16 +279,53 @@ def test_write_trace_is_json_with_counter_events_and_spans(tmp_path: Path) -> No
     run(core)
     out = tmp_path / "trace.json"
     core.write_trace(str(out))
-    events: Any = json.loads(out.read_text())
-    assert isinstance(events, list)
+    events: Any = json.loads(out.read_text())["traceEvents"]
+    assert {e["args"]["name"] for e in events if e["ph"] == "M"} == {"p", "idle"}  # a process per name prefix
     counters = [e for e in events if e["ph"] == "C" and e["name"] == "p"]
     assert [e["ts"] for e in counters] == pytest.approx([0.0, 10_000.0, 20_000.0])
     assert [e["args"]["lane3"] for e in counters] == pytest.approx([1.0, 1.0, 0.5], abs=1e-6)
-    spans = [e for e in events if e["ph"] == "X"]
-    assert len(spans) == 1
-    assert spans[0]["name"] == "transfer 1"
-    assert spans[0]["dur"] == pytest.approx(25_000.0)
-    assert spans[0]["args"] == {"bytes": 25_000_000, "lane": 3}
+    begin, end = (e for e in events if e["ph"] in "be")
+    assert (begin["ph"], end["ph"], begin["name"], end["name"]) == ("b", "e", "p", "p")  # named by its path
+    assert begin["id"] == end["id"] and begin["cat"] == end["cat"] == "transfer"
+    assert end["ts"] - begin["ts"] == pytest.approx(25_000.0)
+    assert begin["args"] == {"bytes": 25_000_000, "lane": 3}
+
+
+def test_write_trace_places_ports_in_given_processes_and_adds_extra_events(tmp_path: Path) -> None:
+    core = Core(sample_interval_ns=10 * MS, record_spans=True)
+    a, b = core.add_port("a.tx", GB), core.add_port("b.rx", GB)
+    core.submit_transfers([([a, b], 0, 1_000_000, UNREPORTED_TAG)])  # nobody waits: still traced, by path
+    run(core)
+    out = tmp_path / "trace.json"
+    extra = json.dumps({"name": "process_name", "ph": "M", "pid": 7, "args": {"name": "sender"}})
+    core.write_trace(str(out), port_pids=[7, 8], extra_events=[extra])
+    events = json.loads(out.read_text())["traceEvents"]
+    assert [e["args"]["name"] for e in events if e["ph"] == "M"] == ["sender"]  # the caller names them
+    assert {(e["name"], e["pid"]) for e in events if e["ph"] in "be"} == {("a.tx → b.rx", 7)}
+    assert {e["pid"] for e in events if e["ph"] == "C"} == {7, 8}
+    with pytest.raises(InvalidArgumentError, match=r"extra_events\[0\]: a JSON object"):
+        core.write_trace(str(out), extra_events=["[1, 2]"])
+    with pytest.raises(InvalidArgumentError, match="port_pids"):
+        core.write_trace(str(out), port_pids=[1])
+
+
+def test_utilisation_mean_and_quantile_over_ports() -> None:
+    core = Core(sample_interval_ns=10 * MS)
+    p, q = core.add_port("p", GB), core.add_port("q", GB)
+    core.submit_transfers([([p], 0, 25_000_000, 1)])
+    run(core)
+    core.advance_to(40 * MS)
+    assert core.utilisation_mean([p, q], 40 * MS) == pytest.approx([0.5, 0.5, 0.25, 0.0], abs=1e-6)
+    # Of the 8 (port, interval) samples, two are 1.0: the p75 is 0.5 (nearest rank 6), the p90 1.0.
+    assert core.utilisation_quantile([p, q], 0.75, 40 * MS) == pytest.approx(0.5, abs=1e-6)
+    assert core.utilisation_quantile([p, q], 0.9, 40 * MS) == pytest.approx(1.0, abs=1e-6)
+    assert core.utilisation_quantile([], 0.99, 40 * MS) == 0.0
+    with pytest.raises(InvalidArgumentError, match="until_ns"):
+        core.utilisation_mean([p], 50 * MS)
+    unsampled = Core()
+    port = unsampled.add_port("p", GB)
+    with pytest.raises(StateError, match="sampling is off"):
+        unsampled.utilisation_quantile([port], 0.5, 0)
 
 
 def test_write_trace_without_sampling_or_spans_is_still_json(tmp_path: Path) -> None:
@@ -298,8 +335,8 @@ def test_write_trace_without_sampling_or_spans_is_still_json(tmp_path: Path) -> 
     run(core)
     out = tmp_path / "trace.json"
     core.write_trace(str(out))
-    events = json.loads(out.read_text())
-    assert all(e["ph"] == "M" for e in events)
+    events = json.loads(out.read_text())["traceEvents"]
+    assert events and all(e["ph"] == "M" for e in events)
 
 
 def test_write_trace_to_a_missing_directory_is_an_io_error_naming_the_path(tmp_path: Path) -> None:

@@ -127,6 +127,8 @@ pub enum Owner {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Finished {
     pub owner: Owner,
+    /// The transfer's group: its path with its lane ([`Network::group_path`]).
+    pub group: u32,
     pub lane: Lane,
     pub size_bytes: u64,
     pub start_ns: TimeNs,
@@ -518,6 +520,7 @@ impl Network {
             }
             out.push(Finished {
                 owner: flow.owner,
+                group: gid,
                 lane: group.lane,
                 size_bytes: flow.size_bytes,
                 start_ns: flow.start_ns,
@@ -913,6 +916,11 @@ impl Network {
             .filter(|g| !g.flows.is_empty())
             .map(|g| (g.path.to_vec(), g.lane, g.flows.len(), g.rate))
             .collect()
+    }
+
+    /// The path of a group (as reported in [`Finished::group`]); groups live as long as the network.
+    pub fn group_path(&self, group: u32) -> Option<&[PortId]> {
+        self.groups.get(group as usize).map(|g| &*g.path)
     }
 
     pub fn active_flows(&self) -> u64 {

@@ -800,9 +800,45 @@ impl PyCore {
         Ok(d)
     }
 
-    /// Write a Chrome/Perfetto trace (JSON) of port utilisation and, if recorded, transfer spans.
-    fn write_trace(&mut self, path: &str) -> PyResult<()> {
-        Ok(self.core.write_trace(path)?)
+    /// Per sampling interval before `until_ns`, the mean utilisation of `ports` (a time series).
+    fn utilisation_mean(&mut self, ports: &Bound<'_, PyAny>, until_ns: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+        let ports = path_of(ports, "ports")?;
+        Ok(self.core.utilisation_mean(&ports, int_in(until_ns, "until_ns", u64::MAX)?)?)
+    }
+
+    /// The `q`-quantile of the utilisation of `ports` over every sampling interval before `until_ns`.
+    fn utilisation_quantile(
+        &mut self,
+        ports: &Bound<'_, PyAny>,
+        q: &Bound<'_, PyAny>,
+        until_ns: &Bound<'_, PyAny>,
+    ) -> PyResult<f64> {
+        let ports = path_of(ports, "ports")?;
+        let q = number(q, "q")?;
+        Ok(self.core.utilisation_quantile(&ports, q, int_in(until_ns, "until_ns", u64::MAX)?)?)
+    }
+
+    /// Write a Chrome/Perfetto trace (`{"traceEvents": [...]}`): port utilisation counters and, if
+    /// recorded, every transfer and I/O as an async slice named by its path; `port_pids` (one per port)
+    /// places each port's tracks in a process, `extra_events` (JSON object texts) are added as they are.
+    #[pyo3(signature = (path, *, port_pids = None, extra_events = None))]
+    fn write_trace(
+        &mut self,
+        path: &str,
+        port_pids: Option<&Bound<'_, PyAny>>,
+        extra_events: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let pids = port_pids.map(|p| path_of(p, "port_pids")).transpose()?;
+        let mut extra = Vec::new();
+        if let Some(events) = extra_events {
+            let items = events.try_iter().map_err(|_| invalid("extra_events", "an iterable of str"))?;
+            for (i, item) in items.enumerate() {
+                let item = item?;
+                let text: String = item.extract().map_err(|_| invalid(&format!("extra_events[{i}]"), "a str"))?;
+                extra.push(text);
+            }
+        }
+        Ok(self.core.write_trace(path, pids.as_deref(), &extra)?)
     }
 }
 

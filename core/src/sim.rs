@@ -93,11 +93,17 @@ pub struct CoreStats {
     pub forwards: ForwardStats,
 }
 
-/// A transfer kept for the trace.
+/// Where a traced piece of work went: a transfer's group (so its path), or one storage node's I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Route {
+    Group(u32),
+    Io(NodeId, IoKind),
+}
+
+/// A transfer or storage I/O kept for the trace.
 #[derive(Clone, Debug)]
 struct Span {
-    kind: CompletionKind,
-    tag: u64,
+    route: Route,
     lane: Lane,
     size_bytes: u64,
     start_ns: TimeNs,
@@ -604,6 +610,7 @@ impl Core {
                     self.transfer_events += 1;
                     match f.owner {
                         Owner::User(tag) => {
+                            self.trace(Route::Group(f.group), f.lane, f.size_bytes, f.start_ns);
                             self.complete(CompletionKind::Transfer, tag, f.start_ns, f.size_bytes, f.lane)
                         }
                         Owner::Io(id) => self.finish_io(id),
@@ -654,6 +661,7 @@ impl Core {
 
     fn finish_io(&mut self, id: u32) {
         let (io, next) = self.storage.finish(id);
+        self.trace(Route::Io(io.node, io.kind), io.lane, io.size_bytes, io.issued_ns);
         let kind = match io.kind {
             IoKind::Read => CompletionKind::Read,
             IoKind::Write => CompletionKind::Write,
@@ -672,8 +680,14 @@ impl Core {
         if tag != UNREPORTED_TAG {
             self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
         }
-        if self.config.record_spans && kind != CompletionKind::Timer {
-            self.spans.push(Span { kind, tag, lane, size_bytes, start_ns, end_ns });
+    }
+
+    /// Keep a finished transfer or I/O (ending now) for the trace, if spans are recorded. Zero-byte
+    /// transfers, timers and forward passes are not kept: the first move nothing, the caller knows best
+    /// where the others belong (the cluster draws its forward passes on the GPUs that ran them).
+    fn trace(&mut self, route: Route, lane: Lane, size_bytes: u64, start_ns: TimeNs) {
+        if self.config.record_spans {
+            self.spans.push(Span { route, lane, size_bytes, start_ns, end_ns: self.now });
         }
     }
 
@@ -702,30 +716,145 @@ impl Core {
         }
     }
 
-    /// Write a Chrome/Perfetto trace (JSON): per-port utilisation counters per sampling interval, and one
-    /// span per finished transfer if spans were recorded.
-    pub fn write_trace(&mut self, path: &str) -> Result<()> {
+    /// Utilisation of `port` (fraction of its sustained rate, all lanes) in each sampling interval that
+    /// begins before `until_ns`. An interval the counters cover only in part (the one `now` falls in) is
+    /// relative to the part covered, so a port busy until now reads 1, not less.
+    fn utilisation_until(&self, port: PortId, until_ns: TimeNs) -> Result<(Vec<f64>, usize)> {
+        let interval_ns = self.config.sample_interval_ns;
+        if interval_ns == 0 {
+            return Err(CoreError::state("sampling is off: create the Core with sample_interval_ns"));
+        }
+        if until_ns > self.now {
+            return Err(CoreError::invalid("until_ns", format!("a time <= now ({} ns), got {until_ns}", self.now)));
+        }
+        let rate = self.net.port_spec(port)?.rate_bytes_per_s;
+        let intervals = until_ns.div_ceil(interval_ns) as usize;
+        let samples = &self.net.counters(port)?.samples;
+        let out = samples
+            .iter()
+            .take(intervals)
+            .enumerate()
+            .map(|(k, bytes)| {
+                let from = k as u64 * interval_ns;
+                let covered = (from.saturating_add(interval_ns)).min(self.now).saturating_sub(from).max(1);
+                bytes / (rate * covered as f64 / 1e9)
+            })
+            .collect();
+        Ok((out, intervals))
+    }
+
+    /// The mean utilisation of `ports` in each sampling interval that begins before `until_ns` (a time
+    /// series: one value per interval, idle intervals included).
+    pub fn utilisation_mean(&mut self, ports: &[PortId], until_ns: TimeNs) -> Result<Vec<f64>> {
+        self.net.settle_all(self.now);
+        let mut sum = Vec::new();
+        for &p in ports {
+            let (series, intervals) = self.utilisation_until(p, until_ns)?;
+            sum.resize(intervals, 0.0);
+            for (total, u) in sum.iter_mut().zip(series) {
+                *total += u;
+            }
+        }
+        let n = ports.len().max(1) as f64;
+        Ok(sum.into_iter().map(|total| total / n).collect())
+    }
+
+    /// The `q`-quantile (nearest rank) of the utilisation samples of every port of `ports` in every
+    /// sampling interval that begins before `until_ns`, idle intervals included: how busy these ports get
+    /// in their busiest intervals, which a run's mean hides. 0 without ports or intervals.
+    pub fn utilisation_quantile(&mut self, ports: &[PortId], q: f64, until_ns: TimeNs) -> Result<f64> {
+        if !(0.0..=1.0).contains(&q) {
+            return Err(CoreError::invalid("q", format!("a quantile in [0, 1], got {q}")));
+        }
+        self.net.settle_all(self.now);
+        let mut values = Vec::new();
+        let mut total = 0usize;
+        for &p in ports {
+            let (series, intervals) = self.utilisation_until(p, until_ns)?;
+            total += intervals;
+            values.extend(series);
+        }
+        if total == 0 {
+            return Ok(0.0);
+        }
+        // Intervals past a port's last sample were idle: zeros, the smallest values, counted not stored.
+        let zeros = total - values.len();
+        let rank = ((q * total as f64).ceil() as usize).clamp(1, total);
+        if rank <= zeros {
+            return Ok(0.0);
+        }
+        let i = rank - zeros - 1;
+        let (_, value, _) = values.select_nth_unstable_by(i, |a, b| a.total_cmp(b));
+        Ok(value.max(0.0))
+    }
+
+    /// Write a Chrome/Perfetto trace (JSON, `{"traceEvents": [...]}`): per port a utilisation counter
+    /// track (one series per lane that carried traffic, per sampling interval); if spans were recorded,
+    /// every transfer and storage I/O as an async slice (`b`/`e` with an id), named by its path
+    /// (`n0.dram → n0.cnic0.tx → n0.cnic0.rx`; I/Os `read …`/`write …`). Perfetto puts the async slices
+    /// of one name in one process on one track and stacks the ones that overlap, so concurrent transfers
+    /// on a path are drawn correctly (thread slices must nest, which overlapping transfers do not).
+    ///
+    /// `port_pids` gives the process of each port's tracks (indexed by port id; a transfer goes with its
+    /// path's first port, an I/O with its node's first port); the caller then names the processes in
+    /// `extra_events`. Without it, ports are grouped into processes by their name's prefix (`n0` of
+    /// `n0.dram`) and the core names them. `extra_events` (JSON objects, checked) are written as they are.
+    pub fn write_trace(&mut self, path: &str, port_pids: Option<&[u32]>, extra_events: &[String]) -> Result<()> {
+        if let Some(pids) = port_pids {
+            if pids.len() != self.net.port_count() {
+                return Err(CoreError::invalid(
+                    "port_pids",
+                    format!("one process id per port ({}), got {}", self.net.port_count(), pids.len()),
+                ));
+            }
+        }
+        for (i, event) in extra_events.iter().enumerate() {
+            match serde_json::from_str::<serde_json::Value>(event) {
+                Ok(serde_json::Value::Object(_)) => {}
+                _ => return Err(CoreError::invalid(&format!("extra_events[{i}]"), "a JSON object (one trace event)")),
+            }
+        }
         self.net.settle_all(self.now);
         let file = File::create(path).map_err(|e| CoreError::io(path, e))?;
         let mut out = BufWriter::new(file);
-        self.write_trace_to(&mut out).and_then(|_| out.flush()).map_err(|e| CoreError::io(path, e))
+        self.write_trace_to(&mut out, port_pids, extra_events)
+            .and_then(|_| out.flush())
+            .map_err(|e| CoreError::io(path, e))
     }
 
-    fn write_trace_to(&self, out: &mut impl Write) -> std::io::Result<()> {
+    fn write_trace_to(&self, out: &mut impl Write, port_pids: Option<&[u32]>, extra: &[String]) -> std::io::Result<()> {
         use serde_json::json;
-        let mut first = true;
-        let mut emit = |out: &mut dyn Write, v: serde_json::Value| -> std::io::Result<()> {
-            out.write_all(if first { b"[\n" } else { b",\n" })?;
-            first = false;
-            serde_json::to_writer(&mut *out, &v)?;
-            Ok(())
+        let ports = self.net.port_count() as PortId;
+        let name = |p: PortId| self.net.port_spec(p).expect("port exists").name.as_str();
+        // The process of each port: given, or one per name prefix, numbered in order of appearance.
+        let mut prefixes: Vec<&str> = Vec::new();
+        let pids: Vec<u32> = match port_pids {
+            Some(pids) => pids.to_vec(),
+            None => (0..ports)
+                .map(|p| {
+                    let prefix = name(p).split('.').next().unwrap_or("");
+                    let i = prefixes.iter().position(|x| *x == prefix).unwrap_or_else(|| {
+                        prefixes.push(prefix);
+                        prefixes.len() - 1
+                    });
+                    i as u32 + 1
+                })
+                .collect(),
         };
-        emit(out, json!({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "ports (utilisation)"}}))?;
-        emit(out, json!({"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "transfers"}}))?;
+        let mut first = true;
+        let mut emit = |out: &mut dyn Write, v: &dyn std::fmt::Display| -> std::io::Result<()> {
+            out.write_all(if first { b"{\"traceEvents\": [\n" } else { b",\n" })?;
+            first = false;
+            write!(out, "{v}")
+        };
+        for (i, prefix) in prefixes.iter().enumerate() {
+            let pid = i as u32 + 1;
+            emit(out, &json!({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": prefix}}))?;
+        }
         let sample_ns = self.net.sample_ns();
         if sample_ns > 0 {
             let interval_s = sample_ns as f64 / 1e9;
-            for p in 0..self.net.port_count() as PortId {
+            for p in 0..ports {
                 let spec = self.net.port_spec(p).expect("port exists");
                 let counters = self.net.counters(p).expect("port exists");
                 let full = spec.rate_bytes_per_s * interval_s;
@@ -736,20 +865,51 @@ impl Core {
                         args.insert(format!("lane{lane}"), json!(bytes / full));
                     }
                     let ts_us = k as f64 * interval_s * 1e6;
-                    emit(out, json!({"name": spec.name, "ph": "C", "pid": 1, "ts": ts_us, "args": args}))?;
+                    let event = json!({"name": spec.name, "cat": "utilisation", "ph": "C", "pid": pids[p as usize],
+                                       "ts": ts_us, "args": args});
+                    emit(out, &event)?;
                 }
             }
         }
-        for s in &self.spans {
-            emit(
-                out,
-                json!({
-                    "name": format!("{} {}", s.kind.as_str(), s.tag), "ph": "X", "pid": 2, "tid": s.lane,
-                    "ts": s.start_ns as f64 / 1e3, "dur": (s.end_ns - s.start_ns) as f64 / 1e3,
-                    "args": {"bytes": s.size_bytes, "lane": s.lane},
-                }),
-            )?;
+        // Names and processes of routes, worked out once each.
+        let mut routes: std::collections::HashMap<Route, (String, u32)> = std::collections::HashMap::new();
+        for (i, s) in self.spans.iter().enumerate() {
+            let (label, pid) = routes.entry(s.route).or_insert_with(|| self.route_label(s.route, &pids));
+            let id = i + 1;
+            let cat = if matches!(s.route, Route::Io(..)) { "io" } else { "transfer" };
+            let begin = json!({"name": label, "cat": cat, "ph": "b", "id": id, "pid": pid,
+                               "ts": s.start_ns as f64 / 1e3, "args": {"bytes": s.size_bytes, "lane": s.lane}});
+            emit(out, &begin)?;
+            let end = json!({"name": label, "cat": cat, "ph": "e", "id": id, "pid": pid, "ts": s.end_ns as f64 / 1e3});
+            emit(out, &end)?;
         }
-        out.write_all(if first { b"[]\n" } else { b"\n]\n" })
+        for event in extra {
+            emit(out, event)?;
+        }
+        out.write_all(if first { b"{\"traceEvents\": []}\n" } else { b"\n]}\n" })
+    }
+
+    /// A route's span name (its path, ports by name) and the process it is drawn in.
+    fn route_label(&self, route: Route, pids: &[u32]) -> (String, u32) {
+        let (prefix, path, pid_port) = match route {
+            Route::Group(g) => {
+                let path = self.net.group_path(g).expect("a finished transfer's group exists").to_vec();
+                let first = path[0];
+                ("", path, first)
+            }
+            Route::Io(node, kind) => {
+                let probe = Io { node, kind, lane: 0, size_bytes: 0, tag: 0, issued_ns: 0 };
+                let path = self.storage.path(&probe);
+                // The node's own first port: after the storage cluster's for a read, first for a write.
+                let (prefix, own) = match kind {
+                    IoKind::Read => ("read ", path.get(1).copied().unwrap_or(path[0])),
+                    IoKind::Write => ("write ", path[0]),
+                };
+                (prefix, path, own)
+            }
+        };
+        let names: Vec<&str> =
+            path.iter().map(|&p| self.net.port_spec(p).expect("port exists").name.as_str()).collect();
+        (format!("{prefix}{}", names.join(" → ")), pids[pid_port as usize])
     }
 }

@@ -36,7 +36,7 @@ pub struct StorageNodeSpec {
 /// Index of a storage node, in the order nodes were added.
 pub type NodeId = u32;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IoKind {
     Read,
     Write,
@@ -112,6 +112,11 @@ impl Storage {
             .position(|n| n.spec.name == name)
             .map(|i| i as NodeId)
             .ok_or_else(|| CoreError::unknown("storage node", format!("{name:?}")))
+    }
+
+    /// The name a storage node was added with.
+    pub fn node_name(&self, node: NodeId) -> Option<&str> {
+        self.nodes.get(node as usize).map(|n| n.spec.name.as_str())
     }
 
     pub fn node_count(&self) -> usize {

@@ -200,9 +200,69 @@ fn counters_and_samples_add_up() {
     assert!((k.samples[0] - 1e7).abs() < 1.0 && (k.samples[2] - 5e6).abs() < 1.0, "{:?}", k.samples);
     assert_eq!(k.lane_samples.len(), 1);
     let path = std::env::temp_dir().join("dualpath_trace_test.json");
-    c.write_trace(path.to_str().unwrap()).unwrap();
+    c.write_trace(path.to_str().unwrap(), None, &[]).unwrap();
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert!(v.as_array().unwrap().iter().any(|e| e["ph"] == "C" && e["name"] == "p"));
+    assert!(v["traceEvents"].as_array().unwrap().iter().any(|e| e["ph"] == "C" && e["name"] == "p"));
+    // Full, full, half: the 1-s p99 sees the full intervals, the mean series all three.
+    let mean = c.utilisation_mean(&[p], 30 * MS).unwrap();
+    assert!(mean.len() == 3 && (mean[0] - 1.0).abs() < 1e-6 && (mean[2] - 0.5).abs() < 1e-6, "{mean:?}");
+    assert!((c.utilisation_quantile(&[p], 0.99, 30 * MS).unwrap() - 1.0).abs() < 1e-6);
+    assert!((c.utilisation_quantile(&[p], 0.0, 30 * MS).unwrap() - 0.5).abs() < 1e-6);
+}
+
+#[test]
+fn utilisation_quantile_counts_idle_intervals_and_ports() {
+    let mut c = Core::new(CoreConfig { sample_interval_ns: 10 * MS, ..CoreConfig::default() }).unwrap();
+    let busy = port(&mut c, "busy", GB);
+    let idle = port(&mut c, "idle", GB);
+    // Busy for the first 10 ms of 100 ms: of the 20 (port, interval) samples, one is 1.0, the rest 0.
+    c.submit_transfer(&[busy], 0, 10_000_000, 1).unwrap();
+    run(&mut c);
+    c.advance_to(100 * MS).unwrap();
+    assert_eq!(c.utilisation_quantile(&[busy, idle], 0.9, 100 * MS).unwrap(), 0.0);
+    assert!((c.utilisation_quantile(&[busy, idle], 0.96, 100 * MS).unwrap() - 1.0).abs() < 1e-6);
+    let mean = c.utilisation_mean(&[busy, idle], 100 * MS).unwrap();
+    assert_eq!(mean.len(), 10);
+    assert!((mean[0] - 0.5).abs() < 1e-6 && mean[1..].iter().all(|&u| u == 0.0), "{mean:?}");
+    assert!(c.utilisation_quantile(&[busy], 1.5, 100 * MS).is_err());
+    assert!(c.utilisation_mean(&[busy], 200 * MS).is_err(), "past now");
+}
+
+#[test]
+fn a_partly_covered_interval_is_relative_to_the_part_covered() {
+    let mut c = Core::new(CoreConfig { sample_interval_ns: 10 * MS, ..CoreConfig::default() }).unwrap();
+    let p = port(&mut c, "p", GB);
+    c.submit_transfer(&[p], 0, 15_000_000, 1).unwrap();
+    run(&mut c); // busy until 15 ms, and now is 15 ms: the second interval is half covered, all busy
+    let mean = c.utilisation_mean(&[p], 15 * MS).unwrap();
+    assert!(mean.len() == 2 && mean.iter().all(|u| (u - 1.0).abs() < 1e-6), "{mean:?}");
+}
+
+#[test]
+fn trace_has_metadata_and_one_async_slice_per_transfer_named_by_its_path() {
+    let mut c =
+        Core::new(CoreConfig { sample_interval_ns: 10 * MS, record_spans: true, ..CoreConfig::default() }).unwrap();
+    let a = port(&mut c, "n0.tx", GB);
+    let b = port(&mut c, "n1.rx", GB);
+    c.submit_transfer(&[a, b], 0, 5_000_000, 1).unwrap();
+    c.submit_transfer(&[a, b], 0, 5_000_000, dualpath_emu_core::UNREPORTED_TAG).unwrap();
+    run(&mut c);
+    let path = std::env::temp_dir().join(format!("dualpath_trace_spans_{}.json", std::process::id()));
+    c.write_trace(path.to_str().unwrap(), None, &[r#"{"name": "extra", "ph": "i", "pid": 9, "ts": 1}"#.into()])
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let names: Vec<&str> =
+        events.iter().filter(|e| e["ph"] == "M").map(|e| e["args"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["n0", "n1"]);
+    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "b" || e["ph"] == "e").collect();
+    assert_eq!(slices.len(), 4, "two transfers, each a begin and an end");
+    assert!(slices.iter().all(|e| e["name"] == "n0.tx → n1.rx" && e["pid"] == 1 && e["cat"] == "transfer"));
+    assert_ne!(slices[0]["id"], slices[2]["id"]);
+    assert!(events.iter().any(|e| e["name"] == "extra"));
+    let bad = c.write_trace(path.to_str().unwrap(), None, &["[1]".into()]).unwrap_err();
+    assert!(bad.message.contains("extra_events[0]"), "{}", bad.message);
+    assert!(c.write_trace(path.to_str().unwrap(), Some(&[1]), &[]).is_err(), "one pid per port");
 }
 
 // ---------------------------------------------------------------------------------------------------
