@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from dualpath_emu.cluster.catalog import TESTBED_NODE
-from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.workload.generator import generate
@@ -206,3 +206,57 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
     m = result.metrics
     blocks = sum((p + g) // BLOCK_TOKENS - h // BLOCK_TOKENS for p, h, g in zip(m.prompt, m.hit, m.gen))
     assert sum(written) == blocks * BLOCK_TOKENS * derived(config).kv_bytes_per_token
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, reach = 0, -1
+    for start, end in sorted(intervals):
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+        reach = max(reach, end)
+    return total
+
+
+def test_decode_gpus_are_busy_exactly_while_they_hold_requests(results: dict[str, SystemResult]) -> None:
+    # A decode GPU steps a non-empty batch from a request's join (after the first token) to its last token:
+    # its busy time lies between the union of its requests' [second token, end] and of [first token, end].
+    config = small_config()
+    for name, result in results.items():
+        m, busy = result.metrics, result.metrics.gpu_busy["de"]
+        for gpu in {de for de in m.de}:
+            mine = [rid for rid in range(len(m)) if m.de[rid] == gpu and m.gen[rid] > 1]
+            low = _union_ns([(m.second_token_ns[r], m.done_ns[r]) for r in mine])
+            high = _union_ns([(m.first_token_ns[r], m.done_ns[r]) for r in mine])
+            assert low <= sum(busy.busy_ns.get(gpu, ())) <= high, (name, gpu)
+        units = [n * config.node.gpus + g for n in range(1, 3) for g in range(config.node.gpus)]
+        assert result.gpu_util["de"]["mean"] == pytest.approx(
+            sum(sum(busy.busy_ns.get(u, ())) for u in units) / (len(units) * result.jct_s * 1e9), rel=1e-9
+        )
+
+
+def test_prefill_gpus_are_busy_only_in_passes_with_their_requests(results: dict[str, SystemResult]) -> None:
+    # A PE GPU is busy in a pass only with work of a request between that request's prefill start and its
+    # first token: its busy time is more than nothing and at most the union of those spans.
+    for name, result in results.items():
+        m, busy = result.metrics, result.metrics.gpu_busy["pe"]
+        for gpu in {pe for pe in m.pe}:
+            spans = [(m.prefill_start_ns[r], m.first_token_ns[r]) for r in range(len(m)) if m.pe[r] == gpu]
+            assert 0 < sum(busy.busy_ns.get(gpu, ())) <= _union_ns(spans), (name, gpu)
+        assert 0 < result.gpu_util["pe"]["mean"] <= result.gpu_util["pe"]["p99"] <= 1.0 + 1e-9
+
+
+def test_the_working_set_is_the_live_trajectories_context(results: dict[str, SystemResult]) -> None:
+    # Offline, every agent arrives at 0 with its first prompt and holds its context until its last turn ends:
+    # the peak is at least every agent's first prompt (all live at 0+) and at most every final context.
+    kv = derived(small_config()).kv_bytes_per_token
+    for result in results.values():
+        m = result.metrics
+        first: dict[int, int] = {}
+        final: dict[int, int] = {}
+        for rid in range(len(m)):
+            first.setdefault(m.agent[rid], m.prompt[rid])
+            final[m.agent[rid]] = m.prompt[rid] + m.gen[rid]
+        ws = result.working_set_bytes
+        assert sum(first.values()) * kv <= ws["max"] <= sum(final.values()) * kv
+        assert 0 < ws["mean"] < ws["max"]

@@ -85,6 +85,19 @@ def test_the_window_is_the_last_half_of_the_agents_arrival_period() -> None:
     assert trajectory_s(m, start, end) == pytest.approx((25.0 + 5.0) / 2)
 
 
+def test_window_ttst_is_second_token_minus_first() -> None:
+    m = Metrics()
+    # Arrival, first and second token (s): TTST 0.05 s and 0.01 s, whatever the TTFT (1 s and 3 s).
+    for rid, (t, first, second) in enumerate([(0.0, 1.0, 1.05), (5.0, 8.0, 8.01)]):
+        m.arrive(rid, rid, int(t * 1e9), 100, 0, 4)
+        m.first_token(rid, int(first * 1e9))
+        m.second_token(rid, int(second * 1e9))
+    _, ttft, ttst, _ = window_stats(m, 0, 10_000_000_000)
+    assert ttft["mean"] == pytest.approx(2.0)
+    assert ttst["mean"] == pytest.approx(0.03) and ttst["p99"] == pytest.approx(0.05)
+    assert m.ttst_s() == pytest.approx([0.05, 0.01])
+
+
 def test_quick_variant_finds_ordered_edges_and_writes_its_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,6 +115,10 @@ def test_quick_variant_finds_ordered_edges_and_writes_its_files(
         assert 0 < basic <= dualpath <= oracle
     runs = [r for r in report["rows"] if r["kind"] == "run"]
     assert all(r["window_requests"] > 0 and r["ttft_s_mean"] > 0 for r in runs)
+    # TTST (the hand-off and a decode step) is milliseconds, below the TTFT (which includes the prefill).
+    assert all(0 < r["ttst_ms_mean"] < 1e3 * r["ttft_s_mean"] for r in runs)
+    assert any(c["what"].startswith("ds27b: DualPath TTST / Basic's") or c["what"].startswith("ds660b: DualPath TTST")
+               for c in report["comparisons"])  # fmt: skip
     with (tmp_path / "fig10.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(report["rows"])
     for c in report["comparisons"]:

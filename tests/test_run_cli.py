@@ -55,7 +55,8 @@ TINY_TURNS = 8 * 6
 
 SYSTEM_KEYS = {
     "jct_s", "turns", "agents", "lost_requests", "ttft_s", "ttst_s", "tpot_s", "snic_read_bytes", "snic_util",
-    "cnic_util", "snic_max_over_mean", "event_log_sha256", "wall_s", "events",
+    "cnic_util", "dram_util", "gpu_util", "working_set_bytes", "snic_max_over_mean", "event_log_sha256", "wall_s",
+    "events", "core_events", "core_stats",
 }  # fmt: skip
 
 
@@ -271,10 +272,26 @@ def test_json_summary_has_the_required_keys(tiny_run: tuple[Path, dict[str, Any]
         assert SYSTEM_KEYS <= set(system), name
         for key in ("ttft_s", "ttst_s", "tpot_s"):
             assert {"p50", "p90", "p99"} <= set(system[key])
-        for key in ("snic_read_bytes", "snic_util", "cnic_util"):
+        for key in ("snic_read_bytes", "snic_util", "cnic_util", "dram_util", "gpu_util"):
             assert set(system[key]) == {"pe", "de"}
+        for role in ("pe", "de"):
+            # Per direction, each a run mean and the p99 of 1-second samples, fractions of capacity.
+            for util in (*system["snic_util"][role].values(), *system["cnic_util"][role].values(),
+                         system["dram_util"][role], system["gpu_util"][role]):  # fmt: skip
+                assert set(util) == {"mean", "p99"} and all(0.0 <= v <= 1.0 + 1e-9 for v in util.values()), name
+            assert set(system["snic_util"][role]) == {"rx", "tx"} and set(system["cnic_util"][role]) == {"tx", "rx"}
+            assert system["gpu_util"][role]["mean"] > 0, name  # every system computes
+        working_set = system["working_set_bytes"]
+        assert set(working_set) == {"mean", "max"} and 0 < working_set["mean"] <= working_set["max"]
+        assert system["core_events"] > 0 and system["core_events"] == system["core_stats"]["queue_events"]
         assert system["turns"] == TINY_TURNS and system["agents"] == 8 and system["lost_requests"] == 0
         assert len(system["event_log_sha256"]) == 64
+    basic, dualpath = summary["systems"]["basic"], summary["systems"]["dualpath"]
+    # Basic reads on the prefill side only; DualPath reads on the decode side too (here all of it: 1P1D).
+    assert basic["snic_util"]["pe"]["rx"]["mean"] > 0 and basic["snic_util"]["de"]["rx"]["mean"] == 0
+    assert dualpath["snic_util"]["de"]["rx"]["mean"] > 0
+    # Decode nodes write back every completed Full Block: their storage NICs transmit.
+    assert basic["snic_util"]["de"]["tx"]["mean"] > 0 and basic["snic_util"]["de"]["tx"]["p99"] > 0
     speedup = summary["speedup_vs_basic"]
     assert speedup["basic"] == 1.0
     assert speedup["oracle"] == pytest.approx(summary["systems"]["basic"]["jct_s"] / summary["systems"]["oracle"]["jct_s"])
@@ -297,15 +314,71 @@ def test_out_files_are_well_formed(tiny_run: tuple[Path, dict[str, Any], Path]) 
             assert record["read_side"] in {"pe", "de", "none"}
     assert {r[10] for r in by_system["basic"]} <= {"pe", "none"}
     assert {r[10] for r in by_system["oracle"]} == {"none"}
-    for png in ("jct.png", "snic-util.png"):
-        data = (out / png).read_bytes()
-        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5_000, png
+    for row in rows[1:]:
+        record = dict(zip(CSV_COLUMNS, row))
+        first, second = float(record["first_token_s"]), float(record["second_token_s"])
+        assert float(record["ttft_s"]) == pytest.approx(first - float(record["arrive_s"]), abs=2e-9)
+        # TTST is second − first token, not from arrival (which would add the TTFT).
+        assert float(record["ttst_s"]) == pytest.approx(second - first, abs=2e-9)
+        assert float(record["tpot_s"]) > 0 or int(record["gen"]) <= 2
+
+
+@pytest.mark.parametrize("png", ["jct.png", "utilisation.png", "latency-cdf.png"])
+def test_plots_are_written_and_drawn(tiny_run: tuple[Path, dict[str, Any], Path], png: str) -> None:
+    from matplotlib.image import imread
+
+    _, _, out = tiny_run
+    data = (out / png).read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, png
+    pixels = imread(out / png)
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 400
+    assert (pixels[..., :3] < 0.9).mean() > 0.01, "lines, text and axes, not a blank canvas"
+
+
+def test_trace_is_a_perfetto_object_with_named_tracks_that_nest(
+    tiny_run: tuple[Path, dict[str, Any], Path],
+) -> None:
+    _, _, out = tiny_run
     for name in DEFAULT_SYSTEMS:
         trace = json.loads((out / f"trace-{name}.json").read_text())
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        assert any(e.get("ph") == "X" for e in events), name  # transfer and forward-pass spans
-        if name != "oracle":  # Oracle moves no KV: no port carries anything
-            assert any(e.get("ph") == "C" for e in events), name  # port utilisation counters
+        assert set(trace) == {"traceEvents"}
+        events: list[dict[str, Any]] = trace["traceEvents"]
+        processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        assert set(processes.values()) == {f"requests ({name})", "storage (3fs)", "n0 (prefill)", "n1 (decode)"}
+        threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+        assert len(threads) == 2 * 8 and set(threads.values()) == {f"gpu{g}" for g in range(8)}
+        assert {e["pid"] for e in events} <= set(processes), "every event in a named process"
+        # Thread slices (the GPUs' work) nest: on each thread, none overlaps another in part.
+        slices = [e for e in events if e["ph"] == "X"]
+        assert {(e["pid"], e["tid"]) for e in slices} <= set(threads)
+        assert {e["name"] for e in slices} == {"prefill pass", "decode"}
+        for track in {(e["pid"], e["tid"]) for e in slices}:
+            # As Perfetto reads them: whole nanoseconds, truncated.
+            ns = sorted((int(e["ts"] * 1000), int(e["dur"] * 1000)) for e in slices if (e["pid"], e["tid"]) == track)
+            stack: list[int] = []
+            for start, dur in sorted(ns, key=lambda s: (s[0], -s[1])):
+                while stack and stack[-1] <= start:
+                    stack.pop()
+                assert not stack or start + dur <= stack[-1], f"{name}: {track} slices overlap in part"
+                stack.append(start + dur)
+        # Async slices (requests, transfers, I/Os): a begin and a later end per (pid, cat, id), one slice each.
+        spans: dict[tuple[int, str, Any], list[dict[str, Any]]] = {}
+        for e in events:
+            if e["ph"] in "be":
+                spans.setdefault((e["pid"], e["cat"], e["id"]), []).append(e)
+        assert spans
+        for key, pair in spans.items():
+            assert [e["ph"] for e in pair] == ["b", "e"] and pair[0]["ts"] <= pair[1]["ts"], key
+            assert pair[0]["name"] == pair[1]["name"], key
+        names = {e["name"] for e in events if e["ph"] == "b"}
+        phases = {"request", "waiting", "read KV", "prefill", "hand-off", "decode"}
+        assert {"request", "prefill", "hand-off", "decode"} <= names
+        paths = names - phases
+        assert all("→" in n and "18446744073709551615" not in n for n in paths), paths  # named by their path
+        if name != "oracle":  # Oracle moves no KV
+            assert any(n.startswith("read 3fs.read → n0.snic.rx") or n.startswith("read 3fs.read → n1.snic.rx")
+                       for n in paths)  # fmt: skip
+            assert any(e["ph"] == "C" and e["name"] == "n1.snic.tx" for e in events), name  # write-backs
 
 
 def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -313,8 +386,10 @@ def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["run", str(scenario), "--system", "basic", "--system", "dualpath"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("tiny (")  # the header line
-    for text in ("JCT", "vs", "TTFT (s)", "TPOT (ms)", "SNIC %", "CNIC %", "max/mean", "events", "basic", "dualpath"):
+    for text in ("JCT", "vs", "TTFT (s)", "TPOT (ms)", "SNIC rx %", "CNIC PE %", "CNIC DE %", "tx/rx", "GPU %",
+                 "max/mean", "events", "basic", "dualpath"):  # fmt: skip
         assert text in out, text
+    assert max(len(line) for line in out.splitlines()[1:]) <= 100  # the table fits 100 columns
     assert "oracle" not in out
     assert "1.00×" in out  # basic against itself
 

@@ -891,7 +891,11 @@ class PrefillGroup(_GroupActor):
         if pre:
             await asyncio.gather(*pre)
         ffn_ns = round(ffn_s * layers / stages * NS)
+        started = self.system.now_ns()
         await plane.forward(stages, ranks, ffn_ns=ffn_ns, collectives=collectives)
+        gpus = cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)
+        metrics.prefill_pass(started, self.system.now_ns(), [(n * gpus + g, len(b), sum(c for _, c in b))
+                                                             for (n, g), b in batches.items() if b])  # fmt: skip
         sends: list[asyncio.Future[Completion]] = []
         for node, gpu, item, size in post:
             sends.append(plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size))
@@ -965,6 +969,9 @@ class _DecodeGpu:
     segment_start_ns: int = 0
     step_ns: int = 0
     timer: asyncio.TimerHandle | None = None
+    busy_since_ns: int = -1
+    """Start of the current segment with a non-empty batch (reported as busy time when it ends), or -1."""
+    busy_batch: int = 0
 
 
 class DecodeGroup(_GroupActor):
@@ -1089,13 +1096,18 @@ class DecodeGroup(_GroupActor):
         if gpu.timer is not None:
             gpu.timer.cancel()
             gpu.timer = None
+        now = self.system.now_ns()
+        if gpu.busy_since_ns >= 0:  # the segment that ends here kept the GPU busy (gpu_util)
+            unit = gpu.node * len(self.gpus) + gpu.gpu
+            self.cluster.metrics.decode_segment(unit, gpu.busy_since_ns, now, gpu.busy_batch, gpu.step_ns)
+        gpu.busy_since_ns, gpu.busy_batch = (now, len(gpu.batch)) if gpu.batch else (-1, 0)
         if not gpu.batch:
             gpu.step_ns = 0
             return
         context = gpu.base + len(gpu.batch) * gpu.steps
         step_s = self.cluster.derived.decode.decode_step(len(gpu.batch), context).total_s
         gpu.step_ns = max(1, round(step_s * NS))
-        gpu.segment_start_ns = self.system.now_ns()
+        gpu.segment_start_ns = now
         steps = gpu.finishing[0][0] - gpu.steps
         gpu.timer = self.system.loop.call_later(steps * gpu.step_ns / NS, self._segment_end, gpu)
 

@@ -1,17 +1,25 @@
 """Per-request timestamps of a cluster run, and the figures computed from them (paper §7: JCT, TTFT, TTST,
-TPOT and the TTFT breakdown of Fig. 12).
+TPOT and the TTFT breakdown of Fig. 12); the GPUs' busy time (:class:`BusyTime`) and the KV working set.
 
 Request ids are 0, 1, 2, … in arrival order, so every column is a flat array indexed by id (a run of 640,000
 turns keeps a few dozen MB, not an object per request). A time not reached yet is -1.
+
+Latencies per request (paper-facts §3.3): TTFT = first token − arrival; **TTST = second token − first
+token** (the PE → DE hand-off, the H2D copy into the DE's HBM and the first decode step; 0 would mean the
+first two tokens arrive together); TPOT = (last token − second token) / (tokens − 2).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Metrics", "Percentiles", "percentiles"]
+__all__ = ["BusyTime", "Metrics", "Percentiles", "percentiles", "quantile"]
+
+NS = 1_000_000_000
 
 _UNSET = -1
 
@@ -44,10 +52,81 @@ def percentiles(values: Sequence[float]) -> Percentiles:
     return Percentiles(rank(0.5), rank(0.9), rank(0.99), sum(ordered) / n)
 
 
-class Metrics:
-    """Timestamps (ns) per request; filled by the actors as the request moves."""
+def quantile(values: Iterable[float], count: int, q: float) -> float:
+    """The ``q``-quantile (nearest rank) of ``count`` values in [0, ∞), of which ``values`` are the ones
+    stored: the rest are zeros. Keeps only the top ``count × (1 − q)`` in memory (a p99 over 100,000
+    one-second samples holds 1,000)."""
+    if count <= 0:
+        return 0.0
+    rank = min(count, max(1, -(-int(q * count * 1000) // 1000)))  # as percentiles(): ceil(q·n), clamped
+    top = heapq.nlargest(count - rank + 1, values)
+    return top[-1] if len(top) == count - rank + 1 else 0.0
 
-    def __init__(self) -> None:
+
+class BusyTime:
+    """How long each unit (a GPU, by its global index) is busy, in total and per sampling interval, from
+    the intervals the actors report; with ``keep_spans`` also the intervals themselves, for the trace.
+
+    Prefill GPUs are busy inside the forward passes in which they have work; decode GPUs while they step a
+    non-empty batch. :meth:`utilisation` gives the run's mean and the ``q``-quantile of the per-interval
+    busy fractions over every (unit, interval), the same statistics as the ports' (``Core.utilisation_*``)."""
+
+    def __init__(self, interval_ns: int, keep_spans: bool = False) -> None:
+        if interval_ns <= 0:
+            raise ValueError(f"interval_ns: expected an integer > 0, got {interval_ns}")
+        self.interval_ns = interval_ns
+        self.busy_ns: dict[int, array[int]] = {}
+        """Busy nanoseconds per sampling interval, per unit (only units that were ever busy)."""
+        self.spans: list[tuple[int, int, int, str, tuple[tuple[str, int], ...]]] | None = [] if keep_spans else None
+        """``(unit, start_ns, end_ns, what, args)`` per interval, if kept."""
+
+    def add(self, unit: int, start_ns: int, end_ns: int, what: str = "busy", args: tuple[tuple[str, int], ...] = ()) -> None:
+        """``unit`` was busy over [start_ns, end_ns) doing ``what`` (e.g. ``prefill pass``)."""
+        if end_ns <= start_ns:
+            return
+        bins = self.busy_ns.get(unit)
+        if bins is None:
+            bins = self.busy_ns[unit] = array("q")
+        step = self.interval_ns
+        last = (end_ns - 1) // step
+        if len(bins) <= last:
+            bins.extend(itertools.repeat(0, last + 1 - len(bins)))
+        t = start_ns
+        while t < end_ns:
+            k = t // step
+            edge = min((k + 1) * step, end_ns)
+            bins[k] += edge - t
+            t = edge
+        if self.spans is not None:
+            self.spans.append((unit, start_ns, end_ns, what, args))
+
+    def timeline(self, units: Sequence[int], until_ns: int) -> list[float]:
+        """Per sampling interval before ``until_ns``, the mean busy fraction of ``units``."""
+        intervals = -(-until_ns // self.interval_ns)
+        total = [0.0] * intervals
+        for unit in units:
+            for k, busy in enumerate(self.busy_ns.get(unit, ())[:intervals]):
+                total[k] += busy / self._covered(k, until_ns)
+        return [t / len(units) for t in total] if units else total
+
+    def utilisation(self, units: Sequence[int], until_ns: int, q: float = 0.99) -> dict[str, float]:
+        """``{"mean": busy time / (units × until_ns), "p99": the q-quantile over every (unit, interval)}``."""
+        intervals = -(-until_ns // self.interval_ns)
+        busy = sum(sum(self.busy_ns.get(u, ())[:intervals]) for u in units)
+        mean = busy / (len(units) * until_ns) if units and until_ns > 0 else 0.0
+        fractions = (b / self._covered(k, until_ns) for u in units for k, b in enumerate(self.busy_ns.get(u, ())[:intervals]))
+        return {"mean": mean, "p99": quantile(fractions, len(units) * intervals, q)}
+
+    def _covered(self, k: int, until_ns: int) -> int:
+        """The part of interval ``k`` before ``until_ns`` (the last one may be partial)."""
+        return max(1, min(self.interval_ns, until_ns - k * self.interval_ns))
+
+
+class Metrics:
+    """Timestamps (ns) per request; filled by the actors as the request moves. ``gpu_busy`` holds the busy
+    time of the prefill (``pe``) and decode (``de``) GPUs, sampled every ``sample_interval_ns``."""
+
+    def __init__(self, sample_interval_ns: int = NS, keep_spans: bool = False) -> None:
         self.agent = _column()
         self.prompt = _column()
         self.hit = _column()
@@ -69,6 +148,7 @@ class Metrics:
         self.forward_attention_balance: array[float] = array("d")
         """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
         DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
+        self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
 
     def __len__(self) -> int:
         return len(self.arrive_ns)
@@ -118,6 +198,17 @@ class Metrics:
         self.forward_ns.append(t_ns)
         self.forward_attention_balance.append(max(attention_s) / mean if mean > 0 else 1.0)
 
+    def prefill_pass(self, start_ns: int, end_ns: int, gpus: Iterable[tuple[int, int, int]]) -> None:
+        """A prefill forward pass ran over [start_ns, end_ns) on these GPUs: ``(gpu, requests, tokens)``
+        each (the GPUs with work in it)."""
+        busy = self.gpu_busy["pe"]
+        for gpu, requests, tokens in gpus:
+            busy.add(gpu, start_ns, end_ns, "prefill pass", (("requests", requests), ("tokens", tokens)))
+
+    def decode_segment(self, gpu: int, start_ns: int, end_ns: int, batch: int, step_ns: int) -> None:
+        """Decode GPU ``gpu`` stepped a batch of ``batch`` requests, ``step_ns`` a step, over [start_ns, end_ns)."""
+        self.gpu_busy["de"].add(gpu, start_ns, end_ns, "decode", (("batch", batch), ("step_ns", step_ns)))
+
     # --- figures -------------------------------------------------------------------------------------
 
     def unfinished(self) -> list[int]:
@@ -128,7 +219,8 @@ class Metrics:
         return [(f - a) / 1e9 for a, f in zip(self.arrive_ns, self.first_token_ns) if f != _UNSET]
 
     def ttst_s(self) -> list[float]:
-        return [(s - a) / 1e9 for a, s in zip(self.arrive_ns, self.second_token_ns) if s != _UNSET]
+        """Per request with a second token: second token − first token (not from arrival: paper-facts §3.3)."""
+        return [(s - f) / 1e9 for f, s in zip(self.first_token_ns, self.second_token_ns) if s != _UNSET]
 
     def tpot_s(self) -> list[float]:
         """Per request with at least 3 tokens: (last token − second token) / (tokens − 2)."""
@@ -142,3 +234,40 @@ class Metrics:
         """Job completion time: from the first arrival to the last request's end (offline, §7.3)."""
         ended = [t for t in self.done_ns if t != _UNSET]
         return (max(ended) - min(self.arrive_ns)) / 1e9 if ended else 0.0
+
+    def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int) -> dict[str, float]:
+        """The KV bytes of the live trajectories over [0, end_ns]: time-weighted ``mean`` and ``max``.
+
+        A trajectory (agent) is live from its first turn's arrival to its last turn's end; its bytes are its
+        context's KV, which grows: at a turn's arrival to its prompt (hit + appended tokens), at the turn's
+        end to prompt + generated tokens (never shrinking; the storage holds all of it, §3.4)."""
+        changes: list[tuple[int, int, int]] = []  # (t_ns, agent, context tokens), then the agent's end (-1)
+        last_end: dict[int, int] = {}
+        for agent, arrive, prompt, gen, done in zip(self.agent, self.arrive_ns, self.prompt, self.gen, self.done_ns):
+            changes.append((arrive, agent, prompt))
+            if done != _UNSET:
+                changes.append((done, agent, prompt + gen))
+                last_end[agent] = max(last_end.get(agent, done), done)
+        changes.extend((t, agent, -1) for agent, t in last_end.items())
+        changes.sort(key=lambda c: (c[0], c[2] < 0))  # at one instant, growth before the end
+        tokens: dict[int, int] = {}
+        live = peak = 0
+        area = 0.0
+        previous = 0
+        for i, (t, agent, context) in enumerate(changes):
+            if t > end_ns:
+                break
+            area += live * (t - previous)
+            previous = t
+            held = tokens.get(agent, 0)
+            if context < 0:
+                live -= held
+                tokens[agent] = 0
+            elif context > held:
+                live += context - held
+                tokens[agent] = context
+            if i + 1 == len(changes) or changes[i + 1][0] != changes[i][0]:
+                peak = max(peak, live)  # what is held after an instant, not during its changes
+        area += live * max(0, end_ns - previous)
+        mean = area / end_ns if end_ns > 0 else 0.0
+        return {"mean": mean * kv_bytes_per_token, "max": float(peak * kv_bytes_per_token)}

@@ -1,25 +1,29 @@
 """What ``dualpath-emu run`` writes: the summary (``--json``, ``summary.json``), ``requests.csv``, the plots.
 
 * :func:`summary` — ``scenario``, ``seed``, ``systems.<name>`` (:meth:`SystemResult.summary`: JCT, turns,
-  percentiles, NIC bytes and utilisation, the event log's SHA-256, wall time, events) and
-  ``speedup_vs_basic.<name>`` (Basic's JCT / the system's; null without a Basic run), plus the scenario's
-  settings under ``config`` and ``workload``.
+  latency percentiles, utilisation of NICs, DRAM and GPUs with their 1-second p99, the KV working set, the
+  event log's SHA-256, wall time, events) and ``speedup_vs_basic.<name>`` (Basic's JCT / the system's; null
+  without a Basic run), plus the scenario's settings under ``config`` and ``workload``.
 * :func:`write_requests_csv` — one row per request per system, from :class:`~dualpath_emu.cluster.metrics.Metrics`;
   times in seconds since the run's start, empty where never reached; ``read_side`` is ``pe`` or ``de`` (the
-  node whose storage NIC read the hit KV), ``none`` without a hit or under Oracle (no reads).
-* :func:`write_plots` — ``jct.png`` (JCT per system) and ``snic-util.png`` (storage-NIC read utilisation over
-  time, prefill vs decode nodes, one panel per system), drawn with matplotlib's Agg backend (no display).
+  node whose storage NIC read the hit KV), ``none`` without a hit or under Oracle (no reads); then each
+  request's ``ttft_s`` (first token − arrival), ``ttst_s`` (second token − first token) and ``tpot_s``.
+* :func:`write_plots` — ``jct.png`` (JCT per system), ``utilisation.png`` (storage NICs, compute NICs each
+  direction, DRAM and GPUs over time, prefill vs decode nodes, a row per system) and ``latency-cdf.png``
+  (TTFT, TTST and TPOT distributions, a line per system), drawn with matplotlib's Agg backend (no display).
+* :func:`trace_file` — where :mod:`~dualpath_emu.cluster.trace` writes a system's Perfetto trace.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu import __version__
+from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.run import SystemResult
 from dualpath_emu.cluster.scenario import ClusterScenario
 from dualpath_emu.cluster.systems import SYSTEMS
@@ -28,7 +32,7 @@ __all__ = ["CSV_COLUMNS", "summary", "trace_file", "write_plots", "write_request
 
 CSV_COLUMNS: Final = (
     "system", "rid", "agent", "prompt", "hit", "gen", "arrive_s", "first_token_s", "second_token_s", "done_s",
-    "read_side", "pe", "de",
+    "read_side", "pe", "de", "ttft_s", "ttst_s", "tpot_s",
 )  # fmt: skip
 
 
@@ -64,6 +68,11 @@ def _seconds(ns: int) -> str:
     return "" if ns < 0 else f"{ns / 1e9:.9f}"
 
 
+def _between(start_ns: int, end_ns: int, per: int = 1) -> str:
+    """``(end − start) / per`` in seconds, empty if either was never reached."""
+    return "" if start_ns < 0 or end_ns < 0 else f"{(end_ns - start_ns) / per / 1e9:.9f}"
+
+
 def write_requests_csv(path: Path, results: Mapping[str, SystemResult]) -> int:
     """Write ``requests.csv``; returns the number of rows (requests over all systems)."""
     rows = 0
@@ -80,13 +89,16 @@ def write_requests_csv(path: Path, results: Mapping[str, SystemResult]) -> int:
                     name, rid, m.agent[rid], m.prompt[rid], m.hit[rid], m.gen[rid], _seconds(m.arrive_ns[rid]),
                     _seconds(m.first_token_ns[rid]), _seconds(m.second_token_ns[rid]), _seconds(m.done_ns[rid]),
                     side, "" if m.pe[rid] < 0 else m.pe[rid], "" if m.de[rid] < 0 else m.de[rid],
+                    _between(m.arrive_ns[rid], m.first_token_ns[rid]),
+                    _between(m.first_token_ns[rid], m.second_token_ns[rid]),
+                    _between(m.second_token_ns[rid], m.done_ns[rid], m.gen[rid] - 2) if m.gen[rid] > 2 else "",
                 ))  # fmt: skip
                 rows += 1
     return rows
 
 
 def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> list[Path]:
-    """Write ``jct.png`` and (when the runs sampled utilisation) ``snic-util.png``; returns the paths."""
+    """Write ``jct.png``, ``utilisation.png`` and ``latency-cdf.png``; returns the paths."""
     # The object API with an explicit Agg canvas: no pyplot global state, no display needed.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -107,31 +119,81 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
     figure.savefig(path, dpi=120)
     written.append(path)
 
-    sampled = [n for n in names if results[n].snic_timeline]
-    if sampled:
-        figure = Figure(figsize=(7.5, 1.9 * len(sampled) + 0.6), layout="constrained")
-        FigureCanvasAgg(figure)
-        panels = figure.subplots(len(sampled), 1, sharex=True, squeeze=False)[:, 0]
-        for axes, name in zip(panels, sampled):
-            result = results[name]
-            for role, label, colour in (("pe", "prefill nodes", "tab:blue"), ("de", "decode nodes", "tab:orange")):
-                series = result.snic_timeline.get(role, [])
-                times = [i * result.sample_interval_s for i in range(len(series))]
-                axes.plot(times, [100 * v for v in series], label=label, color=colour, linewidth=1)
+    # Utilisation over time: a row per system; columns storage NIC, compute NIC, DRAM, GPU; prefill nodes
+    # blue, decode nodes orange; receive (reads into the node) solid, transmit dashed.
+    columns = (
+        ("storage NIC", (("snic.rx", "-", "rx: reads"), ("snic.tx", "--", "tx: writes"))),
+        ("compute NIC", (("cnic.rx", "-", "rx"), ("cnic.tx", "--", "tx"))),
+        ("DRAM", (("dram", "-", ""),)),
+        ("GPU busy", (("gpu", "-", ""),)),
+    )
+    figure = Figure(figsize=(13.0, 2.2 * len(names) + 0.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    panels = figure.subplots(len(names), len(columns), sharex=True, sharey=True, squeeze=False)
+    for row, name in enumerate(names):
+        result = results[name]
+        for col, (title, series) in enumerate(columns):
+            axes = panels[row][col]
+            for kind, style, label in series:
+                for role, role_label, colour in (("pe", "prefill", "tab:blue"), ("de", "decode", "tab:orange")):
+                    values = result.timelines.get(kind, {}).get(role, [])
+                    times = [i * result.sample_interval_s for i in range(len(values))]
+                    axes.plot(times, [100 * v for v in values], style, color=colour, linewidth=0.8,
+                              label=f"{role_label} {label}".strip())  # fmt: skip
             axes.set_ylim(0, 105)
-            axes.set_ylabel("SNIC read %")
-            axes.set_title(name, fontsize=9, loc="left")
-            axes.legend(loc="upper right", fontsize=7)
-        panels[-1].set_xlabel("emulated time (s)")
-        figure.suptitle(f"{scenario.name}: storage-NIC utilisation (reads), mean per node", fontsize=10)
-        path = directory / "snic-util.png"
-        figure.savefig(path, dpi=120)
-        written.append(path)
+            axes.set_title(f"{name}: {title}" if col == 0 else title, fontsize=9, loc="left")
+            if col == 0:
+                axes.set_ylabel("% of capacity")
+            if row == 0:
+                axes.legend(loc="upper right", fontsize=6)
+    for axes in panels[-1]:
+        axes.set_xlabel("emulated time (s)")
+    figure.suptitle(f"{scenario.name}: utilisation per second, mean over the prefill / decode nodes' ports and "
+                    "GPUs", fontsize=10)  # fmt: skip
+    path = directory / "utilisation.png"
+    figure.savefig(path, dpi=110)
+    written.append(path)
+
+    # Latency distributions: TTFT, TTST, TPOT, a line per system (log x: they span orders of magnitude).
+    figure = Figure(figsize=(12.0, 3.4), layout="constrained")
+    FigureCanvasAgg(figure)
+    panels = figure.subplots(1, 3, squeeze=False)[0]
+    spans: list[tuple[float, float]] = []
+    latencies: tuple[tuple[str, str, float, Callable[[Metrics], list[float]]], ...] = (
+        ("TTFT", "s", 1.0, Metrics.ttft_s), ("TTST", "ms", 1e3, Metrics.ttst_s), ("TPOT", "ms", 1e3, Metrics.tpot_s),
+    )  # fmt: skip
+    for axes, (label, unit, scale, values_of) in zip(panels, latencies):
+        for name in names:
+            values = sorted(v * scale for v in values_of(results[name].metrics))
+            if not values:
+                continue
+            n = len(values)
+            spans.append((values[0], values[-1]))
+            picks = sorted({min(n - 1, i * n // 2000) for i in range(2000)} | {n - 1})  # ≤ 2,001 points
+            axes.step([values[i] for i in picks], [(i + 1) / n for i in picks], where="post", color=_colour(name),
+                      label=name, linewidth=1)  # fmt: skip
+        low, high = min((a for a, _ in spans), default=0.0), max((b for _, b in spans), default=0.0)
+        if low > 0 and high > 20 * low:  # log where they span orders of magnitude
+            axes.set_xscale("log")
+        else:
+            axes.locator_params(axis="x", nbins=5)
+        spans.clear()
+        axes.set_xlabel(f"{label} ({unit})")
+        axes.set_ylim(0, 1.01)
+        axes.set_title(label, fontsize=9, loc="left")
+        axes.grid(alpha=0.3)
+    panels[0].set_ylabel("fraction of requests")
+    panels[0].legend(loc="lower right", fontsize=7)
+    figure.suptitle(f"{scenario.name}: latency distributions (CDF)", fontsize=10)
+    path = directory / "latency-cdf.png"
+    figure.savefig(path, dpi=120)
+    written.append(path)
     return written
 
 
 def _colour(system: str) -> str:
-    palette = {"basic": "tab:gray", "dualpath": "tab:green", "oracle": "tab:purple"}
+    palette = {"basic": "tab:gray", "dualpath": "tab:green", "oracle": "tab:purple", "basic+layerwise": "tab:brown",
+               "basic+layerwise+dualpath": "tab:olive"}
     return palette.get(system, "tab:blue")
 
 

@@ -3,8 +3,9 @@
 :func:`run_system` builds the core (ports per :mod:`~dualpath_emu.cluster.topology`), the actors (client,
 scheduler, one prefill group per EP group, one decode group per node), runs until every agent's last turn is
 done, checks that every admitted request ended exactly once, and returns a :class:`SystemResult`: JCT,
-TTFT/TTST/TPOT percentiles, storage- and compute-NIC bytes and utilisation on prefill vs decode nodes, the
-storage-NIC max/mean, the event log's SHA-256, wall time and event counts.
+TTFT/TTST/TPOT percentiles, the utilisation of storage NICs, compute NICs (each direction), DRAM and GPUs
+on prefill vs decode nodes (run mean and the p99 of 1-second samples), the KV working set, the storage-NIC
+max/mean, the event log's SHA-256, wall time and event counts (actors' and the core's).
 """
 
 from __future__ import annotations
@@ -30,13 +31,23 @@ from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.systems import SYSTEMS
-from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
+from dualpath_emu.cluster.topology import KV_LANE, build_topology
+from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.runtime.actors import ActorSystem
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.virtual_loop import run as run_virtual
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["LostRequestsError", "Progress", "SystemResult", "run_system"]
+__all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "run_system"]
+
+SAMPLE_INTERVAL_S = 1.0
+"""The core samples port utilisation, and the GPUs' busy time is binned, every emulated second: the p99s of
+:class:`SystemResult` are over these samples, and the plots of ``--out`` draw them."""
+
+Utilisation = dict[str, float]
+"""``{"mean": fraction of capacity over the run, "p99": 99th percentile of the 1-second samples}``."""
+
+ROLES = ("pe", "de")
 
 
 class LostRequestsError(RuntimeError):
@@ -56,6 +67,11 @@ class Progress:
 
 @dataclass
 class SystemResult:
+    """One system's run. Utilisations are per role (``pe``: prefill nodes, ``de``: decode nodes), each a
+    :data:`Utilisation`: the run mean (bytes over capacity × JCT for ports, busy time over GPUs × JCT for
+    GPUs) and the p99 over every (port or GPU, 1-second sample) of the role, since KV loads are bursty and
+    a port 54% busy on average can be the bottleneck in its busiest seconds."""
+
     system: str
     jct_s: float
     turns: int
@@ -63,21 +79,41 @@ class SystemResult:
     lost_requests: int
     ttft_s: dict[str, float]
     ttst_s: dict[str, float]
+    """Second token − first token (the hand-off to the DE, its H2D copy and first decode step)."""
     tpot_s: dict[str, float]
     snic_read_bytes: dict[str, float]
-    snic_util: dict[str, float]
-    cnic_util: dict[str, float]
+    snic_util: dict[str, dict[str, Utilisation]]
+    """Storage NICs per role and direction: ``rx`` reads (storage → node), ``tx`` writes (node → storage)."""
+    cnic_util: dict[str, dict[str, Utilisation]]
+    """Compute NICs per role and direction: ``tx`` reads host memory or HBM, ``rx`` writes them."""
+    dram_util: dict[str, Utilisation]
+    """Host DRAM (one port for both directions) per role."""
+    gpu_util: dict[str, Utilisation]
+    """Busy fraction per role: prefill GPUs inside forward passes with work, decode GPUs stepping a
+    non-empty batch."""
+    working_set_bytes: dict[str, float]
+    """KV bytes of the live trajectories over the run: time-weighted ``mean`` and ``max``."""
     snic_max_over_mean: float
     event_log_sha256: str
     wall_s: float
     events: int
+    """Actor events (the event log's records)."""
     core_events: int
+    """Events the core handled (its queue's live events: transfer completions, timers, I/O starts, forward
+    steps)."""
     metrics: Metrics = field(repr=False)
+    core_stats: dict[str, int] = field(default_factory=dict)
+    """Every counter of ``Core.stats()``."""
     extra: dict[str, Any] = field(default_factory=dict)
-    snic_timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
-    """With ``sample_interval_s``: the storage NICs' mean utilisation (reads) per sample on prefill (``pe``) and
-    decode (``de``) nodes; empty otherwise."""
-    sample_interval_s: float = 0.0
+    timelines: dict[str, dict[str, list[float]]] = field(default_factory=dict, repr=False)
+    """Mean utilisation per sample over the ports (or GPUs) of each role: ``snic.rx``, ``snic.tx``,
+    ``cnic.tx``, ``cnic.rx``, ``dram``, ``gpu`` → ``{"pe": [...], "de": [...]}``."""
+    sample_interval_s: float = SAMPLE_INTERVAL_S
+
+    @property
+    def snic_timeline(self) -> dict[str, list[float]]:
+        """The storage NICs' mean read utilisation per sample, ``pe`` and ``de`` (``timelines["snic.rx"]``)."""
+        return self.timelines.get("snic.rx", {})
 
     def summary(self) -> dict[str, Any]:
         """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
@@ -92,11 +128,15 @@ class SystemResult:
             "snic_read_bytes": self.snic_read_bytes,
             "snic_util": self.snic_util,
             "cnic_util": self.cnic_util,
+            "dram_util": self.dram_util,
+            "gpu_util": self.gpu_util,
+            "working_set_bytes": self.working_set_bytes,
             "snic_max_over_mean": self.snic_max_over_mean,
             "event_log_sha256": self.event_log_sha256,
             "wall_s": self.wall_s,
             "events": self.events,
             "core_events": self.core_events,
+            "core_stats": self.core_stats,
             **self.extra,
         }
 
@@ -110,7 +150,7 @@ def run_system(
     record_messages: bool = False,
     progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 0.25,
-    sample_interval_s: float | None = None,
+    sample_interval_s: float = SAMPLE_INTERVAL_S,
     trace_path: str | Path | None = None,
 ) -> SystemResult:
     """Run ``trajectories`` on ``config`` with the system called ``system_name`` in virtual time.
@@ -120,18 +160,20 @@ def run_system(
 
     ``progress`` is called with a :class:`Progress` at most every ``progress_interval_s`` of wall time while
     the run goes on (from the event sink, so it costs nothing in between), and once at the end.
-    ``sample_interval_s`` makes the core sample port utilisation (:attr:`SystemResult.snic_timeline`);
-    ``trace_path`` records every transfer as a span and writes a Chrome/Perfetto trace there (memory grows
-    with the run). Neither changes the run's results or its event log.
+    ``sample_interval_s`` is how often port utilisation is sampled and GPU busy time binned (the p99s and
+    :attr:`SystemResult.timelines`; a second of emulated time costs a few bytes per port).
+    ``trace_path`` records every transfer as a span and writes a Perfetto trace there
+    (:mod:`~dualpath_emu.cluster.trace`; memory grows with the run). Neither changes the run's results
+    or its event log.
     """
+    if not sample_interval_s > 0:
+        raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
     system = SYSTEMS[system_name]
     d = derived(config)
-    core = Core(
-        sample_interval_ns=None if sample_interval_s is None else max(1, round(sample_interval_s * 1e9)),
-        record_spans=trace_path is not None,
-    )
+    interval_ns = max(1, round(sample_interval_s * 1e9))
+    core = Core(sample_interval_ns=interval_ns, record_spans=trace_path is not None)
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
-    metrics = Metrics()
+    metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     actors = ActorSystem(seed=seed, record_messages=record_messages)
     gpus = config.node.gpus
     pe_order = tuple(n.index * gpus + g for n in topology.pe_nodes for g in range(gpus))
@@ -191,11 +233,9 @@ def run_system(
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
     result = _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
-    if sample_interval_s is not None:
-        result.snic_timeline = _snic_timeline(core, topology)
-        result.sample_interval_s = sample_interval_s
+    result.sample_interval_s = interval_ns / 1e9
     if trace_path is not None:
-        core.write_trace(str(trace_path))
+        write_trace(trace_path, core, config, topology, metrics, system_name)
     return result
 
 
@@ -211,20 +251,31 @@ def _result(
 ) -> SystemResult:
     metrics, topology = cluster.metrics, cluster.topology
     end_s = end_ns / 1e9 or 1e-9
+    until_ns = min(end_ns, core.now_ns)
 
-    def kv_bytes(port: int) -> float:
-        return float(core.port_counters(port)["fluid_bytes"][KV_LANE])  # type: ignore[index]
-
-    def total_bytes(port: int) -> float:
+    def port_bytes(port: int) -> float:
         return float(sum(core.port_counters(port)["fluid_bytes"]))  # type: ignore[arg-type]
 
-    snic = {role: [kv_bytes(n.snic_rx) for n in topology.nodes if n.role == role] for role in ("pe", "de")}
-    snic_cap = cluster.config.node.snic_bytes_per_s * cluster.config.node.snics
-    cnic = {
-        role: [total_bytes(p) for n in topology.nodes if n.role == role for p in (*n.cnic_tx, *n.cnic_rx)]
-        for role in ("pe", "de")
-    }
-    cnic_cap = cluster.config.node.cnic_bytes_per_s
+    def util(ports: list[int]) -> Utilisation:
+        """Bytes over capacity × the run (all that moved, the last write-backs included), and the p99."""
+        capacity = sum(core.port_rate(p) for p in ports) * end_s
+        mean = sum(port_bytes(p) for p in ports) / capacity if capacity > 0 else 0.0
+        return {"mean": mean, "p99": core.utilisation_quantile(ports, 0.99, until_ns)}
+
+    def ports_of(role: str, kind: str) -> list[int]:
+        nodes = [n for n in topology.nodes if n.role == role]
+        picks = {"snic.rx": lambda n: [n.snic_rx], "snic.tx": lambda n: [n.snic_tx], "dram": lambda n: [n.dram],
+                 "cnic.tx": lambda n: list(n.cnic_tx), "cnic.rx": lambda n: list(n.cnic_rx)}  # fmt: skip
+        return [p for n in nodes for p in picks[kind](n)]
+
+    gpus = cluster.config.node.gpus
+    gpu_units = {role: [n.index * gpus + g for n in topology.nodes if n.role == role for g in range(gpus)]
+                 for role in ROLES}  # fmt: skip
+    timelines = {kind: {role: core.utilisation_mean(ports_of(role, kind), until_ns) for role in ROLES}
+                 for kind in ("snic.rx", "snic.tx", "cnic.tx", "cnic.rx", "dram")}  # fmt: skip
+    timelines["gpu"] = {role: metrics.gpu_busy[role].timeline(gpu_units[role], until_ns) for role in ROLES}
+    snic = {role: [float(core.port_counters(p)["fluid_bytes"][KV_LANE]) for p in ports_of(role, "snic.rx")]  # type: ignore[index]
+            for role in ROLES}  # fmt: skip
     every_snic = snic["pe"] + snic["de"]
     mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
     stats = core.stats()
@@ -238,14 +289,19 @@ def _result(
         ttst_s=percentiles(metrics.ttst_s()).as_dict(),
         tpot_s=percentiles(metrics.tpot_s()).as_dict(),
         snic_read_bytes={role: sum(v) for role, v in snic.items()},
-        snic_util={role: sum(v) / (len(v) * snic_cap * end_s) if v else 0.0 for role, v in snic.items()},
-        cnic_util={role: sum(v) / (len(v) * cnic_cap * end_s) if v else 0.0 for role, v in cnic.items()},
+        snic_util={role: {d: util(ports_of(role, f"snic.{d}")) for d in ("rx", "tx")} for role in ROLES},
+        cnic_util={role: {d: util(ports_of(role, f"cnic.{d}")) for d in ("tx", "rx")} for role in ROLES},
+        dram_util={role: util(ports_of(role, "dram")) for role in ROLES},
+        gpu_util={role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns) for role in ROLES},
+        working_set_bytes=metrics.working_set_bytes(cluster.derived.kv_bytes_per_token, end_ns),
         snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0,
         event_log_sha256=sha256,
         wall_s=wall_s,
         events=actors.event_count,
-        core_events=int(stats.get("events", 0)),
+        core_events=stats["queue_events"],
+        core_stats=dict(stats),
         metrics=metrics,
+        timelines=timelines,
     )
 
 
@@ -280,12 +336,3 @@ class _Reporter:
         turns_done = len(done) - done.count(-1)  # a C loop over the column: cheap at a few calls per second
         self.callback(Progress(self.system, turns_done, self.total, self.core.now_ns / 1e9, wall - self.started))
 
-
-def _snic_timeline(core: Core, topology: Topology) -> dict[str, list[float]]:
-    """Mean storage-NIC read utilisation per sample over the prefill and the decode nodes."""
-    out: dict[str, list[float]] = {}
-    for role in ("pe", "de"):
-        series = [core.utilisation(n.snic_rx) for n in topology.nodes if n.role == role]
-        width = max((len(s) for s in series), default=0)
-        out[role] = [sum(s[i] if i < len(s) else 0.0 for s in series) / len(series) for i in range(width)]
-    return out

@@ -6,9 +6,9 @@ system of a cluster scenario (:mod:`~dualpath_emu.cluster.scenario`; without one
 system. While it runs, a progress bar per system (turns done of all, emulated time) when stdout is a
 terminal, unless ``--quiet`` or ``--json``. ``--json`` prints the summary (:func:`~.outputs.summary`) and
 nothing else on stdout. ``--out DIR`` writes ``summary.json``, ``requests.csv``, ``jct.png``,
-``snic-util.png`` (utilisation sampled every second of emulated time) and a Perfetto/Chrome trace per
-system, ``trace-<system>.json`` (open it at ui.perfetto.dev; recording spans costs memory, hence only with
-``--out``).
+``utilisation.png`` (NICs, DRAM and GPUs over time, from the samples every emulated second),
+``latency-cdf.png`` and a Perfetto trace per system, ``trace-<system>.json`` (open it at ui.perfetto.dev;
+recording spans costs memory, hence only with ``--out``; :mod:`~dualpath_emu.cluster.trace`).
 
 ``validate FILE`` checks a scenario file -- a cluster scenario, or a run scenario for ``launch`` -- and
 prints one ``OK`` line; a bad file is a :class:`~dualpath_emu.config.ScenarioError` (one line, exit 2).
@@ -37,10 +37,6 @@ from dualpath_emu.errors import UsageError
 
 __all__ = ["load_scenario", "run_command", "validate_command"]
 
-SAMPLE_INTERVAL_S = 1.0
-"""With ``--out``: the core samples port utilisation every emulated second (``snic-util.png``)."""
-
-
 def load_scenario(path: Path | None) -> ClusterScenario:
     """The scenario in ``path``, or the built-in one."""
     return DEFAULT if path is None else load_cluster_scenario(path)
@@ -67,20 +63,20 @@ def run_command(args: argparse.Namespace) -> int:
         for name in scenario.systems:
             results[name] = run_system(
                 scenario.config, name, trajectories, seed=scenario.seed, progress=track(name),
-                sample_interval_s=SAMPLE_INTERVAL_S if out is not None else None,
                 trace_path=None if out is None else _trace_file(out, name),
             )  # fmt: skip
     from dualpath_emu.cluster.outputs import summary  # after the runs: plots pull in matplotlib
 
     document = summary(scenario, results)
+    written: list[str] = []
     if out is not None:
-        _write_outputs(out, scenario, results, document)
+        written = _write_outputs(out, scenario, results, document)
     if args.json:
         print(json.dumps(document, indent=2, allow_nan=False))
         return 0
     console.print(_table(scenario, results))
     if out is not None:
-        console.print(f"wrote summary.json, requests.csv, jct.png, snic-util.png and trace-<system>.json to {out}")
+        console.print(f"wrote {', '.join(written)} and trace-<system>.json to {out}")
     return 0
 
 
@@ -90,15 +86,19 @@ def _trace_file(out: Path, system: str) -> Path:
     return trace_file(out, system)
 
 
-def _write_outputs(out: Path, scenario: ClusterScenario, results: dict[str, SystemResult], document: Any) -> None:
+def _write_outputs(
+    out: Path, scenario: ClusterScenario, results: dict[str, SystemResult], document: Any
+) -> list[str]:
+    """Write the summary, requests.csv and the plots; returns the names of the files written."""
     from dualpath_emu.cluster.outputs import write_plots, write_requests_csv
 
     try:
         (out / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
         write_requests_csv(out / "requests.csv", results)
-        write_plots(out, scenario, results)
+        plots = write_plots(out, scenario, results)
     except OSError as error:
         raise UsageError(f"--out {out}: cannot write: {error.strerror or error}") from None
+    return ["summary.json", "requests.csv", *(p.name for p in plots)]
 
 
 @contextmanager
@@ -130,24 +130,33 @@ def _f(value: float, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if math.isfinite(value) else "-"
 
 
+def _pair(a: float, b: float) -> str:
+    """Two utilisations as percentages, ``a/b``."""
+    return f"{100 * a:.0f}/{100 * b:.0f}"
+
+
 def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table:
-    # No vertical rules, one space between columns, utilisation in percent: ten columns fit 80 columns.
+    # No vertical rules, one space between columns, utilisation in percent (run means): it fits 100 columns.
     table = Table(title=f"{scenario.name}: {scenario.workload()}", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=0, show_edge=False)  # fmt: skip
     for header in ("system", "JCT\n(s)", "vs\nbasic", "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99",
-                   "SNIC %\nPE/DE", "CNIC %\nPE/DE", "SNIC\nmax/mean", "wall\n(s)", "events\n/ s"):  # fmt: skip
+                   "SNIC rx %\nPE/DE", "CNIC PE %\ntx/rx", "CNIC DE %\ntx/rx", "GPU %\nPE/DE", "SNIC\nmax/mean",
+                   "wall\n(s)", "events\n/ s"):  # fmt: skip
         table.add_column(header, justify="left" if header == "system" else "right", no_wrap=True)
     basic = results.get("basic")
     for name, r in results.items():
         speedup = f"{basic.jct_s / r.jct_s:.2f}×" if basic is not None and r.jct_s > 0 else "-"
+        snic, cnic, gpu = r.snic_util, r.cnic_util, r.gpu_util
         table.add_row(
             name,
             _f(r.jct_s, 1),
             speedup,
             f"{_f(r.ttft_s['p50'])}/{_f(r.ttft_s['p99'])}",
             f"{_f(1e3 * r.tpot_s['p50'], 1)}/{_f(1e3 * r.tpot_s['p99'], 1)}",
-            f"{100 * r.snic_util['pe']:.0f}/{100 * r.snic_util['de']:.0f}",
-            f"{100 * r.cnic_util['pe']:.0f}/{100 * r.cnic_util['de']:.0f}",
+            _pair(snic["pe"]["rx"]["mean"], snic["de"]["rx"]["mean"]),
+            _pair(cnic["pe"]["tx"]["mean"], cnic["pe"]["rx"]["mean"]),
+            _pair(cnic["de"]["tx"]["mean"], cnic["de"]["rx"]["mean"]),
+            _pair(gpu["pe"]["mean"], gpu["de"]["mean"]),
             _f(r.snic_max_over_mean),
             _f(r.wall_s, 1),
             f"{r.events / r.wall_s:,.0f}" if r.wall_s > 0 else "-",

@@ -110,7 +110,8 @@ def build(args: argparse.Namespace) -> Report:
             **r.cell.labels, "system": r.cell.system, "rounds": r.cell.max_rounds or "all", "jct_s": round(s["jct_s"], 1),
             "paper_jct_s": paper.get(r.cell.system, ""), "turns": s["turns"],
             "speedup_vs_basic": round(jct[(r.cell.labels["model"], r.cell.labels["dataset"], r.cell.labels["agents"])]["basic"] / s["jct_s"], 3),
-            "snic_util_pe": round(s["snic_util"]["pe"], 3), "snic_util_de": round(s["snic_util"]["de"], 3),
+            "snic_util_pe": round(s["snic_util"]["pe"]["rx"]["mean"], 3),
+            "snic_util_de": round(s["snic_util"]["de"]["rx"]["mean"], 3),
             "snic_read_bytes_de": s["snic_read_bytes"]["de"], "wall_s": round(s["wall_s"], 1),
         })  # fmt: skip
     ordered = systems_ordered(jct)

@@ -1,0 +1,114 @@
+"""The Perfetto trace of one cluster run (``trace-<system>.json`` of ``dualpath-emu run --out``; open it at
+ui.perfetto.dev).
+
+A ``{"traceEvents": [...]}`` object (the Trace Event Format) with one process per node, one for the storage
+cluster and one for the requests, each named (``process_name`` metadata):
+
+* **node** ``n<i> (prefill|decode)``: a thread per GPU (``gpu<g>``) whose complete slices (``X``) are what
+  the GPU was busy with: ``prefill pass`` (args: requests, tokens) or ``decode`` (a segment of continuous
+  batching at one batch size; args: batch, step_ns). A GPU does one thing at a time, so its slices never
+  overlap. Per port of the node (``n<i>.snic.rx``, ``n<i>.dram``, ``n<i>.cnic<g>.tx``, …) a counter track of
+  its utilisation per virtual lane, per second; and every transfer that leaves the node, as an async slice
+  named by its path (``n0.dram → n0.cnic0.tx → n0.cnic0.rx``) and every storage I/O of the node
+  (``read 3fs.read → n0.snic.rx → n0.dram``), args: bytes, lane.
+* **storage (3fs)**: the utilisation of the storage cluster's own ports.
+* **requests**: per request async slices, each phase on its own track: ``request`` (arrival → last token;
+  args: rid, agent, prompt, hit, gen, pe, de, read side), ``waiting`` (arrival → prefill start:
+  scheduling, buffers, reading), ``read KV`` (the hit KV's storage read), ``prefill`` (prefill start →
+  first token), ``hand-off`` (first → second token: the TTST, KV to the DE, H2D, first decode step) and
+  ``decode`` (second → last token).
+
+Async slices (``b``/``e`` with an id) are used wherever slices overlap: Perfetto puts the async slices of
+one name in one process on one track and stacks the concurrent ones, while slices on a thread must nest
+(overlapping transfers on a thread, as the trace had before, are drawn wrongly). Each async slice has an
+id of its own, so no two share a stack and none can be mis-nested.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu._core import Core
+from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.topology import Topology
+
+__all__ = ["REQUESTS_PID", "STORAGE_PID", "node_pid", "port_pids", "trace_events", "write_trace"]
+
+REQUESTS_PID: Final = 1
+STORAGE_PID: Final = 2
+
+
+def node_pid(node: int) -> int:
+    """The process of node ``node``'s tracks."""
+    return 3 + node
+
+
+def port_pids(topology: Topology, port_count: int) -> list[int]:
+    """The process of each port (by port id): its node's, or the storage cluster's."""
+    pids = [STORAGE_PID] * port_count
+    for n in topology.nodes:
+        for port in (n.snic_rx, n.snic_tx, n.dram, *n.cnic_tx, *n.cnic_rx):
+            pids[port] = node_pid(n.index)
+    return pids
+
+
+def _us(t_ns: int) -> float:
+    """Nanoseconds as the format's microseconds. Perfetto truncates ``ts × 1000`` to whole nanoseconds, and
+    ``t_ns / 1e3 × 1000`` can fall a hair short of ``t_ns``: the half nanosecond added makes it land on
+    ``t_ns`` exactly, so back-to-back slices (a decode GPU's segments) touch and never overlap."""
+    return (t_ns + 0.5) / 1e3
+
+
+def trace_events(config: ClusterConfig, topology: Topology, metrics: Metrics, system: str) -> Iterator[str]:
+    """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests."""
+
+    def event(**fields: Any) -> str:
+        return json.dumps(fields, separators=(",", ":"))
+
+    processes = [(REQUESTS_PID, f"requests ({system})"), (STORAGE_PID, "storage (3fs)")]
+    processes += [(node_pid(n.index), f"n{n.index} ({'prefill' if n.role == 'pe' else 'decode'})")
+                  for n in topology.nodes]  # fmt: skip
+    for pid, name in processes:
+        yield event(name="process_name", ph="M", pid=pid, args={"name": name})
+        yield event(name="process_sort_index", ph="M", pid=pid, args={"sort_index": pid})
+    gpus = config.node.gpus
+    for n in topology.nodes:
+        for g in range(gpus):
+            yield event(name="thread_name", ph="M", pid=node_pid(n.index), tid=g + 1, args={"name": f"gpu{g}"})
+    for busy in metrics.gpu_busy.values():
+        for unit, start, end, what, args in busy.spans or ():
+            yield event(name=what, ph="X", pid=node_pid(unit // gpus), tid=unit % gpus + 1, ts=_us(start),
+                        dur=_us(end - start), args=dict(args))  # fmt: skip
+    yield from _requests(metrics, event)
+
+
+def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
+    m = metrics
+    for rid in range(len(m)):
+        arrive, done = m.arrive_ns[rid], m.done_ns[rid]
+        start, first, second = m.prefill_start_ns[rid], m.first_token_ns[rid], m.second_token_ns[rid]
+        on_de = m.read_on_de[rid]
+        args = {"rid": rid, "agent": m.agent[rid], "prompt": m.prompt[rid], "hit": m.hit[rid], "gen": m.gen[rid],
+                "pe": m.pe[rid], "de": m.de[rid], "read_side": "none" if on_de < 0 or m.hit[rid] == 0 else
+                ("de" if on_de else "pe")}  # fmt: skip
+        phases = [("request", arrive, done, args), ("waiting", arrive, start, None),
+                  ("read KV", m.read_start_ns[rid], m.read_done_ns[rid], None), ("prefill", start, first, None),
+                  ("hand-off", first, second if second >= 0 else done, None), ("decode", second, done, None)]  # fmt: skip
+        for name, begin, end, extra in phases:
+            if begin < 0 or end < begin:  # never reached (no read, one token, or not ended)
+                continue
+            common = {"name": name, "cat": name, "id": rid, "pid": REQUESTS_PID}
+            yield event(**common, ph="b", ts=_us(begin), **({"args": extra} if extra else {}))
+            yield event(**common, ph="e", ts=_us(end))
+
+
+def write_trace(
+    path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str
+) -> None:
+    """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans)."""
+    core.write_trace(str(path), port_pids=port_pids(topology, core.port_count),
+                     extra_events=trace_events(config, topology, metrics, system))  # fmt: skip

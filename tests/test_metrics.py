@@ -1,0 +1,70 @@
+"""The figures of :mod:`dualpath_emu.cluster.metrics`: TTST from the first token, the memory-light quantile,
+the GPUs' busy time per interval, the KV working set; on hand-made timestamps and against a sorted list."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dualpath_emu.cluster.metrics import BusyTime, Metrics, quantile
+
+S = 1_000_000_000
+
+
+def test_ttst_is_second_token_minus_first_not_from_arrival() -> None:
+    m = Metrics()
+    m.arrive(0, 0, 0, 100, 0, 5)
+    m.first_token(0, 2 * S)  # TTFT 2 s
+    m.second_token(0, 2 * S + 30_000_000)  # 30 ms later
+    m.arrive(1, 1, S, 100, 0, 1)  # one token: no second token, no TTST
+    m.first_token(1, 3 * S)
+    assert m.ttft_s() == [2.0, 2.0]
+    assert m.ttst_s() == pytest.approx([0.03])
+
+
+@given(st.lists(st.floats(0.0, 1.0), max_size=60), st.integers(0, 40), st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]))
+def test_quantile_is_the_nearest_rank_of_the_values_and_the_zeros(values: list[float], zeros: int, q: float) -> None:
+    everything = sorted(values + [0.0] * zeros)
+    n = len(everything)
+    expected = everything[min(n - 1, max(0, -(-int(q * n * 1000) // 1000) - 1))] if n else 0.0
+    assert quantile(iter(values), n, q) == expected
+
+
+def test_busy_time_splits_intervals_across_samples() -> None:
+    busy = BusyTime(S, keep_spans=True)
+    busy.add(7, S // 2, 2 * S, "prefill pass", (("requests", 3),))  # half of second 0, all of second 1
+    busy.add(7, 3 * S, 3 * S)  # empty: ignored
+    busy.add(8, 0, S // 4, "decode")
+    assert list(busy.busy_ns[7]) == [S // 2, S]
+    assert busy.timeline([7, 8, 9], 3 * S) == pytest.approx([(0.5 + 0.25) / 3, 1 / 3, 0.0])
+    util = busy.utilisation([7, 8, 9], 3 * S)
+    # Busy 1.75 s of 3 GPUs × 3 s; the 9 (GPU, second) samples are 0.5, 1, 0.25 and six zeros: p99 = 1.
+    assert util == pytest.approx({"mean": 1.75 / 9, "p99": 1.0})
+    assert busy.utilisation([7, 8, 9], 3 * S, q=0.8)["p99"] == pytest.approx(0.5)
+    assert busy.spans == [(7, S // 2, 2 * S, "prefill pass", (("requests", 3),)), (8, 0, S // 4, "decode", ())]
+
+
+def test_a_partial_last_interval_is_relative_to_its_length() -> None:
+    busy = BusyTime(S)
+    busy.add(0, 0, S + S // 2)  # busy until the run's end at 1.5 s: the second sample is full, not half
+    assert busy.timeline([0], S + S // 2) == pytest.approx([1.0, 1.0])
+    assert busy.utilisation([0], S + S // 2) == pytest.approx({"mean": 1.0, "p99": 1.0})
+
+
+def test_working_set_holds_each_trajectory_from_its_first_arrival_to_its_last_end() -> None:
+    m = Metrics()
+    kv = 10  # bytes per token
+    # Agent 0: turn 0 arrives at 0 s (prompt 100), ends at 2 s (+20 generated); turn 1 arrives at 2 s
+    # (prompt 150: the 120 of context, 30 appended), ends at 4 s (+10). Agent 1: one turn, 1-3 s, 50 + 50.
+    for rid, (agent, arrive, prompt, gen, done) in enumerate(
+        [(0, 0, 100, 20, 2), (1, 1, 50, 50, 3), (0, 2, 150, 10, 4)]
+    ):
+        m.arrive(rid, agent, arrive * S, prompt, prompt - 30 if prompt > 100 else 0, gen)
+        m.done(rid, done * S)
+    ws = m.working_set_bytes(kv, 5 * S)
+    # Live tokens: [0,1) 100; [1,2) 100 + 50; [2,3) 150 (agent 0's context grows to 120, then its next prompt
+    # is 150) + 50; [3,4) 150 (agent 1's last turn ended); [4,5) 0 (so did agent 0's).
+    assert ws["max"] == 200 * kv
+    assert ws["mean"] == pytest.approx((100 + 150 + 200 + 150 + 0) / 5 * kv)
+    assert m.working_set_bytes(kv, 2 * S) == pytest.approx({"mean": (100 + 150) / 2 * kv, "max": 200 * kv})
