@@ -80,7 +80,9 @@ class BusyTime:
         self.spans: list[tuple[int, int, int, str, tuple[tuple[str, int], ...]]] | None = [] if keep_spans else None
         """``(unit, start_ns, end_ns, what, args)`` per interval, if kept."""
 
-    def add(self, unit: int, start_ns: int, end_ns: int, what: str = "busy", args: tuple[tuple[str, int], ...] = ()) -> None:
+    def add(
+        self, unit: int, start_ns: int, end_ns: int, what: str = "busy", args: tuple[tuple[str, int], ...] = ()
+    ) -> None:
         """``unit`` was busy over [start_ns, end_ns) doing ``what`` (e.g. ``prefill pass``)."""
         if end_ns <= start_ns:
             return
@@ -114,7 +116,8 @@ class BusyTime:
         intervals = -(-until_ns // self.interval_ns)
         busy = sum(sum(self.busy_ns.get(u, ())[:intervals]) for u in units)
         mean = busy / (len(units) * until_ns) if units and until_ns > 0 else 0.0
-        fractions = (b / self._covered(k, until_ns) for u in units for k, b in enumerate(self.busy_ns.get(u, ())[:intervals]))
+        fractions = (b / self._covered(k, until_ns)
+                     for u in units for k, b in enumerate(self.busy_ns.get(u, ())[:intervals]))  # fmt: skip
         return {"mean": mean, "p99": quantile(fractions, len(units) * intervals, q)}
 
     def _covered(self, k: int, until_ns: int) -> int:
@@ -207,7 +210,9 @@ class Metrics:
 
     def decode_segment(self, gpu: int, start_ns: int, end_ns: int, batch: int, step_ns: int) -> None:
         """Decode GPU ``gpu`` stepped a batch of ``batch`` requests, ``step_ns`` a step, over [start_ns, end_ns)."""
-        self.gpu_busy["de"].add(gpu, start_ns, end_ns, "decode", (("batch", batch), ("step_ns", step_ns)))
+        busy = self.gpu_busy["de"]  # called per segment: the trace's args only when the trace is kept
+        args = (("batch", batch), ("step_ns", step_ns)) if busy.spans is not None else ()
+        busy.add(gpu, start_ns, end_ns, "decode", args)
 
     # --- figures -------------------------------------------------------------------------------------
 

@@ -274,8 +274,10 @@ def _result(
     timelines = {kind: {role: core.utilisation_mean(ports_of(role, kind), until_ns) for role in ROLES}
                  for kind in ("snic.rx", "snic.tx", "cnic.tx", "cnic.rx", "dram")}  # fmt: skip
     timelines["gpu"] = {role: metrics.gpu_busy[role].timeline(gpu_units[role], until_ns) for role in ROLES}
-    snic = {role: [float(core.port_counters(p)["fluid_bytes"][KV_LANE]) for p in ports_of(role, "snic.rx")]  # type: ignore[index]
-            for role in ROLES}  # fmt: skip
+    def kv_bytes(port: int) -> float:
+        return float(core.port_counters(port)["fluid_bytes"][KV_LANE])  # type: ignore[index]
+
+    snic = {role: [kv_bytes(p) for p in ports_of(role, "snic.rx")] for role in ROLES}
     every_snic = snic["pe"] + snic["de"]
     mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
     stats = core.stats()

@@ -97,7 +97,8 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
                 ("de" if on_de else "pe")}  # fmt: skip
         phases = [("request", arrive, done, args), ("waiting", arrive, start, None),
                   ("read KV", m.read_start_ns[rid], m.read_done_ns[rid], None), ("prefill", start, first, None),
-                  ("hand-off", first, second if second >= 0 else done, None), ("decode", second, done, None)]  # fmt: skip
+                  ("hand-off", first, second if second >= 0 else done, None),
+                  ("decode", second, done, None)]  # fmt: skip
         for name, begin, end, extra in phases:
             if begin < 0 or end < begin:  # never reached (no read, one token, or not ended)
                 continue
