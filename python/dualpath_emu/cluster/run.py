@@ -133,10 +133,8 @@ def run_system(
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics()
     actors = ActorSystem(seed=seed, record_messages=record_messages)
-    gpus = config.node.gpus
-    pe_order = tuple(n.index * gpus + g for n in topology.pe_nodes for g in range(gpus))
     ledger = Ledger(actors, topology)
-    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens, pe_order), ledger)
+    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), ledger)
     writer = EventLogWriter()
     checker = EventLogChecker()
 

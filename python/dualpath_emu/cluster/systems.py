@@ -30,11 +30,11 @@ class System:
     oracle: bool = False
     """Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound."""
 
-    def policy(self, alpha_tokens: int, beta_tokens: int, pe_order: tuple[int, ...] = ()) -> Policy:
-        """This system's scheduling policy; ``pe_order`` is every PE's id in round-robin turn order."""
+    def policy(self, alpha_tokens: int, beta_tokens: int) -> Policy:
+        """This system's scheduling policy."""
         if self.scheduler == "dualpath":
             return DualPathPolicy(read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
-        return RoundRobinPolicy(read_both_sides=self.dual_path, pe_order=pe_order)
+        return RoundRobinPolicy(read_both_sides=self.dual_path)
 
 
 SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
