@@ -22,9 +22,10 @@ import pytest
 from dualpath_emu.cli import main as cli_main
 from dualpath_emu.runtime.eventlog import parse_line
 from dualpath_emu.runtime.launcher import check_delivery
+from dualpath_emu.scenarios import FOLDER
 
 REPO = Path(__file__).resolve().parent.parent
-PIPELINE = REPO / "scenarios" / "pipeline.toml"
+PIPELINE = FOLDER / "pipeline.toml"
 WAIT_S = 60.0
 
 
