@@ -181,3 +181,32 @@ def test_the_package_re_exports_the_api_lazily() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         dualpath_emu.nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------- the README
+
+
+def _readme_block(heading: str) -> str:
+    """The first ```python block of the README's section ``heading``."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(f"\n## {heading}\n"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+def test_the_readme_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pandas")
+    monkeypatch.chdir(REPO)  # the example names examples/custom_policy.py relative to the checkout
+    namespace: dict[str, Any] = {}
+    exec(compile(_readme_block("Python API"), "README.md", "exec"), namespace)
+    result: api.RunResult = namespace["result"]
+    assert result.systems == ["basic", "dualpath", "least-loaded"]
+    assert set(namespace["frame"]["system"]) == {"basic", "dualpath", "least-loaded"}
+
+
+def test_the_readme_policy_example_is_the_example_file(tmp_path: Path) -> None:
+    (tmp_path / "readme_policy.py").write_text(_readme_block("Write your own policy"), encoding="utf-8")
+    scenario = api.load_scenario("ds27b-1p1d-offline", overrides=SMALL)
+    readme = api.run(scenario, systems=[f"{tmp_path / 'readme_policy.py'}:least-loaded"])
+    example = api.run(scenario, systems=[EXAMPLE_SPEC])
+    assert readme.results["least-loaded"].event_log_sha256 == example.results["least-loaded"].event_log_sha256
