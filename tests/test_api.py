@@ -35,7 +35,7 @@ def result() -> api.RunResult:
 
 
 def without_wall(summary: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(summary))
+    out: dict[str, Any] = json.loads(json.dumps(summary))
     for system in out["systems"].values():
         del system["wall_s"]
     return out

@@ -30,7 +30,7 @@ WAIT_S = 60.0
 
 
 def scenario(tmp_path: Path, name: str = "run.toml", **pipeline: object) -> Path:
-    """scenarios/pipeline.toml with some [pipeline] keys replaced (values are TOML literals)."""
+    """The packaged pipeline.toml with some [pipeline] keys replaced (values are TOML literals)."""
     text = PIPELINE.read_text()
     for key, value in pipeline.items():
         text, n = re.subn(rf"(?m)^{key} = \S+", f"{key} = {value}", text)

@@ -211,8 +211,9 @@ def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"name": "a/b"}, "System.name: expected letters, digits and _.+- (not first), got 'a/b'"),
-        ({"name": ""}, "System.name: expected letters, digits and _.+- (not first), got ''"),
+        ({"name": "a/b"}, "System.name: expected 1-64 letters, digits and _.+- (not first), got 'a/b'"),
+        ({"name": ""}, "System.name: expected 1-64 letters, digits and _.+- (not first), got ''"),
+        ({"name": "x" * 65}, f"System.name: expected 1-64 letters, digits and _.+- (not first), got '{'x' * 65}'"),
         ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin' or a Policy subclass, "
                                 "got 'fifo'"),
         ({"scheduler": Policy}, "System 'x': scheduler Policy is abstract (define _assign_group, assign_prefill)"),

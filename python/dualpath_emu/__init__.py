@@ -33,8 +33,10 @@ __version__: str = _version("dualpath-emu")
 _API: frozenset[str] = frozenset(__all__) - {"__version__"}
 
 
-def __getattr__(name: str) -> Any:
-    """The names of :mod:`dualpath_emu.api`, imported when first asked for."""
-    if name in _API:
-        return getattr(importlib.import_module("dualpath_emu.api"), name)
-    raise AttributeError(f"module 'dualpath_emu' has no attribute {name!r}")
+if not TYPE_CHECKING:  # type checkers see the imports above, and so still catch a misspelt name
+
+    def __getattr__(name: str) -> Any:
+        """The names of :mod:`dualpath_emu.api`, imported when first asked for."""
+        if name in _API:
+            return getattr(importlib.import_module("dualpath_emu.api"), name)
+        raise AttributeError(f"module 'dualpath_emu' has no attribute {name!r}")

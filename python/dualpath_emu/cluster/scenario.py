@@ -2,7 +2,7 @@
 compare, the workload and the seed of one ``dualpath-emu run``.
 
 A cluster scenario says ``kind = "cluster"`` at the top; the actor runtime's run scenarios (``app = ...``,
-e.g. ``scenarios/pipeline.toml``, for ``dualpath-emu launch``) are a different format and are refused here
+e.g. the packaged ``pipeline``, for ``dualpath-emu launch``) are a different format and are refused here
 with a pointer to ``launch``. Every key below is shown with its default (the defaults are those of the
 dataclasses the keys fill: :class:`ClusterConfig`, :class:`~dualpath_emu.cluster.catalog.NodeSpec`'s
 testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
@@ -87,7 +87,7 @@ one request's KV. Unknown keys, wrong types and impossible values are
 one line, exit status 2).
 
 :data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as
-``scenarios/ds660b-2p4d-offline.toml`` (a test keeps them equal), so it works without the repository.
+the packaged ``ds660b-2p4d-offline.toml`` (a test keeps them equal).
 The scenario files ship in the package (:mod:`dualpath_emu.scenarios`) and run by name.
 """
 
@@ -219,7 +219,7 @@ class ClusterScenario:
 
 DEFAULT: Final = ClusterScenario(name="ds660b-2p4d-offline", config=ClusterConfig(agents=DEFAULT_AGENTS))
 """The built-in scenario: DS 660B, 2P4D, offline, 64K dataset, :data:`DEFAULT_AGENTS` agents, Basic /
-DualPath / Oracle (``scenarios/ds660b-2p4d-offline.toml`` holds the same)."""
+DualPath / Oracle (the packaged ``ds660b-2p4d-offline.toml`` holds the same)."""
 
 
 def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:

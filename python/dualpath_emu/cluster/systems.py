@@ -21,7 +21,7 @@ from dualpath_emu.cluster.scheduler import DualPathPolicy, Policy, RoundRobinPol
 
 __all__ = ["NAME_PATTERN", "SYSTEMS", "System", "built_in"]
 
-NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 """What a system's name may be: it keys ``summary.json`` and names files (``trace-<name>.json``)."""
 
 
@@ -48,7 +48,7 @@ class System:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or NAME_PATTERN.fullmatch(self.name) is None:
-            raise ValueError(f"System.name: expected letters, digits and _.+- (not first), got {self.name!r}")
+            raise ValueError(f"System.name: expected 1-64 letters, digits and _.+- (not first), got {self.name!r:.80}")
         scheduler = self.scheduler
         if isinstance(scheduler, type) and issubclass(scheduler, Policy):
             if inspect.isabstract(scheduler):

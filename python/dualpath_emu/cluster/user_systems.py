@@ -66,8 +66,9 @@ class SystemLoader:
         self._files: dict[Path, ModuleType] = {}
 
     def error(self, spec: str, problem: str) -> ScenarioError:
-        """The one-line error for ``spec``."""
-        return ScenarioError(f"{self.where}: {spec!r}: {problem}")
+        """The one-line error for ``spec`` (a spec over 200 characters shown by its ends)."""
+        shown = spec if len(spec) <= 200 else f"{spec[:120]}…{spec[-60:]}"
+        return ScenarioError(f"{self.where}: {shown!r}: {problem}")
 
     def load(self, spec: str) -> System:
         """The system ``spec`` names (a built-in one by its name, or user code's)."""
