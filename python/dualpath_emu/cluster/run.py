@@ -29,7 +29,7 @@ from dualpath_emu.cluster.actors import (
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
-from dualpath_emu.cluster.systems import SYSTEMS
+from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.runtime.actors import ActorSystem
 from dualpath_emu.runtime.eventlog import EventLogWriter
@@ -78,6 +78,8 @@ class SystemResult:
     """With ``sample_interval_s``: the storage NICs' mean utilisation (reads) per sample on prefill (``pe``) and
     decode (``de``) nodes; empty otherwise."""
     sample_interval_s: float = 0.0
+    spec: System | None = field(default=None, repr=False)
+    """The system that ran (set by :func:`run_system`)."""
 
     def summary(self) -> dict[str, Any]:
         """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
@@ -103,7 +105,7 @@ class SystemResult:
 
 def run_system(
     config: ClusterConfig,
-    system_name: str,
+    system: str | System,
     trajectories: Sequence[Trajectory],
     *,
     seed: int = 0,
@@ -113,7 +115,9 @@ def run_system(
     sample_interval_s: float | None = None,
     trace_path: str | Path | None = None,
 ) -> SystemResult:
-    """Run ``trajectories`` on ``config`` with the system called ``system_name`` in virtual time.
+    """Run ``trajectories`` on ``config`` with ``system`` in virtual time: a
+    :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
+    or the name of a built-in one.
 
     The event log holds the actors' decisions and milestones (admission, scheduling, reads, first token,
     end, buffer and HBM grants); ``record_messages`` adds the life of every message (several times longer).
@@ -124,7 +128,9 @@ def run_system(
     ``trace_path`` records every transfer as a span and writes a Chrome/Perfetto trace there (memory grows
     with the run). Neither changes the run's results or its event log.
     """
-    system = SYSTEMS[system_name]
+    if isinstance(system, str):
+        system = built_in(system)
+    system_name = system.name
     d = derived(config)
     core = Core(
         sample_interval_ns=None if sample_interval_s is None else max(1, round(sample_interval_s * 1e9)),
@@ -189,6 +195,7 @@ def run_system(
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
     result = _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
+    result.spec = system
     if sample_interval_s is not None:
         result.snic_timeline = _snic_timeline(core, topology)
         result.sample_interval_s = sample_interval_s
