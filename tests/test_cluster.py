@@ -208,6 +208,28 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
     assert sum(written) == blocks * BLOCK_TOKENS * derived(config).kv_bytes_per_token
 
 
+@pytest.mark.parametrize(
+    ("model", "prefill_ep_nodes", "decode_ep_nodes"),
+    [("ds27b", 1, 1), ("ds660b", 2, 4)],
+    ids=["ds27b-4p8d-4-groups", "ds660b-4p8d-2-ep16-groups"],
+)
+@pytest.mark.parametrize("system", ["dualpath", "basic+layerwise+dualpath"])
+def test_prefill_groups_share_the_work(model: str, prefill_ep_nodes: int, decode_ep_nodes: int, system: str) -> None:
+    """4P8D with several prefill groups: each group's share of the requests is within 10% of the mean (before
+    the fix, the first group to pull took 89-98% of them)."""
+    config = ClusterConfig(model=model, pe_nodes=4, de_nodes=8, prefill_ep_nodes=prefill_ep_nodes,
+                           decode_ep_nodes=decode_ep_nodes)  # fmt: skip
+    work = [Trajectory.from_rounds(t.id, (list(zip(t.append, t.gen))[20:26] or list(zip(t.append, t.gen))[:6]))
+            for t in generate("64k", agents=160)]
+    result = run_system(config, system, work)
+    gpus = config.node.gpus
+    shares = [0] * (4 // prefill_ep_nodes)
+    for pe in result.metrics.pe:
+        shares[pe // gpus // prefill_ep_nodes] += 1
+    mean = sum(shares) / len(shares)
+    assert all(abs(share - mean) <= 0.1 * mean for share in shares), shares
+
+
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
     total, reach = 0, -1
     for start, end in sorted(intervals):

@@ -22,14 +22,15 @@ import pytest
 from dualpath_emu.cli import main as cli_main
 from dualpath_emu.runtime.eventlog import parse_line
 from dualpath_emu.runtime.launcher import check_delivery
+from dualpath_emu.scenarios import FOLDER
 
 REPO = Path(__file__).resolve().parent.parent
-PIPELINE = REPO / "scenarios" / "pipeline.toml"
+PIPELINE = FOLDER / "pipeline.toml"
 WAIT_S = 60.0
 
 
 def scenario(tmp_path: Path, name: str = "run.toml", **pipeline: object) -> Path:
-    """scenarios/pipeline.toml with some [pipeline] keys replaced (values are TOML literals)."""
+    """The packaged pipeline.toml with some [pipeline] keys replaced (values are TOML literals)."""
     text = PIPELINE.read_text()
     for key, value in pipeline.items():
         text, n = re.subn(rf"(?m)^{key} = \S+", f"{key} = {value}", text)

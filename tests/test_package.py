@@ -72,3 +72,62 @@ def test_main_reports_core_errors_as_usage_errors(
     monkeypatch.setattr("dualpath_emu.cli._cmd_version", fail)
     assert main(["version"]) == 2
     assert capsys.readouterr().err == "dualpath-emu: error: rate_bps: must be > 0, got -1\n"
+
+
+# --------------------------------------------------------------------------------------------- packaging
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_runtime_dependencies_are_ranges_that_the_dev_pins_satisfy() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    dependencies = [Requirement(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    pins = {}
+    for line in (REPO / "requirements-dev.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, pinned = line.partition("==")
+            pins[name.lower()] = pinned
+    assert {d.name for d in dependencies} == {"msgpack", "pyzmq", "rich", "matplotlib"}
+    for dependency in dependencies:
+        operators = {spec.operator for spec in dependency.specifier}
+        assert operators == {">=", "<"}, f"{dependency}: expected a range (>=, <), not a pin"
+        assert dependency.specifier.contains(pins[dependency.name]), f"{dependency}: the dev pin {pins[dependency.name]}"
+
+
+def test_scenarios_ship_in_the_package_and_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu.scenarios import FOLDER, find, names
+
+    assert FOLDER == Path(dualpath_emu.__file__).resolve().parent / "scenarios"
+    assert {"ds660b-2p4d-offline", "ds27b-1p1d-offline", "pipeline"} <= set(names())
+    assert not (REPO / "scenarios").exists(), "scenarios live in python/dualpath_emu/scenarios only (one copy)"
+    for name in names():
+        assert find(name) == find(f"{name}.toml") == FOLDER / f"{name}.toml"
+        assert main(["validate", name]) == 0
+    assert main(["run", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()[-len(names()):]
+    assert [line.split(":")[0] for line in listed] == names()
+
+
+def test_a_file_wins_over_a_packaged_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dualpath_emu.scenarios import find
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pipeline").write_text("")
+    assert find("pipeline") == Path("pipeline")
+    with pytest.raises(errors.UsageError, match=r"^sub/pipeline: no such file, and no packaged scenario of that name"):
+        find("sub/pipeline")
+
+
+def test_every_path_the_readme_names_exists() -> None:
+    import re
+
+    text = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    tops = ("python/", "core/", "tests/", "examples/", "docs/", "fuzz/", ".ci/", "scenarios/")
+    quoted = [t for t in re.findall(r"`([^`\s]+)`", text) if t.startswith(tops)]
+    missing = [p for p in links + quoted if "://" not in p and not (REPO / p.split(":")[0]).exists()]
+    assert missing == []
+    assert links or quoted

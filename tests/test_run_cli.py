@@ -1,4 +1,4 @@
-"""`dualpath-emu run` and `dualpath-emu validate`: cluster scenarios (every file in scenarios/, bad files with
+"""`dualpath-emu run` and `dualpath-emu validate`: cluster scenarios (every packaged file, bad files with
 their exact messages, the built-in default equal to its file), and a run of a tiny scenario with its table,
 its JSON summary and the files of --out.
 """
@@ -26,9 +26,10 @@ from dualpath_emu.cluster.run_cli import _progress_bars
 from dualpath_emu.cluster.scenario import BUILT_IN, DEFAULT, DEFAULT_SYSTEMS, load_cluster_scenario
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.config import ScenarioError
+from dualpath_emu.scenarios import FOLDER
 from dualpath_emu.workload.generator import GeneratorParams
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIOS = FOLDER  # the scenario files that ship in the package
 RUN_SCENARIOS = {"pipeline.toml"}  # actor-runtime scenarios for `dualpath-emu launch`, not cluster scenarios
 CLUSTER_FILES = sorted(p for p in SCENARIOS.glob("*.toml") if p.name not in RUN_SCENARIOS)
 
@@ -203,7 +204,7 @@ BAD = [
      "key 'hardware.gpu': expected one of 'h800', 'h100', 'h200', 'h20', got the string 'b200'"),
     ('kind = "cluster"\nsystems = ["basic", "fast"]\n',
      "key 'systems': expected names of systems (basic, basic+layerwise, basic+layerwise+dualpath, dualpath, "
-     "oracle), each once, got the string 'fast'"),
+     "oracle) or module:Name, file.py:Name, each once, got the string 'fast'"),
     ('kind = "cluster"\n[workload]\ndataset = "128k"\n',
      "key 'workload.dataset': expected one of '32k', '48k', '64k', got the string '128k'"),
     ('kind = "cluster"\n[workload]\nmode = "batch"\n',
@@ -409,7 +410,8 @@ def test_system_selection_and_seed_override(tiny_run: tuple[Path, dict[str, Any]
     ("argv", "message"),
     [
         (["--system", "fast"], "--system: expected names of systems (basic, basic+layerwise, "
-                               "basic+layerwise+dualpath, dualpath, oracle), each once, got 'fast'"),
+                               "basic+layerwise+dualpath, dualpath, oracle) or module:Name, file.py:Name, each "
+                               "once, got 'fast'"),
         (["--agents", "0"], "--agents: expected an integer >= 1, got 0"),
         (["--seed", "-1"], "--seed: expected an integer in [0, 9223372036854775807], got -1"),
     ],

@@ -1,13 +1,17 @@
 """The scheduling policies (``dualpath_emu.cluster.scheduler``): Algorithm 1, the two-level DE selection and the
-read side on hand-made cases, and a Hypothesis state machine of random arrivals, fetches, completions and load
-reports checking: no PE above β is given work; prefill assignment keeps FIFO order; the chosen read side had
-the shorter queue; no DE is given a request that does not fit its free HBM.
+read side on hand-made cases; properties of the prefill dispatch over several PE groups (whatever the order in
+which groups fetch, the tokens each group is given stay within a bound of each other); and a Hypothesis state
+machine of random arrivals, fetches by any group, completions and load reports checking: no PE above β is
+given work; prefill assignment keeps FIFO order; when requests are left waiting every PE of every group is
+over β (saturation is shared); the chosen read side had the shorter queue; no DE is given a request that does
+not fit its free HBM.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -15,6 +19,7 @@ from dualpath_emu.cluster.scheduler import (
     DualPathPolicy,
     Engine,
     Policy,
+    PrefillDispatch,
     Request,
     RoundRobinPolicy,
 )
@@ -85,13 +90,99 @@ def test_read_side_is_the_shorter_queue_and_counts_the_read() -> None:
 
 
 def test_round_robin_takes_turns_across_groups() -> None:
-    policy = RoundRobinPolicy(pe_order=(0, 1, 10, 11))
-    a, b = [Engine(0, node=0), Engine(1, node=0)], [Engine(10, node=1), Engine(11, node=1)]
-    queue = deque([req(i) for i in range(5)])
-    assert [x.engine for x in policy.assign_prefill(queue, a, {})] == [0, 1]
-    assert [x.engine for x in policy.assign_prefill(queue, a, {})] == []  # node 1's turn
-    assert [x.engine for x in policy.assign_prefill(queue, b, {})] == [10, 11]
-    assert [x.engine for x in policy.assign_prefill(queue, a, {})] == [0]
+    groups = {"pe0": [Engine(0, node=0), Engine(1, node=0)], "pe1": [Engine(10, node=1), Engine(11, node=1)]}
+    dispatch = PrefillDispatch(RoundRobinPolicy(), groups)
+    dispatch.submit([req(i) for i in range(5)])
+    assert [x.engine for x in dispatch.fetch({})] == [0, 1, 10, 11, 0]  # whoever fetched
+    dispatch.submit([req(5)])
+    assert [x.engine for x in dispatch.fetch({})] == [1]
+
+
+def test_one_fetch_balances_every_group_and_prefers_short_read_queues() -> None:
+    # beta is far above what is queued (as in the paper: seconds of compute per GPU), so a fetch over its
+    # own group only would have taken all eight requests to the fetching group.
+    groups = {"pe0": [Engine(0, node=0), Engine(1, node=0)], "pe1": [Engine(10, node=1), Engine(11, node=1)]}
+    dispatch = PrefillDispatch(DualPathPolicy(alpha_tokens=500, beta_tokens=10**9), groups)
+    dispatch.submit([req(i, new=100) for i in range(8)])
+    assert sorted(dispatch.group_of(a.engine) for a in dispatch.fetch({})) == ["pe0"] * 4 + ["pe1"] * 4
+    # Node 1's read queue over alpha: its PEs are C3 and get nothing while node 0's (C2) have room.
+    dispatch.submit([req(i, new=100) for i in range(8, 12)])
+    assert {a.engine for a in dispatch.fetch({0: 0, 1: 501})} == {0, 1}
+
+
+def test_a_submit_wakes_one_group_in_turn_and_a_finishing_pe_its_own() -> None:
+    groups = {"pe0": [Engine(0, node=0)], "pe8": [Engine(8, node=1)], "pe16": [Engine(16, node=2)]}
+    dispatch = PrefillDispatch(DualPathPolicy(alpha_tokens=0, beta_tokens=99), groups)
+    assert [dispatch.submit([req(i)]) for i in range(4)] == ["pe0", "pe8", "pe16", "pe0"]
+    out = dispatch.fetch({})
+    assert len(out) == 3 and len(dispatch.queue) == 1  # 100 > 99: one each, the fourth waits
+    assert dispatch.done(out[0].request, out[0].engine) == dispatch.group_of(out[0].engine)
+    assert [a.request.id for a in dispatch.fetch({})] == [3]
+    assert dispatch.done(out[1].request, out[1].engine) is None  # nothing waits: nobody to wake
+
+
+def test_ties_go_to_the_engine_or_group_served_least_recently() -> None:
+    """An idle cluster: each request finishes before the next arrives, so every PE has tok_e = 0 at each
+    arrival. Ties broken by lowest id would send them all to PE 0 (node 0 reads everything)."""
+    groups = {"pe0": [Engine(0, node=0), Engine(1, node=0)], "pe1": [Engine(10, node=1), Engine(11, node=1)]}
+    dispatch = PrefillDispatch(DualPathPolicy(alpha_tokens=10**9, beta_tokens=10**9), groups)
+    chosen = []
+    for i in range(8):
+        dispatch.submit([req(i)])
+        (a,) = dispatch.fetch({})
+        chosen.append(a.engine)
+        dispatch.done(a.request, a.engine)
+    assert chosen == [0, 1, 10, 11, 0, 1, 10, 11]
+    # Decode phase 1: equal group loads go to the group routed least recently.
+    policy = DualPathPolicy()
+    private = {4: deque[Request](), 5: deque[Request]()}
+    loads = {4: 0, 5: 0}
+    targets = []
+    for i in range(4):
+        policy.route_decode(deque([req(i)]), private, loads)
+        target = 4 if private[4] else 5
+        targets.append(target)
+        loads[target] -= policy.decode_tokens(private[target].popleft())  # it finished
+    assert targets == [4, 5, 4, 5]
+
+
+GROUP_NAMES = ("pe0", "pe1", "pe2")
+
+
+@given(
+    policy_kind=st.sampled_from(["dualpath", "round_robin"]),
+    gpus=st.integers(1, 4),
+    groups=st.integers(2, 3),
+    batches=st.lists(st.lists(st.integers(1, 3000), min_size=1, max_size=20), min_size=1, max_size=12),
+)
+def test_tokens_given_to_each_group_stay_within_a_bound_under_saturation(
+    policy_kind: str, gpus: int, groups: int, batches: list[list[int]]
+) -> None:
+    """Requests arrive in batches and a group fetches after each (a fetch carries no group: it assigns over
+    every PE); nothing finishes (saturation). The tokens each group was given differ by at most one request
+    per PE of a group (DualPath: the least-loaded PE of the whole cluster takes the next request; round
+    robin: counts differ by one per PE)."""
+    layout = {GROUP_NAMES[g]: [Engine(g * 10 + i, node=g) for i in range(gpus)] for g in range(groups)}
+    policy: Policy = (
+        DualPathPolicy(alpha_tokens=10**12, beta_tokens=10**12) if policy_kind == "dualpath" else RoundRobinPolicy()
+    )
+    dispatch = PrefillDispatch(policy, layout)
+    given_tokens = dict.fromkeys(layout, 0)
+    given_count = dict.fromkeys(layout, 0)
+    rid = 0
+    biggest = 0
+    for sizes in batches:
+        dispatch.submit([req(rid + i, new=n) for i, n in enumerate(sizes)])
+        rid += len(sizes)
+        biggest = max(biggest, *sizes)
+        for a in dispatch.fetch({}):
+            given_tokens[dispatch.group_of(a.engine)] += a.request.new_tokens
+            given_count[dispatch.group_of(a.engine)] += 1
+    assert not dispatch.queue
+    if policy_kind == "dualpath":
+        assert max(given_tokens.values()) - min(given_tokens.values()) <= gpus * biggest
+    else:
+        assert max(given_count.values()) - min(given_count.values()) <= gpus
 
 
 def test_round_robin_takes_turns() -> None:
@@ -118,9 +209,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.policy = self.make_policy(alpha, beta)
         self.beta = beta
         self.pe_groups = {n: [Engine(n * 10 + g, node=n) for g in range(GPUS)] for n in PE_NODES}
+        self.dispatch = PrefillDispatch(self.policy, {f"pe{n}": self.pe_groups[n] for n in PE_NODES})
         self.de_groups = {n: [Engine(n * 10 + g, node=n, free_hbm_bytes=HBM) for g in range(GPUS)] for n in DE_NODES}
         self.read_q: dict[int, int] = {n: 0 for n in PE_NODES + DE_NODES}
-        self.prefill_queue: deque[Request] = deque()
         self.decode_queue: deque[Request] = deque()
         self.private: dict[int, deque[Request]] = {n: deque() for n in DE_NODES}
         self.group_loads = {n: 0 for n in DE_NODES}
@@ -142,15 +233,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def arrive(self, requests: list[tuple[int, int, int, int]]) -> None:
         for new, hit, gen, hbm in requests:
-            self.prefill_queue.append(Request(self.next_id, new + hit, new, hit, gen, hbm))
+            self.dispatch.submit([Request(self.next_id, new + hit, new, hit, gen, hbm)])
             self.next_id += 1
 
-    @rule(node=st.sampled_from(PE_NODES))
-    def pe_fetch(self, node: int) -> None:
-        group = self.pe_groups[node]
-        before = list(self.prefill_queue)
-        toks = {e.id: e.tok for e in group}
-        out = self.policy.assign_prefill(self.prefill_queue, group, self.read_q)
+    @rule()
+    def pe_fetch(self) -> None:
+        # Which group fetches does not matter: the dispatch assigns over every PE.
+        before = list(self.dispatch.queue)
+        toks = {e.id: e.tok for e in self.dispatch.engines}
+        out = self.dispatch.fetch(self.read_q)
         assert [a.request for a in out] == before[: len(out)], "prefill assignment is FIFO"
         for a in out:
             assert a.request.id > self.last_prefill_id
@@ -161,6 +252,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.pe_of[a.request.id] = a.engine
             self.running_pe.append((a.engine, a.request))
             self.decode_queue.append(a.request)
+        if self.checks_loads and self.dispatch.queue:
+            over = [e.tok > self.beta for e in self.dispatch.engines]
+            assert all(over), "requests wait while a PE of some group is at or below beta"
 
     @rule(node=st.sampled_from(DE_NODES))
     def de_fetch(self, node: int) -> None:
@@ -185,9 +279,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 10**6))
     def prefill_done(self, index: int) -> None:
         engine_id, request = self.running_pe.pop(index % len(self.running_pe))
-        engine = self.pe_groups[engine_id // 10][engine_id % 10]
-        engine.tok -= self.policy.prefill_tokens(request)
-        engine.seq -= 1
+        wake = self.dispatch.done(request, engine_id)
+        assert wake == (f"pe{engine_id // 10}" if self.dispatch.queue else None)
 
     @precondition(lambda self: bool(self.running_de))
     @rule(index=st.integers(0, 10**6))
@@ -214,8 +307,7 @@ class RoundRobinMachine(SchedulerMachine):
     checks_loads = False
 
     def make_policy(self, alpha: int, beta: int) -> Policy:
-        order = tuple(n * 10 + g for n in PE_NODES for g in range(GPUS))
-        return RoundRobinPolicy(read_both_sides=alpha % 2 == 0, pe_order=order if beta % 2 else ())
+        return RoundRobinPolicy(read_both_sides=alpha % 2 == 0)
 
 
 TestDualPathScheduler = SchedulerMachine.TestCase

@@ -75,7 +75,11 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; each subcommand sets ``func`` to the function that runs it."""
-    parser = _ArgumentParser(prog=PROG, description="Emulate a PD-disaggregated LLM inference cluster.")
+    parser = _ArgumentParser(
+        prog=PROG,
+        description="Emulate a prefill/decode-disaggregated LLM inference cluster that loads KV-cache over two "
+        "paths (DualPath, arXiv 2602.21548). `dualpath-emu COMMAND --help` describes each command.",
+    )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -84,35 +88,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a cluster scenario (the built-in DS 660B 2P4D one by default) for each of its systems",
         description="Run a cluster scenario in virtual time for each system (default: basic, dualpath, oracle) "
         "and print a table: JCT, speedup vs basic, TTFT/TPOT, storage- and compute-NIC utilisation on prefill "
-        "vs decode nodes, wall time. --out DIR also writes summary.json, requests.csv, plots and traces.",
+        "vs decode nodes, wall time. --out DIR also writes summary.json, requests.csv, plots and traces. "
+        "--list shows the packaged scenarios.",
     )
-    run.add_argument("scenario", nargs="?", type=Path, help="cluster scenario TOML (default: the built-in one, "
-                     "the settings of scenarios/ds660b-2p4d-offline.toml)")  # fmt: skip
-    run.add_argument("--system", action="append", metavar="NAME",
-                     help="run this system (repeat for several; default: the scenario's systems)")  # fmt: skip
+    run.add_argument("scenario", nargs="?", help="cluster scenario: a TOML file or a packaged scenario's name "
+                     "(default: the built-in ds660b-2p4d-offline)")  # fmt: skip
+    run.add_argument("--system", action="append", metavar="SPEC",
+                     help="run this system: a built-in one's name, or your own as file.py:Name or module:Name "
+                          "(repeat for several; default: the scenario's systems)")  # fmt: skip
     run.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
     run.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="set a scenario key by its dotted path, VALUE as in TOML (a bare word is a string), "
+                          "e.g. workload.max_rounds=4 (repeat for several)")  # fmt: skip
+    run.add_argument("--list", action="store_true", help="list the packaged scenarios and exit")
     run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv, plots and traces here")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (and nothing else) on stdout")
     run.add_argument("--quiet", action="store_true", help="no header line, no progress bars")
     run.set_defaults(func=_cmd_run)
 
-    validate = commands.add_parser("validate", help="check a scenario file (cluster or run scenario)")
-    validate.add_argument("file", type=Path, help="scenario TOML file")
+    validate = commands.add_parser(
+        "validate",
+        help="check a scenario (cluster or run scenario)",
+        description="Check a scenario file, or a packaged scenario by name, without running it: one OK line, or "
+        "one line naming the file, the key and what was expected (exit status 2).",
+    )
+    validate.add_argument("file", metavar="SCENARIO", help="scenario TOML file, or a packaged scenario's name")
     validate.set_defaults(func=_cmd_validate)
 
-    demo = commands.add_parser("demo", help="small demonstrations of the data plane")
+    demo = commands.add_parser(
+        "demo",
+        help="small demonstrations of the data plane",
+        description="Small demonstrations of the data plane, printed as tables.",
+    )
     demo.add_argument("name", choices=("lanes",), help="lanes: virtual-lane isolation on one compute NIC")
     demo.set_defaults(func=_cmd_demo)
 
     launch = commands.add_parser(
         "launch",
         help="run an actor scenario: in virtual time, or in real time with one OS process per [[process]]",
-        description="Run an actor scenario (e.g. scenarios/pipeline.toml). In virtual time it runs in this "
-        "process and is deterministic; in real time each [[process]] is an OS process, over ZeroMQ. Prints "
-        "the summary and, last, the SHA-256 of the event log.",
+        description="Run an actor scenario (e.g. the packaged `pipeline`, a toy application of the actor "
+        "runtime). In virtual time it runs in this process and is deterministic; in real time each [[process]] "
+        "is an OS process, over ZeroMQ. Prints the summary and, last, the SHA-256 of the event log.",
     )
-    launch.add_argument("scenario", help="run scenario TOML file")
+    launch.add_argument("scenario", help="run scenario TOML file, or a packaged one's name (e.g. pipeline)")
     launch.add_argument("--mode", choices=("virtual", "realtime"), help="override the scenario's mode")
     launch.add_argument("--seed", type=int, help="override the scenario's seed")
     launch.add_argument("--time-scale", type=float, help="realtime: emulated seconds per wall second")
@@ -149,13 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("options", nargs="*", help="see `dualpath-emu calibrate --help`")
 
-    trace = commands.add_parser("trace", help="workload traces: summarise, generate (Table 2 datasets), import Mooncake")
+    trace = commands.add_parser(
+        "trace",
+        help="workload traces: summarise, generate (Table 2 datasets), import Mooncake",
+        description="Workload traces: summarise a trajectory file or a Mooncake trace, generate trajectories "
+        "shaped like the paper's datasets (Table 2), or convert a Mooncake trace into a trajectory file.",
+    )
     trace.set_defaults(func=_cmd_trace)
     traces = trace.add_subparsers(dest="trace_command", metavar="TRACE_COMMAND")
-    stats = traces.add_parser("stats", help="summarise a trajectory file or a Mooncake trace")
+    stats = traces.add_parser("stats", help="summarise a trajectory file or a Mooncake trace",
+                              description="Summarise a trajectory file or a Mooncake trace: counts, per-turn "
+                                          "prompt, hit, append and generation lengths, the prefix-hit fraction "
+                                          "and, for agent trajectories, the columns of the paper's Table 2.")  # fmt: skip
     stats.add_argument("file", type=Path, help="trace file (JSONL)")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    gen = traces.add_parser("gen", help="generate agent trajectories shaped like one of the paper's datasets")
+    gen = traces.add_parser("gen", help="generate agent trajectories shaped like one of the paper's datasets",
+                            description="Generate agent trajectories shaped like one of the paper's datasets "
+                                        "(Table 2) and write them as a trajectory file (JSONL).")  # fmt: skip
     gen.add_argument("--dataset", required=True, help="32k, 48k or 64k (MaxLen of Table 2)")
     gen.add_argument("--agents", type=int, help="number of agents (default: the base trajectories)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -163,12 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--reading", help="per-trajectory (default) or per-turn: which reading of Table 2 to match")
     gen.add_argument("--first-append", type=int, help="tokens of the extra agents' synthetic first round (default 1)")
     gen.add_argument("--out", type=Path, required=True, help="output trajectory file")
-    imported = traces.add_parser("import", help="convert a Mooncake request trace to a trajectory file")
+    imported = traces.add_parser("import", help="convert a Mooncake request trace to a trajectory file",
+                                 description="Convert a Mooncake request trace (JSONL) to a trajectory file: "
+                                             "one single-turn trajectory per request, its hit the longest run of "
+                                             "prefix blocks seen before.")  # fmt: skip
     imported.add_argument("file", type=Path, help="Mooncake trace (JSONL)")
     imported.add_argument("--out", type=Path, required=True, help="output trajectory file")
     imported.add_argument("--block-tokens", type=int, help="tokens per hash block (default 512)")
 
-    version = commands.add_parser("version", help="print the version")
+    version = commands.add_parser("version", help="print the version", description="Print the version.")
     version.set_defaults(func=_cmd_version)
     return parser
 

@@ -12,9 +12,10 @@ exits with status 2)::
 
 from __future__ import annotations
 
+import copy
 import math
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -146,6 +147,24 @@ class Table:
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise self.error(key, "an array of tables [[...]]", value)
         return [Table(v, self.source, f"{self.key_path(key)}[{i}]") for i, v in enumerate(value)]
+
+    def overridden(self, values: Mapping[str, object], what: str = "override") -> Table:
+        """A copy with ``values`` set, each under its dotted key path (``"workload.agents"``; tables on the
+        way are created). Checked as the file is, when read; a key whose path crosses a value that is no
+        table is a :class:`ScenarioError` naming ``what`` and the key."""
+        data = copy.deepcopy(self._data)
+        for dotted, value in values.items():
+            parts = dotted.split(".")
+            if not all(parts):
+                raise ScenarioError(f"{what} {dotted!r}: expected a dotted key such as 'workload.agents'")
+            table = data
+            for depth, part in enumerate(parts[:-1]):
+                inner = table.setdefault(part, {})
+                if not isinstance(inner, dict):
+                    raise ScenarioError(f"{what} {dotted!r}: key {'.'.join(parts[: depth + 1])!r} is no table")
+                table = inner
+            table[parts[-1]] = value
+        return Table(data, self.source, self.prefix)
 
     def finish(self) -> None:
         """Refuse every key that no getter asked for (a typo, or a setting that does not exist)."""

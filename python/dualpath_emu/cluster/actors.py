@@ -3,13 +3,14 @@
 Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a core transfer or I/O):
 
 1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
-2. The scheduler queues it and tells the engine groups that have work waiting :class:`WorkPending`;
+2. The scheduler queues it and tells an engine group that work is waiting (:class:`WorkPending`);
    groups *pull*: a group sends :class:`Fetch` (with its report) at most once per ``fetch_period_s``. A
-   prefill fetch runs Algorithm 1 for that node's PEs; the assigned requests join the decode queue and are
-   routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do anyway), and that
-   group is told. A decode fetch runs phase 2 and picks the read side (§6.3). The scheduler then tells the
-   prefill group :class:`Prefill` and the decode group :class:`Expect`; a fetch that got work and left more
-   is answered with another :class:`WorkPending`.
+   prefill fetch runs Algorithm 1 over every PE of the cluster (``PrefillDispatch``: run over the fetching
+   group alone, the first group to pull took nearly all the work); the assigned requests join the decode
+   queue and are routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do
+   anyway), and that group is told. A decode fetch runs phase 2 and picks the read side (§6.3). The
+   scheduler then tells the prefill group :class:`Prefill` and the decode group :class:`Expect`; a decode
+   fetch that got work and left more is answered with another :class:`WorkPending`.
 3. The reading side's group reads the hit KV from storage into its node's DRAM buffer (a core I/O over the
    storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
    scheduler :class:`ReadDone` (its ``read_q`` shrinks).
@@ -45,7 +46,7 @@ from typing import ClassVar
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, Derived
 from dualpath_emu.cluster.metrics import Metrics
-from dualpath_emu.cluster.scheduler import Engine, Policy, Request
+from dualpath_emu.cluster.scheduler import Engine, Policy, PrefillDispatch, Request
 from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE, Topology
 from dualpath_emu.messages import Message, MessageRegistry
@@ -493,13 +494,16 @@ class SchedulerActor(Actor):
         self.policy = cluster.policy
         gpus, topo = cluster.config.node.gpus, cluster.topology
         self.pe_engines = {n.index: [Engine(n.index * gpus + g, n.index) for g in range(gpus)] for n in topo.pe_nodes}
+        pe_groups: dict[str, list[Engine]] = {}
+        for node, engines in self.pe_engines.items():
+            pe_groups.setdefault(cluster.group_name("pe", node), []).extend(engines)
+        self.prefill = PrefillDispatch(self.policy, pe_groups)
         self.de_engines = {
             n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes)
                       for g in range(gpus)]
             for n in topo.de_nodes
         }  # fmt: skip
         self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
-        self.prefill_queue: deque[Request] = deque()
         self.decode_queue: deque[Request] = deque()
         self.private: dict[int, deque[Request]] = {n: deque() for n in self.de_engines}
         self.group_loads: dict[int, int] = {n: 0 for n in self.de_engines}
@@ -510,15 +514,11 @@ class SchedulerActor(Actor):
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
 
-    def _notify(self, role: str) -> None:
-        """Tell every group of ``role`` with work for it (prefill: any; decode: a non-empty private queue)."""
-        if role == "pe":
-            for node in self.pe_engines:
-                self._notify_group(self.cluster.group_name("pe", node))
-        else:
-            for node, queue in self.private.items():
-                if queue:
-                    self._notify_group(self.cluster.group_name("de", node))
+    def _notify_decode(self) -> None:
+        """Tell every decode group with a non-empty private queue."""
+        for node, queue in self.private.items():
+            if queue:
+                self._notify_group(self.cluster.group_name("de", node))
 
     def _notify_group(self, name: str) -> None:
         if name not in self._notified:
@@ -528,24 +528,23 @@ class SchedulerActor(Actor):
     @handles(Submit)
     def on_submit(self, msg: Submit) -> None:
         capacity = self.cluster.derived.de_hbm_kv_bytes
+        requests = []
         for turn in msg.turns:
             hbm = (turn.prompt + turn.gen) * self._kv
             request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
             self.requests[turn.rid] = request
-            self.prefill_queue.append(request)
-        self._notify("pe")
+            requests.append(request)
+        self._notify_group(self.prefill.submit(requests))
 
     @handles(Fetch)
     def on_fetch(self, msg: Fetch) -> None:
         sender = self.envelope.sender if self.envelope is not None else ""
         self._notified.discard(sender)
         again = False
-        pe_nodes = [node for node in msg.nodes if node in self.pe_engines]
-        if pe_nodes:  # the group's PEs are assigned together (one group fetch, §6.1)
-            assigned, more = self._fetch_prefill(pe_nodes)
-            again = bool(assigned and more)
+        if any(node in self.pe_engines for node in msg.nodes):
+            self._fetch_prefill()  # over every PE: what is left waits until a PE finishes (PrefillDone)
         for node in msg.nodes:
             if node not in self.pe_engines:
                 assigned, more = self._fetch_decode(node)
@@ -553,9 +552,8 @@ class SchedulerActor(Actor):
         if again:
             self._notify_group(sender)
 
-    def _fetch_prefill(self, nodes: Sequence[int]) -> tuple[int, bool]:
-        engines = [engine for node in nodes for engine in self.pe_engines[node]]
-        assigned = self.policy.assign_prefill(self.prefill_queue, engines, self.read_q)
+    def _fetch_prefill(self) -> None:
+        assigned = self.prefill.fetch(self.read_q)
         now = self.system.now_ns()
         for a in assigned:
             self.pe_of[a.request.id] = a.engine
@@ -563,8 +561,7 @@ class SchedulerActor(Actor):
             self.cluster.metrics.scheduled_pe(a.request.id, now)
         if assigned:
             self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
-            self._notify("de")
-        return len(assigned), bool(self.prefill_queue)
+            self._notify_decode()
 
     def _fetch_decode(self, node: int) -> tuple[int, bool]:
         assigned = self.policy.assign_decode(
@@ -599,14 +596,11 @@ class SchedulerActor(Actor):
 
     @handles(PrefillDone)
     def on_prefill_done(self, msg: PrefillDone) -> None:
-        gpus = self._gpus
+        wake = None
         for rid in msg.rids:
-            pe = self.pe_of.pop(rid)
-            engine = self.pe_engines[pe // gpus][pe % gpus]
-            engine.tok -= self.policy.prefill_tokens(self.requests[rid])
-            engine.seq -= 1
-        if self.prefill_queue:
-            self._notify("pe")
+            wake = self.prefill.done(self.requests[rid], self.pe_of.pop(rid)) or wake
+        if wake is not None:
+            self._notify_group(wake)
 
     @handles(DecodeDone)
     def on_decode_done(self, msg: DecodeDone) -> None:

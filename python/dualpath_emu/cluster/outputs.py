@@ -26,7 +26,7 @@ from dualpath_emu import __version__
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.run import SystemResult
 from dualpath_emu.cluster.scenario import ClusterScenario
-from dualpath_emu.cluster.systems import SYSTEMS
+from dualpath_emu.cluster.systems import SYSTEMS, System
 
 __all__ = ["CSV_COLUMNS", "summary", "trace_file", "write_plots", "write_requests_csv"]
 
@@ -81,7 +81,8 @@ def write_requests_csv(path: Path, results: Mapping[str, SystemResult]) -> int:
         out.writerow(CSV_COLUMNS)
         for name, result in results.items():
             m = result.metrics
-            oracle = SYSTEMS[name].oracle
+            spec: System | None = result.spec or SYSTEMS.get(name)
+            oracle = spec is not None and spec.oracle
             for rid in range(len(m)):
                 on_de = m.read_on_de[rid]
                 side = "none" if oracle or m.hit[rid] == 0 or on_de < 0 else ("de" if on_de else "pe")

@@ -30,7 +30,7 @@ from dualpath_emu.cluster.actors import (
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
-from dualpath_emu.cluster.systems import SYSTEMS
+from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, build_topology
 from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.runtime.actors import ActorSystem
@@ -109,6 +109,8 @@ class SystemResult:
     """Mean utilisation per sample over the ports (or GPUs) of each role: ``snic.rx``, ``snic.tx``,
     ``cnic.tx``, ``cnic.rx``, ``dram``, ``gpu`` → ``{"pe": [...], "de": [...]}``."""
     sample_interval_s: float = SAMPLE_INTERVAL_S
+    spec: System | None = field(default=None, repr=False)
+    """The system that ran (set by :func:`run_system`)."""
 
     @property
     def snic_timeline(self) -> dict[str, list[float]]:
@@ -143,7 +145,7 @@ class SystemResult:
 
 def run_system(
     config: ClusterConfig,
-    system_name: str,
+    system: str | System,
     trajectories: Sequence[Trajectory],
     *,
     seed: int = 0,
@@ -153,7 +155,9 @@ def run_system(
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     trace_path: str | Path | None = None,
 ) -> SystemResult:
-    """Run ``trajectories`` on ``config`` with the system called ``system_name`` in virtual time.
+    """Run ``trajectories`` on ``config`` with ``system`` in virtual time: a
+    :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
+    or the name of a built-in one.
 
     The event log holds the actors' decisions and milestones (admission, scheduling, reads, first token,
     end, buffer and HBM grants); ``record_messages`` adds the life of every message (several times longer).
@@ -168,17 +172,17 @@ def run_system(
     """
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
-    system = SYSTEMS[system_name]
+    if isinstance(system, str):
+        system = built_in(system)
+    system_name = system.name
     d = derived(config)
     interval_ns = max(1, round(sample_interval_s * 1e9))
     core = Core(sample_interval_ns=interval_ns, record_spans=trace_path is not None)
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     actors = ActorSystem(seed=seed, record_messages=record_messages)
-    gpus = config.node.gpus
-    pe_order = tuple(n.index * gpus + g for n in topology.pe_nodes for g in range(gpus))
     ledger = Ledger(actors, topology)
-    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens, pe_order), ledger)
+    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), ledger)
     writer = EventLogWriter()
     checker = EventLogChecker()
 
@@ -234,6 +238,7 @@ def run_system(
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
     result = _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
     result.sample_interval_s = interval_ns / 1e9
+    result.spec = system
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name)
     return result

@@ -1,17 +1,20 @@
 """``dualpath-emu run`` and ``dualpath-emu validate``.
 
-``run [SCENARIO] [--system NAME ...] [--agents N] [--seed S] [--out DIR] [--json] [--quiet]`` runs each
-system of a cluster scenario (:mod:`~dualpath_emu.cluster.scenario`; without one, the built-in
+``run [SCENARIO] [--system SPEC ...] [--agents N] [--seed S] [--set KEY=VALUE ...] [--out DIR] [--json]
+[--quiet]`` runs each system of a cluster scenario (:mod:`~dualpath_emu.cluster.scenario`: a file or the
+name of a packaged one, :mod:`dualpath_emu.scenarios`; without one, the built-in
 :data:`~dualpath_emu.cluster.scenario.DEFAULT`) on the same workload and prints one table, a row per
-system. While it runs, a progress bar per system (turns done of all, emulated time) when stdout is a
+system. A system is a built-in one's name or the user's own, ``file.py:Name`` or ``module:Name``
+(:mod:`~dualpath_emu.cluster.user_systems`); ``--set`` sets any key of the scenario by its dotted path, the
+value read as TOML (a bare word as a string). ``run --list`` lists the packaged scenarios. While it runs, a progress bar per system (turns done of all, emulated time) when stdout is a
 terminal, unless ``--quiet`` or ``--json``. ``--json`` prints the summary (:func:`~.outputs.summary`) and
 nothing else on stdout. ``--out DIR`` writes ``summary.json``, ``requests.csv``, ``jct.png``,
 ``utilisation.png`` (NICs, DRAM and GPUs over time, from the samples every emulated second),
 ``latency-cdf.png`` and a Perfetto trace per system, ``trace-<system>.json`` (open it at ui.perfetto.dev;
 recording spans costs memory, hence only with ``--out``; :mod:`~dualpath_emu.cluster.trace`).
 
-``validate FILE`` checks a scenario file -- a cluster scenario, or a run scenario for ``launch`` -- and
-prints one ``OK`` line; a bad file is a :class:`~dualpath_emu.config.ScenarioError` (one line, exit 2).
+``validate SCENARIO`` checks a scenario file or a packaged scenario -- a cluster scenario, or a run scenario
+for ``launch`` -- and prints one ``OK`` line; a bad file is a :class:`~dualpath_emu.config.ScenarioError` (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable, Iterator
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,17 +38,42 @@ from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.scenario import DEFAULT, ClusterScenario, load_cluster_scenario, scenario_from_table
 from dualpath_emu.config import load_toml
 from dualpath_emu.errors import UsageError
+from dualpath_emu.scenarios import find as find_scenario
+from dualpath_emu.scenarios import names as packaged_scenarios
+from dualpath_emu.scenarios import path as packaged_scenario
 
-__all__ = ["load_scenario", "run_command", "validate_command"]
+__all__ = ["list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
 
-def load_scenario(path: Path | None) -> ClusterScenario:
-    """The scenario in ``path``, or the built-in one."""
-    return DEFAULT if path is None else load_cluster_scenario(path)
+def load_scenario(scenario: str | Path | None, overrides: dict[str, object] | None = None) -> ClusterScenario:
+    """The scenario in the file or of the packaged name ``scenario``, or the built-in one; ``overrides``:
+    keys set by dotted path before the checks."""
+    if scenario is None:
+        return load_cluster_scenario(packaged_scenario(DEFAULT.name), overrides) if overrides else DEFAULT
+    return load_cluster_scenario(find_scenario(scenario), overrides)
+
+
+def parse_settings(settings: Sequence[str]) -> dict[str, object]:
+    """``--set KEY=VALUE`` options as overrides: each VALUE read as a TOML value, else as a string."""
+    out: dict[str, object] = {}
+    for setting in settings:
+        key, equals, text = setting.partition("=")
+        if not equals or not key.strip():
+            raise UsageError(f"--set {setting!r}: expected KEY=VALUE, e.g. workload.max_rounds=4")
+        try:
+            value: object = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            value = text  # a bare word: the string itself
+        out[key.strip()] = value
+    return out
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Runs ``dualpath-emu run``; returns the exit status."""
-    scenario = load_scenario(args.scenario).with_overrides(systems=args.system, agents=args.agents, seed=args.seed)
+    if args.list:
+        return list_command()
+    scenario = load_scenario(args.scenario, parse_settings(args.set or ())).with_overrides(
+        systems=args.system, agents=args.agents, seed=args.seed
+    )
     out: Path | None = args.out
     if out is not None:
         try:
@@ -62,7 +91,7 @@ def run_command(args: argparse.Namespace) -> int:
     with _progress_bars(console, show_progress) as track:
         for name in scenario.systems:
             results[name] = run_system(
-                scenario.config, name, trajectories, seed=scenario.seed, progress=track(name),
+                scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=track(name),
                 trace_path=None if out is None else _trace_file(out, name),
             )  # fmt: skip
     from dualpath_emu.cluster.outputs import summary  # after the runs: plots pull in matplotlib
@@ -164,9 +193,21 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table
     return table
 
 
+def list_command() -> int:
+    """Runs ``dualpath-emu run --list``: one line per packaged scenario."""
+    for name in packaged_scenarios():
+        path = packaged_scenario(name)
+        top = load_toml(path)
+        if "app" in top and "kind" not in top:
+            print(f"{name}: actor-runtime scenario for `dualpath-emu launch {name}` (app {top.get_str('app')!r})")
+        else:
+            print(f"{name}: {scenario_from_table(top, path).describe()}")
+    return 0
+
+
 def validate_command(args: argparse.Namespace) -> int:
-    """Runs ``dualpath-emu validate FILE``: one OK line, or a :class:`ScenarioError`."""
-    path: Path = args.file
+    """Runs ``dualpath-emu validate SCENARIO``: one OK line, or a :class:`ScenarioError`."""
+    path = find_scenario(args.file)
     top = load_toml(path)
     if "app" in top and "kind" not in top:
         from dualpath_emu.runtime.scenario import load_run_scenario

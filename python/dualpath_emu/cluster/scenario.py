@@ -2,7 +2,7 @@
 compare, the workload and the seed of one ``dualpath-emu run``.
 
 A cluster scenario says ``kind = "cluster"`` at the top; the actor runtime's run scenarios (``app = ...``,
-e.g. ``scenarios/pipeline.toml``, for ``dualpath-emu launch``) are a different format and are refused here
+e.g. the packaged ``pipeline``, for ``dualpath-emu launch``) are a different format and are refused here
 with a pointer to ``launch``. Every key below is shown with its default (the defaults are those of the
 dataclasses the keys fill: :class:`ClusterConfig`, :class:`~dualpath_emu.cluster.catalog.NodeSpec`'s
 testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
@@ -12,7 +12,10 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     kind = "cluster"                     # required: marks a cluster scenario
     name = "<file name without .toml>"   # the run's name in tables and summary.json
     seed = 0                             # the workload generator's and every actor's random streams
-    systems = ["basic", "dualpath", "oracle"]   # run in this order; any of dualpath_emu.cluster.systems.SYSTEMS
+    systems = ["basic", "dualpath", "oracle"]   # run in this order: built-in systems (basic, basic+layerwise,
+                                         # basic+layerwise+dualpath, dualpath, oracle) or the user's own,
+                                         # "file.py:Name" (relative to this file's folder) or "module:Name"
+                                         # (dualpath_emu.cluster.user_systems says what Name may be)
 
     [deployment]
     model = "ds660b"                     # ds660b | ds27b | qwen32b (dualpath_emu.cluster.catalog.MODELS)
@@ -84,13 +87,14 @@ one request's KV. Unknown keys, wrong types and impossible values are
 one line, exit status 2).
 
 :data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as
-``scenarios/ds660b-2p4d-offline.toml`` (a test keeps them equal), so it works without the repository.
+the packaged ``ds660b-2p4d-offline.toml`` (a test keeps them equal).
+The scenario files ship in the package (:mod:`dualpath_emu.scenarios`) and run by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, cast
@@ -98,8 +102,9 @@ from typing import Final, Literal, cast
 from dualpath_emu.cluster.catalog import GPUS, MODELS, TESTBED_NODE, NodeSpec
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
-from dualpath_emu.cluster.systems import SYSTEMS
+from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
+from dualpath_emu.cluster.user_systems import SystemLoader, is_user_spec
 from dualpath_emu.config import ScenarioError, Table, load_toml
 from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.workload import load_trace
@@ -143,6 +148,17 @@ class ClusterScenario:
     """> 0: keep only each agent's first ``max_rounds`` rounds."""
     generator: GeneratorParams = field(default_factory=GeneratorParams)
     source: str = BUILT_IN
+    custom_systems: tuple[System, ...] = ()
+    """The systems of ``systems`` that are not built in (from the user's code), in order."""
+
+    def system(self, name: str) -> System:
+        """The system called ``name``: one of :attr:`custom_systems`, else a built-in one."""
+        for system in self.custom_systems:
+            if system.name == name:
+                return system
+        if name not in SYSTEMS:
+            raise KeyError(f"no system {name!r} in scenario {self.name!r} (its systems: {', '.join(self.systems)})")
+        return SYSTEMS[name]
 
     def workload(self) -> str:
         """The workload in words, e.g. ``64k × 128 agents, offline``."""
@@ -175,12 +191,17 @@ class ClusterScenario:
         return out
 
     def with_overrides(
-        self, *, systems: Sequence[str] | None = None, agents: int | None = None, seed: int | None = None
+        self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None
     ) -> ClusterScenario:
-        """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file."""
+        """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
+
+        ``systems``: built-in names, specs ``file.py:Name`` / ``module:Name`` (relative to the current folder),
+        the names of this scenario's own :attr:`custom_systems`, or :class:`System` objects."""
         out = self
         if systems is not None:
-            out = dataclasses.replace(out, systems=_check_systems(list(systems), "--system", out.config))
+            loader = SystemLoader(Path.cwd(), "--system")
+            names, custom = _check_systems(list(systems), "--system", loader, known=out.custom_systems)
+            out = dataclasses.replace(out, systems=names, custom_systems=custom)
         if agents is not None:
             if agents < 1:
                 raise ScenarioError(f"--agents: expected an integer >= 1, got {agents}")
@@ -198,7 +219,7 @@ class ClusterScenario:
 
 DEFAULT: Final = ClusterScenario(name="ds660b-2p4d-offline", config=ClusterConfig(agents=DEFAULT_AGENTS))
 """The built-in scenario: DS 660B, 2P4D, offline, 64K dataset, :data:`DEFAULT_AGENTS` agents, Basic /
-DualPath / Oracle (``scenarios/ds660b-2p4d-offline.toml`` holds the same)."""
+DualPath / Oracle (the packaged ``ds660b-2p4d-offline.toml`` holds the same)."""
 
 
 def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
@@ -212,9 +233,15 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
     )
 
 
-def load_cluster_scenario(path: str | Path) -> ClusterScenario:
-    """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong)."""
-    return scenario_from_table(load_toml(path), Path(path))
+def load_cluster_scenario(path: str | Path, overrides: Mapping[str, object] | None = None) -> ClusterScenario:
+    """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong).
+
+    ``overrides`` sets keys before the checks, by dotted path (``{"workload.agents": 16, "deployment.pe_nodes":
+    2}``), as if the file said so."""
+    top = load_toml(path)
+    if overrides:
+        top = top.overridden(overrides)
+    return scenario_from_table(top, Path(path))
 
 
 def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
@@ -288,8 +315,9 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         decode_ep_nodes=decode_ep, storage=storage, roofline=roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, dram_buffer_bytes=dram_buffer,
     )  # fmt: skip
-    systems = _check_systems(systems_table_value, "systems", config, top)
-    scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source)
+    loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
+    systems, custom = _check_systems(systems_table_value, "systems", loader, top)
+    scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom)
     _check_memory(scenario, top, deployment)
     return scenario
 
@@ -375,18 +403,45 @@ def _generator(t: Table) -> GeneratorParams:
     return out
 
 
-def _check_systems(names: list[str], key: str, config: ClusterConfig, table: Table | None = None) -> tuple[str, ...]:
-    expected = f"names of systems ({', '.join(SYSTEMS)}), each once"
-    seen: list[str] = []
-    for name in names:
-        if name not in SYSTEMS or name in seen:
-            if table is not None:
-                raise table.error(key, expected, name)
-            raise ScenarioError(f"{key}: expected {expected}, got {name!r}")
-        seen.append(name)
-    if not seen:
+def _check_systems(
+    specs: Sequence[str | System], key: str, loader: SystemLoader, table: Table | None = None,
+    known: tuple[System, ...] = (),
+) -> tuple[tuple[str, ...], tuple[System, ...]]:
+    """The names of the systems ``specs`` give and those of them not built in (resolved with ``loader``;
+    ``known``: user systems that may also be named by their name, those of the scenario being overridden)."""
+    expected = f"names of systems ({', '.join(SYSTEMS)}) or module:Name, file.py:Name, each once"
+
+    def bad(spec: str) -> ScenarioError:
+        return table.error(key, expected, spec) if table is not None else ScenarioError(
+            f"{key}: expected {expected}, got {spec!r}")  # fmt: skip
+
+    names: list[str] = []
+    custom: list[System] = []
+    for given in specs:
+        if isinstance(given, System):
+            system = given
+        elif (found := next((s for s in known if s.name == given), None)) is not None:
+            system = found
+        elif is_user_spec(given):
+            system = loader.load(given)
+        elif given in SYSTEMS:
+            system = SYSTEMS[given]
+        else:
+            raise bad(given)
+        if SYSTEMS.get(system.name, system) != system:
+            raise loader.error(given if isinstance(given, str) else system.name,
+                               f"the system is called {system.name!r}, a built-in system's name: give it another")
+        if system.name in names:
+            if isinstance(given, str) and not is_user_spec(given):
+                raise bad(given)
+            raise loader.error(given if isinstance(given, str) else system.name,
+                               f"expected each system once: {system.name!r} is already in the list")
+        names.append(system.name)
+        if system.name not in SYSTEMS:
+            custom.append(system)
+    if not names:
         raise ScenarioError(f"{key}: expected at least one system")
-    return tuple(seen)
+    return tuple(names), tuple(custom)
 
 
 def _check_weights_fit(t: Table, key: str, model: str, gpu: str, gpus_per_node: int, ep_nodes: int) -> None:
@@ -417,7 +472,7 @@ def _check_memory(scenario: ClusterScenario, top: Table, deployment: Table) -> N
             "decode_ep_nodes", f"a decode EP group whose GPUs have HBM for {gb}; a DE GPU has "
             f"{d.de_hbm_kv_bytes / 1e9:.1f} GB for KV (see also scheduling.de_hbm_reserve_fraction)",
             config.decode_ep_nodes)  # fmt: skip
-    whole = [name for name in scenario.systems if not SYSTEMS[name].layerwise]
+    whole = [name for name in scenario.systems if not scenario.system(name).layerwise]
     if whole and d.pe_hbm_kv_bytes < kv:
         raise top.error(
             "systems", f"systems whose PE GPUs can hold a request's KV: without layerwise prefill {whole[0]!r} "

@@ -4,13 +4,19 @@ The cluster's scheduler actor keeps the queues and asks a :class:`Policy` what t
 fetches work (groups *pull*, §6.1). Everything here is deterministic: ties go to the lowest engine id, queues
 are FIFO, nothing iterates over a set.
 
-**Prefill engines** (:meth:`Policy.assign_prefill`). DualPath's :class:`DualPathPolicy` runs Algorithm 1 for
-the fetching PE group: the group's PEs are classified by their load ``tok_e`` and their node's read queue
-``read_q`` (both in tokens) -- C1 overloaded (``tok_e > β``, never given work), C2 ``read_q ≤ α``, C3
-``read_q > α`` -- and the head of the global FIFO queue goes to the least-loaded PE of C2, else of C3;
-the chosen PE's ``tok_e`` grows by the request's tokens and the next request is considered, until both
-classes are empty (the rest waits for the next fetch). :class:`RoundRobinPolicy` gives requests to the
-group's PEs in turn, with no load limit.
+**Prefill engines** (:meth:`Policy.assign_prefill`). A PE group's fetch is its report (§6.1); the policy then
+assigns over *every* PE of the cluster, each with its group's last report (:class:`PrefillDispatch`), so the
+scheduler balances all PEs with their read queues (§6.1–6.2) whichever group pulls first. Run over the
+fetching group alone, a fetch takes every queued request its PEs have room for (β is seconds of compute,
+hundreds of requests per GPU), and the first group to pull took nearly all the work: DS 27B 2P1D with one
+group per node, 384 agents, 89% of the requests went to node 0 and DualPath's JCT was 408 s (303 s now).
+DualPath's :class:`DualPathPolicy` runs Algorithm 1: the PEs are classified by their load ``tok_e`` and their
+node's read queue ``read_q`` (both in tokens) -- C1 overloaded (``tok_e > β``, never given work), C2
+``read_q ≤ α``, C3 ``read_q > α`` -- and the head of the global FIFO queue goes to the least-loaded PE of C2,
+else of C3 (ties: the PE given work least recently); the chosen PE's ``tok_e`` grows by the request's
+tokens and the next request is considered, until both classes are empty (the rest waits until a PE
+finishes work). :class:`RoundRobinPolicy` gives requests to the PEs in turn, node by node, with no load
+limit.
 
 **Decode engines** (:meth:`Policy.assign_decode`), two levels (§6.2): when a DE group fetches, the global
 decode queue is first drained into per-group private queues, each request to the group with the smallest
@@ -31,11 +37,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 __all__ = [
     "DE_HIGH_TOKEN_FACTOR",
+    "PrefillDispatch",
     "DecodeAssignment",
     "DualPathPolicy",
     "Engine",
@@ -78,6 +86,11 @@ class Engine:
     tok: int = 0
     seq: int = 0
     free_hbm_bytes: int = 0
+    given: int = 0
+    """The policy's assignment count when this PE was last given work (0: never). Ties in ``tok_e`` go to the
+    PE given work least recently [our choice: the paper names no tie rule]: with ties to the lowest id, a
+    lightly loaded cluster (every PE idle, ``tok_e`` = 0, at each arrival) sent nearly every request, and its
+    storage read, to the first node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +115,10 @@ class Policy(ABC):
     """
 
     read_both_sides: bool = False
+    _given: int = field(default=0, repr=False)
+    """Assignments made so far (stamps :attr:`Engine.given` and the decode groups' turns)."""
+    _group_given: dict[int, int] = field(default_factory=dict, repr=False)
+    """Decode group -> :attr:`_given` when it was last routed a request (ties in phase 1, as for PEs)."""
 
     def prefill_tokens(self, request: Request) -> int:
         """What a request adds to a PE's ``tok_e``."""
@@ -113,9 +130,10 @@ class Policy(ABC):
 
     @abstractmethod
     def assign_prefill(
-        self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+        self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
-        """Assign queued requests (from the head, FIFO) to the fetching ``group``'s PEs."""
+        """Assign queued requests (from the head, FIFO) to PEs: ``engines`` is every PE of the cluster, in id
+        order (node by node), each as its group's last report shows it; ``read_q`` maps node -> tokens."""
 
     def assign_decode(
         self,
@@ -138,6 +156,8 @@ class Policy(ABC):
         """Assign ``request`` to PE ``engine``, updating the engine's load as its next report would show it."""
         engine.tok += self.prefill_tokens(request)
         engine.seq += 1
+        self._given += 1
+        engine.given = self._given
         return PrefillAssignment(request, engine.id)
 
     def _give_decode(self, engine: Engine, request: Request) -> DecodeAssignment:
@@ -173,14 +193,16 @@ class Policy(ABC):
     def _drain_to_groups(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
     ) -> None:
-        """Phase 1 of the DE selection: each queued request to the group with the least ``Σ tok_e`` (ties:
-        lowest id). ``group_loads`` (group id -> its engines' Σ tok_e plus what waits in its private queue) is
+        """Phase 1 of the DE selection: each queued request to the group with the least ``Σ tok_e`` (ties: the
+        group routed a request least recently, then the lowest id). ``group_loads`` (group id -> its engines' Σ tok_e plus what waits in its private queue) is
         updated in place."""
         while global_queue:
             request = global_queue.popleft()
-            target = min(group_loads, key=lambda g: (group_loads[g], g))
+            target = min(group_loads, key=lambda g: (group_loads[g], self._group_given.get(g, 0), g))
             private_queues[target].append(request)
             group_loads[target] += self.decode_tokens(request)
+            self._given += 1
+            self._group_given[target] = self._given
 
 
 @dataclass
@@ -197,16 +219,16 @@ class DualPathPolicy(Policy):
     high_token_factor: float = DE_HIGH_TOKEN_FACTOR
 
     def assign_prefill(
-        self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+        self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
         out: list[PrefillAssignment] = []
         alpha, beta = self.alpha_tokens, self.beta_tokens
         while queue:
-            c2 = [e for e in group if e.tok <= beta and read_q.get(e.node, 0) <= alpha]
-            chosen_class = c2 or [e for e in group if e.tok <= beta and read_q.get(e.node, 0) > alpha]
+            c2 = [e for e in engines if e.tok <= beta and read_q.get(e.node, 0) <= alpha]
+            chosen_class = c2 or [e for e in engines if e.tok <= beta and read_q.get(e.node, 0) > alpha]
             if not chosen_class:
-                break  # every PE of the group is overloaded: the rest waits for a later fetch
-            engine = min(chosen_class, key=lambda e: (e.tok, e.id))
+                break  # every PE is overloaded: the rest waits until one finishes work
+            engine = min(chosen_class, key=lambda e: (e.tok, e.given, e.id))
             request = queue.popleft()
             out.append(self._give_prefill(engine, request))
         return out
@@ -248,8 +270,6 @@ class RoundRobinPolicy(Policy):
     chooses [our choice].
     """
 
-    pe_order: tuple[int, ...] = ()
-    """Every PE's id in turn order (node by node); empty: each fetching group's own PEs in turn."""
     _pe_turn: int = 0
     _next_de: dict[int, int] = field(default_factory=dict)
     _read_turn: int = 0
@@ -276,26 +296,18 @@ class RoundRobinPolicy(Policy):
         self._next_de[-1] = turn % len(groups)
 
     def assign_prefill(
-        self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+        self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
-        """Requests go to the PEs in turn across the whole cluster (``pe_order``); a fetching group takes
-        queued requests while the PE whose turn it is belongs to it, and leaves the rest for the group of
-        the next PE in turn (which has been told there is work). Without ``pe_order``: the group's PEs in
-        turn."""
+        """Requests go to the PEs in turn across the whole cluster (node by node), one each."""
         out: list[PrefillAssignment] = []
-        if not group:
+        if not engines:
             return out
-        order = self.pe_order or tuple(e.id for e in group)
-        mine = {e.id: e for e in group}
         turn = self._pe_turn
         while queue:
-            engine = mine.get(order[turn % len(order)])
-            if engine is None:
-                break  # another group's turn
+            engine = engines[turn % len(engines)]
             turn += 1
-            request = queue.popleft()
-            out.append(self._give_prefill(engine, request))
-        self._pe_turn = turn % len(order)
+            out.append(self._give_prefill(engine, queue.popleft()))
+        self._pe_turn = turn % len(engines)
         return out
 
     def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
@@ -316,3 +328,45 @@ class RoundRobinPolicy(Policy):
             out.append(self._give_decode(engine, request))
         self._next_de[group_id] = next_engine
         return out
+
+
+class PrefillDispatch:
+    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group.
+
+    A fetch from any PE group runs the policy over every PE of the cluster (:meth:`fetch`), so which group
+    pulls first does not decide who gets the work. New work wakes one group (:meth:`submit`; any fetch
+    assigns for all, so waking every group would only cost messages), taken in turn so that no group's fetch
+    period throttles the others; a PE that finishes work wakes its own group while requests wait
+    (:meth:`done`), the only event that can make room when every PE is over β.
+    """
+
+    def __init__(self, policy: Policy, groups: dict[str, list[Engine]]) -> None:
+        self.policy = policy
+        self.queue: deque[Request] = deque()
+        self.engines = sorted((e for members in groups.values() for e in members), key=lambda e: e.id)
+        self._group_of = {e.id: name for name, members in groups.items() for e in members}
+        self._by_id = {e.id: e for e in self.engines}
+        self._groups = list(groups)  # in the order given (the cluster gives them node by node)
+        self._wake_turn = 0
+
+    def group_of(self, engine: int) -> str:
+        """The group that hosts PE ``engine``."""
+        return self._group_of[engine]
+
+    def submit(self, requests: Sequence[Request]) -> str:
+        """Queue ``requests`` (FIFO); returns the group to tell that work is waiting."""
+        self.queue.extend(requests)
+        group = self._groups[self._wake_turn]
+        self._wake_turn = (self._wake_turn + 1) % len(self._groups)
+        return group
+
+    def fetch(self, read_q: dict[int, int]) -> list[PrefillAssignment]:
+        """A PE group fetched: assign from the head of the queue over every PE (the policy's rule)."""
+        return self.policy.assign_prefill(self.queue, self.engines, read_q)
+
+    def done(self, request: Request, engine: int) -> str | None:
+        """``request`` left PE ``engine``; returns the group to wake if requests wait."""
+        e = self._by_id[engine]
+        e.tok -= self.policy.prefill_tokens(request)
+        e.seq -= 1
+        return self._group_of[engine] if self.queue else None

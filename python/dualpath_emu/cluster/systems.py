@@ -1,24 +1,40 @@
 """The systems compared (paper §7.2, §7.5; paper-facts §8.1): one registered bundle of policies each.
 
 A :class:`System` says which read paths are allowed, whether prefill is layerwise, which scheduler assigns
-engines, and whether I/O is modelled at all (Oracle bypasses it). Adding a system is one entry in
-:data:`SYSTEMS`.
+engines, and whether I/O is modelled at all (Oracle bypasses it). Adding a built-in system is one entry in
+:data:`SYSTEMS`; a user's system is a :class:`System` in the user's own code, whose ``scheduler`` may be a
+:class:`~dualpath_emu.cluster.scheduler.Policy` subclass, named in a scenario or on the command line as
+``module:Name`` or ``file.py:Name`` (:mod:`dualpath_emu.cluster.user_systems`), and passed to
+:func:`~dualpath_emu.cluster.run.run_system` as the object: no registry is global.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from dualpath_emu.cluster.scheduler import DualPathPolicy, Policy, RoundRobinPolicy
 
-__all__ = ["SYSTEMS", "System"]
+__all__ = ["NAME_PATTERN", "SYSTEMS", "System", "built_in"]
+
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+"""What a system's name may be: it keys ``summary.json`` and names files (``trace-<name>.json``)."""
 
 
 @dataclass(frozen=True)
 class System:
+    """A named bundle of policies: what one row of ``dualpath-emu run``'s table compares.
+
+    ``scheduler`` is ``"dualpath"`` (:class:`DualPathPolicy`), ``"round_robin"`` (:class:`RoundRobinPolicy`)
+    or a :class:`Policy` subclass of the user's: a fresh instance is made for every run (policies keep
+    state), with those of the keyword arguments ``read_both_sides`` (= ``dual_path``), ``alpha_tokens`` and
+    ``beta_tokens`` (α and β of the cluster, paper App. A.4) that its constructor accepts.
+    """
+
     name: str
     description: str
     layerwise: bool
@@ -26,15 +42,32 @@ class System:
     KV is copied into HBM first and the request's KV must fit in the PE's HBM."""
     dual_path: bool
     """Reads may go through the decode node (storage → DE buffer → PE); otherwise PE-read only."""
-    scheduler: Literal["dualpath", "round_robin"]
+    scheduler: Literal["dualpath", "round_robin"] | type[Policy]
     oracle: bool = False
     """Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound."""
 
-    def policy(self, alpha_tokens: int, beta_tokens: int, pe_order: tuple[int, ...] = ()) -> Policy:
-        """This system's scheduling policy; ``pe_order`` is every PE's id in round-robin turn order."""
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or NAME_PATTERN.fullmatch(self.name) is None:
+            raise ValueError(f"System.name: expected 1-64 letters, digits and _.+- (not first), got {self.name!r:.80}")
+        scheduler = self.scheduler
+        if isinstance(scheduler, type) and issubclass(scheduler, Policy):
+            if inspect.isabstract(scheduler):
+                missing = ", ".join(sorted(getattr(scheduler, "__abstractmethods__", ())))
+                raise ValueError(f"System {self.name!r}: scheduler {scheduler.__name__} is abstract (define {missing})")
+        elif scheduler not in ("dualpath", "round_robin"):
+            raise ValueError(
+                f"System {self.name!r}: scheduler: expected 'dualpath', 'round_robin' or a Policy subclass, "
+                f"got {scheduler!r}"
+            )
+
+    def policy(self, alpha_tokens: int, beta_tokens: int) -> Policy:
+        """This system's scheduling policy (a fresh one per run)."""
+        if not isinstance(self.scheduler, str):
+            return _make_policy(self.scheduler, read_both_sides=self.dual_path, alpha_tokens=alpha_tokens,
+                                beta_tokens=beta_tokens)  # fmt: skip
         if self.scheduler == "dualpath":
             return DualPathPolicy(read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
-        return RoundRobinPolicy(read_both_sides=self.dual_path, pe_order=pe_order)
+        return RoundRobinPolicy(read_both_sides=self.dual_path)
 
 
 SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
@@ -52,3 +85,20 @@ SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
         )
     }
 )  # fmt: skip
+
+
+def built_in(name: str) -> System:
+    """The built-in system called ``name`` (a :class:`KeyError` naming the built-in systems otherwise)."""
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise KeyError(f"no built-in system {name!r} (built-in: {', '.join(SYSTEMS)})") from None
+
+
+def _make_policy(cls: type[Policy], **arguments: Any) -> Policy:
+    """``cls(...)`` with those of ``arguments`` that its constructor accepts (all of them with ``**kwargs``)."""
+    parameters = inspect.signature(cls).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        accepted = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        arguments = {key: value for key, value in arguments.items() if key in accepted}
+    return cls(**arguments)

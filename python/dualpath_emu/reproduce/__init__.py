@@ -8,11 +8,12 @@ and imports an experiment's module only when it runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["EXPERIMENTS"]
+__all__ = ["EXPERIMENTS", "help_description"]
 
 EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -28,3 +29,12 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
         "markdown": "dualpath_emu.reproduce.markdown",  # reports (NAME.json) as Markdown for EVALUATION.md
     }
 )
+
+
+def help_description(doc: str | None) -> str:
+    """The first paragraph of a module's docstring as plain text, for its ``--help``: the lines joined,
+    reStructuredText roles and literals (``:func:`~a.b```, ````x````, ``**x**``) reduced to their words."""
+    paragraph = (doc or "").strip().split("\n\n")[0]
+    text = " ".join(paragraph.split())
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    return text.replace("``", "").replace("**", "")

@@ -1,5 +1,5 @@
 """Calibration: fit the parameters the paper does not give on **Basic and Oracle runs only**, so that
-DualPath's results are predictions (issue 5).
+DualPath's results are predictions.
 
 Two hardware parameters, shared by every model (they describe the testbed, not a model):
 
@@ -40,6 +40,7 @@ from typing import Any, Final
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.roofline import RooflineParams
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import Cell, Comparison, Report, deployment, experiment_main, run_cells
 
 __all__ = ["CALIBRATION_FILE", "apply", "load", "main"]
@@ -164,7 +165,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return experiment_main("calibrate", __doc__.split("\n")[0], build, argv, configure=_configure)
+    return experiment_main("calibrate", help_description(__doc__), build, argv, configure=_configure)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 DEPLOYMENTS: dict[str, dict[str, Any]] = {
-    # The paper's default deployments (§7.1, paper-facts §2.1); scenarios/*.toml hold the same.
+    # The paper's default deployments (§7.1, paper-facts §2.1); the packaged scenarios (dualpath_emu/scenarios) hold the same.
     "ds660b": {"model": "ds660b", "pe_nodes": 2, "de_nodes": 4, "prefill_ep_nodes": 2, "decode_ep_nodes": 4},
     "ds27b": {"model": "ds27b", "pe_nodes": 1, "de_nodes": 1, "prefill_ep_nodes": 1, "decode_ep_nodes": 1},
     "qwen32b": {"model": "qwen32b", "pe_nodes": 1, "de_nodes": 2, "prefill_ep_nodes": 1, "decode_ep_nodes": 1,

@@ -1,7 +1,7 @@
 """Fig. 10 of the paper (§7.4): online serving. The largest agent arrival rate (APS, agents per second) each
-system sustains within the SLO, and TTFT / TTST / TPOT against the rate. TTST is the paper's: the time from
-the first to the second token (the PE → DE hand-off, the H2D copy and the first decode step, paper-facts
-§3.3), not from arrival.
+system sustains within the SLO (TTFT <= 4 s, TPOT <= 50 ms), and TTFT / TTST / TPOT against the rate. TTST is
+the paper's: the time from the first to the second token (the PE → DE hand-off, the H2D copy and the first
+decode step, paper-facts §3.3), not from arrival.
 
 Setup
 -----
@@ -103,6 +103,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from dualpath_emu.cluster.metrics import Metrics, percentiles
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
     Cell,
     Comparison,
@@ -716,9 +717,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    description = ("Fig. 10 (online serving): the largest agent arrival rate each system sustains within the SLO "
-                   "(TTFT <= 4 s, TPOT <= 50 ms), and TTFT/TTST/TPOT vs the rate.")  # fmt: skip
-    return experiment_main("fig10", description, build, argv, configure=_configure)
+    return experiment_main("fig10", help_description(__doc__), build, argv, configure=_configure)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells, within
 from dualpath_emu.reproduce.fig10 import FULL
 from dualpath_emu.reproduce.plots import panels, save
@@ -123,7 +124,7 @@ def plot(path: Path, ladder: Sequence[CellResult], online: Sequence[CellResult],
 
 
 def main(argv: list[str] | None = None) -> int:
-    return experiment_main("fig12", __doc__.split("\n")[0], build, argv)
+    return experiment_main("fig12", help_description(__doc__), build, argv)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
     Cell,
     CellResult,
@@ -104,7 +105,7 @@ def plot(path: Path, results: Sequence[CellResult]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return experiment_main("fig13", __doc__.split("\n")[0], build, argv)
+    return experiment_main("fig13", help_description(__doc__), build, argv)
 
 
 if __name__ == "__main__":

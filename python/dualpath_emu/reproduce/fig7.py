@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
     Cell,
     CellResult,
@@ -153,7 +154,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return experiment_main("fig7", __doc__.split("\n")[0], build, argv, configure=_configure)
+    return experiment_main("fig7", help_description(__doc__), build, argv, configure=_configure)
 
 
 if __name__ == "__main__":

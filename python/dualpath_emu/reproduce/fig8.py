@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import CellResult, Cell, Report, deployment, experiment_main, run_cells, systems_ordered, within
 from dualpath_emu.reproduce.plots import jct_panel, panels, save
 
@@ -78,7 +79,7 @@ def plot(path: Path, jct: dict[tuple[str, int], dict[str, float]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return experiment_main("fig8", __doc__.split("\n")[0], build, argv)
+    return experiment_main("fig8", help_description(__doc__), build, argv)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
     Cell,
     Comparison,
@@ -101,7 +102,7 @@ def plot(path: Path, jct: Mapping[tuple[str, float], Mapping[str, float]]) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    return experiment_main("fig9", __doc__.split("\n")[0], build, argv)
+    return experiment_main("fig9", help_description(__doc__), build, argv)
 
 
 if __name__ == "__main__":

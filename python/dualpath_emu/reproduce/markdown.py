@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dualpath_emu.reproduce import help_description
+
 __all__ = ["BEGIN", "END", "main", "render"]
 
 BEGIN = "<!-- reproduce:begin -->"
@@ -83,10 +85,11 @@ def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dualpath-emu reproduce markdown", description=__doc__.split("\n")[0])
-    parser.add_argument("reports", nargs="+", type=Path, metavar="FILE.json")
+    parser = argparse.ArgumentParser(prog="dualpath-emu reproduce markdown", description=help_description(__doc__))
+    parser.add_argument("reports", nargs="+", type=Path, metavar="FILE.json",
+                        help="reports written by `dualpath-emu reproduce NAME --out DIR` (DIR/NAME.json)")
     parser.add_argument("--image-dir", help="link STEM.png in this folder (relative to the Markdown) under each heading")
-    parser.add_argument("--heading", type=int, default=3, choices=range(1, 7))
+    parser.add_argument("--heading", type=int, default=3, choices=range(1, 7), help="heading level (default 3)")
     parser.add_argument("--into", type=Path, metavar="FILE", help=f"replace what lies between {BEGIN} and {END} in FILE")
     args = parser.parse_args(argv)
     sections = []

@@ -1,4 +1,5 @@
-"""``dualpath-emu launch``: run an actor scenario in virtual time or across processes in real time."""
+"""``dualpath-emu launch``: run an actor scenario (a file, or a packaged one's name such as ``pipeline``) in
+virtual time or across processes in real time."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted, launch
 from dualpath_emu.runtime.node import run_virtual
 from dualpath_emu.runtime.scenario import RunScenario, load_run_scenario
+from dualpath_emu.scenarios import find as find_scenario
 
 __all__ = ["launch_command"]
 
@@ -22,7 +24,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    scenario = load_run_scenario(args.scenario).with_overrides(
+    scenario = load_run_scenario(find_scenario(args.scenario)).with_overrides(
         seed=args.seed, mode=args.mode, time_scale=args.time_scale
     )
     app = scenario.app.name

@@ -47,6 +47,7 @@ from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
 from dualpath_emu.runtime.eventlog import write_event_log
 from dualpath_emu.runtime.realtime import RealTimeLoop
 from dualpath_emu.runtime.scenario import ProcessSpec, RunScenario, load_run_scenario
+from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.runtime.virtual_loop import run as run_virtual_loop
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 
@@ -248,13 +249,17 @@ def set_parent_death_signal(parent_pid: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dualpath_emu.runtime.node``: one process of a real-time run (see the module)."""
-    parser = argparse.ArgumentParser(prog="dualpath-emu node", description="Run one process of a real-time run.")
-    parser.add_argument("scenario", help="run scenario TOML file")
+    parser = argparse.ArgumentParser(
+        prog="dualpath-emu node",
+        description="Run one process of a real-time run: `dualpath-emu launch` starts one per [[process]]; on "
+        "several hosts, start one by hand on each.",
+    )
+    parser.add_argument("scenario", help="run scenario TOML file, or a packaged one's name (e.g. pipeline)")
     parser.add_argument("--process", required=True, help="the [[process]] to run")
     parser.add_argument("--run-dir", required=True, type=Path, help="directory for ready files, logs, results")
     parser.add_argument("--endpoints", help="JSON object: process name -> endpoint (default: the scenario's)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--time-scale", type=float)
+    parser.add_argument("--seed", type=int, help="override the scenario's seed (every process of a run needs the same)")
+    parser.add_argument("--time-scale", type=float, help="override the scenario's emulated seconds per wall second")
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
     parser.add_argument(
         "--no-ready-wait",
@@ -266,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.parent_pid is not None:
         set_parent_death_signal(args.parent_pid)
     try:
-        scenario = load_run_scenario(args.scenario).with_overrides(
+        scenario = load_run_scenario(find_scenario(args.scenario)).with_overrides(
             seed=args.seed, mode="realtime", time_scale=args.time_scale
         )
         if args.endpoints is not None:

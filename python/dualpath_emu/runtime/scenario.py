@@ -1,6 +1,7 @@
 """Run scenarios: which application, which seed, which clock, and which actors live in which process.
 
-A run scenario is a TOML file (see ``scenarios/pipeline.toml``)::
+A run scenario is a TOML file (see ``python/dualpath_emu/scenarios/pipeline.toml``, which ships in the package
+and runs by name: ``dualpath-emu launch pipeline``)::
 
     app = "pipeline"       # the application (dualpath_emu.runtime.app.APPLICATIONS)
     seed = 1               # every random stream of the run derives from it

@@ -1,0 +1,245 @@
+"""The Python API: load a scenario, change what you like, run systems, look at the results.
+
+For notebooks and scripts; it does what ``dualpath-emu run`` does, and gives the results as Python objects::
+
+    from dualpath_emu import api
+
+    scenario = api.load_scenario("ds27b-1p1d-offline", agents=16, overrides={"workload.max_rounds": 20})
+    result = api.run(scenario, systems=["basic", "dualpath", "examples/custom_policy.py:least-loaded"])
+    result.jct_s                      # {"basic": ..., "dualpath": ..., "least-loaded": ...}
+    result.summary["systems"]         # what summary.json holds (dualpath-emu run --json)
+    result.rows()[0]                  # requests.csv's rows as dicts
+    result.to_pandas()                # the same rows as a pandas DataFrame (pandas installed separately)
+
+* A scenario is a packaged scenario's name (:func:`scenario_names` lists them), a TOML file, or ``None`` for the
+  built-in default (DS 660B 2P4D, offline). ``overrides`` sets any key of the file by its dotted path
+  (``"deployment.pe_nodes"``, ``"scheduling.alpha_read_s"``, ``"workload.mode"``; the keys and their defaults
+  are listed in :mod:`dualpath_emu.cluster.scenario`) before the file is checked, so a bad value is the
+  same one-line :class:`~dualpath_emu.config.ScenarioError` as in a file. ``agents``, ``seed`` and
+  ``systems`` are the command line's ``--agents``, ``--seed`` and ``--system``.
+* A system is a built-in one's name (``basic``, ``basic+layerwise``, ``basic+layerwise+dualpath``,
+  ``dualpath``, ``oracle``), your own as ``file.py:Name`` or ``module:Name``
+  (:mod:`dualpath_emu.cluster.user_systems`), or a :class:`~dualpath_emu.cluster.systems.System` object,
+  e.g. one defined in the notebook around a :class:`~dualpath_emu.cluster.scheduler.Policy` subclass.
+* Runs are in virtual time, deterministic: the same scenario, systems and seed give the same results (and the
+  same ``event_log_sha256``).
+
+Errors: a bad scenario, key or system is a :class:`~dualpath_emu.config.ScenarioError` (a
+:class:`~dualpath_emu.errors.UsageError`) with one line naming the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.cluster.outputs import summary, trace_file, write_plots, write_requests_csv
+from dualpath_emu.cluster.run import Progress, SystemResult, run_system
+from dualpath_emu.cluster.run_cli import load_scenario as _load
+from dualpath_emu.cluster.scenario import ClusterScenario
+from dualpath_emu.cluster.scheduler import (
+    DecodeAssignment,
+    DualPathPolicy,
+    Engine,
+    Policy,
+    PrefillAssignment,
+    Request,
+    RoundRobinPolicy,
+)
+from dualpath_emu.cluster.systems import SYSTEMS, System
+from dualpath_emu.config import ScenarioError, load_toml
+from dualpath_emu.errors import UsageError
+from dualpath_emu.scenarios import names as _packaged_names
+from dualpath_emu.scenarios import path as _packaged_path
+
+__all__ = [
+    "BUILT_IN_SYSTEMS",
+    "ClusterScenario",
+    "DecodeAssignment",
+    "DualPathPolicy",
+    "Engine",
+    "Policy",
+    "PrefillAssignment",
+    "Progress",
+    "Request",
+    "RoundRobinPolicy",
+    "RunResult",
+    "ScenarioError",
+    "System",
+    "SystemResult",
+    "load_scenario",
+    "run",
+    "scenario_names",
+]
+
+BUILT_IN_SYSTEMS: Final[Mapping[str, System]] = SYSTEMS
+"""The built-in systems by name (read-only)."""
+
+Row = dict[str, int | float | str | None]
+"""One row of ``requests.csv``: column name -> value (``None`` where the CSV cell is empty)."""
+
+
+def scenario_names() -> list[str]:
+    """The names of the packaged cluster scenarios (``dualpath-emu run --list`` describes them)."""
+    return [name for name in _packaged_names() if "kind" in load_toml(_packaged_path(name))]
+
+
+def load_scenario(
+    scenario: str | Path | None = None,
+    *,
+    overrides: Mapping[str, object] | None = None,
+    agents: int | None = None,
+    seed: int | None = None,
+    systems: Sequence[str | System] | None = None,
+) -> ClusterScenario:
+    """A cluster scenario, checked: ``scenario`` is a packaged scenario's name, a TOML file, or ``None`` for
+    the built-in default.
+
+    ``overrides`` maps dotted keys of the scenario file to values (``{"workload.max_rounds": 20,
+    "hardware.snic_bytes_per_s": 25e9}``), set before the checks as if the file said so; ``agents``,
+    ``seed`` and ``systems`` then override like the command line's options (``systems``: names, specs
+    ``file.py:Name`` / ``module:Name`` relative to the current folder, or :class:`System` objects).
+    """
+    loaded = _load(scenario, dict(overrides) if overrides else None)
+    return loaded.with_overrides(systems=systems, agents=agents, seed=seed)
+
+
+def run(
+    scenario: ClusterScenario | str | Path | None = None,
+    *,
+    systems: Sequence[str | System] | None = None,
+    agents: int | None = None,
+    seed: int | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    out: str | Path | None = None,
+) -> RunResult:
+    """Run every system of ``scenario`` (a :class:`ClusterScenario`, or what :func:`load_scenario` takes) on
+    the same workload, in virtual time, in this process; ``systems``, ``agents`` and ``seed`` override the
+    scenario's.
+
+    ``progress`` is called with a :class:`Progress` a few times per second of wall time during each run.
+    ``out`` writes what ``dualpath-emu run --out`` writes there: ``summary.json``, ``requests.csv``,
+    ``jct.png``, ``utilisation.png``, ``latency-cdf.png`` and a Perfetto trace per system (the runs then
+    record every transfer, which costs memory on long runs).
+    """
+    if not isinstance(scenario, ClusterScenario):
+        scenario = load_scenario(scenario)
+    scenario = scenario.with_overrides(systems=systems, agents=agents, seed=seed)
+    directory = None if out is None else Path(out)
+    if directory is not None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"out {directory}: cannot create the folder: {error.strerror or error}") from None
+    trajectories = scenario.trajectories()
+    results: dict[str, SystemResult] = {}
+    for name in scenario.systems:
+        results[name] = run_system(
+            scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=progress,
+            trace_path=None if directory is None else trace_file(directory, name),
+        )  # fmt: skip
+    result = RunResult(scenario, results)
+    if directory is not None:
+        result._write(directory)
+    return result
+
+
+@dataclass
+class RunResult:
+    """The results of :func:`run`: one :class:`SystemResult` per system, in the scenario's order."""
+
+    scenario: ClusterScenario
+    results: dict[str, SystemResult]
+    _csv: str | None = field(default=None, init=False, repr=False)
+
+    @property
+    def systems(self) -> list[str]:
+        """The systems' names, in the order they ran."""
+        return list(self.results)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run's summary: what ``summary.json`` (and ``dualpath-emu run --json``) holds, JSON-able."""
+        return summary(self.scenario, self.results)
+
+    @property
+    def jct_s(self) -> dict[str, float]:
+        """Each system's job completion time (s): when the last agent's last turn ended."""
+        return {name: r.jct_s for name, r in self.results.items()}
+
+    def speedup(self, baseline: str = "basic") -> dict[str, float]:
+        """Each system's speedup over ``baseline`` (baseline's JCT / the system's)."""
+        if baseline not in self.results:
+            raise KeyError(f"no system {baseline!r} in this run (its systems: {', '.join(self.results)})")
+        base = self.results[baseline].jct_s
+        return {name: base / r.jct_s if r.jct_s > 0 else float("inf") for name, r in self.results.items()}
+
+    def requests_csv(self) -> str:
+        """``requests.csv`` as text: one row per request per system (its columns:
+        :data:`~dualpath_emu.cluster.outputs.CSV_COLUMNS`)."""
+        if self._csv is None:
+            path = io.StringIO()
+            _write_csv_text(path, self.results)
+            self._csv = path.getvalue()
+        return self._csv
+
+    def rows(self) -> list[Row]:
+        """``requests.csv``'s rows as dicts, typed: integers, seconds as floats, ``read_side`` and
+        ``system`` as strings, ``None`` where the CSV cell is empty (a time never reached)."""
+        reader = csv.DictReader(io.StringIO(self.requests_csv()))
+        return [{key: _typed(key, value) for key, value in row.items()} for row in reader]
+
+    def to_pandas(self) -> Any:
+        """The rows of :meth:`rows` as a ``pandas.DataFrame`` (empty cells as NaN). pandas is no dependency
+        of dualpath-emu: install it yourself (``pip install pandas``)."""
+        try:
+            pandas = importlib.import_module("pandas")
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError(
+                "RunResult.to_pandas() needs pandas, which dualpath-emu does not install: pip install pandas "
+                "(or use RunResult.rows(), plain dicts)"
+            ) from None
+        return pandas.read_csv(io.StringIO(self.requests_csv()), dtype={"system": str, "read_side": str})
+
+    def _write(self, directory: Path) -> None:
+        try:
+            text = json.dumps(self.summary, indent=2, allow_nan=False) + "\n"
+            (directory / "summary.json").write_text(text, encoding="utf-8")
+            (directory / "requests.csv").write_text(self.requests_csv(), encoding="utf-8", newline="")
+            write_plots(directory, self.scenario, self.results)
+        except OSError as error:
+            raise UsageError(f"out {directory}: cannot write: {error.strerror or error}") from None
+
+
+def _write_csv_text(buffer: io.StringIO, results: Mapping[str, SystemResult]) -> None:
+    """requests.csv into ``buffer``, by the code that writes the file (one definition of its columns)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "requests.csv"
+        write_requests_csv(path, results)
+        buffer.write(path.read_text(encoding="utf-8"))
+
+
+_STRINGS: Final = frozenset({"system", "read_side"})
+
+
+def _typed(column: str, text: str | None) -> int | float | str | None:
+    if column in _STRINGS:
+        return text
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+

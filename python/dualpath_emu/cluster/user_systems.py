@@ -1,0 +1,171 @@
+"""Systems and policies from the user's own code: ``module:Name`` or ``path/to/file.py:Name``.
+
+A scenario's ``systems = [...]`` and ``dualpath-emu run --system`` take *system specs*:
+
+* ``basic``, ``dualpath``, … (no colon): a built-in system (:data:`~dualpath_emu.cluster.systems.SYSTEMS`);
+* ``path/to/file.py:Name``: the file, run as a module (a relative path is relative to the scenario file's
+  folder in a scenario, to the current folder on the command line); a fresh copy of the module for every
+  scenario loaded, so that an edited file takes effect in a notebook;
+* ``package.module:Name``: a module Python can import (installed, or on ``PYTHONPATH``), imported once per
+  process as any import.
+
+``Name`` is looked up in that module:
+
+1. an attribute ``Name`` that is a :class:`~dualpath_emu.cluster.systems.System`: that system, under its
+   own ``name`` (``file.py:LEAST_LOADED`` may be called ``least-loaded``);
+2. an attribute ``Name`` that is a :class:`~dualpath_emu.cluster.scheduler.Policy` subclass: wrapped into a
+   system called ``Name`` with DualPath's data path (layerwise prefill, I/O modelled) and the policy's own
+   ``read_both_sides`` default (True for a :class:`~dualpath_emu.cluster.scheduler.DualPathPolicy`
+   subclass: both read paths);
+3. otherwise the module's ``SYSTEMS`` (a list or tuple of systems, or a mapping from names to systems): the
+   system whose ``name`` is ``Name``. This is how a system whose name is no Python identifier is named, as
+   in ``examples/custom_policy.py:least-loaded``.
+
+A system's name is what the table, ``summary.json`` and ``requests.csv`` call it; it may not be a built-in
+system's name. Whatever cannot be resolved -- no such file or module, no such name, an object that is no
+system, an error while the module runs -- is one :class:`~dualpath_emu.config.ScenarioError` line naming
+where the spec was given (file and key, or ``--system``), the spec, and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+from dualpath_emu.cluster.scheduler import Policy
+from dualpath_emu.cluster.systems import SYSTEMS, System
+from dualpath_emu.config import ScenarioError
+
+__all__ = ["EXPECTED", "SystemLoader", "is_user_spec"]
+
+EXPECTED: Final = "a System, a Policy subclass, or the name of a system in the module's SYSTEMS"
+
+
+def is_user_spec(spec: str) -> bool:
+    """Whether ``spec`` names user code (``module:Name``, ``file.py:Name``) rather than a built-in system."""
+    return ":" in spec
+
+
+class SystemLoader:
+    """Resolves system specs for one scenario; modules loaded from files are shared between its specs.
+
+    ``base`` is the folder relative file paths start from; ``where`` is how errors say where the specs
+    were given (``"s.toml: key 'systems'"``, ``"--system"``).
+    """
+
+    def __init__(self, base: Path, where: str) -> None:
+        self.base = base
+        self.where = where
+        self._files: dict[Path, ModuleType] = {}
+
+    def error(self, spec: str, problem: str) -> ScenarioError:
+        """The one-line error for ``spec`` (a spec over 200 characters shown by its ends)."""
+        shown = spec if len(spec) <= 200 else f"{spec[:120]}…{spec[-60:]}"
+        return ScenarioError(f"{self.where}: {shown!r}: {problem}")
+
+    def load(self, spec: str) -> System:
+        """The system ``spec`` names (a built-in one by its name, or user code's)."""
+        if not is_user_spec(spec):
+            if spec not in SYSTEMS:
+                raise self.error(spec, f"expected a built-in system ({', '.join(SYSTEMS)}) or module:Name, file.py:Name")
+            return SYSTEMS[spec]
+        target, _, name = spec.rpartition(":")
+        if not target or not name:
+            raise self.error(spec, "expected module:Name or path/to/file.py:Name")
+        module = self._file(spec, target) if target.endswith(".py") else self._module(spec, target)
+        return self._find(spec, module, name)
+
+    def _file(self, spec: str, target: str) -> ModuleType:
+        path = (self.base / target).resolve()
+        if path in self._files:
+            return self._files[path]
+        if not path.is_file():
+            raise self.error(spec, f"no such file {path}")
+        # A name of its own per file (two files may share a stem); in sys.modules while it runs, as the
+        # import system does, since dataclasses look their module up there.
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+        module_name = f"_dualpath_emu_user_{path.stem.replace('-', '_')}_{digest}"
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise self.error(spec, f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as error:  # the user's code failed: say where, on one line
+            del sys.modules[module_name]
+            raise self.error(spec, f"running {path} raised {_where(error, path)}") from None
+        self._files[path] = module
+        return module
+
+    def _module(self, spec: str, target: str) -> ModuleType:
+        if "/" in target or "\\" in target:
+            raise self.error(spec, "expected a .py file or a dotted module name before the colon")
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError as error:
+            if error.name is not None and (target == error.name or target.startswith(error.name + ".")):
+                raise self.error(spec, f"no module named {error.name!r} (a file in this folder: give its path, "
+                                       f"{target.replace('.', '/')}.py:Name)") from None  # fmt: skip
+            raise self.error(spec, f"importing {target} raised {_where(error)}") from None
+        except Exception as error:
+            raise self.error(spec, f"importing {target} raised {_where(error)}") from None
+
+    def _find(self, spec: str, module: ModuleType, name: str) -> System:
+        source = getattr(module, "__file__", None) or module.__name__
+        if name.isidentifier() and hasattr(module, name):
+            value = getattr(module, name)
+            if isinstance(value, System):
+                return value
+            if isinstance(value, type) and issubclass(value, Policy):
+                try:
+                    return System(name, value.__doc__.strip().split("\n")[0] if value.__doc__ else name,
+                                  layerwise=True, dual_path=bool(getattr(value, "read_both_sides", False)),
+                                  scheduler=value)  # fmt: skip
+                except ValueError as error:
+                    raise self.error(spec, str(error)) from None
+            if isinstance(value, Policy):
+                raise self.error(spec, f"expected {EXPECTED}, got an instance of {type(value).__name__} (give the "
+                                       "class: every run makes its own policy, policies keep state)")  # fmt: skip
+            raise self.error(spec, f"expected {EXPECTED}, got {_describe(value)}")
+        registry = getattr(module, "SYSTEMS", None)
+        if registry is None:
+            raise self.error(spec, f"{source} has no attribute {name!r} and no SYSTEMS")
+        values = list(registry.values()) if isinstance(registry, Mapping) else registry
+        if not isinstance(values, (list, tuple)) or not all(isinstance(s, System) for s in values):
+            raise self.error(spec, f"{source}: SYSTEMS: expected a list, tuple or mapping of Systems, "
+                                   f"got {_describe(registry)}")  # fmt: skip
+        systems: list[System] = list(values)
+        for system in systems:
+            if system.name == name:
+                return system
+        known = ", ".join(s.name for s in systems) or "none"
+        raise self.error(spec, f"{source} has no attribute {name!r} and no system of that name in its "
+                               f"SYSTEMS (it has: {known})")  # fmt: skip
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    if callable(value):
+        return f"the {type(value).__name__} {getattr(value, '__name__', '')}".rstrip()
+    return f"a {type(value).__name__}"
+
+
+def _where(error: BaseException, path: Path | None = None) -> str:
+    """``Type: message (at file:line)``, the line being the innermost frame in ``path`` (or anywhere)."""
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, SyntaxError) and error.filename is not None:
+        return f"{type(error).__name__}: {error.msg} (at {error.filename}:{error.lineno})"
+    frames = traceback.extract_tb(error.__traceback__)
+    mine = [f for f in frames if path is None or Path(f.filename) == path] or frames
+    if mine:
+        text += f" (at {mine[-1].filename}:{mine[-1].lineno})"
+    return text

@@ -1,0 +1,301 @@
+"""Users' own systems and policies: ``file.py:Name`` and ``module:Name`` in a scenario and on the command
+line, examples/custom_policy.py as the issue runs it, and every way a spec can be wrong (one line, exit 2)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import textwrap
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualpath_emu.cli import main
+from dualpath_emu.cluster.run import run_system
+from dualpath_emu.cluster.scenario import load_cluster_scenario
+from dualpath_emu.cluster.scheduler import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
+from dualpath_emu.cluster.systems import SYSTEMS, System
+from dualpath_emu.config import ScenarioError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "custom_policy.py"
+
+# DS 27B 1P1D, 8 agents cut to 6 rounds: well under a second per system.
+TINY = """\
+kind = "cluster"
+name = "tiny"
+seed = 3
+systems = {systems}
+
+[deployment]
+model = "ds27b"
+pe_nodes = 1
+de_nodes = 1
+prefill_ep_nodes = 1
+decode_ep_nodes = 1
+
+[workload]
+dataset = "32k"
+agents = 8
+max_rounds = 6
+"""
+TINY_TURNS = 8 * 6
+
+# Every request to the prefill engine with the highest id: a policy whose effect shows in requests.csv.
+LAST_PE = '''\
+from collections import deque
+from dataclasses import dataclass
+
+from dualpath_emu.cluster.scheduler import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
+from dualpath_emu.cluster.systems import System
+
+
+@dataclass
+class LastPE(DualPathPolicy):
+    """Every request to the last prefill engine."""
+
+    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> list[PrefillAssignment]:
+        engine = max(engines, key=lambda e: e.id)
+        out = []
+        while queue:
+            request = queue.popleft()
+            engine.tok += self.prefill_tokens(request)
+            out.append(PrefillAssignment(request, engine.id))
+        return out
+
+
+LAST = System("last-pe", "every request to the last PE", layerwise=True, dual_path=True, scheduler=LastPE)
+SYSTEMS = {"also-last": System("also-last", "the same", layerwise=True, dual_path=False, scheduler=LastPE)}
+NOT_A_SYSTEM = 3
+A_POLICY = LastPE()
+
+
+def helper() -> None:
+    pass
+'''
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+# --------------------------------------------------------------------------------------------- the example
+
+
+def test_the_example_runs_as_the_issue_asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    status, stdout, stderr = run_cli(["run", "--system", "examples/custom_policy.py:least-loaded", "--agents", "16",
+                                      "--json", "--out", str(out)])  # fmt: skip
+    assert (status, stderr) == (0, "")
+    summary = json.loads(stdout)
+    assert list(summary["systems"]) == ["least-loaded"]
+    result = summary["systems"]["least-loaded"]
+    assert result["agents"] == 16 and result["turns"] > 16 and result["lost_requests"] == 0
+    assert summary["speedup_vs_basic"] == {"least-loaded": None}
+    assert json.loads((out / "summary.json").read_text()) == summary
+    with open(out / "requests.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == result["turns"] and {r["system"] for r in rows} == {"least-loaded"}
+    assert {r["read_side"] for r in rows} <= {"pe", "de", "none"} and all(r["pe"] != "" for r in rows)
+    assert (out / "trace-least-loaded.json").is_file() and (out / "jct.png").is_file()
+
+
+def test_the_example_policy_balances_by_load_and_ignores_read_queues() -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(EXAMPLE.read_text(), str(EXAMPLE), "exec"), namespace)
+    policy = namespace["LeastLoadedPolicy"](alpha_tokens=10, beta_tokens=1_000)
+    engines = [Engine(0, node=0, tok=500), Engine(1, node=0, tok=0), Engine(8, node=1, tok=100)]
+    queue = deque(Request(i, 300, 300, 0, 10, 1) for i in range(5))
+    read_q = {0: 0, 1: 10**9}  # node 1's read queue is far over α: DualPath would avoid it, this policy does not
+    assigned = policy.assign_prefill(queue, engines, read_q)
+    # 1 (0 -> 300), 8 (100 -> 400), 1 (300 -> 600), 8 (400 -> 700), 0 (500 -> 800): least loaded each time.
+    assert [a.engine for a in assigned] == [1, 8, 1, 8, 0] and not queue
+    assert [e.tok for e in engines] == [800, 600, 700]
+    engines = [Engine(0, node=0, tok=1_001)]  # over β: nothing more
+    assert policy.assign_prefill(deque([Request(9, 1, 1, 0, 1, 1)]), engines, {}) == []
+
+
+# --------------------------------------------------------------------------------------------- resolution
+
+
+def test_a_user_policy_is_what_runs(tmp_path: Path) -> None:
+    write(tmp_path, "mine.py", LAST_PE)
+    scenario = load_cluster_scenario(write(tmp_path, "s.toml", TINY.format(systems='["dualpath", "mine.py:LAST"]')))
+    assert scenario.systems == ("dualpath", "last-pe")
+    assert [s.name for s in scenario.custom_systems] == ["last-pe"]
+    work = scenario.trajectories()
+    mine = run_system(scenario.config, scenario.system("last-pe"), work, seed=scenario.seed)
+    theirs = run_system(scenario.config, "dualpath", work, seed=scenario.seed)
+    gpus = scenario.config.node.gpus
+    assert set(mine.metrics.pe) == {gpus - 1}  # 1P1D: PEs 0..7, every request on 7
+    assert len(set(theirs.metrics.pe)) > 1
+    assert mine.turns == theirs.turns == TINY_TURNS and mine.spec is scenario.system("last-pe")
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "dual_path"),
+    [
+        ("mine.py:LAST", "last-pe", True),  # a System attribute: its own name
+        ("mine.py:also-last", "also-last", False),  # a name in SYSTEMS (a mapping here)
+        ("mine.py:LastPE", "LastPE", True),  # a Policy subclass, wrapped; read_both_sides from the class
+        ("sub/../mine.py:LAST", "last-pe", True),  # a relative path, from the scenario's folder
+    ],
+)
+def test_every_form_of_a_file_spec(tmp_path: Path, spec: str, name: str, dual_path: bool) -> None:
+    write(tmp_path, "mine.py", LAST_PE)
+    (tmp_path / "sub").mkdir()
+    scenario = load_cluster_scenario(write(tmp_path, "s.toml", TINY.format(systems=f'["{spec}"]')))
+    system = scenario.system(name)
+    assert scenario.systems == (name,) and system.dual_path is dual_path and system.layerwise
+    assert isinstance(system.scheduler, type) and system.scheduler.__name__ == "LastPE"
+
+
+def test_a_module_spec_and_an_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "pkg", "user_policies_for_test.py", LAST_PE)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    scenario = load_cluster_scenario(write(tmp_path, "s.toml", TINY.format(systems='["user_policies_for_test:LAST"]')))
+    assert scenario.systems == ("last-pe",)
+    absolute = tmp_path / "pkg" / "user_policies_for_test.py"
+    again = scenario.with_overrides(systems=["basic", f"{absolute}:also-last", "last-pe"])
+    assert again.systems == ("basic", "also-last", "last-pe")  # "last-pe": the scenario's own, by name
+
+
+def test_the_command_line_resolves_from_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "mine.py", LAST_PE)
+    scenario = write(tmp_path, "s.toml", TINY.format(systems='["dualpath"]'))
+    monkeypatch.chdir(tmp_path)
+    status, stdout, stderr = run_cli(["run", str(scenario), "--json", "--system", "mine.py:LastPE"])
+    assert (status, stderr) == (0, "")
+    assert list(json.loads(stdout)["systems"]) == ["LastPE"]
+
+
+def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
+    @dataclass
+    class Plain(Policy):
+        def assign_prefill(self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]) -> list[PrefillAssignment]:
+            return []
+
+        def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[Any]:
+            return []
+
+    @dataclass
+    class WithBeta(Plain):
+        beta_tokens: int = 0
+
+    plain = System("plain", "", layerwise=True, dual_path=True, scheduler=Plain).policy(7, 9)
+    assert isinstance(plain, Plain) and plain.read_both_sides
+    with_beta = System("beta", "", layerwise=True, dual_path=False, scheduler=WithBeta).policy(7, 9)
+    assert isinstance(with_beta, WithBeta) and with_beta.beta_tokens == 9 and not with_beta.read_both_sides
+    dual = System("dp", "", layerwise=True, dual_path=True, scheduler=DualPathPolicy).policy(7, 9)
+    assert isinstance(dual, DualPathPolicy) and (dual.alpha_tokens, dual.beta_tokens) == (7, 9)
+    first = System("dp", "", layerwise=True, dual_path=True, scheduler=DualPathPolicy)
+    assert first.policy(1, 2) is not first.policy(1, 2)  # a fresh policy per run
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"name": "a/b"}, "System.name: expected 1-64 letters, digits and _.+- (not first), got 'a/b'"),
+        ({"name": ""}, "System.name: expected 1-64 letters, digits and _.+- (not first), got ''"),
+        ({"name": "x" * 65}, f"System.name: expected 1-64 letters, digits and _.+- (not first), got '{'x' * 65}'"),
+        ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin' or a Policy subclass, "
+                                "got 'fifo'"),
+        ({"scheduler": Policy}, "System 'x': scheduler Policy is abstract (define _assign_group, assign_prefill)"),
+    ],
+)  # fmt: skip
+def test_a_bad_system_is_refused(arguments: dict[str, Any], message: str) -> None:
+    fields: dict[str, Any] = {"name": "x", "description": "", "layerwise": True, "dual_path": True,
+                              "scheduler": "dualpath", **arguments}  # fmt: skip
+    with pytest.raises(ValueError) as error:
+        System(**fields)
+    assert str(error.value) == message
+
+
+# --------------------------------------------------------------------------------------------- bad specs
+
+
+BAD_SPECS = [
+    ("nowhere.py:X", "no such file {folder}/nowhere.py"),
+    ("mine.py:nope", "{folder}/mine.py has no attribute 'nope' and no system of that name in its SYSTEMS "
+                     "(it has: also-last)"),
+    ("mine.py:NOT_A_SYSTEM", "expected a System, a Policy subclass, or the name of a system in the module's "
+                             "SYSTEMS, got a int"),
+    ("mine.py:helper", "expected a System, a Policy subclass, or the name of a system in the module's SYSTEMS, "
+                       "got the function helper"),
+    ("mine.py:A_POLICY", "expected a System, a Policy subclass, or the name of a system in the module's SYSTEMS, "
+                         "got an instance of LastPE (give the class: every run makes its own policy, policies "
+                         "keep state)"),
+    ("mine.py:", "expected module:Name or path/to/file.py:Name"),
+    ("no_such_module_here:X", "no module named 'no_such_module_here' (a file in this folder: give its path, "
+                              "no_such_module_here.py:Name)"),
+    ("some/dir:X", "expected a .py file or a dotted module name before the colon"),
+    ("broken.py:X", "running {folder}/broken.py raised SyntaxError: invalid syntax (at {folder}/broken.py:2)"),
+    ("raises.py:X", "running {folder}/raises.py raised RuntimeError: no GPU here (at {folder}/raises.py:3)"),
+    ("plain.py:X", "{folder}/plain.py has no attribute 'X' and no SYSTEMS"),
+    ("clash.py:SHADOW", "the system is called 'basic', a built-in system's name: give it another"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD_SPECS, ids=[s for s, _ in BAD_SPECS])
+def test_a_bad_spec_is_one_line_naming_file_key_and_spec(tmp_path: Path, spec: str, message: str) -> None:
+    write(tmp_path, "mine.py", LAST_PE)
+    write(tmp_path, "broken.py", "x = 1\ndef (:\n")
+    write(tmp_path, "raises.py", "import sys\n\nraise RuntimeError('no GPU here')\n")
+    write(tmp_path, "plain.py", "y = 2\n")
+    write(tmp_path, "clash.py", "from dualpath_emu.cluster.systems import System\n"
+                                "SHADOW = System('basic', '', layerwise=True, dual_path=True, scheduler='dualpath')\n")  # fmt: skip
+    path = write(tmp_path, "s.toml", TINY.format(systems=f'["{spec}"]'))
+    status, stdout, stderr = run_cli(["validate", str(path)])
+    expected = message.format(folder=tmp_path.resolve())
+    assert (status, stdout) == (2, "")
+    assert stderr == f"dualpath-emu: error: {path}: key 'systems': {spec!r}: {expected}\n"
+
+
+def test_a_system_twice_and_a_bad_spec_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "mine.py", LAST_PE)
+    path = write(tmp_path, "s.toml", TINY.format(systems='["mine.py:LAST", "mine.py:LAST"]'))
+    with pytest.raises(ScenarioError) as error:
+        load_cluster_scenario(path)
+    assert str(error.value) == (f"{path}: key 'systems': 'mine.py:LAST': expected each system once: 'last-pe' is "
+                                "already in the list")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    status, stdout, stderr = run_cli(["run", str(write(tmp_path, "ok.toml", TINY.format(systems='["basic"]'))),
+                                      "--system", "missing.py:X"])  # fmt: skip
+    assert (status, stdout) == (2, "")
+    assert stderr == f"dualpath-emu: error: --system: 'missing.py:X': no such file {tmp_path.resolve()}/missing.py\n"
+
+
+def test_the_built_in_systems_are_unchanged() -> None:
+    assert list(SYSTEMS) == ["basic", "basic+layerwise", "basic+layerwise+dualpath", "dualpath", "oracle"]
+    with pytest.raises(TypeError):
+        SYSTEMS["mine"] = SYSTEMS["basic"]  # type: ignore[index]
+
+
+def test_a_file_is_loaded_afresh_for_every_scenario(tmp_path: Path) -> None:
+    module = write(tmp_path, "mine.py", LAST_PE)
+    path = write(tmp_path, "s.toml", TINY.format(systems='["mine.py:LAST"]'))
+    first = load_cluster_scenario(path).system("last-pe")
+    module.write_text(LAST_PE.replace('"every request to the last PE"', '"edited"'), encoding="utf-8")
+    second = load_cluster_scenario(path).system("last-pe")
+    assert (first.description, second.description) == ("every request to the last PE", "edited")
+
+
+def test_the_example_file_explains_itself() -> None:
+    text = textwrap.dedent(EXAMPLE.read_text())
+    assert "dualpath-emu run --system examples/custom_policy.py:least-loaded --agents 16" in text
