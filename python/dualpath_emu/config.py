@@ -13,6 +13,7 @@ exits with status 2)::
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -182,11 +183,19 @@ def _within(value: float, low: float | None, high: float | None) -> bool:
     return (low is None or value >= low) and (high is None or value <= high)
 
 
+def _number(x: float) -> str:
+    """A bound in an error message: ``0``, ``0.5``, ``1e6`` (not ``1000000.0``), integers exactly."""
+    if isinstance(x, int):
+        return str(x)
+    text = f"{x:g}"
+    return re.sub(r"e([+-])0*(\d)", lambda m: f"e{'-' if m[1] == '-' else ''}{m[2]}", text)
+
+
 def _range(what: str, low: float | None, high: float | None, low_exclusive: bool = False) -> str:
     if low is not None and high is not None:
-        return f"{what} in {'(' if low_exclusive else '['}{low}, {high}]"
+        return f"{what} in {'(' if low_exclusive else '['}{_number(low)}, {_number(high)}]"
     if low is not None:
-        return f"{what} {'>' if low_exclusive else '>='} {low}"
+        return f"{what} {'>' if low_exclusive else '>='} {_number(low)}"
     if high is not None:
-        return f"{what} <= {high}"
+        return f"{what} <= {_number(high)}"
     return what
