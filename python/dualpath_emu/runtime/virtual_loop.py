@@ -48,6 +48,7 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
 
 from dualpath_emu._core import Core
+from dualpath_emu.errors import StateError
 from dualpath_emu.runtime.core_work import Completion, CoreWork, UnexpectedCompletionError
 
 __all__ = [
@@ -156,8 +157,12 @@ class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
         ``time() == n / 1e9``); the estimate below is almost always exact, the loops fix float edge cases.
         """
         resolution = self._clock_resolution
-        if not math.isfinite(when) or when * 1e9 > _U64_MAX:
-            raise OverflowError(f"a timer at {when} s is beyond the virtual clock's range")
+        if not math.isfinite(when) or when * 1e9 >= _U64_MAX:
+            # Bad input (a rate or delay that sends emulated time past 2^64 ns), not a bug: a core error.
+            raise StateError(
+                f"a timer at {when:.6g} s of emulated time is past the end of the virtual clock (2^64 ns, about "
+                "584 years): rates too low, or delays too long?"
+            )
         n = max(now_ns, math.floor(when * 1e9 - 0.5) + 1)
         while not when < n / 1e9 + resolution:
             n += 1
