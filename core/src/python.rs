@@ -489,7 +489,7 @@ impl PyCore {
             Some(v) => int_in(v, "sample_interval_ns", u64::MAX)?,
             None => 0,
         };
-        Ok(Self { core: Core::new(CoreConfig { clock, sample_interval_ns, record_spans })? })
+        Ok(Self { core: Core::new(CoreConfig { clock, sample_interval_ns, record_spans, ..CoreConfig::default() })? })
     }
 
     /// Add a port; returns its id. `peak_bytes_per_s` > rate with `burst_bytes` > 0 makes a token bucket.

@@ -30,13 +30,15 @@ pub struct CoreConfig {
     pub clock: ClockMode,
     /// Utilisation sampling interval (0 = off).
     pub sample_interval_ns: u64,
-    /// Keep one span per finished transfer for the trace (costs memory on long runs).
+    /// Keep one span per finished transfer for the trace, up to `max_spans` of them.
     pub record_spans: bool,
+    /// Spans kept at most; later ones are counted in [`CoreStats::spans_dropped`]. Default [`MAX_SPANS`].
+    pub max_spans: usize,
 }
 
 impl Default for CoreConfig {
     fn default() -> Self {
-        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false }
+        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false, max_spans: MAX_SPANS }
     }
 }
 
@@ -63,8 +65,8 @@ impl CompletionKind {
     }
 }
 
-/// Spans kept for the trace at most (`CoreConfig::record_spans`): 48 bytes each, so about 100 MB; later
-/// spans are counted ([`CoreStats::spans_dropped`]), not kept.
+/// Spans kept for the trace at most by default (`CoreConfig::max_spans`): 48 bytes each, so about 100 MB;
+/// later spans are counted ([`CoreStats::spans_dropped`]), not kept.
 pub const MAX_SPANS: usize = 2_000_000;
 
 /// The range of the wall clock's `time_scale` (core seconds per wall second).
@@ -774,7 +776,7 @@ impl Core {
             self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
         }
         if self.config.record_spans && kind != CompletionKind::Timer {
-            if self.spans.len() < MAX_SPANS {
+            if self.spans.len() < self.config.max_spans {
                 self.spans.push(Span { kind, tag, lane, size_bytes, start_ns, end_ns });
             } else {
                 self.spans_dropped += 1;

@@ -665,6 +665,22 @@ fn samples_merge_in_pairs_as_a_run_grows_and_keep_every_byte() {
 }
 
 #[test]
+fn recorded_spans_are_capped_and_the_rest_counted() {
+    let mut c = Core::new(CoreConfig { record_spans: true, max_spans: 3, ..CoreConfig::default() }).unwrap();
+    let p = port(&mut c, "p", GB);
+    for tag in 0..5 {
+        c.submit_transfer(&[p], 0, 1000, tag).unwrap();
+    }
+    assert_eq!(run(&mut c).len(), 5, "every transfer still completes");
+    assert_eq!(c.stats().spans_dropped, 2);
+    let path = std::env::temp_dir().join(format!("dualpath-spans-{}.json", std::process::id()));
+    c.write_trace(path.to_str().unwrap()).unwrap();
+    let trace = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(trace.matches("\"ph\":\"X\"").count(), 3);
+}
+
+#[test]
 fn the_sample_budget_is_shared_by_the_ports() {
     let mut c = Core::new(CoreConfig { sample_interval_ns: MS, ..CoreConfig::default() }).unwrap();
     for i in 0..64 {

@@ -22,7 +22,7 @@ from typing import Any, Final, TypeVar
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import MAX_SCENARIO_BYTES, read_input, short_repr, shorten, too_long_number
 
-__all__ = ["REQUIRED", "ScenarioError", "Table", "load_toml"]
+__all__ = ["REQUIRED", "ScenarioError", "Table", "format_bound", "load_toml"]
 
 _T = TypeVar("_T")
 
@@ -183,7 +183,7 @@ def _within(value: float, low: float | None, high: float | None) -> bool:
     return (low is None or value >= low) and (high is None or value <= high)
 
 
-def _number(x: float) -> str:
+def format_bound(x: float) -> str:
     """A bound in an error message: ``0``, ``0.5``, ``1e6`` (not ``1000000.0``), integers exactly."""
     if isinstance(x, int):
         return str(x)
@@ -193,9 +193,9 @@ def _number(x: float) -> str:
 
 def _range(what: str, low: float | None, high: float | None, low_exclusive: bool = False) -> str:
     if low is not None and high is not None:
-        return f"{what} in {'(' if low_exclusive else '['}{_number(low)}, {_number(high)}]"
+        return f"{what} in {'(' if low_exclusive else '['}{format_bound(low)}, {format_bound(high)}]"
     if low is not None:
-        return f"{what} {'>' if low_exclusive else '>='} {_number(low)}"
+        return f"{what} {'>' if low_exclusive else '>='} {format_bound(low)}"
     if high is not None:
-        return f"{what} <= {_number(high)}"
+        return f"{what} <= {format_bound(high)}"
     return what

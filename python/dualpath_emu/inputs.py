@@ -58,6 +58,8 @@ def short_repr(value: object, limit: int = _SHORT) -> str:
         digits = len(str(abs(value))) if value.bit_length() < 14_000 else None  # str() of >4,300 digits raises
         size = f"{digits:,} digits" if digits is not None else f"{value.bit_length():,} bits"
         return f"{'-' if value < 0 else ''}an integer of {size}"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value):,} characters)"
     return shorten(repr(value), limit)
 
 

@@ -112,7 +112,7 @@ from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.cluster.topology import StorageSpec
-from dualpath_emu.config import ScenarioError, Table, load_toml
+from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.workload import load_trace
@@ -381,7 +381,7 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
         # TOML has no null: 0 (or no key) means "unset", i.e. every storage NIC together.
         value = t.get_float(key, default or 0.0, min=0.0, max=high)
         if 0.0 < value < low:
-            raise t.error(key, f"0 (unset) or a number in [{low:g}, {high:g}]", value)
+            raise t.error(key, f"0 (unset) or a number in [{format_bound(low)}, {format_bound(high)}]", value)
         return value or None
 
     latency = LIMITS.max_latency_s

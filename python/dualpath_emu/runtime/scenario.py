@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from dualpath_emu.config import ScenarioError, Table, load_toml
+from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import Application, application_class
 
@@ -74,7 +74,9 @@ class RunScenario:
         """A copy with command-line overrides applied (``None`` keeps the file's value)."""
         low, high = TIME_SCALE
         if time_scale is not None and not low <= time_scale <= high:
-            raise ScenarioError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {time_scale}")
+            raise ScenarioError(
+                f"--time-scale: expected a number in [{format_bound(low)}, {format_bound(high)}], got {time_scale}"
+            )
         if seed is not None and not 0 <= seed <= MAX_SEED:
             raise ScenarioError(f"--seed: expected an integer in [0, {MAX_SEED}], got {short_repr(seed)}")
         return replace(
