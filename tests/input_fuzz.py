@@ -134,6 +134,34 @@ _RUN_KEYS: dict[str, list[str]] = {
                  "ask_timeout_s", "fail_at_job"],
 }  # fmt: skip
 # A small, valid starting point (DS 27B 1P1D), so that mutating a few keys still reaches the deep checks.
+# Values worth trying for each known key: the default, each documented bound and just past it.
+_PLAUSIBLE: dict[str, list[Any]] = {
+    "kind": ["cluster"], "name": ["x", "", "n" * 300], "seed": [0, 1, 2**63 - 1, 2**63],
+    "systems": [["dualpath"], ["basic", "oracle"], ["basic", "dualpath", "oracle"], [], ["dualpath", "dualpath"]],
+    "model": ["ds27b", "ds660b", "qwen32b"], "pe_nodes": [1, 2, 4, 255, 256], "de_nodes": [1, 2, 8, 254, 255],
+    "prefill_ep_nodes": [1, 2, 4], "decode_ep_nodes": [1, 2, 4],
+    "dram_buffer_bytes": [1, 8_000_000_000, 80_000_000_000, 2**50, 2**50 + 1],
+    "gpu": ["h800", "h200", "h20"], "gpus": [1, 2, 8, 16, 17], "snics": [1, 16, 17],
+    "cnic_bytes_per_s": [1e6, 999_999.0, 1e12, 1.000001e12, 50e9], "snic_bytes_per_s": [1e6, 1e12, 50e9, 1e13],
+    "host_dram_bytes_per_s": [1e6, 1e14, 5e11, 2e14], "pcie_bytes_per_s": [63e9],
+    "read_bytes_per_s": [0, 1e6, 1e16, 5e5, 2e16], "write_bytes_per_s": [0, 1e6, 1e16, 1e5],
+    "read_latency_s": [0, 10, 10.001, 2e-4], "write_latency_s": [0, 10, 11, 2e-4], "queue_depth": [1, 65_536, 65_537],
+    "gemm_efficiency": [1e-3, 9e-4, 1, 1.0001, 0.5], "attention_efficiency": [1e-3, 1, 0.6],
+    "memory_efficiency": [1e-3, 1, 0.8], "prefill_overhead_s_per_layer": [0, 1, 1.5],
+    "dataset": ["32k", "48k", "64k"], "trace": ["trace.jsonl", "missing.jsonl"], "agents": [1, 2, 100_000, 100_001],
+    "max_rounds": [0, 1, 1_000_000, 1_000_001], "mode": ["offline", "online"],
+    "arrival_rate": [1e-3, 9.99e-4, 1e6, 2e6, 0.1], "base_trajectories": [1, 2, 100_000, 100_001],
+    "reading": ["per-trajectory", "per-turn"], "append_sigma": [0, 5, 5.01], "gen_sigma": [0, 5],
+    "first_round_sigma": [0, 5], "total_min_fraction": [1e-9, 0.5, 0.999999, 1], "first_append": [1, 32_767, 32_768, 65_535],
+    "alpha_read_s": [1e-3, 3600, 3601, 9e-4], "beta_compute_s": [1e-3, 3600], "attention_quota_s": [1e-3, 3600, 0],
+    "attention_quota_per": ["forward", "layer"], "fetch_period_s": [1e-6, 60, 61, 1e-7], "hit_block_aligned": [True, False],
+    "de_hbm_reserve_fraction": [0, 0.99, 0.995], "pe_hbm_reserve_fraction": [0, 0.99], "pipeline_stages": [0, 1, 1024, 1025],
+    "app": ["pipeline", "other"], "latency_s": [0, 10, 11], "time_scale": [1e-6, 1e6, 1e-7, 2e6], "transport": ["ipc", "tcp"],
+    "host": ["127.0.0.1", ""], "timeout_s": [1, 1e6, 2e6], "jobs": [0, 1, 3, 1_000_001], "workers": [1, 2, 1024, 1025],
+    "gap_s": [0, 60, 61], "job_bytes_min": [1, 10**11, 10**11 + 1], "job_bytes_max": [1, 10**6, 10**11, 10**11 + 1],
+    "link_gbps": [1, 1e6, 0.5, 2e6], "poll_s": [1e-6, 60, 61], "ask_timeout_s": [1e-9, 1e6, 2e6],
+    "fail_at_job": [-1, 0, 2, 1_000_001],
+}  # fmt: skip
 _CLUSTER_BASE: dict[str, Any] = {
     "kind": "cluster",
     "systems": ["dualpath"],
@@ -184,16 +212,19 @@ def toml_text(document: dict[str, Any]) -> str:
 
 @st.composite
 def _scenario_dicts(draw: st.DrawFn, keys: dict[str, list[str]], base: dict[str, Any]) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(json.dumps(base)) if draw(st.booleans()) else {}
+    document: dict[str, Any] = json.loads(json.dumps(base)) if draw(st.integers(0, 7)) else {}
     for _ in range(draw(st.integers(0, 6))):
         table = draw(st.sampled_from(sorted(keys)))
-        key = draw(st.sampled_from(keys[table]) | _strings().filter(bool))
+        # Mostly known keys with values at and around their bounds; now and then anything at all.
+        hostile = draw(st.integers(0, 3)) == 0
+        key = draw(_strings().filter(bool)) if hostile and draw(st.booleans()) else draw(st.sampled_from(keys[table]))
         target = document
         for part in table.split(".") if table else []:
             if not isinstance(target.get(part), dict):
                 target[part] = {}
             target = target[part]
-        target[key] = draw(_values())
+        plausible = _PLAUSIBLE.get(key)
+        target[key] = draw(_values()) if hostile or plausible is None else draw(st.sampled_from(plausible))
     return document
 
 
@@ -292,8 +323,8 @@ def _mutate(draw: st.DrawFn, data: bytes) -> bytes:
 
 
 def mutated(documents: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
-    """``documents``, and byte-level mutations of them (about half each)."""
-    return st.one_of(documents, documents.flatmap(_mutate))
+    """``documents``, and byte-level mutations of them (a quarter)."""
+    return st.one_of(documents, documents, documents, documents.flatmap(_mutate))
 
 
 # -------------------------------------------------------------------------------------- the checks

@@ -235,11 +235,11 @@ def test_a_timer_past_the_end_of_the_virtual_clock_is_a_core_error_not_an_overfl
     core = Core()
 
     async def far() -> None:
-        await asyncio.sleep(2e10)  # 2 × 10^19 ns: past 2^64 ns
+        await asyncio.sleep(1e10)  # 10^19 ns: past 2^63 ns
 
     loop = VirtualTimeLoop(core)
     try:
-        with pytest.raises(StateError, match=r"past the end of the virtual clock \(2\^64 ns"):
+        with pytest.raises(StateError, match=r"past the end of the virtual clock \(2\^63 ns"):
             loop.run_until_complete(far())
     finally:
         loop.close()
@@ -262,11 +262,11 @@ def test_the_core_rejects_extreme_rates_naming_the_argument() -> None:
     assert core.port_count == 0
 
 
-def test_work_that_would_end_past_2_64_ns_is_an_error_not_silence() -> None:
+def test_work_that_would_end_past_2_63_ns_is_an_error_not_silence() -> None:
     core = Core()
     port = core.add_port("slow", 1.0)
     core.submit_transfers([([port], 0, 2**64 - 1, 1)])
-    with pytest.raises(StateError, match=r"2\^64 ns .*'slow'|2\^64 ns .*\"slow\""):
+    with pytest.raises(StateError, match=r"2\^63 ns .*\"slow\""):
         core.run_until_idle()
     assert core.pending() == 1
 

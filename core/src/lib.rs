@@ -15,7 +15,7 @@ pub mod sim;
 pub mod storage;
 
 pub use error::{CoreError, ErrorKind, Result};
-pub use events::TimeNs;
+pub use events::{TimeNs, END_NS};
 pub use forward::{ForwardRank, ForwardSpec, ForwardStats, LayerTransfer};
 pub use lanes::{Lane, VlArbitration, MAX_LANES};
 pub use network::{

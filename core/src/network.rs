@@ -26,7 +26,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
-use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::events::{EventKind, EventQueue, TimeNs, END_NS};
 use crate::forward::ForwardStep;
 use crate::lanes::{Lane, LaneShares, VlArbitration, MAX_LANES};
 use crate::{CoreError, ErrorKind, Result};
@@ -287,7 +287,7 @@ struct Group {
     service: f64,
     service_at: TimeNs,
     dirty: bool,
-    /// Its next completion lies past 2^64 ns at the current rate (counted in `overflowed_groups`).
+    /// Its next completion lies past [`END_NS`] at the current rate (counted in `overflowed_groups`).
     overflowed: bool,
 }
 
@@ -342,7 +342,7 @@ pub struct Network {
     raised: Vec<PortId>,
     /// The last transfer whose end fell past the last representable time: what would end when.
     time_overflow: Option<String>,
-    /// Groups whose next completion lies past 2^64 ns at their current rate.
+    /// Groups whose next completion lies past [`END_NS`] at their current rate.
     overflowed_groups: u32,
     pub stats: NetStats,
 }
@@ -865,11 +865,11 @@ impl Network {
                 let left = (next.finish - group.service).max(0.0);
                 let dt_ns = ceil_ns(left / rate * NS_PER_S);
                 let t = now.saturating_add(if dt_ns >= u64::MAX as f64 { u64::MAX } else { dt_ns as u64 });
-                if t < TimeNs::MAX {
+                if t <= END_NS {
                     queue.schedule_group(g, t);
                     self.set_overflowed(g, false);
                 } else {
-                    // Past the end of representable time (2^64 ns, ~584 years). A later rate change may
+                    // Past the end of the clock (2^63 ns, ~292 years). A later rate change may
                     // still bring it in; if none comes, the core reports it (`Network::stuck_past_end`).
                     queue.cancel_group(g);
                     if !self.groups[g as usize].overflowed {
@@ -914,7 +914,7 @@ impl Network {
     }
 
     /// With no event left to change rates: the transfers that can never finish because their end lies past
-    /// 2^64 ns, described (None if there are none).
+    /// the end of the clock ([`END_NS`]), described (None if there are none).
     pub fn stuck_past_end(&self) -> Option<&str> {
         (self.overflowed_groups > 0).then(|| self.time_overflow.as_deref().unwrap_or("a transfer"))
     }
@@ -962,7 +962,7 @@ impl Network {
             if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
                 let dt_ns = ceil_ns(port.tokens / (port.total_usage - rate) * NS_PER_S) as u64;
                 let t = now.saturating_add(dt_ns);
-                if t < TimeNs::MAX {
+                if t <= END_NS {
                     queue.push(t, EventKind::BucketEmpty { port: p, version: port.bucket_version });
                 }
             }

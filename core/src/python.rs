@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyException, PyLookupError, PyOSError, PyRuntimeError, Py
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::types::{PyDict, PyInt, PyList, PyTuple, PyType};
 
 use crate::forward::{ForwardRank, ForwardSpec, LayerTransfer};
 use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
@@ -134,6 +134,9 @@ fn invalid(arg: &str, expected: impl std::fmt::Display) -> PyErr {
 /// A Python int in 0..=max, or an error naming `arg`.
 fn int_in(obj: &Bound<'_, PyAny>, arg: &str, max: u64) -> PyResult<u64> {
     let value: i128 = obj.extract().map_err(|_| {
+        if obj.is_instance_of::<PyInt>() {
+            return invalid(arg, format!("an integer in 0..={max}, got an integer beyond 128 bits"));
+        }
         let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
         invalid(arg, format!("an integer, got {ty}"))
     })?;
@@ -146,6 +149,9 @@ fn int_in(obj: &Bound<'_, PyAny>, arg: &str, max: u64) -> PyResult<u64> {
 /// A Python number (int or float), or an error naming `arg`; the core checks its range.
 fn number(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
     obj.extract::<f64>().map_err(|_| {
+        if obj.is_instance_of::<PyInt>() {
+            return invalid(arg, "a number, got an integer beyond the float range");
+        }
         let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
         invalid(arg, format!("a number, got {ty}"))
     })

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 
 use crate::clock::{Pacer, WallClock};
-use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::events::{EventKind, EventQueue, TimeNs, END_NS};
 use crate::forward::{Action, ForwardSpec, ForwardStats, ForwardStep, Forwards};
 use crate::lanes::{Lane, MAX_LANES};
 use crate::network::{Finished, NetStats, Network, Owner, PortCounters, PortId, PortSpec};
@@ -65,9 +65,9 @@ impl CompletionKind {
     }
 }
 
-/// Spans kept for the trace at most by default (`CoreConfig::max_spans`): 48 bytes each, so about 100 MB;
-/// later spans are counted ([`CoreStats::spans_dropped`]), not kept.
-pub const MAX_SPANS: usize = 2_000_000;
+/// Spans kept for the trace at most by default (`CoreConfig::max_spans`): 48 bytes each in memory (about
+/// 50 MB), some 150 bytes each in the trace file; later spans are counted ([`CoreStats::spans_dropped`]).
+pub const MAX_SPANS: usize = 1_000_000;
 
 /// The range of the wall clock's `time_scale` (core seconds per wall second).
 pub const MIN_TIME_SCALE: f64 = 1e-6;
@@ -281,12 +281,7 @@ impl Core {
     pub fn add_timers(&mut self, batch: &[(TimeNs, u64)]) -> Result<()> {
         self.at_one_instant(|core| {
             for (i, (at_ns, _)) in batch.iter().enumerate() {
-                if *at_ns < core.now {
-                    return Err(CoreError::invalid(
-                        &format!("timers[{i}].at_ns"),
-                        format!("a time >= now ({} ns), got {at_ns}", core.now),
-                    ));
-                }
+                core.check_time_arg(*at_ns).map_err(|e| e.within(&format!("timers[{i}]")))?;
             }
             batch.iter().try_for_each(|(at_ns, tag)| core.add_timer(*at_ns, *tag))
         })
@@ -436,16 +431,16 @@ impl Core {
         self.queue.push(at, EventKind::IoStart { io: id });
     }
 
-    /// `delay_ns` after now; past the end of the clock (2^64 ns), the end of the clock, and the core then
+    /// `delay_ns` after now; past the end of the clock ([`END_NS`]), the end of the clock, and the core then
     /// fails its next step with an error saying what (`check_time`), rather than run it at a wrong time.
     fn later(&mut self, delay_ns: u64, what: impl FnOnce() -> String) -> TimeNs {
         match self.now.checked_add(delay_ns) {
-            Some(t) if t < TimeNs::MAX => t,
+            Some(t) if t <= END_NS => t,
             _ => {
                 if self.time_overflow.is_none() {
                     self.time_overflow = Some(format!("{} starting at t = {} ns", what(), self.now));
                 }
-                TimeNs::MAX
+                END_NS
             }
         }
     }
@@ -455,7 +450,7 @@ impl Core {
     fn check_time(&mut self) -> Result<()> {
         let past_end = |what: &str| {
             CoreError::state(format!(
-                "emulated time would pass 2^64 ns (about 584 years), the end of the core's clock: {what}; this \
+                "emulated time would pass 2^63 ns (about 292 years), the end of the core's clock: {what}; this \
                  work can never finish (rates too low, or sizes or delays too large?)"
             ))
         };
@@ -471,12 +466,24 @@ impl Core {
     /// Complete a timer with `tag` at absolute core time `at_ns` (not in the past).
     pub fn add_timer(&mut self, at_ns: TimeNs, tag: u64) -> Result<()> {
         self.catch_up();
-        if at_ns < self.now {
-            return Err(CoreError::invalid("at_ns", format!("a time >= now ({} ns), got {at_ns}", self.now)));
-        }
+        self.check_time_arg(at_ns)?;
         self.queue.push(at_ns, EventKind::Timer { tag });
         self.pending_timers += 1;
         self.after_change();
+        Ok(())
+    }
+
+    /// `at_ns` as a timer's time: not in the past, not past the end of the clock.
+    fn check_time_arg(&self, at_ns: TimeNs) -> Result<()> {
+        if at_ns < self.now {
+            return Err(CoreError::invalid("at_ns", format!("a time >= now ({} ns), got {at_ns}", self.now)));
+        }
+        if at_ns > END_NS {
+            return Err(CoreError::invalid(
+                "at_ns",
+                format!("a time <= {END_NS} ns (the end of the clock), got {at_ns}"),
+            ));
+        }
         Ok(())
     }
 
@@ -495,6 +502,12 @@ impl Core {
         }
         if t_ns < self.now {
             return Err(CoreError::invalid("t_ns", format!("a time >= now ({} ns), got {t_ns}", self.now)));
+        }
+        if t_ns > END_NS {
+            return Err(CoreError::invalid(
+                "t_ns",
+                format!("a time <= {END_NS} ns (the end of the clock), got {t_ns}"),
+            ));
         }
         self.process_until(t_ns);
         self.now = t_ns;
@@ -527,7 +540,7 @@ impl Core {
             }
         }
         if t_ns != TimeNs::MAX {
-            self.now = t_ns;
+            self.now = t_ns.min(END_NS); // a limit past the end of the clock: as far as the clock goes
         }
         self.check_time()?;
         Ok(self.completions.len())

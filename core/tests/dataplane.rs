@@ -524,14 +524,14 @@ fn work_near_the_end_of_time_neither_panics_nor_spins() {
     let node = c
         .add_storage_node(StorageNodeSpec { name: "n".into(), read_path: vec![p], write_path: vec![p], queue_depth: 1 })
         .unwrap();
-    c.advance_to(u64::MAX - 10).unwrap();
+    c.advance_to(END_NS - 10).unwrap();
     c.submit_io(node, IoKind::Read, 0, 1_000_000, 1).unwrap();
     c.submit_transfer(&[p], 0, 1_000_000, 2).unwrap();
-    // Work that would end past 2^64 ns never ends: running it is an error that says why, every time.
+    // Work that would end past the end of the clock never ends: running it is an error that says why, every time.
     for _ in 0..2 {
         let err = c.run_until_idle().unwrap_err();
         assert_eq!(err.kind, ErrorKind::State);
-        assert!(err.message.contains("2^64 ns"), "{}", err.message);
+        assert!(err.message.contains("2^63 ns"), "{}", err.message);
     }
     assert_eq!(c.pending(), 2);
 }
@@ -543,7 +543,7 @@ fn a_transfer_ending_past_the_end_of_time_is_an_error_not_silence() {
     let p = port(&mut c, "slow", MIN_RATE_BYTES_PER_S);
     c.submit_transfer(&[p], 0, u64::MAX, 1).unwrap();
     let err = c.run_until_idle().unwrap_err();
-    assert!(err.message.contains("2^64 ns") && err.message.contains("\"slow\""), "{}", err.message);
+    assert!(err.message.contains("2^63 ns") && err.message.contains("\"slow\""), "{}", err.message);
     assert!(c.advance_until(u64::MAX).is_err() && c.step().is_err() && c.advance_to(c.now_ns()).is_err());
     assert_eq!(c.pending(), 1, "the transfer is still there, not lost");
 }
@@ -551,7 +551,8 @@ fn a_transfer_ending_past_the_end_of_time_is_an_error_not_silence() {
 #[test]
 fn a_transfer_projected_past_the_end_of_time_is_fine_while_a_later_change_can_speed_it_up() {
     // Strict priority on p: lane 0's transfer is held to 1 GB/s - 1 B/s by q, so lane 1 gets 1 B/s, at which
-    // its 100 GB would take 10^11 s, past 2^64 ns. Once lane 0 is done (1 s), lane 1 has the whole port.
+    // its 100 GB would take 10^11 s, past the end of the clock. Once lane 0 is done (1 s), lane 1 has the
+    // whole port.
     let mut c = core();
     let p = qos_port(&mut c, "p", GB, VlArbitration::strict_priority(&[0], &[1]));
     let q = port(&mut c, "q", GB - 1.0);
@@ -604,6 +605,16 @@ fn the_fastest_port_moves_bytes_exactly() {
 }
 
 #[test]
+fn times_past_the_end_of_the_clock_are_refused() {
+    let mut c = core();
+    assert!(c.add_timer(END_NS + 1, 1).is_err() && c.add_timers(&[(u64::MAX, 1)]).is_err());
+    assert!(c.advance_to(END_NS + 1).is_err());
+    c.add_timer(END_NS, 2).unwrap();
+    assert_eq!(c.advance_until(u64::MAX).unwrap(), 1, "u64::MAX is still the advance_until that has no limit");
+    assert_eq!(c.now_ns(), END_NS);
+}
+
+#[test]
 fn a_delay_past_the_end_of_time_is_an_error() {
     let mut c = core();
     let p = port(&mut c, "p", GB);
@@ -611,14 +622,14 @@ fn a_delay_past_the_end_of_time_is_an_error() {
     c.configure_storage(StorageSpec {
         read_port: cluster,
         write_port: cluster,
-        read_latency_ns: u64::MAX / 2,
+        read_latency_ns: END_NS / 2,
         write_latency_ns: 0,
     })
     .unwrap();
     let node = c
         .add_storage_node(StorageNodeSpec { name: "n".into(), read_path: vec![p], write_path: vec![p], queue_depth: 1 })
         .unwrap();
-    c.advance_to(u64::MAX / 2 + 10).unwrap();
+    c.advance_to(END_NS / 2 + 10).unwrap();
     c.submit_io(node, IoKind::Read, 0, 1, 1).unwrap();
     let err = c.advance_until(u64::MAX).unwrap_err();
     assert!(err.message.contains("latency"), "{}", err.message);
