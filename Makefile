@@ -78,12 +78,12 @@ evaluation: build ## Every full experiment (hours on 2 cores; resumable: runs ke
 		--image-dir docs/evaluation --into EVALUATION.md
 
 .PHONY: fuzz
-fuzz: ## Run the fuzz targets, FUZZ_SECONDS in all (default 60)
+fuzz: build ## Run the fuzz targets (input loaders, core), FUZZ_SECONDS in all (default 60)
 	bash fuzz/run.sh $(FUZZ_SECONDS)
 
 .PHONY: fuzz-smoke
-fuzz-smoke: ## Short, repeatable fuzz run (fixed seed and execution count); CI runs it
-	FUZZ_SEED=1 FUZZ_RUNS=30000 bash fuzz/run.sh 40
+fuzz-smoke: build ## Short, repeatable fuzz run (fixed seed and execution counts); CI runs it
+	FUZZ_SEED=1 FUZZ_RUNS=30000 FUZZ_INPUTS=500 bash fuzz/run.sh 40
 
 .PHONY: lint
 lint: build ## rustfmt check, clippy (with and without the python feature) -D warnings, stubtest, mypy

@@ -2,6 +2,10 @@
 # Run every fuzz target for a share of SECONDS (default 60, at least 5 s each); exit non-zero if one
 # finds a crash. `make fuzz` and `make fuzz-smoke` (CI) call this; see fuzz/README.md.
 #
+# Targets: the input loaders (Python, Hypothesis: tests/input_fuzz.py; scenario TOML and trace JSONL), then
+# the core (cargo-fuzz: core_ops, arbitration). FUZZ_SEED makes every target repeatable; FUZZ_RUNS bounds the
+# core targets' executions and FUZZ_INPUTS the loaders' documents (CI's smoke run sets all three).
+#
 # Sanitizer: none by default. The core is safe Rust (no `unsafe`), so AddressSanitizer has nothing to
 # find that a panic would not show, and it costs 4x the executions. FUZZ_SANITIZER=address turns it on;
 # its -Zsanitizer flag is unstable, so RUSTC_BOOTSTRAP=1 is set to let a stable rustc accept it (a
@@ -16,8 +20,21 @@ fi
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 targets=(core_ops arbitration)
-per_target=$((seconds / ${#targets[@]}))
+per_target=$((seconds / (${#targets[@]} + 1)))  # the loaders' target takes a share too
 ((per_target >= 5)) || per_target=5
+failed=()
+
+# The input loaders first: they need only the built package (make build), not cargo-fuzz.
+python="${FUZZ_PYTHON:-../.venv/bin/python}"
+[[ -x "$python" ]] || python=python3
+if [[ -n "${FUZZ_INPUTS:-}" ]]; then
+    # A fixed number of documents (with a seed: the same documents every time), however long they take.
+    inputs_args=(--seconds 600 --examples "$FUZZ_INPUTS")
+else
+    inputs_args=(--seconds "$per_target")
+fi
+[[ -z "${FUZZ_SEED:-}" ]] || inputs_args+=(--seed "$FUZZ_SEED")
+"$python" ../tests/input_fuzz.py "${inputs_args[@]}" || failed+=(inputs)
 
 sanitizer="${FUZZ_SANITIZER:-none}"
 bootstrap=""
@@ -31,6 +48,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     start=$SECONDS
     if ! cargo install cargo-fuzz --locked; then
         echo "fuzz: cargo-fuzz unavailable; the proptest cases in core carry this load"
+        ((${#failed[@]} == 0)) || { echo "fuzz: failing targets: ${failed[*]}"; exit 1; }
         exit 0
     fi
     echo "fuzz: cargo-fuzz installed in $((SECONDS - start)) s"
@@ -46,7 +64,6 @@ fi
 
 logs=target/fuzz-logs
 mkdir -p "$logs"
-failed=()
 for target in "${targets[@]}"; do
     corpus="corpus/$target"
     mkdir -p "$corpus"

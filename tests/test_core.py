@@ -395,6 +395,7 @@ def test_stats_count_the_cores_work() -> None:
         "forward_transfers",
         "forward_delays",
         "forward_instant_steps",
+        "spans_dropped",
     }
     assert core.stats() == dict.fromkeys(keys, 0)
     p = core.add_port("p", GB)

@@ -126,7 +126,6 @@ cnic_bytes_per_s = 25e9
 snic_bytes_per_s = 40e9
 snics = 2
 host_dram_bytes_per_s = 400e9
-pcie_bytes_per_s = 32e9
 [storage]
 read_bytes_per_s = 1e11
 write_bytes_per_s = 5e10
@@ -186,12 +185,12 @@ BAD = [
      "unknown key 'agent' (known keys here: deployment, hardware, kind, name, roofline, scheduling, seed, "
      "storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
-     "key 'workload.agents': expected an integer >= 1, got the string 'many'"),
-    ('kind = "cluster"\n[workload]\nagents = 0\n', "key 'workload.agents': expected an integer >= 1, got 0"),
+     "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),
+    ('kind = "cluster"\n[workload]\nagents = 0\n', "key 'workload.agents': expected an integer in [1, 100000], got 0"),
     ('kind = "cluster"\n[scheduling]\nattention_quota_per = "pass"\n',
      "key 'scheduling.attention_quota_per': expected one of 'forward', 'layer', got the string 'pass'"),
     ('kind = "cluster"\n[deployment]\npe_nodes = 2.0\n',
-     "key 'deployment.pe_nodes': expected an integer >= 1, got 2.0"),
+     "key 'deployment.pe_nodes': expected an integer in [1, 255], got 2.0"),
     ('kind = "cluster"\n[deployment]\nprefill_ep_nodes = 3\n',
      "key 'deployment.prefill_ep_nodes': expected a divisor of pe_nodes = 2, got 3"),
     ('kind = "cluster"\n[deployment]\nprefill_ep_nodes = 1\n',
@@ -210,9 +209,9 @@ BAD = [
     ('kind = "cluster"\n[workload]\nmode = "batch"\n',
      "key 'workload.mode': expected one of 'offline', 'online', got the string 'batch'"),
     ('kind = "cluster"\n[workload]\narrival_rate = 0\n',
-     "key 'workload.arrival_rate': expected a number > 0.0, got 0"),
+     "key 'workload.arrival_rate': expected a number in [0.001, 1e6], got 0"),
     ('kind = "cluster"\n[roofline]\ngemm_efficiency = 1.5\n',
-     "key 'roofline.gemm_efficiency': expected a number in (0.0, 1.0], got 1.5"),
+     "key 'roofline.gemm_efficiency': expected a number in [0.001, 1], got 1.5"),
     ('kind = "cluster"\n[deployment]\ndram_buffer_bytes = 1000\n',
      "key 'deployment.dram_buffer_bytes': expected at least 2.6 GB of KV for a 64k request (65536 tokens), "
      "got 1000"),
@@ -412,7 +411,7 @@ def test_system_selection_and_seed_override(tiny_run: tuple[Path, dict[str, Any]
         (["--system", "fast"], "--system: expected names of systems (basic, basic+layerwise, "
                                "basic+layerwise+dualpath, dualpath, oracle) or module:Name, file.py:Name, each "
                                "once, got 'fast'"),
-        (["--agents", "0"], "--agents: expected an integer >= 1, got 0"),
+        (["--agents", "0"], "--agents: expected an integer in [1, 100000], got 0"),
         (["--seed", "-1"], "--seed: expected an integer in [0, 9223372036854775807], got -1"),
     ],
 )  # fmt: skip

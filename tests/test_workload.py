@@ -408,8 +408,8 @@ def test_cli_gen_stats_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[
     [
         (["trace"], "a trace command is required"),
         (["trace", "gen", "--dataset", "16k", "--out", "x"], "--dataset: expected one of 32k, 48k, 64k"),
-        (["trace", "gen", "--dataset", "32k", "--agents", "0", "--out", "x"], "--agents: expected an integer >= 1"),
-        (["trace", "gen", "--dataset", "32k", "--base", "0", "--out", "x"], "n_base: expected an integer >= 1"),
+        (["trace", "gen", "--dataset", "32k", "--agents", "0", "--out", "x"], "--agents: expected an integer in [1, 100000]"),
+        (["trace", "gen", "--dataset", "32k", "--base", "0", "--out", "x"], "n_base: expected an integer in [1, 100000]"),
         (["trace", "stats"], "the following arguments are required: file"),
     ],
 )

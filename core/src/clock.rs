@@ -32,9 +32,12 @@ impl WallClock {
         self.time_scale
     }
 
-    /// The wall instant at which core time `t_ns` is reached.
+    /// The wall instant at which core time `t_ns` is reached; beyond what an `Instant` can hold (centuries
+    /// away at a small time scale), a century from the start, which is as good as never.
     pub fn instant_of(&self, t_ns: TimeNs) -> Instant {
-        self.start + Duration::from_nanos((t_ns as f64 / self.time_scale).ceil() as u64)
+        let wall = Duration::from_nanos((t_ns as f64 / self.time_scale).ceil() as u64);
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        self.start.checked_add(wall.min(century)).unwrap_or(self.start)
     }
 }
 
@@ -150,6 +153,14 @@ mod tests {
         p.set_deadline(None);
         std::thread::sleep(Duration::from_millis(80));
         assert!(!readable(&p));
+    }
+
+    #[test]
+    fn a_far_core_time_maps_to_a_far_instant_without_overflow() {
+        // u64::MAX ns at the smallest time scale is 5.8e14 s of wall time: more than an Instant holds.
+        let c = WallClock::new(1e-6);
+        let far = c.instant_of(u64::MAX);
+        assert!(far >= c.start + Duration::from_secs(365 * 86_400), "{far:?}");
     }
 
     #[test]

@@ -9,6 +9,11 @@ use crate::forward::ForwardStep;
 /// Virtual or wall time in integer nanoseconds since the core was created: exact comparisons, no drift.
 pub type TimeNs = u64;
 
+/// The last time the core's clock reaches: 2^63 - 1 ns (about 292 years). Times are `u64`, but Python keeps
+/// them in signed 64-bit arrays and msgpack ints, so work that would end later is an error
+/// (`Core::check_time`), not a wrap or a traceback; `u64::MAX` stays a "no limit" argument to `advance_until`.
+pub const END_NS: TimeNs = i64::MAX as TimeNs;
+
 /// What happens when an event fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {

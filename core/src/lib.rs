@@ -15,11 +15,17 @@ pub mod sim;
 pub mod storage;
 
 pub use error::{CoreError, ErrorKind, Result};
-pub use events::TimeNs;
+pub use events::{TimeNs, END_NS};
 pub use forward::{ForwardRank, ForwardSpec, ForwardStats, LayerTransfer};
 pub use lanes::{Lane, VlArbitration, MAX_LANES};
-pub use network::{PortCounters, PortId, PortSpec};
-pub use sim::{ClockMode, Completion, CompletionKind, Core, CoreConfig, CoreStats, UNREPORTED_TAG};
+pub use network::{
+    PortCounters, PortId, PortSpec, MAX_BURST_BYTES, MAX_RATE_BYTES_PER_S, MAX_SAMPLES_PER_SERIES,
+    MIN_RATE_BYTES_PER_S, MIN_SAMPLES_PER_SERIES, SAMPLE_BUDGET,
+};
+pub use sim::{
+    ClockMode, Completion, CompletionKind, Core, CoreConfig, CoreStats, MAX_SPANS, MAX_TIME_SCALE, MIN_TIME_SCALE,
+    UNREPORTED_TAG,
+};
 pub use storage::{IoKind, NodeId, QueueState, StorageNodeSpec, StorageSpec};
 
 #[cfg(feature = "python")]

@@ -26,7 +26,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
-use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::events::{EventKind, EventQueue, TimeNs, END_NS};
 use crate::forward::ForwardStep;
 use crate::lanes::{Lane, LaneShares, VlArbitration, MAX_LANES};
 use crate::{CoreError, ErrorKind, Result};
@@ -48,6 +48,22 @@ const MAX_VISITS: u32 = 256;
 const EXACT_DEMAND_EVERY: u32 = 32;
 /// Relative load above capacity that counts as an overload (float rounding stays far below it).
 const OVERLOAD_TOL: f64 = 1e-9;
+
+/// The slowest sustained rate a port may have (bytes/s). Rates are bounded on both sides so that lane
+/// shares, water levels and their sums stay far inside the f64 range (a 1e308 B/s port made them inf).
+pub const MIN_RATE_BYTES_PER_S: f64 = 1.0;
+/// The fastest rate (sustained or peak) a port may have: 1 EB/s, a million times a 400 Gb/s NIC.
+pub const MAX_RATE_BYTES_PER_S: f64 = 1e18;
+/// The deepest token bucket a port may have (bytes).
+pub const MAX_BURST_BYTES: f64 = 1e18;
+
+/// Utilisation samples all series of a network hold together, at most (ports × series × samples, counting
+/// each port's all-lane series and one per lane in use as one series each): about 8 MB of samples per
+/// series-port, however long the run.
+pub const SAMPLE_BUDGET: u64 = 1 << 20;
+/// Samples of one series at most, and at least (whatever the number of ports).
+pub const MAX_SAMPLES_PER_SERIES: u64 = 1 << 16;
+pub const MIN_SAMPLES_PER_SERIES: u64 = 256;
 
 /// What a port is: its name, rates, bucket, packet size and lane arbitration.
 #[derive(Clone, Debug)]
@@ -78,29 +94,32 @@ impl PortSpec {
     }
 
     fn validate(&self) -> Result<()> {
-        let ok_rate = |x: f64| x.is_finite() && x > 0.0;
+        let ok_rate = |x: f64| (MIN_RATE_BYTES_PER_S..=MAX_RATE_BYTES_PER_S).contains(&x);
         if self.name.is_empty() {
             return Err(CoreError::invalid("name", "a non-empty port name"));
         }
         if !ok_rate(self.rate_bytes_per_s) {
             return Err(CoreError::invalid(
                 "rate_bytes_per_s",
-                format!("a finite rate > 0 for port {:?}, got {}", self.name, self.rate_bytes_per_s),
+                format!(
+                    "a rate in [{MIN_RATE_BYTES_PER_S:e}, {MAX_RATE_BYTES_PER_S:e}] for port {:?}, got {}",
+                    self.name, self.rate_bytes_per_s
+                ),
             ));
         }
         if !ok_rate(self.peak_bytes_per_s) || self.peak_bytes_per_s < self.rate_bytes_per_s {
             return Err(CoreError::invalid(
                 "peak_bytes_per_s",
                 format!(
-                    "a finite rate >= rate_bytes_per_s ({}) for port {:?}, got {}",
+                    "a rate in [rate_bytes_per_s ({}), {MAX_RATE_BYTES_PER_S:e}] for port {:?}, got {}",
                     self.rate_bytes_per_s, self.name, self.peak_bytes_per_s
                 ),
             ));
         }
-        if !(self.burst_bytes.is_finite() && self.burst_bytes >= 0.0) {
+        if !(0.0..=MAX_BURST_BYTES).contains(&self.burst_bytes) {
             return Err(CoreError::invalid(
                 "burst_bytes",
-                format!("a finite size >= 0 for port {:?}, got {}", self.name, self.burst_bytes),
+                format!("a size in [0, {MAX_BURST_BYTES:e}] for port {:?}, got {}", self.name, self.burst_bytes),
             ));
         }
         if self.mtu_bytes == 0 {
@@ -148,6 +167,34 @@ pub struct PortCounters {
     pub samples: Vec<f64>,
     /// Bytes per sampling interval for each lane that ever carried traffic.
     pub lane_samples: Vec<(Lane, Vec<f64>)>,
+    /// The interval of `samples` and `lane_samples` (ns; 0 before the first sample): the network's
+    /// interval at the last settle ([`Network::sample_ns`]).
+    pub sample_ns: u64,
+}
+
+/// Utilisation sampling in bounded memory: bytes per fixed interval, `base_ns` to start with. Once the
+/// clock passes `cap` intervals, adjacent intervals merge in pairs (the interval doubles) as often as
+/// needed, so no series ever holds more than `cap` samples, however long the run or short the interval
+/// (sampling every nanosecond over a long idle span once asked for 2^64 samples). Merging keeps every
+/// byte; every series settled at one time has the same interval, so they stay comparable.
+#[derive(Clone, Copy, Debug)]
+struct Sampling {
+    /// The interval asked for (0 = off).
+    base_ns: u64,
+    /// Samples per series at most: [`SAMPLE_BUDGET`] shared by the ports (see `Network::add_port`).
+    cap: u64,
+}
+
+impl Sampling {
+    /// The interval at time `now`: the smallest `base_ns × 2^k` that covers `now` in at most `cap` samples.
+    /// Never decreases as `now` grows (and `cap` only shrinks), and every value divides the later ones.
+    fn interval_at(self, now: TimeNs) -> u64 {
+        let mut interval = self.base_ns;
+        while now.div_ceil(interval) > self.cap {
+            interval = interval.saturating_mul(2);
+        }
+        interval
+    }
 }
 
 struct Port {
@@ -242,6 +289,8 @@ struct Group {
     service: f64,
     service_at: TimeNs,
     dirty: bool,
+    /// Its next completion lies past [`END_NS`] at the current rate (counted in `overflowed_groups`).
+    overflowed: bool,
 }
 
 impl Group {
@@ -285,17 +334,23 @@ pub struct Network {
     bucket_ports: Vec<PortId>,
     next_flow_seq: u64,
     active_flows: u64,
+    sampling: Sampling,
+    /// The sampling interval as of the last `settle_all`.
     sample_ns: u64,
     scratch: Vec<(f64, f64)>,
     /// Ports recomputed during the current `recompute` (to reset their visit counts).
     visited: Vec<PortId>,
     /// Ports whose load went up during the current `apply_rates`.
     raised: Vec<PortId>,
+    /// The last transfer whose end fell past the last representable time: what would end when.
+    time_overflow: Option<String>,
+    /// Groups whose next completion lies past [`END_NS`] at their current rate.
+    overflowed_groups: u32,
     pub stats: NetStats,
 }
 
 impl Network {
-    /// `sample_ns` is the utilisation sampling interval (0 = no samples).
+    /// `sample_ns` is the utilisation sampling interval to start with (0 = no samples; see `Sampling`).
     pub fn new(sample_ns: u64) -> Self {
         Self {
             ports: Vec::new(),
@@ -309,10 +364,13 @@ impl Network {
             bucket_ports: Vec::new(),
             next_flow_seq: 0,
             active_flows: 0,
+            sampling: Sampling { base_ns: sample_ns, cap: MAX_SAMPLES_PER_SERIES },
             sample_ns,
             scratch: Vec::new(),
             visited: Vec::new(),
             raised: Vec::new(),
+            time_overflow: None,
+            overflowed_groups: 0,
             stats: NetStats::default(),
         }
     }
@@ -327,6 +385,9 @@ impl Network {
         let (capacity, tokens) =
             if spec.has_bucket() { (spec.peak_bytes_per_s, spec.burst_bytes) } else { (spec.rate_bytes_per_s, 0.0) };
         self.by_name.insert(spec.name.clone(), id);
+        // The sample budget is shared: more ports, fewer samples each (and so, on long runs, wider ones).
+        let ports = u64::from(id) + 1;
+        self.sampling.cap = (SAMPLE_BUDGET / ports).clamp(MIN_SAMPLES_PER_SERIES, MAX_SAMPLES_PER_SERIES);
         self.mu.push([INF; MAX_LANES]);
         self.ports.push(Port {
             spec,
@@ -427,6 +488,7 @@ impl Network {
                     service: 0.0,
                     service_at: now,
                     dirty: false,
+                    overflowed: false,
                 });
                 self.group_of.insert(self.key.as_slice().into(), g);
                 g
@@ -561,12 +623,12 @@ impl Network {
 
     /// Handle a port's bucket running dry. Returns false if stale.
     pub fn on_bucket_event(&mut self, p: u32, version: u64, now: TimeNs) -> bool {
-        let sample_ns = self.sample_ns;
+        let sampling = self.sampling;
         let Some(port) = self.ports.get_mut(p as usize) else { return false };
         if port.bucket_version != version {
             return false;
         }
-        settle_port(port, now, sample_ns);
+        settle_port(port, now, sampling);
         port.tokens = 0.0;
         port.capacity = port.spec.rate_bytes_per_s;
         self.enqueue(p, true);
@@ -607,11 +669,11 @@ impl Network {
     }
 
     fn recompute_port(&mut self, p: PortId, now: TimeNs) {
-        let sample_ns = self.sample_ns;
+        let sampling = self.sampling;
         {
             let port = &mut self.ports[p as usize];
             if port.spec.has_bucket() {
-                settle_port(port, now, sample_ns);
+                settle_port(port, now, sampling);
                 // Back to the peak once at least a packet's worth of tokens has built up.
                 port.capacity = if port.tokens >= port.spec.mtu_bytes as f64 {
                     port.spec.peak_bytes_per_s
@@ -806,15 +868,32 @@ impl Network {
                 let left = (next.finish - group.service).max(0.0);
                 let dt_ns = ceil_ns(left / rate * NS_PER_S);
                 let t = now.saturating_add(if dt_ns >= u64::MAX as f64 { u64::MAX } else { dt_ns as u64 });
-                if t < TimeNs::MAX {
+                if t <= END_NS {
                     queue.schedule_group(g, t);
+                    self.set_overflowed(g, false);
                 } else {
-                    // Past the end of representable time (2^64 ns, ~584 years): it never finishes.
+                    // Past the end of the clock (2^63 ns, ~292 years). A later rate change may
+                    // still bring it in; if none comes, the core reports it (`Network::stuck_past_end`).
                     queue.cancel_group(g);
+                    if !self.groups[g as usize].overflowed {
+                        let group = &self.groups[g as usize];
+                        let names: Vec<&str> =
+                            group.path.iter().map(|&q| self.ports[q as usize].spec.name.as_str()).collect();
+                        self.time_overflow = Some(format!(
+                            "a transfer of {left:.0} more bytes on lane {} along {names:?} at {rate:e} B/s would \
+                             end {:.3e} s after t = {now} ns",
+                            group.lane,
+                            left / rate,
+                        ));
+                    }
+                    self.set_overflowed(g, true);
                 }
             }
             // Empty, or starved by a higher-priority lane: nothing to schedule until rates change.
-            _ => queue.cancel_group(g),
+            _ => {
+                queue.cancel_group(g);
+                self.set_overflowed(g, false);
+            }
         }
         if delta != 0.0 {
             for i in 0..self.groups[g as usize].path.len() {
@@ -825,11 +904,29 @@ impl Network {
         }
     }
 
+    fn set_overflowed(&mut self, g: GroupId, overflowed: bool) {
+        let group = &mut self.groups[g as usize];
+        if group.overflowed != overflowed {
+            group.overflowed = overflowed;
+            if overflowed {
+                self.overflowed_groups += 1;
+            } else {
+                self.overflowed_groups -= 1;
+            }
+        }
+    }
+
+    /// With no event left to change rates: the transfers that can never finish because their end lies past
+    /// the end of the clock ([`END_NS`]), described (None if there are none).
+    pub fn stuck_past_end(&self) -> Option<&str> {
+        (self.overflowed_groups > 0).then(|| self.time_overflow.as_deref().unwrap_or("a transfer"))
+    }
+
     /// Change the load of `lane` at port `q` by `delta` bytes/s at `now`.
     fn charge_port(&mut self, q: PortId, lane: Lane, delta: f64, now: TimeNs) {
         let (ports, groups) = (&mut self.ports, &self.groups);
         let port = &mut ports[q as usize];
-        settle_port(port, now, self.sample_ns);
+        settle_port(port, now, self.sampling);
         let l = lane as usize;
         let mut usage = (port.usage[l] + delta).max(0.0);
         if port.lane_members[l] == 0 {
@@ -858,28 +955,34 @@ impl Network {
     }
 
     fn check_buckets(&mut self, now: TimeNs, queue: &mut EventQueue) {
-        let sample_ns = self.sample_ns;
+        let sampling = self.sampling;
         while let Some(p) = self.bucket_ports.pop() {
             let port = &mut self.ports[p as usize];
-            settle_port(port, now, sample_ns);
+            settle_port(port, now, sampling);
             let rate = port.spec.rate_bytes_per_s;
             // Any earlier forecast is void: the port's load has changed since it was made.
             port.bucket_version += 1;
             if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
                 let dt_ns = ceil_ns(port.tokens / (port.total_usage - rate) * NS_PER_S) as u64;
                 let t = now.saturating_add(dt_ns);
-                if t < TimeNs::MAX {
+                if t <= END_NS {
                     queue.push(t, EventKind::BucketEmpty { port: p, version: port.bucket_version });
                 }
             }
         }
     }
 
-    /// Bring every port's counters up to `now`.
+    /// Bring every port's counters up to `now`, every sample series to the interval of `now`.
     pub fn settle_all(&mut self, now: TimeNs) {
-        let sample_ns = self.sample_ns;
+        let sampling = self.sampling;
+        if sampling.base_ns > 0 {
+            self.sample_ns = sampling.interval_at(now);
+        }
         for port in &mut self.ports {
-            settle_port(port, now, sample_ns);
+            settle_port(port, now, sampling);
+            if sampling.base_ns > 0 {
+                coarsen(&mut port.counters, self.sample_ns);
+            }
         }
     }
 
@@ -927,8 +1030,15 @@ impl Network {
         self.active_flows
     }
 
+    /// The sampling interval of every series as of the last [`Network::settle_all`] (0 = sampling off):
+    /// the interval asked for, doubled as often as the run's length needed (see `Sampling`).
     pub fn sample_ns(&self) -> u64 {
         self.sample_ns
+    }
+
+    /// Samples one series holds at most now (it shrinks as ports are added).
+    pub fn samples_cap(&self) -> u64 {
+        self.sampling.cap
     }
 
     /// True while some change has not been folded into the rates yet.
@@ -1021,7 +1131,7 @@ fn differs(a: f64, b: f64) -> bool {
 }
 
 /// Account the time since the port was last settled: bytes per lane, busy time, samples, tokens.
-fn settle_port(port: &mut Port, now: TimeNs, sample_ns: u64) {
+fn settle_port(port: &mut Port, now: TimeNs, sampling: Sampling) {
     let from = port.settled_at;
     if now <= from {
         return;
@@ -1041,9 +1151,11 @@ fn settle_port(port: &mut Port, now: TimeNs, sample_ns: u64) {
     for l in busy_lanes.clone() {
         c.fluid_bytes[l] += port.usage[l] * dt;
     }
-    if sample_ns == 0 {
+    if sampling.base_ns == 0 {
         return;
     }
+    let sample_ns = sampling.interval_at(now);
+    coarsen(c, sample_ns);
     add_to_samples(&mut c.samples, from, now, sample_ns, port.total_usage);
     for l in busy_lanes {
         {
@@ -1060,7 +1172,8 @@ fn settle_port(port: &mut Port, now: TimeNs, sample_ns: u64) {
     }
 }
 
-/// Spread `rate` bytes/s over [from, to) into fixed sampling intervals.
+/// Spread `rate` bytes/s over [from, to) into fixed sampling intervals (at most `Sampling::cap` of them up
+/// to `to`, by the choice of `sample_ns`).
 fn add_to_samples(samples: &mut Vec<f64>, from: TimeNs, to: TimeNs, sample_ns: u64, rate: f64) {
     let last = ((to - 1) / sample_ns) as usize;
     if samples.len() <= last {
@@ -1069,8 +1182,32 @@ fn add_to_samples(samples: &mut Vec<f64>, from: TimeNs, to: TimeNs, sample_ns: u
     let mut t = from;
     while t < to {
         let k = t / sample_ns;
-        let end = ((k + 1) * sample_ns).min(to);
+        let end = (k + 1).saturating_mul(sample_ns).min(to);
         samples[k as usize] += rate * (end - t) as f64 / NS_PER_S;
         t = end;
     }
+}
+
+/// Bring a port's sample series to the interval `sample_ns`, merging adjacent samples. Intervals only grow,
+/// each a power-of-two multiple of the one before (see `Sampling::interval_at`).
+fn coarsen(c: &mut PortCounters, sample_ns: u64) {
+    if c.sample_ns == 0 {
+        c.sample_ns = sample_ns; // nothing sampled yet
+        return;
+    }
+    if sample_ns <= c.sample_ns {
+        debug_assert_eq!(sample_ns, c.sample_ns, "the sampling interval shrank");
+        return;
+    }
+    debug_assert_eq!(sample_ns % c.sample_ns, 0, "intervals are the base interval times powers of two");
+    let factor = (sample_ns / c.sample_ns) as usize;
+    let merge = |series: &mut Vec<f64>| {
+        let merged: Vec<f64> = series.chunks(factor).map(|chunk| chunk.iter().sum()).collect();
+        *series = merged;
+    };
+    merge(&mut c.samples);
+    for (_, series) in &mut c.lane_samples {
+        merge(series);
+    }
+    c.sample_ns = sample_ns;
 }

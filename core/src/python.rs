@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyException, PyLookupError, PyOSError, PyRuntimeError, Py
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::types::{PyDict, PyInt, PyList, PyTuple, PyType};
 
 use crate::forward::{ForwardRank, ForwardSpec, LayerTransfer};
 use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
@@ -134,6 +134,9 @@ fn invalid(arg: &str, expected: impl std::fmt::Display) -> PyErr {
 /// A Python int in 0..=max, or an error naming `arg`.
 fn int_in(obj: &Bound<'_, PyAny>, arg: &str, max: u64) -> PyResult<u64> {
     let value: i128 = obj.extract().map_err(|_| {
+        if obj.is_instance_of::<PyInt>() {
+            return invalid(arg, format!("an integer in 0..={max}, got an integer beyond 128 bits"));
+        }
         let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
         invalid(arg, format!("an integer, got {ty}"))
     })?;
@@ -146,6 +149,9 @@ fn int_in(obj: &Bound<'_, PyAny>, arg: &str, max: u64) -> PyResult<u64> {
 /// A Python number (int or float), or an error naming `arg`; the core checks its range.
 fn number(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
     obj.extract::<f64>().map_err(|_| {
+        if obj.is_instance_of::<PyInt>() {
+            return invalid(arg, "a number, got an integer beyond the float range");
+        }
         let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
         invalid(arg, format!("a number, got {ty}"))
     })
@@ -489,7 +495,7 @@ impl PyCore {
             Some(v) => int_in(v, "sample_interval_ns", u64::MAX)?,
             None => 0,
         };
-        Ok(Self { core: Core::new(CoreConfig { clock, sample_interval_ns, record_spans })? })
+        Ok(Self { core: Core::new(CoreConfig { clock, sample_interval_ns, record_spans, ..CoreConfig::default() })? })
     }
 
     /// Add a port; returns its id. `peak_bytes_per_s` > rate with `burst_bytes` > 0 makes a token bucket.
@@ -738,27 +744,21 @@ impl PyCore {
         Ok(d)
     }
 
-    /// Utilisation of a port (fraction of its sustained rate) per sampling interval, for all lanes or one.
+    /// Utilisation of a port (fraction of its sustained rate) per sampling interval, for all lanes or one:
+    /// one value per interval up to now. On a long run the interval is a power-of-two multiple of the one
+    /// asked for (`sample_interval_ns` says which), so a series stays bounded.
     #[pyo3(signature = (port, lane = None))]
     fn utilisation(&mut self, port: &Bound<'_, PyAny>, lane: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<f64>> {
         let port = id_of(port, "port")?;
-        let interval_ns = self.core.config().sample_interval_ns;
-        if interval_ns == 0 {
-            return Err(to_py_err(crate::CoreError::state("sampling is off: create the Core with sample_interval_ns")));
-        }
-        let full = self.core.port_spec(port)?.rate_bytes_per_s * interval_ns as f64 / 1e9;
         let lane = lane.map(|l| lane_of(l, "lane")).transpose()?;
-        let now_ns = self.core.now_ns();
-        let k = self.core.port_counters(port)?;
-        let samples: &[f64] = match lane {
-            None => &k.samples,
-            Some(l) => k.lane_samples.iter().find(|(x, _)| *x == l).map(|(_, s)| s.as_slice()).unwrap_or(&[]),
-        };
-        // One value per interval up to now, idle intervals at the end included.
-        let intervals = now_ns.div_ceil(interval_ns) as usize;
-        let mut out: Vec<f64> = samples.iter().map(|b| b / full).collect();
-        out.resize(intervals.max(out.len()), 0.0);
-        Ok(out)
+        Ok(self.core.utilisation(port, lane)?.1)
+    }
+
+    /// The utilisation sampling interval now (ns), or None if sampling is off: the one asked for, doubled as
+    /// often as the run's length needed to keep every series within its bounded number of samples.
+    #[getter]
+    fn sample_interval_ns(&mut self) -> Option<u64> {
+        Some(self.core.sample_interval_ns()).filter(|&ns| ns > 0)
     }
 
     /// Current rate of each lane through a port (bytes/s).
@@ -797,6 +797,7 @@ impl PyCore {
         d.set_item("forward_transfers", s.forwards.transfers)?;
         d.set_item("forward_delays", s.forwards.delays)?;
         d.set_item("forward_instant_steps", s.forwards.instant_steps)?;
+        d.set_item("spans_dropped", s.spans_dropped)?;
         Ok(d)
     }
 

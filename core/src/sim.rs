@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 
 use crate::clock::{Pacer, WallClock};
-use crate::events::{EventKind, EventQueue, TimeNs};
+use crate::events::{EventKind, EventQueue, TimeNs, END_NS};
 use crate::forward::{Action, ForwardSpec, ForwardStats, ForwardStep, Forwards};
 use crate::lanes::{Lane, MAX_LANES};
 use crate::network::{Finished, NetStats, Network, Owner, PortCounters, PortId, PortSpec};
@@ -30,13 +30,15 @@ pub struct CoreConfig {
     pub clock: ClockMode,
     /// Utilisation sampling interval (0 = off).
     pub sample_interval_ns: u64,
-    /// Keep one span per finished transfer for the trace (costs memory on long runs).
+    /// Keep one span per finished transfer for the trace, up to `max_spans` of them.
     pub record_spans: bool,
+    /// Spans kept at most; later ones are counted in [`CoreStats::spans_dropped`]. Default [`MAX_SPANS`].
+    pub max_spans: usize,
 }
 
 impl Default for CoreConfig {
     fn default() -> Self {
-        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false }
+        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false, max_spans: MAX_SPANS }
     }
 }
 
@@ -62,6 +64,14 @@ impl CompletionKind {
         }
     }
 }
+
+/// Spans kept for the trace at most by default (`CoreConfig::max_spans`): 48 bytes each in memory (about
+/// 50 MB), some 150 bytes each in the trace file; later spans are counted ([`CoreStats::spans_dropped`]).
+pub const MAX_SPANS: usize = 1_000_000;
+
+/// The range of the wall clock's `time_scale` (core seconds per wall second).
+pub const MIN_TIME_SCALE: f64 = 1e-6;
+pub const MAX_TIME_SCALE: f64 = 1e6;
 
 /// The tag of work whose end nobody waits for (fire and forget: e.g. KV write-backs): it moves its bytes, is
 /// counted and traced like any work, but is never reported as a completion, so `advance_until` does not
@@ -91,6 +101,8 @@ pub struct CoreStats {
     pub net: NetStats,
     /// What forward passes created inside the core.
     pub forwards: ForwardStats,
+    /// Spans not kept for the trace because [`MAX_SPANS`] were kept already.
+    pub spans_dropped: u64,
 }
 
 /// Where a traced piece of work went: a transfer's group (so its path), or one storage node's I/O.
@@ -129,6 +141,9 @@ pub struct Core {
     clock_held: bool,
     transfer_events: u64,
     queue_events: u64,
+    spans_dropped: u64,
+    /// A delay (storage latency, a forward's compute) that would end past 2^64 ns: what, and when.
+    time_overflow: Option<String>,
     wall: Option<(WallClock, Pacer)>,
 }
 
@@ -137,8 +152,11 @@ impl Core {
         let wall = match config.clock {
             ClockMode::Virtual => None,
             ClockMode::Wall { time_scale } => {
-                if !(time_scale.is_finite() && time_scale > 0.0) {
-                    return Err(CoreError::invalid("time_scale", format!("a finite number > 0, got {time_scale}")));
+                if !(MIN_TIME_SCALE..=MAX_TIME_SCALE).contains(&time_scale) {
+                    return Err(CoreError::invalid(
+                        "time_scale",
+                        format!("a number in [{MIN_TIME_SCALE:e}, {MAX_TIME_SCALE:e}], got {time_scale}"),
+                    ));
                 }
                 let pacer = Pacer::new().map_err(|e| CoreError::io("pacer socket", e))?;
                 Some((WallClock::new(time_scale), pacer))
@@ -159,6 +177,8 @@ impl Core {
             clock_held: false,
             transfer_events: 0,
             queue_events: 0,
+            spans_dropped: 0,
+            time_overflow: None,
             wall,
             config,
         })
@@ -267,12 +287,7 @@ impl Core {
     pub fn add_timers(&mut self, batch: &[(TimeNs, u64)]) -> Result<()> {
         self.at_one_instant(|core| {
             for (i, (at_ns, _)) in batch.iter().enumerate() {
-                if *at_ns < core.now {
-                    return Err(CoreError::invalid(
-                        &format!("timers[{i}].at_ns"),
-                        format!("a time >= now ({} ns), got {at_ns}", core.now),
-                    ));
-                }
+                core.check_time_arg(*at_ns).map_err(|e| e.within(&format!("timers[{i}]")))?;
             }
             batch.iter().try_for_each(|(at_ns, tag)| core.add_timer(*at_ns, *tag))
         })
@@ -354,12 +369,14 @@ impl Core {
                 Action::Store(r) => (spec.ranks[r as usize].store.as_ref(), ForwardStep::Store(r)),
                 Action::Collective(i) => (Some(&spec.collectives[i as usize]), ForwardStep::Shared),
                 Action::Attn(r) => {
-                    let at = now.saturating_add(spec.ranks[r as usize].attn_ns);
+                    let delay = spec.ranks[r as usize].attn_ns;
+                    let at = self.later(delay, || format!("forward pass {id}'s attention on rank {r} ({delay} ns)"));
                     self.queue.push(at, EventKind::Forward { forward: id, step: ForwardStep::Attn(r) });
                     continue;
                 }
                 Action::Ffn => {
-                    let at = now.saturating_add(spec.ffn_ns);
+                    let delay = spec.ffn_ns;
+                    let at = self.later(delay, || format!("forward pass {id}'s shared phase ({delay} ns)"));
                     self.queue.push(at, EventKind::Forward { forward: id, step: ForwardStep::Shared });
                     continue;
                 }
@@ -416,18 +433,63 @@ impl Core {
 
     fn start_io_after_latency(&mut self, id: u32) {
         let latency = self.storage.latency_ns(self.storage.io(id).kind);
-        self.queue.push(self.now.saturating_add(latency), EventKind::IoStart { io: id });
+        let at = self.later(latency, || format!("a storage I/O's latency ({latency} ns)"));
+        self.queue.push(at, EventKind::IoStart { io: id });
+    }
+
+    /// `delay_ns` after now; past the end of the clock ([`END_NS`]), the end of the clock, and the core then
+    /// fails its next step with an error saying what (`check_time`), rather than run it at a wrong time.
+    fn later(&mut self, delay_ns: u64, what: impl FnOnce() -> String) -> TimeNs {
+        match self.now.checked_add(delay_ns) {
+            Some(t) if t <= END_NS => t,
+            _ => {
+                if self.time_overflow.is_none() {
+                    self.time_overflow = Some(format!("{} starting at t = {} ns", what(), self.now));
+                }
+                END_NS
+            }
+        }
+    }
+
+    /// An error if some work's end lies past the end of the clock: a delay that did (`later`), or
+    /// transfers whose end does and that nothing is left to speed up (the core is otherwise idle).
+    fn check_time(&mut self) -> Result<()> {
+        let past_end = |what: &str| {
+            CoreError::state(format!(
+                "emulated time would pass 2^63 ns (about 292 years), the end of the core's clock: {what}; this \
+                 work can never finish (rates too low, or sizes or delays too large?)"
+            ))
+        };
+        if let Some(what) = &self.time_overflow {
+            return Err(past_end(what));
+        }
+        if self.net.stuck_past_end().is_some() && self.next_event_ns().is_none() {
+            return Err(past_end(self.net.stuck_past_end().unwrap_or_default()));
+        }
+        Ok(())
     }
 
     /// Complete a timer with `tag` at absolute core time `at_ns` (not in the past).
     pub fn add_timer(&mut self, at_ns: TimeNs, tag: u64) -> Result<()> {
         self.catch_up();
-        if at_ns < self.now {
-            return Err(CoreError::invalid("at_ns", format!("a time >= now ({} ns), got {at_ns}", self.now)));
-        }
+        self.check_time_arg(at_ns)?;
         self.queue.push(at_ns, EventKind::Timer { tag });
         self.pending_timers += 1;
         self.after_change();
+        Ok(())
+    }
+
+    /// `at_ns` as a timer's time: not in the past, not past the end of the clock.
+    fn check_time_arg(&self, at_ns: TimeNs) -> Result<()> {
+        if at_ns < self.now {
+            return Err(CoreError::invalid("at_ns", format!("a time >= now ({} ns), got {at_ns}", self.now)));
+        }
+        if at_ns > END_NS {
+            return Err(CoreError::invalid(
+                "at_ns",
+                format!("a time <= {END_NS} ns (the end of the clock), got {at_ns}"),
+            ));
+        }
         Ok(())
     }
 
@@ -447,8 +509,15 @@ impl Core {
         if t_ns < self.now {
             return Err(CoreError::invalid("t_ns", format!("a time >= now ({} ns), got {t_ns}", self.now)));
         }
+        if t_ns > END_NS {
+            return Err(CoreError::invalid(
+                "t_ns",
+                format!("a time <= {END_NS} ns (the end of the clock), got {t_ns}"),
+            ));
+        }
         self.process_until(t_ns);
         self.now = t_ns;
+        self.check_time()?;
         Ok(self.completions.len())
     }
 
@@ -472,12 +541,14 @@ impl Core {
             }
             self.flush();
             if self.completions.len() > before {
+                self.check_time()?;
                 return Ok(self.completions.len());
             }
         }
         if t_ns != TimeNs::MAX {
-            self.now = t_ns;
+            self.now = t_ns.min(END_NS); // a limit past the end of the clock: as far as the clock goes
         }
+        self.check_time()?;
         Ok(self.completions.len())
     }
 
@@ -486,8 +557,12 @@ impl Core {
         if self.wall.is_some() {
             return Err(CoreError::state("step is for the virtual clock; a wall-clock core uses poll()"));
         }
-        let Some(t) = self.next_event_ns() else { return Ok(None) };
+        let Some(t) = self.next_event_ns() else {
+            self.check_time()?;
+            return Ok(None);
+        };
         self.process_until(t);
+        self.check_time()?;
         Ok(Some(t))
     }
 
@@ -509,6 +584,7 @@ impl Core {
         pacer.drain();
         self.catch_up();
         self.arm_pacer();
+        self.check_time()?;
         Ok(self.completions.len())
     }
 
@@ -538,6 +614,7 @@ impl Core {
             queue_events: self.queue_events,
             net: self.net.stats,
             forwards: self.forwards.stats,
+            spans_dropped: self.spans_dropped,
         }
     }
 
@@ -545,6 +622,45 @@ impl Core {
     pub fn port_counters(&mut self, port: PortId) -> Result<&PortCounters> {
         self.net.settle_all(self.now);
         self.net.counters(port)
+    }
+
+    /// Utilisation of a port per sampling interval (fraction of its sustained rate), for all lanes or one, one
+    /// value per interval up to now (idle ones included), with the interval (ns). The interval is the one
+    /// asked for, doubled as often as the run's length needs to keep every series bounded (`network.rs`,
+    /// `Sampling`), so there are never more than [`Network::samples_cap`] values.
+    pub fn utilisation(&mut self, port: PortId, lane: Option<Lane>) -> Result<(u64, Vec<f64>)> {
+        if self.config.sample_interval_ns == 0 {
+            return Err(CoreError::state("sampling is off: create the Core with sample_interval_ns"));
+        }
+        if let Some(l) = lane {
+            if l as usize >= MAX_LANES {
+                return Err(CoreError::invalid("lane", format!("a lane in 0..{MAX_LANES}, got {l}")));
+            }
+        }
+        let now = self.now;
+        let rate = self.net.port_spec(port)?.rate_bytes_per_s;
+        self.net.settle_all(now);
+        let interval_ns = self.net.sample_ns();
+        let k = self.net.counters(port)?;
+        let samples: &[f64] = match lane {
+            None => &k.samples,
+            Some(l) => k.lane_samples.iter().find(|(x, _)| *x == l).map(|(_, s)| s.as_slice()).unwrap_or(&[]),
+        };
+        let full = rate * interval_ns as f64 / 1e9;
+        let intervals = now.div_ceil(interval_ns) as usize;
+        let mut out: Vec<f64> = samples.iter().map(|b| b / full).collect();
+        out.resize(intervals.max(out.len()), 0.0);
+        Ok((interval_ns, out))
+    }
+
+    /// The utilisation sampling interval now (ns; 0 = off): the one asked for, or a power-of-two multiple
+    /// of it on a long run (see [`Core::utilisation`]).
+    pub fn sample_interval_ns(&mut self) -> u64 {
+        if self.config.sample_interval_ns == 0 {
+            return 0;
+        }
+        self.net.settle_all(self.now);
+        self.net.sample_ns()
     }
 
     pub fn lane_rates(&mut self, port: PortId) -> Result<[f64; MAX_LANES]> {
@@ -687,7 +803,11 @@ impl Core {
     /// where the others belong (the cluster draws its forward passes on the GPUs that ran them).
     fn trace(&mut self, route: Route, lane: Lane, size_bytes: u64, start_ns: TimeNs) {
         if self.config.record_spans {
-            self.spans.push(Span { route, lane, size_bytes, start_ns, end_ns: self.now });
+            if self.spans.len() < self.config.max_spans {
+                self.spans.push(Span { route, lane, size_bytes, start_ns, end_ns: self.now });
+            } else {
+                self.spans_dropped += 1;
+            }
         }
     }
 

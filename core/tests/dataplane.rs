@@ -584,11 +584,184 @@ fn work_near_the_end_of_time_neither_panics_nor_spins() {
     let node = c
         .add_storage_node(StorageNodeSpec { name: "n".into(), read_path: vec![p], write_path: vec![p], queue_depth: 1 })
         .unwrap();
-    c.advance_to(u64::MAX - 10).unwrap();
+    c.advance_to(END_NS - 10).unwrap();
     c.submit_io(node, IoKind::Read, 0, 1_000_000, 1).unwrap();
     c.submit_transfer(&[p], 0, 1_000_000, 2).unwrap();
+    // Work that would end past the end of the clock never ends: running it is an error that says why, every time.
+    for _ in 0..2 {
+        let err = c.run_until_idle().unwrap_err();
+        assert_eq!(err.kind, ErrorKind::State);
+        assert!(err.message.contains("2^63 ns"), "{}", err.message);
+    }
+    assert_eq!(c.pending(), 2);
+}
+
+#[test]
+fn a_transfer_ending_past_the_end_of_time_is_an_error_not_silence() {
+    // 2^64 bytes at 1 B/s: 5.8e11 years. Nothing else is pending, so nothing can speed it up.
+    let mut c = core();
+    let p = port(&mut c, "slow", MIN_RATE_BYTES_PER_S);
+    c.submit_transfer(&[p], 0, u64::MAX, 1).unwrap();
+    let err = c.run_until_idle().unwrap_err();
+    assert!(err.message.contains("2^63 ns") && err.message.contains("\"slow\""), "{}", err.message);
+    assert!(c.advance_until(u64::MAX).is_err() && c.step().is_err() && c.advance_to(c.now_ns()).is_err());
+    assert_eq!(c.pending(), 1, "the transfer is still there, not lost");
+}
+
+#[test]
+fn a_transfer_projected_past_the_end_of_time_is_fine_while_a_later_change_can_speed_it_up() {
+    // Strict priority on p: lane 0's transfer is held to 1 GB/s - 1 B/s by q, so lane 1 gets 1 B/s, at which
+    // its 100 GB would take 10^11 s, past the end of the clock. Once lane 0 is done (1 s), lane 1 has the
+    // whole port.
+    let mut c = core();
+    let p = qos_port(&mut c, "p", GB, VlArbitration::strict_priority(&[0], &[1]));
+    let q = port(&mut c, "q", GB - 1.0);
+    c.submit_transfer(&[p], 1, 100 * GB as u64, 1).unwrap();
+    c.submit_transfer(&[p, q], 0, (GB - 1.0) as u64, 2).unwrap();
+    c.advance_to(MS).unwrap();
+    assert!(c.flow_rate(&[p], 1).unwrap() <= 1.0 + 1e-6, "{:?}", c.flow_rate(&[p], 1));
+    let done = run(&mut c);
+    assert_eq!(done[&2].end_ns, 1_000_000_000);
+    assert!((done[&1].end_ns as f64 - 101e9).abs() < 1e3, "{}", done[&1].end_ns);
+}
+
+#[test]
+fn port_rates_outside_the_supported_range_are_rejected_naming_the_argument() {
+    let mut c = core();
+    for (rate, peak, burst, arg) in [
+        (0.5, None, 0.0, "rate_bytes_per_s"),
+        (1e308, None, 0.0, "rate_bytes_per_s"),
+        (MAX_RATE_BYTES_PER_S * 2.0, None, 0.0, "rate_bytes_per_s"),
+        (GB, Some(f64::MAX), 1e6, "peak_bytes_per_s"),
+        (GB, Some(2.0 * GB), 1e300, "burst_bytes"),
+    ] {
+        let spec = PortSpec {
+            peak_bytes_per_s: peak.unwrap_or(rate),
+            burst_bytes: burst,
+            ..PortSpec::plain(format!("p{rate}"), rate)
+        };
+        let err = c.add_port(spec).unwrap_err();
+        assert!(err.kind == ErrorKind::InvalidArgument && err.message.starts_with(arg), "{}", err.message);
+    }
+    assert_eq!(c.port_count(), 0);
+    for rate in [MIN_RATE_BYTES_PER_S, MAX_RATE_BYTES_PER_S] {
+        c.add_port(PortSpec::plain(format!("ok{rate}"), rate)).unwrap();
+    }
+}
+
+#[test]
+fn the_fastest_port_moves_bytes_exactly() {
+    // At the top of the range, lane shares stay finite and a transfer still ends (the issue: 1e308 B/s made
+    // them inf/0 and the transfer never completed).
+    let mut c = core();
+    let arbitration = VlArbitration::paper();
+    let p = c.add_port(PortSpec { arbitration, ..PortSpec::plain("fast", MAX_RATE_BYTES_PER_S) }).unwrap();
+    c.submit_transfer(&[p], 0, 1 << 40, 1).unwrap();
+    c.submit_transfer(&[p], 2, 1 << 40, 2).unwrap();
+    let done = run(&mut c);
+    assert_eq!(done.len(), 2);
+    assert!(c.lane_rates(p).unwrap().iter().all(|r| *r == 0.0));
+    assert_eq!(c.port_counters(p).unwrap().completed_bytes[0], 1 << 40);
+}
+
+#[test]
+fn times_past_the_end_of_the_clock_are_refused() {
+    let mut c = core();
+    assert!(c.add_timer(END_NS + 1, 1).is_err() && c.add_timers(&[(u64::MAX, 1)]).is_err());
+    assert!(c.advance_to(END_NS + 1).is_err());
+    c.add_timer(END_NS, 2).unwrap();
+    assert_eq!(c.advance_until(u64::MAX).unwrap(), 1, "u64::MAX is still the advance_until that has no limit");
+    assert_eq!(c.now_ns(), END_NS);
+}
+
+#[test]
+fn a_delay_past_the_end_of_time_is_an_error() {
+    let mut c = core();
+    let p = port(&mut c, "p", GB);
+    let cluster = port(&mut c, "3fs", GB);
+    c.configure_storage(StorageSpec {
+        read_port: cluster,
+        write_port: cluster,
+        read_latency_ns: END_NS / 2,
+        write_latency_ns: 0,
+    })
+    .unwrap();
+    let node = c
+        .add_storage_node(StorageNodeSpec { name: "n".into(), read_path: vec![p], write_path: vec![p], queue_depth: 1 })
+        .unwrap();
+    c.advance_to(END_NS / 2 + 10).unwrap();
+    c.submit_io(node, IoKind::Read, 0, 1, 1).unwrap();
+    let err = c.advance_until(u64::MAX).unwrap_err();
+    assert!(err.message.contains("latency"), "{}", err.message);
+}
+
+#[test]
+fn utilisation_samples_stay_bounded_over_a_long_idle_span() {
+    // Sampling every nanosecond, then 10^18 ns idle, then a transfer: once 2^64 samples were asked for.
+    let mut c = Core::new(CoreConfig { sample_interval_ns: 1, ..CoreConfig::default() }).unwrap();
+    let p = port(&mut c, "p", GB);
+    c.add_timer(1_000_000_000_000_000_000, 1).unwrap();
     c.run_until_idle().unwrap();
-    assert_eq!(c.pending(), 2, "work that would end past 2^64 ns never ends, and says so");
+    c.submit_transfer(&[p], 0, 1_000_000_000, 2).unwrap();
+    c.run_until_idle().unwrap();
+    let (interval, series) = c.utilisation(p, None).unwrap();
+    let cap = MAX_SAMPLES_PER_SERIES as usize;
+    assert!(series.len() <= cap && interval.is_power_of_two(), "{} samples of {interval} ns", series.len());
+    assert!(c.now_ns().div_ceil(interval) as usize <= cap);
+    // Every byte is still there: the last samples hold the transfer, one second at 1 GB/s.
+    let bytes: f64 = series.iter().map(|u| u * GB * interval as f64 / 1e9).sum();
+    assert!((bytes - 1e9).abs() < 1.0, "{bytes}");
+    assert_eq!(c.sample_interval_ns(), interval);
+}
+
+#[test]
+fn samples_merge_in_pairs_as_a_run_grows_and_keep_every_byte() {
+    // One port: 65,536 samples per series. At 1 ms per sample, 65.536 s fit; 100 s need 2 ms samples.
+    let mut c = Core::new(CoreConfig { sample_interval_ns: MS, ..CoreConfig::default() }).unwrap();
+    let p = port(&mut c, "p", GB);
+    c.submit_transfer(&[p], 0, 10 * GB as u64, 1).unwrap(); // 10 s at full rate
+    c.run_until_idle().unwrap();
+    let (interval, first) = c.utilisation(p, None).unwrap();
+    assert_eq!((interval, first.len()), (MS, 10_000));
+    assert!(first.iter().all(|u| (u - 1.0).abs() < 1e-9));
+    c.add_timer(100_000 * MS, 2).unwrap();
+    c.run_until_idle().unwrap();
+    c.submit_transfer(&[p], 0, GB as u64, 3).unwrap(); // 1 s more, from t = 100 s
+    c.run_until_idle().unwrap();
+    let (interval, series) = c.utilisation(p, Some(0)).unwrap();
+    assert_eq!((interval, series.len()), (2 * MS, 50_500));
+    assert!(series[..5_000].iter().all(|u| (u - 1.0).abs() < 1e-9) && series[5_000..50_000].iter().all(|u| *u == 0.0));
+    let bytes: f64 = series.iter().sum::<f64>() * GB * 2e-3;
+    assert!((bytes - 11.0 * GB).abs() < 1.0, "{bytes}");
+}
+
+#[test]
+fn recorded_spans_are_capped_and_the_rest_counted() {
+    let mut c = Core::new(CoreConfig { record_spans: true, max_spans: 3, ..CoreConfig::default() }).unwrap();
+    let p = port(&mut c, "p", GB);
+    for tag in 0..5 {
+        c.submit_transfer(&[p], 0, 1000, tag).unwrap();
+    }
+    assert_eq!(run(&mut c).len(), 5, "every transfer still completes");
+    assert_eq!(c.stats().spans_dropped, 2);
+    let path = std::env::temp_dir().join(format!("dualpath-spans-{}.json", std::process::id()));
+    c.write_trace(path.to_str().unwrap()).unwrap();
+    let trace = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(trace.matches("\"ph\":\"X\"").count(), 3);
+}
+
+#[test]
+fn the_sample_budget_is_shared_by_the_ports() {
+    let mut c = Core::new(CoreConfig { sample_interval_ns: MS, ..CoreConfig::default() }).unwrap();
+    for i in 0..64 {
+        port(&mut c, &format!("p{i}"), GB);
+    }
+    // 2^20 samples over 64 ports: 16,384 each.
+    c.add_timer(20_000 * MS, 1).unwrap();
+    c.run_until_idle().unwrap();
+    let (interval, series) = c.utilisation(0, None).unwrap();
+    assert_eq!((interval, series.len()), (2 * MS, 10_000));
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //!
 //! Bounds keep one input to a few milliseconds and the clock far from `u64::MAX`: rates within
 //! 1 KB/s..10 TB/s (peaks up to 100x that), transfers up to 2^36 bytes, 64 operations. Invalid rates
-//! (0, negative, NaN, infinite, peak below rate) are generated too, and must be rejected.
+//! (0, negative, NaN, infinite, outside the core's range, peak below rate) are generated too, and must be rejected.
 
 #![no_main]
 
@@ -124,7 +124,9 @@ impl Model {
 
 fn rate(u: &mut Unstructured, scale: &Scale) -> f64 {
     match int(u, 0u8, 15) {
-        0 => pick(u, &[0.0, -0.0, -1e9, f64::NAN, f64::INFINITY, f64::NEG_INFINITY]),
+        // Invalid: not a rate, or outside [MIN_RATE_BYTES_PER_S, MAX_RATE_BYTES_PER_S] (1e308 once made
+        // lane shares inf).
+        0 => pick(u, &[0.0, -0.0, -1e9, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.5, 1e19, 1e308]),
         1..=7 => pick(u, &[1e3f64, 1e6, 1e9, 1e10, 5e10, 1e11, 4.096e9]).max(scale.min_rate),
         _ => log_uniform(u, scale.min_rate, 1e13),
     }
@@ -151,7 +153,7 @@ fn port_spec(u: &mut Unstructured, i: usize, names: &[String], scale: &Scale) ->
         _ => {
             // Invalid on purpose (unless the draw happens to be fine; validity is computed below).
             let peak = pick(u, &[rate * 0.5, f64::NAN, f64::INFINITY, rate, rate * 2.0]);
-            let burst = pick(u, &[-1.0, f64::NAN, f64::INFINITY, 1e6]);
+            let burst = pick(u, &[-1.0, f64::NAN, f64::INFINITY, 1e6, 1e300]);
             (peak, burst)
         }
     };
@@ -163,14 +165,13 @@ fn port_spec(u: &mut Unstructured, i: usize, names: &[String], scale: &Scale) ->
     let arb = arbitration(u);
     let arb_ok = arb.as_ref().is_ok_and(|a| a.validate().is_ok());
     let arbitration = arb.unwrap_or_else(|_| VlArbitration::fair(0));
-    let ok_rate = |x: f64| x.is_finite() && x > 0.0;
+    let ok_rate = |x: f64| (MIN_RATE_BYTES_PER_S..=MAX_RATE_BYTES_PER_S).contains(&x);
     let valid = !name.is_empty()
         && !names.contains(&name)
         && ok_rate(rate)
         && ok_rate(peak)
         && peak >= rate
-        && burst.is_finite()
-        && burst >= 0.0
+        && (0.0..=MAX_BURST_BYTES).contains(&burst)
         && mtu > 0
         && arb_ok;
     let spec = PortSpec {

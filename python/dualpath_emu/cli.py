@@ -1,7 +1,8 @@
 """The ``dualpath-emu`` command line.
 
-Bad input (usage, scenario, core arguments) is reported on one line, ``dualpath-emu: error: ...``, with exit
-status 2 and no traceback; anything else that escapes is a bug and keeps its traceback.
+Bad input (usage, scenario, core arguments) is reported on one line, ``dualpath-emu: error: ...`` (at most
+about 1,000 characters, whatever value it quotes), with exit status 2 and no traceback; anything else that
+escapes is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -205,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_MAX_ERROR_CHARS = 1_000
+
+
+def _one_line(message: str) -> str:
+    """An error message as one line of at most about 1,000 characters, whatever value it quotes (argparse, for
+    one, quotes a bad argument whole)."""
+    line = " ".join(message.split("\n"))
+    if len(line) <= _MAX_ERROR_CHARS:
+        return line
+    return f"{line[:_MAX_ERROR_CHARS]}… ({len(line):,} characters)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = build_parser()
@@ -221,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"a command is required; see {PROG} --help")
         return int(args.func(args))
     except (UsageError, CoreError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else 0

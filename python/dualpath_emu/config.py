@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from dualpath_emu.errors import UsageError
+from dualpath_emu.inputs import MAX_SCENARIO_BYTES, read_input, short_repr, shorten, too_long_number
 
-__all__ = ["REQUIRED", "ScenarioError", "Table", "load_toml"]
+__all__ = ["REQUIRED", "ScenarioError", "Table", "format_bound", "load_toml"]
 
 _T = TypeVar("_T")
 
@@ -34,24 +36,39 @@ class _Required:
 REQUIRED: Final = _Required()
 """The default of a key that must be given."""
 
+_MAX_INT: Final = 2**63 - 1
+"""The largest integer :meth:`Table.get_int` accepts when the key states no maximum."""
+
 
 class ScenarioError(UsageError):
     """A scenario file that cannot be used: names the file, the key and what was expected."""
 
 
 def load_toml(path: str | Path) -> Table:
-    """The top-level table of the TOML file ``path`` (a :class:`ScenarioError` if unreadable or invalid)."""
+    """The top-level table of the TOML file ``path`` (a :class:`ScenarioError` if unreadable or invalid).
+
+    Only a regular file of at most :data:`~dualpath_emu.inputs.MAX_SCENARIO_BYTES` is read; bytes that are
+    not UTF-8, nesting too deep for the parser and integers too long to convert are errors naming the file
+    (and the line where known), like any other TOML mistake.
+    """
     source = str(path)
     try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
-    except FileNotFoundError:
-        raise ScenarioError(f"{source}: no such file") from None
-    except OSError as error:
-        raise ScenarioError(f"{source}: cannot read: {error.strerror or error}") from None
+        data = read_input(path, what="a scenario TOML file", limit_bytes=MAX_SCENARIO_BYTES)
+    except UsageError as error:
+        raise ScenarioError(str(error)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ScenarioError(f"{source}: not valid TOML: line {line}: not UTF-8 text (byte {data[error.start]:#04x})") from None
+    try:
+        return Table(tomllib.loads(text), source)
     except tomllib.TOMLDecodeError as error:
-        raise ScenarioError(f"{source}: not valid TOML: {error}") from None
-    return Table(data, source)
+        raise ScenarioError(f"{source}: not valid TOML: {shorten(str(error), 200)}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: not valid TOML: arrays or tables nested too deeply") from None
+    except ValueError as error:  # an integer of more than 4,300 digits (Python's int-to-str limit)
+        raise ScenarioError(f"{source}: not valid TOML: {too_long_number(error)}") from None
 
 
 def _type_name(value: object) -> str:
@@ -62,8 +79,8 @@ def _type_name(value: object) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
-        return f"the string {value!r}"
-    return repr(value)
+        return f"the string {short_repr(value)}"
+    return short_repr(value)
 
 
 class Table:
@@ -99,6 +116,8 @@ class Table:
         value = self._get(key, default, expected)
         if not isinstance(value, int) or isinstance(value, bool) or not _within(value, min, max):
             raise self.error(key, expected, value)
+        if max is None and value > _MAX_INT:  # no key needs more than 64 bits
+            raise self.error(key, _range("an integer", min, _MAX_INT), value)
         return value
 
     def get_float(
@@ -109,7 +128,10 @@ class Table:
         value = self._get(key, default, expected)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self.error(key, expected, value)
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            raise self.error(key, expected, value) from None
         if not math.isfinite(number) or not _within(number, min, max) or (min_exclusive and number == min):
             raise self.error(key, expected, value)
         return number
@@ -172,7 +194,7 @@ class Table:
         if unknown:
             known = ", ".join(sorted(self._read)) or "none"
             raise ScenarioError(
-                f"{self.source}: unknown key {self.key_path(unknown[0])!r} (known keys here: {known})"
+                f"{self.source}: unknown key {short_repr(self.key_path(unknown[0]))} (known keys here: {known})"
             )
 
 
@@ -180,11 +202,19 @@ def _within(value: float, low: float | None, high: float | None) -> bool:
     return (low is None or value >= low) and (high is None or value <= high)
 
 
+def format_bound(x: float) -> str:
+    """A bound in an error message: ``0``, ``0.5``, ``1e6`` (not ``1000000.0``), integers exactly."""
+    if isinstance(x, int):
+        return str(x)
+    text = f"{x:g}"
+    return re.sub(r"e([+-])0*(\d)", lambda m: f"e{'-' if m[1] == '-' else ''}{m[2]}", text)
+
+
 def _range(what: str, low: float | None, high: float | None, low_exclusive: bool = False) -> str:
     if low is not None and high is not None:
-        return f"{what} in {'(' if low_exclusive else '['}{low}, {high}]"
+        return f"{what} in {'(' if low_exclusive else '['}{format_bound(low)}, {format_bound(high)}]"
     if low is not None:
-        return f"{what} {'>' if low_exclusive else '>='} {low}"
+        return f"{what} {'>' if low_exclusive else '>='} {format_bound(low)}"
     if high is not None:
-        return f"{what} <= {high}"
+        return f"{what} <= {format_bound(high)}"
     return what

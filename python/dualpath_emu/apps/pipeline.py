@@ -14,10 +14,12 @@ between them):
 
 Keys of the ``[pipeline]`` table (all optional):
 
-``jobs`` (100), ``workers`` (2), ``gap_s`` (0.002: the mean gap between jobs, drawn uniformly in
-[0, 2 × gap_s]), ``job_bytes_min`` / ``job_bytes_max`` (1 MB / 200 MB), ``link_gbps`` (400: the link the
-workers share, in Gb/s), ``poll_s`` (0.005: how often the driver asks the sink), ``ask_timeout_s`` (5.0),
-``fail_at_job`` (-1: none; a worker raises on this job, to see how a failing run is reported).
+``jobs`` (100; at most 10^6), ``workers`` (2; at most 1,024), ``gap_s`` (0.002: the mean gap between jobs,
+drawn uniformly in [0, 2 × gap_s]; at most 60), ``job_bytes_min`` / ``job_bytes_max`` (1 MB / 200 MB; at
+most 10^11), ``link_gbps`` (400: the link the workers share, in Gb/s; 1..10^6), ``poll_s`` (0.005: how often
+the driver asks the sink; 10^-6..60, and at most 10^7 polls over the longest run the other keys allow),
+``ask_timeout_s`` (5.0; at most 10^6), ``fail_at_job`` (-1: none; a worker raises on this job, to see how a
+failing run is reported).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.runtime.app import Application
 
 __all__ = ["Pipeline"]
+
+_MAX_POLLS = 10_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,15 +160,24 @@ class Pipeline(Application):
     name = "pipeline"
 
     def __init__(self, config: Table) -> None:
-        self.jobs = config.get_int("jobs", 100, min=0)
-        self.workers = config.get_int("workers", 2, min=1)
-        self.gap_s = config.get_float("gap_s", 0.002, min=0.0)
-        self.job_bytes_min = config.get_int("job_bytes_min", 1_000_000, min=1)
-        self.job_bytes_max = config.get_int("job_bytes_max", 200_000_000, min=self.job_bytes_min)
-        self.link_gbps = config.get_float("link_gbps", 400.0, min=0.0, min_exclusive=True)
-        self.poll_s = config.get_float("poll_s", 0.005, min=0.0, min_exclusive=True)
-        self.ask_timeout_s = config.get_float("ask_timeout_s", 5.0, min=0.0, min_exclusive=True)
-        self.fail_at_job = config.get_int("fail_at_job", -1, min=-1)
+        # The bounds keep a run's size and its emulated time (at most jobs × (2 × gap + size / link)) finite.
+        self.jobs = config.get_int("jobs", 100, min=0, max=1_000_000)
+        self.workers = config.get_int("workers", 2, min=1, max=1024)
+        self.gap_s = config.get_float("gap_s", 0.002, min=0.0, max=60.0)
+        self.job_bytes_min = config.get_int("job_bytes_min", 1_000_000, min=1, max=10**11)
+        self.job_bytes_max = config.get_int("job_bytes_max", 200_000_000, min=self.job_bytes_min, max=10**11)
+        self.link_gbps = config.get_float("link_gbps", 400.0, min=1.0, max=1e6)
+        self.poll_s = config.get_float("poll_s", 0.005, min=1e-6, max=60.0)
+        self.ask_timeout_s = config.get_float("ask_timeout_s", 5.0, min=0.0, max=1e6, min_exclusive=True)
+        self.fail_at_job = config.get_int("fail_at_job", -1, min=-1, max=1_000_000)
+        # The driver polls the sink every poll_s until all jobs are done: bound the polls, or a long run with a
+        # short period is a hang in all but name (10^6 jobs 60 s apart polled every microsecond: 10^14 asks).
+        longest_s = self.jobs * (2 * self.gap_s + self.job_bytes_max * 8 / (self.link_gbps * 1e9))
+        if longest_s / self.poll_s > _MAX_POLLS:
+            raise config.error(
+                "poll_s", f"at least {longest_s / _MAX_POLLS:.3g} s: these jobs, gaps and sizes may last "
+                f"{longest_s:.3g} s of emulated time, and the driver polls at most {_MAX_POLLS:,} times",
+                self.poll_s)  # fmt: skip
         config.finish()
         self._port = -1
 

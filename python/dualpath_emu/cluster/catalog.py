@@ -10,7 +10,7 @@ bandwidth. The paper says only "8 NVIDIA Hopper GPUs" per node (§7.1); :data:`D
 (HBM stacks are binary-sized: the H100's 80 GB is 5 stacks × 16 GiB); the driver exposes slightly less.
 
 **Node** (:data:`TESTBED_NODE`): 8 GPUs, one 400 Gb/s compute NIC per GPU, one 400 Gb/s storage NIC, host
-DRAM bandwidth ≈ 500 GB/s (all paper §4.2/§7.1); PCIe Gen5 ×16 per GPU [derived from the PCIe 5.0 rate].
+DRAM bandwidth ≈ 500 GB/s (all paper §4.2/§7.1); no PCIe link (not modelled: see :class:`NodeSpec`).
 
 **Models** (:data:`MODELS`): ``ds660b`` (DeepSeek-V3.2), ``ds27b`` (the paper's down-scaled V3.2-like model,
 App. A.2) and ``qwen32b`` (Qwen2.5-32B). Each is built from its architecture (:class:`DeepSeekArch`,
@@ -131,7 +131,12 @@ DEFAULT_GPU: Final = "h800"
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of the testbed: GPUs, NICs, host memory bandwidth, PCIe."""
+    """One node of the testbed: GPUs, NICs, host memory bandwidth.
+
+    No PCIe rate: PCIe is not modelled. A Gen5 ×16 link carries 63 GB/s each way (32 GT/s × 16 × 128/130 / 8
+    [derived]), more than the 50 GB/s compute NIC every GPU byte crosses under the CNIC-centric rule (§5.1),
+    so the CNIC is the binding port (:mod:`~dualpath_emu.cluster.topology`).
+    """
 
     gpus: int
     cnic_bytes_per_s: float
@@ -140,8 +145,6 @@ class NodeSpec:
     """Per storage NIC."""
     snics: int
     host_dram_bytes_per_s: float
-    pcie_bytes_per_s: float
-    """Per GPU–CNIC PCIe link, each direction."""
 
     @property
     def cnics(self) -> int:
@@ -155,7 +158,6 @@ TESTBED_NODE: Final = NodeSpec(
     snic_bytes_per_s=50e9,  # 400 Gb/s, "Bs ≈ 50 GB/s" [paper §4.2, §7.1]
     snics=1,  # [paper §7.1]
     host_dram_bytes_per_s=500e9,  # "M ≈ 500 GB/s", an analysis value, not measured [paper §4.2]
-    pcie_bytes_per_s=63e9,  # Gen5 ×16: 32 GT/s × 16 × 128/130 / 8 [derived; the paper gives none]
 )
 
 

@@ -237,7 +237,8 @@ def run_system(
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
     result = _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
-    result.sample_interval_s = interval_ns / 1e9
+    # The core widens its interval on long runs so that samples stay bounded: report the one it used.
+    result.sample_interval_s = (core.sample_interval_ns or interval_ns) / 1e9
     result.spec = system
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name)

@@ -19,65 +19,77 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
 
     [deployment]
     model = "ds660b"                     # ds660b | ds27b | qwen32b (dualpath_emu.cluster.catalog.MODELS)
-    pe_nodes = 2                         # prefill nodes
+    pe_nodes = 2                         # prefill nodes; pe_nodes + de_nodes <= 256
     de_nodes = 4                         # decode nodes
     prefill_ep_nodes = 2                 # nodes per prefill EP group; must divide pe_nodes, and the group's
                                          # GPUs must hold the model's weights (DS 660B on 80 GiB GPUs: >= 2)
     decode_ep_nodes = 4                  # nodes per decode EP group (sets the weights per DE GPU); divides de_nodes
     dram_buffer_bytes = 80_000_000_000   # host DRAM per node for the PE/DE buffer (paper §7.1: 80 GB for the
-                                         # DeepSeek models, 320 GB for Qwen)
+                                         # DeepSeek models, 320 GB for Qwen); <= 2^50
 
     [hardware]                           # one node (paper §7.1) and its GPU
     gpu = "h800"                         # h800 | h100 | h200 | h20 (dualpath_emu.cluster.catalog.GPUS)
-    gpus = 8                             # GPUs per node, each with its own compute NIC
-    cnic_bytes_per_s = 50e9              # per compute NIC (400 Gb/s)
-    snic_bytes_per_s = 50e9              # per storage NIC (400 Gb/s)
-    snics = 1                            # storage NICs per node
-    host_dram_bytes_per_s = 500e9        # host memory bandwidth (paper §4.2's M)
-    pcie_bytes_per_s = 63e9              # per GPU-CNIC PCIe link, each direction
+    gpus = 8                             # GPUs per node, each with its own compute NIC; 1..16
+    cnic_bytes_per_s = 50e9              # per compute NIC (400 Gb/s); 1e6..1e12 (1 MB/s..1 TB/s)
+    snic_bytes_per_s = 50e9              # per storage NIC (400 Gb/s); 1e6..1e12
+    snics = 1                            # storage NICs per node; 1..16
+    host_dram_bytes_per_s = 500e9        # host memory bandwidth (paper §4.2's M); 1e6..1e14
+    # (no PCIe key: PCIe is not modelled, every GPU byte crosses the GPU's slower compute NIC, topology.py)
 
     [storage]                            # the 3FS-like storage cluster (the paper gives no numbers)
-    read_bytes_per_s = 0                 # aggregate read bandwidth; 0 (unset): every storage NIC together
+    read_bytes_per_s = 0                 # aggregate read bandwidth; 0 (unset): every storage NIC together;
+                                         # else 1e6..1e16
     write_bytes_per_s = 0                # aggregate write bandwidth; 0 (unset): every storage NIC together
-    read_latency_s = 0.0002              # per I/O
-    write_latency_s = 0.0002
-    queue_depth = 64                     # I/Os one node keeps in flight; the rest wait in its read_q
+    read_latency_s = 0.0002              # per I/O; 0..10
+    write_latency_s = 0.0002             # 0..10
+    queue_depth = 64                     # I/Os one node keeps in flight; the rest wait in its read_q; <= 65536
 
     [roofline]                           # compute model (dualpath_emu.cluster.roofline: each default's reason)
-    gemm_efficiency = 0.6                # in (0, 1]
-    attention_efficiency = 0.6           # in (0, 1]
-    memory_efficiency = 0.8              # in (0, 1]
-    prefill_overhead_s_per_layer = 0.0   # >= 0
+    gemm_efficiency = 0.6                # in [0.001, 1]
+    attention_efficiency = 0.6           # in [0.001, 1]
+    memory_efficiency = 0.8              # in [0.001, 1]
+    prefill_overhead_s_per_layer = 0.0   # in [0, 1]
 
     [workload]
     dataset = "64k"                      # 32k | 48k | 64k: the generator's Table 2 datasets (paper §7.2)
     # trace = "file.jsonl"               # instead of dataset: a trajectory file or a Mooncake trace,
                                          # relative to this file's folder
-    agents = 64                          # >= 1; with a trace: the first N of its trajectories (default all)
+    agents = 64                          # 1..100_000; with a trace: the first N of its trajectories (default
+                                         # all)
     max_rounds = 0                       # > 0: keep only each agent's first N rounds (quick runs); 0: all
     mode = "offline"                     # "offline": every agent starts at t = 0 (metric JCT);
                                          # "online": Poisson agent arrivals (TTFT, TTST, TPOT)
-    arrival_rate = 0.1                   # online: agents per second (APS, §7.4); > 0
+    arrival_rate = 0.1                   # online: agents per second (APS, §7.4); 0.001..1e6
 
     [workload.generator]                 # the synthetic datasets (dualpath_emu.workload.generator)
-    base_trajectories = 500              # base trajectories per dataset (the paper's datasets have 500)
+    base_trajectories = 500              # base trajectories per dataset (the paper's datasets have 500);
+                                         # 1..100_000
     reading = "per-trajectory"           # or "per-turn": which reading of Table 2 to match
-    append_sigma = 1.0
+    append_sigma = 1.0                   # each sigma in [0, 5]
     gen_sigma = 0.6
     first_round_sigma = 0.3
     total_min_fraction = 0.1             # in (0, 1)
-    first_append = 1                     # tokens of an extra agent's synthetic first round
+    first_append = 1                     # tokens of an extra agent's synthetic first round; below the
+                                         # dataset's MaxLen
 
     [scheduling]                         # paper §6, App. A.4
-    alpha_read_s = 3.0                   # α = tokens a node reads from storage in this many seconds
+    alpha_read_s = 3.0                   # α = tokens a node reads from storage in this many seconds;
+                                         # this and the next two in [0.001, 3600]
     beta_compute_s = 5.0                 # β = tokens one GPU prefills in this many seconds
     attention_quota_s = 0.3              # attention-time quota of a PE forward batch
     attention_quota_per = "forward"      # what it bounds: "forward" (all layers of a pass) or "layer"
-    fetch_period_s = 0.005               # how often an engine group may fetch work
+    fetch_period_s = 0.005               # how often an engine group may fetch work; 1e-6..60
     hit_block_aligned = true             # hits are whole 64-token Full Blocks
     de_hbm_reserve_fraction = 0.1        # of a DE GPU's free HBM, kept for activations; in [0, 0.99]
     pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
-    pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer)
+    pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer); <= 1024
+
+**Limits.** The ranges above (:data:`LIMITS` holds the numbers) keep every accepted scenario one that runs to
+its end in bounded memory: emulated times far below the core's 2^64 ns (at the slowest rates and latencies
+a run's clock stays within years, not centuries), at most 256 nodes of 16 GPUs (about 9,000 ports) and
+100,000 agents. They are wide: the paper's largest deployment has 144 nodes, its datasets 500 trajectories.
+A run whose emulated time would still pass 2^64 ns stops with an error saying so, never silently. Integers
+beyond 64 bits and numbers beyond the float range are refused like any other out-of-range value.
 
 Checks beyond types and ranges, each an error naming the key: the model's weights must fit the GPUs of an
 EP group (prefill and decode); a DE GPU must have HBM for the KV of the longest request; a system without
@@ -105,10 +117,20 @@ from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.cluster.user_systems import SystemLoader, is_user_spec
-from dualpath_emu.config import ScenarioError, Table, load_toml
+from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.errors import InvalidArgumentError, UsageError
+from dualpath_emu.inputs import short_repr
 from dualpath_emu.workload import load_trace
-from dualpath_emu.workload.generator import DATASETS, READINGS, GeneratorParams, Reading, generate
+from dualpath_emu.workload.generator import (
+    DATASETS,
+    MAX_AGENTS,
+    MAX_BASE_TRAJECTORIES,
+    MAX_SIGMA,
+    READINGS,
+    GeneratorParams,
+    Reading,
+    generate,
+)
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
@@ -116,7 +138,9 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_AGENTS",
     "DEFAULT_SYSTEMS",
+    "LIMITS",
     "ClusterScenario",
+    "Limits",
     "load_cluster_scenario",
     "scenario_from_table",
 ]
@@ -130,6 +154,36 @@ project's 2-core machine; the storage bottleneck already shows (Basic's prefill-
 read, DualPath splits them)."""
 
 _MAX_SEED: Final = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The ranges a cluster scenario's keys must lie in (module docstring, "Limits")."""
+
+    max_nodes: int = 256
+    """pe_nodes + de_nodes (the paper's largest deployment: 144 nodes)."""
+    max_gpus: int = 16
+    max_snics: int = 16
+    nic_bytes_per_s: tuple[float, float] = (1e6, 1e12)
+    host_dram_bytes_per_s: tuple[float, float] = (1e6, 1e14)
+    storage_bytes_per_s: tuple[float, float] = (1e6, 1e16)
+    max_latency_s: float = 10.0
+    max_queue_depth: int = 65_536
+    max_dram_buffer_bytes: int = 2**50
+    min_efficiency: float = 1e-3
+    max_prefill_overhead_s_per_layer: float = 1.0
+    max_agents: int = MAX_AGENTS
+    max_rounds: int = 1_000_000
+    arrival_rate: tuple[float, float] = (1e-3, 1e6)
+    max_base_trajectories: int = MAX_BASE_TRAJECTORIES
+    max_sigma: float = MAX_SIGMA
+    scheduling_s: tuple[float, float] = (1e-3, 3600.0)
+    """alpha_read_s, beta_compute_s, attention_quota_s."""
+    fetch_period_s: tuple[float, float] = (1e-6, 60.0)
+    max_pipeline_stages: int = 1024
+
+
+LIMITS: Final = Limits()
 Mode = Literal["offline", "online"]
 MODES: Final[tuple[Mode, ...]] = ("offline", "online")
 
@@ -203,8 +257,8 @@ class ClusterScenario:
             names, custom = _check_systems(list(systems), "--system", loader, known=out.custom_systems)
             out = dataclasses.replace(out, systems=names, custom_systems=custom)
         if agents is not None:
-            if agents < 1:
-                raise ScenarioError(f"--agents: expected an integer >= 1, got {agents}")
+            if not 1 <= agents <= LIMITS.max_agents:
+                raise ScenarioError(f"--agents: expected an integer in [1, {LIMITS.max_agents}], got {short_repr(agents)}")
             if out.trace is not None:
                 available = len(load_trace(out.trace).trajectories)
                 if agents > available:
@@ -212,7 +266,7 @@ class ClusterScenario:
             out = dataclasses.replace(out, config=dataclasses.replace(out.config, agents=agents))
         if seed is not None:
             if not 0 <= seed <= _MAX_SEED:
-                raise ScenarioError(f"--seed: expected an integer in [0, {_MAX_SEED}], got {seed}")
+                raise ScenarioError(f"--seed: expected an integer in [0, {_MAX_SEED}], got {short_repr(seed)}")
             out = dataclasses.replace(out, seed=seed)
         return out
 
@@ -272,11 +326,12 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     hardware.finish()
 
     model = deployment.get_str("model", base.model, choices=tuple(MODELS))
-    pe_nodes = deployment.get_int("pe_nodes", base.pe_nodes, min=1)
-    de_nodes = deployment.get_int("de_nodes", base.de_nodes, min=1)
+    pe_nodes = deployment.get_int("pe_nodes", base.pe_nodes, min=1, max=LIMITS.max_nodes - 1)
+    de_nodes = deployment.get_int("de_nodes", base.de_nodes, min=1, max=LIMITS.max_nodes - pe_nodes)
     prefill_ep = deployment.get_int("prefill_ep_nodes", base.prefill_ep_nodes, min=1)
     decode_ep = deployment.get_int("decode_ep_nodes", base.decode_ep_nodes, min=1)
-    dram_buffer = deployment.get_int("dram_buffer_bytes", base.dram_buffer_bytes, min=1)
+    dram_buffer = deployment.get_int("dram_buffer_bytes", base.dram_buffer_bytes, min=1,
+                                     max=LIMITS.max_dram_buffer_bytes)  # fmt: skip
     if pe_nodes % prefill_ep:
         raise deployment.error("prefill_ep_nodes", f"a divisor of pe_nodes = {pe_nodes}", prefill_ep)
     if de_nodes % decode_ep:
@@ -295,11 +350,12 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         raise workload.error("trace", "either dataset or trace, not both", trace_value)
     trace = (path.parent / trace_value) if trace_value else None
     agents_given = "agents" in workload
-    agents = workload.get_int("agents", base.agents, min=1)
-    max_rounds = workload.get_int("max_rounds", 0, min=0)
+    agents = workload.get_int("agents", base.agents, min=1, max=LIMITS.max_agents)
+    max_rounds = workload.get_int("max_rounds", 0, min=0, max=LIMITS.max_rounds)
     mode = cast(Mode, workload.get_str("mode", base.mode, choices=MODES))
-    arrival_rate = workload.get_float("arrival_rate", base.arrival_rate, min=0.0, min_exclusive=True)
-    generator = _generator(workload.table("generator"))
+    arrival_rate = workload.get_float("arrival_rate", base.arrival_rate, min=LIMITS.arrival_rate[0],
+                                      max=LIMITS.arrival_rate[1])  # fmt: skip
+    generator = _generator(workload.table("generator"), DATASETS[dataset].max_len)
     workload.finish()
     if trace is not None:
         try:
@@ -308,6 +364,10 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
             raise ScenarioError(f"{top.source}: key {workload.key_path('trace')!r}: {error}") from None
         if agents_given and agents > available:
             raise workload.error("agents", f"at most {available} (the trajectories in {trace})", agents)
+        if not agents_given and available > LIMITS.max_agents:
+            raise workload.error(
+                "agents", f"an integer in [1, {LIMITS.max_agents}]: {trace} has {available:,} trajectories, "
+                "more than a run takes, so say how many to replay")  # fmt: skip
         agents = agents if agents_given else available
 
     config = dataclasses.replace(
@@ -323,42 +383,55 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
 
 
 def _node(t: Table, base: NodeSpec) -> NodeSpec:
-    return NodeSpec(
-        gpus=t.get_int("gpus", base.gpus, min=1),
-        cnic_bytes_per_s=t.get_float("cnic_bytes_per_s", base.cnic_bytes_per_s, min=0.0, min_exclusive=True),
-        snic_bytes_per_s=t.get_float("snic_bytes_per_s", base.snic_bytes_per_s, min=0.0, min_exclusive=True),
-        snics=t.get_int("snics", base.snics, min=1),
-        host_dram_bytes_per_s=t.get_float("host_dram_bytes_per_s", base.host_dram_bytes_per_s, min=0.0,
-                                          min_exclusive=True),
-        pcie_bytes_per_s=t.get_float("pcie_bytes_per_s", base.pcie_bytes_per_s, min=0.0, min_exclusive=True),
+    if "pcie_bytes_per_s" in t:
+        # Accepted once and never used: refused rather than silently ignored.
+        raise ScenarioError(
+            f"{t.source}: key {t.key_path('pcie_bytes_per_s')!r} is not used: PCIe is not modelled (every GPU "
+            "byte crosses the GPU's own compute NIC, the slower link; see dualpath_emu.cluster.topology); remove it"
+        )
+    nic_low, nic_high = LIMITS.nic_bytes_per_s
+    dram_low, dram_high = LIMITS.host_dram_bytes_per_s
+    return dataclasses.replace(
+        base,
+        gpus=t.get_int("gpus", base.gpus, min=1, max=LIMITS.max_gpus),
+        cnic_bytes_per_s=t.get_float("cnic_bytes_per_s", base.cnic_bytes_per_s, min=nic_low, max=nic_high),
+        snic_bytes_per_s=t.get_float("snic_bytes_per_s", base.snic_bytes_per_s, min=nic_low, max=nic_high),
+        snics=t.get_int("snics", base.snics, min=1, max=LIMITS.max_snics),
+        host_dram_bytes_per_s=t.get_float("host_dram_bytes_per_s", base.host_dram_bytes_per_s, min=dram_low,
+                                          max=dram_high),
     )  # fmt: skip
 
 
 def _storage(t: Table, base: StorageSpec) -> StorageSpec:
+    low, high = LIMITS.storage_bytes_per_s
+
     def bandwidth(key: str, default: float | None) -> float | None:
         # TOML has no null: 0 (or no key) means "unset", i.e. every storage NIC together.
-        return t.get_float(key, default or 0.0, min=0.0) or None
+        value = t.get_float(key, default or 0.0, min=0.0, max=high)
+        if 0.0 < value < low:
+            raise t.error(key, f"0 (unset) or a number in [{format_bound(low)}, {format_bound(high)}]", value)
+        return value or None
 
+    latency = LIMITS.max_latency_s
     out = StorageSpec(
         read_bytes_per_s=bandwidth("read_bytes_per_s", base.read_bytes_per_s),
         write_bytes_per_s=bandwidth("write_bytes_per_s", base.write_bytes_per_s),
-        read_latency_s=t.get_float("read_latency_s", base.read_latency_s, min=0.0),
-        write_latency_s=t.get_float("write_latency_s", base.write_latency_s, min=0.0),
-        queue_depth=t.get_int("queue_depth", base.queue_depth, min=1),
+        read_latency_s=t.get_float("read_latency_s", base.read_latency_s, min=0.0, max=latency),
+        write_latency_s=t.get_float("write_latency_s", base.write_latency_s, min=0.0, max=latency),
+        queue_depth=t.get_int("queue_depth", base.queue_depth, min=1, max=LIMITS.max_queue_depth),
     )
     t.finish()
     return out
 
 
 def _roofline(t: Table, base: RooflineParams) -> RooflineParams:
+    low = LIMITS.min_efficiency
     out = RooflineParams(
-        gemm_efficiency=t.get_float("gemm_efficiency", base.gemm_efficiency, min=0.0, max=1.0, min_exclusive=True),
-        attention_efficiency=t.get_float("attention_efficiency", base.attention_efficiency, min=0.0, max=1.0,
-                                         min_exclusive=True),
-        memory_efficiency=t.get_float("memory_efficiency", base.memory_efficiency, min=0.0, max=1.0,
-                                      min_exclusive=True),
+        gemm_efficiency=t.get_float("gemm_efficiency", base.gemm_efficiency, min=low, max=1.0),
+        attention_efficiency=t.get_float("attention_efficiency", base.attention_efficiency, min=low, max=1.0),
+        memory_efficiency=t.get_float("memory_efficiency", base.memory_efficiency, min=low, max=1.0),
         prefill_overhead_s_per_layer=t.get_float("prefill_overhead_s_per_layer", base.prefill_overhead_s_per_layer,
-                                                 min=0.0),
+                                                 min=0.0, max=LIMITS.max_prefill_overhead_s_per_layer),
     )  # fmt: skip
     t.finish()
     return out
@@ -366,36 +439,40 @@ def _roofline(t: Table, base: RooflineParams) -> RooflineParams:
 
 def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
     """``base`` with the [scheduling] keys (their defaults are ``base``'s)."""
+    low, high = LIMITS.scheduling_s
+    fetch_low, fetch_high = LIMITS.fetch_period_s
     out = dataclasses.replace(
         base,
-        alpha_read_s=t.get_float("alpha_read_s", base.alpha_read_s, min=0.0, min_exclusive=True),
-        beta_compute_s=t.get_float("beta_compute_s", base.beta_compute_s, min=0.0, min_exclusive=True),
-        attention_quota_s=t.get_float("attention_quota_s", base.attention_quota_s, min=0.0, min_exclusive=True),
+        alpha_read_s=t.get_float("alpha_read_s", base.alpha_read_s, min=low, max=high),
+        beta_compute_s=t.get_float("beta_compute_s", base.beta_compute_s, min=low, max=high),
+        attention_quota_s=t.get_float("attention_quota_s", base.attention_quota_s, min=low, max=high),
         attention_quota_per=cast(Literal["forward", "layer"],
                                  t.get_str("attention_quota_per", base.attention_quota_per, choices=("forward", "layer"))),
-        fetch_period_s=t.get_float("fetch_period_s", base.fetch_period_s, min=0.0, min_exclusive=True),
+        fetch_period_s=t.get_float("fetch_period_s", base.fetch_period_s, min=fetch_low, max=fetch_high),
         hit_block_aligned=t.get_bool("hit_block_aligned", base.hit_block_aligned),
         de_hbm_reserve_fraction=t.get_float("de_hbm_reserve_fraction", base.de_hbm_reserve_fraction, min=0.0,
                                             max=0.99),
         pe_hbm_reserve_fraction=t.get_float("pe_hbm_reserve_fraction", base.pe_hbm_reserve_fraction, min=0.0,
                                             max=0.99),
-        pipeline_stages=t.get_int("pipeline_stages", base.pipeline_stages, min=0),
+        pipeline_stages=t.get_int("pipeline_stages", base.pipeline_stages, min=0, max=LIMITS.max_pipeline_stages),
     )  # fmt: skip
     t.finish()
     return out
 
 
-def _generator(t: Table) -> GeneratorParams:
+def _generator(t: Table, max_len: int) -> GeneratorParams:
     base = GeneratorParams()
+    sigma = LIMITS.max_sigma
     out = GeneratorParams(
-        n_base=t.get_int("base_trajectories", base.n_base, min=1),
+        n_base=t.get_int("base_trajectories", base.n_base, min=1, max=LIMITS.max_base_trajectories),
         reading=cast(Reading, t.get_str("reading", base.reading, choices=READINGS)),
-        append_sigma=t.get_float("append_sigma", base.append_sigma, min=0.0),
-        gen_sigma=t.get_float("gen_sigma", base.gen_sigma, min=0.0),
-        first_round_sigma=t.get_float("first_round_sigma", base.first_round_sigma, min=0.0),
+        append_sigma=t.get_float("append_sigma", base.append_sigma, min=0.0, max=sigma),
+        gen_sigma=t.get_float("gen_sigma", base.gen_sigma, min=0.0, max=sigma),
+        first_round_sigma=t.get_float("first_round_sigma", base.first_round_sigma, min=0.0, max=sigma),
         total_min_fraction=t.get_float("total_min_fraction", base.total_min_fraction, min=0.0, max=1.0,
                                        min_exclusive=True),
-        first_append=t.get_int("first_append", base.first_append, min=1),
+        # An extra agent's first round (first_append tokens and one generated) must fit the dataset's MaxLen.
+        first_append=t.get_int("first_append", base.first_append, min=1, max=max_len - 1),
     )  # fmt: skip
     if out.total_min_fraction >= 1.0:
         raise t.error("total_min_fraction", "a number in (0, 1)", out.total_min_fraction)

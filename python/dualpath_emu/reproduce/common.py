@@ -35,6 +35,7 @@ from typing import Any, Final, TypeVar
 
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.inputs import short_repr
 from dualpath_emu.workload.generator import DATASETS, generate, scaled
 from dualpath_emu.workload.trajectory import Trajectory
 
@@ -338,6 +339,10 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_MAX_JOBS = 256
+"""The most processes an experiment starts (each runs one cell at a time)."""
+
+
 def experiment_main(
     name: str,
     description: str,
@@ -359,8 +364,8 @@ def experiment_main(
     if configure is not None:
         configure(parser)
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    if not 1 <= args.jobs <= _MAX_JOBS:
+        parser.error(f"--jobs: expected an integer in [1, {_MAX_JOBS}], got {short_repr(args.jobs)}")
     args.quiet = args.json
     started = time.perf_counter()
     report = build(args)

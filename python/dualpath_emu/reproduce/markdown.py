@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dualpath_emu.reproduce import help_description
+from dualpath_emu.errors import UsageError
+from dualpath_emu.inputs import read_input, shorten
 
 __all__ = ["BEGIN", "END", "main", "render"]
 
@@ -95,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     sections = []
     for path in args.reports:
         try:
-            report = json.loads(path.read_text())
+            # A regular file of bounded size only (a FIFO or /dev/zero would be read forever).
+            report = json.loads(read_input(path, what="a JSON report", limit_bytes=64 << 20).decode("utf-8"))
             report["experiment"], report["title"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"error: {path}: not a report of dualpath-emu reproduce --out ({e})", file=sys.stderr)
+        except (UsageError, OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            print(f"error: {path}: not a report of dualpath-emu reproduce --out ({shorten(str(e), 200)})", file=sys.stderr)
             return 2
         image = f"{args.image_dir.rstrip('/')}/{path.stem}.png" if args.image_dir else None
         if image is not None and not (path.parent / f"{path.stem}.png").exists():

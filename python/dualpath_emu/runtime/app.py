@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.config import ScenarioError, Table
+from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 
@@ -68,7 +69,7 @@ def application_class(name: str, source: str = "scenario", key: str = "app") -> 
     target = APPLICATIONS.get(name)
     if target is None:
         known = ", ".join(repr(n) for n in sorted(APPLICATIONS))
-        raise ScenarioError(f"{source}: key {key!r}: expected one of {known}, got {name!r}")
+        raise ScenarioError(f"{source}: key {key!r}: expected one of {known}, got {short_repr(name)}")
     module_name, _, class_name = target.partition(":")
     cls: type[Application] = getattr(importlib.import_module(module_name), class_name)
     return cls

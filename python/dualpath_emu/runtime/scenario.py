@@ -7,11 +7,12 @@ and runs by name: ``dualpath-emu launch pipeline``)::
     seed = 1               # every random stream of the run derives from it
     mode = "virtual"       # "virtual": one process, virtual clock, deterministic event log
                            # "realtime": wall clock, one OS process per [[process]], ZeroMQ between them
-    latency_s = 0.0002     # delivery latency of a message between actors of one process
-    time_scale = 1.0       # realtime: emulated seconds per wall second
+    latency_s = 0.0002     # delivery latency of a message between actors of one process; 0..10
+    time_scale = 1.0       # realtime: emulated seconds per wall second; 1e-6..1e6
     transport = "ipc"      # realtime: "ipc" (one host) or "tcp"
     host = "127.0.0.1"     # tcp: the address the processes bind (loopback unless told otherwise)
-    timeout_s = 120.0      # realtime: wall seconds after which the launcher gives up and stops everything
+    timeout_s = 120.0      # realtime: wall seconds after which the launcher gives up and stops everything;
+                           # at most 1e6
 
     [pipeline]             # the application's own keys
     jobs = 200
@@ -31,13 +32,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from dualpath_emu.config import ScenarioError, Table, load_toml
+from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
+from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import Application, application_class
 
 __all__ = ["MODES", "TRANSPORTS", "ProcessSpec", "RunScenario", "load_run_scenario"]
 
 MODES: Final = ("virtual", "realtime")
 TRANSPORTS: Final = ("ipc", "tcp")
+MAX_SEED: Final = 2**63 - 1
+MAX_LATENCY_S: Final = 10.0
+TIME_SCALE: Final = (1e-6, 1e6)
+"""The range of ``time_scale`` (the core's wall clock accepts the same)."""
+MAX_TIMEOUT_S: Final = 1e6
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,13 @@ class RunScenario:
         self, *, seed: int | None = None, mode: str | None = None, time_scale: float | None = None
     ) -> RunScenario:
         """A copy with command-line overrides applied (``None`` keeps the file's value)."""
-        if time_scale is not None and not time_scale > 0:
-            raise ScenarioError(f"--time-scale: expected a number > 0, got {time_scale}")
+        low, high = TIME_SCALE
+        if time_scale is not None and not low <= time_scale <= high:
+            raise ScenarioError(
+                f"--time-scale: expected a number in [{format_bound(low)}, {format_bound(high)}], got {time_scale}"
+            )
+        if seed is not None and not 0 <= seed <= MAX_SEED:
+            raise ScenarioError(f"--seed: expected an integer in [0, {MAX_SEED}], got {short_repr(seed)}")
         return replace(
             self,
             seed=self.seed if seed is None else seed,
@@ -94,13 +106,13 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     top = load_toml(path)
     app_name = top.get_str("app")
     app = application_class(app_name, top.source)(top.table(app_name))
-    seed = top.get_int("seed", 0, min=0, max=2**63 - 1)
+    seed = top.get_int("seed", 0, min=0, max=MAX_SEED)
     mode = top.get_str("mode", "virtual", choices=MODES)
-    latency_s = top.get_float("latency_s", 0.0002, min=0.0)
-    time_scale = top.get_float("time_scale", 1.0, min=0.0, min_exclusive=True)
+    latency_s = top.get_float("latency_s", 0.0002, min=0.0, max=MAX_LATENCY_S)
+    time_scale = top.get_float("time_scale", 1.0, min=TIME_SCALE[0], max=TIME_SCALE[1])
     transport = top.get_str("transport", "ipc", choices=TRANSPORTS)
     host = top.get_str("host", "127.0.0.1")
-    timeout_s = top.get_float("timeout_s", 120.0, min=0.0, min_exclusive=True)
+    timeout_s = top.get_float("timeout_s", 120.0, min=0.0, max=MAX_TIMEOUT_S, min_exclusive=True)
     processes = _processes(top, app)
     top.finish()
     return RunScenario(

@@ -48,6 +48,7 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
 
 from dualpath_emu._core import Core
+from dualpath_emu.errors import StateError
 from dualpath_emu.runtime.core_work import Completion, CoreWork, UnexpectedCompletionError
 
 __all__ = [
@@ -64,7 +65,8 @@ _Ts = TypeVarTuple("_Ts")
 # asyncio fires a timer when `when < time() + _clock_resolution`; half a nanosecond makes that "when
 # rounded to the nearest nanosecond" (see the module docstring).
 _CLOCK_RESOLUTION_S = 0.5e-9
-_U64_MAX = 2**64 - 1
+_U64_MAX = 2**64 - 1  # advance_until's "no limit"
+_END_NS = 2**63 - 1  # the last time the core's clock reaches (END_NS in the core)
 # Consecutive advances that neither move the clock nor complete anything nor fire a timer before the loop
 # calls the core stuck (a core that keeps reporting an event "now" without handling it).
 _MAX_STALLS = 10_000
@@ -156,8 +158,12 @@ class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
         ``time() == n / 1e9``); the estimate below is almost always exact, the loops fix float edge cases.
         """
         resolution = self._clock_resolution
-        if not math.isfinite(when) or when * 1e9 > _U64_MAX:
-            raise OverflowError(f"a timer at {when} s is beyond the virtual clock's range")
+        if not math.isfinite(when) or when * 1e9 >= _END_NS:
+            # Bad input (a rate or delay that sends emulated time past the core's clock), not a bug.
+            raise StateError(
+                f"a timer at {when:.6g} s of emulated time is past the end of the virtual clock (2^63 ns, about "
+                "292 years): rates too low, or delays too long?"
+            )
         n = max(now_ns, math.floor(when * 1e9 - 0.5) + 1)
         while not when < n / 1e9 + resolution:
             n += 1

@@ -40,7 +40,8 @@ class LoadedTrace:
 
 def load_trace(path: str | Path) -> LoadedTrace:
     """Read ``path``: a trajectory file (first line ``{"format": "dualpath-emu-trajectories", ...}``) or a
-    Mooncake request trace (first line a request with ``input_length`` and ``hash_ids``)."""
+    Mooncake request trace (first line a request with ``input_length`` and ``hash_ids``), holding at least one
+    trajectory or request."""
     with closing(numbered_lines(path)) as lines:
         first = next(lines, None)
     if first is None:
@@ -48,6 +49,8 @@ def load_trace(path: str | Path) -> LoadedTrace:
     record = parse_json_object(*first)
     if "format" in record:
         contents = read_trajectories(path)
+        if not contents.trajectories:  # a header and nothing else: nothing to summarise or replay
+            raise TraceError(f"{path}: no trajectories after the header: expected at least one trajectory line")
         return LoadedTrace("trajectories", contents.trajectories, dict(contents.meta))
     if is_mooncake_record(record):
         return LoadedTrace("mooncake", tuple(read_mooncake(path)), {})

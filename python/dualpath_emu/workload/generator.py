@@ -69,6 +69,9 @@ from dualpath_emu.workload.trajectory import Trajectory, truncated
 
 __all__ = [
     "DATASETS",
+    "MAX_AGENTS",
+    "MAX_BASE_TRAJECTORIES",
+    "MAX_SIGMA",
     "READINGS",
     "Dataset",
     "GeneratorParams",
@@ -80,6 +83,13 @@ __all__ = [
     "model",
     "scaled",
 ]
+
+MAX_AGENTS: Final = 100_000
+"""The most agents :func:`generate` makes (memory grows with agents × rounds: ~250 MB at this many)."""
+MAX_BASE_TRAJECTORIES: Final = 100_000
+"""The largest :attr:`GeneratorParams.n_base`."""
+MAX_SIGMA: Final = 5.0
+"""The largest σ of the generator's lognormal weights (beyond it a weight's e^(σ·z) leaves any sensible range)."""
 
 Reading = Literal["per-trajectory", "per-turn"]
 READINGS: Final[tuple[Reading, ...]] = ("per-trajectory", "per-turn")
@@ -133,14 +143,14 @@ class GeneratorParams:
     """Tokens A_1 of the synthetic first round of extra agents (its g_1 is 1): not in the paper."""
 
     def __post_init__(self) -> None:
-        if self.n_base < 1:
-            raise ValueError(f"n_base: expected an integer >= 1, got {self.n_base}")
+        if not 1 <= self.n_base <= MAX_BASE_TRAJECTORIES:
+            raise ValueError(f"n_base: expected an integer in [1, {MAX_BASE_TRAJECTORIES}], got {self.n_base}")
         if self.reading not in READINGS:
             raise ValueError(f"reading: expected one of {', '.join(READINGS)}, got {self.reading!r}")
         for name in ("append_sigma", "gen_sigma", "first_round_sigma"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: expected a number >= 0, got {value}")
+            if not 0 <= value <= MAX_SIGMA:
+                raise ValueError(f"{name}: expected a number in [0, {MAX_SIGMA}], got {value}")
         if not 0 < self.total_min_fraction < 1:
             raise ValueError(f"total_min_fraction: expected a number in (0, 1), got {self.total_min_fraction}")
         if self.first_append < 1:
@@ -275,9 +285,11 @@ def generate(name: str, agents: int | None = None, seed: int = 0, params: Genera
     """``agents`` trajectories (default ``params.n_base``) of dataset ``name`` (``32k``, ``48k``, ``64k``)."""
     if name not in DATASETS:
         raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {name!r}")
-    if agents is not None and agents < 1:
-        raise ValueError(f"agents: expected an integer >= 1, got {agents}")
+    if agents is not None and not 1 <= agents <= MAX_AGENTS:
+        raise ValueError(f"agents: expected an integer in [1, {MAX_AGENTS}], got {agents}")
     dataset = DATASETS[name]
+    if params.first_append >= dataset.max_len:  # an extra agent's first round must fit
+        raise ValueError(f"first_append: expected an integer below {name}'s MaxLen {dataset.max_len}, got {params.first_append}")
     base = generate_base(dataset, seed, params)
     rng = random.Random(f"dualpath-emu/workload/{name}/{seed}/extra")
     return extend_agents(

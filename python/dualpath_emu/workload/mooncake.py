@@ -16,18 +16,26 @@ therefore hit blocks written by *another* client (a shared system prompt, an ear
 conversation): the trace has no session ids.
 
 Output: one single-turn trajectory per request, ``[prompt, hit, gen, arrival_s]`` with arrival_s =
-timestamp / 1000, ids ``<prefix>-<line index from 0>``. Malformed lines are a
+timestamp / 1000, ids ``<prefix>-<line index from 0>``. Limits: lengths at most 10^9 tokens, timestamps at
+most 10^11 ms (the trajectory format's limits). Malformed lines are a
 :class:`~dualpath_emu.workload.trajectory.TraceError` naming the file and line.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.workload.trajectory import SourceLine, TraceError, Trajectory, numbered_lines, parse_json_object
+from dualpath_emu.inputs import short_repr
+from dualpath_emu.workload.trajectory import (
+    MAX_ARRIVAL_S,
+    SourceLine,
+    TraceError,
+    Trajectory,
+    numbered_lines,
+    parse_json_object,
+)
 
 __all__ = ["BLOCK_TOKENS", "KEYS", "hit_tokens", "is_mooncake_record", "read_mooncake"]
 
@@ -36,6 +44,8 @@ BLOCK_TOKENS: Final = 512
 
 KEYS: Final = ("timestamp", "input_length", "output_length", "hash_ids")
 """The keys of a Mooncake request line (no others)."""
+
+_MAX_TIMESTAMP_MS: Final = MAX_ARRIVAL_S * 1000  # 1e11, as the error message says
 
 
 def is_mooncake_record(record: dict[str, Any]) -> bool:
@@ -64,18 +74,18 @@ def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, 
     record = parse_json_object(line, text)
     unknown = sorted(set(record) - set(KEYS))
     if unknown:
-        raise line.error(f"unknown key {unknown[0]!r} in a Mooncake request (known keys: {', '.join(KEYS)})")
+        raise line.error(f"unknown key {short_repr(unknown[0])} in a Mooncake request (known keys: {', '.join(KEYS)})")
     if "timestamp" not in record:
         raise line.error("missing key 'timestamp' (expected milliseconds >= 0)")
     timestamp = record["timestamp"]
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp) or timestamp < 0:
-        raise line.expected("timestamp", "a finite number of milliseconds >= 0", timestamp)
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not 0 <= timestamp <= _MAX_TIMESTAMP_MS:
+        raise line.expected("timestamp", "a finite number of milliseconds in [0, 1e11]", timestamp)
     input_length = _field_count(line, record, "input_length")
     output_length = _field_count(line, record, "output_length")
     if "hash_ids" not in record:
         raise line.error("missing key 'hash_ids' (expected a list of integers >= 0)")
     hash_ids = record["hash_ids"]
-    blocks = math.ceil(input_length / block_tokens)
+    blocks = -(-input_length // block_tokens)  # exact for any block size
     if not isinstance(hash_ids, list) or not all(type(h) is int and h >= 0 for h in hash_ids):
         raise line.expected("hash_ids", "a list of integers >= 0", hash_ids)
     if len(hash_ids) != blocks:

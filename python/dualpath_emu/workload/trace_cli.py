@@ -23,10 +23,11 @@ from typing import Any
 from dualpath_emu import __version__
 from dualpath_emu.errors import UsageError
 from dualpath_emu.workload import load_trace
-from dualpath_emu.workload.generator import DATASETS, READINGS, GeneratorParams, generate
+from dualpath_emu.inputs import short_repr, shorten
+from dualpath_emu.workload.generator import DATASETS, MAX_AGENTS, READINGS, GeneratorParams, generate
 from dualpath_emu.workload.mooncake import BLOCK_TOKENS, read_mooncake
 from dualpath_emu.workload.stats import Distribution, dataset_stats, trace_stats
-from dualpath_emu.workload.trajectory import Trajectory, write_trajectories
+from dualpath_emu.workload.trajectory import MAX_TOKENS, Trajectory, write_trajectories
 
 __all__ = ["trace_command"]
 
@@ -48,18 +49,18 @@ def _write(path: Path, trajectories: list[Trajectory], meta: dict[str, Any]) -> 
 
 def _gen(args: argparse.Namespace) -> int:
     if args.dataset not in DATASETS:
-        raise UsageError(f"--dataset: expected one of {', '.join(DATASETS)}, got {args.dataset!r}")
-    if args.agents is not None and args.agents < 1:
-        raise UsageError(f"--agents: expected an integer >= 1, got {args.agents}")
+        raise UsageError(f"--dataset: expected one of {', '.join(DATASETS)}, got {short_repr(args.dataset)}")
+    if args.agents is not None and not 1 <= args.agents <= MAX_AGENTS:
+        raise UsageError(f"--agents: expected an integer in [1, {MAX_AGENTS}], got {short_repr(args.agents)}")
     if args.reading is not None and args.reading not in READINGS:
-        raise UsageError(f"--reading: expected one of {', '.join(READINGS)}, got {args.reading!r}")
+        raise UsageError(f"--reading: expected one of {', '.join(READINGS)}, got {short_repr(args.reading)}")
     # Options not given keep GeneratorParams' defaults (documented there, in one place).
     given = {"n_base": args.base, "reading": args.reading, "first_append": args.first_append}
     try:
         params = GeneratorParams(**{key: value for key, value in given.items() if value is not None})
+        trajectories = generate(args.dataset, args.agents, args.seed, params)
     except ValueError as error:
-        raise UsageError(f"trace gen: {error}") from None
-    trajectories = generate(args.dataset, args.agents, args.seed, params)
+        raise UsageError(f"trace gen: {shorten(str(error), 200)}") from None
     dataset = DATASETS[args.dataset]
     meta = {
         "generator": "dualpath_emu.workload.generator",
@@ -77,8 +78,8 @@ def _gen(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     block_tokens = BLOCK_TOKENS if args.block_tokens is None else args.block_tokens
-    if block_tokens < 1:
-        raise UsageError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
+    if not 1 <= block_tokens <= MAX_TOKENS:
+        raise UsageError(f"--block-tokens: expected an integer in [1, {MAX_TOKENS}], got {short_repr(block_tokens)}")
     requests = read_mooncake(args.file, block_tokens=block_tokens)
     meta = {"importer": "mooncake", "source": Path(args.file).name, "block_tokens": block_tokens}
     _write(args.out, requests, meta)

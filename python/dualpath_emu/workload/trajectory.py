@@ -40,6 +40,11 @@ Each **further line is one trajectory**, in one of two shapes (no other keys)::
   with an arrival time is meant to be issued at that time (open loop); a trajectory without arrivals is
   issued turn after turn (closed loop, zero think time: §8.2), its start chosen by the driver.
 
+Limits, checked by the reader: token counts at most :data:`MAX_TOKENS` (10^9), arrival times at most
+:data:`MAX_ARRIVAL_S` (10^8 s, about 3 years: emulated time stays far from the core's 2^64 ns), at least one
+trajectory after the header; the file is read only if it is a regular file of at most 256 MiB with lines of
+at most 16 MiB (:mod:`dualpath_emu.inputs`).
+
 The reader reports every malformed line as a :class:`TraceError` (a
 :class:`~dualpath_emu.errors.UsageError`: the CLI prints it on one line, exit status 2) naming the file, the
 line number, the key and what was expected::
@@ -61,9 +66,12 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from dualpath_emu.errors import UsageError
+from dualpath_emu.inputs import MAX_LINE_BYTES, MAX_TRACE_BYTES, open_input, short_repr, too_long_number
 
 __all__ = [
     "FORMAT",
+    "MAX_ARRIVAL_S",
+    "MAX_TOKENS",
     "VERSION",
     "TraceError",
     "Trajectory",
@@ -81,6 +89,12 @@ VERSION: Final = 1
 """The format version this module reads and writes."""
 
 _HEADER_KEYS: Final = frozenset({"format", "version", "trajectories", "meta"})
+
+MAX_TOKENS: Final = 10**9
+"""The largest token count (prompt, hit, append, gen) and trajectory count a trace file may state."""
+MAX_ARRIVAL_S: Final = 1e8
+"""The latest arrival time (seconds) a trace file may state: about 3 years, far below the core's 2^64 ns
+(the reader's error message says 1e8)."""
 
 
 class TraceError(UsageError, ValueError):
@@ -281,8 +295,8 @@ def _describe(value: object) -> str:
     if isinstance(value, list):
         return f"a list of {len(value)}"
     if isinstance(value, str):
-        return f"the string {value[:40]!r}"
-    return repr(value)
+        return f"the string {short_repr(value, 40)}"
+    return short_repr(value)
 
 
 class SourceLine:
@@ -299,10 +313,12 @@ class SourceLine:
         label = f"'{key}' ({what})" if what else f"'{key}'"
         return self.error(f"{label}: expected {expected}, got {_describe(got)}")
 
-    def count(self, key: str, value: object, low: int, what: str = "") -> int:
+    def count(self, key: str, value: object, low: int, what: str = "", high: int = MAX_TOKENS) -> int:
         if not _is_count(value, low):
             raise self.expected(key, f"an integer >= {low}", value, what)
         assert isinstance(value, int)
+        if value > high:
+            raise self.expected(key, f"an integer in [{low}, {high:,}]", value, what)
         return value
 
 
@@ -312,6 +328,10 @@ def parse_json_object(line: SourceLine, text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise line.error(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:
+        raise line.error("not valid JSON (arrays or objects nested too deeply)") from None
+    except ValueError as error:  # an integer of more than 4,300 digits (Python's int-to-str limit)
+        raise line.error(f"not valid JSON ({too_long_number(error)})") from None
     if not isinstance(value, dict):
         raise line.error(f"expected a JSON object, got {_describe(value)}")
     return value
@@ -320,7 +340,7 @@ def parse_json_object(line: SourceLine, text: str) -> dict[str, Any]:
 def _check_keys(line: SourceLine, record: dict[str, Any], allowed: Iterable[str], what: str) -> None:
     unknown = sorted(set(record) - set(allowed))
     if unknown:
-        raise line.error(f"unknown key {unknown[0]!r} in {what} (known keys: {', '.join(sorted(allowed))})")
+        raise line.error(f"unknown key {short_repr(unknown[0])} in {what} (known keys: {', '.join(sorted(allowed))})")
 
 
 def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, Any]]:
@@ -386,8 +406,8 @@ def _parse_trajectory(line: SourceLine, text: str) -> Trajectory:
         gens.append(line.count(f"turns[{i}][2]", row[2], 1, "gen tokens"))
         if len(row) == 4:
             t = row[3]
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-                raise line.expected(f"turns[{i}][3]", "a finite number >= 0", t, "arrival_s")
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_ARRIVAL_S:
+                raise line.expected(f"turns[{i}][3]", "a finite number in [0, 1e8]", t, "arrival_s")
             if arrivals and t < arrivals[-1]:
                 raise line.error(f"'turns[{i}][3]' (arrival_s): expected arrivals that do not decrease, got {t} after {arrivals[-1]}")
             arrivals.append(float(t))
@@ -401,23 +421,39 @@ def _parse_trajectory(line: SourceLine, text: str) -> Trajectory:
 
 
 def numbered_lines(path: str | Path) -> Generator[tuple[SourceLine, str], None, None]:
-    """The non-blank lines of ``path`` with their line numbers; unreadable files are a :class:`TraceError`."""
+    """The non-blank lines of ``path`` with their line numbers; unreadable files are a :class:`TraceError`.
+
+    Only a regular file of at most :data:`~dualpath_emu.inputs.MAX_TRACE_BYTES` is read, in lines of at most
+    :data:`~dualpath_emu.inputs.MAX_LINE_BYTES`.
+    """
     source = str(path)
     try:
-        with open(path, "rb") as file:  # bytes, decoded line by line: a bad byte is reported on its line
-            for number, raw in enumerate(file, 1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise TraceError(f"{source}:{number}: not UTF-8 text") from None
-                if text.strip():
-                    yield SourceLine(source, number), text
-    except FileNotFoundError:
-        raise TraceError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{source}: is a directory, expected a trace file") from None
-    except OSError as error:
-        raise TraceError(f"{source}: cannot read: {error.strerror or error}") from None
+        file = open_input(path, what="a trace file (JSON Lines)", limit_bytes=MAX_TRACE_BYTES)
+    except UsageError as error:
+        raise TraceError(str(error)) from None
+    # bytes, decoded line by line: a bad byte is reported on its line
+    with file:
+        number = 0
+        read = 0
+        while True:
+            try:
+                raw = file.readline(MAX_LINE_BYTES + 1)
+            except OSError as error:
+                raise TraceError(f"{source}: cannot read: {error.strerror or error}") from None
+            if not raw:
+                return
+            number += 1
+            read += len(raw)
+            if read > MAX_TRACE_BYTES:  # it grew after it was opened
+                raise TraceError(f"{source}: more than the {MAX_TRACE_BYTES:,} bytes read from a trace file")
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(f"{source}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TraceError(f"{source}:{number}: not UTF-8 text") from None
+            if text.strip():
+                yield SourceLine(source, number), text
 
 
 def read_trajectories(path: str | Path) -> TrajectoryFile:
@@ -432,7 +468,7 @@ def read_trajectories(path: str | Path) -> TrajectoryFile:
         for line, text in lines:
             trajectory = _parse_trajectory(line, text)
             if trajectory.id in first_line:
-                raise line.error(f"duplicate id {trajectory.id!r} (first on line {first_line[trajectory.id]})")
+                raise line.error(f"duplicate id {short_repr(trajectory.id)} (first on line {first_line[trajectory.id]})")
             first_line[trajectory.id] = line.number
             trajectories.append(trajectory)
     if count is not None and count != len(trajectories):
