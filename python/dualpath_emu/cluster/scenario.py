@@ -68,7 +68,7 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     append_sigma = 1.0                   # each sigma in [0, 5]
     gen_sigma = 0.6
     first_round_sigma = 0.3
-    total_min_fraction = 0.1             # in (0, 1)
+    total_min_fraction = 0.1             # in (0, the dataset's mean total / MaxLen ≈ 0.85)
     first_append = 1                     # tokens of an extra agent's synthetic first round; below the
                                          # dataset's MaxLen
 
@@ -127,9 +127,11 @@ from dualpath_emu.workload.generator import (
     MAX_BASE_TRAJECTORIES,
     MAX_SIGMA,
     READINGS,
+    Dataset,
     GeneratorParams,
     Reading,
     generate,
+    max_total_min_fraction,
 )
 from dualpath_emu.workload.trajectory import Trajectory
 
@@ -355,7 +357,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     mode = cast(Mode, workload.get_str("mode", base.mode, choices=MODES))
     arrival_rate = workload.get_float("arrival_rate", base.arrival_rate, min=LIMITS.arrival_rate[0],
                                       max=LIMITS.arrival_rate[1])  # fmt: skip
-    generator = _generator(workload.table("generator"), DATASETS[dataset].max_len)
+    generator = _generator(workload.table("generator"), DATASETS[dataset])
     workload.finish()
     if trace is not None:
         try:
@@ -460,22 +462,26 @@ def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
     return out
 
 
-def _generator(t: Table, max_len: int) -> GeneratorParams:
+def _generator(t: Table, dataset: Dataset) -> GeneratorParams:
     base = GeneratorParams()
     sigma = LIMITS.max_sigma
+    max_len = dataset.max_len
+    # λ_min must lie below the dataset's mean total / MaxLen, or no draw has the dataset's mean (generator.py).
+    fraction_high = max_total_min_fraction(dataset)
+    fraction = t.get_float("total_min_fraction", base.total_min_fraction, min=0.0, max=1.0, min_exclusive=True)
+    if fraction >= fraction_high:
+        raise t.error("total_min_fraction", f"a number in (0, {fraction_high:.4f}) for dataset {dataset.name} "
+                      "(below its mean total / MaxLen)", fraction)  # fmt: skip
     out = GeneratorParams(
         n_base=t.get_int("base_trajectories", base.n_base, min=1, max=LIMITS.max_base_trajectories),
         reading=cast(Reading, t.get_str("reading", base.reading, choices=READINGS)),
         append_sigma=t.get_float("append_sigma", base.append_sigma, min=0.0, max=sigma),
         gen_sigma=t.get_float("gen_sigma", base.gen_sigma, min=0.0, max=sigma),
         first_round_sigma=t.get_float("first_round_sigma", base.first_round_sigma, min=0.0, max=sigma),
-        total_min_fraction=t.get_float("total_min_fraction", base.total_min_fraction, min=0.0, max=1.0,
-                                       min_exclusive=True),
+        total_min_fraction=fraction,
         # An extra agent's first round (first_append tokens and one generated) must fit the dataset's MaxLen.
         first_append=t.get_int("first_append", base.first_append, min=1, max=max_len - 1),
     )  # fmt: skip
-    if out.total_min_fraction >= 1.0:
-        raise t.error("total_min_fraction", "a number in (0, 1)", out.total_min_fraction)
     t.finish()
     return out
 

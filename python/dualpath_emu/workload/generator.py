@@ -80,6 +80,7 @@ __all__ = [
     "extend_agents",
     "generate",
     "generate_base",
+    "max_total_min_fraction",
     "model",
     "scaled",
 ]
@@ -173,9 +174,23 @@ class Model:
     """φ, the mean share of a trajectory's tokens in its first round."""
 
 
+def max_total_min_fraction(dataset: Dataset) -> float:
+    """The bound ``total_min_fraction`` must stay below for ``dataset``: its mean total / MaxLen (Table 2), or
+    no draw of total tokens can have the dataset's mean (step 2 of the module docstring)."""
+    return dataset.paper.total / dataset.max_len
+
+
 def model(dataset: Dataset, params: GeneratorParams = GeneratorParams()) -> Model:
-    """Solve the model's parameters from the dataset's Table 2 row (closed forms; module docstring)."""
+    """Solve the model's parameters from the dataset's Table 2 row (closed forms; module docstring).
+
+    Raises ``ValueError`` if ``params.total_min_fraction`` is not below :func:`max_total_min_fraction`."""
     row = dataset.paper
+    bound = max_total_min_fraction(dataset)
+    if not params.total_min_fraction < bound:
+        raise ValueError(
+            f"total_min_fraction: expected a number in (0, {bound:.4f}) for dataset {dataset.name} (below its "
+            f"mean total / MaxLen), got {params.total_min_fraction}"
+        )
     per_turn = row.append + row.gen
     turns_sigma = _solve_sigma(row.turns * per_turn / row.total)
     tau = row.turns if params.reading == "per-trajectory" else row.total / per_turn
