@@ -133,6 +133,9 @@ class SystemResult:
             "dram_util": self.dram_util,
             "gpu_util": self.gpu_util,
             "working_set_bytes": self.working_set_bytes,
+            # The ports' sample width behind the p99s: 1 s, widened by the core on very long runs so that its
+            # samples stay within a fixed budget.
+            "utilisation_sample_s": self.sample_interval_s,
             "snic_max_over_mean": self.snic_max_over_mean,
             "event_log_sha256": self.event_log_sha256,
             "wall_s": self.wall_s,
