@@ -83,7 +83,7 @@ fuzz: build ## Run the fuzz targets (input loaders, core), FUZZ_SECONDS in all (
 
 .PHONY: fuzz-smoke
 fuzz-smoke: build ## Short, repeatable fuzz run (fixed seed and execution counts); CI runs it
-	FUZZ_SEED=1 FUZZ_RUNS=30000 FUZZ_INPUTS=500 bash fuzz/run.sh 40
+	FUZZ_SEED=1 FUZZ_RUNS=30000 FUZZ_INPUTS=2000 bash fuzz/run.sh 40
 
 .PHONY: lint
 lint: build ## rustfmt check, clippy (with and without the python feature) -D warnings, stubtest, mypy

@@ -356,6 +356,8 @@ def _loaded(path: Path) -> Iterator[None]:
         raise FuzzFailure(f"{type(error).__name__} escaped: {str(error)[:300]}") from error
 
 
+RUNS = [0]
+"""Runs of accepted scenarios done (``--deep``)."""
 RUN_ACCEPTED = False
 """Also run every accepted cluster scenario, cut to 2 agents × 1 round, for each of its systems (``--deep``):
 it must end with a result or a one-line error (a time overflow the core reports), nothing else."""
@@ -375,6 +377,7 @@ def _accepted_cluster(scenario: ClusterScenario) -> None:
         small = dataclasses.replace(scenario.with_overrides(agents=min(config.agents, 2)), max_rounds=1)
         trajectories = small.trajectories()
         for system in small.systems:
+            RUNS[0] += 1
             try:
                 run_system(small.config, system, trajectories, seed=small.seed)
             except CoreError as error:  # e.g. time past 2^64 ns: must be one line
@@ -468,8 +471,9 @@ def fuzz(seconds: float, examples: int | None, seed: int | None) -> int:
             for name, strategy, check in targets:
                 spent = time.monotonic() - started
                 if spent >= seconds or (examples is not None and counts.total >= examples):
+                    runs = f", {RUNS[0]:,} runs of accepted scenarios" if RUN_ACCEPTED else ""
                     print(f"fuzz: inputs: ok, {counts.total:,} documents ({counts.scenarios:,} scenario TOML, "
-                          f"{counts.traces:,} trace JSONL) in {spent:.0f} s")  # fmt: skip
+                          f"{counts.traces:,} trace JSONL{runs}) in {spent:.0f} s")  # fmt: skip
                     return 0
                 size = batch if examples is None else max(1, min(batch, (examples - counts.total + 1) // 2))
                 test = settings(
