@@ -166,7 +166,7 @@ def test_command_line_numbers_are_bounded_and_never_echoed_whole(capsys: pytest.
     mooncake = CORPUS.parent / "mooncake" / "synthetic_trace.jsonl"
     line = error_line(capsys, ["trace", "import", str(mooncake), "--out", out, "--block-tokens", "1" + "0" * 400])
     assert line == "--block-tokens: expected an integer in [1, 1000000000], got an integer of 401 digits"
-    pipeline = Path(__file__).resolve().parent.parent / "scenarios" / "pipeline.toml"
+    pipeline = "pipeline"  # the packaged run scenario, by name
     assert error_line(capsys, ["launch", str(pipeline), "--time-scale", "1e-300"]) == (
         "--time-scale: expected a number in [1e-6, 1e6], got 1e-300"
     )
