@@ -9,8 +9,8 @@ system. A system is a built-in one's name or the user's own, ``file.py:Name`` or
 value read as TOML (a bare word as a string). ``run --list`` lists the packaged scenarios. While it runs, a progress bar per system (turns done of all, emulated time) when stdout is a
 terminal, unless ``--quiet`` or ``--json``. ``--json`` prints the summary (:func:`~.outputs.summary`) and
 nothing else on stdout. ``--out DIR`` writes ``summary.json``, ``requests.csv``, ``jct.png``,
-``utilisation.png`` (NICs, DRAM and GPUs over time, from the samples every emulated second),
-``latency-cdf.png`` and a Perfetto trace per system, ``trace-<system>.json`` (open it at ui.perfetto.dev;
+``utilisation.png`` (NICs, DRAM and GPUs over time, from the utilisation samples: every emulated
+second, wider on very long runs), ``latency-cdf.png`` and a Perfetto trace per system, ``trace-<system>.json`` (open it at ui.perfetto.dev;
 recording spans costs memory, hence only with ``--out``; :mod:`~dualpath_emu.cluster.trace`).
 
 ``validate SCENARIO`` checks a scenario file or a packaged scenario -- a cluster scenario, or a run scenario
