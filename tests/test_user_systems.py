@@ -21,30 +21,14 @@ from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.cluster.scheduler import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
+from test_run_cli import TINY as RUN_CLI_TINY
+from test_run_cli import TINY_TURNS
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "custom_policy.py"
 
-# DS 27B 1P1D, 8 agents cut to 6 rounds: well under a second per system.
-TINY = """\
-kind = "cluster"
-name = "tiny"
-seed = 3
-systems = {systems}
-
-[deployment]
-model = "ds27b"
-pe_nodes = 1
-de_nodes = 1
-prefill_ep_nodes = 1
-decode_ep_nodes = 1
-
-[workload]
-dataset = "32k"
-agents = 8
-max_rounds = 6
-"""
-TINY_TURNS = 8 * 6
+# test_run_cli's tiny DS 27B 1P1D scenario with a `systems` key to fill in.
+TINY = RUN_CLI_TINY.replace('seed = 3\n', 'seed = 3\nsystems = {systems}\n', 1)
 
 # Every request to the prefill engine with the highest id: a policy whose effect shows in requests.csv.
 LAST_PE = '''\

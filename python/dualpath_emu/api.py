@@ -33,14 +33,12 @@ from __future__ import annotations
 import csv
 import importlib
 import io
-import json
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.cluster.outputs import summary, trace_file, write_plots, write_requests_csv
+from dualpath_emu.cluster.outputs import make_output_folder, summary, trace_file, write_outputs, write_requests
 from dualpath_emu.cluster.run import Progress, SystemResult, run_system
 from dualpath_emu.cluster.run_cli import load_scenario as _load
 from dualpath_emu.cluster.scenario import ClusterScenario
@@ -55,7 +53,6 @@ from dualpath_emu.cluster.scheduler import (
 )
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError, load_toml
-from dualpath_emu.errors import UsageError
 from dualpath_emu.scenarios import names as _packaged_names
 from dualpath_emu.scenarios import path as _packaged_path
 
@@ -134,10 +131,7 @@ def run(
     scenario = scenario.with_overrides(systems=systems, agents=agents, seed=seed)
     directory = None if out is None else Path(out)
     if directory is not None:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UsageError(f"out {directory}: cannot create the folder: {error.strerror or error}") from None
+        make_output_folder(directory, "out")
     trajectories = scenario.trajectories()
     results: dict[str, SystemResult] = {}
     for name in scenario.systems:
@@ -145,10 +139,9 @@ def run(
             scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=progress,
             trace_path=None if directory is None else trace_file(directory, name),
         )  # fmt: skip
-    result = RunResult(scenario, results)
     if directory is not None:
-        result._write(directory)
-    return result
+        write_outputs(directory, "out", scenario, results)
+    return RunResult(scenario, results)
 
 
 @dataclass
@@ -185,9 +178,9 @@ class RunResult:
         """``requests.csv`` as text: one row per request per system (its columns:
         :data:`~dualpath_emu.cluster.outputs.CSV_COLUMNS`)."""
         if self._csv is None:
-            path = io.StringIO()
-            _write_csv_text(path, self.results)
-            self._csv = path.getvalue()
+            text = io.StringIO(newline=None)  # "\n" line ends, as the file reads back in text mode
+            write_requests(text, self.results)
+            self._csv = text.getvalue()
         return self._csv
 
     def rows(self) -> list[Row]:
@@ -207,23 +200,6 @@ class RunResult:
                 "(or use RunResult.rows(), plain dicts)"
             ) from None
         return pandas.read_csv(io.StringIO(self.requests_csv()), dtype={"system": str, "read_side": str})
-
-    def _write(self, directory: Path) -> None:
-        try:
-            text = json.dumps(self.summary, indent=2, allow_nan=False) + "\n"
-            (directory / "summary.json").write_text(text, encoding="utf-8")
-            (directory / "requests.csv").write_text(self.requests_csv(), encoding="utf-8", newline="")
-            write_plots(directory, self.scenario, self.results)
-        except OSError as error:
-            raise UsageError(f"out {directory}: cannot write: {error.strerror or error}") from None
-
-
-def _write_csv_text(buffer: io.StringIO, results: Mapping[str, SystemResult]) -> None:
-    """requests.csv into ``buffer``, by the code that writes the file (one definition of its columns)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "requests.csv"
-        write_requests_csv(path, results)
-        buffer.write(path.read_text(encoding="utf-8"))
 
 
 _STRINGS: Final = frozenset({"system", "read_side"})

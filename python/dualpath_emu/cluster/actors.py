@@ -888,8 +888,7 @@ class PrefillGroup(_GroupActor):
         started = self.system.now_ns()
         await plane.forward(stages, ranks, ffn_ns=ffn_ns, collectives=collectives)
         gpus = cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)
-        metrics.prefill_pass(started, self.system.now_ns(), [(n * gpus + g, len(b), sum(c for _, c in b))
-                                                             for (n, g), b in batches.items() if b])  # fmt: skip
+        metrics.prefill_pass(started, self.system.now_ns(), [(n * gpus + g, b) for (n, g), b in batches.items() if b])
         sends: list[asyncio.Future[Completion]] = []
         for node, gpu, item, size in post:
             sends.append(plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size))

@@ -201,12 +201,15 @@ class Metrics:
         self.forward_ns.append(t_ns)
         self.forward_attention_balance.append(max(attention_s) / mean if mean > 0 else 1.0)
 
-    def prefill_pass(self, start_ns: int, end_ns: int, gpus: Iterable[tuple[int, int, int]]) -> None:
-        """A prefill forward pass ran over [start_ns, end_ns) on these GPUs: ``(gpu, requests, tokens)``
-        each (the GPUs with work in it)."""
-        busy = self.gpu_busy["pe"]
-        for gpu, requests, tokens in gpus:
-            busy.add(gpu, start_ns, end_ns, "prefill pass", (("requests", requests), ("tokens", tokens)))
+    def prefill_pass(
+        self, start_ns: int, end_ns: int, gpus: Iterable[tuple[int, Sequence[tuple[object, int]]]]
+    ) -> None:
+        """A prefill forward pass ran over [start_ns, end_ns) on these GPUs: ``(gpu, batch)`` each (the GPUs
+        with work in it; a batch is ``(request, tokens computed)`` pairs)."""
+        busy = self.gpu_busy["pe"]  # called per pass: the trace's args only when the trace is kept
+        for gpu, batch in gpus:
+            args = (("requests", len(batch)), ("tokens", sum(t for _, t in batch))) if busy.spans is not None else ()
+            busy.add(gpu, start_ns, end_ns, "prefill pass", args)
 
     def decode_segment(self, gpu: int, start_ns: int, end_ns: int, batch: int, step_ns: int) -> None:
         """Decode GPU ``gpu`` stepped a batch of ``batch`` requests, ``step_ns`` a step, over [start_ns, end_ns)."""

@@ -18,17 +18,28 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from dualpath_emu import __version__
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.run import SystemResult
 from dualpath_emu.cluster.scenario import ClusterScenario
 from dualpath_emu.cluster.systems import SYSTEMS, System
+from dualpath_emu.errors import UsageError
 
-__all__ = ["CSV_COLUMNS", "summary", "trace_file", "write_plots", "write_requests_csv"]
+__all__ = [
+    "CSV_COLUMNS",
+    "make_output_folder",
+    "summary",
+    "trace_file",
+    "write_outputs",
+    "write_plots",
+    "write_requests",
+    "write_requests_csv",
+]
 
 CSV_COLUMNS: Final = (
     "system", "rid", "agent", "prompt", "hit", "gen", "arrive_s", "first_token_s", "second_token_s", "done_s",
@@ -75,26 +86,31 @@ def _between(start_ns: int, end_ns: int, per: int = 1) -> str:
 
 def write_requests_csv(path: Path, results: Mapping[str, SystemResult]) -> int:
     """Write ``requests.csv``; returns the number of rows (requests over all systems)."""
-    rows = 0
     with open(path, "w", newline="", encoding="utf-8") as file:
-        out = csv.writer(file)
-        out.writerow(CSV_COLUMNS)
-        for name, result in results.items():
-            m = result.metrics
-            spec: System | None = result.spec or SYSTEMS.get(name)
-            oracle = spec is not None and spec.oracle
-            for rid in range(len(m)):
-                on_de = m.read_on_de[rid]
-                side = "none" if oracle or m.hit[rid] == 0 or on_de < 0 else ("de" if on_de else "pe")
-                out.writerow((
-                    name, rid, m.agent[rid], m.prompt[rid], m.hit[rid], m.gen[rid], _seconds(m.arrive_ns[rid]),
-                    _seconds(m.first_token_ns[rid]), _seconds(m.second_token_ns[rid]), _seconds(m.done_ns[rid]),
-                    side, "" if m.pe[rid] < 0 else m.pe[rid], "" if m.de[rid] < 0 else m.de[rid],
-                    _between(m.arrive_ns[rid], m.first_token_ns[rid]),
-                    _between(m.first_token_ns[rid], m.second_token_ns[rid]),
-                    _between(m.second_token_ns[rid], m.done_ns[rid], m.gen[rid] - 2) if m.gen[rid] > 2 else "",
-                ))  # fmt: skip
-                rows += 1
+        return write_requests(file, results)
+
+
+def write_requests(file: TextIO, results: Mapping[str, SystemResult]) -> int:
+    """``requests.csv``'s text into ``file`` (opened with ``newline=""``); returns the number of rows."""
+    rows = 0
+    out = csv.writer(file)
+    out.writerow(CSV_COLUMNS)
+    for name, result in results.items():
+        m = result.metrics
+        spec: System | None = result.spec or SYSTEMS.get(name)
+        oracle = spec is not None and spec.oracle
+        for rid in range(len(m)):
+            on_de = m.read_on_de[rid]
+            side = "none" if oracle or m.hit[rid] == 0 or on_de < 0 else ("de" if on_de else "pe")
+            out.writerow((
+                name, rid, m.agent[rid], m.prompt[rid], m.hit[rid], m.gen[rid], _seconds(m.arrive_ns[rid]),
+                _seconds(m.first_token_ns[rid]), _seconds(m.second_token_ns[rid]), _seconds(m.done_ns[rid]),
+                side, "" if m.pe[rid] < 0 else m.pe[rid], "" if m.de[rid] < 0 else m.de[rid],
+                _between(m.arrive_ns[rid], m.first_token_ns[rid]),
+                _between(m.first_token_ns[rid], m.second_token_ns[rid]),
+                _between(m.second_token_ns[rid], m.done_ns[rid], m.gen[rid] - 2) if m.gen[rid] > 2 else "",
+            ))  # fmt: skip
+            rows += 1
     return rows
 
 
@@ -202,3 +218,25 @@ def trace_file(directory: Path, system: str) -> Path:
     """Where the Perfetto/Chrome trace of ``system`` goes: ``trace-<system>.json``."""
     return directory / f"trace-{system}.json"
 
+
+
+def make_output_folder(out: Path, option: str) -> None:
+    """Create ``out`` (and its parents) for the files of a run; ``option`` names where it was given
+    (``--out``, ``out``) in the one-line error."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{option} {out}: cannot create the folder: {error.strerror or error}") from None
+
+
+def write_outputs(out: Path, option: str, scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> list[str]:
+    """Write ``summary.json``, ``requests.csv`` and the plots into ``out`` (the traces are written by the runs);
+    returns the names of the files written."""
+    try:
+        text = json.dumps(summary(scenario, results), indent=2, allow_nan=False) + "\n"
+        (out / "summary.json").write_text(text, encoding="utf-8")
+        write_requests_csv(out / "requests.csv", results)
+        plots = write_plots(out, scenario, results)
+    except OSError as error:
+        raise UsageError(f"{option} {out}: cannot write: {error.strerror or error}") from None
+    return ["summary.json", "requests.csv", *(p.name for p in plots)]

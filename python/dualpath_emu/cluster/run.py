@@ -283,6 +283,7 @@ def _result(
     timelines = {kind: {role: core.utilisation_mean(ports_of(role, kind), until_ns) for role in ROLES}
                  for kind in ("snic.rx", "snic.tx", "cnic.tx", "cnic.rx", "dram")}  # fmt: skip
     timelines["gpu"] = {role: metrics.gpu_busy[role].timeline(gpu_units[role], until_ns) for role in ROLES}
+
     def kv_bytes(port: int) -> float:
         return float(core.port_counters(port)["fluid_bytes"][KV_LANE])  # type: ignore[index]
 

@@ -26,7 +26,6 @@ import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -76,10 +75,9 @@ def run_command(args: argparse.Namespace) -> int:
     )
     out: Path | None = args.out
     if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UsageError(f"--out {out}: cannot create the folder: {error.strerror or error}") from None
+        from dualpath_emu.cluster.outputs import make_output_folder
+
+        make_output_folder(out, "--out")
     console = Console()
     if not console.is_terminal:  # a file or a pipe: no reason to wrap the table at 80 columns
         console = Console(width=max(console.width, 150))
@@ -94,14 +92,13 @@ def run_command(args: argparse.Namespace) -> int:
                 scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=track(name),
                 trace_path=None if out is None else _trace_file(out, name),
             )  # fmt: skip
-    from dualpath_emu.cluster.outputs import summary  # after the runs: plots pull in matplotlib
+    from dualpath_emu.cluster.outputs import summary, write_outputs  # after the runs: plots pull in matplotlib
 
-    document = summary(scenario, results)
     written: list[str] = []
     if out is not None:
-        written = _write_outputs(out, scenario, results, document)
+        written = write_outputs(out, "--out", scenario, results)
     if args.json:
-        print(json.dumps(document, indent=2, allow_nan=False))
+        print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
         return 0
     console.print(_table(scenario, results))
     if out is not None:
@@ -113,21 +110,6 @@ def _trace_file(out: Path, system: str) -> Path:
     from dualpath_emu.cluster.outputs import trace_file
 
     return trace_file(out, system)
-
-
-def _write_outputs(
-    out: Path, scenario: ClusterScenario, results: dict[str, SystemResult], document: Any
-) -> list[str]:
-    """Write the summary, requests.csv and the plots; returns the names of the files written."""
-    from dualpath_emu.cluster.outputs import write_plots, write_requests_csv
-
-    try:
-        (out / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        write_requests_csv(out / "requests.csv", results)
-        plots = write_plots(out, scenario, results)
-    except OSError as error:
-        raise UsageError(f"--out {out}: cannot write: {error.strerror or error}") from None
-    return ["summary.json", "requests.csv", *(p.name for p in plots)]
 
 
 @contextmanager
