@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from dualpath_emu._core import Core
-from dualpath_emu.cluster.actors import (
-    Cluster,
-    ClientActor,
-    DecodeGroup,
-    Ledger,
-    PrefillGroup,
-    SchedulerActor,
-    Start,
-)
+from dualpath_emu.cluster.client import ClientActor
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.decode import DecodeGroup
+from dualpath_emu.cluster.ledger import Ledger
+from dualpath_emu.cluster.messages import Start
+from dualpath_emu.cluster.prefill import PrefillGroup
+from dualpath_emu.cluster.scheduler import SchedulerActor
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
