@@ -101,14 +101,16 @@ def test_invariant_checker_catches_each_kind_of_violation() -> None:
 
 def test_every_byte_is_accounted_against_the_ledger() -> None:
     from dualpath_emu._core import Core
+    from dualpath_emu.cluster.core_report import CoreReport
     from dualpath_emu.cluster.invariants import check_core_bytes
 
     core = Core()
     port = core.add_port("p", 1e9)
     core.submit_transfers([([port], 2, 1000, 1)])
     core.run_until_idle()
-    assert check_core_bytes(core, {(port, 2): 1000}, {(port, 2): 1}) == []
-    assert check_core_bytes(core, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]
+    report = CoreReport.of(core, None, core.now_ns)
+    assert check_core_bytes(report, {(port, 2): 1000}, {(port, 2): 1}) == []
+    assert check_core_bytes(report, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]
 
 
 def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:

@@ -73,7 +73,7 @@ def test_working_set_holds_each_trajectory_from_its_first_arrival_to_its_last_en
 def test_the_parts_of_a_run_split_over_processes_merge_into_its_metrics() -> None:
     # The client's process admits and ends requests; the scheduler's places them; an engine group's reads
     # and busy time: each part sets only its own columns, and the merge is what one process would have.
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
     client, scheduler, engine = Metrics(), Metrics(), Metrics()
     whole = Metrics()
