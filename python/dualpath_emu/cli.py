@@ -106,6 +106,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv, plots and traces here")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (and nothing else) on stdout")
     run.add_argument("--quiet", action="store_true", help="no header line, no progress bars")
+    live = run.add_argument_group("real time (--mode realtime: the same actors live, as OS processes)")
+    live.add_argument("--mode", choices=("virtual", "realtime"), default="virtual",
+                      help="virtual (default): one process, virtual clock, deterministic; realtime: wall clock, "
+                           "one OS process per engine group, a data-plane service owning every port")  # fmt: skip
+    live.add_argument("--time-scale", type=float, metavar="S", default=1.0,
+                      help="realtime: emulated seconds per wall second (default 1)")  # fmt: skip
+    live.add_argument("--placement", choices=("groups", "roles", "single"), default="groups",
+                      help="realtime: groups (default: scheduler, client, each prefill and decode group its own "
+                           "process), roles (front end, prefill, decode), single (one process)")  # fmt: skip
+    live.add_argument("--transport", choices=("ipc", "tcp"), default="ipc",
+                      help="realtime: ipc (default; sockets in a private directory) or tcp (CURVE-authenticated)")
+    live.add_argument("--host", default="127.0.0.1", help="realtime, tcp: the address to bind (default loopback)")
+    live.add_argument("--run-dir", type=Path, metavar="DIR",
+                      help="realtime: keep the run's description, keys, logs and parts here (default: under --out, "
+                           "else a temporary directory)")  # fmt: skip
+    live.add_argument("--metrics-port", type=int, metavar="PORT",
+                      help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)")
+    live.add_argument("--timeout", type=float, metavar="S", default=86_400.0,
+                      help="realtime: wall seconds after which the run is stopped (default one day)")
     run.set_defaults(func=_cmd_run)
 
     validate = commands.add_parser(
