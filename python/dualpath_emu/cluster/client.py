@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
@@ -11,7 +12,14 @@ from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone
 from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["ClientActor"]
+__all__ = ["ClientActor", "TurnObserver"]
+
+
+class TurnObserver(Protocol):
+    def turn_admitted(self) -> None: ...
+
+    def turn_done(self, arrive_ns: int, first_ns: int, second_ns: int, done_ns: int, gen: int) -> None: ...
+
 
 class ClientActor(Actor):
     """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
@@ -34,6 +42,8 @@ class ClientActor(Actor):
         """Turns submitted at this instant, sent as one :class:`Submit` by :meth:`_send_turns`."""
         self.remaining = len(trajectories)
         self.finished = asyncio.Event()
+        self.observer: TurnObserver | None = None
+        """Told of every turn admitted and done (the live metrics of a real-time run), if set."""
 
     @handles(Start)
     def on_start(self, msg: Start) -> None:
@@ -95,6 +105,8 @@ class ClientActor(Actor):
         self._agent_of[rid] = agent
         self.cluster.metrics.arrive(rid, agent, self.system.now_ns(), prompt, hit, gen)
         self.system.record(self.name, "admit", f"r{rid}")
+        if self.observer is not None:
+            self.observer.turn_admitted()
         self._outbox.append(Turn(rid, prompt, hit, gen))
 
     def _send_turns(self) -> None:
@@ -110,6 +122,8 @@ class ClientActor(Actor):
             if second_ns >= 0:
                 metrics.second_token(rid, second_ns)
             metrics.done(rid, done_ns)
+            if self.observer is not None:
+                self.observer.turn_done(metrics.arrive_ns[rid], first_ns, second_ns, done_ns, metrics.gen[rid])
             agent = self._agent_of.pop(rid)
             self._open[agent] -= 1
             trajectory = self.trajectories[agent]
