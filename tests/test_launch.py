@@ -242,6 +242,11 @@ def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "none.toml: no such file" in capsys.readouterr().err
 
 
+@pytest.mark.xfail(
+    reason="issue 14: ZmqActorSystem refuses tcp:// without keys; node.py / the launcher do not pass a run's keys "
+    "yet (another change of issue 14). Strict: remove this mark once they do.",
+    strict=True,
+)
 def test_realtime_over_tcp_loopback_with_a_time_scale(tmp_path: Path) -> None:
     text = scenario(tmp_path, jobs=20).read_text().replace('transport = "ipc"', 'transport = "tcp"')
     path = tmp_path / "tcp.toml"

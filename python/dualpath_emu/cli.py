@@ -69,6 +69,18 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return trace_command(args)
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from dualpath_emu.runtime.security import PUBLIC_SUFFIX, SECRET_SUFFIX, RunKeys  # imports zmq: only when asked
+
+    keys = RunKeys.generate(args.directory, args.process)
+    print(
+        f"wrote the CURVE keys of {len(keys.names)} processes ({', '.join(keys.names)}) to {args.directory} "
+        f"(mode 0700): NAME{PUBLIC_SUFFIX} (public) and NAME{SECRET_SUFFIX} (secret, 0600) for each. Copy the "
+        "directory to every host of the run, keeping its modes (e.g. scp -rp); each process loads its own."
+    )
+    return 0
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
@@ -166,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     node.add_argument("arguments", nargs="*", help="see `dualpath-emu node --help`")
+
+    keys = commands.add_parser(
+        "keys",
+        help="make the CURVE keys of a real-time run's processes (for runs on several hosts)",
+        description="Write a new CURVE key pair for each process of a real-time run into DIR (created, or "
+        "empty; made 0700, secret files 0600): the ZeroMQ transport admits only these keys. Copy DIR to every "
+        "host of the run.",
+    )
+    keys.add_argument("directory", metavar="DIR", type=Path, help="the directory for the keys (new or empty)")
+    keys.add_argument("--process", action="append", required=True, metavar="NAME",
+                      help="a process of the run, as its [[process]] is named (repeat for each)")  # fmt: skip
+    keys.set_defaults(func=_cmd_keys)
 
     from dualpath_emu.reproduce import EXPERIMENTS  # names only; each experiment's module loads when it runs
 

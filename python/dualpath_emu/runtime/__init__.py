@@ -2,7 +2,8 @@
 
 :mod:`dualpath_emu.runtime.virtual_loop` holds :class:`VirtualTimeLoop`, an asyncio event loop whose clock
 is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it; :mod:`dualpath_emu.runtime.zmq_transport` the
-ZeroMQ transport between actor systems on a real-time loop.
+ZeroMQ transport between actor systems on a real-time loop, and :mod:`dualpath_emu.runtime.security` who may
+use it (a run's CURVE keys).
 """
 
 from dualpath_emu.runtime.actors import (
@@ -19,6 +20,7 @@ from dualpath_emu.runtime.actors import (
 )
 from dualpath_emu.runtime.core_work import ForwardRank, LayerTransfer
 from dualpath_emu.runtime.zmq_transport import (
+    BacklogFullError,
     ErrorReply,
     NoneReply,
     RemoteError,
@@ -40,6 +42,7 @@ __all__ = [
     "ActorFailure",
     "ActorStoppedError",
     "ActorSystem",
+    "BacklogFullError",
     "Completion",
     "DeadlockError",
     "ErrorReply",
