@@ -473,7 +473,7 @@ SUBMIT_TURNS = 49_152
 
 
 def largest_submit() -> Message:
-    from dualpath_emu.cluster.actors import Submit, Turn
+    from dualpath_emu.cluster.messages import Submit, Turn
 
     # Large values, so every field takes its longest msgpack form (rids of a long run, 64K-token prompts).
     base = 3_000_000_000
@@ -481,7 +481,7 @@ def largest_submit() -> Message:
 
 
 def cluster_codec() -> Codec:
-    from dualpath_emu.cluster.actors import cluster_registry
+    from dualpath_emu.cluster.messages import cluster_registry
 
     reg = cluster_registry()
     reg.register(Pong)
