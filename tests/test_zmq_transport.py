@@ -504,7 +504,7 @@ def test_the_largest_submit_encodes_and_decodes() -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_the_largest_submit_crosses_the_transport(transport: str, ipc_dir: str) -> None:
-    from dualpath_emu.cluster.actors import Submit
+    from dualpath_emu.cluster.messages import Submit
 
     class Intake(Actor):
         @handles(Submit)
