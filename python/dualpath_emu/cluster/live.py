@@ -2,18 +2,13 @@
 processes, paced by the data-plane service's core in wall-clock time (``dualpath-emu run --mode realtime``).
 
 A real-time cluster run is a run scenario (:mod:`dualpath_emu.runtime.scenario`) with ``app = "cluster"``,
-written by :func:`write_run_scenario` into the run's directory; its ``[cluster]`` table names the cluster
-scenario and what the command line changed::
-
-    [cluster]
-    scenario = "/abs/path/my.toml"     # a cluster scenario file, or a packaged one's name
-    set = ["workload.max_rounds=4"]    # --set KEY=VALUE, as given
-    system = "dualpath"                # one system per run
-    agents = 0                         # --agents (0: the scenario's)
-    seed = -1                          # --seed (-1: the scenario's)
-
+written by :func:`run_live` into the run's directory with the cluster's description beside it: its
+``[cluster]`` table says ``description = "cluster.json"`` -- the :class:`~dualpath_emu.cluster.config.ClusterConfig`,
+the system (its flags and where its policy class lives), the seed -- and ``trajectories.jsonl`` holds the
+workload (:func:`~dualpath_emu.workload.trajectory.write_trajectories`). So the processes need nothing but the run
+directory (on several hosts, a copy of it) and, for a user's policy, its module or file at the same place.
 Every process reads the same description and so builds the same configuration; only the client's process
-generates (or reads) the trajectories. **Placements** (:data:`PLACEMENTS`): ``groups`` (the default: the
+reads the trajectories. **Placements** (:data:`PLACEMENTS`): ``groups`` (the default: the
 scheduler, the client, each prefill group and each decode group in its own process), ``roles`` (the client
 and the scheduler together, every prefill group in one process, every decode group in another) and
 ``single`` (every actor in one process, on its own core: no data-plane service). In a run split over
@@ -25,11 +20,14 @@ it stops (:meth:`ClusterApplication.write_part`); the data-plane service writes 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib
+import inspect
 import json
 import os
 import tomllib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,7 +35,8 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.client import ClientActor
-from dualpath_emu.cluster.config import derived
+from dualpath_emu.cluster.catalog import NodeSpec
+from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.decode import DecodeGroup
@@ -47,27 +46,71 @@ from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, SystemResult, build_result
-from dualpath_emu.cluster.scenario import ClusterScenario
+from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.scheduler import SchedulerActor
-from dualpath_emu.cluster.topology import Topology, build_topology
-from dualpath_emu.config import Table
+from dualpath_emu.cluster.systems import System
+from dualpath_emu.cluster.topology import StorageSpec, Topology, build_topology
+from dualpath_emu.cluster.user_systems import SystemLoader
+from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import Application
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
+from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
 
 __all__ = ["PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "run_scenario_text"]
 
 PLACEMENTS: Final = ("groups", "roles", "single")
-MAX_SETTINGS: Final = 1_000
 
 
-def _load(spec: str, settings: Sequence[str], system: str, agents: int, seed: int | None) -> ClusterScenario:
-    from dualpath_emu.cluster.run_cli import load_scenario, parse_settings
+DESCRIPTION: Final = "cluster.json"
+TRAJECTORIES: Final = "trajectories.jsonl"
 
-    return load_scenario(spec, parse_settings(settings)).with_overrides(
-        systems=[system], agents=agents or None, seed=seed
-    )
+
+def config_to_wire(config: ClusterConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def config_from_wire(data: Mapping[str, Any]) -> ClusterConfig:
+    """The inverse of :func:`config_to_wire` (every field, nested specs included)."""
+    fields = dict(data)
+    fields["node"] = NodeSpec(**fields["node"])
+    fields["storage"] = StorageSpec(**fields["storage"])
+    fields["roofline"] = RooflineParams(**fields["roofline"])
+    return ClusterConfig(**fields)
+
+
+def system_to_wire(system: System) -> dict[str, Any]:
+    """A system as data; a user's policy class by its module (or file) and name, which every process of the
+    run must be able to load."""
+    scheduler = system.scheduler
+    policy: dict[str, str] | str
+    if isinstance(scheduler, str):
+        policy = scheduler
+    else:
+        if "<locals>" in scheduler.__qualname__:
+            raise ValueError(
+                f"system {system.name!r}: its policy {scheduler.__qualname__} is defined inside a function; a "
+                "real-time run loads it again in every process, so define it at the top level of a module or file"
+            )
+        policy = {"module": scheduler.__module__, "file": inspect.getsourcefile(scheduler) or "",
+                  "name": scheduler.__qualname__}  # fmt: skip
+    return {"name": system.name, "description": system.description, "layerwise": system.layerwise,
+            "dual_path": system.dual_path, "oracle": system.oracle, "scheduler": policy}  # fmt: skip
+
+
+def system_from_wire(data: Mapping[str, Any]) -> System:
+    policy = data["scheduler"]
+    scheduler: Any = policy
+    if not isinstance(policy, str):
+        module_name, name = policy["module"], policy["name"]
+        try:
+            scheduler = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError):  # a module loaded from a file: load the file again
+            loader = SystemLoader(Path("/"), "the run's description")
+            scheduler = loader.load(f"{policy['file']}:{name}").scheduler
+    return System(data["name"], data["description"], layerwise=data["layerwise"], dual_path=data["dual_path"],
+                  scheduler=scheduler, oracle=data["oracle"])  # fmt: skip
 
 
 class ClusterApplication(Application):
@@ -77,17 +120,19 @@ class ClusterApplication(Application):
     name = "cluster"
 
     def __init__(self, config: Table) -> None:
-        spec = config.get_str("scenario")
-        settings = config.get_str_list("set", [])
-        if len(settings) > MAX_SETTINGS:
-            raise config.error("set", f"at most {MAX_SETTINGS} settings", settings)
-        system = config.get_str("system")
-        agents = config.get_int("agents", 0, min=0)
-        seed = config.get_int("seed", -1, min=-1)
+        description = config.get_str("description", DESCRIPTION)
         config.finish()
-        self.scenario = _load(spec, settings, system, agents, None if seed < 0 else seed)
-        self.system = self.scenario.system(self.scenario.systems[0])
-        self.config = self.scenario.config
+        folder = Path(config.source).parent
+        path = folder / description
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            self.config = config_from_wire(data["config"])
+            self.system = system_from_wire(data["system"])
+            self.seed = int(data["seed"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ScenarioError(f"{config.source}: key {config.key_path('description')!r}: cannot read {path}: "
+                                f"{type(error).__name__}: {error}") from None  # fmt: skip
+        self.trajectories_path = folder / TRAJECTORIES
         self.derived = derived(self.config)
         self.sample_interval_ns = round(SAMPLE_INTERVAL_S * 1e9)
         # Port ids only: a scratch core numbers the ports as the data plane's does.
@@ -110,13 +155,12 @@ class ClusterApplication(Application):
         return [nodes[first : first + ep] for first in range(0, len(nodes), ep)]
 
     def actor_names(self) -> list[str]:
-        return self.actor_names_of(self.scenario)
+        return self.actor_names_of(self.config)
 
     @staticmethod
-    def actor_names_of(scenario: ClusterScenario) -> list[str]:
+    def actor_names_of(c: ClusterConfig) -> list[str]:
         """The cluster's actors: the client, the scheduler, a prefill group per EP group (named after its
         first node), a decode group per decode node."""
-        c = scenario.config
         pe = [f"pe{first}" for first in range(0, c.pe_nodes, c.prefill_ep_nodes)]
         return ["client", "scheduler", *pe, *(f"de{c.pe_nodes + i}" for i in range(c.de_nodes))]
 
@@ -141,7 +185,7 @@ class ClusterApplication(Application):
     def create_actor(self, system: ActorSystem, name: str) -> Actor:
         cluster = self._context(system)
         if name == "client":
-            self._client = ClientActor(system, cluster, self.scenario.trajectories())
+            self._client = ClientActor(system, cluster, read_trajectories(self.trajectories_path).trajectories)
             return self._client
         if name == "scheduler":
             return SchedulerActor(system, cluster)
@@ -209,18 +253,17 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
 
 
 def run_scenario_text(
-    *, scenario: str, settings: Sequence[str], system: str, agents: int, seed: int, time_scale: float,
-    transport: str, host: str, timeout_s: float, processes: Sequence[tuple[str, Sequence[str]]],
+    *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
+    processes: Sequence[tuple[str, Sequence[str]]],
 ) -> str:
-    """The run scenario of one real-time cluster run (TOML text)."""
+    """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`."""
     def q(text: str) -> str:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     lines = [
         'app = "cluster"', f"seed = {seed}", 'mode = "realtime"', "latency_s = 0.0", f"time_scale = {time_scale!r}",
         f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", "",
-        "[cluster]", f"scenario = {q(scenario)}", "set = [" + ", ".join(q(s) for s in settings) + "]",
-        f"system = {q(system)}", f"agents = {agents}", f"seed = {seed}", "",
+        "[cluster]", f"description = {q(DESCRIPTION)}", "",
     ]  # fmt: skip
     for name, actors in processes:
         lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]", ""]
@@ -282,46 +325,34 @@ def _merged_events(logs: Sequence[Path]) -> list[tuple[int, int, str, str, str]]
     return [(t, i, actor, kind, summary) for i, (t, _, _, actor, kind, summary) in enumerate(keyed)]
 
 
-def scenario_reference(argument: str | Path | None) -> str:
-    """How every process of a run finds the cluster scenario given on the command line: a packaged one by
-    its name (the same on every host), a file by its absolute path."""
-    from dualpath_emu.cluster.scenario import DEFAULT
-    from dualpath_emu.scenarios import names as packaged
-
-    if argument is None:
-        return DEFAULT.name
-    if str(argument) in packaged():
-        return str(argument)
-    return str(Path(argument).resolve())
-
-
 def run_live(
-    reference: str,
-    settings: Sequence[str],
-    scenario: ClusterScenario,
-    system: str,
+    config: ClusterConfig,
+    system: System,
+    trajectories: Sequence[Trajectory],
     *,
     run_dir: Path,
+    seed: int = 0,
     time_scale: float = 1.0,
     placement_kind: str = "groups",
     transport: str = "ipc",
     host: str = "127.0.0.1",
     timeout_s: float = 86_400.0,
 ) -> SystemResult:
-    """Run ``system`` of ``scenario`` (found by ``reference`` with ``settings``) live: write the run's
-    description into ``run_dir`` (user-only), start its processes, wait for them, then merge and check
-    their parts (:func:`collect`). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process
-    fails or stops answering."""
+    """Run ``system`` on ``config`` with ``trajectories`` live: write the run's description into ``run_dir``
+    (user-only), start its processes, wait for them, then merge and check their parts (:func:`collect`).
+    Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
     from dualpath_emu.runtime.scenario import load_run_scenario
 
     run_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)
-    actors = ClusterApplication.actor_names_of(scenario)
+    description = {"config": config_to_wire(config), "system": system_to_wire(system), "seed": seed}
+    _write_private(run_dir / DESCRIPTION, json.dumps(description, indent=1).encode())
+    write_trajectories(run_dir / TRAJECTORIES, trajectories)
+    os.chmod(run_dir / TRAJECTORIES, 0o600)
     text = run_scenario_text(
-        scenario=reference, settings=settings, system=system, agents=scenario.config.agents, seed=scenario.seed,
-        time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
-        processes=placement(actors, placement_kind),
+        seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
+        processes=placement(ClusterApplication.actor_names_of(config), placement_kind),
     )  # fmt: skip
     path = run_dir / "run.toml"
     _write_private(path, text.encode())
@@ -335,8 +366,8 @@ def run_live(
         "time_scale": time_scale,
         "placement": placement_kind,
         "transport": transport,
-        "processes": {name: {"actors": list(spec.actors), "pid": launched.processes[name]["pid"]}
-                      for name, spec in ((p.name, p) for p in run.processes)},
+        "processes": {p.name: {"actors": list(p.actors), "pid": launched.processes[p.name]["pid"]}
+                      for p in run.processes},
     })  # fmt: skip
     result.wall_s = launched.wall_s
     return result

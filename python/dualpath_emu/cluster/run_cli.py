@@ -123,7 +123,7 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
     """Each system live, one after the other (:func:`~dualpath_emu.cluster.live.run_live`)."""
     import tempfile
 
-    from dualpath_emu.cluster.live import run_live, scenario_reference
+    from dualpath_emu.cluster.live import run_live
     from dualpath_emu.runtime.scenario import TIME_SCALE
 
     low, high = TIME_SCALE
@@ -131,25 +131,19 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         raise UsageError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {args.time_scale}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
-    reference = scenario_reference(args.scenario)
     base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
-    # Each process loads the system again: by its name if the scenario knows it, else by the spec given here
-    # (a file made absolute, as every process must find it).
-    specs = dict(zip(scenario.systems, args.system)) if args.system else {}
+    trajectories = scenario.trajectories()
     results: dict[str, SystemResult] = {}
     for name in scenario.systems:
-        spec = specs.get(name, name)
-        where, colon, attribute = spec.rpartition(":")
-        if colon and where.endswith(".py"):
-            spec = f"{Path(where).resolve()}:{attribute}"
         with tempfile.TemporaryDirectory(prefix="dualpath-emu-live-") as scratch:
             run_dir = (base / name) if base is not None else Path(scratch)
             if not (args.quiet or args.json):
                 console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}, "
                               f"run directory {run_dir}")  # fmt: skip
             results[name] = run_live(
-                reference, args.set or (), scenario, spec, run_dir=run_dir, time_scale=args.time_scale,
-                placement_kind=args.placement, transport=args.transport, host=args.host, timeout_s=args.timeout,
+                scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
+                time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
+                timeout_s=args.timeout,
             )  # fmt: skip
     return results
 
