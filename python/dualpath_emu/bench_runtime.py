@@ -56,7 +56,10 @@ completion. Timed from the first request to the last completion; one run:
     parallel, so the rate is the slower side's).
 ``dataplane_delivery_lag_p50_us``, ``dataplane_delivery_lag_p99_us``
     The remote loop's delivery lag under that load (its clock at delivery minus each completion's modelled
-    end, microseconds), p50 and p99.
+    end, microseconds), p50 and p99: at saturation mostly queueing (about window / rate).
+``dataplane_light_delivery_lag_p99_us``
+    The same with one batch of 10 in flight at a time (``--dataplane`` / 10 requests): the lag of a lightly
+    loaded data plane, one round trip and the two loops' wake-ups.
 ``dataplane_submission_lag_p99_us``
     The service's submission lag (its clock at submission minus the batch's first request), p99.
 ``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``
@@ -719,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"BENCH dataplane_delivery_lag_p99_us {plane.delivery_lag_ns['p99_ns'] / 1e3:.0f} us")
             print(f"BENCH dataplane_submission_lag_p99_us {plane.submission_lag_ns['p99_ns'] / 1e3:.0f} us")
             print(f"BENCH dataplane_ipc_handshake_rtt_us {plane.rtt_ns / 1e3:.0f} us")
+            light = bench_dataplane(max(args.dataplane // 10, 10), 10, 10)
+            print(f"data plane over ipc, lightly loaded: {light.requests} transfers, {light.rate:.0f} req/s")
+            print(f"BENCH dataplane_light_delivery_lag_p99_us {light.delivery_lag_ns['p99_ns'] / 1e3:.0f} us")
             tcp_rtt_ns = bench_dataplane_handshake()
             print(f"BENCH dataplane_tcp_handshake_rtt_us {tcp_rtt_ns / 1e3:.0f} us", flush=True)
     except BenchError as error:

@@ -2,7 +2,9 @@
 
 :mod:`dualpath_emu.runtime.virtual_loop` holds :class:`VirtualTimeLoop`, an asyncio event loop whose clock
 is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it; :mod:`dualpath_emu.runtime.zmq_transport` the
-ZeroMQ transport between actor systems on a real-time loop.
+ZeroMQ transport between actor systems on a real-time loop; :mod:`dualpath_emu.runtime.dataplane` the
+data-plane service that owns a real-time run's only core and the :class:`RemoteDataPlaneLoop` that reaches it
+from other processes (issue 14).
 """
 
 from dualpath_emu.runtime.actors import (
@@ -18,6 +20,7 @@ from dualpath_emu.runtime.actors import (
     handles,
 )
 from dualpath_emu.runtime.core_work import ForwardRank, LayerTransfer
+from dualpath_emu.runtime.dataplane import DataPlaneService, DataPlaneServiceLoop, RemoteDataPlaneLoop
 from dualpath_emu.runtime.zmq_transport import (
     ErrorReply,
     NoneReply,
@@ -41,12 +44,15 @@ __all__ = [
     "ActorStoppedError",
     "ActorSystem",
     "Completion",
+    "DataPlaneService",
+    "DataPlaneServiceLoop",
     "DeadlockError",
     "ErrorReply",
     "Event",
     "ForwardRank",
     "LayerTransfer",
     "NoneReply",
+    "RemoteDataPlaneLoop",
     "RemoteError",
     "UnexpectedCompletionError",
     "UnhandledMessageError",

@@ -51,9 +51,12 @@ service answers; a remote loop that hears nothing from the service for ``heartbe
 with :class:`DataPlaneLost` naming the data plane's endpoint; the service, hearing nothing from a
 connected requester that long, fails with :class:`RequesterLost` naming it (and tells the others).
 
-**Ending.** A requester whose actors are done says ``bye`` (:meth:`RemoteDataPlaneLoop.say_bye`); once
-every expected requester has, and the core has no pending work (``core.pending() == 0``, detached work
-included), :meth:`DataPlaneService.serve` returns and the caller writes :meth:`DataPlaneService.report`
+**Ending.** A requester whose actors are done says ``bye`` (:meth:`RemoteDataPlaneLoop.say_bye`); the
+driver's process, its run complete, says so in its bye, and the service then tells every other connected
+requester to ``stop`` (:meth:`RemoteDataPlaneLoop.when_stop_requested`), so a run ends by messages, with or
+without a launcher; once every expected requester has said bye and the core has no pending work
+(``core.pending() == 0``, detached work included), :meth:`DataPlaneService.serve` returns and the caller
+writes :meth:`DataPlaneService.report`
 (port counters, core stats, storage queues, lags). A ``stats`` request answers the same report at any time
 (:meth:`RemoteDataPlaneLoop.stats`), for the end-of-run byte checks and live metrics.
 
@@ -83,8 +86,9 @@ to remote   done       ``sent_ns: int, completions: [[kind, tag, start_ns, end_n
                        errors: [[tag, error_type: str, text: str]]``
 to service  stats      ``seq: int``
 to remote   stats      ``seq: int, report: map`` (:meth:`DataPlaneService.report`)
-to service  bye        ``seq: int``
+to service  bye        ``seq: int, run_complete: bool``
 to remote   bye        ``seq: int``
+to remote   stop       ``reason: str`` (the run is complete: stop the actors, then say bye)
 to remote   fatal      ``reason: str`` (the service is failing)
 ==========  =========  =====================================================================================
 
@@ -362,8 +366,23 @@ def _layer_transfer(value: object, what: str) -> tuple[tuple[int, ...], int, int
     return (_path(path, f"{what}.path"), _uint(lane, f"{what}.lane", _U32_MAX), _uint(size, f"{what}.size_bytes"))
 
 
+def _is_path(path: object) -> bool:
+    return (
+        type(path) is list
+        and len(path) <= MAX_PATH_PORTS
+        and all(type(port) is int and 0 <= port <= _U32_MAX for port in path)
+    )
+
+
 def _transfer(value: object, what: str) -> tuple[tuple[int, ...], int, int, int]:
-    path, lane, size, tag = _array(value, what, 4, 4)
+    if type(value) is list and len(value) == 4:  # the common case, checked in one expression
+        path, lane, size, tag = value
+        if (
+            type(lane) is int and type(size) is int and type(tag) is int
+            and 0 <= lane <= _U32_MAX and 0 <= size <= _U64_MAX and 1 <= tag <= _U64_MAX and _is_path(path)
+        ):  # fmt: skip
+            return (tuple(path), lane, size, tag)
+    path, lane, size, tag = _array(value, what, 4, 4)  # else say what is wrong
     return (
         _path(path, f"{what}.path"),
         _uint(lane, f"{what}.lane", _U32_MAX),
@@ -397,6 +416,14 @@ def _forward(value: object, what: str) -> tuple[int, tuple[Any, ...], int, tuple
 
 
 def _io(value: object, what: str) -> tuple[int, str, int, int, int]:
+    if type(value) is list and len(value) == 5:
+        node, kind, lane, size, tag = value
+        if (
+            type(node) is int and type(lane) is int and type(size) is int and type(tag) is int
+            and (kind == "read" or kind == "write") and type(kind) is str
+            and 0 <= node <= _U32_MAX and 0 <= lane <= _U32_MAX and 0 <= size <= _U64_MAX and 1 <= tag <= _U64_MAX
+        ):  # fmt: skip
+            return (node, kind, lane, size, tag)
     node, kind, lane, size, tag = _array(value, what, 5, 5)
     if kind not in ("read", "write") or type(kind) is not str:
         raise FrameError(f"{what}.kind: expected 'read' or 'write', got {_short(kind)}")
@@ -410,12 +437,16 @@ def _io(value: object, what: str) -> tuple[int, str, int, int, int]:
 
 
 def _timer(value: object, what: str) -> tuple[int, int]:
+    if type(value) is list and len(value) == 2:
+        at_ns, tag = value
+        if type(at_ns) is int and type(tag) is int and 0 <= at_ns <= _U64_MAX and 1 <= tag < _U64_MAX:
+            return (at_ns, tag)
     at_ns, tag = _array(value, what, 2, 2)
     return (_uint(at_ns, f"{what}.at_ns"), _tag(tag, f"{what}.tag", False))
 
 
 _KINDS_TO_SERVICE: Final = ("hello", "ping", "submit", "stats", "bye")
-_KINDS_TO_REMOTE: Final = ("welcome", "refused", "pong", "done", "stats", "bye", "fatal")
+_KINDS_TO_REMOTE: Final = ("welcome", "refused", "pong", "done", "stats", "bye", "stop", "fatal")
 
 
 def decode_frame(frame: bytes, kinds: Sequence[str] = _KINDS_TO_SERVICE) -> list[Any]:
@@ -593,6 +624,8 @@ class DataPlaneService:
         self._started_s = time.monotonic()
         self._drain_check: asyncio.TimerHandle | None = None
         self.failure: DataPlaneError | None = None
+        self.run_complete_by: str | None = None
+        """The requester that said its run is complete (then every other one was told to stop)."""
         loop._service = self
 
     # --- life --------------------------------------------------------------------------------------
@@ -735,10 +768,17 @@ class DataPlaneService:
             _array(message, "stats", 3, 3)
             self._send(identity, [PROTOCOL_VERSION, "stats", _uint(message[2], "stats.seq"), self.report()])
         else:  # bye
-            _array(message, "bye", 3, 3)
+            _array(message, "bye", 4, 4)
             seq = _uint(message[2], "bye.seq")
+            if type(message[3]) is not bool:
+                raise FrameError(f"bye.run_complete: expected true or false, got {_short(message[3])}")
             requester.said_bye = True
             self._send(identity, [PROTOCOL_VERSION, "bye", seq])
+            if message[3] and self.run_complete_by is None:
+                self.run_complete_by = requester.name
+                for other in self._requesters.values():
+                    if not other.said_bye:
+                        self._send(other.identity, [PROTOCOL_VERSION, "stop", f"{requester.name!r} completed the run"])
             self._check_drained()
 
     def _on_hello(self, identity: bytes, requester: _Requester | None, message: list[Any]) -> None:
@@ -769,6 +809,8 @@ class DataPlaneService:
             PROTOCOL_VERSION, "welcome", self.name, self.core.clock_ns(), self.loop.time_scale, layout,
             self.heartbeat_interval_s, self.heartbeat_timeout_s,
         ])  # fmt: skip
+        if self.run_complete_by is not None:  # late: the run is over already
+            self._send(identity, [PROTOCOL_VERSION, "stop", f"{self.run_complete_by!r} completed the run"])
         _log.info("data plane: %r (pid %d) connected", name, pid)
 
     def _on_submit(self, requester: _Requester, message: list[Any]) -> None:
@@ -1018,20 +1060,25 @@ class ClockSync:
 class _ClockCheck:
     """Later samples of the service's clock against the remote's estimate of it (heartbeats)."""
 
-    __slots__ = ("samples", "max_abs_error_ns", "last_error_ns", "last_rtt_ns")
+    __slots__ = ("samples", "max_abs_error_ns", "last_error_ns", "last_rtt_ns", "last_after_ns")
 
     def __init__(self) -> None:
         self.samples = 0
         self.max_abs_error_ns = 0
         self.last_error_ns = 0
         self.last_rtt_ns = 0
+        self.last_after_ns = 0
+        """Wall ns from the handshake to the last sample."""
 
-    def summary(self) -> dict[str, int]:
+    def summary(self) -> dict[str, int | float]:
+        """The samples' count, the largest and the last disagreement (emulated ns), the last sample's round
+        trip (wall ns) and the drift rate it implies (ppm of emulated time; noise within the RTT included)."""
         return {
             "samples": self.samples,
             "max_abs_error_ns": self.max_abs_error_ns,
             "last_error_ns": self.last_error_ns,
             "last_rtt_ns": self.last_rtt_ns,
+            "drift_ppm": round(self.last_error_ns / self.last_after_ns * 1e6, 3) if self.last_after_ns else 0.0,
         }
 
 
@@ -1072,6 +1119,9 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         sync_rounds: int = SYNC_ROUNDS,
     ) -> None:
         self._heartbeat_handle: asyncio.TimerHandle | None = None
+        self._stop_callbacks: list[Callable[[str], None]] = []
+        self.stop_reason: str | None = None
+        """Why the service asked this process to stop (the run is complete), once it has."""
         self._fd: int | None = None
         self._socket: zmq.Socket[Any] | None = None
         self._context: zmq.Context[Any] | None = None
@@ -1141,17 +1191,20 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
                 raise RefusedError(f"the data plane at {self.endpoint} refused {self.name!r}: {message[2] if len(message) > 2 else '?'}")
             if message[1] == "welcome":
                 break
-        _array(message, "welcome", 8, 8)
-        time_scale = _float(message[4], "welcome.time_scale")
+        try:
+            _array(message, "welcome", 8, 8)
+            time_scale = _float(message[4], "welcome.time_scale")
+            layout_map = message[5]
+            if type(layout_map) is not dict or type(layout_map.get("ports")) is not dict:
+                raise FrameError("welcome.layout: expected a map with ports and storage_nodes")
+            layout = CoreLayout(
+                {_str(k, "port name"): _uint(v, "port id", _U32_MAX) for k, v in layout_map["ports"].items()},
+                {_str(k, "node name"): _uint(v, "node id", _U32_MAX) for k, v in dict(layout_map.get("storage_nodes", {})).items()},
+            )  # fmt: skip
+        except (FrameError, AttributeError, TypeError) as error:
+            raise DataPlaneError(f"a malformed welcome from the data plane at {self.endpoint}: {error}") from None
         if not math.isclose(time_scale, self._time_scale, rel_tol=1e-12):
             raise RefusedError(f"the data plane runs at time_scale {time_scale}, this process at {self._time_scale}")
-        layout_map = message[5]
-        if type(layout_map) is not dict:
-            raise FrameError("welcome.layout: expected a map")
-        layout = CoreLayout(
-            {_str(k, "port name"): _uint(v, "port id", _U32_MAX) for k, v in dict(layout_map.get("ports", {})).items()},
-            {_str(k, "node name"): _uint(v, "node id", _U32_MAX) for k, v in dict(layout_map.get("storage_nodes", {})).items()},
-        )  # fmt: skip
         best: ClockSync | None = None
         for seq in range(1, max(rounds, 1) + 1):
             t0 = time.monotonic_ns()
@@ -1305,11 +1358,18 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
                 check.samples += 1
                 check.last_error_ns = clock_ns - estimate
                 check.last_rtt_ns = rtt
+                check.last_after_ns = max(1, int(((t0 + t1) // 2 - self._ref_ns) * self._time_scale))
                 check.max_abs_error_ns = max(check.max_abs_error_ns, abs(check.last_error_ns))
             self._resolve(seq, None)
         elif kind in ("stats", "bye"):
             seq = _uint(message[2], f"{kind}.seq")
             self._resolve(seq, message[3] if kind == "stats" and len(message) > 3 else None)
+        elif kind == "stop":
+            reason = _str(message[2], "stop.reason", 100_000) if len(message) > 2 else "stop"
+            if self.stop_reason is None:
+                self.stop_reason = reason
+                for callback in self._stop_callbacks:
+                    self.call_soon(callback, reason)
         elif kind == "fatal":
             self._fatal(DataPlaneError(f"the data plane at {self.endpoint} failed: {_str(message[2], 'reason', 100_000)}"))
         else:  # welcome or refused after the handshake
@@ -1357,11 +1417,18 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         assert self.failure is not None
         raise self.failure
 
-    async def _request(self, kind: str, timeout_s: float) -> Any:
+    def when_stop_requested(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` (soon, in the loop) when the service says the run is complete: another
+        process's bye said so (see :meth:`say_bye`); at once if it has said so already."""
+        self._stop_callbacks.append(callback)
+        if self.stop_reason is not None:
+            self.call_soon(callback, self.stop_reason)
+
+    async def _request(self, kind: str, timeout_s: float, *fields: Any) -> Any:
         seq = self._next_seq()
         future: asyncio.Future[Any] = self.create_future()
         self._replies[seq] = future
-        self._send(msgpack.packb([PROTOCOL_VERSION, kind, seq]))
+        self._send(msgpack.packb([PROTOCOL_VERSION, kind, seq, *fields]))
         try:
             return await asyncio.wait_for(future, timeout_s * self._time_scale)
         finally:
@@ -1373,14 +1440,15 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         report: dict[str, Any] = await self._request("stats", timeout_s)
         return report
 
-    async def say_bye(self, timeout_s: float = BYE_TIMEOUT_S) -> bool:
+    async def say_bye(self, timeout_s: float = BYE_TIMEOUT_S, *, run_complete: bool = False) -> bool:
         """Submit what is still queued and tell the service this process is done; True once it answered
-        (within ``timeout_s`` wall seconds)."""
+        (within ``timeout_s`` wall seconds). ``run_complete`` (the driver's process, its run done): the
+        service tells every other process to stop."""
         self.flush()
         if self._socket is None or self.failure is not None:
             return False
         try:
-            await self._request("bye", timeout_s)
+            await self._request("bye", timeout_s, run_complete)
         except TimeoutError:
             return False
         return True

@@ -122,10 +122,13 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
         )
         for name, client in plane["processes"].items():
             delivery = client["delivery_lag_ns"]
+            lag = (
+                f"delivery lag p50 {delivery['p50_ns'] / 1e3:.0f} µs p99 {delivery['p99_ns'] / 1e3:.0f} µs"
+                if delivery["count"] else "no core work"
+            )  # fmt: skip
             print(
                 f"    {name}: clock offset ±{client['offset_uncertainty_ns'] / 1e3:.0f} µs (RTT "
-                f"{client['rtt_ns'] / 1e3:.0f} µs), delivery lag p50 {delivery['p50_ns'] / 1e3:.0f} µs p99 "
-                f"{delivery['p99_ns'] / 1e3:.0f} µs"
+                f"{client['rtt_ns'] / 1e3:.0f} µs), {lag}"
             )
     print(f"{result.delivery.sent} messages sent, each delivered exactly once; {result.wall_s:.2f} s wall")
     print(f"event log sha256 {result.sha256}")

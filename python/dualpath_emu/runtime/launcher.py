@@ -8,10 +8,12 @@ and starts one ``python -m dualpath_emu.runtime.node SCENARIO --process NAME --r
 terminal's Ctrl-C reaches only the launcher) with its output in ``<run_dir>/<name>.out``; ipc:// sockets live
 in a directory of mode 0700. Then the launcher watches them:
 
-* **completion** -- the driver's process exits 0: the launcher closes the other actor processes' standard
-  input, which tells them to stop; each stops its actors, says bye to the data plane, writes its event log
-  and results and exits 0; the data plane, once every process said bye and its core is idle, writes its
-  final counters (``dataplane.json``) and exits 0 by itself;
+* **completion** -- the driver's process says so in its bye to the data plane, which tells the other actor
+  processes to stop (by message: the same on several hosts without a launcher); each stops its actors, says
+  bye, writes its event log and results and exits 0; the data plane, once every process said bye and its
+  core is idle, writes its final counters (``dataplane.json``) and exits 0 by itself. The launcher, seeing
+  the driver's process exit 0, also closes the others' standard input (the way a one-process run, or one
+  whose data plane is slow to tell them, stops);
 * **a crashed child** -- any child exits non-zero (or is killed) before that: the run has failed; the
   launcher stops the others and raises :class:`LaunchError` naming the process, how it ended, and the
   last lines of its output;
@@ -328,13 +330,15 @@ def launch(
     run_dir: Path | None = None,
     event_log: Path | None = None,
     on_start: Callable[[str, int], None] | None = None,
+    keys: str | None = None,
 ) -> LaunchResult:
     """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane); see the module.
 
     ``run_dir`` keeps each process's output, event log and results and the run description (default: a
     temporary directory, removed afterwards); ``event_log`` receives the concatenated event logs;
-    ``on_start(name, pid)`` is called as each child starts. Raises :class:`LaunchError` (or
-    :class:`LaunchInterrupted`).
+    ``on_start(name, pid)`` is called as each child starts; ``keys`` is where the run's keys live (written
+    into the run description; each process loads its own, :mod:`dualpath_emu.runtime.security`). Raises
+    :class:`LaunchError` (or :class:`LaunchInterrupted`).
     """
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
@@ -343,7 +347,7 @@ def launch(
         stale.unlink()
     socket_dir = Path(tempfile.mkdtemp(prefix="dpe-"))  # short: ipc:// paths are limited to ~100 bytes
     os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
-    describe_run(scenario, socket_dir).write(work)
+    describe_run(scenario, socket_dir, keys).write(work)
     children: list[_Child] = []
     started = time.perf_counter()
     try:
@@ -401,6 +405,14 @@ def _spawn(scenario: RunScenario, name: str, work: Path) -> _Child:
     return _Child(name, spec, process, output, read_end)
 
 
+def _driver_done(driver: _Child) -> bool:
+    """Whether the driver's process exits 0 within the stop grace period (another child exited 0 first)."""
+    try:
+        return driver.process.wait(timeout=STOP_GRACE_S) == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def _watch(scenario: RunScenario, children: list[_Child], started: float) -> None:
     """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending."""
     driver = next(c for c in children if c.spec is scenario.driver_process)
@@ -415,6 +427,8 @@ def _watch(scenario: RunScenario, children: list[_Child], started: float) -> Non
                 continue
             if child is driver and code == 0:
                 return
+            if code == 0 and _driver_done(driver):
+                return  # the run ended by messages, and this one was quicker to exit than the driver's process
             raise LaunchError(
                 f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} before the run was "
                 f"complete; stopped the other processes. Its last output:\n{child.output_tail()}"

@@ -24,8 +24,9 @@ The processes of a real-time run:
   writes ``<run_dir>/<name>.ready``. The driver's process waits until every other actor process is ready
   (their ready files; ``--no-ready-wait`` skips this, for hosts without a shared run directory: start the
   driver's process last), runs the application's driver and ends when it returns; any other process runs
-  until it is told to stop: its standard input closes (the launcher closes it, or dies), or it gets SIGTERM
-  or SIGINT. Either way it then stops its actors, submits what they still asked for, says bye to the data
+  until it is told to stop: the data plane says the driver's process completed the run (the driver's bye
+  says so), its standard input closes (the launcher closes it, or dies), or it gets SIGTERM or SIGINT. Either
+  way it then stops its actors, submits what they still asked for, says bye to the data
   plane, and writes its event log ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters, the
   log's SHA-256, the data-plane link's clock offset and lags and, for the driver, the run's summary).
 
@@ -242,8 +243,11 @@ async def _serve(
     app = scenario.app
     loop = asyncio.get_running_loop()
     stop = _stop_event(watch_stdin)
+    if isinstance(loop, RemoteDataPlaneLoop):
+        loop.when_stop_requested(lambda reason: stop.set())  # the driver's process completed the run
     if launcher is not None:
         launcher.start(loop, scenario.time_scale)
+    summary: dict[str, Any] | None = None
     await system.open()
     try:
         for actor in system.actors:
@@ -257,14 +261,16 @@ async def _serve(
                     await _wait_ready(run_dir, others, stop)
                 return await app.drive(system)
 
-            summary: dict[str, Any] | None = await system.run(_first(drive(), stop))
+            summary = await system.run(_first(drive(), stop))
         else:
             await system.run(stop.wait())
             summary = None
     finally:
         await system.close()
         if isinstance(loop, RemoteDataPlaneLoop):
-            await loop.say_bye()  # the actors are done: what they asked for is submitted, then bye
+            # The actors are done: what they asked for is submitted, then bye (the driver's, once its run is
+            # complete, has the data plane tell the other processes to stop).
+            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)
     return summary
 
 
