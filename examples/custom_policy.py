@@ -15,7 +15,7 @@ would wrap the class itself into a system called ``LeastLoadedPolicy``.
 from collections import deque
 from dataclasses import dataclass
 
-from dualpath_emu.cluster.scheduler import DualPathPolicy, Engine, PrefillAssignment, Request
+from dualpath_emu.cluster.policies import DualPathPolicy, Engine, PrefillAssignment, Request
 from dualpath_emu.cluster.systems import System
 
 

@@ -8,10 +8,11 @@ A test asks the ``transport`` fixture (a :class:`Transport`) for a :class:`Harne
     One :class:`~dualpath_emu.runtime.ActorSystem` on a :class:`~dualpath_emu.runtime.VirtualTimeLoop` over a
     fresh ``Core()``; ``system`` and ``sender`` are the same system. Time is virtual, so ``time_exact`` is
     true: a test may assert the exact nanosecond of an event.
-``zmq`` (:class:`ZmqHarness`)
+``zmq-ipc`` and ``zmq-tcp`` (:class:`ZmqHarness`)
     Two :class:`~dualpath_emu.runtime.ZmqActorSystem`\\ s on one ordinary asyncio loop: ``system`` is the
     "server" that hosts the actors, ``sender`` the "client" the driver sends from. Both bind ``ipc://``
-    endpoints in a directory under pytest's base temporary directory; when :meth:`Harness.run` starts, the
+    endpoints in a (private) directory under pytest's base temporary directory, or ``tcp://127.0.0.1``
+    with a fresh run's CURVE keys (processes ``server`` and ``client``); when :meth:`Harness.run` starts, the
     client's address book routes the name of every actor the server has then to the server's endpoint, so
     every tell and ask of the driver is encoded with the :class:`~dualpath_emu.messages.Codec` and crosses
     ZeroMQ (each system has its own registry of the test's message types). Asks between the server's own
@@ -39,12 +40,13 @@ from dualpath_emu._core import Core
 from dualpath_emu.messages import Codec, Message, MessageRegistry
 from dualpath_emu.runtime import ActorSystem, ZmqActorSystem, run
 from dualpath_emu.runtime.actors import DEFAULT_FAILURE_EVENTS
+from dualpath_emu.runtime.security import RunKeys
 
 __all__ = ["RUN_LIMIT_S", "TRANSPORTS", "WAIT_S", "Harness", "InprocHarness", "Transport", "ZmqHarness"]
 
 _T = TypeVar("_T")
 
-TRANSPORTS: Final = ("inproc", "zmq")
+TRANSPORTS: Final = ("inproc", "zmq-ipc", "zmq-tcp")
 """The parameters of the ``transport`` fixture."""
 
 WAIT_S: Final = 4.0
@@ -134,17 +136,23 @@ class ZmqHarness(Harness):
         messages: Iterable[type[Message]],
         ipc_dir: Path,
         *,
+        tcp: bool = False,
         latency_s: float = 0.0,
         failure_events: int = DEFAULT_FAILURE_EVENTS,
     ) -> None:
         messages = tuple(messages)
+        self.tcp = tcp
+        if tcp:  # loopback with the run's CURVE keys
+            keys = RunKeys.generate(ipc_dir / "keys", ["server", "client"])
+            server_options: dict[str, Any] = {"bind": "tcp://127.0.0.1:*", "keys": keys, "name": "server"}
+            client_options: dict[str, Any] = {"bind": "tcp://127.0.0.1:*", "keys": keys, "name": "client"}
+        else:
+            server_options = {"bind": f"ipc://{ipc_dir}/server"}
+            client_options = {"bind": f"ipc://{ipc_dir}/client"}
         self.server = ZmqActorSystem(
-            Codec(_registry(messages)),
-            bind=f"ipc://{ipc_dir}/server",
-            latency_s=latency_s,
-            failure_events=failure_events,
+            Codec(_registry(messages)), latency_s=latency_s, failure_events=failure_events, **server_options
         )
-        self.client = ZmqActorSystem(Codec(_registry(messages)), bind=f"ipc://{ipc_dir}/client")
+        self.client = ZmqActorSystem(Codec(_registry(messages)), **client_options)
         self.system = self.server
         self.sender = self.client
 
@@ -154,7 +162,7 @@ class ZmqHarness(Harness):
         async def driven() -> _T:
             async with server, client:
                 for actor in server.actors:
-                    client.add_route(actor.name, server.endpoint)
+                    client.add_route(actor.name, server.endpoint, "server")
                 return await server.run(main)
 
         try:
@@ -199,7 +207,13 @@ class Transport:
             return InprocHarness(latency_s=latency_s, failure_events=failure_events, core=core)
         if core is not None:
             raise ValueError("a ZeroMQ harness runs on a real-time loop, without a core")
-        return ZmqHarness(self.messages, self._ipc_dir(), latency_s=latency_s, failure_events=failure_events)
+        return ZmqHarness(
+            self.messages,
+            self._ipc_dir(),
+            tcp=self.name == "zmq-tcp",
+            latency_s=latency_s,
+            failure_events=failure_events,
+        )
 
     def _ipc_dir(self) -> Path:
         path = self._tmp_path_factory.mktemp("zmq")

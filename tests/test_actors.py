@@ -1,7 +1,7 @@
 """The actor runtime (``dualpath_emu.runtime.actors``): its semantics on both transports, and the
 determinism of virtual time.
 
-Every test of the actor semantics takes the ``transport`` fixture and runs twice (see ``runtime_harness``):
+Every test of the actor semantics takes the ``transport`` fixture and runs three times (see ``runtime_harness``):
 an ask returns the reply (or ``None``), asks between actors, FIFO delivery per sender, ask timeouts and late
 replies dropped, pykka's failure semantics (the callee's exception to the asker while the callee keeps
 running, a handler's non-message answer as ``TypeError``, a failing tell ends the run with ``ActorFailure``,
@@ -10,8 +10,9 @@ and its later answer is dropped as late), unknown message types and unknown acto
 arrives while the asker is busy is not lost.
 
 * ``inproc``: one ``ActorSystem`` on the virtual-time loop, where exact times are asserted too;
-* ``zmq``: the actors live in one ``ZmqActorSystem`` and the test's driver sends from a second one over
-  ``ipc://``, so every message of the driver is encoded and crosses ZeroMQ (real time, every wait bounded).
+* ``zmq-ipc``, ``zmq-tcp``: the actors live in one ``ZmqActorSystem`` and the test's driver sends from a
+  second one over ``ipc://``, or over ``tcp://`` loopback with the run's CURVE keys, so every message of
+  the driver is encoded and crosses ZeroMQ (real time, every wait bounded).
   Where the wire documentedly differs, the ZeroMQ behaviour is asserted: an exception of a type that is not
   a builtin (nor ``ActorStoppedError``/``UnknownActorError``) arrives as ``RemoteError`` with its type name
   and text (so ``UnhandledMessageError`` too), an ask to a routed name the server does not host gets
@@ -258,7 +259,7 @@ def test_tells_are_delivered_fifo_per_sender(transport: Transport) -> None:
             actor.start()
         h.sender.tell("a", Pong(1))
         h.sender.tell("b", Pong(2))
-        for i in range(50):  # the driver is a third sender (over the wire for zmq)
+        for i in range(50):  # the driver is a third sender (over the wire for zmq-*)
             h.sender.tell("echo", Ping(300 + i))
             if i % 7 == 0:
                 await asyncio.sleep(pause_s)

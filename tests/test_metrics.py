@@ -68,3 +68,44 @@ def test_working_set_holds_each_trajectory_from_its_first_arrival_to_its_last_en
     assert ws["max"] == 200 * kv
     assert ws["mean"] == pytest.approx((100 + 150 + 200 + 150 + 0) / 5 * kv)
     assert m.working_set_bytes(kv, 2 * S) == pytest.approx({"mean": (100 + 150) / 2 * kv, "max": 200 * kv})
+
+
+def test_the_parts_of_a_run_split_over_processes_merge_into_its_metrics() -> None:
+    # The client's process admits and ends requests; the scheduler's places them; an engine group's reads
+    # and busy time: each part sets only its own columns, and the merge is what one process would have.
+    import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+
+    client, scheduler, engine = Metrics(), Metrics(), Metrics()
+    whole = Metrics()
+    for rid in range(3):
+        for m in (client, whole):
+            m.arrive(rid, rid % 2, rid * S, 100, 64, 5)
+            m.first_token(rid, rid * S + 10)
+            m.second_token(rid, rid * S + 20)
+            m.done(rid, rid * S + 90)
+    for m in (scheduler, whole):
+        m.scheduled_pe(2, 2 * S + 1)  # only request 2: rows 0 and 1 stay unset there
+        m.scheduled_de(2, 2 * S + 2, pe=3, de=9, read_on_de=True)
+    for m in (engine, whole):
+        m.read_start(1, S + 3)
+        m.read_done(1, S + 4)
+        m.prefill_start(1, S + 5)
+        m.forward(S + 5, [1.0, 3.0])
+        m.prefill_pass(S + 5, S + 8, [(3, [(1, 16)])])
+    parts = [Metrics.from_wire(msgpack.unpackb(msgpack.packb(p.to_wire()), strict_map_key=False))
+             for p in (client, scheduler, engine)]  # fmt: skip
+    merged = Metrics.merge(parts)
+    for name in Metrics._COLUMNS:
+        assert list(getattr(merged, name)) == list(getattr(whole, name)), name
+    assert list(merged.forward_ns) == list(whole.forward_ns)
+    assert list(merged.forward_attention_balance) == list(whole.forward_attention_balance)
+    assert merged.gpu_busy["pe"].busy_ns == whole.gpu_busy["pe"].busy_ns
+    assert merged.ttft_s() == whole.ttft_s() and merged.jct_s() == whole.jct_s()
+
+
+def test_two_parts_that_disagree_on_a_time_are_refused() -> None:
+    a, b = Metrics(), Metrics()
+    a.read_start(0, 5)
+    b.read_start(0, 6)
+    with pytest.raises(ValueError, match="request 0: read_start_ns"):
+        Metrics.merge([a, b])

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dualpath_emu.cluster.scheduler import (
+from dualpath_emu.cluster.policies import (
     DualPathPolicy,
     Engine,
     Policy,

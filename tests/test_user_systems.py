@@ -18,7 +18,7 @@ import pytest
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
-from dualpath_emu.cluster.scheduler import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
+from dualpath_emu.cluster.policies import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
 from test_run_cli import TINY as RUN_CLI_TINY
@@ -35,7 +35,7 @@ LAST_PE = '''\
 from collections import deque
 from dataclasses import dataclass
 
-from dualpath_emu.cluster.scheduler import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
+from dualpath_emu.cluster.policies import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
 from dualpath_emu.cluster.systems import System
 
 

@@ -1,7 +1,10 @@
 """The ZeroMQ transport (``dualpath_emu.runtime.zmq_transport``): two actor systems in one process, on
-``ipc://`` endpoints under a temporary directory or ``tcp://127.0.0.1``, exchange tells and asks exactly
-once; remote exceptions reach the asker; malformed, truncated, unknown-type and wrong-version frames sent by a
-raw socket to a live actor are rejected and counted, and the actor still answers. Every wait is bounded.
+``ipc://`` endpoints under a private temporary directory or on ``tcp://127.0.0.1`` with the run's CURVE keys
+(and once without, ``insecure=True``), exchange tells and asks exactly once; remote exceptions reach the
+asker; malformed, truncated, unknown-type and wrong-version frames sent by a raw socket to a live actor are
+rejected and counted, and the actor still answers; a backed-up connection fails a tell, holds an ask, loses
+nothing it accepted; the paper's largest ``Submit`` (49,152 turns) crosses. Every wait is bounded.
+(Who may connect at all: ``test_security``.)
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import asyncio
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
@@ -20,8 +25,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from dualpath_emu.errors import SecurityError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime import zmq_transport
+from dualpath_emu.runtime.security import RunKeys
+from dualpath_emu.runtime.zmq_transport import BacklogFullError
 from dualpath_emu.runtime import (
     Actor,
     ActorStoppedError,
@@ -164,15 +172,8 @@ def run_bounded(main: Callable[[], Coroutine[Any, Any, _T]], limit_s: float = 20
     return asyncio.run(bounded())
 
 
-@asynccontextmanager
-async def two_systems(bind_a: str, bind_b: str) -> AsyncIterator[tuple[ZmqActorSystem, ZmqActorSystem]]:
-    """System A hosts ``relay``, system B hosts ``echo``; each knows where the other's actors are."""
-    a = ZmqActorSystem(Codec(registry()), bind=bind_a)
-    b = ZmqActorSystem(Codec(registry()), bind=bind_b)
-    async with a, b:
-        a.add_route("echo", b.endpoint)
-        b.add_route("relay", a.endpoint)
-        yield a, b
+TRANSPORTS = ("ipc", "tcp-curve")
+"""How two systems are connected: ipc:// in a private directory, or tcp:// loopback with the run's keys."""
 
 
 def endpoints(transport: str, ipc_dir: str) -> tuple[str, str]:
@@ -181,11 +182,35 @@ def endpoints(transport: str, ipc_dir: str) -> tuple[str, str]:
     return "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"
 
 
-@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def security(transport: str, ipc_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The security arguments of systems A and B: none (ipc), the run's keys (tcp-curve), or insecure."""
+    if transport == "tcp-curve":
+        keys = RunKeys.generate(Path(ipc_dir) / "keys", ["a", "b"])
+        return {"keys": keys, "name": "a"}, {"keys": keys, "name": "b"}
+    if transport == "tcp-insecure":
+        return {"insecure": True}, {"insecure": True}
+    return {}, {}
+
+
+@asynccontextmanager
+async def two_systems(transport: str, ipc_dir: str) -> AsyncIterator[tuple[ZmqActorSystem, ZmqActorSystem]]:
+    """System A (process ``a``) hosts ``relay``, system B (``b``) hosts ``echo``; each knows where the other's
+    actors are."""
+    bind_a, bind_b = endpoints(transport, ipc_dir)
+    options_a, options_b = security(transport, ipc_dir)
+    a = ZmqActorSystem(Codec(registry()), bind=bind_a, **options_a)
+    b = ZmqActorSystem(Codec(registry()), bind=bind_b, **options_b)
+    async with a, b:
+        a.add_route("echo", b.endpoint, "b")
+        b.add_route("relay", a.endpoint, "a")
+        yield a, b
+
+
+@pytest.mark.parametrize("transport", [*TRANSPORTS, "tcp-insecure"])
 def test_tell_and_ask_across_two_systems_exactly_once(transport: str, ipc_dir: str) -> None:
     async def main() -> None:
-        async with two_systems(*endpoints(transport, ipc_dir)) as (a, b):
-            if transport == "tcp":
+        async with two_systems(transport, ipc_dir) as (a, b):
+            if transport.startswith("tcp"):
                 assert a.endpoint.startswith("tcp://127.0.0.1:") and not a.endpoint.endswith(":*")
             echo = Echo(b, "echo")
             relay = Relayer(a, "relay")
@@ -201,7 +226,7 @@ def test_tell_and_ask_across_two_systems_exactly_once(transport: str, ipc_dir: s
             # An actor of A asks an actor of B from its handler; B's main asks A's actor.
             assert await b.ask("relay", Relay("echo", 7), timeout_s=WAIT_S) == Pong(7)
             assert await a.ask("echo", Nothing(), timeout_s=WAIT_S) is None
-            assert a.rejected == 0 and b.rejected == 0
+            assert a.rejected == 0 and b.rejected == 0 and a.denied == 0 and b.denied == 0
             kinds_b = [event.kind for event in b.events]
             assert kinds_b.count("deliver") == 200 + 1 + 50 + 1 + 1  # + the relay's Ping
             answers = [event for event in a.events if event.kind == "answer"]
@@ -210,9 +235,10 @@ def test_tell_and_ask_across_two_systems_exactly_once(transport: str, ipc_dir: s
     run_bounded(main)
 
 
-def test_remote_exceptions_reach_the_asker(ipc_dir: str) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_remote_exceptions_reach_the_asker(transport: str, ipc_dir: str) -> None:
     async def main() -> None:
-        async with two_systems(*endpoints("ipc", ipc_dir)) as (a, b):
+        async with two_systems(transport, ipc_dir) as (a, b):
             echo = Echo(b, "echo")
             echo.start()
             with pytest.raises(ValueError, match="^bad value$"):
@@ -235,7 +261,8 @@ def test_remote_exceptions_reach_the_asker(ipc_dir: str) -> None:
     run_bounded(main)
 
 
-def test_a_remote_actor_stopping_fails_the_pending_ask(ipc_dir: str) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_remote_actor_stopping_fails_the_pending_ask(transport: str, ipc_dir: str) -> None:
     class Slow(Actor):
         @handles(Ping)
         async def on_ping(self, msg: Ping) -> Pong:
@@ -243,7 +270,7 @@ def test_a_remote_actor_stopping_fails_the_pending_ask(ipc_dir: str) -> None:
             return Pong(msg.seq)
 
     async def main() -> None:
-        async with two_systems(*endpoints("ipc", ipc_dir)) as (a, b):
+        async with two_systems(transport, ipc_dir) as (a, b):
             slow = Slow(b, "echo")
             slow.start()
             ask = asyncio.ensure_future(a.ask("echo", Ping(1), timeout_s=WAIT_S))
@@ -258,13 +285,16 @@ def test_a_remote_actor_stopping_fails_the_pending_ask(ipc_dir: str) -> None:
     run_bounded(main)
 
 
-def test_a_full_peer_queue_keeps_order_and_loses_nothing(ipc_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_full_peer_queue_keeps_order_and_loses_nothing(
+    transport: str, ipc_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(zmq_transport, "HWM", 4)
     count = 2000
     pad = "x" * 1000  # 2 MB in all: more than the socket buffers hold, so sends queue in the backlog
 
     async def main() -> None:
-        async with two_systems(*endpoints("ipc", ipc_dir)) as (a, b):
+        async with two_systems(transport, ipc_dir) as (a, b):
             echo = Echo(b, "echo")
             echo.start()
             for seq in range(count):
@@ -336,7 +366,9 @@ def test_refuses_the_virtual_time_loop_and_binds_loopback_by_default() -> None:
     from dualpath_emu._core import Core
     from dualpath_emu.runtime import run
 
-    system = ZmqActorSystem(Codec(registry()))
+    with pytest.raises(SecurityError, match=r"^tcp://127\.0\.0\.1:\*: a tcp:// endpoint without keys"):
+        ZmqActorSystem(Codec(registry()))  # secure by default: loopback tcp needs keys, or insecure=True
+    system = ZmqActorSystem(Codec(registry()), insecure=True)
     assert system.bind_address == "tcp://127.0.0.1:*"
 
     async def main() -> None:
@@ -357,11 +389,11 @@ async def ping_pong_systems(transport: str, ipc_dir: str) -> AsyncIterator[tuple
         yield system, system
         await system.shutdown()
         return
-    async with two_systems(*endpoints("ipc", ipc_dir)) as pair:
+    async with two_systems(transport, ipc_dir) as pair:
         yield pair
 
 
-@pytest.fixture(params=["inproc", "zmq"])
+@pytest.fixture(params=["inproc", *TRANSPORTS])
 def transport(request: pytest.FixtureRequest) -> str:
     value: str = request.param
     return value
@@ -378,3 +410,120 @@ def test_ping_pong_on_every_transport(transport: str, ipc_dir: str) -> None:
             assert echo.notes == [("main", seq) for seq in range(20)]
 
     run_bounded(main)
+
+
+# --- a connection whose peer does not keep up ----------------------------------------------------------
+
+
+def test_a_backed_up_connection_fails_a_tell_holds_an_ask_and_loses_nothing_it_accepted(
+    ipc_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zmq_transport, "HWM", 4)
+    monkeypatch.setattr(zmq_transport, "BACKLOG_MESSAGES", 10)
+    pad = "x" * 100_000  # a few fill the socket buffers: then the backlog
+    codec = Codec(registry())
+
+    async def main() -> None:
+        context = zmq.asyncio.Context()
+        peer = context.socket(zmq.ROUTER)  # a peer that reads nothing until told to
+        peer.setsockopt(zmq.LINGER, 0)
+        peer.setsockopt(zmq.RCVHWM, 4)
+        peer.bind(f"ipc://{ipc_dir}/slow")
+        try:
+            async with ZmqActorSystem(Codec(registry()), bind=f"ipc://{ipc_dir}/a") as a:
+                a.add_route("echo", f"ipc://{ipc_dir}/slow")
+                accepted = 0
+                with pytest.raises(BacklogFullError, match=r"holds 10 messages .* nothing was sent"):
+                    for seq in range(5_000):
+                        a.tell("echo", Blob(seq, pad))
+                        accepted += 1
+                        await asyncio.sleep(0)  # the drain runs: it cannot send either
+                assert 10 < accepted < 1_000
+                assert [e.kind for e in a.events].count("tell") == accepted  # the refused one is not recorded
+                with pytest.raises(TimeoutError, match="backlog stayed full"):
+                    await a.ask("echo", Ping(1), timeout_s=0.2)  # waits for room, none comes, nothing sent
+                waiting = asyncio.ensure_future(a.ask("echo", Ping(2), timeout_s=WAIT_S))
+                await asyncio.sleep(0.05)
+                assert not waiting.done()
+                # The peer reads now: every accepted tell, in order, then the waiting ask (not the timed-out one).
+                seqs: list[int] = []
+                while True:
+                    identity, kind, data = await asyncio.wait_for(peer.recv_multipart(), WAIT_S)
+                    envelope = codec.decode_envelope(data)
+                    if kind == b"ask":
+                        break
+                    assert isinstance(envelope.body, Blob)
+                    seqs.append(envelope.body.seq)
+                assert seqs == list(range(accepted))
+                assert envelope.body == Ping(2)
+                answer = Envelope("echo", envelope.sender, 1, envelope.msg_id, Pong(2))
+                await peer.send_multipart([identity, b"reply", codec.encode_envelope(answer)])
+                assert await asyncio.wait_for(waiting, WAIT_S) == Pong(2)
+        finally:
+            peer.close(linger=0)
+            context.term()
+
+    run_bounded(main)
+
+
+# --- the paper's largest Submit ----------------------------------------------------------------------------
+
+SUBMIT_TURNS = 49_152
+"""The paper's largest run (48P96D): 49,152 agents, every one's first turn submitted at t = 0."""
+
+
+def largest_submit() -> Message:
+    from dualpath_emu.cluster.messages import Submit, Turn
+
+    # Large values, so every field takes its longest msgpack form (rids of a long run, 64K-token prompts).
+    base = 3_000_000_000
+    return Submit(tuple(Turn(base + i, 70_000 + i % 1000, 66_000 + i % 1000, 1 + i % 600) for i in range(SUBMIT_TURNS)))
+
+
+def cluster_codec() -> Codec:
+    from dualpath_emu.cluster.messages import cluster_registry
+
+    reg = cluster_registry()
+    reg.register(Pong)
+    return Codec(reg)
+
+
+def test_the_largest_submit_encodes_and_decodes() -> None:
+    codec = cluster_codec()
+    submit = largest_submit()
+    envelope = Envelope("client", "scheduler", 1, None, submit)
+    started = time.perf_counter()
+    data = codec.encode_envelope(envelope)
+    encoded = time.perf_counter()
+    assert codec.decode_envelope(data) == envelope
+    decoded = time.perf_counter()
+    print(f"Submit of {SUBMIT_TURNS} turns: {len(data):,} bytes, encode {encoded - started:.3f} s, "
+          f"decode {decoded - encoded:.3f} s")  # fmt: skip
+    assert len(data) < codec.max_frame_bytes / 8  # ample room below the limit
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_largest_submit_crosses_the_transport(transport: str, ipc_dir: str) -> None:
+    from dualpath_emu.cluster.messages import Submit
+
+    class Intake(Actor):
+        @handles(Submit)
+        async def on_submit(self, msg: Submit) -> Pong:
+            assert msg == submit
+            return Pong(len(msg.turns))
+
+    submit = largest_submit()
+
+    async def main() -> None:
+        bind_a, bind_b = endpoints(transport, ipc_dir)
+        options_a, options_b = security(transport, ipc_dir)
+        async with (
+            ZmqActorSystem(cluster_codec(), bind=bind_a, **options_a) as a,
+            ZmqActorSystem(cluster_codec(), bind=bind_b, **options_b) as b,
+        ):
+            Intake(b, "scheduler").start()
+            a.add_route("scheduler", b.endpoint, "b")
+            assert await a.ask("scheduler", submit, timeout_s=4 * WAIT_S) == Pong(SUBMIT_TURNS)
+            assert a.rejected == b.rejected == 0
+
+    run_bounded(main, limit_s=60.0)

@@ -42,7 +42,7 @@ from dualpath_emu.cluster.outputs import make_output_folder, summary, trace_file
 from dualpath_emu.cluster.run import Progress, SystemResult, run_system
 from dualpath_emu.cluster.run_cli import load_scenario as _load
 from dualpath_emu.cluster.scenario import ClusterScenario
-from dualpath_emu.cluster.scheduler import (
+from dualpath_emu.cluster.policies import (
     DecodeAssignment,
     DualPathPolicy,
     Engine,

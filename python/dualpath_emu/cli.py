@@ -69,6 +69,18 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return trace_command(args)
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from dualpath_emu.runtime.security import PUBLIC_SUFFIX, SECRET_SUFFIX, RunKeys  # imports zmq: only when asked
+
+    keys = RunKeys.generate(args.directory, args.process)
+    print(
+        f"wrote the CURVE keys of {len(keys.names)} processes ({', '.join(keys.names)}) to {args.directory} "
+        f"(mode 0700): NAME{PUBLIC_SUFFIX} (public) and NAME{SECRET_SUFFIX} (secret, 0600) for each. Copy the "
+        "directory to every host of the run, keeping its modes (e.g. scp -rp); each process loads its own."
+    )
+    return 0
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
@@ -106,6 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv, plots and traces here")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (and nothing else) on stdout")
     run.add_argument("--quiet", action="store_true", help="no header line, no progress bars")
+    live = run.add_argument_group("real time (--mode realtime: the same actors live, as OS processes)")
+    live.add_argument("--mode", choices=("virtual", "realtime"), default="virtual",
+                      help="virtual (default): one process, virtual clock, deterministic; realtime: wall clock, "
+                           "one OS process per engine group, a data-plane service owning every port")  # fmt: skip
+    live.add_argument("--time-scale", type=float, metavar="S", default=1.0,
+                      help="realtime: emulated seconds per wall second (default 1)")  # fmt: skip
+    live.add_argument("--placement", choices=("groups", "roles", "single"), default="groups",
+                      help="realtime: groups (default: scheduler, client, each prefill and decode group its own "
+                           "process), roles (front end, prefill, decode), single (one process)")  # fmt: skip
+    live.add_argument("--transport", choices=("ipc", "tcp"), default="ipc",
+                      help="realtime: ipc (default; sockets in a private directory) or tcp (CURVE-authenticated)")
+    live.add_argument("--host", default="127.0.0.1", help="realtime, tcp: the address to bind (default loopback)")
+    live.add_argument("--run-dir", type=Path, metavar="DIR",
+                      help="realtime: keep the run's description, keys, logs and parts here (default: under --out, "
+                           "else a temporary directory)")  # fmt: skip
+    live.add_argument("--metrics-port", type=int, metavar="PORT",
+                      help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)")
+    live.add_argument("--timeout", type=float, metavar="S", default=86_400.0,
+                      help="realtime: wall seconds after which the run is stopped (default one day)")
     run.set_defaults(func=_cmd_run)
 
     validate = commands.add_parser(
@@ -153,6 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     node.add_argument("arguments", nargs="*", help="see `dualpath-emu node --help`")
+
+    keys = commands.add_parser(
+        "keys",
+        help="make the CURVE keys of a real-time run's processes (for runs on several hosts)",
+        description="Write a new CURVE key pair for each process of a real-time run into DIR (created, or "
+        "empty; made 0700, secret files 0600): the ZeroMQ transport admits only these keys. Copy DIR to every "
+        "host of the run.",
+    )
+    keys.add_argument("directory", metavar="DIR", type=Path, help="the directory for the keys (new or empty)")
+    keys.add_argument("--process", action="append", required=True, metavar="NAME",
+                      help="a process of the run, as its [[process]] is named (repeat for each)")  # fmt: skip
+    keys.set_defaults(func=_cmd_keys)
 
     from dualpath_emu.reproduce import EXPERIMENTS  # names only; each experiment's module loads when it runs
 

@@ -19,6 +19,7 @@ __all__ = [
     "CoreError",
     "CoreIOError",
     "InvalidArgumentError",
+    "SecurityError",
     "StateError",
     "UnknownNameError",
     "UsageError",
@@ -27,3 +28,8 @@ __all__ = [
 
 class UsageError(Exception):
     """Bad command-line input: the CLI prints the message on one line and exits with status 2."""
+
+
+class SecurityError(UsageError):
+    """A run's keys are missing, unreadable or too open, or a ZeroMQ endpoint would be open to others
+    (``dualpath_emu.runtime.security``); like any :class:`UsageError`, the CLI reports it on one line."""

@@ -41,10 +41,28 @@ at the sender. Decoding validates everything (frame shape, format, known wire na
 each field's type; bool is not an int and an int is not a bool; an int is accepted for a float, never the
 reverse) and raises :class:`MessageError`, never another exception, for any bytes it cannot accept.
 
-A hostile frame cannot make the decoder allocate much: frames over ``max_frame_bytes`` are refused before
-parsing, arrays over ``max_array_len`` elements and every map and ext value are refused by msgpack while
-parsing. (msgpack preallocates each array it opens, up to 1,024 levels deep: about
-``8 * max_array_len`` bytes per level at worst, ~33 MB transient with the default 4,096.)
+Limits
+------
+A frame holds at most ``max_frame_bytes`` (default 16 MiB) and an array at most ``max_array_len`` elements
+(default 2**20), both checked at the sender too. They are sized for the paper's largest run: a cluster
+``Submit`` of 49,152 turns (48P96D, every agent at t = 0) is a frame of at most 1.7 MB, so 16 MiB leaves
+ten times that. Every process of a run must use the same limits (the ZeroMQ transport drops a connection that
+carries a longer frame, see :mod:`dualpath_emu.runtime.zmq_transport`).
+
+A hostile frame cannot make the decoder allocate much more than its own length allows:
+
+* frames over ``max_frame_bytes`` are refused before parsing; maps and ext values anywhere, arrays over
+  ``max_array_len`` elements, are refused by msgpack while parsing;
+* msgpack builds each array as it opens it, sized by the length its header declares (msgpack >= 1.2 caps
+  that at 10,000 slots; older versions do not), up to 1,024 arrays deep. So that declared lengths cannot
+  outrun the frame, a frame of at most 1 KiB is parsed with arrays limited to 1,024 elements (no valid frame
+  of that size has a longer one), which bounds that preallocation to about 3 MB; a longer frame is first
+  walked by msgpack without building anything (``Unpacker.skip``), and is refused unless it is complete, so
+  every declared element is really there: its arrays then cost at most 8 bytes per frame byte.
+* What a complete frame decodes into is bounded by its length: at worst (chains of one-element arrays,
+  one tuple per byte) about 50 bytes of Python objects per frame byte, ~0.8 GiB for a 16 MiB frame, freed
+  as soon as the frame is refused; frames of real messages decode into about ten times their length (the
+  49,152-turn ``Submit``, 1.7 MB: a peak of 19 MB while it is decoded into messages).
 
 A :class:`Codec` reuses one msgpack ``Packer``: use one codec per thread.
 """
@@ -79,11 +97,15 @@ FORMAT: Final = 1
 ENVELOPE_WIRE_NAME: Final = "envelope"
 ENVELOPE_VERSION: Final = 1
 
-DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
-"""Frames longer than this (1 MiB) are refused unparsed; messages carry decisions, not data."""
+DEFAULT_MAX_FRAME_BYTES: Final = 16 << 20
+"""Frames longer than this (16 MiB) are refused unparsed (see Limits in the module docstring)."""
 
-DEFAULT_MAX_ARRAY_LEN: Final = 4096
+DEFAULT_MAX_ARRAY_LEN: Final = 1 << 20
 """The longest array (so the longest tuple field) a codec encodes or decodes by default."""
+
+_SMALL_FRAME_BYTES: Final = 1024
+"""Frames up to this long are parsed at once, with arrays limited to this many elements; longer ones are
+checked complete first (see Limits in the module docstring)."""
 
 # msgpack's int range: what its packer can write and its unpacker can return.
 _INT_MIN: Final = -(1 << 63)
@@ -520,6 +542,21 @@ class Codec:
             "max_map_len": 0,
             "max_ext_len": 0,
         }
+        # A frame of n bytes holds no array longer than n elements: small frames get that as their limit.
+        self._small_unpack_options = {
+            **self._unpack_options,
+            "max_array_len": min(max_array_len, _SMALL_FRAME_BYTES),
+        }
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The longest frame this codec encodes or decodes."""
+        return self._max_frame_bytes
+
+    @property
+    def max_array_len(self) -> int:
+        """The longest array (tuple field) this codec encodes or decodes."""
+        return self._max_array_len
 
     def encode(self, message: Message) -> bytes:
         """The frame of ``message``. Raises MessageError if its type is not registered or a field is invalid."""
@@ -600,6 +637,13 @@ class Codec:
         if size > self._max_frame_bytes:
             raise MessageError(f"a frame of {size} bytes exceeds max_frame_bytes ({self._max_frame_bytes})")
         try:
+            if size <= _SMALL_FRAME_BYTES:
+                return msgpack.unpackb(data, **self._small_unpack_options)
+            # Walk it first without building anything: a truncated frame whose headers declare long arrays
+            # would otherwise have msgpack allocate them all before finding the end (see the module).
+            walker = msgpack.Unpacker(max_buffer_size=size)
+            walker.feed(data)
+            walker.skip()
             return msgpack.unpackb(data, **self._unpack_options)
         # msgpack's own errors (OutOfData, FormatError, StackError, ExtraData) derive from UnpackException or
         # ValueError; a limit exceeded, a bad UTF-8 str or a non-buffer gives ValueError or TypeError.

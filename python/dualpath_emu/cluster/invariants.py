@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from dualpath_emu._core import Core
+from dualpath_emu.cluster.core_report import CoreReport
 
 __all__ = ["EventLogChecker", "InvariantError", "check_core_bytes"]
 
@@ -102,24 +102,20 @@ class EventLogChecker:
 
 
 def check_core_bytes(
-    core: Core, booked: Mapping[tuple[int, int], int], transfers: Mapping[tuple[int, int], int]
+    report: CoreReport, booked: Mapping[tuple[int, int], int], transfers: Mapping[tuple[int, int], int]
 ) -> list[str]:
     """Every byte accounted: per port and lane, the bytes of the transfers the core finished equal the bytes
-    the actors asked it to move (``booked`` by the cluster's ledger, with ``transfers`` counted), exactly;
+    the actors asked it to move (``booked`` by the cluster's ledgers, with ``transfers`` counted), exactly;
     and what flowed (the integral of the rates) matches to within the nanosecond rounding of completion
     times: each transfer may flow up to one nanosecond longer than its bytes need."""
     out: list[str] = []
-    for port in range(core.port_count):
-        counters = core.port_counters(port)
-        fluid, completed = counters["fluid_bytes"], counters["completed_bytes"]
-        assert isinstance(fluid, list) and isinstance(completed, list)
-        capacity = core.capacity(port)
-        for lane, (flowed, done) in enumerate(zip(fluid, completed)):
+    for port, counters in enumerate(report.ports):
+        for lane, (flowed, done) in enumerate(zip(counters.fluid_bytes, counters.completed_bytes)):
             key = (port, lane)
             want = booked.get(key, 0)
             if done != want:
-                out.append(f"port {core.port_name(port)} lane {lane}: {done} B finished, {want} B asked for")
-            slack = transfers.get(key, 0) * capacity * 1e-9 + 1e-6 * done + 1.0
+                out.append(f"port {counters.name} lane {lane}: {done} B finished, {want} B asked for")
+            slack = transfers.get(key, 0) * counters.capacity * 1e-9 + 1e-6 * done + 1.0
             if abs(flowed - done) > slack:
-                out.append(f"port {core.port_name(port)} lane {lane}: {flowed:.0f} B flowed, {done} B finished")
+                out.append(f"port {counters.name} lane {lane}: {flowed:.0f} B flowed, {done} B finished")
     return out

@@ -167,20 +167,35 @@ class Metrics:
                        self.de, self.read_on_de):  # fmt: skip
             column.append(_UNSET)
 
+    def _grow(self, rid: int) -> None:
+        """Make room for request ``rid`` in a process that did not admit it (rows of unset times)."""
+        for column in self._columns().values():
+            column.extend(itertools.repeat(_UNSET, rid + 1 - len(column)))
+
     def scheduled_pe(self, rid: int, t_ns: int) -> None:
+        if rid >= len(self.scheduled_pe_ns):
+            self._grow(rid)
         self.scheduled_pe_ns[rid] = t_ns
 
     def scheduled_de(self, rid: int, t_ns: int, pe: int, de: int, read_on_de: bool) -> None:
+        if rid >= len(self.scheduled_de_ns):
+            self._grow(rid)
         self.scheduled_de_ns[rid] = t_ns
         self.pe[rid], self.de[rid], self.read_on_de[rid] = pe, de, int(read_on_de)
 
     def read_start(self, rid: int, t_ns: int) -> None:
+        if rid >= len(self.read_start_ns):
+            self._grow(rid)
         self.read_start_ns[rid] = t_ns
 
     def read_done(self, rid: int, t_ns: int) -> None:
+        if rid >= len(self.read_done_ns):
+            self._grow(rid)
         self.read_done_ns[rid] = t_ns
 
     def prefill_start(self, rid: int, t_ns: int) -> None:
+        if rid >= len(self.prefill_start_ns):
+            self._grow(rid)
         if self.prefill_start_ns[rid] == _UNSET:
             self.prefill_start_ns[rid] = t_ns
 
@@ -216,6 +231,94 @@ class Metrics:
         busy = self.gpu_busy["de"]  # called per segment: the trace's args only when the trace is kept
         args = (("batch", batch), ("step_ns", step_ns)) if busy.spans is not None else ()
         busy.add(gpu, start_ns, end_ns, "decode", args)
+
+    # --- one process's part, and the whole run's ------------------------------------------------------
+
+    _COLUMNS = ("agent", "prompt", "hit", "gen", "arrive_ns", "scheduled_pe_ns", "scheduled_de_ns", "read_start_ns",
+                "read_done_ns", "prefill_start_ns", "first_token_ns", "second_token_ns", "done_ns", "pe", "de",
+                "read_on_de")  # fmt: skip
+    """The per-request columns. Each has one writer: the client the request's own (arrival, its tokens'
+    times, from :class:`~dualpath_emu.cluster.messages.TurnDone`), the scheduler where it placed it, the
+    engine groups its reads and prefill start; so the parts of a run split over processes merge without
+    conflict (:meth:`merge`)."""
+
+    def _columns(self) -> dict[str, array[int]]:
+        return {name: getattr(self, name) for name in self._COLUMNS}
+
+    def to_wire(self) -> dict[str, object]:
+        """This process's part as msgpack-able data (:meth:`from_wire` rebuilds it)."""
+        busy = {role: {"interval_ns": b.interval_ns, "units": {u: bins.tobytes() for u, bins in b.busy_ns.items()},
+                       "spans": b.spans}
+                for role, b in self.gpu_busy.items()}  # fmt: skip
+        return {
+            "columns": {name: column.tobytes() for name, column in self._columns().items()},
+            "forward_ns": self.forward_ns.tobytes(),
+            "forward_attention_balance": self.forward_attention_balance.tobytes(),
+            "gpu_busy": busy,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, object]) -> Metrics:
+        busy_data = data["gpu_busy"]
+        assert isinstance(busy_data, dict)
+        interval = next(iter(busy_data.values()))["interval_ns"]
+        metrics = cls(sample_interval_ns=interval, keep_spans=any(b["spans"] is not None for b in busy_data.values()))
+        columns = data["columns"]
+        assert isinstance(columns, dict)
+        for name, raw in columns.items():
+            getattr(metrics, name).frombytes(raw)
+        metrics.forward_ns.frombytes(data["forward_ns"])  # type: ignore[arg-type]
+        metrics.forward_attention_balance.frombytes(data["forward_attention_balance"])  # type: ignore[arg-type]
+        for role, b in busy_data.items():
+            target = metrics.gpu_busy[role]
+            for unit, raw in b["units"].items():
+                bins = target.busy_ns[int(unit)] = array("q")
+                bins.frombytes(raw)
+            if target.spans is not None and b["spans"] is not None:
+                target.spans.extend(tuple(span) for span in b["spans"])
+        return metrics
+
+    @classmethod
+    def merge(cls, parts: Sequence[Metrics]) -> Metrics:
+        """The run's metrics from its processes' parts: per request, each time from the part that set it
+        (a time set differently by two parts is an error: every column has one writer); forward passes in
+        time order; GPU busy time summed per GPU."""
+        if not parts:
+            return cls()
+        interval = parts[0].gpu_busy["pe"].interval_ns
+        merged = cls(sample_interval_ns=interval, keep_spans=any(p.gpu_busy["pe"].spans is not None for p in parts))
+        rows = max(len(p.arrive_ns) for p in parts) if parts else 0
+        rows = max([rows, *(len(p.scheduled_pe_ns) for p in parts)])
+        for name in cls._COLUMNS:
+            out = array("q", itertools.repeat(_UNSET, rows))
+            for part in parts:
+                column = getattr(part, name)
+                for rid, value in enumerate(column):
+                    if value == _UNSET:
+                        continue
+                    if out[rid] != _UNSET and out[rid] != value:
+                        raise ValueError(f"request {rid}: {name} is {out[rid]} in one process and {value} in another")
+                    out[rid] = value
+            setattr(merged, name, out)
+        passes = sorted(
+            (t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True)
+        )
+        merged.forward_ns.extend(t for t, _ in passes)
+        merged.forward_attention_balance.extend(b for _, b in passes)
+        for role, target in merged.gpu_busy.items():
+            for part in parts:
+                source = part.gpu_busy[role]
+                for unit, bins in source.busy_ns.items():
+                    into = target.busy_ns.setdefault(unit, array("q"))
+                    if len(into) < len(bins):
+                        into.extend(itertools.repeat(0, len(bins) - len(into)))
+                    for k, busy in enumerate(bins):
+                        into[k] += busy
+                if target.spans is not None and source.spans is not None:
+                    target.spans.extend(source.spans)
+            if target.spans is not None:
+                target.spans.sort()
+        return merged
 
     # --- figures -------------------------------------------------------------------------------------
 

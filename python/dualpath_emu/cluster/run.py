@@ -18,27 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from dualpath_emu._core import Core
-from dualpath_emu.cluster.actors import (
-    Cluster,
-    ClientActor,
-    DecodeGroup,
-    Ledger,
-    PrefillGroup,
-    SchedulerActor,
-    Start,
-)
+from dualpath_emu.cluster.client import ClientActor
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.decode import DecodeGroup
+from dualpath_emu.cluster.ledger import Ledger
+from dualpath_emu.cluster.messages import Start
+from dualpath_emu.cluster.prefill import PrefillGroup
+from dualpath_emu.cluster.scheduler import SchedulerActor
 from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.systems import System, built_in
-from dualpath_emu.cluster.topology import KV_LANE, build_topology
+from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.runtime.actors import ActorSystem
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.virtual_loop import run as run_virtual
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "run_system"]
+__all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system"]
 
 SAMPLE_INTERVAL_S = 1.0
 """The core samples port utilisation, and the GPUs' busy time is binned, every emulated second: the p99s of
@@ -47,7 +46,6 @@ SAMPLE_INTERVAL_S = 1.0
 Utilisation = dict[str, float]
 """``{"mean": fraction of capacity over the run, "p99": 99th percentile of the 1-second samples}``."""
 
-ROLES = ("pe", "de")
 
 
 class LostRequestsError(RuntimeError):
@@ -236,84 +234,75 @@ def run_system(
         raise LostRequestsError(f"{system_name}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
     end_ns = core.now_ns
     core.run_until_idle()  # the last block write-backs, so that every byte is accounted
-    violations = checker.finish() + check_core_bytes(core, ledger.bytes, ledger.transfers)
+    core_report = CoreReport.of(core, topology, min(end_ns, core.now_ns))
+    violations = checker.finish() + check_core_bytes(core_report, ledger.bytes, ledger.transfers)
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
-    result = _result(system_name, core, cluster, trajectories, actors, writer.sha256(), wall_s, end_ns)
-    # The core widens its interval on long runs so that samples stay bounded: report the one it used.
-    result.sample_interval_s = (core.sample_interval_ns or interval_ns) / 1e9
+    result = build_result(system_name, core_report, metrics, config, topology, len(trajectories), writer.sha256(),
+                          wall_s, actors.event_count, end_ns)  # fmt: skip
     result.spec = system
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name)
     return result
 
 
-def _result(
+def build_result(
     name: str,
-    core: Core,
-    cluster: Cluster,
-    trajectories: Sequence[Trajectory],
-    actors: ActorSystem,
+    report: CoreReport,
+    metrics: Metrics,
+    config: ClusterConfig,
+    topology: Topology,
+    agents: int,
     sha256: str,
     wall_s: float,
+    events: int,
     end_ns: int,
 ) -> SystemResult:
-    metrics, topology = cluster.metrics, cluster.topology
+    """A run's :class:`SystemResult` from the core's report and the actors' (merged) metrics; ``end_ns`` is
+    when the last request ended (the JCT's end)."""
     end_s = end_ns / 1e9 or 1e-9
-    until_ns = min(end_ns, core.now_ns)
+    until_ns = min(end_ns, report.until_ns)
 
-    def port_bytes(port: int) -> float:
-        return float(sum(core.port_counters(port)["fluid_bytes"]))  # type: ignore[arg-type]
-
-    def util(ports: list[int]) -> Utilisation:
+    def util(role: str, kind: str) -> Utilisation:
         """Bytes over capacity × the run (all that moved, the last write-backs included), and the p99."""
-        capacity = sum(core.port_rate(p) for p in ports) * end_s
-        mean = sum(port_bytes(p) for p in ports) / capacity if capacity > 0 else 0.0
-        return {"mean": mean, "p99": core.utilisation_quantile(ports, 0.99, until_ns)}
+        ports = ports_of(topology, role, kind)
+        capacity = sum(report.ports[p].rate for p in ports) * end_s
+        mean = sum(report.port_bytes(p) for p in ports) / capacity if capacity > 0 else 0.0
+        return {"mean": mean, "p99": report.p99[kind][role]}
 
-    def ports_of(role: str, kind: str) -> list[int]:
-        nodes = [n for n in topology.nodes if n.role == role]
-        picks = {"snic.rx": lambda n: [n.snic_rx], "snic.tx": lambda n: [n.snic_tx], "dram": lambda n: [n.dram],
-                 "cnic.tx": lambda n: list(n.cnic_tx), "cnic.rx": lambda n: list(n.cnic_rx)}  # fmt: skip
-        return [p for n in nodes for p in picks[kind](n)]
-
-    gpus = cluster.config.node.gpus
+    gpus = config.node.gpus
     gpu_units = {role: [n.index * gpus + g for n in topology.nodes if n.role == role for g in range(gpus)]
                  for role in ROLES}  # fmt: skip
-    timelines = {kind: {role: core.utilisation_mean(ports_of(role, kind), until_ns) for role in ROLES}
-                 for kind in ("snic.rx", "snic.tx", "cnic.tx", "cnic.rx", "dram")}  # fmt: skip
+    timelines = {kind: dict(by_role) for kind, by_role in report.timelines.items()}
     timelines["gpu"] = {role: metrics.gpu_busy[role].timeline(gpu_units[role], until_ns) for role in ROLES}
-
-    def kv_bytes(port: int) -> float:
-        return float(core.port_counters(port)["fluid_bytes"][KV_LANE])  # type: ignore[index]
-
-    snic = {role: [kv_bytes(p) for p in ports_of(role, "snic.rx")] for role in ROLES}
+    snic = {role: [report.kv_bytes(p, KV_LANE) for p in ports_of(topology, role, "snic.rx")] for role in ROLES}
     every_snic = snic["pe"] + snic["de"]
     mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
-    stats = core.stats()
     return SystemResult(
         system=name,
         jct_s=metrics.jct_s(),
         turns=len(metrics),
-        agents=len(trajectories),
+        agents=agents,
         lost_requests=0,
         ttft_s=percentiles(metrics.ttft_s()).as_dict(),
         ttst_s=percentiles(metrics.ttst_s()).as_dict(),
         tpot_s=percentiles(metrics.tpot_s()).as_dict(),
         snic_read_bytes={role: sum(v) for role, v in snic.items()},
-        snic_util={role: {d: util(ports_of(role, f"snic.{d}")) for d in ("rx", "tx")} for role in ROLES},
-        cnic_util={role: {d: util(ports_of(role, f"cnic.{d}")) for d in ("tx", "rx")} for role in ROLES},
-        dram_util={role: util(ports_of(role, "dram")) for role in ROLES},
+        snic_util={role: {d: util(role, f"snic.{d}") for d in ("rx", "tx")} for role in ROLES},
+        cnic_util={role: {d: util(role, f"cnic.{d}") for d in ("tx", "rx")} for role in ROLES},
+        dram_util={role: util(role, "dram") for role in ROLES},
         gpu_util={role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns) for role in ROLES},
-        working_set_bytes=metrics.working_set_bytes(cluster.derived.kv_bytes_per_token, end_ns),
+        working_set_bytes=metrics.working_set_bytes(derived(config).kv_bytes_per_token, end_ns),
         snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0,
         event_log_sha256=sha256,
         wall_s=wall_s,
-        events=actors.event_count,
-        core_events=stats["queue_events"],
-        core_stats=dict(stats),
+        events=events,
+        core_events=report.stats["queue_events"],
+        core_stats=dict(report.stats),
         metrics=metrics,
         timelines=timelines,
+        # The core widens its interval on long runs so that samples stay bounded: report the one it used.
+        sample_interval_s=(report.sample_interval_ns or metrics.gpu_busy["pe"].interval_ns) / 1e9,
     )
 
 

@@ -84,14 +84,11 @@ def run_command(args: argparse.Namespace) -> int:
     show_progress = not (args.quiet or args.json) and console.is_terminal
     if not args.json and not args.quiet:
         console.print(f"[bold]{scenario.name}[/] ({scenario.source}): {scenario.describe()}")
-    trajectories = scenario.trajectories()
     results: dict[str, SystemResult] = {}
-    with _progress_bars(console, show_progress) as track:
-        for name in scenario.systems:
-            results[name] = run_system(
-                scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=track(name),
-                trace_path=None if out is None else _trace_file(out, name),
-            )  # fmt: skip
+    if args.mode == "realtime":
+        results = _run_realtime(args, scenario, console)
+    else:
+        results = _run_virtual(args, scenario, console, show_progress, out)
     from dualpath_emu.cluster.outputs import summary, write_outputs  # after the runs: plots pull in matplotlib
 
     written: list[str] = []
@@ -102,8 +99,59 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     console.print(_table(scenario, results))
     if out is not None:
-        console.print(f"wrote {', '.join(written)} and trace-<system>.json to {out}")
+        traces = " and trace-<system>.json" if args.mode == "virtual" else ""
+        console.print(f"wrote {', '.join(written)}{traces} to {out}")
     return 0
+
+
+def _run_virtual(
+    args: argparse.Namespace, scenario: ClusterScenario, console: Console, show_progress: bool, out: Path | None
+) -> dict[str, SystemResult]:
+    trajectories = scenario.trajectories()
+    results: dict[str, SystemResult] = {}
+    with _progress_bars(console, show_progress) as track:
+        for name in scenario.systems:
+            results[name] = run_system(
+                scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=track(name),
+                trace_path=None if out is None else _trace_file(out, name),
+            )  # fmt: skip
+            results[name].extra.update({"mode": "virtual", "processes": 1})
+    return results
+
+
+def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: Console) -> dict[str, SystemResult]:
+    """Each system live, one after the other (:func:`~dualpath_emu.cluster.live.run_live`)."""
+    import tempfile
+
+    from dualpath_emu.cluster.live import run_live, scenario_reference
+    from dualpath_emu.runtime.scenario import TIME_SCALE
+
+    low, high = TIME_SCALE
+    if not low <= args.time_scale <= high:
+        raise UsageError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {args.time_scale}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
+    reference = scenario_reference(args.scenario)
+    base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
+    # Each process loads the system again: by its name if the scenario knows it, else by the spec given here
+    # (a file made absolute, as every process must find it).
+    specs = dict(zip(scenario.systems, args.system)) if args.system else {}
+    results: dict[str, SystemResult] = {}
+    for name in scenario.systems:
+        spec = specs.get(name, name)
+        where, colon, attribute = spec.rpartition(":")
+        if colon and where.endswith(".py"):
+            spec = f"{Path(where).resolve()}:{attribute}"
+        with tempfile.TemporaryDirectory(prefix="dualpath-emu-live-") as scratch:
+            run_dir = (base / name) if base is not None else Path(scratch)
+            if not (args.quiet or args.json):
+                console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}, "
+                              f"run directory {run_dir}")  # fmt: skip
+            results[name] = run_live(
+                reference, args.set or (), scenario, spec, run_dir=run_dir, time_scale=args.time_scale,
+                placement_kind=args.placement, transport=args.transport, host=args.host, timeout_s=args.timeout,
+            )  # fmt: skip
+    return results
 
 
 def _trace_file(out: Path, system: str) -> Path:

@@ -1,372 +1,177 @@
-"""Scheduling policies (paper §6, Algorithm 1; paper-facts §7): pure decisions, no actors, no clock.
+"""The central request scheduler (§6): the actor that keeps the global queues and the engines' loads, and
+runs the system's policy (:mod:`~dualpath_emu.cluster.policies`) when an engine group fetches work.
 
-The cluster's scheduler actor keeps the queues and asks a :class:`Policy` what to do when an engine group
-fetches work (groups *pull*, §6.1). Everything here is deterministic: ties go to the lowest engine id, queues
-are FIFO, nothing iterates over a set.
-
-**Prefill engines** (:meth:`Policy.assign_prefill`). A PE group's fetch is its report (§6.1); the policy then
-assigns over *every* PE of the cluster, each with its group's last report (:class:`PrefillDispatch`), so the
-scheduler balances all PEs with their read queues (§6.1–6.2) whichever group pulls first. Run over the
-fetching group alone, a fetch takes every queued request its PEs have room for (β is seconds of compute,
-hundreds of requests per GPU), and the first group to pull took nearly all the work: DS 27B 2P1D with one
-group per node, 384 agents, 89% of the requests went to node 0 and DualPath's JCT was 408 s (303 s now).
-DualPath's :class:`DualPathPolicy` runs Algorithm 1: the PEs are classified by their load ``tok_e`` and their
-node's read queue ``read_q`` (both in tokens) -- C1 overloaded (``tok_e > β``, never given work), C2
-``read_q ≤ α``, C3 ``read_q > α`` -- and the head of the global FIFO queue goes to the least-loaded PE of C2,
-else of C3 (ties: the PE given work least recently); the chosen PE's ``tok_e`` grows by the request's
-tokens and the next request is considered, until both classes are empty (the rest waits until a PE
-finishes work). :class:`RoundRobinPolicy` gives requests to the PEs in turn, node by node, with no load
-limit.
-
-**Decode engines** (:meth:`Policy.assign_decode`), two levels (§6.2): when a DE group fetches, the global
-decode queue is first drained into per-group private queues, each request to the group with the smallest
-``Σ tok_e`` (phase 1). Then (phase 2), with the group's free HBM summed, the prefix ``R`` of the private
-queue that fits is found and the high-token threshold ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|``
-computed; requests are popped in order: among DEs with room in HBM, those staying at or below ``Z`` are
-preferred (fewest requests ``seq_e``), else the least-loaded high-token DE; the fetch ends when no DE has
-room for the head. Round robin takes the group's private queue in order and gives each request to the next
-DE with room.
-
-**Read side** (:meth:`Policy.read_side`, §6.3): the request's whole hit KV is read on one side: DualPath
-picks the node with the shorter read queue (ties: the PE's side); PE-only systems always read on the PE
-side. The scheduler's view of ``read_q`` grows by the request's hit tokens, so one fetch does not send
-everything to the same side (the paper does not say whether it updates ``read_q`` within a fetch).
+The policies' names are re-exported here, where code written against earlier versions imports them.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Final, Literal
+
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.messages import (
+    DecodeDone,
+    DecodeTask,
+    Expect,
+    Fetch,
+    Prefill,
+    PrefillDone,
+    PrefillTask,
+    ReadDone,
+    Submit,
+    WorkPending,
+)
+from dualpath_emu.cluster.policies import (
+    DE_HIGH_TOKEN_FACTOR,
+    DecodeAssignment,
+    DualPathPolicy,
+    Engine,
+    Policy,
+    PrefillAssignment,
+    PrefillDispatch,
+    ReadSide,
+    Request,
+    RoundRobinPolicy,
+)
+from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 
 __all__ = [
-    "DE_HIGH_TOKEN_FACTOR",
-    "PrefillDispatch",
-    "DecodeAssignment",
-    "DualPathPolicy",
-    "Engine",
-    "Policy",
-    "PrefillAssignment",
-    "ReadSide",
-    "Request",
-    "RoundRobinPolicy",
-]
+    "DE_HIGH_TOKEN_FACTOR", "DecodeAssignment", "DualPathPolicy", "Engine", "Policy", "PrefillAssignment",
+    "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "SchedulerActor",
+]  # fmt: skip
 
-DE_HIGH_TOKEN_FACTOR: Final = 1.05
-"""The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper)."""
+class SchedulerActor(Actor):
+    """The central request scheduler (§6): global queues, engine loads as the engines report them on every
+    fetch (here kept in step with assignments and completions), and the :class:`Policy` of the system."""
 
-ReadSide = Literal["pe", "de"]
+    def __init__(self, system: ActorSystem, cluster: Cluster) -> None:
+        super().__init__(system, "scheduler")
+        self.cluster = cluster
+        self.policy = cluster.policy
+        gpus, topo = cluster.config.node.gpus, cluster.topology
+        self.pe_engines = {n.index: [Engine(n.index * gpus + g, n.index) for g in range(gpus)] for n in topo.pe_nodes}
+        pe_groups: dict[str, list[Engine]] = {}
+        for node, engines in self.pe_engines.items():
+            pe_groups.setdefault(cluster.group_name("pe", node), []).extend(engines)
+        self.prefill = PrefillDispatch(self.policy, pe_groups)
+        self.de_engines = {
+            n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes)
+                      for g in range(gpus)]
+            for n in topo.de_nodes
+        }  # fmt: skip
+        self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
+        self.decode_queue: deque[Request] = deque()
+        self.private: dict[int, deque[Request]] = {n: deque() for n in self.de_engines}
+        self.group_loads: dict[int, int] = {n: 0 for n in self.de_engines}
+        self.requests: dict[int, Request] = {}
+        self.pe_of: dict[int, int] = {}
+        self.de_of: dict[int, int] = {}
+        self._notified: set[str] = set()
+        self._gpus = gpus
+        self._kv = cluster.derived.kv_bytes_per_token
 
+    def _notify_decode(self) -> None:
+        """Tell every decode group with a non-empty private queue."""
+        for node, queue in self.private.items():
+            if queue:
+                self._notify_group(self.cluster.group_name("de", node))
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """What the scheduler knows of a request: its id, its tokens and the HBM its KV needs on a DE.
+    def _notify_group(self, name: str) -> None:
+        if name not in self._notified:
+            self._notified.add(name)
+            self.tell(name, WorkPending())
 
-    ``prompt_tokens`` = hit + new; ``new_tokens`` are computed by the PE; ``hit_tokens`` are read from storage;
-    ``tokens`` is what counts in ``tok_e`` (see :class:`DualPathPolicy`); ``hbm_bytes`` the DE HBM it takes.
-    """
+    @handles(Submit)
+    def on_submit(self, msg: Submit) -> None:
+        capacity = self.cluster.derived.de_hbm_kv_bytes
+        requests = []
+        for turn in msg.turns:
+            hbm = (turn.prompt + turn.gen) * self._kv
+            request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm)
+            if hbm > capacity:
+                raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
+            self.requests[turn.rid] = request
+            requests.append(request)
+        self._notify_group(self.prefill.submit(requests))
 
-    id: int
-    prompt_tokens: int
-    new_tokens: int
-    hit_tokens: int
-    gen_tokens: int
-    hbm_bytes: int
+    @handles(Fetch)
+    def on_fetch(self, msg: Fetch) -> None:
+        sender = self.envelope.sender if self.envelope is not None else ""
+        self._notified.discard(sender)
+        again = False
+        if any(node in self.pe_engines for node in msg.nodes):
+            self._fetch_prefill()  # over every PE: what is left waits until a PE finishes (PrefillDone)
+        for node in msg.nodes:
+            if node not in self.pe_engines:
+                assigned, more = self._fetch_decode(node)
+                again = again or bool(assigned and more)
+        if again:
+            self._notify_group(sender)
 
+    def _fetch_prefill(self) -> None:
+        assigned = self.prefill.fetch(self.read_q)
+        now = self.system.now_ns()
+        for a in assigned:
+            self.pe_of[a.request.id] = a.engine
+            self.decode_queue.append(a.request)
+            self.cluster.metrics.scheduled_pe(a.request.id, now)
+        if assigned:
+            self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
+            self._notify_decode()
 
-@dataclass(slots=True)
-class Engine:
-    """One engine as its last report shows it: ``tok`` (tok_e), ``seq`` (seq_e), its node, and for a DE its
-    free HBM in bytes. The policy updates ``tok``/``seq``/``free_hbm_bytes`` as it assigns within a fetch."""
+    def _fetch_decode(self, node: int) -> tuple[int, bool]:
+        assigned = self.policy.assign_decode(
+            self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
+        )
+        gpus, oracle, now = self._gpus, self.cluster.system.oracle, self.system.now_ns()
+        prefill: dict[str, list[PrefillTask]] = {}
+        expect: list[DecodeTask] = []
+        for a in assigned:
+            r = a.request
+            pe = self.pe_of[r.id]
+            pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, a.engine % gpus
+            self.de_of[r.id] = a.engine
+            read_on_de = False
+            if not oracle and r.hit_tokens > 0:
+                read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
+            self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
+            self.system.record(self.name, "assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
+            prefill.setdefault(self.cluster.group_name("pe", pe_node), []).append(
+                PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de)
+            )
+            expect.append(DecodeTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de))
+        for group, tasks in prefill.items():
+            self.tell(group, Prefill(tuple(tasks)))
+        if expect:
+            self.tell(self.cluster.group_name("de", node), Expect(tuple(expect)))
+        return len(assigned), bool(self.private[node])
 
-    id: int
-    node: int
-    tok: int = 0
-    seq: int = 0
-    free_hbm_bytes: int = 0
-    given: int = 0
-    """The policy's assignment count when this PE was last given work (0: never). Ties in ``tok_e`` go to the
-    PE given work least recently [our choice: the paper names no tie rule]: with ties to the lowest id, a
-    lightly loaded cluster (every PE idle, ``tok_e`` = 0, at each arrival) sent nearly every request, and its
-    storage read, to the first node."""
+    @handles(ReadDone)
+    def on_read_done(self, msg: ReadDone) -> None:
+        self.read_q[msg.node] -= msg.tokens
 
+    @handles(PrefillDone)
+    def on_prefill_done(self, msg: PrefillDone) -> None:
+        wake = None
+        for rid in msg.rids:
+            wake = self.prefill.done(self.requests[rid], self.pe_of.pop(rid)) or wake
+        if wake is not None:
+            self._notify_group(wake)
 
-@dataclass(frozen=True, slots=True)
-class PrefillAssignment:
-    request: Request
-    engine: int
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeAssignment:
-    request: Request
-    engine: int
-
-
-@dataclass
-class Policy(ABC):
-    """The decisions of one scheduler. Subclasses choose the engines; the read side is chosen here. State
-    lives in the queues the scheduler passes in and in the policy's own counters (round robin).
-
-    ``read_both_sides`` False keeps every read on the PE side (single-path systems); True reads on the node
-    with the shorter read queue (dual-path loading).
-    """
-
-    read_both_sides: bool = False
-    _given: int = field(default=0, repr=False)
-    """Assignments made so far (stamps :attr:`Engine.given` and the decode groups' turns)."""
-    _group_given: dict[int, int] = field(default_factory=dict, repr=False)
-    """Decode group -> :attr:`_given` when it was last routed a request (ties in phase 1, as for PEs)."""
-
-    def prefill_tokens(self, request: Request) -> int:
-        """What a request adds to a PE's ``tok_e``."""
-        return request.new_tokens
-
-    def decode_tokens(self, request: Request) -> int:
-        """What a request adds to a DE's ``tok_e`` (its KV in HBM while it decodes)."""
-        return request.prompt_tokens + request.gen_tokens
-
-    @abstractmethod
-    def assign_prefill(
-        self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
-    ) -> list[PrefillAssignment]:
-        """Assign queued requests (from the head, FIFO) to PEs: ``engines`` is every PE of the cluster, in id
-        order (node by node), each as its group's last report shows it; ``read_q`` maps node -> tokens."""
-
-    def assign_decode(
-        self,
-        global_queue: deque[Request],
-        private_queues: dict[int, deque[Request]],
-        group_loads: dict[int, int],
-        group_id: int,
-        group: list[Engine],
-    ) -> list[DecodeAssignment]:
-        """Phase 1 (route the global queue to groups), then phase 2: assign group ``group_id``'s private
-        queue to its DEs (:meth:`_assign_group`)."""
-        self._drain_to_groups(global_queue, private_queues, group_loads)
-        return self._assign_group(private_queues[group_id], group_id, group)
-
-    @abstractmethod
-    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
-        """Phase 2: requests from the head of a group's private queue to its DEs, while they fit."""
-
-    def _give_prefill(self, engine: Engine, request: Request) -> PrefillAssignment:
-        """Assign ``request`` to PE ``engine``, updating the engine's load as its next report would show it."""
-        engine.tok += self.prefill_tokens(request)
-        engine.seq += 1
-        self._given += 1
-        engine.given = self._given
-        return PrefillAssignment(request, engine.id)
-
-    def _give_decode(self, engine: Engine, request: Request) -> DecodeAssignment:
-        """Assign ``request`` to DE ``engine``: its load, its request count and its free HBM."""
-        engine.tok += self.decode_tokens(request)
-        engine.seq += 1
-        engine.free_hbm_bytes -= request.hbm_bytes
-        return DecodeAssignment(request, engine.id)
-
-    def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
-        """The side that reads the request's hit KV (§6.3: the node with the shorter read queue; on a tie
-        the DE, whose storage NIC a single-path system leaves idle [our choice: the paper names no tie rule;
-        breaking ties towards the PE piles light-load reads on the fewer prefill nodes]); adds its hit
-        tokens to that node's ``read_q``."""
-        side: ReadSide = "pe"
-        if self.read_both_sides and read_q.get(de_node, 0) <= read_q.get(pe_node, 0):
-            side = "de"
-        return self._count_read(request, side, pe_node, de_node, read_q)
-
-    @staticmethod
-    def _count_read(request: Request, side: ReadSide, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
-        node = pe_node if side == "pe" else de_node
-        read_q[node] = read_q.get(node, 0) + request.hit_tokens
-        return side
-
-    def route_decode(
-        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
-    ) -> None:
-        """Phase 1 of the DE selection: move the global decode queue into the groups' private queues. The
-        scheduler may call it as soon as requests join the global queue (the next fetch would do it anyway)."""
-        self._drain_to_groups(global_queue, private_queues, group_loads)
-
-    def _drain_to_groups(
-        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
-    ) -> None:
-        """Phase 1 of the DE selection: each queued request to the group with the least ``Σ tok_e`` (ties: the
-        group routed a request least recently, then the lowest id). ``group_loads`` (group id -> its engines' Σ tok_e plus what waits in its private queue) is
-        updated in place."""
-        while global_queue:
-            request = global_queue.popleft()
-            target = min(group_loads, key=lambda g: (group_loads[g], self._group_given.get(g, 0), g))
-            private_queues[target].append(request)
-            group_loads[target] += self.decode_tokens(request)
-            self._given += 1
-            self._group_given[target] = self._given
-
-
-@dataclass
-class DualPathPolicy(Policy):
-    """DualPath's scheduler (§6): Algorithm 1 for PEs, the two-level DE selection, shorter-queue read side.
-
-    ``alpha_tokens`` (α: tokens a node reads from storage in 3 s) and ``beta_tokens`` (β: tokens one GPU
-    prefills in 5 s) are computed by the cluster from its hardware (A.4).
-    """
-
-    alpha_tokens: int = 0
-    beta_tokens: int = 0
-    read_both_sides: bool = True
-    high_token_factor: float = DE_HIGH_TOKEN_FACTOR
-
-    def assign_prefill(
-        self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
-    ) -> list[PrefillAssignment]:
-        out: list[PrefillAssignment] = []
-        alpha, beta = self.alpha_tokens, self.beta_tokens
-        while queue:
-            c2 = [e for e in engines if e.tok <= beta and read_q.get(e.node, 0) <= alpha]
-            chosen_class = c2 or [e for e in engines if e.tok <= beta and read_q.get(e.node, 0) > alpha]
-            if not chosen_class:
-                break  # every PE is overloaded: the rest waits until one finishes work
-            engine = min(chosen_class, key=lambda e: (e.tok, e.given, e.id))
-            request = queue.popleft()
-            out.append(self._give_prefill(engine, request))
-        return out
-
-    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
-        if not queue or not group:
-            return []
-        # Z from the prefix R of the queue that fits in the group's free HBM (no fragmentation assumed).
-        free = sum(e.free_hbm_bytes for e in group)
-        fitting_tokens = 0
-        for request in queue:
-            if request.hbm_bytes > free:
-                break
-            free -= request.hbm_bytes
-            fitting_tokens += self.decode_tokens(request)
-        z = self.high_token_factor * (fitting_tokens + sum(e.tok for e in group)) / len(group)
-        out: list[DecodeAssignment] = []
-        while queue:
-            request = queue[0]
-            tokens = self.decode_tokens(request)
-            room = [e for e in group if e.free_hbm_bytes >= request.hbm_bytes]
-            if not room:
-                break
-            low = [e for e in room if e.tok + tokens <= z]
-            engine = min(low, key=lambda e: (e.seq, e.tok, e.id)) if low else min(room, key=lambda e: (e.tok, e.id))
-            queue.popleft()
-            out.append(self._give_decode(engine, request))
-        return out
-
-
-
-@dataclass
-class RoundRobinPolicy(Policy):
-    """Round robin (the paper's Basic baseline, Fig. 13): PEs and DEs in turn, no load limit but HBM.
-
-    With ``read_both_sides`` it is the ablation step ``basic+layerwise+dualpath``: dual-path loading
-    without DualPath's scheduler. The read side then takes turns too (PE, DE, PE, …): choosing it by read
-    queue is part of DualPath's scheduling (§6.3), and the paper does not say how the step without it
-    chooses [our choice].
-    """
-
-    _pe_turn: int = 0
-    _next_de: dict[int, int] = field(default_factory=dict)
-    _read_turn: int = 0
-
-    def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
-        side: ReadSide = "pe"
-        if self.read_both_sides:
-            side = "de" if self._read_turn % 2 else "pe"
-            self._read_turn += 1
-        return self._count_read(request, side, pe_node, de_node, read_q)
-
-    def _drain_to_groups(
-        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
-    ) -> None:
-        # Groups in turn too: each request to the next group.
-        groups = sorted(private_queues)
-        turn = self._next_de.get(-1, 0)
-        while global_queue:
-            request = global_queue.popleft()
-            target = groups[turn % len(groups)]
-            turn += 1
-            private_queues[target].append(request)
-            group_loads[target] += self.decode_tokens(request)
-        self._next_de[-1] = turn % len(groups)
-
-    def assign_prefill(
-        self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
-    ) -> list[PrefillAssignment]:
-        """Requests go to the PEs in turn across the whole cluster (node by node), one each."""
-        out: list[PrefillAssignment] = []
-        if not engines:
-            return out
-        turn = self._pe_turn
-        while queue:
-            engine = engines[turn % len(engines)]
-            turn += 1
-            out.append(self._give_prefill(engine, queue.popleft()))
-        self._pe_turn = turn % len(engines)
-        return out
-
-    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[DecodeAssignment]:
-        out: list[DecodeAssignment] = []
-        if not group:
-            return out
-        next_engine = self._next_de.get(group_id, 0)
-        while queue:
-            request = queue[0]
-            for step in range(len(group)):
-                engine = group[(next_engine + step) % len(group)]
-                if engine.free_hbm_bytes >= request.hbm_bytes:
-                    next_engine = (next_engine + step + 1) % len(group)
-                    break
-            else:
-                break  # no DE of the group has room: wait
-            queue.popleft()
-            out.append(self._give_decode(engine, request))
-        self._next_de[group_id] = next_engine
-        return out
-
-
-class PrefillDispatch:
-    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group.
-
-    A fetch from any PE group runs the policy over every PE of the cluster (:meth:`fetch`), so which group
-    pulls first does not decide who gets the work. New work wakes one group (:meth:`submit`; any fetch
-    assigns for all, so waking every group would only cost messages), taken in turn so that no group's fetch
-    period throttles the others; a PE that finishes work wakes its own group while requests wait
-    (:meth:`done`), the only event that can make room when every PE is over β.
-    """
-
-    def __init__(self, policy: Policy, groups: dict[str, list[Engine]]) -> None:
-        self.policy = policy
-        self.queue: deque[Request] = deque()
-        self.engines = sorted((e for members in groups.values() for e in members), key=lambda e: e.id)
-        self._group_of = {e.id: name for name, members in groups.items() for e in members}
-        self._by_id = {e.id: e for e in self.engines}
-        self._groups = list(groups)  # in the order given (the cluster gives them node by node)
-        self._wake_turn = 0
-
-    def group_of(self, engine: int) -> str:
-        """The group that hosts PE ``engine``."""
-        return self._group_of[engine]
-
-    def submit(self, requests: Sequence[Request]) -> str:
-        """Queue ``requests`` (FIFO); returns the group to tell that work is waiting."""
-        self.queue.extend(requests)
-        group = self._groups[self._wake_turn]
-        self._wake_turn = (self._wake_turn + 1) % len(self._groups)
-        return group
-
-    def fetch(self, read_q: dict[int, int]) -> list[PrefillAssignment]:
-        """A PE group fetched: assign from the head of the queue over every PE (the policy's rule)."""
-        return self.policy.assign_prefill(self.queue, self.engines, read_q)
-
-    def done(self, request: Request, engine: int) -> str | None:
-        """``request`` left PE ``engine``; returns the group to wake if requests wait."""
-        e = self._by_id[engine]
-        e.tok -= self.policy.prefill_tokens(request)
-        e.seq -= 1
-        return self._group_of[engine] if self.queue else None
+    @handles(DecodeDone)
+    def on_decode_done(self, msg: DecodeDone) -> None:
+        gpus, nodes = self._gpus, set()
+        for rid in msg.rids:
+            request = self.requests.pop(rid)
+            de = self.de_of.pop(rid)
+            node = de // gpus
+            engine = self.de_engines[node][de % gpus]
+            tokens = self.policy.decode_tokens(request)
+            engine.tok -= tokens
+            engine.seq -= 1
+            engine.free_hbm_bytes += request.hbm_bytes
+            self.group_loads[node] -= tokens
+            nodes.add(node)
+        for node in sorted(nodes):
+            if self.private[node]:
+                self._notify_group(self.cluster.group_name("de", node))

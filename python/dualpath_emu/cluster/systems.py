@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-from dualpath_emu.cluster.scheduler import DualPathPolicy, Policy, RoundRobinPolicy
+from dualpath_emu.cluster.policies import DualPathPolicy, Policy, RoundRobinPolicy
 
 __all__ = ["NAME_PATTERN", "SYSTEMS", "System", "built_in"]
 

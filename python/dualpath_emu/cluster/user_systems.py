@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from dualpath_emu.cluster.scheduler import Policy
+from dualpath_emu.cluster.policies import Policy
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
 

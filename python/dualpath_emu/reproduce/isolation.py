@@ -15,7 +15,7 @@ DRAM (``n<i>.dram``, 500 GB/s, the DE buffer). The IB fabric is non-blocking, so
 two NICs (and the DRAM it touches).
 
 **Collective (model traffic, VL0).** One MoE-layer dispatch of every PE GPU, DeepEP's normal-kernel layout as
-in the cluster's own model (``cluster/actors.py``): a token crosses the network once to each remote node that
+in the cluster's own model (``cluster/engines.py``): a token crosses the network once to each remote node that
 hosts one of its ``k`` = 8 routed experts, to the GPU of the same index there (NVLink spreads it within the
 node, and no port models NVLink). With 2 nodes, one transfer per GPU to its peer, of
 ``tokens × 7,392 B × (1 - (1 - 1/2)^8)`` bytes (hidden 7,168 in FP8 plus one FP32 scale per 128 channels:

@@ -2,9 +2,9 @@
 
 :mod:`dualpath_emu.runtime.virtual_loop` holds :class:`VirtualTimeLoop`, an asyncio event loop whose clock
 is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it; :mod:`dualpath_emu.runtime.zmq_transport` the
-ZeroMQ transport between actor systems on a real-time loop; :mod:`dualpath_emu.runtime.dataplane` the
-data-plane service that owns a real-time run's only core and the :class:`RemoteDataPlaneLoop` that reaches it
-from other processes (issue 14).
+ZeroMQ transport between actor systems on a real-time loop, and :mod:`dualpath_emu.runtime.security` who may
+use it (a run's CURVE keys); :mod:`dualpath_emu.runtime.dataplane` the data-plane service that owns a
+real-time run's only core and the :class:`RemoteDataPlaneLoop` that reaches it from other processes (issue 14).
 """
 
 from dualpath_emu.runtime.actors import (
@@ -22,6 +22,7 @@ from dualpath_emu.runtime.actors import (
 from dualpath_emu.runtime.core_work import ForwardRank, LayerTransfer
 from dualpath_emu.runtime.dataplane import DataPlaneService, DataPlaneServiceLoop, RemoteDataPlaneLoop
 from dualpath_emu.runtime.zmq_transport import (
+    BacklogFullError,
     ErrorReply,
     NoneReply,
     RemoteError,
@@ -43,6 +44,7 @@ __all__ = [
     "ActorFailure",
     "ActorStoppedError",
     "ActorSystem",
+    "BacklogFullError",
     "Completion",
     "DataPlaneService",
     "DataPlaneServiceLoop",

@@ -25,6 +25,7 @@ __all__ = ["APPLICATIONS", "Application", "application_class"]
 
 APPLICATIONS: Final[dict[str, str]] = {
     "pipeline": "dualpath_emu.apps.pipeline:Pipeline",
+    "cluster": "dualpath_emu.cluster.live:ClusterApplication",
 }
 """Application name -> ``"module:Class"``; imported only when a scenario names it."""
 

@@ -307,7 +307,12 @@ def serve_process(
                 connect_timeout_s=READY_TIMEOUT_S,
                 heartbeat_timeout_s=description.heartbeat_timeout_s,
             )
-            app.use_layout(loop.layout)
+            try:
+                app.use_layout(loop.layout)
+            except (ScenarioError, LookupError) as error:  # another scenario than the data plane's
+                loop.close()
+                print(f"process {name!r}: {error}", file=sys.stderr)
+                return EXIT_FAILED
             print(
                 f"process {name}: connected to the data plane at {loop.endpoint}; clock offset ±"
                 f"{loop.sync.offset_uncertainty_ns / 1e3:.0f} µs (RTT {loop.sync.rtt_ns / 1e3:.0f} µs)",

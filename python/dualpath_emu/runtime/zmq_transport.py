@@ -6,14 +6,57 @@ are reached in-process as usual; an actor of another system is reached through a
 (actor name -> endpoint)::
 
     registry = MessageRegistry(); registry.register(Ping); registry.register(Pong)
-    async with ZmqActorSystem(Codec(registry), bind="ipc:///tmp/run/a.sock",
-                              address_book={"echo": "ipc:///tmp/run/b.sock"}) as system:
+    run = tempfile.mkdtemp()  # private (0700): ipc:// needs no keys there
+    async with ZmqActorSystem(Codec(registry), bind=f"ipc://{run}/a.sock",
+                              address_book={"echo": f"ipc://{run}/b.sock"}) as system:
         pong = await system.ask("echo", Ping(1), timeout_s=1.0)
+
+    # over tcp: the run's keys (RunKeys.generate once, or `dualpath-emu keys DIR --process a --process b`)
+    keys = RunKeys.load(Path("run-keys"), "a")
+    async with ZmqActorSystem(Codec(registry), bind="tcp://10.0.0.1:5555", keys=keys, name="a",
+                              address_book={"echo": "tcp://10.0.0.2:5555"},
+                              peers={"tcp://10.0.0.2:5555": "b"}) as system:
+        ...
 
 ``bind`` defaults to ``tcp://127.0.0.1:*`` (loopback, a free port; :attr:`ZmqActorSystem.endpoint` is the
 address actually bound): nothing listens beyond the host unless the caller binds elsewhere.
 :func:`register_transport_messages` adds the transport's own message types (:class:`ErrorReply`,
 :class:`NoneReply`) to the codec's registry; the system calls it on construction.
+
+Security (issue 14)
+-------------------
+Secure by default: with ``keys`` (a :class:`~dualpath_emu.runtime.security.RunKeys`) and ``name`` (this
+process's name in the run), the ROUTER is a CURVE server, each DEALER a CURVE client of its peer's public key,
+and a ZAP handler admits only the run's keys (see :mod:`dualpath_emu.runtime.security`); a process without
+them cannot get a frame to an actor, nor even to the transport's rejection path. With keys, the transport
+must know which process each endpoint it connects to belongs to: ``peers`` maps endpoints to process names
+(``add_route(actor, endpoint, process)`` adds one). Without keys, a ``tcp://`` or abstract ``ipc://@``
+endpoint (bound or connected to) is refused with :class:`~dualpath_emu.errors.SecurityError` unless
+``insecure=True`` is given, and an ``ipc://`` socket's directory must be private to the user
+(:func:`~dualpath_emu.runtime.security.check_private_ipc`; ``insecure=True`` skips that check too). A bind
+on all interfaces (``tcp://0.0.0.0:...``, ``tcp://*:...``) logs one WARNING, "listening on all interfaces".
+
+Bounds
+------
+Everything a peer can make this process hold is bounded:
+
+* each socket queues at most ``HWM`` messages per peer (ZeroMQ's high-water marks, both ways); a full queue
+  pushes back on the sender (over tcp, through TCP itself);
+* each socket refuses inbound frames longer than the codec's ``max_frame_bytes`` (``MAXMSGSIZE``, with
+  :data:`FRAME_OVERHEAD_BYTES` for CURVE's wrapping): libzmq
+  then closes that connection before allocating the frame (frames after it on the connection are lost, and
+  a DEALER reconnects). No process of the run ever sends such a frame -- its own codec refuses to encode it,
+  so every process of a run must use the same codec limits -- so only a broken or hostile peer meets this;
+* the in-process backlog of a connection whose peer does not keep up holds at most ``BACKLOG_MESSAGES``
+  messages and ``BACKLOG_BYTES`` bytes beyond ZeroMQ's queue. When it is full, a **tell** raises
+  :class:`BacklogFullError` (nothing is sent; in an actor's handler that fails the run, with the reason) --
+  nothing a tell accepted is ever dropped; an **ask** waits for room, within its ``timeout_s`` (then
+  :class:`TimeoutError`, nothing sent); a **reply** that finds the backlog towards its asker full is dropped
+  and counted (``transport.replies_dropped``): its asker gets :class:`TimeoutError`;
+* a receiver takes at most ``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` bytes per wake-up;
+* rejected frames (below) and denied handshakes are all counted, but only the first
+  :data:`REJECTIONS_LOGGED` are logged and recorded one by one; then one summary line per power of ten and at
+  most every 10 s (:class:`~dualpath_emu.runtime.security.BoundedLog`), and one at :meth:`~ZmqActorSystem.close`.
 
 Sockets and wire format
 -----------------------
@@ -35,21 +78,23 @@ only argument (``ValueError("bad")`` arrives as ``ValueError("bad")``); :class:`
 Delivery is FIFO per (sending system, receiving system) pair -- one DEALER-ROUTER connection -- and
 exactly once while both ends live: nothing is retried. ``tell`` never blocks: a frame goes to the socket at
 once (non-blocking) or, when the peer's queue is full (``HWM`` messages), into an in-order backlog that a
-task drains. The ROUTER is ``ROUTER_MANDATORY``, so a reply it cannot route is logged rather than
-silently lost. A receiver takes up to ``RECEIVE_BATCH`` queued frames per wake-up. An ask whose remote recipient stops before
-answering gets :class:`ActorStoppedError` (if the actor stopped itself, the handler's own answer still
-follows, and the asker drops it as ``late``); one whose recipient's process is gone waits for its
-``timeout_s`` (give one to every remote ask).
+task drains (bounded: see Bounds). The ROUTER is ``ROUTER_MANDATORY``, so a reply it cannot route is counted
+(``transport.send_failed``) and logged rather than silently lost. A receiver takes up to ``RECEIVE_BATCH``
+queued frames per wake-up. An ask whose remote recipient stops before answering gets
+:class:`ActorStoppedError` (if the actor stopped itself, the handler's own answer still follows, and the
+asker drops it as ``late``); one whose recipient's process is gone waits for its ``timeout_s`` (give one to
+every remote ask).
 
 Rejection
 ---------
 A frame the receiving side cannot accept -- not two frames, an unknown ``kind``, bytes
 :meth:`Codec.decode_envelope` refuses (malformed or truncated msgpack, unknown message type, wrong
 version, bad fields: any :class:`MessageError`), a request for an actor this system does not host, a reply
-to nothing -- is dropped, logged (``logging`` at WARNING, logger ``dualpath_emu.runtime.zmq_transport``),
-counted (:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of :attr:`~ZmqActorSystem.counters`)
-and recorded as a ``rejected`` event of actor ``transport``. An ask for an unknown actor is also answered
-with :class:`UnknownActorError` (its sender waits for nothing). No actor is disturbed.
+to nothing -- is dropped, counted (:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of
+:attr:`~ZmqActorSystem.counters`), and, boundedly (see Bounds), logged (``logging`` at WARNING, logger
+``dualpath_emu.runtime.zmq_transport``) and recorded as a ``rejected`` event of actor ``transport``. An ask
+for an unknown actor is also answered with :class:`UnknownActorError` (its sender waits for nothing; the
+answer records no event of its own). No actor is disturbed.
 
 Events: a remote send records ``tell``/``ask`` like an in-process one; arrival records ``deliver``; the
 callee records ``reply``/``error``; the asker records ``answer``/``late``. Times are the real loop's clock,
@@ -70,6 +115,7 @@ from typing import ClassVar, Final
 import zmq
 import zmq.asyncio
 
+from dualpath_emu.errors import SecurityError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageError, MessageRegistry
 from dualpath_emu.runtime.actors import (
     MAIN,
@@ -83,10 +129,22 @@ from dualpath_emu.runtime.actors import (
     _Reply,
     _Request,
 )
+from dualpath_emu.runtime.security import (
+    BoundedLog,
+    RunAuthenticator,
+    RunKeys,
+    check_private_ipc,
+    is_wildcard,
+    start_authenticator,
+)
 from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 
 __all__ = [
+    "BACKLOG_BYTES",
+    "BACKLOG_MESSAGES",
     "DEFAULT_BIND",
+    "HWM",
+    "BacklogFullError",
     "ErrorReply",
     "NoneReply",
     "RemoteError",
@@ -103,16 +161,42 @@ TRANSPORT_ACTOR: Final = "transport"
 """The actor name of the transport's own events (``rejected``)."""
 
 REJECTED_COUNTER: Final = "transport.rejected"
+DENIED_COUNTER: Final = "transport.denied"
+REPLIES_DROPPED_COUNTER: Final = "transport.replies_dropped"
+SEND_FAILED_COUNTER: Final = "transport.send_failed"
 
 KIND_TELL: Final = b"tell"
 KIND_ASK: Final = b"ask"
 KIND_REPLY: Final = b"reply"
 
-HWM: Final = 100_000
-"""The send and receive high-water marks (messages queued per peer) of every socket."""
+HWM: Final = 10_000
+"""The send and receive high-water marks (messages queued per peer) of every socket. 10,000 keeps what
+ZeroMQ queues small (the run's messages are ~100 bytes: ~1 MB per peer and direction; 100,000 was the
+value before) at no cost in throughput: ``bench_runtime``'s 200,000 tells ran at the same rate with
+100,000, 10,000 and 1,000 (~83,000/s on one loop, 95,000-130,000/s between two processes, within the
+noise), and the one-loop run's peak RSS fell from 530 MB to 195 MB."""
+
+BACKLOG_MESSAGES: Final = 1_000_000
+"""The most messages a connection holds in this process beyond ZeroMQ's queue (see Bounds): enough for
+a burst of a million tells (one loop that tells 200,000 in a row to a peer it hosts itself backs up
+~150,000 of them), at ~150 bytes each beside the frames."""
+
+BACKLOG_BYTES: Final = 256 << 20
+"""The most frame bytes a connection holds in this process beyond ZeroMQ's queue (a message alone always
+fits)."""
+
+FRAME_OVERHEAD_BYTES: Final = 1024
+"""``MAXMSGSIZE`` is the codec's ``max_frame_bytes`` plus this: libzmq applies it to the frames on the wire,
+and CURVE wraps each frame in a ``MESSAGE`` command (33 bytes more)."""
 
 RECEIVE_BATCH: Final = 256
 """At most this many messages are taken from a socket before the loop runs others."""
+
+RECEIVE_BATCH_BYTES: Final = 4 << 20
+"""... and at most about this many bytes (a batch of long frames is held whole until it is handled)."""
+
+REJECTIONS_LOGGED: Final = 100
+"""Rejected frames, failed sends and dropped replies logged and recorded one by one before summaries."""
 
 _log = logging.getLogger(__name__)
 
@@ -134,6 +218,11 @@ class NoneReply(Message):
 
     WIRE_NAME: ClassVar[str] = "runtime.NoneReply"
     VERSION: ClassVar[int] = 1
+
+
+class BacklogFullError(ActorError):
+    """A tell to a remote actor whose connection's backlog is full (see Bounds in the module): nothing was
+    sent. The peer is gone, stuck, or far slower than its senders."""
 
 
 class RemoteError(ActorError):
@@ -193,7 +282,14 @@ class ZmqActorSystem(ActorSystem):
     ``codec`` encodes and decodes envelopes (the transport's message types are registered in its registry);
     ``bind`` is the endpoint of this system's ROUTER (``ipc://path`` or ``tcp://host:port``, ``*`` for a free
     port; default loopback); ``address_book`` maps the names of remote actors to their systems' endpoints
-    (:meth:`add_route` adds more). Use ``async with`` (or :meth:`open` and :meth:`close`) inside the loop.
+    and ``peers`` those endpoints to the names of their processes (:meth:`add_route` adds both). ``keys``
+    and ``name`` secure the transport with the run's CURVE keys, as process ``name`` (see Security in the
+    module; ``name`` is required with keys, and ``keys`` may hold ``name``'s secret among others, as
+    :meth:`RunKeys.generate`'s do). Without keys, ``tcp://`` is refused unless ``insecure=True``. Use
+    ``async with`` (or :meth:`open` and :meth:`close`) inside the loop.
+
+    Raises :class:`~dualpath_emu.errors.SecurityError` for an endpoint the security rules refuse, an
+    endpoint whose process is unknown with keys, or keys without ``name``.
     """
 
     def __init__(
@@ -202,22 +298,50 @@ class ZmqActorSystem(ActorSystem):
         *,
         bind: str = DEFAULT_BIND,
         address_book: Mapping[str, str] | None = None,
+        peers: Mapping[str, str] | None = None,
+        keys: RunKeys | None = None,
+        name: str | None = None,
+        insecure: bool = False,
         latency_s: float = 0.0,
         failure_events: int = 20,
         seed: int = 0,
     ) -> None:
         super().__init__(latency_s=latency_s, failure_events=failure_events, seed=seed)
+        if keys is not None:
+            if name is None:
+                raise SecurityError("a ZmqActorSystem with keys needs name=, this process's name in the run")
+            if name != keys.own:
+                keys = keys.as_process(name)
+            for process in (peers or {}).values():
+                keys.public_key(process)  # SecurityError for a process that is not in the run
         register_transport_messages(codec._registry)
         self.codec = codec
+        self.keys = keys
+        self.name = name
+        self.insecure = insecure
         self.bind_address = bind
-        self.address_book: dict[str, str] = dict(address_book or {})
-        self.counters: dict[str, int] = {REJECTED_COUNTER: 0}
+        self.address_book: dict[str, str] = {}
+        self.peers: dict[str, str] = dict(peers or {})
+        self._check_endpoint(bind, "bind")
+        for actor, endpoint in (address_book or {}).items():
+            self.add_route(actor, endpoint)
+        self._counters: dict[str, int] = {
+            REJECTED_COUNTER: 0,
+            REPLIES_DROPPED_COUNTER: 0,
+            SEND_FAILED_COUNTER: 0,
+        }
         self._endpoint: str | None = None
         self._context: zmq.asyncio.Context | None = None
+        self._authenticator: RunAuthenticator | None = None
+        self._denied = 0
         self._router: _Channel | None = None
         self._dealers: dict[str, _Channel] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_asks: dict[int, _RemoteAsk] = {}  # id(request envelope) -> route of its answer
+        who = self._who()
+        self._rejections = BoundedLog(_log, f"{who}: rejected a frame", first=REJECTIONS_LOGGED)
+        self._send_failures = BoundedLog(_log, f"{who}: a ZeroMQ send failed", first=REJECTIONS_LOGGED)
+        self._dropped_replies = BoundedLog(_log, f"{who}: dropped a reply", first=REJECTIONS_LOGGED)
         self._closed = False
 
     # --- life ----------------------------------------------------------------------------------------
@@ -225,7 +349,20 @@ class ZmqActorSystem(ActorSystem):
     @property
     def rejected(self) -> int:
         """How many frames were rejected (the ``transport.rejected`` counter)."""
-        return self.counters[REJECTED_COUNTER]
+        return self._counters[REJECTED_COUNTER]
+
+    @property
+    def denied(self) -> int:
+        """How many handshakes the ZAP handler denied (with keys; the ``transport.denied`` counter)."""
+        authenticator = self._authenticator
+        return authenticator.denied if authenticator is not None else self._denied
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The transport's counters: ``transport.rejected``, ``transport.denied``, ``transport.replies_dropped``
+        (see Bounds in the module), ``transport.send_failed`` (a send ZeroMQ refused, e.g. to a vanished
+        peer; logged boundedly)."""
+        return {**self._counters, DENIED_COUNTER: self.denied}
 
     @property
     def endpoint(self) -> str:
@@ -234,9 +371,38 @@ class ZmqActorSystem(ActorSystem):
             raise RuntimeError("the transport is not open")
         return self._endpoint
 
-    def add_route(self, actor: str, endpoint: str) -> None:
-        """Route messages for the remote ``actor`` to ``endpoint``."""
+    def add_route(self, actor: str, endpoint: str, process: str | None = None) -> None:
+        """Route messages for the remote ``actor`` to ``endpoint``, the endpoint of ``process`` (required with
+        keys unless ``peers`` already names it)."""
+        if process is not None:
+            if self.keys is not None:
+                self.keys.public_key(process)
+            self.peers[endpoint] = process
+        self._check_endpoint(endpoint, "connect")
         self.address_book[actor] = endpoint
+
+    def _who(self) -> str:
+        return f"process {self.name!r}" if self.name is not None else (self._endpoint or self.bind_address)
+
+    def _check_endpoint(self, endpoint: str, role: str) -> None:
+        """Refuse what the security rules refuse (see the module): for a bind or a connection (``role``)."""
+        if self.keys is not None:
+            if role == "connect" and endpoint not in self.peers:
+                raise SecurityError(
+                    f"{endpoint}: which process of the run is it? With keys, give it in peers= (endpoint -> "
+                    "process name) or add_route(actor, endpoint, process): the connection needs its public key"
+                )
+            return
+        if self.insecure:
+            return
+        if endpoint.startswith("tcp://"):
+            raise SecurityError(
+                f"{endpoint}: a tcp:// endpoint without keys would let any local process send messages that actors "
+                "act on; give keys=RunKeys.load(...) and name=, use ipc:// in a private directory, or pass "
+                "insecure=True"
+            )
+        if endpoint.startswith("ipc://"):
+            check_private_ipc(endpoint)
 
     async def open(self) -> None:
         """Bind the ROUTER socket and start receiving (inside the running, real-time loop)."""
@@ -246,17 +412,30 @@ class ZmqActorSystem(ActorSystem):
             raise RuntimeError("the ZeroMQ transport runs on a real-time loop, not a VirtualTimeLoop")
         self.loop  # bind the system to this loop
         self._context = zmq.asyncio.Context()
-        socket = self._socket(zmq.ROUTER)
-        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished peer is an error, not a silent drop
-        router = self._router = _Channel(socket)
         try:
+            if self.keys is not None:
+                # Before the bind: a CURVE server with no ZAP handler would admit any key (were ZAP_ENFORCE_DOMAIN
+                # not set); this one admits the run's keys only.
+                self._authenticator = start_authenticator(self._context, self.keys)
+            socket = self._socket(zmq.ROUTER)
+            socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished peer is an error, not a silent drop
+            if self.keys is not None:
+                self.keys.make_server(socket)
+            router = self._router = _Channel(socket, self._send_failed)
             socket.bind(self.bind_address)
-        except zmq.ZMQError:
+        except BaseException:
             self._close_sockets()
             raise
         endpoint = socket.getsockopt(zmq.LAST_ENDPOINT)
         assert isinstance(endpoint, bytes)
         self._endpoint = endpoint.decode()
+        who = self._who()
+        self._rejections.what = f"{who}: rejected a frame at {self._endpoint}"
+        secured = "" if self.keys is not None else ", without keys: anyone who can reach it can send messages"
+        if self.bind_address.startswith("tcp://") and is_wildcard(self.bind_address):
+            _log.warning("%s: listening on all interfaces (%s)%s", who, self._endpoint, secured)
+        elif self.keys is None and self.insecure and not self.bind_address.startswith(("ipc://", "inproc://")):
+            _log.warning("%s: listening on %s without keys (insecure=True)", who, self._endpoint)
         self._tasks.append(self.loop.create_task(router.receive(self._on_request, self._reject), name="zmq:router"))
 
     async def close(self) -> None:
@@ -271,12 +450,18 @@ class ZmqActorSystem(ActorSystem):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._close_sockets()
+        for bounded in (self._rejections, self._send_failures, self._dropped_replies):
+            bounded.flush()
 
     def _close_sockets(self) -> None:
         for channel in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
-            channel.socket.close(linger=0)
+            channel.close()
         self._dealers.clear()
         self._router = None
+        if self._authenticator is not None:  # after the sockets it admitted peers to, before the context
+            self._authenticator.stop()
+            self._denied = self._authenticator.denied
+            self._authenticator = None
         if self._context is not None:
             self._context.term()
             self._context = None
@@ -297,6 +482,8 @@ class ZmqActorSystem(ActorSystem):
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, HWM)
         socket.setsockopt(zmq.RCVHWM, HWM)
+        # A longer inbound frame closes its connection before it is allocated (see Bounds in the module).
+        socket.setsockopt(zmq.MAXMSGSIZE, self.codec.max_frame_bytes + FRAME_OVERHEAD_BYTES)
         return socket
 
     # --- sending -------------------------------------------------------------------------------------
@@ -305,30 +492,68 @@ class ZmqActorSystem(ActorSystem):
         return recipient not in self._actors and recipient in self.address_book
 
     def tell(self, recipient: str, msg: Message, *, sender: str = MAIN) -> None:
-        """Send ``msg`` to a local or remote ``recipient`` and return at once."""
+        """Send ``msg`` to a local or remote ``recipient`` and return at once.
+
+        Raises :class:`BacklogFullError` (nothing sent) when the remote recipient's connection is backed up
+        beyond its bound (see Bounds in the module).
+        """
         if not self._is_remote(recipient):
             super().tell(recipient, msg, sender=sender)
             return
         envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
         data = self.codec.encode_envelope(envelope)  # MessageError at the sender for an invalid message
-        dealer = self._dealer(self.address_book[recipient])
+        endpoint = self.address_book[recipient]
+        dealer = self._dealer(endpoint)
+        if not dealer.post([KIND_TELL, data], self.loop):
+            raise BacklogFullError(
+                f"tell #{envelope.msg_id} to {recipient!r}: the connection to {self._peer_label(endpoint)} holds "
+                f"{len(dealer.backlog):,} messages ({dealer.backlog_bytes:,} bytes) beyond ZeroMQ's queue of "
+                f"{HWM:,}: its peer is gone, stuck or far too slow; nothing was sent"
+            )
         self.record(sender, "tell", _describe(envelope))
-        dealer.post([KIND_TELL, data], self.loop)
 
     async def ask(
         self, recipient: str, msg: Message, *, timeout_s: float | None = None, sender: str = MAIN
     ) -> Message | None:
-        """Ask a local or remote ``recipient`` (see :meth:`ActorSystem.ask`; remote errors per the module)."""
+        """Ask a local or remote ``recipient`` (see :meth:`ActorSystem.ask`; remote errors per the module).
+
+        When the remote recipient's connection is backed up beyond its bound, the ask waits for room (within
+        ``timeout_s``; nothing is sent if the time runs out first).
+        """
         if not self._is_remote(recipient):
             return await super().ask(recipient, msg, timeout_s=timeout_s, sender=sender)
         envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
         data = self.codec.encode_envelope(envelope)
         dealer = self._dealer(self.address_book[recipient])
+        frames = [KIND_ASK, data]
+        if not dealer.post(frames, self.loop):
+            timeout_s = await self._post_when_room(dealer, frames, timeout_s, sender, envelope.msg_id)
         self.record(sender, "ask", _describe(envelope))
         future: asyncio.Future[Message | None] = self.loop.create_future()
-        self._pending[envelope.msg_id] = _Pending(future, recipient)
-        dealer.post([KIND_ASK, data], self.loop)
+        self._pending[envelope.msg_id] = _Pending(future, recipient)  # no await since the post: no reply yet
         return await self._await_reply(sender, envelope.msg_id, future, timeout_s)
+
+    async def _post_when_room(
+        self, dealer: _Channel, frames: list[bytes], timeout_s: float | None, sender: str, msg_id: int
+    ) -> float | None:
+        """Post ``frames`` once ``dealer``'s backlog has room; the ask's time left. TimeoutError if none came."""
+        loop = self.loop
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            try:
+                await asyncio.wait_for(dealer.room(loop), None if deadline is None else deadline - loop.time())
+            except TimeoutError:
+                summary = f"#{msg_id} after {timeout_s} s, unsent: the connection's backlog was full"
+                self.record(sender, "timeout", summary)
+                raise TimeoutError(
+                    f"ask #{msg_id}: the connection's backlog stayed full for {timeout_s} s; nothing was sent"
+                ) from None
+            if dealer.post(frames, loop):
+                return None if deadline is None else max(0.0, deadline - loop.time())
+
+    def _peer_label(self, endpoint: str) -> str:
+        process = self.peers.get(endpoint)
+        return f"process {process!r} at {endpoint}" if process is not None else endpoint
 
     def _dealer(self, endpoint: str) -> _Channel:
         dealer = self._dealers.get(endpoint)
@@ -336,11 +561,17 @@ class ZmqActorSystem(ActorSystem):
             if self._context is None:
                 raise RuntimeError("the transport is not open")
             socket = self._socket(zmq.DEALER)
+            if self.keys is not None:
+                self.keys.make_client(socket, self.peers[endpoint])
             socket.connect(endpoint)
-            dealer = self._dealers[endpoint] = _Channel(socket)
+            dealer = self._dealers[endpoint] = _Channel(socket, self._send_failed)
             receiver = dealer.receive(self._on_reply, self._reject)
             self._tasks.append(self.loop.create_task(receiver, name=f"zmq:{endpoint}"))
         return dealer
+
+    def _send_failed(self, error: zmq.ZMQError) -> None:
+        self._counters[SEND_FAILED_COUNTER] += 1
+        self._send_failures.note(str(error))
 
     # --- answering asks that came over the wire ------------------------------------------------------
 
@@ -349,23 +580,37 @@ class ZmqActorSystem(ActorSystem):
         if route is None or route.envelope is not request:
             super()._reply(request, result, error)
             return
+        self._send_reply(route, result, error, record=True)
+
+    def _send_reply(
+        self, route: _RemoteAsk, result: Message | None, error: BaseException | None, *, record: bool
+    ) -> None:
+        """Send the answer to the ask that came over the wire by ``route`` (``record``: record the event)."""
+        request = route.envelope
         body: Message
         msg_id = self._new_msg_id()
         if error is None:
             body = NoneReply() if result is None else result
-            self.record(request.recipient, "reply", f"#{msg_id} re #{request.msg_id} {_type_name(result)}")
+            if record:
+                self.record(request.recipient, "reply", f"#{msg_id} re #{request.msg_id} {_type_name(result)}")
         else:
             body = error_to_wire(error)
-            summary = f"#{msg_id} re #{request.msg_id} {type(error).__name__}: {error}"
-            self.record(request.recipient, "error", summary)
+            if record:
+                summary = f"#{msg_id} re #{request.msg_id} {type(error).__name__}: {error}"
+                self.record(request.recipient, "error", summary)
         envelope = Envelope(request.recipient, request.sender, msg_id, request.msg_id, body)
         try:
             data = self.codec.encode_envelope(envelope)
         except MessageError as encode_error:  # e.g. a reply type the codec does not know
             envelope = Envelope(request.recipient, request.sender, msg_id, request.msg_id, error_to_wire(encode_error))
             data = self.codec.encode_envelope(envelope)
-        if self._router is not None:
-            self._router.post([route.identity, KIND_REPLY, data], self.loop)
+        if self._router is not None and not self._router.post([route.identity, KIND_REPLY, data], self.loop):
+            # Its asker does not take its replies: dropping this one costs the asker a TimeoutError; failing
+            # the replier would punish the wrong process.
+            self._counters[REPLIES_DROPPED_COUNTER] += 1
+            self._dropped_replies.note(
+                f"#{msg_id} re #{request.msg_id} to {request.sender!r}: the backlog towards it is full"
+            )
 
     def _fail_pending(self, name: str) -> None:
         super()._fail_pending(name)
@@ -391,9 +636,10 @@ class ZmqActorSystem(ActorSystem):
     # --- receiving -----------------------------------------------------------------------------------
 
     def _reject(self, reason: str) -> None:
-        self.counters[REJECTED_COUNTER] += 1
-        _log.warning("rejected a frame at %s: %s", self._endpoint, reason)
-        self.record(TRANSPORT_ACTOR, "rejected", reason)
+        self._counters[REJECTED_COUNTER] += 1
+        text = self._rejections.note(reason)
+        if text is not None:  # the first ones and the power-of-ten summaries only: bounded under a flood
+            self.record(TRANSPORT_ACTOR, "rejected", text)
 
     def _on_request(self, frames: list[bytes]) -> None:
         identity, rest = frames[0], frames[1:]
@@ -414,9 +660,9 @@ class ZmqActorSystem(ActorSystem):
         target = self._actors.get(envelope.recipient)
         if target is None:
             self._reject(f"no actor {envelope.recipient!r} here ({summary})")
-            if is_ask:
-                self._remote_asks[id(envelope)] = _RemoteAsk(envelope, identity)
-                self._reply(envelope, None, UnknownActorError(envelope.recipient))
+            if is_ask:  # the rejection is the record: the answer adds no event (bounded under a flood)
+                route = _RemoteAsk(envelope, identity)
+                self._send_reply(route, None, UnknownActorError(envelope.recipient), record=False)
             return
         if target.stopped:
             if is_ask:
@@ -458,26 +704,30 @@ def _type_name(value: object) -> str:
 
 class _Channel:
     """One socket of the transport. Sends keep their order without awaiting: at once while the socket takes
-    them, else into a backlog that a task drains; receiving takes what is queued in batches (pyzmq's
+    them, else into a bounded backlog that a task drains; receiving takes what is queued in batches (pyzmq's
     per-message futures cost far more than the messages).
 
     On the per-message paths, flags go to pyzmq as plain ints and frames one by one, as ``send_multipart``
     and ``recv_multipart`` would: their flag-enum arithmetic (``zmq.SNDMORE | flags``) and ``RCVMORE``
     look-ups (an enum conversion in every ``getsockopt``) cost more than the send or receive itself."""
 
-    __slots__ = ("socket", "sync", "backlog", "drain", "recheck_due")
+    __slots__ = ("socket", "sync", "backlog", "backlog_bytes", "drain", "recheck_due", "waiters", "on_send_error")
 
     _SEND_MORE: ClassVar[int] = int(zmq.SNDMORE | zmq.NOBLOCK)
     _NOBLOCK: ClassVar[int] = int(zmq.NOBLOCK)
 
-    def __init__(self, socket: zmq.asyncio.Socket) -> None:
+    def __init__(self, socket: zmq.asyncio.Socket, on_send_error: Callable[[zmq.ZMQError], None]) -> None:
         self.socket = socket
         self.sync: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)  # same socket, blocking API
         self.backlog: deque[list[bytes]] = deque()
+        self.backlog_bytes = 0
         self.drain: asyncio.Task[None] | None = None
         self.recheck_due = False
+        self.waiters: deque[asyncio.Future[None]] = deque()  # asks waiting for room in the backlog
+        self.on_send_error = on_send_error
 
-    def post(self, frames: list[bytes], loop: asyncio.AbstractEventLoop) -> None:
+    def post(self, frames: list[bytes], loop: asyncio.AbstractEventLoop) -> bool:
+        """Send ``frames`` now or queue them after the backlog; False (nothing queued) if the backlog is full."""
         if not self.backlog:
             try:
                 # send_multipart(frames, NOBLOCK), frame by frame. ZeroMQ checks the high-water mark (and a
@@ -486,25 +736,44 @@ class _Channel:
                 for index in range(last):
                     send(frames[index], self._SEND_MORE)
                 send(frames[last], self._NOBLOCK)
-                return
+                return True
             except zmq.Again:
                 pass  # the peer's queue is full (or not there yet): keep the order through the backlog
             except zmq.ZMQError as error:
-                _log.warning("a ZeroMQ send failed: %s", error)
-                return
+                self.on_send_error(error)
+                return True
             finally:
-                # The socket's file descriptor is edge-triggered, and a send may consume the edge that was to
-                # wake the pending recv of `receive` (a message that arrived meanwhile would then wait for the
-                # next edge, perhaps forever). Reading EVENTS through the asyncio socket makes pyzmq look again,
-                # as its own sends do. Once per loop iteration, after the sends made in it, is enough: pyzmq
-                # only schedules its handler for a later iteration when it finds something, and reading EVENTS
-                # costs more than the send.
-                if not self.recheck_due:
-                    self.recheck_due = True
-                    loop.call_soon(self._recheck)
+                self._recheck_soon(loop)
+        size = sum(len(frame) for frame in frames)
+        if self.backlog and (len(self.backlog) >= BACKLOG_MESSAGES or self.backlog_bytes + size > BACKLOG_BYTES):
+            return False
         self.backlog.append(frames)
+        self.backlog_bytes += size
         if self.drain is None:
             self.drain = loop.create_task(self._drain(), name="zmq:drain")
+        return True
+
+    def room(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future that is done when the backlog has drained to half its bounds (or emptied)."""
+        waiter: asyncio.Future[None] = loop.create_future()
+        self.waiters.append(waiter)
+        return waiter
+
+    def _wake_waiters(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():  # an ask that timed out meanwhile
+                waiter.set_result(None)
+
+    def _recheck_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The socket's file descriptor is edge-triggered, and a send may consume the edge that was to wake the
+        # pending recv of `receive` (a message that arrived meanwhile would then wait for the next edge,
+        # perhaps forever). Reading EVENTS through the asyncio socket makes pyzmq look again, as its own sends
+        # do. Once per loop iteration, after the sends made in it, is enough: pyzmq only schedules its handler
+        # for a later iteration when it finds something, and reading EVENTS costs more than the send.
+        if not self.recheck_due:
+            self.recheck_due = True
+            loop.call_soon(self._recheck)
 
     def _recheck(self) -> None:
         self.recheck_due = False
@@ -512,21 +781,50 @@ class _Channel:
             self.socket.get(zmq.EVENTS)
 
     async def _drain(self) -> None:
+        # Non-blocking sends while the socket takes them (as `post` does: a future per message would cost more
+        # than the message), one awaited send when it does not, which waits until it does.
+        send, send_more, noblock = self.sync.send, self._SEND_MORE, self._NOBLOCK
+        loop = asyncio.get_running_loop()
         try:
             while self.backlog:
+                frames = self.backlog[0]
                 try:
-                    await self.socket.send_multipart(self.backlog[0])
+                    last = len(frames) - 1
+                    for index in range(last):
+                        send(frames[index], send_more)
+                    send(frames[last], noblock)
+                    self._recheck_soon(loop)
+                except zmq.Again:
+                    try:
+                        await self.socket.send_multipart(frames)
+                    except zmq.ZMQError as error:
+                        self.on_send_error(error)
                 except zmq.ZMQError as error:
-                    _log.warning("a ZeroMQ send failed: %s", error)
+                    self.on_send_error(error)
                 self.backlog.popleft()
+                self.backlog_bytes -= sum(len(frame) for frame in frames)
+                if self.waiters and (
+                    len(self.backlog) <= BACKLOG_MESSAGES // 2 and self.backlog_bytes <= BACKLOG_BYTES // 2
+                ):
+                    self._wake_waiters()
         finally:
             self.drain = None
+        self._wake_waiters()  # emptied (when cancelled, the transport is closing: close() fails the waiters)
+
+    def close(self) -> None:
+        """Close the socket (``linger=0``); asks still waiting for room get :class:`RuntimeError`."""
+        self.socket.close(linger=0)
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_exception(RuntimeError("the transport closed"))
+        self.waiters.clear()
 
     async def receive(self, handle: Callable[[list[bytes]], None], reject: Callable[[str], None]) -> None:
         recv, noblock = self.sync.recv, self._NOBLOCK
         while True:
             batch = [await self.socket.recv_multipart()]
-            while len(batch) < RECEIVE_BATCH:
+            size = sum(len(frame) for frame in batch[0])
+            while len(batch) < RECEIVE_BATCH and size < RECEIVE_BATCH_BYTES:
                 # recv_multipart(NOBLOCK), frame by frame; a message's frames arrive together, so only its
                 # first can be missing.
                 try:
@@ -537,10 +835,12 @@ class _Channel:
                 while frame.more:
                     frame = recv(noblock, copy=False)
                     frames.append(frame.bytes)
+                size += len(frames[-1])
                 batch.append(frames)
             for frames in batch:
                 try:
                     handle(frames)
                 except Exception as error:  # never let one frame end the receiver
                     reject(f"{type(error).__name__}: {error}")
+            batch.clear()
             await asyncio.sleep(0)  # let the actors run between batches

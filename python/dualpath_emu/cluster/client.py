@@ -1,0 +1,136 @@
+"""The client: the agents, replaying their trajectories turn by turn (§3.2)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from dualpath_emu.cluster.config import BLOCK_TOKENS
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone
+from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.workload.trajectory import Trajectory
+
+__all__ = ["ClientActor", "TurnObserver"]
+
+
+class TurnObserver(Protocol):
+    def turn_admitted(self) -> None: ...
+
+    def turn_done(self, arrive_ns: int, first_ns: int, second_ns: int, done_ns: int, gen: int) -> None: ...
+
+
+class ClientActor(Actor):
+    """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
+    a turn is submitted as soon as the previous one of its agent is done (zero tool latency). Imported
+    request traces with arrival times (Mooncake) are replayed open loop: each turn at its own time. Hit
+    lengths are the trajectory's (same-trajectory hits only for agents, §3.4), rounded down to whole Full
+    Blocks if configured."""
+
+    def __init__(self, system: ActorSystem, cluster: Cluster, trajectories: Sequence[Trajectory]) -> None:
+        super().__init__(system, "client")
+        self.cluster = cluster
+        self.trajectories = trajectories
+        self._next_turn = [0] * len(trajectories)
+        self._open = [len(t) for t in trajectories]
+        """Turns of each trajectory not done yet."""
+        self._hits: list[tuple[int, ...] | None] = [None] * len(trajectories)
+        self._agent_of: dict[int, int] = {}
+        self._next_rid = 0
+        self._outbox: list[Turn] = []
+        """Turns submitted at this instant, sent as one :class:`Submit` by :meth:`_send_turns`."""
+        self.remaining = len(trajectories)
+        self.finished = asyncio.Event()
+        self.observer: TurnObserver | None = None
+        """Told of every turn admitted and done (the live metrics of a real-time run), if set."""
+
+    @handles(Start)
+    def on_start(self, msg: Start) -> None:
+        if not self.trajectories:
+            self.finished.set()
+            return
+        timed = [a for a, t in enumerate(self.trajectories) if t.arrival_s is not None]
+        closed = [a for a, t in enumerate(self.trajectories) if t.arrival_s is None]
+        if timed:
+            self.system.spawn(self, self._replay(timed), "replay")
+        if self.cluster.config.mode == "offline":
+            for agent in closed:
+                self._submit_next(agent)
+            self._send_turns()
+        elif closed:
+            self.system.spawn(self, self._arrivals(closed), "arrivals")
+
+    async def _arrivals(self, agents: Sequence[int]) -> None:
+        rng, rate = self.random, self.cluster.config.arrival_rate
+        for index, agent in enumerate(agents):
+            if index:
+                await asyncio.sleep(rng.expovariate(rate))
+            self._submit_next(agent)
+            self._send_turns()
+
+    async def _replay(self, agents: Sequence[int]) -> None:
+        """Open loop: every turn of the timed trajectories at its arrival time, in time order."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        turns = sorted(
+            (t_s, agent, turn)
+            for agent in agents
+            for turn, t_s in enumerate(self.trajectories[agent].arrival_s or ())
+        )
+        for t_s, agent, turn in turns:
+            delay = start + t_s - loop.time()
+            if delay > 0:
+                self._send_turns()
+                await asyncio.sleep(delay)
+            self._submit(agent, turn)
+        self._send_turns()
+
+    def _submit_next(self, agent: int) -> None:
+        turn = self._next_turn[agent]
+        self._next_turn[agent] = turn + 1
+        self._submit(agent, turn)
+
+    def _submit(self, agent: int, turn: int) -> None:
+        trajectory = self.trajectories[agent]
+        hits = self._hits[agent]
+        if hits is None:  # computed once per agent (it sums the trajectory's rounds)
+            hits = self._hits[agent] = trajectory.hits()
+        hit, append, gen = hits[turn], trajectory.append[turn], trajectory.gen[turn]
+        prompt = hit + append
+        if self.cluster.config.hit_block_aligned:
+            hit = hit // BLOCK_TOKENS * BLOCK_TOKENS
+        rid = self._next_rid
+        self._next_rid += 1
+        self._agent_of[rid] = agent
+        self.cluster.metrics.arrive(rid, agent, self.system.now_ns(), prompt, hit, gen)
+        self.system.record(self.name, "admit", f"r{rid}")
+        if self.observer is not None:
+            self.observer.turn_admitted()
+        self._outbox.append(Turn(rid, prompt, hit, gen))
+
+    def _send_turns(self) -> None:
+        if self._outbox:
+            self.tell("scheduler", Submit(tuple(self._outbox)))
+            self._outbox.clear()
+
+    @handles(TurnDone)
+    def on_turn_done(self, msg: TurnDone) -> None:
+        metrics, done_ns = self.cluster.metrics, msg.done_ns
+        for rid, first_ns, second_ns in zip(msg.rids, msg.first_token_ns, msg.second_token_ns, strict=True):
+            metrics.first_token(rid, first_ns)
+            if second_ns >= 0:
+                metrics.second_token(rid, second_ns)
+            metrics.done(rid, done_ns)
+            if self.observer is not None:
+                self.observer.turn_done(metrics.arrive_ns[rid], first_ns, second_ns, done_ns, metrics.gen[rid])
+            agent = self._agent_of.pop(rid)
+            self._open[agent] -= 1
+            trajectory = self.trajectories[agent]
+            if trajectory.arrival_s is None and self._next_turn[agent] < len(trajectory):
+                self._submit_next(agent)
+            elif self._open[agent] == 0:
+                self.remaining -= 1
+                if self.remaining == 0:
+                    self.finished.set()
+        self._send_turns()

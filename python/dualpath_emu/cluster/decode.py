@@ -1,0 +1,288 @@
+"""The decode engines of one node (one actor per node; one DE per GPU, §4): the DE buffer, H2D before
+decode, continuous batching and the persistence of every completed Full Block.
+
+A decode GPU steps its whole batch as one event per *segment*: the step time is computed from the batch when
+it changes (a request joins or finishes), and the GPU sleeps until the next request finishes or a new one
+joins; a joining request makes the GPU account the steps done so far. So a request costs a few events
+however many tokens it generates (DESIGN.md §8), and accounting for a segment touches only the requests
+that finish or complete a Full Block in it (kept in heaps by the step at which they do), not the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from functools import partial
+from heapq import heappop, heappush
+
+from dualpath_emu.cluster.config import BLOCK_TOKENS
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.engines import NS, EngineGroup, inter_node_a2a_bytes, then
+from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
+from dualpath_emu.cluster.pool import Pool
+from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
+from dualpath_emu.runtime.actors import ActorSystem, handles
+
+__all__ = ["DecodeGroup"]
+
+@dataclass(eq=False)
+class _DecodeRequest:
+    rid: int
+    prompt: int
+    gen: int
+    gpu: int
+    stored_blocks: int
+    """Full Blocks of this request's KV in storage (the hit's at first)."""
+    produced: int = 1
+    """Tokens out when it joins its GPU's batch: the first came from the prefill."""
+    offset: int = 0
+    """In a batch, it has produced ``offset`` + its GPU's step count tokens (it leaves the batch at ``gen``)."""
+    seq: int = 0
+    """Its place in its GPU's join order (requests that finish together end in this order)."""
+    first_token_ns: int = -1
+    """When the prefill produced its first token (from :class:`KvReady`)."""
+    second_token_ns: int = -1
+    """When its first decode step produced its second token (-1 until then)."""
+
+
+@dataclass
+class _DecodeGpu:
+    """One DE GPU's continuous batch, stepped in segments (see the module docstring).
+
+    A segment's steps are applied to the batch as a whole: every request's output count follows from
+    ``steps`` (this GPU's steps so far) and its own ``offset``, so that accounting for a segment costs
+    O(log n) per request that finishes or completes a Full Block, not O(n) for the whole batch."""
+
+    node: int
+    gpu: int
+    batch: dict[int, _DecodeRequest] = field(default_factory=dict)
+    """The requests decoding here, by join order."""
+    steps: int = 0
+    base: int = 0
+    """The sum of ``prompt + offset`` over the batch: its context is ``base + len(batch) * steps`` tokens."""
+    finishing: list[tuple[int, int, _DecodeRequest]] = field(default_factory=list)
+    """A heap of ``(steps at which it has all its tokens, seq, request)``."""
+    next_block: list[tuple[int, int, _DecodeRequest]] = field(default_factory=list)
+    """A heap of ``(steps at which its next Full Block is complete, seq, request)``."""
+    fresh: list[_DecodeRequest] = field(default_factory=list)
+    """Requests that joined since the last step: their second token and their prompt's last blocks come
+    with the next step."""
+    joined: int = 0
+    segment_start_ns: int = 0
+    step_ns: int = 0
+    timer: asyncio.TimerHandle | None = None
+    busy_since_ns: int = -1
+    """Start of the current segment with a non-empty batch (reported as busy time when it ends), or -1."""
+    busy_batch: int = 0
+
+
+class DecodeGroup(EngineGroup):
+    """The DEs of one node (one per GPU): continuous batching, the DE buffer, H2D before decode, and the
+    persistence of every completed Full Block (§4)."""
+
+    def __init__(self, system: ActorSystem, cluster: Cluster, node: int) -> None:
+        super().__init__(system, f"de{node}", cluster, [node])
+        self.node = node
+        gpus = cluster.config.node.gpus
+        self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
+        self.expected: dict[int, DecodeTask] = {}
+        self._done: list[_DecodeRequest] = []
+        """Requests finished at this instant, reported together by :meth:`_report_done`."""
+        self._kv = cluster.derived.kv_bytes_per_token
+        self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
+        hbm = cluster.derived.de_hbm_kv_bytes
+        self.hbm = [Pool(self, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
+        # The decode EP group: decode_ep_nodes consecutive decode nodes; its MoE all-to-all crosses the
+        # network to the next node of the group (model traffic, high lane).
+        ep = cluster.config.decode_ep_nodes
+        de_nodes = [n.index for n in cluster.topology.de_nodes]
+        first = de_nodes[(de_nodes.index(node) // ep) * ep]
+        group = de_nodes[de_nodes.index(first) : de_nodes.index(first) + ep]
+        self._a2a_peer = group[(group.index(node) + 1) % len(group)]
+        self._a2a = inter_node_a2a_bytes(cluster.derived.model, len(group)) * cluster.derived.model.layers
+        """MoE all-to-all bytes per decoded token (all layers) that cross the network."""
+
+    @handles(Expect)
+    def on_expect(self, msg: Expect) -> None:
+        for task in msg.tasks:
+            self._expect(task)
+
+    def _expect(self, msg: DecodeTask) -> None:
+        self.expected[msg.rid] = msg
+        if self.cluster.system.oracle:
+            return
+        # The DE buffer holds the whole prompt KV until it goes to HBM (§4): hit (read here or sent by the
+        # PE) and miss (sent by the PE layer by layer).
+        self.buffer.acquire(msg.rid, msg.prompt * self._kv, lambda: self._buffer_ready(msg))
+
+    def _buffer_ready(self, msg: DecodeTask) -> None:
+        if msg.read_on_de:
+            self._read(msg)
+        else:
+            self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+
+    def _read(self, msg: DecodeTask) -> None:
+        """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
+        streams it layer by layer from there."""
+        metrics = self.cluster.metrics
+        metrics.read_start(msg.rid, self.system.now_ns())
+        done = self.cluster.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv)
+
+        def finished() -> None:
+            metrics.read_done(msg.rid, self.system.now_ns())
+            self.system.record(self.name, "read", f"r{msg.rid} n{self.node}")
+            self.tell("scheduler", ReadDone(self.node, msg.hit))
+            self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+
+        then(self, done, finished)
+
+    @handles(KvReady)
+    def on_kv_ready(self, msg: KvReady) -> None:
+        for rid in msg.rids:
+            task = self.expected.pop(rid)
+            request = _DecodeRequest(
+                rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, first_token_ns=msg.first_token_ns
+            )
+            # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
+            # assigns requests that fit (§6.2), so this never waits.
+            self.hbm[task.de_gpu].acquire(rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
+        self._report_done()
+
+    def _h2d(self, request: _DecodeRequest) -> None:
+        if self.cluster.system.oracle:
+            self._join(request)
+            return
+        # The prompt KV: DE buffer → HBM (one H2D, §4); then the buffer is free.
+        size = request.prompt * self._kv
+        done = self.cluster.plane.transfer(self.cluster.topology.h2d(self.node, request.gpu), KV_LANE, size)
+
+        def copied() -> None:
+            self.buffer.release(request.rid, size)
+            self._join(request)
+            self._report_done()
+
+        then(self, done, copied)
+
+    def _join(self, request: _DecodeRequest) -> None:
+        if request.produced >= request.gen:  # its one token came from the prefill: no step to take
+            full = (request.prompt + request.produced) // BLOCK_TOKENS
+            self._persist(request.gpu, full - request.stored_blocks)
+            request.stored_blocks = full
+            self._finish(request)
+            return
+        gpu = self.gpus[request.gpu]
+        self._account(gpu, self.system.now_ns())
+        request.seq, gpu.joined = gpu.joined, gpu.joined + 1
+        request.offset = request.produced - gpu.steps
+        gpu.batch[request.seq] = request
+        gpu.base += request.prompt + request.offset
+        heappush(gpu.finishing, (request.gen - request.offset, request.seq, request))
+        gpu.fresh.append(request)
+        self._next_segment(gpu)
+
+    def _finish(self, request: _DecodeRequest) -> None:
+        self.hbm[request.gpu].release(request.rid, (request.prompt + request.gen) * self._kv)
+        self.system.record(self.name, "end", f"r{request.rid}")
+        self._done.append(request)
+
+    def _report_done(self) -> None:
+        """Tell the scheduler and the client which requests finished (called where requests can finish)."""
+        if self._done:
+            done = self._done
+            self._done = []
+            rids = tuple(r.rid for r in done)
+            self.tell("scheduler", DecodeDone(rids))
+            first, second = tuple(r.first_token_ns for r in done), tuple(r.second_token_ns for r in done)
+            self.tell("client", TurnDone(rids, first, second, self.system.now_ns()))
+
+    def _next_segment(self, gpu: _DecodeGpu) -> None:
+        """Start a segment: the step time of the batch as it is now, and a timer for when its first request
+        finishes (a request joining earlier ends the segment sooner)."""
+        if gpu.timer is not None:
+            gpu.timer.cancel()
+            gpu.timer = None
+        now = self.system.now_ns()
+        if gpu.busy_since_ns >= 0:  # the segment that ends here kept the GPU busy (gpu_util)
+            unit = gpu.node * len(self.gpus) + gpu.gpu
+            self.cluster.metrics.decode_segment(unit, gpu.busy_since_ns, now, gpu.busy_batch, gpu.step_ns)
+        gpu.busy_since_ns, gpu.busy_batch = (now, len(gpu.batch)) if gpu.batch else (-1, 0)
+        if not gpu.batch:
+            gpu.step_ns = 0
+            return
+        context = gpu.base + len(gpu.batch) * gpu.steps
+        step_s = self.cluster.derived.decode.decode_step(len(gpu.batch), context).total_s
+        gpu.step_ns = max(1, round(step_s * NS))
+        gpu.segment_start_ns = now
+        steps = gpu.finishing[0][0] - gpu.steps
+        gpu.timer = self.system.loop.call_later(steps * gpu.step_ns / NS, self._segment_end, gpu)
+
+    def _segment_end(self, gpu: _DecodeGpu) -> None:
+        gpu.timer = None
+        try:
+            self._account(gpu, self.system.now_ns())
+            self._next_segment(gpu)
+            self._report_done()
+        except Exception as error:  # a callback: fail the run rather than lose the error
+            self.system.fail(self, error)
+
+    def _account(self, gpu: _DecodeGpu, now: int) -> None:
+        """Apply the steps done since the segment started: tokens, second-token times, persisted blocks,
+        finished requests."""
+        if not gpu.batch or gpu.step_ns == 0:
+            return
+        steps = (now - gpu.segment_start_ns) // gpu.step_ns
+        if steps <= 0:
+            return
+        batch = gpu.batch
+        done = gpu.steps = gpu.steps + steps
+        tokens = steps * len(batch)
+        blocks = 0
+        for r in gpu.fresh:
+            r.second_token_ns = gpu.segment_start_ns + gpu.step_ns
+            blocks += self._store_blocks(gpu, r)
+        gpu.fresh.clear()
+        next_block = gpu.next_block
+        while next_block and next_block[0][0] <= done:
+            r = heappop(next_block)[2]
+            if batch.get(r.seq) is r:
+                blocks += self._store_blocks(gpu, r)
+        finished: list[_DecodeRequest] = []
+        finishing = gpu.finishing
+        while finishing and finishing[0][0] <= done:
+            r = heappop(finishing)[2]
+            tokens -= r.offset + done - r.gen  # steps past its last token: a request ends early
+            finished.append(r)
+        finished.sort(key=lambda r: r.seq)
+        for r in finished:
+            del batch[r.seq]
+            gpu.base -= r.prompt + r.offset
+            self._finish(r)
+        gpu.segment_start_ns += steps * gpu.step_ns
+        if self._a2a and tokens > 0:
+            # The steps' MoE dispatch/combine over the network, charged once per segment (after it, like the
+            # block write-backs): it loads the compute NICs the KV traffic shares, the step times stay the
+            # roofline's.
+            topo = self.cluster.topology
+            path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
+            self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
+        self._persist(gpu.gpu, blocks)
+
+    def _persist(self, gpu: int, blocks: int) -> None:
+        """Write back completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4),
+        charged once per segment, not per block."""
+        if blocks > 0 and not self.cluster.system.oracle:
+            size = blocks * BLOCK_TOKENS * self._kv
+            plane = self.cluster.plane
+            plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
+            plane.io_detached(self.node, "write", KV_LANE, size)
+
+    @staticmethod
+    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest) -> int:
+        """The Full Blocks ``r`` has completed since they were last counted; schedule its next one."""
+        produced = min(r.gen, r.offset + gpu.steps)
+        full = (r.prompt + produced) // BLOCK_TOKENS
+        blocks = full - r.stored_blocks
+        r.stored_blocks = full
+        if produced < r.gen:
+            heappush(gpu.next_block, ((full + 1) * BLOCK_TOKENS - r.prompt - r.offset, r.seq, r))
+        return blocks

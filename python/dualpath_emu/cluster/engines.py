@@ -1,0 +1,74 @@
+"""What every engine group shares: the pull of work from the scheduler (:class:`EngineGroup`), the MoE
+all-to-all volume that crosses the network, and waiting on the data plane without a task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from dualpath_emu.cluster.catalog import ModelSpec
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.messages import Fetch, WorkPending
+from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.core_work import Completion
+
+__all__ = ["NS", "EngineGroup", "inter_node_a2a_bytes", "then"]
+
+NS = 1_000_000_000
+
+
+class EngineGroup(Actor):
+    """An engine group's leader: pulls work from the scheduler at most once per fetch period (§6.1)."""
+
+    def __init__(self, system: ActorSystem, name: str, cluster: Cluster, nodes: Sequence[int]) -> None:
+        super().__init__(system, name)
+        self.cluster = cluster
+        self.nodes = list(nodes)
+        self._fetch_due = False
+        self._last_fetch_ns = -(10**18)
+        self._period_ns = round(cluster.config.fetch_period_s * NS)
+
+    @handles(WorkPending)
+    def on_work_pending(self, msg: WorkPending) -> None:
+        if self._fetch_due:
+            return
+        self._fetch_due = True
+        wait_ns = self._last_fetch_ns + self._period_ns - self.system.now_ns()
+        if wait_ns > 0:
+            self.system.loop.call_later(wait_ns / NS, self._fetch)
+        else:
+            self._fetch()
+
+    def _fetch(self) -> None:
+        self._fetch_due = False
+        self._last_fetch_ns = self.system.now_ns()
+        self.tell("scheduler", Fetch(tuple(self.nodes)))
+
+
+def then(actor: Actor, future: asyncio.Future[Completion], callback: Callable[[], None]) -> None:
+    """Call ``callback`` when ``future`` is done (cheaper than a task per I/O); an error fails the run."""
+
+    def done(f: asyncio.Future[Completion]) -> None:
+        try:
+            f.result()
+            callback()
+        except Exception as error:
+            actor.system.fail(actor, error)
+
+    future.add_done_callback(done)
+
+
+def inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:
+    """MoE dispatch + combine bytes per token per layer (averaged over all layers) that cross the compute
+    network, for an EP group spread over ``nodes`` nodes.
+
+    As DeepEP does, a token goes once to each *remote node* that hosts one of its ``k`` experts and is spread
+    within the node over NVLink (which no port models); the combine comes back the same way. With experts
+    evenly over the nodes, a token reaches on average ``(nodes - 1) × (1 - (1 - 1/nodes)^k)`` remote nodes
+    [derived]. One node: no network traffic at all."""
+    k = model.activated_experts
+    if nodes <= 1 or k == 0:
+        return 0.0
+    per_expert = (model.a2a_dispatch_bytes_per_token_layer + model.a2a_combine_bytes_per_token_layer) / k
+    remote_nodes = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    return per_expert * remote_nodes * model.moe_layers / model.layers

@@ -1,0 +1,94 @@
+"""The cluster's door to the data plane, which books every byte it is asked to move (:class:`Ledger`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from dualpath_emu.cluster.topology import Topology
+from dualpath_emu.runtime.actors import ActorSystem
+from dualpath_emu.runtime.core_work import Completion
+
+__all__ = ["Hop", "Ledger"]
+
+Hop = tuple[tuple[int, ...], int, int]
+"""A per-layer transfer of a forward pass: ``(path, lane, bytes per layer)``."""
+
+
+class Ledger:
+    """The cluster's door to the data plane: forwards each request to the running loop's core work and
+    books its bytes per (port, lane), so that the run can check that the core moved exactly what the
+    actors asked for (every byte accounted, :func:`~dualpath_emu.cluster.invariants.check_ledger`)."""
+
+    def __init__(self, system: ActorSystem, topology: Topology) -> None:
+        self._system = system
+        self._topology = topology
+        self._by_path: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        """``[bytes, transfers]`` per ``(path, lane)``: a run has few distinct paths, so booking costs one
+        dict update per transfer; the per-port totals are summed when asked for."""
+
+    def _book(self, path: tuple[int, ...], lane: int, size: int, count: int = 1) -> None:
+        tally = self._by_path.get((path, lane))
+        if tally is None:
+            self._by_path[(path, lane)] = [size, count]
+        else:
+            tally[0] += size
+            tally[1] += count
+
+    def _per_port(self, field: int) -> dict[tuple[int, int], int]:
+        totals: dict[tuple[int, int], int] = {}
+        for (path, lane), tally in self._by_path.items():
+            for port in path:
+                totals[(port, lane)] = totals.get((port, lane), 0) + tally[field]
+        return totals
+
+    @property
+    def bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes booked per ``(port, lane)``."""
+        return self._per_port(0)
+
+    @property
+    def transfers(self) -> dict[tuple[int, int], int]:
+        """Transfers booked per ``(port, lane)`` (a forward pass's per-layer transfers count one each)."""
+        return self._per_port(1)
+
+    def transfer(self, path: tuple[int, ...], lane: int, size: int) -> asyncio.Future[Completion]:
+        self._book(path, lane, size)
+        return self._system.data_plane.transfer(path, lane, size)
+
+    def transfer_detached(self, path: tuple[int, ...], lane: int, size: int) -> None:
+        """A transfer nobody waits for (write-backs, decode all-to-all): booked, never reported."""
+        self._book(path, lane, size)
+        self._system.data_plane.transfer_detached(path, lane, size)
+
+    def io(self, node: int, kind: str, lane: int, size: int) -> asyncio.Future[Completion]:
+        return self._system.data_plane.io(self._book_io(node, kind, lane, size), kind, lane, size)
+
+    def io_detached(self, node: int, kind: str, lane: int, size: int) -> None:
+        """A storage I/O nobody waits for (block write-backs): booked, never reported."""
+        self._system.data_plane.io_detached(self._book_io(node, kind, lane, size), kind, lane, size)
+
+    def _book_io(self, node: int, kind: str, lane: int, size: int) -> int:
+        """Book a storage I/O of ``node``; return its storage node."""
+        n = self._topology.nodes[node]
+        if kind == "read":
+            self._book((self._topology.storage_read, n.snic_rx, n.dram), lane, size)
+        else:
+            self._book((n.dram, n.snic_tx, self._topology.storage_write), lane, size)
+        return n.storage_node
+
+    def forward(
+        self,
+        n_layers: int,
+        ranks: Sequence[tuple[Hop | None, int, Hop | None]],
+        *,
+        ffn_ns: int,
+        collectives: Sequence[Hop],
+    ) -> asyncio.Future[Completion]:
+        for load, _, store in ranks:
+            for hop in (load, store):
+                if hop is not None:
+                    self._book(hop[0], hop[1], hop[2] * n_layers, n_layers)
+        for path, lane, size in collectives:
+            self._book(path, lane, size * n_layers, n_layers)
+        return self._system.data_plane.forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives)

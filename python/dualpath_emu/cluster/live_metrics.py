@@ -1,0 +1,94 @@
+"""Live Prometheus metrics of a real-time cluster run (``dualpath-emu run --mode realtime --metrics-port P``).
+
+Served by the client's process on ``127.0.0.1:P`` (``prometheus-client``'s own HTTP server, a thread), on a
+registry of its own. Turns and their latencies are counted as the client learns of them (every
+:class:`~dualpath_emu.cluster.messages.TurnDone` carries its turns' token times); the ports and read queues
+come from the data plane, asked once per ``poll_s`` of wall time (the utilisation of a port is its bytes
+over that interval divided by its rate × the interval, in emulated time):
+
+=====================================  =========  ==================================================
+``dualpath_turns_admitted_total``      counter    turns the client submitted
+``dualpath_turns_done_total``          counter    turns whose last token is out
+``dualpath_ttft_seconds``              histogram  first token − arrival (emulated seconds)
+``dualpath_tpot_seconds``              histogram  (last − second token) / (tokens − 2), turns of ≥ 3 tokens
+``dualpath_emulated_seconds``          gauge      the run's clock
+``dualpath_port_utilisation{port}``    gauge      each port (e.g. ``n0.snic.rx``), over the last poll
+``dualpath_read_queue_bytes{node}``    gauge      bytes waiting in each node's storage read queue
+=====================================  =========  ==================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["LiveMetrics"]
+
+TTFT_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0)
+TPOT_BUCKETS: Final = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.5, 1.0)
+
+
+class LiveMetrics:
+    """The metrics and their HTTP endpoint (see the module)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.admitted = Counter("dualpath_turns_admitted", "Turns the client submitted", registry=r)
+        self.done = Counter("dualpath_turns_done", "Turns whose last token is out", registry=r)
+        self.ttft = Histogram("dualpath_ttft_seconds", "First token - arrival (emulated s)", buckets=TTFT_BUCKETS,
+                              registry=r)  # fmt: skip
+        self.tpot = Histogram("dualpath_tpot_seconds", "Time per output token after the second (emulated s)",
+                              buckets=TPOT_BUCKETS, registry=r)  # fmt: skip
+        self.clock = Gauge("dualpath_emulated_seconds", "The run's clock (emulated s)", registry=r)
+        self.port_utilisation = Gauge("dualpath_port_utilisation", "Port busy fraction over the last poll",
+                                      ["port"], registry=r)  # fmt: skip
+        self.read_queue = Gauge("dualpath_read_queue_bytes", "Bytes waiting in a node's storage read queue", ["node"],
+                                registry=r)  # fmt: skip
+        self._last: tuple[int, list[float]] | None = None
+        self._server: object | None = None
+        self.port: int | None = None
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Start the HTTP endpoint (``port`` 0: a free one); returns the port it listens on."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        self.port = int(server.server_port)
+        return self.port
+
+    def close(self) -> None:
+        server = self._server
+        if server is not None:
+            self._server = None
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
+
+    def turn_admitted(self) -> None:
+        self.admitted.inc()
+
+    def turn_done(self, arrive_ns: int, first_ns: int, second_ns: int, done_ns: int, gen: int) -> None:
+        self.done.inc()
+        if first_ns >= 0:
+            self.ttft.observe((first_ns - arrive_ns) / 1e9)
+        if second_ns >= 0 and gen > 2:
+            self.tpot.observe((done_ns - second_ns) / (gen - 2) / 1e9)
+
+    def data_plane(
+        self, now_ns: int, ports: Sequence[tuple[str, float, float]], read_queues: Sequence[tuple[str, int]]
+    ) -> None:
+        """The data plane as it is at ``now_ns``: per port ``(name, rate, bytes moved so far)``, per node
+        ``(name, bytes in its read queue)``."""
+        self.clock.set(now_ns / 1e9)
+        moved = [total for _, _, total in ports]
+        if self._last is not None:
+            then_ns, before = self._last
+            span_s = (now_ns - then_ns) / 1e9
+            if span_s > 0 and len(before) == len(moved):
+                for (name, rate, _), now_bytes, then_bytes in zip(ports, moved, before):
+                    busy = (now_bytes - then_bytes) / (rate * span_s) if rate > 0 else 0.0
+                    self.port_utilisation.labels(port=name).set(min(1.0, max(0.0, busy)))
+        self._last = (now_ns, moved)
+        for node, queued in read_queues:
+            self.read_queue.labels(node=node).set(queued)

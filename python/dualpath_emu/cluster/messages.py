@@ -1,0 +1,208 @@
+"""The messages the cluster's actors exchange, and the flow of one turn through them (paper §4, §6).
+
+The actors: :mod:`~dualpath_emu.cluster.client` (agents), :mod:`~dualpath_emu.cluster.scheduler`,
+:mod:`~dualpath_emu.cluster.prefill` (one actor per prefill EP group), :mod:`~dualpath_emu.cluster.decode` (one
+per decode node). They share no Python objects: everything one needs from another comes in these messages,
+so each can live in its own OS process (``dualpath-emu run --mode realtime``).
+
+Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a core transfer or I/O):
+
+1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
+2. The scheduler queues it and tells an engine group that work is waiting (:class:`WorkPending`);
+   groups *pull*: a group sends :class:`Fetch` (with its report) at most once per ``fetch_period_s``. A
+   prefill fetch runs Algorithm 1 over every PE of the cluster (``PrefillDispatch``: run over the fetching
+   group alone, the first group to pull took nearly all the work); the assigned requests join the decode
+   queue and are routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do
+   anyway), and that group is told. A decode fetch runs phase 2 and picks the read side (§6.3). The
+   scheduler then tells the prefill group :class:`Prefill` and the decode group :class:`Expect`; a decode
+   fetch that got work and left more is answered with another :class:`WorkPending`.
+3. The reading side's group reads the hit KV from storage into its node's DRAM buffer (a core I/O over the
+   storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
+   scheduler :class:`ReadDone` (its ``read_q`` shrinks).
+4. The prefill group batches ready requests per GPU under the attention quota (binary-search chunking,
+   §6.4; after a pass it first lets its pull be answered, see ``_forward_loop``) and runs one forward pass
+   over all its GPUs (one core call: per-layer loads into HBM, attention,
+   the DP barrier, MoE phase with its all-to-all on the high lane, per-layer stores to the DE buffer).
+   Without layerwise prefill the hit KV is copied into HBM first and the KV sent to the DE after the pass.
+   A request whose last chunk is done has its first token: :class:`KvReady` (with the first token's time)
+   to the decode group, :class:`PrefillDone` to the scheduler.
+5. The decode group copies the prompt KV into HBM (H2D) and adds the request to its GPU's continuous batch;
+   decode steps persist every completed 64-token block (DRAM → SNIC → storage). When the request has all
+   its tokens: :class:`DecodeDone` to the scheduler and :class:`TurnDone` (with the first, second and last
+   token's times: the client keeps every latency of its requests) to the client, which submits the agent's
+   next turn at once (zero tool latency, §3.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dualpath_emu.messages import Message, MessageRegistry
+
+__all__ = [
+    "DecodeDone", "DecodeTask", "Expect", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
+    "ReadDone", "Start", "Submit", "Turn", "TurnDone", "WorkPending", "cluster_registry",
+]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Turn(Message):
+    """One agent turn as the scheduler sees it: request ``rid`` with ``prompt`` tokens of which ``hit`` are
+    in storage, generating ``gen``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Turn"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    prompt: int
+    hit: int
+    gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Message):
+    """New turns, in arrival order (those the client submits at one instant travel together)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Submit"
+    VERSION: ClassVar[int] = 2
+    turns: tuple[Turn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPending(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.WorkPending"
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(Message):
+    """A group's pull: one fetch for each of its nodes (the scheduler's groups are nodes, §6.1)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Fetch"
+    VERSION: ClassVar[int] = 1
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTask(Message):
+    """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.PrefillTask"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    prompt: int
+    hit: int
+    gen: int
+    pe_node: int
+    pe_gpu: int
+    de_node: int
+    de_gpu: int
+    read_on_de: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill(Message):
+    """To a prefill group: the tasks one decode fetch assigned to its GPUs, in assignment order."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Prefill"
+    VERSION: ClassVar[int] = 2
+    tasks: tuple[PrefillTask, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTask(Message):
+    """Request ``rid`` will decode on ``de_gpu`` of ``de_node``; read its hit KV there if ``read_on_de``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.DecodeTask"
+    VERSION: ClassVar[int] = 1
+    rid: int
+    prompt: int
+    hit: int
+    gen: int
+    de_node: int
+    de_gpu: int
+    pe_node: int
+    read_on_de: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Expect(Message):
+    """To a decode group: the tasks one decode fetch assigned to its GPUs, in assignment order."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Expect"
+    VERSION: ClassVar[int] = 2
+    tasks: tuple[DecodeTask, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HitReady(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.HitReady"
+    VERSION: ClassVar[int] = 1
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDone(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.ReadDone"
+    VERSION: ClassVar[int] = 1
+    node: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvReady(Message):
+    """To a decode group: these requests' prompt KV is in its DE buffer (from one forward pass, whose end is
+    their first token, at ``first_token_ns``)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.KvReady"
+    VERSION: ClassVar[int] = 3
+    rids: tuple[int, ...]
+    first_token_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone(Message):
+    """To the scheduler: these requests left their PEs (one forward pass)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.PrefillDone"
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeDone(Message):
+    """To the scheduler: these requests left their DEs (at one instant)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.DecodeDone"
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone(Message):
+    """To the client: these turns are done (their last token at ``done_ns``), with each one's first and
+    second token's time (``-1``: a turn of one token has no second)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.TurnDone"
+    VERSION: ClassVar[int] = 3
+    rids: tuple[int, ...]
+    first_token_ns: tuple[int, ...]
+    second_token_ns: tuple[int, ...]
+    done_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Start(Message):
+    WIRE_NAME: ClassVar[str] = "cluster.Start"
+    VERSION: ClassVar[int] = 1
+
+
+def cluster_registry() -> MessageRegistry:
+    """Every message type of the cluster."""
+    registry = MessageRegistry()
+    for cls in (Turn, Submit, WorkPending, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
+                KvReady, PrefillDone, DecodeDone, TurnDone, Start):  # fmt: skip
+        registry.register(cls)
+    return registry
+
+
