@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket as socketlib
 import tempfile
 import threading
 import time
@@ -27,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
-from dualpath_emu.errors import UnknownNameError
+from dualpath_emu.errors import SecurityError, UnknownNameError
 from dualpath_emu.runtime import ForwardRank, LayerTransfer
 from dualpath_emu.runtime.core_work import Completion, CoreWork
 from dualpath_emu.runtime.dataplane import (
@@ -45,6 +46,7 @@ from dualpath_emu.runtime.dataplane import (
     run_remote,
 )
 from dualpath_emu.runtime.realtime import run_realtime
+from dualpath_emu.runtime.security import RunKeys
 
 GB = 1e9
 MB = 1_000_000
@@ -64,8 +66,8 @@ def build_core(core: Core) -> None:
 class ServiceThread:
     """A :class:`DataPlaneService` on its own loop in a thread (its core made there)."""
 
-    def __init__(self, directory: Path, *, time_scale: float = 1.0, **options: Any) -> None:
-        self.endpoint = f"ipc://{directory}/dp.sock"
+    def __init__(self, directory: Path, *, time_scale: float = 1.0, endpoint: str | None = None, **options: Any) -> None:
+        self.endpoint = endpoint or f"ipc://{directory}/dp.sock"
         self.time_scale = time_scale
         self.options = options
         self.outcome: str | None = None
@@ -131,7 +133,7 @@ def service(directory: Path, **options: Any) -> Iterator[ServiceThread]:
 
 
 def remote(endpoint: str, name: str = "w", **options: Any) -> RemoteDataPlaneLoop:
-    return RemoteDataPlaneLoop(endpoint, name, connect_timeout_s=10.0, **options)
+    return RemoteDataPlaneLoop(endpoint, name, **{"connect_timeout_s": 10.0, **options})
 
 
 # --- the same completions as in one process -------------------------------------------------------------
@@ -305,6 +307,40 @@ def test_the_service_drains_detached_work_before_it_is_done(directory: Path) -> 
     assert svc.outcome == "drained" and svc.report is not None
     assert drained_s - bye_s >= 0.15, "drained before the detached transfer ended"
     assert sum(svc.report["ports"]["link"]["completed_bytes"]) == 200 * MB
+
+
+# --- keys ------------------------------------------------------------------------------------------------
+
+
+def free_tcp_endpoint() -> str:
+    with socketlib.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_over_tcp_the_data_plane_takes_the_runs_keys_and_nothing_else(directory: Path) -> None:
+    service_loop = DataPlaneServiceLoop(Core(clock="wall"))
+    try:
+        with pytest.raises(SecurityError, match="a tcp:// data plane without keys"):
+            DataPlaneService(service_loop, bind=free_tcp_endpoint())
+    finally:
+        service_loop.close()
+    keys_dir = directory / "keys"
+    RunKeys.generate(keys_dir, ["dataplane", "w", "other"])
+    endpoint = free_tcp_endpoint()
+    with service(directory, endpoint=endpoint, keys=RunKeys.load(keys_dir, "dataplane")) as svc:
+        with pytest.raises(SecurityError, match="without keys"):
+            remote(endpoint)
+        with pytest.raises(DataPlaneLost, match="no welcome"):  # CURVE or nothing: the handshake never completes
+            remote(endpoint, insecure=True, connect_timeout_s=0.5)
+        loop = remote(endpoint, keys=RunKeys.load(keys_dir, "w"))
+
+        async def main() -> int:
+            done = await loop.transfer([loop.layout.port_id("link")], 0, MB)
+            return done.size_bytes
+
+        assert run_remote(main(), loop) == MB
+        assert svc.error is None
 
 
 # --- hostile frames -----------------------------------------------------------------------------------

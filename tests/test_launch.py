@@ -381,16 +381,19 @@ def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "none.toml: no such file" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    reason="issue 14: ZmqActorSystem refuses tcp:// without keys; node.py / the launcher do not pass a run's keys "
-    "yet (another change of issue 14). Strict: remove this mark once they do.",
-    strict=True,
-)
 def test_realtime_over_tcp_loopback_with_a_time_scale(tmp_path: Path) -> None:
     text = scenario(tmp_path, jobs=20).read_text().replace('transport = "ipc"', 'transport = "tcp"')
     path = tmp_path / "tcp.toml"
     path.write_text(text)
-    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--time-scale", "5", "--json")
+    run_dir = tmp_path / "run"
+    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--time-scale", "5", "--json", "--run-dir", str(run_dir))
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["summary"]["done"] == 20 and out["summary"]["duplicates"] == 0
+    # Over tcp the run has CURVE keys (one pair per process, the data plane's too) in a private directory.
+    description = json.loads((run_dir / "run.json").read_text())
+    keys = Path(description["keys"])
+    assert keys == (run_dir / "keys").resolve() and stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert sorted(p.name for p in keys.glob("*.key")) == ["dataplane.key", "sink.key", "source.key", "workers.key"]
+    assert description["dataplane"]["endpoint"].startswith("tcp://127.0.0.1:")
+    assert out["dataplane"]["ports"]["link"]["completed_bytes"] == out["summary"]["size_bytes"]

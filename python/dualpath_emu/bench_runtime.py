@@ -63,8 +63,8 @@ completion. Timed from the first request to the last completion; one run:
 ``dataplane_submission_lag_p99_us``
     The service's submission lag (its clock at submission minus the batch's first request), p99.
 ``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``
-    The clock handshake's best round trip over ipc:// (that run) and over tcp:// loopback (a second, idle
-    service); the offset uncertainty is half of it.
+    The clock handshake's best round trip over ipc:// (that run) and over tcp:// loopback with the run's
+    CURVE keys (a second, idle service); the offset uncertainty is half of it.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime import MAIN, Actor, ActorSystem, ZmqActorSystem, handles, run
 from dualpath_emu.runtime.core_work import Completion
 from dualpath_emu.runtime.dataplane import DataPlaneService, DataPlaneServiceLoop, RemoteDataPlaneLoop, run_remote
+from dualpath_emu.runtime.security import RunKeys
 
 __all__ = [
     "BenchError",
@@ -555,25 +556,27 @@ class DataPlaneResult:
         return self.requests / self.wall_s
 
 
-def serve_dataplane(endpoint: str, lifetime_s: float) -> None:
+def serve_dataplane(endpoint: str, lifetime_s: float, keys_dir: Path | None = None) -> None:
     """The child's side: a data-plane service over :data:`DATAPLANE_PORTS` fast ports until its requester
-    says bye (or ``lifetime_s`` passes)."""
+    says bye (or ``lifetime_s`` passes); with the run keys in ``keys_dir`` if given."""
     core = Core(clock="wall", time_scale=1.0)
     for i in range(DATAPLANE_PORTS):
         core.add_port(f"p{i}", 1e12)
     loop = DataPlaneServiceLoop(core)
-    service = DataPlaneService(loop, bind=endpoint, requesters=[DATAPLANE_REQUESTER])
+    keys = RunKeys.load(keys_dir, "dataplane") if keys_dir is not None else None
+    service = DataPlaneService(loop, bind=endpoint, requesters=[DATAPLANE_REQUESTER], keys=keys)
     try:
         loop.run_until_complete(asyncio.wait_for(service.serve(), lifetime_s))
     finally:
         loop.close()
 
 
-def _dataplane_child(endpoint: str, directory: Path) -> Child:
+def _dataplane_child(endpoint: str, directory: Path, keys_dir: Path | None = None) -> Child:
     log = directory / "dataplane.log"
+    keys = ["--keys", str(keys_dir)] if keys_dir is not None else []
     with log.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve-dataplane", endpoint],
+            [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve-dataplane", endpoint, *keys],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -636,18 +639,22 @@ def bench_dataplane(requests: int = 200_000, batch: int = 100, window: int = 2_0
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def bench_dataplane_handshake(endpoint: str | None = None) -> int:
-    """The clock handshake's best round trip (ns) to an idle data plane at ``endpoint`` (default: tcp://
-    loopback on a free port)."""
+def bench_dataplane_handshake() -> int:
+    """The clock handshake's best round trip (ns) to an idle data plane over tcp:// loopback (a free port),
+    with a run's CURVE keys as every tcp:// run has them."""
     directory = Path(tempfile.mkdtemp(prefix="dpb"))
-    if endpoint is None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     child: Child | None = None
     try:
-        child = _dataplane_child(endpoint, directory)
-        loop = RemoteDataPlaneLoop(endpoint, DATAPLANE_REQUESTER, connect_timeout_s=READY_TIMEOUT_S)
+        keys_dir = directory / "keys"
+        RunKeys.generate(keys_dir, ["dataplane", DATAPLANE_REQUESTER])
+        child = _dataplane_child(endpoint, directory, keys_dir)
+        loop = RemoteDataPlaneLoop(
+            endpoint, DATAPLANE_REQUESTER, keys=RunKeys.load(keys_dir, DATAPLANE_REQUESTER),
+            connect_timeout_s=READY_TIMEOUT_S,
+        )  # fmt: skip
 
         async def bye() -> None:
             await loop.say_bye()
@@ -681,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataplane-window", type=int, default=2_000, help="data-plane requests in flight at most")
     parser.add_argument("--serve", metavar="ENDPOINT", help="(internal) serve the counter at ENDPOINT")
     parser.add_argument("--serve-dataplane", metavar="ENDPOINT", help="(internal) serve a data plane at ENDPOINT")
+    parser.add_argument("--keys", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--lifetime-s", type=float, default=CHILD_LIFETIME_S, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if (
@@ -694,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(serve(args.serve, args.lifetime_s))
             return 0
         if args.serve_dataplane is not None:
-            serve_dataplane(args.serve_dataplane, args.lifetime_s)
+            serve_dataplane(args.serve_dataplane, args.lifetime_s, args.keys)
             return 0
         tells = best_of(args.repeats, lambda: bench_inproc_tells(args.tells, args.burst))
         print(f"in-process tells: {tells.messages} in {tells.wall_s:.3f} s wall (best of {args.repeats})")

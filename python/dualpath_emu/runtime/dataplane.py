@@ -63,10 +63,15 @@ writes :meth:`DataPlaneService.report`
 Wire format (version :data:`PROTOCOL_VERSION`)
 -----------------------------------------------
 Sockets: a ROUTER at the service, one DEALER per remote process (high-water marks :data:`HWM`, frames at
-most :data:`MAX_FRAME_BYTES`: ``zmq.MAXMSGSIZE``). With a ``keys`` object (:class:`DataPlaneKeys`) the
-service calls ``keys.make_server(socket)`` before it binds and runs ``start_authenticator(context, keys)``;
-a remote loop calls ``keys.make_client(socket, peer_name)`` before it connects. Every message is one frame,
-a msgpack array ``[version, kind, ...]``:
+most :data:`MAX_FRAME_BYTES`: ``zmq.MAXMSGSIZE``). With a ``keys`` object (:class:`DataPlaneKeys`, e.g. a
+:class:`~dualpath_emu.runtime.security.RunKeys`) the service calls ``keys.make_server(socket)`` before it
+binds and runs ``start_authenticator(context, keys)`` (a ZAP handler admitting the run's keys only); a
+remote loop calls ``keys.make_client(socket, peer_name)`` before it connects: CURVE, authenticated and
+encrypted. Without keys the rules of the actors' transport apply (:mod:`dualpath_emu.runtime.zmq_transport`):
+a ``tcp://`` endpoint is refused (:class:`~dualpath_emu.errors.SecurityError`) unless ``insecure=True``, and
+an ``ipc://`` socket's directory must be private to the user
+(:func:`~dualpath_emu.runtime.security.check_private_ipc`). Every message is one frame, a msgpack array
+``[version, kind, ...]``:
 
 ==========  =========  =====================================================================================
 direction   kind       fields after ``kind``
@@ -118,6 +123,7 @@ import zmq
 
 from dualpath_emu import _core
 from dualpath_emu._core import UNREPORTED_TAG, Core
+from dualpath_emu.errors import SecurityError
 from dualpath_emu.runtime.core_work import (
     TAG_OF_FORWARD,
     TAG_OF_IO,
@@ -129,6 +135,7 @@ from dualpath_emu.runtime.core_work import (
     submit_split,
 )
 from dualpath_emu.runtime.realtime import RealTimeLoop, _ScaledSelector
+from dualpath_emu.runtime.security import check_private_ipc
 
 __all__ = [
     "HWM",
@@ -149,6 +156,7 @@ __all__ = [
     "RemoteDataPlaneLoop",
     "RequesterLost",
     "StartAuthenticator",
+    "check_endpoint",
     "decode_frame",
     "error_from_service",
     "run_remote",
@@ -214,11 +222,12 @@ class FrameError(ValueError):
 
 
 class DataPlaneKeys(Protocol):
-    """What the data plane needs of a run's keys: configure a socket as server or as client of a peer."""
+    """What the data plane needs of a run's keys (:class:`~dualpath_emu.runtime.security.RunKeys` has it):
+    configure a socket as server, or as client of the peer called ``peer_name``."""
 
-    def make_server(self, socket: zmq.Socket[Any]) -> None: ...
+    def make_server(self, socket: zmq.Socket[Any], /) -> None: ...
 
-    def make_client(self, socket: zmq.Socket[Any], peer_name: str) -> None: ...
+    def make_client(self, socket: zmq.Socket[Any], peer_name: str, /) -> None: ...
 
 
 class Authenticator(Protocol):
@@ -231,9 +240,24 @@ StartAuthenticator = Callable[[zmq.Context[Any], DataPlaneKeys], Authenticator]
 
 
 def _default_start_authenticator() -> StartAuthenticator:
+    """:func:`dualpath_emu.runtime.security.start_authenticator` (it takes its own ``RunKeys``)."""
     module = importlib.import_module("dualpath_emu.runtime.security")
     start: StartAuthenticator = module.start_authenticator
     return start
+
+
+def check_endpoint(endpoint: str, keys: DataPlaneKeys | None, insecure: bool) -> None:
+    """Refuse what the transport's security rules refuse: without keys, ``tcp://`` (unless ``insecure``) and
+    an ``ipc://`` socket in a directory others may use (:func:`~dualpath_emu.runtime.security.check_private_ipc`)."""
+    if keys is not None or insecure:
+        return
+    if endpoint.startswith("tcp://"):
+        raise SecurityError(
+            f"{endpoint}: a tcp:// data plane without keys would let any local process move the run's bytes and "
+            "read its counters; give keys (RunKeys.load(...)), use ipc:// in a private directory, or insecure=True"
+        )
+    if endpoint.startswith("ipc://"):
+        check_private_ipc(endpoint)
 
 
 # --- lag statistics ---------------------------------------------------------------------------------
@@ -572,7 +596,9 @@ class DataPlaneService:
     """The data-plane service on ``loop`` (see the module docstring); bound at ``bind`` by :meth:`serve`.
 
     ``requesters`` names every process expected to connect (``None``: any name; the service is then drained
-    once every process that connected said bye). The heartbeat parameters are wall seconds.
+    once every process that connected said bye). ``keys`` (with ``start_authenticator``, by default the one of
+    :mod:`dualpath_emu.runtime.security`) make it a CURVE server; without them ``insecure`` allows ``tcp://``
+    (see the wire format). The heartbeat parameters are wall seconds.
     """
 
     def __init__(
@@ -584,6 +610,7 @@ class DataPlaneService:
         name: str = "dataplane",
         keys: DataPlaneKeys | None = None,
         start_authenticator: StartAuthenticator | None = None,
+        insecure: bool = False,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
@@ -592,6 +619,7 @@ class DataPlaneService:
             raise ValueError("this loop already has a data-plane service")
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             raise ValueError("expected 0 < heartbeat_interval_s < heartbeat_timeout_s")
+        check_endpoint(bind, keys, insecure)
         self.loop = loop
         self.core = loop.core
         self.bind_address = bind
@@ -1100,9 +1128,10 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
 
     Connects (a DEALER socket), says hello as ``name`` and measures the clock offset on construction
     (blocking, at most ``connect_timeout_s``: :class:`RefusedError`, :class:`DataPlaneLost`); ``layout`` is
-    then the service's ports and storage nodes by name. ``time_scale`` must be the service's. Run the
-    program through :meth:`guard` so that a lost data plane ends it; call :meth:`say_bye` when its actors
-    are done. The heartbeat parameters are wall seconds.
+    then the service's ports and storage nodes by name. ``time_scale`` must be the service's. ``keys`` make
+    it a CURVE client of the process ``peer_name`` (the service's); without them ``insecure`` allows
+    ``tcp://``. Run the program through :meth:`guard` so that a lost data plane ends it; call
+    :meth:`say_bye` when its actors are done. The heartbeat parameters are wall seconds.
     """
 
     def __init__(
@@ -1113,6 +1142,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         time_scale: float = 1.0,
         keys: DataPlaneKeys | None = None,
         peer_name: str = "dataplane",
+        insecure: bool = False,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
@@ -1129,6 +1159,11 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             self.close()
             raise ValueError("expected 0 < heartbeat_interval_s < heartbeat_timeout_s")
+        try:
+            check_endpoint(endpoint, keys, insecure)
+        except SecurityError:
+            self.close()
+            raise
         self._init_core_work()
         self.endpoint = endpoint
         self.name = name

@@ -32,10 +32,15 @@ directory.
 After a complete run the launcher reads every process's event log and checks that each message sent
 (``tell``/``ask``) was delivered (or dropped at a stopped actor) exactly once, across processes.
 
+**Keys.** A run that reaches any process over ``tcp://`` gets a CURVE key pair per process (the data plane's
+included) in ``<run_dir>/keys`` (0700; :class:`~dualpath_emu.runtime.security.RunKeys`), named in the run
+description; every socket of the run is then authenticated and encrypted. ipc:// runs need none (their
+sockets' directory is private).
+
 **By hand, on several hosts**: :func:`prepare` (``dualpath-emu launch SCENARIO --mode realtime --prepare
---run-dir DIR``) writes the run description and returns the command that starts each process; copy (or
-share) ``DIR`` and run them, the data plane first. Give every process an ``endpoint`` and the scenario a
-``dataplane_endpoint`` reachable from the other hosts (tcp://).
+--run-dir DIR``) writes the run description (and, for tcp://, the keys) and returns the command that starts
+each process; copy (or share) ``DIR`` and run them, the data plane first. Give every process an ``endpoint``
+and the scenario a ``dataplane_endpoint`` reachable from the other hosts (tcp://).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from typing import IO, Any, Final
 
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.node import LAUNCHER_ENV
+from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, ProcessSpec, RunDescription, RunScenario
 
 __all__ = [
@@ -182,6 +188,18 @@ def _process_names(scenario: RunScenario) -> list[str]:
     return ([DATAPLANE_PROCESS] if scenario.uses_dataplane else []) + [spec.name for spec in scenario.processes]
 
 
+def _needs_keys(description: RunDescription) -> bool:
+    """Whether a run reaches any process over tcp:// (then it gets CURVE keys; ipc:// sockets are private)."""
+    endpoints = [*description.endpoints.values(), description.dataplane_endpoint or ""]
+    return any(endpoint.startswith("tcp://") for endpoint in endpoints)
+
+
+def _make_keys(scenario: RunScenario, directory: Path) -> str:
+    """A new key pair per process of the run (the data plane's included) in ``directory`` (0700)."""
+    RunKeys.generate(directory, _process_names(scenario))
+    return str(directory.resolve())
+
+
 def node_command(scenario: RunScenario, name: str, run_dir: Path) -> list[str]:
     """The command line that starts process ``name`` of a run whose description is in ``run_dir``."""
     return [sys.executable, "-m", "dualpath_emu.runtime.node", scenario.source, "--process", name, "--run-dir", str(run_dir)]
@@ -195,7 +213,12 @@ def prepare(scenario: RunScenario, run_dir: Path) -> list[str]:
     socket_dir = run_dir / "sockets"
     socket_dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(socket_dir, 0o700)
-    describe_run(scenario, socket_dir).write(run_dir)
+    description = describe_run(scenario, socket_dir)
+    if _needs_keys(description):
+        keys_dir = run_dir / "keys"
+        keys = str(keys_dir.resolve()) if keys_dir.exists() else _make_keys(scenario, keys_dir)
+        description = describe_run(scenario, socket_dir, keys)
+    description.write(run_dir)
     names = [n for n in _process_names(scenario) if n != scenario.driver_process.name] + [scenario.driver_process.name]
     commands = []
     for name in names:
@@ -347,7 +370,11 @@ def launch(
         stale.unlink()
     socket_dir = Path(tempfile.mkdtemp(prefix="dpe-"))  # short: ipc:// paths are limited to ~100 bytes
     os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
-    describe_run(scenario, socket_dir, keys).write(work)
+    description = describe_run(scenario, socket_dir, keys)
+    if keys is None and _needs_keys(description):  # tcp: a new key pair per process, kept with the run
+        shutil.rmtree(work / "keys", ignore_errors=True)  # an earlier run's in this run directory
+        description = describe_run(scenario, socket_dir, _make_keys(scenario, work / "keys"))
+    description.write(work)
     children: list[_Child] = []
     started = time.perf_counter()
     try:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import importlib
 import json
 import os
 import signal
@@ -62,7 +61,6 @@ from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
 from dualpath_emu.runtime.dataplane import (
     DataPlaneError,
-    DataPlaneKeys,
     DataPlaneService,
     DataPlaneServiceLoop,
     RemoteDataPlaneLoop,
@@ -78,6 +76,7 @@ from dualpath_emu.runtime.scenario import (
     load_run_scenario,
 )
 from dualpath_emu.scenarios import find as find_scenario
+from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.runtime.virtual_loop import run as run_virtual_loop
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 
@@ -292,6 +291,7 @@ def serve_process(
     endpoints = description.endpoints
     started = time.perf_counter()
     loop: RealTimeLoop | RemoteDataPlaneLoop
+    keys = _load_keys(description, name)
     try:
         if description.dataplane_endpoint is None:
             core = Core(clock="wall", time_scale=scenario.time_scale)
@@ -302,7 +302,7 @@ def serve_process(
                 description.dataplane_endpoint,
                 name,
                 time_scale=scenario.time_scale,
-                keys=_load_keys(description, name),
+                keys=keys,
                 peer_name=DATAPLANE_PROCESS,
                 connect_timeout_s=READY_TIMEOUT_S,
                 heartbeat_timeout_s=description.heartbeat_timeout_s,
@@ -321,10 +321,14 @@ def serve_process(
     except DataPlaneError as error:
         print(f"process {name!r}: {error}", file=sys.stderr)
         return EXIT_FAILED
+    others = [p for p in scenario.processes if p is not spec]
     system = ZmqActorSystem(
         Codec(app.registry()),
         bind=endpoints[spec.name],
-        address_book={a: endpoints[p.name] for p in scenario.processes if p is not spec for a in p.actors},
+        address_book={a: endpoints[p.name] for p in others for a in p.actors},
+        peers={endpoints[p.name]: p.name for p in others},
+        keys=keys,
+        name=spec.name,
         latency_s=scenario.latency_s,
         seed=scenario.seed,
     )
@@ -386,13 +390,14 @@ def serve_dataplane(
         return 2
     core = Core(clock="wall", time_scale=scenario.time_scale)
     scenario.app.build_core(core)
+    keys = _load_keys(description, DATAPLANE_PROCESS)
     loop = DataPlaneServiceLoop(core)
     service = DataPlaneService(
         loop,
         bind=description.dataplane_endpoint,
         requesters=description.requesters,
         name=DATAPLANE_PROCESS,
-        keys=_load_keys(description, DATAPLANE_PROCESS),
+        keys=keys,
         heartbeat_timeout_s=description.heartbeat_timeout_s,
         connect_timeout_s=READY_TIMEOUT_S,
     )
@@ -444,17 +449,13 @@ def serve_dataplane(
     return status
 
 
-def _load_keys(description: RunDescription, process: str) -> DataPlaneKeys | None:
-    """The run's keys for ``process`` (``None`` when the run has none).
-
-    They come from :mod:`dualpath_emu.runtime.security` (``keys_for_process(directory, process)``), imported
-    only when a run description names a key directory.
-    """
+def _load_keys(description: RunDescription, process: str) -> RunKeys | None:
+    """The run's keys as ``process`` (its secret key, everyone's public keys), or ``None`` when the run has
+    none (:meth:`~dualpath_emu.runtime.security.RunKeys.load`: a :class:`SecurityError` if they are missing
+    or too open)."""
     if description.keys is None:
         return None
-    security = importlib.import_module("dualpath_emu.runtime.security")
-    keys: DataPlaneKeys = security.keys_for_process(Path(description.keys), process)
-    return keys
+    return RunKeys.load(Path(description.keys), process)
 
 
 def set_parent_death_signal(parent_pid: int) -> None:
