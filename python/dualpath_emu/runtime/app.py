@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from dualpath_emu._core import Core
@@ -21,7 +22,11 @@ from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.core_work import CoreLayout, core_layout
 
-__all__ = ["APPLICATIONS", "Application", "application_class"]
+__all__ = ["APPLICATIONS", "SERVICE_REPORT", "Application", "application_class"]
+
+SERVICE_REPORT: Final = "dataplane.report.json"
+"""The file of a real-time run's directory that :meth:`Application.service_report` goes to (written by the
+data-plane process once drained, or by the one process of a one-process run)."""
 
 APPLICATIONS: Final[dict[str, str]] = {
     "pipeline": "dualpath_emu.apps.pipeline:Pipeline",
@@ -75,6 +80,21 @@ class Application(ABC):
                 f"application {self.name!r}: the data plane's ports and storage nodes differ from the ones this "
                 "process's scenario builds (is every process of the run given the same scenario?)"
             )
+
+    def core_options(self) -> dict[str, Any]:
+        """Keyword arguments for the run's ``Core`` beyond its clock (e.g. ``sample_interval_ns``); none by
+        default."""
+        return {}
+
+    def service_report(self, core: Core) -> dict[str, Any] | None:
+        """The application's report of the run's core once the run is over (JSON-able), written to
+        :data:`SERVICE_REPORT` in the run directory by the process that owns the core; ``None`` (the
+        default): none."""
+        return None
+
+    def write_part(self, path: Path) -> None:
+        """Write this process's share of a real-time run (its metrics, say) to ``path`` when it stops, for
+        the application to merge afterwards; nothing by default."""
 
     @abstractmethod
     def create_actor(self, system: ActorSystem, name: str) -> Actor:

@@ -59,6 +59,7 @@ from dualpath_emu.config import ScenarioError
 from dualpath_emu.errors import UsageError
 from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
+from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.dataplane import (
     DataPlaneError,
     DataPlaneService,
@@ -133,7 +134,7 @@ def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResu
     An actor failure does not raise: it is in :attr:`RunResult.failure` (the log is still written).
     """
     app = scenario.app
-    core = Core()
+    core = Core(**app.core_options())
     app.build_core(core)
     system = ActorSystem(latency_s=scenario.latency_s, seed=scenario.seed)
     for name in app.actor_names():
@@ -294,7 +295,7 @@ def serve_process(
     keys = _load_keys(description, name)
     try:
         if description.dataplane_endpoint is None:
-            core = Core(clock="wall", time_scale=scenario.time_scale)
+            core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
             app.build_core(core)
             loop = RealTimeLoop(core)
         else:
@@ -357,6 +358,9 @@ def serve_process(
         if launcher is not None:
             launcher.stop()
     wall_s = time.perf_counter() - started
+    app.write_part(run_dir / f"{name}.part")
+    if isinstance(loop, RealTimeLoop):  # a one-process run: this process owns the core
+        _write_service_report(app, loop.core, run_dir)
     events = system.raw_events()
     sha256 = write_event_log(events, run_dir / f"{name}.events")
     result = {
@@ -388,7 +392,7 @@ def serve_dataplane(
     if description.dataplane_endpoint is None:
         print(f"dualpath-emu node: error: {run_dir}/run.json: this run has no data plane", file=sys.stderr)
         return 2
-    core = Core(clock="wall", time_scale=scenario.time_scale)
+    core = Core(clock="wall", time_scale=scenario.time_scale, **scenario.app.core_options())
     scenario.app.build_core(core)
     keys = _load_keys(description, DATAPLANE_PROCESS)
     loop = DataPlaneServiceLoop(core)
@@ -430,6 +434,8 @@ def serve_dataplane(
         if launcher is not None:
             launcher.stop()
     report = service.report()
+    if status == 0:
+        _write_service_report(scenario.app, core, run_dir)
     result = {
         "process": DATAPLANE_PROCESS,
         "status": status,
@@ -447,6 +453,16 @@ def serve_dataplane(
         flush=True,
     )
     return status
+
+
+def _write_service_report(app: Application, core: Core, run_dir: Path) -> None:
+    """The application's report of the run's core, if it has one, to ``run_dir/SERVICE_REPORT`` (0600)."""
+    report = app.service_report(core)
+    if report is None:
+        return
+    fd = os.open(run_dir / SERVICE_REPORT, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump(report, file)
 
 
 def _load_keys(description: RunDescription, process: str) -> RunKeys | None:
