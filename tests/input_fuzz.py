@@ -129,7 +129,8 @@ _CLUSTER_KEYS: dict[str, list[str]] = {
                    "hit_block_aligned", "de_hbm_reserve_fraction", "pe_hbm_reserve_fraction", "pipeline_stages"],
 }  # fmt: skip
 _RUN_KEYS: dict[str, list[str]] = {
-    "": ["app", "seed", "mode", "latency_s", "time_scale", "transport", "host", "timeout_s"],
+    "": ["app", "seed", "mode", "latency_s", "time_scale", "transport", "host", "timeout_s", "heartbeat_timeout_s",
+         "hang_timeout_s", "dataplane_endpoint"],
     "pipeline": ["jobs", "workers", "gap_s", "job_bytes_min", "job_bytes_max", "link_gbps", "poll_s",
                  "ask_timeout_s", "fail_at_job"],
 }  # fmt: skip
@@ -157,7 +158,8 @@ _PLAUSIBLE: dict[str, list[Any]] = {
     "attention_quota_per": ["forward", "layer"], "fetch_period_s": [1e-6, 60, 61, 1e-7], "hit_block_aligned": [True, False],
     "de_hbm_reserve_fraction": [0, 0.99, 0.995], "pe_hbm_reserve_fraction": [0, 0.99], "pipeline_stages": [0, 1, 1024, 1025],
     "app": ["pipeline", "other"], "latency_s": [0, 10, 11], "time_scale": [1e-6, 1e6, 1e-7, 2e6], "transport": ["ipc", "tcp"],
-    "host": ["127.0.0.1", ""], "timeout_s": [1, 1e6, 2e6], "jobs": [0, 1, 3, 1_000_001], "workers": [1, 2, 1024, 1025],
+    "host": ["127.0.0.1", ""], "timeout_s": [1, 1e6, 2e6], "heartbeat_timeout_s": [0.1, 3600, 0.09, 5],
+    "hang_timeout_s": [0.1, 3600, 3601, 3], "dataplane_endpoint": ["tcp://127.0.0.1:5550", "udp://x", ""], "jobs": [0, 1, 3, 1_000_001], "workers": [1, 2, 1024, 1025],
     "gap_s": [0, 60, 61], "job_bytes_min": [1, 10**11, 10**11 + 1], "job_bytes_max": [1, 10**6, 10**11, 10**11 + 1],
     "link_gbps": [1, 1e6, 0.5, 2e6], "poll_s": [1e-6, 60, 61], "ask_timeout_s": [1e-9, 1e6, 2e6],
     "fail_at_job": [-1, 0, 2, 1_000_001],

@@ -19,6 +19,8 @@ from dualpath_emu.bench_runtime import (
     Result,
     Tally,
     Tick,
+    bench_dataplane,
+    bench_dataplane_handshake,
     bench_inproc_asks,
     bench_inproc_tells,
     bench_zmq_one_process,
@@ -58,6 +60,14 @@ def test_zmq_across_two_processes_arrives_exactly_once() -> None:
     assert 90 <= result.envelope_bytes <= 110
 
 
+def test_the_data_plane_benchmark_completes_every_request_and_records_lags() -> None:
+    result = bench_dataplane(2_000, batch=50, window=400)
+    assert result.requests == 2_000 and result.wall_s > 0 and result.rate > 0 and result.cpu_s >= 0
+    assert result.delivery_lag_ns["count"] == 2_000 and result.delivery_lag_ns["p99_ns"] >= result.delivery_lag_ns["p50_ns"]
+    assert result.submission_lag_ns["count"] == 40 and result.rtt_ns > 0
+    assert bench_dataplane_handshake() > 0  # tcp loopback
+
+
 def test_a_child_that_cannot_serve_is_reported_with_its_output() -> None:
     with pytest.raises(BenchError, match=r"exited with status 1(.|\n)*No such file or directory"):
         bench_zmq_two_processes(10, serve_endpoint="ipc:///nonexistent-dualpath-bench-dir/counter")
@@ -84,7 +94,7 @@ def test_the_checks_catch_lost_duplicated_and_reordered_messages() -> None:
 
 
 def test_main_prints_bench_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--tells", "500", "--asks", "100", "--repeats", "2", "--zmq", "500"]) == 0
+    assert main(["--tells", "500", "--asks", "100", "--repeats", "2", "--zmq", "500", "--dataplane", "0"]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("BENCH ")]
     names = [fields[1] for fields in lines]
     assert names == [

@@ -190,6 +190,9 @@ def test_storage_read_waits_latency_queue_and_bandwidth() -> None:
     s = storage(queue_depth=1)
     core = s.core
     assert core.storage_node_id("node0") == s.node
+    assert core.storage_node_count == 1 and core.storage_node_name(s.node) == "node0"
+    with pytest.raises(UnknownNameError, match="storage node"):
+        core.storage_node_name(1)
     assert core.submit_ios([(s.node, "read", 2, 1_000_000_000, 1), (s.node, "read", 2, 500_000_000, 2)]) == 2
     assert queue_of(core, s.node) == (1_500_000_000, 2, 0, 0, 1)
     assert core.pending() == 2

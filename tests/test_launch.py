@@ -1,9 +1,13 @@
 """Run scenarios end to end (``dualpath-emu launch``): the pipeline scenario in virtual time is deterministic
 (same event-log SHA-256 on two runs and under PYTHONHASHSEED=0 and =random, a different one for another seed);
-in real time across three OS processes over ZeroMQ every message is delivered exactly once; a crashed or
-killed process, Ctrl-C and a killed launcher end the run with a clear report and leave no process behind; a
-failing actor ends the run with a non-zero status, the seed and the last events; bad scenario files get
-exit status 2 and a message naming the file and key.
+in real time across three OS processes and the data plane over ZeroMQ every message is delivered exactly once
+and the data plane's byte counts match the jobs'; two workers in two processes share the link as they do in
+one process and in virtual time (issue 14); a killed process of each kind (the data plane, the driver's, a
+worker's), a stopped one (SIGSTOP of a worker's and of the data plane), Ctrl-C and a killed launcher end the
+run with a clear report naming the process and leave no process behind; no endpoint is on a command line
+(the run description, mode 0600, has them; the socket directory is 0700); a run prepared with ``--prepare``
+runs from processes started by hand; a failing actor ends the run with a non-zero status, the seed and the
+last events; bad scenario files get exit status 2 and a message naming the file and key.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -29,12 +35,16 @@ PIPELINE = FOLDER / "pipeline.toml"
 WAIT_S = 60.0
 
 
-def scenario(tmp_path: Path, name: str = "run.toml", **pipeline: object) -> Path:
-    """The packaged pipeline.toml with some [pipeline] keys replaced (values are TOML literals)."""
+def scenario(tmp_path: Path, name: str = "run.toml", processes: str | None = None, **pipeline: object) -> Path:
+    """The packaged pipeline.toml with some keys replaced (values are TOML literals; keys it does not have are
+    added at the top) and, if given, other [[process]] tables."""
     text = PIPELINE.read_text()
     for key, value in pipeline.items():
         text, n = re.subn(rf"(?m)^{key} = \S+", f"{key} = {value}", text)
-        assert n == 1, key
+        if n == 0:
+            text = f"{key} = {value}\n{text}"
+    if processes is not None:
+        text = text[: text.index("[[process]]")] + processes
     path = tmp_path / name
     path.write_text(text)
     return path
@@ -138,11 +148,66 @@ def test_realtime_pipeline_across_three_processes_delivers_every_message_once(tm
     assert any("Job source->worker" in e.summary for e in source_sends)
     for pid in (p["pid"] for p in out["processes"].values()):
         assert not alive(pid)
+    # The data plane: every job's bytes crossed its one link, its clock reached every process.
+    plane = out["dataplane"]
+    assert plane["ports"]["link"]["completed_bytes"] == out["summary"]["size_bytes"]
+    assert plane["counters"]["requests"] == 60 and plane["counters"]["rejected"] == 0
+    assert plane["submission_lag_ns"]["count"] == plane["counters"]["batches"]
+    for name in ("source", "workers", "sink"):
+        client = plane["processes"][name]
+        assert 0 < client["rtt_ns"] < 1e9 and client["offset_uncertainty_ns"] <= client["rtt_ns"]
+    assert plane["processes"]["workers"]["delivery_lag_ns"]["count"] == 60
+    final = json.loads((run_dir / "dataplane.json").read_text())
+    assert final["status"] == 0 and final["outcome"] == "drained" and final["report"]["pending"] == 0
+    assert stat.S_IMODE((run_dir / "run.json").stat().st_mode) == 0o600
+    assert all((run_dir / f"{name}.out").exists() for name in ("dataplane", "source", "workers", "sink"))
+
+
+SPLIT = """
+[[process]]
+name = "source"
+actors = ["source", "sink"]
+
+[[process]]
+name = "w0"
+actors = ["worker0"]
+
+[[process]]
+name = "w1"
+actors = ["worker1"]
+"""
+ONE = """
+[[process]]
+name = "all"
+actors = ["source", "worker0", "worker1", "sink"]
+"""
+
+
+def test_two_workers_in_two_processes_share_the_link_as_in_one(tmp_path: Path) -> None:
+    # 20 jobs of 100 MB over a 1 GB/s link, all at once: two workers each with one transfer at a time share it,
+    # so the jobs take 2 s of emulated time whatever the split. (Each process with a core of its own, as before
+    # the data plane, gave each worker the whole link: 1 s.)
+    keys = dict(jobs=20, gap_s=0.0, job_bytes_min=100_000_000, job_bytes_max=100_000_000, link_gbps=8.0)
+    times: dict[str, tuple[float, float]] = {}
+    for label, processes, mode in (("virtual", ONE, "virtual"), ("one", ONE, "realtime"), ("two", SPLIT, "realtime")):
+        path = scenario(tmp_path, f"{label}.toml", processes, **keys)
+        done = dualpath_emu("launch", str(path), "--mode", mode, "--time-scale", "4", "--json")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)["summary"]
+        assert summary["done"] == 20 and summary["size_bytes"] == 20 * 100_000_000
+        times[label] = (summary["elapsed_s"], summary["span_s"])
+    assert times["virtual"][1] == pytest.approx(2.0, rel=1e-6)
+    for label in ("one", "two"):
+        elapsed, span = times[label]
+        assert elapsed == pytest.approx(times["virtual"][0], rel=0.04), times
+        assert span == pytest.approx(2.0, rel=0.04), times
 
 
 def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, int], Path]:
-    """A real-time run that would take minutes; returns the launcher, the children's pids, the run dir."""
-    path = scenario(tmp_path, jobs=100000, gap_s=0.01)
+    """A real-time run that would take minutes (the data plane and three processes); returns the launcher,
+    the children's pids, the run dir. A child silent for 1 s is hung; the data plane's heartbeats time out
+    after 4 s."""
+    path = scenario(tmp_path, jobs=100000, gap_s=0.01, hang_timeout_s=1.0, heartbeat_timeout_s=4.0)
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "dualpath_emu.cli", "launch", str(path), "--mode", "realtime", "--run-dir", str(run_dir)],
@@ -152,27 +217,68 @@ def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, int
     )
     pids: dict[str, int] = {}
     assert launcher.stdout is not None
-    while len(pids) < 3:
+    while len(pids) < 4:
         line = launcher.stdout.readline()
         assert line, "the launcher ended before starting its processes"
         match = re.match(r"  started (\w+) \(pid (\d+)\)", line)
         if match:
             pids[match.group(1)] = int(match.group(2))
+    assert list(pids) == ["dataplane", "source", "workers", "sink"]
     wait_until(lambda: all((run_dir / f"{n}.ready").exists() for n in pids), "every process ready")
     time.sleep(0.5)  # the run is under way
     return launcher, pids, run_dir
 
 
-def test_killing_one_process_ends_the_run_with_a_clear_error_and_no_orphans(tmp_path: Path) -> None:
-    launcher, pids, _ = start_long_run(tmp_path)
+@pytest.mark.parametrize("victim", ["workers", "source", "dataplane"])
+def test_killing_one_process_ends_the_run_with_a_clear_error_and_no_orphans(tmp_path: Path, victim: str) -> None:
+    launcher, pids, run_dir = start_long_run(tmp_path)
     try:
-        os.kill(pids["workers"], signal.SIGKILL)
+        os.kill(pids[victim], signal.SIGKILL)
         _, err = launcher.communicate(timeout=WAIT_S)
     finally:
         launcher.kill()
     assert launcher.returncode == 1
-    assert f"process 'workers' (pid {pids['workers']}) was killed by SIGKILL before the run was complete" in err
+    assert f"process '{victim}' (pid {pids[victim]}) was killed by SIGKILL before the run was complete" in err
     assert "seed 1" in err and "Traceback" not in err
+    for pid in pids.values():
+        assert not alive(pid)
+    assert all((run_dir / f"{name}.out").exists() for name in pids)
+
+
+@pytest.mark.parametrize("victim", ["workers", "dataplane"])
+def test_a_stopped_process_ends_the_run_naming_it_and_how_long_it_was_silent(tmp_path: Path, victim: str) -> None:
+    launcher, pids, _ = start_long_run(tmp_path)
+    try:
+        os.kill(pids[victim], signal.SIGSTOP)
+        _, err = launcher.communicate(timeout=WAIT_S)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    match = re.search(rf"process '{victim}' \(pid {pids[victim]}\) stopped answering: its loop has been silent for "
+                      r"(\d+\.\d) s \(hang_timeout_s = 1.0\); it is stopped or hung", err)  # fmt: skip
+    assert match, err
+    assert 1.0 <= float(match.group(1)) < 4.0, "noticed by the launcher, before the data plane's heartbeats"
+    assert "Traceback" not in err
+    for pid in pids.values():
+        assert not alive(pid)
+
+
+def test_no_endpoint_is_on_a_command_line_and_the_sockets_are_private(tmp_path: Path) -> None:
+    launcher, pids, run_dir = start_long_run(tmp_path)
+    try:
+        for pid in pids.values():
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert not any(b"ipc://" in a or b"tcp://" in a for a in arguments), arguments
+            options = [a for a in arguments if a.startswith(b"--")]
+            assert options == [b"--process", b"--run-dir"], arguments
+        description = json.loads((run_dir / "run.json").read_text())
+        assert stat.S_IMODE((run_dir / "run.json").stat().st_mode) == 0o600
+        socket_dir = Path(description["dataplane"]["endpoint"].removeprefix("ipc://")).parent
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+        assert description["dataplane"]["requesters"] == ["source", "workers", "sink"]
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        launcher.communicate(timeout=WAIT_S)
     for pid in pids.values():
         assert not alive(pid)
 
@@ -185,7 +291,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     finally:
         launcher.kill()
     assert launcher.returncode == 130
-    assert "interrupted by SIGINT; stopped 3 process(es)" in err
+    assert "interrupted by SIGINT; stopped 4 process(es)" in err
     for pid in pids.values():
         assert not alive(pid)
 
@@ -206,6 +312,38 @@ def test_realtime_actor_failure_is_reported_with_the_childs_output(tmp_path: Pat
     assert "Traceback" not in failed.stderr
 
 
+def test_a_prepared_run_runs_from_processes_started_by_hand(tmp_path: Path) -> None:
+    path = scenario(tmp_path, jobs=10)
+    run_dir = tmp_path / "by-hand"
+    prepared = dualpath_emu("launch", str(path), "--mode", "realtime", "--prepare", "--run-dir", str(run_dir))
+    assert prepared.returncode == 0, prepared.stderr
+    commands = [line.strip() for line in prepared.stdout.splitlines() if line.startswith("  dualpath-emu node")]
+    assert [c.split("--process ")[1].split()[0] for c in commands] == ["dataplane", "workers", "sink", "source"]
+    assert commands[-1].endswith("--no-ready-wait") and stat.S_IMODE((run_dir / "run.json").stat().st_mode) == 0o600
+    children = []
+    try:
+        for command in commands:  # as a person would, one by one, the driver's last
+            arguments = shlex.split(command)[1:]  # without "dualpath-emu"
+            children.append(subprocess.Popen([sys.executable, "-m", "dualpath_emu.cli", *arguments],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        # The driver's process completes the run and says so; the data plane tells the others to stop; all end.
+        assert [c.wait(timeout=WAIT_S) for c in children] == [0, 0, 0, 0], [c.communicate()[0] for c in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.communicate()
+    summary = json.loads((run_dir / "source.json").read_text())["summary"]
+    assert summary["done"] == 10 and summary["duplicates"] == 0
+    report = json.loads((run_dir / "dataplane.json").read_text())["report"]
+    assert sum(report["ports"]["link"]["completed_bytes"]) == summary["size_bytes"]
+
+
+def test_node_without_a_run_description_says_how_to_make_one(tmp_path: Path) -> None:
+    done = dualpath_emu("node", "pipeline", "--process", "sink", "--run-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "no run description" in done.stderr and "--prepare" in done.stderr and "Traceback" not in done.stderr
+
+
 # --- bad scenario files -----------------------------------------------------------------------------------
 
 
@@ -218,9 +356,10 @@ def test_realtime_actor_failure_is_reported_with_the_childs_output(tmp_path: Pat
         (('actors = ["sink"]', 'actors = ["source"]'), "key 'process[2].actors': expected actors not already in process 'source'"),
         (('actors = ["sink"]', 'actors = ["sinks"]'), "key 'process[2].actors': expected names of the application's actors"),
         (('actors = ["sink"]', 'actors = []'), "key 'process[2].actors': expected a non-empty list of strings"),
-        (("app = \"pipeline\"", "app = \"nope\""), "key 'app': expected one of 'pipeline', got 'nope'"),
+        (("app = \"pipeline\"", "app = \"nope\""), "key 'app': expected one of 'cluster', 'pipeline', got 'nope'"),
         (("time_scale = 1.0", "time_scale = 0"), "key 'time_scale': expected a number in [1e-6, 1e6], got 0"),
         (("seed = 1", "seed = [1"), "not valid TOML"),
+        (('name = "sink"', 'name = "dataplane"'), "key 'process[2].name': expected a name other than 'dataplane'"),
     ],
 )
 def test_bad_scenarios_exit_2_naming_file_and_key(
@@ -242,16 +381,19 @@ def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "none.toml: no such file" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    reason="issue 14: ZmqActorSystem refuses tcp:// without keys; node.py / the launcher do not pass a run's keys "
-    "yet (another change of issue 14). Strict: remove this mark once they do.",
-    strict=True,
-)
 def test_realtime_over_tcp_loopback_with_a_time_scale(tmp_path: Path) -> None:
     text = scenario(tmp_path, jobs=20).read_text().replace('transport = "ipc"', 'transport = "tcp"')
     path = tmp_path / "tcp.toml"
     path.write_text(text)
-    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--time-scale", "5", "--json")
+    run_dir = tmp_path / "run"
+    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--time-scale", "5", "--json", "--run-dir", str(run_dir))
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["summary"]["done"] == 20 and out["summary"]["duplicates"] == 0
+    # Over tcp the run has CURVE keys (one pair per process, the data plane's too) in a private directory.
+    description = json.loads((run_dir / "run.json").read_text())
+    keys = Path(description["keys"])
+    assert keys == (run_dir / "keys").resolve() and stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert sorted(p.name for p in keys.glob("*.key")) == ["dataplane.key", "sink.key", "source.key", "workers.key"]
+    assert description["dataplane"]["endpoint"].startswith("tcp://127.0.0.1:")
+    assert out["dataplane"]["ports"]["link"]["completed_bytes"] == out["summary"]["size_bytes"]

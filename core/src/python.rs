@@ -578,6 +578,17 @@ impl PyCore {
         Ok(self.core.storage_node_id(name)?)
     }
 
+    /// The name a storage node was added with.
+    fn storage_node_name(&self, node: &Bound<'_, PyAny>) -> PyResult<String> {
+        Ok(self.core.storage_node_name(id_of(node, "node")?)?.to_owned())
+    }
+
+    /// How many storage nodes there are (their ids are 0, 1, …).
+    #[getter]
+    fn storage_node_count(&self) -> usize {
+        self.core.storage_node_count()
+    }
+
     /// Start many transfers now: an iterable of `(path, lane, size_bytes, tag)`. All are checked before
     /// any is accepted, so a bad one leaves the core unchanged. Returns how many were submitted.
     fn submit_transfers(&mut self, transfers: &Bound<'_, PyAny>) -> PyResult<usize> {

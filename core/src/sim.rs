@@ -241,6 +241,15 @@ impl Core {
         self.storage.node_id(name)
     }
 
+    /// The name a storage node was added with.
+    pub fn storage_node_name(&self, node: NodeId) -> Result<&str> {
+        self.storage.node_name(node).ok_or_else(|| CoreError::unknown("storage node", node.to_string()))
+    }
+
+    pub fn storage_node_count(&self) -> usize {
+        self.storage.node_count()
+    }
+
     /// Outstanding I/O of a storage node (`read_q`).
     pub fn storage_queue(&self, node: NodeId) -> Result<QueueState> {
         self.storage.queue(node)

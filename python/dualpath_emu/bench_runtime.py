@@ -41,6 +41,30 @@ envelope (``Codec.encode_envelope``) is about 100 bytes; one run each (``--zmq-r
     handling). The child is stopped with an ask, and terminated (then killed) if it does not exit.
 ``zmq_ipc_one_process_msgs_per_s``
     The same with both systems in this process, on one loop: the sum of both sides' costs per message.
+
+The data plane (:mod:`dualpath_emu.runtime.dataplane`), at time scale 1: a child process
+(``--serve-dataplane ENDPOINT``) runs a :class:`~dualpath_emu.runtime.dataplane.DataPlaneService` over a core
+with :data:`DATAPLANE_PORTS` fast ports (1 TB/s each); this process's
+:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` issues ``--dataplane`` (default 200,000) transfers
+of 1 kB, ``--dataplane-batch`` (default 100) per loop iteration -- one ``submit`` message each -- over the
+ports in turn, keeping at most ``--dataplane-window`` (default 2,000) in flight, and awaits every
+completion. Timed from the first request to the last completion; one run:
+
+``dataplane_requests_per_s``
+    Requests per wall second (each submitted, modelled and its completion delivered to its future). The
+    human line also gives the requesting process's CPU seconds over that time (the service runs in
+    parallel, so the rate is the slower side's).
+``dataplane_delivery_lag_p50_us``, ``dataplane_delivery_lag_p99_us``
+    The remote loop's delivery lag under that load (its clock at delivery minus each completion's modelled
+    end, microseconds), p50 and p99: at saturation mostly queueing (about window / rate).
+``dataplane_light_delivery_lag_p99_us``
+    The same with one batch of 10 in flight at a time (``--dataplane`` / 10 requests): the lag of a lightly
+    loaded data plane, one round trip and the two loops' wake-ups.
+``dataplane_submission_lag_p99_us``
+    The service's submission lag (its clock at submission minus the batch's first request), p99.
+``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``
+    The clock handshake's best round trip over ipc:// (that run) and over tcp:// loopback with the run's
+    CURVE keys (a second, idle service); the offset uncertainty is half of it.
 """
 
 from __future__ import annotations
@@ -49,24 +73,32 @@ import argparse
 import asyncio
 import gc
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime import MAIN, Actor, ActorSystem, ZmqActorSystem, handles, run
+from dualpath_emu.runtime.core_work import Completion
+from dualpath_emu.runtime.dataplane import DataPlaneService, DataPlaneServiceLoop, RemoteDataPlaneLoop, run_remote
+from dualpath_emu.runtime.security import RunKeys
 
 __all__ = [
     "BenchError",
     "Result",
     "Tally",
+    "DataPlaneResult",
+    "bench_dataplane",
+    "bench_dataplane_handshake",
     "bench_inproc_asks",
     "bench_inproc_tells",
     "bench_zmq_one_process",
@@ -94,6 +126,10 @@ CHILD_LIFETIME_S: Final = 300.0
 """A serving child exits on its own after this long, should its parent vanish without stopping it."""
 
 COUNTER: Final = "counter"
+
+DATAPLANE_PORTS: Final = 16
+"""Ports of the data-plane benchmark's core (1 TB/s each): its transfers take nanoseconds."""
+DATAPLANE_REQUESTER: Final = "bench"
 
 
 # --- messages ------------------------------------------------------------------------------------------
@@ -501,6 +537,137 @@ async def serve(endpoint: str, lifetime_s: float) -> None:
         await asyncio.wait_for(counter.stop_requested.wait(), lifetime_s)
 
 
+# --- the data plane, real time -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataPlaneResult:
+    """One data-plane run: ``requests`` in ``wall_s`` (``cpu_s`` of this process), the lags and the RTT."""
+
+    requests: int
+    wall_s: float
+    cpu_s: float
+    delivery_lag_ns: dict[str, int | float]
+    submission_lag_ns: dict[str, int | float]
+    rtt_ns: int
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.wall_s
+
+
+def serve_dataplane(endpoint: str, lifetime_s: float, keys_dir: Path | None = None) -> None:
+    """The child's side: a data-plane service over :data:`DATAPLANE_PORTS` fast ports until its requester
+    says bye (or ``lifetime_s`` passes); with the run keys in ``keys_dir`` if given."""
+    core = Core(clock="wall", time_scale=1.0)
+    for i in range(DATAPLANE_PORTS):
+        core.add_port(f"p{i}", 1e12)
+    loop = DataPlaneServiceLoop(core)
+    keys = RunKeys.load(keys_dir, "dataplane") if keys_dir is not None else None
+    service = DataPlaneService(loop, bind=endpoint, requesters=[DATAPLANE_REQUESTER], keys=keys)
+    try:
+        loop.run_until_complete(asyncio.wait_for(service.serve(), lifetime_s))
+    finally:
+        loop.close()
+
+
+def _dataplane_child(endpoint: str, directory: Path, keys_dir: Path | None = None) -> Child:
+    log = directory / "dataplane.log"
+    keys = ["--keys", str(keys_dir)] if keys_dir is not None else []
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve-dataplane", endpoint, *keys],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    return Child(process, log)
+
+
+def _finish_child(child: Child) -> None:
+    try:
+        status = child.process.wait(timeout=10.0)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"the data-plane child did not exit after bye{child.output()}") from None
+    if status != 0:
+        raise BenchError(f"the data-plane child exited with status {status}{child.output()}")
+
+
+def bench_dataplane(requests: int = 200_000, batch: int = 100, window: int = 2_000) -> DataPlaneResult:
+    """One run of the data-plane benchmark over ipc:// (see the module docstring)."""
+    directory = Path(tempfile.mkdtemp(prefix="dpb"))
+    endpoint = f"ipc://{directory}/dataplane"
+    child: Child | None = None
+    try:
+        child = _dataplane_child(endpoint, directory)
+        try:
+            loop = RemoteDataPlaneLoop(endpoint, DATAPLANE_REQUESTER, connect_timeout_s=READY_TIMEOUT_S)
+        except Exception as error:
+            raise BenchError(f"could not connect to the data plane: {error}{child.output()}") from None
+        ports = [loop.layout.port_id(f"p{i}") for i in range(DATAPLANE_PORTS)]
+
+        async def drive() -> tuple[float, float, dict[str, Any]]:
+            futures: deque[asyncio.Future[Completion]] = deque()
+            transfer = loop.transfer
+            gc.collect()
+            start, cpu = time.perf_counter(), time.process_time()
+            for first in range(0, requests, batch):
+                for i in range(first, min(first + batch, requests)):
+                    futures.append(transfer((ports[i % DATAPLANE_PORTS],), 0, 1_000))
+                await asyncio.sleep(0)  # the loop sends this iteration's batch as one message
+                while len(futures) > window:
+                    await futures.popleft()
+            while futures:
+                await futures.popleft()
+            wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+            stats = await loop.stats()
+            if not await loop.say_bye():
+                raise BenchError("the data plane did not answer bye")
+            return wall_s, cpu_s, stats
+
+        wall_s, cpu_s, stats = run_remote(drive(), loop)
+        _finish_child(child)
+        if stats["counters"]["requests"] != requests or stats["counters"]["completions"] != requests:
+            raise BenchError(f"the data plane saw {stats['counters']} for {requests} requests")
+        report = loop.report()
+        return DataPlaneResult(
+            requests, wall_s, cpu_s, report["delivery_lag_ns"], stats["submission_lag_ns"], report["rtt_ns"]
+        )
+    finally:
+        if child is not None:
+            stop_child(child.process)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def bench_dataplane_handshake() -> int:
+    """The clock handshake's best round trip (ns) to an idle data plane over tcp:// loopback (a free port),
+    with a run's CURVE keys as every tcp:// run has them."""
+    directory = Path(tempfile.mkdtemp(prefix="dpb"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    child: Child | None = None
+    try:
+        keys_dir = directory / "keys"
+        RunKeys.generate(keys_dir, ["dataplane", DATAPLANE_REQUESTER])
+        child = _dataplane_child(endpoint, directory, keys_dir)
+        loop = RemoteDataPlaneLoop(
+            endpoint, DATAPLANE_REQUESTER, keys=RunKeys.load(keys_dir, DATAPLANE_REQUESTER),
+            connect_timeout_s=READY_TIMEOUT_S,
+        )  # fmt: skip
+
+        async def bye() -> None:
+            await loop.say_bye()
+
+        run_remote(bye(), loop)
+        _finish_child(child)
+        return loop.sync.rtt_ns
+    finally:
+        if child is not None:
+            stop_child(child.process)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # --- the command line ----------------------------------------------------------------------------------
 
 
@@ -516,14 +683,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="in-process runs; the best is reported")
     parser.add_argument("--zmq", type=int, default=200_000, help="ZeroMQ tells per run (0 skips them)")
     parser.add_argument("--zmq-repeats", type=int, default=1, help="ZeroMQ runs; the best is reported")
+    parser.add_argument("--dataplane", type=int, default=200_000, help="data-plane requests (0 skips them)")
+    parser.add_argument("--dataplane-batch", type=int, default=100, help="data-plane requests per loop iteration")
+    parser.add_argument("--dataplane-window", type=int, default=2_000, help="data-plane requests in flight at most")
     parser.add_argument("--serve", metavar="ENDPOINT", help="(internal) serve the counter at ENDPOINT")
+    parser.add_argument("--serve-dataplane", metavar="ENDPOINT", help="(internal) serve a data plane at ENDPOINT")
+    parser.add_argument("--keys", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--lifetime-s", type=float, default=CHILD_LIFETIME_S, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if min(args.tells, args.burst, args.asks, args.repeats, args.zmq_repeats) < 1 or args.zmq < 0:
-        parser.error("the counts must be at least 1 (--zmq at least 0)")
+    if (
+        min(args.tells, args.burst, args.asks, args.repeats, args.zmq_repeats, args.dataplane_batch) < 1
+        or min(args.zmq, args.dataplane) < 0
+        or args.dataplane_window < args.dataplane_batch
+    ):
+        parser.error("the counts must be at least 1 (--zmq and --dataplane at least 0, the window at least a batch)")
     try:
         if args.serve is not None:
             asyncio.run(serve(args.serve, args.lifetime_s))
+            return 0
+        if args.serve_dataplane is not None:
+            serve_dataplane(args.serve_dataplane, args.lifetime_s, args.keys)
             return 0
         tells = best_of(args.repeats, lambda: bench_inproc_tells(args.tells, args.burst))
         print(f"in-process tells: {tells.messages} in {tells.wall_s:.3f} s wall (best of {args.repeats})")
@@ -540,6 +719,22 @@ def main(argv: list[str] | None = None) -> int:
             one = best_of(args.zmq_repeats, lambda: bench_zmq_one_process(args.zmq))
             print(f"ZeroMQ ipc, one process: {one.messages} in {one.wall_s:.3f} s wall")
             report("zmq_ipc_one_process_msgs_per_s", one, note=f" ({one.envelope_bytes} B/msg)")
+        if args.dataplane > 0:
+            plane = bench_dataplane(args.dataplane, args.dataplane_batch, args.dataplane_window)
+            print(
+                f"data plane over ipc: {plane.requests} transfers in {plane.wall_s:.3f} s wall, {plane.cpu_s:.3f} s CPU "
+                f"in the requesting process ({args.dataplane_batch} per batch, at most {args.dataplane_window} in flight)"
+            )
+            print(f"BENCH dataplane_requests_per_s {plane.rate:.0f} req/s")
+            print(f"BENCH dataplane_delivery_lag_p50_us {plane.delivery_lag_ns['p50_ns'] / 1e3:.0f} us")
+            print(f"BENCH dataplane_delivery_lag_p99_us {plane.delivery_lag_ns['p99_ns'] / 1e3:.0f} us")
+            print(f"BENCH dataplane_submission_lag_p99_us {plane.submission_lag_ns['p99_ns'] / 1e3:.0f} us")
+            print(f"BENCH dataplane_ipc_handshake_rtt_us {plane.rtt_ns / 1e3:.0f} us")
+            light = bench_dataplane(max(args.dataplane // 10, 10), 10, 10)
+            print(f"data plane over ipc, lightly loaded: {light.requests} transfers, {light.rate:.0f} req/s")
+            print(f"BENCH dataplane_light_delivery_lag_p99_us {light.delivery_lag_ns['p99_ns'] / 1e3:.0f} us")
+            tcp_rtt_ns = bench_dataplane_handshake()
+            print(f"BENCH dataplane_tcp_handshake_rtt_us {tcp_rtt_ns / 1e3:.0f} us", flush=True)
     except BenchError as error:
         print(f"bench_runtime: error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--event-log", type=Path, help="write the canonical event log to this file")
     launch.add_argument("--run-dir", type=Path, help="realtime: keep each process's output, log and results here")
     launch.add_argument("--json", action="store_true", help="print the result as JSON")
+    launch.add_argument(
+        "--prepare",
+        action="store_true",
+        help="realtime: only write the run description (run.json) into --run-dir and print the command that "
+        "starts each process (for processes started by hand, e.g. on several hosts)",
+    )
     launch.set_defaults(func=_cmd_launch)
 
     node = commands.add_parser(

@@ -8,8 +8,9 @@ between them):
   and finally asks each worker for its statistics;
 * the ``source`` waits a random gap (a loop timer) before each job and tells it to a worker
   (``job % workers``); gaps and sizes come from its random stream, so from the scenario's seed;
-* a ``worker<i>`` moves the job's bytes over the ``link`` port of its core (a core transfer), records
-  when, and tells the ``sink``;
+* a ``worker<i>`` moves the job's bytes over the ``link`` port (a core transfer through its
+  ``data_plane``), records when, and tells the ``sink``. The workers share the one link wherever they
+  run: in real time across processes the link lives in the run's data-plane service;
 * the ``sink`` counts distinct jobs and duplicates (a job counted twice would break "exactly once").
 
 Keys of the ``[pipeline]`` table (all optional):
@@ -33,6 +34,7 @@ from dualpath_emu.config import Table
 from dualpath_emu.messages import Message, MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.runtime.app import Application
+from dualpath_emu.runtime.core_work import CoreLayout
 
 __all__ = ["Pipeline"]
 
@@ -87,10 +89,14 @@ class StatsQuery(Message):
 @dataclass(frozen=True, slots=True)
 class WorkerStats(Message):
     WIRE_NAME: ClassVar[str] = "pipeline.WorkerStats"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     jobs: int
     size_bytes: int
     busy_ns: int
+    first_start_ns: int
+    """When its first transfer started (-1: none), on the data plane's clock."""
+    last_end_ns: int
+    """When its last transfer ended (-1: none)."""
 
 
 class InjectedFailure(RuntimeError):
@@ -119,6 +125,8 @@ class Worker(Actor):
         self.jobs = 0
         self.size_bytes = 0
         self.busy_ns = 0
+        self.first_start_ns = -1
+        self.last_end_ns = -1
 
     @handles(Job)
     async def on_job(self, msg: Job) -> None:
@@ -129,11 +137,14 @@ class Worker(Actor):
         self.jobs += 1
         self.size_bytes += msg.size_bytes
         self.busy_ns += done.end_ns - done.start_ns
+        if self.first_start_ns < 0:
+            self.first_start_ns = done.start_ns
+        self.last_end_ns = max(self.last_end_ns, done.end_ns)
         self.tell("sink", Done(msg.job, self.name, msg.size_bytes))
 
     @handles(StatsQuery)
     async def on_stats(self, msg: StatsQuery) -> WorkerStats:
-        return WorkerStats(self.jobs, self.size_bytes, self.busy_ns)
+        return WorkerStats(self.jobs, self.size_bytes, self.busy_ns, self.first_start_ns, self.last_end_ns)
 
 
 class Sink(Actor):
@@ -197,6 +208,9 @@ class Pipeline(Application):
     def build_core(self, core: Core) -> None:
         self._port = core.add_port("link", self.link_gbps * 1e9 / 8)
 
+    def use_layout(self, layout: CoreLayout) -> None:
+        self._port = layout.port_id("link")
+
     def create_actor(self, system: ActorSystem, name: str) -> Actor:
         if name == "source":
             return Source(system, name, self)
@@ -207,6 +221,7 @@ class Pipeline(Application):
         raise ValueError(f"the pipeline has no actor {name!r} (it has {', '.join(self.actor_names())})")
 
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
+        started_ns = system.now_ns()
         system.tell("source", Go(self.jobs))
         while True:
             await asyncio.sleep(self.poll_s)
@@ -214,15 +229,25 @@ class Pipeline(Application):
             assert isinstance(count, Count)
             if count.done + count.duplicates >= self.jobs:
                 break
+        elapsed_ns = system.now_ns() - started_ns
         workers: dict[str, dict[str, int]] = {}
         for i in range(self.workers):
             stats = await system.ask(f"worker{i}", StatsQuery(), timeout_s=self.ask_timeout_s)
             assert isinstance(stats, WorkerStats)
-            workers[f"worker{i}"] = {"jobs": stats.jobs, "size_bytes": stats.size_bytes, "busy_ns": stats.busy_ns}
+            workers[f"worker{i}"] = {
+                "jobs": stats.jobs, "size_bytes": stats.size_bytes, "busy_ns": stats.busy_ns,
+                "first_start_ns": stats.first_start_ns, "last_end_ns": stats.last_end_ns,
+            }  # fmt: skip
+        starts = [w["first_start_ns"] for w in workers.values() if w["jobs"]]
+        ends = [w["last_end_ns"] for w in workers.values() if w["jobs"]]
         return {
             "jobs": self.jobs,
             "done": count.done,
             "duplicates": count.duplicates,
             "size_bytes": count.size_bytes,
             "workers": workers,
+            # From telling the source to go until the driver saw every job done, on the driver's clock (so
+            # within one poll_s); and from the first transfer's start to the last one's end, on the core's.
+            "elapsed_s": round(elapsed_ns / 1e9, 6),
+            "span_s": round((max(ends) - min(starts)) / 1e9, 6) if starts else 0.0,
         }

@@ -286,7 +286,7 @@ class ActorSystem:
     def _bind(self) -> Callable[[], int]:
         """Bind to the running loop; return the clock in nanoseconds."""
         loop = self._loop = asyncio.get_running_loop()
-        if isinstance(loop, CoreWork):  # a VirtualTimeLoop or a RealTimeLoop: the core's clock
+        if isinstance(loop, CoreWork):  # a VirtualTimeLoop, a RealTimeLoop or a RemoteDataPlaneLoop: the core's clock
             self._clock = clock = loop.clock_ns
         else:
             self._clock = clock = lambda: round(loop.time() * 1e9)
@@ -299,8 +299,10 @@ class ActorSystem:
 
     @property
     def data_plane(self) -> CoreWork:
-        """The loop's core work (``transfer``, ``io``, ``core_timer``): the running loop, if it drives a core
-        (a :class:`VirtualTimeLoop` or a :class:`~dualpath_emu.runtime.RealTimeLoop`)."""
+        """The loop's core work (``transfer``, ``forward``, ``io``, ``core_timer``, ...): the running loop, if it
+        reaches a core (a :class:`VirtualTimeLoop`, a :class:`~dualpath_emu.runtime.RealTimeLoop`, or a
+        :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` whose core is the run's data-plane
+        service): actor code does not know which."""
         loop = self.loop
         if not isinstance(loop, CoreWork):
             raise RuntimeError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from dualpath_emu._core import Core
@@ -19,8 +20,13 @@ from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
+from dualpath_emu.runtime.core_work import CoreLayout, core_layout
 
-__all__ = ["APPLICATIONS", "Application", "application_class"]
+__all__ = ["APPLICATIONS", "SERVICE_REPORT", "Application", "application_class"]
+
+SERVICE_REPORT: Final = "dataplane.report.json"
+"""The file of a real-time run's directory that :meth:`Application.service_report` goes to (written by the
+data-plane process once drained, or by the one process of a one-process run)."""
 
 APPLICATIONS: Final[dict[str, str]] = {
     "pipeline": "dualpath_emu.apps.pipeline:Pipeline",
@@ -54,7 +60,41 @@ class Application(ABC):
 
     @abstractmethod
     def build_core(self, core: Core) -> None:
-        """Add the ports and storage the actors use (called on each process's core)."""
+        """Add the ports and storage the actors use to the run's core: in virtual time and in a one-process
+        real-time run this process's, across processes only the data plane's (the others get
+        :meth:`use_layout`)."""
+
+    def use_layout(self, layout: CoreLayout) -> None:
+        """In a process of a real-time run without the core (the data plane has it), learn the ids of the
+        ports and storage nodes :meth:`build_core` made there, before any actor is created.
+
+        By default :meth:`build_core` runs on a scratch virtual core (so an application that keeps the ids it
+        gets there works unchanged) and its layout must be the data plane's: a scenario that differs between
+        processes is an error, not a run over the wrong ports. Override it to look ids up by name instead.
+        """
+        scratch = Core()
+        self.build_core(scratch)
+        mine = core_layout(scratch)
+        if dict(mine.ports) != dict(layout.ports) or dict(mine.storage_nodes) != dict(layout.storage_nodes):
+            raise ScenarioError(
+                f"application {self.name!r}: the data plane's ports and storage nodes differ from the ones this "
+                "process's scenario builds (is every process of the run given the same scenario?)"
+            )
+
+    def core_options(self) -> dict[str, Any]:
+        """Keyword arguments for the run's ``Core`` beyond its clock (e.g. ``sample_interval_ns``); none by
+        default."""
+        return {}
+
+    def service_report(self, core: Core) -> dict[str, Any] | None:
+        """The application's report of the run's core once the run is over (JSON-able), written to
+        :data:`SERVICE_REPORT` in the run directory by the process that owns the core; ``None`` (the
+        default): none."""
+        return None
+
+    def write_part(self, path: Path) -> None:
+        """Write this process's share of a real-time run (its metrics, say) to ``path`` when it stops, for
+        the application to merge afterwards; nothing by default."""
 
     @abstractmethod
     def create_actor(self, system: ActorSystem, name: str) -> Actor:

@@ -1,14 +1,29 @@
-"""Work on the core as asyncio futures, shared by the virtual-time and the real-time loop (issue 3).
+"""Work on the core as asyncio futures, shared by every loop that reaches a data plane (issues 3 and 14).
 
 Actors move bytes by asking their loop: :meth:`CoreWork.transfer`, :meth:`~CoreWork.forward`,
 :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with the :class:`Completion`.
-Requests are batched and submitted in one ``submit_transfers``, one ``submit_forwards``, one ``submit_ios``
-and one ``add_timers`` call (in that order): the virtual-time loop submits when it is next idle, the
-real-time loop at its next iteration. So the FFI boundary is crossed per batch, not per request, and one
-actor code base runs on either loop. A forward pass (all its layers' loads, attention, shared phase,
-collectives and stores) is one request: the core expands it into its own events (DESIGN.md §4).
+Requests are batched and the batch is submitted at once: the virtual-time loop submits when it is next
+idle, the real-time loops at their next iteration. So the FFI boundary (or, remotely, the wire) is crossed
+per batch, not per request, and one actor code base runs on any loop. A forward pass (all its layers'
+loads, attention, shared phase, collectives and stores) is one request: the core expands it into its own
+events (DESIGN.md §4).
 
-Tags come from a per-loop counter. Work submitted to the core by other code must take its tag from
+:class:`CoreWork` holds what every flavour shares -- tags, the four pending lists, waiters, delivering
+completions and failing the futures of refused requests; a flavour says only how a batch is submitted
+(:meth:`CoreWork._submit_batch`) and feeds back what completed (:meth:`CoreWork._deliver`):
+
+* :class:`LocalCoreWork` drives a :class:`~dualpath_emu._core.Core` in this process (the
+  :class:`~dualpath_emu.runtime.VirtualTimeLoop` and the :class:`~dualpath_emu.runtime.RealTimeLoop`): one
+  ``submit_transfers``, one ``submit_forwards``, one ``submit_ios`` and one ``add_timers`` call per batch
+  (in that order);
+* :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` sends the batch as one message to the
+  data-plane service of a real-time run, which owns the run's only core (DESIGN.md §3).
+
+**Refused requests.** The core checks a whole batch before accepting any of it; when it refuses one, the
+batch is retried one request at a time (:func:`submit_split`) and each bad request's future fails with
+the core's error, the others go ahead. A bad *detached* request has no future: it fails the run.
+
+Tags come from a per-loop counter. Work submitted to a local core by other code must take its tag from
 :meth:`~CoreWork.new_tag` and register it with :meth:`~CoreWork.expect`; a completion with a tag the loop
 does not know is an error (:class:`UnexpectedCompletionError`).
 """
@@ -16,12 +31,24 @@ does not know is an error (:class:`UnexpectedCompletionError`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple, TypeAlias, TypeVar
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
 
-__all__ = ["Completion", "CoreWork", "ForwardRank", "LayerTransfer", "UnexpectedCompletionError"]
+__all__ = [
+    "Completion",
+    "CoreLayout",
+    "CoreWork",
+    "ForwardRank",
+    "LayerTransfer",
+    "LocalCoreWork",
+    "UnexpectedCompletionError",
+    "core_layout",
+    "submit_split",
+]
 
 _T = TypeVar("_T")
 
@@ -30,6 +57,16 @@ _LayerTransferLike: TypeAlias = tuple[Sequence[int], int, int]
 # ``(load, attn_ns, store)``, e.g. a :class:`ForwardRank`.
 _ForwardRankLike: TypeAlias = tuple[_LayerTransferLike | None, int, _LayerTransferLike | None]
 _Forward: TypeAlias = tuple[int, tuple[_ForwardRankLike, ...], int, tuple[_LayerTransferLike, ...], int, int]
+_Transfer: TypeAlias = tuple[Sequence[int], int, int, int]
+_Io: TypeAlias = tuple[int, str, int, int, int]
+_Timer: TypeAlias = tuple[int, int]
+_RawCompletion: TypeAlias = tuple[str, int, int, int, int, int]
+
+# Where each kind of request keeps its tag (module constants: no closure is made per batch).
+TAG_OF_TRANSFER: Callable[[_Transfer], int] = itemgetter(3)
+TAG_OF_FORWARD: Callable[[_Forward], int] = itemgetter(5)
+TAG_OF_IO: Callable[[_Io], int] = itemgetter(4)
+TAG_OF_TIMER: Callable[[_Timer], int] = itemgetter(1)
 
 
 class Completion(NamedTuple):
@@ -69,33 +106,80 @@ class UnexpectedCompletionError(RuntimeError):
     """The core completed work whose tag the loop was never told about (see ``CoreWork.expect``)."""
 
 
-class CoreWork:
-    """The loop's side of a core: tags, pending requests, waiters. Mixed into an asyncio event loop.
+@dataclass(frozen=True)
+class CoreLayout:
+    """The names and ids of a core's ports and storage nodes: what an actor process without the core (a
+    real-time run's remote processes) needs to name them in its requests."""
 
-    Subclasses call :meth:`_init_core_work` in ``__init__`` and :meth:`_deliver` with what the core
-    completed; :meth:`_work_requested` is called when a request is queued into an empty batch.
+    ports: Mapping[str, int]
+    storage_nodes: Mapping[str, int]
+
+    def port_id(self, name: str) -> int:
+        """The id of the port called ``name`` (a :class:`LookupError` naming the known ones if none)."""
+        try:
+            return self.ports[name]
+        except KeyError:
+            raise LookupError(f"the data plane has no port {name!r} (it has {len(self.ports)})") from None
+
+    def storage_node_id(self, name: str) -> int:
+        """The id of the storage node called ``name``."""
+        try:
+            return self.storage_nodes[name]
+        except KeyError:
+            raise LookupError(f"the data plane has no storage node {name!r} (it has {len(self.storage_nodes)})") from None
+
+
+def core_layout(core: Core) -> CoreLayout:
+    """The :class:`CoreLayout` of ``core``: every port and storage node, by name."""
+    ports = {core.port_name(port): port for port in range(core.port_count)}
+    nodes = {core.storage_node_name(node): node for node in range(core.storage_node_count)}
+    return CoreLayout(ports, nodes)
+
+
+def submit_split(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tuple[_T, Exception]]:
+    """Submit ``batch`` with ``submit``; if the core refuses it, retry one request at a time.
+
+    The core checks a whole batch before accepting any of it, so after a refusal nothing was submitted:
+    each request is then submitted alone, and those the core refuses are returned with its error (the
+    others are submitted). An empty list: all went in.
+    """
+    try:
+        submit(batch)
+    except Exception:
+        return _one_by_one(submit, batch)
+    return []
+
+
+def _one_by_one(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tuple[_T, Exception]]:
+    refused: list[tuple[_T, Exception]] = []
+    for item in batch:
+        try:
+            submit([item])
+        except Exception as error:
+            refused.append((item, error))
+    return refused
+
+
+class CoreWork:
+    """The loop's side of a data plane: tags, pending requests, waiters. Mixed into an asyncio event loop.
+
+    A flavour calls :meth:`_init_core_work` in ``__init__``, implements :meth:`_submit_batch` and
+    :meth:`clock_ns`, and calls :meth:`_deliver` with what completed and :meth:`_refused` for requests the
+    core refused; :meth:`_work_requested` is called when a request is queued into an empty batch.
     """
 
-    _core: Core
-
-    def _init_core_work(self, core: Core) -> None:
-        self._core = core
+    def _init_core_work(self) -> None:
         self._next_tag = 1
         self._waiters: dict[int, asyncio.Future[Completion]] = {}
-        self._pending_transfers: list[tuple[Sequence[int], int, int, int]] = []
+        self._pending_transfers: list[_Transfer] = []
         self._pending_forwards: list[_Forward] = []
-        self._pending_ios: list[tuple[int, str, int, int, int]] = []
-        self._pending_timers: list[tuple[int, int]] = []
+        self._pending_ios: list[_Io] = []
+        self._pending_timers: list[_Timer] = []
         self._requested = False
 
-    @property
-    def core(self) -> Core:
-        """The core this loop drives."""
-        return self._core
-
     def clock_ns(self) -> int:
-        """The loop's clock in integer nanoseconds (the core's clock)."""
-        return self._core.clock_ns()
+        """The loop's clock in integer nanoseconds: the clock of the core the work runs on."""
+        raise NotImplementedError
 
     def _work_requested(self) -> None:
         """Called once per batch, when the first request of a batch is queued."""
@@ -185,37 +269,29 @@ class CoreWork:
         """Submit the work requested so far (the loop does this itself; call it before reading the core's
         state directly, e.g. ``in_flight`` or ``storage_queue``)."""
         self._requested = False
-        if self._pending_transfers:
-            transfers, self._pending_transfers = self._pending_transfers, []
-            self._submit(self._core.submit_transfers, transfers, lambda t: t[3])
-        if self._pending_forwards:
-            forwards, self._pending_forwards = self._pending_forwards, []
-            self._submit(self._core.submit_forwards, forwards, lambda f: f[5])
-        if self._pending_ios:
-            ios, self._pending_ios = self._pending_ios, []
-            self._submit(self._core.submit_ios, ios, lambda t: t[4])
-        if self._pending_timers:
-            timers, self._pending_timers = self._pending_timers, []
-            self._submit(self._core.add_timers, timers, lambda t: t[1])
+        transfers, forwards, ios, timers = (
+            self._pending_transfers, self._pending_forwards, self._pending_ios, self._pending_timers
+        )  # fmt: skip
+        if transfers or forwards or ios or timers:
+            self._pending_transfers, self._pending_forwards, self._pending_ios, self._pending_timers = [], [], [], []
+            self._submit_batch(transfers, forwards, ios, timers)
 
-    def _submit(self, submit: Callable[[list[_T]], int], batch: list[_T], tag_of: Callable[[_T], int]) -> None:
-        try:
-            submit(batch)
-        except Exception:
-            # The core checks a whole batch before accepting any of it, so nothing was submitted: retry one
-            # at a time and give each bad request's error to its own future.
-            for item in batch:
-                try:
-                    submit([item])
-                except Exception as error:
-                    tag = tag_of(item)
-                    if tag == UNREPORTED_TAG:
-                        raise  # detached: nobody to tell but the run
-                    future = self._waiters.pop(tag)
-                    if not future.done():
-                        future.set_exception(error)
+    def _submit_batch(
+        self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer]
+    ) -> None:
+        """Submit one batch (some lists may be empty): the one thing a flavour must say."""
+        raise NotImplementedError
 
-    def _deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
+    def _refused(self, tag: int, error: Exception) -> None:
+        """The core refused the request of ``tag``: fail its future with ``error`` (a detached request's
+        error is raised: nobody but the run can be told)."""
+        if tag == UNREPORTED_TAG:
+            raise error
+        future = self._waiters.pop(tag, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _deliver(self, completions: list[_RawCompletion]) -> None:
         unknown: list[int] = []
         for raw in completions:
             future = self._waiters.pop(raw[1], None)
@@ -225,6 +301,46 @@ class CoreWork:
                 future.set_result(Completion._make(raw))
         if unknown:
             raise UnexpectedCompletionError(
-                f"the core completed work with tags {unknown} at {self._core.now_ns} ns that nobody awaits; "
+                f"the core completed work with tags {unknown} at {self.clock_ns()} ns that nobody awaits; "
                 "submit through the loop or register the tag with expect()"
             )
+
+
+class LocalCoreWork(CoreWork):
+    """Core work on a :class:`~dualpath_emu._core.Core` in this process (the virtual-time and the
+    real-time loop): a batch is one core call per kind."""
+
+    _core: Core
+
+    def _init_local_core_work(self, core: Core) -> None:
+        self._init_core_work()
+        self._core = core
+
+    @property
+    def core(self) -> Core:
+        """The core this loop drives."""
+        return self._core
+
+    def clock_ns(self) -> int:
+        """The loop's clock in integer nanoseconds (the core's clock)."""
+        return self._core.clock_ns()
+
+    def _submit_batch(
+        self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer]
+    ) -> None:
+        core = self._core
+        if transfers:
+            self._submit(core.submit_transfers, transfers, TAG_OF_TRANSFER)
+        if forwards:
+            self._submit(core.submit_forwards, forwards, TAG_OF_FORWARD)
+        if ios:
+            self._submit(core.submit_ios, ios, TAG_OF_IO)
+        if timers:
+            self._submit(core.add_timers, timers, TAG_OF_TIMER)
+
+    def _submit(self, submit: Callable[[list[_T]], int], batch: list[_T], tag_of: Callable[[_T], int]) -> None:
+        try:
+            submit(batch)
+        except Exception:
+            for item, error in _one_by_one(submit, batch):
+                self._refused(tag_of(item), error)

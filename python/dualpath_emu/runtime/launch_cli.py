@@ -8,9 +8,10 @@ import json
 import sys
 from typing import Any
 
-from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted, launch
+from dualpath_emu.errors import UsageError
+from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted, dataplane_summary, launch, prepare
 from dualpath_emu.runtime.node import run_virtual
-from dualpath_emu.runtime.scenario import RunScenario, load_run_scenario
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, load_run_scenario
 from dualpath_emu.scenarios import find as find_scenario
 
 __all__ = ["launch_command"]
@@ -28,6 +29,8 @@ def launch_command(args: argparse.Namespace) -> int:
         seed=args.seed, mode=args.mode, time_scale=args.time_scale
     )
     app = scenario.app.name
+    if getattr(args, "prepare", False):
+        return _prepare(args, scenario)
     if scenario.mode == "virtual":
         _say(args, f"{app}: {len(scenario.app.actor_names())} actors in virtual time, seed {scenario.seed}")
         result = run_virtual(scenario, args.event_log)
@@ -55,14 +58,29 @@ def launch_command(args: argparse.Namespace) -> int:
     return _launch_realtime(args, scenario)
 
 
+def _prepare(args: argparse.Namespace, scenario: RunScenario) -> int:
+    if scenario.mode != "realtime" or args.run_dir is None:
+        raise UsageError("--prepare writes a real-time run's description: give --mode realtime and --run-dir DIR")
+    commands = prepare(scenario, args.run_dir)
+    print(f"wrote {args.run_dir}/run.json; start the processes in this order (each on its host, with DIR shared "
+          "or copied; ipc:// endpoints only work on one host):")  # fmt: skip
+    for command in commands:
+        print(f"  {command}")
+    return 0
+
+
 def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
+    dataplane = " and the data plane" if scenario.uses_dataplane else ""
     _say(
         args,
-        f"{scenario.app.name}: {len(scenario.processes)} processes in real time (time scale "
+        f"{scenario.app.name}: {len(scenario.processes)} processes{dataplane} in real time (time scale "
         f"{scenario.time_scale}, {scenario.transport}), seed {scenario.seed}",
     )
 
     def started(name: str, pid: int) -> None:
+        if name == DATAPLANE_PROCESS:
+            _say(args, f"  started {name} (pid {pid}): the data plane (the run's core and every port)")
+            return
         actors = ", ".join(scenario.process(name).actors)
         _say(args, f"  started {name} (pid {pid}): {actors}")
 
@@ -84,6 +102,7 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
         "events": result.events,
         "wall_s": round(result.wall_s, 3),
         "event_log_sha256": result.sha256,
+        "dataplane": dataplane_summary(result),
     }
     if args.json:
         print(json.dumps(out, indent=1))
@@ -94,6 +113,23 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
             f"  {name}: {process['events']} events, counters {process['counters']}, "
             f"log sha256 {process['sha256'][:16]}…"
         )
+    plane = out["dataplane"]
+    if plane is not None:
+        lag = plane["submission_lag_ns"]
+        print(
+            f"  data plane: {plane['counters']['requests']} requests, submission lag p50 {lag['p50_ns'] / 1e3:.0f} µs "
+            f"p99 {lag['p99_ns'] / 1e3:.0f} µs"
+        )
+        for name, client in plane["processes"].items():
+            delivery = client["delivery_lag_ns"]
+            lag = (
+                f"delivery lag p50 {delivery['p50_ns'] / 1e3:.0f} µs p99 {delivery['p99_ns'] / 1e3:.0f} µs"
+                if delivery["count"] else "no core work"
+            )  # fmt: skip
+            print(
+                f"    {name}: clock offset ±{client['offset_uncertainty_ns'] / 1e3:.0f} µs (RTT "
+                f"{client['rtt_ns'] / 1e3:.0f} µs), {lag}"
+            )
     print(f"{result.delivery.sent} messages sent, each delivered exactly once; {result.wall_s:.2f} s wall")
     print(f"event log sha256 {result.sha256}")
     return 0

@@ -1,27 +1,42 @@
-"""Running an application: all of it in virtual time, or one process of a real-time run (issue 3).
+"""Running an application: all of it in virtual time, or one process of a real-time run (issues 3, 14).
 
 :func:`run_virtual` runs every actor of a scenario in this process on a
 :class:`~dualpath_emu.runtime.VirtualTimeLoop`: deterministic, the same scenario and seed give the same
-event log byte for byte. :func:`serve_process` runs the actors of one ``[[process]]`` on a
-:class:`~dualpath_emu.runtime.RealTimeLoop` with a :class:`~dualpath_emu.runtime.ZmqActorSystem`; the
-launcher (:mod:`dualpath_emu.runtime.launcher`) starts one per process with ``python -m
-dualpath_emu.runtime.node``, and on several hosts they can be started by hand (``dualpath-emu node``).
+event log byte for byte. :func:`serve_process` runs one process of a real-time run; the launcher
+(:mod:`dualpath_emu.runtime.launcher`) starts one per process with ``python -m dualpath_emu.runtime.node
+SCENARIO --process NAME --run-dir DIR``, and on several hosts they can be started by hand (``dualpath-emu
+node``, the same arguments). Everything else -- endpoints, seed, time scale, the data plane's endpoint, where
+the keys live -- comes from the run description ``DIR/run.json``
+(:class:`~dualpath_emu.runtime.scenario.RunDescription`), so nothing secret or host-specific is on a command
+line.
 
-A process of a real-time run:
+The processes of a real-time run:
 
-1. builds its core (wall clock, the scenario's time scale) and its actors, binds its endpoint and starts
-   the actors, then writes ``<run_dir>/<name>.ready``;
-2. the driver's process waits until every other process is ready (their ready files; ``--no-ready-wait``
-   skips this, for hosts without a shared run directory: start the driver's process last), runs the application's driver and ends
-   when it returns; any other process runs until it is told to stop: its standard input closes (the
-   launcher closes it, or dies), or it gets SIGTERM or SIGINT;
-3. it always writes its event log ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters,
-   the log's SHA-256 and, for the driver, the run's summary). Exit status 0 on success, 1 if an actor
-   failed (the failure, the seed and the last events are printed), 3 when stopped before the driver was
-   done.
+* **the data plane** (``--process dataplane``; only in runs of more than one process): builds the run's only
+  core (``Core(clock="wall", time_scale=s)``, the application's ``build_core``) and serves it
+  (:class:`~dualpath_emu.runtime.dataplane.DataPlaneService`) until every other process has said bye and the
+  core has no pending work; then writes ``<run_dir>/dataplane.json`` (its final port counters, core stats,
+  storage queues and lags) and exits 0;
+* **an actor process** (each ``[[process]]``): its actors run on a
+  :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` connected to the data plane (whose ports it
+  learns at connect, ``Application.use_layout``), or, in a one-process run, on a
+  :class:`~dualpath_emu.runtime.RealTimeLoop` over its own core. It binds its endpoint, starts its actors and
+  writes ``<run_dir>/<name>.ready``. The driver's process waits until every other actor process is ready
+  (their ready files; ``--no-ready-wait`` skips this, for hosts without a shared run directory: start the
+  driver's process last), runs the application's driver and ends when it returns; any other process runs
+  until it is told to stop: the data plane says the driver's process completed the run (the driver's bye
+  says so), its standard input closes (the launcher closes it, or dies), or it gets SIGTERM or SIGINT. Either
+  way it then stops its actors, submits what they still asked for, says bye to the data
+  plane, and writes its event log ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters, the
+  log's SHA-256, the data-plane link's clock offset and lags and, for the driver, the run's summary).
 
-On Linux a child asks the kernel to send it SIGTERM if its parent dies (``PR_SET_PDEATHSIG``), so a
-killed launcher leaves no orphans; closing standard input does the same on any system.
+Exit status 0 on success, 1 if an actor failed (the failure, the seed and the last events are printed) or
+the data plane was lost, 3 when stopped before the driver was done (the data plane: before it drained).
+
+Started by the launcher (it sets ``DUALPATH_EMU_LAUNCHER=<pid>:<fd>``), a process writes a byte to that
+pipe every :data:`LAUNCHER_BEAT_S` wall seconds from its asyncio loop, so the launcher sees a stopped or
+hung process, and on Linux asks the kernel to send it SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``),
+so a killed launcher leaves no orphans; its standard input closing does the same on any system.
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -44,19 +59,48 @@ from dualpath_emu.config import ScenarioError
 from dualpath_emu.errors import UsageError
 from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
+from dualpath_emu.runtime.app import SERVICE_REPORT, Application
+from dualpath_emu.runtime.dataplane import (
+    DataPlaneError,
+    DataPlaneService,
+    DataPlaneServiceLoop,
+    RemoteDataPlaneLoop,
+    run_remote,
+)
 from dualpath_emu.runtime.eventlog import write_event_log
 from dualpath_emu.runtime.realtime import RealTimeLoop
-from dualpath_emu.runtime.scenario import ProcessSpec, RunScenario, load_run_scenario
+from dualpath_emu.runtime.scenario import (
+    DATAPLANE_PROCESS,
+    ProcessSpec,
+    RunDescription,
+    RunScenario,
+    load_run_scenario,
+)
 from dualpath_emu.scenarios import find as find_scenario
+from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.runtime.virtual_loop import run as run_virtual_loop
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 
-__all__ = ["EXIT_FAILED", "EXIT_STOPPED", "RunResult", "StoppedError", "run_virtual", "serve_process"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_STOPPED",
+    "LAUNCHER_ENV",
+    "RunResult",
+    "StoppedError",
+    "run_virtual",
+    "serve_dataplane",
+    "serve_process",
+]
 
 EXIT_FAILED: Final = 1
 EXIT_STOPPED: Final = 3
 READY_TIMEOUT_S: Final = 60.0
-"""How long (wall seconds) the driver's process waits for the others to be ready."""
+"""How long (wall seconds) the driver's process waits for the others to be ready, an actor process for the
+data plane's welcome, and the data plane for every expected process to connect."""
+LAUNCHER_ENV: Final = "DUALPATH_EMU_LAUNCHER"
+"""``<launcher pid>:<heartbeat pipe fd>``, set by the launcher for its children."""
+LAUNCHER_BEAT_S: Final = 0.25
+"""How often (wall seconds) a process started by the launcher writes a byte to its heartbeat pipe."""
 
 _T = TypeVar("_T")
 
@@ -90,7 +134,7 @@ def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResu
     An actor failure does not raise: it is in :attr:`RunResult.failure` (the log is still written).
     """
     app = scenario.app
-    core = Core()
+    core = Core(**app.core_options())
     app.build_core(core)
     system = ActorSystem(latency_s=scenario.latency_s, seed=scenario.seed)
     for name in app.actor_names():
@@ -139,15 +183,38 @@ async def _wait_ready(run_dir: Path, others: Sequence[str], stop: asyncio.Event)
         await asyncio.sleep(0.01)
 
 
-async def _serve(
-    system: ZmqActorSystem,
-    scenario: RunScenario,
-    spec: ProcessSpec,
-    run_dir: Path,
-    watch_stdin: bool,
-    wait_ready: bool,
-) -> dict[str, Any] | None:
-    app = scenario.app
+class LauncherLink:
+    """A child's side of the launcher's watch: a byte on the heartbeat pipe every :data:`LAUNCHER_BEAT_S`
+    wall seconds, from the asyncio loop (so a stopped process or a hung loop goes quiet)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, time_scale: float) -> None:
+        """Beat now and every LAUNCHER_BEAT_S wall seconds on ``loop`` (whose clock runs ``time_scale`` times
+        faster than the wall clock)."""
+
+        def beat() -> None:
+            try:
+                os.write(self.fd, b".")
+            except (BlockingIOError, BrokenPipeError):
+                pass  # the launcher reads late, or is gone (then stdin closes too)
+            except OSError:
+                return
+            self._handle = loop.call_later(LAUNCHER_BEAT_S * time_scale, beat)
+
+        beat()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+def _stop_event(watch_stdin: bool) -> asyncio.Event:
+    """An event set on SIGTERM, SIGINT and (if asked) the end of standard input (inside the running loop)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -161,6 +228,26 @@ async def _serve(
                 stop.set()
 
         loop.add_reader(stdin, on_stdin)
+    return stop
+
+
+async def _serve(
+    system: ZmqActorSystem,
+    scenario: RunScenario,
+    spec: ProcessSpec,
+    run_dir: Path,
+    watch_stdin: bool,
+    wait_ready: bool,
+    launcher: LauncherLink | None,
+) -> dict[str, Any] | None:
+    app = scenario.app
+    loop = asyncio.get_running_loop()
+    stop = _stop_event(watch_stdin)
+    if isinstance(loop, RemoteDataPlaneLoop):
+        loop.when_stop_requested(lambda reason: stop.set())  # the driver's process completed the run
+    if launcher is not None:
+        launcher.start(loop, scenario.time_scale)
+    summary: dict[str, Any] | None = None
     await system.open()
     try:
         for actor in system.actors:
@@ -174,52 +261,106 @@ async def _serve(
                     await _wait_ready(run_dir, others, stop)
                 return await app.drive(system)
 
-            summary: dict[str, Any] | None = await system.run(_first(drive(), stop))
+            summary = await system.run(_first(drive(), stop))
         else:
             await system.run(stop.wait())
             summary = None
     finally:
         await system.close()
+        if isinstance(loop, RemoteDataPlaneLoop):
+            # The actors are done: what they asked for is submitted, then bye (the driver's, once its run is
+            # complete, has the data plane tell the other processes to stop).
+            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)
     return summary
 
 
 def serve_process(
     scenario: RunScenario,
     name: str,
-    endpoints: Mapping[str, str],
+    description: RunDescription,
     run_dir: Path,
     *,
     watch_stdin: bool = False,
     wait_ready: bool = True,
+    launcher: LauncherLink | None = None,
 ) -> int:
     """Run process ``name`` of a real-time run until it is done or told to stop; return its exit status."""
+    if name == DATAPLANE_PROCESS:
+        return serve_dataplane(scenario, description, run_dir, watch_stdin=watch_stdin, launcher=launcher)
     spec = scenario.process(name)
     app = scenario.app
-    core = Core(clock="wall", time_scale=scenario.time_scale)
-    app.build_core(core)
+    endpoints = description.endpoints
+    started = time.perf_counter()
+    loop: RealTimeLoop | RemoteDataPlaneLoop
+    keys = _load_keys(description, name)
+    try:
+        if description.dataplane_endpoint is None:
+            core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
+            app.build_core(core)
+            loop = RealTimeLoop(core)
+        else:
+            loop = RemoteDataPlaneLoop(
+                description.dataplane_endpoint,
+                name,
+                time_scale=scenario.time_scale,
+                keys=keys,
+                peer_name=DATAPLANE_PROCESS,
+                connect_timeout_s=READY_TIMEOUT_S,
+                heartbeat_timeout_s=description.heartbeat_timeout_s,
+            )
+            try:
+                app.use_layout(loop.layout)
+            except (ScenarioError, LookupError) as error:  # another scenario than the data plane's
+                loop.close()
+                print(f"process {name!r}: {error}", file=sys.stderr)
+                return EXIT_FAILED
+            print(
+                f"process {name}: connected to the data plane at {loop.endpoint}; clock offset ±"
+                f"{loop.sync.offset_uncertainty_ns / 1e3:.0f} µs (RTT {loop.sync.rtt_ns / 1e3:.0f} µs)",
+                flush=True,
+            )
+    except DataPlaneError as error:
+        print(f"process {name!r}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    others = [p for p in scenario.processes if p is not spec]
     system = ZmqActorSystem(
         Codec(app.registry()),
         bind=endpoints[spec.name],
-        address_book={a: endpoints[p.name] for p in scenario.processes if p is not spec for a in p.actors},
+        address_book={a: endpoints[p.name] for p in others for a in p.actors},
+        peers={endpoints[p.name]: p.name for p in others},
+        keys=keys,
+        name=spec.name,
         latency_s=scenario.latency_s,
         seed=scenario.seed,
     )
     for actor in spec.actors:
         app.create_actor(system, actor)
-    started = time.perf_counter()
     status: int = 0
     summary: dict[str, Any] | None = None
     failure: ActorFailure | None = None
+    main = _serve(system, scenario, spec, run_dir, watch_stdin, wait_ready, launcher)
     try:
-        with asyncio.Runner(loop_factory=lambda: RealTimeLoop(core)) as runner:
-            summary = runner.run(_serve(system, scenario, spec, run_dir, watch_stdin, wait_ready))
+        if isinstance(loop, RemoteDataPlaneLoop):
+            summary = run_remote(main, loop)
+        else:
+            with asyncio.Runner(loop_factory=lambda: loop) as runner:
+                summary = runner.run(main)
     except ActorFailure as error:
         status, failure = EXIT_FAILED, error
         print(f"{error}\nseed {scenario.seed}", file=sys.stderr)
     except StoppedError as error:
         status = EXIT_STOPPED
         print(f"process {name!r}: {error}", file=sys.stderr)
+    except DataPlaneError as error:
+        status = EXIT_FAILED
+        print(f"process {name!r}: {error}\nseed {scenario.seed}", file=sys.stderr)
+    finally:
+        if launcher is not None:
+            launcher.stop()
     wall_s = time.perf_counter() - started
+    app.write_part(run_dir / f"{name}.part")
+    if isinstance(loop, RealTimeLoop):  # a one-process run: this process owns the core
+        _write_service_report(app, loop.core, run_dir)
     events = system.raw_events()
     sha256 = write_event_log(events, run_dir / f"{name}.events")
     result = {
@@ -231,10 +372,106 @@ def serve_process(
         "counters": _counters(system),
         "summary": summary,
         "failure": str(failure) if failure is not None else None,
+        "dataplane": loop.report() if isinstance(loop, RemoteDataPlaneLoop) else None,
     }
     (run_dir / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     print(f"process {name}: {len(events)} events, event log sha256 {sha256}", flush=True)
     return status
+
+
+def serve_dataplane(
+    scenario: RunScenario,
+    description: RunDescription,
+    run_dir: Path,
+    *,
+    watch_stdin: bool = False,
+    launcher: LauncherLink | None = None,
+) -> int:
+    """Run the data-plane process of a real-time run until it has drained (see the module); return its exit
+    status. Writes ``<run_dir>/dataplane.json``."""
+    if description.dataplane_endpoint is None:
+        print(f"dualpath-emu node: error: {run_dir}/run.json: this run has no data plane", file=sys.stderr)
+        return 2
+    core = Core(clock="wall", time_scale=scenario.time_scale, **scenario.app.core_options())
+    scenario.app.build_core(core)
+    keys = _load_keys(description, DATAPLANE_PROCESS)
+    loop = DataPlaneServiceLoop(core)
+    service = DataPlaneService(
+        loop,
+        bind=description.dataplane_endpoint,
+        requesters=description.requesters,
+        name=DATAPLANE_PROCESS,
+        keys=keys,
+        heartbeat_timeout_s=description.heartbeat_timeout_s,
+        connect_timeout_s=READY_TIMEOUT_S,
+    )
+
+    async def main() -> str:
+        stop = _stop_event(watch_stdin)
+        if launcher is not None:
+            launcher.start(asyncio.get_running_loop(), scenario.time_scale)
+        service.open()
+        (run_dir / f"{DATAPLANE_PROCESS}.ready").touch()
+        print(
+            f"data plane: {core.port_count} ports, {core.storage_node_count} storage nodes at {service.endpoint}; "
+            f"expecting {', '.join(description.requesters)}",
+            flush=True,
+        )
+        return await service.serve(stop)
+
+    started = time.perf_counter()
+    status, outcome, failure = 0, "drained", None
+    try:
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            outcome = runner.run(main())
+        if outcome != "drained":
+            status = EXIT_STOPPED
+            print("data plane: told to stop before every process said bye", file=sys.stderr)
+    except DataPlaneError as error:
+        status, outcome, failure = EXIT_FAILED, "failed", str(error)
+        print(f"{error}\nseed {scenario.seed}", file=sys.stderr)
+    finally:
+        if launcher is not None:
+            launcher.stop()
+    report = service.report()
+    if status == 0:
+        _write_service_report(scenario.app, core, run_dir)
+    result = {
+        "process": DATAPLANE_PROCESS,
+        "status": status,
+        "outcome": outcome,
+        "failure": failure,
+        "wall_s": time.perf_counter() - started,
+        "endpoint": description.dataplane_endpoint,
+        "report": report,
+    }
+    (run_dir / f"{DATAPLANE_PROCESS}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    counters = report["counters"]
+    print(
+        f"data plane: {counters['requests']} requests in {counters['batches']} batches from "
+        f"{len(report['requesters'])} processes, {counters['rejected']} frames rejected; {outcome}",
+        flush=True,
+    )
+    return status
+
+
+def _write_service_report(app: Application, core: Core, run_dir: Path) -> None:
+    """The application's report of the run's core, if it has one, to ``run_dir/SERVICE_REPORT`` (0600)."""
+    report = app.service_report(core)
+    if report is None:
+        return
+    fd = os.open(run_dir / SERVICE_REPORT, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump(report, file)
+
+
+def _load_keys(description: RunDescription, process: str) -> RunKeys | None:
+    """The run's keys as ``process`` (its secret key, everyone's public keys), or ``None`` when the run has
+    none (:meth:`~dualpath_emu.runtime.security.RunKeys.load`: a :class:`SecurityError` if they are missing
+    or too open)."""
+    if description.keys is None:
+        return None
+    return RunKeys.load(Path(description.keys), process)
 
 
 def set_parent_death_signal(parent_pid: int) -> None:
@@ -247,20 +484,35 @@ def set_parent_death_signal(parent_pid: int) -> None:
         os._exit(EXIT_STOPPED)
 
 
+def _launcher_from_env() -> tuple[int, int] | None:
+    value = os.environ.get(LAUNCHER_ENV)
+    if not value:
+        return None
+    pid, _, fd = value.partition(":")
+    try:
+        return int(pid), int(fd)
+    except ValueError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dualpath_emu.runtime.node``: one process of a real-time run (see the module)."""
     parser = argparse.ArgumentParser(
         prog="dualpath-emu node",
-        description="Run one process of a real-time run: `dualpath-emu launch` starts one per [[process]]; on "
-        "several hosts, start one by hand on each.",
+        description="Run one process of a real-time run: `dualpath-emu launch` starts one per [[process]] (and the "
+        "data plane); on several hosts, write the run description with `dualpath-emu launch SCENARIO --mode "
+        "realtime --prepare --run-dir DIR`, copy DIR to each host (or share it) and start each process there, "
+        "the data plane first.",
     )
     parser.add_argument("scenario", help="run scenario TOML file, or a packaged one's name (e.g. pipeline)")
-    parser.add_argument("--process", required=True, help="the [[process]] to run")
-    parser.add_argument("--run-dir", required=True, type=Path, help="directory for ready files, logs, results")
-    parser.add_argument("--endpoints", help="JSON object: process name -> endpoint (default: the scenario's)")
-    parser.add_argument("--seed", type=int, help="override the scenario's seed (every process of a run needs the same)")
-    parser.add_argument("--time-scale", type=float, help="override the scenario's emulated seconds per wall second")
-    parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
+    parser.add_argument(
+        "--process", required=True, help=f"the [[process]] to run, or {DATAPLANE_PROCESS!r} for the data plane"
+    )
+    parser.add_argument(
+        "--run-dir", required=True, type=Path,
+        help="the run directory: holds the run description run.json (endpoints, seed, time scale, keys), and "
+        "receives ready files, logs and results",
+    )  # fmt: skip
     parser.add_argument(
         "--no-ready-wait",
         action="store_true",
@@ -268,30 +520,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "directory (on several hosts without a shared run directory: start the driver's process last)",
     )
     args = parser.parse_args(argv)
-    if args.parent_pid is not None:
-        set_parent_death_signal(args.parent_pid)
+    launcher = _launcher_from_env()
+    if launcher is not None:
+        set_parent_death_signal(launcher[0])
     try:
+        description = RunDescription.read(args.run_dir)
         scenario = load_run_scenario(find_scenario(args.scenario)).with_overrides(
-            seed=args.seed, mode="realtime", time_scale=args.time_scale
+            seed=description.seed, mode="realtime", time_scale=description.time_scale
         )
-        if args.endpoints is not None:
-            endpoints: dict[str, str] = json.loads(args.endpoints)
-        else:
-            endpoints = {p.name: p.endpoint or "" for p in scenario.processes}
-            unset = [name for name, endpoint in endpoints.items() if not endpoint]
-            if unset:
-                raise ScenarioError(f"{scenario.source}: process {unset[0]!r} has no endpoint (give --endpoints)")
-    except (UsageError, json.JSONDecodeError) as error:
+        if args.process != DATAPLANE_PROCESS:
+            scenario.process(args.process)  # a ScenarioError naming the known ones
+            if args.process not in description.endpoints:
+                raise ScenarioError(f"{args.run_dir}/run.json: no endpoint for process {args.process!r}")
+    except UsageError as error:
         print(f"dualpath-emu node: error: {error}", file=sys.stderr)
         return 2
-    args.run_dir.mkdir(parents=True, exist_ok=True)
     return serve_process(
         scenario,
         args.process,
-        endpoints,
+        description,
         args.run_dir,
-        watch_stdin=args.parent_pid is not None,
+        watch_stdin=launcher is not None,
         wait_ready=not args.no_ready_wait,
+        launcher=LauncherLink(launcher[1]) if launcher is not None else None,
     )
 
 

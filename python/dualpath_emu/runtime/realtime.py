@@ -1,7 +1,7 @@
 """An asyncio event loop on the wall clock, optionally scaled, paced by the core (issue 3, DESIGN.md §3).
 
 :class:`RealTimeLoop` is the real-time twin of :class:`~dualpath_emu.runtime.VirtualTimeLoop`: the same
-actors and the same core work (:class:`~dualpath_emu.runtime.core_work.CoreWork`: ``transfer``, ``io``,
+actors and the same core work (:class:`~dualpath_emu.runtime.core_work.LocalCoreWork`: ``transfer``, ``io``,
 ``core_timer`` as futures), but time is the wall clock of a ``Core(clock="wall", time_scale=s)``:
 
 * ``time()`` is the core's clock reading, ``clock_ns() / 1e9``, so loop timers, actor event times and core
@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from dualpath_emu._core import Core
-from dualpath_emu.runtime.core_work import CoreWork
+from dualpath_emu.runtime.core_work import LocalCoreWork
 
 __all__ = ["RealTimeLoop", "run_realtime"]
 
@@ -45,7 +45,7 @@ class _ScaledSelector(selectors.DefaultSelector):
         return events
 
 
-class RealTimeLoop(CoreWork, asyncio.SelectorEventLoop):
+class RealTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
     """An asyncio event loop on the (scaled) wall clock of ``core``.
 
     ``core`` must use the wall clock (``Core(clock="wall", time_scale=...)``); without one the loop makes
@@ -63,7 +63,7 @@ class RealTimeLoop(CoreWork, asyncio.SelectorEventLoop):
         if time_scale is not None and time_scale != scale:
             self.close()
             raise ValueError(f"time_scale {time_scale} differs from the core's time_scale {scale}")
-        self._init_core_work(core)
+        self._init_local_core_work(core)
         self._time_scale = scale
         self._wakeup_fd = core.wakeup_fd()
         self.add_reader(self._wakeup_fd, self._on_wakeup)

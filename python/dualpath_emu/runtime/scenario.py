@@ -13,6 +13,13 @@ and runs by name: ``dualpath-emu launch pipeline``)::
     host = "127.0.0.1"     # tcp: the address the processes bind (loopback unless told otherwise)
     timeout_s = 120.0      # realtime: wall seconds after which the launcher gives up and stops everything;
                            # at most 1e6
+    heartbeat_timeout_s = 5.0   # realtime: a process that hears nothing from the data plane this long (wall
+                                # seconds) fails, and so does the data plane hearing nothing from a process;
+                                # 0.1..3600
+    hang_timeout_s = 3.0   # realtime: the launcher ends the run when a process's loop has not ticked for this
+                           # long (stopped, hung); 0.1..3600, best below heartbeat_timeout_s so that the hung
+                           # process is the one named
+    dataplane_endpoint = "tcp://10.0.0.1:5550"  # optional: where the data plane binds (multi-host by hand)
 
     [pipeline]             # the application's own keys
     jobs = 200
@@ -23,20 +30,38 @@ and runs by name: ``dualpath-emu launch pipeline``)::
     endpoint = "tcp://10.0.0.2:5555"   # optional: where this process binds (multi-host by hand)
 
 Every key has the default shown; unknown keys and bad values are :class:`~dualpath_emu.config.ScenarioError`\\ s
-naming the file and the key.
+naming the file and the key. A real-time run of more than one process gets one more, the data-plane service
+(process ``dataplane``, a name no ``[[process]]`` may take): it owns the run's only core (DESIGN.md §3,
+:mod:`dualpath_emu.runtime.dataplane`).
+
+**The run description.** The launcher writes ``<run_dir>/run.json`` (:class:`RunDescription`, mode 0600): the
+scenario file, seed, time scale, every process's endpoint, the data plane's endpoint and its expected
+requesters, the heartbeat timeout and where the run's keys live. Every process of the run reads it
+(``dualpath-emu node SCENARIO --process NAME --run-dir DIR``), so no endpoint is on a command line.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import Application, application_class
 
-__all__ = ["MODES", "TRANSPORTS", "ProcessSpec", "RunScenario", "load_run_scenario"]
+__all__ = [
+    "DATAPLANE_PROCESS",
+    "MODES",
+    "RUN_DESCRIPTION",
+    "TRANSPORTS",
+    "ProcessSpec",
+    "RunDescription",
+    "RunScenario",
+    "load_run_scenario",
+]
 
 MODES: Final = ("virtual", "realtime")
 TRANSPORTS: Final = ("ipc", "tcp")
@@ -45,6 +70,12 @@ MAX_LATENCY_S: Final = 10.0
 TIME_SCALE: Final = (1e-6, 1e6)
 """The range of ``time_scale`` (the core's wall clock accepts the same)."""
 MAX_TIMEOUT_S: Final = 1e6
+WATCH_TIMEOUT_S: Final = (0.1, 3600.0)
+"""The range of ``heartbeat_timeout_s`` and ``hang_timeout_s``."""
+DATAPLANE_PROCESS: Final = "dataplane"
+"""The name of a real-time run's data-plane process (no ``[[process]]`` may take it)."""
+RUN_DESCRIPTION: Final = "run.json"
+"""The run description's file name in the run directory."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +99,9 @@ class RunScenario:
     host: str
     timeout_s: float
     processes: tuple[ProcessSpec, ...]
+    heartbeat_timeout_s: float = 5.0
+    hang_timeout_s: float = 3.0
+    dataplane_endpoint: str | None = None
 
     def with_overrides(
         self, *, seed: int | None = None, mode: str | None = None, time_scale: float | None = None
@@ -100,6 +134,12 @@ class RunScenario:
         driver = self.app.driver_actor
         return next(p for p in self.processes if driver in p.actors)
 
+    @property
+    def uses_dataplane(self) -> bool:
+        """Whether a real-time run of this scenario has a data-plane process: when its actors are in more
+        than one process (one process keeps its own core on a :class:`~dualpath_emu.runtime.RealTimeLoop`)."""
+        return len(self.processes) > 1
+
 
 def load_run_scenario(path: str | Path) -> RunScenario:
     """Read and check the run scenario in ``path``."""
@@ -113,11 +153,18 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     transport = top.get_str("transport", "ipc", choices=TRANSPORTS)
     host = top.get_str("host", "127.0.0.1")
     timeout_s = top.get_float("timeout_s", 120.0, min=0.0, max=MAX_TIMEOUT_S, min_exclusive=True)
+    low, high = WATCH_TIMEOUT_S
+    heartbeat_timeout_s = top.get_float("heartbeat_timeout_s", 5.0, min=low, max=high)
+    hang_timeout_s = top.get_float("hang_timeout_s", 3.0, min=low, max=high)
+    dataplane_endpoint = top.get_str("dataplane_endpoint", "") or None
+    if dataplane_endpoint is not None and not dataplane_endpoint.startswith(("ipc://", "tcp://")):
+        raise top.error("dataplane_endpoint", "an ipc:// or tcp:// address", dataplane_endpoint)
     processes = _processes(top, app)
     top.finish()
     return RunScenario(
-        top.source, app, seed, mode, latency_s, time_scale, transport, host, timeout_s, processes
-    )
+        top.source, app, seed, mode, latency_s, time_scale, transport, host, timeout_s, processes,
+        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint,
+    )  # fmt: skip
 
 
 def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
@@ -133,6 +180,8 @@ def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
             raise table.error("name", "a non-empty name of letters, digits, '-' and '_'", name)
         if any(spec.name == name for spec in specs):
             raise table.error("name", "a name no other process has", name)
+        if name == DATAPLANE_PROCESS:
+            raise table.error("name", f"a name other than {DATAPLANE_PROCESS!r} (the data plane's)", name)
         hosted = table.get_str_list("actors", non_empty=True)
         for actor in hosted:
             if actor not in actors:
@@ -149,3 +198,109 @@ def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
     if missing:
         raise ScenarioError(f"{top.source}: key 'process': actor {missing[0]!r} is in no process")
     return tuple(specs)
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """What every process of a real-time run reads from ``<run_dir>/run.json`` (see the module docstring).
+
+    ``endpoints`` maps each ``[[process]]`` to the endpoint its actors' transport binds;
+    ``dataplane_endpoint`` is the data plane's (``None``: a one-process run, no data plane) and
+    ``requesters`` the processes it expects; ``keys`` where the run's keys live (``None``: none).
+    """
+
+    scenario: str
+    seed: int
+    time_scale: float
+    endpoints: dict[str, str]
+    dataplane_endpoint: str | None
+    requesters: tuple[str, ...]
+    heartbeat_timeout_s: float
+    keys: str | None = None
+    version: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "scenario": self.scenario,
+            "seed": self.seed,
+            "time_scale": self.time_scale,
+            "endpoints": dict(self.endpoints),
+            "dataplane": None if self.dataplane_endpoint is None else {
+                "process": DATAPLANE_PROCESS, "endpoint": self.dataplane_endpoint, "requesters": list(self.requesters),
+            },
+            "heartbeat_timeout_s": self.heartbeat_timeout_s,
+            "keys": self.keys,
+        }  # fmt: skip
+
+    def write(self, run_dir: Path) -> Path:
+        """Write ``run_dir/run.json``, readable by its owner only (0600); return its path."""
+        path = Path(run_dir) / RUN_DESCRIPTION
+        data = (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return path
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunDescription:
+        """Read and check ``run_dir/run.json`` (a :class:`ScenarioError` naming the file if it is bad)."""
+        path = Path(run_dir) / RUN_DESCRIPTION
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ScenarioError(
+                f"{path}: no run description (the launcher writes it; for a run started by hand, write it with "
+                "`dualpath-emu launch SCENARIO --mode realtime --prepare --run-dir DIR`)"
+            ) from None
+        except (OSError, ValueError) as error:
+            raise ScenarioError(f"{path}: not a readable JSON run description ({error})") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: object, source: str) -> RunDescription:
+        def bad(key: str, expected: str) -> ScenarioError:
+            return ScenarioError(f"{source}: key {key!r}: expected {expected}")
+
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{source}: expected a JSON object")
+        if data.get("version") != 1:
+            raise bad("version", "1")
+        scenario, seed, time_scale = data.get("scenario"), data.get("seed"), data.get("time_scale")
+        if not isinstance(scenario, str):
+            raise bad("scenario", "a string")
+        if type(seed) is not int or not 0 <= seed <= MAX_SEED:
+            raise bad("seed", f"an integer in [0, {MAX_SEED}]")
+        if not isinstance(time_scale, (int, float)) or isinstance(time_scale, bool) or not (
+            TIME_SCALE[0] <= time_scale <= TIME_SCALE[1]
+        ):
+            raise bad("time_scale", "a number in [1e-6, 1e6]")
+        endpoints = data.get("endpoints")
+        if not isinstance(endpoints, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://")) for k, v in endpoints.items()
+        ):
+            raise bad("endpoints", "an object of process name -> ipc:// or tcp:// endpoint")
+        dataplane = data.get("dataplane")
+        endpoint: str | None = None
+        requesters: tuple[str, ...] = ()
+        if dataplane is not None:
+            if not isinstance(dataplane, dict):
+                raise bad("dataplane", "an object or null")
+            endpoint, names = dataplane.get("endpoint"), dataplane.get("requesters")
+            if not isinstance(endpoint, str) or not endpoint.startswith(("ipc://", "tcp://")):
+                raise bad("dataplane.endpoint", "an ipc:// or tcp:// endpoint")
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise bad("dataplane.requesters", "a list of process names")
+            requesters = tuple(names)
+        heartbeat = data.get("heartbeat_timeout_s")
+        if not isinstance(heartbeat, (int, float)) or isinstance(heartbeat, bool) or not (
+            WATCH_TIMEOUT_S[0] <= heartbeat <= WATCH_TIMEOUT_S[1]
+        ):
+            raise bad("heartbeat_timeout_s", "a number in [0.1, 3600]")
+        keys = data.get("keys")
+        if keys is not None and not isinstance(keys, str):
+            raise bad("keys", "a path or null")
+        return cls(scenario, seed, float(time_scale), dict(endpoints), endpoint, requesters, float(heartbeat), keys)

@@ -49,7 +49,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
 
 from dualpath_emu._core import Core
 from dualpath_emu.errors import StateError
-from dualpath_emu.runtime.core_work import Completion, CoreWork, UnexpectedCompletionError
+from dualpath_emu.runtime.core_work import Completion, LocalCoreWork, UnexpectedCompletionError
 
 __all__ = [
     "Completion",
@@ -105,7 +105,7 @@ class _VirtualSelector(selectors.SelectSelector):
         return []
 
 
-class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
+class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
     """An asyncio event loop on the virtual clock of ``core`` (a ``Core(clock="virtual")``).
 
     Use it as a loop factory, e.g. ``asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(core))``, or
@@ -116,7 +116,7 @@ class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
     def __init__(self, core: Core) -> None:
         selector = _VirtualSelector()
         super().__init__(selector)
-        self._init_core_work(core)
+        self._init_local_core_work(core)
         self._clock_resolution = _CLOCK_RESOLUTION_S
         # asyncio's timer heap (a list of TimerHandle, earliest first); present in every CPython since 3.4.
         scheduled = getattr(self, "_scheduled", None)
@@ -187,7 +187,8 @@ class VirtualTimeLoop(CoreWork, asyncio.SelectorEventLoop):
 
     def _advance(self) -> None:
         """Nothing is ready: jump to the next timer or core event and deliver the core's completions."""
-        self.flush()
+        if self._requested:
+            self.flush()
         core = self._core
         now = self._now = core.now_ns
         scheduled = cast("list[asyncio.TimerHandle]", getattr(self, "_scheduled"))
