@@ -86,6 +86,9 @@ class DecodeGroup(EngineGroup):
         gpus = cluster.config.node.gpus
         self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
         self.expected: dict[int, DecodeTask] = {}
+        self._early_kv: dict[int, int] = {}
+        """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time
+        only: the prefill and the scheduler race)."""
         self._done: list[_DecodeRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._kv = cluster.derived.kv_bytes_per_token
@@ -109,6 +112,11 @@ class DecodeGroup(EngineGroup):
 
     def _expect(self, msg: DecodeTask) -> None:
         self.expected[msg.rid] = msg
+        early = self._early_kv.pop(msg.rid, None)
+        if early is not None:  # Oracle: the prefill group was done before the scheduler's Expect came
+            self._kv_ready(msg.rid, early)
+            self._report_done()
+            return
         if self.cluster.system.oracle:
             return
         # The DE buffer holds the whole prompt KV until it goes to HBM (§4): hit (read here or sent by the
@@ -139,14 +147,20 @@ class DecodeGroup(EngineGroup):
     @handles(KvReady)
     def on_kv_ready(self, msg: KvReady) -> None:
         for rid in msg.rids:
-            task = self.expected.pop(rid)
-            request = _DecodeRequest(
-                rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, first_token_ns=msg.first_token_ns
-            )
-            # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
-            # assigns requests that fit (§6.2), so this never waits.
-            self.hbm[task.de_gpu].acquire(rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
+            if rid in self.expected:
+                self._kv_ready(rid, msg.first_token_ns)
+            else:  # the two senders raced (real time, Oracle: nothing to wait for on this side)
+                self._early_kv[rid] = msg.first_token_ns
         self._report_done()
+
+    def _kv_ready(self, rid: int, first_token_ns: int) -> None:
+        task = self.expected.pop(rid)
+        request = _DecodeRequest(
+            rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, first_token_ns=first_token_ns
+        )
+        # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
+        # assigns requests that fit (§6.2), so this never waits.
+        self.hbm[task.de_gpu].acquire(rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
 
     def _h2d(self, request: _DecodeRequest) -> None:
         if self.cluster.system.oracle:

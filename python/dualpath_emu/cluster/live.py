@@ -54,7 +54,7 @@ from dualpath_emu.cluster.user_systems import SystemLoader
 from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
-from dualpath_emu.runtime.app import Application
+from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
 
@@ -272,9 +272,6 @@ def run_scenario_text(
     return text
 
 
-SERVICE_REPORT: Final = "dataplane.report.json"
-"""The file of the run directory the core's report is written to (by the data-plane service, or by the one
-process of a ``single`` placement)."""
 
 
 def collect(

@@ -58,6 +58,9 @@ class PrefillGroup(EngineGroup):
         self.gpus = [(n, g) for n in nodes for g in range(gpus)]
         self.queues: dict[tuple[int, int], list[_PrefillItem]] = {key: [] for key in self.gpus}
         self.items: dict[int, tuple[tuple[int, int], _PrefillItem]] = {}
+        self._early_hits: set[int] = set()
+        """Requests whose :class:`HitReady` came before their :class:`Prefill`: the decode group heard from the
+        scheduler first (in virtual time never; in real time the two senders race)."""
         self._work = asyncio.Event()
         self._loop_started = False
         d = cluster.derived
@@ -83,6 +86,9 @@ class PrefillGroup(EngineGroup):
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
+        if msg.rid in self._early_hits:
+            self._early_hits.discard(msg.rid)
+            item.de_ready = True
         if self.cluster.system.oracle:
             item.de_ready = True
             self._pe_ready(item)
@@ -113,7 +119,11 @@ class PrefillGroup(EngineGroup):
 
     @handles(HitReady)
     def on_hit_ready(self, msg: HitReady) -> None:
-        item = self.items[msg.rid][1]
+        entry = self.items.get(msg.rid)
+        if entry is None:
+            self._early_hits.add(msg.rid)
+            return
+        item = entry[1]
         item.de_ready = True
         if item.ready:
             self._work.set()

@@ -67,6 +67,8 @@ class SchedulerActor(Actor):
         self.pe_of: dict[int, int] = {}
         self.de_of: dict[int, int] = {}
         self._notified: set[str] = set()
+        self._decoded: set[int] = set()
+        """Requests whose DecodeDone came before their PrefillDone (real time only)."""
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
 
@@ -155,6 +157,9 @@ class SchedulerActor(Actor):
         wake = None
         for rid in msg.rids:
             wake = self.prefill.done(self.requests[rid], self.pe_of.pop(rid)) or wake
+            if rid in self._decoded:  # its DecodeDone came first (see on_decode_done)
+                self._decoded.discard(rid)
+                del self.requests[rid]
         if wake is not None:
             self._notify_group(wake)
 
@@ -162,7 +167,13 @@ class SchedulerActor(Actor):
     def on_decode_done(self, msg: DecodeDone) -> None:
         gpus, nodes = self._gpus, set()
         for rid in msg.rids:
-            request = self.requests.pop(rid)
+            if rid in self.pe_of:
+                # A one-token turn ends as its KV arrives, and in real time the decode group's DecodeDone can
+                # overtake the prefill group's PrefillDone: keep the request until that comes too.
+                request = self.requests[rid]
+                self._decoded.add(rid)
+            else:
+                request = self.requests.pop(rid)
             de = self.de_of.pop(rid)
             node = de // gpus
             engine = self.de_engines[node][de % gpus]

@@ -63,6 +63,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final
 
+from dualpath_emu.runtime.app import SERVICE_REPORT
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.node import LAUNCHER_ENV
 from dualpath_emu.runtime.security import RunKeys
@@ -366,8 +367,11 @@ def launch(
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
     work.mkdir(parents=True, exist_ok=True)
-    for stale in (*work.glob("*.ready"), *work.glob("*.json"), *work.glob("*.events")):
-        stale.unlink()
+    # An earlier run's files in this directory -- only those a run writes: the directory may hold other things.
+    names = [p.name for p in scenario.processes] + [DATAPLANE_PROCESS]
+    stale = [f"{n}{suffix}" for n in names for suffix in (".ready", ".json", ".events", ".part", ".out")]
+    for name in (*stale, "run.json", SERVICE_REPORT):
+        (work / name).unlink(missing_ok=True)
     socket_dir = Path(tempfile.mkdtemp(prefix="dpe-"))  # short: ipc:// paths are limited to ~100 bytes
     os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
     description = describe_run(scenario, socket_dir, keys)

@@ -101,6 +101,8 @@ LAUNCHER_ENV: Final = "DUALPATH_EMU_LAUNCHER"
 """``<launcher pid>:<heartbeat pipe fd>``, set by the launcher for its children."""
 LAUNCHER_BEAT_S: Final = 0.25
 """How often (wall seconds) a process started by the launcher writes a byte to its heartbeat pipe."""
+DRAIN_POLL_S: Final = 0.01
+"""How often (loop seconds) a one-process run looks whether its core has drained."""
 
 _T = TypeVar("_T")
 
@@ -271,6 +273,12 @@ async def _serve(
             # The actors are done: what they asked for is submitted, then bye (the driver's, once its run is
             # complete, has the data plane tell the other processes to stop).
             await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)
+        elif isinstance(loop, RealTimeLoop) and summary is not None:
+            # A one-process run owns its core: let the work still in it (detached write-backs) finish, as the
+            # data plane drains before it reports, so that every byte asked for is accounted.
+            loop.flush()
+            while loop.core.pending():
+                await asyncio.sleep(DRAIN_POLL_S)
     return summary
 
 
