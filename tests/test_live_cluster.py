@@ -103,3 +103,57 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.parametrize(
+    ("victim", "how"), [("pe0", "kill"), ("dataplane", "kill"), ("de1", "stop"), ("scheduler", "stop"), ("client", "stop")]
+)
+def test_a_killed_or_stopped_process_ends_the_run_naming_it_and_leaves_none_behind(
+    tmp_path: Path, victim: str, how: str
+) -> None:
+    pids: dict[str, int] = {}
+    started = threading.Event()
+
+    def on_start(name: str, pid: int) -> None:
+        pids[name] = pid
+        if name == victim:
+            started.set()
+
+    def strike() -> None:
+        started.wait(30)
+        time.sleep(0.8)  # the run is under way
+        os.kill(pids[victim], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
+    threading.Thread(target=strike, daemon=True).start()
+    begun = time.monotonic()
+    with pytest.raises(LaunchError) as caught:
+        run_live(small_config(), SYSTEMS["basic"], work(), run_dir=tmp_path / "run", time_scale=1.0, on_start=on_start)
+    assert f"'{victim}'" in str(caught.value)
+    assert ("killed by SIGKILL" if how == "kill" else "stopped answering") in str(caught.value)
+    assert time.monotonic() - begun < 20
+    assert pids and not [name for name, pid in pids.items() if _alive(pid)]
+    assert (tmp_path / "run" / f"{victim}.out").exists()  # every process's log is kept
+
+
+def test_live_metrics_are_served_while_the_run_goes_on(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    scraped: list[str] = []
+
+    def scrape() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (run_dir / "metrics.port").exists():
+            time.sleep(0.05)
+        port = int((run_dir / "metrics.port").read_text())
+        time.sleep(2.5)  # two polls of the data plane
+        scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    result = run_live(small_config(), SYSTEMS["basic"], work(), run_dir=run_dir, time_scale=1.0, metrics_port=0)
+    thread.join(10)
+    assert scraped, "the endpoint was not reachable during the run"
+    text = scraped[0]
+    done = float(next(line.split()[1] for line in text.splitlines() if line.startswith("dualpath_turns_done_total")))
+    assert 0 < done < result.turns  # scraped while the run went on
+    assert 'dualpath_port_utilisation{port="n0.snic.rx"}' in text
+    assert "dualpath_ttft_seconds_bucket" in text and 'dualpath_read_queue_bytes{node="n0"}' in text

@@ -27,7 +27,7 @@ import json
 import os
 import tomllib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +42,7 @@ from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.decode import DecodeGroup
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.ledger import Ledger
+from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.prefill import PrefillGroup
@@ -56,11 +57,18 @@ from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
+from dualpath_emu.runtime.dataplane import RemoteDataPlaneLoop
+from dualpath_emu.runtime.lag import LagStats
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS
 from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
 
 __all__ = ["PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "run_scenario_text"]
 
 PLACEMENTS: Final = ("groups", "roles", "single")
+METRICS_PORT_FILE: Final = "metrics.port"
+"""Where a live run with metrics writes the port its Prometheus endpoint listens on."""
+POLL_S: Final = 1.0
+"""How often (wall seconds) the live metrics ask the data plane for its ports and read queues."""
 
 
 DESCRIPTION: Final = "cluster.json"
@@ -121,6 +129,7 @@ class ClusterApplication(Application):
 
     def __init__(self, config: Table) -> None:
         description = config.get_str("description", DESCRIPTION)
+        self.metrics_port = config.get_int("metrics_port", -1, min=-1, max=65_535)
         config.finish()
         folder = Path(config.source).parent
         path = folder / description
@@ -135,8 +144,9 @@ class ClusterApplication(Application):
         self.trajectories_path = folder / TRAJECTORIES
         self.derived = derived(self.config)
         self.sample_interval_ns = round(SAMPLE_INTERVAL_S * 1e9)
-        # Port ids only: a scratch core numbers the ports as the data plane's does.
-        self.topology = self._build(Core())
+        # Port ids and rates only: a scratch core numbers the ports as the data plane's does.
+        self._scratch = Core()
+        self.topology = self._build(self._scratch)
         self._cluster: Cluster | None = None
         self._client: ClientActor | None = None
 
@@ -199,11 +209,46 @@ class ClusterApplication(Application):
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
         client = self._client
         assert client is not None, "the driver runs in the client's process"
-        system.tell("client", Start())
-        await client.finished.wait()
+        poller: asyncio.Task[None] | None = None
+        live: LiveMetrics | None = None
+        if self.metrics_port >= 0:
+            live = LiveMetrics()
+            port = live.serve(self.metrics_port)
+            folder = Path(self.trajectories_path).parent
+            _write_private(folder / METRICS_PORT_FILE, f"{port}\n".encode())
+            print(f"live metrics: http://127.0.0.1:{port}/metrics", flush=True)
+            client.observer = live
+            poller = asyncio.get_running_loop().create_task(self._poll(system, live), name="live-metrics")
+        try:
+            system.tell("client", Start())
+            await client.finished.wait()
+        finally:
+            if poller is not None:
+                poller.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
+            if live is not None:
+                live.close()
         system.data_plane.flush()  # the last instant's work (block write-backs) goes to the data plane
         await asyncio.sleep(0)
         return {"turns": len(self._context(system).metrics), "end_ns": system.now_ns()}
+
+    async def _poll(self, system: ActorSystem, live: LiveMetrics) -> None:
+        """Feed the live metrics the data plane's ports and read queues, every :data:`POLL_S` of wall time."""
+        loop = asyncio.get_running_loop()
+        scratch = self._scratch
+        rates = {scratch.port_name(p): scratch.port_rate(p) for p in range(scratch.port_count)}
+        while True:
+            if isinstance(loop, RemoteDataPlaneLoop):
+                report = await loop.stats()
+                now_ns, counters, queues = report["clock_ns"], report["ports"], report["storage"]
+            else:
+                core = system.data_plane.core  # type: ignore[attr-defined]  # a one-process run's own core
+                now_ns = core.clock_ns()
+                counters = {core.port_name(p): core.port_counters(p) for p in range(core.port_count)}
+                queues = {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)}
+            ports = [(name, rates.get(name, 0.0), float(sum(c["fluid_bytes"]))) for name, c in counters.items()]
+            live.data_plane(now_ns, ports, [(name, q["read_bytes"]) for name, q in queues.items()])
+            await asyncio.sleep(POLL_S * loop.time_scale)  # type: ignore[attr-defined]  # both loops have it
 
     # --- the parts of a run split over processes ----------------------------------------------------
 
@@ -254,7 +299,7 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
 
 def run_scenario_text(
     *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
-    processes: Sequence[tuple[str, Sequence[str]]],
+    processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
 ) -> str:
     """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`."""
     def q(text: str) -> str:
@@ -263,7 +308,7 @@ def run_scenario_text(
     lines = [
         'app = "cluster"', f"seed = {seed}", 'mode = "realtime"', "latency_s = 0.0", f"time_scale = {time_scale!r}",
         f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", "",
-        "[cluster]", f"description = {q(DESCRIPTION)}", "",
+        "[cluster]", f"description = {q(DESCRIPTION)}", f"metrics_port = {metrics_port}", "",
     ]  # fmt: skip
     for name, actors in processes:
         lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]", ""]
@@ -306,7 +351,37 @@ def collect(
     result = build_result(system, report, merged, app.config, app.topology, app.config.agents, writer.sha256(),
                           wall_s, len(events), end_ns)  # fmt: skip
     result.spec = app.system
+    result.extra.update(_timeliness(run_dir, processes))
     return result, merged
+
+
+def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
+    """How close to its model the run kept: the delivery lag of every completion (all processes merged),
+    the data plane's submission lag, and the clock handshakes' round trips and offset bounds."""
+
+    def seconds(stats: LagStats) -> dict[str, float]:
+        return {"p50": stats.quantile(0.5) / 1e9, "p99": stats.quantile(0.99) / 1e9, "max": stats.max / 1e9,
+                "count": stats.count}  # fmt: skip
+
+    delivery = LagStats()
+    rtt, uncertainty, drift = [], [], []
+    for name in processes:
+        data = json.loads((run_dir / f"{name}.json").read_text())
+        delivery.merge(LagStats.from_wire(data["delivery_lag"]))
+        remote = data.get("dataplane")
+        if remote:
+            rtt.append(remote["rtt_ns"])
+            uncertainty.append(remote["offset_uncertainty_ns"])
+            drift.append(abs(remote["clock_check"]["max_abs_error_ns"]))
+    out: dict[str, Any] = {"delivery_lag_s": seconds(delivery)}
+    service = run_dir / f"{DATAPLANE_PROCESS}.json"
+    if service.exists():
+        report = json.loads(service.read_text())["report"]
+        out["submission_lag_s"] = seconds(LagStats.from_wire(report["submission_lag"]))
+    if rtt:
+        out["clock_sync"] = {"rtt_s_max": max(rtt) / 1e9, "offset_uncertainty_s_max": max(uncertainty) / 1e9,
+                             "clock_check_s_max": max(drift) / 1e9}  # fmt: skip
+    return out
 
 
 def _merged_events(logs: Sequence[Path]) -> list[tuple[int, int, str, str, str]]:
@@ -334,10 +409,14 @@ def run_live(
     transport: str = "ipc",
     host: str = "127.0.0.1",
     timeout_s: float = 86_400.0,
+    metrics_port: int = -1,
+    on_start: Callable[[str, int], None] | None = None,
 ) -> SystemResult:
     """Run ``system`` on ``config`` with ``trajectories`` live: write the run's description into ``run_dir``
     (user-only), start its processes, wait for them, then merge and check their parts (:func:`collect`).
-    Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
+    ``metrics_port`` ≥ 0 serves live Prometheus metrics from the client's process on 127.0.0.1 (0: a free
+    port, written to ``run_dir/metrics.port``; :mod:`~dualpath_emu.cluster.live_metrics`); ``on_start(name,
+    pid)`` is called as each process starts. Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
     from dualpath_emu.runtime.scenario import load_run_scenario
 
@@ -349,14 +428,14 @@ def run_live(
     os.chmod(run_dir / TRAJECTORIES, 0o600)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
-        processes=placement(ClusterApplication.actor_names_of(config), placement_kind),
+        processes=placement(ClusterApplication.actor_names_of(config), placement_kind), metrics_port=metrics_port,
     )  # fmt: skip
     path = run_dir / "run.toml"
     _write_private(path, text.encode())
     run = load_run_scenario(path)
     app = run.app
     assert isinstance(app, ClusterApplication)
-    launched = launch(run, run_dir=run_dir)
+    launched = launch(run, run_dir=run_dir, on_start=on_start)
     result, _ = collect(app, run_dir, [p.name for p in run.processes], launched.wall_s)
     result.extra.update({
         "mode": "realtime",

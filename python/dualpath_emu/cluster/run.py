@@ -241,6 +241,7 @@ def run_system(
     result = build_result(system_name, core_report, metrics, config, topology, len(trajectories), writer.sha256(),
                           wall_s, actors.event_count, end_ns)  # fmt: skip
     result.spec = system
+    result.extra.update({"mode": "virtual", "processes": 1})
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name)
     return result

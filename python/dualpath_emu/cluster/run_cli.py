@@ -115,7 +115,6 @@ def _run_virtual(
                 scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=track(name),
                 trace_path=None if out is None else _trace_file(out, name),
             )  # fmt: skip
-            results[name].extra.update({"mode": "virtual", "processes": 1})
     return results
 
 
@@ -131,6 +130,8 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         raise UsageError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {args.time_scale}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65_535:
+        raise UsageError(f"--metrics-port: expected a port in [0, 65535], got {args.metrics_port}")
     base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
     trajectories = scenario.trajectories()
     results: dict[str, SystemResult] = {}
@@ -140,10 +141,14 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
             if not (args.quiet or args.json):
                 console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}, "
                               f"run directory {run_dir}")  # fmt: skip
+                if args.metrics_port:
+                    console.print(f"  live metrics: http://127.0.0.1:{args.metrics_port}/metrics")
+                elif args.metrics_port == 0:
+                    console.print(f"  live metrics: on the port written to {run_dir}/metrics.port")
             results[name] = run_live(
                 scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
                 time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
-                timeout_s=args.timeout,
+                timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
             )  # fmt: skip
     return results
 

@@ -124,6 +124,7 @@ import zmq
 from dualpath_emu import _core
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError
+from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.core_work import (
     TAG_OF_FORWARD,
     TAG_OF_IO,
@@ -261,82 +262,6 @@ def check_endpoint(endpoint: str, keys: DataPlaneKeys | None, insecure: bool) ->
 
 
 # --- lag statistics ---------------------------------------------------------------------------------
-
-
-_SUB_BITS: Final = 5
-_SUB: Final = 1 << _SUB_BITS  # 32 buckets per power of two above 64: at most 1/64 (1.6 %) relative error
-
-
-class LagStats:
-    """A stream of lags in nanoseconds: count, min, max, mean and quantiles in bounded memory.
-
-    Values are kept in a log-linear histogram (exact below 64 ns, then 32 buckets per power of two: a
-    quantile is within 1.6 % of the true one; at most about 1,900 buckets however many values). Negative
-    values (possible within a clock's uncertainty) count in the first bucket and in ``negative``.
-    """
-
-    __slots__ = ("count", "negative", "min", "max", "total", "_buckets")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.negative = 0
-        self.min = 0
-        self.max = 0
-        self.total = 0
-        self._buckets: dict[int, int] = {}
-
-    def add(self, value: int) -> None:
-        """Record one lag of ``value`` ns."""
-        if self.count == 0:
-            self.min = self.max = value
-        elif value < self.min:
-            self.min = value
-        elif value > self.max:
-            self.max = value
-        self.count += 1
-        self.total += value
-        if value < 64:
-            if value < 0:
-                self.negative += 1
-                value = 0
-            index = value
-        else:
-            shift = value.bit_length() - (_SUB_BITS + 1)
-            index = (shift << _SUB_BITS) + (value >> shift)
-        buckets = self._buckets
-        buckets[index] = buckets.get(index, 0) + 1
-
-    @staticmethod
-    def _value(index: int) -> int:
-        if index < 64:
-            return index
-        shift = (index >> _SUB_BITS) - 1
-        mantissa = (index & (_SUB - 1)) + _SUB
-        return ((mantissa << shift) + ((mantissa + 1) << shift) - 1) // 2  # the bucket's middle
-
-    def quantile(self, q: float) -> int:
-        """The ``q``-quantile (0 ≤ q ≤ 1) in ns (0 when empty), clamped to [min, max]."""
-        if self.count == 0:
-            return 0
-        rank = max(1, math.ceil(q * self.count))
-        seen = 0
-        for index in sorted(self._buckets):
-            seen += self._buckets[index]
-            if seen >= rank:
-                return min(max(self._value(index), self.min), self.max)
-        return self.max
-
-    def summary(self) -> dict[str, int | float]:
-        """``count``, ``p50_ns``, ``p99_ns``, ``max_ns``, ``min_ns``, ``mean_ns`` and ``negative``."""
-        return {
-            "count": self.count,
-            "p50_ns": self.quantile(0.5),
-            "p99_ns": self.quantile(0.99),
-            "max_ns": self.max,
-            "min_ns": self.min,
-            "mean_ns": round(self.total / self.count, 1) if self.count else 0.0,
-            "negative": self.negative,
-        }
 
 
 # --- decoding (every field checked) ------------------------------------------------------------------
@@ -1052,6 +977,7 @@ class DataPlaneService:
             "storage": storage,
             "counters": dict(self.counters),
             "submission_lag_ns": self.submission_lag.summary(),
+            "submission_lag": self.submission_lag.to_wire(),
             "requesters": {
                 r.name: {
                     "pid": r.pid, "batches": r.batches, "requests": r.requests, "completed": r.completed,
@@ -1497,6 +1423,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             "sync_rounds": self.sync.rounds,
             "clock_check": self._clock_check.summary(),
             "delivery_lag_ns": self.delivery_lag.summary(),
+            "delivery_lag": self.delivery_lag.to_wire(),
             "counters": dict(self.counters),
             "failure": str(self.failure) if self.failure is not None else None,
         }

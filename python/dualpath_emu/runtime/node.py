@@ -381,6 +381,7 @@ def serve_process(
         "summary": summary,
         "failure": str(failure) if failure is not None else None,
         "dataplane": loop.report() if isinstance(loop, RemoteDataPlaneLoop) else None,
+        "delivery_lag": loop.delivery_lag.to_wire(),
     }
     (run_dir / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     print(f"process {name}: {len(events)} events, event log sha256 {sha256}", flush=True)

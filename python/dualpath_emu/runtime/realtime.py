@@ -24,6 +24,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from dualpath_emu._core import Core
+from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.core_work import LocalCoreWork
 
 __all__ = ["RealTimeLoop", "run_realtime"]
@@ -66,6 +67,8 @@ class RealTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         self._init_local_core_work(core)
         self._time_scale = scale
         self._wakeup_fd = core.wakeup_fd()
+        self.delivery_lag = LagStats()
+        """How late (core ns) each completion reaches its waiter after its modelled end."""
         self.add_reader(self._wakeup_fd, self._on_wakeup)
 
     @property
@@ -88,10 +91,17 @@ class RealTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
     def flush(self) -> None:
         """Submit the work requested so far and deliver what the core completed meanwhile."""
         super().flush()
-        self._deliver(self._core.take_completions())
+        self._deliver_timed(self._core.take_completions())
 
     def _on_wakeup(self) -> None:
-        self._deliver(self._core.poll())
+        self._deliver_timed(self._core.poll())
+
+    def _deliver_timed(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
+        if completions:
+            now, lag = self._core.clock_ns(), self.delivery_lag
+            for completion in completions:
+                lag.add(now - completion[3])  # delivered now, due at its end
+            self._deliver(completions)
 
     def close(self) -> None:
         if not self.is_closed() and hasattr(self, "_wakeup_fd"):
