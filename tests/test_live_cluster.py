@@ -62,8 +62,14 @@ def test_the_cluster_runs_live_in_every_placement(
     result = live(tmp_path, placement_kind=placement_kind, transport=transport)
     assert result.turns == virtual.turns and result.lost_requests == 0
     assert result.extra["mode"] == "realtime" and result.extra["placement"] == placement_kind
-    assert len(result.extra["processes"]) == len(placement(["client", "scheduler", "pe0", "de1", "de2"],
-                                                           placement_kind))  # fmt: skip
+    processes = placement(["client", "scheduler", "pe0", "de1", "de2"], placement_kind)
+    with_dataplane = len(processes) > 1
+    assert result.extra["processes"] == len(processes) + with_dataplane
+    assert ("dataplane" in result.extra["process_actors"]) == with_dataplane
+    lag = result.extra["delivery_lag_s"]
+    assert lag["count"] > 0 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
+    if with_dataplane:
+        assert result.extra["clock_sync"]["rtt_s_max"] > 0 and result.extra["submission_lag_s"]["count"] > 0
     # Storage-bound: the reads take most of the run, so lags of a few emulated milliseconds move little.
     assert result.jct_s == pytest.approx(virtual.jct_s, rel=0.15)
     # The same reads; which side reads depends on the read queues when each decision is made, so on timing.
@@ -157,3 +163,32 @@ def test_live_metrics_are_served_while_the_run_goes_on(tmp_path: Path) -> None:
     assert 0 < done < result.turns  # scraped while the run went on
     assert 'dualpath_port_utilisation{port="n0.snic.rx"}' in text
     assert "dualpath_ttft_seconds_bucket" in text and 'dualpath_read_queue_bytes{node="n0"}' in text
+
+
+def test_run_mode_realtime_prints_the_live_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from dualpath_emu.cli import main
+
+    argv = ["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "4", "--set", "workload.max_rounds=2",
+            "--system", "dualpath", "--time-scale", "5", "--placement", "roles", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)["systems"]["dualpath"]
+    assert summary["mode"] == "realtime" and summary["processes"] == 4 and summary["placement"] == "roles"
+    assert summary["turns"] == 8 and summary["lost_requests"] == 0
+    assert {"p50", "p99", "max", "count"} <= set(summary["delivery_lag_s"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("--time-scale", "0", "--time-scale: expected a number in"), ("--metrics-port", "70000", "--metrics-port"),
+     ("--timeout", "-1", "--timeout")],
+)  # fmt: skip
+def test_bad_live_options_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    from dualpath_emu.cli import main
+
+    assert main(["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "2", option, value]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

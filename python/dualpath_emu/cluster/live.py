@@ -442,8 +442,9 @@ def run_live(
         "time_scale": time_scale,
         "placement": placement_kind,
         "transport": transport,
-        "processes": {p.name: {"actors": list(p.actors), "pid": launched.processes[p.name]["pid"]}
-                      for p in run.processes},
+        "processes": len(run.processes) + (launched.dataplane is not None),
+        "process_actors": {**({DATAPLANE_PROCESS: []} if launched.dataplane is not None else {}),
+                           **{p.name: list(p.actors) for p in run.processes}},
     })  # fmt: skip
     result.wall_s = launched.wall_s
     return result

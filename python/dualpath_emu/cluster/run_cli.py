@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -86,7 +87,16 @@ def run_command(args: argparse.Namespace) -> int:
         console.print(f"[bold]{scenario.name}[/] ({scenario.source}): {scenario.describe()}")
     results: dict[str, SystemResult] = {}
     if args.mode == "realtime":
-        results = _run_realtime(args, scenario, console)
+        from dualpath_emu.runtime.launcher import LaunchInterrupted
+
+        try:
+            results = _run_realtime(args, scenario, console)
+        except LaunchInterrupted as error:
+            print(f"dualpath-emu: {error}", file=sys.stderr)
+            return 130
+        except LiveRunFailed as error:
+            print(f"dualpath-emu: error: {error}", file=sys.stderr)
+            return 1
     else:
         results = _run_virtual(args, scenario, console, show_progress, out)
     from dualpath_emu.cluster.outputs import summary, write_outputs  # after the runs: plots pull in matplotlib
@@ -118,9 +128,18 @@ def _run_virtual(
     return results
 
 
+class LiveRunFailed(RuntimeError):
+    """A live run failed (a process crashed or stopped answering, or a check found a loss)."""
+
+
 def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: Console) -> dict[str, SystemResult]:
     """Each system live, one after the other (:func:`~dualpath_emu.cluster.live.run_live`)."""
+    import shutil
     import tempfile
+
+    from dualpath_emu.cluster.invariants import InvariantError
+    from dualpath_emu.cluster.run import LostRequestsError
+    from dualpath_emu.runtime.launcher import LaunchError
 
     from dualpath_emu.cluster.live import run_live
     from dualpath_emu.runtime.scenario import TIME_SCALE
@@ -136,20 +155,25 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
     trajectories = scenario.trajectories()
     results: dict[str, SystemResult] = {}
     for name in scenario.systems:
-        with tempfile.TemporaryDirectory(prefix="dualpath-emu-live-") as scratch:
-            run_dir = (base / name) if base is not None else Path(scratch)
-            if not (args.quiet or args.json):
-                console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}, "
-                              f"run directory {run_dir}")  # fmt: skip
-                if args.metrics_port:
-                    console.print(f"  live metrics: http://127.0.0.1:{args.metrics_port}/metrics")
-                elif args.metrics_port == 0:
-                    console.print(f"  live metrics: on the port written to {run_dir}/metrics.port")
+        run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
+        if not (args.quiet or args.json):
+            console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}, "
+                          f"run directory {run_dir}")  # fmt: skip
+            if args.metrics_port:
+                console.print(f"  live metrics: http://127.0.0.1:{args.metrics_port}/metrics")
+            elif args.metrics_port == 0:
+                console.print(f"  live metrics: on the port written to {run_dir}/metrics.port")
+        try:
             results[name] = run_live(
                 scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
                 time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
                 timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
             )  # fmt: skip
+        except (LaunchError, LostRequestsError, InvariantError) as error:
+            # Every process's output, event log and part stay in the run directory for a post-mortem.
+            raise LiveRunFailed(f"{name}: {error}\nthe run's logs are in {run_dir}") from None
+        if base is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
     return results
 
 
@@ -201,6 +225,9 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table
                    "SNIC rx %\nPE/DE", "CNIC PE %\ntx/rx", "CNIC DE %\ntx/rx", "GPU %\nPE/DE", "SNIC\nmax/mean",
                    "wall\n(s)", "events\n/ s"):  # fmt: skip
         table.add_column(header, justify="left" if header == "system" else "right", no_wrap=True)
+    live = any("delivery_lag_s" in r.extra for r in results.values())
+    if live:  # how late the processes saw what the model said (emulated ms)
+        table.add_column("lag (ms)\np50/p99", justify="right", no_wrap=True)
     basic = results.get("basic")
     for name, r in results.items():
         speedup = f"{basic.jct_s / r.jct_s:.2f}×" if basic is not None and r.jct_s > 0 else "-"
@@ -218,8 +245,14 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table
             _f(r.snic_max_over_mean),
             _f(r.wall_s, 1),
             f"{r.events / r.wall_s:,.0f}" if r.wall_s > 0 else "-",
+            *([_lag(r)] if live else []),
         )
     return table
+
+
+def _lag(r: SystemResult) -> str:
+    lag = r.extra.get("delivery_lag_s")
+    return f"{1e3 * lag['p50']:.2f}/{1e3 * lag['p99']:.2f}" if lag else "-"
 
 
 def list_command() -> int:
