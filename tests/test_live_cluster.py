@@ -192,3 +192,61 @@ def test_bad_live_options_are_usage_errors(
     assert main(["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "2", option, value]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_path: Path, virtual: SystemResult) -> None:
+    # Two "hosts" on this machine: loopback addresses 127.0.0.1 and 127.0.0.2, each with its own copy of the
+    # run directory (nothing shared but the network), CURVE keys on every tcp socket.
+    import shutil
+    import subprocess
+    import sys
+
+    from dualpath_emu.cluster.live import collect_dir, prepare_live
+
+    host_a, host_b = tmp_path / "a", tmp_path / "b"
+    commands = prepare_live(small_config(), SYSTEMS["dualpath"], work(), run_dir=host_a, time_scale=TIME_SCALE,
+                            hosts=[("pe*", "127.0.0.2"), ("de*", "127.0.0.2")], port_base=47_300)  # fmt: skip
+    assert [name for _, name, _ in commands][0] == "dataplane" and commands[-1][1] == "client"
+    assert {name for host, name, _ in commands if host == "127.0.0.2"} == {"pe0", "de1", "de2"}
+    assert (host_a / "keys").stat().st_mode & 0o077 == 0
+    shutil.copytree(host_a, host_b)
+    children = []
+    for host, name, command in commands:
+        words = command.split()
+        assert words[:2] == ["dualpath-emu", "node"] and "tcp://" not in command  # endpoints are in the files
+        folder = host_b if host == "127.0.0.2" else host_a
+        words = [sys.executable, "-m", "dualpath_emu.runtime.node", *words[2:]]
+        words[words.index("--run-dir") + 1] = str(folder)
+        words[3] = str(folder / "run.toml")
+        children.append(subprocess.Popen(words, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        time.sleep(0.2)
+    try:
+        codes = [child.wait(timeout=60) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    assert codes == [0] * len(children)
+    for pattern in ("*.part", "*.events", "*.json"):
+        for path in host_b.glob(pattern):
+            if path.stem in ("pe0", "de1", "de2"):
+                shutil.copy2(path, host_a / path.name)
+    result, _ = collect_dir(host_a)
+    assert result.turns == virtual.turns and result.jct_s == pytest.approx(virtual.jct_s, rel=0.15)
+
+
+def test_prepare_prints_each_hosts_commands_and_collect_names_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dualpath_emu.cli import main
+
+    run_dir = tmp_path / "run"
+    argv = ["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "2", "--system", "dualpath",
+            "--prepare", str(run_dir), "--process-host", "de*=10.0.0.2"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"[10.0.0.2] dualpath-emu node {run_dir}/run.toml --process de1 --run-dir {run_dir}" in out
+    assert "--process client" in out.splitlines()[-1]  # the driver's process last
+    assert main(["collect", str(run_dir)]) == 2
+    assert "no part of process(es) scheduler, client, pe0, de1" in capsys.readouterr().err
+    assert main(["run", "ds27b-1p1d-offline", "--prepare", str(tmp_path / "x")]) == 2
+    assert "add --mode realtime" in capsys.readouterr().err

@@ -34,6 +34,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from dualpath_emu.cluster.run_cli import collect_command
+
+    return collect_command(args)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from dualpath_emu.cluster.run_cli import validate_command
 
@@ -137,7 +143,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)")
     live.add_argument("--timeout", type=float, metavar="S", default=86_400.0,
                       help="realtime: wall seconds after which the run is stopped (default one day)")
+    live.add_argument("--prepare", type=Path, metavar="DIR",
+                      help="realtime, several hosts: write the run (description, tcp endpoints, CURVE keys) into "
+                           "DIR and print each host's commands instead of running it; then `dualpath-emu collect DIR`")
+    live.add_argument("--process-host", action="append", metavar="PATTERN=HOST",
+                      help="--prepare: run the processes whose names match PATTERN (shell style: 'pe*', 'de*', "
+                           "'dataplane', 'client', 'scheduler') on HOST; the rest on --host (repeat for several)")
+    live.add_argument("--port-base", type=int, default=47_100, metavar="PORT",
+                      help="--prepare: the data plane listens on PORT, the other processes on the next ports")
     run.set_defaults(func=_cmd_run)
+
+    collect = commands.add_parser(
+        "collect",
+        help="merge and check a live run started by hand (run --prepare) and print its results",
+        description="Merge the parts of a live run started by hand on one or several hosts (`run --mode realtime "
+        "--prepare DIR`): gather every host's *.part, *.events and *.json files into DIR first. Checks that every "
+        "admitted request ended exactly once and every byte is accounted, then prints the table (or --json).",
+    )
+    collect.add_argument("run_dir", metavar="DIR", type=Path, help="the prepared run directory, every part gathered")
+    collect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    collect.add_argument("--out", type=Path, metavar="DIR", help="also write summary.json, requests.csv and plots here")
+    collect.set_defaults(func=_cmd_collect)
 
     validate = commands.add_parser(
         "validate",

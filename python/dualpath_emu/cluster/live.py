@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fnmatch
 import importlib
 import inspect
 import json
 import os
+import shlex
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -300,18 +302,25 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
 def run_scenario_text(
     *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
     processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
+    endpoints: Mapping[str, str] | None = None, dataplane_endpoint: str | None = None,
 ) -> str:
-    """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`."""
+    """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`.
+    ``endpoints`` (process name -> endpoint) and ``dataplane_endpoint`` fix where processes bind (a run
+    started by hand on several hosts); by default the launcher picks them."""
     def q(text: str) -> str:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     lines = [
         'app = "cluster"', f"seed = {seed}", 'mode = "realtime"', "latency_s = 0.0", f"time_scale = {time_scale!r}",
         f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", "",
+        *([f"dataplane_endpoint = {q(dataplane_endpoint)}"] if dataplane_endpoint else []), "",
         "[cluster]", f"description = {q(DESCRIPTION)}", f"metrics_port = {metrics_port}", "",
     ]  # fmt: skip
     for name, actors in processes:
-        lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]", ""]
+        lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]"]
+        if endpoints and name in endpoints:
+            lines.append(f"endpoint = {q(endpoints[name])}")
+        lines.append("")
     text = "\n".join(lines)
     tomllib.loads(text)  # what we write must read back
     return text
@@ -420,17 +429,12 @@ def run_live(
     from dualpath_emu.runtime.launcher import launch
     from dualpath_emu.runtime.scenario import load_run_scenario
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    description = {"config": config_to_wire(config), "system": system_to_wire(system), "seed": seed}
-    _write_private(run_dir / DESCRIPTION, json.dumps(description, indent=1).encode())
-    write_trajectories(run_dir / TRAJECTORIES, trajectories)
-    os.chmod(run_dir / TRAJECTORIES, 0o600)
+    _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
         processes=placement(ClusterApplication.actor_names_of(config), placement_kind), metrics_port=metrics_port,
     )  # fmt: skip
-    path = run_dir / "run.toml"
+    path = run_dir / RUN_SCENARIO
     _write_private(path, text.encode())
     run = load_run_scenario(path)
     app = run.app
@@ -448,3 +452,88 @@ def run_live(
     })  # fmt: skip
     result.wall_s = launched.wall_s
     return result
+
+
+RUN_SCENARIO: Final = "run.toml"
+
+
+def _write_description(
+    run_dir: Path, config: ClusterConfig, system: System, trajectories: Sequence[Trajectory], seed: int
+) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    description = {"config": config_to_wire(config), "system": system_to_wire(system), "seed": seed}
+    _write_private(run_dir / DESCRIPTION, json.dumps(description, indent=1).encode())
+    write_trajectories(run_dir / TRAJECTORIES, trajectories)
+    os.chmod(run_dir / TRAJECTORIES, 0o600)
+
+
+def host_of(process: str, hosts: Sequence[tuple[str, str]], default: str) -> str:
+    """The host a process runs on: the first ``(pattern, host)`` whose shell-style pattern matches its name."""
+    for pattern, host in hosts:
+        if fnmatch.fnmatchcase(process, pattern):
+            return host
+    return default
+
+
+def prepare_live(
+    config: ClusterConfig,
+    system: System,
+    trajectories: Sequence[Trajectory],
+    *,
+    run_dir: Path,
+    seed: int = 0,
+    time_scale: float = 1.0,
+    placement_kind: str = "groups",
+    hosts: Sequence[tuple[str, str]] = (),
+    default_host: str = "127.0.0.1",
+    port_base: int = 47_100,
+    timeout_s: float = 86_400.0,
+) -> list[tuple[str, str, str]]:
+    """Write a live run to be started by hand, on one host or several: the description, the run scenario
+    with every process's tcp endpoint (its host by :func:`host_of`, ports from ``port_base``: the data plane's
+    first) and the run's CURVE keys. Returns ``(host, process, command)`` in start order: the data plane
+    first, the client's process last. Copy ``run_dir`` to every host (keeping its modes), run each host's
+    commands there, then gather every host's ``*.part``, ``*.events`` and ``*.json`` files into one copy and
+    run ``dualpath-emu collect DIR``."""
+    from dualpath_emu.runtime.launcher import prepare
+    from dualpath_emu.runtime.scenario import load_run_scenario
+
+    _write_description(run_dir, config, system, trajectories, seed)
+    processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
+    names = [DATAPLANE_PROCESS] + [name for name, _ in processes]
+    endpoints = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + i}" for i, name in enumerate(names)}
+    text = run_scenario_text(
+        seed=seed, time_scale=time_scale, transport="tcp", host=default_host, timeout_s=timeout_s,
+        processes=processes, endpoints=endpoints, dataplane_endpoint=endpoints[DATAPLANE_PROCESS],
+    )  # fmt: skip
+    _write_private(run_dir / RUN_SCENARIO, text.encode())
+    commands = prepare(load_run_scenario(run_dir / RUN_SCENARIO), run_dir)
+    out = []
+    for command in commands:
+        words = shlex.split(command)
+        name = words[words.index("--process") + 1]
+        out.append((host_of(name, hosts, default_host), name, command))
+    return out
+
+
+def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
+    """:func:`collect` for a run started by hand (:func:`prepare_live`) whose processes' files have been
+    gathered into ``run_dir``."""
+    from dualpath_emu.runtime.scenario import load_run_scenario
+
+    run = load_run_scenario(run_dir / RUN_SCENARIO)
+    app = run.app
+    if not isinstance(app, ClusterApplication):
+        raise ScenarioError(f"{run_dir / RUN_SCENARIO}: not a live cluster run (app {app.name!r})")
+    names = [p.name for p in run.processes]
+    missing = [n for n in names if not (run_dir / f"{n}.part").exists() or not (run_dir / f"{n}.json").exists()]
+    if missing:
+        raise ScenarioError(f"{run_dir}: no part of process(es) {', '.join(missing)} (gather every host's *.part, "
+                            "*.events and *.json files here)")  # fmt: skip
+    wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in names)
+    result, _ = collect(app, run_dir, names, wall_s)
+    result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",
+                         "processes": len(names) + 1,
+                         "process_actors": {DATAPLANE_PROCESS: [], **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip
+    return result, app

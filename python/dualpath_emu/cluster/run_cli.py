@@ -41,6 +41,7 @@ from dualpath_emu.errors import UsageError
 from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.scenarios import names as packaged_scenarios
 from dualpath_emu.scenarios import path as packaged_scenario
+from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
 
@@ -86,11 +87,17 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.json and not args.quiet:
         console.print(f"[bold]{scenario.name}[/] ({scenario.source}): {scenario.describe()}")
     results: dict[str, SystemResult] = {}
+    if args.mode != "realtime" and (args.prepare is not None or args.process_host or args.metrics_port is not None):
+        raise UsageError("--prepare, --process-host and --metrics-port are for live runs: add --mode realtime")
     if args.mode == "realtime":
         from dualpath_emu.runtime.launcher import LaunchInterrupted
 
+        if args.prepare is not None and args.out is not None:
+            raise UsageError("--prepare writes a run to start by hand: its results come from `dualpath-emu collect`")
         try:
             results = _run_realtime(args, scenario, console)
+            if args.prepare is not None:
+                return 0
         except LaunchInterrupted as error:
             print(f"dualpath-emu: {error}", file=sys.stderr)
             return 130
@@ -151,8 +158,11 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65_535:
         raise UsageError(f"--metrics-port: expected a port in [0, 65535], got {args.metrics_port}")
-    base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
     trajectories = scenario.trajectories()
+    if args.prepare is not None:
+        _prepare(args, scenario, trajectories, console)
+        return {}
+    base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
     results: dict[str, SystemResult] = {}
     for name in scenario.systems:
         run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
@@ -175,6 +185,58 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         if base is None:
             shutil.rmtree(run_dir, ignore_errors=True)
     return results
+
+
+def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: list[Trajectory], console: Console) -> None:
+    from dualpath_emu.cluster.live import prepare_live
+
+    if len(scenario.systems) != 1:
+        raise UsageError(f"--prepare writes one run: give one --system (the scenario has {', '.join(scenario.systems)})")
+    hosts: list[tuple[str, str]] = []
+    for given in args.process_host or ():
+        pattern, equals, host = given.partition("=")
+        if not equals or not pattern or not host:
+            raise UsageError(f"--process-host {given!r}: expected PATTERN=HOST, e.g. 'pe*=10.0.0.2'")
+        hosts.append((pattern, host))
+    if not 1024 <= args.port_base <= 65_535 - 1024:
+        raise UsageError(f"--port-base: expected a port in [1024, 64511], got {args.port_base}")
+    name = scenario.systems[0]
+    commands = prepare_live(
+        scenario.config, scenario.system(name), trajectories, run_dir=args.prepare, seed=scenario.seed,
+        time_scale=args.time_scale, placement_kind=args.placement, hosts=hosts, default_host=args.host,
+        port_base=args.port_base, timeout_s=args.timeout,
+    )  # fmt: skip
+    console.print(f"wrote the live run of {name} to {args.prepare}. Copy it to every host (scp -rp keeps the modes "
+                  "the keys need), start each host's processes in this order, then gather every host's *.part, "
+                  f"*.events and *.json files into one copy and run `dualpath-emu collect {args.prepare}`:")  # fmt: skip
+    for host, process, command in commands:
+        console.print(f"  [{host}] {command}", markup=False, highlight=False, soft_wrap=True)
+
+
+def collect_command(args: argparse.Namespace) -> int:
+    """Runs ``dualpath-emu collect DIR``."""
+    from dualpath_emu.cluster.invariants import InvariantError
+    from dualpath_emu.cluster.live import collect_dir
+    from dualpath_emu.cluster.run import LostRequestsError
+    from dualpath_emu.cluster.scenario import ClusterScenario
+
+    try:
+        result, app = collect_dir(args.run_dir)
+    except (LostRequestsError, InvariantError) as error:
+        print(f"dualpath-emu: error: {error}", file=sys.stderr)
+        return 1
+    scenario = ClusterScenario(name=args.run_dir.name, config=app.config, systems=(result.system,), seed=app.seed,
+                               source=str(args.run_dir))  # fmt: skip
+    from dualpath_emu.cluster.outputs import summary, write_outputs
+
+    results = {result.system: result}
+    if args.out is not None:
+        write_outputs(args.out, "--out", scenario, results)
+    if args.json:
+        print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
+    else:
+        Console(width=150).print(_table(scenario, results))
+    return 0
 
 
 def _trace_file(out: Path, system: str) -> Path:
