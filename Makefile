@@ -60,6 +60,7 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.bench_runtime
 	$(PYTHON) -m dualpath_emu.bench_cluster
 	$(PYTHON) -m dualpath_emu.bench_cluster --agents 1024 --rounds 0 --systems dualpath --repeat 1 --label _1024
+	$(PYTHON) -m dualpath_emu.bench_live --capacity
 
 # The full experiments of EVALUATION.md, most telling first; NAME[:OPTIONS] (options joined by commas).
 EXPERIMENTS_FULL ?= table1 fig7:--model,ds660b fig12 fig13 fig9 fig8 fig10 isolation fig7:--model,ds27b fig7:--model,qwen32b

@@ -127,7 +127,11 @@ def test_a_killed_or_stopped_process_ends_the_run_naming_it_and_leaves_none_behi
 
     def strike() -> None:
         started.wait(30)
-        time.sleep(0.8)  # the run is under way
+        ready = tmp_path / "run" / f"{victim}.ready"
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:  # up and beating (a slow start is not a hang)
+            time.sleep(0.02)
+        time.sleep(0.5)  # the run is under way
         os.kill(pids[victim], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
 
     threading.Thread(target=strike, daemon=True).start()

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=32, help="--agreement: agents of the DS 27B 1P1D run")
     parser.add_argument("--time-scales", type=float, nargs="+", default=[1.0, 10.0])
     parser.add_argument("--systems", nargs="+", default=["dualpath", "basic"])
-    parser.add_argument("--rounds", type=int, default=3, help="--capacity: rounds per agent")
+    parser.add_argument("--rounds", type=int, default=2, help="--capacity: rounds per agent")
     args = parser.parse_args(argv)
     if args.agreement:
         agreement(args.agents, args.time_scales, args.systems)

@@ -221,6 +221,7 @@ class ClusterApplication(Application):
             print(f"live metrics: http://127.0.0.1:{port}/metrics", flush=True)
             client.observer = live
             poller = asyncio.get_running_loop().create_task(self._poll(system, live), name="live-metrics")
+        start_ns = system.now_ns()
         try:
             system.tell("client", Start())
             await client.finished.wait()
@@ -232,7 +233,7 @@ class ClusterApplication(Application):
                 live.close()
         system.data_plane.flush()  # the last instant's work (block write-backs) goes to the data plane
         await asyncio.sleep(0)
-        return {"turns": len(self._context(system).metrics), "end_ns": system.now_ns()}
+        return {"turns": len(self._context(system).metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
 
     async def _poll(self, system: ActorSystem, live: LiveMetrics) -> None:
         """Feed the live metrics the data plane's ports and read queues, every :data:`POLL_S` of wall time."""
@@ -268,6 +269,7 @@ class ClusterApplication(Application):
 
     def service_report(self, core: Core) -> dict[str, Any]:
         """The core's report (:class:`CoreReport`), written by the data-plane service once it has drained."""
+        core.poll()  # drained: nothing completes, but the core's time catches up with its wall clock
         return CoreReport.of(core, self.topology, core.now_ns).to_wire()
 
 
@@ -357,11 +359,22 @@ def collect(
     if violations:
         raise InvariantError(f"{system}: " + "; ".join(violations))
     end_ns = max((t for t in merged.done_ns if t >= 0), default=0)
+    driver = json.loads((run_dir / f"{_process_of(processes, run_dir, 'client')}.json").read_text())
+    start_ns = int((driver.get("summary") or {}).get("start_ns", min(merged.arrive_ns, default=0)))
     result = build_result(system, report, merged, app.config, app.topology, app.config.agents, writer.sha256(),
-                          wall_s, len(events), end_ns)  # fmt: skip
+                          wall_s, len(events), end_ns, start_ns)  # fmt: skip
+    result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
     result.extra.update(_timeliness(run_dir, processes))
     return result, merged
+
+
+def _process_of(processes: Sequence[str], run_dir: Path, actor: str) -> str:
+    """The process whose actors include ``actor`` (from the run scenario in ``run_dir``)."""
+    from dualpath_emu.runtime.scenario import load_run_scenario
+
+    run = load_run_scenario(run_dir / RUN_SCENARIO)
+    return next(p.name for p in run.processes if actor in p.actors and p.name in processes)
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:

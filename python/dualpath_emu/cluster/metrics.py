@@ -111,14 +111,19 @@ class BusyTime:
                 total[k] += busy / self._covered(k, until_ns)
         return [t / len(units) for t in total] if units else total
 
-    def utilisation(self, units: Sequence[int], until_ns: int, q: float = 0.99) -> dict[str, float]:
-        """``{"mean": busy time / (units × until_ns), "p99": the q-quantile over every (unit, interval)}``."""
+    def utilisation(
+        self, units: Sequence[int], until_ns: int, q: float = 0.99, since_ns: int = 0
+    ) -> dict[str, float]:
+        """``{"mean": busy time / (units × (until_ns − since_ns)), "p99": the q-quantile over every (unit,
+        interval) from the one holding ``since_ns``}`` (a live run's clock starts before its first arrival)."""
         intervals = -(-until_ns // self.interval_ns)
-        busy = sum(sum(self.busy_ns.get(u, ())[:intervals]) for u in units)
-        mean = busy / (len(units) * until_ns) if units and until_ns > 0 else 0.0
-        fractions = (b / self._covered(k, until_ns)
-                     for u in units for k, b in enumerate(self.busy_ns.get(u, ())[:intervals]))  # fmt: skip
-        return {"mean": mean, "p99": quantile(fractions, len(units) * intervals, q)}
+        first = min(intervals, since_ns // self.interval_ns)
+        busy = sum(sum(self.busy_ns.get(u, ())[first:intervals]) for u in units)
+        span = until_ns - since_ns
+        mean = busy / (len(units) * span) if units and span > 0 else 0.0
+        fractions = (b / self._covered(first + k, until_ns)
+                     for u in units for k, b in enumerate(self.busy_ns.get(u, ())[first:intervals]))  # fmt: skip
+        return {"mean": mean, "p99": quantile(fractions, len(units) * (intervals - first), q)}
 
     def _covered(self, k: int, until_ns: int) -> int:
         """The part of interval ``k`` before ``until_ns`` (the last one may be partial)."""
@@ -346,8 +351,9 @@ class Metrics:
         ended = [t for t in self.done_ns if t != _UNSET]
         return (max(ended) - min(self.arrive_ns)) / 1e9 if ended else 0.0
 
-    def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int) -> dict[str, float]:
-        """The KV bytes of the live trajectories over [0, end_ns]: time-weighted ``mean`` and ``max``.
+    def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int, since_ns: int = 0) -> dict[str, float]:
+        """The KV bytes of the live trajectories over [since_ns, end_ns] (no arrival before ``since_ns``):
+        time-weighted ``mean`` and ``max``.
 
         A trajectory (agent) is live from its first turn's arrival to its last turn's end; its bytes are its
         context's KV, which grows: at a turn's arrival to its prompt (hit + appended tokens), at the turn's
@@ -380,5 +386,5 @@ class Metrics:
             if i + 1 == len(changes) or changes[i + 1][0] != changes[i][0]:
                 peak = max(peak, live)  # what is held after an instant, not during its changes
         area += live * max(0, end_ns - previous)
-        mean = area / end_ns if end_ns > 0 else 0.0
+        mean = area / (end_ns - since_ns) if end_ns > since_ns else 0.0
         return {"mean": mean * kv_bytes_per_token, "max": float(peak * kv_bytes_per_token)}

@@ -258,10 +258,13 @@ def build_result(
     wall_s: float,
     events: int,
     end_ns: int,
+    start_ns: int = 0,
 ) -> SystemResult:
-    """A run's :class:`SystemResult` from the core's report and the actors' (merged) metrics; ``end_ns`` is
-    when the last request ended (the JCT's end)."""
-    end_s = end_ns / 1e9 or 1e-9
+    """A run's :class:`SystemResult` from the core's report and the actors' (merged) metrics; the run is
+    [``start_ns``, ``end_ns``]: from when the client started (0 in virtual time; a live run's clock starts
+    when its data plane does) to when the last request ended (the JCT's end). Utilisation means are over
+    that span; the p99s over the samples until its end."""
+    end_s = (end_ns - start_ns) / 1e9 or 1e-9
     until_ns = min(end_ns, report.until_ns)
 
     def util(role: str, kind: str) -> Utilisation:
@@ -292,8 +295,9 @@ def build_result(
         snic_util={role: {d: util(role, f"snic.{d}") for d in ("rx", "tx")} for role in ROLES},
         cnic_util={role: {d: util(role, f"cnic.{d}") for d in ("tx", "rx")} for role in ROLES},
         dram_util={role: util(role, "dram") for role in ROLES},
-        gpu_util={role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns) for role in ROLES},
-        working_set_bytes=metrics.working_set_bytes(derived(config).kv_bytes_per_token, end_ns),
+        gpu_util={role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns, since_ns=start_ns)
+                  for role in ROLES},  # fmt: skip
+        working_set_bytes=metrics.working_set_bytes(derived(config).kv_bytes_per_token, end_ns, since_ns=start_ns),
         snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0,
         event_log_sha256=sha256,
         wall_s=wall_s,
