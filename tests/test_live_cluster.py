@@ -205,7 +205,7 @@ def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_pa
     import subprocess
     import sys
 
-    from dualpath_emu.cluster.live import collect_dir, prepare_live
+    from dualpath_emu.cluster.live import collect_dir, host_commands, prepare_live
 
     host_a, host_b = tmp_path / "a", tmp_path / "b"
     commands = prepare_live(small_config(), SYSTEMS["dualpath"], work(), run_dir=host_a, time_scale=TIME_SCALE,
@@ -214,16 +214,17 @@ def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_pa
     assert {name for host, name, _ in commands if host == "127.0.0.2"} == {"pe0", "de1", "de2"}
     assert (host_a / "keys").stat().st_mode & 0o077 == 0
     shutil.copytree(host_a, host_b)
+    per_host = host_commands(host_a, commands)
+    assert [host for host, _ in per_host] == ["127.0.0.2", "127.0.0.1"]  # the client's host last
     children = []
-    for host, name, command in commands:
+    for host, command in per_host:
         words = command.split()
-        assert words[:2] == ["dualpath-emu", "node"] and "tcp://" not in command  # endpoints are in the files
+        assert words[:2] == ["dualpath-emu", "launch"] and "tcp://" not in command  # endpoints are in the files
         folder = host_b if host == "127.0.0.2" else host_a
-        words = [sys.executable, "-m", "dualpath_emu.runtime.node", *words[2:]]
         words[words.index("--run-dir") + 1] = str(folder)
-        words[3] = str(folder / "run.toml")
-        children.append(subprocess.Popen(words, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        time.sleep(0.2)
+        words[2] = str(folder / "run.toml")
+        children.append(subprocess.Popen([sys.executable, "-m", "dualpath_emu.cli", *words[1:]],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))  # fmt: skip
     try:
         codes = [child.wait(timeout=60) for child in children]
     finally:

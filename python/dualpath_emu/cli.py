@@ -196,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--event-log", type=Path, help="write the canonical event log to this file")
     launch.add_argument("--run-dir", type=Path, help="realtime: keep each process's output, log and results here")
     launch.add_argument("--json", action="store_true", help="print the result as JSON")
+    launch.add_argument("--only", metavar="NAME,NAME", help="realtime, several hosts: start only these processes of "
+                        "a run written with --prepare into --run-dir (this host's share) and watch them")  # fmt: skip
     launch.add_argument(
         "--prepare",
         action="store_true",

@@ -530,6 +530,19 @@ def prepare_live(
     return out
 
 
+def host_commands(run_dir: Path, commands: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    """One command per host for :func:`prepare_live`'s processes: ``dualpath-emu launch ... --only`` starts
+    and watches that host's share (:func:`~dualpath_emu.runtime.launcher.launch_host`). In start order: the
+    hosts without the data plane first, the client's host last."""
+    by_host: dict[str, list[str]] = {}
+    for host, name, _ in commands:
+        by_host.setdefault(host, []).append(name)
+    order = sorted(by_host, key=lambda h: ("client" in by_host[h], DATAPLANE_PROCESS in by_host[h]))
+    scenario = shlex.quote(str(run_dir / RUN_SCENARIO))
+    return [(host, f"dualpath-emu launch {scenario} --run-dir {shlex.quote(str(run_dir))} --only "
+                   f"{','.join(by_host[host])}") for host in order]  # fmt: skip
+
+
 def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
     """:func:`collect` for a run started by hand (:func:`prepare_live`) whose processes' files have been
     gathered into ``run_dir``."""

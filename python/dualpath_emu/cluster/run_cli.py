@@ -188,7 +188,7 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
 
 
 def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: list[Trajectory], console: Console) -> None:
-    from dualpath_emu.cluster.live import prepare_live
+    from dualpath_emu.cluster.live import host_commands, prepare_live
 
     if len(scenario.systems) != 1:
         raise UsageError(f"--prepare writes one run: give one --system (the scenario has {', '.join(scenario.systems)})")
@@ -206,9 +206,13 @@ def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: 
         time_scale=args.time_scale, placement_kind=args.placement, hosts=hosts, default_host=args.host,
         port_base=args.port_base, timeout_s=args.timeout,
     )  # fmt: skip
-    console.print(f"wrote the live run of {name} to {args.prepare}. Copy it to every host (scp -rp keeps the modes "
-                  "the keys need), start each host's processes in this order, then gather every host's *.part, "
-                  f"*.events and *.json files into one copy and run `dualpath-emu collect {args.prepare}`:")  # fmt: skip
+    console.print(f"wrote the live run of {name} to {args.prepare}. Copy it to every host, at the same path (scp -rp "
+                  "keeps the modes the keys need); on each host run its command, in this order; then gather every "
+                  f"host's *.part, *.events and *.json files into one copy and run `dualpath-emu collect "
+                  f"{args.prepare}`:", highlight=False)  # fmt: skip
+    for host, command in host_commands(args.prepare, commands):
+        console.print(f"  [{host}] {command}", markup=False, highlight=False, soft_wrap=True)
+    console.print("(or start each process by hand, the data plane first and the client last:)", highlight=False)
     for host, process, command in commands:
         console.print(f"  [{host}] {command}", markup=False, highlight=False, soft_wrap=True)
 

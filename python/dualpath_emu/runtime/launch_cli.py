@@ -9,7 +9,14 @@ import sys
 from typing import Any
 
 from dualpath_emu.errors import UsageError
-from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted, dataplane_summary, launch, prepare
+from dualpath_emu.runtime.launcher import (
+    LaunchError,
+    LaunchInterrupted,
+    dataplane_summary,
+    launch,
+    launch_host,
+    prepare,
+)
 from dualpath_emu.runtime.node import run_virtual
 from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, load_run_scenario
 from dualpath_emu.scenarios import find as find_scenario
@@ -31,6 +38,8 @@ def launch_command(args: argparse.Namespace) -> int:
     app = scenario.app.name
     if getattr(args, "prepare", False):
         return _prepare(args, scenario)
+    if getattr(args, "only", None):
+        return _launch_host(args, scenario)
     if scenario.mode == "virtual":
         _say(args, f"{app}: {len(scenario.app.actor_names())} actors in virtual time, seed {scenario.seed}")
         result = run_virtual(scenario, args.event_log)
@@ -66,6 +75,23 @@ def _prepare(args: argparse.Namespace, scenario: RunScenario) -> int:
           "or copied; ipc:// endpoints only work on one host):")  # fmt: skip
     for command in commands:
         print(f"  {command}")
+    return 0
+
+
+def _launch_host(args: argparse.Namespace, scenario: RunScenario) -> int:
+    """``launch --only NAMES --run-dir DIR``: this host's processes of a prepared run."""
+    if scenario.mode != "realtime" or args.run_dir is None:
+        raise UsageError("--only starts part of a prepared real-time run: give --mode realtime and --run-dir DIR")
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    try:
+        launch_host(scenario, args.run_dir, names, on_start=lambda name, pid: _say(args, f"  started {name} (pid {pid})"))
+    except LaunchInterrupted as error:
+        print(f"dualpath-emu: {error}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except LaunchError as error:
+        print(f"dualpath-emu: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    _say(args, f"{', '.join(names)}: done; the run's files are in {args.run_dir}")
     return 0
 
 

@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +67,7 @@ from dualpath_emu.runtime.app import SERVICE_REPORT
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.node import LAUNCHER_ENV
 from dualpath_emu.runtime.security import RunKeys
-from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, ProcessSpec, RunDescription, RunScenario
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RUN_DESCRIPTION, ProcessSpec, RunDescription, RunScenario
 
 __all__ = [
     "DeliveryReport",
@@ -78,6 +78,7 @@ __all__ = [
     "dataplane_summary",
     "describe_run",
     "launch",
+    "launch_host",
     "prepare",
 ]
 
@@ -412,14 +413,84 @@ def launch(
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _spawn(scenario: RunScenario, name: str, work: Path) -> _Child:
+def launch_host(
+    scenario: RunScenario,
+    run_dir: Path,
+    names: Sequence[str],
+    *,
+    on_start: Callable[[str, int], None] | None = None,
+) -> None:
+    """Start this host's share of a prepared run (:func:`prepare`: the description is in ``run_dir``, copied
+    to every host): the processes ``names``, the data plane first and the driver's process last (it starts
+    at once: no shared run directory for the others' ready files). Watch them as :func:`launch` does and
+    return when each has exited 0 (the run ended by messages); a crash, a hang (``hang_timeout_s``), Ctrl-C or
+    ``timeout_s`` stop the others here and raise :class:`LaunchError` (or :class:`LaunchInterrupted`)."""
+    known = _process_names(scenario)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise LaunchError(f"no process {unknown[0]!r} in this run (its processes: {', '.join(known)})" if unknown
+                          else "give at least one process to start")  # fmt: skip
+    if not (Path(run_dir) / RUN_DESCRIPTION).exists():
+        raise LaunchError(f"{run_dir}: no run description ({RUN_DESCRIPTION}); write it with --prepare first")
+    driver = scenario.driver_process.name
+    order = [n for n in known if n in names and n != driver] + ([driver] if driver in names else [])
+    children: list[_Child] = []
+    started = time.perf_counter()
+    with _signals_raise():
+        try:
+            for name in order:
+                children.append(_spawn(scenario, name, Path(run_dir), ["--no-ready-wait"] if name == driver else []))
+                if on_start is not None:
+                    on_start(name, children[-1].process.pid)
+            _watch_host(scenario, children, started)
+        except _Interrupted as interrupt:
+            _stop_all(children, gently=False)
+            raise LaunchInterrupted(f"interrupted by {interrupt}; stopped {len(children)} process(es)") from None
+        except BaseException:
+            _stop_all(children, gently=False)
+            raise
+
+
+def _watch_host(scenario: RunScenario, children: list[_Child], started: float) -> None:
+    """Return when every child has exited 0; raise :class:`LaunchError` on any other ending or a hang."""
+    deadline = started + scenario.timeout_s
+    while True:
+        now = time.monotonic()
+        running = []
+        for child in children:
+            child.read_beats(now)
+            code = child.process.poll()
+            if code is None:
+                running.append(child)
+            elif code != 0:
+                raise LaunchError(
+                    f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} before the run was "
+                    f"complete; stopped the other processes here. Its last output:\n{child.output_tail()}"
+                )
+        if not running:
+            return
+        for child in running:
+            silent = now - child.last_beat_s
+            if silent > (scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S):
+                child.hung = True
+                raise LaunchError(
+                    f"process {child.name!r} (pid {child.process.pid}) stopped answering: its loop has been silent "
+                    f"for {silent:.1f} s (hang_timeout_s = {scenario.hang_timeout_s}); stopped the processes here. "
+                    f"Its last output:\n{child.output_tail()}"
+                )
+        if time.perf_counter() > deadline:
+            raise LaunchError(f"the run did not complete within timeout_s = {scenario.timeout_s} s; stopped it")
+        time.sleep(POLL_S)
+
+
+def _spawn(scenario: RunScenario, name: str, work: Path, extra: Sequence[str] = ()) -> _Child:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     output = work / f"{name}.out"
     try:
         with open(output, "wb") as sink:
             process = subprocess.Popen(
-                node_command(scenario, name, work),
+                [*node_command(scenario, name, work), *extra],
                 stdin=subprocess.PIPE,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
