@@ -361,8 +361,9 @@ def collect(
     end_ns = max((t for t in merged.done_ns if t >= 0), default=0)
     driver = json.loads((run_dir / f"{_process_of(processes, run_dir, 'client')}.json").read_text())
     start_ns = int((driver.get("summary") or {}).get("start_ns", min(merged.arrive_ns, default=0)))
-    result = build_result(system, report, merged, app.config, app.topology, app.config.agents, writer.sha256(),
-                          wall_s, len(events), end_ns, start_ns)  # fmt: skip
+    agents = len(read_trajectories(app.trajectories_path).trajectories)
+    result = build_result(system, report, merged, app.config, app.topology, agents, writer.sha256(), wall_s,
+                          len(events), end_ns, start_ns)  # fmt: skip
     result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
     result.extra.update(_timeliness(run_dir, processes))
