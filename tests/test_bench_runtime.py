@@ -126,6 +126,8 @@ def test_the_cluster_benchmark_prints_its_bench_lines(capsys: pytest.CaptureFixt
         "cluster_tiny_oracle_turns_per_s",
         "cluster_tiny_oracle_emulated_s_per_wall_s",
         "cluster_tiny_oracle_wall_s",
+        "cluster_tiny_oracle_cpu_us_per_turn",
+        "cluster_tiny_oracle_turns_per_cpu_s",
         "cluster_tiny_peak_rss_mib",
     ]
     assert all(float(fields[2]) > 0 for fields in lines if not fields[1].endswith("_wall_s"))

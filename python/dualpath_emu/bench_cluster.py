@@ -8,6 +8,8 @@ prints per system::
     BENCH cluster<label>_<system>_turns_per_s <agent turns per wall second>
     BENCH cluster<label>_<system>_emulated_s_per_wall_s <emulated seconds (JCT) per wall second>
     BENCH cluster<label>_<system>_wall_s <wall seconds of the fastest run>
+    BENCH cluster<label>_<system>_cpu_us_per_turn <CPU microseconds per agent turn, that run>
+    BENCH cluster<label>_<system>_turns_per_cpu_s <agent turns per CPU second, that run>
 
 and, at the end, ``BENCH cluster<label>_peak_rss_mib`` (the process's peak resident memory, all runs
 included). Wall time is measured around :func:`~dualpath_emu.cluster.run.run_system` only (not the workload
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+import time
 
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.run import run_system
@@ -41,11 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     config = ClusterConfig(agents=args.agents)
     name = f"cluster{args.label}"
     for system in args.systems:
-        result = min((run_system(config, system, work) for _ in range(max(1, args.repeat))), key=lambda r: r.wall_s)
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            cpu_started = time.process_time()
+            result = run_system(config, system, work)
+            runs.append((result, time.process_time() - cpu_started))
+        result, cpu_s = min(runs, key=lambda run: run[0].wall_s)
         print(f"cluster {system}: {result.turns} turns, JCT {result.jct_s:.1f} s emulated in {result.wall_s:.2f} s wall")
         print(f"BENCH {name}_{system}_turns_per_s {result.turns / result.wall_s:.0f} turns/s")
         print(f"BENCH {name}_{system}_emulated_s_per_wall_s {result.jct_s / result.wall_s:.1f} x")
         print(f"BENCH {name}_{system}_wall_s {result.wall_s:.2f} s")
+        # CPU time (this process, the run only): steadier than wall time on a shared machine (issue 15's goal: ≤ 100).
+        print(f"BENCH {name}_{system}_cpu_us_per_turn {1e6 * cpu_s / result.turns:.0f} us")
+        print(f"BENCH {name}_{system}_turns_per_cpu_s {result.turns / cpu_s:.0f} turns/s")
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(f"BENCH {name}_peak_rss_mib {peak_kib / 1024:.0f} MiB")
     return 0
