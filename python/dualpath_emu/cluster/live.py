@@ -61,7 +61,7 @@ from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.dataplane import RemoteDataPlaneLoop
 from dualpath_emu.runtime.lag import LagStats
-from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, load_run_scenario
 from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
 
 __all__ = ["PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "run_scenario_text"]
@@ -140,6 +140,7 @@ class ClusterApplication(Application):
             self.config = config_from_wire(data["config"])
             self.system = system_from_wire(data["system"])
             self.seed = int(data["seed"])
+            self.agents = int(data["agents"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise ScenarioError(f"{config.source}: key {config.key_path('description')!r}: cannot read {path}: "
                                 f"{type(error).__name__}: {error}") from None  # fmt: skip
@@ -328,16 +329,15 @@ def run_scenario_text(
     return text
 
 
-
-
-def collect(
-    app: ClusterApplication, run_dir: Path, processes: Sequence[str], wall_s: float
-) -> tuple[SystemResult, Metrics]:
-    """Merge and check the parts of a finished real-time run in ``run_dir``: the processes' metrics and
+def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResult, Metrics]:
+    """Merge and check the parts of a finished real-time run ``run`` in ``run_dir``: the processes' metrics and
     ledgers, their event logs (merged in time order: every admitted request ended exactly once across
     processes, no pool over capacity) and the core's report (every byte booked by some process's ledger is
     what the data plane moved, per port and lane). Raises :class:`LostRequestsError` or
     :class:`InvariantError`; returns the run's :class:`SystemResult` and merged metrics."""
+    app = run.app
+    assert isinstance(app, ClusterApplication)
+    processes = [p.name for p in run.processes]
     parts, booked, transfers = [], Counter[tuple[int, int]](), Counter[tuple[int, int]]()
     for name in processes:
         metrics, by_port, counts = read_part(run_dir / f"{name}.part")
@@ -359,23 +359,14 @@ def collect(
     if violations:
         raise InvariantError(f"{system}: " + "; ".join(violations))
     end_ns = max((t for t in merged.done_ns if t >= 0), default=0)
-    driver = json.loads((run_dir / f"{_process_of(processes, run_dir, 'client')}.json").read_text())
+    driver = json.loads((run_dir / f"{run.driver_process.name}.json").read_text())
     start_ns = int((driver.get("summary") or {}).get("start_ns", min(merged.arrive_ns, default=0)))
-    agents = len(read_trajectories(app.trajectories_path).trajectories)
-    result = build_result(system, report, merged, app.config, app.topology, agents, writer.sha256(), wall_s,
+    result = build_result(system, report, merged, app.config, app.topology, app.agents, writer.sha256(), wall_s,
                           len(events), end_ns, start_ns)  # fmt: skip
     result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
     result.extra.update(_timeliness(run_dir, processes))
     return result, merged
-
-
-def _process_of(processes: Sequence[str], run_dir: Path, actor: str) -> str:
-    """The process whose actors include ``actor`` (from the run scenario in ``run_dir``)."""
-    from dualpath_emu.runtime.scenario import load_run_scenario
-
-    run = load_run_scenario(run_dir / RUN_SCENARIO)
-    return next(p.name for p in run.processes if actor in p.actors and p.name in processes)
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
@@ -441,8 +432,6 @@ def run_live(
     port, written to ``run_dir/metrics.port``; :mod:`~dualpath_emu.cluster.live_metrics`); ``on_start(name,
     pid)`` is called as each process starts. Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
-    from dualpath_emu.runtime.scenario import load_run_scenario
-
     _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
@@ -454,7 +443,7 @@ def run_live(
     app = run.app
     assert isinstance(app, ClusterApplication)
     launched = launch(run, run_dir=run_dir, on_start=on_start)
-    result, _ = collect(app, run_dir, [p.name for p in run.processes], launched.wall_s)
+    result, _ = collect(run, run_dir, launched.wall_s)
     result.extra.update({
         "mode": "realtime",
         "time_scale": time_scale,
@@ -476,7 +465,8 @@ def _write_description(
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)
-    description = {"config": config_to_wire(config), "system": system_to_wire(system), "seed": seed}
+    description = {"config": config_to_wire(config), "system": system_to_wire(system), "seed": seed,
+                   "agents": len(trajectories)}  # fmt: skip
     _write_private(run_dir / DESCRIPTION, json.dumps(description, indent=1).encode())
     write_trajectories(run_dir / TRAJECTORIES, trajectories)
     os.chmod(run_dir / TRAJECTORIES, 0o600)
@@ -511,8 +501,6 @@ def prepare_live(
     commands there, then gather every host's ``*.part``, ``*.events`` and ``*.json`` files into one copy and
     run ``dualpath-emu collect DIR``."""
     from dualpath_emu.runtime.launcher import prepare
-    from dualpath_emu.runtime.scenario import load_run_scenario
-
     _write_description(run_dir, config, system, trajectories, seed)
     processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
     names = [DATAPLANE_PROCESS] + [name for name, _ in processes]
@@ -547,8 +535,6 @@ def host_commands(run_dir: Path, commands: Sequence[tuple[str, str, str]]) -> li
 def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
     """:func:`collect` for a run started by hand (:func:`prepare_live`) whose processes' files have been
     gathered into ``run_dir``."""
-    from dualpath_emu.runtime.scenario import load_run_scenario
-
     run = load_run_scenario(run_dir / RUN_SCENARIO)
     app = run.app
     if not isinstance(app, ClusterApplication):
@@ -559,7 +545,7 @@ def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
         raise ScenarioError(f"{run_dir}: no part of process(es) {', '.join(missing)} (gather every host's *.part, "
                             "*.events and *.json files here)")  # fmt: skip
     wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in names)
-    result, _ = collect(app, run_dir, names, wall_s)
+    result, _ = collect(run, run_dir, wall_s)
     result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",
                          "processes": len(names) + 1,
                          "process_actors": {DATAPLANE_PROCESS: [], **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip

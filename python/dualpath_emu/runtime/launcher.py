@@ -449,6 +449,9 @@ def launch_host(
         except BaseException:
             _stop_all(children, gently=False)
             raise
+        finally:
+            for child in children:
+                child.close_beats()
 
 
 def _watch_host(scenario: RunScenario, children: list[_Child], started: float) -> None:
@@ -469,17 +472,7 @@ def _watch_host(scenario: RunScenario, children: list[_Child], started: float) -
                 )
         if not running:
             return
-        for child in running:
-            silent = now - child.last_beat_s
-            if silent > (scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S):
-                child.hung = True
-                raise LaunchError(
-                    f"process {child.name!r} (pid {child.process.pid}) stopped answering: its loop has been silent "
-                    f"for {silent:.1f} s (hang_timeout_s = {scenario.hang_timeout_s}); stopped the processes here. "
-                    f"Its last output:\n{child.output_tail()}"
-                )
-        if time.perf_counter() > deadline:
-            raise LaunchError(f"the run did not complete within timeout_s = {scenario.timeout_s} s; stopped it")
+        _check_liveness(scenario, running, now, deadline)
         time.sleep(POLL_S)
 
 
@@ -535,20 +528,26 @@ def _watch(scenario: RunScenario, children: list[_Child], started: float) -> Non
                 f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} before the run was "
                 f"complete; stopped the other processes. Its last output:\n{child.output_tail()}"
             )
-        for child in children:
-            silent = now - child.last_beat_s
-            limit = scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S
-            if silent > limit:
-                child.hung = True
-                what = "" if child.beating else " since it started"
-                raise LaunchError(
-                    f"process {child.name!r} (pid {child.process.pid}) stopped answering: its loop has been silent "
-                    f"for {silent:.1f} s{what} (hang_timeout_s = {scenario.hang_timeout_s}); it is stopped or hung. "
-                    f"Stopped every process. Its last output:\n{child.output_tail()}"
-                )
-        if time.perf_counter() > deadline:
-            raise LaunchError(f"the run did not complete within timeout_s = {scenario.timeout_s} s; stopped it")
+        _check_liveness(scenario, children, now, deadline)
         time.sleep(POLL_S)
+
+
+def _check_liveness(scenario: RunScenario, children: Sequence[_Child], now: float, deadline: float) -> None:
+    """Raise :class:`LaunchError` for a child whose heartbeat is silent too long (``hang_timeout_s``; before
+    its first beat :data:`STARTUP_TIMEOUT_S`), or when ``timeout_s`` has passed (``deadline``)."""
+    for child in children:
+        silent = now - child.last_beat_s
+        limit = scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S
+        if silent > limit:
+            child.hung = True
+            what = "" if child.beating else " since it started"
+            raise LaunchError(
+                f"process {child.name!r} (pid {child.process.pid}) stopped answering: its loop has been silent "
+                f"for {silent:.1f} s{what} (hang_timeout_s = {scenario.hang_timeout_s}); it is stopped or hung. "
+                f"Stopped every process. Its last output:\n{child.output_tail()}"
+            )
+    if time.perf_counter() > deadline:
+        raise LaunchError(f"the run did not complete within timeout_s = {scenario.timeout_s} s; stopped it")
 
 
 def _collect(
