@@ -258,3 +258,16 @@ def test_prepare_prints_each_hosts_commands_and_collect_names_what_is_missing(
     assert "no part of process(es) scheduler, client, pe0, de1" in capsys.readouterr().err
     assert main(["run", "ds27b-1p1d-offline", "--prepare", str(tmp_path / "x")]) == 2
     assert "add --mode realtime" in capsys.readouterr().err
+
+
+def test_launch_only_refuses_a_process_the_run_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu.cli import main
+
+    run_dir = tmp_path / "run"
+    argv = ["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "2", "--system", "dualpath",
+            "--prepare", str(run_dir)]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["launch", str(run_dir / "run.toml"), "--run-dir", str(run_dir), "--only", "pe0,nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "no process 'nosuch' in this run" in err and "Traceback" not in err

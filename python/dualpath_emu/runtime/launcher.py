@@ -63,6 +63,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final
 
+from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.app import SERVICE_REPORT
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.node import LAUNCHER_ENV
@@ -424,14 +425,15 @@ def launch_host(
     to every host): the processes ``names``, the data plane first and the driver's process last (it starts
     at once: no shared run directory for the others' ready files). Watch them as :func:`launch` does and
     return when each has exited 0 (the run ended by messages); a crash, a hang (``hang_timeout_s``), Ctrl-C or
-    ``timeout_s`` stop the others here and raise :class:`LaunchError` (or :class:`LaunchInterrupted`)."""
+    ``timeout_s`` stop the others here and raise :class:`LaunchError` (or :class:`LaunchInterrupted`). An
+    unknown process or a missing description is a :class:`UsageError`."""
     known = _process_names(scenario)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise LaunchError(f"no process {unknown[0]!r} in this run (its processes: {', '.join(known)})" if unknown
-                          else "give at least one process to start")  # fmt: skip
+        raise UsageError(f"no process {unknown[0]!r} in this run (its processes: {', '.join(known)})" if unknown
+                         else "give at least one process to start")  # fmt: skip
     if not (Path(run_dir) / RUN_DESCRIPTION).exists():
-        raise LaunchError(f"{run_dir}: no run description ({RUN_DESCRIPTION}); write it with --prepare first")
+        raise UsageError(f"{run_dir}: no run description ({RUN_DESCRIPTION}); write it with --prepare first")
     driver = scenario.driver_process.name
     order = [n for n in known if n in names and n != driver] + ([driver] if driver in names else [])
     children: list[_Child] = []
