@@ -20,8 +20,9 @@ AGENTS, ROUNDS = 24, 6
 
 
 def small_config() -> ClusterConfig:
-    # A 1P2D DS 27B cluster whose storage NICs are 20x slower than the testbed's: reads are the bottleneck.
-    node = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=2.5e9)
+    # A 1P2D DS 27B cluster whose storage NICs are 60x slower than the testbed's: reads are the bottleneck, and
+    # the systems' JCTs differ by 15-40% (Basic 5.4 s, DualPath 3.9 s, Oracle 3.4 s): more than real time's noise.
+    node = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=0.8e9)
     return ClusterConfig(model="ds27b", node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
 
 
@@ -168,7 +169,7 @@ def test_cluster_messages_have_a_wire_format() -> None:
 
     codec = Codec(cluster_registry())
     tasks = (PrefillTask(7, 33_000, 32_768, 176, 0, 3, 2, 5, True), PrefillTask(8, 900, 0, 12, 1, 0, 3, 1, False))
-    for body in (Fetch((0, 1)), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176),)), TurnDone((7, 8), (10, 11), (12, -1), 99)):
+    for body in (Fetch((0, 1), 5_000_000), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176),)), TurnDone((7, 8), (10, 11), (12, -1), 99)):
         envelope = Envelope("scheduler", "pe0", 1, None, body)
         assert codec.decode_envelope(codec.encode_envelope(envelope)) == envelope
 

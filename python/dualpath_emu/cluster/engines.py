@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.messages import Fetch, WorkPending
-from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.cluster.messages import Fetch
+from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.core_work import Completion
 
 __all__ = ["NS", "EngineGroup", "inter_node_a2a_bytes", "then"]
@@ -18,31 +18,17 @@ NS = 1_000_000_000
 
 
 class EngineGroup(Actor):
-    """An engine group's leader: pulls work from the scheduler at most once per fetch period (§6.1)."""
+    """An engine group's leader: pulls work from the scheduler at most once per fetch period (§6.1), through
+    the standing :class:`Fetch` it sends when it starts."""
 
     def __init__(self, system: ActorSystem, name: str, cluster: Cluster, nodes: Sequence[int]) -> None:
         super().__init__(system, name)
         self.cluster = cluster
         self.nodes = list(nodes)
-        self._fetch_due = False
-        self._last_fetch_ns = -(10**18)
-        self._period_ns = round(cluster.config.fetch_period_s * NS)
 
-    @handles(WorkPending)
-    def on_work_pending(self, msg: WorkPending) -> None:
-        if self._fetch_due:
-            return
-        self._fetch_due = True
-        wait_ns = self._last_fetch_ns + self._period_ns - self.system.now_ns()
-        if wait_ns > 0:
-            self.system.loop.call_later(wait_ns / NS, self._fetch)
-        else:
-            self._fetch()
-
-    def _fetch(self) -> None:
-        self._fetch_due = False
-        self._last_fetch_ns = self.system.now_ns()
-        self.tell("scheduler", Fetch(tuple(self.nodes)))
+    def start(self) -> None:
+        super().start()
+        self.tell("scheduler", Fetch(tuple(self.nodes), round(self.cluster.config.fetch_period_s * NS)))
 
 
 def then(actor: Actor, future: asyncio.Future[Completion], callback: Callable[[], None]) -> None:

@@ -8,14 +8,16 @@ so each can live in its own OS process (``dualpath-emu run --mode realtime``).
 Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a core transfer or I/O):
 
 1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
-2. The scheduler queues it and tells an engine group that work is waiting (:class:`WorkPending`);
-   groups *pull*: a group sends :class:`Fetch` (with its report) at most once per ``fetch_period_s``. A
-   prefill fetch runs Algorithm 1 over every PE of the cluster (``PrefillDispatch``: run over the fetching
-   group alone, the first group to pull took nearly all the work); the assigned requests join the decode
-   queue and are routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do
-   anyway), and that group is told. A decode fetch runs phase 2 and picks the read side (§6.3). The
-   scheduler then tells the prefill group :class:`Prefill` and the decode group :class:`Expect`; a decode
-   fetch that got work and left more is answered with another :class:`WorkPending`.
+2. The scheduler queues it. Groups *pull* (§6.1): each sent, when it started, a standing :class:`Fetch`
+   (its nodes and its fetch period) that the scheduler serves whenever there is work for the group, at most
+   once per period -- what a group polling "regularly" would get, without a message per poll (a poll that
+   finds nothing changes nothing, and one that finds work comes at the same instant). A prefill fetch runs
+   Algorithm 1 over every PE of the cluster (``PrefillDispatch``: run over the fetching group alone, the
+   first group to pull took nearly all the work); the assigned requests join the decode queue and are
+   routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do anyway), whose
+   fetch is then due. A decode fetch runs phase 2 and picks the read side (§6.3). The scheduler then tells
+   the prefill group :class:`Prefill` and the decode group :class:`Expect`; a decode fetch that got work
+   and left more makes the group's next fetch due.
 3. The reading side's group reads the hit KV from storage into its node's DRAM buffer (a core I/O over the
    storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
    scheduler :class:`ReadDone` (its ``read_q`` shrinks).
@@ -42,7 +44,7 @@ from dualpath_emu.messages import Message, MessageRegistry
 
 __all__ = [
     "DecodeDone", "DecodeTask", "Expect", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
-    "ReadDone", "Start", "Submit", "Turn", "TurnDone", "WorkPending", "cluster_registry",
+    "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
 ]  # fmt: skip
 
 
@@ -69,18 +71,14 @@ class Submit(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class WorkPending(Message):
-    WIRE_NAME: ClassVar[str] = "cluster.WorkPending"
-    VERSION: ClassVar[int] = 1
-
-
-@dataclass(frozen=True, slots=True)
 class Fetch(Message):
-    """A group's pull: one fetch for each of its nodes (the scheduler's groups are nodes, §6.1)."""
+    """A group's standing pull, sent once when it starts: fetch work for each of its ``nodes`` (the
+    scheduler's groups are nodes, §6.1) whenever there is some, at most once per ``period_ns``."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Fetch"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     nodes: tuple[int, ...]
+    period_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +198,7 @@ class Start(Message):
 def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
-    for cls in (Turn, Submit, WorkPending, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
+    for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
                 KvReady, PrefillDone, DecodeDone, TurnDone, Start):  # fmt: skip
         registry.register(cls)
     return registry

@@ -6,9 +6,12 @@ The policies' names are re-exported here, where code written against earlier ver
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
+from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.engines import NS
 from dualpath_emu.cluster.messages import (
     DecodeDone,
     DecodeTask,
@@ -19,7 +22,6 @@ from dualpath_emu.cluster.messages import (
     PrefillTask,
     ReadDone,
     Submit,
-    WorkPending,
 )
 from dualpath_emu.cluster.policies import (
     DE_HIGH_TOKEN_FACTOR,
@@ -39,6 +41,17 @@ __all__ = [
     "DE_HIGH_TOKEN_FACTOR", "DecodeAssignment", "DualPathPolicy", "Engine", "Policy", "PrefillAssignment",
     "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "SchedulerActor",
 ]  # fmt: skip
+
+@dataclass
+class _Pull:
+    """A group's standing fetch (:class:`Fetch`) and when it was last served."""
+
+    nodes: tuple[int, ...]
+    period_ns: int
+    last_ns: int = -(10**18)
+    timer: asyncio.TimerHandle | None = None
+    """Set while the next serving waits for the period to pass."""
+
 
 class SchedulerActor(Actor):
     """The central request scheduler (§6): global queues, engine loads as the engines report them on every
@@ -66,22 +79,33 @@ class SchedulerActor(Actor):
         self.requests: dict[int, Request] = {}
         self.pe_of: dict[int, int] = {}
         self.de_of: dict[int, int] = {}
-        self._notified: set[str] = set()
+        self._pulls: dict[str, _Pull] = {}
+        self._wanted: set[str] = set()
+        """Groups with work waiting whose standing fetch has not come yet (real time: it races the work)."""
         self._decoded: set[int] = set()
         """Requests whose DecodeDone came before their PrefillDone (real time only)."""
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
 
     def _notify_decode(self) -> None:
-        """Tell every decode group with a non-empty private queue."""
+        """Make the fetch of every decode group with a non-empty private queue due."""
         for node, queue in self.private.items():
             if queue:
                 self._notify_group(self.cluster.group_name("de", node))
 
     def _notify_group(self, name: str) -> None:
-        if name not in self._notified:
-            self._notified.add(name)
-            self.tell(name, WorkPending())
+        """Group ``name`` has work waiting: serve its fetch now, or once its period since the last has passed."""
+        pull = self._pulls.get(name)
+        if pull is None:
+            self._wanted.add(name)
+            return
+        if pull.timer is not None:
+            return  # already due
+        wait_ns = pull.last_ns + pull.period_ns - self.system.now_ns()
+        if wait_ns > 0:
+            pull.timer = self.system.loop.call_later(wait_ns / NS, self._serve_later, name)
+        else:
+            self._serve(name)
 
     @handles(Submit)
     def on_submit(self, msg: Submit) -> None:
@@ -98,17 +122,32 @@ class SchedulerActor(Actor):
 
     @handles(Fetch)
     def on_fetch(self, msg: Fetch) -> None:
-        sender = self.envelope.sender if self.envelope is not None else ""
-        self._notified.discard(sender)
+        name = self.envelope.sender if self.envelope is not None else ""
+        self._pulls[name] = _Pull(msg.nodes, msg.period_ns)
+        if name in self._wanted:
+            self._wanted.discard(name)
+            self._notify_group(name)
+
+    def _serve_later(self, name: str) -> None:
+        try:
+            self._pulls[name].timer = None
+            self._serve(name)
+        except Exception as error:  # a timer callback: fail the run rather than lose the error
+            self.system.fail(self, error)
+
+    def _serve(self, name: str) -> None:
+        """A fetch of group ``name``: what its leader's pull would get now."""
+        pull = self._pulls[name]
+        pull.last_ns = self.system.now_ns()
         again = False
-        if any(node in self.pe_engines for node in msg.nodes):
+        if any(node in self.pe_engines for node in pull.nodes):
             self._fetch_prefill()  # over every PE: what is left waits until a PE finishes (PrefillDone)
-        for node in msg.nodes:
+        for node in pull.nodes:
             if node not in self.pe_engines:
                 assigned, more = self._fetch_decode(node)
                 again = again or bool(assigned and more)
         if again:
-            self._notify_group(sender)
+            self._notify_group(name)
 
     def _fetch_prefill(self) -> None:
         assigned = self.prefill.fetch(self.read_q)

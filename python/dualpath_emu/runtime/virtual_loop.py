@@ -41,6 +41,8 @@ it was made.
 from __future__ import annotations
 
 import asyncio
+import collections
+import heapq
 import math
 import selectors
 from collections.abc import Callable, Coroutine
@@ -72,6 +74,9 @@ _END_NS = 2**63 - 1  # the last time the core's clock reaches (END_NS in the cor
 _MAX_STALLS = 10_000
 # Real descriptors are polled at one idle moment in this many (and always before a deadlock is declared).
 _POLL_EVERY = 16
+# asyncio's thresholds for purging cancelled timers (asyncio.base_events), so the heap evolves as there.
+_MIN_SCHEDULED_TIMER_HANDLES = 100
+_MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
 
 
 class DeadlockError(RuntimeError):
@@ -148,6 +153,56 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
     def run_forever(self) -> None:
         self._now = self._core.now_ns
         super().run_forever()
+
+    def _run_once(self) -> None:
+        """asyncio's ``BaseEventLoop._run_once`` for a clock that only moves when nothing is ready: the same
+        steps in the same order (so timers fire and callbacks run exactly as there), without what virtual
+        time never needs -- no timeout to compute, no select() while callbacks are ready, the clock read
+        once. A run spends a fifth of its time in this loop; this version costs about half of asyncio's."""
+        if self._debug:  # type: ignore[attr-defined]  # asyncio's debug mode: its own loop, slow-callback warnings
+            super()._run_once()  # type: ignore[misc]
+            return
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]  # BaseEventLoop's
+        ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
+        count = len(scheduled)
+        cancelled: int = self._timer_cancelled_count  # type: ignore[attr-defined]
+        if count > _MIN_SCHEDULED_TIMER_HANDLES and cancelled / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION:
+            kept = []  # as asyncio does: drop the cancelled timers and rebuild the heap
+            for handle in scheduled:
+                if handle._cancelled:  # type: ignore[attr-defined]
+                    handle._scheduled = False  # type: ignore[attr-defined]
+                else:
+                    kept.append(handle)
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept  # type: ignore[attr-defined]
+            self._timer_cancelled_count = 0  # type: ignore[attr-defined]
+        else:
+            while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
+                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+                handle = heapq.heappop(scheduled)
+                handle._scheduled = False  # type: ignore[attr-defined]
+        if not ready and not self._stopping and (not scheduled or scheduled[0]._when > self._now / 1e9):  # type: ignore[attr-defined]
+            # asyncio would select() with a timeout > 0 (or None): the selector polls or moves the clock.
+            events = self._selector.select(None)  # type: ignore[attr-defined]
+            if events:
+                self._process_events(events)  # type: ignore[attr-defined]
+        elif self._selector._pending_events:  # type: ignore[attr-defined]  # found ready by a deadlock check
+            self._process_events(self._selector.select(0))  # type: ignore[attr-defined]
+        if scheduled:
+            end = self._now / 1e9 + _CLOCK_RESOLUTION_S
+            while scheduled:
+                handle = scheduled[0]
+                if handle._when >= end:  # type: ignore[attr-defined]
+                    break
+                handle = heapq.heappop(scheduled)
+                handle._scheduled = False  # type: ignore[attr-defined]
+                ready.append(handle)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if not handle._cancelled:  # type: ignore[attr-defined]
+                handle._run()  # type: ignore[attr-defined]
+        handle = None  # type: ignore[assignment]  # as asyncio: break cycles when an exception occurs
 
     # --- moving the clock ----------------------------------------------------------------------------
 
