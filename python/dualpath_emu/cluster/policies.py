@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from dualpath_emu.messages import fast_frozen_init
+
 __all__ = [
     "DE_HIGH_TOKEN_FACTOR",
     "PrefillDispatch",
@@ -60,6 +62,7 @@ DE_HIGH_TOKEN_FACTOR: Final = 1.05
 ReadSide = Literal["pe", "de"]
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Request:
     """What the scheduler knows of a request: its id, its tokens and the HBM its KV needs on a DE.
@@ -93,12 +96,14 @@ class Engine:
     storage read, to the first node."""
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class PrefillAssignment:
     request: Request
     engine: int
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class DecodeAssignment:
     request: Request
