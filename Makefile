@@ -59,8 +59,12 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.bench
 	$(PYTHON) -m dualpath_emu.bench_runtime
 	$(PYTHON) -m dualpath_emu.bench_cluster
-	$(PYTHON) -m dualpath_emu.bench_cluster --agents 1024 --rounds 0 --systems dualpath --repeat 1 --label _1024
+	$(PYTHON) -m dualpath_emu.bench_cluster --agents 1024 --rounds 0 --systems dualpath --repeat 1 --label _1024 --clusters 2P4D,16P32D
 	$(PYTHON) -m dualpath_emu.bench_live --capacity
+
+.PHONY: bench-scale
+bench-scale: build ## The paper's largest run in one process: DS 660B 48P96D, 49,152 agents, whole trajectories (wall, CPU, peak RSS, JCT)
+	$(PYTHON) -m dualpath_emu.bench_cluster --clusters 48P96D --agents 49152 --rounds 0 --systems dualpath --repeat 1 --label _scale
 
 # The full experiments of EVALUATION.md, most telling first; NAME[:OPTIONS] (options joined by commas).
 EXPERIMENTS_FULL ?= table1 fig7:--model,ds660b fig12 fig13 fig9 fig8 fig10 isolation fig7:--model,ds27b fig7:--model,qwen32b

@@ -1,6 +1,6 @@
-"""`make bench`, cluster: how fast the emulated cluster runs (issue 4 §7).
+"""`make bench`, cluster: how fast the emulated cluster runs (issues 4 and 15).
 
-Runs the DS 660B 2P4D offline setting (ClusterConfig defaults) on the 64K dataset with ``--agents`` agents
+Runs the DS 660B offline setting (ClusterConfig defaults: 2P4D) on the 64K dataset with ``--agents`` agents
 (default 256) replaying their first ``--rounds`` rounds (default 40; 0 = whole trajectories), ``--repeat``
 times per system (default 2; the fastest run counts: this shared machine's wall clock varies by ±25%), and
 prints per system::
@@ -10,16 +10,24 @@ prints per system::
     BENCH cluster<label>_<system>_wall_s <wall seconds of the fastest run>
     BENCH cluster<label>_<system>_cpu_us_per_turn <CPU microseconds per agent turn, that run>
     BENCH cluster<label>_<system>_turns_per_cpu_s <agent turns per CPU second, that run>
+    BENCH cluster<label>_<system>_jct_s <the run's JCT, emulated seconds>
 
 and, at the end, ``BENCH cluster<label>_peak_rss_mib`` (the process's peak resident memory, all runs
-included). Wall time is measured around :func:`~dualpath_emu.cluster.run.run_system` only (not the workload
-generation). Goals (issue 4): ≥ 10,000 turns/s, ≥ 100× real time, peak RSS < 1 GiB; DESIGN §8: the 1,024-agent
-run (``--agents 1024 --rounds 0 --label _1024``, ≈160,000 turns) in ≤ 60 s.
+included). ``--clusters 2P4D,16P32D`` runs each cluster size in turn at the same load per node (``--agents``
+is the first size's; the others get as many per prefill node), names its lines ``cluster<label>_<size>_…``
+and prints, for each further size, the ratio of its CPU time per turn to the first's, measured in this one
+run: ``BENCH cluster<label>_cost_ratio_<size>_vs_<first> <ratio> x`` (issue 15: within 1.2×). Wall time is
+measured around :func:`~dualpath_emu.cluster.run.run_system` only (not the workload generation).
+
+Goals: ≥ 10,000 turns per CPU second (≤ 100 µs per turn) on 2P4D with 1,024 agents, whole trajectories
+(``--agents 1024 --rounds 0 --label _1024``, ≈164,000 turns); 16P32D with 8,192 agents within 1.2× of that;
+``make bench-scale`` (48P96D, 49,152 agents, whole trajectories: ≈7.75 M turns) in ≤ 15 minutes and ≤ 2 GiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import resource
 import sys
 import time
@@ -30,35 +38,61 @@ from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
 
 
+def _cluster_size(text: str) -> tuple[int, int]:
+    """``"16P32D"`` → (16, 32)."""
+    match = re.fullmatch(r"(\d+)P(\d+)D", text.strip().upper())
+    if match is None or int(match[1]) < 1 or int(match[2]) < 1:
+        raise argparse.ArgumentTypeError(f"expected a cluster size like 2P4D, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dualpath_emu.bench_cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("--agents", type=int, default=256)
+    parser.add_argument("--agents", type=int, default=256, help="agents of the first cluster size")
     parser.add_argument("--rounds", type=int, default=40, help="rounds per agent (0: whole trajectories)")
     parser.add_argument("--systems", nargs="+", default=["basic", "dualpath", "oracle"])
     parser.add_argument("--repeat", type=int, default=2, help="runs per system; the fastest counts")
     parser.add_argument("--label", default="", help="inserted after 'cluster' in the BENCH names")
+    parser.add_argument("--clusters", type=lambda v: [_cluster_size(c) for c in v.split(",")], default=None,
+                        help="cluster sizes, e.g. 2P4D,16P32D (default: the configuration's, 2P4D, unnamed)")  # fmt: skip
     args = parser.parse_args(argv)
-    work = generate("64k", agents=args.agents, seed=0)
-    if args.rounds:
-        work = [Trajectory.from_rounds(t.id, list(zip(t.append, t.gen))[: args.rounds]) for t in work]
-    config = ClusterConfig(agents=args.agents)
-    name = f"cluster{args.label}"
-    for system in args.systems:
-        runs = []
-        for _ in range(max(1, args.repeat)):
-            cpu_started = time.process_time()
-            result = run_system(config, system, work)
-            runs.append((result, time.process_time() - cpu_started))
-        result, cpu_s = min(runs, key=lambda run: run[0].wall_s)
-        print(f"cluster {system}: {result.turns} turns, JCT {result.jct_s:.1f} s emulated in {result.wall_s:.2f} s wall")
-        print(f"BENCH {name}_{system}_turns_per_s {result.turns / result.wall_s:.0f} turns/s")
-        print(f"BENCH {name}_{system}_emulated_s_per_wall_s {result.jct_s / result.wall_s:.1f} x")
-        print(f"BENCH {name}_{system}_wall_s {result.wall_s:.2f} s")
-        # CPU time (this process, the run only): steadier than wall time on a shared machine (issue 15's goal: ≤ 100).
-        print(f"BENCH {name}_{system}_cpu_us_per_turn {1e6 * cpu_s / result.turns:.0f} us")
-        print(f"BENCH {name}_{system}_turns_per_cpu_s {result.turns / cpu_s:.0f} turns/s")
+    sizes: list[tuple[int, int] | None] = list(args.clusters) if args.clusters else [None]
+    first_pe = sizes[0][0] if sizes[0] is not None else ClusterConfig().pe_nodes
+    cost: dict[str, dict[str, float]] = {}
+    for size in sizes:
+        if size is None:
+            config, tag = ClusterConfig(agents=args.agents), ""
+        else:
+            agents = args.agents * size[0] // first_pe  # the same load per node
+            config, tag = ClusterConfig(agents=agents, pe_nodes=size[0], de_nodes=size[1]), f"_{size[0]}p{size[1]}d"
+        work = generate("64k", agents=config.agents, seed=0)
+        if args.rounds:
+            work = [Trajectory.from_rounds(t.id, list(zip(t.append, t.gen))[: args.rounds]) for t in work]
+        name = f"cluster{args.label}{tag}"
+        for system in args.systems:
+            runs = []
+            for _ in range(max(1, args.repeat)):
+                cpu_started = time.process_time()
+                result = run_system(config, system, work)
+                runs.append((result, time.process_time() - cpu_started))
+            result, cpu_s = min(runs, key=lambda run: run[0].wall_s)
+            print(f"cluster{tag} {system}: {config.agents} agents, {result.turns} turns, JCT {result.jct_s:.1f} s "
+                  f"emulated in {result.wall_s:.2f} s wall, {cpu_s:.2f} s CPU")  # fmt: skip
+            print(f"BENCH {name}_{system}_turns_per_s {result.turns / result.wall_s:.0f} turns/s")
+            print(f"BENCH {name}_{system}_emulated_s_per_wall_s {result.jct_s / result.wall_s:.1f} x")
+            print(f"BENCH {name}_{system}_wall_s {result.wall_s:.2f} s")
+            # CPU time (this process, the run only): steadier than wall time on a shared machine.
+            print(f"BENCH {name}_{system}_cpu_us_per_turn {1e6 * cpu_s / result.turns:.0f} us")
+            print(f"BENCH {name}_{system}_turns_per_cpu_s {result.turns / cpu_s:.0f} turns/s")
+            print(f"BENCH {name}_{system}_jct_s {result.jct_s:.1f} s")
+            cost.setdefault(tag, {})[system] = cpu_s / result.turns
+    tags = list(cost)
+    for tag in tags[1:]:
+        for system in args.systems:
+            ratio = cost[tag][system] / cost[tags[0]][system]
+            print(f"BENCH cluster{args.label}_cost_ratio{tag}_vs{tags[0] or '_default'}_{system} {ratio:.2f} x")
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(f"BENCH {name}_peak_rss_mib {peak_kib / 1024:.0f} MiB")
+    print(f"BENCH cluster{args.label}_peak_rss_mib {peak_kib / 1024:.0f} MiB")
     return 0
 
 
