@@ -264,3 +264,10 @@ def test_the_parser_does_not_import_the_experiments() -> None:
         "assert 'dualpath_emu.cluster.catalog' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@given(which=st.sampled_from(sorted(ROOFLINES)), batch=st.integers(0, 512), context=st.integers(0, 40_000_000))
+def test_the_decode_engines_fast_step_time_is_decode_step_to_the_bit(which: str, batch: int, context: int) -> None:
+    r = ROOFLINES[which]
+    context = max(context, batch)
+    assert r.decode_step_s(batch, context) == r.decode_step(batch, context).total_s

@@ -92,6 +92,7 @@ class DecodeGroup(EngineGroup):
         self._done: list[_DecodeRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._kv = cluster.derived.kv_bytes_per_token
+        self._step_s = cluster.derived.decode.decode_step_s
         self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
         self.hbm = [Pool(self, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
@@ -223,8 +224,8 @@ class DecodeGroup(EngineGroup):
         if not gpu.batch:
             gpu.step_ns = 0
             return
-        context = gpu.base + len(gpu.batch) * gpu.steps
-        step_s = self.cluster.derived.decode.decode_step(len(gpu.batch), context).total_s
+        size = len(gpu.batch)
+        step_s = self._step_s(size, gpu.base + size * gpu.steps)
         gpu.step_ns = max(1, round(step_s * NS))
         gpu.segment_start_ns = now
         steps = gpu.finishing[0][0] - gpu.steps

@@ -43,7 +43,9 @@ Every factor is a :class:`RooflineParams` field; the defaults and why:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dualpath_emu.cluster.catalog import GpuSpec, ModelSpec
@@ -168,6 +170,34 @@ class Roofline:
             return LayerTimes(0.0, 0.0, self.model.layers)
         other_s = self._other_s(tokens) + self.params.prefill_overhead_s_per_layer
         return LayerTimes(self.attention_s_per_layer(batch), other_s, self.model.layers)
+
+    @functools.cached_property
+    def decode_step_s(self) -> Callable[[int, int], float]:
+        """``decode_step(batch_size, context_tokens).total_s`` without the checks and the object, as a
+        function of precomputed constants: a decode GPU asks for it at every change of its batch. The same
+        operations in the same order, so the same float to the last bit."""
+        m, p, g = self.model, self.params, self.gpu
+        layers, top_k = m.layers, m.sparse_top_k
+        fk, ik = m.attention_flops_per_key_layer, m.indexer_flops_per_key_layer
+        kb, ib = m.kv_bytes_per_token_layer, m.indexer_kv_bytes_per_token_layer
+        attention_flops_per_s = g.bf16_flops_per_s * p.attention_efficiency
+        bytes_per_s = g.hbm_bytes_per_s * p.memory_efficiency
+        gemm_flops, gemm_flops_per_s = m.gemm_flops_per_token, g.peak_flops_per_s(m.gemm_dtype) * p.gemm_efficiency
+        weight_s = m.weight_bytes_per_gpu(self.ep_degree) / layers / bytes_per_s
+        other_s: dict[int, float] = {}  # per batch size: the weight GEMMs depend on nothing else
+
+        def step_s(batch_size: int, context_tokens: int) -> float:
+            if batch_size == 0:
+                return 0.0
+            attended = context_tokens if top_k is None else min(context_tokens, batch_size * top_k)
+            attention_s = max((fk * attended + ik * context_tokens) / attention_flops_per_s,
+                              (kb * attended + ib * context_tokens) / bytes_per_s)  # fmt: skip
+            other = other_s.get(batch_size)
+            if other is None:
+                other = other_s[batch_size] = max(gemm_flops * batch_size / layers / gemm_flops_per_s, weight_s)
+            return layers * (attention_s + other)
+
+        return step_s
 
     def decode_step(self, batch_size: int, context_tokens: int) -> LayerTimes:
         """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all.
