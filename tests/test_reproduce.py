@@ -78,7 +78,7 @@ def test_cache_reuses_a_run_under_other_labels_and_never_across_different_runs(t
         {"system": "basic", "agents": 4},
         {"system": "dualpath", "agents": 4},
     ]
-    assert _calls == ["basic", "dualpath"] and len(list(tmp_path.glob("*.pickle"))) == 2
+    assert _calls == ["basic", "dualpath"] and len(list(tmp_path.glob("*.json"))) == 2
     # The same runs under another experiment's labels come from the cache; a different run does not.
     again = [Cell({"part": "ablation"}, config, "dualpath"), Cell({}, replace(config, agents=5), "dualpath"),
              Cell({}, config, "dualpath", seed=1)]  # fmt: skip
@@ -96,6 +96,11 @@ def test_run_cells_gives_a_cached_result_the_asking_cells_labels(tmp_path: Path)
     (fresh,) = run_cells([Cell({"fig": 7}, config, "oracle", max_rounds=2)], quiet=True, cache=tmp_path)
     (cached,) = run_cells([Cell({"fig": 12}, config, "oracle", max_rounds=2)], quiet=True, cache=tmp_path)
     assert cached.summary == fresh.summary and cached.cell.labels == {"fig": 12}
+    assert cached == replace(fresh, cell=cached.cell)  # every figure as computed: the balance's tuples too
+    assert isinstance(cached.attention_balance[0], tuple)
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]  # JSON data, no pickle
+    assert record["format"] == 1 and record["worker"] == "dualpath_emu.reproduce.common.run_cell"
+    assert "cell" not in record["result"] and record["result"]["summary"]["jct_s"] == fresh.jct_s
 
 
 def test_markdown_renders_a_report_and_rejects_what_is_not_one(
@@ -176,7 +181,7 @@ def test_a_fit_brackets_a_parameter_that_binds_only_past_a_knee(monkeypatch: pyt
     history: list[dict[str, object]] = []
     config = deployment("ds27b", quick=True, agents=4)
     x, fitted_jct = calibrate._fit("rate", "basic", 2900.0, 50.0, (50.0 / 16, 50.0), lambda _: config, 0,
-                                   argparse.Namespace(quiet=True, cache=None), history)  # fmt: skip
+                                   argparse.Namespace(quiet=True, cache=None, dask=None), history)  # fmt: skip
     assert abs(fitted_jct / 2900.0 - 1) <= calibrate.TOLERANCE
     assert abs(x - knee * 2720.0 / 2900.0) / x < 0.03
     assert len(history) <= calibrate.MAX_ITERATIONS

@@ -123,3 +123,14 @@ def test_quick_variant_finds_ordered_edges_and_writes_its_files(
         assert len(list(csv.DictReader(f))) == len(report["rows"])
     for c in report["comparisons"]:
         assert c["emulator"] == c["emulator"] and c["paper"] > 0
+
+
+def test_a_point_is_cached_as_json_and_a_wrong_shape_is_refused() -> None:
+    from dualpath_emu.reproduce.fig10 import POINTS
+
+    point = _point(0.5, 1.25)
+    value = json.loads(json.dumps(POINTS.encode(point)))
+    assert POINTS.decode(value, None) == point
+    for bad in ({**value, "ttft_s": [1.0]}, {**value, "turns": "100"}, {k: v for k, v in value.items() if k != "rate"}):
+        with pytest.raises((TypeError, ValueError)):
+            POINTS.decode(bad, None)

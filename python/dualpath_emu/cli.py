@@ -34,6 +34,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from dualpath_emu.sweep import sweep_command  # the cluster loads only when asked for
+
+    return sweep_command(args)
+
+
 def _cmd_collect(args: argparse.Namespace) -> int:
     from dualpath_emu.cluster.run_cli import collect_command
 
@@ -152,6 +158,40 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--port-base", type=int, default=47_100, metavar="PORT",
                       help="--prepare: the data plane listens on PORT, the other processes on the next ports")
     run.set_defaults(func=_cmd_run)
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a cluster scenario over a grid of settings (local processes or a Dask cluster), resumable",
+        description="Run a cluster scenario at every point of a grid (the cartesian product of the --set values) "
+        "for each system, in local processes (--jobs) or on a Dask cluster (--dask). Writes sweep.csv, sweep.json "
+        "and sweep.png into --out and prints a table; every run is kept in the run cache (JSON, safe to share), "
+        "so the same command again resumes and reuses the runs already done.",
+    )
+    sweep.add_argument("scenario", nargs="?", help="cluster scenario: a TOML file or a packaged scenario's name "
+                       "(default: the built-in ds660b-2p4d-offline)")  # fmt: skip
+    sweep.add_argument("--set", action="append", metavar="KEY=V1,V2,...",
+                       help="sweep a scenario key over these values (each read as TOML; commas inside brackets or "
+                            "quotes do not split), e.g. workload.agents=32,64,128; one value: a fixed override "
+                            "(repeat for several keys: their cartesian product)")  # fmt: skip
+    sweep.add_argument("--systems", metavar="A,B", help="run these systems (comma-separated; default: the scenario's)")
+    sweep.add_argument("--system", action="append", metavar="SPEC",
+                       help="run this system too: a built-in one's name, or your own as file.py:Name or module:Name "
+                            "(repeat for several)")  # fmt: skip
+    sweep.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
+    sweep.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
+    sweep.add_argument("--out", type=Path, metavar="DIR", required=True,
+                       help="write sweep.csv, sweep.json and sweep.png here (and the run cache, DIR/cache)")
+    where = sweep.add_mutually_exclusive_group()
+    where.add_argument("--jobs", type=int, metavar="N", help="local processes for the runs (default: CPUs)")
+    where.add_argument("--dask", metavar="ADDRESS",
+                       help="run on the workers of the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786, "
+                            "tls://host:8786: reach it over a trusted network or TLS); needs pip install "
+                            "'dualpath-emu[dask]'")  # fmt: skip
+    sweep.add_argument("--cache", type=Path, metavar="DIR",
+                       help="the run cache (default: DIR/cache under --out): finished runs are reused from it")
+    sweep.add_argument("--json", action="store_true", help="print sweep.json (and nothing else) on stdout")
+    sweep.add_argument("--quiet", action="store_true", help="no header line, no progress lines")
+    sweep.set_defaults(func=_cmd_sweep)
 
     collect = commands.add_parser(
         "collect",

@@ -95,7 +95,7 @@ def _fit(name: str, system: str, target: float, start: float, bounds: tuple[floa
     x = start
     for iteration in range(MAX_ITERATIONS):
         cell = Cell({"fit": name, "value": x}, config(x), system, max_rounds=rounds)
-        (result,) = run_cells([cell], 1, quiet=args.quiet, cache=args.cache)
+        (result,) = run_cells([cell], 1, quiet=args.quiet, cache=args.cache, dask=args.dask)
         jct = result.jct_s
         history.append({"parameter": name, "iteration": iteration, "value": x, "system": system,
                         "jct_s": jct, "target_s": target})  # fmt: skip
@@ -125,7 +125,7 @@ def build(args: argparse.Namespace) -> Report:
     targets = dict(TARGETS)
     if args.quick:  # the miniature's own uncalibrated JCTs × 1.2: checks that the procedure converges
         base = run_cells([Cell({}, deployment("ds660b", quick=True, calibrated=False, agents=agents), s, max_rounds=rounds)
-                          for s in ("oracle", "basic")], args.jobs, quiet=args.quiet)  # fmt: skip
+                          for s in ("oracle", "basic")], args.jobs, quiet=args.quiet, dask=args.dask)  # fmt: skip
         targets = {r.cell.system: r.jct_s * 1.2 for r in base}
     history: list[dict[str, Any]] = []
 

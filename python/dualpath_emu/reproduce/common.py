@@ -6,12 +6,24 @@ An experiment module builds a list of :class:`Cell` (one cluster run each), runs
 emulator's, their ratio, the issue's target and whether it is met) and returns a :class:`Report`;
 :func:`experiment_main` gives it the common command line::
 
-    dualpath-emu reproduce NAME [--quick] [--out DIR] [--jobs N] [--cache DIR] [--json]
+    dualpath-emu reproduce NAME [--quick] [--out DIR] [--jobs N | --dask ADDRESS] [--cache DIR] [--json]
 
 ``--quick`` runs the small variant (a few minutes in all, for CI), ``--out DIR`` writes ``NAME.csv``,
 ``NAME.png`` and ``NAME.json`` there, ``--jobs`` runs cells in that many processes (default: the CPUs this
-process may use), ``--cache DIR`` keeps every run's result for reuse (:func:`run_parallel`). A cell's result depends only on the cell (every run is deterministic from its seed), so
-the number of processes changes the wall time, never a figure.
+process may use), ``--dask ADDRESS`` on the workers of a Dask cluster instead (``tcp://host:8786``, or
+``tls://...`` with the TLS files of Dask's own configuration; needs ``pip install 'dualpath-emu[dask]'``),
+``--cache DIR`` keeps every run's result for reuse (:func:`run_parallel`). A cell's result depends only on
+the cell (every run is deterministic from its seed), so the number of processes, or where they run, changes
+the wall time, never a figure. ``dualpath-emu sweep`` (:mod:`dualpath_emu.sweep`) runs its grids through the
+same :func:`run_parallel`.
+
+**The run cache holds data, never code.** Each result is one JSON file, ``<key>.json``, holding the cache's
+format version, the full key (the worker, the code's fingerprint, the run) and the result; a file that does
+not parse, or holds another version or key, or a result of the wrong shape, is ignored with a warning on
+stderr and the run computed again. Nothing in it is ever executed or unpickled, so a cache folder may be
+shared between users, or copied from elsewhere, as safely as a CSV file: the worst a hostile file can do is
+give wrong numbers for its own key. (A Dask cluster's own wire does pickle tasks and results between the
+client and its workers: reach its scheduler only over a network you trust, or over TLS.)
 """
 
 from __future__ import annotations
@@ -24,28 +36,38 @@ import hashlib
 import importlib
 import json
 import os
-import pickle
+import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.workload.generator import DATASETS, generate, scaled
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
+    "CACHE_FORMAT",
+    "CELL_RESULTS",
     "Cell",
     "CellResult",
+    "Codec",
     "Comparison",
     "Report",
+    "Task",
+    "check_dask_address",
+    "dataclass_codec",
     "deployment",
     "experiment_main",
+    "require_distributed",
     "run_cells",
     "run_parallel",
     "within",
@@ -94,6 +116,16 @@ class Cell:
     """> 0: each agent replays only its first ``max_rounds`` rounds (quick variants)."""
     append_factor: float = 1.0
     gen_factor: float = 1.0
+
+    @property
+    def cost(self) -> float:
+        """How long the run takes, relatively: its agents (:func:`run_parallel` starts the largest first)."""
+        return float(self.config.agents)
+
+    def cache_key(self) -> str:
+        """What the run's result depends on besides the code: everything but the labels, which only name a
+        figure's point (the same run under another experiment's labels is reused)."""
+        return repr(dataclasses.replace(self, labels={}))
 
     def trajectories(self) -> list[Trajectory]:
         """The workload: the config's dataset and agents, scaled and cut as the cell says."""
@@ -155,6 +187,29 @@ def run_cell(cell: Cell) -> CellResult:
 
 
 T = TypeVar("T")
+D = TypeVar("D")
+
+
+class Task(Protocol):
+    """What :func:`run_parallel` hands a worker: a :class:`Cell`, or a sweep's run
+    (:class:`dualpath_emu.sweep.SweepRun`). It must pickle (it crosses processes, or Dask's wire)."""
+
+    @property
+    def labels(self) -> Mapping[str, Any]:
+        """Which point of a figure or grid it is (progress lines; never part of the cache key)."""
+        ...
+
+    @property
+    def cost(self) -> float:
+        """Its relative run time: the largest runs start first, so that the last ones to start are short."""
+        ...
+
+    def cache_key(self) -> str:
+        """Everything its result depends on besides the worker and the code, as text."""
+        ...
+
+
+C = TypeVar("C", bound=Task)
 
 
 @functools.cache
@@ -174,66 +229,253 @@ def code_fingerprint(worker_module: str) -> str:
     return digest.hexdigest()
 
 
-def _cache_path(cache: Path, worker: Callable[[Cell], Any], cell: Cell) -> Path:
-    # Labels only name a figure's point: the same run under other labels (another experiment's) is reused.
-    key = f"{worker.__module__}.{worker.__qualname__}|{code_fingerprint(worker.__module__)}|{dataclasses.replace(cell, labels={})!r}"
-    return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pickle"
+# ------------------------------------------------------------------------------------------------- the cache
+
+CACHE_FORMAT: Final = 1
+"""The version of a cache file's layout: ``{"format": 1, "key": <sha256>, "worker": ..., "result": ...}``."""
 
 
-def run_parallel(worker: Callable[[Cell], T], cells: Sequence[Cell], jobs: int = 1, *,
-                 report: Callable[[Cell, T, float], None] | None = None, cache: Path | None = None) -> list[T]:  # fmt: skip
-    """``worker(cell)`` for every cell, in up to ``jobs`` processes, largest runs (agents) first; results in
-    the order of ``cells``. ``report(cell, result, seconds so far)`` after each. With ``cache`` (a folder),
-    each result is also kept there and reused by a later call with the same worker, cell and code: an
-    interrupted experiment resumes where it stopped, and experiments that share runs compute them once."""
+@dataclass(frozen=True)
+class Codec(Generic[C, T]):
+    """How a worker's result is kept in the cache as JSON data: ``encode(result)`` gives a value
+    :func:`json.dumps` takes, ``decode(value, task)`` the result again (raising :class:`ValueError`,
+    :class:`TypeError` or :class:`KeyError` for a value of the wrong shape). ``task`` is the asking task: a
+    result that holds its task takes the caller's, so the task need not be stored."""
+
+    encode: Callable[[T], Any]
+    decode: Callable[[Any, C], T]
+
+
+PLAIN_JSON: Final[Codec[Any, Any]] = Codec(lambda result: result, lambda value, task: value)
+"""For results that are JSON data already (dicts, lists, strings, numbers; tuples come back as lists)."""
+
+
+def _check_typed(hint: Any, value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as the type ``hint`` says: a :class:`TypeError` naming ``where`` if it is not."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint in (int, str, bool):
+        if isinstance(value, hint) and (hint is bool or not isinstance(value, bool)):
+            return value
+    elif origin is dict and isinstance(value, dict):
+        return {_check_typed(args[0], k, where): _check_typed(args[1], v, f"{where}[{k!r}]") for k, v in value.items()}
+    elif origin is list and isinstance(value, list):
+        return [_check_typed(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    elif origin is tuple and isinstance(value, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_check_typed(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) == len(args):
+            return tuple(_check_typed(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    elif origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _check_typed(option, value, where)
+            except TypeError:
+                continue
+    elif hint is type(None) and value is None:
+        return None
+    raise TypeError(f"{where}: expected {hint}, got {short_repr(value)}")
+
+
+def dataclass_codec(cls: type[D], *, task_field: str | None = None) -> Codec[Any, D]:
+    """The :class:`Codec` of the dataclass ``cls`` whose fields are JSON-able (numbers, strings, dicts, lists,
+    tuples, ``Any``): its fields as a JSON object, each checked against its annotation when read back.
+    ``task_field``: the field that holds the task (not stored; the asking task's on the way back)."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name != task_field]  # type: ignore[arg-type]
+
+    def encode(result: D) -> dict[str, Any]:
+        return {name: getattr(result, name) for name in names}
+
+    def decode(value: Any, task: Any) -> D:
+        if not isinstance(value, dict) or sorted(value) != sorted(names):
+            raise ValueError(f"expected a JSON object with the fields of {cls.__name__} ({', '.join(names)})")
+        given = {name: _check_typed(hints[name], value[name], name) for name in names}
+        return cls(**given, **({task_field: task} if task_field is not None else {}))
+
+    return Codec(encode, decode)
+
+
+def _cache_key(worker: Callable[[C], Any], task: C) -> str:
+    text = f"{worker.__module__}.{worker.__qualname__}|{code_fingerprint(worker.__module__)}|{task.cache_key()}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cache_path(cache: Path, key: str) -> Path:
+    return cache / f"{key[:32]}.json"
+
+
+def _cache_warning(path: Path, problem: str) -> None:
+    print(f"dualpath-emu: warning: ignoring the cache file {path} ({problem}); running it again",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _cache_read(cache: Path, key: str, codec: Codec[C, T], task: C) -> tuple[T] | None:
+    """The cached result of ``key`` (in a 1-tuple: a result may be None), or None where there is none; a file
+    that is not one of ours for this key is ignored with a warning. JSON is only parsed, never run."""
+    path = _cache_path(cache, key)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        _cache_warning(path, f"not a readable JSON file: {short_repr(str(error))}")
+        return None
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+        _cache_warning(path, f"not a cache file of format {CACHE_FORMAT}")
+        return None
+    if data.get("key") != key:
+        _cache_warning(path, "another run's key")
+        return None
+    try:
+        return (codec.decode(data.get("result"), task),)
+    except (KeyError, TypeError, ValueError) as error:
+        _cache_warning(path, f"a result of the wrong shape: {short_repr(str(error))}")
+        return None
+
+
+def _cache_write(cache: Path, key: str, worker: Callable[[C], Any], codec: Codec[C, T], result: T) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    path = _cache_path(cache, key)
+    record = {"format": CACHE_FORMAT, "key": key, "worker": f"{worker.__module__}.{worker.__qualname__}",
+              "result": codec.encode(result)}  # fmt: skip
+    text = json.dumps(record) + "\n"
+    # A new file of our own (O_EXCL: never through a link someone else left in a shared folder), then
+    # renamed over the result: atomic, a reader never sees half a result.
+    partial = path.with_suffix(f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    partial.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------- the executors
+
+
+def require_distributed(option: str = "--dask") -> types.ModuleType:
+    """Dask's ``distributed`` package, or a :class:`UsageError` (one line) saying how to install it."""
+    try:
+        return importlib.import_module("distributed")
+    except ImportError:
+        raise UsageError(f"{option} needs Dask's distributed package, which is not installed: "
+                         "pip install 'dualpath-emu[dask]'") from None  # fmt: skip
+
+
+def _in_processes(worker: Callable[[C], T], todo: Sequence[tuple[int, C]], jobs: int) -> Iterator[tuple[int, T]]:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+        futures = {pool.submit(worker, task): i for i, task in todo}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
+def check_dask_address(address: str, option: str = "--dask") -> None:
+    """A :class:`UsageError` (one line) unless ``distributed`` is installed and ``address`` is a scheduler's
+    ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``tls://HOST:PORT`` with TLS configured for Dask (its
+    configuration's ``distributed.comm.tls.ca-file``, ``.client.cert`` and ``.client.key``, e.g. through
+    ``DASK_DISTRIBUTED__COMM__TLS__CA_FILE``): checked before a client is made, since a client that fails
+    on such an address holds the process at exit."""
+    distributed = require_distributed(option)
+    from distributed.comm.addressing import parse_address
+
+    try:
+        scheme, location = parse_address(address)
+    except ValueError as error:
+        raise UsageError(f"{option} {address!r}: {error}") from None
+    if scheme not in ("tcp", "tls") or not location:
+        raise UsageError(f"{option} {address!r}: expected a Dask scheduler's address, tcp://HOST:PORT or tls://HOST:PORT")
+    if scheme == "tls" and distributed.Security().get_connection_args("client")["ssl_context"] is None:
+        raise UsageError(f"{option} {address}: TLS needs Dask's TLS settings: distributed.comm.tls.ca-file, "
+                         ".client.cert and .client.key in Dask's configuration (e.g. the environment variables "
+                         "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, __CLIENT__CERT, __CLIENT__KEY)")  # fmt: skip
+
+
+def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C]]) -> Iterator[tuple[int, T]]:
+    """Each task on the Dask cluster at ``address``, the first (largest) at the highest priority. The
+    client takes its TLS settings (``tls://`` addresses) from Dask's configuration, as Dask's tools do."""
+    check_dask_address(address)
+    distributed = require_distributed()
+    try:
+        client = distributed.Client(address, set_as_default=False)
+    except (OSError, TimeoutError) as error:
+        raise UsageError(f"--dask {address}: cannot connect to a Dask scheduler there: {error}") from None
+    with client:
+        futures = {client.submit(worker, task, pure=False, priority=len(todo) - rank): i
+                   for rank, (i, task) in enumerate(todo)}  # fmt: skip
+        try:
+            for future in distributed.as_completed(futures, loop=client.loop):
+                yield futures[future], future.result()
+        finally:
+            client.cancel(list(futures))  # what is left, if a run failed or the caller stopped
+
+
+def run_parallel(worker: Callable[[C], T], cells: Sequence[C], jobs: int = 1, *,
+                 report: Callable[[C, T, float, bool], None] | None = None, cache: Path | None = None,
+                 codec: Codec[C, T] | None = None, dask: str | None = None) -> list[T]:  # fmt: skip
+    """``worker(cell)`` for every cell (a :class:`Task`), in up to ``jobs`` local processes, or on the Dask
+    cluster whose scheduler is at ``dask``; largest runs (:attr:`Task.cost`) first; results in the order of
+    ``cells``. ``report(cell, result, seconds so far, cached)`` after each.
+
+    With ``cache`` (a folder), each result is also kept there as JSON (``codec``: how; default: the result
+    is JSON data itself) and reused by a later call with the same worker, task (:meth:`Task.cache_key`) and
+    code: an interrupted experiment resumes where it stopped, and experiments that share runs compute them
+    once. A cache file is only ever parsed as JSON (the module docstring)."""
     started = time.perf_counter()
     results: dict[int, T] = {}
+    coding: Codec[C, T] = PLAIN_JSON if codec is None else codec
+    keys = [_cache_key(worker, cell) for cell in cells] if cache is not None else []
 
     def finished(i: int, result: T, fresh: bool) -> None:
         results[i] = result
         if cache is not None and fresh:
-            cache.mkdir(parents=True, exist_ok=True)
-            path = _cache_path(cache, worker, cells[i])
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_bytes(pickle.dumps(result))
-            partial.replace(path)  # atomic: a reader never sees half a result
+            _cache_write(cache, keys[i], worker, coding, result)
         if report is not None:
-            report(cells[i], result, time.perf_counter() - started)
+            report(cells[i], result, time.perf_counter() - started, not fresh)
 
-    todo = []
+    todo: list[int] = []
     for i, cell in enumerate(cells):
-        path = _cache_path(cache, worker, cell) if cache is not None else None
-        if path is not None and path.exists():
-            finished(i, pickle.loads(path.read_bytes()), fresh=False)
+        hit = _cache_read(cache, keys[i], coding, cell) if cache is not None else None
+        if hit is not None:
+            finished(i, hit[0], fresh=False)
         else:
             todo.append(i)
-    todo.sort(key=lambda i: -cells[i].config.agents)  # so that the last ones to start are short
-    if jobs <= 1 or len(todo) <= 1:
-        for i in todo:
-            finished(i, worker(cells[i]), fresh=True)
+    todo.sort(key=lambda i: -cells[i].cost)  # so that the last ones to start are short
+    tasks = [(i, cells[i]) for i in todo]
+    runs: Iterable[tuple[int, T]]
+    if dask is not None:
+        runs = _on_dask(dask, worker, tasks) if tasks else ()
+    elif jobs <= 1 or len(tasks) <= 1:
+        runs = ((i, worker(task)) for i, task in tasks)
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-            futures = {pool.submit(worker, cells[i]): i for i in todo}
-            for future in as_completed(futures):
-                finished(futures[future], future.result(), fresh=True)
+        runs = _in_processes(worker, tasks, jobs)
+    for i, result in runs:
+        finished(i, result, fresh=True)
     return [results[i] for i in range(len(cells))]
 
 
-def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False,
-              cache: Path | None = None) -> list[CellResult]:  # fmt: skip
-    """Run ``cells`` (:func:`run_cell`) in up to ``jobs`` processes; results in the order of ``cells``."""
+CELL_RESULTS: Final[Codec[Cell, CellResult]] = dataclass_codec(CellResult, task_field="cell")
+"""How :func:`run_cell`'s results are cached (the cell is the asking one's)."""
+
+
+def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False, cache: Path | None = None,
+              dask: str | None = None) -> list[CellResult]:  # fmt: skip
+    """Run ``cells`` (:func:`run_cell`) in up to ``jobs`` processes, or on the Dask cluster at ``dask``;
+    results in the order of ``cells``."""
     done = 0
 
-    def report(cell: Cell, result: CellResult, elapsed: float) -> None:
+    def report(cell: Cell, result: CellResult, elapsed: float, cached: bool) -> None:
         nonlocal done
         done += 1
         if not quiet:
             labels = " ".join(f"{k}={v}" for k, v in cell.labels.items())
+            took = "from the cache" if cached else f"{result.summary['wall_s']:.0f} s wall"
             print(f"  [{done}/{len(cells)}] {labels} {cell.system}: JCT {result.jct_s:,.0f} s "
-                  f"({result.summary['wall_s']:.0f} s wall; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
+                  f"({took}; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
 
-    results = run_parallel(run_cell, cells, jobs, report=report, cache=cache)
-    return [dataclasses.replace(r, cell=c) for r, c in zip(results, cells)]  # a cached result's own labels
+    return run_parallel(run_cell, cells, jobs, report=report, cache=cache, codec=CELL_RESULTS, dask=dask)
 
 
 def systems_ordered(jct: Mapping[Any, Mapping[str, float]], slack: float = 0.02) -> bool:
@@ -339,7 +581,7 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_MAX_JOBS = 256
+MAX_JOBS = 256
 """The most processes an experiment starts (each runs one cell at a time)."""
 
 
@@ -351,12 +593,17 @@ def experiment_main(
     *,
     configure: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> int:
-    """The common command line (``--quick``, ``--out``, ``--jobs``, ``--json``, and what ``configure`` adds);
-    ``build(args)`` runs the experiment (``args.quiet``: print no progress)."""
+    """The common command line (``--quick``, ``--out``, ``--jobs`` or ``--dask``, ``--cache``, ``--json``, and
+    what ``configure`` adds); ``build(args)`` runs the experiment (``args.quiet``: print no progress) and
+    passes ``args.jobs``, ``args.dask`` and ``args.cache`` on to :func:`run_cells` or :func:`run_parallel`."""
     parser = argparse.ArgumentParser(prog=f"dualpath-emu reproduce {name}", description=description)
     parser.add_argument("--quick", action="store_true", help="the small variant (minutes, for CI)")
     parser.add_argument("--out", metavar="DIR", type=Path, help=f"write {name}.csv, {name}.png and {name}.json here")
-    parser.add_argument("--jobs", type=int, default=default_jobs(), help="processes for the runs (default: CPUs)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--jobs", type=int, default=default_jobs(), help="processes for the runs (default: CPUs)")
+    where.add_argument("--dask", metavar="ADDRESS",
+                       help="run on the workers of the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786, "
+                            "tls://host:8786); needs pip install 'dualpath-emu[dask]'")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON (and nothing else)")
     parser.add_argument("--cache", metavar="DIR", type=Path,
                         help="keep each run's result in DIR and reuse it (same run, same code): resumes an "
@@ -364,8 +611,10 @@ def experiment_main(
     if configure is not None:
         configure(parser)
     args = parser.parse_args(argv)
-    if not 1 <= args.jobs <= _MAX_JOBS:
-        parser.error(f"--jobs: expected an integer in [1, {_MAX_JOBS}], got {short_repr(args.jobs)}")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        parser.error(f"--jobs: expected an integer in [1, {MAX_JOBS}], got {short_repr(args.jobs)}")
+    if args.dask is not None:
+        check_dask_address(args.dask)  # before any run: one line if the package is missing
     args.quiet = args.json
     started = time.perf_counter()
     report = build(args)

@@ -108,6 +108,7 @@ from dualpath_emu.reproduce.common import (
     Cell,
     Comparison,
     Report,
+    dataclass_codec,
     deployment,
     experiment_main,
     run_parallel,
@@ -124,6 +125,7 @@ __all__ = [
     "SLO_TPOT_S",
     "SLO_TTFT_S",
     "SYSTEMS",
+    "POINTS",
     "Point",
     "Search",
     "Variant",
@@ -341,21 +343,27 @@ def measure(cell: Cell) -> Point:
     )
 
 
+POINTS: Final = dataclass_codec(Point)
+"""How :func:`measure`'s points are cached (JSON)."""
+
+
 def measure_all(cells: Sequence[Cell], jobs: int, *, quiet: bool = False, stat: str = "mean",
-                cache: Path | None = None) -> list[Point]:  # fmt: skip
-    """Run ``cells`` (:func:`measure`) in up to ``jobs`` processes (largest first); points in their order."""
+                cache: Path | None = None, dask: str | None = None) -> list[Point]:  # fmt: skip
+    """Run ``cells`` (:func:`measure`) in up to ``jobs`` processes, or on the Dask cluster at ``dask``
+    (largest first); points in their order."""
     done = 0
 
-    def report(cell: Cell, p: Point, elapsed: float) -> None:
+    def report(cell: Cell, p: Point, elapsed: float, cached: bool) -> None:
         nonlocal done
         done += 1
         if not quiet:
             verdict = "meets" if p.meets_slo(stat) else "misses"
             print(f"  [{done}/{len(cells)}] {p.model} {p.system} {p.rate:g} APS ({p.agents} agents): TTFT {stat} "
                   f"{p.ttft_s[stat]:.2f} s, TPOT {p.tpot_s[stat] * 1e3:.1f} ms: {verdict} the SLO "
-                  f"({p.wall_s:.0f} s wall; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
+                  f"({'from the cache' if cached else f'{p.wall_s:.0f} s wall'}; {elapsed:.0f} s so far)",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
-    points = run_parallel(measure, cells, jobs, report=report, cache=cache)
+    points = run_parallel(measure, cells, jobs, report=report, cache=cache, codec=POINTS, dask=dask)
     return [replace(p, step=c.labels["step"]) for p, c in zip(points, cells)]  # a cached point's own step
 
 
@@ -450,7 +458,7 @@ def _cell(variant: Variant, model: str, system: str, rate: float, step: int) -> 
 
 
 def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, quiet: bool = False,
-                 cache: Path | None = None) -> None:  # fmt: skip
+                 cache: Path | None = None, dask: str | None = None) -> None:  # fmt: skip
     """Advance every search step by step; each step's runs, of all searches, in one parallel batch (a run
     that two searches of one (model, system) ask for, e.g. by SLO and by TTFT alone, once)."""
     step = 0
@@ -462,7 +470,8 @@ def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, qui
         if not quiet:
             print(f"step {step + 1}: {len(runs)} runs", file=sys.stderr, flush=True)
         cells = [_cell(variant, model, system, rate, step) for model, system, rate in runs]
-        measured = measure_all(cells, jobs, quiet=quiet, stat=searches[0].stat if searches else "mean", cache=cache)
+        stat = searches[0].stat if searches else "mean"
+        measured = measure_all(cells, jobs, quiet=quiet, stat=stat, cache=cache, dask=dask)
         by_run = dict(zip(runs, measured))
         for s in searches:
             mine = [by_run[s.model, s.system, rate] for owner, rate in plan if owner is s]
@@ -551,7 +560,8 @@ def build(args: argparse.Namespace) -> Report:
         for key in searches
         if key[1] != "oracle"
     }
-    run_searches([*searches.values(), *ttft_searches.values()], variant, args.jobs, quiet=args.quiet, cache=args.cache)
+    run_searches([*searches.values(), *ttft_searches.values()], variant, args.jobs, quiet=args.quiet, cache=args.cache,
+                 dask=args.dask)
 
     # TPOT at a common rate: Basic's edge (DualPath measured there if it was not already).
     extra: list[tuple[str, Cell]] = []
@@ -561,7 +571,7 @@ def build(args: argparse.Namespace) -> Report:
             extra.append((model, _cell(variant, model, "dualpath", rate, variant.max_steps)))
     if extra and not args.quiet:
         print(f"TPOT at Basic's edge: {len(extra)} runs", file=sys.stderr, flush=True)
-    measured = measure_all([c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat, cache=args.cache)
+    measured = measure_all([c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat, cache=args.cache, dask=args.dask)
     extra_points = {model: p for (model, _), p in zip(extra, measured)}
 
     rows: list[dict[str, Any]] = []

@@ -70,7 +70,7 @@ def reductions(ladder: Sequence[CellResult]) -> dict[str, float]:
 
 def build(args: argparse.Namespace) -> Report:
     ladder_cells, online_cells = cells(args.quick)
-    results = run_cells([*ladder_cells, *online_cells], args.jobs, quiet=args.quiet, cache=args.cache)
+    results = run_cells([*ladder_cells, *online_cells], args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     ladder, online = results[: len(ladder_cells)], results[len(ladder_cells) :]
     reduction = reductions(ladder)
     rows: list[dict[str, Any]] = []

@@ -52,7 +52,7 @@ def early_attention_balance(result: CellResult, fraction: float = EARLY_FRACTION
 def build(args: argparse.Namespace) -> Report:
     agents, rounds = (256, 40) if args.quick else (1024, 0)
     cells = [Cell({"agents": agents}, deployment("ds660b", quick=args.quick, agents=agents), system, max_rounds=rounds) for system in SYSTEMS]
-    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache)
+    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     rows: list[dict[str, Any]] = []
     comparisons: list[Comparison] = []
     for r in results:

@@ -101,7 +101,7 @@ def compare(jct: dict[tuple[str, str, int], dict[str, float]], *, best: bool = T
 
 
 def build(args: argparse.Namespace) -> Report:
-    results = run_cells(cells(args.quick, args.model or MODELS), args.jobs, quiet=args.quiet, cache=args.cache)
+    results = run_cells(cells(args.quick, args.model or MODELS), args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     jct = _jct(results)
     rows: list[dict[str, Any]] = []
     for r in results:

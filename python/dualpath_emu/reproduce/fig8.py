@@ -44,7 +44,7 @@ def build(args: argparse.Namespace) -> Report:
         for a in agents
         for system in SYSTEMS
     ]
-    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache)
+    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     jct = _jct(results)
     speedups = {key: v["basic"] / v["dualpath"] for key, v in jct.items()}
     rows: list[dict[str, Any]] = [

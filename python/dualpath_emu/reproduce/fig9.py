@@ -49,7 +49,7 @@ def build(args: argparse.Namespace) -> Report:
         for knob, scale in plan
         for system in SYSTEMS
     ]
-    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache)
+    results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     jct: dict[tuple[str, float], dict[str, float]] = {}
     for r in results:
         jct.setdefault((r.cell.labels["knob"], r.cell.labels["scale"]), {})[r.cell.system] = r.jct_s
