@@ -104,6 +104,11 @@ def test_invariant_checker_catches_each_kind_of_violation() -> None:
     assert check(ok[:4]) == ["1 admitted request(s) never ended, e.g. [0]"]
     assert check([*ok, (5, "end", "r0")]) == ["request 0 ended twice (event 5)"]
     assert check([(0, "end", "r3")]) == ["request 3 ended but was never admitted (event 0)"]
+    assert check([(0, "admit", "r0"), (1, "admit", "r0")])[0] == "request 0 admitted twice (event 1)"
+    far = [(0, "admit", "r0"), (1, "admit", "r9000000"), (2, "end", "r0")]  # an id far ahead: kept aside
+    assert check(far) == ["1 admitted request(s) never ended, e.g. [9000000]"]
+    assert check([*far, (3, "end", "r9000000")]) == []
+    assert check([*far, (3, "end", "r9000000"), (4, "end", "r9000000")]) == ["request 9000000 ended twice (event 4)"]
     over = [(0, "capacity", "hbm 10"), (1, "take", "hbm 0 8"), (2, "take", "hbm 1 8")]
     assert check(over)[0] == "hbm over capacity: 16 > 10 B (event 2, r1)"
     assert check([(5, "admit", "r0"), (4, "end", "r0")])[0] == "time went back from 5 to 4 ns at event 1"

@@ -24,6 +24,7 @@ from dualpath_emu.cluster.core_report import CoreReport
 __all__ = ["EventLogChecker", "InvariantError", "check_core_bytes"]
 
 MAX_REPORTED: Final = 20
+_UNSEEN, _ADMITTED, _ENDED = 0, 1, 2
 
 
 class InvariantError(AssertionError):
@@ -38,8 +39,11 @@ class EventLogChecker:
         self.violation_count = 0
         self._last_t = 0
         self._next_seq = 0
-        self._admitted: set[int] = set()
-        self._ended: set[int] = set()
+        self._state = bytearray()
+        """Per request id: 0 unseen, 1 admitted, 2 ended. Ids are 0, 1, 2, … in admission order, so one
+        byte per request (two sets of ints took 100 bytes per turn); ids far beyond it go to ``_sparse``."""
+        self._sparse: dict[int, int] = {}
+        self._admitted = 0
         self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
         self.events = 0
 
@@ -61,16 +65,20 @@ class EventLogChecker:
             self._last_t, self._next_seq = t_ns, seq + 1
             if kind == "admit":
                 rid = int(summary[1:])
-                if rid in self._admitted:
+                if self._get(rid):
                     self._violate(f"request {rid} admitted twice (event {seq})")
-                self._admitted.add(rid)
+                else:
+                    self._admitted += 1
+                    self._set(rid, _ADMITTED)
             elif kind == "end":
                 rid = int(summary[1:])
-                if rid not in self._admitted:
+                state = self._get(rid)
+                if state == _UNSEEN:
                     self._violate(f"request {rid} ended but was never admitted (event {seq})")
-                elif rid in self._ended:
+                elif state == _ENDED:
                     self._violate(f"request {rid} ended twice (event {seq})")
-                self._ended.add(rid)
+                else:
+                    self._set(rid, _ENDED)
             elif kind == "capacity":
                 name, capacity = summary.rsplit(" ", 1)
                 self._pools[name] = [int(capacity), 0]
@@ -86,11 +94,31 @@ class EventLogChecker:
                 elif pool[1] < 0:
                     self._violate(f"{name} below zero: {pool[1]} B (event {seq}, r{rid_text})")
 
+    def _get(self, rid: int) -> int:
+        state = self._state
+        return state[rid] if 0 <= rid < len(state) else self._sparse.get(rid, _UNSEEN)
+
+    def _set(self, rid: int, value: int) -> None:
+        state = self._state
+        if 0 <= rid < len(state):
+            state[rid] = value
+        elif 0 <= rid < 2 * len(state) + 4096:  # the next ids: grow
+            state.extend(bytes(rid + 1 - len(state)))
+            state[rid] = value
+        else:
+            self._sparse[rid] = value
+
     def finish(self) -> list[str]:
         """The end-of-run checks; returns every violation found (up to :data:`MAX_REPORTED`)."""
-        never = sorted(self._admitted - self._ended)
-        if never:
-            self._violate(f"{len(never)} admitted request(s) never ended, e.g. {never[:5]}")
+        count = self._state.count(_ADMITTED) + sum(1 for v in self._sparse.values() if v == _ADMITTED)
+        if count:
+            never: list[int] = []
+            at = self._state.find(_ADMITTED)
+            while at >= 0 and len(never) < 5:
+                never.append(at)
+                at = self._state.find(_ADMITTED, at + 1)
+            never = sorted([*never, *(r for r, v in self._sparse.items() if v == _ADMITTED)])[:5]
+            self._violate(f"{count} admitted request(s) never ended, e.g. {never}")
         for name, (_, used) in sorted(self._pools.items()):
             if used != 0:
                 self._violate(f"{name} still holds {used} B at the end")
@@ -98,7 +126,7 @@ class EventLogChecker:
 
     @property
     def admitted(self) -> int:
-        return len(self._admitted)
+        return self._admitted
 
 
 def check_core_bytes(

@@ -102,6 +102,11 @@ LAUNCHER_ENV: Final = "DUALPATH_EMU_LAUNCHER"
 LAUNCHER_BEAT_S: Final = 0.25
 """How often (wall seconds) a process started by the launcher writes a byte to its heartbeat pipe."""
 DRAIN_POLL_S: Final = 0.01
+QUIET_S: Final = 0.05
+"""Once told to stop, a process keeps its actors until no message has come from another process for this
+long (wall seconds), at most :data:`QUIET_MAX_S`: the last turn's messages to others than the driver (a
+decode group's DecodeDone to the scheduler) race the stop that the driver's completion sets off."""
+QUIET_MAX_S: Final = 2.0
 """How often (loop seconds) a one-process run looks whether its core has drained."""
 
 _T = TypeVar("_T")
@@ -265,7 +270,7 @@ async def _serve(
 
             summary = await system.run(_first(drive(), stop))
         else:
-            await system.run(stop.wait())
+            await system.run(_until_quiet(system, stop))
             summary = None
     finally:
         await system.close()
@@ -280,6 +285,20 @@ async def _serve(
             while loop.core.pending():
                 await asyncio.sleep(DRAIN_POLL_S)
     return summary
+
+
+async def _until_quiet(system: ActorSystem, stop: asyncio.Event) -> None:
+    """Wait for ``stop``, then until ``system`` has received nothing for :data:`QUIET_S` (see there)."""
+    await stop.wait()
+    if not isinstance(system, ZmqActorSystem):
+        return
+    deadline = time.monotonic_ns() + round(QUIET_MAX_S * 1e9)
+    quiet_ns = round(QUIET_S * 1e9)
+    while (now := time.monotonic_ns()) < deadline:
+        idle_ns = now - system.last_delivery_ns
+        if idle_ns >= quiet_ns:
+            return
+        await asyncio.sleep((quiet_ns - idle_ns) / 1e9)
 
 
 def serve_process(

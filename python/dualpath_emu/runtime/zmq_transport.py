@@ -104,6 +104,7 @@ so (unlike in virtual time) the record is not reproducible run to run.
 from __future__ import annotations
 
 import asyncio
+import time
 import builtins
 import logging
 from collections import deque
@@ -343,6 +344,8 @@ class ZmqActorSystem(ActorSystem):
         self._send_failures = BoundedLog(_log, f"{who}: a ZeroMQ send failed", first=REJECTIONS_LOGGED)
         self._dropped_replies = BoundedLog(_log, f"{who}: dropped a reply", first=REJECTIONS_LOGGED)
         self._closed = False
+        self.last_delivery_ns = time.monotonic_ns()
+        """The wall clock (monotonic) when a message from another system was last put in a mailbox here."""
 
     # --- life ----------------------------------------------------------------------------------------
 
@@ -674,6 +677,7 @@ class ZmqActorSystem(ActorSystem):
         if is_ask:
             self._remote_asks[id(envelope)] = _RemoteAsk(envelope, identity)
         self.record(envelope.recipient, "deliver", summary)
+        self.last_delivery_ns = time.monotonic_ns()
         target._mailbox.put_nowait(_Request(envelope, is_ask, summary))
 
     def _on_reply(self, frames: list[bytes]) -> None:
