@@ -247,18 +247,20 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         core = self._core
         now = self._now = core.now_ns
         scheduled = cast("list[asyncio.TimerHandle]", getattr(self, "_scheduled"))
-        timer_ns = self._timer_fire_ns(scheduled[0].when(), now) if scheduled else None
-        core_ns = core.next_event_ns()
-        if timer_ns is None and core_ns is None:
-            if self._selector_poll():
-                return  # a real descriptor is ready (a signal, another thread): handle it first
-            raise DeadlockError(self._deadlock_message(now))
-        target = min(t for t in (timer_ns, core_ns) if t is not None)
-        # Up to the next timer, but no further than the first core completion: the core's internal events
-        # (rate changes, the pieces of a forward pass) need no Python.
-        completions = core.advance_until(_U64_MAX if timer_ns is None else timer_ns)
+        if scheduled:
+            # Up to the next timer, but no further than the first core completion: the core's internal
+            # events (rate changes, the pieces of a forward pass) need no Python.
+            timer_ns: int | None = self._timer_fire_ns(scheduled[0].when(), now)
+            completions = core.advance_until(timer_ns)
+        else:
+            if core.next_event_ns() is None:
+                if self._selector_poll():
+                    return  # a real descriptor is ready (a signal, another thread): handle it first
+                raise DeadlockError(self._deadlock_message(now))
+            timer_ns = None
+            completions = core.advance_until(_U64_MAX)
         self._now = core.now_ns
-        if target == now and not completions and timer_ns != target:
+        if self._now == now and not completions and timer_ns != now:
             self._stalls += 1
             if self._stalls > _MAX_STALLS:
                 raise RuntimeError(f"the core reports an event at {now} ns but handles none there")
