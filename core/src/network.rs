@@ -324,8 +324,13 @@ pub struct Network {
     /// Kept apart from `ports` because it is the hottest data: read for every member on every recompute.
     mu: Vec<[f64; MAX_LANES]>,
     by_name: HashMap<String, PortId>,
+    /// Groups with flows in flight (and, until the next `apply_rates`, those whose last flow just ended);
+    /// a group is freed once its rate is back to zero and its slot reused, so memory follows the number
+    /// of paths in use, not the number ever used.
     groups: Vec<Group>,
-    /// Group of each (path, lane), keyed by the path's port ids followed by the lane.
+    /// Slots of freed groups, reused (last freed first) by new groups.
+    free_groups: Vec<GroupId>,
+    /// Group of each (path, lane) in use, keyed by the path's port ids followed by the lane.
     group_of: FxHashMap<Box<[u32]>, GroupId>,
     /// Reused lookup key for `group_of`, so finding a group allocates nothing.
     key: Vec<u32>,
@@ -357,6 +362,7 @@ impl Network {
             mu: Vec::new(),
             by_name: HashMap::new(),
             groups: Vec::new(),
+            free_groups: Vec::new(),
             group_of: FxHashMap::default(),
             key: Vec::new(),
             worklist: VecDeque::new(),
@@ -464,21 +470,25 @@ impl Network {
 
     /// Start a transfer of `size_bytes` (> 0) at `now`. Rates are recomputed by the next `recompute`.
     pub fn add_flow(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, owner: Owner, now: TimeNs) -> Result<()> {
-        self.validate_path(path, lane)?;
+        self.key.clear();
+        self.key.extend_from_slice(path);
+        self.key.push(lane as u32);
+        let found = self.group_of.get(self.key.as_slice()).copied();
+        if found.is_none() {
+            // A path in use was validated when its group was made (ports never change), so only a new
+            // one is checked; the size check comes after the path's, as it always did.
+            self.validate_path(path, lane)?;
+        }
         if size_bytes == 0 {
             return Err(CoreError::invalid(
                 "size_bytes",
                 "> 0 for a flow (zero-byte transfers never reach the network)",
             ));
         }
-        self.key.clear();
-        self.key.extend_from_slice(path);
-        self.key.push(lane as u32);
-        let gid = match self.group_of.get(self.key.as_slice()) {
-            Some(&g) => g,
+        let gid = match found {
+            Some(g) => g,
             None => {
-                let g = self.groups.len() as GroupId;
-                self.groups.push(Group {
+                let group = Group {
                     path: path.into(),
                     slots: vec![DETACHED; path.len()].into(),
                     lane,
@@ -489,7 +499,19 @@ impl Network {
                     service_at: now,
                     dirty: false,
                     overflowed: false,
-                });
+                };
+                let g = match self.free_groups.pop() {
+                    Some(g) => {
+                        // Keep the freed group's flow heap: its allocation fits the next group as well.
+                        let flows = std::mem::take(&mut self.groups[g as usize].flows);
+                        self.groups[g as usize] = Group { flows, ..group };
+                        g
+                    }
+                    None => {
+                        self.groups.push(group);
+                        (self.groups.len() - 1) as GroupId
+                    }
+                };
                 self.group_of.insert(self.key.as_slice().into(), g);
                 g
             }
@@ -830,6 +852,9 @@ impl Network {
                 rate = group.path.iter().map(|&q| self.ports[q as usize].capacity).fold(INF, f64::min);
             }
             self.set_group_rate(g, rate, now, queue);
+            if self.groups[g as usize].flows.is_empty() {
+                self.free_group(g);
+            }
         }
         self.dirty_groups = dirty;
         self.dirty_groups.clear();
@@ -902,6 +927,21 @@ impl Network {
                 self.charge_port(q, lane, delta, now);
             }
         }
+    }
+
+    /// Forget an empty group whose rate and charges are back to zero (so a new group on its path starts
+    /// from the very state this one is in); its slot goes to the next new group.
+    fn free_group(&mut self, g: GroupId) {
+        let group = &mut self.groups[g as usize];
+        debug_assert!(group.flows.is_empty() && group.charged == 0.0 && !group.overflowed && !group.dirty);
+        self.key.clear();
+        self.key.extend_from_slice(&group.path);
+        self.key.push(group.lane as u32);
+        self.group_of.remove(self.key.as_slice());
+        // Nothing of the path is kept: an empty path marks the slot free (`in_flight`, `group_path`).
+        group.path = Box::default();
+        group.slots = Box::default();
+        self.free_groups.push(g);
     }
 
     fn set_overflowed(&mut self, g: GroupId, overflowed: bool) {
@@ -1012,7 +1052,8 @@ impl Network {
         self.ports.get(port as usize).map(|p| p.bucket_version)
     }
 
-    /// Every group with flows in flight: (path, lane, flows, per-flow rate). For tests and inspection.
+    /// Every group with flows in flight: (path, lane, flows, per-flow rate), in slot order (freed slots are
+    /// reused, so not necessarily the order the paths were first used). For tests and inspection.
     pub fn in_flight(&self) -> Vec<(Vec<PortId>, Lane, usize, f64)> {
         self.groups
             .iter()
@@ -1021,9 +1062,15 @@ impl Network {
             .collect()
     }
 
-    /// The path of a group (as reported in [`Finished::group`]); groups live as long as the network.
+    /// The path of a group (as reported in [`Finished::group`]). A group lives while it has flows, and
+    /// until the next [`Network::recompute`] after its last one finished; then its id may name a new group.
     pub fn group_path(&self, group: u32) -> Option<&[PortId]> {
-        self.groups.get(group as usize).map(|g| &*g.path)
+        self.groups.get(group as usize).map(|g| &*g.path).filter(|path| !path.is_empty())
+    }
+
+    /// Group slots allocated (in use or free): what the groups' memory grows with.
+    pub fn group_slots(&self) -> usize {
+        self.groups.len()
     }
 
     pub fn active_flows(&self) -> u64 {
@@ -1210,4 +1257,46 @@ fn coarsen(c: &mut PortCounters, sample_ns: u64) {
         merge(series);
     }
     c.sample_ns = sample_ns;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finish_all(net: &mut Network, queue: &mut EventQueue) -> Vec<Finished> {
+        let mut out = Vec::new();
+        net.recompute(0, queue);
+        while let Some((t, kind)) = queue.pop() {
+            if let EventKind::Group { group } = kind {
+                net.on_group_event(group, t, &mut out);
+            }
+            net.recompute(t, queue);
+        }
+        out
+    }
+
+    #[test]
+    fn empty_groups_are_freed_and_their_slots_reused() {
+        let mut net = Network::new(0);
+        let ports: Vec<PortId> =
+            (0..8).map(|i| net.add_port(PortSpec::plain(format!("p{i}"), 1e9), 0).unwrap()).collect();
+        let mut queue = EventQueue::default();
+        // 28 distinct paths, used one after the other: one group slot serves them all.
+        for (i, &a) in ports.iter().enumerate() {
+            for &b in &ports[i + 1..] {
+                net.add_flow(&[a, b], 0, 1000, Owner::User(0), 0).unwrap();
+                let done = finish_all(&mut net, &mut queue);
+                assert_eq!(done.len(), 1);
+                assert_eq!(net.group_path(done[0].group), None, "freed once its rate is back to zero");
+            }
+        }
+        assert_eq!(net.group_slots(), 1);
+        assert!(net.group_of.is_empty() && net.in_flight().is_empty());
+        // Two paths in flight at once need two slots, and a path's flows share its group.
+        net.add_flow(&[ports[0]], 0, 1000, Owner::User(1), 0).unwrap();
+        net.add_flow(&[ports[1]], 0, 1000, Owner::User(2), 0).unwrap();
+        net.add_flow(&[ports[0]], 0, 1000, Owner::User(3), 0).unwrap();
+        assert_eq!(net.group_slots(), 2);
+        assert_eq!(finish_all(&mut net, &mut queue).len(), 3);
+    }
 }

@@ -265,6 +265,31 @@ fn trace_has_metadata_and_one_async_slice_per_transfer_named_by_its_path() {
     assert!(c.write_trace(path.to_str().unwrap(), Some(&[1]), &[]).is_err(), "one pid per port");
 }
 
+#[test]
+fn trace_names_paths_of_groups_whose_ids_were_reused() {
+    // One path at a time: the network frees each group when it empties and gives its id to the next.
+    let mut c = Core::new(CoreConfig { record_spans: true, ..CoreConfig::default() }).unwrap();
+    let a = port(&mut c, "n0.tx", GB);
+    let b = port(&mut c, "n1.rx", GB);
+    c.submit_transfer(&[a, b], 0, 1_000_000, 1).unwrap();
+    run(&mut c);
+    c.submit_transfer(&[b], 0, 1_000_000, 2).unwrap();
+    run(&mut c);
+    c.submit_transfer(&[a, b], 1, 1_000_000, 3).unwrap();
+    run(&mut c);
+    let path = std::env::temp_dir().join(format!("dualpath_trace_reuse_{}.json", std::process::id()));
+    c.write_trace(path.to_str().unwrap(), None, &[]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let begins: Vec<&str> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "b")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(begins, ["n0.tx → n1.rx", "n1.rx", "n0.tx → n1.rx"]);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Properties over random topologies and operation sequences.
 
