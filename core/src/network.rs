@@ -188,12 +188,18 @@ struct Sampling {
 impl Sampling {
     /// The interval at time `now`: the smallest `base_ns × 2^k` that covers `now` in at most `cap` samples.
     /// Never decreases as `now` grows (and `cap` only shrinks), and every value divides the later ones.
+    ///
+    /// `ceil(now / i) <= cap` is `now <= cap * i`, so this is `base_ns × 2^k` for the smallest `k` with
+    /// `2^k >= ceil(now / (base_ns × cap))`, saturating at `u64::MAX`: one division, not one per doubling
+    /// (it runs on every settle of a busy port).
     fn interval_at(self, now: TimeNs) -> u64 {
-        let mut interval = self.base_ns;
-        while now.div_ceil(interval) > self.cap {
-            interval = interval.saturating_mul(2);
+        let base = self.base_ns;
+        let Some(span) = base.checked_mul(self.cap) else { return base };
+        if now <= span {
+            return base;
         }
-        interval
+        let doublings = u64::BITS - (now.div_ceil(span) - 1).leading_zeros();
+        1u64.checked_shl(doublings).and_then(|factor| base.checked_mul(factor)).unwrap_or(u64::MAX)
     }
 }
 
@@ -593,15 +599,13 @@ impl Network {
         group.settle(now);
         // Completion times are rounded up to the nanosecond, so allow a nanosecond's worth of service.
         let tolerance = group.rate * 1e-9 + 1e-9;
-        let mut done = 0u64;
+        let (mut done, mut done_bytes) = (0u64, 0u64);
         while let Some(Reverse(top)) = group.flows.peek() {
             if top.finish > group.service + tolerance {
                 break;
             }
             let Reverse(flow) = group.flows.pop().expect("peeked");
-            for &p in group.path.iter() {
-                self.ports[p as usize].counters.completed_bytes[group.lane as usize] += flow.size_bytes;
-            }
+            done_bytes += flow.size_bytes;
             out.push(Finished {
                 owner: flow.owner,
                 group: gid,
@@ -615,6 +619,10 @@ impl Network {
         self.active_flows -= done;
         self.stats.finished += done;
         if done > 0 {
+            // Once per port, not once per flow (integers: the same sums).
+            for &p in group.path.iter() {
+                self.ports[p as usize].counters.completed_bytes[group.lane as usize] += done_bytes;
+            }
             self.add_group_demand(gid, -(done as f64));
         }
         if done > 0 && self.groups[gid as usize].flows.is_empty() {
@@ -1222,16 +1230,19 @@ fn settle_port(port: &mut Port, now: TimeNs, sampling: Sampling) {
 /// Spread `rate` bytes/s over [from, to) into fixed sampling intervals (at most `Sampling::cap` of them up
 /// to `to`, by the choice of `sample_ns`).
 fn add_to_samples(samples: &mut Vec<f64>, from: TimeNs, to: TimeNs, sample_ns: u64, rate: f64) {
-    let last = ((to - 1) / sample_ns) as usize;
-    if samples.len() <= last {
-        samples.resize(last + 1, 0.0);
-    }
+    // Divide once: each later interval starts where the one before ended.
+    let mut k = from / sample_ns;
     let mut t = from;
     while t < to {
-        let k = t / sample_ns;
         let end = (k + 1).saturating_mul(sample_ns).min(to);
-        samples[k as usize] += rate * (end - t) as f64 / NS_PER_S;
+        let i = k as usize;
+        if i >= samples.len() {
+            // Grown to the last interval of [from, to) at once, as its samples all get bytes.
+            samples.resize(((to - 1) / sample_ns) as usize + 1, 0.0);
+        }
+        samples[i] += rate * (end - t) as f64 / NS_PER_S;
         t = end;
+        k += 1;
     }
 }
 
@@ -1273,6 +1284,35 @@ mod tests {
             net.recompute(t, queue);
         }
         out
+    }
+
+    #[test]
+    fn interval_at_is_the_doubling_loop() {
+        let by_loop = |s: Sampling, now: TimeNs| {
+            let mut interval = s.base_ns;
+            while now.div_ceil(interval) > s.cap {
+                interval = interval.saturating_mul(2);
+            }
+            interval
+        };
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..100_000 {
+            let base = [1, 3, 1_000_000, 10_000_000, 1 << 40, u64::MAX / 3][i % 6];
+            let cap = [MIN_SAMPLES_PER_SERIES, 1000, MAX_SAMPLES_PER_SERIES][i % 3];
+            let now = next() >> (next() % 64);
+            let s = Sampling { base_ns: base, cap };
+            assert_eq!(s.interval_at(now), by_loop(s, now), "base {base} cap {cap} now {now}");
+        }
+        let s = Sampling { base_ns: 1_000_000, cap: 256 };
+        for now in [0, 1, 256_000_000, 256_000_001, 512_000_000, 512_000_001, END_NS, u64::MAX] {
+            assert_eq!(s.interval_at(now), by_loop(s, now), "now {now}");
+        }
     }
 
     #[test]
