@@ -445,6 +445,14 @@ impl Network {
 
     /// Check that a transfer on `lane` along `path` could ever move.
     pub fn validate_path(&self, path: &[PortId], lane: Lane) -> Result<()> {
+        if (lane as usize) < MAX_LANES && self.in_use(path, lane) {
+            return Ok(()); // checked when its group was made, and ports never change
+        }
+        self.check_path(path, lane)
+    }
+
+    /// [`Network::validate_path`] in full.
+    fn check_path(&self, path: &[PortId], lane: Lane) -> Result<()> {
         if path.is_empty() {
             return Err(CoreError::invalid("path", "at least one port"));
         }
@@ -474,6 +482,17 @@ impl Network {
         Ok(())
     }
 
+    /// Whether a group of (`path`, `lane`) exists: one lookup, allocating nothing for paths of usual length.
+    fn in_use(&self, path: &[PortId], lane: Lane) -> bool {
+        let mut key = [0u32; 16];
+        if path.len() >= key.len() {
+            return false; // a full check instead
+        }
+        key[..path.len()].copy_from_slice(path);
+        key[path.len()] = lane as u32;
+        self.group_of.contains_key(&key[..=path.len()])
+    }
+
     /// Start a transfer of `size_bytes` (> 0) at `now`. Rates are recomputed by the next `recompute`.
     pub fn add_flow(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, owner: Owner, now: TimeNs) -> Result<()> {
         self.key.clear();
@@ -483,7 +502,7 @@ impl Network {
         if found.is_none() {
             // A path in use was validated when its group was made (ports never change), so only a new
             // one is checked; the size check comes after the path's, as it always did.
-            self.validate_path(path, lane)?;
+            self.check_path(path, lane)?;
         }
         if size_bytes == 0 {
             return Err(CoreError::invalid(
