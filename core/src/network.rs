@@ -46,6 +46,8 @@ const DAMP_AFTER_VISITS: u32 = 8;
 const MAX_VISITS: u32 = 256;
 /// How often (in recomputations of a port) its demand cache is recomputed exactly from its members.
 const EXACT_DEMAND_EVERY: u32 = 32;
+/// Emptyings per generation of idle groups, at least (see `sweep_idle_groups`).
+const IDLE_GENERATION: usize = 4096;
 /// Relative load above capacity that counts as an overload (float rounding stays far below it).
 const OVERLOAD_TOL: f64 = 1e-9;
 
@@ -188,12 +190,18 @@ struct Sampling {
 impl Sampling {
     /// The interval at time `now`: the smallest `base_ns × 2^k` that covers `now` in at most `cap` samples.
     /// Never decreases as `now` grows (and `cap` only shrinks), and every value divides the later ones.
+    ///
+    /// `ceil(now / i) <= cap` is `now <= cap * i`, so this is `base_ns × 2^k` for the smallest `k` with
+    /// `2^k >= ceil(now / (base_ns × cap))`, saturating at `u64::MAX`: one division, not one per doubling
+    /// (it runs on every settle of a busy port).
     fn interval_at(self, now: TimeNs) -> u64 {
-        let mut interval = self.base_ns;
-        while now.div_ceil(interval) > self.cap {
-            interval = interval.saturating_mul(2);
+        let base = self.base_ns;
+        let Some(span) = base.checked_mul(self.cap) else { return base };
+        if now <= span {
+            return base;
         }
-        interval
+        let doublings = u64::BITS - (now.div_ceil(span) - 1).leading_zeros();
+        1u64.checked_shl(doublings).and_then(|factor| base.checked_mul(factor)).unwrap_or(u64::MAX)
     }
 }
 
@@ -291,6 +299,10 @@ struct Group {
     dirty: bool,
     /// Its next completion lies past [`END_NS`] at the current rate (counted in `overflowed_groups`).
     overflowed: bool,
+    /// In `Network::idle_new` or `idle_old`.
+    idle: bool,
+    /// The generation of idle groups in which it last went empty.
+    emptied_in: u32,
 }
 
 impl Group {
@@ -324,8 +336,19 @@ pub struct Network {
     /// Kept apart from `ports` because it is the hottest data: read for every member on every recompute.
     mu: Vec<[f64; MAX_LANES]>,
     by_name: HashMap<String, PortId>,
+    /// Groups with flows in flight, and empty ones not freed yet: every so often the empty ones are freed
+    /// and their slots reused, so memory follows the number of paths in use, not the number ever used.
     groups: Vec<Group>,
-    /// Group of each (path, lane), keyed by the path's port ids followed by the lane.
+    /// Groups that went empty in this generation and in the one before (some may have flows again);
+    /// see `sweep_idle_groups`.
+    idle_new: Vec<GroupId>,
+    idle_old: Vec<GroupId>,
+    generation: u32,
+    /// Groups with flows (attached to their ports).
+    busy_groups: usize,
+    /// Slots of freed groups, reused (last freed first) by new groups.
+    free_groups: Vec<GroupId>,
+    /// Group of each (path, lane) in use, keyed by the path's port ids followed by the lane.
     group_of: FxHashMap<Box<[u32]>, GroupId>,
     /// Reused lookup key for `group_of`, so finding a group allocates nothing.
     key: Vec<u32>,
@@ -357,6 +380,11 @@ impl Network {
             mu: Vec::new(),
             by_name: HashMap::new(),
             groups: Vec::new(),
+            idle_new: Vec::new(),
+            idle_old: Vec::new(),
+            generation: 0,
+            busy_groups: 0,
+            free_groups: Vec::new(),
             group_of: FxHashMap::default(),
             key: Vec::new(),
             worklist: VecDeque::new(),
@@ -433,6 +461,14 @@ impl Network {
 
     /// Check that a transfer on `lane` along `path` could ever move.
     pub fn validate_path(&self, path: &[PortId], lane: Lane) -> Result<()> {
+        if (lane as usize) < MAX_LANES && self.in_use(path, lane) {
+            return Ok(()); // checked when its group was made, and ports never change
+        }
+        self.check_path(path, lane)
+    }
+
+    /// [`Network::validate_path`] in full.
+    fn check_path(&self, path: &[PortId], lane: Lane) -> Result<()> {
         if path.is_empty() {
             return Err(CoreError::invalid("path", "at least one port"));
         }
@@ -462,23 +498,38 @@ impl Network {
         Ok(())
     }
 
+    /// Whether a group of (`path`, `lane`) exists: one lookup, allocating nothing for paths of usual length.
+    fn in_use(&self, path: &[PortId], lane: Lane) -> bool {
+        let mut key = [0u32; 16];
+        if path.len() >= key.len() {
+            return false; // a full check instead
+        }
+        key[..path.len()].copy_from_slice(path);
+        key[path.len()] = lane as u32;
+        self.group_of.contains_key(&key[..=path.len()])
+    }
+
     /// Start a transfer of `size_bytes` (> 0) at `now`. Rates are recomputed by the next `recompute`.
     pub fn add_flow(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, owner: Owner, now: TimeNs) -> Result<()> {
-        self.validate_path(path, lane)?;
+        self.key.clear();
+        self.key.extend_from_slice(path);
+        self.key.push(lane as u32);
+        let found = self.group_of.get(self.key.as_slice()).copied();
+        if found.is_none() {
+            // A path in use was validated when its group was made (ports never change), so only a new
+            // one is checked; the size check comes after the path's, as it always did.
+            self.check_path(path, lane)?;
+        }
         if size_bytes == 0 {
             return Err(CoreError::invalid(
                 "size_bytes",
                 "> 0 for a flow (zero-byte transfers never reach the network)",
             ));
         }
-        self.key.clear();
-        self.key.extend_from_slice(path);
-        self.key.push(lane as u32);
-        let gid = match self.group_of.get(self.key.as_slice()) {
-            Some(&g) => g,
+        let gid = match found {
+            Some(g) => g,
             None => {
-                let g = self.groups.len() as GroupId;
-                self.groups.push(Group {
+                let group = Group {
                     path: path.into(),
                     slots: vec![DETACHED; path.len()].into(),
                     lane,
@@ -489,13 +540,28 @@ impl Network {
                     service_at: now,
                     dirty: false,
                     overflowed: false,
-                });
+                    idle: false,
+                    emptied_in: 0,
+                };
+                let g = match self.free_groups.pop() {
+                    Some(g) => {
+                        // Keep the freed group's flow heap: its allocation fits the next group as well.
+                        let flows = std::mem::take(&mut self.groups[g as usize].flows);
+                        self.groups[g as usize] = Group { flows, ..group };
+                        g
+                    }
+                    None => {
+                        self.groups.push(group);
+                        (self.groups.len() - 1) as GroupId
+                    }
+                };
                 self.group_of.insert(self.key.as_slice().into(), g);
                 g
             }
         };
         let group = &mut self.groups[gid as usize];
         if group.flows.is_empty() {
+            self.busy_groups += 1;
             group.service = 0.0;
             group.service_at = now;
             for (i, &p) in group.path.iter().enumerate() {
@@ -571,15 +637,13 @@ impl Network {
         group.settle(now);
         // Completion times are rounded up to the nanosecond, so allow a nanosecond's worth of service.
         let tolerance = group.rate * 1e-9 + 1e-9;
-        let mut done = 0u64;
+        let (mut done, mut done_bytes) = (0u64, 0u64);
         while let Some(Reverse(top)) = group.flows.peek() {
             if top.finish > group.service + tolerance {
                 break;
             }
             let Reverse(flow) = group.flows.pop().expect("peeked");
-            for &p in group.path.iter() {
-                self.ports[p as usize].counters.completed_bytes[group.lane as usize] += flow.size_bytes;
-            }
+            done_bytes += flow.size_bytes;
             out.push(Finished {
                 owner: flow.owner,
                 group: gid,
@@ -593,6 +657,10 @@ impl Network {
         self.active_flows -= done;
         self.stats.finished += done;
         if done > 0 {
+            // Once per port, not once per flow (integers: the same sums).
+            for &p in group.path.iter() {
+                self.ports[p as usize].counters.completed_bytes[group.lane as usize] += done_bytes;
+            }
             self.add_group_demand(gid, -(done as f64));
         }
         if done > 0 && self.groups[gid as usize].flows.is_empty() {
@@ -603,6 +671,7 @@ impl Network {
     }
 
     fn detach(&mut self, gid: GroupId) {
+        self.busy_groups -= 1;
         let path_len = self.groups[gid as usize].path.len();
         for i in 0..path_len {
             let p = self.groups[gid as usize].path[i];
@@ -830,9 +899,18 @@ impl Network {
                 rate = group.path.iter().map(|&q| self.ports[q as usize].capacity).fold(INF, f64::min);
             }
             self.set_group_rate(g, rate, now, queue);
+            let group = &mut self.groups[g as usize];
+            if group.flows.is_empty() {
+                group.emptied_in = self.generation;
+                if !group.idle {
+                    group.idle = true;
+                    self.idle_new.push(g);
+                }
+            }
         }
         self.dirty_groups = dirty;
         self.dirty_groups.clear();
+        self.sweep_idle_groups();
         // Where the iteration stopped short of its fixed point (see `recompute`), a port may be asked for
         // more than it has: scale its flows down. Scaling only lowers other ports' load, so one pass over
         // the ports whose load rose suffices. Never happens when the iteration converged.
@@ -902,6 +980,48 @@ impl Network {
                 self.charge_port(q, lane, delta, now);
             }
         }
+    }
+
+    /// Free the groups that stayed empty for a whole generation (`IDLE_GENERATION` emptyings, or as many
+    /// as there are busy groups if more): memory stays within a few times the groups in use, and a path
+    /// emptied and soon used again (a forward pass's layer after layer, a busy link) keeps its group
+    /// instead of paying for a new one. Runs at the end of `apply_rates`, when every empty group has its
+    /// rate and charges back at zero.
+    fn sweep_idle_groups(&mut self) {
+        if self.idle_new.len() < IDLE_GENERATION.max(self.busy_groups) {
+            return;
+        }
+        let old = std::mem::take(&mut self.idle_old);
+        for &g in &old {
+            let group = &mut self.groups[g as usize];
+            if !group.flows.is_empty() {
+                group.idle = false; // listed again when it next goes empty
+            } else if group.emptied_in == self.generation {
+                self.idle_new.push(g); // went empty again in this generation: keep it
+            } else {
+                group.idle = false;
+                self.free_group(g);
+            }
+        }
+        self.idle_old = std::mem::replace(&mut self.idle_new, old);
+        self.idle_new.clear();
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// Forget an empty group whose rate and charges are back to zero (so a new group on its path starts
+    /// from the very state this one is in); its slot goes to the next new group.
+    fn free_group(&mut self, g: GroupId) {
+        let group = &mut self.groups[g as usize];
+        debug_assert!(group.flows.is_empty() && group.charged == 0.0 && group.rate == 0.0);
+        debug_assert!(!group.overflowed && !group.dirty && group.slots.iter().all(|&s| s == DETACHED));
+        self.key.clear();
+        self.key.extend_from_slice(&group.path);
+        self.key.push(group.lane as u32);
+        self.group_of.remove(self.key.as_slice());
+        // Nothing of the path is kept: an empty path marks the slot free (`in_flight`, `group_path`).
+        group.path = Box::default();
+        group.slots = Box::default();
+        self.free_groups.push(g);
     }
 
     fn set_overflowed(&mut self, g: GroupId, overflowed: bool) {
@@ -1012,7 +1132,8 @@ impl Network {
         self.ports.get(port as usize).map(|p| p.bucket_version)
     }
 
-    /// Every group with flows in flight: (path, lane, flows, per-flow rate). For tests and inspection.
+    /// Every group with flows in flight: (path, lane, flows, per-flow rate), in slot order (freed slots are
+    /// reused, so not necessarily the order the paths were first used). For tests and inspection.
     pub fn in_flight(&self) -> Vec<(Vec<PortId>, Lane, usize, f64)> {
         self.groups
             .iter()
@@ -1021,9 +1142,15 @@ impl Network {
             .collect()
     }
 
-    /// The path of a group (as reported in [`Finished::group`]); groups live as long as the network.
+    /// The path of a group (as reported in [`Finished::group`]). A group lives while it has flows, and
+    /// until the next [`Network::recompute`] after its last one finished; then its id may name a new group.
     pub fn group_path(&self, group: u32) -> Option<&[PortId]> {
-        self.groups.get(group as usize).map(|g| &*g.path)
+        self.groups.get(group as usize).map(|g| &*g.path).filter(|path| !path.is_empty())
+    }
+
+    /// Group slots allocated (in use or free): what the groups' memory grows with.
+    pub fn group_slots(&self) -> usize {
+        self.groups.len()
     }
 
     pub fn active_flows(&self) -> u64 {
@@ -1175,16 +1302,19 @@ fn settle_port(port: &mut Port, now: TimeNs, sampling: Sampling) {
 /// Spread `rate` bytes/s over [from, to) into fixed sampling intervals (at most `Sampling::cap` of them up
 /// to `to`, by the choice of `sample_ns`).
 fn add_to_samples(samples: &mut Vec<f64>, from: TimeNs, to: TimeNs, sample_ns: u64, rate: f64) {
-    let last = ((to - 1) / sample_ns) as usize;
-    if samples.len() <= last {
-        samples.resize(last + 1, 0.0);
-    }
+    // Divide once: each later interval starts where the one before ended.
+    let mut k = from / sample_ns;
     let mut t = from;
     while t < to {
-        let k = t / sample_ns;
         let end = (k + 1).saturating_mul(sample_ns).min(to);
-        samples[k as usize] += rate * (end - t) as f64 / NS_PER_S;
+        let i = k as usize;
+        if i >= samples.len() {
+            // Grown to the last interval of [from, to) at once, as its samples all get bytes.
+            samples.resize(((to - 1) / sample_ns) as usize + 1, 0.0);
+        }
+        samples[i] += rate * (end - t) as f64 / NS_PER_S;
         t = end;
+        k += 1;
     }
 }
 
@@ -1210,4 +1340,76 @@ fn coarsen(c: &mut PortCounters, sample_ns: u64) {
         merge(series);
     }
     c.sample_ns = sample_ns;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finish_all(net: &mut Network, queue: &mut EventQueue) -> Vec<Finished> {
+        let mut out = Vec::new();
+        net.recompute(0, queue);
+        while let Some((t, kind)) = queue.pop() {
+            if let EventKind::Group { group } = kind {
+                net.on_group_event(group, t, &mut out);
+            }
+            net.recompute(t, queue);
+        }
+        out
+    }
+
+    #[test]
+    fn interval_at_is_the_doubling_loop() {
+        let by_loop = |s: Sampling, now: TimeNs| {
+            let mut interval = s.base_ns;
+            while now.div_ceil(interval) > s.cap {
+                interval = interval.saturating_mul(2);
+            }
+            interval
+        };
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..100_000 {
+            let base = [1, 3, 1_000_000, 10_000_000, 1 << 40, u64::MAX / 3][i % 6];
+            let cap = [MIN_SAMPLES_PER_SERIES, 1000, MAX_SAMPLES_PER_SERIES][i % 3];
+            let now = next() >> (next() % 64);
+            let s = Sampling { base_ns: base, cap };
+            assert_eq!(s.interval_at(now), by_loop(s, now), "base {base} cap {cap} now {now}");
+        }
+        let s = Sampling { base_ns: 1_000_000, cap: 256 };
+        for now in [0, 1, 256_000_000, 256_000_001, 512_000_000, 512_000_001, END_NS, u64::MAX] {
+            assert_eq!(s.interval_at(now), by_loop(s, now), "now {now}");
+        }
+    }
+
+    #[test]
+    fn empty_groups_are_freed_and_their_slots_reused() {
+        let mut net = Network::new(0);
+        let ports: Vec<PortId> =
+            (0..160).map(|i| net.add_port(PortSpec::plain(format!("p{i}"), 1e9), 0).unwrap()).collect();
+        let mut queue = EventQueue::default();
+        // 12,720 distinct paths, used one after the other: the empty groups are freed in sweeps, so the
+        // slots stay below what a sweep lets gather.
+        for (i, &a) in ports.iter().enumerate() {
+            for &b in &ports[i + 1..] {
+                net.add_flow(&[a, b], 0, 1000, Owner::User(0), 0).unwrap();
+                let done = finish_all(&mut net, &mut queue);
+                assert_eq!(done.len(), 1);
+            }
+        }
+        // Fewer slots than paths: freed slots went to new groups.
+        assert!(net.group_slots() <= 2 * IDLE_GENERATION + 1, "{} slots", net.group_slots());
+        assert!(net.group_of.len() <= 2 * IDLE_GENERATION && net.in_flight().is_empty());
+        // A group kept (not swept yet) or made anew: the same rates.
+        net.add_flow(&[ports[0]], 0, 1000, Owner::User(1), 0).unwrap();
+        net.add_flow(&[ports[1]], 0, 1000, Owner::User(2), 0).unwrap();
+        net.add_flow(&[ports[0]], 0, 1000, Owner::User(3), 0).unwrap();
+        let done = finish_all(&mut net, &mut queue);
+        assert_eq!(done.iter().map(|f| f.end_ns).collect::<Vec<_>>(), [1000, 2000, 2000]);
+    }
 }

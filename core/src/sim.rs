@@ -105,10 +105,11 @@ pub struct CoreStats {
     pub spans_dropped: u64,
 }
 
-/// Where a traced piece of work went: a transfer's group (so its path), or one storage node's I/O.
+/// Where a traced piece of work went: a transfer's path (an index into `Core::span_paths`; the network
+/// reuses group ids, so they cannot name a path at the end of a run), or one storage node's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Route {
-    Group(u32),
+    Path(u32),
     Io(NodeId, IoKind),
 }
 
@@ -132,6 +133,9 @@ pub struct Core {
     completions: Vec<Completion>,
     finished: Vec<Finished>,
     spans: Vec<Span>,
+    /// The distinct paths of recorded transfer spans, and the index of each.
+    span_paths: Vec<Box<[PortId]>>,
+    span_path_index: std::collections::HashMap<Box<[PortId]>, u32>,
     pending_timers: u64,
     pending_transfers: u64,
     forwards: Forwards,
@@ -170,6 +174,8 @@ impl Core {
             completions: Vec::new(),
             finished: Vec::new(),
             spans: Vec::new(),
+            span_paths: Vec::new(),
+            span_path_index: std::collections::HashMap::new(),
             pending_timers: 0,
             pending_transfers: 0,
             forwards: Forwards::default(),
@@ -735,7 +741,7 @@ impl Core {
                     self.transfer_events += 1;
                     match f.owner {
                         Owner::User(tag) => {
-                            self.trace(Route::Group(f.group), f.lane, f.size_bytes, f.start_ns);
+                            self.trace_transfer(f.group, f.lane, f.size_bytes, f.start_ns);
                             self.complete(CompletionKind::Transfer, tag, f.start_ns, f.size_bytes, f.lane)
                         }
                         Owner::Io(id) => self.finish_io(id),
@@ -805,6 +811,25 @@ impl Core {
         if tag != UNREPORTED_TAG {
             self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
         }
+    }
+
+    /// [`Core::trace`] for a transfer of network group `group` (alive until the next recompute).
+    fn trace_transfer(&mut self, group: u32, lane: Lane, size_bytes: u64, start_ns: TimeNs) {
+        if !self.config.record_spans || self.spans.len() >= self.config.max_spans {
+            self.trace(Route::Path(0), lane, size_bytes, start_ns); // counted as dropped, or not at all
+            return;
+        }
+        let path = self.net.group_path(group).expect("a finished transfer's group exists until the next recompute");
+        let index = match self.span_path_index.get(path) {
+            Some(&i) => i,
+            None => {
+                let i = self.span_paths.len() as u32;
+                self.span_paths.push(path.into());
+                self.span_path_index.insert(path.into(), i);
+                i
+            }
+        };
+        self.trace(Route::Path(index), lane, size_bytes, start_ns);
     }
 
     /// Keep a finished transfer or I/O (ending now) for the trace, if spans are recorded. Zero-byte
@@ -1021,8 +1046,8 @@ impl Core {
     /// A route's span name (its path, ports by name) and the process it is drawn in.
     fn route_label(&self, route: Route, pids: &[u32]) -> (String, u32) {
         let (prefix, path, pid_port) = match route {
-            Route::Group(g) => {
-                let path = self.net.group_path(g).expect("a finished transfer's group exists").to_vec();
+            Route::Path(i) => {
+                let path = self.span_paths[i as usize].to_vec();
                 let first = path[0];
                 ("", path, first)
             }

@@ -265,6 +265,33 @@ fn trace_has_metadata_and_one_async_slice_per_transfer_named_by_its_path() {
     assert!(c.write_trace(path.to_str().unwrap(), Some(&[1]), &[]).is_err(), "one pid per port");
 }
 
+#[test]
+fn trace_names_paths_of_groups_whose_ids_were_reused() {
+    // One path at a time, more paths than the network keeps empty groups for: it frees them and gives
+    // their ids to new groups, and every span still carries its own path's name.
+    let mut c = Core::new(CoreConfig { record_spans: true, ..CoreConfig::default() }).unwrap();
+    let ports: Vec<PortId> = (0..160).map(|i| port(&mut c, &format!("n{i}.p"), GB)).collect();
+    let mut want = Vec::new();
+    for (i, &a) in ports.iter().enumerate() {
+        for (j, &b) in ports.iter().enumerate().skip(i + 1) {
+            c.submit_transfer(&[a, b], 0, 1_000, 0).unwrap();
+            run(&mut c);
+            want.push(format!("n{i}.p → n{j}.p"));
+        }
+    }
+    let path = std::env::temp_dir().join(format!("dualpath_trace_reuse_{}.json", std::process::id()));
+    c.write_trace(path.to_str().unwrap(), None, &[]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let begins: Vec<&str> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "b")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(begins, want);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Properties over random topologies and operation sequences.
 
