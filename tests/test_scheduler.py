@@ -312,3 +312,36 @@ class RoundRobinMachine(SchedulerMachine):
 
 TestDualPathScheduler = SchedulerMachine.TestCase
 TestRoundRobinScheduler = RoundRobinMachine.TestCase
+
+
+@given(
+    groups=st.integers(1, 12),
+    steps=st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.integers(1, 4)), min_size=1, max_size=60),
+)
+def test_phase_1_over_a_heap_of_groups_chooses_as_the_scan_does(
+    groups: int, steps: list[tuple[bool, int, int]]
+) -> None:
+    """The scheduler's GroupLoads keep the decode groups in a heap: the same targets as a scan of a plain
+    dict, through arrivals and completions (loads freed outside the policy) in any order."""
+    from dualpath_emu.cluster.policies import GroupLoads
+
+    scan, heap = DualPathPolicy(), DualPathPolicy()
+    plain, tracked = {g: 0 for g in range(groups)}, GroupLoads({g: 0 for g in range(groups)})
+    queues = {name: {g: deque[Request]() for g in range(groups)} for name in ("scan", "heap")}
+    routed: dict[str, list[tuple[int, Request]]] = {"scan": [], "heap": []}
+    next_id = 0
+    for arrive, pick, count in steps:
+        if arrive or not routed["scan"]:
+            batch = [req(next_id + i, new=100 * (1 + (next_id + i) % 7), hit=0, gen=10) for i in range(count)]
+            next_id += count
+            for name, policy, loads in (("scan", scan, plain), ("heap", heap, tracked)):
+                policy.route_decode(deque(batch), queues[name], loads)
+                for g, q in queues[name].items():
+                    while q:
+                        routed[name].append((g, q.popleft()))
+            assert routed["scan"] == routed["heap"]
+        else:  # a routed request finishes: its group's load drops outside the policy
+            for name, policy, loads in (("scan", scan, plain), ("heap", heap, tracked)):
+                g, request = routed[name].pop(pick % len(routed[name]))
+                loads[g] -= policy.decode_tokens(request)
+    assert plain == dict(tracked)

@@ -50,6 +50,7 @@ __all__ = [
     "DecodeAssignment",
     "DualPathPolicy",
     "Engine",
+    "GroupLoads",
     "Policy",
     "PrefillAssignment",
     "ReadSide",
@@ -125,6 +126,8 @@ class Policy(ABC):
     """Assignments made so far (stamps :attr:`Engine.given` and the decode groups' turns)."""
     _group_given: dict[int, int] = field(default_factory=dict, repr=False)
     """Decode group -> :attr:`_given` when it was last routed a request (ties in phase 1, as for PEs)."""
+    _group_heap: list[tuple[int, int, int]] = field(default_factory=list, repr=False, compare=False)
+    _group_heap_of: GroupLoads | None = field(default=None, repr=False, compare=False)
 
     def prefill_tokens(self, request: Request) -> int:
         """What a request adds to a PE's ``tok_e``."""
@@ -206,6 +209,9 @@ class Policy(ABC):
         """Phase 1 of the DE selection: each queued request to the group with the least ``Σ tok_e`` (ties: the
         group routed a request least recently, then the lowest id). ``group_loads`` (group id -> its engines' Σ tok_e plus what waits in its private queue) is
         updated in place."""
+        if isinstance(group_loads, GroupLoads):
+            self._drain_by_heap(global_queue, private_queues, group_loads)
+            return
         while global_queue:
             request = global_queue.popleft()
             target = min(group_loads, key=lambda g: (group_loads[g], self._group_given.get(g, 0), g))
@@ -213,6 +219,37 @@ class Policy(ABC):
             group_loads[target] += self.decode_tokens(request)
             self._given += 1
             self._group_given[target] = self._given
+
+    def _drain_by_heap(
+        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: GroupLoads
+    ) -> None:
+        """:meth:`_drain_to_groups` with the groups in a heap by ``(load, routed, id)``: O(log groups) per
+        request, the same choices (a scan of 96 groups per request was 4% of a 48P96D run). An entry is
+        current while the group's load and turn still match it; every change pushes a new one."""
+        heap = self._group_heap
+        if self._group_heap_of is not group_loads:
+            self._group_heap_of, heap = group_loads, []
+            self._group_heap = heap
+            group_loads.changed.update(group_loads)
+        given = self._group_given
+        for g in group_loads.changed:
+            heapq.heappush(heap, (group_loads[g], given.get(g, 0), g))
+        group_loads.changed.clear()
+        while global_queue:
+            load, turn, target = heap[0]
+            if group_loads[target] != load or given.get(target, 0) != turn:
+                heapq.heappop(heap)  # stale
+                continue
+            request = global_queue.popleft()
+            private_queues[target].append(request)
+            group_loads[target] = load + self.decode_tokens(request)
+            self._given += 1
+            given[target] = self._given
+            heapq.heappush(heap, (group_loads[target], self._given, target))
+        group_loads.changed.clear()
+        if len(heap) > 4 * len(group_loads) + 16:  # mostly stale entries: rebuild from the loads as they are
+            heap[:] = [(load, given.get(g, 0), g) for g, load in group_loads.items()]
+            heapq.heapify(heap)
 
 
 @dataclass
@@ -359,6 +396,20 @@ class RoundRobinPolicy(Policy):
             out.append(self._give_decode(engine, request))
         self._next_de[group_id] = next_engine
         return out
+
+
+class GroupLoads(dict[int, int]):
+    """The decode groups' loads (``Σ tok_e`` plus what waits in the private queue, by group id) that the
+    scheduler keeps for phase 1, remembering which groups changed since the policy last looked, so that
+    phase 1 can keep the groups in a heap (a plain dict works too, with a scan per request)."""
+
+    def __init__(self, loads: dict[int, int] | None = None) -> None:
+        super().__init__(loads or {})
+        self.changed: set[int] = set(self)
+
+    def __setitem__(self, group: int, load: int) -> None:
+        super().__setitem__(group, load)
+        self.changed.add(group)
 
 
 _Entry = tuple[int, int, int, Engine]

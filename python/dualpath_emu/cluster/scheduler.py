@@ -28,6 +28,7 @@ from dualpath_emu.cluster.policies import (
     DecodeAssignment,
     DualPathPolicy,
     Engine,
+    GroupLoads,
     Policy,
     PrefillAssignment,
     PrefillDispatch,
@@ -75,7 +76,7 @@ class SchedulerActor(Actor):
         self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
         self.decode_queue: deque[Request] = deque()
         self.private: dict[int, deque[Request]] = {n: deque() for n in self.de_engines}
-        self.group_loads: dict[int, int] = {n: 0 for n in self.de_engines}
+        self.group_loads = GroupLoads({n: 0 for n in self.de_engines})
         self.requests: dict[int, Request] = {}
         self.pe_of: dict[int, int] = {}
         self.de_of: dict[int, int] = {}
