@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dualpath_emu.cluster.config import ClusterConfig, Derived
 from dualpath_emu.cluster.ledger import Ledger
@@ -27,10 +27,13 @@ class Cluster:
     metrics: Metrics
     policy: Policy
     plane: Ledger
+    _group_names: dict[tuple[str, int], str] = field(default_factory=dict, repr=False, compare=False)
 
     def group_name(self, role: str, node: int) -> str:
         """The actor that hosts ``node``'s engines (prefill groups may span nodes)."""
-        if role == "pe":
-            first = node - node % self.config.prefill_ep_nodes
-            return f"pe{first}"
-        return f"de{node}"
+        try:
+            return self._group_names[(role, node)]  # asked for at every message to a group
+        except KeyError:
+            name = f"pe{node - node % self.config.prefill_ep_nodes}" if role == "pe" else f"de{node}"
+            self._group_names[(role, node)] = name
+            return name

@@ -17,7 +17,7 @@ from heapq import heappop, heappush
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, inter_node_a2a_bytes, then
+from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, inter_node_a2a_bytes
 from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
@@ -135,7 +135,6 @@ class DecodeGroup(EngineGroup):
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
         metrics.read_start(msg.rid, self.system.now_ns())
-        done = self.cluster.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv)
 
         def finished() -> None:
             metrics.read_done(msg.rid, self.system.now_ns())
@@ -143,7 +142,8 @@ class DecodeGroup(EngineGroup):
             self.tell("scheduler", ReadDone(self.node, msg.hit))
             self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
-        then(self, done, finished)
+        self.cluster.plane.io_then(self.node, "read", KV_LANE, msg.hit * self._kv, guarded(self, finished),
+                                   self.fail_run)  # fmt: skip
 
     @handles(KvReady)
     def on_kv_ready(self, msg: KvReady) -> None:
@@ -169,14 +169,14 @@ class DecodeGroup(EngineGroup):
             return
         # The prompt KV: DE buffer → HBM (one H2D, §4); then the buffer is free.
         size = request.prompt * self._kv
-        done = self.cluster.plane.transfer(self.cluster.topology.h2d(self.node, request.gpu), KV_LANE, size)
 
         def copied() -> None:
             self.buffer.release(request.rid, size)
             self._join(request)
             self._report_done()
 
-        then(self, done, copied)
+        self.cluster.plane.transfer_then(self.cluster.topology.h2d(self.node, request.gpu), KV_LANE, size,
+                                         guarded(self, copied), self.fail_run)  # fmt: skip
 
     def _join(self, request: _DecodeRequest) -> None:
         if request.produced >= request.gen:  # its one token came from the prefill: no step to take

@@ -3,16 +3,15 @@ all-to-all volume that crosses the network, and waiting on the data plane withou
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.messages import Fetch
 from dualpath_emu.runtime.actors import Actor, ActorSystem
-from dualpath_emu.runtime.core_work import Completion
 
-__all__ = ["NS", "EngineGroup", "inter_node_a2a_bytes", "then"]
+__all__ = ["NS", "EngineGroup", "guarded", "inter_node_a2a_bytes"]
 
 NS = 1_000_000_000
 
@@ -25,23 +24,25 @@ class EngineGroup(Actor):
         super().__init__(system, name)
         self.cluster = cluster
         self.nodes = list(nodes)
+        self.fail_run = functools.partial(system.fail, self)
+        """Fail the run with an error (of a read or copy the core refused)."""
 
     def start(self) -> None:
         super().start()
         self.tell("scheduler", Fetch(tuple(self.nodes), round(self.cluster.config.fetch_period_s * NS)))
 
 
-def then(actor: Actor, future: asyncio.Future[Completion], callback: Callable[[], None]) -> None:
-    """Call ``callback`` when ``future`` is done (cheaper than a task per I/O); an error fails the run."""
+def guarded(actor: Actor, callback: Callable[[], None]) -> Callable[[], None]:
+    """``callback`` for the loop to call when a read or copy is done: an error in it fails the run (the
+    loop would only log it)."""
 
-    def done(f: asyncio.Future[Completion]) -> None:
+    def done() -> None:
         try:
-            f.result()
             callback()
         except Exception as error:
             actor.system.fail(actor, error)
 
-    future.add_done_callback(done)
+    return done
 
 
 def inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:

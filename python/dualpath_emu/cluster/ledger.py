@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.actors import ActorSystem
-from dualpath_emu.runtime.core_work import Completion
+from dualpath_emu.runtime.core_work import Completion, CoreWork
 
 __all__ = ["Hop", "Ledger"]
 
@@ -23,9 +23,17 @@ class Ledger:
     def __init__(self, system: ActorSystem, topology: Topology) -> None:
         self._system = system
         self._topology = topology
+        self._work: CoreWork | None = None
+        """The running loop's core work, found on first use (a run's loop does not change)."""
         self._by_path: dict[tuple[tuple[int, ...], int], list[int]] = {}
         """``[bytes, transfers]`` per ``(path, lane)``: a run has few distinct paths, so booking costs one
         dict update per transfer; the per-port totals are summed when asked for."""
+
+    def _plane(self) -> CoreWork:
+        work = self._work
+        if work is None:
+            work = self._work = self._system.data_plane
+        return work
 
     def _book(self, path: tuple[int, ...], lane: int, size: int, count: int = 1) -> None:
         tally = self._by_path.get((path, lane))
@@ -54,19 +62,30 @@ class Ledger:
 
     def transfer(self, path: tuple[int, ...], lane: int, size: int) -> asyncio.Future[Completion]:
         self._book(path, lane, size)
-        return self._system.data_plane.transfer(path, lane, size)
+        return self._plane().transfer(path, lane, size)
+
+    def transfer_then(self, path: tuple[int, ...], lane: int, size: int, done: Callable[[], None],
+                      failed: Callable[[Exception], None]) -> None:  # fmt: skip
+        """A transfer whose end calls ``done()`` (``failed(error)`` if refused), without a future."""
+        self._book(path, lane, size)
+        self._plane().transfer_then(path, lane, size, done, failed)
+
+    def io_then(self, node: int, kind: str, lane: int, size: int, done: Callable[[], None],
+                failed: Callable[[Exception], None]) -> None:  # fmt: skip
+        """A storage I/O whose end calls ``done()`` (``failed(error)`` if refused), without a future."""
+        self._plane().io_then(self._book_io(node, kind, lane, size), kind, lane, size, done, failed)
 
     def transfer_detached(self, path: tuple[int, ...], lane: int, size: int) -> None:
         """A transfer nobody waits for (write-backs, decode all-to-all): booked, never reported."""
         self._book(path, lane, size)
-        self._system.data_plane.transfer_detached(path, lane, size)
+        self._plane().transfer_detached(path, lane, size)
 
     def io(self, node: int, kind: str, lane: int, size: int) -> asyncio.Future[Completion]:
-        return self._system.data_plane.io(self._book_io(node, kind, lane, size), kind, lane, size)
+        return self._plane().io(self._book_io(node, kind, lane, size), kind, lane, size)
 
     def io_detached(self, node: int, kind: str, lane: int, size: int) -> None:
         """A storage I/O nobody waits for (block write-backs): booked, never reported."""
-        self._system.data_plane.io_detached(self._book_io(node, kind, lane, size), kind, lane, size)
+        self._plane().io_detached(self._book_io(node, kind, lane, size), kind, lane, size)
 
     def _book_io(self, node: int, kind: str, lane: int, size: int) -> int:
         """Book a storage I/O of ``node``; return its storage node."""
@@ -91,4 +110,4 @@ class Ledger:
                     self._book(hop[0], hop[1], hop[2] * n_layers, n_layers)
         for path, lane, size in collectives:
             self._book(path, lane, size * n_layers, n_layers)
-        return self._system.data_plane.forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives)
+        return self._plane().forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives)

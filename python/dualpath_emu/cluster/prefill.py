@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, inter_node_a2a_bytes, then
+from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import HitReady, KvReady, Prefill, PrefillDone, PrefillTask, ReadDone
 from dualpath_emu.cluster.pool import Pool
@@ -102,7 +102,6 @@ class PrefillGroup(EngineGroup):
         """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
         metrics = self.cluster.metrics
         metrics.read_start(item.rid, self.system.now_ns())
-        done = self.cluster.plane.io(node, "read", KV_LANE, item.hit * self._kv)
 
         def finished() -> None:
             metrics.read_done(item.rid, self.system.now_ns())
@@ -110,7 +109,7 @@ class PrefillGroup(EngineGroup):
             self.tell("scheduler", ReadDone(node, item.hit))
             self._pe_ready(item)
 
-        then(self, done, finished)
+        self.cluster.plane.io_then(node, "read", KV_LANE, item.hit * self._kv, guarded(self, finished), self.fail_run)
 
     def _pe_ready(self, item: _PrefillItem) -> None:
         item.pe_ready = True

@@ -160,6 +160,13 @@ def _one_by_one(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tupl
     return refused
 
 
+class _Call(NamedTuple):
+    """A waiter that is a callback (:meth:`CoreWork.call_when_done`), not a future."""
+
+    done: Callable[[], None]
+    failed: Callable[[Exception], None]
+
+
 class CoreWork:
     """The loop's side of a data plane: tags, pending requests, waiters. Mixed into an asyncio event loop.
 
@@ -170,7 +177,7 @@ class CoreWork:
 
     def _init_core_work(self) -> None:
         self._next_tag = 1
-        self._waiters: dict[int, asyncio.Future[Completion]] = {}
+        self._waiters: dict[int, asyncio.Future[Completion] | _Call] = {}
         self._pending_transfers: list[_Transfer] = []
         self._pending_forwards: list[_Forward] = []
         self._pending_ios: list[_Io] = []
@@ -203,6 +210,34 @@ class CoreWork:
         future: asyncio.Future[Completion] = loop.create_future()
         self._waiters[tag] = future
         return future
+
+    def call_when_done(self, tag: int, done: Callable[[], None], failed: Callable[[Exception], None]) -> None:
+        """Call ``done()`` from the loop when ``tag`` completes (or ``failed(error)`` if the core refuses its
+        request): what a callback on :meth:`expect`'s future would do, at the same point of the loop,
+        without the future (engines wait so for every read and copy)."""
+        if tag in self._waiters:
+            raise ValueError(f"tag {tag} is already awaited")
+        self._waiters[tag] = _Call(done, failed)
+
+    def transfer_then(
+        self, path: Sequence[int], lane: int, size_bytes: int, done: Callable[[], None],
+        failed: Callable[[Exception], None],
+    ) -> None:  # fmt: skip
+        """:meth:`transfer` with :meth:`call_when_done` instead of a future."""
+        tag = self.new_tag()
+        self._pending_transfers.append((tuple(path), lane, size_bytes, tag))
+        self._queued()
+        self.call_when_done(tag, done, failed)
+
+    def io_then(
+        self, node: int, kind: str, lane: int, size_bytes: int, done: Callable[[], None],
+        failed: Callable[[Exception], None],
+    ) -> None:  # fmt: skip
+        """:meth:`io` with :meth:`call_when_done` instead of a future."""
+        tag = self.new_tag()
+        self._pending_ios.append((node, kind, lane, size_bytes, tag))
+        self._queued()
+        self.call_when_done(tag, done, failed)
 
     def transfer(self, path: Sequence[int], lane: int, size_bytes: int) -> asyncio.Future[Completion]:
         """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now.
@@ -288,15 +323,23 @@ class CoreWork:
         if tag == UNREPORTED_TAG:
             raise error
         future = self._waiters.pop(tag, None)
-        if future is not None and not future.done():
+        if type(future) is _Call:
+            self._loop().call_soon(future.failed, error)
+        elif future is not None and not future.done():
             future.set_exception(error)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return self  # type: ignore[return-value]  # mixed into an event loop
 
     def _deliver(self, completions: list[_RawCompletion]) -> None:
         unknown: list[int] = []
+        call_soon = self._loop().call_soon
         for raw in completions:
             future = self._waiters.pop(raw[1], None)
             if future is None:
                 unknown.append(raw[1])
+            elif type(future) is _Call:  # where the future's done callback would have been scheduled
+                call_soon(future.done)
             elif not future.done():  # a waiter may have given up (cancelled, e.g. by wait_for)
                 future.set_result(Completion._make(raw))
         if unknown:
