@@ -388,7 +388,7 @@ class ActorSystem:
 
     def last_events(self, n: int) -> tuple[Event, ...]:
         """The last ``n`` events."""
-        return tuple(_new_event(Event, raw) for raw in self._log[-n:]) if n > 0 else ()
+        return tuple(_new_tuple(Event, raw) for raw in self._log[-n:]) if n > 0 else ()
 
     # --- actors --------------------------------------------------------------------------------------
 
@@ -421,7 +421,7 @@ class ActorSystem:
             raise UnknownActorError(recipient)
         msg_id = self._next_msg_id
         self._next_msg_id = msg_id + 1
-        envelope = Envelope(sender, recipient, msg_id, None, msg)
+        envelope = _new_tuple(Envelope, (sender, recipient, msg_id, None, msg))  # Envelope(...) without its frame
         clock = self._clock
         now = clock() if clock is not None else self._bind()()
         summary = None
@@ -432,7 +432,7 @@ class ActorSystem:
         if target._stopped:
             self._drop(envelope, summary or _describe(envelope))
             return
-        self._send(_Request(envelope, False, summary), now)
+        self._send(_new_tuple(_Request, (envelope, False, summary)), now)
 
     async def ask(
         self, recipient: str, msg: Message, *, timeout_s: float | None = None, sender: str = MAIN
@@ -806,8 +806,9 @@ class _Mailbox:
         return not self.items
 
 
-# Builds an Event without NamedTuple's Python-level __new__ (record runs several times per message).
-_new_event: Final = tuple.__new__
+_new_tuple: Final = tuple.__new__
+"""Makes a named tuple (an Event, an Envelope) from a tuple of its fields in C: ``Envelope(...)`` runs
+NamedTuple's Python-level ``__new__``, and these are made several times per message."""
 
 
 def _type_name(value: object) -> str:

@@ -341,7 +341,7 @@ class CoreWork:
             elif type(future) is _Call:  # where the future's done callback would have been scheduled
                 call_soon(future.done)
             elif not future.done():  # a waiter may have given up (cancelled, e.g. by wait_for)
-                future.set_result(Completion._make(raw))
+                future.set_result(tuple.__new__(Completion, raw))  # Completion._make, without its frame
         if unknown:
             raise UnexpectedCompletionError(
                 f"the core completed work with tags {unknown} at {self.clock_ns()} ns that nobody awaits; "
