@@ -323,7 +323,7 @@ class CoreWork:
         if tag == UNREPORTED_TAG:
             raise error
         future = self._waiters.pop(tag, None)
-        if type(future) is _Call:
+        if isinstance(future, _Call):
             self._loop().call_soon(future.failed, error)
         elif future is not None and not future.done():
             future.set_exception(error)
@@ -338,7 +338,7 @@ class CoreWork:
             future = self._waiters.pop(raw[1], None)
             if future is None:
                 unknown.append(raw[1])
-            elif type(future) is _Call:  # where the future's done callback would have been scheduled
+            elif isinstance(future, _Call):  # where the future's done callback would have been scheduled
                 call_soon(future.done)
             elif not future.done():  # a waiter may have given up (cancelled, e.g. by wait_for)
                 future.set_result(tuple.__new__(Completion, raw))  # Completion._make, without its frame

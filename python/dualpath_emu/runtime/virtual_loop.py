@@ -159,50 +159,52 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         steps in the same order (so timers fire and callbacks run exactly as there), without what virtual
         time never needs -- no timeout to compute, no select() while callbacks are ready, the clock read
         once. A run spends a fifth of its time in this loop; this version costs about half of asyncio's."""
-        if self._debug:  # type: ignore[attr-defined]  # asyncio's debug mode: its own loop, slow-callback warnings
+        base: Any = self  # asyncio's private state (BaseEventLoop's, present in every CPython since 3.4)
+        if base._debug:  # asyncio's debug mode: its own loop, with its slow-callback warnings
             super()._run_once()  # type: ignore[misc]
             return
-        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]  # BaseEventLoop's
-        ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
+        scheduled: list[Any] = base._scheduled
+        ready: collections.deque[Any] = base._ready
         count = len(scheduled)
-        cancelled: int = self._timer_cancelled_count  # type: ignore[attr-defined]
-        if count > _MIN_SCHEDULED_TIMER_HANDLES and cancelled / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION:
+        many_cancelled = base._timer_cancelled_count > count * _MIN_CANCELLED_TIMER_HANDLES_FRACTION
+        if count > _MIN_SCHEDULED_TIMER_HANDLES and many_cancelled:
             kept = []  # as asyncio does: drop the cancelled timers and rebuild the heap
             for handle in scheduled:
-                if handle._cancelled:  # type: ignore[attr-defined]
-                    handle._scheduled = False  # type: ignore[attr-defined]
+                if handle._cancelled:
+                    handle._scheduled = False
                 else:
                     kept.append(handle)
             heapq.heapify(kept)
-            self._scheduled = scheduled = kept  # type: ignore[attr-defined]
-            self._timer_cancelled_count = 0  # type: ignore[attr-defined]
+            base._scheduled = scheduled = kept
+            base._timer_cancelled_count = 0
         else:
-            while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
-                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+            while scheduled and scheduled[0]._cancelled:
+                base._timer_cancelled_count -= 1
                 handle = heapq.heappop(scheduled)
-                handle._scheduled = False  # type: ignore[attr-defined]
-        if not ready and not self._stopping and (not scheduled or scheduled[0]._when > self._now / 1e9):  # type: ignore[attr-defined]
+                handle._scheduled = False
+        selector = base._selector
+        if not ready and not base._stopping and (not scheduled or scheduled[0]._when > self._now / 1e9):
             # asyncio would select() with a timeout > 0 (or None): the selector polls or moves the clock.
-            events = self._selector.select(None)  # type: ignore[attr-defined]
+            events = selector.select(None)
             if events:
-                self._process_events(events)  # type: ignore[attr-defined]
-        elif self._selector._pending_events:  # type: ignore[attr-defined]  # found ready by a deadlock check
-            self._process_events(self._selector.select(0))  # type: ignore[attr-defined]
+                base._process_events(events)
+        elif selector._pending_events:  # found ready by a deadlock check
+            base._process_events(selector.select(0))
         if scheduled:
             end = self._now / 1e9 + _CLOCK_RESOLUTION_S
             while scheduled:
                 handle = scheduled[0]
-                if handle._when >= end:  # type: ignore[attr-defined]
+                if handle._when >= end:
                     break
                 handle = heapq.heappop(scheduled)
-                handle._scheduled = False  # type: ignore[attr-defined]
+                handle._scheduled = False
                 ready.append(handle)
         popleft = ready.popleft
         for _ in range(len(ready)):
             handle = popleft()
-            if not handle._cancelled:  # type: ignore[attr-defined]
-                handle._run()  # type: ignore[attr-defined]
-        handle = None  # type: ignore[assignment]  # as asyncio: break cycles when an exception occurs
+            if not handle._cancelled:
+                handle._run()
+        handle = None  # as asyncio: break cycles when an exception occurs
 
     # --- moving the clock ----------------------------------------------------------------------------
 
@@ -250,8 +252,9 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         if scheduled:
             # Up to the next timer, but no further than the first core completion: the core's internal
             # events (rate changes, the pieces of a forward pass) need no Python.
-            timer_ns: int | None = self._timer_fire_ns(scheduled[0].when(), now)
-            completions = core.advance_until(timer_ns)
+            fire_ns = self._timer_fire_ns(scheduled[0].when(), now)
+            timer_ns: int | None = fire_ns
+            completions = core.advance_until(fire_ns)
         else:
             if core.next_event_ns() is None:
                 if self._selector_poll():
