@@ -128,6 +128,23 @@ def test_the_cluster_benchmark_prints_its_bench_lines(capsys: pytest.CaptureFixt
         "cluster_tiny_oracle_wall_s",
         "cluster_tiny_oracle_cpu_us_per_turn",
         "cluster_tiny_oracle_turns_per_cpu_s",
+        "cluster_tiny_oracle_jct_s",
         "cluster_tiny_peak_rss_mib",
     ]
     assert all(float(fields[2]) > 0 for fields in lines if not fields[1].endswith("_wall_s"))
+
+
+def test_the_cluster_benchmark_compares_cluster_sizes_in_one_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu import bench_cluster
+
+    argv = ["--agents", "4", "--rounds", "1", "--systems", "dualpath", "--repeat", "1", "--clusters", "2P4D,4p8d"]
+    assert bench_cluster.main(argv) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("BENCH ")}
+    assert "cluster_2p4d_dualpath_cpu_us_per_turn" in lines and "cluster_4p8d_dualpath_cpu_us_per_turn" in lines
+    assert "cluster 4p8d dualpath: 8 agents" in out.replace("_", " ")  # the same load per prefill node
+    ratio = lines["cluster_cost_ratio_4p8d_vs_2p4d_dualpath"]
+    cost = {size: float(lines[f"cluster_{size}_dualpath_cpu_us_per_turn"][2]) for size in ("2p4d", "4p8d")}
+    assert ratio[3] == "x" and float(ratio[2]) == pytest.approx(cost["4p8d"] / cost["2p4d"], rel=0.02, abs=0.01)
+    with pytest.raises(SystemExit):
+        bench_cluster.main(["--clusters", "2P"])
