@@ -25,7 +25,7 @@ from dualpath_emu.runtime.actors import ActorSystem, handles
 
 __all__ = ["DecodeGroup"]
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _DecodeRequest:
     rid: int
     prompt: int
@@ -45,7 +45,7 @@ class _DecodeRequest:
     """When its first decode step produced its second token (-1 until then)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _DecodeGpu:
     """One DE GPU's continuous batch, stepped in segments (see the module docstring).
 

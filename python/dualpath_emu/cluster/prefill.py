@@ -18,7 +18,7 @@ from dualpath_emu.runtime.core_work import Completion
 
 __all__ = ["PrefillGroup"]
 
-@dataclass
+@dataclass(slots=True)
 class _PrefillItem:
     rid: int
     hit: int

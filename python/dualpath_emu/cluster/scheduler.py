@@ -43,7 +43,7 @@ __all__ = [
     "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "SchedulerActor",
 ]  # fmt: skip
 
-@dataclass
+@dataclass(slots=True)
 class _Pull:
     """A group's standing fetch (:class:`Fetch`) and when it was last served."""
 
