@@ -70,6 +70,60 @@ def test_working_set_holds_each_trajectory_from_its_first_arrival_to_its_last_en
     assert m.working_set_bytes(kv, 2 * S) == pytest.approx({"mean": (100 + 150) / 2 * kv, "max": 200 * kv})
 
 
+def _working_set_by_sorting_every_change(m: Metrics, kv: int, end_ns: int, since_ns: int) -> dict[str, float]:
+    """The working set as first written: every change in one sorted list (what the streaming merge replaces)."""
+    changes, last_end = [], {}
+    for agent, arrive, prompt, gen, done in zip(m.agent, m.arrive_ns, m.prompt, m.gen, m.done_ns):
+        changes.append((arrive, agent, prompt))
+        if done != -1:
+            changes.append((done, agent, prompt + gen))
+            last_end[agent] = max(last_end.get(agent, done), done)
+    changes.extend((t, agent, -1) for agent, t in last_end.items())
+    changes.sort(key=lambda c: (c[0], c[2] < 0))
+    tokens: dict[int, int] = {}
+    live = peak = previous = 0
+    area = 0.0
+    for i, (t, agent, context) in enumerate(changes):
+        if t > end_ns:
+            break
+        area += live * (t - previous)
+        previous = t
+        held = tokens.get(agent, 0)
+        if context < 0:
+            live -= held
+            tokens[agent] = 0
+        elif context > held:
+            live += context - held
+            tokens[agent] = context
+        if i + 1 == len(changes) or changes[i + 1][0] != changes[i][0]:
+            peak = max(peak, live)
+    area += live * max(0, end_ns - previous)
+    mean = area / (end_ns - since_ns) if end_ns > since_ns else 0.0
+    return {"mean": mean * kv, "max": float(peak * kv)}
+
+
+@given(
+    turns=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(1, 500), st.integers(1, 50),
+                             st.integers(-1, 25)), max_size=40),  # fmt: skip
+    in_order=st.booleans(),
+    end=st.integers(0, 30),
+)
+def test_the_streamed_working_set_is_the_sorted_one_to_the_bit(
+    turns: list[tuple[int, int, int, int, int]], in_order: bool, end: int
+) -> None:
+    """Arrivals in id order (one process) or not (a merged run), ends at any time or never, ties at every
+    instant, windows ending before, between and after the changes."""
+    if in_order:
+        turns = sorted(turns, key=lambda turn: turn[1])
+    m = Metrics()
+    for rid, (agent, arrive, prompt, gen, done) in enumerate(turns):
+        m.arrive(rid, agent, arrive, prompt, 0, gen)
+        if done >= 0:
+            m.done(rid, max(arrive, done))
+    since = min(m.arrive_ns, default=0)
+    assert m.working_set_bytes(7, end, since_ns=since) == _working_set_by_sorting_every_change(m, 7, end, since)
+
+
 def test_the_parts_of_a_run_split_over_processes_merge_into_its_metrics() -> None:
     # The client's process admits and ends requests; the scheduler's places them; an engine group's reads
     # and busy time: each part sets only its own columns, and the merge is what one process would have.

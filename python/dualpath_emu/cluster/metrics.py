@@ -17,6 +17,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy
+
 __all__ = ["BusyTime", "Metrics", "Percentiles", "percentiles", "quantile"]
 
 NS = 1_000_000_000
@@ -63,6 +65,13 @@ def quantile(values: Iterable[float], count: int, q: float) -> float:
     rank = min(count, max(1, -(-int(q * count * 1000) // 1000)))  # as percentiles(): ceil(q·n), clamped
     top = heapq.nlargest(count - rank + 1, values)
     return top[-1] if len(top) == count - rank + 1 else 0.0
+
+
+def _int_array(values: numpy.ndarray) -> array[int]:
+    """A numpy array of indices as an ``array("q")``: 8 bytes an element, and plain ints when indexed."""
+    out = array("q")
+    out.frombytes(values.astype(numpy.int64).tobytes())
+    return out
 
 
 class BusyTime:
@@ -360,24 +369,50 @@ class Metrics:
         A trajectory (agent) is live from its first turn's arrival to its last turn's end; its bytes are its
         context's KV, which grows: at a turn's arrival to its prompt (hit + appended tokens), at the turn's
         end to prompt + generated tokens (never shrinking; the storage holds all of it, §3.4)."""
-        changes: list[tuple[int, int, int]] = []  # (t_ns, agent, context tokens), then the agent's end (-1)
+        # Three streams in time order, merged as they are read (a list of every change held 300 bytes per
+        # turn: 2.3 GB at 7.75 M turns): arrivals (ids are in arrival order), ends (sorted by index, in C),
+        # then each agent's departure at its last end. At one instant growth comes before departures; among
+        # growths the order does not matter (a context only grows), nor for the time-weighted sum, which
+        # adds nothing within an instant.
+        arrive, done, agent_of, prompt, gen = self.arrive_ns, self.done_ns, self.agent, self.prompt, self.gen
+        arrive_np, done_np = numpy.frombuffer(arrive, dtype=numpy.int64), numpy.frombuffer(done, dtype=numpy.int64)
+        arrivals: Sequence[int] = range(len(arrive))
+        if len(arrive) > 1 and bool((numpy.diff(arrive_np) < 0).any()):  # a merged run's ids out of time order
+            arrivals = _int_array(numpy.argsort(arrive_np, kind="stable"))
+        ended = numpy.flatnonzero(done_np != _UNSET)
+        ends = _int_array(ended[numpy.argsort(done_np[ended], kind="stable")])
         last_end: dict[int, int] = {}
-        for agent, arrive, prompt, gen, done in zip(self.agent, self.arrive_ns, self.prompt, self.gen, self.done_ns):
-            changes.append((arrive, agent, prompt))
-            if done != _UNSET:
-                changes.append((done, agent, prompt + gen))
-                last_end[agent] = max(last_end.get(agent, done), done)
-        changes.extend((t, agent, -1) for agent, t in last_end.items())
-        changes.sort(key=lambda c: (c[0], c[2] < 0))  # at one instant, growth before the end
+        for k in ends:  # in time order: the last one seen is the agent's last end
+            last_end[agent_of[k]] = done[k]
+        departures = sorted((t, a) for a, t in last_end.items())
+        never = 1 << 63
         tokens: dict[int, int] = {}
         live = peak = 0
         area = 0.0
         previous = 0
-        for i, (t, agent, context) in enumerate(changes):
-            if t > end_ns:
-                break
+        n_arrivals, n_ends, n_departures = len(arrivals), len(ends), len(departures)
+        i = j = d = 0
+        next_arrival = arrive[arrivals[0]] if n_arrivals else never
+        next_end = done[ends[0]] if n_ends else never
+        next_departure = departures[0][0] if n_departures else never
+        t = min(next_arrival, next_end, next_departure)
+        while t != never and t <= end_ns:
             area += live * (t - previous)
             previous = t
+            if next_arrival == t:
+                k = arrivals[i]
+                agent, context = agent_of[k], prompt[k]
+                i += 1
+                next_arrival = arrive[arrivals[i]] if i < n_arrivals else never
+            elif next_end == t:
+                k = ends[j]
+                agent, context = agent_of[k], prompt[k] + gen[k]
+                j += 1
+                next_end = done[ends[j]] if j < n_ends else never
+            else:
+                agent, context = departures[d][1], -1
+                d += 1
+                next_departure = departures[d][0] if d < n_departures else never
             held = tokens.get(agent, 0)
             if context < 0:
                 live -= held
@@ -385,8 +420,10 @@ class Metrics:
             elif context > held:
                 live += context - held
                 tokens[agent] = context
-            if i + 1 == len(changes) or changes[i + 1][0] != changes[i][0]:
+            following = min(next_arrival, next_end, next_departure)
+            if following != t:
                 peak = max(peak, live)  # what is held after an instant, not during its changes
+            t = following
         area += live * max(0, end_ns - previous)
         mean = area / (end_ns - since_ns) if end_ns > since_ns else 0.0
         return {"mean": mean * kv_bytes_per_token, "max": float(peak * kv_bytes_per_token)}
