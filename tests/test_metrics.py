@@ -72,7 +72,8 @@ def test_working_set_holds_each_trajectory_from_its_first_arrival_to_its_last_en
 
 def _working_set_by_sorting_every_change(m: Metrics, kv: int, end_ns: int, since_ns: int) -> dict[str, float]:
     """The working set as first written: every change in one sorted list (what the streaming merge replaces)."""
-    changes, last_end = [], {}
+    changes: list[tuple[int, int, int]] = []
+    last_end: dict[int, int] = {}
     for agent, arrive, prompt, gen, done in zip(m.agent, m.arrive_ns, m.prompt, m.gen, m.done_ns):
         changes.append((arrive, agent, prompt))
         if done != -1:
