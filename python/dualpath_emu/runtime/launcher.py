@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -383,21 +383,13 @@ def launch(
     description.write(work)
     children: list[_Child] = []
     started = time.perf_counter()
+
+    def watch() -> None:
+        _watch(scenario, children, started)
+        _finish(children)
+
     try:
-        with _signals_raise():
-            try:
-                for name in _process_names(scenario):
-                    children.append(_spawn(scenario, name, work))
-                    if on_start is not None:
-                        on_start(name, children[-1].process.pid)
-                _watch(scenario, children, started)
-                _finish(children)
-            except _Interrupted as interrupt:
-                _stop_all(children, gently=False)
-                raise LaunchInterrupted(f"interrupted by {interrupt}; stopped {len(children)} process(es)") from None
-            except BaseException:
-                _stop_all(children, gently=False)
-                raise
+        _start_and_watch(scenario, children, _process_names(scenario), work, {}, watch, on_start)
         failed = [c for c in children if c.process.returncode != 0]
         if failed:
             child = failed[0]
@@ -438,22 +430,38 @@ def launch_host(
     order = [n for n in known if n in names and n != driver] + ([driver] if driver in names else [])
     children: list[_Child] = []
     started = time.perf_counter()
+    try:
+        _start_and_watch(scenario, children, order, Path(run_dir), {driver: ["--no-ready-wait"]},
+                         lambda: _watch_host(scenario, children, started), on_start)  # fmt: skip
+    finally:
+        for child in children:
+            child.close_beats()
+
+
+def _start_and_watch(
+    scenario: RunScenario,
+    children: list[_Child],
+    names: Sequence[str],
+    work: Path,
+    extra: Mapping[str, Sequence[str]],
+    watch: Callable[[], None],
+    on_start: Callable[[str, int], None] | None,
+) -> None:
+    """Start processes ``names`` in order (each with its ``extra`` arguments) into ``children``, then
+    ``watch()`` them; on Ctrl-C (:class:`LaunchInterrupted`) or any error, stop every one started first."""
     with _signals_raise():
         try:
-            for name in order:
-                children.append(_spawn(scenario, name, Path(run_dir), ["--no-ready-wait"] if name == driver else []))
+            for name in names:
+                children.append(_spawn(scenario, name, work, extra.get(name, ())))
                 if on_start is not None:
                     on_start(name, children[-1].process.pid)
-            _watch_host(scenario, children, started)
+            watch()
         except _Interrupted as interrupt:
             _stop_all(children, gently=False)
             raise LaunchInterrupted(f"interrupted by {interrupt}; stopped {len(children)} process(es)") from None
         except BaseException:
             _stop_all(children, gently=False)
             raise
-        finally:
-            for child in children:
-                child.close_beats()
 
 
 def _watch_host(scenario: RunScenario, children: list[_Child], started: float) -> None:
