@@ -224,20 +224,14 @@ class CoreWork:
         failed: Callable[[Exception], None],
     ) -> None:  # fmt: skip
         """:meth:`transfer` with :meth:`call_when_done` instead of a future."""
-        tag = self.new_tag()
-        self._pending_transfers.append((tuple(path), lane, size_bytes, tag))
-        self._queued()
-        self.call_when_done(tag, done, failed)
+        self.call_when_done(self._queue_transfer(path, lane, size_bytes, self.new_tag()), done, failed)
 
     def io_then(
         self, node: int, kind: str, lane: int, size_bytes: int, done: Callable[[], None],
         failed: Callable[[Exception], None],
     ) -> None:  # fmt: skip
         """:meth:`io` with :meth:`call_when_done` instead of a future."""
-        tag = self.new_tag()
-        self._pending_ios.append((node, kind, lane, size_bytes, tag))
-        self._queued()
-        self.call_when_done(tag, done, failed)
+        self.call_when_done(self._queue_io(node, kind, lane, size_bytes, self.new_tag()), done, failed)
 
     def transfer(self, path: Sequence[int], lane: int, size_bytes: int) -> asyncio.Future[Completion]:
         """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now.
@@ -245,17 +239,13 @@ class CoreWork:
         The future resolves with its completion, or fails with the core's error for a bad argument.
         Cancelling the future does not stop the transfer: the core has no cancellation.
         """
-        tag = self.new_tag()
-        self._pending_transfers.append((tuple(path), lane, size_bytes, tag))
-        self._queued()
-        return self.expect(tag)
+        return self.expect(self._queue_transfer(path, lane, size_bytes, self.new_tag()))
 
     def transfer_detached(self, path: Sequence[int], lane: int, size_bytes: int) -> None:
         """Start a transfer nobody waits for (a write-back, say): it moves its bytes and is counted like any
         other, but its end is never reported, so the loop does not wake up for it. A bad argument fails
         the run's next flush (the core refuses it)."""
-        self._pending_transfers.append((tuple(path), lane, size_bytes, UNREPORTED_TAG))
-        self._queued()
+        self._queue_transfer(path, lane, size_bytes, UNREPORTED_TAG)
 
     def forward(
         self,
@@ -283,15 +273,21 @@ class CoreWork:
 
     def io(self, node: int, kind: str, lane: int, size_bytes: int) -> asyncio.Future[Completion]:
         """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now."""
-        tag = self.new_tag()
-        self._pending_ios.append((node, kind, lane, size_bytes, tag))
-        self._queued()
-        return self.expect(tag)
+        return self.expect(self._queue_io(node, kind, lane, size_bytes, self.new_tag()))
 
     def io_detached(self, node: int, kind: str, lane: int, size_bytes: int) -> None:
         """Queue a storage I/O nobody waits for (see :meth:`transfer_detached`)."""
-        self._pending_ios.append((node, kind, lane, size_bytes, UNREPORTED_TAG))
+        self._queue_io(node, kind, lane, size_bytes, UNREPORTED_TAG)
+
+    def _queue_transfer(self, path: Sequence[int], lane: int, size_bytes: int, tag: int) -> int:
+        self._pending_transfers.append((tuple(path), lane, size_bytes, tag))
         self._queued()
+        return tag
+
+    def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int) -> int:
+        self._pending_ios.append((node, kind, lane, size_bytes, tag))
+        self._queued()
+        return tag
 
     def core_timer(self, at_ns: int) -> asyncio.Future[Completion]:
         """A timer in the core's event queue, completing at ``at_ns`` (a ``"timer"`` completion)."""
