@@ -173,8 +173,8 @@ def test_cluster_messages_have_a_wire_format() -> None:
     from dualpath_emu.messages import Codec, Envelope
 
     codec = Codec(cluster_registry())
-    tasks = (PrefillTask(7, 33_000, 32_768, 176, 0, 3, 2, 5, True), PrefillTask(8, 900, 0, 12, 1, 0, 3, 1, False))
-    for body in (Fetch((0, 1), 5_000_000), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176),)), TurnDone((7, 8), (10, 11), (12, -1), 99)):
+    tasks = (PrefillTask(7, 33_000, 32_768, 176, 0, 3, 2, 5, True, 4), PrefillTask(8, 900, 0, 12, 1, 0, 3, 1, False, 5))
+    for body in (Fetch((0, 1), 5_000_000), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176, 3),)), TurnDone((7, 8), (10, 11), (12, -1), 99)):
         envelope = Envelope("scheduler", "pe0", 1, None, body)
         assert codec.decode_envelope(codec.encode_envelope(envelope)) == envelope
 
@@ -206,12 +206,18 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
     from dualpath_emu.cluster.config import BLOCK_TOKENS, derived
 
     written: list[int] = []
+    blocks_of: dict[int, list[int]] = {}
     io_detached = Ledger.io_detached
+    kv_block = BLOCK_TOKENS * derived(small_config()).kv_bytes_per_token
 
-    def spy(self: Ledger, node: int, kind: str, lane: int, size: int) -> None:
+    def spy(self: Ledger, node: int, kind: str, lane: int, size: int, extents: tuple[tuple[int, int, int], ...] = ()) -> None:
         if kind == "write":
             written.append(size)
-        io_detached(self, node, kind, lane, size)
+            # The extents name exactly the blocks written (the host backend writes those).
+            assert sum(n for _, _, n in extents) * kv_block == size
+            for context, first, n in extents:
+                blocks_of.setdefault(context, []).extend(range(first, first + n))
+        io_detached(self, node, kind, lane, size, extents)
 
     monkeypatch.setattr(Ledger, "io_detached", spy)
     work = [
@@ -223,6 +229,10 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
     m = result.metrics
     blocks = sum((p + g) // BLOCK_TOKENS - h // BLOCK_TOKENS for p, h, g in zip(m.prompt, m.hit, m.gen))
     assert sum(written) == blocks * BLOCK_TOKENS * derived(config).kv_bytes_per_token
+    # Each agent's stream is written once, block after block from 0: what a later turn's hit reads exists.
+    assert sorted(blocks_of) == list(range(len(work)))
+    for context, stored in blocks_of.items():
+        assert sorted(stored) == list(range(len(stored))), context
 
 
 @pytest.mark.parametrize(

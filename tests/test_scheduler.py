@@ -26,7 +26,7 @@ from dualpath_emu.cluster.policies import (
 
 
 def req(id: int, new: int = 100, hit: int = 1000, gen: int = 10, hbm: int = 1) -> Request:
-    return Request(id, new + hit, new, hit, gen, hbm)
+    return Request(id, new + hit, new, hit, gen, hbm, id)
 
 
 def test_algorithm_1_prefers_short_read_queues_then_least_loaded() -> None:
@@ -233,7 +233,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def arrive(self, requests: list[tuple[int, int, int, int]]) -> None:
         for new, hit, gen, hbm in requests:
-            self.dispatch.submit([Request(self.next_id, new + hit, new, hit, gen, hbm)])
+            self.dispatch.submit([Request(self.next_id, new + hit, new, hit, gen, hbm, self.next_id)])
             self.next_id += 1
 
     @rule()

@@ -105,14 +105,14 @@ def test_the_example_policy_balances_by_load_and_ignores_read_queues() -> None:
     exec(compile(EXAMPLE.read_text(), str(EXAMPLE), "exec"), namespace)
     policy = namespace["LeastLoadedPolicy"](alpha_tokens=10, beta_tokens=1_000)
     engines = [Engine(0, node=0, tok=500), Engine(1, node=0, tok=0), Engine(8, node=1, tok=100)]
-    queue = deque(Request(i, 300, 300, 0, 10, 1) for i in range(5))
+    queue = deque(Request(i, 300, 300, 0, 10, 1, i) for i in range(5))
     read_q = {0: 0, 1: 10**9}  # node 1's read queue is far over α: DualPath would avoid it, this policy does not
     assigned = policy.assign_prefill(queue, engines, read_q)
     # 1 (0 -> 300), 8 (100 -> 400), 1 (300 -> 600), 8 (400 -> 700), 0 (500 -> 800): least loaded each time.
     assert [a.engine for a in assigned] == [1, 8, 1, 8, 0] and not queue
     assert [e.tok for e in engines] == [800, 600, 700]
     engines = [Engine(0, node=0, tok=1_001)]  # over β: nothing more
-    assert policy.assign_prefill(deque([Request(9, 1, 1, 0, 1, 1)]), engines, {}) == []
+    assert policy.assign_prefill(deque([Request(9, 1, 1, 0, 1, 1, 9)]), engines, {}) == []
 
 
 # --------------------------------------------------------------------------------------------- resolution

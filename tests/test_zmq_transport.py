@@ -477,7 +477,7 @@ def largest_submit() -> Message:
 
     # Large values, so every field takes its longest msgpack form (rids of a long run, 64K-token prompts).
     base = 3_000_000_000
-    return Submit(tuple(Turn(base + i, 70_000 + i % 1000, 66_000 + i % 1000, 1 + i % 600) for i in range(SUBMIT_TURNS)))
+    return Submit(tuple(Turn(base + i, 70_000 + i % 1000, 66_000 + i % 1000, 1 + i % 600, i) for i in range(SUBMIT_TURNS)))
 
 
 def cluster_codec() -> Codec:

@@ -115,7 +115,7 @@ class ClientActor(Actor):
         self.system.record(self.name, "admit", f"r{rid}")
         if self.observer is not None:
             self.observer.turn_admitted()
-        self._outbox.append(Turn(rid, prompt, hit, gen))
+        self._outbox.append(Turn(rid, prompt, hit, gen, agent))
 
     def _send_turns(self) -> None:
         if self._outbox:

@@ -17,7 +17,7 @@ from heapq import heappop, heappush
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, inter_node_a2a_bytes
+from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, hit_extents, inter_node_a2a_bytes
 from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
@@ -33,6 +33,8 @@ class _DecodeRequest:
     gpu: int
     stored_blocks: int
     """Full Blocks of this request's KV in storage (the hit's at first)."""
+    context: int
+    """The token stream its KV extends (see :class:`~dualpath_emu.cluster.messages.Turn`)."""
     produced: int = 1
     """Tokens out when it joins its GPU's batch: the first came from the prefill."""
     offset: int = 0
@@ -143,7 +145,7 @@ class DecodeGroup(EngineGroup):
             self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
         self.cluster.plane.io_then(self.node, "read", KV_LANE, msg.hit * self._kv, guarded(self, finished),
-                                   self.fail_run)  # fmt: skip
+                                   self.fail_run, hit_extents(msg.context, msg.hit))  # fmt: skip
 
     @handles(KvReady)
     def on_kv_ready(self, msg: KvReady) -> None:
@@ -157,7 +159,7 @@ class DecodeGroup(EngineGroup):
     def _kv_ready(self, rid: int, first_token_ns: int) -> None:
         task = self.expected.pop(rid)
         request = _DecodeRequest(
-            rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, first_token_ns=first_token_ns
+            rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )
         # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
         # assigns requests that fit (§6.2), so this never waits.
@@ -181,7 +183,9 @@ class DecodeGroup(EngineGroup):
     def _join(self, request: _DecodeRequest) -> None:
         if request.produced >= request.gen:  # its one token came from the prefill: no step to take
             full = (request.prompt + request.produced) // BLOCK_TOKENS
-            self._persist(request.gpu, full - request.stored_blocks)
+            if full > request.stored_blocks:
+                blocks = full - request.stored_blocks
+                self._persist(request.gpu, blocks, [(request.context, request.stored_blocks, blocks)])
             request.stored_blocks = full
             self._finish(request)
             return
@@ -252,15 +256,16 @@ class DecodeGroup(EngineGroup):
         done = gpu.steps = gpu.steps + steps
         tokens = steps * len(batch)
         blocks = 0
+        written: list[tuple[int, int, int]] = []
         for r in gpu.fresh:
             r.second_token_ns = gpu.segment_start_ns + gpu.step_ns
-            blocks += self._store_blocks(gpu, r)
+            blocks += self._store_blocks(gpu, r, written)
         gpu.fresh.clear()
         next_block = gpu.next_block
         while next_block and next_block[0][0] <= done:
             r = heappop(next_block)[2]
             if batch.get(r.seq) is r:
-                blocks += self._store_blocks(gpu, r)
+                blocks += self._store_blocks(gpu, r, written)
         finished: list[_DecodeRequest] = []
         finishing = gpu.finishing
         while finishing and finishing[0][0] <= done:
@@ -280,23 +285,26 @@ class DecodeGroup(EngineGroup):
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
             self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
-        self._persist(gpu.gpu, blocks)
+        self._persist(gpu.gpu, blocks, written)
 
-    def _persist(self, gpu: int, blocks: int) -> None:
-        """Write back completed Full Blocks: HBM → DRAM through the CNIC, then DRAM → SNIC → storage (§4),
-        charged once per segment, not per block."""
+    def _persist(self, gpu: int, blocks: int, written: list[tuple[int, int, int]]) -> None:
+        """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM →
+        DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged once per segment, not per block."""
         if blocks > 0 and not self.cluster.system.oracle:
             size = blocks * BLOCK_TOKENS * self._kv
             plane = self.cluster.plane
             plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
-            plane.io_detached(self.node, "write", KV_LANE, size)
+            plane.io_detached(self.node, "write", KV_LANE, size, tuple(written))
 
     @staticmethod
-    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest) -> int:
-        """The Full Blocks ``r`` has completed since they were last counted; schedule its next one."""
+    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest, written: list[tuple[int, int, int]]) -> int:
+        """The Full Blocks ``r`` has completed since they were last counted (added to ``written``); schedule
+        its next one."""
         produced = min(r.gen, r.offset + gpu.steps)
         full = (r.prompt + produced) // BLOCK_TOKENS
         blocks = full - r.stored_blocks
+        if blocks > 0:
+            written.append((r.context, r.stored_blocks, blocks))
         r.stored_blocks = full
         if produced < r.gen:
             heappush(gpu.next_block, ((full + 1) * BLOCK_TOKENS - r.prompt - r.offset, r.seq, r))

@@ -7,13 +7,21 @@ import functools
 from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.catalog import ModelSpec
+from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.messages import Fetch
 from dualpath_emu.runtime.actors import Actor, ActorSystem
+from dualpath_emu.runtime.core_work import Extents
 
-__all__ = ["NS", "EngineGroup", "guarded", "inter_node_a2a_bytes"]
+__all__ = ["NS", "EngineGroup", "guarded", "hit_extents", "inter_node_a2a_bytes"]
 
 NS = 1_000_000_000
+
+def hit_extents(context: int, hit: int) -> Extents:
+    """The Full Blocks of a hit of ``hit`` tokens of ``context``: its whole blocks (a hit that is not block
+    aligned ends in part of a block that was never written back: reads of it only move modelled bytes)."""
+    blocks = hit // BLOCK_TOKENS
+    return ((context, 0, blocks),) if blocks else ()
 
 
 class EngineGroup(Actor):

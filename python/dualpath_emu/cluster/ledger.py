@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.topology import Topology
+from dualpath_emu.runtime.core_work import Completion, CoreWork, Extents
 from dualpath_emu.runtime.actors import ActorSystem
-from dualpath_emu.runtime.core_work import Completion, CoreWork
 
 __all__ = ["Hop", "Ledger"]
 
@@ -71,21 +71,22 @@ class Ledger:
         self._plane().transfer_then(path, lane, size, done, failed)
 
     def io_then(self, node: int, kind: str, lane: int, size: int, done: Callable[[], None],
-                failed: Callable[[Exception], None]) -> None:  # fmt: skip
-        """A storage I/O whose end calls ``done()`` (``failed(error)`` if refused), without a future."""
-        self._plane().io_then(self._book_io(node, kind, lane, size), kind, lane, size, done, failed)
+                failed: Callable[[Exception], None], extents: Extents = ()) -> None:  # fmt: skip
+        """A storage I/O whose end calls ``done()`` (``failed(error)`` if refused), without a future;
+        ``extents`` say which Full Blocks it moves (:data:`~dualpath_emu.cluster.engines.Extents`)."""
+        self._plane().io_then(self._book_io(node, kind, lane, size), kind, lane, size, done, failed, extents)
 
     def transfer_detached(self, path: tuple[int, ...], lane: int, size: int) -> None:
         """A transfer nobody waits for (write-backs, decode all-to-all): booked, never reported."""
         self._book(path, lane, size)
         self._plane().transfer_detached(path, lane, size)
 
-    def io(self, node: int, kind: str, lane: int, size: int) -> asyncio.Future[Completion]:
-        return self._plane().io(self._book_io(node, kind, lane, size), kind, lane, size)
+    def io(self, node: int, kind: str, lane: int, size: int, extents: Extents = ()) -> asyncio.Future[Completion]:
+        return self._plane().io(self._book_io(node, kind, lane, size), kind, lane, size, extents)
 
-    def io_detached(self, node: int, kind: str, lane: int, size: int) -> None:
+    def io_detached(self, node: int, kind: str, lane: int, size: int, extents: Extents = ()) -> None:
         """A storage I/O nobody waits for (block write-backs): booked, never reported."""
-        self._plane().io_detached(self._book_io(node, kind, lane, size), kind, lane, size)
+        self._plane().io_detached(self._book_io(node, kind, lane, size), kind, lane, size, extents)
 
     def _book_io(self, node: int, kind: str, lane: int, size: int) -> int:
         """Book a storage I/O of ``node``; return its storage node."""

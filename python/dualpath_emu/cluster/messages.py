@@ -51,14 +51,16 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Turn(Message):
     """One agent turn as the scheduler sees it: request ``rid`` with ``prompt`` tokens of which ``hit`` are
-    in storage, generating ``gen``."""
+    in storage, generating ``gen``; ``context`` names the token stream its KV belongs to (its agent): the
+    hit is that stream's first ``hit`` tokens, and the blocks it writes back extend it."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Turn"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     rid: int
     prompt: int
     hit: int
     gen: int
+    context: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +85,11 @@ class Fetch(Message):
 
 @dataclass(frozen=True, slots=True)
 class PrefillTask(Message):
-    """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``."""
+    """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``;
+    ``context`` as in :class:`Turn`."""
 
     WIRE_NAME: ClassVar[str] = "cluster.PrefillTask"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     rid: int
     prompt: int
     hit: int
@@ -96,6 +99,7 @@ class PrefillTask(Message):
     de_node: int
     de_gpu: int
     read_on_de: bool
+    context: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +113,11 @@ class Prefill(Message):
 
 @dataclass(frozen=True, slots=True)
 class DecodeTask(Message):
-    """Request ``rid`` will decode on ``de_gpu`` of ``de_node``; read its hit KV there if ``read_on_de``."""
+    """Request ``rid`` will decode on ``de_gpu`` of ``de_node``; read its hit KV there if ``read_on_de``;
+    ``context`` as in :class:`Turn`."""
 
     WIRE_NAME: ClassVar[str] = "cluster.DecodeTask"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     rid: int
     prompt: int
     hit: int
@@ -121,6 +126,7 @@ class DecodeTask(Message):
     de_gpu: int
     pe_node: int
     read_on_de: bool
+    context: int
 
 
 @dataclass(frozen=True, slots=True)

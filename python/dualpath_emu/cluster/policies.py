@@ -70,7 +70,8 @@ class Request:
     """What the scheduler knows of a request: its id, its tokens and the HBM its KV needs on a DE.
 
     ``prompt_tokens`` = hit + new; ``new_tokens`` are computed by the PE; ``hit_tokens`` are read from storage;
-    ``tokens`` is what counts in ``tok_e`` (see :class:`DualPathPolicy`); ``hbm_bytes`` the DE HBM it takes.
+    ``tokens`` is what counts in ``tok_e`` (see :class:`DualPathPolicy`); ``hbm_bytes`` the DE HBM it takes;
+    ``context`` the token stream (agent) whose first ``hit_tokens`` tokens are its hit.
     """
 
     id: int
@@ -79,6 +80,7 @@ class Request:
     hit_tokens: int
     gen_tokens: int
     hbm_bytes: int
+    context: int
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, inter_node_a2a_bytes
+from dualpath_emu.cluster.engines import hit_extents, NS, EngineGroup, guarded, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import HitReady, KvReady, Prefill, PrefillDone, PrefillTask, ReadDone
 from dualpath_emu.cluster.pool import Pool
@@ -23,6 +23,7 @@ class _PrefillItem:
     rid: int
     hit: int
     new: int
+    context: int
     done_new: int = 0
     pe_ready: bool = False
     """The hit KV is where the PE reads it (PE buffer, or nothing to read)."""
@@ -82,7 +83,7 @@ class PrefillGroup(EngineGroup):
 
     def _add(self, msg: PrefillTask) -> None:
         new = msg.prompt - msg.hit
-        item = _PrefillItem(msg.rid, msg.hit, new, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
+        item = _PrefillItem(msg.rid, msg.hit, new, msg.context, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
@@ -109,7 +110,8 @@ class PrefillGroup(EngineGroup):
             self.tell("scheduler", ReadDone(node, item.hit))
             self._pe_ready(item)
 
-        self.cluster.plane.io_then(node, "read", KV_LANE, item.hit * self._kv, guarded(self, finished), self.fail_run)
+        self.cluster.plane.io_then(node, "read", KV_LANE, item.hit * self._kv, guarded(self, finished), self.fail_run,
+                                   hit_extents(item.context, item.hit))  # fmt: skip
 
     def _pe_ready(self, item: _PrefillItem) -> None:
         item.pe_ready = True

@@ -114,7 +114,7 @@ class SchedulerActor(Actor):
         requests = []
         for turn in msg.turns:
             hbm = (turn.prompt + turn.gen) * self._kv
-            request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm)
+            request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm, turn.context)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
             self.requests[turn.rid] = request
@@ -179,9 +179,11 @@ class SchedulerActor(Actor):
             self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
             self.system.record(self.name, "assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
             prefill.setdefault(self.cluster.group_name("pe", pe_node), []).append(
-                PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de)
+                PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de,
+                            r.context)
             )
-            expect.append(DecodeTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de))
+            expect.append(DecodeTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de,
+                                     r.context))
         for group, tasks in prefill.items():
             self.tell(group, Prefill(tuple(tasks)))
         if expect:

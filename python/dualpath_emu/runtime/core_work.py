@@ -42,6 +42,7 @@ __all__ = [
     "Completion",
     "CoreLayout",
     "CoreWork",
+    "Extents",
     "ForwardRank",
     "LayerTransfer",
     "LocalCoreWork",
@@ -59,6 +60,10 @@ _ForwardRankLike: TypeAlias = tuple[_LayerTransferLike | None, int, _LayerTransf
 _Forward: TypeAlias = tuple[int, tuple[_ForwardRankLike, ...], int, tuple[_LayerTransferLike, ...], int, int]
 _Transfer: TypeAlias = tuple[Sequence[int], int, int, int]
 _Io: TypeAlias = tuple[int, str, int, int, int]
+Extents: TypeAlias = tuple[tuple[int, int, int], ...]
+"""Which stored objects a storage I/O moves, as ``(context, first block, blocks)`` runs (the cluster's Full
+Blocks). Core work ignores them (the core moves no bytes); a data plane that moves real bytes (the host
+backend) reads and writes exactly those."""
 _Timer: TypeAlias = tuple[int, int]
 _RawCompletion: TypeAlias = tuple[str, int, int, int, int, int]
 
@@ -228,7 +233,7 @@ class CoreWork:
 
     def io_then(
         self, node: int, kind: str, lane: int, size_bytes: int, done: Callable[[], None],
-        failed: Callable[[Exception], None],
+        failed: Callable[[Exception], None], extents: Extents = (),
     ) -> None:  # fmt: skip
         """:meth:`io` with :meth:`call_when_done` instead of a future."""
         self.call_when_done(self._queue_io(node, kind, lane, size_bytes, self.new_tag()), done, failed)
@@ -271,11 +276,12 @@ class CoreWork:
         self._queued()
         return self.expect(tag)
 
-    def io(self, node: int, kind: str, lane: int, size_bytes: int) -> asyncio.Future[Completion]:
-        """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now."""
+    def io(self, node: int, kind: str, lane: int, size_bytes: int, extents: Extents = ()) -> asyncio.Future[Completion]:
+        """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now; ``extents``
+        (:data:`Extents`) are for data planes that move real bytes."""
         return self.expect(self._queue_io(node, kind, lane, size_bytes, self.new_tag()))
 
-    def io_detached(self, node: int, kind: str, lane: int, size_bytes: int) -> None:
+    def io_detached(self, node: int, kind: str, lane: int, size_bytes: int, extents: Extents = ()) -> None:
         """Queue a storage I/O nobody waits for (see :meth:`transfer_detached`)."""
         self._queue_io(node, kind, lane, size_bytes, UNREPORTED_TAG)
 
