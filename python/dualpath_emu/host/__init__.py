@@ -1,0 +1,1 @@
+"""The host backend: the cluster moving real bytes (issue 16)."""

@@ -1,0 +1,460 @@
+"""KV-cache blocks in real files (issue 16): written and read with O_DIRECT on a thread pool, every read verified.
+
+The host backend runs the emulated cluster moving real bytes; this module is its storage, the 3FS of the
+DualPath paper. As there, the storage holds, reads and writes only **Full Blocks**: one block is 64 tokens of
+KV for all layers, the concatenation of the model's n_layers *Layer Blocks* (``[1, tokens, bytes]`` each; a
+Full Block is ``[layer, tokens, bytes]``). A Layer Block is thus one contiguous slice of a Full Block, and a
+Full Block holds n_layers × 64 × kv_bytes_per_token_layer bytes. The caller passes that size in bytes (scaled
+down for a laptop); this module knows nothing of layers or tokens.
+
+Layout
+    Several OS processes (one per node) share one storage directory, as they would a 3FS or NFS mount, each
+    with its own :class:`BlockStore` on it. A *context* (one agent's token stream: blocks 0, 1, 2… of its KV)
+    is one file, ``root / f"ctx-{context:08d}.kv"``; its block *i* lies at offset *i* × ``stride``, where
+    ``stride`` is ``block_bytes`` rounded up to 4096 bytes (the O_DIRECT alignment). A block is a 32-byte
+    header (magic ``DPKV``, format version, context, block, block_bytes: little-endian ``<4sIQQQ``), then a
+    pattern derived from (context, block) alone: 64-bit words (word index × an odd constant) XOR a 64-bit
+    mix of context and block, the header standing in for the first four words. The bytes from
+    ``block_bytes`` to ``stride`` are zero (a block of under 32 bytes holds a prefix of its header). Any
+    process can therefore verify any block without being told what was written, and a block that is
+    misplaced, torn or stale fails.
+
+Why O_DIRECT
+    A read should hit the disk, not the page cache that the writes have just filled, so the files are opened
+    with O_DIRECT: the buffers come from a small pool of anonymous ``mmap`` buffers (page aligned) and every
+    I/O is a multiple of the stride. Where the file system refuses O_DIRECT (EINVAL at open or at the first
+    I/O, as tmpfs did before Linux 6.6), ``direct=None`` falls back to buffered I/O and says why
+    (``stats()["direct_io_reason"]``): the page cache may then serve reads, and the throughput measured is not
+    the disk's. (tmpfs accepts O_DIRECT since Linux 6.6, but is memory all the same.) The choice is made once,
+    when the store is made, on a probe file in ``root`` (``.probe-<pid>-<uuid>``, removed at once).
+
+I/O and verification
+    Reads and writes run on a thread pool through ``loop.run_in_executor`` (``os.preadv`` and ``os.pwritev``
+    release the GIL during the syscall; io_uring is not used): one syscall per chunk of a call's contiguous
+    run (up to 8 MiB, at least one block), the chunks in parallel. Each block read is compared with its
+    expected contents. One that is not there yet (beyond the end of the file, or with whole 4 KiB pages
+    reading back as zero: another process's write-back still in flight) is re-read with exponential backoff,
+    1 ms doubling, up to ``wait_s`` of sleep in all, and counts as mismatched if it never verifies; any other
+    difference (a wrong header, a wrong byte of the pattern) counts as mismatched at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import math
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ALIGN", "BlockStore", "HostStorageError", "IoResult"]
+
+ALIGN: Final = 4096  # O_DIRECT alignment of buffers, offsets and sizes; the stride is a multiple of it
+_HEADER: Final = struct.Struct("<4sIQQQ")  # magic, version, context, block, block_bytes: 32 bytes
+_MAGIC: Final = b"DPKV"
+_VERSION: Final = 1
+_WORD_MUL: Final = 0x9E3779B97F4A7C15  # odd: word index × it is a bijection on 64-bit words
+_MASK64: Final = (1 << 64) - 1
+_MAX_INDEX: Final = (1 << 63) - 1  # contexts, and file offsets (off_t)
+_CHUNK_BYTES: Final = 8 << 20  # most bytes in one preadv/pwritev (at least one block)
+_FIRST_BACKOFF_S: Final = 0.001
+_CTX_FILE: Final = re.compile(r"ctx-\d{8,}\.kv")
+
+# What a read found in a block.
+_OK: Final = 0
+_PENDING: Final = 1  # not there yet: re-read
+_CORRUPT: Final = 2  # wrong contents: mismatched at once
+
+_Words = npt.NDArray[np.uint64]
+
+
+class HostStorageError(ValueError):
+    """A bad argument or root of a :class:`BlockStore`, an O_DIRECT it cannot have, or an I/O error (the file
+    and the operation named)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IoResult:
+    """What one :meth:`BlockStore.read`, :meth:`~BlockStore.write` or :meth:`~BlockStore.seed` did.
+
+    ``bytes`` are the bytes moved (``blocks`` × stride, re-reads not counted); ``verified_bytes`` is
+    ``verified_blocks`` × stride; ``retries`` counts block re-reads. A write verifies nothing (zeros).
+    """
+
+    bytes: int
+    blocks: int
+    verified_blocks: int = 0
+    verified_bytes: int = 0
+    mismatched_blocks: int = 0
+    retries: int = 0
+    wall_s: float = 0.0
+
+
+def _key(context: int, block: int) -> int:
+    """A 64-bit mix of (context, block) (splitmix64's finaliser)."""
+    z = (context * 0xBF58476D1CE4E5B9 + block * 0x94D049BB133111EB + _WORD_MUL) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HostStorageError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise HostStorageError(f"{name} must be >= {minimum}, not {value}")
+    return value
+
+
+class _Buffers:
+    """Page-aligned anonymous mmap buffers of one size, reused; at most ``keep`` are kept when idle."""
+
+    def __init__(self, size: int, keep: int) -> None:
+        self._size = size
+        self._keep = keep
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self) -> mmap.mmap:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return mmap.mmap(-1, self._size)
+
+    def put(self, buffer: mmap.mmap) -> None:
+        with self._lock:
+            if not self._closed and len(self._free) < self._keep:
+                self._free.append(buffer)
+                return
+        _unmap(buffer)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, []
+        for buffer in free:
+            _unmap(buffer)
+
+
+def _unmap(buffer: mmap.mmap) -> None:
+    try:
+        buffer.close()
+    except BufferError:  # a view is still alive (e.g. in a traceback): the collector frees it later
+        pass
+
+
+class BlockStore:
+    """Full Blocks of KV cache in files under ``root``, shared with other processes (see the module).
+
+    ``direct``: ``None`` uses O_DIRECT where the file system allows it and buffered I/O elsewhere, ``True``
+    requires it (:class:`HostStorageError` where refused), ``False`` is buffered. ``threads`` is the size of
+    the I/O pool. A context manager: leaving it calls :meth:`close` (not :meth:`remove_all`).
+    """
+
+    def __init__(self, root: Path, block_bytes: int, *, threads: int = 4, direct: bool | None = None) -> None:
+        self.block_bytes: Final = _check_int("block_bytes", block_bytes, 1)
+        self.threads: Final = _check_int("threads", threads, 1)
+        if direct is not None and not isinstance(direct, bool):
+            raise HostStorageError(f"direct must be True, False or None, not {direct!r}")
+        self.root: Final = Path(root)
+        if not self.root.is_dir():
+            raise HostStorageError(f"root {self.root}: not a directory")
+        self.stride: Final = -(-block_bytes // ALIGN) * ALIGN
+        self.direct_io, self.direct_io_reason = self._probe(direct)
+        self._flags = getattr(os, "O_DIRECT", 0) if self.direct_io else 0
+        self._chunk_blocks = max(1, _CHUNK_BYTES // self.stride)
+        self._words = self.stride // 8
+        self._base: _Words = np.arange(self._words, dtype=np.uint64) * np.uint64(_WORD_MUL)
+        self._buffers = _Buffers(self._chunk_blocks * self.stride, keep=threads)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockstore")
+        self._local = threading.local()  # each thread's scratch array of expected contents
+        self._lock = threading.Lock()
+        self._totals: dict[str, int | float] = dict.fromkeys(
+            ("bytes_read", "bytes_written", "reads", "writes", "blocks_read", "blocks_written", "verified_bytes",
+             "mismatched_blocks", "retries", "seeded_blocks"), 0)
+        self._totals.update(read_wall_s=0.0, write_wall_s=0.0)
+        self._closed = False
+
+    # --- the API --------------------------------------------------------------------------------------------
+
+    def path(self, context: int) -> Path:
+        """The file of ``context``."""
+        return self.root / f"ctx-{_check_int('context', context, 0):08d}.kv"
+
+    async def write(self, context: int, first_block: int, n_blocks: int) -> IoResult:
+        """Write blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (creating its file)."""
+        self._check(context, first_block, n_blocks)
+        start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._pool, self._write_chunk, context, first, count)
+                               for first, count in self._chunks(first_block, n_blocks)))
+        result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start)
+        self._count(result, "written", "writes", "write_wall_s")
+        return result
+
+    async def read(self, context: int, first_block: int, n_blocks: int, *, wait_s: float = 2.0) -> IoResult:
+        """Read blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` and verify each; one
+        not there yet is re-read with backoff for up to ``wait_s`` seconds of sleep (see the module)."""
+        self._check(context, first_block, n_blocks)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) \
+                or wait_s < 0:
+            raise HostStorageError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
+        start = time.perf_counter()
+        verified = mismatched = retries = 0
+        pending = list(range(first_block, first_block + n_blocks))
+        delay, slept = _FIRST_BACKOFF_S, 0.0
+        while True:
+            statuses = await self._read_blocks(context, pending)
+            verified += statuses.count(_OK)
+            mismatched += statuses.count(_CORRUPT)
+            pending = [block for block, status in zip(pending, statuses, strict=True) if status == _PENDING]
+            if not pending:
+                break
+            if slept >= wait_s - 1e-9:  # (the sum of the sleeps, within rounding)
+                mismatched += len(pending)  # never verified within wait_s
+                break
+            pause = min(delay, wait_s - slept)
+            await asyncio.sleep(pause)
+            slept += pause
+            delay *= 2
+            retries += len(pending)
+        result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, verified_blocks=verified,
+                          verified_bytes=verified * self.stride, mismatched_blocks=mismatched, retries=retries,
+                          wall_s=time.perf_counter() - start)
+        self._count(result, "read", "reads", "read_wall_s")
+        return result
+
+    def seed(self, context: int, first_block: int, n_blocks: int) -> IoResult:
+        """Write blocks synchronously, in the calling thread: the blocks a trace says are cached but that this
+        run never wrote. Counted as ``seeded_blocks``, not as writes."""
+        self._check(context, first_block, n_blocks)
+        start = time.perf_counter()
+        for first, count in self._chunks(first_block, n_blocks):
+            self._write_chunk(context, first, count)
+        with self._lock:
+            self._totals["seeded_blocks"] += n_blocks
+        return IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start)
+
+    def stats(self) -> dict[str, int | float | bool | str]:
+        """Totals since creation (wall times are sums over calls, which may overlap), and the settings."""
+        with self._lock:
+            totals: dict[str, int | float | bool | str] = dict(self._totals)
+        totals.update(direct_io=self.direct_io, direct_io_reason=self.direct_io_reason, stride=self.stride,
+                      block_bytes=self.block_bytes)
+        return totals
+
+    def close(self) -> None:
+        """Wait for the I/O in flight, stop the pool and free the buffers; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._buffers.close()
+
+    def remove_all(self) -> int:
+        """Delete every context file under ``root`` (whoever wrote it; the end of a run's clean-up); returns
+        how many this call deleted. Works after :meth:`close` too."""
+        removed = 0
+        for entry in self.root.iterdir():
+            if _CTX_FILE.fullmatch(entry.name):
+                try:
+                    entry.unlink()
+                    removed += 1
+                except FileNotFoundError:  # another process's clean-up got there first
+                    pass
+                except OSError as err:
+                    raise HostStorageError(f"remove {entry}: {err.strerror or err}") from err
+        return removed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    # --- the work -------------------------------------------------------------------------------------------
+
+    def _probe(self, direct: bool | None) -> tuple[bool, str]:
+        """Whether to use O_DIRECT, and the reason when not; checks on the way that ``root`` is writable."""
+        probe = self.root / f".probe-{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as err:
+            raise HostStorageError(f"root {self.root}: not a writable directory ({err.strerror or err})") from err
+        try:
+            if direct is False:
+                return False, "buffered I/O asked for (direct=False)"
+            reason = self._try_direct(probe)
+        finally:
+            probe.unlink(missing_ok=True)
+        if not reason:
+            return True, ""
+        if direct:
+            raise HostStorageError(f"direct=True, but {reason} (root {self.root})")
+        return False, reason
+
+    @staticmethod
+    def _try_direct(probe: Path) -> str:
+        o_direct: int = getattr(os, "O_DIRECT", 0)
+        if not o_direct:
+            return "os.O_DIRECT does not exist on this platform"
+        try:
+            fd = os.open(probe, os.O_RDWR | o_direct)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise HostStorageError(f"open {probe} with O_DIRECT: {err.strerror or err}") from err
+            return "the file system refuses O_DIRECT (EINVAL on open)"
+        buffer = mmap.mmap(-1, ALIGN)
+        try:
+            os.pwrite(fd, buffer, 0)
+            os.preadv(fd, [buffer], 0)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise HostStorageError(f"I/O on {probe} with O_DIRECT: {err.strerror or err}") from err
+            return "the file system refuses O_DIRECT (EINVAL on the first I/O)"
+        finally:
+            os.close(fd)
+            _unmap(buffer)
+        return ""
+
+    def _check(self, context: int, first_block: int, n_blocks: int) -> None:
+        if self._closed:
+            raise HostStorageError("the BlockStore is closed")
+        _check_int("context", context, 0)
+        _check_int("first_block", first_block, 0)
+        _check_int("n_blocks", n_blocks, 1)
+        if context > _MAX_INDEX:
+            raise HostStorageError(f"context must be < 2**63, not {context}")
+        if (first_block + n_blocks) * self.stride > _MAX_INDEX:
+            raise HostStorageError(f"first_block + n_blocks = {first_block + n_blocks}: past the largest file")
+
+    def _chunks(self, first_block: int, n_blocks: int) -> Iterator[tuple[int, int]]:
+        """(first, count) of each chunk of one contiguous run."""
+        end = first_block + n_blocks
+        for first in range(first_block, end, self._chunk_blocks):
+            yield first, min(self._chunk_blocks, end - first)
+
+    async def _read_blocks(self, context: int, blocks: list[int]) -> list[int]:
+        """What a read of ``blocks`` (sorted) found in each: one syscall per chunk of each contiguous run."""
+        runs: list[tuple[int, int]] = []
+        for block in blocks:
+            if runs and runs[-1][0] + runs[-1][1] == block:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((block, 1))
+        loop = asyncio.get_running_loop()
+        found = await asyncio.gather(*(loop.run_in_executor(self._pool, self._read_chunk, context, first, count)
+                                       for run in runs for first, count in self._chunks(*run)))
+        return [status for chunk in found for status in chunk]
+
+    def _expected(self, out: _Words, context: int, first_block: int) -> None:
+        """Fill ``out`` (blocks × words) with the contents of blocks ``first_block`` … of ``context``."""
+        count = out.shape[0]
+        keys = np.fromiter((_key(context, first_block + j) for j in range(count)), dtype=np.uint64, count=count)
+        np.bitwise_xor(self._base, keys[:, None], out=out)
+        octets = out.view(np.uint8)
+        head = min(_HEADER.size, self.block_bytes)
+        for j in range(count):
+            header = _HEADER.pack(_MAGIC, _VERSION, context, first_block + j, self.block_bytes)
+            octets[j, :head] = np.frombuffer(header, dtype=np.uint8, count=head)
+        octets[:, self.block_bytes:] = 0
+
+    def _words_of(self, buffer: mmap.mmap, count: int) -> _Words:
+        words: _Words = np.frombuffer(buffer, dtype=np.uint64, count=count * self._words).reshape(count, -1)
+        return words
+
+    def _write_chunk(self, context: int, first_block: int, count: int) -> None:
+        """One pwritev of ``count`` blocks (on a pool thread, or the caller's for :meth:`seed`)."""
+        path = self.path(context)
+        size = count * self.stride
+        offset = first_block * self.stride
+        buffer = self._buffers.get()
+        try:
+            self._expected(self._words_of(buffer, count), context, first_block)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | self._flags, 0o600)
+            try:
+                with memoryview(buffer) as view:
+                    done = 0
+                    while done < size:  # a regular file writes all at once but for errors; loop all the same
+                        written = os.pwritev(fd, [view[done:size]], offset + done)
+                        if written <= 0:
+                            raise OSError(errno.EIO, "pwritev wrote nothing")
+                        done += written
+            finally:
+                os.close(fd)
+        except OSError as err:
+            raise HostStorageError(f"write {path} (blocks {first_block}..{first_block + count - 1}): "
+                                   f"{err.strerror or err}") from err
+        finally:
+            self._buffers.put(buffer)
+
+    def _read_chunk(self, context: int, first_block: int, count: int) -> list[int]:
+        """One preadv of ``count`` blocks, and what it found in each (on a pool thread)."""
+        path = self.path(context)
+        size = count * self.stride
+        buffer = self._buffers.get()
+        try:
+            try:
+                fd = os.open(path, os.O_RDONLY | self._flags)
+            except FileNotFoundError:
+                return [_PENDING] * count  # nothing of this context written yet
+            try:
+                with memoryview(buffer) as view:
+                    got = os.preadv(fd, [view[:size]], first_block * self.stride)
+            finally:
+                os.close(fd)
+            return self._verify(buffer, got, context, first_block, count)
+        except OSError as err:
+            raise HostStorageError(f"read {path} (blocks {first_block}..{first_block + count - 1}): "
+                                   f"{err.strerror or err}") from err
+        finally:
+            self._buffers.put(buffer)
+
+    def _verify(self, buffer: mmap.mmap, got: int, context: int, first_block: int, count: int) -> list[int]:
+        """What each block of a chunk read into ``buffer`` is: _OK, _PENDING or _CORRUPT."""
+        words = self._words_of(buffer, count)
+        if got < count * self.stride:  # the file ends early: what was not read counts as zero (not yet there)
+            words.view(np.uint8).reshape(-1)[got:] = 0
+        scratch: Any = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = np.empty((self._chunk_blocks, self._words), dtype=np.uint64)
+        expected: _Words = scratch[:count]
+        self._expected(expected, context, first_block)
+        if np.array_equal(words, expected):
+            return [_OK] * count
+        statuses = []
+        for block_words, block_expected in zip(words, expected, strict=True):
+            if np.array_equal(block_words, block_expected):
+                statuses.append(_OK)
+                continue
+            pages = block_words.reshape(-1, ALIGN // 8)
+            differs = (pages != block_expected.reshape(-1, ALIGN // 8)).any(axis=1)
+            zero = ~pages.any(axis=1)  # a page not written yet reads as zeros
+            statuses.append(_CORRUPT if (differs & ~zero).any() else _PENDING)
+        return statuses
+
+    def _count(self, result: IoResult, moved: str, calls: str, wall: str) -> None:
+        with self._lock:
+            totals = self._totals
+            totals[f"bytes_{moved}"] += result.bytes
+            totals[f"blocks_{moved}"] += result.blocks
+            totals[calls] += 1
+            totals[wall] += result.wall_s
+            totals["verified_bytes"] += result.verified_bytes
+            totals["mismatched_blocks"] += result.mismatched_blocks
+            totals["retries"] += result.retries
