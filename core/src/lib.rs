@@ -2,7 +2,9 @@
 //!
 //! Ports (NIC sides, PCIe links, DRAM, storage) with token buckets and InfiniBand-style virtual lanes;
 //! multi-hop transfers with exact completion times; a 3FS-like storage model; forward passes expanded
-//! into per-layer transfers and compute delays; a virtual or wall clock and the event queue; counters. The Python binding (feature `python`) is a thin batch-oriented layer.
+//! into per-layer transfers and compute delays; a virtual or wall clock and the event queue; counters;
+//! and a chunk pacer with the same lanes for a backend that moves real bytes (`packet_port`). The Python
+//! binding (feature `python`) is a thin batch-oriented layer.
 
 pub mod bucket;
 pub mod clock;
@@ -11,6 +13,7 @@ pub mod events;
 pub mod forward;
 pub mod lanes;
 pub mod network;
+pub mod packet_port;
 pub mod sim;
 pub mod storage;
 

@@ -11,6 +11,7 @@ use pyo3::types::{PyDict, PyInt, PyList, PyTuple, PyType};
 
 use crate::forward::{ForwardRank, ForwardSpec, LayerTransfer};
 use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
+use crate::packet_port::{PacketPort, DEFAULT_CHUNK_BYTES};
 use crate::sim::{ClockMode, Completion, Core, CoreConfig};
 use crate::storage::{IoKind, StorageNodeSpec, StorageSpec};
 use crate::{ErrorKind, PortSpec};
@@ -155,6 +156,33 @@ fn number(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
         let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
         invalid(arg, format!("a number, got {ty}"))
     })
+}
+
+/// An integer argument with a default. PyO3 writes a Python default only for a literal of the
+/// argument's Rust type, and a `u64` argument would turn -1 into an OverflowError that names nothing;
+/// so this holds the object given, checked by `int_in` like every other argument, or the default (the
+/// method's `text_signature` shows it; the Python tests check that the two agree).
+enum IntArg<'py> {
+    Given(Bound<'py, PyAny>),
+    Default(u64),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for IntArg<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Self::Given(obj.to_owned()))
+    }
+}
+
+impl IntArg<'_> {
+    /// The value in 0..=max, or an error naming `arg`.
+    fn value(&self, arg: &str, max: u64) -> PyResult<u64> {
+        match self {
+            Self::Given(obj) => int_in(obj, arg, max),
+            Self::Default(v) => Ok(*v),
+        }
+    }
 }
 
 fn lane_of(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u8> {
@@ -466,6 +494,104 @@ impl PyPacketArbiter {
             heads[i] = int_in(&item?, &format!("head_bytes[{i}]"), u32::MAX as u64)? as u32;
         }
         Ok(self.inner.select(&heads))
+    }
+}
+
+/// A token-bucket pacer with virtual-lane arbitration over chunks of real bytes (see `packet_port.rs`):
+/// a backend enqueues messages, asks which chunks it may move now, and moves them itself.
+#[pyclass(module = "dualpath_emu._core", name = "PacketPort")]
+pub struct PyPacketPort {
+    inner: PacketPort,
+}
+
+/// `None` (all lanes) or a lane in 0..MAX_LANES, as the counters take it.
+fn optional_lane(lane: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u8>> {
+    lane.map(|l| lane_of(l, "lane")).transpose()
+}
+
+#[pymethods]
+impl PyPacketPort {
+    #[new]
+    #[pyo3(
+        signature = (rate_bytes_per_s, *, burst_bytes = None, arbitration = None, chunk_bytes = IntArg::Default(DEFAULT_CHUNK_BYTES as u64)),
+        text_signature = "(rate_bytes_per_s, *, burst_bytes=None, arbitration=None, chunk_bytes=65536)"
+    )]
+    fn new(
+        rate_bytes_per_s: &Bound<'_, PyAny>,
+        burst_bytes: Option<&Bound<'_, PyAny>>,
+        arbitration: Option<PyRef<'_, PyArbitration>>,
+        chunk_bytes: IntArg<'_>,
+    ) -> PyResult<Self> {
+        let rate = number(rate_bytes_per_s, "rate_bytes_per_s")?;
+        let burst = burst_bytes.map(|b| number(b, "burst_bytes")).transpose()?;
+        let chunk = chunk_bytes.value("chunk_bytes", u32::MAX as u64)? as u32;
+        Ok(Self { inner: PacketPort::new(rate, burst, arbitration.as_ref().map(|a| &a.inner), chunk)? })
+    }
+
+    /// Queue a message of `size_bytes` on `lane` with the caller's `tag`; it leaves in chunks.
+    fn enqueue(
+        &mut self,
+        lane: &Bound<'_, PyAny>,
+        size_bytes: &Bound<'_, PyAny>,
+        tag: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let lane = lane_of(lane, "lane")?;
+        let size = int_in(size_bytes, "size_bytes", u64::MAX)?;
+        Ok(self.inner.enqueue(lane, size, int_in(tag, "tag", u64::MAX)?)?)
+    }
+
+    /// The chunks the caller may move at `now_ns`, in order: `(tag, lane, chunk_bytes, last_chunk)`.
+    #[pyo3(
+        signature = (now_ns, max_chunks = IntArg::Default(4096)),
+        text_signature = "($self, now_ns, max_chunks=4096)"
+    )]
+    fn grant(&mut self, now_ns: &Bound<'_, PyAny>, max_chunks: IntArg<'_>) -> PyResult<Vec<(u64, u8, u32, bool)>> {
+        let now_ns = int_in(now_ns, "now_ns", u64::MAX)?;
+        let max_chunks = max_chunks.value("max_chunks", usize::MAX as u64)? as usize;
+        let grants = self.inner.grant(now_ns, max_chunks)?;
+        Ok(grants.into_iter().map(|g| (g.tag, g.lane, g.bytes, g.last)).collect())
+    }
+
+    /// The earliest time >= `now_ns` at which `grant` grants a chunk; None if nothing is queued.
+    fn next_grant_ns(&self, now_ns: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        Ok(self.inner.next_grant_ns(int_in(now_ns, "now_ns", u64::MAX)?)?)
+    }
+
+    /// Drop the chunks not yet granted of the messages tagged `tag`; returns the bytes dropped.
+    fn cancel(&mut self, tag: &Bound<'_, PyAny>) -> PyResult<u64> {
+        Ok(self.inner.cancel(int_in(tag, "tag", u64::MAX)?))
+    }
+
+    /// Bytes queued and not yet granted on `lane` (all lanes if None).
+    #[pyo3(signature = (lane = None))]
+    fn queued_bytes(&self, lane: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        Ok(self.inner.queued_bytes(optional_lane(lane)?)?)
+    }
+
+    /// Bytes granted so far on `lane` (all lanes if None).
+    #[pyo3(signature = (lane = None))]
+    fn granted_bytes(&self, lane: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        Ok(self.inner.granted_bytes(optional_lane(lane)?)?)
+    }
+
+    /// Messages with chunks not yet granted.
+    fn queued_messages(&self) -> usize {
+        self.inner.queued_messages()
+    }
+
+    #[getter]
+    fn rate_bytes_per_s(&self) -> f64 {
+        self.inner.rate_bytes_per_s()
+    }
+
+    #[getter]
+    fn burst_bytes(&self) -> f64 {
+        self.inner.burst_bytes()
+    }
+
+    #[getter]
+    fn chunk_bytes(&self) -> u32 {
+        self.inner.chunk_bytes()
     }
 }
 
@@ -864,6 +990,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCore>()?;
     m.add_class::<PyArbitration>()?;
     m.add_class::<PyPacketArbiter>()?;
+    m.add_class::<PyPacketPort>()?;
     m.add("CoreError", py.get_type::<CoreError>())?;
     for (name, class) in ErrorClasses::get(py)?.named(py) {
         m.add(name, class)?;

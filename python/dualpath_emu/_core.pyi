@@ -9,6 +9,7 @@ __all__ = [
     "Core",
     "Arbitration",
     "PacketArbiter",
+    "PacketPort",
     "CoreError",
     "InvalidArgumentError",
     "UnknownNameError",
@@ -81,6 +82,41 @@ class PacketArbiter:
 
     def __new__(cls, arbitration: Arbitration) -> PacketArbiter: ...
     def select(self, head_bytes: Iterable[int]) -> int | None: ...
+
+@final
+class PacketPort:
+    """A token-bucket pacer with virtual-lane arbitration over chunks of real bytes.
+
+    A backend enqueues messages, asks once per batch which chunks it may move now, and moves them itself.
+    Tokens start at ``burst_bytes`` and refill at ``rate_bytes_per_s`` up to ``burst_bytes``; a chunk may be
+    granted while the bucket holds more than 0 tokens and takes its whole size (a debt keeps the long-run
+    rate exact). With an ``arbitration`` the next chunk is the head chunk of the lane the
+    :class:`PacketArbiter` selects; without one, all lanes share one FIFO. Times are integer nanoseconds
+    from the caller's clock and must not go backwards. ``grant`` returns ``(tag, lane, chunk_bytes,
+    last_chunk_of_message)`` per chunk, in grant order.
+    """
+
+    def __new__(
+        cls,
+        rate_bytes_per_s: float,
+        *,
+        burst_bytes: float | None = None,
+        arbitration: Arbitration | None = None,
+        chunk_bytes: int = 65536,
+    ) -> PacketPort: ...
+    def enqueue(self, lane: int, size_bytes: int, tag: int) -> None: ...
+    def grant(self, now_ns: int, max_chunks: int = 4096) -> list[tuple[int, int, int, bool]]: ...
+    def next_grant_ns(self, now_ns: int) -> int | None: ...
+    def cancel(self, tag: int) -> int: ...
+    def queued_bytes(self, lane: int | None = None) -> int: ...
+    def granted_bytes(self, lane: int | None = None) -> int: ...
+    def queued_messages(self) -> int: ...
+    @property
+    def rate_bytes_per_s(self) -> float: ...
+    @property
+    def burst_bytes(self) -> float: ...
+    @property
+    def chunk_bytes(self) -> int: ...
 
 @final
 class Core:
