@@ -131,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON (and nothing else) on stdout")
     run.add_argument("--quiet", action="store_true", help="no header line, no progress bars")
     live = run.add_argument_group("real time (--mode realtime: the same actors live, as OS processes)")
-    live.add_argument("--mode", choices=("virtual", "realtime"), default="virtual",
+    live.add_argument("--backend", choices=("model", "host"), default=None,
+                      help="model (the scenario's default): the core times every byte; host: move real bytes (KV "
+                           "blocks in files, KV between processes over sockets), live")  # fmt: skip
+    live.add_argument("--byte-scale", type=float, metavar="F", default=None,
+                      help="host backend: real bytes per modelled byte (default the scenario's, 0.001)")
+    live.add_argument("--mode", choices=("virtual", "realtime"), default=None,
                       help="virtual (default): one process, virtual clock, deterministic; realtime: wall clock, "
                            "one OS process per engine group, a data-plane service owning every port")  # fmt: skip
     live.add_argument("--time-scale", type=float, metavar="S", default=1.0,

@@ -38,7 +38,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.client import ClientActor
 from dualpath_emu.cluster.catalog import NodeSpec
-from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.decode import DecodeGroup
@@ -74,6 +74,9 @@ POLL_S: Final = 1.0
 
 
 DESCRIPTION: Final = "cluster.json"
+STORAGE_DIR: Final = "storage"
+"""Host backend: the KV blocks' directory in the run directory (removed when the run ends)."""
+DEFAULT_BYTE_SCALE: Final = 1e-3
 TRAJECTORIES: Final = "trajectories.jsonl"
 
 
@@ -132,6 +135,10 @@ class ClusterApplication(Application):
     def __init__(self, config: Table) -> None:
         description = config.get_str("description", DESCRIPTION)
         self.metrics_port = config.get_int("metrics_port", -1, min=-1, max=65_535)
+        self.byte_scale = config.get_float("byte_scale", DEFAULT_BYTE_SCALE, min=0.0, max=1.0, min_exclusive=True)
+        """Host backend: real bytes per modelled byte."""
+        self.storage_dir = config.get_str("storage_dir", "")
+        """Host backend: where the KV blocks live (a shared mount across hosts); default the run's ``storage``."""
         config.finish()
         folder = Path(config.source).parent
         path = folder / description
@@ -152,6 +159,8 @@ class ClusterApplication(Application):
         self.topology = self._build(self._scratch)
         self._cluster: Cluster | None = None
         self._client: ClientActor | None = None
+        self._host: Any = None
+        """This process's host loop (host backend only)."""
 
     def _build(self, core: Core) -> Topology:
         c = self.config
@@ -265,8 +274,65 @@ class ClusterApplication(Application):
             transfers = cluster.plane.transfers
             booked = [(port, lane, size, transfers[(port, lane)]) for (port, lane), size in cluster.plane.bytes.items()]
             metrics = cluster.metrics.to_wire()
-        data = msgpack.packb({"metrics": metrics, "booked": booked})
-        _write_private(path, data)
+        part: dict[str, Any] = {"metrics": metrics, "booked": booked}
+        if self._host is not None:
+            part["host"] = self._host_part()
+        _write_private(path, msgpack.packb(part))
+
+    def _host_part(self) -> dict[str, Any]:
+        """A host process's share: its local core's report, the real work's bytes per (port, lane), what its
+        files and channel moved."""
+        host = self._host
+        host.core.poll()
+        return {
+            "core": CoreReport.of(host.core, self.topology, host.core.now_ns).to_wire(),
+            "moved": [[port, lane, size] for (port, lane), size in host.moved.items()],
+            "store": host.store.stats() if host.store is not None else None,
+            "channel": host.channel.stats.to_wire(),
+            "real_bytes": dict(host.real_bytes),
+            "failure": repr(host.failure) if host.failure is not None else None,
+        }
+
+    def host_loop(self, core: Core, process: str, scenario: Any, description: Any, keys: Any, run_dir: Path) -> Any:
+        """The host backend's loop for ``process`` (:mod:`dualpath_emu.host`): it drives the storage and NIC
+        I/O of the nodes whose engine groups it hosts."""
+        from dualpath_emu.host.plane import HostLoop
+        from dualpath_emu.host.storage import BlockStore
+        from dualpath_emu.host.transport import ByteChannel
+
+        plan = self.host_plan(scenario)
+        folder = Path(self.storage_dir) if self.storage_dir else Path(run_dir) / STORAGE_DIR
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        drives = any(node.process == process for node in plan.nodes)
+        store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
+        peers = {name: endpoint for name, endpoint in description.data_endpoints.items() if name != process}
+        channel = ByteChannel(process, description.data_endpoints[process], peers, keys)
+        self._host = HostLoop(core, plan, process, channel, store)
+        return self._host
+
+    def host_plan(self, scenario: Any) -> Any:
+        """Which process drives which node's I/O (the one hosting its engine group), every port's node and
+        rate, the Full Block size: what :class:`~dualpath_emu.host.plane.HostLoop` needs of the cluster."""
+        from dualpath_emu.host.plane import HostPlan, NodeRoute
+
+        process_of = {actor: spec.name for spec in scenario.processes for actor in spec.actors}
+        group_of: dict[int, str] = {}
+        for group in self.prefill_groups():
+            for node in group:
+                group_of[node] = f"pe{group[0]}"
+        for n in self.topology.de_nodes:
+            group_of[n.index] = f"de{n.index}"
+        topo, scratch = self.topology, self._scratch
+        routes, port_node = [], {}
+        for n in topo.nodes:
+            routes.append(NodeRoute(n.index, n.role, process_of[group_of[n.index]], n.snic_rx, n.snic_tx,
+                                    n.storage_node, n.cnic_tx, (topo.storage_read, n.snic_rx, n.dram),
+                                    (n.dram, n.snic_tx, topo.storage_write)))  # fmt: skip
+            for port in (n.snic_rx, n.snic_tx, n.dram, *n.cnic_tx, *n.cnic_rx):
+                port_node[port] = n.index
+        rates = {p: scratch.port_rate(p) for p in range(scratch.port_count)}
+        return HostPlan(tuple(routes), port_node, rates, BLOCK_TOKENS * self.derived.kv_bytes_per_token,
+                        self.byte_scale)  # fmt: skip
 
     def service_report(self, core: Core) -> dict[str, Any]:
         """The core's report (:class:`CoreReport`), written by the data-plane service once it has drained."""
@@ -306,6 +372,7 @@ def run_scenario_text(
     *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
     processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
     endpoints: Mapping[str, str] | None = None, dataplane_endpoint: str | None = None,
+    backend: str = "model", byte_scale: float = DEFAULT_BYTE_SCALE, storage_dir: str = "",
 ) -> str:
     """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`.
     ``endpoints`` (process name -> endpoint) and ``dataplane_endpoint`` fix where processes bind (a run
@@ -315,9 +382,10 @@ def run_scenario_text(
 
     lines = [
         'app = "cluster"', f"seed = {seed}", 'mode = "realtime"', "latency_s = 0.0", f"time_scale = {time_scale!r}",
-        f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", "",
+        f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", f"backend = {q(backend)}",
         *([f"dataplane_endpoint = {q(dataplane_endpoint)}"] if dataplane_endpoint else []), "",
-        "[cluster]", f"description = {q(DESCRIPTION)}", f"metrics_port = {metrics_port}", "",
+        "[cluster]", f"description = {q(DESCRIPTION)}", f"metrics_port = {metrics_port}",
+        *([f"byte_scale = {byte_scale!r}", f"storage_dir = {q(storage_dir)}"] if backend == "host" else []), "",
     ]  # fmt: skip
     for name, actors in processes:
         lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]"]
@@ -346,7 +414,11 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
         booked.update(by_port)
         transfers.update(counts)
     merged = Metrics.merge(parts)
-    report = CoreReport.from_wire(json.loads((run_dir / SERVICE_REPORT).read_text()))
+    host: dict[str, Any] | None = None
+    if run.backend == "host":
+        report, host = _host_report(run_dir, processes, app)
+    else:
+        report = CoreReport.from_wire(json.loads((run_dir / SERVICE_REPORT).read_text()))
     system = app.system.name
     lost = merged.unfinished()
     if lost:
@@ -356,6 +428,8 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     checker.feed(events, 0)
     writer.write_numbered(events, 0)
     violations = checker.finish() + check_core_bytes(report, booked, transfers)
+    if host is not None:
+        violations += host.pop("violations")
     if violations:
         raise InvariantError(f"{system}: " + "; ".join(violations))
     end_ns = max((t for t in merged.done_ns if t >= 0), default=0)
@@ -366,7 +440,64 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
     result.extra.update(_timeliness(run_dir, processes))
+    if host is not None:
+        result.extra["host"] = host
     return result, merged
+
+
+def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication) -> tuple[CoreReport, dict[str, Any]]:
+    """A host-backend run's report: every process's local core (the modelled work: H2D, D2H, timers) plus
+    the real work it did, per port and lane; and what the real bytes were (read back verified, sent and
+    received verified, per kind), with the violations found (a mismatch, a failed write-back)."""
+    reports, moved = [], Counter[tuple[int, int]]()
+    store: Counter[str] = Counter()
+    channel: Counter[str] = Counter()
+    real: Counter[str] = Counter()
+    violations: list[str] = []
+    direct: set[str] = set()
+    for name in processes:
+        part = msgpack.unpackb((run_dir / f"{name}.part").read_bytes(), strict_map_key=False).get("host")
+        if part is None:
+            violations.append(f"process {name!r} wrote no host part")
+            continue
+        reports.append(CoreReport.from_wire(part["core"]))
+        moved.update({(port, lane): size for port, lane, size in part["moved"]})
+        channel.update(part["channel"])
+        real.update(part["real_bytes"])
+        if part["store"] is not None:
+            stats = part["store"]
+            direct.add("O_DIRECT" if stats["direct_io"] else f"buffered ({stats['direct_io_reason']})")
+            store.update({k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)})
+        if part["failure"]:
+            violations.append(f"process {name!r}: real work failed: {part['failure']}")
+    if store["mismatched_blocks"]:
+        violations.append(f"{store['mismatched_blocks']} block(s) read back differed from what was written")
+    if channel["mismatched_bytes"]:
+        violations.append(f"{channel['mismatched_bytes']} byte(s) arrived differing from what was sent")
+    first = reports[0]
+    ports = []
+    for i, port in enumerate(first.ports):
+        lanes = len(port.completed_bytes)
+        done = [sum(r.ports[i].completed_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)]
+        flowed = [sum(r.ports[i].fluid_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)]
+        ports.append(dataclasses.replace(port, completed_bytes=done, fluid_bytes=flowed))
+    stats = dict(sum((Counter(r.stats) for r in reports), Counter[str]()))
+    report = dataclasses.replace(first, ports=ports, stats=stats, now_ns=max(r.now_ns for r in reports),
+                                 until_ns=max(r.until_ns for r in reports))  # fmt: skip
+    summary = {
+        "byte_scale": app.byte_scale,
+        "storage_io": sorted(direct),
+        "gpu_copies": "modelled (no GPU): H2D and D2H run on each process's core",
+        "blocks_written": store["blocks_written"], "blocks_read": store["blocks_read"],
+        "bytes_written": store["bytes_written"], "bytes_read": store["bytes_read"],
+        "verified_read_bytes": store["verified_bytes"], "mismatched_blocks": store["mismatched_blocks"],
+        "read_retries": store["retries"], "seeded_blocks": store["seeded_blocks"],
+        "network_bytes_sent": channel["sent_bytes"], "network_bytes_verified": channel["verified_bytes"],
+        "network_bytes_mismatched": channel["mismatched_bytes"], "rejected_frames": channel["rejected"],
+        "real_bytes_by_kind": dict(real),
+        "violations": violations,
+    }  # fmt: skip
+    return report, summary
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
@@ -425,30 +556,41 @@ def run_live(
     timeout_s: float = 86_400.0,
     metrics_port: int = -1,
     on_start: Callable[[str, int], None] | None = None,
+    backend: str = "model",
+    byte_scale: float = DEFAULT_BYTE_SCALE,
+    storage_dir: str = "",
 ) -> SystemResult:
     """Run ``system`` on ``config`` with ``trajectories`` live: write the run's description into ``run_dir``
     (user-only), start its processes, wait for them, then merge and check their parts (:func:`collect`).
     ``metrics_port`` ≥ 0 serves live Prometheus metrics from the client's process on 127.0.0.1 (0: a free
     port, written to ``run_dir/metrics.port``; :mod:`~dualpath_emu.cluster.live_metrics`); ``on_start(name,
-    pid)`` is called as each process starts. Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
+    pid)`` is called as each process starts. ``backend="host"`` moves real bytes (:mod:`dualpath_emu.host`):
+    ``byte_scale`` real bytes per modelled byte, KV blocks in ``storage_dir`` (default: the run directory's
+    ``storage``, removed at the end). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
     _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
         processes=placement(ClusterApplication.actor_names_of(config), placement_kind), metrics_port=metrics_port,
+        backend=backend, byte_scale=byte_scale, storage_dir=storage_dir,
     )  # fmt: skip
     path = run_dir / RUN_SCENARIO
     _write_private(path, text.encode())
     run = load_run_scenario(path)
     app = run.app
     assert isinstance(app, ClusterApplication)
-    launched = launch(run, run_dir=run_dir, on_start=on_start)
-    result, _ = collect(run, run_dir, launched.wall_s)
+    try:
+        launched = launch(run, run_dir=run_dir, on_start=on_start)
+        result, _ = collect(run, run_dir, launched.wall_s)
+    finally:
+        if backend == "host":
+            _remove_blocks(Path(storage_dir) if storage_dir else run_dir / STORAGE_DIR)
     result.extra.update({
         "mode": "realtime",
         "time_scale": time_scale,
         "placement": placement_kind,
         "transport": transport,
+        "backend": backend,
         "processes": len(run.processes) + (launched.dataplane is not None),
         "process_actors": {**({DATAPLANE_PROCESS: []} if launched.dataplane is not None else {}),
                            **{p.name: list(p.actors) for p in run.processes}},
@@ -458,6 +600,16 @@ def run_live(
 
 
 RUN_SCENARIO: Final = "run.toml"
+
+
+def _remove_blocks(folder: Path) -> None:
+    """Remove a host run's KV block files (and the folder, if that empties it)."""
+    for path in folder.glob("ctx-*.kv"):
+        path.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _write_description(

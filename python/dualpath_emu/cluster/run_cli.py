@@ -73,8 +73,15 @@ def run_command(args: argparse.Namespace) -> int:
     if args.list:
         return list_command()
     scenario = load_scenario(args.scenario, parse_settings(args.set or ())).with_overrides(
-        systems=args.system, agents=args.agents, seed=args.seed
+        systems=args.system, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale
     )
+    args.mode = getattr(args, "mode", None)
+    if scenario.backend == "host":
+        if args.mode == "virtual":
+            raise UsageError("--backend host moves real bytes in real time: it cannot run with --mode virtual")
+        args.mode = "realtime"  # real bytes take real time
+    elif args.mode is None:
+        args.mode = "virtual"
     out: Path | None = args.out
     if out is not None:
         from dualpath_emu.cluster.outputs import make_output_folder
@@ -167,7 +174,8 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
     for name in scenario.systems:
         run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
         if not (args.quiet or args.json):
-            console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}, "
+            backend = f", host backend (real bytes × {scenario.byte_scale:g})" if scenario.backend == "host" else ""
+            console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}{backend}, "
                           f"run directory {run_dir}")  # fmt: skip
             if args.metrics_port:
                 console.print(f"  live metrics: http://127.0.0.1:{args.metrics_port}/metrics")
@@ -178,6 +186,7 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
                 scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
                 time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
                 timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
+                backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
             )  # fmt: skip
         except (LaunchError, LostRequestsError, InvariantError) as error:
             # Every process's output, event log and part stay in the run directory for a post-mortem.

@@ -16,6 +16,13 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # basic+layerwise+dualpath, dualpath, oracle) or the user's own,
                                          # "file.py:Name" (relative to this file's folder) or "module:Name"
                                          # (dualpath_emu.cluster.user_systems says what Name may be)
+    backend = "model"                    # "model": the core times every byte (virtual or real time);
+                                         # "host": real bytes in real time (files, sockets; `--backend host`)
+
+    [host]                               # the host backend (dualpath_emu.host)
+    byte_scale = 0.001                   # real bytes per modelled byte (and pacing rates × this); (0, 1]
+    storage_dir = ""                     # where the KV block files go (a shared mount across hosts);
+                                         # "" (default): the run directory's storage/, removed at the end
 
     [deployment]
     model = "ds660b"                     # ds660b | ds27b | qwen32b (dualpath_emu.cluster.catalog.MODELS)
@@ -147,6 +154,7 @@ __all__ = [
     "scenario_from_table",
 ]
 
+BACKENDS: Final = ("model", "host")
 KIND: Final = "cluster"
 BUILT_IN: Final = "<built-in>"
 DEFAULT_SYSTEMS: Final = ("basic", "dualpath", "oracle")
@@ -206,6 +214,10 @@ class ClusterScenario:
     source: str = BUILT_IN
     custom_systems: tuple[System, ...] = ()
     """The systems of ``systems`` that are not built in (from the user's code), in order."""
+    backend: str = "model"
+    """``"model"`` or ``"host"`` (real bytes, :mod:`dualpath_emu.host`)."""
+    byte_scale: float = 1e-3
+    storage_dir: str = ""
 
     def system(self, name: str) -> System:
         """The system called ``name``: one of :attr:`custom_systems`, else a built-in one."""
@@ -247,7 +259,8 @@ class ClusterScenario:
         return out
 
     def with_overrides(
-        self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None
+        self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None,
+        backend: str | None = None, byte_scale: float | None = None,
     ) -> ClusterScenario:
         """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
 
@@ -270,6 +283,14 @@ class ClusterScenario:
             if not 0 <= seed <= _MAX_SEED:
                 raise ScenarioError(f"--seed: expected an integer in [0, {_MAX_SEED}], got {short_repr(seed)}")
             out = dataclasses.replace(out, seed=seed)
+        if backend is not None:
+            if backend not in BACKENDS:
+                raise ScenarioError(f"--backend: expected one of {', '.join(BACKENDS)}, got {short_repr(backend)}")
+            out = dataclasses.replace(out, backend=backend)
+        if byte_scale is not None:
+            if not 0.0 < byte_scale <= 1.0:
+                raise ScenarioError(f"--byte-scale: expected a number in (0, 1], got {short_repr(byte_scale)}")
+            out = dataclasses.replace(out, byte_scale=byte_scale)
         return out
 
 
@@ -313,6 +334,11 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         raise top.error("name", "a non-empty string", name)
     seed = top.get_int("seed", 0, min=0, max=_MAX_SEED)
     systems_table_value = top.get_str_list("systems", list(DEFAULT_SYSTEMS), non_empty=True)
+    backend = top.get_str("backend", "model", choices=BACKENDS)
+    host = top.table("host")
+    byte_scale = host.get_float("byte_scale", 1e-3, min=0.0, max=1.0, min_exclusive=True)
+    storage_dir = host.get_str("storage_dir", "")
+    host.finish()
 
     deployment = top.table("deployment")
     hardware = top.table("hardware")
@@ -379,7 +405,8 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
-    scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom)
+    scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom, backend,
+                               byte_scale, storage_dir)  # fmt: skip
     _check_memory(scenario, top, deployment)
     return scenario
 

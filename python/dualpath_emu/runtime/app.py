@@ -96,6 +96,13 @@ class Application(ABC):
         """Write this process's share of a real-time run (its metrics, say) to ``path`` when it stops, for
         the application to merge afterwards; nothing by default."""
 
+    def host_loop(self, core: Core, process: str, scenario: Any, description: Any, keys: Any, run_dir: Path) -> Any:
+        """The event loop of process ``process`` on the host backend (``backend = "host"``): a real-time loop
+        on ``core`` (this process's wall-clock core, built by :meth:`build_core`) whose data plane moves real
+        bytes, with an ``async serve(main)`` that runs ``main`` inside the backend's set-up and tear-down.
+        By default an application has no host backend."""
+        raise ScenarioError(f"application {self.name!r} has no host backend (backend = \"host\")")
+
     @abstractmethod
     def create_actor(self, system: ActorSystem, name: str) -> Actor:
         """Create (and so register) actor ``name`` in ``system``; it is started by the runner."""

@@ -236,7 +236,7 @@ class CoreWork:
         failed: Callable[[Exception], None], extents: Extents = (),
     ) -> None:  # fmt: skip
         """:meth:`io` with :meth:`call_when_done` instead of a future."""
-        self.call_when_done(self._queue_io(node, kind, lane, size_bytes, self.new_tag()), done, failed)
+        self.call_when_done(self._queue_io(node, kind, lane, size_bytes, self.new_tag(), extents), done, failed)
 
     def transfer(self, path: Sequence[int], lane: int, size_bytes: int) -> asyncio.Future[Completion]:
         """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now.
@@ -279,18 +279,19 @@ class CoreWork:
     def io(self, node: int, kind: str, lane: int, size_bytes: int, extents: Extents = ()) -> asyncio.Future[Completion]:
         """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now; ``extents``
         (:data:`Extents`) are for data planes that move real bytes."""
-        return self.expect(self._queue_io(node, kind, lane, size_bytes, self.new_tag()))
+        return self.expect(self._queue_io(node, kind, lane, size_bytes, self.new_tag(), extents))
 
     def io_detached(self, node: int, kind: str, lane: int, size_bytes: int, extents: Extents = ()) -> None:
         """Queue a storage I/O nobody waits for (see :meth:`transfer_detached`)."""
-        self._queue_io(node, kind, lane, size_bytes, UNREPORTED_TAG)
+        self._queue_io(node, kind, lane, size_bytes, UNREPORTED_TAG, extents)
 
     def _queue_transfer(self, path: Sequence[int], lane: int, size_bytes: int, tag: int) -> int:
         self._pending_transfers.append((tuple(path), lane, size_bytes, tag))
         self._queued()
         return tag
 
-    def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int) -> int:
+    def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int, extents: Extents = ()) -> int:
+        # The core moves no bytes: the extents are for a flavour that does (the host backend overrides this).
         self._pending_ios.append((node, kind, lane, size_bytes, tag))
         self._queued()
         return tag

@@ -174,6 +174,10 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
     dataplane = (
         _endpoint(scenario, DATAPLANE_PROCESS, scenario.dataplane_endpoint, socket_dir) if scenario.uses_dataplane else None
     )
+    data = (
+        {spec.name: _endpoint(scenario, spec.name + ".data", None, socket_dir) for spec in scenario.processes}
+        if scenario.backend == "host" else {}
+    )  # fmt: skip
     return RunDescription(
         scenario=str(Path(scenario.source).resolve()) if Path(scenario.source).exists() else scenario.source,
         seed=scenario.seed,
@@ -183,6 +187,7 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
         requesters=tuple(spec.name for spec in scenario.processes) if dataplane is not None else (),
         heartbeat_timeout_s=scenario.heartbeat_timeout_s,
         keys=keys,
+        data_endpoints=data,
     )
 
 
@@ -193,7 +198,7 @@ def _process_names(scenario: RunScenario) -> list[str]:
 
 def _needs_keys(description: RunDescription) -> bool:
     """Whether a run reaches any process over tcp:// (then it gets CURVE keys; ipc:// sockets are private)."""
-    endpoints = [*description.endpoints.values(), description.dataplane_endpoint or ""]
+    endpoints = [*description.endpoints.values(), *description.data_endpoints.values(), description.dataplane_endpoint or ""]
     return any(endpoint.startswith("tcp://") for endpoint in endpoints)
 
 

@@ -321,7 +321,11 @@ def serve_process(
     loop: RealTimeLoop | RemoteDataPlaneLoop
     keys = _load_keys(description, name)
     try:
-        if description.dataplane_endpoint is None:
+        if scenario.backend == "host":
+            core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
+            app.build_core(core)
+            loop = app.host_loop(core, name, scenario, description, keys, run_dir)
+        elif description.dataplane_endpoint is None:
             core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
             app.build_core(core)
             loop = RealTimeLoop(core)
@@ -366,6 +370,8 @@ def serve_process(
     summary: dict[str, Any] | None = None
     failure: ActorFailure | None = None
     main = _serve(system, scenario, spec, run_dir, watch_stdin, wait_ready, launcher)
+    if scenario.backend == "host":  # the backend's channel and files around the actors' run
+        main = loop.serve(main)  # type: ignore[union-attr]  # an application's host loop has it
     try:
         if isinstance(loop, RemoteDataPlaneLoop):
             summary = run_remote(main, loop)
@@ -386,7 +392,7 @@ def serve_process(
             launcher.stop()
     wall_s = time.perf_counter() - started
     app.write_part(run_dir / f"{name}.part")
-    if isinstance(loop, RealTimeLoop):  # a one-process run: this process owns the core
+    if isinstance(loop, RealTimeLoop) and scenario.backend == "model":  # a one-process run: this process owns the core
         _write_service_report(app, loop.core, run_dir)
     events = system.raw_events()
     sha256 = write_event_log(events, run_dir / f"{name}.events")

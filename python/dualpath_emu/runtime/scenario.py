@@ -10,6 +10,8 @@ and runs by name: ``dualpath-emu launch pipeline``)::
     latency_s = 0.0002     # delivery latency of a message between actors of one process; 0..10
     time_scale = 1.0       # realtime: emulated seconds per wall second; 1e-6..1e6
     transport = "ipc"      # realtime: "ipc" (one host) or "tcp"
+    backend = "model"      # realtime: "model" (the data-plane service's core models every byte) or "host"
+                           # (each process moves real bytes: files, sockets; the application must support it)
     host = "127.0.0.1"     # tcp: the address the processes bind (loopback unless told otherwise)
     timeout_s = 120.0      # realtime: wall seconds after which the launcher gives up and stops everything;
                            # at most 1e6
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -53,6 +55,7 @@ from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import Application, application_class
 
 __all__ = [
+    "BACKENDS",
     "DATAPLANE_PROCESS",
     "MODES",
     "RUN_DESCRIPTION",
@@ -64,6 +67,7 @@ __all__ = [
 ]
 
 MODES: Final = ("virtual", "realtime")
+BACKENDS: Final = ("model", "host")
 TRANSPORTS: Final = ("ipc", "tcp")
 MAX_SEED: Final = 2**63 - 1
 MAX_LATENCY_S: Final = 10.0
@@ -102,6 +106,7 @@ class RunScenario:
     heartbeat_timeout_s: float = 5.0
     hang_timeout_s: float = 3.0
     dataplane_endpoint: str | None = None
+    backend: str = "model"
 
     def with_overrides(
         self, *, seed: int | None = None, mode: str | None = None, time_scale: float | None = None
@@ -137,8 +142,9 @@ class RunScenario:
     @property
     def uses_dataplane(self) -> bool:
         """Whether a real-time run of this scenario has a data-plane process: when its actors are in more
-        than one process (one process keeps its own core on a :class:`~dualpath_emu.runtime.RealTimeLoop`)."""
-        return len(self.processes) > 1
+        than one process (one process keeps its own core on a :class:`~dualpath_emu.runtime.RealTimeLoop`)
+        and the data plane is modelled (on the host backend every process moves its own bytes)."""
+        return len(self.processes) > 1 and self.backend == "model"
 
 
 def load_run_scenario(path: str | Path) -> RunScenario:
@@ -157,13 +163,17 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     heartbeat_timeout_s = top.get_float("heartbeat_timeout_s", 5.0, min=low, max=high)
     hang_timeout_s = top.get_float("hang_timeout_s", 3.0, min=low, max=high)
     dataplane_endpoint = top.get_str("dataplane_endpoint", "") or None
+    backend = top.get_str("backend", "model", choices=BACKENDS)
+    if backend == "host" and mode != "realtime":
+        raise top.error("backend", '"model" in virtual time (the host backend moves real bytes in real time: '
+                        'mode = "realtime")', backend)  # fmt: skip
     if dataplane_endpoint is not None and not dataplane_endpoint.startswith(("ipc://", "tcp://")):
         raise top.error("dataplane_endpoint", "an ipc:// or tcp:// address", dataplane_endpoint)
     processes = _processes(top, app)
     top.finish()
     return RunScenario(
         top.source, app, seed, mode, latency_s, time_scale, transport, host, timeout_s, processes,
-        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint,
+        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint, backend,
     )  # fmt: skip
 
 
@@ -217,6 +227,8 @@ class RunDescription:
     requesters: tuple[str, ...]
     heartbeat_timeout_s: float
     keys: str | None = None
+    data_endpoints: dict[str, str] = field(default_factory=dict)
+    """Host backend: where each process's byte channel binds (empty on the model backend)."""
     version: int = 1
 
     def to_json(self) -> dict[str, Any]:
@@ -231,6 +243,7 @@ class RunDescription:
             },
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
             "keys": self.keys,
+            "data_endpoints": dict(self.data_endpoints),
         }  # fmt: skip
 
     def write(self, run_dir: Path) -> Path:
@@ -303,4 +316,11 @@ class RunDescription:
         keys = data.get("keys")
         if keys is not None and not isinstance(keys, str):
             raise bad("keys", "a path or null")
-        return cls(scenario, seed, float(time_scale), dict(endpoints), endpoint, requesters, float(heartbeat), keys)
+        data_endpoints = data.get("data_endpoints", {})
+        if not isinstance(data_endpoints, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://"))
+            for k, v in data_endpoints.items()
+        ):
+            raise bad("data_endpoints", "an object of process name -> ipc:// or tcp:// endpoint")
+        return cls(scenario, seed, float(time_scale), dict(endpoints), endpoint, requesters, float(heartbeat), keys,
+                   dict(data_endpoints))  # fmt: skip

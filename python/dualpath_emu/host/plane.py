@@ -1,0 +1,426 @@
+"""The host backend's data plane: the same ``data_plane`` interface the actors use everywhere, moving real
+bytes (issue 16, DESIGN.md §7).
+
+A :class:`HostLoop` is a :class:`~dualpath_emu.runtime.RealTimeLoop` whose work is real where the host has
+the hardware and modelled where it does not:
+
+* **storage I/O** (``io``): the Full Blocks the request names (its extents) are read from and written to real
+  files (:class:`~dualpath_emu.host.storage.BlockStore`), every block read verified; paced per node by its
+  storage NIC's :class:`~dualpath_emu._core.PacketPort` (rx for reads, tx for writes) one block per chunk;
+* **transfers between nodes** (a PE's layer KV to a DE buffer, a DE buffer's hit KV to a PE under DE-read,
+  the MoE all-to-all between nodes): real bytes between the node processes (:class:`~dualpath_emu.host.transport.ByteChannel`),
+  paced by the sending GPU's compute-NIC port with the paper's virtual-lane arbitration, so the model's lane
+  pre-empts KV bytes;
+* **transfers inside a node** (H2D, D2H: DRAM ↔ HBM through the GPU's CNIC) and every **timer**: on the
+  process's own wall-clock core, as in a real-time run (no GPU copies here: the summary says they are
+  modelled);
+* a **forward pass** runs its layers here, piece by piece, with the core's rules (``core/src/forward.rs``):
+  each rank's loads stream one after another (at most ``load_window`` layers ahead), a rank's attention of
+  layer ℓ waits for its load ℓ and for layer ℓ−1, the shared phase (compute and collectives) starts when
+  every rank's attention is done and ends the layer, stores follow each attention one at a time.
+
+**Bytes are scaled** by ``byte_scale`` (e.g. 1/1000): a transfer of S modelled bytes moves round(S × scale)
+real bytes (at least one), and every pacer runs at its port's rate × scale, so a transfer takes the time the
+model gives it unless the host cannot keep up -- which is what the run measures. A storage block's real size
+is the scaled Full Block rounded up to the 4 KiB that O_DIRECT needs.
+
+Everything a process was asked to move is counted per (port, lane) in modelled bytes (:attr:`HostLoop.moved`),
+so the run's byte check is the same as the model's: every byte the actors booked was moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core, PacketPort
+from dualpath_emu.host.storage import BlockStore
+from dualpath_emu.host.transport import ByteChannel
+from dualpath_emu.runtime.core_work import Completion, Extents
+from dualpath_emu.runtime.realtime import RealTimeLoop
+
+__all__ = ["HostLoop", "HostPlan", "NodeRoute"]
+
+DRAIN_QUIET_S = 0.2
+"""At the end, a process stops once its own work is done and no peer's bytes came for this long (wall)."""
+DRAIN_MAX_S = 10.0
+NET_CHUNK_BYTES = 64 << 10
+"""Real bytes per network chunk: small enough that a model-lane chunk waits at most this long behind KV."""
+
+
+@dataclass(frozen=True)
+class NodeRoute:
+    """One node as the host data plane sees it: its role, the process that drives its I/O, its ports."""
+
+    index: int
+    role: str
+    process: str
+    snic_rx: int
+    snic_tx: int
+    storage_node: int
+    cnic_tx: tuple[int, ...]
+    read_path: tuple[int, ...]
+    """The ports a storage read crosses (storage → SNIC → DRAM), as the model books it."""
+    write_path: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What a host process needs to know of the cluster: every node's route, which port belongs to which
+    node, every port's modelled rate, and the storage block size (modelled bytes of one Full Block)."""
+
+    nodes: tuple[NodeRoute, ...]
+    port_node: Mapping[int, int]
+    port_rate: Mapping[int, float]
+    block_bytes: int
+    byte_scale: float
+
+    def node_of_storage(self, storage_node: int) -> NodeRoute:
+        for node in self.nodes:
+            if node.storage_node == storage_node:
+                return node
+        raise LookupError(f"no node has storage node {storage_node}")
+
+
+@dataclass
+class _Job:
+    """A network transfer this process sends: chunks of ``nbytes`` to ``dest``, from ``offset`` on."""
+
+    dest: str
+    job: int
+    nbytes: int
+    ack: bool
+    offset: int = 0
+
+
+@dataclass
+class _StorageIo:
+    """A storage I/O being paced: its blocks are issued as the SNIC port grants their chunks."""
+
+    kind: str
+    extents: list[list[int]]
+    """The ``[context, first block, blocks]`` runs not issued yet."""
+    done: asyncio.Future[None]
+    running: list[asyncio.Future[Any]] = field(default_factory=list)
+    granted: int = 0
+
+
+@dataclass
+class _Pacer:
+    """One port's :class:`PacketPort` and the task that grants its chunks on time."""
+
+    port: PacketPort
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class HostLoop(RealTimeLoop):
+    """A real-time loop whose data plane moves real bytes (see the module docstring)."""
+
+    def __init__(self, core: Core, plan: HostPlan, process: str, channel: ByteChannel, store: BlockStore | None) -> None:
+        super().__init__(core)
+        self.plan = plan
+        self.process = process
+        self.channel = channel
+        channel.send = self._send_job
+        self.store = store
+        self.moved: dict[tuple[int, int], int] = {}
+        """Modelled bytes of the real work done, per (port, lane) (the local core counts the modelled work):
+        together, what the actors asked for, checked against their ledgers."""
+        self.real_bytes: dict[str, int] = {}
+        self._pacers: dict[int, _Pacer] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._ios: dict[int, _StorageIo] = {}
+        self._next_id = 1
+        self._detached: set[asyncio.Task[Any]] = set()
+        self.own_nodes = frozenset(n.index for n in plan.nodes if n.process == process)
+        self.failure: BaseException | None = None
+
+    # --- the data-plane interface ----------------------------------------------------------------------
+
+    def _queue_transfer(self, path: Sequence[int], lane: int, size_bytes: int, tag: int) -> int:
+        path = tuple(path)
+        nodes = {self.plan.port_node.get(p, -1) for p in path}
+        if len(nodes) == 1 and -1 not in nodes:  # inside one node: modelled on this process's core
+            return super()._queue_transfer(path, lane, size_bytes, tag)
+        self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes), path)
+        return tag
+
+    def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int, extents: Extents = ()) -> int:
+        route = self.plan.node_of_storage(node)
+        if route.index not in self.own_nodes:
+            raise ValueError(f"process {self.process!r} does not drive node {route.index}'s storage I/O")
+        port = route.snic_rx if kind == "read" else route.snic_tx
+        path = route.read_path if kind == "read" else route.write_path
+        self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents), path)
+        return tag
+
+    def forward(
+        self,
+        n_layers: int,
+        ranks: Iterable[Any],
+        *,
+        ffn_ns: int = 0,
+        collectives: Iterable[Any] = (),
+        load_window: int = 0,
+    ) -> asyncio.Future[Completion]:
+        tag = self.new_tag()
+        future = self.expect(tag)
+        ranks, collectives = tuple(ranks), tuple(collectives)
+        size = sum(h[2] * n_layers for r in ranks for h in (r[0], r[2]) if h is not None)
+        size += sum(c[2] * n_layers for c in collectives)
+        self._start(tag, "forward", 0, size, self._forward(n_layers, ranks, ffn_ns, collectives, load_window), ())
+        return future
+
+    async def serve(self, main: Any) -> Any:
+        """Run ``main`` (the process's actors) with the byte channel open; then finish this process's real
+        work (write-backs) and keep answering peers until the channel has been quiet a while."""
+        await self.channel.open()
+        try:
+            return await main
+        finally:
+            await self._drain()
+            await self.channel.close()
+            for pacer in self._pacers.values():
+                if pacer.task is not None:
+                    pacer.task.cancel()
+            if self.store is not None:
+                self.store.close()
+
+    async def _drain(self) -> None:
+        deadline = time.perf_counter() + DRAIN_MAX_S
+        while time.perf_counter() < deadline:
+            self.flush()
+            quiet = time.perf_counter() - self.channel.last_activity_s
+            if self.pending_work() == 0 and quiet >= DRAIN_QUIET_S:
+                return
+            await asyncio.sleep(0.01)
+
+    def pending_work(self) -> int:
+        """Real work in flight, detached included (a process waits for it before it stops)."""
+        return len(self._detached) + len(self._jobs) + len(self._ios) + self._core.pending()
+
+    # --- running work ----------------------------------------------------------------------------------
+
+    def _start(self, tag: int, kind: str, lane: int, size: int, work: Any, path: tuple[int, ...]) -> None:
+        """Run ``work`` (a coroutine); when it is done, count its bytes on ``path`` (a forward's pieces count
+        their own) and report it under ``tag`` (unless detached)."""
+        start = self.clock_ns()
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as error:
+                if tag == UNREPORTED_TAG:
+                    self._fail(error)
+                else:
+                    self._refused(tag, error)
+                return
+            self._book(path, lane, size)
+            if tag != UNREPORTED_TAG:
+                self._deliver([(kind, tag, start, self.clock_ns(), size, lane)])
+
+        task = self.create_task(run())
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        self.call_exception_handler({"message": "host data plane: detached work failed", "exception": error})
+
+    def _book(self, path: tuple[int, ...], lane: int, size: int) -> None:
+        for port in path:
+            self.moved[(port, lane)] = self.moved.get((port, lane), 0) + size
+
+    def _real(self, size: int) -> int:
+        return max(1, round(size * self.plan.byte_scale))
+
+    def _pacer(self, port: int, chunk_bytes: int, arbitration: Arbitration | None) -> _Pacer:
+        pacer = self._pacers.get(port)
+        if pacer is None:
+            rate = self.plan.port_rate[port] * self.plan.byte_scale
+            pacer = _Pacer(PacketPort(rate, arbitration=arbitration, chunk_bytes=chunk_bytes,
+                                      burst_bytes=float(max(chunk_bytes, 4 * chunk_bytes))))  # fmt: skip
+            pacer.task = self.create_task(self._pace(port, pacer))
+            self._pacers[port] = pacer
+        return pacer
+
+    async def _pace(self, port: int, pacer: _Pacer) -> None:
+        """Grant the port's chunks as its bucket allows and hand each to its job."""
+        while True:
+            now = self.clock_ns()
+            for tag, _lane, nbytes, last in pacer.port.grant(now):
+                job = self._jobs.get(tag)
+                if job is not None:
+                    self.channel.send_chunk(job.dest, job.job, job.offset, nbytes, last, job.ack)
+                    job.offset += nbytes
+                    if last:
+                        del self._jobs[tag]
+                else:
+                    self._grant_io(tag, nbytes, last)
+            at = pacer.port.next_grant_ns(self.clock_ns())
+            pacer.wake.clear()
+            if at is None:
+                await pacer.wake.wait()
+            else:
+                try:
+                    await asyncio.wait_for(pacer.wake.wait(), max(0.0, (at - self.clock_ns()) / 1e9))
+                except TimeoutError:
+                    pass
+
+    def _new_id(self) -> int:
+        ident, self._next_id = self._next_id, self._next_id + 1
+        return ident
+
+    # --- network ---------------------------------------------------------------------------------------
+
+    async def _network(self, path: tuple[int, ...], lane: int, size: int) -> None:
+        plan = self.plan
+        source, dest = plan.nodes[plan.port_node[path[0]]], plan.nodes[plan.port_node[path[-1]]]
+        real = self._real(size)
+        self.real_bytes["network"] = self.real_bytes.get("network", 0) + real
+        # The sending NIC: the path's compute-NIC port on the source node (paced there, with its lanes).
+        port = next(p for p in path if p in source.cnic_tx)
+        if source.index in self.own_nodes:
+            await self.channel.push(dest.process, real, lane, port)
+        elif dest.index in self.own_nodes:
+            await self.channel.pull(source.process, real, lane, port)
+        else:
+            raise ValueError(f"process {self.process!r} drives neither end of a transfer from node "
+                             f"{source.index} to node {dest.index}")  # fmt: skip
+
+    def _send_job(self, dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
+        """The channel's pacer hook: queue a job's chunks on the sending GPU's CNIC ``port``."""
+        if self.plan.port_node.get(port, -1) not in self.own_nodes:
+            raise ValueError(f"process {self.process!r} was asked to send on port {port}, not one of its nodes'")
+        ident = self._new_id()
+        self._jobs[ident] = _Job(dest, job, nbytes, ack)
+        pacer = self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper())
+        pacer.port.enqueue(lane, nbytes, ident)
+        pacer.wake.set()
+
+    # --- storage ---------------------------------------------------------------------------------------
+
+    async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Extents) -> None:
+        store = self.store
+        blocks = sum(n for _, _, n in extents)
+        if store is None:
+            raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
+        chunk = max(1, self._real(self.plan.block_bytes))
+        pacer = self._pacer(port, chunk, None)
+        io = _StorageIo(kind, [list(e) for e in extents], self.create_future())  # type: ignore[misc]
+        ident = self._new_id()
+        self._ios[ident] = io
+        pacer.port.enqueue(lane, max(1, self._real(size)), ident)
+        pacer.wake.set()
+        self.real_bytes[kind] = self.real_bytes.get(kind, 0) + blocks * store.stride
+        await io.done
+
+    def _grant_io(self, ident: int, nbytes: int, last: bool) -> None:
+        """A granted chunk of a storage I/O: issue its next block (all that remain with the last chunk)."""
+        io = self._ios[ident]
+        io.granted += 1
+        take = sum(n for _, _, n in io.extents) if last else 1
+        store = self.store
+        assert store is not None
+        while take > 0 and io.extents:
+            context, first, n = io.extents[0]
+            run = min(n, take)
+            op = store.read(context, first, run) if io.kind == "read" else store.write(context, first, run)
+            io.running.append(asyncio.ensure_future(op))
+            take -= run
+            if run == n:
+                io.extents.pop(0)
+            else:
+                io.extents[0] = [context, first + run, n - run]
+        if last:
+            del self._ios[ident]
+            self.create_task(self._finish_io(io))
+
+    async def _finish_io(self, io: _StorageIo) -> None:
+        try:
+            results = await asyncio.gather(*io.running)
+        except Exception as error:
+            io.done.set_exception(error)
+            return
+        bad = sum(r.mismatched_blocks for r in results)
+        if bad:
+            io.done.set_exception(HostDataError(f"process {self.process!r}: {bad} block(s) read back wrong"))
+        else:
+            io.done.set_result(None)
+
+    # --- forward passes --------------------------------------------------------------------------------
+
+    async def _forward(self, n_layers: int, ranks: Sequence[Any], ffn_ns: int, collectives: Sequence[Any],
+                       load_window: int) -> None:  # fmt: skip
+        loop = self
+        layer_done = [loop.create_future() for _ in range(n_layers)]
+        loads: list[list[asyncio.Future[None]]] = [[loop.create_future() for _ in range(n_layers)] for _ in ranks]
+
+        def move(hop: Any) -> Any:
+            path, lane, size = hop
+            return self.transfer(path, lane, size) if size > 0 else _done(loop)
+
+        async def load_stream(r: int, hop: Any) -> None:
+            for layer in range(n_layers):
+                if load_window and layer >= load_window:
+                    await layer_done[layer - load_window]
+                await move(hop)
+                loads[r][layer].set_result(None)
+
+        async def store_stream(hop: Any, queue: asyncio.Queue[int | None]) -> None:
+            while await queue.get() is not None:
+                await move(hop)
+
+        streams: list[asyncio.Task[None]] = []
+        stores: list[asyncio.Queue[int | None] | None] = []
+        for r, (load, _attn, store) in enumerate(ranks):
+            if load is not None and load[2] > 0:
+                streams.append(loop.create_task(load_stream(r, load)))
+            else:
+                for f in loads[r]:
+                    f.set_result(None)
+            if store is not None:
+                queue: asyncio.Queue[int | None] = asyncio.Queue()
+                stores.append(queue)
+                streams.append(loop.create_task(store_stream(store, queue)))
+            else:
+                stores.append(None)
+
+        async def attention(r: int, layer: int, attn_ns: int) -> None:
+            await loads[r][layer]
+            if attn_ns > 0:
+                await asyncio.sleep(attn_ns / 1e9)
+            stream = stores[r]
+            if stream is not None:
+                stream.put_nowait(layer)
+
+        try:
+            for layer in range(n_layers):
+                await asyncio.gather(*(attention(r, layer, rank[1]) for r, rank in enumerate(ranks)))
+                shared = [move(c) for c in collectives]
+                if ffn_ns > 0:
+                    shared.append(asyncio.sleep(ffn_ns / 1e9))
+                await asyncio.gather(*shared)
+                layer_done[layer].set_result(None)
+            for stream in stores:
+                if stream is not None:
+                    stream.put_nowait(None)
+            await asyncio.gather(*streams)
+        finally:
+            for task in streams:
+                task.cancel()
+
+
+class HostDataError(RuntimeError):
+    """Real bytes came back wrong: a block read did not match what was written."""
+
+
+def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    future: asyncio.Future[None] = loop.create_future()
+    future.set_result(None)
+    return future

@@ -1,0 +1,300 @@
+"""Real bytes between the processes of a host-backend run: :class:`ByteChannel`, over ZeroMQ (issue 16).
+
+Every process of a host run binds one ROUTER socket for KV bytes (apart from its actors' transport, so bulk
+data never queues in front of the actors' messages) and connects a DEALER to each peer it sends to (every frame, acks included, travels from a DEALER to a ROUTER). A
+transfer is a **job** of ``nbytes`` moved by its source process in chunks, each chunk a real frame of
+pattern bytes that the receiver checks, so every byte that arrives is verified:
+
+* **push** (:meth:`ByteChannel.push`; the source wants to know when it landed, e.g. a PE's layer KV into a
+  DE's buffer): the source sends the chunks; the destination answers ``ack`` once the last one arrived,
+  and the source's job completes then;
+* **pull** (:meth:`ByteChannel.pull`; the destination wants the bytes, e.g. a PE's layer load from a DE's
+  buffer under DE-read): the destination sends ``pull``, the source pushes the chunks without an ack and the
+  destination's job completes when the last chunk arrived.
+
+The source paces its chunks (the caller's ``send`` hook: the host data plane runs them through the sending
+NIC's :class:`~dualpath_emu._core.PacketPort`, so lanes hold on real bytes); the channel only moves and
+checks them. Frames: a msgpack header ``[kind, job, ...]`` then, for ``data``, the payload.
+
+==========  ==============================================================================================
+kind        fields
+==========  ==============================================================================================
+data        ``job, offset, last: bool, ack: bool`` + payload frame (``ack``: the sender waits for an ack)
+ack         ``job, bytes_received, bytes_mismatched``
+pull        ``job, nbytes, lane, port`` (``port``: the source's sending port, for its pacer)
+==========  ==============================================================================================
+
+Security, as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys
+(tcp://) the ROUTER is a CURVE server behind a ZAP handler admitting the run's keys only and each DEALER a
+CURVE client of its peer's key; without keys only private ``ipc://`` endpoints are allowed. A frame from a
+peer that fails its checks is dropped and counted (``rejected``), never acted on. High-water marks bound
+what a peer can queue here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+import zmq
+import zmq.asyncio
+
+from dualpath_emu.errors import SecurityError
+from dualpath_emu.runtime.security import RunKeys, check_private_ipc, start_authenticator
+
+__all__ = ["ByteChannel", "ChannelStats", "PATTERN_BYTES", "pattern_slice"]
+
+_log = logging.getLogger(__name__)
+
+HWM: Final = 1024
+"""Messages a socket queues per peer each way (then a sender waits)."""
+PATTERN_BYTES: Final = 1 << 20
+"""The length of the byte pattern chunks are cut from (a chunk is at most this long)."""
+_PATTERN: Final = bytes((i * 131 + (i >> 8) * 7 + 17) & 0xFF for i in range(2 * PATTERN_BYTES))
+
+
+def pattern_slice(job: int, offset: int, nbytes: int) -> memoryview:
+    """The bytes a job carries at ``offset``: deterministic, different for neighbouring jobs and offsets."""
+    start = (job * 4099 + offset) % PATTERN_BYTES
+    return memoryview(_PATTERN)[start : start + nbytes]
+
+
+@dataclass
+class ChannelStats:
+    """What a channel moved: bytes sent and received (payload), verified and mismatched, and frames
+    rejected (malformed or unexpected)."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    verified_bytes: int = 0
+    mismatched_bytes: int = 0
+    rejected: int = 0
+    jobs_sent: int = 0
+    jobs_received: int = 0
+
+    def to_wire(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Inbound:
+    received: int = 0
+    mismatched: int = 0
+
+
+@dataclass
+class _Outbound:
+    done: asyncio.Future[None]
+    nbytes: int
+
+
+@dataclass
+class ByteChannel:
+    """This process's end of the host run's byte network (see the module docstring).
+
+    ``name`` is this process, ``bind`` its data endpoint, ``peers`` every other process's data endpoint.
+    ``send(dest, job, nbytes, lane, ack, port)`` is the pacer the channel hands a job to send on ``port`` (a
+    port id of the caller's): it must call :meth:`send_chunk` for consecutive pieces of the job (the data
+    plane's NIC pacer)."""
+
+    name: str
+    bind: str
+    peers: Mapping[str, str]
+    keys: RunKeys | None = None
+    send: Callable[[str, int, int, int, bool, int], None] | None = None
+    stats: ChannelStats = field(default_factory=ChannelStats)
+    _context: zmq.asyncio.Context | None = None
+    _router: zmq.asyncio.Socket | None = None
+    _dealers: dict[str, zmq.asyncio.Socket] = field(default_factory=dict)
+    _inbound: dict[tuple[str, int, bool], _Inbound] = field(default_factory=dict)
+    """Jobs arriving, by (sender, job, ack): a push's job is numbered by its sender, a pull's by us."""
+    _outbound: dict[int, _Outbound] = field(default_factory=dict)
+    _pulls: dict[int, _Outbound] = field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _next_job: int = 1
+    _authenticator: Any = None
+    last_activity_s: float = field(default_factory=time.perf_counter)
+    """When a frame last arrived (perf_counter seconds)."""
+
+    async def open(self) -> None:
+        """Bind the ROUTER and start receiving (on the running loop)."""
+        self._check(self.bind)
+        self._context = zmq.asyncio.Context()
+        if self.keys is not None:
+            self._authenticator = start_authenticator(self._context, self.keys)
+        router = self._context.socket(zmq.ROUTER)
+        self._tune(router)
+        if self.keys is not None:
+            self.keys.make_server(router)
+        router.bind(self.bind)
+        self._router = router
+        self._tasks.append(asyncio.get_running_loop().create_task(self._receive(), name="bytes:router"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        for socket in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
+            socket.close(linger=0)
+        self._dealers.clear()
+        self._router = None
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+        for pending in [*self._outbound.values(), *self._pulls.values()]:
+            if not pending.done.done():
+                pending.done.set_exception(ConnectionError(f"process {self.name!r}: the byte channel closed"))
+
+    # --- jobs --------------------------------------------------------------------------------------------
+
+    def push(self, dest: str, nbytes: int, lane: int, port: int) -> Awaitable[None]:
+        """Send ``nbytes`` to process ``dest`` through this process's ``port``: done when ``dest``
+        acknowledged all of them."""
+        job = self._new_job()
+        done = asyncio.get_running_loop().create_future()
+        self._outbound[job] = _Outbound(done, nbytes)
+        self._hand_over(dest, job, nbytes, lane, True, port)
+        return done
+
+    def pull(self, source: str, nbytes: int, lane: int, port: int) -> Awaitable[None]:
+        """Have process ``source`` send ``nbytes`` here through its ``port``: done when the last of them
+        arrived."""
+        job = self._new_job()
+        done = asyncio.get_running_loop().create_future()
+        self._pulls[job] = _Outbound(done, nbytes)
+        self._post(source, [msgpack.packb(["pull", job, nbytes, lane, port])])
+        return done
+
+    def send_chunk(self, dest: str, job: int, offset: int, nbytes: int, last: bool, ack: bool) -> None:
+        """Send one chunk of a job (called by the pacer, in offset order)."""
+        header = msgpack.packb(["data", job, offset, last, ack])
+        self._post(dest, [header, pattern_slice(job, offset, nbytes)])
+        self.stats.sent_bytes += nbytes
+        if last:
+            self.stats.jobs_sent += 1
+
+    def _new_job(self) -> int:
+        job, self._next_job = self._next_job, self._next_job + 1
+        return job
+
+    def _hand_over(self, dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
+        if self.send is None:
+            raise RuntimeError("the byte channel has no pacer (send=)")
+        self.send(dest, job, nbytes, lane, ack, port)
+
+    # --- sockets -----------------------------------------------------------------------------------------
+
+    def _check(self, endpoint: str) -> None:
+        if self.keys is None:
+            if endpoint.startswith("tcp://"):
+                raise SecurityError(f"{endpoint}: KV bytes over tcp:// need the run's keys (CURVE)")
+            if endpoint.startswith("ipc://"):
+                check_private_ipc(endpoint)
+
+    @staticmethod
+    def _tune(socket: zmq.asyncio.Socket) -> None:
+        socket.setsockopt(zmq.SNDHWM, HWM)
+        socket.setsockopt(zmq.RCVHWM, HWM)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, PATTERN_BYTES + 4096)
+
+    def _dealer(self, peer: str) -> zmq.asyncio.Socket:
+        socket = self._dealers.get(peer)
+        if socket is None:
+            endpoint = self.peers.get(peer)
+            if endpoint is None or self._context is None:
+                raise ConnectionError(f"process {self.name!r} has no byte route to {peer!r}")
+            self._check(endpoint)
+            socket = self._context.socket(zmq.DEALER)
+            self._tune(socket)
+            socket.setsockopt(zmq.IDENTITY, self.name.encode())
+            if self.keys is not None:
+                self.keys.make_client(socket, peer)
+            socket.connect(endpoint)
+            self._dealers[peer] = socket
+        return socket
+
+    def _post(self, peer: str, frames: list[Any]) -> None:
+        # Sends queue in ZeroMQ (bounded by the HWM); past it the send waits in a task, keeping the order
+        # per peer because the socket's own queue is FIFO and a waiting send blocks the ones after it.
+        socket = self._dealer(peer)
+        try:
+            socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._send_later(socket, frames)))
+
+    @staticmethod
+    async def _send_later(socket: zmq.asyncio.Socket, frames: list[Any]) -> None:
+        await socket.send_multipart(frames, copy=False)
+
+    async def _receive(self) -> None:
+        assert self._router is not None
+        while True:
+            frames = await self._router.recv_multipart(copy=False)
+            self.last_activity_s = time.perf_counter()
+            try:
+                self._on_frames(bytes(frames[0].buffer).decode(), frames[1:])
+            except (ValueError, TypeError, KeyError, msgpack.UnpackException) as error:
+                self.stats.rejected += 1
+                _log.warning("process %r: rejected a byte frame: %s", self.name, error)
+
+    def _on_frames(self, peer: str, frames: list[Any]) -> None:
+        header = msgpack.unpackb(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
+        if not isinstance(header, list) or not header or not isinstance(header[0], str):
+            raise ValueError("not a [kind, ...] header")
+        kind = header[0]
+        if kind == "data" and len(header) == 5 and len(frames) == 2:
+            _, job, offset, last, ack = header
+            self._on_data(peer, int(job), int(offset), bool(last), bool(ack), frames[1])
+        elif kind == "ack" and len(header) == 4:
+            pending = self._outbound.pop(int(header[1]))
+            if not pending.done.done():
+                pending.done.set_result(None)
+        elif kind == "pull" and len(header) == 5:
+            _, job, nbytes, lane, port = header
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (job, nbytes, lane, port)) or nbytes < 1:
+                raise ValueError(f"bad pull {header!r}")
+            self._hand_over(peer, job, nbytes, lane, False, port)
+        else:
+            raise ValueError(f"unknown frame {kind!r} ({len(header)} fields, {len(frames)} frames)")
+
+    def _on_data(self, peer: str, job: int, offset: int, last: bool, ack: bool, payload: Any) -> None:
+        data = payload.buffer if hasattr(payload, "buffer") else memoryview(payload)
+        nbytes = len(data)
+        key = (peer, job, ack)
+        inbound = self._inbound.get(key)
+        if inbound is None:
+            inbound = self._inbound[key] = _Inbound()
+        if offset != inbound.received:
+            raise ValueError(f"job {job} from {peer!r}: chunk at {offset}, expected {inbound.received}")
+        inbound.received += nbytes
+        self.stats.received_bytes += nbytes
+        if data == pattern_slice(job, offset, nbytes):
+            self.stats.verified_bytes += nbytes
+        else:
+            inbound.mismatched += nbytes
+            self.stats.mismatched_bytes += nbytes
+        if not last:
+            return
+        del self._inbound[key]
+        self.stats.jobs_received += 1
+        if ack:
+            self._post(peer, [msgpack.packb(["ack", job, inbound.received, inbound.mismatched])])
+            return
+        pending = self._pulls.pop(job, None)  # a pull of ours, answered
+        if pending is None:
+            raise ValueError(f"job {job} from {peer!r}: data nobody pulled")
+        if not pending.done.done():
+            pending.done.set_result(None)
