@@ -312,7 +312,7 @@ class HostLoop(RealTimeLoop):
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
         chunk = max(1, self._real(self.plan.block_bytes))
         pacer = self._pacer(port, chunk, None)
-        io = _StorageIo(kind, [list(e) for e in extents], self.create_future())  # type: ignore[misc]
+        io = _StorageIo(kind, [list(e) for e in extents], self.create_future())
         ident = self._new_id()
         self._ios[ident] = io
         pacer.port.enqueue(lane, max(1, self._real(size)), ident)
