@@ -290,6 +290,7 @@ class ClusterApplication(Application):
             "store": host.store.stats() if host.store is not None else None,
             "channel": host.channel.stats.to_wire(),
             "real_bytes": dict(host.real_bytes),
+            "measured": {what: stats.to_wire() for what, stats in host.measured.items()},
             "failure": repr(host.failure) if host.failure is not None else None,
         }
 
@@ -455,6 +456,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     real: Counter[str] = Counter()
     violations: list[str] = []
     direct: set[str] = set()
+    measured: dict[str, Counter[str]] = {}
     for name in processes:
         part = msgpack.unpackb((run_dir / f"{name}.part").read_bytes(), strict_map_key=False).get("host")
         if part is None:
@@ -464,6 +466,10 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         moved.update({(port, lane): size for port, lane, size in part["moved"]})
         channel.update(part["channel"])
         real.update(part["real_bytes"])
+        for what, stats in part["measured"].items():
+            into = measured.setdefault(what, Counter())
+            into["max_seconds"] = max(into["max_seconds"], stats["max_seconds"])
+            into.update({k: v for k, v in stats.items() if k != "max_seconds"})
         if part["store"] is not None:
             stats = part["store"]
             direct.add("O_DIRECT" if stats["direct_io"] else f"buffered ({stats['direct_io_reason']})")
@@ -495,9 +501,22 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         "network_bytes_sent": channel["sent_bytes"], "network_bytes_verified": channel["verified_bytes"],
         "network_bytes_mismatched": channel["mismatched_bytes"], "rejected_frames": channel["rejected"],
         "real_bytes_by_kind": dict(real),
+        "paths": {what: _path_summary(stats) for what, stats in sorted(measured.items())},
         "violations": violations,
     }  # fmt: skip
     return report, summary
+
+
+def _path_summary(stats: Counter[str]) -> dict[str, float]:
+    """One kind of real work, measured next to modelled: mean seconds per operation both ways, and the
+    throughput of the real bytes while they moved."""
+    count = stats["count"] or 1
+    return {
+        "count": stats["count"], "modelled_bytes": stats["modelled_bytes"], "real_bytes": stats["real_bytes"],
+        "mean_s": stats["seconds"] / count, "max_s": stats["max_seconds"],
+        "model_idle_mean_s": stats["model_seconds"] / count,
+        "real_bytes_per_s": stats["real_bytes"] / stats["seconds"] if stats["seconds"] else 0.0,
+    }  # fmt: skip
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:

@@ -42,11 +42,13 @@ from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents
 from dualpath_emu.runtime.realtime import RealTimeLoop
 
-__all__ = ["HostLoop", "HostPlan", "NodeRoute"]
+__all__ = ["HostDataError", "HostLoop", "HostPlan", "NodeRoute", "PathStats"]
 
 DRAIN_QUIET_S = 0.2
 """At the end, a process stops once its own work is done and no peer's bytes came for this long (wall)."""
 DRAIN_MAX_S = 10.0
+PACER_WINDOW_S = 1e-3
+"""A pacer's bucket holds this long's bytes (see :meth:`HostLoop._pacer`)."""
 NET_CHUNK_BYTES = 64 << 10
 """Real bytes per network chunk: small enough that a model-lane chunk waits at most this long behind KV."""
 
@@ -83,6 +85,31 @@ class HostPlan:
             if node.storage_node == storage_node:
                 return node
         raise LookupError(f"no node has storage node {storage_node}")
+
+
+@dataclass
+class PathStats:
+    """Measurements of one kind of real work: how many, modelled and real bytes, the seconds they took
+    (emulated clock: wall × time scale) and the seconds the model gives them on an idle path (bytes over the
+    slowest port's rate; storage latency not included)."""
+
+    count: int = 0
+    modelled_bytes: int = 0
+    real_bytes: int = 0
+    seconds: float = 0.0
+    model_seconds: float = 0.0
+    max_seconds: float = 0.0
+
+    def add(self, modelled: int, real: int, seconds: float, model_seconds: float) -> None:
+        self.count += 1
+        self.modelled_bytes += modelled
+        self.real_bytes += real
+        self.seconds += seconds
+        self.model_seconds += model_seconds
+        self.max_seconds = max(self.max_seconds, seconds)
+
+    def to_wire(self) -> dict[str, float]:
+        return dict(self.__dict__)
 
 
 @dataclass
@@ -131,6 +158,9 @@ class HostLoop(RealTimeLoop):
         """Modelled bytes of the real work done, per (port, lane) (the local core counts the modelled work):
         together, what the actors asked for, checked against their ledgers."""
         self.real_bytes: dict[str, int] = {}
+        self.measured: dict[str, PathStats] = {}
+        """Per kind of work (storage read per side, write-back, PE→DE, DE→PE, all-to-all, forward pass): what
+        it took, next to what the model gives the same work unloaded."""
         self._pacers: dict[int, _Pacer] = {}
         self._jobs: dict[int, _Job] = {}
         self._ios: dict[int, _StorageIo] = {}
@@ -146,7 +176,11 @@ class HostLoop(RealTimeLoop):
         nodes = {self.plan.port_node.get(p, -1) for p in path}
         if len(nodes) == 1 and -1 not in nodes:  # inside one node: modelled on this process's core
             return super()._queue_transfer(path, lane, size_bytes, tag)
-        self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes), path)
+        plan = self.plan
+        roles = plan.nodes[plan.port_node[path[0]]].role, plan.nodes[plan.port_node[path[-1]]].role
+        what = "all-to-all" if roles[0] == roles[1] else f"{roles[0].upper()}→{roles[1].upper()}"
+        self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes), path,
+                    (what, self._real(size_bytes), size_bytes / min(plan.port_rate[p] for p in path)))  # fmt: skip
         return tag
 
     def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int, extents: Extents = ()) -> int:
@@ -155,7 +189,10 @@ class HostLoop(RealTimeLoop):
             raise ValueError(f"process {self.process!r} does not drive node {route.index}'s storage I/O")
         port = route.snic_rx if kind == "read" else route.snic_tx
         path = route.read_path if kind == "read" else route.write_path
-        self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents), path)
+        what = f"storage read ({route.role.upper()})" if kind == "read" else "write-back"
+        real = sum(n for _, _, n in extents) * (self.store.stride if self.store is not None else 0)
+        self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents), path,
+                    (what, real, size_bytes / self.plan.port_rate[port]))  # fmt: skip
         return tag
 
     def forward(
@@ -172,7 +209,8 @@ class HostLoop(RealTimeLoop):
         ranks, collectives = tuple(ranks), tuple(collectives)
         size = sum(h[2] * n_layers for r in ranks for h in (r[0], r[2]) if h is not None)
         size += sum(c[2] * n_layers for c in collectives)
-        self._start(tag, "forward", 0, size, self._forward(n_layers, ranks, ffn_ns, collectives, load_window), ())
+        self._start(tag, "forward", 0, size, self._forward(n_layers, ranks, ffn_ns, collectives, load_window), (),
+                    ("forward pass", 0, 0.0))  # fmt: skip
         return future
 
     async def serve(self, main: Any) -> Any:
@@ -205,9 +243,11 @@ class HostLoop(RealTimeLoop):
 
     # --- running work ----------------------------------------------------------------------------------
 
-    def _start(self, tag: int, kind: str, lane: int, size: int, work: Any, path: tuple[int, ...]) -> None:
+    def _start(self, tag: int, kind: str, lane: int, size: int, work: Any, path: tuple[int, ...],
+               what: tuple[str, int, float]) -> None:  # fmt: skip
         """Run ``work`` (a coroutine); when it is done, count its bytes on ``path`` (a forward's pieces count
-        their own) and report it under ``tag`` (unless detached)."""
+        their own), add it to the measurements of its kind (``what``: the kind, its real bytes, the seconds the
+        model gives it unloaded) and report it under ``tag`` (unless detached)."""
         start = self.clock_ns()
 
         async def run() -> None:
@@ -220,8 +260,10 @@ class HostLoop(RealTimeLoop):
                     self._refused(tag, error)
                 return
             self._book(path, lane, size)
+            end = self.clock_ns()
+            self.measured.setdefault(what[0], PathStats()).add(size, what[1], (end - start) / 1e9, what[2])
             if tag != UNREPORTED_TAG:
-                self._deliver([(kind, tag, start, self.clock_ns(), size, lane)])
+                self._deliver([(kind, tag, start, end, size, lane)])
 
         task = self.create_task(run())
         self._detached.add(task)
@@ -243,8 +285,10 @@ class HostLoop(RealTimeLoop):
         pacer = self._pacers.get(port)
         if pacer is None:
             rate = self.plan.port_rate[port] * self.plan.byte_scale
-            pacer = _Pacer(PacketPort(rate, arbitration=arbitration, chunk_bytes=chunk_bytes,
-                                      burst_bytes=float(max(chunk_bytes, 4 * chunk_bytes))))  # fmt: skip
+            # A burst of a millisecond's bytes (at least a few chunks): the pacer wakes at most about once a
+            # millisecond per port, where the loop's own latency is noise, and holds the rate over that.
+            burst = max(4.0 * chunk_bytes, rate * PACER_WINDOW_S)
+            pacer = _Pacer(PacketPort(rate, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst))
             pacer.task = self.create_task(self._pace(port, pacer))
             self._pacers[port] = pacer
         return pacer
@@ -253,6 +297,7 @@ class HostLoop(RealTimeLoop):
         """Grant the port's chunks as its bucket allows and hand each to its job."""
         while True:
             now = self.clock_ns()
+            ios: dict[int, list[int]] = {}  # storage I/O -> [chunks granted now, last]
             for tag, _lane, nbytes, last in pacer.port.grant(now):
                 job = self._jobs.get(tag)
                 if job is not None:
@@ -261,7 +306,11 @@ class HostLoop(RealTimeLoop):
                     if last:
                         del self._jobs[tag]
                 else:
-                    self._grant_io(tag, nbytes, last)
+                    granted = ios.setdefault(tag, [0, 0])
+                    granted[0] += 1
+                    granted[1] |= last
+            for tag, (chunks, last) in ios.items():  # one file operation per I/O and wake-up
+                self._grant_io(tag, chunks, bool(last))
             at = pacer.port.next_grant_ns(self.clock_ns())
             pacer.wake.clear()
             if at is None:
@@ -320,11 +369,11 @@ class HostLoop(RealTimeLoop):
         self.real_bytes[kind] = self.real_bytes.get(kind, 0) + blocks * store.stride
         await io.done
 
-    def _grant_io(self, ident: int, nbytes: int, last: bool) -> None:
-        """A granted chunk of a storage I/O: issue its next block (all that remain with the last chunk)."""
+    def _grant_io(self, ident: int, chunks: int, last: bool) -> None:
+        """Granted chunks of a storage I/O: issue as many next blocks (all that remain with the last chunk)."""
         io = self._ios[ident]
-        io.granted += 1
-        take = sum(n for _, _, n in io.extents) if last else 1
+        io.granted += chunks
+        take = sum(n for _, _, n in io.extents) if last else chunks
         store = self.store
         assert store is not None
         while take > 0 and io.extents:

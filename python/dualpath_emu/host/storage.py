@@ -34,7 +34,7 @@ I/O and verification
     run (up to 8 MiB, at least one block), the chunks in parallel. Each block read is compared with its
     expected contents. One that is not there yet (beyond the end of the file, or with whole 4 KiB pages
     reading back as zero: another process's write-back still in flight) is re-read with exponential backoff,
-    1 ms doubling, up to ``wait_s`` of sleep in all, and counts as mismatched if it never verifies; any other
+    1 ms doubling up to 8 ms a step, up to ``wait_s`` of sleep in all, and counts as mismatched if it never verifies; any other
     difference (a wrong header, a wrong byte of the pattern) counts as mismatched at once.
 """
 
@@ -71,6 +71,8 @@ _MASK64: Final = (1 << 64) - 1
 _MAX_INDEX: Final = (1 << 63) - 1  # contexts, and file offsets (off_t)
 _CHUNK_BYTES: Final = 8 << 20  # most bytes in one preadv/pwritev (at least one block)
 _FIRST_BACKOFF_S: Final = 0.001
+_MAX_BACKOFF_S: Final = 0.008
+"""The longest sleep between two reads of a block not there yet."""
 _CTX_FILE: Final = re.compile(r"ctx-\d{8,}\.kv")
 
 # What a read found in a block.
@@ -230,7 +232,7 @@ class BlockStore:
             pause = min(delay, wait_s - slept)
             await asyncio.sleep(pause)
             slept += pause
-            delay *= 2
+            delay = min(2 * delay, _MAX_BACKOFF_S)  # a write-back lands within ms: keep looking often
             retries += len(pending)
         result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, verified_blocks=verified,
                           verified_bytes=verified * self.stride, mismatched_blocks=mismatched, retries=retries,
