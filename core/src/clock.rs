@@ -21,7 +21,15 @@ pub struct WallClock {
 
 impl WallClock {
     pub fn new(time_scale: f64) -> Self {
-        Self { start: Instant::now(), time_scale }
+        Self::started(time_scale, 0)
+    }
+
+    /// A clock that has already run `elapsed_ns` of wall time (a process joining a run: its clock reads
+    /// what the others' do). Past what the machine's monotonic clock can go back to, it starts now.
+    pub fn started(time_scale: f64, elapsed_ns: u64) -> Self {
+        let now = Instant::now();
+        let start = now.checked_sub(Duration::from_nanos(elapsed_ns)).unwrap_or(now);
+        Self { start, time_scale }
     }
 
     pub fn now_ns(&self) -> TimeNs {
@@ -165,6 +173,8 @@ mod tests {
 
     #[test]
     fn wall_clock_scales_time() {
+        let late = WallClock::started(2.0, 3_000_000_000);
+        assert!((6_000_000_000..7_000_000_000).contains(&late.now_ns()), "{}", late.now_ns());
         let c = WallClock::new(10.0);
         std::thread::sleep(Duration::from_millis(20));
         let t = c.now_ns();

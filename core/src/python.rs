@@ -605,12 +605,13 @@ pub struct PyCore {
 #[pymethods]
 impl PyCore {
     #[new]
-    #[pyo3(signature = (*, clock = "virtual", time_scale = 1.0, sample_interval_ns = None, record_spans = false))]
+    #[pyo3(signature = (*, clock = "virtual", time_scale = 1.0, sample_interval_ns = None, record_spans = false, wall_elapsed_ns = None))]
     fn new(
         clock: &str,
         time_scale: f64,
         sample_interval_ns: Option<&Bound<'_, PyAny>>,
         record_spans: bool,
+        wall_elapsed_ns: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let clock = match clock {
             "virtual" => ClockMode::Virtual,
@@ -621,7 +622,15 @@ impl PyCore {
             Some(v) => int_in(v, "sample_interval_ns", u64::MAX)?,
             None => 0,
         };
-        Ok(Self { core: Core::new(CoreConfig { clock, sample_interval_ns, record_spans, ..CoreConfig::default() })? })
+        let wall_elapsed_ns = match wall_elapsed_ns {
+            Some(_) if clock == ClockMode::Virtual => {
+                return Err(invalid("wall_elapsed_ns", "only with clock=\"wall\""));
+            }
+            Some(v) => int_in(v, "wall_elapsed_ns", u64::MAX)?,
+            None => 0,
+        };
+        let config = CoreConfig { clock, sample_interval_ns, record_spans, wall_elapsed_ns, ..CoreConfig::default() };
+        Ok(Self { core: Core::new(config)? })
     }
 
     /// Add a port; returns its id. `peak_bytes_per_s` > rate with `burst_bytes` > 0 makes a token bucket.

@@ -34,11 +34,14 @@ pub struct CoreConfig {
     pub record_spans: bool,
     /// Spans kept at most; later ones are counted in [`CoreStats::spans_dropped`]. Default [`MAX_SPANS`].
     pub max_spans: usize,
+    /// Wall clock only: wall nanoseconds the run's clock has already run when this core is made, so that
+    /// the cores of several processes of one run read one clock (0: it starts now).
+    pub wall_elapsed_ns: u64,
 }
 
 impl Default for CoreConfig {
     fn default() -> Self {
-        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false, max_spans: MAX_SPANS }
+        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false, max_spans: MAX_SPANS, wall_elapsed_ns: 0 }
     }
 }
 
@@ -163,7 +166,7 @@ impl Core {
                     ));
                 }
                 let pacer = Pacer::new().map_err(|e| CoreError::io("pacer socket", e))?;
-                Some((WallClock::new(time_scale), pacer))
+                Some((WallClock::started(time_scale, config.wall_elapsed_ns), pacer))
             }
         };
         Ok(Self {

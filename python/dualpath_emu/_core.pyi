@@ -132,6 +132,7 @@ class Core:
         time_scale: float = 1.0,
         sample_interval_ns: int | None = None,
         record_spans: bool = False,
+        wall_elapsed_ns: int | None = None,
     ) -> Core: ...
     def add_port(
         self,

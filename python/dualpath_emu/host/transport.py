@@ -248,7 +248,7 @@ class ByteChannel:
                 self._on_frames(bytes(frames[0].buffer).decode(), frames[1:])
             except (ValueError, TypeError, KeyError, msgpack.UnpackException) as error:
                 self.stats.rejected += 1
-                _log.warning("process %r: rejected a byte frame: %s", self.name, error)
+                _log.warning("process %r: rejected a byte frame: %s: %s", self.name, type(error).__name__, error)
 
     def _on_frames(self, peer: str, frames: list[Any]) -> None:
         header = msgpack.unpackb(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
@@ -271,6 +271,8 @@ class ByteChannel:
             raise ValueError(f"unknown frame {kind!r} ({len(header)} fields, {len(frames)} frames)")
 
     def _on_data(self, peer: str, job: int, offset: int, last: bool, ack: bool, payload: Any) -> None:
+        if not ack and job not in self._pulls:
+            raise ValueError(f"job {job} from {peer!r}: data nobody pulled")
         data = payload.buffer if hasattr(payload, "buffer") else memoryview(payload)
         nbytes = len(data)
         key = (peer, job, ack)
@@ -293,8 +295,6 @@ class ByteChannel:
         if ack:
             self._post(peer, [msgpack.packb(["ack", job, inbound.received, inbound.mismatched])])
             return
-        pending = self._pulls.pop(job, None)  # a pull of ours, answered
-        if pending is None:
-            raise ValueError(f"job {job} from {peer!r}: data nobody pulled")
+        pending = self._pulls.pop(job)  # a pull of ours, answered
         if not pending.done.done():
             pending.done.set_result(None)

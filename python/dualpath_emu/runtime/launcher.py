@@ -188,6 +188,7 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
         heartbeat_timeout_s=scenario.heartbeat_timeout_s,
         keys=keys,
         data_endpoints=data,
+        clock_origin_ns=time.monotonic_ns() if scenario.backend == "host" else None,
     )
 
 

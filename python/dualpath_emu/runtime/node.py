@@ -322,7 +322,10 @@ def serve_process(
     keys = _load_keys(description, name)
     try:
         if scenario.backend == "host":
-            core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
+            # Every process's core on one clock: the launcher's origin on this host's monotonic clock.
+            origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.monotonic_ns()
+            elapsed = max(0, time.monotonic_ns() - origin)
+            core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
             app.build_core(core)
             loop = app.host_loop(core, name, scenario, description, keys, run_dir)
         elif description.dataplane_endpoint is None:

@@ -229,6 +229,9 @@ class RunDescription:
     keys: str | None = None
     data_endpoints: dict[str, str] = field(default_factory=dict)
     """Host backend: where each process's byte channel binds (empty on the model backend)."""
+    clock_origin_ns: int | None = None
+    """Host backend: the ``time.monotonic_ns()`` reading that is time 0 of every process's core (one host:
+    the processes share the machine's monotonic clock; the model backend syncs to its data plane instead)."""
     version: int = 1
 
     def to_json(self) -> dict[str, Any]:
@@ -244,6 +247,7 @@ class RunDescription:
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
             "keys": self.keys,
             "data_endpoints": dict(self.data_endpoints),
+            "clock_origin_ns": self.clock_origin_ns,
         }  # fmt: skip
 
     def write(self, run_dir: Path) -> Path:
@@ -322,5 +326,8 @@ class RunDescription:
             for k, v in data_endpoints.items()
         ):
             raise bad("data_endpoints", "an object of process name -> ipc:// or tcp:// endpoint")
+        origin = data.get("clock_origin_ns")
+        if origin is not None and (type(origin) is not int or origin < 0):
+            raise bad("clock_origin_ns", "a non-negative integer or null")
         return cls(scenario, seed, float(time_scale), dict(endpoints), endpoint, requesters, float(heartbeat), keys,
-                   dict(data_endpoints))  # fmt: skip
+                   dict(data_endpoints), origin)  # fmt: skip
