@@ -36,7 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core, PacketPort
+from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
+from dualpath_emu.host.pacing import ISOLATING_WINDOW_S, WINDOW_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents
@@ -47,10 +48,8 @@ __all__ = ["HostDataError", "HostLoop", "HostPlan", "NodeRoute", "PathStats"]
 DRAIN_QUIET_S = 0.2
 """At the end, a process stops once its own work is done and no peer's bytes came for this long (wall)."""
 DRAIN_MAX_S = 10.0
-PACER_WINDOW_S = 1e-3
-"""A pacer's bucket holds this long's bytes (see :meth:`HostLoop._pacer`)."""
-NET_CHUNK_BYTES = 64 << 10
-"""Real bytes per network chunk: small enough that a model-lane chunk waits at most this long behind KV."""
+NET_CHUNK_BYTES = 16 << 10
+"""Real bytes per network chunk: a model-lane chunk waits behind at most one KV chunk being granted."""
 
 
 @dataclass(frozen=True)
@@ -135,15 +134,6 @@ class _StorageIo:
     granted: int = 0
 
 
-@dataclass
-class _Pacer:
-    """One port's :class:`PacketPort` and the task that grants its chunks on time."""
-
-    port: PacketPort
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-
-
 class HostLoop(RealTimeLoop):
     """A real-time loop whose data plane moves real bytes (see the module docstring)."""
 
@@ -161,7 +151,7 @@ class HostLoop(RealTimeLoop):
         self.measured: dict[str, PathStats] = {}
         """Per kind of work (storage read per side, write-back, PE→DE, DE→PE, all-to-all, forward pass): what
         it took, next to what the model gives the same work unloaded."""
-        self._pacers: dict[int, _Pacer] = {}
+        self._pacers: dict[int, Pacer] = {}
         self._jobs: dict[int, _Job] = {}
         self._ios: dict[int, _StorageIo] = {}
         self._next_id = 1
@@ -223,8 +213,7 @@ class HostLoop(RealTimeLoop):
             await self._drain()
             await self.channel.close()
             for pacer in self._pacers.values():
-                if pacer.task is not None:
-                    pacer.task.cancel()
+                pacer.stop()
             if self.store is not None:
                 self.store.close()
 
@@ -281,45 +270,32 @@ class HostLoop(RealTimeLoop):
     def _real(self, size: int) -> int:
         return max(1, round(size * self.plan.byte_scale))
 
-    def _pacer(self, port: int, chunk_bytes: int, arbitration: Arbitration | None) -> _Pacer:
+    def _pacer(self, port: int, chunk_bytes: int, arbitration: Arbitration | None) -> Pacer:
         pacer = self._pacers.get(port)
         if pacer is None:
             rate = self.plan.port_rate[port] * self.plan.byte_scale
-            # A burst of a millisecond's bytes (at least a few chunks): the pacer wakes at most about once a
-            # millisecond per port, where the loop's own latency is noise, and holds the rate over that.
-            burst = max(4.0 * chunk_bytes, rate * PACER_WINDOW_S)
-            pacer = _Pacer(PacketPort(rate, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst))
-            pacer.task = self.create_task(self._pace(port, pacer))
-            self._pacers[port] = pacer
+            window = ISOLATING_WINDOW_S if arbitration is not None else WINDOW_S
+            pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants,
+                                               arbitration=arbitration, window_s=window)  # fmt: skip
+            pacer.start(self)
         return pacer
 
-    async def _pace(self, port: int, pacer: _Pacer) -> None:
-        """Grant the port's chunks as its bucket allows and hand each to its job."""
-        while True:
-            now = self.clock_ns()
-            ios: dict[int, list[int]] = {}  # storage I/O -> [chunks granted now, last]
-            for tag, _lane, nbytes, last in pacer.port.grant(now):
-                job = self._jobs.get(tag)
-                if job is not None:
-                    self.channel.send_chunk(job.dest, job.job, job.offset, nbytes, last, job.ack)
-                    job.offset += nbytes
-                    if last:
-                        del self._jobs[tag]
-                else:
-                    granted = ios.setdefault(tag, [0, 0])
-                    granted[0] += 1
-                    granted[1] |= last
-            for tag, (chunks, last) in ios.items():  # one file operation per I/O and wake-up
-                self._grant_io(tag, chunks, bool(last))
-            at = pacer.port.next_grant_ns(self.clock_ns())
-            pacer.wake.clear()
-            if at is None:
-                await pacer.wake.wait()
+    def _on_grants(self, grants: list[Grant]) -> None:
+        """Chunks a port let through: send a network job's, issue a storage I/O's blocks."""
+        ios: dict[int, list[int]] = {}  # storage I/O -> [chunks granted now, last]
+        for tag, _lane, nbytes, last in grants:
+            job = self._jobs.get(tag)
+            if job is not None:
+                self.channel.send_chunk(job.dest, job.job, job.offset, nbytes, last, job.ack)
+                job.offset += nbytes
+                if last:
+                    del self._jobs[tag]
             else:
-                try:
-                    await asyncio.wait_for(pacer.wake.wait(), max(0.0, (at - self.clock_ns()) / 1e9))
-                except TimeoutError:
-                    pass
+                granted = ios.setdefault(tag, [0, 0])
+                granted[0] += 1
+                granted[1] |= last
+        for tag, (chunks, last) in ios.items():  # one file operation per I/O and wake-up
+            self._grant_io(tag, chunks, bool(last))
 
     def _new_id(self) -> int:
         ident, self._next_id = self._next_id, self._next_id + 1
@@ -348,9 +324,7 @@ class HostLoop(RealTimeLoop):
             raise ValueError(f"process {self.process!r} was asked to send on port {port}, not one of its nodes'")
         ident = self._new_id()
         self._jobs[ident] = _Job(dest, job, nbytes, ack)
-        pacer = self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper())
-        pacer.port.enqueue(lane, nbytes, ident)
-        pacer.wake.set()
+        self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper()).enqueue(lane, nbytes, ident)
 
     # --- storage ---------------------------------------------------------------------------------------
 
@@ -364,8 +338,7 @@ class HostLoop(RealTimeLoop):
         io = _StorageIo(kind, [list(e) for e in extents], self.create_future())
         ident = self._new_id()
         self._ios[ident] = io
-        pacer.port.enqueue(lane, max(1, self._real(size)), ident)
-        pacer.wake.set()
+        pacer.enqueue(lane, max(1, self._real(size)), ident)
         self.real_bytes[kind] = self.real_bytes.get(kind, 0) + blocks * store.stride
         await io.done
 

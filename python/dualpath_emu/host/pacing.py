@@ -1,0 +1,94 @@
+"""Real bytes at a port's rate, lane by lane: :class:`Pacer` drives a core :class:`~dualpath_emu._core.PacketPort`
+(token bucket + the virtual-lane packet arbiter) from an asyncio task (issue 16).
+
+Callers enqueue messages (``tag``, lane, bytes); the pacer wakes when the port's bucket allows the next chunk,
+asks the port for every chunk it grants at that instant (one core call per wake-up, never one per chunk) and
+hands them to ``on_grants`` in grant order: the caller moves those bytes for real (a socket send, a file
+read). So a high-lane chunk enqueued behind a backlog of low-lane chunks goes next, as on an InfiniBand port
+with VL arbitration; without an arbitration every lane shares one FIFO (no isolation).
+
+The bucket holds ``window_s`` of the rate (at least one chunk): what a wake-up grants goes to the real link
+at once, past the arbiter, so the window is also how long a high-lane chunk may wait behind low-lane bytes
+already handed over (:data:`ISOLATING_WINDOW_S`; a real NIC's is its in-flight packets, microseconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from dualpath_emu._core import Arbitration, PacketPort
+
+__all__ = ["Grant", "ISOLATING_WINDOW_S", "Pacer", "WINDOW_S"]
+
+WINDOW_S = 1e-3
+"""How long a pacer's bucket holds of its rate, by default."""
+ISOLATING_WINDOW_S = 1e-3
+"""The window of a port whose lanes must hold (a compute NIC carrying model and KV traffic): no shorter than
+the event loop's timer resolution (epoll waits in whole milliseconds), or the port falls behind its rate."""
+
+Grant = tuple[int, int, int, bool]
+"""A chunk granted: ``(tag, lane, bytes, last chunk of its message)``."""
+
+
+class Pacer:
+    """A port that lets real bytes through at ``rate_bytes_per_s`` (see the module docstring).
+
+    ``clock_ns`` is the loop's clock (the core's, in emulated nanoseconds); ``on_grants`` receives each wake-up's
+    grants. Start it with :meth:`start` on the running loop; :meth:`stop` cancels its task."""
+
+    def __init__(
+        self,
+        rate_bytes_per_s: float,
+        chunk_bytes: int,
+        clock_ns: Callable[[], int],
+        on_grants: Callable[[list[Grant]], None],
+        *,
+        arbitration: Arbitration | None = None,
+        window_s: float = WINDOW_S,
+    ) -> None:
+        burst = max(float(chunk_bytes), rate_bytes_per_s * window_s)
+        self.port = PacketPort(rate_bytes_per_s, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst)
+        self._clock_ns = clock_ns
+        self._on_grants = on_grants
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._due_ns: int | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        if self.port.queued_messages():
+            self._wake_at(self._clock_ns())
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._due_ns, self._loop = None, None, None
+
+    def enqueue(self, lane: int, size_bytes: int, tag: int) -> None:
+        """Queue a message of ``size_bytes`` on ``lane``; its chunks reach ``on_grants`` as the port allows."""
+        self.port.enqueue(lane, size_bytes, tag)
+        at = self.port.next_grant_ns(self._clock_ns())
+        if at is not None:
+            self._wake_at(at)
+
+    def _wake_at(self, at_ns: int) -> None:
+        """Have :meth:`_tick` run at ``at_ns`` (or sooner, if it is due sooner already)."""
+        loop = self._loop
+        if loop is None or (self._due_ns is not None and self._due_ns <= at_ns):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due_ns = at_ns
+        delay = (at_ns - self._clock_ns()) / 1e9
+        # Loop timers, not a task per sleep: a wake-up costs one callback.
+        self._timer = loop.call_soon(self._tick) if delay <= 0 else loop.call_at(loop.time() + delay, self._tick)
+
+    def _tick(self) -> None:
+        self._timer, self._due_ns = None, None
+        grants = self.port.grant(self._clock_ns())
+        if grants:
+            self._on_grants(grants)
+        at = self.port.next_grant_ns(self._clock_ns())
+        if at is not None:
+            self._wake_at(at)
