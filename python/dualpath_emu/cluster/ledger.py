@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.core_work import Completion, CoreWork, Extents
 from dualpath_emu.runtime.actors import ActorSystem
 
-__all__ = ["Hop", "Ledger"]
+__all__ = ["Hop", "Ledger", "ProbingLedger"]
 
 Hop = tuple[tuple[int, ...], int, int]
 """A per-layer transfer of a forward pass: ``(path, lane, bytes per layer)``."""
@@ -112,3 +113,69 @@ class Ledger:
         for path, lane, size in collectives:
             self._book(path, lane, size * n_layers, n_layers)
         return self._plane().forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives)
+
+
+class ProbingLedger(Ledger):
+    """A :class:`Ledger` that also times every data movement by kind (:mod:`~dualpath_emu.cluster.paths`):
+    the model's figures for the kinds of transfer a host-backend run measures on real bytes. Detached work
+    (write-backs, the decode all-to-all) is asked to report its end, which moves nothing differently: the
+    core times a transfer the same whoever waits for it, and only this probe hears of it. (A forward pass's
+    per-layer transfers are the core's, inside the pass: the probe times the pass.)"""
+
+    def __init__(self, system: ActorSystem, topology: Topology) -> None:
+        super().__init__(system, topology)
+        self.measured: dict[str, PathStats] = {}
+
+    def _timed(self, kind: str, size: int, then: Callable[[], None] | None = None) -> Callable[[], None]:
+        start = self._system.now_ns()
+
+        def done() -> None:
+            self.measured.setdefault(kind, PathStats()).add(size, 0, (self._system.now_ns() - start) / 1e9)
+            if then is not None:
+                then()
+
+        return done
+
+    def _timed_future(self, kind: str, size: int, future: asyncio.Future[Completion]) -> asyncio.Future[Completion]:
+        done = self._timed(kind, size)
+        future.add_done_callback(lambda f: done() if not f.cancelled() and f.exception() is None else None)
+        return future
+
+    def transfer(self, path: tuple[int, ...], lane: int, size: int) -> asyncio.Future[Completion]:
+        return self._timed_future(transfer_kind(self._topology, path), size, super().transfer(path, lane, size))
+
+    def transfer_then(self, path: tuple[int, ...], lane: int, size: int, done: Callable[[], None],
+                      failed: Callable[[Exception], None]) -> None:  # fmt: skip
+        super().transfer_then(path, lane, size, self._timed(transfer_kind(self._topology, path), size, done), failed)
+
+    def transfer_detached(self, path: tuple[int, ...], lane: int, size: int) -> None:
+        super().transfer_then(path, lane, size, self._timed(transfer_kind(self._topology, path), size),
+                              self._detached_failed)  # fmt: skip
+
+    def io_then(self, node: int, kind: str, lane: int, size: int, done: Callable[[], None],
+                failed: Callable[[Exception], None], extents: Extents = ()) -> None:  # fmt: skip
+        super().io_then(node, kind, lane, size, self._timed(io_kind(self._topology, node, kind), size, done), failed,
+                        extents)  # fmt: skip
+
+    def io(self, node: int, kind: str, lane: int, size: int, extents: Extents = ()) -> asyncio.Future[Completion]:
+        return self._timed_future(io_kind(self._topology, node, kind), size, super().io(node, kind, lane, size, extents))
+
+    def io_detached(self, node: int, kind: str, lane: int, size: int, extents: Extents = ()) -> None:
+        super().io_then(node, kind, lane, size, self._timed(io_kind(self._topology, node, kind), size),
+                        self._detached_failed, extents)  # fmt: skip
+
+    def _detached_failed(self, error: Exception) -> None:
+        raise error  # as a detached request's refusal would: the run fails with it
+
+    def forward(
+        self,
+        n_layers: int,
+        ranks: Sequence[tuple[Hop | None, int, Hop | None]],
+        *,
+        ffn_ns: int,
+        collectives: Sequence[Hop],
+    ) -> asyncio.Future[Completion]:
+        size = sum(h[2] * n_layers for r in ranks for h in (r[0], r[2]) if h is not None)
+        size += sum(c[2] * n_layers for c in collectives)
+        return self._timed_future("forward pass", size, super().forward(n_layers, ranks, ffn_ns=ffn_ns,
+                                                                        collectives=collectives))  # fmt: skip

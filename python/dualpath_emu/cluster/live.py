@@ -44,11 +44,12 @@ from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.decode import DecodeGroup
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.ledger import Ledger
+from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.prefill import PrefillGroup
-from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, SystemResult, build_result
+from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, SystemResult, build_result, run_system
 from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.scheduler import SchedulerActor
 from dualpath_emu.cluster.systems import System
@@ -333,7 +334,7 @@ class ClusterApplication(Application):
                 port_node[port] = n.index
         rates = {p: scratch.port_rate(p) for p in range(scratch.port_count)}
         return HostPlan(tuple(routes), port_node, rates, BLOCK_TOKENS * self.derived.kv_bytes_per_token,
-                        self.byte_scale)  # fmt: skip
+                        self.byte_scale, self.topology)  # fmt: skip
 
     def service_report(self, core: Core) -> dict[str, Any]:
         """The core's report (:class:`CoreReport`), written by the data-plane service once it has drained."""
@@ -456,7 +457,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     real: Counter[str] = Counter()
     violations: list[str] = []
     direct: set[str] = set()
-    measured: dict[str, Counter[str]] = {}
+    measured: dict[str, PathStats] = {}
     for name in processes:
         part = msgpack.unpackb((run_dir / f"{name}.part").read_bytes(), strict_map_key=False).get("host")
         if part is None:
@@ -467,9 +468,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         channel.update(part["channel"])
         real.update(part["real_bytes"])
         for what, stats in part["measured"].items():
-            into = measured.setdefault(what, Counter())
-            into["max_seconds"] = max(into["max_seconds"], stats["max_seconds"])
-            into.update({k: v for k, v in stats.items() if k != "max_seconds"})
+            measured.setdefault(what, PathStats()).merge(PathStats.from_wire(stats))
         if part["store"] is not None:
             stats = part["store"]
             direct.add("O_DIRECT" if stats["direct_io"] else f"buffered ({stats['direct_io_reason']})")
@@ -487,7 +486,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         done = [sum(r.ports[i].completed_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)]
         flowed = [sum(r.ports[i].fluid_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)]
         ports.append(dataclasses.replace(port, completed_bytes=done, fluid_bytes=flowed))
-    stats = dict(sum((Counter(r.stats) for r in reports), Counter[str]()))
+    stats = {key: sum(r.stats.get(key, 0) for r in reports) for key in first.stats}  # (Counter's sum drops zeros)
     report = dataclasses.replace(first, ports=ports, stats=stats, now_ns=max(r.now_ns for r in reports),
                                  until_ns=max(r.until_ns for r in reports))  # fmt: skip
     summary = {
@@ -501,22 +500,10 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         "network_bytes_sent": channel["sent_bytes"], "network_bytes_verified": channel["verified_bytes"],
         "network_bytes_mismatched": channel["mismatched_bytes"], "rejected_frames": channel["rejected"],
         "real_bytes_by_kind": dict(real),
-        "paths": {what: _path_summary(stats) for what, stats in sorted(measured.items())},
+        "paths": {what: stats.summary() for what, stats in sorted(measured.items())},
         "violations": violations,
     }  # fmt: skip
     return report, summary
-
-
-def _path_summary(stats: Counter[str]) -> dict[str, float]:
-    """One kind of real work, measured next to modelled: mean seconds per operation both ways, and the
-    throughput of the real bytes while they moved."""
-    count = stats["count"] or 1
-    return {
-        "count": stats["count"], "modelled_bytes": stats["modelled_bytes"], "real_bytes": stats["real_bytes"],
-        "mean_s": stats["seconds"] / count, "max_s": stats["max_seconds"],
-        "model_idle_mean_s": stats["model_seconds"] / count,
-        "real_bytes_per_s": stats["real_bytes"] / stats["seconds"] if stats["seconds"] else 0.0,
-    }  # fmt: skip
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
@@ -604,6 +591,9 @@ def run_live(
     finally:
         if backend == "host":
             _remove_blocks(Path(storage_dir) if storage_dir else run_dir / STORAGE_DIR)
+    if backend == "host":  # what the model says of the same run, kind by kind (measured vs modelled)
+        model = run_system(config, system, trajectories, seed=seed, probe_paths=True)
+        compare_with_model(result, model)
     result.extra.update({
         "mode": "realtime",
         "time_scale": time_scale,
@@ -619,6 +609,20 @@ def run_live(
 
 
 RUN_SCENARIO: Final = "run.toml"
+
+
+def compare_with_model(result: SystemResult, model: SystemResult) -> None:
+    """Put the model's figures (a virtual-time run of the same cluster, system and workload, probed by kind)
+    next to a host run's measurements: its JCT, and per kind of data movement its count and mean seconds."""
+    host = result.extra["host"]
+    host["model_jct_s"] = model.jct_s
+    modelled = model.extra.get("paths", {})
+    for kind in sorted(set(host["paths"]) | set(modelled)):
+        row = host["paths"].setdefault(kind, {"count": 0})
+        theirs = modelled.get(kind)
+        row["model_count"] = theirs["count"] if theirs else 0
+        row["model_mean_s"] = theirs["mean_s"] if theirs else None
+        row["model_max_s"] = theirs["max_s"] if theirs else None
 
 
 def _remove_blocks(folder: Path) -> None:

@@ -21,7 +21,7 @@ from dualpath_emu._core import Core
 from dualpath_emu.cluster.client import ClientActor
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode import DecodeGroup
-from dualpath_emu.cluster.ledger import Ledger
+from dualpath_emu.cluster.ledger import Ledger, ProbingLedger
 from dualpath_emu.cluster.messages import Start
 from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.scheduler import SchedulerActor
@@ -155,6 +155,7 @@ def run_system(
     progress_interval_s: float = 0.25,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     trace_path: str | Path | None = None,
+    probe_paths: bool = False,
 ) -> SystemResult:
     """Run ``trajectories`` on ``config`` with ``system`` in virtual time: a
     :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
@@ -169,7 +170,8 @@ def run_system(
     :attr:`SystemResult.timelines`; a second of emulated time costs a few bytes per port).
     ``trace_path`` records every transfer as a span and writes a Perfetto trace there
     (:mod:`~dualpath_emu.cluster.trace`; memory grows with the run). Neither changes the run's results
-    or its event log.
+    or its event log. ``probe_paths`` times every data movement by kind (``extra["paths"]``,
+    :class:`~dualpath_emu.cluster.ledger.ProbingLedger`): the model's side of a host-backend comparison.
     """
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
@@ -182,7 +184,7 @@ def run_system(
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     actors = ActorSystem(seed=seed, record_messages=record_messages)
-    ledger = Ledger(actors, topology)
+    ledger = ProbingLedger(actors, topology) if probe_paths else Ledger(actors, topology)
     cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), ledger)
     writer = EventLogWriter()
     checker = EventLogChecker()
@@ -243,6 +245,8 @@ def run_system(
                           wall_s, actors.event_count, end_ns)  # fmt: skip
     result.spec = system
     result.extra.update({"mode": "virtual", "processes": 1})
+    if isinstance(ledger, ProbingLedger):
+        result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(ledger.measured.items())}
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name)
     return result

@@ -122,6 +122,9 @@ def run_command(args: argparse.Namespace) -> int:
         print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
         return 0
     console.print(_table(scenario, results))
+    for name, result in results.items():
+        if "host" in result.extra:
+            console.print(_host_table(name, result))
     if out is not None:
         traces = " and trace-<system>.json" if args.mode == "virtual" else ""
         console.print(f"wrote {', '.join(written)}{traces} to {out}")
@@ -322,6 +325,35 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table
             f"{r.events / r.wall_s:,.0f}" if r.wall_s > 0 else "-",
             *([_lag(r)] if live else []),
         )
+    return table
+
+
+def _host_table(name: str, r: SystemResult) -> Table:
+    """A host-backend run's real bytes, kind by kind, next to the model's figures for the same run."""
+    host = r.extra["host"]
+    mib = 1 << 20
+    title = (f"{name} on real bytes (× {host['byte_scale']:g}; storage {', '.join(host['storage_io']) or '-'}; "
+             f"{host['gpu_copies']}): JCT {r.jct_s:.1f} s, model {host['model_jct_s']:.1f} s; "
+             f"read {host['verified_read_bytes'] / mib:,.1f} MiB verified, {host['mismatched_blocks']} bad block(s); "
+             f"written {host['bytes_written'] / mib:,.1f} MiB; network {host['network_bytes_verified'] / mib:,.1f} MiB "
+             "verified")  # fmt: skip
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
+    for header in ("kind", "count\nhost/model", "mean ms\nhost/model", "max ms\nhost/model", "real MiB",
+                   "real MiB/s\nwhile moving"):  # fmt: skip
+        table.add_column(header, justify="left" if header == "kind" else "right", no_wrap=True)
+    for kind, row in host["paths"].items():
+        count = row.get("count", 0)
+
+        def ms(key: str, model_key: str, digits: int) -> str:
+            model = row.get(model_key)
+            return (f"{_f(1e3 * row[key], digits) if count else '-'}/"
+                    f"{_f(1e3 * model, digits) if model is not None else '-'}")  # fmt: skip
+
+        table.add_row(
+            kind, f"{count}/{row.get('model_count', 0)}", ms("mean_s", "model_mean_s", 2), ms("max_s", "model_max_s", 1),
+            _f(row.get("real_bytes", 0) / mib, 1) if count else "-",
+            _f(row.get("real_bytes_per_s", 0) / mib, 1) if row.get("real_bytes") else "-",
+        )  # fmt: skip
     return table
 
 

@@ -37,13 +37,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
+from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
+from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import ISOLATING_WINDOW_S, WINDOW_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents
 from dualpath_emu.runtime.realtime import RealTimeLoop
 
-__all__ = ["HostDataError", "HostLoop", "HostPlan", "NodeRoute", "PathStats"]
+__all__ = ["HostDataError", "HostLoop", "HostPlan", "NodeRoute"]
 
 DRAIN_QUIET_S = 0.2
 """At the end, a process stops once its own work is done and no peer's bytes came for this long (wall)."""
@@ -78,37 +80,13 @@ class HostPlan:
     port_rate: Mapping[int, float]
     block_bytes: int
     byte_scale: float
+    topology: Topology
 
     def node_of_storage(self, storage_node: int) -> NodeRoute:
         for node in self.nodes:
             if node.storage_node == storage_node:
                 return node
         raise LookupError(f"no node has storage node {storage_node}")
-
-
-@dataclass
-class PathStats:
-    """Measurements of one kind of real work: how many, modelled and real bytes, the seconds they took
-    (emulated clock: wall × time scale) and the seconds the model gives them on an idle path (bytes over the
-    slowest port's rate; storage latency not included)."""
-
-    count: int = 0
-    modelled_bytes: int = 0
-    real_bytes: int = 0
-    seconds: float = 0.0
-    model_seconds: float = 0.0
-    max_seconds: float = 0.0
-
-    def add(self, modelled: int, real: int, seconds: float, model_seconds: float) -> None:
-        self.count += 1
-        self.modelled_bytes += modelled
-        self.real_bytes += real
-        self.seconds += seconds
-        self.model_seconds += model_seconds
-        self.max_seconds = max(self.max_seconds, seconds)
-
-    def to_wire(self) -> dict[str, float]:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -166,11 +144,8 @@ class HostLoop(RealTimeLoop):
         nodes = {self.plan.port_node.get(p, -1) for p in path}
         if len(nodes) == 1 and -1 not in nodes:  # inside one node: modelled on this process's core
             return super()._queue_transfer(path, lane, size_bytes, tag)
-        plan = self.plan
-        roles = plan.nodes[plan.port_node[path[0]]].role, plan.nodes[plan.port_node[path[-1]]].role
-        what = "all-to-all" if roles[0] == roles[1] else f"{roles[0].upper()}→{roles[1].upper()}"
         self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes), path,
-                    (what, self._real(size_bytes), size_bytes / min(plan.port_rate[p] for p in path)))  # fmt: skip
+                    (transfer_kind(self.plan.topology, path), self._real(size_bytes)))  # fmt: skip
         return tag
 
     def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int, extents: Extents = ()) -> int:
@@ -179,10 +154,9 @@ class HostLoop(RealTimeLoop):
             raise ValueError(f"process {self.process!r} does not drive node {route.index}'s storage I/O")
         port = route.snic_rx if kind == "read" else route.snic_tx
         path = route.read_path if kind == "read" else route.write_path
-        what = f"storage read ({route.role.upper()})" if kind == "read" else "write-back"
         real = sum(n for _, _, n in extents) * (self.store.stride if self.store is not None else 0)
         self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents), path,
-                    (what, real, size_bytes / self.plan.port_rate[port]))  # fmt: skip
+                    (io_kind(self.plan.topology, route.index, kind), real))  # fmt: skip
         return tag
 
     def forward(
@@ -200,7 +174,7 @@ class HostLoop(RealTimeLoop):
         size = sum(h[2] * n_layers for r in ranks for h in (r[0], r[2]) if h is not None)
         size += sum(c[2] * n_layers for c in collectives)
         self._start(tag, "forward", 0, size, self._forward(n_layers, ranks, ffn_ns, collectives, load_window), (),
-                    ("forward pass", 0, 0.0))  # fmt: skip
+                    ("forward pass", 0))  # fmt: skip
         return future
 
     async def serve(self, main: Any) -> Any:
@@ -233,10 +207,10 @@ class HostLoop(RealTimeLoop):
     # --- running work ----------------------------------------------------------------------------------
 
     def _start(self, tag: int, kind: str, lane: int, size: int, work: Any, path: tuple[int, ...],
-               what: tuple[str, int, float]) -> None:  # fmt: skip
+               what: tuple[str, int]) -> None:  # fmt: skip
         """Run ``work`` (a coroutine); when it is done, count its bytes on ``path`` (a forward's pieces count
-        their own), add it to the measurements of its kind (``what``: the kind, its real bytes, the seconds the
-        model gives it unloaded) and report it under ``tag`` (unless detached)."""
+        their own), add it to the measurements of its kind (``what``: the kind and its real bytes) and report it
+        under ``tag`` (unless detached)."""
         start = self.clock_ns()
 
         async def run() -> None:
@@ -250,7 +224,7 @@ class HostLoop(RealTimeLoop):
                 return
             self._book(path, lane, size)
             end = self.clock_ns()
-            self.measured.setdefault(what[0], PathStats()).add(size, what[1], (end - start) / 1e9, what[2])
+            self.measured.setdefault(what[0], PathStats()).add(size, what[1], (end - start) / 1e9)
             if tag != UNREPORTED_TAG:
                 self._deliver([(kind, tag, start, end, size, lane)])
 
@@ -379,9 +353,14 @@ class HostLoop(RealTimeLoop):
 
     async def _forward(self, n_layers: int, ranks: Sequence[Any], ffn_ns: int, collectives: Sequence[Any],
                        load_window: int) -> None:  # fmt: skip
+        """A forward pass with the core's rules (see the module docstring), its compute timed from deadlines:
+        each phase ends at its start + its time, the start being when what it waits for ended (a real
+        transfer's end, the layer before's deadline). A wake-up late by the loop's timer resolution (about a
+        millisecond) so delays that phase only; the lateness does not add up over a pass's layers."""
         loop = self
+        clock = self.clock_ns
         layer_done = [loop.create_future() for _ in range(n_layers)]
-        loads: list[list[asyncio.Future[None]]] = [[loop.create_future() for _ in range(n_layers)] for _ in ranks]
+        loads: list[list[asyncio.Future[int]]] = [[loop.create_future() for _ in range(n_layers)] for _ in ranks]
 
         def move(hop: Any) -> Any:
             path, lane, size = hop
@@ -392,12 +371,14 @@ class HostLoop(RealTimeLoop):
                 if load_window and layer >= load_window:
                     await layer_done[layer - load_window]
                 await move(hop)
-                loads[r][layer].set_result(None)
+                loads[r][layer].set_result(clock())
 
         async def store_stream(hop: Any, queue: asyncio.Queue[int | None]) -> None:
-            while await queue.get() is not None:
+            while (start_ns := await queue.get()) is not None:
+                await _until(loop, start_ns)
                 await move(hop)
 
+        start_ns = clock()
         streams: list[asyncio.Task[None]] = []
         stores: list[asyncio.Queue[int | None] | None] = []
         for r, (load, _attn, store) in enumerate(ranks):
@@ -405,29 +386,28 @@ class HostLoop(RealTimeLoop):
                 streams.append(loop.create_task(load_stream(r, load)))
             else:
                 for f in loads[r]:
-                    f.set_result(None)
+                    f.set_result(start_ns)
             if store is not None:
                 queue: asyncio.Queue[int | None] = asyncio.Queue()
                 stores.append(queue)
                 streams.append(loop.create_task(store_stream(store, queue)))
             else:
                 stores.append(None)
-
-        async def attention(r: int, layer: int, attn_ns: int) -> None:
-            await loads[r][layer]
-            if attn_ns > 0:
-                await asyncio.sleep(attn_ns / 1e9)
-            stream = stores[r]
-            if stream is not None:
-                stream.put_nowait(layer)
-
         try:
+            previous = start_ns  # when the layer before ended (its deadline, or its collectives' real end)
             for layer in range(n_layers):
-                await asyncio.gather(*(attention(r, layer, rank[1]) for r, rank in enumerate(ranks)))
-                shared = [move(c) for c in collectives]
-                if ffn_ns > 0:
-                    shared.append(asyncio.sleep(ffn_ns / 1e9))
-                await asyncio.gather(*shared)
+                shared = previous
+                for r, rank in enumerate(ranks):  # rank r's attention: after its load and the layer before
+                    attention_end = max(previous, await loads[r][layer]) + rank[1]
+                    stream = stores[r]
+                    if stream is not None:
+                        stream.put_nowait(attention_end)
+                    shared = max(shared, attention_end)
+                await _until(loop, shared)  # every rank's attention is done: the shared phase
+                if collectives:
+                    await asyncio.gather(*(move(c) for c in collectives))
+                await _until(loop, shared + ffn_ns)
+                previous = max(shared + ffn_ns, clock())
                 layer_done[layer].set_result(None)
             for stream in stores:
                 if stream is not None:
@@ -436,6 +416,13 @@ class HostLoop(RealTimeLoop):
         finally:
             for task in streams:
                 task.cancel()
+
+
+async def _until(loop: HostLoop, at_ns: int) -> None:
+    """Sleep until the loop's clock reads ``at_ns`` (at once if it already does)."""
+    delay = at_ns - loop.clock_ns()
+    if delay > 0:
+        await asyncio.sleep(delay / 1e9)
 
 
 class HostDataError(RuntimeError):

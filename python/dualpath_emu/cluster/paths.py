@@ -1,0 +1,92 @@
+"""The kinds of data movement of DualPath (paper §4), named the same way for every backend, and what a run
+measures of each (:class:`PathStats`): so a host-backend run's real transfers sit next to the model's
+figures for the same kinds of transfer (issue 16, "measured vs modelled").
+
+Kinds: ``storage read (PE)`` and ``storage read (DE)`` (the two read paths), ``write-back`` (decode's Full
+Blocks to storage), ``PE→DE`` (a prefill's KV to the decode buffer), ``DE→PE`` (DE-read: the hit KV from the
+decode buffer into the PE, layer by layer), ``all-to-all`` (MoE dispatch/combine between nodes of a role),
+``H2D`` and ``D2H`` (inside a node, DRAM ↔ HBM through the GPU's compute NIC) and ``forward pass`` (a whole
+prefill pass, its layers' transfers and compute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpath_emu.cluster.topology import Topology
+
+__all__ = ["PathStats", "io_kind", "transfer_kind"]
+
+
+def transfer_kind(topology: Topology, path: tuple[int, ...]) -> str:
+    """The kind of a transfer along ``path`` (port ids of ``topology``)."""
+    nodes = _port_nodes(topology)
+    first, last = nodes.get(path[0]), nodes.get(path[-1])
+    if first is None or last is None:
+        return "other"
+    if first == last:
+        return "H2D" if path[0] == topology.nodes[first].dram else "D2H"
+    roles = topology.nodes[first].role, topology.nodes[last].role
+    return "all-to-all" if roles[0] == roles[1] else f"{roles[0].upper()}→{roles[1].upper()}"
+
+
+def io_kind(topology: Topology, node: int, kind: str) -> str:
+    """The kind of a storage I/O (``"read"`` or ``"write"``) of cluster node ``node``."""
+    return f"storage read ({topology.nodes[node].role.upper()})" if kind == "read" else "write-back"
+
+
+_NODES_OF: dict[int, dict[int, int]] = {}
+
+
+def _port_nodes(topology: Topology) -> dict[int, int]:
+    nodes = _NODES_OF.get(id(topology))
+    if nodes is None:
+        nodes = {}
+        for n in topology.nodes:
+            for port in (n.snic_rx, n.snic_tx, n.dram, *n.cnic_tx, *n.cnic_rx):
+                nodes[port] = n.index
+        _NODES_OF[id(topology)] = nodes
+    return nodes
+
+
+@dataclass
+class PathStats:
+    """What a run measured of one kind of data movement: how many, modelled and real bytes, and the seconds
+    they took (emulated time: in real time, wall × time scale) in total and at most."""
+
+    count: int = 0
+    modelled_bytes: int = 0
+    real_bytes: int = 0
+    seconds: float = 0.0
+    max_seconds: float = 0.0
+
+    def add(self, modelled: int, real: int, seconds: float) -> None:
+        self.count += 1
+        self.modelled_bytes += modelled
+        self.real_bytes += real
+        self.seconds += seconds
+        self.max_seconds = max(self.max_seconds, seconds)
+
+    def merge(self, other: PathStats) -> None:
+        self.count += other.count
+        self.modelled_bytes += other.modelled_bytes
+        self.real_bytes += other.real_bytes
+        self.seconds += other.seconds
+        self.max_seconds = max(self.max_seconds, other.max_seconds)
+
+    def to_wire(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, float]) -> PathStats:
+        return cls(int(data["count"]), int(data["modelled_bytes"]), int(data["real_bytes"]), float(data["seconds"]),
+                   float(data["max_seconds"]))  # fmt: skip
+
+    def summary(self) -> dict[str, float]:
+        """Per operation: mean and max seconds, mean modelled bytes; the real bytes' rate while moving."""
+        count = self.count or 1
+        return {
+            "count": self.count, "mean_s": self.seconds / count, "max_s": self.max_seconds,
+            "mean_modelled_bytes": self.modelled_bytes / count, "real_bytes": self.real_bytes,
+            "real_bytes_per_s": self.real_bytes / self.seconds if self.seconds else 0.0,
+        }  # fmt: skip
