@@ -217,3 +217,19 @@ def test_probing_the_model_by_kind_changes_nothing(system: str) -> None:
     paths = probed.extra["paths"]
     assert paths["write-back"]["count"] > 0 and paths["forward pass"]["count"] > 0
     assert "paths" not in plain.extra
+
+
+def test_calibrate_host_writes_a_hardware_table_a_scenario_can_use(tmp_path: Path) -> None:
+    from dualpath_emu.cli import main
+    from dualpath_emu.cluster.scenario import load_cluster_scenario
+
+    out = tmp_path / "host.toml"
+    assert main(["calibrate-host", "--size-mib", "8", "--dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "byte_scale" in text and "[hardware]" in text and "[storage]" in text
+    scenario_file = tmp_path / "like-this-host.toml"
+    scenario_file.write_text('kind = "cluster"\n' + text)
+    scenario = load_cluster_scenario(scenario_file)
+    assert scenario.config.node.snic_bytes_per_s > 1e6 and scenario.config.storage.read_latency_s > 0
+    assert not list(tmp_path.glob("dualpath-emu-calibrate-*"))  # its files are gone
+    assert main(["calibrate-host", "--size-mib", "0"]) == 2

@@ -106,7 +106,7 @@ def test_an_unwritten_block_is_retried_then_mismatched(tmp_path: Path) -> None:
     with BlockStore(tmp_path, 4 * KIB) as store:
         no_file = asyncio.run(store.read(1, 0, 1, wait_s=0.03))
         assert (no_file.verified_blocks, no_file.mismatched_blocks) == (0, 1)
-        assert no_file.retries == 5  # sleeps of 1, 2, 4, 8 and 15 ms
+        assert no_file.retries == 6  # sleeps of 1, 2, 4, 8, 8 and 7 ms (a step is at most 8 ms)
         assert no_file.wall_s >= 0.03
         store.seed(1, 0, 2)
         past_end = asyncio.run(store.read(1, 0, 4, wait_s=0.01))

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -91,6 +92,12 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         "directory to every host of the run, keeping its modes (e.g. scp -rp); each process loads its own."
     )
     return 0
+
+
+def _cmd_calibrate_host(args: argparse.Namespace) -> int:
+    from dualpath_emu.host.calibrate import calibrate_command
+
+    return calibrate_command(args)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -290,6 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,  # --help goes to the experiment's own parser
     )
     calibrate.add_argument("options", nargs="*", help="see `dualpath-emu calibrate --help`")
+
+    host = commands.add_parser(
+        "calibrate-host",
+        help="measure this machine's disk and network through the host backend's I/O paths; print them as a "
+        "hardware table for a scenario",
+        description="Measure this machine's disk (O_DIRECT block writes and verified reads) and its byte channel "
+        "between processes (unpaced, verified), and print them as [hardware] and [storage] tables with the largest "
+        "byte_scale a host-backend run of the paper's nodes keeps to its model here.",
+    )
+    host.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), metavar="DIR",
+                      help="where to measure the disk (default the temporary directory; give the mount the KV "
+                           "blocks will live on)")  # fmt: skip
+    host.add_argument("--size-mib", type=int, default=256, metavar="N", help="MiB written and read, and sent (256)")
+    host.add_argument("--out", type=Path, metavar="FILE", help="write the tables here instead of printing them")
+    host.set_defaults(func=_cmd_calibrate_host)
 
     trace = commands.add_parser(
         "trace",
