@@ -115,7 +115,7 @@ def test_an_unwritten_block_is_retried_then_mismatched(tmp_path: Path) -> None:
         at_once = asyncio.run(store.read(1, 5, 1, wait_s=0))
         assert (at_once.mismatched_blocks, at_once.retries) == (1, 0)
         assert store.stats()["mismatched_blocks"] == 4
-        assert store.stats()["retries"] == 13
+        assert store.stats()["retries"] == 14
 
 
 def test_a_write_landing_during_the_backoff_verifies_with_retries(tmp_path: Path) -> None:
