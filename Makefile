@@ -27,6 +27,12 @@ help: ## Show this list of targets
 .venv: $(VENV_STAMP) ## Create .venv with the pinned dev tools (redone when requirements-dev.txt changes)
 
 $(VENV_STAMP): requirements-dev.txt
+	@# Debian's libibverbs1: Mooncake's Transfer Engine (the host backend's optional transfer engine) links it.
+	@if command -v dpkg-query >/dev/null && ! dpkg-query -W -f='$${Status}' libibverbs1 2>/dev/null | grep -q "ok installed"; then \
+		if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq libibverbs1 >/dev/null) || \
+			echo "make: could not install libibverbs1: the host backend's Mooncake transfer engine will be unavailable"; \
+		else echo "make: libibverbs1 is missing (sudo apt-get install libibverbs1) for the Mooncake transfer engine"; fi; \
+	fi
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -r requirements-dev.txt

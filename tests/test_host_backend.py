@@ -233,3 +233,40 @@ def test_calibrate_host_writes_a_hardware_table_a_scenario_can_use(tmp_path: Pat
     assert scenario.config.node.snic_bytes_per_s > 1e6 and scenario.config.storage.read_latency_s > 0
     assert not list(tmp_path.glob("dualpath-emu-calibrate-*"))  # its files are gone
     assert main(["calibrate-host", "--size-mib", "0"]) == 2
+
+
+def _mooncake() -> None:
+    from dualpath_emu.host.mooncake import MooncakeUnavailable, MooncakeWire
+
+    try:
+        MooncakeWire().close()
+    except MooncakeUnavailable as error:
+        pytest.skip(str(error))
+
+
+def test_the_byte_channel_carries_bytes_through_mooncakes_transfer_engine(tmp_path: Path) -> None:
+    _mooncake()
+
+    async def main() -> None:
+        a, b = _channels(tmp_path)
+        a.engine = b.engine = "mooncake"
+        await a.open()
+        await b.open()
+        try:
+            await asyncio.wait_for(a.push("b", 3_000_000, 2, 0), 10)  # one-sided writes into b's region
+            await asyncio.wait_for(a.pull("b", 1_500_000, 0, 0), 10)  # b writes into a's
+        finally:
+            await a.close()
+            await b.close()
+        assert b.stats.verified_bytes == 3_000_000 and a.stats.verified_bytes == 1_500_000
+        assert a.stats.mismatched_bytes == b.stats.mismatched_bytes == 0
+
+    asyncio.run(main())
+
+
+def test_a_host_run_through_mooncakes_transfer_engine(tmp_path: Path) -> None:
+    _mooncake()
+    result = host_run(tmp_path, "dualpath", transfer_engine="mooncake")
+    host = result.extra["host"]
+    assert result.turns == 24 and host["transfer_engine"] == "mooncake"
+    assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0

@@ -139,6 +139,7 @@ class ClusterApplication(Application):
         self.byte_scale = config.get_float("byte_scale", DEFAULT_BYTE_SCALE, min=0.0, max=1.0, min_exclusive=True)
         """Host backend: real bytes per modelled byte."""
         self.storage_dir = config.get_str("storage_dir", "")
+        self.transfer_engine = config.get_str("transfer_engine", "zmq", choices=("zmq", "mooncake"))
         """Host backend: where the KV blocks live (a shared mount across hosts); default the run's ``storage``."""
         config.finish()
         folder = Path(config.source).parent
@@ -308,7 +309,7 @@ class ClusterApplication(Application):
         drives = any(node.process == process for node in plan.nodes)
         store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
         peers = {name: endpoint for name, endpoint in description.data_endpoints.items() if name != process}
-        channel = ByteChannel(process, description.data_endpoints[process], peers, keys)
+        channel = ByteChannel(process, description.data_endpoints[process], peers, keys, engine=self.transfer_engine)
         self._host = HostLoop(core, plan, process, channel, store)
         return self._host
 
@@ -374,7 +375,7 @@ def run_scenario_text(
     *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
     processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
     endpoints: Mapping[str, str] | None = None, dataplane_endpoint: str | None = None,
-    backend: str = "model", byte_scale: float = DEFAULT_BYTE_SCALE, storage_dir: str = "",
+    backend: str = "model", byte_scale: float = DEFAULT_BYTE_SCALE, storage_dir: str = "", transfer_engine: str = "zmq",
 ) -> str:
     """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`.
     ``endpoints`` (process name -> endpoint) and ``dataplane_endpoint`` fix where processes bind (a run
@@ -387,7 +388,8 @@ def run_scenario_text(
         f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", f"backend = {q(backend)}",
         *([f"dataplane_endpoint = {q(dataplane_endpoint)}"] if dataplane_endpoint else []), "",
         "[cluster]", f"description = {q(DESCRIPTION)}", f"metrics_port = {metrics_port}",
-        *([f"byte_scale = {byte_scale!r}", f"storage_dir = {q(storage_dir)}"] if backend == "host" else []), "",
+        *([f"byte_scale = {byte_scale!r}", f"storage_dir = {q(storage_dir)}", f"transfer_engine = {q(transfer_engine)}"]
+          if backend == "host" else []), "",
     ]  # fmt: skip
     for name, actors in processes:
         lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]"]
@@ -491,6 +493,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
                                  until_ns=max(r.until_ns for r in reports))  # fmt: skip
     summary = {
         "byte_scale": app.byte_scale,
+        "transfer_engine": app.transfer_engine,
         "storage_io": sorted(direct),
         "gpu_copies": "modelled (no GPU): H2D and D2H run on each process's core",
         "blocks_written": store["blocks_written"], "blocks_read": store["blocks_read"],
@@ -565,6 +568,7 @@ def run_live(
     backend: str = "model",
     byte_scale: float = DEFAULT_BYTE_SCALE,
     storage_dir: str = "",
+    transfer_engine: str = "zmq",
 ) -> SystemResult:
     """Run ``system`` on ``config`` with ``trajectories`` live: write the run's description into ``run_dir``
     (user-only), start its processes, wait for them, then merge and check their parts (:func:`collect`).
@@ -578,7 +582,7 @@ def run_live(
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
         processes=placement(ClusterApplication.actor_names_of(config), placement_kind), metrics_port=metrics_port,
-        backend=backend, byte_scale=byte_scale, storage_dir=storage_dir,
+        backend=backend, byte_scale=byte_scale, storage_dir=storage_dir, transfer_engine=transfer_engine,
     )  # fmt: skip
     path = run_dir / RUN_SCENARIO
     _write_private(path, text.encode())

@@ -190,6 +190,7 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
                 time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
                 timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
                 backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
+                transfer_engine=scenario.transfer_engine,
             )  # fmt: skip
         except (LaunchError, LostRequestsError, InvariantError) as error:
             # Every process's output, event log and part stay in the run directory for a post-mortem.

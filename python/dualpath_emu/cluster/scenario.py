@@ -23,6 +23,10 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     byte_scale = 0.001                   # real bytes per modelled byte (and pacing rates × this); (0, 1]
     storage_dir = ""                     # where the KV block files go (a shared mount across hosts);
                                          # "" (default): the run directory's storage/, removed at the end
+    transfer_engine = "zmq"              # what carries KV between node processes: "zmq" (CURVE over tcp,
+                                         # private ipc on one host) or "mooncake" (Mooncake's Transfer
+                                         # Engine: RDMA or TCP; unauthenticated, all interfaces: private
+                                         # fabrics only)
 
     [deployment]
     model = "ds660b"                     # ds660b | ds27b | qwen32b (dualpath_emu.cluster.catalog.MODELS)
@@ -218,6 +222,7 @@ class ClusterScenario:
     """``"model"`` or ``"host"`` (real bytes, :mod:`dualpath_emu.host`)."""
     byte_scale: float = 1e-3
     storage_dir: str = ""
+    transfer_engine: str = "zmq"
 
     def system(self, name: str) -> System:
         """The system called ``name``: one of :attr:`custom_systems`, else a built-in one."""
@@ -338,6 +343,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     host = top.table("host")
     byte_scale = host.get_float("byte_scale", 1e-3, min=0.0, max=1.0, min_exclusive=True)
     storage_dir = host.get_str("storage_dir", "")
+    transfer_engine = host.get_str("transfer_engine", "zmq", choices=("zmq", "mooncake"))
     host.finish()
 
     deployment = top.table("deployment")
@@ -406,7 +412,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
     scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom, backend,
-                               byte_scale, storage_dir)  # fmt: skip
+                               byte_scale, storage_dir, transfer_engine)  # fmt: skip
     _check_memory(scenario, top, deployment)
     return scenario
 

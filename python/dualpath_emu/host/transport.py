@@ -47,7 +47,10 @@ import zmq.asyncio
 from dualpath_emu.errors import SecurityError
 from dualpath_emu.runtime.security import RunKeys, check_private_ipc, start_authenticator
 
-__all__ = ["ByteChannel", "ChannelStats", "PATTERN_BYTES", "pattern_slice"]
+__all__ = ["ENGINES", "ByteChannel", "ChannelStats", "PATTERN_BYTES", "pattern_region", "pattern_slice"]
+
+ENGINES: Final = ("zmq", "mooncake")
+"""What carries the bytes: ZeroMQ frames (default) or Mooncake's Transfer Engine (:mod:`dualpath_emu.host.mooncake`)."""
 
 _log = logging.getLogger(__name__)
 
@@ -58,10 +61,20 @@ PATTERN_BYTES: Final = 1 << 20
 _PATTERN: Final = bytes((i * 131 + (i >> 8) * 7 + 17) & 0xFF for i in range(2 * PATTERN_BYTES))
 
 
+def pattern_start(job: int, offset: int) -> int:
+    """Where in the pattern region the bytes a job carries at ``offset`` begin."""
+    return (job * 4099 + offset) % PATTERN_BYTES
+
+
 def pattern_slice(job: int, offset: int, nbytes: int) -> memoryview:
     """The bytes a job carries at ``offset``: deterministic, different for neighbouring jobs and offsets."""
-    start = (job * 4099 + offset) % PATTERN_BYTES
+    start = pattern_start(job, offset)
     return memoryview(_PATTERN)[start : start + nbytes]
+
+
+def pattern_region() -> bytes:
+    """The whole pattern region (twice :data:`PATTERN_BYTES`: any chunk is one slice of it)."""
+    return _PATTERN
 
 
 @dataclass
@@ -118,6 +131,16 @@ class ByteChannel:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _next_job: int = 1
     _authenticator: Any = None
+    engine: str = "zmq"
+    """``"zmq"``: chunks travel in the channel's frames; ``"mooncake"``: by Mooncake's Transfer Engine, the
+    frames carry their headers (:mod:`dualpath_emu.host.mooncake`)."""
+    _wire: Any = None
+    _targets: dict[str, asyncio.Future[tuple[str, int]]] = field(default_factory=dict)
+    """Mooncake: each peer's engine and the address of our slot in its receive region."""
+    _slots: dict[str, int] = field(default_factory=dict)
+    """Mooncake: the slot of our receive region each sending peer writes to."""
+    _outgoing: dict[str, asyncio.Queue[tuple[int, int, int, bool, bool]]] = field(default_factory=dict)
+    _executor: Any = None
     last_activity_s: float = field(default_factory=time.perf_counter)
     """When a frame last arrived (perf_counter seconds)."""
 
@@ -134,6 +157,14 @@ class ByteChannel:
         router.bind(self.bind)
         self._router = router
         self._tasks.append(asyncio.get_running_loop().create_task(self._receive(), name="bytes:router"))
+        if self.engine == "mooncake":
+            from concurrent.futures import ThreadPoolExecutor
+
+            from dualpath_emu.host.mooncake import MooncakeWire
+
+            host = self.bind.split("://", 1)[1].rsplit(":", 1)[0] if self.bind.startswith("tcp://") else "127.0.0.1"
+            self._wire = MooncakeWire(host)
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="mooncake")  # one: chunks stay in order
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -153,6 +184,10 @@ class ByteChannel:
         if self._context is not None:
             self._context.term()
             self._context = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._wire is not None:
+            self._wire.close()
         for pending in [*self._outbound.values(), *self._pulls.values()]:
             if not pending.done.done():
                 pending.done.set_exception(ConnectionError(f"process {self.name!r}: the byte channel closed"))
@@ -179,11 +214,41 @@ class ByteChannel:
 
     def send_chunk(self, dest: str, job: int, offset: int, nbytes: int, last: bool, ack: bool) -> None:
         """Send one chunk of a job (called by the pacer, in offset order)."""
-        header = msgpack.packb(["data", job, offset, last, ack])
-        self._post(dest, [header, pattern_slice(job, offset, nbytes)])
+        if self._wire is not None:
+            queue = self._outgoing.get(dest)
+            if queue is None:
+                queue = self._outgoing[dest] = asyncio.Queue()
+                self._tasks.append(asyncio.get_running_loop().create_task(self._write_chunks(dest, queue)))
+            queue.put_nowait((job, offset, nbytes, last, ack))
+        else:
+            header = msgpack.packb(["data", job, offset, last, ack])
+            self._post(dest, [header, pattern_slice(job, offset, nbytes)])
         self.stats.sent_bytes += nbytes
         if last:
             self.stats.jobs_sent += 1
+
+    async def _write_chunks(self, dest: str, queue: asyncio.Queue[tuple[int, int, int, bool, bool]]) -> None:
+        """Mooncake: write ``dest``'s chunks into its region, one after another, each followed by its header."""
+        from dualpath_emu.host.mooncake import SLOT_BYTES
+
+        target, base = await self._target(dest)
+        loop = asyncio.get_running_loop()
+        cursor = 0
+        while True:
+            job, offset, nbytes, last, ack = await queue.get()
+            if cursor + nbytes > SLOT_BYTES:
+                cursor = 0  # round the ring
+            await loop.run_in_executor(self._executor, self._wire.write, target, base + cursor,
+                                       pattern_start(job, offset), nbytes)  # fmt: skip
+            self._post(dest, [msgpack.packb(["data", job, offset, last, ack, cursor, nbytes])])
+            cursor += nbytes
+
+    def _target(self, peer: str) -> asyncio.Future[tuple[str, int]]:
+        target = self._targets.get(peer)
+        if target is None:
+            target = self._targets[peer] = asyncio.get_running_loop().create_future()
+            self._post(peer, [msgpack.packb(["mc-hello", self._wire.endpoint])])
+        return target
 
     def _new_job(self) -> int:
         job, self._next_job = self._next_job, self._next_job + 1
@@ -258,6 +323,28 @@ class ByteChannel:
         if kind == "data" and len(header) == 5 and len(frames) == 2:
             _, job, offset, last, ack = header
             self._on_data(peer, int(job), int(offset), bool(last), bool(ack), frames[1])
+        elif kind == "data" and len(header) == 7 and len(frames) == 1 and self._wire is not None:
+            from dualpath_emu.host.mooncake import SLOT_BYTES
+
+            _, job, offset, last, ack, cursor, nbytes = header
+            if peer not in self._slots or not 0 <= cursor <= cursor + nbytes <= SLOT_BYTES:
+                raise ValueError(f"a chunk from {peer!r} outside its slot")
+            data = self._wire.received(self._slots[peer] * SLOT_BYTES + cursor, nbytes)
+            self._on_data(peer, int(job), int(offset), bool(last), bool(ack), data)
+        elif kind == "mc-hello" and len(header) == 2 and self._wire is not None:
+            from dualpath_emu.host.mooncake import SLOT_BYTES, SLOTS
+
+            slot = self._slots.get(peer)
+            if slot is None:
+                if len(self._slots) >= SLOTS:
+                    raise ValueError(f"no Mooncake slot left for {peer!r} (at most {SLOTS} senders)")
+                slot = self._slots[peer] = len(self._slots)
+            self._post(peer, [msgpack.packb(["mc-slot", self._wire.endpoint, self._wire.receive + slot * SLOT_BYTES])])
+        elif kind == "mc-slot" and len(header) == 3 and self._wire is not None:
+            target = self._targets.get(peer)
+            if target is None or target.done():
+                raise ValueError(f"an unasked Mooncake slot from {peer!r}")
+            target.set_result((str(header[1]), int(header[2])))
         elif kind == "ack" and len(header) == 4:
             pending = self._outbound.pop(int(header[1]))
             if not pending.done.done():
