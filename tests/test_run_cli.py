@@ -183,8 +183,8 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
 
 BAD = [
     ('kind = "cluster"\nagent = 3\n',
-     "unknown key 'agent' (known keys here: deployment, hardware, kind, name, roofline, scheduling, seed, "
-     "storage, systems, workload)"),
+     "unknown key 'agent' (known keys here: backend, deployment, hardware, host, kind, name, roofline, scheduling, "
+     "seed, storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),
     ('kind = "cluster"\n[workload]\nagents = 0\n', "key 'workload.agents': expected an integer in [1, 100000], got 0"),
