@@ -67,6 +67,7 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.bench_cluster
 	$(PYTHON) -m dualpath_emu.bench_cluster --agents 1024 --rounds 0 --systems dualpath --repeat 1 --label _1024 --clusters 2P4D,16P32D
 	$(PYTHON) -m dualpath_emu.bench_live --capacity
+	$(PYTHON) -m dualpath_emu.host.isolation
 
 .PHONY: bench-scale
 bench-scale: build ## The paper's largest run in one process: DS 660B 48P96D, 49,152 agents, whole trajectories (wall, CPU, peak RSS, JCT)
