@@ -270,3 +270,24 @@ def test_a_host_run_through_mooncakes_transfer_engine(tmp_path: Path) -> None:
     host = result.extra["host"]
     assert result.turns == 24 and host["transfer_engine"] == "mooncake"
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
+
+
+def test_a_missing_transfer_engine_is_one_line_naming_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import builtins
+
+    from dualpath_emu.cli import main
+
+    real_import = builtins.__import__
+
+    def no_mooncake(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("mooncake"):
+            raise ImportError("No module named 'mooncake'")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_mooncake)
+    status = main(["run", "ds27b-1p1d-offline", "--backend", "host", "--set", 'host.transfer_engine="mooncake"',
+                   "--agents", "2", "--set", "workload.max_rounds=1", "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "mooncake-transfer-engine-non-cuda" in err and "libibverbs1" in err

@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "CoreError",
     "CoreIOError",
+    "BackendUnavailable",
     "InvalidArgumentError",
     "SecurityError",
     "StateError",
@@ -28,6 +29,11 @@ __all__ = [
 
 class UsageError(Exception):
     """Bad command-line input: the CLI prints the message on one line and exits with status 2."""
+
+
+class BackendUnavailable(UsageError):
+    """What a backend needs is missing here (the host backend's Mooncake Transfer Engine, say): one line
+    saying what to install, exit status 2, no traceback."""
 
 
 class SecurityError(UsageError):

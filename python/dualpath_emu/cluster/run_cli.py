@@ -168,6 +168,10 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65_535:
         raise UsageError(f"--metrics-port: expected a port in [0, 65535], got {args.metrics_port}")
+    if scenario.backend == "host" and scenario.transfer_engine == "mooncake":
+        from dualpath_emu.host.mooncake import check_available
+
+        check_available()  # before any process starts: one line saying what to install
     trajectories = scenario.trajectories()
     if args.prepare is not None:
         _prepare(args, scenario, trajectories, console)

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from dualpath_emu.errors import BackendUnavailable
 from dualpath_emu.host.transport import PATTERN_BYTES, pattern_region
 
-__all__ = ["SLOTS", "SLOT_BYTES", "MooncakeUnavailable", "MooncakeWire"]
+__all__ = ["SLOTS", "SLOT_BYTES", "MooncakeUnavailable", "MooncakeWire", "check_available"]
 
 SLOTS: Final = 8
 """Sending peers a process can receive from."""
@@ -31,8 +32,21 @@ SLOT_BYTES: Final = 8 << 20
 """The ring each sending peer writes its chunks into (a chunk is checked long before the ring comes round)."""
 
 
-class MooncakeUnavailable(RuntimeError):
+class MooncakeUnavailable(BackendUnavailable):
     """The Transfer Engine cannot be used here (not installed, or its native libraries are missing)."""
+
+
+def check_available() -> None:
+    """Raise :class:`MooncakeUnavailable` (saying what to install) unless the Transfer Engine loads here."""
+    try:
+        import mooncake.engine  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError as error:
+        raise MooncakeUnavailable(_missing(error)) from None
+
+
+def _missing(error: ImportError) -> str:
+    return (f"Mooncake's Transfer Engine is not usable here ({error}); install mooncake-transfer-engine-non-cuda "
+            "and Debian's libibverbs1 (make does both), or use the default transfer engine, \"zmq\"")
 
 
 class MooncakeWire:
@@ -42,10 +56,7 @@ class MooncakeWire:
         try:
             from mooncake.engine import TransferEngine  # type: ignore[import-not-found,unused-ignore]
         except ImportError as error:
-            raise MooncakeUnavailable(
-                f"Mooncake's Transfer Engine is not usable here ({error}); install mooncake-transfer-engine-non-cuda "
-                "(make does, with Debian's libibverbs1), or use the default transfer engine, \"zmq\""
-            ) from None
+            raise MooncakeUnavailable(_missing(error)) from None
         self.engine: Any = TransferEngine()
         status = self.engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
         if status != 0:

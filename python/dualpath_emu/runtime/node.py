@@ -56,7 +56,7 @@ from typing import Any, Final, TypeVar
 
 from dualpath_emu._core import Core
 from dualpath_emu.config import ScenarioError
-from dualpath_emu.errors import UsageError
+from dualpath_emu.errors import BackendUnavailable, UsageError
 from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
@@ -387,7 +387,7 @@ def serve_process(
     except StoppedError as error:
         status = EXIT_STOPPED
         print(f"process {name!r}: {error}", file=sys.stderr)
-    except DataPlaneError as error:
+    except (DataPlaneError, BackendUnavailable) as error:
         status = EXIT_FAILED
         print(f"process {name!r}: {error}\nseed {scenario.seed}", file=sys.stderr)
     finally:
