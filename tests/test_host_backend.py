@@ -54,8 +54,8 @@ def test_a_host_run_moves_and_verifies_real_bytes(tmp_path: Path, system: str, t
     assert host["blocks_written"] > 0 and host["bytes_written"] > 0
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0
     assert host["network_bytes_mismatched"] == host["rejected_frames"] == 0
-    # Scaled: a Full Block of DS 27B (1.26 MB) is 1,260 real bytes, stored in one 4 KiB O_DIRECT page.
-    assert host["bytes_read"] == host["blocks_read"] * 4096
+    # Scaled: a Full Block of DS 27B (1.26 MB) is 1,260 real bytes, stored in 1,536 (512-byte O_DIRECT units) or 4,096.
+    assert host["bytes_read"] == host["blocks_read"] * host["block_stride"] and host["block_stride"] in (1536, 4096)
     kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
     assert {"PE→DE", "write-back", "storage read (PE)", "forward pass"} <= kinds
     if system == "dualpath":

@@ -57,7 +57,7 @@ def opens(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 def test_written_blocks_read_back_verified_and_laid_out_as_documented(tmp_path: Path, block_bytes: int) -> None:
     with BlockStore(tmp_path, block_bytes) as store:
         stride = store.stride
-        assert stride % ALIGN == 0 and stride - ALIGN < block_bytes <= stride
+        assert store.align in (512, ALIGN) and stride % store.align == 0 and stride - store.align < block_bytes <= stride
 
         async def go() -> tuple[IoResult, IoResult, IoResult]:
             return await store.write(7, 0, 5), await store.read(7, 0, 5), await store.read(7, 2, 3)
@@ -142,9 +142,9 @@ def test_a_wrong_byte_or_header_is_mismatched_at_once(tmp_path: Path) -> None:
         result = asyncio.run(store.read(4, 0, 4, wait_s=2.0))
         assert (result.verified_blocks, result.mismatched_blocks, result.retries) == (2, 2, 0)
         assert result.wall_s < 1.0
-    with BlockStore(tmp_path, 5000) as padded:  # stride 8 KiB: zeros from byte 5000
+    with BlockStore(tmp_path, 5000) as padded:  # stride 5,120 (or 8,192) bytes: zeros from byte 5000
         padded.seed(5, 0, 1)
-        _flip(padded.path(5), 6000)
+        _flip(padded.path(5), 5050)
         result = asyncio.run(padded.read(5, 0, 1, wait_s=2.0))
         assert (result.mismatched_blocks, result.retries) == (1, 0)
 

@@ -459,6 +459,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     real: Counter[str] = Counter()
     violations: list[str] = []
     direct: set[str] = set()
+    strides: set[int] = set()
     measured: dict[str, PathStats] = {}
     for name in processes:
         part = msgpack.unpackb((run_dir / f"{name}.part").read_bytes(), strict_map_key=False).get("host")
@@ -474,6 +475,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         if part["store"] is not None:
             stats = part["store"]
             direct.add("O_DIRECT" if stats["direct_io"] else f"buffered ({stats['direct_io_reason']})")
+            strides.add(int(stats["stride"]))
             store.update({k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)})
         if part["failure"]:
             violations.append(f"process {name!r}: real work failed: {part['failure']}")
@@ -495,6 +497,7 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         "byte_scale": app.byte_scale,
         "transfer_engine": app.transfer_engine,
         "storage_io": sorted(direct),
+        "block_stride": max(strides, default=0),
         "gpu_copies": "modelled (no GPU): H2D and D2H run on each process's core",
         "blocks_written": store["blocks_written"], "blocks_read": store["blocks_read"],
         "bytes_written": store["bytes_written"], "bytes_read": store["bytes_read"],

@@ -11,7 +11,8 @@ Layout
     Several OS processes (one per node) share one storage directory, as they would a 3FS or NFS mount, each
     with its own :class:`BlockStore` on it. A *context* (one agent's token stream: blocks 0, 1, 2… of its KV)
     is one file, ``root / f"ctx-{context:08d}.kv"``; its block *i* lies at offset *i* × ``stride``, where
-    ``stride`` is ``block_bytes`` rounded up to 4096 bytes (the O_DIRECT alignment). A block is a 32-byte
+    ``stride`` is ``block_bytes`` rounded up to the O_DIRECT alignment (512 bytes where the device's logical
+    blocks are, probed; else 4096). A block is a 32-byte
     header (magic ``DPKV``, format version, context, block, block_bytes: little-endian ``<4sIQQQ``), then a
     pattern derived from (context, block) alone: 64-bit words (word index × an odd constant) XOR a 64-bit
     mix of context and block, the header standing in for the first four words. The bytes from
@@ -60,9 +61,12 @@ from typing import Any, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ALIGN", "BlockStore", "HostStorageError", "IoResult"]
+__all__ = ["ALIGN", "SMALL_ALIGN", "BlockStore", "HostStorageError", "IoResult"]
 
-ALIGN: Final = 4096  # O_DIRECT alignment of buffers, offsets and sizes; the stride is a multiple of it
+ALIGN: Final = 4096  # O_DIRECT alignment of buffers, offsets and sizes where the device asks for pages
+SMALL_ALIGN: Final = 512
+"""The alignment where the device's logical blocks are 512 bytes (most disks; probed): a DS 27B Full Block at
+byte scale 0.001 (1,260 B) then takes 1,536 bytes on disk, not 4,096."""
 _HEADER: Final = struct.Struct("<4sIQQQ")  # magic, version, context, block, block_bytes: 32 bytes
 _MAGIC: Final = b"DPKV"
 _VERSION: Final = 1
@@ -175,8 +179,8 @@ class BlockStore:
         self.root: Final = Path(root)
         if not self.root.is_dir():
             raise HostStorageError(f"root {self.root}: not a directory")
-        self.stride: Final = -(-block_bytes // ALIGN) * ALIGN
-        self.direct_io, self.direct_io_reason = self._probe(direct)
+        self.direct_io, self.direct_io_reason, self.align = self._probe(direct)
+        self.stride: Final = -(-block_bytes // self.align) * self.align
         self._flags = getattr(os, "O_DIRECT", 0) if self.direct_io else 0
         self._chunk_blocks = max(1, _CHUNK_BYTES // self.stride)
         self._words = self.stride // 8
@@ -291,8 +295,9 @@ class BlockStore:
 
     # --- the work -------------------------------------------------------------------------------------------
 
-    def _probe(self, direct: bool | None) -> tuple[bool, str]:
-        """Whether to use O_DIRECT, and the reason when not; checks on the way that ``root`` is writable."""
+    def _probe(self, direct: bool | None) -> tuple[bool, str, int]:
+        """Whether to use O_DIRECT, the reason when not, and the alignment of I/O (:data:`ALIGN`, or
+        :data:`SMALL_ALIGN` where the device takes it); checks on the way that ``root`` is writable."""
         probe = self.root / f".probe-{os.getpid()}-{uuid.uuid4().hex}"
         try:
             os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
@@ -300,39 +305,50 @@ class BlockStore:
             raise HostStorageError(f"root {self.root}: not a writable directory ({err.strerror or err})") from err
         try:
             if direct is False:
-                return False, "buffered I/O asked for (direct=False)"
-            reason = self._try_direct(probe)
+                return False, "buffered I/O asked for (direct=False)", SMALL_ALIGN
+            reason, align = self._try_direct(probe)
         finally:
             probe.unlink(missing_ok=True)
         if not reason:
-            return True, ""
+            return True, "", align
         if direct:
             raise HostStorageError(f"direct=True, but {reason} (root {self.root})")
-        return False, reason
+        return False, reason, SMALL_ALIGN
 
     @staticmethod
-    def _try_direct(probe: Path) -> str:
+    def _try_direct(probe: Path) -> tuple[str, int]:
         o_direct: int = getattr(os, "O_DIRECT", 0)
         if not o_direct:
-            return "os.O_DIRECT does not exist on this platform"
+            return "os.O_DIRECT does not exist on this platform", ALIGN
         try:
             fd = os.open(probe, os.O_RDWR | o_direct)
         except OSError as err:
             if err.errno != errno.EINVAL:
                 raise HostStorageError(f"open {probe} with O_DIRECT: {err.strerror or err}") from err
-            return "the file system refuses O_DIRECT (EINVAL on open)"
-        buffer = mmap.mmap(-1, ALIGN)
+            return "the file system refuses O_DIRECT (EINVAL on open)", ALIGN
+        buffer = mmap.mmap(-1, 2 * ALIGN)
         try:
             os.pwrite(fd, buffer, 0)
             os.preadv(fd, [buffer], 0)
         except OSError as err:
+            os.close(fd)
+            _unmap(buffer)
             if err.errno != errno.EINVAL:
                 raise HostStorageError(f"I/O on {probe} with O_DIRECT: {err.strerror or err}") from err
-            return "the file system refuses O_DIRECT (EINVAL on the first I/O)"
+            return "the file system refuses O_DIRECT (EINVAL on the first I/O)", ALIGN
+        try:  # most devices' logical blocks are 512 bytes: then so is O_DIRECT's alignment
+            with memoryview(buffer) as view:
+                os.pwrite(fd, view[:SMALL_ALIGN], SMALL_ALIGN)
+                os.preadv(fd, [view[:SMALL_ALIGN]], SMALL_ALIGN)
+            align = SMALL_ALIGN
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise HostStorageError(f"I/O on {probe} with O_DIRECT: {err.strerror or err}") from err
+            align = ALIGN
         finally:
             os.close(fd)
             _unmap(buffer)
-        return ""
+        return "", align
 
     def _check(self, context: int, first_block: int, n_blocks: int) -> None:
         if self._closed:
@@ -444,8 +460,8 @@ class BlockStore:
             if np.array_equal(block_words, block_expected):
                 statuses.append(_OK)
                 continue
-            pages = block_words.reshape(-1, ALIGN // 8)
-            differs = (pages != block_expected.reshape(-1, ALIGN // 8)).any(axis=1)
+            pages = block_words.reshape(-1, self.align // 8)
+            differs = (pages != block_expected.reshape(-1, self.align // 8)).any(axis=1)
             zero = ~pages.any(axis=1)  # a page not written yet reads as zeros
             statuses.append(_CORRUPT if (differs & ~zero).any() else _PENDING)
         return statuses
