@@ -185,8 +185,12 @@ class BlockStore:
         self._chunk_blocks = max(1, _CHUNK_BYTES // self.stride)
         self._words = self.stride // 8
         self._base: _Words = np.arange(self._words, dtype=np.uint64) * np.uint64(_WORD_MUL)
-        self._buffers = _Buffers(self._chunk_blocks * self.stride, keep=threads)
+        writers = max(1, threads // 2)
+        self._buffers = _Buffers(self._chunk_blocks * self.stride, keep=threads + writers)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockstore")
+        # Writes have threads of their own: a write-back never waits behind a node's reads (a storage NIC's
+        # two directions are two ports in the model).
+        self._write_pool = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="blockstore-write")
         self._local = threading.local()  # each thread's scratch array of expected contents
         self._lock = threading.Lock()
         self._totals: dict[str, int | float] = dict.fromkeys(
@@ -206,7 +210,7 @@ class BlockStore:
         self._check(context, first_block, n_blocks)
         start = time.perf_counter()
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._pool, self._write_chunk, context, first, count)
+        await asyncio.gather(*(loop.run_in_executor(self._write_pool, self._write_chunk, context, first, count)
                                for first, count in self._chunks(first_block, n_blocks)))
         result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start)
         self._count(result, "written", "writes", "write_wall_s")
@@ -269,6 +273,7 @@ class BlockStore:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
+        self._write_pool.shutdown(wait=True)
         self._buffers.close()
 
     def remove_all(self) -> int:
