@@ -30,7 +30,7 @@ from pathlib import Path
 
 from dualpath_emu._core import Arbitration
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
-from dualpath_emu.host.pacing import ISOLATING_WINDOW_S, Grant, Pacer
+from dualpath_emu.host.pacing import Grant, Pacer
 from dualpath_emu.host.transport import ByteChannel
 
 __all__ = ["IsolationResult", "measure_isolation"]
@@ -62,8 +62,7 @@ async def _run(folder: Path, *, isolated: bool, background: bool, rate: float, c
             if last:
                 del jobs[tag]
 
-    pacer = Pacer(rate, chunk, time.monotonic_ns, on_grants, arbitration=Arbitration.paper() if isolated else None,
-                  window_s=ISOLATING_WINDOW_S)  # fmt: skip
+    pacer = Pacer(rate, chunk, time.monotonic_ns, on_grants, arbitration=Arbitration.paper() if isolated else None)
     tags = iter(range(1, 1 << 62))
 
     def send(dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
@@ -92,7 +91,7 @@ async def _run(folder: Path, *, isolated: bool, background: bool, rate: float, c
             started = time.perf_counter()
             await sender.push("rx", collective_bytes, MODEL_LANE, 0)
             latencies.append(time.perf_counter() - started)
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0)  # back to back: every trial starts with the bucket as the last left it
     finally:
         stop.set()
         for task in streams:

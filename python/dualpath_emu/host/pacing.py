@@ -7,9 +7,12 @@ hands them to ``on_grants`` in grant order: the caller moves those bytes for rea
 read). So a high-lane chunk enqueued behind a backlog of low-lane chunks goes next, as on an InfiniBand port
 with VL arbitration; without an arbitration every lane shares one FIFO (no isolation).
 
-The bucket holds ``window_s`` of the rate (at least one chunk): what a wake-up grants goes to the real link
-at once, past the arbiter, so the window is also how long a high-lane chunk may wait behind low-lane bytes
-already handed over (:data:`ISOLATING_WINDOW_S`; a real NIC's is its in-flight packets, microseconds).
+The pacer wakes as soon as the bucket allows a chunk, which the event loop's timers round up to about a
+millisecond (epoll waits in whole milliseconds), and each wake-up grants what the time since the last one
+earned. What it grants goes to the real link at once, past the arbiter: a high-lane chunk may wait behind
+about one wake-up's low-lane bytes (a real NIC's in-flight packets take microseconds). The bucket holds
+:data:`BURST_S` of the rate, so a wake-up that comes late still gets the bytes its lateness earned (a
+bucket of one millisecond lost half the rate to the loop's lateness).
 """
 
 from __future__ import annotations
@@ -19,13 +22,10 @@ from collections.abc import Callable
 
 from dualpath_emu._core import Arbitration, PacketPort
 
-__all__ = ["Grant", "ISOLATING_WINDOW_S", "Pacer", "WINDOW_S"]
+__all__ = ["BURST_S", "Grant", "Pacer"]
 
-WINDOW_S = 1e-3
-"""How long a pacer's bucket holds of its rate, by default."""
-ISOLATING_WINDOW_S = 1e-3
-"""The window of a port whose lanes must hold (a compute NIC carrying model and KV traffic): no shorter than
-the event loop's timer resolution (epoll waits in whole milliseconds), or the port falls behind its rate."""
+BURST_S = 5e-3
+"""How long of its rate a pacer's bucket holds."""
 
 Grant = tuple[int, int, int, bool]
 """A chunk granted: ``(tag, lane, bytes, last chunk of its message)``."""
@@ -45,9 +45,9 @@ class Pacer:
         on_grants: Callable[[list[Grant]], None],
         *,
         arbitration: Arbitration | None = None,
-        window_s: float = WINDOW_S,
+        burst_s: float = BURST_S,
     ) -> None:
-        burst = max(float(chunk_bytes), rate_bytes_per_s * window_s)
+        burst = max(float(chunk_bytes), rate_bytes_per_s * burst_s)
         self.port = PacketPort(rate_bytes_per_s, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst)
         self._clock_ns = clock_ns
         self._on_grants = on_grants

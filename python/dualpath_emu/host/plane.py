@@ -39,7 +39,7 @@ from typing import Any
 from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
 from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
-from dualpath_emu.host.pacing import ISOLATING_WINDOW_S, WINDOW_S, Grant, Pacer
+from dualpath_emu.host.pacing import Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents
@@ -248,9 +248,7 @@ class HostLoop(RealTimeLoop):
         pacer = self._pacers.get(port)
         if pacer is None:
             rate = self.plan.port_rate[port] * self.plan.byte_scale
-            window = ISOLATING_WINDOW_S if arbitration is not None else WINDOW_S
-            pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants,
-                                               arbitration=arbitration, window_s=window)  # fmt: skip
+            pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants, arbitration=arbitration)
             pacer.start(self)
         return pacer
 
