@@ -308,7 +308,7 @@ class ClusterApplication(Application):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         drives = any(node.process == process for node in plan.nodes)
         store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
-        peers = {name: endpoint for name, endpoint in description.data_endpoints.items() if name != process}
+        peers = dict(description.data_endpoints)  # itself too: its nodes may send to each other (one process)
         channel = ByteChannel(process, description.data_endpoints[process], peers, keys, engine=self.transfer_engine)
         self._host = HostLoop(core, plan, process, channel, store)
         return self._host

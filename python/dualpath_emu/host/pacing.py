@@ -46,11 +46,13 @@ class Pacer:
         *,
         arbitration: Arbitration | None = None,
         burst_s: float = BURST_S,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         burst = max(float(chunk_bytes), rate_bytes_per_s * burst_s)
         self.port = PacketPort(rate_bytes_per_s, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst)
         self._clock_ns = clock_ns
         self._on_grants = on_grants
+        self._on_error = on_error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._due_ns: int | None = None
@@ -88,7 +90,13 @@ class Pacer:
         self._timer, self._due_ns = None, None
         grants = self.port.grant(self._clock_ns())
         if grants:
-            self._on_grants(grants)
+            try:
+                self._on_grants(grants)
+            except Exception as error:  # a loop callback: the loop would only log it
+                if self._on_error is None:
+                    raise
+                self._on_error(error)
+                return
         at = self.port.next_grant_ns(self._clock_ns())
         if at is not None:
             self._wake_at(at)

@@ -43,6 +43,7 @@ from dualpath_emu.host.pacing import Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents
+from dualpath_emu.runtime.dataplane import DataPlaneError
 from dualpath_emu.runtime.realtime import RealTimeLoop
 
 __all__ = ["HostDataError", "HostLoop", "HostPlan", "NodeRoute"]
@@ -136,6 +137,7 @@ class HostLoop(RealTimeLoop):
         self._detached: set[asyncio.Task[Any]] = set()
         self.own_nodes = frozenset(n.index for n in plan.nodes if n.process == process)
         self.failure: BaseException | None = None
+        self._main: asyncio.Future[Any] | None = None
 
     # --- the data-plane interface ----------------------------------------------------------------------
 
@@ -181,8 +183,14 @@ class HostLoop(RealTimeLoop):
         """Run ``main`` (the process's actors) with the byte channel open; then finish this process's real
         work (write-backs) and keep answering peers until the channel has been quiet a while."""
         await self.channel.open()
+        task = self._main = asyncio.ensure_future(main)
         try:
-            return await main
+            return await task
+        except asyncio.CancelledError:
+            if self.failure is None:
+                raise
+            raise HostDataError(f"process {self.process!r}: the host data plane failed: "
+                                f"{type(self.failure).__name__}: {self.failure}") from self.failure
         finally:
             await self._drain()
             await self.channel.close()
@@ -233,9 +241,12 @@ class HostLoop(RealTimeLoop):
         task.add_done_callback(self._detached.discard)
 
     def _fail(self, error: BaseException) -> None:
+        """Real work nobody waits for failed (a write-back, a chunk a pacer could not send): end this process's
+        run with the error rather than let the actors wait for what will never come."""
         if self.failure is None:
             self.failure = error
-        self.call_exception_handler({"message": "host data plane: detached work failed", "exception": error})
+        if self._main is not None and not self._main.done():
+            self._main.cancel()
 
     def _book(self, path: tuple[int, ...], lane: int, size: int) -> None:
         for port in path:
@@ -248,7 +259,8 @@ class HostLoop(RealTimeLoop):
         pacer = self._pacers.get(port)
         if pacer is None:
             rate = self.plan.port_rate[port] * self.plan.byte_scale
-            pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants, arbitration=arbitration)
+            pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants, arbitration=arbitration,
+                                               on_error=self._fail)  # fmt: skip
             pacer.start(self)
         return pacer
 
@@ -423,7 +435,7 @@ async def _until(loop: HostLoop, at_ns: int) -> None:
         await asyncio.sleep(delay / 1e9)
 
 
-class HostDataError(RuntimeError):
+class HostDataError(DataPlaneError):
     """Real bytes came back wrong: a block read did not match what was written."""
 
 
