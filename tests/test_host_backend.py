@@ -320,3 +320,48 @@ def test_a_pacer_hands_its_callbacks_errors_on_instead_of_losing_them() -> None:
 
     asyncio.run(main())
     assert len(errors) == 1 and isinstance(errors[0], ConnectionError)
+
+
+def test_a_host_run_started_by_hand_on_two_hosts_shares_only_its_storage(tmp_path: Path) -> None:
+    # Two "hosts" on this machine, 127.0.0.1 (client, scheduler) and 127.0.0.2 (the engine groups), each with
+    # its own copy of the run directory; CURVE on every tcp socket, the byte channels' included; the KV blocks
+    # in one directory both mount, as a 3FS or NFS mount would be.
+    import shutil
+
+    from dualpath_emu.cluster.live import collect_dir, host_commands, prepare_live
+
+    host_a, host_b, shared = tmp_path / "a", tmp_path / "b", tmp_path / "kv"
+    shared.mkdir(mode=0o700)
+    with pytest.raises(ValueError, match="storage_dir"):
+        prepare_live(config(), SYSTEMS["dualpath"], work(), run_dir=tmp_path / "x", backend="host")
+    commands = prepare_live(config(), SYSTEMS["dualpath"], work(), run_dir=host_a, hosts=[("pe*", "127.0.0.2"),
+                            ("de*", "127.0.0.2")], port_base=47_500, backend="host", byte_scale=SCALE,
+                            storage_dir=str(shared))  # fmt: skip
+    assert "dataplane" not in {name for _, name, _ in commands} and commands[-1][1] == "client"
+    run_toml = (host_a / "run.toml").read_text()
+    assert 'backend = "host"' in run_toml and 'data_endpoint = "tcp://127.0.0.2:' in run_toml
+    shutil.copytree(host_a, host_b)
+    children = []
+    for host, command in host_commands(host_a, commands):
+        words = command.split()
+        folder = host_b if host == "127.0.0.2" else host_a
+        words[words.index("--run-dir") + 1] = str(folder)
+        words[2] = str(folder / "run.toml")
+        children.append(subprocess.Popen([sys.executable, "-m", "dualpath_emu.cli", *words[1:]],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))  # fmt: skip
+    try:
+        codes = [child.wait(timeout=90) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    assert codes == [0] * len(children)
+    for pattern in ("*.part", "*.events", "*.json"):
+        for path in host_b.glob(pattern):
+            if path.stem in ("pe0", "de1"):
+                shutil.copy2(path, host_a / path.name)
+    result, _ = collect_dir(host_a)  # every request ended once, every byte accounted, or it raises
+    host = result.extra["host"]
+    assert result.turns == 24 and result.extra["backend"] == "host" and result.extra["processes"] == 4
+    assert host["verified_read_bytes"] > 0 and host["mismatched_blocks"] == 0
+    assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0
+    assert not list(shared.glob("ctx-*.kv"))  # collect removed the run's blocks

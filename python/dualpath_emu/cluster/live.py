@@ -376,6 +376,7 @@ def run_scenario_text(
     processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
     endpoints: Mapping[str, str] | None = None, dataplane_endpoint: str | None = None,
     backend: str = "model", byte_scale: float = DEFAULT_BYTE_SCALE, storage_dir: str = "", transfer_engine: str = "zmq",
+    data_endpoints: Mapping[str, str] | None = None,
 ) -> str:
     """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`.
     ``endpoints`` (process name -> endpoint) and ``dataplane_endpoint`` fix where processes bind (a run
@@ -395,6 +396,8 @@ def run_scenario_text(
         lines += ["[[process]]", f"name = {q(name)}", "actors = [" + ", ".join(q(a) for a in actors) + "]"]
         if endpoints and name in endpoints:
             lines.append(f"endpoint = {q(endpoints[name])}")
+        if data_endpoints and name in data_endpoints:
+            lines.append(f"data_endpoint = {q(data_endpoints[name])}")
         lines.append("")
     text = "\n".join(lines)
     tomllib.loads(text)  # what we write must read back
@@ -675,21 +678,34 @@ def prepare_live(
     default_host: str = "127.0.0.1",
     port_base: int = 47_100,
     timeout_s: float = 86_400.0,
+    backend: str = "model",
+    byte_scale: float = DEFAULT_BYTE_SCALE,
+    storage_dir: str = "",
+    transfer_engine: str = "zmq",
 ) -> list[tuple[str, str, str]]:
     """Write a live run to be started by hand, on one host or several: the description, the run scenario
     with every process's tcp endpoint (its host by :func:`host_of`, ports from ``port_base``: the data plane's
     first) and the run's CURVE keys. Returns ``(host, process, command)`` in start order: the data plane
     first, the client's process last. Copy ``run_dir`` to every host (keeping its modes), run each host's
     commands there, then gather every host's ``*.part``, ``*.events`` and ``*.json`` files into one copy and
-    run ``dualpath-emu collect DIR``."""
+    run ``dualpath-emu collect DIR``. On the host backend (``backend="host"``) there is no data plane: each
+    process also gets a byte channel endpoint (ports from ``port_base + 50``), and ``storage_dir`` must be a
+    directory every host mounts (the KV blocks one host writes, another reads)."""
     from dualpath_emu.runtime.launcher import prepare
+    host = backend == "host"
+    if host and not storage_dir:
+        raise ValueError("a host-backend run started by hand needs [host] storage_dir: a directory every host "
+                         "mounts (the KV blocks one host writes, another reads)")  # fmt: skip
     _write_description(run_dir, config, system, trajectories, seed)
     processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
-    names = [DATAPLANE_PROCESS] + [name for name, _ in processes]
+    names = ([] if host else [DATAPLANE_PROCESS]) + [name for name, _ in processes]
     endpoints = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + i}" for i, name in enumerate(names)}
+    data = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + 50 + i}" for i, name in enumerate(names)}
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport="tcp", host=default_host, timeout_s=timeout_s,
-        processes=processes, endpoints=endpoints, dataplane_endpoint=endpoints[DATAPLANE_PROCESS],
+        processes=processes, endpoints=endpoints, dataplane_endpoint=None if host else endpoints[DATAPLANE_PROCESS],
+        backend=backend, byte_scale=byte_scale, storage_dir=storage_dir, transfer_engine=transfer_engine,
+        data_endpoints=data if host else None,
     )  # fmt: skip
     _write_private(run_dir / RUN_SCENARIO, text.encode())
     commands = prepare(load_run_scenario(run_dir / RUN_SCENARIO), run_dir)
@@ -728,7 +744,10 @@ def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
                             "*.events and *.json files here)")  # fmt: skip
     wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in names)
     result, _ = collect(run, run_dir, wall_s)
+    service = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
     result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",
-                         "processes": len(names) + 1,
-                         "process_actors": {DATAPLANE_PROCESS: [], **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip
+                         "backend": run.backend, "processes": len(names) + len(service),
+                         "process_actors": {**service, **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip
+    if run.backend == "host":  # the run is over: its KV blocks go (in the shared directory, only its files)
+        _remove_blocks(Path(app.storage_dir) if app.storage_dir else run_dir / STORAGE_DIR)
     return result, app

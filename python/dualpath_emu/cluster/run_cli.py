@@ -218,10 +218,14 @@ def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: 
     if not 1024 <= args.port_base <= 65_535 - 1024:
         raise UsageError(f"--port-base: expected a port in [1024, 64511], got {args.port_base}")
     name = scenario.systems[0]
+    if scenario.backend == "host" and not scenario.storage_dir:
+        raise UsageError("--prepare with --backend host: set [host] storage_dir (e.g. --set host.storage_dir=/mnt/kv) "
+                         "to a directory every host mounts: the KV blocks one host writes, another reads")
     commands = prepare_live(
         scenario.config, scenario.system(name), trajectories, run_dir=args.prepare, seed=scenario.seed,
         time_scale=args.time_scale, placement_kind=args.placement, hosts=hosts, default_host=args.host,
-        port_base=args.port_base, timeout_s=args.timeout,
+        port_base=args.port_base, timeout_s=args.timeout, backend=scenario.backend, byte_scale=scenario.byte_scale,
+        storage_dir=scenario.storage_dir, transfer_engine=scenario.transfer_engine,
     )  # fmt: skip
     console.print(f"wrote the live run of {name} to {args.prepare}. Copy it to every host, at the same path (scp -rp "
                   "keeps the modes the keys need); on each host run its command, in this order; then gather every "

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +198,17 @@ class HostLoop(RealTimeLoop):
                 pacer.stop()
             if self.store is not None:
                 self.store.close()
+
+    def when_stop_requested(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` when the driver's process says the run is complete (over the channel)."""
+        self.channel.on_stop = callback
+
+    async def say_bye(self, run_complete: bool) -> None:
+        """This process's actors are done; the driver's, its run complete, tells every other process to stop
+        (what the data-plane service does on the model backend)."""
+        self.flush()
+        if run_complete:
+            self.channel.stop_peers("the run is complete")
 
     async def _drain(self) -> None:
         deadline = time.perf_counter() + DRAIN_MAX_S

@@ -22,6 +22,7 @@ kind        fields
 data        ``job, offset, last: bool, ack: bool`` + payload frame (``ack``: the sender waits for an ack)
 ack         ``job, bytes_received, bytes_mismatched``
 pull        ``job, nbytes, lane, port`` (``port``: the source's sending port, for its pacer)
+stop        ``reason`` (the driver's process completed the run: stop the actors; :meth:`ByteChannel.stop_peers`)
 ==========  ==============================================================================================
 
 Security, as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys
@@ -45,9 +46,10 @@ import zmq
 import zmq.asyncio
 
 from dualpath_emu.errors import SecurityError
+from dualpath_emu.runtime.dataplane import DataPlaneError
 from dualpath_emu.runtime.security import RunKeys, check_private_ipc, start_authenticator
 
-__all__ = ["ENGINES", "ByteChannel", "ChannelStats", "PATTERN_BYTES", "pattern_region", "pattern_slice"]
+__all__ = ["ENGINES", "ByteChannel", "ChannelError", "ChannelStats", "PATTERN_BYTES", "pattern_region", "pattern_slice"]
 
 ENGINES: Final = ("zmq", "mooncake")
 """What carries the bytes: ZeroMQ frames (default) or Mooncake's Transfer Engine (:mod:`dualpath_emu.host.mooncake`)."""
@@ -56,6 +58,8 @@ _log = logging.getLogger(__name__)
 
 HWM: Final = 1024
 """Messages a socket queues per peer each way (then a sender waits)."""
+CLOSE_LINGER_MS: Final = 2000
+"""How long a closing channel keeps trying to deliver what it posted last."""
 PATTERN_BYTES: Final = 1 << 20
 """The length of the byte pattern chunks are cut from (a chunk is at most this long)."""
 _PATTERN: Final = bytes((i * 131 + (i >> 8) * 7 + 17) & 0xFF for i in range(2 * PATTERN_BYTES))
@@ -75,6 +79,10 @@ def pattern_slice(job: int, offset: int, nbytes: int) -> memoryview:
 def pattern_region() -> bytes:
     """The whole pattern region (twice :data:`PATTERN_BYTES`: any chunk is one slice of it)."""
     return _PATTERN
+
+
+class ChannelError(DataPlaneError):
+    """The byte channel cannot work (its endpoint cannot be bound, say)."""
 
 
 @dataclass
@@ -141,6 +149,8 @@ class ByteChannel:
     """Mooncake: the slot of our receive region each sending peer writes to."""
     _outgoing: dict[str, asyncio.Queue[tuple[int, int, int, bool, bool]]] = field(default_factory=dict)
     _executor: Any = None
+    on_stop: Callable[[str], None] | None = None
+    """Called with the reason when a peer says the run is complete (``stop``)."""
     last_activity_s: float = field(default_factory=time.perf_counter)
     """When a frame last arrived (perf_counter seconds)."""
 
@@ -154,7 +164,11 @@ class ByteChannel:
         self._tune(router)
         if self.keys is not None:
             self.keys.make_server(router)
-        router.bind(self.bind)
+        try:
+            router.bind(self.bind)
+        except zmq.ZMQError as error:
+            router.close(linger=0)
+            raise ChannelError(f"process {self.name!r}: cannot bind its byte channel at {self.bind}: {error}") from None
         self._router = router
         self._tasks.append(asyncio.get_running_loop().create_task(self._receive(), name="bytes:router"))
         if self.engine == "mooncake":
@@ -175,8 +189,10 @@ class ByteChannel:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        for socket in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
-            socket.close(linger=0)
+        for socket in self._dealers.values():
+            socket.close(linger=CLOSE_LINGER_MS)  # what was posted last (a stop, an ack) still goes out
+        if self._router is not None:
+            self._router.close(linger=0)
         self._dealers.clear()
         self._router = None
         if self._authenticator is not None:
@@ -249,6 +265,12 @@ class ByteChannel:
             target = self._targets[peer] = asyncio.get_running_loop().create_future()
             self._post(peer, [msgpack.packb(["mc-hello", self._wire.endpoint])])
         return target
+
+    def stop_peers(self, reason: str) -> None:
+        """Tell every other process of the run that it is complete (the driver's process, at its end)."""
+        for peer in self.peers:
+            if peer != self.name:
+                self._post(peer, [msgpack.packb(["stop", reason])])
 
     def _new_job(self) -> int:
         job, self._next_job = self._next_job, self._next_job + 1
@@ -331,6 +353,9 @@ class ByteChannel:
                 raise ValueError(f"a chunk from {peer!r} outside its slot")
             data = self._wire.received(self._slots[peer] * SLOT_BYTES + cursor, nbytes)
             self._on_data(peer, int(job), int(offset), bool(last), bool(ack), data)
+        elif kind == "stop" and len(header) == 2:
+            if self.on_stop is not None:
+                self.on_stop(str(header[1]))
         elif kind == "mc-hello" and len(header) == 2 and self._wire is not None:
             from dualpath_emu.host.mooncake import SLOT_BYTES, SLOTS
 

@@ -175,7 +175,7 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
         _endpoint(scenario, DATAPLANE_PROCESS, scenario.dataplane_endpoint, socket_dir) if scenario.uses_dataplane else None
     )
     data = (
-        {spec.name: _endpoint(scenario, spec.name + ".data", None, socket_dir) for spec in scenario.processes}
+        {spec.name: _endpoint(scenario, spec.name + ".data", spec.data_endpoint, socket_dir) for spec in scenario.processes}
         if scenario.backend == "host" else {}
     )  # fmt: skip
     return RunDescription(
@@ -188,7 +188,7 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
         heartbeat_timeout_s=scenario.heartbeat_timeout_s,
         keys=keys,
         data_endpoints=data,
-        clock_origin_ns=time.monotonic_ns() if scenario.backend == "host" else None,
+        clock_origin_ns=time.time_ns() if scenario.backend == "host" else None,
     )
 
 

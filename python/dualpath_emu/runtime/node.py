@@ -250,8 +250,8 @@ async def _serve(
     app = scenario.app
     loop = asyncio.get_running_loop()
     stop = _stop_event(watch_stdin)
-    if isinstance(loop, RemoteDataPlaneLoop):
-        loop.when_stop_requested(lambda reason: stop.set())  # the driver's process completed the run
+    if isinstance(loop, RemoteDataPlaneLoop) or hasattr(loop, "when_stop_requested"):  # (the host backend's too)
+        loop.when_stop_requested(lambda reason: stop.set())  # type: ignore[attr-defined]  # the driver's process completed the run
     if launcher is not None:
         launcher.start(loop, scenario.time_scale)
     summary: dict[str, Any] | None = None
@@ -274,10 +274,11 @@ async def _serve(
             summary = None
     finally:
         await system.close()
-        if isinstance(loop, RemoteDataPlaneLoop):
+        if isinstance(loop, RemoteDataPlaneLoop) or hasattr(loop, "say_bye"):
             # The actors are done: what they asked for is submitted, then bye (the driver's, once its run is
-            # complete, has the data plane tell the other processes to stop).
-            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)
+            # complete, has the data plane -- on the host backend, its own byte channel -- tell the other
+            # processes to stop).
+            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)  # type: ignore[attr-defined]
         elif isinstance(loop, RealTimeLoop) and summary is not None:
             # A one-process run owns its core: let the work still in it (detached write-backs) finish, as the
             # data plane drains before it reports, so that every byte asked for is accounted.
@@ -322,9 +323,9 @@ def serve_process(
     keys = _load_keys(description, name)
     try:
         if scenario.backend == "host":
-            # Every process's core on one clock: the launcher's origin on this host's monotonic clock.
-            origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.monotonic_ns()
-            elapsed = max(0, time.monotonic_ns() - origin)
+            # Every process's core on one clock: the launcher's origin on the hosts' real-time clock.
+            origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
+            elapsed = max(0, time.time_ns() - origin)
             core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
             app.build_core(core)
             loop = app.host_loop(core, name, scenario, description, keys, run_dir)

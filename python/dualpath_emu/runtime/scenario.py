@@ -30,6 +30,7 @@ and runs by name: ``dualpath-emu launch pipeline``)::
     name = "source"
     actors = ["source"]
     endpoint = "tcp://10.0.0.2:5555"   # optional: where this process binds (multi-host by hand)
+    data_endpoint = "tcp://10.0.0.2:5556"  # optional, host backend: where its byte channel binds
 
 Every key has the default shown; unknown keys and bad values are :class:`~dualpath_emu.config.ScenarioError`\\ s
 naming the file and the key. A real-time run of more than one process gets one more, the data-plane service
@@ -84,11 +85,13 @@ RUN_DESCRIPTION: Final = "run.json"
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One OS process of a real-time run: its name, its actors and, optionally, its fixed endpoint."""
+    """One OS process of a real-time run: its name, its actors and, optionally, its fixed endpoint (and, on
+    the host backend, its byte channel's)."""
 
     name: str
     actors: tuple[str, ...]
     endpoint: str | None = None
+    data_endpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -202,8 +205,11 @@ def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
         endpoint = table.get_str("endpoint", "") or None
         if endpoint is not None and not endpoint.startswith(("ipc://", "tcp://")):
             raise table.error("endpoint", "an ipc:// or tcp:// address", endpoint)
+        data_endpoint = table.get_str("data_endpoint", "") or None
+        if data_endpoint is not None and not data_endpoint.startswith(("ipc://", "tcp://")):
+            raise table.error("data_endpoint", "an ipc:// or tcp:// address", data_endpoint)
         table.finish()
-        specs.append(ProcessSpec(name, tuple(hosted), endpoint))
+        specs.append(ProcessSpec(name, tuple(hosted), endpoint, data_endpoint))
     missing = [a for a in actors if a not in placed]
     if missing:
         raise ScenarioError(f"{top.source}: key 'process': actor {missing[0]!r} is in no process")
@@ -230,8 +236,9 @@ class RunDescription:
     data_endpoints: dict[str, str] = field(default_factory=dict)
     """Host backend: where each process's byte channel binds (empty on the model backend)."""
     clock_origin_ns: int | None = None
-    """Host backend: the ``time.monotonic_ns()`` reading that is time 0 of every process's core (one host:
-    the processes share the machine's monotonic clock; the model backend syncs to its data plane instead)."""
+    """Host backend: the ``time.time_ns()`` reading that is time 0 of every process's core: on one host the
+    processes share its clock; across hosts their real-time clocks must agree (NTP), and their offset is an
+    error of the run's times (the model backend measures offsets to its data plane instead)."""
     version: int = 1
 
     def to_json(self) -> dict[str, Any]:
