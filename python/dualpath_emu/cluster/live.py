@@ -621,6 +621,10 @@ def run_live(
 RUN_SCENARIO: Final = "run.toml"
 
 
+MODELLED_ON_HOST: Final = ("H2D", "D2H")
+"""The kinds of transfer a host run models (on each process's core) instead of moving."""
+
+
 def compare_with_model(result: SystemResult, model: SystemResult) -> None:
     """Put the model's figures (a virtual-time run of the same cluster, system and workload, probed by kind)
     next to a host run's measurements: its JCT, and per kind of data movement its count and mean seconds."""
@@ -633,6 +637,8 @@ def compare_with_model(result: SystemResult, model: SystemResult) -> None:
         row["model_count"] = theirs["count"] if theirs else 0
         row["model_mean_s"] = theirs["mean_s"] if theirs else None
         row["model_max_s"] = theirs["max_s"] if theirs else None
+        if kind in MODELLED_ON_HOST:
+            row["modelled_on_host"] = True  # no GPU copies: the host runs them on its core, as the model
 
 
 def _remove_blocks(folder: Path) -> None:

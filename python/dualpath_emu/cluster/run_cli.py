@@ -352,11 +352,12 @@ def _host_table(name: str, r: SystemResult) -> Table:
         table.add_column(header, justify="left" if header == "kind" else "right", no_wrap=True)
     for kind, row in host["paths"].items():
         count = row.get("count", 0)
+        modelled = row.get("modelled_on_host", False)
 
         def ms(key: str, model_key: str, digits: int) -> str:
             model = row.get(model_key)
-            return (f"{_f(1e3 * row[key], digits) if count else '-'}/"
-                    f"{_f(1e3 * model, digits) if model is not None else '-'}")  # fmt: skip
+            mine = "modelled" if modelled else _f(1e3 * row[key], digits) if count else "-"
+            return f"{mine}/{_f(1e3 * model, digits) if model is not None else '-'}"
 
         table.add_row(
             kind, f"{count}/{row.get('model_count', 0)}", ms("mean_s", "model_mean_s", 2), ms("max_s", "model_max_s", 1),
