@@ -398,3 +398,19 @@ def test_os_errors_surface_naming_the_file_and_operation(tmp_path: Path, monkeyp
         with pytest.raises(HostStorageError, match="No space"):
             store.seed(2, 0, 1)
         assert store.stats()["writes"] == 0
+
+
+def test_a_read_of_blocks_this_store_is_still_writing_waits_for_the_write(tmp_path: Path) -> None:
+    # One process's read of its own write-back in flight waits for the write (no polling, no retry); another
+    # store's (another process's) read of the same polls the file until the blocks are there.
+    with BlockStore(tmp_path, 64 * KIB) as store:
+        async def go() -> IoResult:
+            write = asyncio.ensure_future(store.write(3, 0, 32))
+            await asyncio.sleep(0)  # the write has begun
+            read = await store.read(3, 0, 32, wait_s=0.0)
+            await write
+            return read
+
+        result = asyncio.run(go())
+        assert (result.verified_blocks, result.mismatched_blocks, result.retries) == (32, 0, 0)
+        assert store._writing == {}

@@ -37,6 +37,9 @@ I/O and verification
     reading back as zero: another process's write-back still in flight) is re-read with exponential backoff,
     1 ms doubling up to 8 ms a step, up to ``wait_s`` of sleep in all, and counts as mismatched if it never verifies; any other
     difference (a wrong header, a wrong byte of the pattern) counts as mismatched at once.
+
+A read of blocks this store is still writing (a process reading its own write-back in flight) waits for
+the write instead of polling; another process's write-back is polled for as above.
 """
 
 from __future__ import annotations
@@ -198,6 +201,9 @@ class BlockStore:
              "mismatched_blocks", "retries", "seeded_blocks"), 0)
         self._totals.update(read_wall_s=0.0, write_wall_s=0.0)
         self._closed = False
+        self._writing: dict[int, list[tuple[int, int, asyncio.Future[None]]]] = {}
+        """This store's writes in flight, per context: ``(first block, end, done)``. A read of their blocks waits
+        for them here rather than polling the file (a write-back of another process is polled for)."""
 
     # --- the API --------------------------------------------------------------------------------------------
 
@@ -210,8 +216,17 @@ class BlockStore:
         self._check(context, first_block, n_blocks)
         start = time.perf_counter()
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._write_pool, self._write_chunk, context, first, count)
-                               for first, count in self._chunks(first_block, n_blocks)))
+        entry = (first_block, first_block + n_blocks, loop.create_future())
+        writing = self._writing.setdefault(context, [])
+        writing.append(entry)
+        try:
+            await asyncio.gather(*(loop.run_in_executor(self._write_pool, self._write_chunk, context, first, count)
+                                   for first, count in self._chunks(first_block, n_blocks)))
+        finally:
+            entry[2].set_result(None)
+            writing.remove(entry)
+            if not writing:
+                del self._writing[context]
         result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start)
         self._count(result, "written", "writes", "write_wall_s")
         return result
@@ -224,6 +239,10 @@ class BlockStore:
                 or wait_s < 0:
             raise HostStorageError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
         start = time.perf_counter()
+        end = first_block + n_blocks
+        overlapping = [done for first, stop, done in self._writing.get(context, ()) if first < end and first_block < stop]
+        if overlapping:  # written by this store, still in flight: wait for them, then read
+            await asyncio.gather(*overlapping)
         verified = mismatched = retries = 0
         pending = list(range(first_block, first_block + n_blocks))
         delay, slept = _FIRST_BACKOFF_S, 0.0
