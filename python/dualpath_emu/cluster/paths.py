@@ -51,21 +51,24 @@ def _port_nodes(topology: Topology) -> dict[int, int]:
 
 @dataclass
 class PathStats:
-    """What a run measured of one kind of data movement: how many, modelled and real bytes, and the seconds
-    they took (emulated time: in real time, wall × time scale) in total and at most."""
+    """What a run measured of one kind of data movement: how many, modelled and real bytes, the seconds they
+    took (emulated time: in real time, wall × time scale) in total and at most, and the seconds the model
+    gives each alone on an idle path (its bytes over the slowest port's rate, storage latency not included)."""
 
     count: int = 0
     modelled_bytes: int = 0
     real_bytes: int = 0
     seconds: float = 0.0
     max_seconds: float = 0.0
+    idle_seconds: float = 0.0
 
-    def add(self, modelled: int, real: int, seconds: float) -> None:
+    def add(self, modelled: int, real: int, seconds: float, idle_seconds: float = 0.0) -> None:
         self.count += 1
         self.modelled_bytes += modelled
         self.real_bytes += real
         self.seconds += seconds
         self.max_seconds = max(self.max_seconds, seconds)
+        self.idle_seconds += idle_seconds
 
     def merge(self, other: PathStats) -> None:
         self.count += other.count
@@ -73,6 +76,7 @@ class PathStats:
         self.real_bytes += other.real_bytes
         self.seconds += other.seconds
         self.max_seconds = max(self.max_seconds, other.max_seconds)
+        self.idle_seconds += other.idle_seconds
 
     def to_wire(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -80,13 +84,14 @@ class PathStats:
     @classmethod
     def from_wire(cls, data: dict[str, float]) -> PathStats:
         return cls(int(data["count"]), int(data["modelled_bytes"]), int(data["real_bytes"]), float(data["seconds"]),
-                   float(data["max_seconds"]))  # fmt: skip
+                   float(data["max_seconds"]), float(data.get("idle_seconds", 0.0)))  # fmt: skip
 
     def summary(self) -> dict[str, float]:
         """Per operation: mean and max seconds, mean modelled bytes; the real bytes' rate while moving."""
         count = self.count or 1
         return {
             "count": self.count, "mean_s": self.seconds / count, "max_s": self.max_seconds,
+            "idle_mean_s": self.idle_seconds / count,
             "mean_modelled_bytes": self.modelled_bytes / count, "real_bytes": self.real_bytes,
             "real_bytes_per_s": self.real_bytes / self.seconds if self.seconds else 0.0,
         }  # fmt: skip

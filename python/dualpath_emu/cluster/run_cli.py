@@ -347,8 +347,8 @@ def _host_table(name: str, r: SystemResult) -> Table:
              f"written {host['bytes_written'] / mib:,.1f} MiB; network {host['network_bytes_verified'] / mib:,.1f} MiB "
              "verified")  # fmt: skip
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
-    for header in ("kind", "count\nhost/model", "mean ms\nhost/model", "max ms\nhost/model", "real MiB",
-                   "real MiB/s\nwhile moving"):  # fmt: skip
+    for header in ("kind", "count\nhost/model", "mean ms\nhost/model", "idle path\nms", "max ms\nhost/model",
+                   "real MiB", "real MiB/s\nwhile moving"):  # fmt: skip
         table.add_column(header, justify="left" if header == "kind" else "right", no_wrap=True)
     for kind, row in host["paths"].items():
         count = row.get("count", 0)
@@ -360,7 +360,8 @@ def _host_table(name: str, r: SystemResult) -> Table:
             return f"{mine}/{_f(1e3 * model, digits) if model is not None else '-'}"
 
         table.add_row(
-            kind, f"{count}/{row.get('model_count', 0)}", ms("mean_s", "model_mean_s", 2), ms("max_s", "model_max_s", 1),
+            kind, f"{count}/{row.get('model_count', 0)}", ms("mean_s", "model_mean_s", 2),
+            _f(1e3 * row["idle_mean_s"], 2) if count and row.get("idle_mean_s") else "-", ms("max_s", "model_max_s", 1),
             _f(row.get("real_bytes", 0) / mib, 1) if count else "-",
             _f(row.get("real_bytes_per_s", 0) / mib, 1) if row.get("real_bytes") else "-",
         )  # fmt: skip

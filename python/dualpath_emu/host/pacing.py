@@ -11,8 +11,10 @@ The pacer wakes as soon as the bucket allows a chunk, which the event loop's tim
 millisecond (epoll waits in whole milliseconds), and each wake-up grants what the time since the last one
 earned. What it grants goes to the real link at once, past the arbiter: a high-lane chunk may wait behind
 about one wake-up's low-lane bytes (a real NIC's in-flight packets take microseconds). The bucket holds
-:data:`BURST_S` of the rate, so a wake-up that comes late still gets the bytes its lateness earned (a
-bucket of one millisecond lost half the rate to the loop's lateness).
+:data:`BURST_S` of the rate, and a wake-up that comes late grants, a bucket at a time, what wake-ups on time
+would have: lateness loses no rate (a plain grant at the late time lost about half of it to the bucket's
+cap), and an idle port gains no more than one bucket of credit, so a transfer never beats its rate by more
+than a millisecond's bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dualpath_emu._core import Arbitration, PacketPort
 
 __all__ = ["BURST_S", "Grant", "Pacer"]
 
-BURST_S = 5e-3
+BURST_S = 1e-3
 """How long of its rate a pacer's bucket holds."""
 
 Grant = tuple[int, int, int, bool]
@@ -49,6 +51,7 @@ class Pacer:
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         burst = max(float(chunk_bytes), rate_bytes_per_s * burst_s)
+        self._step_ns = max(1, int(burst / rate_bytes_per_s * 1e9))
         self.port = PacketPort(rate_bytes_per_s, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst)
         self._clock_ns = clock_ns
         self._on_grants = on_grants
@@ -87,8 +90,17 @@ class Pacer:
         self._timer = loop.call_soon(self._tick) if delay <= 0 else loop.call_at(loop.time() + delay, self._tick)
 
     def _tick(self) -> None:
+        due, now = self._due_ns, self._clock_ns()
         self._timer, self._due_ns = None, None
-        grants = self.port.grant(self._clock_ns())
+        # Late (the loop's timers round up to about a millisecond): grant what on-time wake-ups would have,
+        # a bucket's worth at a time from when it was due, so lateness loses no rate and an idle port
+        # gains no more credit than its bucket holds.
+        grants: list[Grant] = []
+        if due is not None:
+            while due < now:
+                grants += self.port.grant(due)
+                due += self._step_ns
+        grants += self.port.grant(now)
         if grants:
             try:
                 self._on_grants(grants)
