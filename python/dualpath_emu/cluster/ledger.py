@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
-from dualpath_emu.runtime.core_work import Completion, CoreWork, Extents
+from dualpath_emu.runtime.core_work import Completion, CoreWork, Extents, forward_bytes
 from dualpath_emu.runtime.actors import ActorSystem
 
 __all__ = ["Hop", "Ledger", "ProbingLedger"]
@@ -91,12 +91,8 @@ class Ledger:
 
     def _book_io(self, node: int, kind: str, lane: int, size: int) -> int:
         """Book a storage I/O of ``node``; return its storage node."""
-        n = self._topology.nodes[node]
-        if kind == "read":
-            self._book((self._topology.storage_read, n.snic_rx, n.dram), lane, size)
-        else:
-            self._book((n.dram, n.snic_tx, self._topology.storage_write), lane, size)
-        return n.storage_node
+        self._book(self._topology.storage_io_path(node, kind), lane, size)
+        return self._topology.nodes[node].storage_node
 
     def forward(
         self,
@@ -175,7 +171,6 @@ class ProbingLedger(Ledger):
         ffn_ns: int,
         collectives: Sequence[Hop],
     ) -> asyncio.Future[Completion]:
-        size = sum(h[2] * n_layers for r in ranks for h in (r[0], r[2]) if h is not None)
-        size += sum(c[2] * n_layers for c in collectives)
+        size = forward_bytes(n_layers, ranks, collectives)
         return self._timed_future("forward pass", size, super().forward(n_layers, ranks, ffn_ns=ffn_ns,
                                                                         collectives=collectives))  # fmt: skip

@@ -329,8 +329,8 @@ class ClusterApplication(Application):
         routes, port_node = [], {}
         for n in topo.nodes:
             routes.append(NodeRoute(n.index, n.role, process_of[group_of[n.index]], n.snic_rx, n.snic_tx,
-                                    n.storage_node, n.cnic_tx, (topo.storage_read, n.snic_rx, n.dram),
-                                    (n.dram, n.snic_tx, topo.storage_write)))  # fmt: skip
+                                    n.storage_node, n.cnic_tx, topo.storage_io_path(n.index, "read"),
+                                    topo.storage_io_path(n.index, "write")))  # fmt: skip
             for port in (n.snic_rx, n.snic_tx, n.dram, *n.cnic_tx, *n.cnic_rx):
                 port_node[port] = n.index
         rates = {p: scratch.port_rate(p) for p in range(scratch.port_count)}

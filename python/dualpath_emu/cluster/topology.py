@@ -96,6 +96,12 @@ class Topology:
         src, dst = self.nodes[node], self.nodes[to_node]
         return (src.dram, src.cnic_tx[gpu], dst.cnic_rx[to_gpu])
 
+    def storage_io_path(self, node: int, kind: str) -> tuple[int, ...]:
+        """The ports a storage I/O of ``node`` crosses (``kind`` ``"read"``: storage → SNIC → DRAM; a write the
+        other way), the storage cluster's aggregate port included."""
+        n = self.nodes[node]
+        return (self.storage_read, n.snic_rx, n.dram) if kind == "read" else (n.dram, n.snic_tx, self.storage_write)
+
     def gpu_to_gpu(self, node: int, gpu: int, to_node: int, to_gpu: int) -> tuple[int, ...]:
         """HBM → HBM over the compute network (MoE dispatch/combine)."""
         return (self.nodes[node].cnic_tx[gpu], self.nodes[to_node].cnic_rx[to_gpu])

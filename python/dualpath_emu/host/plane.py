@@ -42,7 +42,7 @@ from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
-from dualpath_emu.runtime.core_work import Completion, Extents
+from dualpath_emu.runtime.core_work import Completion, Extents, forward_bytes
 from dualpath_emu.runtime.dataplane import DataPlaneError
 from dualpath_emu.runtime.realtime import RealTimeLoop
 
@@ -178,8 +178,7 @@ class HostLoop(RealTimeLoop):
         tag = self.new_tag()
         future = self.expect(tag)
         ranks, collectives = tuple(ranks), tuple(collectives)
-        size = sum(h[2] * n_layers for r in ranks for h in (r[0], r[2]) if h is not None)
-        size += sum(c[2] * n_layers for c in collectives)
+        size = forward_bytes(n_layers, ranks, collectives)
         self._start(tag, "forward", 0, size, self._forward(n_layers, ranks, ffn_ns, collectives, load_window), (),
                     ("forward pass", 0, 0.0))  # fmt: skip
         return future

@@ -48,6 +48,7 @@ __all__ = [
     "LocalCoreWork",
     "UnexpectedCompletionError",
     "core_layout",
+    "forward_bytes",
     "submit_split",
 ]
 
@@ -139,6 +140,13 @@ def core_layout(core: Core) -> CoreLayout:
     ports = {core.port_name(port): port for port in range(core.port_count)}
     nodes = {core.storage_node_name(node): node for node in range(core.storage_node_count)}
     return CoreLayout(ports, nodes)
+
+
+def forward_bytes(n_layers: int, ranks: Iterable[_ForwardRankLike], collectives: Iterable[_LayerTransferLike]) -> int:
+    """Every byte a forward pass moves: each rank's load and store and each collective, in every layer (what
+    its completion's ``size_bytes`` says)."""
+    size = sum(hop[2] for rank in ranks for hop in (rank[0], rank[2]) if hop is not None)
+    return n_layers * (size + sum(c[2] for c in collectives))
 
 
 def submit_split(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tuple[_T, Exception]]:
