@@ -25,7 +25,7 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # "" (default): the run directory's storage/, removed at the end
     transfer_engine = "zmq"              # what carries KV between node processes: "zmq" (CURVE over tcp,
                                          # private ipc on one host) or "mooncake" (Mooncake's Transfer
-                                         # Engine: RDMA or TCP; unauthenticated, all interfaces: private
+                                         # Engine, its TCP transport; unauthenticated, all interfaces: private
                                          # fabrics only)
 
     [deployment]

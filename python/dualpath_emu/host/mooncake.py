@@ -1,7 +1,7 @@
 """KV bytes through Mooncake's Transfer Engine (``[host] transfer_engine = "mooncake"``; issue 16).
 
-The byte channel's chunks go as one-sided writes of the Transfer Engine (``transfer_sync_write``: RDMA on
-servers with RDMA NICs, its TCP transport elsewhere, e.g. loopback on a laptop) into a receive region the
+The byte channel's chunks go as one-sided writes of the Transfer Engine (``transfer_sync_write``, over its
+TCP transport: its RDMA transport needs the NICs' device names, which this does not take yet) into a receive region the
 peer registered; the channel's ZeroMQ socket then carries only each chunk's header (which job, where in the
 region, how long), and the receiver checks the bytes in its region against the job's pattern as for a chunk
 that came inline. So the actors, the pacing and the checks are the same as with the default channel; only
