@@ -291,7 +291,6 @@ class ClusterApplication(Application):
             "moved": [[port, lane, size] for (port, lane), size in host.moved.items()],
             "store": host.store.stats() if host.store is not None else None,
             "channel": host.channel.stats.to_wire(),
-            "real_bytes": dict(host.real_bytes),
             "measured": {what: stats.to_wire() for what, stats in host.measured.items()},
             "failure": repr(host.failure) if host.failure is not None else None,
         }
@@ -306,7 +305,7 @@ class ClusterApplication(Application):
         plan = self.host_plan(scenario)
         folder = Path(self.storage_dir) if self.storage_dir else Path(run_dir) / STORAGE_DIR
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        drives = any(node.process == process for node in plan.nodes)
+        drives = process in plan.process_of_node
         store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
         peers = dict(description.data_endpoints)  # itself too: its nodes may send to each other (one process)
         channel = ByteChannel(process, description.data_endpoints[process], peers, keys, engine=self.transfer_engine)
@@ -316,7 +315,7 @@ class ClusterApplication(Application):
     def host_plan(self, scenario: Any) -> Any:
         """Which process drives which node's I/O (the one hosting its engine group), every port's node and
         rate, the Full Block size: what :class:`~dualpath_emu.host.plane.HostLoop` needs of the cluster."""
-        from dualpath_emu.host.plane import HostPlan, NodeRoute
+        from dualpath_emu.host.plane import HostPlan
 
         process_of = {actor: spec.name for spec in scenario.processes for actor in spec.actors}
         group_of: dict[int, str] = {}
@@ -325,17 +324,10 @@ class ClusterApplication(Application):
                 group_of[node] = f"pe{group[0]}"
         for n in self.topology.de_nodes:
             group_of[n.index] = f"de{n.index}"
-        topo, scratch = self.topology, self._scratch
-        routes, port_node = [], {}
-        for n in topo.nodes:
-            routes.append(NodeRoute(n.index, n.role, process_of[group_of[n.index]], n.snic_rx, n.snic_tx,
-                                    n.storage_node, n.cnic_tx, topo.storage_io_path(n.index, "read"),
-                                    topo.storage_io_path(n.index, "write")))  # fmt: skip
-            for port in (n.snic_rx, n.snic_tx, n.dram, *n.cnic_tx, *n.cnic_rx):
-                port_node[port] = n.index
+        scratch = self._scratch
         rates = {p: scratch.port_rate(p) for p in range(scratch.port_count)}
-        return HostPlan(tuple(routes), port_node, rates, BLOCK_TOKENS * self.derived.kv_bytes_per_token,
-                        self.byte_scale, self.topology)  # fmt: skip
+        owners = tuple(process_of[group_of[n.index]] for n in self.topology.nodes)
+        return HostPlan(self.topology, owners, rates, BLOCK_TOKENS * self.derived.kv_bytes_per_token, self.byte_scale)
 
     def service_report(self, core: Core) -> dict[str, Any]:
         """The core's report (:class:`CoreReport`), written by the data-plane service once it has drained."""
@@ -459,7 +451,6 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     reports, moved = [], Counter[tuple[int, int]]()
     store: Counter[str] = Counter()
     channel: Counter[str] = Counter()
-    real: Counter[str] = Counter()
     violations: list[str] = []
     direct: set[str] = set()
     strides: set[int] = set()
@@ -472,7 +463,6 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         reports.append(CoreReport.from_wire(part["core"]))
         moved.update({(port, lane): size for port, lane, size in part["moved"]})
         channel.update(part["channel"])
-        real.update(part["real_bytes"])
         for what, stats in part["measured"].items():
             measured.setdefault(what, PathStats()).merge(PathStats.from_wire(stats))
         if part["store"] is not None:
@@ -508,11 +498,21 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
         "read_retries": store["retries"], "seeded_blocks": store["seeded_blocks"],
         "network_bytes_sent": channel["sent_bytes"], "network_bytes_verified": channel["verified_bytes"],
         "network_bytes_mismatched": channel["mismatched_bytes"], "rejected_frames": channel["rejected"],
-        "real_bytes_by_kind": dict(real),
+        "real_bytes_by_kind": _real_bytes_by_kind(measured),
         "paths": {what: stats.summary() for what, stats in sorted(measured.items())},
         "violations": violations,
     }  # fmt: skip
     return report, summary
+
+
+def _real_bytes_by_kind(measured: Mapping[str, PathStats]) -> dict[str, int]:
+    """Real bytes by what moved them: the network (every transfer kind), storage reads, write-backs."""
+    out = Counter[str]()
+    for kind, stats in measured.items():
+        what = "read" if kind.startswith("storage read") else "write" if kind == "write-back" else "network"
+        if stats.real_bytes:
+            out[what] += stats.real_bytes
+    return dict(out)
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:

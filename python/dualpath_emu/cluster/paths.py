@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from dualpath_emu.cluster.topology import Topology
 
-__all__ = ["PathStats", "io_kind", "transfer_kind"]
+__all__ = ["PathStats", "io_kind", "port_nodes", "transfer_kind"]
 
 
 def transfer_kind(topology: Topology, path: tuple[int, ...]) -> str:
     """The kind of a transfer along ``path`` (port ids of ``topology``)."""
-    nodes = _port_nodes(topology)
+    nodes = port_nodes(topology)
     first, last = nodes.get(path[0]), nodes.get(path[-1])
     if first is None or last is None:
         return "other"
@@ -38,7 +38,8 @@ def io_kind(topology: Topology, node: int, kind: str) -> str:
 _NODES_OF: dict[int, dict[int, int]] = {}
 
 
-def _port_nodes(topology: Topology) -> dict[int, int]:
+def port_nodes(topology: Topology) -> dict[int, int]:
+    """The node of each of ``topology``'s node ports (the storage cluster's are nobody's)."""
     nodes = _NODES_OF.get(id(topology))
     if nodes is None:
         nodes = {}

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
-from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
+from dualpath_emu.cluster.paths import PathStats, io_kind, port_nodes, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
@@ -46,7 +46,7 @@ from dualpath_emu.runtime.core_work import Completion, Extents, forward_bytes
 from dualpath_emu.runtime.dataplane import DataPlaneError
 from dualpath_emu.runtime.realtime import RealTimeLoop
 
-__all__ = ["HostDataError", "HostLoop", "HostPlan", "NodeRoute"]
+__all__ = ["HostDataError", "HostLoop", "HostPlan"]
 
 STORAGE_BURST_S = 5e-3
 """A storage NIC's bucket (see :meth:`HostLoop._pacer`): a read after idle gets up to 5 ms of bytes at once, where
@@ -59,47 +59,35 @@ NET_CHUNK_BYTES = 16 << 10
 
 
 @dataclass(frozen=True)
-class NodeRoute:
-    """One node as the host data plane sees it: its role, the process that drives its I/O, its ports."""
-
-    index: int
-    role: str
-    process: str
-    snic_rx: int
-    snic_tx: int
-    storage_node: int
-    cnic_tx: tuple[int, ...]
-    read_path: tuple[int, ...]
-    """The ports a storage read crosses (storage → SNIC → DRAM), as the model books it."""
-    write_path: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class HostPlan:
-    """What a host process needs to know of the cluster: every node's route, which port belongs to which
-    node, every port's modelled rate, and the storage block size (modelled bytes of one Full Block)."""
+    """What a host process needs to know of the cluster: its topology, the process that drives each node's
+    I/O, every port's modelled rate, and the storage block size (modelled bytes of one Full Block)."""
 
-    nodes: tuple[NodeRoute, ...]
-    port_node: Mapping[int, int]
+    topology: Topology
+    process_of_node: tuple[str, ...]
     port_rate: Mapping[int, float]
     block_bytes: int
     byte_scale: float
-    topology: Topology
 
-    def node_of_storage(self, storage_node: int) -> NodeRoute:
-        for node in self.nodes:
+    @property
+    def port_node(self) -> Mapping[int, int]:
+        """The node of each node port."""
+        return port_nodes(self.topology)
+
+    def node_of_storage(self, storage_node: int) -> int:
+        """The node whose storage node is ``storage_node``."""
+        for node in self.topology.nodes:
             if node.storage_node == storage_node:
-                return node
+                return node.index
         raise LookupError(f"no node has storage node {storage_node}")
 
 
 @dataclass
 class _Job:
-    """A network transfer this process sends: chunks of ``nbytes`` to ``dest``, from ``offset`` on."""
+    """A network transfer this process sends: its chunks to ``dest``, the next one from ``offset`` on."""
 
     dest: str
     job: int
-    nbytes: int
     ack: bool
     offset: int = 0
 
@@ -113,7 +101,6 @@ class _StorageIo:
     """The ``[context, first block, blocks]`` runs not issued yet."""
     done: asyncio.Future[None]
     running: list[asyncio.Future[Any]] = field(default_factory=list)
-    granted: int = 0
 
 
 class HostLoop(RealTimeLoop):
@@ -129,7 +116,6 @@ class HostLoop(RealTimeLoop):
         self.moved: dict[tuple[int, int], int] = {}
         """Modelled bytes of the real work done, per (port, lane) (the local core counts the modelled work):
         together, what the actors asked for, checked against their ledgers."""
-        self.real_bytes: dict[str, int] = {}
         self.measured: dict[str, PathStats] = {}
         """Per kind of work (storage read per side, write-back, PE→DE, DE→PE, all-to-all, forward pass): what
         it took, next to what the model gives the same work unloaded."""
@@ -138,7 +124,7 @@ class HostLoop(RealTimeLoop):
         self._ios: dict[int, _StorageIo] = {}
         self._next_id = 1
         self._detached: set[asyncio.Task[Any]] = set()
-        self.own_nodes = frozenset(n.index for n in plan.nodes if n.process == process)
+        self.own_nodes = frozenset(i for i, owner in enumerate(plan.process_of_node) if owner == process)
         self.failure: BaseException | None = None
         self._main: asyncio.Future[Any] | None = None
 
@@ -155,14 +141,16 @@ class HostLoop(RealTimeLoop):
         return tag
 
     def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int, extents: Extents = ()) -> int:
-        route = self.plan.node_of_storage(node)
-        if route.index not in self.own_nodes:
-            raise ValueError(f"process {self.process!r} does not drive node {route.index}'s storage I/O")
-        port = route.snic_rx if kind == "read" else route.snic_tx
-        path = route.read_path if kind == "read" else route.write_path
+        topology = self.plan.topology
+        index = self.plan.node_of_storage(node)
+        if index not in self.own_nodes:
+            raise ValueError(f"process {self.process!r} does not drive node {index}'s storage I/O")
+        ports = topology.nodes[index]
+        port = ports.snic_rx if kind == "read" else ports.snic_tx
+        path = topology.storage_io_path(index, kind)
         real = sum(n for _, _, n in extents) * (self.store.stride if self.store is not None else 0)
         self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents), path,
-                    (io_kind(self.plan.topology, route.index, kind), real,
+                    (io_kind(topology, index, kind), real,
                      size_bytes / min(self.plan.port_rate[p] for p in path)))  # fmt: skip
         return tag
 
@@ -307,33 +295,30 @@ class HostLoop(RealTimeLoop):
 
     async def _network(self, path: tuple[int, ...], lane: int, size: int) -> None:
         plan = self.plan
-        source, dest = plan.nodes[plan.port_node[path[0]]], plan.nodes[plan.port_node[path[-1]]]
+        source, dest = plan.port_node[path[0]], plan.port_node[path[-1]]
         real = self._real(size)
-        self.real_bytes["network"] = self.real_bytes.get("network", 0) + real
         # The sending NIC: the path's compute-NIC port on the source node (paced there, with its lanes).
-        port = next(p for p in path if p in source.cnic_tx)
-        if source.index in self.own_nodes:
-            await self.channel.push(dest.process, real, lane, port)
-        elif dest.index in self.own_nodes:
-            await self.channel.pull(source.process, real, lane, port)
+        port = next(p for p in path if p in plan.topology.nodes[source].cnic_tx)
+        if source in self.own_nodes:
+            await self.channel.push(plan.process_of_node[dest], real, lane, port)
+        elif dest in self.own_nodes:
+            await self.channel.pull(plan.process_of_node[source], real, lane, port)
         else:
-            raise ValueError(f"process {self.process!r} drives neither end of a transfer from node "
-                             f"{source.index} to node {dest.index}")  # fmt: skip
+            raise ValueError(f"process {self.process!r} drives neither end of a transfer from node {source} to node "
+                             f"{dest}")  # fmt: skip
 
     def _send_job(self, dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
         """The channel's pacer hook: queue a job's chunks on the sending GPU's CNIC ``port``."""
         if self.plan.port_node.get(port, -1) not in self.own_nodes:
             raise ValueError(f"process {self.process!r} was asked to send on port {port}, not one of its nodes'")
         ident = self._new_id()
-        self._jobs[ident] = _Job(dest, job, nbytes, ack)
+        self._jobs[ident] = _Job(dest, job, ack)
         self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper()).enqueue(lane, nbytes, ident)
 
     # --- storage ---------------------------------------------------------------------------------------
 
     async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Extents) -> None:
-        store = self.store
-        blocks = sum(n for _, _, n in extents)
-        if store is None:
+        if self.store is None:
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
         chunk = max(1, self._real(self.plan.block_bytes))
         pacer = self._pacer(port, chunk, None)
@@ -341,13 +326,11 @@ class HostLoop(RealTimeLoop):
         ident = self._new_id()
         self._ios[ident] = io
         pacer.enqueue(lane, max(1, self._real(size)), ident)
-        self.real_bytes[kind] = self.real_bytes.get(kind, 0) + blocks * store.stride
         await io.done
 
     def _grant_io(self, ident: int, chunks: int, last: bool) -> None:
         """Granted chunks of a storage I/O: issue as many next blocks (all that remain with the last chunk)."""
         io = self._ios[ident]
-        io.granted += chunks
         take = sum(n for _, _, n in io.extents) if last else chunks
         store = self.store
         assert store is not None

@@ -109,12 +109,6 @@ class _Inbound:
 
 
 @dataclass
-class _Outbound:
-    done: asyncio.Future[None]
-    nbytes: int
-
-
-@dataclass
 class ByteChannel:
     """This process's end of the host run's byte network (see the module docstring).
 
@@ -134,8 +128,10 @@ class ByteChannel:
     _dealers: dict[str, zmq.asyncio.Socket] = field(default_factory=dict)
     _inbound: dict[tuple[str, int, bool], _Inbound] = field(default_factory=dict)
     """Jobs arriving, by (sender, job, ack): a push's job is numbered by its sender, a pull's by us."""
-    _outbound: dict[int, _Outbound] = field(default_factory=dict)
-    _pulls: dict[int, _Outbound] = field(default_factory=dict)
+    _outbound: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    """Our pushes, by job: done when acknowledged."""
+    _pulls: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    """Our pulls, by job: done when their last chunk arrived."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _next_job: int = 1
     _authenticator: Any = None
@@ -205,8 +201,8 @@ class ByteChannel:
         if self._wire is not None:
             self._wire.close()
         for pending in [*self._outbound.values(), *self._pulls.values()]:
-            if not pending.done.done():
-                pending.done.set_exception(ConnectionError(f"process {self.name!r}: the byte channel closed"))
+            if not pending.done():
+                pending.set_exception(ConnectionError(f"process {self.name!r}: the byte channel closed"))
 
     # --- jobs --------------------------------------------------------------------------------------------
 
@@ -215,7 +211,7 @@ class ByteChannel:
         acknowledged all of them."""
         job = self._new_job()
         done = asyncio.get_running_loop().create_future()
-        self._outbound[job] = _Outbound(done, nbytes)
+        self._outbound[job] = done
         self._hand_over(dest, job, nbytes, lane, True, port)
         return done
 
@@ -224,7 +220,7 @@ class ByteChannel:
         arrived."""
         job = self._new_job()
         done = asyncio.get_running_loop().create_future()
-        self._pulls[job] = _Outbound(done, nbytes)
+        self._pulls[job] = done
         self._post(source, [msgpack.packb(["pull", job, nbytes, lane, port])])
         return done
 
@@ -372,8 +368,8 @@ class ByteChannel:
             target.set_result((str(header[1]), int(header[2])))
         elif kind == "ack" and len(header) == 4:
             pending = self._outbound.pop(int(header[1]))
-            if not pending.done.done():
-                pending.done.set_result(None)
+            if not pending.done():
+                pending.set_result(None)
         elif kind == "pull" and len(header) == 5:
             _, job, nbytes, lane, port = header
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (job, nbytes, lane, port)) or nbytes < 1:
@@ -408,5 +404,5 @@ class ByteChannel:
             self._post(peer, [msgpack.packb(["ack", job, inbound.received, inbound.mismatched])])
             return
         pending = self._pulls.pop(job)  # a pull of ours, answered
-        if not pending.done.done():
-            pending.done.set_result(None)
+        if not pending.done():
+            pending.set_result(None)
