@@ -184,8 +184,7 @@ class DecodeGroup(EngineGroup):
         if request.produced >= request.gen:  # its one token came from the prefill: no step to take
             full = (request.prompt + request.produced) // BLOCK_TOKENS
             if full > request.stored_blocks:
-                blocks = full - request.stored_blocks
-                self._persist(request.gpu, blocks, [(request.context, request.stored_blocks, blocks)])
+                self._persist(request.gpu, [(request.context, request.stored_blocks, full - request.stored_blocks)])
             request.stored_blocks = full
             self._finish(request)
             return
@@ -255,17 +254,16 @@ class DecodeGroup(EngineGroup):
         batch = gpu.batch
         done = gpu.steps = gpu.steps + steps
         tokens = steps * len(batch)
-        blocks = 0
         written: list[tuple[int, int, int]] = []
         for r in gpu.fresh:
             r.second_token_ns = gpu.segment_start_ns + gpu.step_ns
-            blocks += self._store_blocks(gpu, r, written)
+            self._store_blocks(gpu, r, written)
         gpu.fresh.clear()
         next_block = gpu.next_block
         while next_block and next_block[0][0] <= done:
             r = heappop(next_block)[2]
             if batch.get(r.seq) is r:
-                blocks += self._store_blocks(gpu, r, written)
+                self._store_blocks(gpu, r, written)
         finished: list[_DecodeRequest] = []
         finishing = gpu.finishing
         while finishing and finishing[0][0] <= done:
@@ -285,21 +283,21 @@ class DecodeGroup(EngineGroup):
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
             self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
-        self._persist(gpu.gpu, blocks, written)
+        self._persist(gpu.gpu, written)
 
-    def _persist(self, gpu: int, blocks: int, written: list[tuple[int, int, int]]) -> None:
+    def _persist(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
         """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM →
         DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged once per segment, not per block."""
-        if blocks > 0 and not self.cluster.system.oracle:
-            size = blocks * BLOCK_TOKENS * self._kv
+        if written and not self.cluster.system.oracle:
+            size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
             plane = self.cluster.plane
             plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
             plane.io_detached(self.node, "write", KV_LANE, size, tuple(written))
 
     @staticmethod
-    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest, written: list[tuple[int, int, int]]) -> int:
-        """The Full Blocks ``r`` has completed since they were last counted (added to ``written``); schedule
-        its next one."""
+    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest, written: list[tuple[int, int, int]]) -> None:
+        """Add the Full Blocks ``r`` has completed since they were last counted to ``written``; schedule its
+        next one."""
         produced = min(r.gen, r.offset + gpu.steps)
         full = (r.prompt + produced) // BLOCK_TOKENS
         blocks = full - r.stored_blocks
@@ -308,4 +306,3 @@ class DecodeGroup(EngineGroup):
         r.stored_blocks = full
         if produced < r.gen:
             heappush(gpu.next_block, ((full + 1) * BLOCK_TOKENS - r.prompt - r.offset, r.seq, r))
-        return blocks
