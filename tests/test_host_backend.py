@@ -26,6 +26,8 @@ from dualpath_emu.runtime.scenario import load_run_scenario
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
 
+from by_hand import gather_parts, launch_per_host
+
 SCALE = 1e-3
 
 
@@ -341,24 +343,10 @@ def test_a_host_run_started_by_hand_on_two_hosts_shares_only_its_storage(tmp_pat
     run_toml = (host_a / "run.toml").read_text()
     assert 'backend = "host"' in run_toml and 'data_endpoint = "tcp://127.0.0.2:' in run_toml
     shutil.copytree(host_a, host_b)
-    children = []
-    for host, command in host_commands(host_a, commands):
-        words = command.split()
-        folder = host_b if host == "127.0.0.2" else host_a
-        words[words.index("--run-dir") + 1] = str(folder)
-        words[2] = str(folder / "run.toml")
-        children.append(subprocess.Popen([sys.executable, "-m", "dualpath_emu.cli", *words[1:]],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))  # fmt: skip
-    try:
-        codes = [child.wait(timeout=90) for child in children]
-    finally:
-        for child in children:
-            child.kill()
-    assert codes == [0] * len(children)
-    for pattern in ("*.part", "*.events", "*.json"):
-        for path in host_b.glob(pattern):
-            if path.stem in ("pe0", "de1"):
-                shutil.copy2(path, host_a / path.name)
+    per_host = host_commands(host_a, commands)
+    codes = launch_per_host(per_host, {"127.0.0.1": host_a, "127.0.0.2": host_b}, timeout_s=90)
+    assert codes == [0] * len(per_host)
+    gather_parts(host_b, host_a, ("pe0", "de1"))
     result, _ = collect_dir(host_a)  # every request ended once, every byte accounted, or it raises
     host = result.extra["host"]
     assert result.turns == 24 and result.extra["backend"] == "host" and result.extra["processes"] == 4

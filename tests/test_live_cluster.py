@@ -202,8 +202,8 @@ def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_pa
     # Two "hosts" on this machine: loopback addresses 127.0.0.1 and 127.0.0.2, each with its own copy of the
     # run directory (nothing shared but the network), CURVE keys on every tcp socket.
     import shutil
-    import subprocess
-    import sys
+
+    from by_hand import gather_parts, launch_per_host
 
     from dualpath_emu.cluster.live import collect_dir, host_commands, prepare_live
 
@@ -216,25 +216,12 @@ def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_pa
     shutil.copytree(host_a, host_b)
     per_host = host_commands(host_a, commands)
     assert [host for host, _ in per_host] == ["127.0.0.2", "127.0.0.1"]  # the client's host last
-    children = []
-    for host, command in per_host:
+    for _, command in per_host:
         words = command.split()
         assert words[:2] == ["dualpath-emu", "launch"] and "tcp://" not in command  # endpoints are in the files
-        folder = host_b if host == "127.0.0.2" else host_a
-        words[words.index("--run-dir") + 1] = str(folder)
-        words[2] = str(folder / "run.toml")
-        children.append(subprocess.Popen([sys.executable, "-m", "dualpath_emu.cli", *words[1:]],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))  # fmt: skip
-    try:
-        codes = [child.wait(timeout=60) for child in children]
-    finally:
-        for child in children:
-            child.kill()
-    assert codes == [0] * len(children)
-    for pattern in ("*.part", "*.events", "*.json"):
-        for path in host_b.glob(pattern):
-            if path.stem in ("pe0", "de1", "de2"):
-                shutil.copy2(path, host_a / path.name)
+    codes = launch_per_host(per_host, {"127.0.0.1": host_a, "127.0.0.2": host_b}, timeout_s=60)
+    assert codes == [0] * len(per_host)
+    gather_parts(host_b, host_a, ("pe0", "de1", "de2"))
     result, _ = collect_dir(host_a)  # every request ended once, every byte accounted, or it raises
     # Started by hand, the client does not wait for the other host's processes: its first turns may wait for
     # them, so the JCT is only roughly virtual time's.
