@@ -250,8 +250,10 @@ async def _serve(
     app = scenario.app
     loop = asyncio.get_running_loop()
     stop = _stop_event(watch_stdin)
-    if isinstance(loop, RemoteDataPlaneLoop) or hasattr(loop, "when_stop_requested"):  # (the host backend's too)
-        loop.when_stop_requested(lambda reason: stop.set())  # type: ignore[attr-defined]  # the driver's process completed the run
+    # A loop without the run's core (the model backend's remote loop, the host backend's) hears from the driver's
+    # process, through the data plane or the byte channel, that the run is complete.
+    if hasattr(loop, "when_stop_requested"):
+        loop.when_stop_requested(lambda reason: stop.set())
     if launcher is not None:
         launcher.start(loop, scenario.time_scale)
     summary: dict[str, Any] | None = None
@@ -274,11 +276,11 @@ async def _serve(
             summary = None
     finally:
         await system.close()
-        if isinstance(loop, RemoteDataPlaneLoop) or hasattr(loop, "say_bye"):
+        if hasattr(loop, "say_bye"):
             # The actors are done: what they asked for is submitted, then bye (the driver's, once its run is
             # complete, has the data plane -- on the host backend, its own byte channel -- tell the other
             # processes to stop).
-            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)  # type: ignore[attr-defined]
+            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)
         elif isinstance(loop, RealTimeLoop) and summary is not None:
             # A one-process run owns its core: let the work still in it (detached write-backs) finish, as the
             # data plane drains before it reports, so that every byte asked for is accounted.
