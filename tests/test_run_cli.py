@@ -137,7 +137,11 @@ queue_depth = 8
 gemm_efficiency = 0.5
 attention_efficiency = 0.4
 memory_efficiency = 0.7
-prefill_overhead_s_per_layer = 0.002
+overhead_s_per_layer = 0.002
+a2a_fixed_s = 1e-4
+[roofline.decode]
+memory_efficiency = 0.75
+overhead_s_per_layer = 0.0001
 [workload]
 dataset = "32k"
 agents = 3
@@ -179,6 +183,11 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
     for f in dataclasses.fields(GeneratorParams):
         assert getattr(scenario.generator, f.name) != getattr(GeneratorParams(), f.name), f.name
     assert (scenario.name, scenario.seed, scenario.systems, scenario.max_rounds) == ("every-key", 9, ("dualpath",), 2)
+    # [roofline]'s keys set both engines, [roofline.decode] overrides the decode engines' own
+    prefill, decode = scenario.config.prefill_roofline, scenario.config.decode_roofline
+    assert (prefill.memory_efficiency, prefill.overhead_s_per_layer, prefill.a2a_fixed_s) == (0.7, 0.002, 1e-4)
+    assert (decode.memory_efficiency, decode.overhead_s_per_layer, decode.a2a_fixed_s) == (0.75, 0.0001, 1e-4)
+    assert decode.gemm_efficiency == prefill.gemm_efficiency == 0.5
 
 
 BAD = [

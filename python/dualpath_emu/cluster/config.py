@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from dualpath_emu.cluster.catalog import DEFAULT_GPU, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec, gpu, model
-from dualpath_emu.cluster.roofline import Roofline, RooflineParams
+from dualpath_emu.cluster.roofline import DECODE_DEFAULTS, PREFILL_DEFAULTS, Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
 
 __all__ = ["BLOCK_TOKENS", "ClusterConfig", "Derived", "derived"]
@@ -33,9 +33,13 @@ class ClusterConfig:
     """Nodes per prefill EP group: DP-attention ranks of one group run each layer in lock step (§6.4). DS 660B
     needs EP16 (two nodes of 80 GiB GPUs) for its weights to fit [derived]."""
     decode_ep_nodes: int = 4
-    """Nodes per decode EP group; sets the weights per DE GPU (each DE GPU steps its own batch here)."""
+    """Nodes per decode EP group: sets the weights per DE GPU and the MoE all-to-all of a decode step; a
+    node's DE GPUs step together (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`)."""
     storage: StorageSpec = field(default_factory=StorageSpec)
-    roofline: RooflineParams = field(default_factory=RooflineParams)
+    prefill_roofline: RooflineParams = PREFILL_DEFAULTS
+    """The prefill engines' compute (:mod:`dualpath_emu.cluster.roofline`)."""
+    decode_roofline: RooflineParams = DECODE_DEFAULTS
+    """The decode engines' compute."""
     # --- workload ---
     dataset: str = "64k"
     agents: int = 64
@@ -97,14 +101,17 @@ def derived(config: ClusterConfig) -> Derived:
     """The derived numbers of ``config`` (α, β, HBM budgets, rooflines)."""
     m, g = model(config.model), gpu(config.gpu)
     gpus = config.node.gpus
-    prefill = Roofline(g, m, config.prefill_ep_nodes * gpus, config.roofline)
-    decode = Roofline(g, m, config.decode_ep_nodes * gpus, config.roofline)
+    cnic = config.node.cnic_bytes_per_s
+    prefill = Roofline(g, m, config.prefill_ep_nodes * gpus, config.prefill_roofline, gpus, cnic)
+    decode = Roofline(g, m, config.decode_ep_nodes * gpus, config.decode_roofline, gpus, cnic)
     kv = m.kv_bytes_per_token
     # α: a node's storage NIC(s) for alpha_read_s, in tokens of KV.
     alpha = int(config.alpha_read_s * config.node.snic_bytes_per_s * config.node.snics / kv)
     # β: tokens one GPU prefills in beta_compute_s, at a typical batch (one request of the dataset's mean
     # context with a 429-token append, the paper's Table 1 setting).
-    per_token_s = prefill.prefill([(32_768, 429)]).total_s / 429
+    # The fixed per-layer costs are per pass, not per token: left out.
+    typical = prefill.prefill([(32_768, 429)])
+    per_token_s = (typical.total_s - typical.layers * prefill.fixed_s_per_layer) / 429
     beta = int(config.beta_compute_s / per_token_s)
 
     def kv_budget(roofline: Roofline, reserve: float) -> int:

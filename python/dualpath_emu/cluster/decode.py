@@ -1,11 +1,15 @@
 """The decode engines of one node (one actor per node; one DE per GPU, §4): the DE buffer, H2D before
 decode, continuous batching and the persistence of every completed Full Block.
 
-A decode GPU steps its whole batch as one event per *segment*: the step time is computed from the batch when
-it changes (a request joins or finishes), and the GPU sleeps until the next request finishes or a new one
-joins; a joining request makes the GPU account the steps done so far. So a request costs a few events
-however many tokens it generates (DESIGN.md §8), and accounting for a segment touches only the requests
-that finish or complete a Full Block in it (kept in heaps by the step at which they do), not the whole batch.
+The GPUs that step together -- a node's DE GPUs for an MoE model (DP attention and expert parallelism: every
+rank of the EP group runs each MoE layer's dispatch and combine together), each GPU alone for a dense model
+(DP only) -- form a *step group*. A group steps its batches as one event per *segment*: the step time is
+computed from every GPU's batch when one changes (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`:
+the slowest rank's attention, the largest batch's GEMMs and all-to-all), and the group sleeps until the next
+request finishes; a request that arrives mid-step joins at the step's end (a step in flight is not
+restarted). So a request costs a few events however many tokens it generates (DESIGN.md §8), and accounting
+for a segment touches only the requests that finish or complete a Full Block in it (kept in heaps by the
+step at which they do), not the whole batch.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from heapq import heappop, heappush
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, hit_extents, inter_node_a2a_bytes
+from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, hit_extents
 from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
@@ -38,7 +42,7 @@ class _DecodeRequest:
     produced: int = 1
     """Tokens out when it joins its GPU's batch: the first came from the prefill."""
     offset: int = 0
-    """In a batch, it has produced ``offset`` + its GPU's step count tokens (it leaves the batch at ``gen``)."""
+    """In a batch, it has produced ``offset`` + its step group's step count tokens (it leaves the batch at ``gen``)."""
     seq: int = 0
     """Its place in its GPU's join order (requests that finish together end in this order)."""
     first_token_ns: int = -1
@@ -49,17 +53,16 @@ class _DecodeRequest:
 
 @dataclass(slots=True)
 class _DecodeGpu:
-    """One DE GPU's continuous batch, stepped in segments (see the module docstring).
+    """One DE GPU's continuous batch, stepped with its step group (see the module docstring).
 
-    A segment's steps are applied to the batch as a whole: every request's output count follows from
-    ``steps`` (this GPU's steps so far) and its own ``offset``, so that accounting for a segment costs
-    O(log n) per request that finishes or completes a Full Block, not O(n) for the whole batch."""
+    Every request's output count follows from its group's ``steps`` and its own ``offset``, so that
+    accounting for a segment costs O(log n) per request that finishes or completes a Full Block, not O(n)
+    for the whole batch."""
 
     node: int
     gpu: int
     batch: dict[int, _DecodeRequest] = field(default_factory=dict)
     """The requests decoding here, by join order."""
-    steps: int = 0
     base: int = 0
     """The sum of ``prompt + offset`` over the batch: its context is ``base + len(batch) * steps`` tokens."""
     finishing: list[tuple[int, int, _DecodeRequest]] = field(default_factory=list)
@@ -70,12 +73,28 @@ class _DecodeGpu:
     """Requests that joined since the last step: their second token and their prompt's last blocks come
     with the next step."""
     joined: int = 0
-    segment_start_ns: int = 0
-    step_ns: int = 0
-    timer: asyncio.TimerHandle | None = None
     busy_since_ns: int = -1
-    """Start of the current segment with a non-empty batch (reported as busy time when it ends), or -1."""
+    """Start of this GPU's current span with a non-empty batch of one size (reported as busy time when the
+    size changes), or -1."""
     busy_batch: int = 0
+    busy_step_ns: int = 0
+
+
+@dataclass(slots=True)
+class _StepGroup:
+    """GPUs that step together, and their common step clock."""
+
+    gpus: list[_DecodeGpu]
+    steps: int = 0
+    segment_start_ns: int = 0
+    """When the step in flight started (every step of a segment is ``step_ns`` long)."""
+    step_ns: int = 0
+    """0: no GPU of the group has a request (no step in flight)."""
+    timer: asyncio.TimerHandle | None = None
+    timer_steps: int = 0
+    """The group's step count at which ``timer`` fires."""
+    pending: list[_DecodeRequest] = field(default_factory=list)
+    """Requests that arrived during a step: they join when it ends."""
 
 
 class DecodeGroup(EngineGroup):
@@ -87,6 +106,11 @@ class DecodeGroup(EngineGroup):
         self.node = node
         gpus = cluster.config.node.gpus
         self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
+        d = cluster.derived
+        # An MoE model's DE GPUs step together (EP); a dense model's each alone (DP only).
+        together = d.model.moe_layers > 0 and d.decode.ep_degree > 1
+        self.step_groups = [_StepGroup(self.gpus)] if together else [_StepGroup([g]) for g in self.gpus]
+        self._group_of = [next(sg for sg in self.step_groups if g in sg.gpus) for g in self.gpus]
         self.expected: dict[int, DecodeTask] = {}
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time
@@ -94,7 +118,7 @@ class DecodeGroup(EngineGroup):
         self._done: list[_DecodeRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._kv = cluster.derived.kv_bytes_per_token
-        self._step_s = cluster.derived.decode.decode_step_s
+        self._step_s = cluster.derived.decode.ep_decode_step_s
         self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
         self.hbm = [Pool(self, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
@@ -105,7 +129,7 @@ class DecodeGroup(EngineGroup):
         first = de_nodes[(de_nodes.index(node) // ep) * ep]
         group = de_nodes[de_nodes.index(first) : de_nodes.index(first) + ep]
         self._a2a_peer = group[(group.index(node) + 1) % len(group)]
-        self._a2a = inter_node_a2a_bytes(cluster.derived.model, len(group)) * cluster.derived.model.layers
+        self._a2a = d.decode.a2a_remote_bytes_per_token * d.model.moe_layers
         """MoE all-to-all bytes per decoded token (all layers) that cross the network."""
 
     @handles(Expect)
@@ -188,15 +212,25 @@ class DecodeGroup(EngineGroup):
             request.stored_blocks = full
             self._finish(request)
             return
+        group = self._group_of[request.gpu]
+        group.pending.append(request)
+        if group.step_ns == 0:  # the group is idle: the request starts a step now
+            self._at_step_end(group)
+            return
+        # A step is in flight: the request joins when it ends.
+        now = self.system.now_ns()
+        boundary = group.steps + (now - group.segment_start_ns) // group.step_ns + 1
+        if boundary < group.timer_steps:
+            self._set_timer(group, boundary)
+
+    def _add(self, group: _StepGroup, request: _DecodeRequest) -> None:
         gpu = self.gpus[request.gpu]
-        self._account(gpu, self.system.now_ns())
         request.seq, gpu.joined = gpu.joined, gpu.joined + 1
-        request.offset = request.produced - gpu.steps
+        request.offset = request.produced - group.steps
         gpu.batch[request.seq] = request
         gpu.base += request.prompt + request.offset
         heappush(gpu.finishing, (request.gen - request.offset, request.seq, request))
         gpu.fresh.append(request)
-        self._next_segment(gpu)
 
     def _finish(self, request: _DecodeRequest) -> None:
         self.hbm[request.gpu].release(request.rid, (request.prompt + request.gen) * self._kv)
@@ -213,57 +247,88 @@ class DecodeGroup(EngineGroup):
             first, second = tuple(r.first_token_ns for r in done), tuple(r.second_token_ns for r in done)
             self.tell("client", TurnDone(rids, first, second, self.system.now_ns()))
 
-    def _next_segment(self, gpu: _DecodeGpu) -> None:
-        """Start a segment: the step time of the batch as it is now, and a timer for when its first request
-        finishes (a request joining earlier ends the segment sooner)."""
-        if gpu.timer is not None:
-            gpu.timer.cancel()
-            gpu.timer = None
+    def _at_step_end(self, group: _StepGroup) -> None:
+        """A step boundary (or an idle group's first request): account the steps done, let the waiting
+        requests join, start the next segment."""
         now = self.system.now_ns()
-        if gpu.busy_since_ns >= 0:  # the segment that ends here kept the GPU busy (gpu_util)
-            unit = gpu.node * len(self.gpus) + gpu.gpu
-            self.cluster.metrics.decode_segment(unit, gpu.busy_since_ns, now, gpu.busy_batch, gpu.step_ns)
-        gpu.busy_since_ns, gpu.busy_batch = (now, len(gpu.batch)) if gpu.batch else (-1, 0)
-        if not gpu.batch:
-            gpu.step_ns = 0
-            return
-        size = len(gpu.batch)
-        step_s = self._step_s(size, gpu.base + size * gpu.steps)
-        gpu.step_ns = max(1, round(step_s * NS))
-        gpu.segment_start_ns = now
-        steps = gpu.finishing[0][0] - gpu.steps
-        gpu.timer = self.system.loop.call_later(steps * gpu.step_ns / NS, self._segment_end, gpu)
+        self._account(group, now)
+        for request in group.pending:
+            self._add(group, request)
+        group.pending.clear()
+        self._next_segment(group, now)
 
-    def _segment_end(self, gpu: _DecodeGpu) -> None:
-        gpu.timer = None
+    def _next_segment(self, group: _StepGroup, now: int) -> None:
+        """Start a segment: the step time of the batches as they are now, and a timer for when the first
+        request finishes (a request arriving earlier brings it forward to the step's end)."""
+        if group.timer is not None:
+            group.timer.cancel()
+            group.timer = None
+        busy = [g for g in group.gpus if g.batch]
+        if busy:
+            step_s = self._step_s([(len(g.batch), g.base + len(g.batch) * group.steps) for g in busy])
+            group.step_ns = max(1, round(step_s * NS))
+        else:
+            group.step_ns = 0
+        group.segment_start_ns = now
+        for gpu in group.gpus:
+            self._busy(gpu, now, group.step_ns)
+        if busy:
+            self._set_timer(group, min(g.finishing[0][0] for g in busy))
+
+    def _set_timer(self, group: _StepGroup, steps: int) -> None:
+        """Wake the group when it has done ``steps`` steps (counted from the segment's start)."""
+        if group.timer is not None:
+            group.timer.cancel()
+        group.timer_steps = steps
+        at_ns = group.segment_start_ns + (steps - group.steps) * group.step_ns
+        group.timer = self.system.loop.call_later((at_ns - self.system.now_ns()) / NS, self._segment_end, group)
+
+    def _busy(self, gpu: _DecodeGpu, now: int, step_ns: int) -> None:
+        """Close ``gpu``'s busy span if its batch size or step changed (gpu_util), open the next one."""
+        size = len(gpu.batch)
+        if gpu.busy_since_ns >= 0 and (size != gpu.busy_batch or step_ns != gpu.busy_step_ns):
+            unit = gpu.node * len(self.gpus) + gpu.gpu
+            self.cluster.metrics.decode_segment(unit, gpu.busy_since_ns, now, gpu.busy_batch, gpu.busy_step_ns)
+            gpu.busy_since_ns = -1
+        if gpu.busy_since_ns < 0 and size and step_ns:
+            gpu.busy_since_ns, gpu.busy_batch, gpu.busy_step_ns = now, size, step_ns
+
+    def _segment_end(self, group: _StepGroup) -> None:
+        group.timer = None
         try:
-            self._account(gpu, self.system.now_ns())
-            self._next_segment(gpu)
+            self._at_step_end(group)
             self._report_done()
         except Exception as error:  # a callback: fail the run rather than lose the error
             self.system.fail(self, error)
 
-    def _account(self, gpu: _DecodeGpu, now: int) -> None:
+    def _account(self, group: _StepGroup, now: int) -> None:
         """Apply the steps done since the segment started: tokens, second-token times, persisted blocks,
         finished requests."""
-        if not gpu.batch or gpu.step_ns == 0:
+        if group.step_ns == 0:
             return
-        steps = (now - gpu.segment_start_ns) // gpu.step_ns
+        steps = (now - group.segment_start_ns) // group.step_ns
         if steps <= 0:
             return
+        done = group.steps = group.steps + steps
+        second_token_ns = group.segment_start_ns + group.step_ns
+        group.segment_start_ns += steps * group.step_ns
+        for gpu in group.gpus:
+            if gpu.batch:
+                self._account_gpu(gpu, steps, done, second_token_ns)
+
+    def _account_gpu(self, gpu: _DecodeGpu, steps: int, done: int, second_token_ns: int) -> None:
         batch = gpu.batch
-        done = gpu.steps = gpu.steps + steps
         tokens = steps * len(batch)
         written: list[tuple[int, int, int]] = []
         for r in gpu.fresh:
-            r.second_token_ns = gpu.segment_start_ns + gpu.step_ns
-            self._store_blocks(gpu, r, written)
+            r.second_token_ns = second_token_ns
+            self._store_blocks(done, r, written)
         gpu.fresh.clear()
         next_block = gpu.next_block
         while next_block and next_block[0][0] <= done:
             r = heappop(next_block)[2]
             if batch.get(r.seq) is r:
-                self._store_blocks(gpu, r, written)
+                self._store_blocks(done, r, written)
         finished: list[_DecodeRequest] = []
         finishing = gpu.finishing
         while finishing and finishing[0][0] <= done:
@@ -275,11 +340,10 @@ class DecodeGroup(EngineGroup):
             del batch[r.seq]
             gpu.base -= r.prompt + r.offset
             self._finish(r)
-        gpu.segment_start_ns += steps * gpu.step_ns
         if self._a2a and tokens > 0:
             # The steps' MoE dispatch/combine over the network, charged once per segment (after it, like the
-            # block write-backs): it loads the compute NICs the KV traffic shares, the step times stay the
-            # roofline's.
+            # block write-backs): it loads the compute NICs the KV traffic shares; the step time has its own
+            # latency model (roofline.ep_decode_step_s).
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
             self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
@@ -294,11 +358,11 @@ class DecodeGroup(EngineGroup):
             plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
             plane.io_detached(self.node, "write", KV_LANE, size, tuple(written))
 
-    @staticmethod
-    def _store_blocks(gpu: _DecodeGpu, r: _DecodeRequest, written: list[tuple[int, int, int]]) -> None:
-        """Add the Full Blocks ``r`` has completed since they were last counted to ``written``; schedule its
-        next one."""
-        produced = min(r.gen, r.offset + gpu.steps)
+    def _store_blocks(self, steps: int, r: _DecodeRequest, written: list[tuple[int, int, int]]) -> None:
+        """Add the Full Blocks ``r`` has completed since they were last counted to ``written`` (its group has
+        done ``steps`` steps); schedule its next one."""
+        gpu = self.gpus[r.gpu]
+        produced = min(r.gen, r.offset + steps)
         full = (r.prompt + produced) // BLOCK_TOKENS
         blocks = full - r.stored_blocks
         if blocks > 0:

@@ -90,7 +90,8 @@ def config_from_wire(data: Mapping[str, Any]) -> ClusterConfig:
     fields = dict(data)
     fields["node"] = NodeSpec(**fields["node"])
     fields["storage"] = StorageSpec(**fields["storage"])
-    fields["roofline"] = RooflineParams(**fields["roofline"])
+    fields["prefill_roofline"] = RooflineParams(**fields["prefill_roofline"])
+    fields["decode_roofline"] = RooflineParams(**fields["decode_roofline"])
     return ClusterConfig(**fields)
 
 

@@ -12,16 +12,30 @@ Each layer is two parts, and each part is a roofline::
   spread over the layers): ``2 × active_params / layers`` FLOPs per token at the model's GEMM dtype peak;
   bytes = the GPU's weights divided by the layers (:meth:`ModelSpec.weight_bytes_per_gpu` at the engine's
   EP degree: DP attention, routed experts sharded over ``ep_degree`` GPUs, each GPU's GEMM work equal to its
-  own tokens' on average). Prefill adds ``prefill_overhead_s_per_layer``.
+  own tokens' on average).
 
 A forward pass is ``layers × (attention + other)``; :class:`LayerTimes` keeps the two per-layer parts so an
 engine can pipeline per-layer KV loads against per-layer compute (DESIGN §4), and the scheduler's 300 ms
-attention quota (§6.4, paper-facts §7.5) reads :meth:`Roofline.attention_s_per_layer`. Not modelled here:
-the MoE all-to-all (traffic on the high lane of the data plane, see the catalog's a2a bytes), activation
-bytes, norms and other element-wise kernels (folded into the efficiencies), and kernel launch costs (see
-``prefill_overhead_s_per_layer``).
+attention quota (§6.4, paper-facts §7.5) reads :meth:`Roofline.attention_s_per_layer`. A prefill layer's
+"other" part also carries ``overhead_s_per_layer`` and, for an MoE layer, the fixed part of its dispatch and
+combine (``a2a_fixed_s``); their bytes are model traffic the prefill engine sends on the data plane
+(bandwidth-bound at prefill sizes, DeepEP's normal kernels).
 
-Every factor is a :class:`RooflineParams` field; the defaults and why:
+**A decode step of an EP group** (:meth:`Roofline.ep_decode_step_s`): with DP attention and expert
+parallelism every GPU of the group steps together. A step is, per layer, the slowest rank's attention plus
+the weight GEMMs at the largest rank's batch plus ``overhead_s_per_layer``, and per MoE layer a dispatch and a
+combine: ``a2a_fixed_s`` plus the larger of the bytes to other nodes over the compute NIC and the bytes to the
+node's other GPUs over NVLink (:data:`NVLINK_BYTES_PER_S`). DeepEP's low-latency kernels send a token to each
+of its ``k`` experts separately (no node dedupe), so a GPU's batch of ``b`` tokens moves
+``b × (dispatch + combine bytes) × (ep_nodes − 1) / ep_nodes`` over its NIC. With ``a2a_fixed_s`` = 87 µs
+(42 µs dispatch + 45 µs combine) this gives DeepEP's published H800 / CX7 numbers (128 tokens, top-8,
+hidden 7,168: EP16 118 + 195 µs, EP32 155 + 273 µs, EP8 77 + 114 µs) within 2% (EP16, EP32) and 12% (EP8).
+Not modelled: the two micro-batches production engines overlap to hide part of the all-to-all, expert load
+imbalance beyond the largest rank's batch, and stragglers on other nodes of the group (a decode actor sees
+its own node's GPUs only).
+
+Every factor is a :class:`RooflineParams` field, one set for prefill (:data:`PREFILL_DEFAULTS`) and one for
+decode (:data:`DECODE_DEFAULTS`); the defaults and why:
 
 ``gemm_efficiency = 0.6``
     DeepGEMM's FP8 GEMMs reach 1,350-1,550 TFLOP/s on an H800 (68-78% of the 1,979 dense peak) for large
@@ -34,11 +48,16 @@ Every factor is a :class:`RooflineParams` field; the defaults and why:
 ``memory_efficiency = 0.8``
     FlashMLA decode streams KV at up to 3,000 GB/s of the H800's 3,350 (90%); weight streaming in
     small-batch GEMMs is typically lower. Decode is memory-bound on weights + KV, so this sets TPOT.
-``prefill_overhead_s_per_layer = 0``
-    A fixed cost per layer of a prefill forward (launches, DP-attention synchronisation). The pure
-    roofline gains little per-token throughput from batching (V3.2 with 30K context + 300 new tokens: ~6%
-    from batch 1 to 20), whereas the paper's Fig. 3 (right) shows ≈3×, which a roofline alone cannot give;
-    ≈2 ms per layer would. Left at 0 until it is calibrated.
+``overhead_s_per_layer = 0``
+    A fixed cost per layer (launches, DP-attention synchronisation, norms). The pure roofline gains little
+    per-token throughput from batching (V3.2 with 30K context + 300 new tokens: ~6% from batch 1 to 20),
+    whereas the paper's Fig. 3 (right) shows ≈3×, which a roofline alone cannot give; ≈2 ms per layer
+    would. 0 by default; the calibration fits prefill's (:mod:`dualpath_emu.reproduce.calibrate`). Decode
+    runs as CUDA graphs and keeps 0.
+``a2a_fixed_s = 87e-6``
+    The fixed latency of one MoE layer's dispatch plus combine (DeepEP, above); 0 for a dense model, whose
+    layers have none. Prefill uses DeepEP's normal kernels, which publish bandwidths only; we assume the same
+    fixed part.
 """
 
 from __future__ import annotations
@@ -47,11 +66,13 @@ import functools
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from dualpath_emu.cluster.catalog import GpuSpec, ModelSpec
 from dualpath_emu.errors import InvalidArgumentError
 
-__all__ = ["LayerTimes", "Roofline", "RooflineParams", "roofline_s"]
+__all__ = ["DECODE_DEFAULTS", "NVLINK_BYTES_PER_S", "PREFILL_DEFAULTS", "LayerTimes", "Roofline", "RooflineParams",
+           "roofline_s"]
 
 
 @dataclass(frozen=True)
@@ -61,16 +82,27 @@ class RooflineParams:
     gemm_efficiency: float = 0.6
     attention_efficiency: float = 0.6
     memory_efficiency: float = 0.8
-    prefill_overhead_s_per_layer: float = 0.0
+    overhead_s_per_layer: float = 0.0
+    a2a_fixed_s: float = 87e-6
 
     def __post_init__(self) -> None:
         for name in ("gemm_efficiency", "attention_efficiency", "memory_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise InvalidArgumentError(f"{name}: must be in (0, 1], got {value}")
-        overhead_s = self.prefill_overhead_s_per_layer
-        if not overhead_s >= 0.0:
-            raise InvalidArgumentError(f"prefill_overhead_s_per_layer: must be >= 0, got {overhead_s}")
+        for name in ("overhead_s_per_layer", "a2a_fixed_s"):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise InvalidArgumentError(f"{name}: must be >= 0, got {value}")
+
+
+PREFILL_DEFAULTS: Final = RooflineParams()
+"""A prefill engine's compute: the kernel efficiencies above, no fixed per-layer overhead (it is fitted)."""
+DECODE_DEFAULTS: Final = RooflineParams()
+"""A decode engine's compute: the same kernel efficiencies; it is never fitted (DESIGN: calibration fits
+prefill speed, prefill overhead and the storage NICs)."""
+NVLINK_BYTES_PER_S: Final = 160e9
+"""What DeepEP moves between the GPUs of one H800 node (153-158 GB/s measured, its README)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +144,10 @@ class Roofline:
     model: ModelSpec
     ep_degree: int = 1
     params: RooflineParams = field(default_factory=RooflineParams)
+    gpus_per_node: int = 8
+    """GPUs of one node: an EP group of ``ep_degree`` GPUs spans ``ep_degree / gpus_per_node`` nodes."""
+    cnic_bytes_per_s: float = 50e9
+    """Each GPU's compute NIC, which a decode step's all-to-all to other nodes crosses."""
 
     def __post_init__(self) -> None:
         weights = self.model.weight_bytes_per_gpu(self.ep_degree)
@@ -168,36 +204,90 @@ class Roofline:
         tokens = sum(new for _, new in batch)
         if tokens == 0:
             return LayerTimes(0.0, 0.0, self.model.layers)
-        other_s = self._other_s(tokens) + self.params.prefill_overhead_s_per_layer
+        other_s = self._other_s(tokens) + self.fixed_s_per_layer
         return LayerTimes(self.attention_s_per_layer(batch), other_s, self.model.layers)
 
     @functools.cached_property
-    def decode_step_s(self) -> Callable[[int, int], float]:
-        """``decode_step(batch_size, context_tokens).total_s`` without the checks and the object, as a
-        function of precomputed constants: a decode GPU asks for it at every change of its batch. The same
-        operations in the same order, so the same float to the last bit."""
+    def fixed_s_per_layer(self) -> float:
+        """Per layer (averaged over the layers, as :class:`LayerTimes` has every layer alike): the overhead
+        and the fixed part of the MoE layers' all-to-all."""
+        m, p = self.model, self.params
+        a2a_s = p.a2a_fixed_s * m.moe_layers / m.layers if self.ep_degree > 1 else 0.0
+        return p.overhead_s_per_layer + a2a_s
+
+    @property
+    def a2a_remote_bytes_per_token(self) -> float:
+        """Decode all-to-all bytes one token sends to and gets back from other nodes per MoE layer (DeepEP's
+        low-latency layout: to each of its experts separately); 0 for a dense model or a one-node group."""
+        m = self.model
+        if m.moe_layers == 0 or self.ep_degree <= 1:
+            return 0.0
+        nodes = max(1, self.ep_degree // self.gpus_per_node)
+        return (m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer) * (nodes - 1) / nodes
+
+    def a2a_s(self, tokens: int) -> float:
+        """One MoE layer's decode dispatch + combine for a GPU with ``tokens`` tokens (module docstring);
+        0 for a dense model or an EP group of one GPU."""
+        m = self.model
+        if m.moe_layers == 0 or self.ep_degree <= 1 or tokens == 0:
+            return 0.0
+        per_token = m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer
+        remote = tokens * self.a2a_remote_bytes_per_token
+        local = tokens * per_token * (min(self.gpus_per_node, self.ep_degree) - 1) / self.ep_degree
+        return self.params.a2a_fixed_s + max(remote / self.cnic_bytes_per_s, local / NVLINK_BYTES_PER_S)
+
+    def ep_decode_step_s(self, batches: Sequence[tuple[int, int]]) -> float:
+        """One decode step of GPUs that step together (an EP group's), given each one's ``(batch_size,
+        context_tokens)`` (as :meth:`decode_step`): per layer the slowest rank's attention, the weight GEMMs
+        at the largest batch and the overhead; per MoE layer the all-to-all (:meth:`a2a_s`) at the largest
+        batch. GPUs with an empty batch still step (DP ranks run the MoE layers together). No GPU with a
+        request: 0."""
+        attention = self._decode_attention_s
+        slowest, largest = 0.0, 0
+        for size, context in batches:
+            if size:
+                slowest = max(slowest, attention(size, context))
+                largest = max(largest, size)
+        if largest == 0:
+            return 0.0
+        m = self.model
+        other = self._decode_other_s(largest)
+        return m.layers * (slowest + other + self.params.overhead_s_per_layer) + m.moe_layers * self.a2a_s(largest)
+
+    @functools.cached_property
+    def _decode_attention_s(self) -> Callable[[int, int], float]:
+        """One layer's decode attention for ``(batch_size, context_tokens)`` (:meth:`decode_step`'s), as a
+        function of precomputed constants: a decode group asks for it at every change of its batches. The
+        same operations in the same order as :meth:`decode_step`, so the same float to the last bit."""
         m, p, g = self.model, self.params, self.gpu
-        layers, top_k = m.layers, m.sparse_top_k
+        top_k = m.sparse_top_k
         fk, ik = m.attention_flops_per_key_layer, m.indexer_flops_per_key_layer
         kb, ib = m.kv_bytes_per_token_layer, m.indexer_kv_bytes_per_token_layer
         attention_flops_per_s = g.bf16_flops_per_s * p.attention_efficiency
         bytes_per_s = g.hbm_bytes_per_s * p.memory_efficiency
-        gemm_flops, gemm_flops_per_s = m.gemm_flops_per_token, g.peak_flops_per_s(m.gemm_dtype) * p.gemm_efficiency
-        weight_s = m.weight_bytes_per_gpu(self.ep_degree) / layers / bytes_per_s
-        other_s: dict[int, float] = {}  # per batch size: the weight GEMMs depend on nothing else
 
-        def step_s(batch_size: int, context_tokens: int) -> float:
-            if batch_size == 0:
-                return 0.0
+        def attention_s(batch_size: int, context_tokens: int) -> float:
             attended = context_tokens if top_k is None else min(context_tokens, batch_size * top_k)
-            attention_s = max((fk * attended + ik * context_tokens) / attention_flops_per_s,
-                              (kb * attended + ib * context_tokens) / bytes_per_s)  # fmt: skip
-            other = other_s.get(batch_size)
-            if other is None:
-                other = other_s[batch_size] = max(gemm_flops * batch_size / layers / gemm_flops_per_s, weight_s)
-            return layers * (attention_s + other)
+            return max((fk * attended + ik * context_tokens) / attention_flops_per_s,
+                       (kb * attended + ib * context_tokens) / bytes_per_s)  # fmt: skip
 
-        return step_s
+        return attention_s
+
+    def _decode_other_s(self, batch_size: int) -> float:
+        """One layer's weight GEMMs at ``batch_size`` tokens (cached: they depend on nothing else)."""
+        other = self._other_by_batch.get(batch_size)
+        if other is None:
+            other = self._other_by_batch[batch_size] = self._other_s(batch_size)
+        return other
+
+    @functools.cached_property
+    def _other_by_batch(self) -> dict[int, float]:
+        return {}
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        """One GPU's decode step alone (``decode_step(...).total_s`` plus the per-layer overhead and the MoE
+        layers' all-to-all): :meth:`ep_decode_step_s` of one batch."""
+        return self.ep_decode_step_s(((batch_size, context_tokens),))
 
     def decode_step(self, batch_size: int, context_tokens: int) -> LayerTimes:
         """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all.

@@ -55,11 +55,14 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     write_latency_s = 0.0002             # 0..10
     queue_depth = 64                     # I/Os one node keeps in flight; the rest wait in its read_q; <= 65536
 
-    [roofline]                           # compute model (dualpath_emu.cluster.roofline: each default's reason)
+    [roofline]                           # compute model (dualpath_emu.cluster.roofline: each default's reason);
+                                         # keys here set prefill and decode alike, [roofline.prefill] and
+                                         # [roofline.decode] (the same keys) set one of them
     gemm_efficiency = 0.6                # in [0.001, 1]
     attention_efficiency = 0.6           # in [0.001, 1]
     memory_efficiency = 0.8              # in [0.001, 1]
-    prefill_overhead_s_per_layer = 0.0   # in [0, 1]
+    overhead_s_per_layer = 0.0           # fixed cost per layer (launches, DP sync); in [0, 1]
+    a2a_fixed_s = 87e-6                  # fixed latency of an MoE layer's dispatch + combine; in [0, 1]
 
     [workload]
     dataset = "64k"                      # 32k | 48k | 64k: the generator's Table 2 datasets (paper §7.2)
@@ -185,7 +188,7 @@ class Limits:
     max_queue_depth: int = 65_536
     max_dram_buffer_bytes: int = 2**50
     min_efficiency: float = 1e-3
-    max_prefill_overhead_s_per_layer: float = 1.0
+    max_overhead_s_per_layer: float = 1.0
     max_agents: int = MAX_AGENTS
     max_rounds: int = 1_000_000
     arrival_rate: tuple[float, float] = (1e-3, 1e6)
@@ -375,7 +378,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     deployment.finish()
 
     storage = _storage(storage_table, base.storage)
-    roofline = _roofline(roofline_table, base.roofline)
+    prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
 
     dataset = workload.get_str("dataset", base.dataset, choices=tuple(DATASETS))
@@ -406,7 +409,8 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
 
     config = dataclasses.replace(
         base, model=model, gpu=gpu, node=node, pe_nodes=pe_nodes, de_nodes=de_nodes, prefill_ep_nodes=prefill_ep,
-        decode_ep_nodes=decode_ep, storage=storage, roofline=roofline, dataset=dataset, agents=agents, mode=mode,
+        decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
+        decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, dram_buffer_bytes=dram_buffer,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
@@ -459,17 +463,38 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
     return out
 
 
-def _roofline(t: Table, base: RooflineParams) -> RooflineParams:
+_ROOFLINE_KEYS: Final = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "overhead_s_per_layer",
+                         "a2a_fixed_s")
+
+
+def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tuple[RooflineParams, RooflineParams]:
+    """The [roofline] table: its own keys set both engines' parameters, [roofline.prefill] and
+    [roofline.decode] then set one's."""
     low = LIMITS.min_efficiency
-    out = RooflineParams(
-        gemm_efficiency=t.get_float("gemm_efficiency", base.gemm_efficiency, min=low, max=1.0),
-        attention_efficiency=t.get_float("attention_efficiency", base.attention_efficiency, min=low, max=1.0),
-        memory_efficiency=t.get_float("memory_efficiency", base.memory_efficiency, min=low, max=1.0),
-        prefill_overhead_s_per_layer=t.get_float("prefill_overhead_s_per_layer", base.prefill_overhead_s_per_layer,
-                                                 min=0.0, max=LIMITS.max_prefill_overhead_s_per_layer),
-    )  # fmt: skip
+    high_s = LIMITS.max_overhead_s_per_layer
+
+    def read(table: Table, base: RooflineParams) -> RooflineParams:
+        return RooflineParams(
+            gemm_efficiency=table.get_float("gemm_efficiency", base.gemm_efficiency, min=low, max=1.0),
+            attention_efficiency=table.get_float("attention_efficiency", base.attention_efficiency, min=low, max=1.0),
+            memory_efficiency=table.get_float("memory_efficiency", base.memory_efficiency, min=low, max=1.0),
+            overhead_s_per_layer=table.get_float("overhead_s_per_layer", base.overhead_s_per_layer, min=0.0,
+                                                 max=high_s),
+            a2a_fixed_s=table.get_float("a2a_fixed_s", base.a2a_fixed_s, min=0.0, max=high_s),
+        )  # fmt: skip
+
+    prefill_table, decode_table = t.table("prefill"), t.table("decode")
+    shared = {key for key in _ROOFLINE_KEYS if key in t}
+    both = read(t, RooflineParams())  # the keys given here, the class defaults elsewhere
     t.finish()
-    return out
+
+    def merged(base: RooflineParams, table: Table) -> RooflineParams:
+        start = dataclasses.replace(base, **{key: getattr(both, key) for key in shared})
+        out = read(table, start)
+        table.finish()
+        return out
+
+    return merged(prefill, prefill_table), merged(decode, decode_table)
 
 
 def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
