@@ -78,6 +78,8 @@ class _DecodeGpu:
     size changes), or -1."""
     busy_batch: int = 0
     busy_step_ns: int = 0
+    a2a_tokens: int = 0
+    """Tokens decoded since this GPU's all-to-all bytes were last charged to the network."""
 
 
 @dataclass(slots=True)
@@ -284,9 +286,10 @@ class DecodeGroup(EngineGroup):
         group.timer = self.system.loop.call_later((at_ns - self.system.now_ns()) / NS, self._segment_end, group)
 
     def _busy(self, gpu: _DecodeGpu, now: int, step_ns: int) -> None:
-        """Close ``gpu``'s busy span if its batch size or step changed (gpu_util), open the next one."""
+        """Close ``gpu``'s busy span if its batch size changed (gpu_util; a span's step is its first, as the
+        step changes with every request of the group), open the next one."""
         size = len(gpu.batch)
-        if gpu.busy_since_ns >= 0 and (size != gpu.busy_batch or step_ns != gpu.busy_step_ns):
+        if gpu.busy_since_ns >= 0 and size != gpu.busy_batch:
             unit = gpu.node * len(self.gpus) + gpu.gpu
             self.cluster.metrics.decode_segment(unit, gpu.busy_since_ns, now, gpu.busy_batch, gpu.busy_step_ns)
             gpu.busy_since_ns = -1
@@ -319,6 +322,7 @@ class DecodeGroup(EngineGroup):
     def _account_gpu(self, gpu: _DecodeGpu, steps: int, done: int, second_token_ns: int) -> None:
         batch = gpu.batch
         tokens = steps * len(batch)
+        changed = bool(gpu.fresh)
         written: list[tuple[int, int, int]] = []
         for r in gpu.fresh:
             r.second_token_ns = second_token_ns
@@ -340,13 +344,16 @@ class DecodeGroup(EngineGroup):
             del batch[r.seq]
             gpu.base -= r.prompt + r.offset
             self._finish(r)
-        if self._a2a and tokens > 0:
-            # The steps' MoE dispatch/combine over the network, charged once per segment (after it, like the
-            # block write-backs): it loads the compute NICs the KV traffic shares; the step time has its own
-            # latency model (roofline.ep_decode_step_s).
+        gpu.a2a_tokens += tokens
+        if self._a2a and gpu.a2a_tokens > 0 and (changed or finished):
+            # The steps' MoE dispatch/combine over the network, charged when this GPU's batch changes (after
+            # the steps, like the block write-backs; not at every step of its group, which would cost a
+            # transfer per GPU per segment): it loads the compute NICs the KV traffic shares, while the step
+            # time has its own latency model (roofline.ep_decode_step_s).
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
-            self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * tokens))
+            self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * gpu.a2a_tokens))
+            gpu.a2a_tokens = 0
         self._persist(gpu.gpu, written)
 
     def _persist(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
