@@ -26,6 +26,9 @@ pub enum EventKind {
     IoStart { io: u32 },
     /// A port's token bucket runs dry (stale unless `version` matches).
     BucketEmpty { port: u32, version: u64 },
+    /// A latency-sensitive transfer has waited out the FIFO backlog of its lane and starts moving bytes
+    /// (`id` indexes the core's waiting transfers).
+    Queued { id: u32 },
     /// A zero-byte transfer: completes without touching any port.
     Empty { tag: u64, lane: u8 },
     /// A compute delay of a forward pass has passed (attention of a rank, or the shared phase).

@@ -511,6 +511,21 @@ impl Network {
 
     /// Start a transfer of `size_bytes` (> 0) at `now`. Rates are recomputed by the next `recompute`.
     pub fn add_flow(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, owner: Owner, now: TimeNs) -> Result<()> {
+        self.add_flow_since(path, lane, size_bytes, owner, now, now)
+    }
+
+    /// [`Network::add_flow`] for a transfer submitted at `start_ns` (<= `now`) that starts moving bytes only
+    /// now (it waited in a FIFO queue, [`Network::fifo_wait_ns`]): its [`Finished::start_ns`] is `start_ns`.
+    pub fn add_flow_since(
+        &mut self,
+        path: &[PortId],
+        lane: Lane,
+        size_bytes: u64,
+        owner: Owner,
+        start_ns: TimeNs,
+        now: TimeNs,
+    ) -> Result<()> {
+        debug_assert!(start_ns <= now, "a flow submitted after it starts");
         self.key.clear();
         self.key.extend_from_slice(path);
         self.key.push(lane as u32);
@@ -583,13 +598,7 @@ impl Network {
         }
         let seq = self.next_flow_seq;
         self.next_flow_seq += 1;
-        group.flows.push(Reverse(Flow {
-            finish: group.service + size_bytes as f64,
-            seq,
-            owner,
-            size_bytes,
-            start_ns: now,
-        }));
+        group.flows.push(Reverse(Flow { finish: group.service + size_bytes as f64, seq, owner, size_bytes, start_ns }));
         self.active_flows += 1;
         self.add_group_demand(gid, 1.0);
         self.touch_group(gid, true);
@@ -629,6 +638,46 @@ impl Network {
         }
         port.queued = true;
         self.worklist.push_back(p);
+    }
+
+    /// The FIFO backlog a latency-sensitive message meets on `lane` at `port` at `now` (the lane's per-port
+    /// FIFO of packets, which the fluid model otherwise leaves out): `(queued_bytes, serving_rate)`.
+    /// `queued_bytes` is the sum over the flows crossing the port on that lane of `min(remaining bytes,
+    /// outstanding_bytes)` (a bulk sender has at most its posted work requests, `outstanding_bytes`, queued
+    /// ahead); `serving_rate` is the rate the port serves that lane at now (the sum of the lane's flow
+    /// rates), or its capacity if that is 0. Rates must be current (no `recompute` pending).
+    pub fn lane_backlog(&self, port: PortId, lane: Lane, outstanding_bytes: u64, now: TimeNs) -> Result<(f64, f64)> {
+        let p = self.port(port)?;
+        if lane as usize >= MAX_LANES {
+            return Err(CoreError::invalid("lane", format!("a lane in 0..{MAX_LANES}, got {lane}")));
+        }
+        let cap = outstanding_bytes as f64;
+        let mut queued = 0.0;
+        // Members in slot order and flows in heap order: both follow the sequence of operations only,
+        // so the sum (and the wait made of it) is the same on every run.
+        for m in p.members.iter().filter(|m| m.lane == lane) {
+            let group = &self.groups[m.group as usize];
+            let service = group.service + group.rate * now.saturating_sub(group.service_at) as f64 / NS_PER_S;
+            queued += group.flows.iter().map(|Reverse(f)| (f.finish - service).clamp(0.0, cap)).sum::<f64>();
+        }
+        let lane_rate = p.usage[lane as usize];
+        Ok((queued, if lane_rate > 0.0 { lane_rate } else { p.capacity }))
+    }
+
+    /// How long a latency-sensitive message on `lane` along `path` submitted at `now` waits behind the bulk
+    /// data already queued on its lane before it moves (ns, rounded up): `max_p Q_p / r_p` over the ports of
+    /// its path, `(Q_p, r_p)` from [`Network::lane_backlog`]. 0 where its lane holds no flow on any of its
+    /// ports. Rates must be current (no `recompute` pending).
+    pub fn fifo_wait_ns(&self, path: &[PortId], lane: Lane, outstanding_bytes: u64, now: TimeNs) -> Result<u64> {
+        let mut wait_s: f64 = 0.0;
+        for &p in path {
+            let (queued, rate) = self.lane_backlog(p, lane, outstanding_bytes, now)?;
+            if queued > 0.0 {
+                wait_s = wait_s.max(queued / rate);
+            }
+        }
+        let ns = ceil_ns(wait_s * NS_PER_S);
+        Ok(if ns >= u64::MAX as f64 { u64::MAX } else { ns as u64 })
     }
 
     /// Handle a group's completion event: finish the flows that are done. Returns false for an unknown group.

@@ -726,7 +726,22 @@ impl PyCore {
 
     /// Start many transfers now: an iterable of `(path, lane, size_bytes, tag)`. All are checked before
     /// any is accepted, so a bad one leaves the core unchanged. Returns how many were submitted.
-    fn submit_transfers(&mut self, transfers: &Bound<'_, PyAny>) -> PyResult<usize> {
+    ///
+    /// With `latency_sensitive_outstanding_bytes` > 0 every transfer of the batch is latency-sensitive: it
+    /// first waits behind the bulk data queued FIFO on its lane (per port, the sum over that lane's flows of
+    /// min(remaining bytes, this cap), served at the lane's current rate; the longest wait along the path),
+    /// then moves as an ordinary transfer; its completion's start is the submission (Core::
+    /// submit_latency_sensitive in the Rust docs).
+    #[pyo3(
+        signature = (transfers, *, latency_sensitive_outstanding_bytes = IntArg::Default(0)),
+        text_signature = "($self, transfers, *, latency_sensitive_outstanding_bytes=0)"
+    )]
+    fn submit_transfers(
+        &mut self,
+        transfers: &Bound<'_, PyAny>,
+        latency_sensitive_outstanding_bytes: IntArg<'_>,
+    ) -> PyResult<usize> {
+        let outstanding = latency_sensitive_outstanding_bytes.value("latency_sensitive_outstanding_bytes", u64::MAX)?;
         let items =
             transfers.try_iter().map_err(|_| invalid("transfers", "an iterable of (path, lane, size_bytes, tag)"))?;
         let mut batch = Vec::new();
@@ -738,7 +753,7 @@ impl PyCore {
             let tag = int_named(&tag, u64::MAX, || format!("{}.tag", arg()))?;
             batch.push((path, lane, size_bytes, tag));
         }
-        self.core.submit_transfers(&batch)?;
+        self.core.submit_latency_sensitive(&batch, outstanding)?;
         Ok(batch.len())
     }
 

@@ -41,7 +41,13 @@ pub struct CoreConfig {
 
 impl Default for CoreConfig {
     fn default() -> Self {
-        Self { clock: ClockMode::Virtual, sample_interval_ns: 0, record_spans: false, max_spans: MAX_SPANS, wall_elapsed_ns: 0 }
+        Self {
+            clock: ClockMode::Virtual,
+            sample_interval_ns: 0,
+            record_spans: false,
+            max_spans: MAX_SPANS,
+            wall_elapsed_ns: 0,
+        }
     }
 }
 
@@ -126,6 +132,16 @@ struct Span {
     end_ns: TimeNs,
 }
 
+/// A latency-sensitive transfer waiting out the FIFO backlog of its lane ([`Core::submit_latency_sensitive`]).
+#[derive(Clone, Debug)]
+struct Waiting {
+    path: Box<[PortId]>,
+    lane: Lane,
+    size_bytes: u64,
+    tag: u64,
+    submitted_ns: TimeNs,
+}
+
 /// The data-plane core.
 pub struct Core {
     config: CoreConfig,
@@ -141,6 +157,10 @@ pub struct Core {
     span_path_index: std::collections::HashMap<Box<[PortId]>, u32>,
     pending_timers: u64,
     pending_transfers: u64,
+    /// Latency-sensitive transfers not moving yet, by id (None: a free slot), and the free ids, reused
+    /// last freed first (ids follow the order of operations only, so runs replay exactly).
+    waiting: Vec<Option<Waiting>>,
+    free_waiting: Vec<u32>,
     forwards: Forwards,
     /// Reused buffer of what a forward asks the core to start.
     forward_actions: Vec<Action>,
@@ -181,6 +201,8 @@ impl Core {
             span_path_index: std::collections::HashMap::new(),
             pending_timers: 0,
             pending_transfers: 0,
+            waiting: Vec::new(),
+            free_waiting: Vec::new(),
             forwards: Forwards::default(),
             forward_actions: Vec::new(),
             clock_held: false,
@@ -278,6 +300,73 @@ impl Core {
             }
             batch.iter().try_for_each(|(path, lane, size, tag)| core.submit_transfer(path, *lane, *size, *tag))
         })
+    }
+
+    /// Start many *latency-sensitive* transfers at one instant, `(path, lane, size_bytes, tag)` each: small
+    /// messages (a MoE dispatch, a collective) that queue FIFO behind the bulk data already posted on their
+    /// lane, as packets do in a NIC's or switch's per-lane queue, which the fluid model leaves out.
+    ///
+    /// Each transfer first waits `max_p Q_p / r_p` over the ports `p` of its path, where `Q_p` is the sum
+    /// over the flows crossing `p` on the same lane at submission of `min(their remaining bytes,
+    /// outstanding_bytes)` (a bulk sender has at most its work-request size × queue depth posted ahead)
+    /// and `r_p` the rate `p` serves that lane at now (the sum of its flow rates; the port's capacity if
+    /// 0); then it becomes an ordinary flow. Its completion's `start_ns` is the submission time, so its
+    /// latency includes the wait. The transfers of one batch do not queue behind one another (all waits
+    /// are computed before any starts), and a lane with no other flow adds no wait, so with lane isolation
+    /// a message waits for nothing. `outstanding_bytes == 0` is [`Core::submit_transfers`].
+    pub fn submit_latency_sensitive(
+        &mut self,
+        batch: &[(Vec<PortId>, Lane, u64, u64)],
+        outstanding_bytes: u64,
+    ) -> Result<()> {
+        if outstanding_bytes == 0 {
+            return self.submit_transfers(batch);
+        }
+        self.at_one_instant(|core| {
+            for (i, (path, lane, _, _)) in batch.iter().enumerate() {
+                core.check_transfer(path, *lane).map_err(|e| e.within(&format!("transfers[{i}]")))?;
+            }
+            // The backlog as it stands now, with the rates of everything submitted before this batch.
+            core.flush();
+            let now = core.now;
+            let waits = batch
+                .iter()
+                .map(|(path, lane, size, _)| {
+                    if *size == 0 {
+                        Ok(0) // moves nothing, so queues for nothing: completes now, as ordinarily
+                    } else {
+                        core.net.fifo_wait_ns(path, *lane, outstanding_bytes, now)
+                    }
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            for ((path, lane, size, tag), wait) in batch.iter().zip(waits) {
+                if wait == 0 {
+                    core.submit_transfer(path, *lane, *size, *tag)?;
+                } else {
+                    core.wait_then_start(path, *lane, *size, *tag, wait);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Hold a checked transfer for `wait_ns`, then start it (`EventKind::Queued`).
+    fn wait_then_start(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, tag: u64, wait_ns: u64) {
+        let item = Waiting { path: path.into(), lane, size_bytes, tag, submitted_ns: self.now };
+        let id = match self.free_waiting.pop() {
+            Some(id) => {
+                self.waiting[id as usize] = Some(item);
+                id
+            }
+            None => {
+                self.waiting.push(Some(item));
+                (self.waiting.len() - 1) as u32
+            }
+        };
+        let at = self.later(wait_ns, || format!("a latency-sensitive transfer's FIFO wait ({wait_ns} ns)"));
+        self.queue.push(at, EventKind::Queued { id });
+        self.transfer_events += 1;
+        self.pending_transfers += 1;
     }
 
     /// Run `f` with the wall clock held at one instant (caught up once first), so a batch starts together.
@@ -757,6 +846,14 @@ impl Core {
                 self.queue_events += 1;
                 self.pending_timers -= 1;
                 self.complete(CompletionKind::Timer, tag, now, 0, 0);
+            }
+            EventKind::Queued { id } => {
+                self.queue_events += 1;
+                let w = self.waiting[id as usize].take().expect("a waiting transfer starts once");
+                self.free_waiting.push(id);
+                self.net
+                    .add_flow_since(&w.path, w.lane, w.size_bytes, Owner::User(w.tag), w.submitted_ns, now)
+                    .expect("latency-sensitive paths are validated at submission");
             }
             EventKind::Empty { tag, lane } => {
                 self.queue_events += 1;

@@ -159,7 +159,19 @@ class Core:
     def storage_node_name(self, node: int) -> str: ...
     @property
     def storage_node_count(self) -> int: ...
-    def submit_transfers(self, transfers: Iterable[tuple[Sequence[int], int, int, int]]) -> int: ...
+    def submit_transfers(
+        self, transfers: Iterable[tuple[Sequence[int], int, int, int]], *, latency_sensitive_outstanding_bytes: int = 0
+    ) -> int:
+        """Start ``(path, lane, size_bytes, tag)`` transfers now; returns how many.
+
+        With ``latency_sensitive_outstanding_bytes`` > 0 the batch is latency-sensitive (small messages such as
+        a MoE dispatch): each transfer first waits ``max_p Q_p / r_p`` over the ports ``p`` of its path, ``Q_p``
+        being the sum over the flows already crossing ``p`` on its lane of ``min(remaining bytes,
+        latency_sensitive_outstanding_bytes)`` (a bulk sender's work-request size × queue depth) and ``r_p`` the
+        rate ``p`` serves that lane at now (its capacity if 0), then moves as an ordinary transfer. Its
+        completion's ``start_ns`` is the submission time. Transfers of one batch do not queue behind each
+        other; a lane without other flows adds no wait.
+        """
     def submit_forwards(self, forwards: Iterable[_Forward]) -> int: ...
     def submit_ios(self, ios: Iterable[tuple[int, str, int, int, int]]) -> int: ...
     def add_timers(self, timers: Iterable[tuple[int, int]]) -> int: ...

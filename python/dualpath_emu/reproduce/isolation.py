@@ -1,50 +1,69 @@
-"""The isolation experiment (paper §5, paper-facts §6): how long a MoE dispatch collective takes on compute NICs
-that also carry DualPath's KV-cache traffic, with and without virtual-lane isolation.
+"""The isolation experiment (paper §5): how long an EP16 MoE dispatch takes on compute NICs that also carry
+20 GB/s of KV-cache traffic, with and without virtual-lane isolation, when the dispatch queues FIFO behind the
+KV work requests already posted on its lane.
 
-The paper gives no numbers for this experiment (paper-facts §6: the emulator "must be able to run it"); the
-issue's target is: with isolation the collective's latency stays within 10% of its unloaded value, without
-it grows several-fold. No cluster run is involved: the experiment drives the Rust core directly, and
-"without isolation" is only a different lane configuration of the same ports and transfers (DESIGN.md §4:
+The setup is the SIGCOMM version's isolation micro-benchmark as the task describes it (its App. A.5): an EP16
+dispatch with low-priority KV background of 20 GB/s per port, measured without and with lane isolation.
+paper-facts §2.1 confirms only the EP16; the paper gives no latencies to compare with (paper-facts §6: the
+emulator "must be able to run it"). No cluster run is involved: the experiment drives the Rust core
+directly, and "without isolation" is only a different lane of the same ports and transfers (DESIGN.md §4:
 "a scenario, not special code").
 
-**Fabric.** DS 660B's prefill EP group, 2 PE nodes × 8 GPUs (:data:`~dualpath_emu.reproduce.common.DEPLOYMENTS`,
-paper-facts §2.1), and the 4 DE nodes of its 2P4D deployment. Ports as in
-:mod:`dualpath_emu.cluster.topology`: per GPU a compute NIC, one port each way (``n<i>.cnic<g>.tx``/``.rx``,
-50 GB/s = 400 Gb/s, :data:`~dualpath_emu.cluster.catalog.TESTBED_NODE`, paper-facts §1), per DE node its host
-DRAM (``n<i>.dram``, 500 GB/s, the DE buffer). The IB fabric is non-blocking, so a transfer is limited by its
-two NICs (and the DRAM it touches).
+**Why FIFO.** In the fluid model a message sharing a lane with bulk flows gets its max-min share at once, so
+under a background of B on a port of capacity C it slows by at most C / (C − B) (1.67× for 20 GB/s on a
+50 GB/s NIC). Real NICs and switches queue packets FIFO per lane: the dispatch waits behind the KV work
+requests (WRs) the KV senders already posted on that lane. The dispatch is therefore submitted
+*latency-sensitive* (``Core.submit_transfers(..., latency_sensitive_outstanding_bytes=WR × depth)``): at
+each port of its path it first waits for ``Q_p = Σ min(remaining, WR × depth)`` over the flows of its lane
+there, drained at the rate the port serves that lane (``Q_p / r_p``, the longest along the path), then
+shares the port max-min like any flow.
 
-**Collective (model traffic, VL0).** One MoE-layer dispatch of every PE GPU, DeepEP's normal-kernel layout as
-in the cluster's own model (``cluster/engines.py``): a token crosses the network once to each remote node that
-hosts one of its ``k`` = 8 routed experts, to the GPU of the same index there (NVLink spreads it within the
-node, and no port models NVLink). With 2 nodes, one transfer per GPU to its peer, of
-``tokens × 7,392 B × (1 - (1 - 1/2)^8)`` bytes (hidden 7,168 in FP8 plus one FP32 scale per 128 channels:
-``ModelSpec.a2a_dispatch_bytes_per_token_layer / k``, catalog). Batches of 512, 2,048 and 8,192 tokens per
-GPU (a few to ~20 requests of the trace's 429-token appends, paper-facts §3/§7.5): 3.8, 15.1 and 60.3 MB per
-peer, i.e. 75 µs, 302 µs and 1.2 ms on an idle 50 GB/s NIC. The latency is the time from the collective's
-start to its last transfer's end.
+**Fabric.** DS 660B's prefill EP group, 2 PE nodes × 8 GPUs = EP16
+(:data:`~dualpath_emu.reproduce.common.DEPLOYMENTS`, paper-facts §2.1), and the 4 DE nodes of its 2P4D
+deployment. Ports as in :mod:`dualpath_emu.cluster.topology`: per GPU a compute NIC, one port each way
+(``n<i>.cnic<g>.tx``/``.rx``, 50 GB/s = 400 Gb/s, :data:`~dualpath_emu.cluster.catalog.TESTBED_NODE`,
+paper-facts §1), per DE node its host DRAM (``n<i>.dram``, 500 GB/s, the DE buffer). The IB fabric is
+non-blocking, so a transfer is limited by its two NICs (and the DRAM it touches).
 
-**Background (KV traffic).** DualPath's DE-read path (paper-facts §4, Fig. 4b): per PE GPU, ``kv_flows``
-loads DE buffer → DE CNIC → PE CNIC → PE HBM and ``kv_flows`` miss-KV stores PE HBM → PE CNIC → DE CNIC → DE
-buffer, i.e. one Layer-Block stream per request of the forward batch (as the cluster submits them), spread
-evenly over the DE nodes (no DE buffer's DRAM binds). They start :data:`WARMUP_NS` before the collective and are sized to outlast it (a run
-fails if one ends first), so both directions of every PE CNIC stay saturated. ``kv_flows`` = 2, 4 and 8.
+**Dispatch (model traffic).** One MoE-layer dispatch of every PE GPU, DeepEP's normal-kernel layout as in the
+cluster's model (``cluster/engines.py``): a token crosses the network once to each remote node that hosts
+one of its ``k`` = 8 routed experts, to the GPU of the same index there. With 2 nodes, one transfer per GPU
+to its peer of ``tokens × 7,392 B × (1 - (1 - 1/2)^8)`` bytes (hidden 7,168 in FP8 plus one FP32 scale per
+128 channels: ``ModelSpec.a2a_dispatch_bytes_per_token_layer / k``). The main point is a decode-sized batch,
+:data:`A5_TOKENS` = 128 tokens per GPU (0.94 MB per peer, 19 µs on an idle NIC); prefill batches of 512,
+2,048 and 8,192 tokens (3.8 to 60 MB) for context. The latency is the time from the dispatch's submission
+to its last transfer's end.
 
-**Conditions** (the same transfers each time; only lanes and arbitration change):
+**Background (KV traffic).** DualPath's DE-read path (paper-facts §4, Fig. 4b): per PE GPU, one Layer-Block
+stream from each DE node (DE buffer → DE CNIC → PE CNIC → PE HBM) and one miss-KV stream back to each
+(PE HBM → PE CNIC → DE CNIC → DE buffer): :data:`KV_QPS_PER_PORT` = 4 sender QPs per PE CNIC direction.
+Each direction's streams pass a 20 GB/s port of their own (``n<i>.kv<g>.load`` / ``.store``: the KV
+traffic's offered load, not hardware), so KV takes exactly :data:`KV_BYTES_PER_S` = 20 GB/s of each PE
+CNIC direction, the DE side never binds, and the streams are sized to outlast the dispatch (a run fails if
+one ends first). They start :data:`WARMUP_NS` before it.
 
-* ``unloaded``: the collective alone.
-* ``isolated``: the paper's A.1 configuration (``Arbitration.paper()``: VL0 high priority, VL2 in the low
-  table only, high limit 240): KV on VL2 = :data:`~dualpath_emu.cluster.topology.KV_LANE`, model traffic on
-  VL0 = :data:`~dualpath_emu.cluster.topology.MODEL_LANE`. Saturated, the KV lane keeps ≈0.1% of a 4 KiB-MTU
-  port (paper-facts §6), so the collective should slow by ≈0.1%.
-* ``shared_lane`` (no isolation): the same ports, KV traffic mapped to VL0 with the model traffic, as without
-  a separate VL for it. Flows of one lane share a port max-min fairly, so with ``kv_flows`` KV transfers and one
-  collective transfer per NIC direction the collective gets ``1 / (kv_flows + 1)``: 3×, 5×, 9×.
-* ``no_priority`` (context): KV keeps VL2 but every VL is served by plain WRR with equal weights
-  (``Arbitration.fair(4)``, a port without QoS): the two lanes halve the NIC, ≈2×.
+**Assumed, not from the paper.** A KV sender's outstanding bytes are its WR size × queue depth: a WR moves
+one Layer Block (64 tokens × ``ModelSpec.kv_bytes_per_token_layer`` = 64 × 656 B = 41,984 B for DS 660B,
+paper-facts §2.2/§4) and :data:`QUEUE_DEPTH` = 16 WRs are posted per QP; 4 QPs per port (one per DE
+node). The FIFO drains at the rate the lane is served at (the KV senders' 20 GB/s when the dispatch
+arrives); a queue drained at the 50 GB/s line rate would make the wait 2.5× shorter. So without isolation
+the dispatch waits 4 × 16 × 41,984 B / 20 GB/s ≈ 134 µs, then moves at 30 GB/s. ``--queue-depth`` and
+``--kv-qps`` change the assumption.
 
-The checks need ``isolated`` ≤ 1.10 × unloaded and ``shared_lane`` ≥ 2 × unloaded at every point.
-``--quick`` runs 512 and 8,192 tokens with 4 KV flows.
+**Conditions** (the same transfers each time; only lanes and the submission change; ``Arbitration.paper()``,
+A.1's VL arbitration, on every CNIC):
+
+* ``unloaded``: the dispatch alone.
+* ``isolated``: KV on VL2 = :data:`~dualpath_emu.cluster.topology.KV_LANE` (low priority), the dispatch on
+  VL0 = :data:`~dualpath_emu.cluster.topology.MODEL_LANE` (high), latency-sensitive: its lane holds no KV
+  flow, so it waits for nothing, and saturated the KV lane keeps ≈0.1% of the port (paper-facts §6).
+* ``shared_lane``: no isolation, KV on the dispatch's VL0; latency-sensitive, so it waits out the FIFO.
+* ``shared_lane_fluid`` (context): the same, submitted as an ordinary transfer: the pure fluid model's
+  C / (C − B).
+
+Checks: ``isolated`` ≤ 1.10 × unloaded at every batch; ``shared_lane`` ≥ 2 × ``shared_lane_fluid`` at the
+main point (the FIFO is what makes sharing costly) and slower than it at every batch. ``--quick`` runs 128
+and 8,192 tokens.
 """
 
 from __future__ import annotations
@@ -58,71 +77,76 @@ from typing import Any, Final
 
 from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.cluster.catalog import TESTBED_NODE, ModelSpec, model
+from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.reproduce.common import DEPLOYMENTS, Comparison, Report, experiment_main, within
 from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = [
+    "A5_TOKENS",
     "BATCH_TOKENS",
     "CONDITIONS",
-    "KV_FLOWS",
+    "KV_BYTES_PER_S",
+    "KV_QPS_PER_PORT",
+    "QUEUE_DEPTH",
     "Condition",
     "Point",
-    "build",
     "dispatch_bytes_per_peer",
+    "fifo_wait_ns",
     "main",
     "measure",
+    "outstanding_bytes",
 ]
 
 MODEL: Final = "ds660b"
 EP_NODES: Final[int] = DEPLOYMENTS[MODEL]["prefill_ep_nodes"]
 DE_NODES: Final[int] = DEPLOYMENTS[MODEL]["de_nodes"]
-BATCH_TOKENS: Final = (512, 2048, 8192)
-"""Tokens per GPU in one forward batch (full run)."""
-KV_FLOWS: Final = (2, 4, 8)
-"""Concurrent KV transfers per PE CNIC direction (full run)."""
-QUICK_BATCH_TOKENS: Final = (512, 8192)
-QUICK_KV_FLOWS: Final = (4,)
+A5_TOKENS: Final = 128
+"""Tokens per GPU of the main point: a decode-sized batch (the task's setup)."""
+BATCH_TOKENS: Final = (A5_TOKENS, 512, 2048, 8192)
+"""Tokens per GPU in one dispatch (full run): the main point, then prefill batches for context."""
+QUICK_BATCH_TOKENS: Final = (A5_TOKENS, 8192)
+KV_BYTES_PER_S: Final = 20e9
+"""KV background per PE CNIC direction (the task's setup)."""
+KV_QPS_PER_PORT: Final = DE_NODES
+"""KV sender QPs per PE CNIC direction: one stream to or from each DE node (an assumption)."""
+QUEUE_DEPTH: Final = 16
+"""Work requests a KV sender keeps posted (an assumption, not a paper number)."""
 WARMUP_NS: Final = 50_000
-"""Background traffic runs alone this long first, so the collective meets it in steady state."""
+"""Background traffic runs alone this long first, so the dispatch meets it in steady state."""
 KV_FLOW_BYTES: Final = 4 << 30
-"""Each KV flow's size: at ≤ 25 GB/s it lasts ≥ 170 ms, far beyond the slowest collective (≈11 ms)."""
+"""Each KV stream's size: at 5 GB/s it lasts ≈0.9 s, far beyond the slowest dispatch (≈2 ms)."""
 ISOLATION_TOLERANCE: Final = 0.10
-SEVERAL_FOLD: Final = 2.0
-"""The slowdown "without isolation" must reach (the issue's "several-fold", taken as at least 2×)."""
+FIFO_OVER_FLUID: Final = 2.0
+"""How much slower than the fluid model the shared lane must be at the main point ("clearly slower")."""
 _COLLECTIVE_TAG0: Final = 1
-_KV_TAG0: Final = 1 << 32  # apart from the collective's tags, so a completion says which it was
+_KV_TAG0: Final = 1 << 32  # apart from the dispatch's tags, so a completion says which it was
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One lane configuration: the CNICs' arbitration and the lane KV traffic rides (None: no KV traffic)."""
+    """One configuration: the lane KV traffic rides (None: no KV traffic) and how the dispatch is submitted."""
 
     name: str
-    arbitration: str
-    """``"paper"`` (A.1's VL arbitration) or ``"fair"`` (equal WRR weights, no priority)."""
     kv_lane: int | None
+    fifo: bool
+    """Submit the dispatch latency-sensitive (it queues FIFO behind its lane's KV WRs) or as a plain flow."""
     description: str
-
-    def make_arbitration(self) -> Arbitration:
-        """A fresh arbitration for the CNIC ports."""
-        return Arbitration.paper() if self.arbitration == "paper" else Arbitration.fair(4)
 
 
 CONDITIONS: Final = (
-    Condition("unloaded", "paper", None, "the collective alone"),
-    Condition("isolated", "paper", KV_LANE, "KV on VL2 (low), model on VL0 (high): paper A.1"),
-    Condition("shared_lane", "paper", MODEL_LANE, "no isolation: KV on the model's VL0"),
-    Condition("no_priority", "fair", KV_LANE, "VLs without priority: equal WRR weights"),
+    Condition("unloaded", None, True, "the dispatch alone"),
+    Condition("isolated", KV_LANE, True, "KV on VL2 (low), dispatch on VL0 (high): paper A.1"),
+    Condition("shared_lane", MODEL_LANE, True, "no isolation: KV on the dispatch's VL0, FIFO behind its WRs"),
+    Condition("shared_lane_fluid", MODEL_LANE, False, "no isolation, pure fluid model (context)"),
 )
 
 
 @dataclass(frozen=True)
 class Point:
-    """One measurement: the collective's latency under ``condition``."""
+    """One measurement: the dispatch's latency under ``condition``."""
 
     batch_tokens: int
-    kv_flows: int
     condition: Condition
     bytes_per_peer: int
     latency_ns: int
@@ -136,40 +160,59 @@ def dispatch_bytes_per_peer(spec: ModelSpec, tokens: int, ep_nodes: int) -> int:
     return round(tokens * per_token * (1.0 - (1.0 - 1.0 / ep_nodes) ** k))
 
 
+def outstanding_bytes(spec: ModelSpec, queue_depth: int = QUEUE_DEPTH) -> int:
+    """What one KV sender has posted ahead at most: ``queue_depth`` WRs of one Layer Block each."""
+    return BLOCK_TOKENS * spec.kv_bytes_per_token_layer * queue_depth
+
+
+def fifo_wait_ns(spec: ModelSpec, queue_depth: int = QUEUE_DEPTH, kv_qps: int = KV_QPS_PER_PORT) -> float:
+    """The closed form of the shared lane's FIFO wait: every KV QP's posted WRs, drained at the KV rate."""
+    return kv_qps * outstanding_bytes(spec, queue_depth) / KV_BYTES_PER_S * 1e9
+
+
 @dataclass(frozen=True)
 class _Fabric:
     cnic_tx: dict[tuple[int, int], int]
     cnic_rx: dict[tuple[int, int], int]
     dram: dict[int, int]
+    kv_load: dict[tuple[int, int], int]
+    kv_store: dict[tuple[int, int], int]
 
 
-def _build_fabric(core: Core, arbitration: Arbitration) -> _Fabric:
-    """PE nodes 0 … EP_NODES-1, then DE nodes; CNIC ports per GPU, DRAM per DE node (topology.py's names)."""
+def _build_fabric(core: Core) -> _Fabric:
+    """PE nodes 0 … EP_NODES-1, then DE nodes; CNIC ports per GPU (A.1 arbitration), DRAM per DE node
+    (topology.py's names), and per PE GPU the two 20 GB/s ports that set the KV load."""
     node = TESTBED_NODE
     tx: dict[tuple[int, int], int] = {}
     rx: dict[tuple[int, int], int] = {}
     dram: dict[int, int] = {}
+    kv_load: dict[tuple[int, int], int] = {}
+    kv_store: dict[tuple[int, int], int] = {}
     for n in range(EP_NODES + DE_NODES):
         if n >= EP_NODES:  # PE DRAM is not on any path here
             dram[n] = core.add_port(f"n{n}.dram", node.host_dram_bytes_per_s)
         for g in range(node.gpus):
-            tx[n, g] = core.add_port(f"n{n}.cnic{g}.tx", node.cnic_bytes_per_s, arbitration=arbitration)
-            rx[n, g] = core.add_port(f"n{n}.cnic{g}.rx", node.cnic_bytes_per_s, arbitration=arbitration)
-    return _Fabric(tx, rx, dram)
+            tx[n, g] = core.add_port(f"n{n}.cnic{g}.tx", node.cnic_bytes_per_s, arbitration=Arbitration.paper())
+            rx[n, g] = core.add_port(f"n{n}.cnic{g}.rx", node.cnic_bytes_per_s, arbitration=Arbitration.paper())
+            if n < EP_NODES:
+                kv_load[n, g] = core.add_port(f"n{n}.kv{g}.load", KV_BYTES_PER_S)
+                kv_store[n, g] = core.add_port(f"n{n}.kv{g}.store", KV_BYTES_PER_S)
+    return _Fabric(tx, rx, dram, kv_load, kv_store)
 
 
-def measure(condition: Condition, batch_tokens: int, kv_flows: int) -> Point:
-    """Run one condition in a fresh core and return the collective's latency (start → last transfer's end)."""
+def measure(condition: Condition, batch_tokens: int, *, queue_depth: int = QUEUE_DEPTH,
+            kv_qps: int = KV_QPS_PER_PORT) -> Point:  # fmt: skip
+    """Run one condition in a fresh core and return the dispatch's latency (submission → last transfer's end)."""
+    spec = model(MODEL)
     core = Core()
-    fabric = _build_fabric(core, condition.make_arbitration())
+    fabric = _build_fabric(core)
     gpus = TESTBED_NODE.gpus
-    if condition.kv_lane is not None and kv_flows > 0:
+    if condition.kv_lane is not None:
         background = []
-        for n, g, j in itertools.product(range(EP_NODES), range(gpus), range(kv_flows)):
-            # Requests spread evenly over the DE nodes, so no DE's DRAM (the DE buffer) caps the load.
-            de = EP_NODES + (n * kv_flows + j) % DE_NODES
-            load = (fabric.dram[de], fabric.cnic_tx[de, g], fabric.cnic_rx[n, g])  # DE buffer → PE HBM
-            store = (fabric.cnic_tx[n, g], fabric.cnic_rx[de, g], fabric.dram[de])  # PE HBM → DE buffer
+        for n, g, j in itertools.product(range(EP_NODES), range(gpus), range(kv_qps)):
+            de = EP_NODES + j % DE_NODES  # one stream per DE node (round robin beyond DE_NODES QPs)
+            load = (fabric.dram[de], fabric.cnic_tx[de, g], fabric.cnic_rx[n, g], fabric.kv_load[n, g])
+            store = (fabric.kv_store[n, g], fabric.cnic_tx[n, g], fabric.cnic_rx[de, g], fabric.dram[de])
             background += [load, store]
         core.submit_transfers(
             (path, condition.kv_lane, KV_FLOW_BYTES, _KV_TAG0 + i) for i, path in enumerate(background)
@@ -177,129 +220,151 @@ def measure(condition: Condition, batch_tokens: int, kv_flows: int) -> Point:
     if core.advance_until(WARMUP_NS):
         raise RuntimeError("isolation: background traffic ended during the warm-up")
     start_ns = core.now_ns
-    size = dispatch_bytes_per_peer(model(MODEL), batch_tokens, EP_NODES)
+    size = dispatch_bytes_per_peer(spec, batch_tokens, EP_NODES)
     pairs = [(n, g, peer) for n, g in itertools.product(range(EP_NODES), range(gpus))
              for peer in range(EP_NODES) if peer != n]  # fmt: skip
-    collective = [
+    dispatch = [
         ((fabric.cnic_tx[n, g], fabric.cnic_rx[peer, g]), MODEL_LANE, size, _COLLECTIVE_TAG0 + i)
         for i, (n, g, peer) in enumerate(pairs)
     ]
-    core.submit_transfers(collective)
-    waiting = {tag for *_, tag in collective}
+    outstanding = outstanding_bytes(spec, queue_depth) if condition.fifo else 0
+    core.submit_transfers(dispatch, latency_sensitive_outstanding_bytes=outstanding)
+    waiting = {tag for *_, tag in dispatch}
     end_ns = start_ns
     while waiting:
         stepped = core.step()
         if stepped is None:
-            raise RuntimeError("isolation: the core went idle before the collective finished")
-        for _kind, tag, _start, end, _size, _lane in stepped[1]:
+            raise RuntimeError("isolation: the core went idle before the dispatch finished")
+        for _kind, tag, start, end, _size, _lane in stepped[1]:
             if tag >= _KV_TAG0:  # the load would no longer be the one the point claims
-                raise RuntimeError(f"isolation: a KV flow ended before the collective ({condition.name})")
+                raise RuntimeError(f"isolation: a KV stream ended before the dispatch ({condition.name})")
+            if start != start_ns:
+                raise RuntimeError(f"isolation: a dispatch transfer reported start {start}, not {start_ns}")
             waiting.discard(tag)
             end_ns = max(end_ns, end)
-    return Point(batch_tokens, kv_flows if condition.kv_lane is not None else 0, condition, size, end_ns - start_ns)
+    return Point(batch_tokens, condition, size, end_ns - start_ns)
+
+
+_COLORS: Final = {"unloaded": "tab:gray", "isolated": "tab:green", "shared_lane": "tab:red",
+                  "shared_lane_fluid": "tab:orange"}  # fmt: skip
 
 
 def _plot(path: Path, points: Sequence[Point], unloaded: dict[int, int]) -> None:
-    """Left: latency per condition and batch; right: slowdown (loaded / unloaded) per point and condition."""
+    """Left: latency per condition against the batch; right: slowdown (latency / unloaded) per batch."""
+    batches = sorted(unloaded)
+    by_key = {(p.batch_tokens, p.condition.name): p for p in points}
     loaded = [c for c in CONDITIONS if c.kv_lane is not None]
-    keys = sorted({(p.batch_tokens, p.kv_flows) for p in points if p.condition.kv_lane is not None})
-    by_key = {(p.batch_tokens, p.kv_flows, p.condition.name): p for p in points}
-    colors = {"unloaded": "tab:gray", "isolated": "tab:green", "shared_lane": "tab:red", "no_priority": "tab:orange"}
     fig, (left, right) = panels(2, width=5.5, height=3.8)
     width = 0.8 / len(loaded)
     for i, c in enumerate(loaded):
-        xs = [k + (i - (len(loaded) - 1) / 2) * width for k in range(len(keys))]
-        ratios = [by_key[b, f, c.name].latency_ns / unloaded[b] for b, f in keys]
-        right.bar(xs, ratios, width, color=colors[c.name], label=c.name)
+        xs = [k + (i - (len(loaded) - 1) / 2) * width for k in range(len(batches))]
+        right.bar(xs, [by_key[b, c.name].latency_ns / unloaded[b] for b in batches], width, color=_COLORS[c.name],
+                  label=c.name)  # fmt: skip
     right.axhline(1 + ISOLATION_TOLERANCE, color="tab:green", linestyle="--", linewidth=0.8)
-    right.axhline(SEVERAL_FOLD, color="tab:red", linestyle="--", linewidth=0.8)
-    right.set_xticks(range(len(keys)), [f"{b}\n{f}" for b, f in keys], fontsize=8)
-    right.set_xlabel("tokens per GPU / KV flows per CNIC direction")
+    right.set_xticks(range(len(batches)), [str(b) for b in batches], fontsize=8)
+    right.set_xlabel("tokens per GPU")
     right.set_yscale("log")
     right.set_ylim(0.8, None)  # so that the isolated bars (≈1.0) show
     right.set_ylabel("latency / unloaded")
-    right.set_title("slowdown of the dispatch collective")
+    right.set_title("slowdown of the EP16 dispatch")
     right.legend(fontsize=8)
     right.grid(alpha=0.3, axis="y")
-    batches = sorted(unloaded)
-    flows = max(f for _, f in keys)
     for c in CONDITIONS:
-        if c.kv_lane is None:
-            ys = [unloaded[b] / 1e3 for b in batches]
-        else:
-            ys = [by_key[b, flows, c.name].latency_ns / 1e3 for b in batches]
+        ys = [by_key[b, c.name].latency_ns / 1e3 for b in batches]
         style = "s--" if c.kv_lane is None else "o-"  # unloaded and isolated coincide: keep both visible
-        left.plot(batches, ys, style, color=colors[c.name], label=c.name, markersize=4 if c.kv_lane is None else 7,
+        left.plot(batches, ys, style, color=_COLORS[c.name], label=c.name, markersize=4 if c.kv_lane is None else 7,
                   zorder=3 if c.kv_lane is None else 2)  # fmt: skip
     left.set_xscale("log", base=2)
     left.set_yscale("log")
     left.set_xlabel("tokens per GPU")
-    left.set_ylabel("collective latency (µs)")
-    left.set_title(f"MoE dispatch, {flows} KV flows per CNIC direction")
+    left.set_ylabel("dispatch latency (µs)")
+    left.set_title(f"{KV_BYTES_PER_S / 1e9:g} GB/s of KV per CNIC direction")
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
     save(fig, path)
 
 
 def build(args: argparse.Namespace) -> Report:
-    """Measure every (batch, KV load, condition) point and compare with the issue's targets."""
+    """Measure every (batch, condition) point and compare with the targets and the closed forms."""
     batches = QUICK_BATCH_TOKENS if args.quick else BATCH_TOKENS
-    loads = QUICK_KV_FLOWS if args.quick else KV_FLOWS
-    unloaded_condition = CONDITIONS[0]
-    points = [measure(unloaded_condition, b, 0) for b in batches]
-    unloaded = {p.batch_tokens: p.latency_ns for p in points}
-    points += [measure(c, b, f) for b in batches for f in loads for c in CONDITIONS if c.kv_lane is not None]
+    depth, qps = args.queue_depth, args.kv_qps
+    spec = model(MODEL)
+    points = [measure(c, b, queue_depth=depth, kv_qps=qps) for b in batches for c in CONDITIONS]
+    unloaded = {p.batch_tokens: p.latency_ns for p in points if p.condition.name == "unloaded"}
+    latency = {(p.batch_tokens, p.condition.name): p.latency_ns for p in points}
+    wait_ns = fifo_wait_ns(spec, depth, qps)
     rows: list[dict[str, Any]] = []
     for p in points:
         c = p.condition
         rows.append({
             "batch_tokens": p.batch_tokens,
-            "kv_flows": p.kv_flows,
             "condition": c.name,
-            "arbitration": c.arbitration,
             "model_lane": MODEL_LANE,
             "kv_lane": "" if c.kv_lane is None else c.kv_lane,
+            "fifo": c.fifo,
+            "kv_gbps_per_port": 0.0 if c.kv_lane is None else KV_BYTES_PER_S / 1e9,
             "bytes_per_peer": p.bytes_per_peer,
             "latency_us": p.latency_ns / 1e3,
             "unloaded_us": unloaded[p.batch_tokens] / 1e3,
             "slowdown": p.latency_ns / unloaded[p.batch_tokens],
+            "over_fluid": p.latency_ns / latency[p.batch_tokens, "shared_lane_fluid"],
         })  # fmt: skip
 
     def slowdowns(name: str) -> list[float]:
         return [r["slowdown"] for r in rows if r["condition"] == name]
 
-    isolated, shared, no_priority = slowdowns("isolated"), slowdowns("shared_lane"), slowdowns("no_priority")
+    isolated = slowdowns("isolated")
+    a5 = {c.name: latency[A5_TOKENS, c.name] for c in CONDITIONS}
+    capacity = TESTBED_NODE.cnic_bytes_per_s
+    fluid_bound = capacity / (capacity - KV_BYTES_PER_S)
+    # The shared lane in closed form: the FIFO wait, then the bytes at what KV leaves of the port.
+    a5_bytes = dispatch_bytes_per_peer(spec, A5_TOKENS, EP_NODES)
+    predicted_ns = wait_ns + a5_bytes / (capacity - KV_BYTES_PER_S) * 1e9
+    over_fluid = a5["shared_lane"] / a5["shared_lane_fluid"]
     kv_share = Arbitration.paper().saturated_shares(4096, [MODEL_LANE, KV_LANE])[KV_LANE]
     comparisons = [
-        within("collective latency loaded / unloaded, isolated (worst point)", 1.0, max(isolated),
-               rel=ISOLATION_TOLERANCE),  # fmt: skip
-        Comparison("collective latency loaded / unloaded, shared lane (mildest point)", SEVERAL_FOLD, min(shared),
-                   f">= {SEVERAL_FOLD:g}x (several-fold)", min(shared) >= SEVERAL_FOLD),  # fmt: skip
-        Comparison("collective latency loaded / unloaded, VLs without priority (mean)", 2.0,
-                   sum(no_priority) / len(no_priority), "context: two lanes halve the NIC", None),  # fmt: skip
+        within(f"dispatch latency unloaded, {A5_TOKENS} tokens/GPU (µs; paper column: the bytes at C)",
+               a5_bytes / capacity * 1e6, a5["unloaded"] / 1e3, rel=0.01),  # fmt: skip
+        within("dispatch latency isolated / unloaded (worst batch)", 1.0, max(isolated), rel=ISOLATION_TOLERANCE),
+        within(f"dispatch latency shared lane, fluid only / unloaded ({A5_TOKENS} tokens; paper column: "
+               "C / (C − B))", fluid_bound, a5["shared_lane_fluid"] / a5["unloaded"], rel=0.01),  # fmt: skip
+        within(f"dispatch latency shared lane, FIFO / unloaded ({A5_TOKENS} tokens; paper column: closed form)",
+               predicted_ns / a5["unloaded"], a5["shared_lane"] / a5["unloaded"], rel=0.01),  # fmt: skip
+        Comparison(f"dispatch latency shared lane, FIFO / fluid only ({A5_TOKENS} tokens)", FIFO_OVER_FLUID,
+                   over_fluid, f">= {FIFO_OVER_FLUID:g}x", over_fluid >= FIFO_OVER_FLUID),  # fmt: skip
         Comparison("KV lane's share of a saturated CNIC, A.1 arbitration", 1.0 - 0.999, kv_share,
                    "context: paper ≈99.9% to the high VL", None),  # fmt: skip
     ]
     checks = {
-        f"isolation keeps the collective within {ISOLATION_TOLERANCE:.0%} (every point)": max(isolated)
+        f"isolation keeps the dispatch within {ISOLATION_TOLERANCE:.0%} of unloaded (every batch)": max(isolated)
         <= 1.0 + ISOLATION_TOLERANCE,
-        f"no isolation (shared lane) slows it >= {SEVERAL_FOLD:g}x (every point)": min(shared) >= SEVERAL_FOLD,
-        "isolation beats both unisolated configurations (every point)": all(
-            i < min(s, n) for i, s, n in zip(isolated, shared, no_priority)
+        f"without isolation the FIFO makes it >= {FIFO_OVER_FLUID:g}x the fluid bound ({A5_TOKENS} tokens)":
+        over_fluid >= FIFO_OVER_FLUID,
+        "without isolation it is slower than the fluid bound (every batch)": all(
+            latency[b, "shared_lane"] > latency[b, "shared_lane_fluid"] for b in batches
         ),
     }
+    outstanding = outstanding_bytes(spec, depth)
     notes = [
-        "The paper reports no numbers for this experiment (paper-facts §6); the 'paper' column holds the "
-        "issue's targets: 1.0 (the unloaded latency, ±10%) and 2.0 (the several-fold floor).",
-        f"Setup: {MODEL} prefill EP group of {EP_NODES} nodes × {TESTBED_NODE.gpus} GPUs with {DE_NODES} DE "
-        f"nodes; 50 GB/s CNICs; one dispatch transfer per GPU and peer node on VL{MODEL_LANE}; per PE CNIC "
-        f"direction `kv_flows` saturating DE-read loads / miss-KV stores.",
-        "Without isolation the slowdown is the flow count: flows of one lane share a port max-min fairly, so "
-        "one collective transfer among k KV transfers gets 1/(k+1) of the NIC.",
+        "The paper reports no latencies for this experiment (paper-facts §6); the 'paper' column holds targets "
+        "and closed forms: 1.0 (the unloaded latency, ±10%), C / (C − B) for the fluid model, and the FIFO "
+        "wait plus the bytes at C − B for the shared lane.",
+        f"Setup: {MODEL} prefill EP group of {EP_NODES} nodes × {TESTBED_NODE.gpus} GPUs (EP16) with {DE_NODES} "
+        f"DE nodes; 50 GB/s CNICs with A.1 arbitration; one dispatch transfer per GPU and peer node on "
+        f"VL{MODEL_LANE}; {KV_BYTES_PER_S / 1e9:g} GB/s of KV (DE-read loads / miss-KV stores) per PE CNIC "
+        f"direction in {qps} streams.",
+        f"Assumed (not paper numbers): each KV stream keeps {depth} WRs of one Layer Block ({BLOCK_TOKENS} tokens "
+        f"× {spec.kv_bytes_per_token_layer} B = {BLOCK_TOKENS * spec.kv_bytes_per_token_layer:,} B) posted, "
+        f"{outstanding:,} B; without isolation the dispatch waits for {qps} × that at the KV rate, "
+        f"{wait_ns / 1e3:.0f} µs, before it shares the port (a queue drained at line rate would wait "
+        f"{KV_BYTES_PER_S / capacity:.1f}× as long).",
+        f"Unloaded / isolated / shared lane (FIFO) / shared lane (fluid only) at {A5_TOKENS} tokens per GPU: "
+        f"{a5['unloaded'] / 1e3:.1f} / {a5['isolated'] / 1e3:.1f} / {a5['shared_lane'] / 1e3:.1f} / "
+        f"{a5['shared_lane_fluid'] / 1e3:.1f} µs.",
     ]
     return Report(
         name="isolation",
-        title="MoE dispatch latency under KV traffic, with and without VL isolation (§5)",
+        title="EP16 MoE dispatch latency under 20 GB/s of KV traffic, with and without VL isolation (§5)",
         rows=rows,
         comparisons=comparisons,
         notes=notes,
@@ -308,13 +373,30 @@ def build(args: argparse.Namespace) -> Report:
     )
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue-depth", type=_positive, default=QUEUE_DEPTH, metavar="N",
+                        help=f"WRs each KV stream keeps posted (default {QUEUE_DEPTH}, an assumption)")  # fmt: skip
+    parser.add_argument("--kv-qps", type=_positive, default=KV_QPS_PER_PORT, metavar="N",
+                        help=f"KV streams per PE CNIC direction (default {KV_QPS_PER_PORT}: one per DE node)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``dualpath-emu reproduce isolation [--quick] [--out DIR] [--json]``; returns the exit status."""
+    """``dualpath-emu reproduce isolation [--quick] [--out DIR] [--json] [--queue-depth N] [--kv-qps N]``;
+    returns the exit status."""
     return experiment_main(
         "isolation",
-        "MoE dispatch collective latency on CNICs carrying KV traffic, with and without virtual-lane isolation.",
+        "EP16 MoE dispatch latency on CNICs carrying 20 GB/s of KV traffic, with and without virtual-lane "
+        "isolation, the dispatch queueing FIFO behind the KV work requests on its lane.",
         build,
         argv,
+        configure=_configure,
     )
 
 
