@@ -314,3 +314,17 @@ def test_the_working_set_is_the_live_trajectories_context(results: dict[str, Sys
         ws = result.working_set_bytes
         assert sum(first.values()) * kv <= ws["max"] <= sum(final.values()) * kv
         assert 0 < ws["mean"] < ws["max"]
+
+
+@pytest.mark.parametrize(("model", "together"), [("ds27b", True), ("qwen32b", False)])
+def test_the_gpus_of_an_ep_group_decode_in_lock_step(model: str, together: bool) -> None:
+    # Two requests on two GPUs of one decode node, one with 60x the other's context. An MoE model's DE GPUs
+    # step together (the EP group's dispatch and combine), so the short request decodes at the long one's
+    # pace; a dense model's GPUs (DP only) step alone, and the short one is faster.
+    config = ClusterConfig(model=model, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=2)
+    work = [Trajectory.from_rounds("long", [(60_000, 400)]), Trajectory.from_rounds("short", [(1_000, 400)])]
+    m = run_system(config, "oracle", work).metrics
+    assert m.de[0] != m.de[1]
+    tpot = [(m.done_ns[r] - m.second_token_ns[r]) / (m.gen[r] - 2) for r in range(2)]
+    ratio = tpot[0] / tpot[1]
+    assert (ratio < 1.01) if together else (ratio > 1.1), ratio

@@ -751,7 +751,7 @@ def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
                             "*.events and *.json files here)")  # fmt: skip
     wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in names)
     result, _ = collect(run, run_dir, wall_s)
-    service = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
+    service: dict[str, list[str]] = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
     result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",
                          "backend": run.backend, "processes": len(names) + len(service),
                          "process_actors": {**service, **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip

@@ -39,7 +39,7 @@ class MooncakeUnavailable(BackendUnavailable):
 def check_available() -> None:
     """Raise :class:`MooncakeUnavailable` (saying what to install) unless the Transfer Engine loads here."""
     try:
-        import mooncake.engine  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+        import mooncake.engine  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
     except ImportError as error:
         raise MooncakeUnavailable(_missing(error)) from None
 

@@ -284,8 +284,8 @@ class HostLoop(RealTimeLoop):
                 granted = ios.setdefault(tag, [0, 0])
                 granted[0] += 1
                 granted[1] |= last
-        for tag, (chunks, last) in ios.items():  # one file operation per I/O and wake-up
-            self._grant_io(tag, chunks, bool(last))
+        for tag, (chunks, ended) in ios.items():  # one file operation per I/O and wake-up
+            self._grant_io(tag, chunks, bool(ended))
 
     def _new_id(self) -> int:
         ident, self._next_id = self._next_id, self._next_id + 1
