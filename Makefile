@@ -74,7 +74,7 @@ bench-scale: build ## The paper's largest run in one process: DS 660B 48P96D, 49
 	$(PYTHON) -m dualpath_emu.bench_cluster --clusters 48P96D --agents 49152 --rounds 0 --systems dualpath --repeat 1 --label _scale
 
 # The full experiments of EVALUATION.md, most telling first; NAME[:OPTIONS] (options joined by commas).
-EXPERIMENTS_FULL ?= table1 fig7:--model,ds660b fig12 fig13 fig9 fig8 fig10 isolation fig7:--model,ds27b fig7:--model,qwen32b
+EXPERIMENTS_FULL ?= table1 isolation fig7:--model,ds660b fig10 fig12 fig13 fig9 fig8 fig7:--model,ds27b fig7:--model,qwen32b
 
 .PHONY: evaluation
 evaluation: build ## Every full experiment (hours on 2 cores; resumable: runs kept in out/cache), then EVALUATION.md's tables

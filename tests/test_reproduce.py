@@ -57,8 +57,7 @@ def test_calibrate_quick_converges_and_writes_nothing(capsys: pytest.CaptureFixt
     assert cli_main(["calibrate", "--quick", "--json", "--jobs", "2", "--write"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["checks"] == {"every fit converged": True}
-    assert {row["parameter"] for row in report["rows"]} == {"prefill_speed", "1/prefill_overhead_s_per_layer",
-                                                            "snic_bytes_per_s"}
+    assert {row["parameter"] for row in report["rows"]} == {"prefill_speed+overhead", "snic_bytes_per_s"}
     after = CALIBRATION_FILE.read_bytes() if CALIBRATION_FILE.exists() else None
     assert after == before, "--quick must never overwrite the calibration"
 

@@ -11,7 +11,8 @@ Three hardware parameters, shared by every model (they describe the testbed, not
 2. ``prefill_overhead_s_per_layer`` — a prefill pass's fixed cost per layer (launches, DP-attention
    synchronisation), fitted so that **Oracle at 512 agents** takes the paper's ≈2,000 s. There the JCT is
    the longest trajectory's chain of short turns: a fixed cost per pass weighs on it, while at 4,096 agents
-   it is spread over large batches. The two are fitted in turn until both hold (:data:`ROUNDS` at most).
+   it is spread over large batches. Both points depend on both parameters, so they are fitted together
+   (:func:`_fit_prefill`).
 3. ``snic_bytes_per_s`` — the storage NICs' effective read rate (line rate 50 GB/s; what 3FS reads reach
    through one NIC is not given, paper-facts §10). With the compute fitted, **Basic at 512 agents** is
    storage-bound: fitted so that it takes the paper's ≈2,900 s.
@@ -60,8 +61,9 @@ TARGETS: Final = {("oracle", 512): 2000.0, ("oracle", 4096): 9400.0, ("basic", 5
 """DS 660B 2P4D, 64K, JCT in seconds by (system, agents) [Fig. 7, fig~]."""
 QUICK_AGENTS: Final = {512: 96, 4096: 384}
 """The miniature's agent counts standing for 512 and 4,096."""
-ROUNDS: Final = 3
-"""Turns of fitting prefill speed and overhead in turn, at most."""
+START: Final = {"prefill_speed": 0.44, "prefill_overhead_s_per_layer": 7e-3}
+"""Where the prefill fit starts: near its solution of 2026-12-01 (from 0.25 and 2 ms it takes a few more
+Newton steps)."""
 FITTED: Final = ("prefill_speed", "prefill_overhead_s_per_layer", "snic_bytes_per_s")
 
 
@@ -135,6 +137,77 @@ def _fit(name: str, system: str, target: float, start: float, bounds: tuple[floa
     return min(runs, key=lambda r: abs(r[1] / target - 1.0))
 
 
+def _fit_prefill(targets: dict[tuple[str, int], float], speed: float, overhead_s: float,
+                 config: Callable[..., ClusterConfig], rounds: int, args: argparse.Namespace,
+                 history: list[dict[str, Any]]) -> tuple[float, float, dict[tuple[str, int], float]]:  # fmt: skip
+    """Fit prefill speed and overhead together so that Oracle takes its targets at 4,096 and 512 agents.
+
+    Each point needs both (a fixed cost per pass slows 4,096 agents too, a faster prefill speeds 512 up as
+    well), and fitting them in turn drifts (each refit undoes half the other's), so the two are solved
+    together: Newton steps on the residuals ``log(JCT / target)`` in ``(log speed, overhead in ms)``, the
+    Jacobian from finite differences at the start (speed +10%, overhead +1 ms) and updated from every step
+    after (Broyden). Each evaluation runs both points (in parallel with ``--jobs 2``). At most
+    :data:`MAX_ITERATIONS` steps; returns the closest evaluation if none lands within :data:`TOLERANCE`."""
+    points = (("oracle", 4096), ("oracle", 512))
+
+    def evaluate(x: tuple[float, float]) -> tuple[list[float], dict[tuple[str, int], float]]:
+        s, o_ms = math.exp(x[0]), x[1]
+        cells = [Cell({"fit": "prefill", "speed": s, "overhead_ms": o_ms},
+                      config(n, prefill_speed=s, prefill_overhead_s_per_layer=o_ms / 1e3), system,
+                      max_rounds=rounds) for system, n in points]  # fmt: skip
+        results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
+        jcts = {key: r.jct_s for key, r in zip(points, results, strict=True)}
+        for key in points:
+            history.append({"parameter": "prefill_speed+overhead", "iteration": len(history), "value": s,
+                            "overhead_ms": o_ms, "system": key[0], "agents": key[1], "jct_s": jcts[key],
+                            "target_s": targets[key]})  # fmt: skip
+        return [math.log(jcts[key] / targets[key]) for key in points], jcts
+
+    def solve(j: list[list[float]], f: list[float]) -> list[float]:
+        det = j[0][0] * j[1][1] - j[0][1] * j[1][0]
+        if det == 0:
+            raise ArithmeticError("singular")
+        return [-(j[1][1] * f[0] - j[0][1] * f[1]) / det, -(-j[1][0] * f[0] + j[0][0] * f[1]) / det]
+
+    x = (math.log(speed), overhead_s * 1e3)
+    f, jcts = evaluate(x)
+    tried = [(max(abs(r) for r in f), x, jcts)]
+    steps = (math.log(1.1), 1.0)
+    jacobian = [[0.0, 0.0], [0.0, 0.0]]
+    for k in range(2):  # finite differences, one parameter at a time
+        moved = (x[0] + steps[0], x[1]) if k == 0 else (x[0], x[1] + steps[1])
+        fk, jk = evaluate(moved)
+        tried.append((max(abs(r) for r in fk), moved, jk))
+        for i in range(2):
+            jacobian[i][k] = (fk[i] - f[i]) / steps[k]
+    limit = math.log(1.0 + TOLERANCE)
+    for _ in range(MAX_ITERATIONS):
+        if max(abs(r) for r in f) <= limit:
+            break
+        try:
+            dx = solve(jacobian, f)
+        except ArithmeticError:
+            break
+        # keep steps modest (a factor of 1.6 in speed, 5 ms in overhead) and the overhead >= 0
+        scale = min(1.0, 0.5 / max(abs(dx[0]), 1e-12), 5.0 / max(abs(dx[1]), 1e-12))
+        dx = [dx[0] * scale, dx[1] * scale]
+        new = (min(math.log(1.0 / 0.6), max(math.log(0.01), x[0] + dx[0])), max(0.0, x[1] + dx[1]))
+        dx = [new[0] - x[0], new[1] - x[1]]
+        if dx == [0.0, 0.0]:
+            break
+        f_new, jcts = evaluate(new)
+        tried.append((max(abs(r) for r in f_new), new, jcts))
+        df = [f_new[i] - f[i] for i in range(2)]
+        norm = dx[0] ** 2 + dx[1] ** 2
+        for i in range(2):  # Broyden's update: the Jacobian that explains the last step
+            miss = df[i] - (jacobian[i][0] * dx[0] + jacobian[i][1] * dx[1])
+            for k in range(2):
+                jacobian[i][k] += miss * dx[k] / norm
+        x, f = new, f_new
+    _, best, best_jcts = min(tried, key=lambda t: t[0])
+    return math.exp(best[0]), best[1] / 1e3, best_jcts
+
+
 def build(args: argparse.Namespace) -> Report:
     rounds = 40 if args.quick else 0
     agents = {n: QUICK_AGENTS[n] if args.quick else n for n in (512, 4096)}
@@ -147,37 +220,15 @@ def build(args: argparse.Namespace) -> Report:
                       max_rounds=rounds) for s, n in targets]  # fmt: skip
         base = run_cells(cells, args.jobs, quiet=args.quiet, dask=args.dask)
         targets = {key: r.jct_s for key, r in zip(targets, base, strict=True)}
-    # Start near the earlier one-factor fit (0.24), which took the full-size fits 2-3 runs from 1.0.
-    fitted = {"prefill_speed": 0.25, "prefill_overhead_s_per_layer": 0.0, "snic_bytes_per_s": line_rate}
+    fitted = {**START, "snic_bytes_per_s": line_rate}
 
     def config(n: int, **values: float) -> ClusterConfig:
         c = deployment("ds660b", quick=args.quick, calibrated=False, agents=agents[n])
         return apply(c, {**fitted, **values})
 
-    def fit_speed() -> float:
-        speed, jct = _fit("prefill_speed", "oracle", targets["oracle", 4096], fitted["prefill_speed"],
-                          (0.01, 1.0 / 0.6), lambda x: config(4096, prefill_speed=x), rounds, args, history)  # fmt: skip
-        fitted["prefill_speed"] = speed
-        return jct
-
-    def fit_overhead() -> float:
-        # fitted as its inverse (the fit wants a parameter that speeds the cluster up): 1 / seconds per layer
-        start = 1.0 / max(fitted["prefill_overhead_s_per_layer"], 1e-3)
-        inverse, jct = _fit("1/prefill_overhead_s_per_layer", "oracle", targets["oracle", 512], start, (10.0, 1e6),
-                            lambda x: config(512, prefill_overhead_s_per_layer=1.0 / x), rounds, args, history)  # fmt: skip
-        fitted["prefill_overhead_s_per_layer"] = 1.0 / inverse
-        return jct
-
-    jcts: dict[tuple[str, int], float] = {}
-    for _ in range(ROUNDS):
-        jcts["oracle", 4096] = fit_speed()
-        jcts["oracle", 512] = fit_overhead()
-        # the overhead moved the 4,096-agent point too: check it before another turn
-        (check,) = run_cells([Cell({"fit": "check"}, config(4096), "oracle", max_rounds=rounds)], 1, quiet=args.quiet,
-                             cache=args.cache, dask=args.dask)  # fmt: skip
-        jcts["oracle", 4096] = check.jct_s
-        if abs(check.jct_s / targets["oracle", 4096] - 1.0) <= TOLERANCE:
-            break
+    speed, overhead, jcts = _fit_prefill(targets, fitted["prefill_speed"], fitted["prefill_overhead_s_per_layer"],
+                                         config, rounds, args, history)  # fmt: skip
+    fitted.update(prefill_speed=speed, prefill_overhead_s_per_layer=overhead)
     snic, jcts["basic", 512] = _fit("snic_bytes_per_s", "basic", targets["basic", 512], line_rate,
                                     (line_rate / 16, line_rate), lambda x: config(512, snic_bytes_per_s=x), rounds,
                                     args, history)  # fmt: skip
@@ -191,6 +242,8 @@ def build(args: argparse.Namespace) -> Report:
         record = {**fitted, "targets_s": {f"{s}@{n}": t for (s, n), t in targets.items()}, "history": history,
                   "line_rate_snic_bytes_per_s": TESTBED_NODE.snic_bytes_per_s}  # fmt: skip
         CALIBRATION_FILE.write_text(json.dumps(record, indent=2) + "\n")
+    columns = {key: None for row in history for key in row}  # every row with every column (CSV, tables)
+    history = [{**columns, **row} for row in history]
     return Report(
         name="calibrate",
         title="fit prefill speed and overhead on Oracle (4,096 and 512 agents) and the storage-NIC rate on Basic "
