@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dualpath_emu.cli import main as cli_main
+from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.reproduce import EXPERIMENTS
 from dualpath_emu.reproduce.common import Cell, deployment, run_cells, run_parallel
 
@@ -185,3 +186,37 @@ def test_a_fit_brackets_a_parameter_that_binds_only_past_a_knee(monkeypatch: pyt
     assert abs(fitted_jct / 2900.0 - 1) <= calibrate.TOLERANCE
     assert abs(x - knee * 2720.0 / 2900.0) / x < 0.03
     assert len(history) <= calibrate.MAX_ITERATIONS
+
+
+def test_the_prefill_fit_solves_both_oracle_points_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of the two points with the coupling measured on DS 660B (2026-12-01): at 4,096 agents the JCT is
+    throughput, (2,274 s + 252 s per ms of overhead) / speed; at 512 agents 370 s / speed plus 160 s per ms.
+    Fitted one after the other the two drift apart; together they land on the solution."""
+    import argparse
+
+    from dualpath_emu.reproduce import calibrate
+
+    def jct(agents: int, speed: float, overhead_ms: float) -> float:
+        return (2274.0 + 252.0 * overhead_ms) / speed if agents == 4096 else 370.0 / speed + 160.0 * overhead_ms
+
+    class Fake:
+        def __init__(self, jct_s: float) -> None:
+            self.jct_s = jct_s
+
+    def fake_run_cells(cells: list[Cell], jobs: int, **_: object) -> list[Fake]:
+        return [Fake(jct(c.config.agents, c.labels["speed"], c.labels["overhead_ms"])) for c in cells]
+
+    monkeypatch.setattr(calibrate, "run_cells", fake_run_cells)
+    history: list[dict[str, object]] = []
+    targets = {("oracle", 4096): 9400.0, ("oracle", 512): 2000.0}
+
+    def config(n: int, **_: float) -> ClusterConfig:
+        return deployment("ds660b", quick=True, agents=n)
+
+    speed, overhead_s, jcts = calibrate._fit_prefill(targets, 0.25, 2e-3, config, 0,
+                                                     argparse.Namespace(quiet=True, cache=None, dask=None, jobs=2),
+                                                     history)  # fmt: skip
+    for key, target in targets.items():
+        assert abs(jcts[key] / target - 1) <= calibrate.TOLERANCE, key
+    assert speed == pytest.approx(0.434, rel=0.03) and overhead_s == pytest.approx(7.2e-3, rel=0.05)
+    assert len(history) <= 2 * (3 + calibrate.MAX_ITERATIONS)
