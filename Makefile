@@ -77,7 +77,7 @@ bench-scale: build ## The paper's largest run in one process: DS 660B 48P96D, 49
 EXPERIMENTS_FULL ?= table1 isolation fig7:--model,ds660b fig10 fig12 fig13 fig9 fig8 fig7:--model,ds27b fig7:--model,qwen32b
 
 .PHONY: evaluation
-evaluation: build ## Every full experiment (hours on 2 cores; resumable: runs kept in out/cache), then EVALUATION.md's tables
+evaluation: build ## Every full experiment (46 min on 2 cores; resumable: runs kept in out/cache), then EVALUATION.md's tables
 	mkdir -p docs/evaluation
 	for spec in $(EXPERIMENTS_FULL); do \
 		name=$${spec%%:*}; opts=$$( [[ $$spec == *:* ]] && echo "$${spec#*:}" | tr , ' ' || true ); \
