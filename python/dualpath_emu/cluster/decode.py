@@ -273,7 +273,8 @@ class DecodeGroup(EngineGroup):
             group.step_ns = 0
         group.segment_start_ns = now
         for gpu in group.gpus:
-            self._busy(gpu, now, group.step_ns)
+            if len(gpu.batch) != gpu.busy_batch or gpu.busy_since_ns < 0:  # else _busy has nothing to do
+                self._busy(gpu, now, group.step_ns)
         if busy:
             self._set_timer(group, min(g.finishing[0][0] for g in busy))
 
@@ -316,8 +317,14 @@ class DecodeGroup(EngineGroup):
         second_token_ns = group.segment_start_ns + group.step_ns
         group.segment_start_ns += steps * group.step_ns
         for gpu in group.gpus:
-            if gpu.batch:
+            batch = gpu.batch
+            if not batch:
+                continue
+            if (gpu.fresh or (gpu.finishing and gpu.finishing[0][0] <= done)
+                    or (gpu.next_block and gpu.next_block[0][0] <= done)):  # fmt: skip
                 self._account_gpu(gpu, steps, done, second_token_ns)
+            else:  # nothing of this GPU's is due: only its all-to-all bytes grow (what _account_gpu would do)
+                gpu.a2a_tokens += steps * len(batch)
 
     def _account_gpu(self, gpu: _DecodeGpu, steps: int, done: int, second_token_ns: int) -> None:
         batch = gpu.batch
