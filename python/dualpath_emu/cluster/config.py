@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from dualpath_emu.cluster.catalog import DEFAULT_GPU, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec, gpu, model
-from dualpath_emu.cluster.roofline import DECODE_DEFAULTS, PREFILL_DEFAULTS, Roofline, RooflineParams
+from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
 
 __all__ = ["BLOCK_TOKENS", "ClusterConfig", "Derived", "derived"]
@@ -36,10 +36,11 @@ class ClusterConfig:
     """Nodes per decode EP group: sets the weights per DE GPU and the MoE all-to-all of a decode step; a
     node's DE GPUs step together (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`)."""
     storage: StorageSpec = field(default_factory=StorageSpec)
-    prefill_roofline: RooflineParams = PREFILL_DEFAULTS
-    """The prefill engines' compute (:mod:`dualpath_emu.cluster.roofline`)."""
-    decode_roofline: RooflineParams = DECODE_DEFAULTS
-    """The decode engines' compute."""
+    prefill_roofline: RooflineParams = field(default_factory=RooflineParams)
+    """The prefill engines' compute (:mod:`dualpath_emu.cluster.roofline`; the calibration fits its speed and
+    overhead)."""
+    decode_roofline: RooflineParams = field(default_factory=RooflineParams)
+    """The decode engines' compute (never fitted)."""
     # --- workload ---
     dataset: str = "64k"
     agents: int = 64

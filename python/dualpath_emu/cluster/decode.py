@@ -111,8 +111,8 @@ class DecodeGroup(EngineGroup):
         d = cluster.derived
         # An MoE model's DE GPUs step together (EP); a dense model's each alone (DP only).
         together = d.model.moe_layers > 0 and d.decode.ep_degree > 1
-        self.step_groups = [_StepGroup(self.gpus)] if together else [_StepGroup([g]) for g in self.gpus]
-        self._group_of = [next(sg for sg in self.step_groups if g in sg.gpus) for g in self.gpus]
+        self._group_of = [_StepGroup(self.gpus)] * gpus if together else [_StepGroup([g]) for g in self.gpus]
+        """Each GPU's step group."""
         self.expected: dict[int, DecodeTask] = {}
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time

@@ -34,8 +34,8 @@ Not modelled: the two micro-batches production engines overlap to hide part of t
 imbalance beyond the largest rank's batch, and stragglers on other nodes of the group (a decode actor sees
 its own node's GPUs only).
 
-Every factor is a :class:`RooflineParams` field, one set for prefill (:data:`PREFILL_DEFAULTS`) and one for
-decode (:data:`DECODE_DEFAULTS`); the defaults and why:
+Every factor is a :class:`RooflineParams` field, one set for prefill and one for decode
+(:class:`~dualpath_emu.cluster.config.ClusterConfig`); the defaults and why:
 
 ``gemm_efficiency = 0.6``
     DeepGEMM's FP8 GEMMs reach 1,350-1,550 TFLOP/s on an H800 (68-78% of the 1,979 dense peak) for large
@@ -71,8 +71,7 @@ from typing import Final
 from dualpath_emu.cluster.catalog import GpuSpec, ModelSpec
 from dualpath_emu.errors import InvalidArgumentError
 
-__all__ = ["DECODE_DEFAULTS", "NVLINK_BYTES_PER_S", "PREFILL_DEFAULTS", "LayerTimes", "Roofline", "RooflineParams",
-           "roofline_s"]
+__all__ = ["NVLINK_BYTES_PER_S", "LayerTimes", "Roofline", "RooflineParams", "roofline_s"]
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,6 @@ class RooflineParams:
                 raise InvalidArgumentError(f"{name}: must be >= 0, got {value}")
 
 
-PREFILL_DEFAULTS: Final = RooflineParams()
-"""A prefill engine's compute: the kernel efficiencies above, no fixed per-layer overhead (it is fitted)."""
-DECODE_DEFAULTS: Final = RooflineParams()
-"""A decode engine's compute: the same kernel efficiencies; it is never fitted (DESIGN: calibration fits
-prefill speed, prefill overhead and the storage NICs)."""
 NVLINK_BYTES_PER_S: Final = 160e9
 """What DeepEP moves between the GPUs of one H800 node (153-158 GB/s measured, its README)."""
 
@@ -148,6 +142,9 @@ class Roofline:
     """GPUs of one node: an EP group of ``ep_degree`` GPUs spans ``ep_degree / gpus_per_node`` nodes."""
     cnic_bytes_per_s: float = 50e9
     """Each GPU's compute NIC, which a decode step's all-to-all to other nodes crosses."""
+    _by_batch: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Per decode batch size: one layer's weight GEMMs and one MoE layer's all-to-all (they depend on nothing
+    else, and a decode group asks at every change of its batches)."""
 
     def __post_init__(self) -> None:
         weights = self.model.weight_bytes_per_gpu(self.ep_degree)
@@ -215,7 +212,7 @@ class Roofline:
         a2a_s = p.a2a_fixed_s * m.moe_layers / m.layers if self.ep_degree > 1 else 0.0
         return p.overhead_s_per_layer + a2a_s
 
-    @property
+    @functools.cached_property
     def a2a_remote_bytes_per_token(self) -> float:
         """Decode all-to-all bytes one token sends to and gets back from other nodes per MoE layer (DeepEP's
         low-latency layout: to each of its experts separately); 0 for a dense model or a one-node group."""
@@ -250,9 +247,12 @@ class Roofline:
                 largest = max(largest, size)
         if largest == 0:
             return 0.0
+        terms = self._by_batch.get(largest)
+        if terms is None:
+            terms = self._by_batch[largest] = (self._other_s(largest), self.a2a_s(largest))
+        other, a2a = terms
         m = self.model
-        other = self._decode_other_s(largest)
-        return m.layers * (slowest + other + self.params.overhead_s_per_layer) + m.moe_layers * self.a2a_s(largest)
+        return m.layers * (slowest + other + self.params.overhead_s_per_layer) + m.moe_layers * a2a
 
     @functools.cached_property
     def _decode_attention_s(self) -> Callable[[int, int], float]:
@@ -272,17 +272,6 @@ class Roofline:
                        (kb * attended + ib * context_tokens) / bytes_per_s)  # fmt: skip
 
         return attention_s
-
-    def _decode_other_s(self, batch_size: int) -> float:
-        """One layer's weight GEMMs at ``batch_size`` tokens (cached: they depend on nothing else)."""
-        other = self._other_by_batch.get(batch_size)
-        if other is None:
-            other = self._other_by_batch[batch_size] = self._other_s(batch_size)
-        return other
-
-    @functools.cached_property
-    def _other_by_batch(self) -> dict[int, float]:
-        return {}
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         """One GPU's decode step alone (``decode_step(...).total_s`` plus the per-layer overhead and the MoE

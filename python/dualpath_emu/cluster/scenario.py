@@ -463,10 +463,6 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
     return out
 
 
-_ROOFLINE_KEYS: Final = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "overhead_s_per_layer",
-                         "a2a_fixed_s")
-
-
 def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tuple[RooflineParams, RooflineParams]:
     """The [roofline] table: its own keys set both engines' parameters, [roofline.prefill] and
     [roofline.decode] then set one's."""
@@ -484,17 +480,12 @@ def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tup
         )  # fmt: skip
 
     prefill_table, decode_table = t.table("prefill"), t.table("decode")
-    shared = {key for key in _ROOFLINE_KEYS if key in t}
-    both = read(t, RooflineParams())  # the keys given here, the class defaults elsewhere
+    prefill, decode = read(t, prefill), read(t, decode)
     t.finish()
-
-    def merged(base: RooflineParams, table: Table) -> RooflineParams:
-        start = dataclasses.replace(base, **{key: getattr(both, key) for key in shared})
-        out = read(table, start)
-        table.finish()
-        return out
-
-    return merged(prefill, prefill_table), merged(decode, decode_table)
+    prefill, decode = read(prefill_table, prefill), read(decode_table, decode)
+    prefill_table.finish()
+    decode_table.finish()
+    return prefill, decode
 
 
 def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
