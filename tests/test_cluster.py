@@ -6,6 +6,7 @@ decode-node storage NICs read nothing while DualPath reads on both sides; runs r
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -212,19 +213,21 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
 
     written: list[int] = []
     blocks_of: dict[int, list[int]] = {}
-    io_detached = Ledger.io_detached
+    io = Ledger.io
     kv_block = BLOCK_TOKENS * derived(small_config()).kv_bytes_per_token
 
-    def spy(self: Ledger, node: int, kind: str, lane: int, size: int, extents: tuple[tuple[int, int, int], ...] = ()) -> None:
+    def spy(self: Ledger, node: int, kind: str, lane: int, size: int, extents: tuple[tuple[int, int, int], ...] = (),
+            then: Callable[[int], None] | None = None) -> None:  # fmt: skip
         if kind == "write":
+            assert then is None  # a write-back: nobody waits for it
             written.append(size)
             # The extents name exactly the blocks written (the host backend writes those).
             assert sum(n for _, _, n in extents) * kv_block == size
             for context, first, n in extents:
                 blocks_of.setdefault(context, []).extend(range(first, first + n))
-        io_detached(self, node, kind, lane, size, extents)
+        io(self, node, kind, lane, size, extents, then)
 
-    monkeypatch.setattr(Ledger, "io_detached", spy)
+    monkeypatch.setattr(Ledger, "io", spy)
     work = [
         Trajectory.from_rounds(f"a{i}", [(700 + 37 * i, 1), (90, 300 + 61 * i), (5, 1), (2000, 17 + i), (64, 1)])
         for i in range(12)

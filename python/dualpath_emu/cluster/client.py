@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone
-from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["ClientActor", "TurnObserver"]
+__all__ = ["Client", "TurnObserver"]
 
 
 class TurnObserver(Protocol):
@@ -21,17 +21,19 @@ class TurnObserver(Protocol):
     def turn_done(self, arrive_ns: int, first_ns: int, second_ns: int, done_ns: int, gen: int) -> None: ...
 
 
-class ClientActor(Actor):
+class Client(ClusterEngine):
     """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
     a turn is submitted as soon as the previous one of its agent is done (zero tool latency). Imported
     request traces with arrival times (Mooncake) are replayed open loop: each turn at its own time. Hit
     lengths are the trajectory's (same-trajectory hits only for agents, §3.4), rounded down to whole Full
-    Blocks if configured."""
+    Blocks if configured. :attr:`finished` once every trajectory's last turn is done."""
 
-    def __init__(self, system: ActorSystem, cluster: Cluster, trajectories: Sequence[Trajectory]) -> None:
-        super().__init__(system, "client")
-        self.cluster = cluster
+    def __init__(
+        self, cluster: Cluster, trajectories: Sequence[Trajectory], seed: int, out: Outbox, plane: DataPlane
+    ) -> None:
+        super().__init__("client", cluster, out, plane)
         self.trajectories = trajectories
+        self.random = seeded_random(seed, self.name)
         self._next_turn = [0] * len(trajectories)
         self._open = [len(t) for t in trajectories]
         """Turns of each trajectory not done yet."""
@@ -44,57 +46,69 @@ class ClientActor(Actor):
         self._outbox: list[Turn] = []
         """Turns submitted at this instant, sent as one :class:`Submit` by :meth:`_send_turns`."""
         self.remaining = len(trajectories)
-        self.finished = asyncio.Event()
+        self.finished = False
+        self.on_finished: Callable[[], None] | None = None
+        """Called once when :attr:`finished` becomes true (a live driver's wake-up)."""
         self.observer: TurnObserver | None = None
         """Told of every turn admitted and done (the live metrics of a real-time run), if set."""
+        self._arrivals: list[int] = []
+        self._replayed: list[tuple[int, int, int]] = []
+        self._next_replayed = 0
+        self._start_ns = 0
 
-    @handles(Start)
-    def on_start(self, msg: Start) -> None:
+    def _finish(self) -> None:
+        self.finished = True
+        if self.on_finished is not None:
+            self.on_finished()
+
+    @on(Start)
+    def on_start(self, now: int, msg: Start, sender: str) -> None:
         if not self.trajectories:
-            self.finished.set()
+            self._finish()
             return
+        self._start_ns = now
         timed = [a for a, t in enumerate(self.trajectories) if t.arrival_s is not None]
         closed = [a for a, t in enumerate(self.trajectories) if t.arrival_s is None]
-        if timed:
-            self.system.spawn(self, self._replay(timed), "replay")
+        if timed:  # open loop: every turn of the timed trajectories at its arrival time, in time order
+            self._replayed = sorted(
+                (round(t_s * NS), agent, turn)
+                for agent in timed
+                for turn, t_s in enumerate(self.trajectories[agent].arrival_s or ())
+            )
+            self._replay(now)
         if self.cluster.config.mode == "offline":
             for agent in closed:
-                self._submit_next(agent)
+                self._submit_next(now, agent)
             self._send_turns()
         elif closed:
-            self.system.spawn(self, self._arrivals(closed), "arrivals")
+            self._arrivals = closed[::-1]
+            self._arrive(now)
 
-    async def _arrivals(self, agents: Sequence[int]) -> None:
-        rng, rate = self.random, self.cluster.config.arrival_rate
-        for index, agent in enumerate(agents):
-            if index:
-                await asyncio.sleep(rng.expovariate(rate))
-            self._submit_next(agent)
-            self._send_turns()
-
-    async def _replay(self, agents: Sequence[int]) -> None:
-        """Open loop: every turn of the timed trajectories at its arrival time, in time order."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        turns = sorted(
-            (t_s, agent, turn)
-            for agent in agents
-            for turn, t_s in enumerate(self.trajectories[agent].arrival_s or ())
-        )
-        for t_s, agent, turn in turns:
-            delay = start + t_s - loop.time()
-            if delay > 0:
-                self._send_turns()
-                await asyncio.sleep(delay)
-            self._submit(agent, turn)
+    def _arrive(self, now: int) -> None:
+        """Online: the next agent arrives now, the one after it a Poisson gap later."""
+        self._submit_next(now, self._arrivals.pop())
         self._send_turns()
+        if self._arrivals:
+            self.plane.timer(now + round(self.random.expovariate(self.cluster.config.arrival_rate) * NS), self._arrive)
 
-    def _submit_next(self, agent: int) -> None:
+    def _replay(self, now: int) -> None:
+        """Submit the replayed turns due by now; wake up for the next."""
+        turns, index = self._replayed, self._next_replayed
+        while index < len(turns) and self._start_ns + turns[index][0] <= now:
+            _, agent, turn = turns[index]
+            self._submit(now, agent, turn)
+            index += 1
+        self._next_replayed = index
+        self._send_turns()
+        if index < len(turns):
+            self.plane.timer(self._start_ns + turns[index][0], self._replay)
+
+    def _submit_next(self, now: int, agent: int) -> None:
         turn = self._next_turn[agent]
         self._next_turn[agent] = turn + 1
-        self._submit(agent, turn)
+        self._submit(now, agent, turn)
 
-    def _submit(self, agent: int, turn: int) -> None:
+    def _submit(self, now: int, agent: int, turn: int) -> None:
         trajectory = self.trajectories[agent]
         append, gen = trajectory.append[turn], trajectory.gen[turn]
         if trajectory.hit is not None:
@@ -111,19 +125,19 @@ class ClientActor(Actor):
         rid = self._next_rid
         self._next_rid += 1
         self._agent_of[rid] = agent
-        self.cluster.metrics.arrive(rid, agent, self.system.now_ns(), prompt, hit, gen)
-        self.system.record(self.name, "admit", f"r{rid}")
+        self.cluster.metrics.arrive(rid, agent, now, prompt, hit, gen)
+        self.out.record("admit", f"r{rid}")
         if self.observer is not None:
             self.observer.turn_admitted()
         self._outbox.append(Turn(rid, prompt, hit, gen, agent))
 
     def _send_turns(self) -> None:
         if self._outbox:
-            self.tell("scheduler", Submit(tuple(self._outbox)))
+            self.out.send("scheduler", Submit(tuple(self._outbox)))
             self._outbox.clear()
 
-    @handles(TurnDone)
-    def on_turn_done(self, msg: TurnDone) -> None:
+    @on(TurnDone)
+    def on_turn_done(self, now: int, msg: TurnDone, sender: str) -> None:
         metrics, done_ns = self.cluster.metrics, msg.done_ns
         for rid, first_ns, second_ns in zip(msg.rids, msg.first_token_ns, msg.second_token_ns, strict=True):
             metrics.first_token(rid, first_ns)
@@ -136,9 +150,9 @@ class ClientActor(Actor):
             self._open[agent] -= 1
             trajectory = self.trajectories[agent]
             if trajectory.arrival_s is None and self._next_turn[agent] < len(trajectory):
-                self._submit_next(agent)
+                self._submit_next(now, agent)
             elif self._open[agent] == 0:
                 self.remaining -= 1
                 if self.remaining == 0:
-                    self.finished.set()
+                    self._finish()
         self._send_turns()

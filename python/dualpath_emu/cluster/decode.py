@@ -1,4 +1,4 @@
-"""The decode engines of one node (one actor per node; one DE per GPU, §4): the DE buffer, H2D before
+"""The decode engines of one node (one engine per node; one DE per GPU, §4): the DE buffer, H2D before
 decode, continuous batching and the persistence of every completed Full Block.
 
 The GPUs that step together -- a node's DE GPUs for an MoE model (DP attention and expert parallelism: every
@@ -14,18 +14,17 @@ step at which they do), not the whole batch.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heappop, heappush
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, guarded, hit_extents
+from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
 from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
-from dualpath_emu.runtime.actors import ActorSystem, handles
+from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
 __all__ = ["DecodeGroup"]
 
@@ -92,9 +91,12 @@ class _StepGroup:
     """When the step in flight started (every step of a segment is ``step_ns`` long)."""
     step_ns: int = 0
     """0: no GPU of the group has a request (no step in flight)."""
-    timer: asyncio.TimerHandle | None = None
+    timer: int = 0
+    """The number of the group's live wake-up (0: none); a wake-up with another number was called off."""
+    timers: int = 0
+    """Wake-ups set so far."""
     timer_steps: int = 0
-    """The group's step count at which ``timer`` fires."""
+    """The group's step count at which the live wake-up comes."""
     pending: list[_DecodeRequest] = field(default_factory=list)
     """Requests that arrived during a step: they join when it ends."""
 
@@ -103,8 +105,8 @@ class DecodeGroup(EngineGroup):
     """The DEs of one node (one per GPU): continuous batching, the DE buffer, H2D before decode, and the
     persistence of every completed Full Block (§4)."""
 
-    def __init__(self, system: ActorSystem, cluster: Cluster, node: int) -> None:
-        super().__init__(system, f"de{node}", cluster, [node])
+    def __init__(self, cluster: Cluster, node: int, out: Outbox, plane: DataPlane) -> None:
+        super().__init__(f"de{node}", cluster, [node], out, plane)
         self.node = node
         gpus = cluster.config.node.gpus
         self.gpus = [_DecodeGpu(node, g) for g in range(gpus)]
@@ -121,9 +123,9 @@ class DecodeGroup(EngineGroup):
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._kv = cluster.derived.kv_bytes_per_token
         self._step_s = cluster.derived.decode.ep_decode_step_s
-        self.buffer = Pool(self, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
+        self.buffer = Pool(out, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
-        self.hbm = [Pool(self, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
+        self.hbm = [Pool(out, f"n{node}.gpu{g}.hbm", hbm) for g in range(gpus)]
         # The decode EP group: decode_ep_nodes consecutive decode nodes; its MoE all-to-all crosses the
         # network to the next node of the group (model traffic, high lane).
         ep = cluster.config.decode_ep_nodes
@@ -134,96 +136,93 @@ class DecodeGroup(EngineGroup):
         self._a2a = d.decode.a2a_remote_bytes_per_token * d.model.moe_layers
         """MoE all-to-all bytes per decoded token (all layers) that cross the network."""
 
-    @handles(Expect)
-    def on_expect(self, msg: Expect) -> None:
+    @on(Expect)
+    def on_expect(self, now: int, msg: Expect, sender: str) -> None:
         for task in msg.tasks:
-            self._expect(task)
+            self._expect(now, task)
 
-    def _expect(self, msg: DecodeTask) -> None:
+    def _expect(self, now: int, msg: DecodeTask) -> None:
         self.expected[msg.rid] = msg
         early = self._early_kv.pop(msg.rid, None)
         if early is not None:  # Oracle: the prefill group was done before the scheduler's Expect came
-            self._kv_ready(msg.rid, early)
-            self._report_done()
+            self._kv_ready(now, msg.rid, early)
+            self._report_done(now)
             return
         if self.cluster.system.oracle:
             return
         # The DE buffer holds the whole prompt KV until it goes to HBM (§4): hit (read here or sent by the
         # PE) and miss (sent by the PE layer by layer).
-        self.buffer.acquire(msg.rid, msg.prompt * self._kv, lambda: self._buffer_ready(msg))
+        self.buffer.acquire(now, msg.rid, msg.prompt * self._kv, lambda now: self._buffer_ready(now, msg))
 
-    def _buffer_ready(self, msg: DecodeTask) -> None:
+    def _buffer_ready(self, now: int, msg: DecodeTask) -> None:
         if msg.read_on_de:
-            self._read(msg)
+            self._read(now, msg)
         else:
-            self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
-    def _read(self, msg: DecodeTask) -> None:
+    def _read(self, now: int, msg: DecodeTask) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
-        metrics.read_start(msg.rid, self.system.now_ns())
+        metrics.read_start(msg.rid, now)
 
-        def finished() -> None:
-            metrics.read_done(msg.rid, self.system.now_ns())
-            self.system.record(self.name, "read", f"r{msg.rid} n{self.node}")
-            self.tell("scheduler", ReadDone(self.node, msg.hit))
-            self.tell(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+        def finished(now: int) -> None:
+            metrics.read_done(msg.rid, now)
+            self.out.record("read", f"r{msg.rid} n{self.node}")
+            self.out.send("scheduler", ReadDone(self.node, msg.hit))
+            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
-        self.cluster.plane.io_then(self.node, "read", KV_LANE, msg.hit * self._kv, guarded(self, finished),
-                                   self.fail_run, hit_extents(msg.context, msg.hit))  # fmt: skip
+        self.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv, hit_extents(msg.context, msg.hit), finished)
 
-    @handles(KvReady)
-    def on_kv_ready(self, msg: KvReady) -> None:
+    @on(KvReady)
+    def on_kv_ready(self, now: int, msg: KvReady, sender: str) -> None:
         for rid in msg.rids:
             if rid in self.expected:
-                self._kv_ready(rid, msg.first_token_ns)
+                self._kv_ready(now, rid, msg.first_token_ns)
             else:  # the two senders raced (real time, Oracle: nothing to wait for on this side)
                 self._early_kv[rid] = msg.first_token_ns
-        self._report_done()
+        self._report_done(now)
 
-    def _kv_ready(self, rid: int, first_token_ns: int) -> None:
+    def _kv_ready(self, now: int, rid: int, first_token_ns: int) -> None:
         task = self.expected.pop(rid)
         request = _DecodeRequest(
             rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )
         # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
         # assigns requests that fit (§6.2), so this never waits.
-        self.hbm[task.de_gpu].acquire(rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
+        self.hbm[task.de_gpu].acquire(now, rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
 
-    def _h2d(self, request: _DecodeRequest) -> None:
+    def _h2d(self, request: _DecodeRequest, now: int) -> None:
         if self.cluster.system.oracle:
-            self._join(request)
+            self._join(now, request)
             return
         # The prompt KV: DE buffer → HBM (one H2D, §4); then the buffer is free.
         size = request.prompt * self._kv
 
-        def copied() -> None:
-            self.buffer.release(request.rid, size)
-            self._join(request)
-            self._report_done()
+        def copied(now: int) -> None:
+            self.buffer.release(now, request.rid, size)
+            self._join(now, request)
+            self._report_done(now)
 
-        self.cluster.plane.transfer_then(self.cluster.topology.h2d(self.node, request.gpu), KV_LANE, size,
-                                         guarded(self, copied), self.fail_run)  # fmt: skip
+        self.plane.transfer(self.cluster.topology.h2d(self.node, request.gpu), KV_LANE, size, copied)
 
-    def _join(self, request: _DecodeRequest) -> None:
+    def _join(self, now: int, request: _DecodeRequest) -> None:
         if request.produced >= request.gen:  # its one token came from the prefill: no step to take
             full = (request.prompt + request.produced) // BLOCK_TOKENS
             if full > request.stored_blocks:
                 self._persist(request.gpu, [(request.context, request.stored_blocks, full - request.stored_blocks)])
             request.stored_blocks = full
-            self._finish(request)
+            self._finish(now, request)
             return
         group = self._group_of[request.gpu]
         group.pending.append(request)
         if group.step_ns == 0:  # the group is idle: the request starts a step now
-            self._at_step_end(group)
+            self._at_step_end(now, group)
             return
         # A step is in flight: the request joins when it ends.
-        now = self.system.now_ns()
         boundary = group.steps + (now - group.segment_start_ns) // group.step_ns + 1
         if boundary < group.timer_steps:
-            self._set_timer(group, boundary)
+            self._set_timer(now, group, boundary)
 
     def _add(self, group: _StepGroup, request: _DecodeRequest) -> None:
         gpu = self.gpus[request.gpu]
@@ -234,25 +233,24 @@ class DecodeGroup(EngineGroup):
         heappush(gpu.finishing, (request.gen - request.offset, request.seq, request))
         gpu.fresh.append(request)
 
-    def _finish(self, request: _DecodeRequest) -> None:
-        self.hbm[request.gpu].release(request.rid, (request.prompt + request.gen) * self._kv)
-        self.system.record(self.name, "end", f"r{request.rid}")
+    def _finish(self, now: int, request: _DecodeRequest) -> None:
+        self.hbm[request.gpu].release(now, request.rid, (request.prompt + request.gen) * self._kv)
+        self.out.record("end", f"r{request.rid}")
         self._done.append(request)
 
-    def _report_done(self) -> None:
+    def _report_done(self, now: int) -> None:
         """Tell the scheduler and the client which requests finished (called where requests can finish)."""
         if self._done:
             done = self._done
             self._done = []
             rids = tuple(r.rid for r in done)
-            self.tell("scheduler", DecodeDone(rids))
+            self.out.send("scheduler", DecodeDone(rids))
             first, second = tuple(r.first_token_ns for r in done), tuple(r.second_token_ns for r in done)
-            self.tell("client", TurnDone(rids, first, second, self.system.now_ns()))
+            self.out.send("client", TurnDone(rids, first, second, now))
 
-    def _at_step_end(self, group: _StepGroup) -> None:
+    def _at_step_end(self, now: int, group: _StepGroup) -> None:
         """A step boundary (or an idle group's first request): account the steps done, let the waiting
         requests join, start the next segment."""
-        now = self.system.now_ns()
         self._account(group, now)
         for request in group.pending:
             self._add(group, request)
@@ -262,9 +260,7 @@ class DecodeGroup(EngineGroup):
     def _next_segment(self, group: _StepGroup, now: int) -> None:
         """Start a segment: the step time of the batches as they are now, and a timer for when the first
         request finishes (a request arriving earlier brings it forward to the step's end)."""
-        if group.timer is not None:
-            group.timer.cancel()
-            group.timer = None
+        group.timer = 0
         busy = [g for g in group.gpus if g.batch]
         if busy:
             step_s = self._step_s([(len(g.batch), g.base + len(g.batch) * group.steps) for g in busy])
@@ -276,15 +272,16 @@ class DecodeGroup(EngineGroup):
             if len(gpu.batch) != gpu.busy_batch or gpu.busy_since_ns < 0:  # else _busy has nothing to do
                 self._busy(gpu, now, group.step_ns)
         if busy:
-            self._set_timer(group, min(g.finishing[0][0] for g in busy))
+            self._set_timer(now, group, min(g.finishing[0][0] for g in busy))
 
-    def _set_timer(self, group: _StepGroup, steps: int) -> None:
-        """Wake the group when it has done ``steps`` steps (counted from the segment's start)."""
-        if group.timer is not None:
-            group.timer.cancel()
+    def _set_timer(self, now: int, group: _StepGroup, steps: int) -> None:
+        """Wake the group when it has done ``steps`` steps (counted from the segment's start); a wake-up set
+        before is called off."""
         group.timer_steps = steps
+        group.timers += 1
+        group.timer = number = group.timers
         at_ns = group.segment_start_ns + (steps - group.steps) * group.step_ns
-        group.timer = self.system.loop.call_later((at_ns - self.system.now_ns()) / NS, self._segment_end, group)
+        self.plane.timer(at_ns, lambda now: self._segment_end(now, group, number))
 
     def _busy(self, gpu: _DecodeGpu, now: int, step_ns: int) -> None:
         """Close ``gpu``'s busy span if its batch size changed (gpu_util; a span's step is its first, as the
@@ -297,13 +294,12 @@ class DecodeGroup(EngineGroup):
         if gpu.busy_since_ns < 0 and size and step_ns:
             gpu.busy_since_ns, gpu.busy_batch, gpu.busy_step_ns = now, size, step_ns
 
-    def _segment_end(self, group: _StepGroup) -> None:
-        group.timer = None
-        try:
-            self._at_step_end(group)
-            self._report_done()
-        except Exception as error:  # a callback: fail the run rather than lose the error
-            self.system.fail(self, error)
+    def _segment_end(self, now: int, group: _StepGroup, number: int) -> None:
+        if group.timer != number:
+            return  # called off
+        group.timer = 0
+        self._at_step_end(now, group)
+        self._report_done(now)
 
     def _account(self, group: _StepGroup, now: int) -> None:
         """Apply the steps done since the segment started: tokens, second-token times, persisted blocks,
@@ -322,11 +318,11 @@ class DecodeGroup(EngineGroup):
                 continue
             if (gpu.fresh or (gpu.finishing and gpu.finishing[0][0] <= done)
                     or (gpu.next_block and gpu.next_block[0][0] <= done)):  # fmt: skip
-                self._account_gpu(gpu, steps, done, second_token_ns)
+                self._account_gpu(now, gpu, steps, done, second_token_ns)
             else:  # nothing of this GPU's is due: only its all-to-all bytes grow (what _account_gpu would do)
                 gpu.a2a_tokens += steps * len(batch)
 
-    def _account_gpu(self, gpu: _DecodeGpu, steps: int, done: int, second_token_ns: int) -> None:
+    def _account_gpu(self, now: int, gpu: _DecodeGpu, steps: int, done: int, second_token_ns: int) -> None:
         batch = gpu.batch
         tokens = steps * len(batch)
         changed = bool(gpu.fresh)
@@ -350,7 +346,7 @@ class DecodeGroup(EngineGroup):
         for r in finished:
             del batch[r.seq]
             gpu.base -= r.prompt + r.offset
-            self._finish(r)
+            self._finish(now, r)
         gpu.a2a_tokens += tokens
         if self._a2a and gpu.a2a_tokens > 0 and (changed or finished):
             # The steps' MoE dispatch/combine over the network, charged when this GPU's batch changes (after
@@ -359,7 +355,7 @@ class DecodeGroup(EngineGroup):
             # time has its own latency model (roofline.ep_decode_step_s).
             topo = self.cluster.topology
             path = topo.gpu_to_gpu(self.node, gpu.gpu, self._a2a_peer, gpu.gpu)
-            self.cluster.plane.transfer_detached(path, MODEL_LANE, int(self._a2a * gpu.a2a_tokens))
+            self.plane.transfer(path, MODEL_LANE, int(self._a2a * gpu.a2a_tokens))
             gpu.a2a_tokens = 0
         self._persist(gpu.gpu, written)
 
@@ -368,9 +364,8 @@ class DecodeGroup(EngineGroup):
         DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged once per segment, not per block."""
         if written and not self.cluster.system.oracle:
             size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
-            plane = self.cluster.plane
-            plane.transfer_detached(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
-            plane.io_detached(self.node, "write", KV_LANE, size, tuple(written))
+            self.plane.transfer(self.cluster.topology.d2h(self.node, gpu), KV_LANE, size)
+            self.plane.io(self.node, "write", KV_LANE, size, tuple(written))
 
     def _store_blocks(self, steps: int, r: _DecodeRequest, written: list[tuple[int, int, int]]) -> None:
         """Add the Full Blocks ``r`` has completed since they were last counted to ``written`` (its group has

@@ -1,19 +1,18 @@
-"""What every engine group shares: the pull of work from the scheduler (:class:`EngineGroup`), the MoE
-all-to-all volume that crosses the network, and waiting on the data plane without a task."""
+"""What the cluster's engines share: their settings and data plane (:class:`ClusterEngine`), the pull of work
+from the scheduler (:class:`EngineGroup`), the hit's Full Blocks and the MoE all-to-all volume that crosses the
+network."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.messages import Fetch
-from dualpath_emu.runtime.actors import Actor, ActorSystem
-from dualpath_emu.runtime.core_work import Extents
+from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox
 
-__all__ = ["NS", "EngineGroup", "guarded", "hit_extents", "inter_node_a2a_bytes"]
+__all__ = ["NS", "ClusterEngine", "EngineGroup", "hit_extents", "inter_node_a2a_bytes"]
 
 NS = 1_000_000_000
 
@@ -24,33 +23,26 @@ def hit_extents(context: int, hit: int) -> Extents:
     return ((context, 0, blocks),) if blocks else ()
 
 
-class EngineGroup(Actor):
+class ClusterEngine(Engine):
+    """What every engine of the cluster has: the run's settings (:class:`Cluster`) and its door to the data
+    plane, a :class:`~dualpath_emu.cluster.ledger.Ledger` over the plane its driver handed it."""
+
+    def __init__(self, name: str, cluster: Cluster, out: Outbox, plane: DataPlane) -> None:
+        super().__init__(name, out)
+        self.cluster = cluster
+        self.plane = cluster.ledger(plane)
+
+
+class EngineGroup(ClusterEngine):
     """An engine group's leader: pulls work from the scheduler at most once per fetch period (§6.1), through
     the standing :class:`Fetch` it sends when it starts."""
 
-    def __init__(self, system: ActorSystem, name: str, cluster: Cluster, nodes: Sequence[int]) -> None:
-        super().__init__(system, name)
-        self.cluster = cluster
+    def __init__(self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
+        super().__init__(name, cluster, out, plane)
         self.nodes = list(nodes)
-        self.fail_run = functools.partial(system.fail, self)
-        """Fail the run with an error (of a read or copy the core refused)."""
 
-    def start(self) -> None:
-        super().start()
-        self.tell("scheduler", Fetch(tuple(self.nodes), round(self.cluster.config.fetch_period_s * NS)))
-
-
-def guarded(actor: Actor, callback: Callable[[], None]) -> Callable[[], None]:
-    """``callback`` for the loop to call when a read or copy is done: an error in it fails the run (the
-    loop would only log it)."""
-
-    def done() -> None:
-        try:
-            callback()
-        except Exception as error:
-            actor.system.fail(actor, error)
-
-    return done
+    def start(self, now_ns: int) -> None:
+        self.out.send("scheduler", Fetch(tuple(self.nodes), round(self.cluster.config.fetch_period_s * NS)))
 
 
 def inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:

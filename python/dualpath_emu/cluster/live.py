@@ -36,22 +36,19 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from dualpath_emu._core import Core
-from dualpath_emu.cluster.client import ClientActor
+from dualpath_emu.cluster.assemble import build_engine, engine_names, prefill_groups
+from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.catalog import NodeSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.decode import DecodeGroup
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
-from dualpath_emu.cluster.ledger import Ledger
 from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
-from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, SystemResult, build_result, run_system
 from dualpath_emu.cluster.roofline import RooflineParams
-from dualpath_emu.cluster.scheduler import SchedulerActor
 from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import StorageSpec, Topology, build_topology
 from dualpath_emu.cluster.user_systems import SystemLoader
@@ -59,6 +56,8 @@ from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
+from dualpath_emu.runtime.core_work import CoreWork
+from dualpath_emu.runtime.engine_actor import EngineActor
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.dataplane import RemoteDataPlaneLoop
 from dualpath_emu.runtime.lag import LagStats
@@ -161,7 +160,10 @@ class ClusterApplication(Application):
         self._scratch = Core()
         self.topology = self._build(self._scratch)
         self._cluster: Cluster | None = None
-        self._client: ClientActor | None = None
+        self._client: Client | None = None
+        self._finished: asyncio.Event | None = None
+        self._loop: CoreWork | None = None
+        """This process's loop: its engines' data plane."""
         self._host: Any = None
         """This process's host loop (host backend only)."""
 
@@ -175,19 +177,15 @@ class ClusterApplication(Application):
         return cluster_registry()
 
     def prefill_groups(self) -> list[list[int]]:
-        ep = self.config.prefill_ep_nodes
-        nodes = [n.index for n in self.topology.pe_nodes]
-        return [nodes[first : first + ep] for first in range(0, len(nodes), ep)]
+        return prefill_groups(self.config)
 
     def actor_names(self) -> list[str]:
-        return self.actor_names_of(self.config)
+        return engine_names(self.config)
 
     @staticmethod
     def actor_names_of(c: ClusterConfig) -> list[str]:
-        """The cluster's actors: the client, the scheduler, a prefill group per EP group (named after its
-        first node), a decode group per decode node."""
-        pe = [f"pe{first}" for first in range(0, c.pe_nodes, c.prefill_ep_nodes)]
-        return ["client", "scheduler", *pe, *(f"de{c.pe_nodes + i}" for i in range(c.de_nodes))]
+        """The cluster's actors: one per engine (:func:`~dualpath_emu.cluster.assemble.engine_names`)."""
+        return engine_names(c)
 
     @property
     def driver_actor(self) -> str:
@@ -199,31 +197,32 @@ class ClusterApplication(Application):
     def build_core(self, core: Core) -> None:
         self._build(core)
 
-    def _context(self, system: ActorSystem) -> Cluster:
+    def _context(self) -> Cluster:
         if self._cluster is None:
             metrics = Metrics(sample_interval_ns=self.sample_interval_ns)
             policy = self.system.policy(self.derived.alpha_tokens, self.derived.beta_tokens)
-            self._cluster = Cluster(self.config, self.system, self.derived, self.topology, metrics, policy,
-                                    Ledger(system, self.topology))  # fmt: skip
+            self._cluster = Cluster(self.config, self.system, self.derived, self.topology, metrics, policy)
         return self._cluster
 
-    def create_actor(self, system: ActorSystem, name: str) -> Actor:
-        cluster = self._context(system)
-        if name == "client":
-            self._client = ClientActor(system, cluster, read_trajectories(self.trajectories_path).trajectories)
-            return self._client
-        if name == "scheduler":
-            return SchedulerActor(system, cluster)
-        for group in self.prefill_groups():
-            if name == f"pe{group[0]}":
-                return PrefillGroup(system, cluster, group)
-        if name.startswith("de") and name[2:].isdigit():
-            return DecodeGroup(system, cluster, int(name[2:]))
-        raise KeyError(f"the cluster has no actor {name!r}")
+    def create_actor(self, system: ActorSystem, name: str, loop: CoreWork | None = None) -> Actor:
+        """The actor around engine ``name`` (:mod:`~dualpath_emu.cluster.assemble`), whose data plane is
+        ``loop`` (the process's)."""
+        if loop is None:
+            raise ValueError("the cluster's engines need the process's loop as their data plane")
+        cluster = self._context()
+        self._loop = loop
+        actor = EngineActor(system, name, loop, lambda out, plane: build_engine(
+            name, cluster, out, plane, trajectories=lambda: read_trajectories(self.trajectories_path).trajectories,
+            seed=self.seed))  # fmt: skip
+        if isinstance(actor.engine, Client):
+            self._client = actor.engine
+            self._finished = finished = asyncio.Event()
+            actor.engine.on_finished = finished.set
+        return actor
 
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
-        client = self._client
-        assert client is not None, "the driver runs in the client's process"
+        client, finished, loop = self._client, self._finished, self._loop
+        assert client is not None and finished is not None and loop is not None, "the driver runs in the client's process"
         poller: asyncio.Task[None] | None = None
         live: LiveMetrics | None = None
         if self.metrics_port >= 0:
@@ -233,24 +232,23 @@ class ClusterApplication(Application):
             _write_private(folder / METRICS_PORT_FILE, f"{port}\n".encode())
             print(f"live metrics: http://127.0.0.1:{port}/metrics", flush=True)
             client.observer = live
-            poller = asyncio.get_running_loop().create_task(self._poll(system, live), name="live-metrics")
+            poller = asyncio.get_running_loop().create_task(self._poll(loop, live), name="live-metrics")
         start_ns = system.now_ns()
         try:
             system.tell("client", Start())
-            await client.finished.wait()
+            await finished.wait()
         finally:
             if poller is not None:
                 poller.cancel()
                 await asyncio.gather(poller, return_exceptions=True)
             if live is not None:
                 live.close()
-        system.data_plane.flush()  # the last instant's work (block write-backs) goes to the data plane
+        loop.flush()  # the last instant's work (block write-backs) goes to the data plane
         await asyncio.sleep(0)
-        return {"turns": len(self._context(system).metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
+        return {"turns": len(self._context().metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
 
-    async def _poll(self, system: ActorSystem, live: LiveMetrics) -> None:
+    async def _poll(self, loop: CoreWork, live: LiveMetrics) -> None:
         """Feed the live metrics the data plane's ports and read queues, every :data:`POLL_S` of wall time."""
-        loop = asyncio.get_running_loop()
         scratch = self._scratch
         rates = {scratch.port_name(p): scratch.port_rate(p) for p in range(scratch.port_count)}
         while True:
@@ -258,7 +256,7 @@ class ClusterApplication(Application):
                 report = await loop.stats()
                 now_ns, counters, queues = report["clock_ns"], report["ports"], report["storage"]
             else:
-                core = system.data_plane.core  # type: ignore[attr-defined]  # a one-process run's own core
+                core = loop.core  # type: ignore[attr-defined]  # a one-process run's own core
                 now_ns = core.clock_ns()
                 counters = {core.port_name(p): core.port_counters(p) for p in range(core.port_count)}
                 queues = {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)}
@@ -274,8 +272,8 @@ class ClusterApplication(Application):
         booked: list[tuple[int, int, int, int]] = []
         metrics: dict[str, Any] | None = None
         if cluster is not None:
-            transfers = cluster.plane.transfers
-            booked = [(port, lane, size, transfers[(port, lane)]) for (port, lane), size in cluster.plane.bytes.items()]
+            transfers = cluster.booking.transfers
+            booked = [(port, lane, size, transfers[(port, lane)]) for (port, lane), size in cluster.booking.bytes.items()]
             metrics = cluster.metrics.to_wire()
         part: dict[str, Any] = {"metrics": metrics, "booked": booked}
         if self._host is not None:

@@ -1,7 +1,7 @@
-"""The messages the cluster's actors exchange, and the flow of one turn through them (paper §4, §6).
+"""The messages the cluster's engines exchange, and the flow of one turn through them (paper §4, §6).
 
-The actors: :mod:`~dualpath_emu.cluster.client` (agents), :mod:`~dualpath_emu.cluster.scheduler`,
-:mod:`~dualpath_emu.cluster.prefill` (one actor per prefill EP group), :mod:`~dualpath_emu.cluster.decode` (one
+The engines: :mod:`~dualpath_emu.cluster.client` (agents), :mod:`~dualpath_emu.cluster.scheduler`,
+:mod:`~dualpath_emu.cluster.prefill` (one engine per prefill EP group), :mod:`~dualpath_emu.cluster.decode` (one
 per decode node). They share no Python objects: everything one needs from another comes in these messages,
 so each can live in its own OS process (``dualpath-emu run --mode realtime``).
 
@@ -22,7 +22,7 @@ Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a
    storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
    scheduler :class:`ReadDone` (its ``read_q`` shrinks).
 4. The prefill group batches ready requests per GPU under the attention quota (binary-search chunking,
-   §6.4; after a pass it first lets its pull be answered, see ``_forward_loop``) and runs one forward pass
+   §6.4; after a pass it first lets its pull be answered, see ``PrefillGroup._finish``) and runs one forward pass
    over all its GPUs (one core call: per-layer loads into HBM, attention,
    the DP barrier, MoE phase with its all-to-all on the high lane, per-layer stores to the DE buffer).
    Without layerwise prefill the hit KV is copied into HBM first and the KV sent to the DE after the pass.

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
-from dualpath_emu.runtime.actors import Actor
+from dualpath_emu.runtime.engine import Outbox, Then
 
 __all__ = ["Pool"]
 
@@ -13,37 +12,37 @@ __all__ = ["Pool"]
 class Pool:
     """A capacity in bytes handed out in FIFO order (a node's DRAM buffer, a GPU's HBM for KV).
 
-    :meth:`acquire` calls ``then`` once the bytes are granted (at once if they fit and nobody waits);
+    :meth:`acquire` calls ``then(now)`` once the bytes are granted (at once if they fit and nobody waits);
     :meth:`release` returns them and grants waiters in order. Grants and returns are recorded as ``take`` and
     ``give`` events (``<pool> <rid> <bytes>``) after a ``capacity`` event, so the invariant checker can verify
     from the event log alone that no pool is ever over its capacity.
     """
 
-    def __init__(self, actor: Actor, name: str, capacity: int) -> None:
-        self.actor, self.name, self.capacity, self.free = actor, name, capacity, capacity
-        self._waiting: deque[tuple[int, int, Callable[[], None]]] = deque()
+    def __init__(self, out: Outbox, name: str, capacity: int) -> None:
+        self.out, self.name, self.capacity, self.free = out, name, capacity, capacity
+        self._waiting: deque[tuple[int, int, Then]] = deque()
         self._announced = False
 
-    def acquire(self, rid: int, size: int, then: Callable[[], None]) -> None:
-        if not self._announced:  # the first use, inside the running loop
+    def acquire(self, now: int, rid: int, size: int, then: Then) -> None:
+        if not self._announced:  # on first use
             self._announced = True
-            self.actor.system.record(self.actor.name, "capacity", f"{self.name} {self.capacity}")
+            self.out.record("capacity", f"{self.name} {self.capacity}")
         if size > self.capacity:
             raise ValueError(f"request {rid} needs {size} B of {self.name}, whose capacity is {self.capacity} B")
         if not self._waiting and size <= self.free:
             self._take(rid, size)
-            then()
+            then(now)
         else:
             self._waiting.append((rid, size, then))
 
-    def release(self, rid: int, size: int) -> None:
+    def release(self, now: int, rid: int, size: int) -> None:
         self.free += size
-        self.actor.system.record(self.actor.name, "give", f"{self.name} {rid} {size}")
+        self.out.record("give", f"{self.name} {rid} {size}")
         while self._waiting and self._waiting[0][1] <= self.free:
             waiter, wanted, then = self._waiting.popleft()
             self._take(waiter, wanted)
-            then()
+            then(now)
 
     def _take(self, rid: int, size: int) -> None:
         self.free -= size
-        self.actor.system.record(self.actor.name, "take", f"{self.name} {rid} {size}")
+        self.out.record("take", f"{self.name} {rid} {size}")

@@ -1,20 +1,18 @@
-"""The prefill engines of one EP group (one actor per group; one PE per GPU, DP attention, §4, §6.4):
+"""The prefill engines of one EP group (one engine per group; one PE per GPU, DP attention, §4, §6.4):
 reads on the PE side, layerwise prefill, batching under the attention quota, the forward pass."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import hit_extents, NS, EngineGroup, guarded, inter_node_a2a_bytes
+from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import HitReady, KvReady, Prefill, PrefillDone, PrefillTask, ReadDone
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
-from dualpath_emu.runtime.actors import ActorSystem, handles
-from dualpath_emu.runtime.core_work import Completion
+from dualpath_emu.runtime.engine import DataPlane, Outbox, Then, on
 
 __all__ = ["PrefillGroup"]
 
@@ -53,8 +51,8 @@ class _PrefillItem:
 class PrefillGroup(EngineGroup):
     """The PEs of one EP group (one or more nodes; one PE per GPU, DP attention, §6.4)."""
 
-    def __init__(self, system: ActorSystem, cluster: Cluster, nodes: Sequence[int]) -> None:
-        super().__init__(system, f"pe{nodes[0]}", cluster, nodes)
+    def __init__(self, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
+        super().__init__(f"pe{nodes[0]}", cluster, nodes, out, plane)
         gpus = cluster.config.node.gpus
         self.gpus = [(n, g) for n in nodes for g in range(gpus)]
         self.queues: dict[tuple[int, int], list[_PrefillItem]] = {key: [] for key in self.gpus}
@@ -62,26 +60,29 @@ class PrefillGroup(EngineGroup):
         self._early_hits: set[int] = set()
         """Requests whose :class:`HitReady` came before their :class:`Prefill`: the decode group heard from the
         scheduler first (in virtual time never; in real time the two senders race)."""
-        self._work = asyncio.Event()
-        self._loop_started = False
+        self._passing = False
+        """A forward pass, or the pull wait after it, is in progress: the pass's end looks for work again."""
+        self._kick_due = False
         d = cluster.derived
         self._kv = d.kv_bytes_per_token
         self._a2a = inter_node_a2a_bytes(d.model, len(nodes))
         buffer = cluster.config.dram_buffer_bytes
-        self.buffers = {n: Pool(self, f"n{n}.buffer", buffer) for n in nodes}
+        self.buffers = {n: Pool(out, f"n{n}.buffer", buffer) for n in nodes}
+        # After a pass the group pulls before it batches again: the pass's PrefillDone frees its PEs' load
+        # (tok_e ≤ β again), the scheduler answers the group's fetch and the decode fetch that follows (each
+        # at most one fetch period later) with new requests, and only then is the next batch formed. Without
+        # this wait the next pass starts at the same instant with only the GPUs that still had queued work,
+        # and the refilled ones sit out a whole pass: measured on DS 660B 2P4D (Oracle, 32K, 2,048 agents),
+        # 7.6 of 16 GPUs busy per pass on average and a 24% longer JCT at 1,024 agents, against the
+        # balanced passes the paper measures (Fig. 13 right).
+        self._pull_wait_ns = round((2 * cluster.config.fetch_period_s + 1e-6) * NS)
 
-    def _ensure_loop(self) -> None:
-        if not self._loop_started:
-            self._loop_started = True
-            self.system.spawn(self, self._forward_loop(), "forward")
-
-    @handles(Prefill)
-    def on_prefill(self, msg: Prefill) -> None:
-        self._ensure_loop()
+    @on(Prefill)
+    def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
         for task in msg.tasks:
-            self._add(task)
+            self._add(now, task)
 
-    def _add(self, msg: PrefillTask) -> None:
+    def _add(self, now: int, msg: PrefillTask) -> None:
         new = msg.prompt - msg.hit
         item = _PrefillItem(msg.rid, msg.hit, new, msg.context, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
         key = (msg.pe_node, msg.pe_gpu)
@@ -92,34 +93,33 @@ class PrefillGroup(EngineGroup):
             item.de_ready = True
         if self.cluster.system.oracle:
             item.de_ready = True
-            self._pe_ready(item)
+            self._pe_ready(now, item)
         elif msg.hit == 0 or msg.read_on_de:
-            self._pe_ready(item)
+            self._pe_ready(now, item)
         else:
             item.buffered = msg.hit * self._kv
-            self.buffers[msg.pe_node].acquire(msg.rid, item.buffered, lambda: self._read(msg.pe_node, item))
+            self.buffers[msg.pe_node].acquire(now, msg.rid, item.buffered, lambda now: self._read(now, msg.pe_node, item))
 
-    def _read(self, node: int, item: _PrefillItem) -> None:
+    def _read(self, now: int, node: int, item: _PrefillItem) -> None:
         """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
         metrics = self.cluster.metrics
-        metrics.read_start(item.rid, self.system.now_ns())
+        metrics.read_start(item.rid, now)
 
-        def finished() -> None:
-            metrics.read_done(item.rid, self.system.now_ns())
-            self.system.record(self.name, "read", f"r{item.rid} n{node}")
-            self.tell("scheduler", ReadDone(node, item.hit))
-            self._pe_ready(item)
+        def finished(now: int) -> None:
+            metrics.read_done(item.rid, now)
+            self.out.record("read", f"r{item.rid} n{node}")
+            self.out.send("scheduler", ReadDone(node, item.hit))
+            self._pe_ready(now, item)
 
-        self.cluster.plane.io_then(node, "read", KV_LANE, item.hit * self._kv, guarded(self, finished), self.fail_run,
-                                   hit_extents(item.context, item.hit))  # fmt: skip
+        self.plane.io(node, "read", KV_LANE, item.hit * self._kv, hit_extents(item.context, item.hit), finished)
 
-    def _pe_ready(self, item: _PrefillItem) -> None:
+    def _pe_ready(self, now: int, item: _PrefillItem) -> None:
         item.pe_ready = True
         if item.ready:
-            self._work.set()
+            self._work_ready(now)
 
-    @handles(HitReady)
-    def on_hit_ready(self, msg: HitReady) -> None:
+    @on(HitReady)
+    def on_hit_ready(self, now: int, msg: HitReady, sender: str) -> None:
         entry = self.items.get(msg.rid)
         if entry is None:
             self._early_hits.add(msg.rid)
@@ -127,7 +127,14 @@ class PrefillGroup(EngineGroup):
         item = entry[1]
         item.de_ready = True
         if item.ready:
-            self._work.set()
+            self._work_ready(now)
+
+    def _work_ready(self, now: int) -> None:
+        """A request became ready: batch once this instant's inputs are all in (a timer at ``now`` comes after
+        them), unless a pass is in progress (its end looks for work)."""
+        if not self._passing and not self._kick_due:
+            self._kick_due = True
+            self.plane.timer(now, self._kick)
 
     # --- batching (§6.4) -----------------------------------------------------------------------------
 
@@ -171,29 +178,20 @@ class PrefillGroup(EngineGroup):
             break
         return batch
 
-    async def _forward_loop(self) -> None:
-        # After a pass the group pulls before it batches again: the pass's PrefillDone frees its PEs' load
-        # (tok_e ≤ β again), the scheduler answers the group's fetch and the decode fetch that follows (each
-        # at most one fetch period later) with new requests, and only then is the next batch formed. Without
-        # this wait the next pass starts at the same instant with only the GPUs that still had queued work,
-        # and the refilled ones sit out a whole pass: measured on DS 660B 2P4D (Oracle, 32K, 2,048 agents),
-        # 7.6 of 16 GPUs busy per pass on average and a 24% longer JCT at 1,024 agents, against the
-        # balanced passes the paper measures (Fig. 13 right).
-        pull_wait_s = 2 * self.cluster.config.fetch_period_s + 1e-6
-        while True:
-            batches = {key: self._batch(key) for key in self.gpus}
-            if not any(batches.values()):
-                self._work.clear()
-                await self._work.wait()
-                continue
-            await self._forward(batches)
-            await asyncio.sleep(pull_wait_s)
+    def _kick(self, now: int) -> None:
+        """Start a forward pass over what is ready, if anything is."""
+        self._kick_due = False
+        if self._passing:
+            return
+        batches = {key: self._batch(key) for key in self.gpus}
+        if any(batches.values()):
+            self._passing = True
+            self._forward(now, batches)
 
-    async def _forward(self, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
+    def _forward(self, now: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
         cluster = self.cluster
         system, d, topo, metrics = cluster.system, cluster.derived, cluster.topology, cluster.metrics
-        plane = cluster.plane
-        now = self.system.now_ns()
+        plane = self.plane
         stages = d.stages
         layers = d.model.layers
         # Compute times per GPU; the DP barrier makes every layer as slow as the slowest GPU's attention.
@@ -201,7 +199,7 @@ class PrefillGroup(EngineGroup):
         ranks: list[tuple[Hop | None, int, Hop | None]] = []
         collectives: list[Hop] = []
         post: list[tuple[int, int, _PrefillItem, int]] = []
-        pre: list[asyncio.Future[Completion]] = []
+        pre: list[tuple[tuple[int, ...], int]] = []
         attention_s: list[float] = []
         for (node, gpu), batch in batches.items():
             if not batch:
@@ -233,7 +231,7 @@ class PrefillGroup(EngineGroup):
                     ranks.append((None, attn_ns, None))
                     if not item.in_hbm and item.hit > 0:
                         item.in_hbm = True
-                        pre.append(plane.transfer(topo.h2d(node, gpu), KV_LANE, item.hit * self._kv))
+                        pre.append((topo.h2d(node, gpu), item.hit * self._kv))
                     last = item.done_new + chunk == item.new
                     if last:  # the whole prompt KV goes to the DE buffer after the pass
                         post.append((node, gpu, item, (item.hit + item.new) * self._kv))
@@ -243,35 +241,67 @@ class PrefillGroup(EngineGroup):
                 collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), MODEL_LANE,
                                     int(self._a2a * tokens * layers / stages)))  # fmt: skip
         metrics.forward(now, attention_s)
-        if pre:
-            await asyncio.gather(*pre)
         ffn_ns = round(ffn_s * layers / stages * NS)
-        started = self.system.now_ns()
-        await plane.forward(stages, ranks, ffn_ns=ffn_ns, collectives=collectives)
-        gpus = cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)
-        metrics.prefill_pass(started, self.system.now_ns(), [(n * gpus + g, b) for (n, g), b in batches.items() if b])
-        sends: list[asyncio.Future[Completion]] = []
-        for node, gpu, item, size in post:
-            sends.append(plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size))
-        if sends:
-            await asyncio.gather(*sends)
-        end = self.system.now_ns()
+
+        def run_pass(started: int) -> None:
+            plane.forward(stages, ranks, ffn_ns, collectives, lambda now: self._passed(now, started, batches, post))
+
+        if pre:  # without layerwise prefill, the hit KV is copied into HBM before the pass
+            join = _join(len(pre), run_pass)
+            for path, size in pre:
+                plane.transfer(path, KV_LANE, size, join)
+        else:
+            run_pass(now)
+
+    def _passed(
+        self, now: int, started: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]],
+        post: list[tuple[int, int, _PrefillItem, int]],
+    ) -> None:  # fmt: skip
+        gpus = self.cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)
+        self.cluster.metrics.prefill_pass(started, now, [(n * gpus + g, b) for (n, g), b in batches.items() if b])
+        if post:  # without layerwise prefill, the whole prompt KV goes to the DE buffer after the pass
+            topo = self.cluster.topology
+            join = _join(len(post), lambda now: self._finish(now, batches))
+            for node, gpu, item, size in post:
+                self.plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size, join)
+        else:
+            self._finish(now, batches)
+
+    def _finish(self, now: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
+        """The pass is over: first tokens out, buffers free; look for work after the pull wait."""
         finished: list[int] = []
         kv_ready: dict[str, list[int]] = {}
         for (node, gpu), batch in batches.items():
             queue = self.queues[(node, gpu)]
             for item, chunk in batch:
                 if item.buffered:  # the hit KV is in HBM now: the PE buffer is free again
-                    self.buffers[node].release(item.rid, item.buffered)
+                    self.buffers[node].release(now, item.rid, item.buffered)
                     item.buffered = 0
                 item.done_new += chunk
                 if item.done_new == item.new:
                     queue.remove(item)
                     del self.items[item.rid]
-                    self.system.record(self.name, "prefilled", f"r{item.rid}")
-                    kv_ready.setdefault(cluster.group_name("de", item.de_node), []).append(item.rid)
+                    self.out.record("prefilled", f"r{item.rid}")
+                    kv_ready.setdefault(self.cluster.group_name("de", item.de_node), []).append(item.rid)
                     finished.append(item.rid)
         for group, rids in kv_ready.items():
-            self.tell(group, KvReady(tuple(rids), end))
+            self.out.send(group, KvReady(tuple(rids), now))
         if finished:
-            self.tell("scheduler", PrefillDone(tuple(finished)))
+            self.out.send("scheduler", PrefillDone(tuple(finished)))
+        self.plane.timer(now + self._pull_wait_ns, self._pulled)
+
+    def _pulled(self, now: int) -> None:
+        self._passing = False
+        self._kick(now)
+
+
+def _join(count: int, then: Then) -> Then:
+    """A ``then`` for each of ``count`` requests that calls ``then`` when the last of them is done."""
+    left = [count]
+
+    def one(now: int) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            then(now)
+
+    return one

@@ -1,11 +1,11 @@
 """Running one system on one cluster configuration in virtual time, and its results (paper §7).
 
-:func:`run_system` builds the core (ports per :mod:`~dualpath_emu.cluster.topology`), the actors (client,
+:func:`run_system` builds the core (ports per :mod:`~dualpath_emu.cluster.topology`), the engines (client,
 scheduler, one prefill group per EP group, one decode group per node), runs until every agent's last turn is
 done, checks that every admitted request ended exactly once, and returns a :class:`SystemResult`: JCT,
 TTFT/TTST/TPOT percentiles, the utilisation of storage NICs, compute NICs (each direction), DRAM and GPUs
 on prefill vs decode nodes (run mean and the p99 of 1-second samples), the KV working set, the storage-NIC
-max/mean, the event log's SHA-256, wall time and event counts (actors' and the core's).
+max/mean, the event log's SHA-256, wall time and event counts (the engines' and the core's).
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from dualpath_emu._core import Core
-from dualpath_emu.cluster.client import ClientActor
+from dualpath_emu.cluster.assemble import build_engine, engine_names
+from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.decode import DecodeGroup
-from dualpath_emu.cluster.ledger import Ledger, ProbingLedger
+from dualpath_emu.cluster.ledger import Booking
 from dualpath_emu.cluster.messages import Start
-from dualpath_emu.cluster.prefill import PrefillGroup
-from dualpath_emu.cluster.scheduler import SchedulerActor
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
@@ -32,9 +30,8 @@ from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
-from dualpath_emu.runtime.actors import ActorSystem
 from dualpath_emu.runtime.eventlog import EventLogWriter
-from dualpath_emu.runtime.virtual_loop import run as run_virtual
+from dualpath_emu.runtime.virtual import VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system"]
@@ -150,7 +147,6 @@ def run_system(
     trajectories: Sequence[Trajectory],
     *,
     seed: int = 0,
-    record_messages: bool = False,
     progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 0.25,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
@@ -161,8 +157,8 @@ def run_system(
     :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
     or the name of a built-in one.
 
-    The event log holds the actors' decisions and milestones (admission, scheduling, reads, first token,
-    end, buffer and HBM grants); ``record_messages`` adds the life of every message (several times longer).
+    The event log holds the engines' decisions and milestones (admission, scheduling, reads, first token,
+    end, buffer and HBM grants).
 
     ``progress`` is called with a :class:`Progress` at most every ``progress_interval_s`` of wall time while
     the run goes on (from the event sink, so it costs nothing in between), and once at the end.
@@ -183,9 +179,8 @@ def run_system(
     core = Core(sample_interval_ns=interval_ns, record_spans=trace_path is not None)
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
-    actors = ActorSystem(seed=seed, record_messages=record_messages)
-    ledger = ProbingLedger(actors, topology) if probe_paths else Ledger(actors, topology)
-    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), ledger)
+    booking = Booking(probe=probe_paths)
+    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), booking)
     writer = EventLogWriter()
     checker = EventLogChecker()
 
@@ -193,26 +188,18 @@ def run_system(
         writer.write_numbered(events, first)
         checker.feed(events, first)
 
-    actors.set_event_sink(sink)
     report = None
     if progress is not None:  # smaller chunks: the sink is where progress is looked at
         report = _Reporter(system_name, progress, progress_interval_s, metrics, core, trajectories)
-        actors.set_event_sink(report.wrap(sink), chunk=4096)
-    client = ClientActor(actors, cluster, trajectories)
-    SchedulerActor(actors, cluster)
-    ep = config.prefill_ep_nodes
-    pe_nodes = [n.index for n in topology.pe_nodes]
-    for first in range(0, len(pe_nodes), ep):
-        PrefillGroup(actors, cluster, pe_nodes[first : first + ep])
-    for node in topology.de_nodes:
-        DecodeGroup(actors, cluster, node.index)
-
-    async def main() -> None:
-        for actor in actors.actors:
-            actor.start()
-        actors.tell("client", Start())
-        await client.finished.wait()
-        actors.data_plane.flush()  # work asked for in the last instant (block write-backs) reaches the core
+        driver = VirtualDriver(core, sink=report.wrap(sink), chunk=4096)
+    else:
+        driver = VirtualDriver(core, sink=sink)
+    for name in engine_names(config):
+        driver.add(build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories,
+                                seed=seed))  # fmt: skip
+    client = driver.engines[0]
+    assert isinstance(client, Client)
+    driver.send("client", Start())
 
     started = time.perf_counter()
     # A run allocates millions of short-lived objects and creates almost no cycles: what exists now
@@ -224,12 +211,11 @@ def run_system(
     thresholds = gc.get_threshold()
     gc.set_threshold(100_000, 50, 1000)
     try:
-        run_virtual(actors.run(main()), core)
+        driver.run(lambda: client.finished)
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
     wall_s = time.perf_counter() - started
-    actors.flush_events()
     if report is not None:
         report.now()
     lost = metrics.unfinished()
@@ -238,15 +224,15 @@ def run_system(
     end_ns = core.now_ns
     core.run_until_idle()  # the last block write-backs, so that every byte is accounted
     core_report = CoreReport.of(core, topology, min(end_ns, core.now_ns))
-    violations = checker.finish() + check_core_bytes(core_report, ledger.bytes, ledger.transfers)
+    violations = checker.finish() + check_core_bytes(core_report, booking.bytes, booking.transfers)
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
     result = build_result(system_name, core_report, metrics, config, topology, len(trajectories), writer.sha256(),
-                          wall_s, actors.event_count, end_ns)  # fmt: skip
+                          wall_s, driver.event_count, end_ns)  # fmt: skip
     result.spec = system
     result.extra.update({"mode": "virtual", "processes": 1})
-    if isinstance(ledger, ProbingLedger):
-        result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(ledger.measured.items())}
+    if probe_paths:
+        result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name)
     return result
@@ -265,7 +251,7 @@ def build_result(
     end_ns: int,
     start_ns: int = 0,
 ) -> SystemResult:
-    """A run's :class:`SystemResult` from the core's report and the actors' (merged) metrics; the run is
+    """A run's :class:`SystemResult` from the core's report and the engines' (merged) metrics; the run is
     [``start_ns``, ``end_ns``]: from when the client started (0 in virtual time; a live run's clock starts
     when its data plane does) to when the last request ended (the JCT's end). Utilisation means are over
     that span; the p99s over the samples until its end."""

@@ -1,4 +1,4 @@
-"""The central request scheduler (§6): the actor that keeps the global queues and the engines' loads, and
+"""The central request scheduler (§6): the engine that keeps the global queues and the engines' loads, and
 runs the system's policy (:mod:`~dualpath_emu.cluster.policies`) when an engine group fetches work.
 
 The policies' names are re-exported here, where code written against earlier versions imports them.
@@ -6,12 +6,11 @@ The policies' names are re-exported here, where code written against earlier ver
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS
+from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.messages import (
     DecodeDone,
     DecodeTask,
@@ -36,11 +35,11 @@ from dualpath_emu.cluster.policies import (
     Request,
     RoundRobinPolicy,
 )
-from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
 __all__ = [
     "DE_HIGH_TOKEN_FACTOR", "DecodeAssignment", "DualPathPolicy", "Engine", "Policy", "PrefillAssignment",
-    "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "SchedulerActor",
+    "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "Scheduler",
 ]  # fmt: skip
 
 @dataclass(slots=True)
@@ -50,17 +49,16 @@ class _Pull:
     nodes: tuple[int, ...]
     period_ns: int
     last_ns: int = -(10**18)
-    timer: asyncio.TimerHandle | None = None
+    timer: bool = False
     """Set while the next serving waits for the period to pass."""
 
 
-class SchedulerActor(Actor):
+class Scheduler(ClusterEngine):
     """The central request scheduler (§6): global queues, engine loads as the engines report them on every
     fetch (here kept in step with assignments and completions), and the :class:`Policy` of the system."""
 
-    def __init__(self, system: ActorSystem, cluster: Cluster) -> None:
-        super().__init__(system, "scheduler")
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, out: Outbox, plane: DataPlane) -> None:
+        super().__init__("scheduler", cluster, out, plane)
         self.policy = cluster.policy
         gpus, topo = cluster.config.node.gpus, cluster.topology
         self.pe_engines = {n.index: [Engine(n.index * gpus + g, n.index) for g in range(gpus)] for n in topo.pe_nodes}
@@ -88,28 +86,29 @@ class SchedulerActor(Actor):
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
 
-    def _notify_decode(self) -> None:
+    def _notify_decode(self, now: int) -> None:
         """Make the fetch of every decode group with a non-empty private queue due."""
         for node, queue in self.private.items():
             if queue:
-                self._notify_group(self.cluster.group_name("de", node))
+                self._notify_group(now, self.cluster.group_name("de", node))
 
-    def _notify_group(self, name: str) -> None:
+    def _notify_group(self, now: int, name: str) -> None:
         """Group ``name`` has work waiting: serve its fetch now, or once its period since the last has passed."""
         pull = self._pulls.get(name)
         if pull is None:
             self._wanted.add(name)
             return
-        if pull.timer is not None:
+        if pull.timer:
             return  # already due
-        wait_ns = pull.last_ns + pull.period_ns - self.system.now_ns()
-        if wait_ns > 0:
-            pull.timer = self.system.loop.call_later(wait_ns / NS, self._serve_later, name)
+        at_ns = pull.last_ns + pull.period_ns
+        if at_ns > now:
+            pull.timer = True
+            self.plane.timer(at_ns, lambda now: self._serve_later(now, name))
         else:
-            self._serve(name)
+            self._serve(now, name)
 
-    @handles(Submit)
-    def on_submit(self, msg: Submit) -> None:
+    @on(Submit)
+    def on_submit(self, now: int, msg: Submit, sender: str) -> None:
         capacity = self.cluster.derived.de_hbm_kv_bytes
         requests = []
         for turn in msg.turns:
@@ -119,53 +118,48 @@ class SchedulerActor(Actor):
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
             self.requests[turn.rid] = request
             requests.append(request)
-        self._notify_group(self.prefill.submit(requests))
+        self._notify_group(now, self.prefill.submit(requests))
 
-    @handles(Fetch)
-    def on_fetch(self, msg: Fetch) -> None:
-        name = self.envelope.sender if self.envelope is not None else ""
-        self._pulls[name] = _Pull(msg.nodes, msg.period_ns)
-        if name in self._wanted:
-            self._wanted.discard(name)
-            self._notify_group(name)
+    @on(Fetch)
+    def on_fetch(self, now: int, msg: Fetch, sender: str) -> None:
+        self._pulls[sender] = _Pull(msg.nodes, msg.period_ns)
+        if sender in self._wanted:
+            self._wanted.discard(sender)
+            self._notify_group(now, sender)
 
-    def _serve_later(self, name: str) -> None:
-        try:
-            self._pulls[name].timer = None
-            self._serve(name)
-        except Exception as error:  # a timer callback: fail the run rather than lose the error
-            self.system.fail(self, error)
+    def _serve_later(self, now: int, name: str) -> None:
+        self._pulls[name].timer = False
+        self._serve(now, name)
 
-    def _serve(self, name: str) -> None:
+    def _serve(self, now: int, name: str) -> None:
         """A fetch of group ``name``: what its leader's pull would get now."""
         pull = self._pulls[name]
-        pull.last_ns = self.system.now_ns()
+        pull.last_ns = now
         again = False
         if any(node in self.pe_engines for node in pull.nodes):
-            self._fetch_prefill()  # over every PE: what is left waits until a PE finishes (PrefillDone)
+            self._fetch_prefill(now)  # over every PE: what is left waits until a PE finishes (PrefillDone)
         for node in pull.nodes:
             if node not in self.pe_engines:
-                assigned, more = self._fetch_decode(node)
+                assigned, more = self._fetch_decode(now, node)
                 again = again or bool(assigned and more)
         if again:
-            self._notify_group(name)
+            self._notify_group(now, name)
 
-    def _fetch_prefill(self) -> None:
+    def _fetch_prefill(self, now: int) -> None:
         assigned = self.prefill.fetch(self.read_q)
-        now = self.system.now_ns()
         for a in assigned:
             self.pe_of[a.request.id] = a.engine
             self.decode_queue.append(a.request)
             self.cluster.metrics.scheduled_pe(a.request.id, now)
         if assigned:
             self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
-            self._notify_decode()
+            self._notify_decode(now)
 
-    def _fetch_decode(self, node: int) -> tuple[int, bool]:
+    def _fetch_decode(self, now: int, node: int) -> tuple[int, bool]:
         assigned = self.policy.assign_decode(
             self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
         )
-        gpus, oracle, now = self._gpus, self.cluster.system.oracle, self.system.now_ns()
+        gpus, oracle = self._gpus, self.cluster.system.oracle
         prefill: dict[str, list[PrefillTask]] = {}
         expect: list[DecodeTask] = []
         for a in assigned:
@@ -177,7 +171,7 @@ class SchedulerActor(Actor):
             if not oracle and r.hit_tokens > 0:
                 read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
             self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
-            self.system.record(self.name, "assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
+            self.out.record("assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
             prefill.setdefault(self.cluster.group_name("pe", pe_node), []).append(
                 PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de,
                             r.context)
@@ -185,17 +179,17 @@ class SchedulerActor(Actor):
             expect.append(DecodeTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de,
                                      r.context))
         for group, tasks in prefill.items():
-            self.tell(group, Prefill(tuple(tasks)))
+            self.out.send(group, Prefill(tuple(tasks)))
         if expect:
-            self.tell(self.cluster.group_name("de", node), Expect(tuple(expect)))
+            self.out.send(self.cluster.group_name("de", node), Expect(tuple(expect)))
         return len(assigned), bool(self.private[node])
 
-    @handles(ReadDone)
-    def on_read_done(self, msg: ReadDone) -> None:
+    @on(ReadDone)
+    def on_read_done(self, now: int, msg: ReadDone, sender: str) -> None:
         self.read_q[msg.node] -= msg.tokens
 
-    @handles(PrefillDone)
-    def on_prefill_done(self, msg: PrefillDone) -> None:
+    @on(PrefillDone)
+    def on_prefill_done(self, now: int, msg: PrefillDone, sender: str) -> None:
         wake = None
         for rid in msg.rids:
             wake = self.prefill.done(self.requests[rid], self.pe_of.pop(rid)) or wake
@@ -203,10 +197,10 @@ class SchedulerActor(Actor):
                 self._decoded.discard(rid)
                 del self.requests[rid]
         if wake is not None:
-            self._notify_group(wake)
+            self._notify_group(now, wake)
 
-    @handles(DecodeDone)
-    def on_decode_done(self, msg: DecodeDone) -> None:
+    @on(DecodeDone)
+    def on_decode_done(self, now: int, msg: DecodeDone, sender: str) -> None:
         gpus, nodes = self._gpus, set()
         for rid in msg.rids:
             if rid in self.pe_of:
@@ -227,4 +221,4 @@ class SchedulerActor(Actor):
             nodes.add(node)
         for node in sorted(nodes):
             if self.private[node]:
-                self._notify_group(self.cluster.group_name("de", node))
+                self._notify_group(now, self.cluster.group_name("de", node))

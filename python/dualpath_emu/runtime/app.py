@@ -20,7 +20,7 @@ from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
-from dualpath_emu.runtime.core_work import CoreLayout, core_layout
+from dualpath_emu.runtime.core_work import CoreLayout, CoreWork, core_layout
 
 __all__ = ["APPLICATIONS", "SERVICE_REPORT", "Application", "application_class"]
 
@@ -104,8 +104,10 @@ class Application(ABC):
         raise ScenarioError(f"application {self.name!r} has no host backend (backend = \"host\")")
 
     @abstractmethod
-    def create_actor(self, system: ActorSystem, name: str) -> Actor:
-        """Create (and so register) actor ``name`` in ``system``; it is started by the runner."""
+    def create_actor(self, system: ActorSystem, name: str, loop: CoreWork) -> Actor:
+        """Create (and so register) actor ``name`` in ``system``; it is started by the runner. ``loop`` is the
+        process's loop, the actor's data plane (the core in virtual time, the data-plane service or the host
+        backend live)."""
 
     @abstractmethod
     async def drive(self, system: ActorSystem) -> dict[str, Any]:

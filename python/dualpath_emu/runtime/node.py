@@ -78,7 +78,7 @@ from dualpath_emu.runtime.scenario import (
 )
 from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.runtime.security import RunKeys
-from dualpath_emu.runtime.virtual_loop import run as run_virtual_loop
+from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 
 __all__ = [
@@ -144,8 +144,9 @@ def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResu
     core = Core(**app.core_options())
     app.build_core(core)
     system = ActorSystem(latency_s=scenario.latency_s, seed=scenario.seed)
+    loop = VirtualTimeLoop(core)
     for name in app.actor_names():
-        app.create_actor(system, name)
+        app.create_actor(system, name, loop)
 
     async def main() -> dict[str, Any]:
         for actor in system.actors:
@@ -156,7 +157,8 @@ def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResu
     summary: dict[str, Any] | None = None
     failure: ActorFailure | None = None
     try:
-        summary = run_virtual_loop(system.run(main()), core)
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            summary = runner.run(system.run(main()))
     except ActorFailure as error:
         failure = error
     wall_s = time.perf_counter() - started
@@ -371,7 +373,7 @@ def serve_process(
         seed=scenario.seed,
     )
     for actor in spec.actors:
-        app.create_actor(system, actor)
+        app.create_actor(system, actor, loop)
     status: int = 0
     summary: dict[str, Any] | None = None
     failure: ActorFailure | None = None

@@ -1,0 +1,61 @@
+"""The one place a cluster is put together, for every driver and placement (DESIGN.md §2).
+
+:func:`engine_names` names the engines of a configuration; :func:`build_engine` builds one of them from its name,
+the process's :class:`~dualpath_emu.cluster.context.Cluster` and the outbox and data plane its driver hands it.
+The virtual-time run (:func:`~dualpath_emu.cluster.run.run_system`) builds them all in one process; a live run
+(:class:`~dualpath_emu.cluster.live.ClusterApplication`) builds each process's share inside its actors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from dualpath_emu.cluster.client import Client
+from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.decode import DecodeGroup
+from dualpath_emu.cluster.engines import ClusterEngine
+from dualpath_emu.cluster.prefill import PrefillGroup
+from dualpath_emu.cluster.scheduler import Scheduler
+from dualpath_emu.runtime.engine import DataPlane, Outbox
+from dualpath_emu.workload.trajectory import Trajectory
+
+__all__ = ["build_engine", "engine_names", "prefill_groups"]
+
+
+def prefill_groups(config: ClusterConfig) -> list[list[int]]:
+    """The prefill EP groups: ``prefill_ep_nodes`` consecutive prefill nodes each."""
+    ep = config.prefill_ep_nodes
+    return [list(range(first, min(first + ep, config.pe_nodes))) for first in range(0, config.pe_nodes, ep)]
+
+
+def engine_names(config: ClusterConfig) -> list[str]:
+    """The cluster's engines, in the order they start: the client, the scheduler, a prefill group per EP group
+    (named after its first node), a decode group per decode node."""
+    pe = [f"pe{group[0]}" for group in prefill_groups(config)]
+    return ["client", "scheduler", *pe, *(f"de{config.pe_nodes + i}" for i in range(config.de_nodes))]
+
+
+def build_engine(
+    name: str,
+    cluster: Cluster,
+    out: Outbox,
+    plane: DataPlane,
+    *,
+    trajectories: Callable[[], Sequence[Trajectory]],
+    seed: int,
+) -> ClusterEngine:
+    """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the
+    client's."""
+    if name == "client":
+        return Client(cluster, trajectories(), seed, out, plane)
+    if name == "scheduler":
+        return Scheduler(cluster, out, plane)
+    for group in prefill_groups(cluster.config):
+        if name == f"pe{group[0]}":
+            return PrefillGroup(cluster, group, out, plane)
+    if name.startswith("de") and name[2:].isdigit() and int(name[2:]) >= cluster.config.pe_nodes:
+        node = int(name[2:])
+        if node < cluster.config.pe_nodes + cluster.config.de_nodes:
+            return DecodeGroup(cluster, node, out, plane)
+    raise KeyError(f"the cluster has no engine {name!r}")

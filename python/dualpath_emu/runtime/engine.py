@@ -1,0 +1,153 @@
+"""The engine contract: state machines fed inputs with the time, giving outputs (DESIGN.md §2, the sans-I/O
+pattern of h11 and quinn-proto).
+
+An :class:`Engine` is stepped by a driver. Its inputs are a message (:meth:`Engine.receive`), the end of data-
+plane work or a timer (the ``then`` it gave with the request, called with the time), and :meth:`Engine.start`;
+every input comes with ``now_ns``, the current time. Its outputs go to the two things a driver hands it when it
+is built, and nowhere else:
+
+* an :class:`Outbox`: messages to other engines (by name) and observations for the event log;
+* a :class:`DataPlane`: transfers, storage I/O, forward passes and timers, each with the ``then`` to call when
+  it ends (``None``: nobody waits, e.g. a write-back).
+
+Both only queue: nothing an engine asks for happens, and no other engine runs, before its handler returns. So an
+engine knows nothing of asyncio, processes, sockets or which data plane it has, and a test steps it by hand
+with a recording outbox and plane. The drivers: :mod:`dualpath_emu.runtime.virtual` (virtual time, no asyncio)
+and :mod:`dualpath_emu.runtime.engine_actor` (live: an asyncio actor around each engine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar
+
+from dualpath_emu.messages import Message
+
+__all__ = [
+    "DataPlane",
+    "Engine",
+    "Extents",
+    "Hop",
+    "Outbox",
+    "Then",
+    "UnhandledInputError",
+    "on",
+    "seeded_random",
+]
+
+Then: TypeAlias = Callable[[int], None]
+"""What to call, with the time in ns, when a request to the data plane ends (or a timer fires)."""
+
+Hop: TypeAlias = tuple[tuple[int, ...], int, int]
+"""A transfer along a path of port ids: ``(path, lane, size_bytes)`` (per layer, in a forward pass)."""
+
+Extents: TypeAlias = tuple[tuple[int, int, int], ...]
+"""Which stored objects a storage I/O moves, as ``(context, first block, blocks)`` runs (the cluster's Full
+Blocks). A modelled data plane ignores them; one that moves real bytes (the host backend) reads and writes
+exactly those."""
+
+_F = TypeVar("_F", bound=Callable[..., None])
+_ON_ATTR = "__engine_inputs__"
+
+
+class DataPlane(Protocol):
+    """What moves bytes and keeps time for engines: the in-process core (:class:`~dualpath_emu.runtime.virtual.CoreDataPlane`),
+    the data-plane service of a live run or the host backend (:class:`~dualpath_emu.runtime.engine_actor.LoopDataPlane`
+    over the process's loop). Requests are queued and submitted in batches; ``then(now_ns)`` is called by the
+    driver when the work ends. A request the plane refuses fails the run."""
+
+    def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
+        """Move ``size_bytes`` on ``lane`` along ``path`` (port ids), starting now."""
+
+    def io(self, storage_node: int, kind: str, lane: int, size_bytes: int, extents: Extents, then: Then | None) -> None:
+        """A storage ``"read"`` or ``"write"`` on ``storage_node``, queued now."""
+
+    def forward(
+        self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
+        collectives: Sequence[Hop], then: Then,
+    ) -> None:  # fmt: skip
+        """A forward pass of ``n_layers`` layers over DP-attention ``ranks`` ``(load, attn_ns, store)``, then a
+        shared phase of ``ffn_ns`` and ``collectives`` per layer (the core expands it: ``core/src/forward.rs``)."""
+
+    def timer(self, at_ns: int, then: Then) -> None:
+        """Call ``then`` at ``at_ns`` (now, if that is past)."""
+
+    def clock_ns(self) -> int:
+        """The data plane's clock (for measurements around engines, never for their decisions)."""
+
+
+class Outbox(Protocol):
+    """Where an engine's messages and observations go (one per engine: it knows the sender's name)."""
+
+    def send(self, recipient: str, msg: Message) -> None:
+        """Send ``msg`` to the engine called ``recipient``; delivered after the current input is handled."""
+
+    def record(self, kind: str, summary: str) -> None:
+        """Add an observation to the event log, at the current time."""
+
+
+class UnhandledInputError(TypeError):
+    """An engine got a message type it has no handler for."""
+
+
+def on(*message_types: type[Message]) -> Callable[[_F], _F]:
+    """Mark a method of an :class:`Engine` subclass as the handler of ``message_types``, called as
+    ``method(now_ns, msg, sender)``."""
+
+    def mark(method: _F) -> _F:
+        setattr(method, _ON_ATTR, getattr(method, _ON_ATTR, ()) + message_types)
+        return method
+
+    return mark
+
+
+class Engine:
+    """Base of engines: a name, an :class:`Outbox`, handlers by message type (:func:`on`).
+
+    Subclasses get their inputs through :meth:`receive` (messages), :meth:`start` and the ``then`` callbacks
+    they give their data plane; they send through ``self.out``."""
+
+    _inputs: ClassVar[dict[type[Message], str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = {t: name for name, value in cls.__dict__.items() for t in getattr(value, _ON_ATTR, ())}
+        cls._inputs = {**cls._inputs, **own}
+
+    def __init__(self, name: str, out: Outbox) -> None:
+        self.name = name
+        self.out = out
+        self._bound: dict[type[Message], Callable[[int, Any, str], None]] = {}
+
+    def start(self, now_ns: int) -> None:
+        """The run starts (engines are started in assembly order, before any message is delivered)."""
+
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
+        """Handle message ``msg`` from ``sender`` at ``now_ns``."""
+        try:
+            handler = self._bound[type(msg)]
+        except KeyError:
+            handler = self._bind(type(msg))
+        handler(now_ns, msg, sender)
+
+    def _bind(self, message_type: type[Message]) -> Callable[[int, Any, str], None]:
+        for cls in message_type.__mro__:
+            name = self._inputs.get(cls)
+            if name is not None:
+                handler: Callable[[int, Any, str], None] = getattr(self, name)
+                self._bound[message_type] = handler
+                return handler
+        raise UnhandledInputError(f"engine {self.name!r} has no handler for {message_type.__qualname__}")
+
+    def handles(self, message_type: type[Message]) -> bool:
+        """Whether :meth:`receive` takes messages of ``message_type``."""
+        return any(cls in self._inputs for cls in message_type.__mro__)
+
+
+def seeded_random(seed: int, stream: str) -> random.Random:
+    """The random stream called ``stream`` of a run with ``seed``: the same sequence in every process and under
+    every ``PYTHONHASHSEED`` (SHA-256 of ``"<seed>/<stream>"``, not ``hash()``)."""
+    digest = hashlib.sha256(f"{seed}/{stream}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:16], "big"))

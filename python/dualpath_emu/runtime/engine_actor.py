@@ -1,0 +1,114 @@
+"""The live driver's shell: an asyncio actor around an engine (DESIGN.md §2).
+
+In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its
+process's actor system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The
+actor only translates: a message it is told becomes :meth:`~dualpath_emu.runtime.engine.Engine.receive` with the
+loop's clock; the engine's outbox is the actor system's ``tell`` and ``record``; its data plane is the process's
+loop (:class:`LoopDataPlane`: the data-plane service's remote core, a one-process run's own core, or the host
+backend's real bytes). An exception in the engine fails the run as any actor's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from dualpath_emu.messages import Message
+from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.core_work import Completion, CoreWork
+from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Hop, Outbox, Then
+
+__all__ = ["EngineActor", "LoopDataPlane"]
+
+
+class LoopDataPlane:
+    """A :class:`~dualpath_emu.runtime.engine.DataPlane` over an asyncio loop that reaches a core
+    (:class:`~dualpath_emu.runtime.core_work.CoreWork`). ``then`` runs as a loop callback with the loop's clock;
+    an error in it, or a request the core refuses, goes to ``fail``. Timers are the loop's own (a round trip to
+    a remote data plane per timer would only add lag)."""
+
+    def __init__(self, loop: CoreWork, fail: Callable[[Exception], None]) -> None:
+        self.loop = loop
+        self._fail = fail
+        self._asyncio: asyncio.AbstractEventLoop = loop  # type: ignore[assignment]  # CoreWork is mixed into one
+
+    def _guard(self, then: Then) -> Callable[[], None]:
+        clock, fail = self.loop.clock_ns, self._fail
+
+        def done() -> None:
+            try:
+                then(clock())
+            except Exception as error:
+                fail(error)
+
+        return done
+
+    def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
+        if then is None:
+            self.loop.transfer_detached(path, lane, size_bytes)
+        else:
+            self.loop.transfer_then(path, lane, size_bytes, self._guard(then), self._fail)
+
+    def io(self, storage_node: int, kind: str, lane: int, size_bytes: int, extents: Extents, then: Then | None) -> None:
+        if then is None:
+            self.loop.io_detached(storage_node, kind, lane, size_bytes, extents)
+        else:
+            self.loop.io_then(storage_node, kind, lane, size_bytes, self._guard(then), self._fail, extents)
+
+    def forward(
+        self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
+        collectives: Sequence[Hop], then: Then,
+    ) -> None:  # fmt: skip
+        done, fail = self._guard(then), self._fail
+
+        def ended(future: asyncio.Future[Completion]) -> None:
+            error = future.exception()
+            if error is not None:
+                fail(error)  # type: ignore[arg-type]  # a core error is an Exception
+            else:
+                done()
+
+        self.loop.forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives).add_done_callback(ended)
+
+    def timer(self, at_ns: int, then: Then) -> None:
+        self._asyncio.call_at(at_ns / 1e9, self._guard(then))  # the loop's time() is its clock in seconds
+
+    def clock_ns(self) -> int:
+        return self.loop.clock_ns()
+
+
+class _ActorOutbox:
+    __slots__ = ("_system", "_name")
+
+    def __init__(self, system: ActorSystem, name: str) -> None:
+        self._system, self._name = system, name
+
+    def send(self, recipient: str, msg: Message) -> None:
+        self._system.tell(recipient, msg, sender=self._name)
+
+    def record(self, kind: str, summary: str) -> None:
+        self._system.record(self._name, kind, summary)
+
+
+class EngineActor(Actor):
+    """The actor called ``name`` in ``system`` around the engine ``build(outbox, plane)`` makes, whose data plane
+    is ``loop`` (see the module)."""
+
+    def __init__(
+        self, system: ActorSystem, name: str, loop: CoreWork, build: Callable[[Outbox, DataPlane], Engine]
+    ) -> None:
+        super().__init__(system, name)
+        self.data_plane = LoopDataPlane(loop, self._fail)
+        self.engine = build(_ActorOutbox(system, name), self.data_plane)
+
+    def _fail(self, error: Exception) -> None:
+        self.system.fail(self, error)
+
+    def start(self) -> None:
+        super().start()
+        self.engine.start(self.system.now_ns())
+
+    @handles(Message)
+    def on_message(self, msg: Message) -> None:
+        envelope = self.envelope
+        self.engine.receive(self.system.now_ns(), msg, envelope.sender if envelope is not None else "main")

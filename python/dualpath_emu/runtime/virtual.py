@@ -1,0 +1,226 @@
+"""The virtual-time driver: engines stepped by a plain loop over the core's clock, no asyncio (DESIGN.md §2-3).
+
+:class:`VirtualDriver` holds the engines of a run and one FIFO of inputs due now. It hands each engine an
+:class:`~dualpath_emu.runtime.engine.Outbox` (a message goes to the back of the FIFO, addressed to its
+recipient's :meth:`~dualpath_emu.runtime.engine.Engine.receive`) and the run's :class:`CoreDataPlane` (requests
+are queued and submitted to the core in one call per kind when the FIFO is empty). When nothing is due, the core
+runs to the next instant where something completes (its own events -- rate changes, the layers of a forward
+pass, timers nobody waits for -- never wake Python), and each completion's ``then`` joins the FIFO, in the
+core's order. So the order of inputs at one instant is fixed: what was due first runs first, and a run repeats
+byte for byte from its seed.
+
+A run with nothing due, nothing in the core and the driver's ``done`` still false is a deadlock: some request
+waits for something that can never happen (:class:`DeadlockError`), not a hang.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from dualpath_emu._core import UNREPORTED_TAG, Core
+from dualpath_emu.messages import Message
+from dualpath_emu.runtime.engine import Engine, Extents, Hop, Then
+
+__all__ = ["CoreDataPlane", "DeadlockError", "EventSink", "VirtualDriver"]
+
+_U64_MAX: Final = 2**64 - 1
+_MAX_STALLS: Final = 10_000
+"""Consecutive advances that neither move the clock nor complete anything before the core is called stuck."""
+
+EventSink = Callable[[list[tuple[int, int, str, str, str]], int], None]
+"""Takes a chunk of observations ``(t_ns, 0, engine, kind, summary)`` and the number of the chunk's first."""
+
+
+class DeadlockError(RuntimeError):
+    """Nothing is due, the core has no event, and the run is not done."""
+
+
+class CoreDataPlane:
+    """The in-process core as an engine's :class:`~dualpath_emu.runtime.engine.DataPlane`: requests are queued
+    and submitted in one core call per kind (:meth:`flush`); completions are handed to ``dispatch`` with the
+    ``then`` each request gave. A request the core refuses raises out of :meth:`flush` (the run fails with the
+    core's error)."""
+
+    __slots__ = ("core", "_dispatch", "_next_tag", "_waiters", "_transfers", "_forwards", "_ios", "_timers")
+
+    def __init__(self, core: Core, dispatch: Callable[[Then], None]) -> None:
+        self.core = core
+        self._dispatch = dispatch
+        self._next_tag = 1
+        self._waiters: dict[int, Then] = {}
+        self._transfers: list[tuple[tuple[int, ...], int, int, int]] = []
+        self._forwards: list[tuple[int, tuple[Any, ...], int, tuple[Hop, ...], int, int]] = []
+        self._ios: list[tuple[int, str, int, int, int]] = []
+        self._timers: list[tuple[int, int]] = []
+
+    def _tag(self, then: Then | None) -> int:
+        if then is None:
+            return UNREPORTED_TAG
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self._waiters[tag] = then
+        return tag
+
+    def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
+        self._transfers.append((path, lane, size_bytes, self._tag(then)))
+
+    def io(self, storage_node: int, kind: str, lane: int, size_bytes: int, extents: Extents, then: Then | None) -> None:
+        self._ios.append((storage_node, kind, lane, size_bytes, self._tag(then)))
+
+    def forward(
+        self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
+        collectives: Sequence[Hop], then: Then,
+    ) -> None:  # fmt: skip
+        self._forwards.append((n_layers, tuple(ranks), ffn_ns, tuple(collectives), 0, self._tag(then)))
+
+    def timer(self, at_ns: int, then: Then) -> None:
+        self._timers.append((at_ns, self._tag(then)))
+
+    def clock_ns(self) -> int:
+        return self.core.now_ns
+
+    @property
+    def waiting(self) -> int:
+        """Requests whose end someone waits for."""
+        return len(self._waiters)
+
+    def flush(self) -> None:
+        """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers)."""
+        core = self.core
+        if self._transfers:
+            batch, self._transfers = self._transfers, []
+            core.submit_transfers(batch)
+        if self._forwards:
+            forwards, self._forwards = self._forwards, []
+            core.submit_forwards(forwards)
+        if self._ios:
+            ios, self._ios = self._ios, []
+            core.submit_ios(ios)
+        if self._timers:
+            timers, self._timers = self._timers, []
+            core.add_timers(timers)
+
+    def deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
+        """Hand each completion's ``then`` to the driver, in the core's order."""
+        waiters, dispatch = self._waiters, self._dispatch
+        for completion in completions:
+            then = waiters.pop(completion[1], None)
+            if then is None:
+                raise RuntimeError(f"the core completed work with tag {completion[1]} that nobody asked for")
+            dispatch(then)
+
+
+class _Outbox:
+    """One engine's outbox in virtual time."""
+
+    __slots__ = ("_driver", "_name")
+
+    def __init__(self, driver: VirtualDriver, name: str) -> None:
+        self._driver, self._name = driver, name
+
+    def send(self, recipient: str, msg: Message) -> None:
+        driver = self._driver
+        try:
+            receive = driver._receivers[recipient]
+        except KeyError:
+            raise LookupError(f"engine {self._name!r} sent {type(msg).__qualname__} to {recipient!r}, which is not "
+                              f"an engine of this run") from None  # fmt: skip
+        driver._due.append((receive, msg, self._name))
+
+    def record(self, kind: str, summary: str) -> None:
+        driver = self._driver
+        log = driver._log
+        log.append((driver.now_ns, 0, self._name, kind, summary))
+        if len(log) >= driver._chunk and driver._sink is not None:
+            driver.flush_events()
+
+
+class VirtualDriver:
+    """Runs engines over ``core`` in virtual time (see the module). Build it, make each engine with
+    :meth:`outbox` and :attr:`plane`, :meth:`add` them in a fixed order, then :meth:`run`.
+
+    ``sink`` takes the observations in chunks of ``chunk`` (the event log writer and the invariant checker),
+    so memory does not grow with the run; without one they are kept in :attr:`events`."""
+
+    def __init__(self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536) -> None:
+        self.core = core
+        self.now_ns = core.now_ns
+        self._due: deque[Any] = deque()
+        self.plane = CoreDataPlane(core, self._due.append)
+        self.engines: list[Engine] = []
+        self._receivers: dict[str, Callable[[int, Message, str], None]] = {}
+        self._log: list[tuple[int, int, str, str, str]] = []
+        self._sink = sink
+        self._chunk = chunk
+        self._flushed = 0
+
+    def outbox(self, name: str) -> _Outbox:
+        """The outbox of the engine called ``name``."""
+        return _Outbox(self, name)
+
+    def add(self, engine: Engine) -> None:
+        """Add ``engine`` (started, in the order added, when the run starts)."""
+        if engine.name in self._receivers:
+            raise ValueError(f"two engines are called {engine.name!r}")
+        self.engines.append(engine)
+        self._receivers[engine.name] = engine.receive
+
+    def send(self, recipient: str, msg: Message, sender: str = "main") -> None:
+        """Send ``msg`` to an engine from outside the engines (e.g. the run's start)."""
+        self._due.append((self._receivers[recipient], msg, sender))
+
+    @property
+    def event_count(self) -> int:
+        """Observations recorded so far."""
+        return self._flushed + len(self._log)
+
+    @property
+    def events(self) -> list[tuple[int, int, str, str, str]]:
+        """The observations not yet handed to the sink, numbered."""
+        base = self._flushed
+        return [(t, base + i, a, k, m) for i, (t, _, a, k, m) in enumerate(self._log)]
+
+    def flush_events(self) -> None:
+        """Hand the observations recorded so far to the sink."""
+        if self._sink is not None and self._log:
+            log, self._log = self._log, []
+            self._sink(log, self._flushed)
+            self._flushed += len(log)
+
+    def run(self, done: Callable[[], bool]) -> None:
+        """Start the engines, then step until ``done()`` is true once nothing is due."""
+        for engine in self.engines:
+            engine.start(self.now_ns)
+        core, due, plane = self.core, self._due, self.plane
+        popleft = due.popleft
+        stalls = 0
+        while True:
+            now = self.now_ns
+            while due:
+                item = popleft()
+                if type(item) is tuple:
+                    item[0](now, item[1], item[2])
+                else:
+                    item(now)
+            if done():
+                break
+            plane.flush()
+            completions = core.advance_until(_U64_MAX)
+            if completions:
+                stalls = 0
+                self.now_ns = core.now_ns
+                plane.deliver(completions)
+                continue
+            if core.next_event_ns() is None:
+                raise DeadlockError(
+                    f"deadlock at virtual time {core.now_ns} ns: nothing is due and the core has no event, yet the "
+                    f"run is not done ({plane.waiting} request(s) to the data plane still awaited)"
+                )
+            stalls += 1
+            if stalls > _MAX_STALLS:
+                raise RuntimeError(f"the core reports an event at {core.now_ns} ns but handles none there")
+            self.now_ns = core.now_ns
+        plane.flush()  # what the last instant asked for (block write-backs) reaches the core
+        self.flush_events()

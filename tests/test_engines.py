@@ -1,0 +1,174 @@
+"""The cluster's engines stepped by hand: no driver, no loop, no core (the sans-I/O design, docs/architecture.md).
+
+Each test builds one engine with a recording outbox and data plane, feeds it inputs with the time, and looks at
+what it asked for: messages, observations, data-plane requests (whose ``then`` the test calls to say they ended).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from dualpath_emu._core import Core
+from dualpath_emu.cluster.assemble import build_engine, engine_names
+from dualpath_emu.cluster.catalog import TESTBED_NODE
+from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.decode import DecodeGroup
+from dualpath_emu.cluster.messages import (
+    DecodeDone,
+    DecodeTask,
+    Expect,
+    Fetch,
+    HitReady,
+    KvReady,
+    Prefill,
+    PrefillTask,
+    Submit,
+    Turn,
+    TurnDone,
+)
+from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.scheduler import Scheduler
+from dualpath_emu.cluster.systems import built_in
+from dualpath_emu.cluster.topology import build_topology
+from dualpath_emu.messages import Message
+from dualpath_emu.runtime.engine import Then, UnhandledInputError
+
+MS = 1_000_000
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Message]] = []
+        self.records: list[tuple[str, str]] = []
+
+    def send(self, recipient: str, msg: Message) -> None:
+        self.sent.append((recipient, msg))
+
+    def record(self, kind: str, summary: str) -> None:
+        self.records.append((kind, summary))
+
+    def take(self) -> list[tuple[str, Message]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+class Plane:
+    """Records every request; ``then`` is the test's to call."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, tuple[Any, ...], Then | None]] = []
+
+    def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
+        self.requests.append(("transfer", (path, lane, size_bytes), then))
+
+    def io(self, storage_node: int, kind: str, lane: int, size_bytes: int, extents: Any, then: Then | None) -> None:
+        self.requests.append((kind, (storage_node, size_bytes, extents), then))
+
+    def forward(self, n_layers: int, ranks: Any, ffn_ns: int, collectives: Any, then: Then) -> None:
+        self.requests.append(("forward", (n_layers, ranks, ffn_ns), then))
+
+    def timer(self, at_ns: int, then: Then) -> None:
+        self.requests.append(("timer", (at_ns,), then))
+
+    def clock_ns(self) -> int:
+        return 0
+
+    def take(self, kind: str) -> list[tuple[tuple[Any, ...], Then | None]]:
+        mine = [(args, then) for k, args, then in self.requests if k == kind]
+        self.requests = [r for r in self.requests if r[0] != kind]
+        return mine
+
+
+def cluster(system: str = "dualpath") -> Cluster:
+    node = dataclasses.replace(TESTBED_NODE, gpus=2)
+    config = ClusterConfig(model="ds27b", node=node, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
+    d = derived(config)
+    spec = built_in(system)
+    topology = build_topology(Core(), config.node, config.pe_nodes, config.de_nodes, config.storage)
+    return Cluster(config, spec, d, topology, Metrics(), spec.policy(d.alpha_tokens, d.beta_tokens))
+
+
+def test_the_scheduler_assigns_a_submitted_turn_to_both_groups_when_they_have_pulled() -> None:
+    c, out, plane = cluster(), Outbox(), Plane()
+    scheduler = Scheduler(c, out, plane)
+    scheduler.start(0)
+    period = round(c.config.fetch_period_s * 1e9)
+    scheduler.receive(0, Fetch((0,), period), "pe0")
+    scheduler.receive(0, Fetch((1,), period), "de1")
+    assert out.take() == [] and plane.requests == []  # nothing to do yet
+    c.metrics.arrive(0, 0, 0, 5000, 4096, 30)
+    scheduler.receive(5, Submit((Turn(0, 5000, 4096, 30, 0),)), "client")
+    sent = out.take()
+    assert [(to, type(m)) for to, m in sent] == [("pe0", Prefill), ("de1", Expect)]
+    prefill, expect = sent[0][1], sent[1][1]
+    assert isinstance(prefill, Prefill) and isinstance(expect, Expect)
+    task = prefill.tasks[0]
+    assert (task.rid, task.prompt, task.hit, task.de_node) == (0, 5000, 4096, 1)
+    assert expect.tasks[0].read_on_de == task.read_on_de
+    assert ("assign", f"r0 pe{task.pe_node * 2 + task.pe_gpu} de{2 + task.de_gpu} {'de' if task.read_on_de else 'pe'}") \
+        in out.records  # fmt: skip
+
+
+def test_a_group_that_pulled_recently_is_served_when_its_period_has_passed() -> None:
+    c, out, plane = cluster(), Outbox(), Plane()
+    scheduler = Scheduler(c, out, plane)
+    period = round(c.config.fetch_period_s * 1e9)
+    scheduler.receive(0, Fetch((0,), period), "pe0")
+    scheduler.receive(0, Fetch((1,), period), "de1")
+    for rid in range(2):
+        c.metrics.arrive(rid, rid, 0, 500, 0, 3)
+    scheduler.receive(10, Submit((Turn(0, 500, 0, 3, 0),)), "client")
+    assert [to for to, _ in out.take()] == ["pe0", "de1"]
+    scheduler.receive(20, Submit((Turn(1, 500, 0, 3, 1),)), "client")
+    assert out.take() == []  # pe0 was served at t = 10 ns: its next pull is due a period later
+    [(args, then)] = plane.take("timer")
+    assert args == (10 + period,) and then is not None
+    then(10 + period)
+    assert [to for to, _ in out.take()] == ["pe0", "de1"]
+
+
+def test_a_decode_group_copies_the_kv_in_decodes_and_reports_the_turn() -> None:
+    c, out, plane = cluster(), Outbox(), Plane()
+    de = DecodeGroup(c, 1, out, plane)
+    de.start(0)
+    assert out.take() == [("scheduler", Fetch((1,), round(c.config.fetch_period_s * 1e9)))]
+    de.receive(0, Expect((DecodeTask(7, 200, 128, 4, 1, 0, 0, False, 3),)), "scheduler")
+    assert out.take() == [("pe0", HitReady(7))]  # the DE buffer is held: the PE may send the KV
+    de.receive(2 * MS, KvReady((7,), 2 * MS), "pe0")
+    [(args, copied)] = plane.take("transfer")  # the prompt KV into HBM
+    assert args[2] == 200 * c.derived.kv_bytes_per_token and copied is not None
+    copied(3 * MS)
+    [((at_ns,), step_end)] = plane.take("timer")  # the group steps until the request has its 4 tokens
+    assert at_ns > 3 * MS and step_end is not None
+    assert out.take() == []
+    step_end(at_ns)
+    sent = out.take()
+    assert [(to, type(m)) for to, m in sent] == [("scheduler", DecodeDone), ("client", TurnDone)]
+    done = sent[1][1]
+    assert isinstance(done, TurnDone) and done.rids == (7,) and done.first_token_ns == (2 * MS,) and done.done_ns == at_ns
+    assert 3 * MS < done.second_token_ns[0] < at_ns
+    # Its third block (tokens 128-191) completed while decoding: written back, nobody waits for it.
+    writes = plane.take("write")
+    assert [(args[2], then) for args, then in writes] == [(((3, 2, 1),), None)]
+    assert ("end", "r7") in out.records
+
+
+def test_an_engine_refuses_a_message_it_does_not_handle() -> None:
+    c, out, plane = cluster(), Outbox(), Plane()
+    de = DecodeGroup(c, 1, out, plane)
+    with pytest.raises(UnhandledInputError, match="de1.*Prefill"):
+        de.receive(0, Prefill((PrefillTask(0, 1, 0, 1, 0, 0, 1, 0, False, 0),)), "scheduler")
+
+
+def test_one_assembly_names_and_builds_every_engine() -> None:
+    c = cluster()
+    names = engine_names(c.config)
+    assert names == ["client", "scheduler", "pe0", "de1"]
+    engines = [build_engine(n, c, Outbox(), Plane(), trajectories=lambda: [], seed=0) for n in names]
+    assert [e.name for e in engines] == names
+    with pytest.raises(KeyError, match="de9"):
+        build_engine("de9", c, Outbox(), Plane(), trajectories=lambda: [], seed=0)
