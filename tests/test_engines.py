@@ -35,7 +35,7 @@ from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import built_in
 from dualpath_emu.cluster.topology import build_topology
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime.engine import Then, UnhandledInputError
+from dualpath_emu.runtime.engine import Observed, Then, UnhandledInputError
 
 MS = 1_000_000
 
@@ -44,12 +44,13 @@ class Outbox:
     def __init__(self) -> None:
         self.sent: list[tuple[str, Message]] = []
         self.records: list[tuple[str, str]] = []
+        """Observations as the event log's ``(kind, summary)``."""
 
     def send(self, recipient: str, msg: Message) -> None:
         self.sent.append((recipient, msg))
 
-    def record(self, kind: str, summary: str) -> None:
-        self.records.append((kind, summary))
+    def observe(self, record: Observed) -> None:
+        self.records.append((record.kind, record.summary()))
 
     def take(self) -> list[tuple[str, Message]]:
         sent, self.sent = self.sent, []

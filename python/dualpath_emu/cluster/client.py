@@ -9,6 +9,7 @@ from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone
+from dualpath_emu.cluster.observations import Admitted
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 from dualpath_emu.workload.trajectory import Trajectory
 
@@ -126,7 +127,7 @@ class Client(ClusterEngine):
         self._next_rid += 1
         self._agent_of[rid] = agent
         self.cluster.metrics.arrive(rid, agent, now, prompt, hit, gen)
-        self.out.record("admit", f"r{rid}")
+        self.out.observe(Admitted(rid))
         if self.observer is not None:
             self.observer.turn_admitted()
         self._outbox.append(Turn(rid, prompt, hit, gen, agent))

@@ -22,6 +22,7 @@ from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
 from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
+from dualpath_emu.cluster.observations import Ended, HitRead
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
@@ -168,7 +169,7 @@ class DecodeGroup(EngineGroup):
 
         def finished(now: int) -> None:
             metrics.read_done(msg.rid, now)
-            self.out.record("read", f"r{msg.rid} n{self.node}")
+            self.out.observe(HitRead(msg.rid, self.node))
             self.out.send("scheduler", ReadDone(self.node, msg.hit))
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
 
@@ -235,7 +236,7 @@ class DecodeGroup(EngineGroup):
 
     def _finish(self, now: int, request: _DecodeRequest) -> None:
         self.hbm[request.gpu].release(now, request.rid, (request.prompt + request.gen) * self._kv)
-        self.out.record("end", f"r{request.rid}")
+        self.out.observe(Ended(request.rid))
         self._done.append(request)
 
     def _report_done(self, now: int) -> None:

@@ -1,13 +1,14 @@
 """Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's
-simulators do): from the event log as it is written, and from the core's byte counters at the end.
+simulators do): from the engines' typed observations as they are made (:mod:`~dualpath_emu.cluster.observations`;
+a live run's, from its merged event logs), and from the core's byte counters at the end.
 
-From the event log (:class:`EventLogChecker`):
+From the observations (:class:`EventLogChecker`):
 
 * time never goes backwards and events are numbered 0, 1, 2, … without a gap;
-* every admitted request (``admit r<id>``) ends exactly once (``end r<id>``), and nothing ends that was
+* every admitted request (:class:`Admitted`) ends exactly once (:class:`Ended`), and nothing ends that was
   not admitted;
 * no pool -- a node's DRAM buffer, a GPU's HBM for KV -- is ever over its capacity or below zero
-  (``capacity <pool> <bytes>``, ``take``/``give <pool> <rid> <bytes>``), and every pool is empty at the end.
+  (:class:`PoolCapacity`, :class:`PoolTake`, :class:`PoolGive`), and every pool is empty at the end.
 
 From the core (:func:`check_core_bytes`): every byte accounted per port and lane -- the finished transfers'
 bytes equal, exactly, what the actors asked the core to move through that port on that lane, and what flowed
@@ -20,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from dualpath_emu.cluster.core_report import CoreReport
+from dualpath_emu.cluster.observations import Admitted, Ended, PoolCapacity, PoolGive, PoolTake, parse
+from dualpath_emu.runtime.engine import Observed
 
 __all__ = ["EventLogChecker", "InvariantError", "check_core_bytes"]
 
@@ -53,46 +56,59 @@ class EventLogChecker:
             self.violations.append(text)
 
     def feed(self, events: Iterable[tuple[int, int, str, str, str]], first_seq: int | None = None) -> None:
-        """Check ``events`` in order; with ``first_seq`` they are numbered from it (their own seq ignored)."""
-        for index, (t_ns, seq, actor, kind, summary) in enumerate(events):
+        """Check the event log's lines ``(t_ns, seq, engine, kind, summary)`` in order (a live run's merged logs);
+        with ``first_seq`` they are numbered from it (their own seq ignored). Lines of the actor runtime
+        (``start``, ``stop``, ...) are not the engines' observations: only their time and number are checked."""
+        for index, (t_ns, seq, _, kind, summary) in enumerate(events):
             if first_seq is not None:
                 seq = first_seq + index
-            self.events += 1
-            if t_ns < self._last_t:
-                self._violate(f"time went back from {self._last_t} to {t_ns} ns at event {seq}")
-            if seq != self._next_seq:
-                self._violate(f"event {seq} where {self._next_seq} was expected")
-            self._last_t, self._next_seq = t_ns, seq + 1
-            if kind == "admit":
-                rid = int(summary[1:])
-                if self._get(rid):
-                    self._violate(f"request {rid} admitted twice (event {seq})")
-                else:
-                    self._admitted += 1
-                    self._set(rid, _ADMITTED)
-            elif kind == "end":
-                rid = int(summary[1:])
-                state = self._get(rid)
-                if state == _UNSEEN:
-                    self._violate(f"request {rid} ended but was never admitted (event {seq})")
-                elif state == _ENDED:
-                    self._violate(f"request {rid} ended twice (event {seq})")
-                else:
-                    self._set(rid, _ENDED)
-            elif kind == "capacity":
-                name, capacity = summary.rsplit(" ", 1)
-                self._pools[name] = [int(capacity), 0]
-            elif kind in ("take", "give"):
-                name, rid_text, size_text = summary.rsplit(" ", 2)
-                pool = self._pools.get(name)
-                if pool is None:
-                    self._violate(f"{kind} on pool {name} before its capacity was given (event {seq})")
-                    continue
-                pool[1] += int(size_text) if kind == "take" else -int(size_text)
-                if pool[1] > pool[0]:
-                    self._violate(f"{name} over capacity: {pool[1]} > {pool[0]} B (event {seq}, r{rid_text})")
-                elif pool[1] < 0:
-                    self._violate(f"{name} below zero: {pool[1]} B (event {seq}, r{rid_text})")
+            try:
+                record: Observed | None = parse(kind, summary)
+            except ValueError:
+                record = None
+            self._check(t_ns, seq, record)
+
+    def feed_observed(self, records: Iterable[tuple[int, str, Observed]], first_seq: int) -> None:
+        """Check observations ``(t_ns, engine, record)`` in order, numbered from ``first_seq``."""
+        check = self._check
+        for index, (t_ns, _, record) in enumerate(records):
+            check(t_ns, first_seq + index, record)
+
+    def _check(self, t_ns: int, seq: int, record: Observed | None) -> None:
+        self.events += 1
+        if t_ns < self._last_t:
+            self._violate(f"time went back from {self._last_t} to {t_ns} ns at event {seq}")
+        if seq != self._next_seq:
+            self._violate(f"event {seq} where {self._next_seq} was expected")
+        self._last_t, self._next_seq = t_ns, seq + 1
+        if isinstance(record, (PoolTake, PoolGive)):
+            pool = self._pools.get(record.pool)
+            if pool is None:
+                self._violate(f"{record.kind} on pool {record.pool} before its capacity was given (event {seq})")
+                return
+            pool[1] += record.size if isinstance(record, PoolTake) else -record.size
+            if pool[1] > pool[0]:
+                self._violate(f"{record.pool} over capacity: {pool[1]} > {pool[0]} B (event {seq}, r{record.rid})")
+            elif pool[1] < 0:
+                self._violate(f"{record.pool} below zero: {pool[1]} B (event {seq}, r{record.rid})")
+        elif isinstance(record, Admitted):
+            rid = record.rid
+            if self._get(rid):
+                self._violate(f"request {rid} admitted twice (event {seq})")
+            else:
+                self._admitted += 1
+                self._set(rid, _ADMITTED)
+        elif isinstance(record, Ended):
+            rid = record.rid
+            state = self._get(rid)
+            if state == _UNSEEN:
+                self._violate(f"request {rid} ended but was never admitted (event {seq})")
+            elif state == _ENDED:
+                self._violate(f"request {rid} ended twice (event {seq})")
+            else:
+                self._set(rid, _ENDED)
+        elif isinstance(record, PoolCapacity):
+            self._pools[record.pool] = [record.size, 0]
 
     def _get(self, rid: int) -> int:
         state = self._state

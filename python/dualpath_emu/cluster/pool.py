@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from dualpath_emu.cluster.observations import PoolCapacity, PoolGive, PoolTake
 from dualpath_emu.runtime.engine import Outbox, Then
 
 __all__ = ["Pool"]
@@ -13,9 +14,9 @@ class Pool:
     """A capacity in bytes handed out in FIFO order (a node's DRAM buffer, a GPU's HBM for KV).
 
     :meth:`acquire` calls ``then(now)`` once the bytes are granted (at once if they fit and nobody waits);
-    :meth:`release` returns them and grants waiters in order. Grants and returns are recorded as ``take`` and
-    ``give`` events (``<pool> <rid> <bytes>``) after a ``capacity`` event, so the invariant checker can verify
-    from the event log alone that no pool is ever over its capacity.
+    :meth:`release` returns them and grants waiters in order. Grants and returns are observed (:class:`PoolTake`,
+    :class:`PoolGive`) after the pool's :class:`PoolCapacity`, so the invariant checker can verify from the
+    observations alone that no pool is ever over its capacity.
     """
 
     def __init__(self, out: Outbox, name: str, capacity: int) -> None:
@@ -26,7 +27,7 @@ class Pool:
     def acquire(self, now: int, rid: int, size: int, then: Then) -> None:
         if not self._announced:  # on first use
             self._announced = True
-            self.out.record("capacity", f"{self.name} {self.capacity}")
+            self.out.observe(PoolCapacity(self.name, self.capacity))
         if size > self.capacity:
             raise ValueError(f"request {rid} needs {size} B of {self.name}, whose capacity is {self.capacity} B")
         if not self._waiting and size <= self.free:
@@ -37,7 +38,7 @@ class Pool:
 
     def release(self, now: int, rid: int, size: int) -> None:
         self.free += size
-        self.out.record("give", f"{self.name} {rid} {size}")
+        self.out.observe(PoolGive(self.name, rid, size))
         while self._waiting and self._waiting[0][1] <= self.free:
             waiter, wanted, then = self._waiting.popleft()
             self._take(waiter, wanted)
@@ -45,4 +46,4 @@ class Pool:
 
     def _take(self, rid: int, size: int) -> None:
         self.free -= size
-        self.out.record("take", f"{self.name} {rid} {size}")
+        self.out.observe(PoolTake(self.name, rid, size))

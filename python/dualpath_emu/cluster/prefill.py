@@ -10,6 +10,7 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import HitReady, KvReady, Prefill, PrefillDone, PrefillTask, ReadDone
+from dualpath_emu.cluster.observations import HitRead, Prefilled
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.runtime.engine import DataPlane, Outbox, Then, on
@@ -107,7 +108,7 @@ class PrefillGroup(EngineGroup):
 
         def finished(now: int) -> None:
             metrics.read_done(item.rid, now)
-            self.out.record("read", f"r{item.rid} n{node}")
+            self.out.observe(HitRead(item.rid, node))
             self.out.send("scheduler", ReadDone(node, item.hit))
             self._pe_ready(now, item)
 
@@ -281,7 +282,7 @@ class PrefillGroup(EngineGroup):
                 if item.done_new == item.new:
                     queue.remove(item)
                     del self.items[item.rid]
-                    self.out.record("prefilled", f"r{item.rid}")
+                    self.out.observe(Prefilled(item.rid))
                     kv_ready.setdefault(self.cluster.group_name("de", item.de_node), []).append(item.rid)
                     finished.append(item.rid)
         for group, rids in kv_ready.items():

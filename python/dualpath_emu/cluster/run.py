@@ -31,7 +31,8 @@ from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.runtime.eventlog import EventLogWriter
-from dualpath_emu.runtime.virtual import VirtualDriver
+from dualpath_emu.runtime.engine import Observed
+from dualpath_emu.runtime.virtual import EventSink, VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system"]
@@ -184,9 +185,9 @@ def run_system(
     writer = EventLogWriter()
     checker = EventLogChecker()
 
-    def sink(events: list[tuple[int, int, str, str, str]], first: int) -> None:
-        writer.write_numbered(events, first)
-        checker.feed(events, first)
+    def sink(records: list[tuple[int, str, Observed]], first: int) -> None:
+        writer.write_observed(records, first)
+        checker.feed_observed(records, first)
 
     report = None
     if progress is not None:  # smaller chunks: the sink is where progress is looked at
@@ -315,10 +316,8 @@ class _Reporter:
         self.started = time.perf_counter()
         self.next_s = self.started + interval_s
 
-    def wrap(
-        self, sink: Callable[[list[tuple[int, int, str, str, str]], int], None]
-    ) -> Callable[[list[tuple[int, int, str, str, str]], int], None]:
-        def reporting(events: list[tuple[int, int, str, str, str]], first: int) -> None:
+    def wrap(self, sink: EventSink) -> EventSink:
+        def reporting(events: list[tuple[int, str, Observed]], first: int) -> None:
             sink(events, first)
             if time.perf_counter() >= self.next_s:
                 self.now()

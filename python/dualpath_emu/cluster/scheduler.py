@@ -22,6 +22,7 @@ from dualpath_emu.cluster.messages import (
     ReadDone,
     Submit,
 )
+from dualpath_emu.cluster.observations import Assigned
 from dualpath_emu.cluster.policies import (
     DE_HIGH_TOKEN_FACTOR,
     DecodeAssignment,
@@ -171,7 +172,7 @@ class Scheduler(ClusterEngine):
             if not oracle and r.hit_tokens > 0:
                 read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
             self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
-            self.out.record("assign", f"r{r.id} pe{pe} de{a.engine} {'de' if read_on_de else 'pe'}")
+            self.out.observe(Assigned(r.id, pe, a.engine, "de" if read_on_de else "pe"))
             prefill.setdefault(self.cluster.group_name("pe", pe_node), []).append(
                 PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de,
                             r.context)

@@ -6,7 +6,8 @@ plane work or a timer (the ``then`` it gave with the request, called with the ti
 every input comes with ``now_ns``, the current time. Its outputs go to the two things a driver hands it when it
 is built, and nowhere else:
 
-* an :class:`Outbox`: messages to other engines (by name) and observations for the event log;
+* an :class:`Outbox`: messages to other engines (by name) and typed observations (:class:`Observed`) for the
+  event log and the checkers outside the engines;
 * a :class:`DataPlane`: transfers, storage I/O, forward passes and timers, each with the ``then`` to call when
   it ends (``None``: nobody waits, e.g. a write-back).
 
@@ -30,6 +31,7 @@ __all__ = [
     "Engine",
     "Extents",
     "Hop",
+    "Observed",
     "Outbox",
     "Then",
     "UnhandledInputError",
@@ -78,14 +80,24 @@ class DataPlane(Protocol):
         """The data plane's clock (for measurements around engines, never for their decisions)."""
 
 
+class Observed(Protocol):
+    """A typed record of what an engine observed (e.g. :mod:`dualpath_emu.cluster.observations`): the event
+    log writes it as its ``kind`` and ``summary()``; checkers read its fields."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def summary(self) -> str: ...
+
+
 class Outbox(Protocol):
     """Where an engine's messages and observations go (one per engine: it knows the sender's name)."""
 
     def send(self, recipient: str, msg: Message) -> None:
         """Send ``msg`` to the engine called ``recipient``; delivered after the current input is handled."""
 
-    def record(self, kind: str, summary: str) -> None:
-        """Add an observation to the event log, at the current time."""
+    def observe(self, record: Observed) -> None:
+        """Add ``record`` to the run's observations (the event log), at the current time."""
 
 
 class UnhandledInputError(TypeError):

@@ -3,7 +3,7 @@
 In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its
 process's actor system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The
 actor only translates: a message it is told becomes :meth:`~dualpath_emu.runtime.engine.Engine.receive` with the
-loop's clock; the engine's outbox is the actor system's ``tell`` and ``record``; its data plane is the process's
+loop's clock; the engine's outbox is the actor system's ``tell`` and ``record`` (an observation as its log line's fields); its data plane is the process's
 loop (:class:`LoopDataPlane`: the data-plane service's remote core, a one-process run's own core, or the host
 backend's real bytes). An exception in the engine fails the run as any actor's would.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dualpath_emu.messages import Message
 from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.runtime.core_work import Completion, CoreWork
-from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Hop, Outbox, Then
+from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Hop, Observed, Outbox, Then
 
 __all__ = ["EngineActor", "LoopDataPlane"]
 
@@ -86,8 +86,8 @@ class _ActorOutbox:
     def send(self, recipient: str, msg: Message) -> None:
         self._system.tell(recipient, msg, sender=self._name)
 
-    def record(self, kind: str, summary: str) -> None:
-        self._system.record(self._name, kind, summary)
+    def observe(self, record: Observed) -> None:
+        self._system.record(self._name, record.kind, record.summary())
 
 
 class EngineActor(Actor):

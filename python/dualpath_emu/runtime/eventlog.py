@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from dualpath_emu.runtime.actors import Event
 
@@ -93,10 +93,23 @@ class EventLogWriter:
         n = len(events)
         if text.count("\t") != 4 * n or text.count("\n") != n or "\\" in text or "\r" in text:
             text = "".join([event_line((t, first_seq + i, a, k, m)) for i, (t, _, a, k, m) in enumerate(events)])
+        self._write_text(text, n)
+
+    def _write_text(self, text: str, n: int) -> None:
         self._hash.update(text.encode())
         if self._file is not None:
             self._file.write(text)
         self.lines += n
+
+    def write_observed(self, records: list[tuple[int, str, Any]], first_seq: int) -> None:
+        """Write typed observations ``(t_ns, engine, record)`` (a record has ``kind`` and ``summary()``, see
+        :class:`~dualpath_emu.runtime.engine.Observed`), numbering them from ``first_seq``."""
+        text = "".join([f"{t}\t{first_seq + i}\t{a}\t{r.kind}\t{r.summary()}\n" for i, (t, a, r) in enumerate(records)])
+        n = len(records)
+        if text.count("\t") != 4 * n or text.count("\n") != n or "\\" in text or "\r" in text:
+            self.write_numbered([(t, 0, a, r.kind, r.summary()) for t, a, r in records], first_seq)
+        else:
+            self._write_text(text, n)
 
     def sha256(self) -> str:
         """The hex digest of everything written so far."""

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime.engine import Engine, Extents, Hop, Then
+from dualpath_emu.runtime.engine import Engine, Extents, Hop, Observed, Then
 
 __all__ = ["CoreDataPlane", "DeadlockError", "EventSink", "VirtualDriver"]
 
@@ -29,8 +29,8 @@ _U64_MAX: Final = 2**64 - 1
 _MAX_STALLS: Final = 10_000
 """Consecutive advances that neither move the clock nor complete anything before the core is called stuck."""
 
-EventSink = Callable[[list[tuple[int, int, str, str, str]], int], None]
-"""Takes a chunk of observations ``(t_ns, 0, engine, kind, summary)`` and the number of the chunk's first."""
+EventSink = Callable[[list[tuple[int, str, Observed]], int], None]
+"""Takes a chunk of observations ``(t_ns, engine, record)`` and the number of the chunk's first."""
 
 
 class DeadlockError(RuntimeError):
@@ -129,10 +129,10 @@ class _Outbox:
                               f"an engine of this run") from None  # fmt: skip
         driver._due.append((receive, msg, self._name))
 
-    def record(self, kind: str, summary: str) -> None:
+    def observe(self, record: Observed) -> None:
         driver = self._driver
         log = driver._log
-        log.append((driver.now_ns, 0, self._name, kind, summary))
+        log.append((driver.now_ns, self._name, record))
         if len(log) >= driver._chunk and driver._sink is not None:
             driver.flush_events()
 
@@ -151,7 +151,7 @@ class VirtualDriver:
         self.plane = CoreDataPlane(core, self._due.append)
         self.engines: list[Engine] = []
         self._receivers: dict[str, Callable[[int, Message, str], None]] = {}
-        self._log: list[tuple[int, int, str, str, str]] = []
+        self._log: list[tuple[int, str, Observed]] = []
         self._sink = sink
         self._chunk = chunk
         self._flushed = 0
@@ -178,9 +178,9 @@ class VirtualDriver:
 
     @property
     def events(self) -> list[tuple[int, int, str, str, str]]:
-        """The observations not yet handed to the sink, numbered."""
+        """The observations not yet handed to the sink, numbered, as the event log's fields."""
         base = self._flushed
-        return [(t, base + i, a, k, m) for i, (t, _, a, k, m) in enumerate(self._log)]
+        return [(t, base + i, a, r.kind, r.summary()) for i, (t, a, r) in enumerate(self._log)]
 
     def flush_events(self) -> None:
         """Hand the observations recorded so far to the sink."""

@@ -1,0 +1,174 @@
+"""What the cluster's engines observe as they decide, as typed records (TigerBeetle's checkers are fed values,
+not text).
+
+An engine hands each record to its outbox (``out.observe(Admitted(rid))``); the driver keeps it with the time
+and the engine's name. The event log writes it as one canonical line (:attr:`kind` and :meth:`summary`: the
+log's ``kind`` and ``summary`` fields), and the invariant checker
+(:class:`~dualpath_emu.cluster.invariants.EventLogChecker`) reads the fields themselves. A live run's processes
+write their logs as text; :func:`parse` turns a line's fields back into the record.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, TypeAlias
+
+__all__ = [
+    "Admitted",
+    "Assigned",
+    "Ended",
+    "HitRead",
+    "Observation",
+    "PoolCapacity",
+    "PoolGive",
+    "PoolTake",
+    "Prefilled",
+    "parse",
+]
+
+
+class Admitted(NamedTuple):
+    """The client admitted request ``rid`` (an agent's turn)."""
+
+    rid: int
+
+    @property
+    def kind(self) -> str:
+        return "admit"
+
+    def summary(self) -> str:
+        return f"r{self.rid}"
+
+
+class Assigned(NamedTuple):
+    """The scheduler put request ``rid`` on PE ``pe`` and DE ``de``, its hit read on side ``side`` (``"pe"`` or
+    ``"de"``)."""
+
+    rid: int
+    pe: int
+    de: int
+    side: str
+
+    @property
+    def kind(self) -> str:
+        return "assign"
+
+    def summary(self) -> str:
+        return f"r{self.rid} pe{self.pe} de{self.de} {self.side}"
+
+
+class HitRead(NamedTuple):
+    """Request ``rid``'s hit KV was read from storage into node ``node``'s DRAM buffer."""
+
+    rid: int
+    node: int
+
+    @property
+    def kind(self) -> str:
+        return "read"
+
+    def summary(self) -> str:
+        return f"r{self.rid} n{self.node}"
+
+
+class Prefilled(NamedTuple):
+    """Request ``rid``'s prefill is done (its first token)."""
+
+    rid: int
+
+    @property
+    def kind(self) -> str:
+        return "prefilled"
+
+    def summary(self) -> str:
+        return f"r{self.rid}"
+
+
+class Ended(NamedTuple):
+    """Request ``rid`` has all its tokens."""
+
+    rid: int
+
+    @property
+    def kind(self) -> str:
+        return "end"
+
+    def summary(self) -> str:
+        return f"r{self.rid}"
+
+
+class PoolCapacity(NamedTuple):
+    """Pool ``pool`` (a DRAM buffer, a GPU's HBM for KV) holds ``size`` bytes; said before its first grant."""
+
+    pool: str
+    size: int
+
+    @property
+    def kind(self) -> str:
+        return "capacity"
+
+    def summary(self) -> str:
+        return f"{self.pool} {self.size}"
+
+
+class PoolTake(NamedTuple):
+    """Request ``rid`` was granted ``size`` bytes of ``pool``."""
+
+    pool: str
+    rid: int
+    size: int
+
+    @property
+    def kind(self) -> str:
+        return "take"
+
+    def summary(self) -> str:
+        return f"{self.pool} {self.rid} {self.size}"
+
+
+class PoolGive(NamedTuple):
+    """Request ``rid`` gave ``size`` bytes of ``pool`` back."""
+
+    pool: str
+    rid: int
+    size: int
+
+    @property
+    def kind(self) -> str:
+        return "give"
+
+    def summary(self) -> str:
+        return f"{self.pool} {self.rid} {self.size}"
+
+
+Observation: TypeAlias = Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
+
+
+def _rid(text: str) -> int:
+    if not text.startswith("r"):
+        raise ValueError(f"expected r<id>, got {text!r}")
+    return int(text[1:])
+
+
+def parse(kind: str, summary: str) -> Observation:
+    """The record a log line's ``kind`` and ``summary`` fields hold (``ValueError`` if they hold none)."""
+    words = summary.split(" ")
+    try:
+        if kind == "admit":
+            return Admitted(_rid(summary))
+        if kind == "end":
+            return Ended(_rid(summary))
+        if kind == "prefilled":
+            return Prefilled(_rid(summary))
+        if kind == "read" and len(words) == 2 and words[1].startswith("n"):
+            return HitRead(_rid(words[0]), int(words[1][1:]))
+        if kind == "assign" and len(words) == 4 and words[1].startswith("pe") and words[2].startswith("de"):
+            return Assigned(_rid(words[0]), int(words[1][2:]), int(words[2][2:]), words[3])
+        if kind == "capacity":
+            pool, size = summary.rsplit(" ", 1)
+            return PoolCapacity(pool, int(size))
+        if kind in ("take", "give"):
+            pool, rid, size = summary.rsplit(" ", 2)
+            return (PoolTake if kind == "take" else PoolGive)(pool, int(rid), int(size))
+    except ValueError:
+        pass
+    raise ValueError(f"not an observation of the cluster: {kind} {summary!r}")
