@@ -197,10 +197,12 @@ def test_two_workers_in_two_processes_share_the_link_as_in_one(tmp_path: Path) -
         assert summary["done"] == 20 and summary["size_bytes"] == 20 * 100_000_000
         times[label] = (summary["elapsed_s"], summary["span_s"])
     assert times["virtual"][1] == pytest.approx(2.0, rel=1e-6)
+    # Real time lags by a few percent on a busy 2-core machine (measured 2-19%, the same before and after the
+    # engines became state machines); what this test is for is a factor of two.
     for label in ("one", "two"):
         elapsed, span = times[label]
-        assert elapsed == pytest.approx(times["virtual"][0], rel=0.04), times
-        assert span == pytest.approx(2.0, rel=0.04), times
+        assert elapsed == pytest.approx(times["virtual"][0], rel=0.25), times
+        assert span == pytest.approx(2.0, rel=0.25), times
 
 
 def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, int], Path]:

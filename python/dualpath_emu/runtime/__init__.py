@@ -1,10 +1,14 @@
-"""The actor runtime (issue 3): the loop that actors run on, in virtual or real time.
+"""The runtime: what runs engines and actors, in virtual or real time.
 
-:mod:`dualpath_emu.runtime.virtual_loop` holds :class:`VirtualTimeLoop`, an asyncio event loop whose clock
-is the core's virtual clock; :mod:`dualpath_emu.runtime.actors` the actors that run on it; :mod:`dualpath_emu.runtime.zmq_transport` the
-ZeroMQ transport between actor systems on a real-time loop, and :mod:`dualpath_emu.runtime.security` who may
-use it (a run's CURVE keys); :mod:`dualpath_emu.runtime.dataplane` the data-plane service that owns a
-real-time run's only core and the :class:`RemoteDataPlaneLoop` that reaches it from other processes (issue 14).
+:mod:`dualpath_emu.runtime.engine` is the engine contract (state machines fed inputs with the time, outputs to an
+outbox and a data plane); :mod:`dualpath_emu.runtime.virtual` the virtual-time driver that steps engines over
+the in-process core without asyncio; :mod:`dualpath_emu.runtime.engine_actor` the live driver's shell, an actor
+around each engine. :mod:`dualpath_emu.runtime.actors` holds the actors, :mod:`dualpath_emu.runtime.virtual_loop`
+:class:`VirtualTimeLoop` (an asyncio loop on the core's virtual clock, for the actor runtime's own applications),
+:mod:`dualpath_emu.runtime.zmq_transport` the ZeroMQ transport between actor systems on a real-time loop, and
+:mod:`dualpath_emu.runtime.security` who may use it (a run's CURVE keys); :mod:`dualpath_emu.runtime.dataplane`
+the data-plane service that owns a real-time run's only core and the :class:`RemoteDataPlaneLoop` that reaches
+it from other processes (issue 14).
 """
 
 from dualpath_emu.runtime.actors import (
