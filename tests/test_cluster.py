@@ -233,7 +233,9 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
         for i in range(12)
     ]
     config = small_config()
-    result = run_system(config, system, work)
+    # Python's stepping, whose every write-back is seen here: the core's moves the same bytes, event for event
+    # (test_decode_stepping_in_the_core_is_the_python_reference_event_for_event).
+    result = run_system(config, system, work, decode_in_core=False)
     m = result.metrics
     blocks = sum((p + g) // BLOCK_TOKENS - h // BLOCK_TOKENS for p, h, g in zip(m.prompt, m.hit, m.gen))
     assert sum(written) == blocks * BLOCK_TOKENS * derived(config).kv_bytes_per_token
@@ -333,3 +335,21 @@ def test_the_gpus_of_an_ep_group_decode_in_lock_step(model: str, together: bool)
     tpot = [(m.done_ns[r] - m.second_token_ns[r]) / (m.gen[r] - 2) for r in range(2)]
     ratio = tpot[0] / tpot[1]
     assert (ratio < 1.01) if together else (ratio > 1.1), ratio
+
+
+@pytest.mark.parametrize("model", ["ds27b", "qwen32b", "ds660b"])
+@pytest.mark.parametrize("system", ["basic", "dualpath", "oracle"])
+def test_decode_stepping_in_the_core_is_the_python_reference_event_for_event(model: str, system: str) -> None:
+    # core/src/decode.rs steps decode batches by the rules of cluster/decode_steps.py: an MoE model's GPUs in
+    # lock step (DS 27B; DS 660B 2P4D, whose decode EP group spans nodes, so its all-to-all crosses the
+    # network), a dense one's each alone (Qwen); the same event log, JCT, bytes on every port and busy time,
+    # whether the core or Python steps them.
+    config = ClusterConfig() if model == "ds660b" else dataclasses.replace(small_config(), model=model)
+    work = trajectories()
+    core = run_system(config, system, work)
+    reference = run_system(config, system, work, decode_in_core=False)
+    assert core.event_log_sha256 == reference.event_log_sha256
+    assert core.jct_s == reference.jct_s and core.ttst_s == reference.ttst_s
+    assert core.cnic_util == reference.cnic_util and core.snic_util == reference.snic_util
+    assert core.gpu_util == reference.gpu_util
+    assert core.core_stats["queue_events"] == reference.core_stats["queue_events"]

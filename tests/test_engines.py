@@ -7,6 +7,7 @@ what it asked for: messages, observations, data-plane requests (whose ``then`` t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode import DecodeGroup
+from dualpath_emu.cluster.decode_steps import DecodeSteps, DecodingRequest
+from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     DecodeDone,
     DecodeTask,
@@ -173,3 +176,51 @@ def test_one_assembly_names_and_builds_every_engine() -> None:
     assert [e.name for e in engines] == names
     with pytest.raises(KeyError, match="de9"):
         build_engine("de9", c, Outbox(), Plane(), trajectories=lambda: [], seed=0)
+
+
+def test_decode_steps_step_a_group_in_lock_step_and_write_back_what_completes() -> None:
+    # Two GPUs that step together, one request each: every step is priced over both batches (here 1 ms per
+    # busy GPU), a request that comes mid-step joins at the step's end, a completed Full Block is written back.
+    c, plane = cluster(), Plane()
+    priced: list[list[tuple[int, int]]] = []
+
+    def step_s(batches: Sequence[tuple[int, int]]) -> float:
+        priced.append(list(batches))
+        return 1e-3 * len(batches)
+
+    ended: list[tuple[int, int, int]] = []
+    steps_ended: list[int] = []
+
+    class Group:
+        def decoded(self, now: int, request: DecodingRequest) -> None:
+            ended.append((now, request.rid, request.second_token_ns))
+
+        def stepped(self, now: int) -> None:
+            steps_ended.append(now)
+
+    spans: list[tuple[int, int, int, int, int]] = []
+    steps = DecodeSteps(
+        1, 2, together=True, step_s=step_s, kv_bytes_per_token=10, a2a_bytes_per_token=0.0, a2a_paths=[(0,), (1,)],
+        d2h_paths=[(5,), (6,)], write_back=True, plane=Ledger(plane, c.topology, Booking()), listener=Group(),
+        busy_span=lambda *span: spans.append(span),
+    )  # fmt: skip
+    # 126 prompt tokens (its first Full Block stored), 1 token out from the prefill, 3 in all.
+    steps.join(0, DecodingRequest(1, prompt=126, gen=3, gpu=0, stored_blocks=1, context=7))
+    assert priced == [[(1, 127)]]
+    [((at_ns,), wake)] = plane.take("timer")
+    assert at_ns == 2 * MS and wake is not None  # two more 1 ms steps
+    steps.join(MS // 2, DecodingRequest(2, prompt=200, gen=5, gpu=1, stored_blocks=3, context=8))
+    [((at_ns,), boundary)] = plane.take("timer")  # it joins at the end of the step in flight
+    assert at_ns == MS and boundary is not None
+    boundary(MS)
+    # Request 1's second token made 128 tokens: block 1 (tokens 64-127) is complete and written back.
+    assert [(args[0], args[2]) for args, _ in plane.take("transfer")] == [((5,), 64 * 10)]
+    assert [args[2] for args, _ in plane.take("write")] == [((7, 1, 1),)]
+    assert priced[-1] == [(1, 128), (1, 201)]  # lock step: both batches price the step, now 2 ms
+    [((at_ns,), wake_again)] = plane.take("timer")
+    assert at_ns == MS + 2 * MS and wake_again is not None  # request 1 needs one more step
+    wake(2 * MS)  # the first wake-up was called off when request 2 came
+    assert ended == [] and steps_ended == [MS]
+    wake_again(at_ns)
+    assert ended == [(3 * MS, 1, MS)] and steps_ended == [MS, 3 * MS]
+    assert spans[0] == (2, 0, 3 * MS, 1, MS)  # node 1's GPU 0 (unit 2) stepped one request from 0 to 3 ms

@@ -35,6 +35,8 @@ pub enum EventKind {
     Forward { forward: u32, step: ForwardStep },
     /// A forward pass that took no time at all completes (it finished the instant it was submitted).
     ForwardDone { forward: u32 },
+    /// A decode step group's wake-up (`decode.rs`; stale unless `number` is its live one).
+    DecodeWake { node: u32, group: u32, number: u64 },
 }
 
 #[derive(Debug, Clone, Copy)]

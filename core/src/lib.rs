@@ -2,12 +2,13 @@
 //!
 //! Ports (NIC sides, PCIe links, DRAM, storage) with token buckets and InfiniBand-style virtual lanes;
 //! multi-hop transfers with exact completion times; a 3FS-like storage model; forward passes expanded
-//! into per-layer transfers and compute delays; a virtual or wall clock and the event queue; counters;
+//! into per-layer transfers and compute delays; decode GPUs stepping their continuous batches; a virtual or wall clock and the event queue; counters;
 //! and a chunk pacer with the same lanes for a backend that moves real bytes (`packet_port`). The Python
 //! binding (feature `python`) is a thin batch-oriented layer.
 
 pub mod bucket;
 pub mod clock;
+pub mod decode;
 pub mod error;
 pub mod events;
 pub mod forward;
@@ -17,6 +18,7 @@ pub mod packet_port;
 pub mod sim;
 pub mod storage;
 
+pub use decode::{DecodeBytes, DecodeJoin, DecodeNodeSpec, DecodePricing};
 pub use error::{CoreError, ErrorKind, Result};
 pub use events::{TimeNs, END_NS};
 pub use forward::{ForwardRank, ForwardSpec, ForwardStats, LayerTransfer};

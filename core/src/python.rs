@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyInt, PyList, PyTuple, PyType};
 
+use crate::decode::{DecodeJoin, DecodeNodeSpec, DecodePricing};
 use crate::forward::{ForwardRank, ForwardSpec, LayerTransfer};
 use crate::lanes::{LaneShares, PacketArbiter, VlArbitration, MAX_LANES};
 use crate::packet_port::{PacketPort, DEFAULT_CHUNK_BYTES};
@@ -318,6 +319,7 @@ fn completions_to_list<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<
             crate::CompletionKind::Write => intern!(py, "write"),
             crate::CompletionKind::Timer => intern!(py, "timer"),
             crate::CompletionKind::Forward => intern!(py, "forward"),
+            crate::CompletionKind::Decoded => intern!(py, "decoded"),
         };
         list.append((kind, c.tag, c.start_ns, c.end_ns, c.size_bytes, c.lane))?;
     }
@@ -755,6 +757,135 @@ impl PyCore {
         }
         self.core.submit_latency_sensitive(&batch, outstanding)?;
         Ok(batch.len())
+    }
+
+    /// Add one node's decode GPUs, stepped by the core (`decode.rs`); returns the node's id. `pricing` is a
+    /// dict of the step-pricing constants (`DecodePricing`'s fields), `storage_node` None for no write-backs.
+    #[pyo3(signature = (*, gpus, together, pricing, kv_bytes_per_token, a2a_bytes_per_token, a2a_paths, a2a_lane,
+                        d2h_paths, storage_node, kv_lane, first_unit, report_tag))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_decode_node(
+        &mut self,
+        gpus: &Bound<'_, PyAny>,
+        together: bool,
+        pricing: &Bound<'_, PyDict>,
+        kv_bytes_per_token: &Bound<'_, PyAny>,
+        a2a_bytes_per_token: &Bound<'_, PyAny>,
+        a2a_paths: &Bound<'_, PyAny>,
+        a2a_lane: &Bound<'_, PyAny>,
+        d2h_paths: &Bound<'_, PyAny>,
+        storage_node: Option<&Bound<'_, PyAny>>,
+        kv_lane: &Bound<'_, PyAny>,
+        first_unit: &Bound<'_, PyAny>,
+        report_tag: &Bound<'_, PyAny>,
+    ) -> PyResult<u32> {
+        let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+            pricing.get_item(key)?.ok_or_else(|| invalid(&format!("pricing.{key}"), "a value (missing)"))
+        };
+        let int = |key: &str| -> PyResult<u64> { int_in(&get(key)?, &format!("pricing.{key}"), u32::MAX as u64) };
+        let float = |key: &str| -> PyResult<f64> { number(&get(key)?, &format!("pricing.{key}")) };
+        let top_k = get("sparse_top_k")?;
+        let pricing = DecodePricing {
+            layers: int("layers")?,
+            moe_layers: int("moe_layers")?,
+            overhead_s_per_layer: float("overhead_s_per_layer")?,
+            sparse_top_k: if top_k.is_none() {
+                None
+            } else {
+                Some(int_in(&top_k, "pricing.sparse_top_k", u32::MAX as u64)?)
+            },
+            attention_flops_per_key: int("attention_flops_per_key")?,
+            indexer_flops_per_key: int("indexer_flops_per_key")?,
+            kv_bytes_per_key: int("kv_bytes_per_key")?,
+            indexer_bytes_per_key: int("indexer_bytes_per_key")?,
+            attention_flops_per_s: float("attention_flops_per_s")?,
+            attention_bytes_per_s: float("attention_bytes_per_s")?,
+            gemm_flops_per_token: float("gemm_flops_per_token")?,
+            gemm_peak_flops_per_s: float("gemm_peak_flops_per_s")?,
+            gemm_efficiency: float("gemm_efficiency")?,
+            weight_bytes: float("weight_bytes")?,
+            hbm_bytes_per_s: float("hbm_bytes_per_s")?,
+            memory_efficiency: float("memory_efficiency")?,
+            a2a: get("a2a")?.is_truthy()?,
+            a2a_fixed_s: float("a2a_fixed_s")?,
+            a2a_bytes_per_token_layer: int("a2a_bytes_per_token_layer")?,
+            a2a_remote_bytes_per_token: float("a2a_remote_bytes_per_token")?,
+            a2a_local_peers: int("a2a_local_peers")?,
+            ep_degree: int("ep_degree")?,
+            cnic_bytes_per_s: float("cnic_bytes_per_s")?,
+            nvlink_bytes_per_s: float("nvlink_bytes_per_s")?,
+        };
+        let paths = |obj: &Bound<'_, PyAny>, arg: &str| -> PyResult<Vec<Vec<u32>>> {
+            let items = obj.try_iter().map_err(|_| invalid(arg, "a sequence of paths"))?;
+            items.enumerate().map(|(i, p)| path_of(&p?, &format!("{arg}[{i}]"))).collect()
+        };
+        let spec = DecodeNodeSpec {
+            gpus: int_in(gpus, "gpus", 1 << 16)? as usize,
+            together,
+            pricing,
+            kv_bytes_per_token: int_in(kv_bytes_per_token, "kv_bytes_per_token", u32::MAX as u64)?,
+            a2a_bytes_per_token: number(a2a_bytes_per_token, "a2a_bytes_per_token")?,
+            a2a_paths: paths(a2a_paths, "a2a_paths")?,
+            a2a_lane: lane_of(a2a_lane, "a2a_lane")?,
+            d2h_paths: paths(d2h_paths, "d2h_paths")?,
+            storage_node: storage_node.map(|n| id_of(n, "storage_node")).transpose()?,
+            kv_lane: lane_of(kv_lane, "kv_lane")?,
+            first_unit: int_in(first_unit, "first_unit", u32::MAX as u64)?,
+            report_tag: int_in(report_tag, "report_tag", u64::MAX)?,
+        };
+        if !(spec.a2a_bytes_per_token.is_finite() && spec.a2a_bytes_per_token >= 0.0) {
+            return Err(invalid("a2a_bytes_per_token", "a finite number >= 0"));
+        }
+        Ok(self.core.add_decode_node(spec)?)
+    }
+
+    /// Requests join their decode GPUs' batches now: an iterable of `(node, gpu, rid, prompt, gen, produced,
+    /// stored_blocks, context)`, checked all before any is accepted.
+    fn submit_decode_joins(&mut self, joins: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let items = joins.try_iter().map_err(|_| {
+            invalid("joins", "an iterable of (node, gpu, rid, prompt, gen, produced, stored_blocks, context)")
+        })?;
+        let mut batch = Vec::new();
+        for (i, item) in items.enumerate() {
+            let arg = || format!("joins[{i}]");
+            let [node, gpu, rid, prompt, gen, produced, stored, context] =
+                fields_named::<8>(&item?, "node, gpu, rid, prompt, gen, produced, stored_blocks, context", arg)?;
+            let small = |v: &Bound<'_, PyAny>, f: &str| int_named(v, i64::MAX as u64, || format!("{}.{f}", arg()));
+            let join = DecodeJoin {
+                gpu: small(&gpu, "gpu")? as usize,
+                rid: int_named(&rid, u64::MAX, || format!("{}.rid", arg()))?,
+                prompt: small(&prompt, "prompt")? as i64,
+                gen: small(&gen, "gen")? as i64,
+                produced: small(&produced, "produced")? as i64,
+                stored_blocks: small(&stored, "stored_blocks")? as i64,
+                context: int_named(&context, u64::MAX, || format!("{}.context", arg()))?,
+            };
+            batch.push((int_named(&node, u32::MAX as u64, || format!("{}.node", arg()))? as u32, join));
+        }
+        self.core.submit_decode_joins(&batch)?;
+        Ok(batch.len())
+    }
+
+    /// What ended on decode node `node` since the last call: `([(rid, second_token_ns or -1)], [(gpu unit,
+    /// start_ns, end_ns, batch size, step_ns)])` -- the requests in the order they ended, and the busy spans
+    /// its GPUs closed.
+    #[allow(clippy::type_complexity)]
+    fn take_decoded(
+        &mut self,
+        node: &Bound<'_, PyAny>,
+    ) -> PyResult<(Vec<(u64, i64)>, Vec<(u64, u64, u64, usize, u64)>)> {
+        Ok(self.core.take_decoded(id_of(node, "node")?)?)
+    }
+
+    /// The bytes decode node `node` moved on its own so far: `{"d2h": [(bytes, transfers)] per GPU, "a2a":
+    /// [...] per GPU, "written": (bytes, writes)}`.
+    fn decode_bytes<'py>(&self, py: Python<'py>, node: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let b = self.core.decode_bytes(id_of(node, "node")?)?;
+        let d = PyDict::new(py);
+        d.set_item("d2h", b.d2h.clone())?;
+        d.set_item("a2a", b.a2a.clone())?;
+        d.set_item("written", b.written)?;
+        Ok(d)
     }
 
     /// Queue many storage I/Os: an iterable of `(node, "read" | "write", lane, size_bytes, tag)`, checked

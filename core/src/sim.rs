@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 
 use crate::clock::{Pacer, WallClock};
+use crate::decode::{DecodeAction, DecodeBytes, DecodeJoin, DecodeNode, DecodeNodeSpec};
 use crate::events::{EventKind, EventQueue, TimeNs, END_NS};
 use crate::forward::{Action, ForwardSpec, ForwardStats, ForwardStep, Forwards};
 use crate::lanes::{Lane, MAX_LANES};
@@ -60,6 +61,8 @@ pub enum CompletionKind {
     Timer,
     /// A forward pass (`forward.rs`): one completion for all its layers.
     Forward,
+    /// Requests of a decode node ended (`decode.rs`); [`Core::take_decoded`] says which.
+    Decoded,
 }
 
 impl CompletionKind {
@@ -70,6 +73,7 @@ impl CompletionKind {
             Self::Write => "write",
             Self::Timer => "timer",
             Self::Forward => "forward",
+            Self::Decoded => "decoded",
         }
     }
 }
@@ -164,6 +168,9 @@ pub struct Core {
     forwards: Forwards,
     /// Reused buffer of what a forward asks the core to start.
     forward_actions: Vec<Action>,
+    decoders: Vec<DecodeNode>,
+    /// Reused buffer of what a decode node asks the core to do.
+    decode_actions: Vec<DecodeAction>,
     /// Set while a batch is submitted, so a wall clock does not move within it.
     clock_held: bool,
     transfer_events: u64,
@@ -205,6 +212,8 @@ impl Core {
             free_waiting: Vec::new(),
             forwards: Forwards::default(),
             forward_actions: Vec::new(),
+            decoders: Vec::new(),
+            decode_actions: Vec::new(),
             clock_held: false,
             transfer_events: 0,
             queue_events: 0,
@@ -501,6 +510,136 @@ impl Core {
         self.complete(CompletionKind::Forward, f.tag, f.start_ns, f.size_bytes, 0);
     }
 
+    /// Add one node's decode GPUs (`decode.rs`); returns its id. Every path and the storage node are
+    /// checked here, so what the node starts later needs no check.
+    pub fn add_decode_node(&mut self, spec: DecodeNodeSpec) -> Result<u32> {
+        let gpus = spec.gpus;
+        if gpus == 0 || spec.a2a_paths.len() != gpus || spec.d2h_paths.len() != gpus {
+            return Err(CoreError::invalid(
+                "decode node",
+                format!(
+                    "1 or more GPUs with an a2a and a d2h path each, got {gpus} GPUs, {} a2a and {} d2h paths",
+                    spec.a2a_paths.len(),
+                    spec.d2h_paths.len()
+                ),
+            ));
+        }
+        for (i, path) in spec.a2a_paths.iter().enumerate() {
+            self.check_transfer(path, spec.a2a_lane).map_err(|e| e.within(&format!("a2a_paths[{i}]")))?;
+        }
+        for (i, path) in spec.d2h_paths.iter().enumerate() {
+            self.check_transfer(path, spec.kv_lane).map_err(|e| e.within(&format!("d2h_paths[{i}]")))?;
+        }
+        if let Some(node) = spec.storage_node {
+            self.check_io(node, IoKind::Write, spec.kv_lane).map_err(|e| e.within("storage_node"))?;
+        }
+        let p = &spec.pricing;
+        let rates = [
+            p.attention_flops_per_s,
+            p.attention_bytes_per_s,
+            p.gemm_peak_flops_per_s * p.gemm_efficiency,
+            p.hbm_bytes_per_s * p.memory_efficiency,
+        ];
+        if p.layers == 0
+            || rates.iter().any(|r| !(r.is_finite() && *r > 0.0))
+            || (p.a2a && !(p.ep_degree > 0 && p.cnic_bytes_per_s > 0.0 && p.nvlink_bytes_per_s > 0.0))
+        {
+            return Err(CoreError::invalid("pricing", "layers >= 1 and finite rates > 0"));
+        }
+        self.decoders.push(DecodeNode::new(spec));
+        Ok((self.decoders.len() - 1) as u32)
+    }
+
+    fn decoder(&self, node: u32) -> Result<&DecodeNode> {
+        self.decoders
+            .get(node as usize)
+            .ok_or_else(|| CoreError { kind: ErrorKind::Unknown, message: format!("node: unknown decode node {node}") })
+    }
+
+    /// Requests join their GPUs' batches now: `(decode node, join)` each, all checked first (a known node and
+    /// GPU, `0 <= produced < gen`, `stored_blocks` within the prompt).
+    pub fn submit_decode_joins(&mut self, batch: &[(u32, DecodeJoin)]) -> Result<()> {
+        for (i, (node, j)) in batch.iter().enumerate() {
+            let gpus = self.decoder(*node).map_err(|e| e.within(&format!("joins[{i}]")))?.spec().gpus;
+            if j.gpu >= gpus
+                || j.prompt < 0
+                || j.produced < 0
+                || j.produced >= j.gen
+                || j.stored_blocks < 0
+                || j.stored_blocks * crate::decode::BLOCK_TOKENS > j.prompt + j.produced
+            {
+                return Err(CoreError::invalid(
+                    &format!("joins[{i}]"),
+                    format!("a GPU below {gpus}, 0 <= produced < gen, stored blocks within the tokens, got {j:?}"),
+                ));
+            }
+        }
+        self.at_one_instant(|core| {
+            for &(node, join) in batch {
+                let mut actions = std::mem::take(&mut core.decode_actions);
+                core.decoders[node as usize].join(core.now, join, &mut actions);
+                core.run_decode_actions(node, &mut actions);
+                core.decode_actions = actions;
+            }
+            Ok(())
+        })
+    }
+
+    /// Carry out what decode node `node` asked for (its paths were checked when it was added).
+    fn run_decode_actions(&mut self, node: u32, actions: &mut Vec<DecodeAction>) {
+        let now = self.now;
+        for action in actions.drain(..) {
+            match action {
+                DecodeAction::Wake { at_ns, group, number } => {
+                    self.queue.push(at_ns.min(END_NS), EventKind::DecodeWake { node, group, number });
+                }
+                DecodeAction::Transfer { path, lane, size_bytes } => {
+                    if size_bytes == 0 {
+                        self.queue.push(now, EventKind::Empty { tag: UNREPORTED_TAG, lane });
+                    } else {
+                        self.net
+                            .add_flow(&path, lane, size_bytes, Owner::User(UNREPORTED_TAG), now)
+                            .expect("decode paths are validated when the node is added");
+                    }
+                    self.transfer_events += 1;
+                    self.pending_transfers += 1;
+                }
+                DecodeAction::Write { node: storage, lane, size_bytes } => {
+                    let io = Io {
+                        node: storage,
+                        kind: IoKind::Write,
+                        lane,
+                        size_bytes,
+                        tag: UNREPORTED_TAG,
+                        issued_ns: now,
+                    };
+                    if let Some(id) = self.storage.submit(io).expect("decode storage nodes are validated when added") {
+                        self.start_io_after_latency(id);
+                    }
+                }
+                DecodeAction::Report => {
+                    let tag = self.decoders[node as usize].spec().report_tag;
+                    self.complete(CompletionKind::Decoded, tag, now, 0, 0);
+                }
+            }
+        }
+    }
+
+    /// The requests of decode node `node` that ended since the last call, `(rid, second-token time or -1)`
+    /// in the order they ended, and its GPUs' busy spans since then, `(GPU unit, start, end, batch size,
+    /// step_ns)`.
+    #[allow(clippy::type_complexity)]
+    pub fn take_decoded(&mut self, node: u32) -> Result<(Vec<(u64, i64)>, Vec<(u64, TimeNs, TimeNs, usize, u64)>)> {
+        self.decoder(node)?;
+        let d = &mut self.decoders[node as usize];
+        Ok((std::mem::take(&mut d.ended), std::mem::take(&mut d.spans)))
+    }
+
+    /// The bytes decode node `node` moved on its own so far (write-backs, all-to-all).
+    pub fn decode_bytes(&self, node: u32) -> Result<&DecodeBytes> {
+        Ok(&self.decoder(node)?.bytes)
+    }
+
     /// Start a transfer now. A zero-byte transfer completes at the current time without touching a port.
     pub fn submit_transfer(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
         self.catch_up();
@@ -712,7 +851,8 @@ impl Core {
         let ios: u64 = (0..self.storage.node_count() as NodeId)
             .map(|n| self.storage.queue(n).map(|q| q.read_requests + q.write_requests).unwrap_or(0))
             .sum();
-        self.pending_transfers + ios + self.pending_timers + self.forwards.live()
+        let decoding: u64 = self.decoders.iter().map(|d| d.live_requests() as u64).sum();
+        self.pending_transfers + ios + self.pending_timers + self.forwards.live() + decoding
     }
 
     pub fn stats(&self) -> CoreStats {
@@ -881,6 +1021,13 @@ impl Core {
             EventKind::ForwardDone { forward } => {
                 self.queue_events += 1;
                 self.finish_forward(forward);
+            }
+            EventKind::DecodeWake { node, group, number } => {
+                self.queue_events += 1;
+                let mut actions = std::mem::take(&mut self.decode_actions);
+                self.decoders[node as usize].wake(now, group, number, &mut actions);
+                self.run_decode_actions(node, &mut actions);
+                self.decode_actions = actions;
             }
             EventKind::BucketEmpty { port, version } => {
                 if self.net.on_bucket_event(port, version, now) {

@@ -40,8 +40,8 @@ class StateError(CoreError, RuntimeError):
 class CoreIOError(CoreError, OSError):
     """Reading or writing a file failed."""
 
-# ``(kind, tag, start_ns, end_ns, size_bytes, lane)``; kind is "transfer", "read", "write", "timer" or
-# "forward".
+# ``(kind, tag, start_ns, end_ns, size_bytes, lane)``; kind is "transfer", "read", "write", "timer",
+# "forward" or "decoded".
 _Completion: TypeAlias = tuple[str, int, int, int, int, int]
 # A forward pass's per-layer transfer: ``(path, lane, size_bytes)``.
 _LayerTransfer: TypeAlias = tuple[Iterable[int], int, int]
@@ -175,6 +175,29 @@ class Core:
     def submit_forwards(self, forwards: Iterable[_Forward]) -> int: ...
     def submit_ios(self, ios: Iterable[tuple[int, str, int, int, int]]) -> int: ...
     def add_timers(self, timers: Iterable[tuple[int, int]]) -> int: ...
+    def add_decode_node(
+        self,
+        *,
+        gpus: int,
+        together: bool,
+        pricing: dict[str, float | int | bool | None],
+        kv_bytes_per_token: int,
+        a2a_bytes_per_token: float,
+        a2a_paths: Sequence[Sequence[int]],
+        a2a_lane: int,
+        d2h_paths: Sequence[Sequence[int]],
+        storage_node: int | None,
+        kv_lane: int,
+        first_unit: int,
+        report_tag: int,
+    ) -> int:
+        """Add one node's decode GPUs, stepped by the core; returns its id (see ``core/src/decode.rs``)."""
+    def submit_decode_joins(self, joins: Iterable[tuple[int, int, int, int, int, int, int, int]]) -> int:
+        """Requests join their decode GPUs' batches now: ``(node, gpu, rid, prompt, gen, produced,
+        stored_blocks, context)`` each."""
+    def take_decoded(self, node: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int, int]]]:
+        """``([(rid, second_token_ns)], [(gpu unit, start_ns, end_ns, batch, step_ns)])`` since the last call."""
+    def decode_bytes(self, node: int) -> dict[str, list[tuple[int, int]] | tuple[int, int]]: ...
     @property
     def now_ns(self) -> int: ...
     def clock_ns(self) -> int: ...

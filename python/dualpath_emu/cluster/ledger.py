@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.core_work import forward_bytes
 from dualpath_emu.runtime.engine import DataPlane, Extents, Hop, Then
+from dualpath_emu.runtime.virtual import CoreDataPlane
 
 __all__ = ["Booking", "Hop", "Ledger", "ProbingLedger"]
 
@@ -24,6 +25,12 @@ class Booking:
         update per transfer; the per-port totals are summed when asked for."""
         self.measured: dict[str, PathStats] = {}
         """Probing: per kind of data movement (:mod:`~dualpath_emu.cluster.paths`), its count and times."""
+        self._sources: list[Callable[[Booking], None]] = []
+
+    def add_source(self, source: Callable[[Booking], None]) -> None:
+        """``source(booking)`` books what was moved without a request through a ledger (the core's decode
+        stepping) whenever the totals are read."""
+        self._sources.append(source)
 
     def book(self, path: tuple[int, ...], lane: int, size: int, count: int = 1) -> None:
         tally = self.by_path.get((path, lane))
@@ -34,6 +41,8 @@ class Booking:
             tally[1] += count
 
     def _per_port(self, field: int) -> dict[tuple[int, int], int]:
+        for source in self._sources:
+            source(self)
         totals: dict[tuple[int, int], int] = {}
         for (path, lane), tally in self.by_path.items():
             for port in path:
@@ -90,6 +99,12 @@ class Ledger:
         """Call ``then(now)`` at ``at_ns``."""
         self._plane.timer(at_ns, then)
 
+    def decode_core(self) -> CoreDataPlane | None:
+        """The in-process core, if decode GPUs step there (not when probing: the probe times every
+        write-back, which the core does without Python)."""
+        plane = self._plane
+        return plane if isinstance(plane, CoreDataPlane) and plane.steps_decode else None
+
 
 class ProbingLedger(Ledger):
     """A :class:`Ledger` that also times every data movement by kind (:mod:`~dualpath_emu.cluster.paths`): the
@@ -97,6 +112,9 @@ class ProbingLedger(Ledger):
     (write-backs, the decode all-to-all) is asked to report its end, which moves nothing differently: the core
     times a transfer the same whoever waits for it. (A forward pass's per-layer transfers are the core's,
     inside the pass: the probe times the pass.)"""
+
+    def decode_core(self) -> CoreDataPlane | None:
+        return None
 
     def _timed(self, kind: str, size: int, then: Then | None) -> Then:
         start, measured = self._plane.clock_ns(), self._booking.measured

@@ -273,6 +273,29 @@ class Roofline:
 
         return attention_s
 
+    def decode_pricing(self) -> dict[str, float | int | bool | None]:
+        """The constants :meth:`ep_decode_step_s` prices a step from, for the core's decode stepping
+        (``core/src/decode.rs`` does the same operations in the same order: the same float to the bit)."""
+        m, p, g = self.model, self.params, self.gpu
+        return {
+            "layers": m.layers, "moe_layers": m.moe_layers, "overhead_s_per_layer": p.overhead_s_per_layer,
+            "sparse_top_k": m.sparse_top_k,
+            "attention_flops_per_key": m.attention_flops_per_key_layer,
+            "indexer_flops_per_key": m.indexer_flops_per_key_layer,
+            "kv_bytes_per_key": m.kv_bytes_per_token_layer,
+            "indexer_bytes_per_key": m.indexer_kv_bytes_per_token_layer,
+            "attention_flops_per_s": g.bf16_flops_per_s * p.attention_efficiency,
+            "attention_bytes_per_s": g.hbm_bytes_per_s * p.memory_efficiency,
+            "gemm_flops_per_token": m.gemm_flops_per_token, "gemm_peak_flops_per_s": g.peak_flops_per_s(m.gemm_dtype),
+            "gemm_efficiency": p.gemm_efficiency, "weight_bytes": m.weight_bytes_per_gpu(self.ep_degree),
+            "hbm_bytes_per_s": g.hbm_bytes_per_s, "memory_efficiency": p.memory_efficiency,
+            "a2a": m.moe_layers > 0 and self.ep_degree > 1, "a2a_fixed_s": p.a2a_fixed_s,
+            "a2a_bytes_per_token_layer": m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer,
+            "a2a_remote_bytes_per_token": self.a2a_remote_bytes_per_token,
+            "a2a_local_peers": min(self.gpus_per_node, self.ep_degree) - 1, "ep_degree": self.ep_degree,
+            "cnic_bytes_per_s": self.cnic_bytes_per_s, "nvlink_bytes_per_s": NVLINK_BYTES_PER_S,
+        }  # fmt: skip
+
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         """One GPU's decode step alone (``decode_step(...).total_s`` plus the per-layer overhead and the MoE
         layers' all-to-all): :meth:`ep_decode_step_s` of one batch."""

@@ -153,6 +153,7 @@ def run_system(
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     trace_path: str | Path | None = None,
     probe_paths: bool = False,
+    decode_in_core: bool = True,
 ) -> SystemResult:
     """Run ``trajectories`` on ``config`` with ``system`` in virtual time: a
     :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
@@ -169,6 +170,8 @@ def run_system(
     (:mod:`~dualpath_emu.cluster.trace`; memory grows with the run). Neither changes the run's results
     or its event log. ``probe_paths`` times every data movement by kind (``extra["paths"]``,
     :class:`~dualpath_emu.cluster.ledger.ProbingLedger`): the model's side of a host-backend comparison.
+    ``decode_in_core=False`` steps the decode GPUs in Python (``cluster/decode_steps.py``, the reference the
+    core's stepping is tested against: the same results, event for event) instead of in the core.
     """
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
@@ -192,9 +195,9 @@ def run_system(
     report = None
     if progress is not None:  # smaller chunks: the sink is where progress is looked at
         report = _Reporter(system_name, progress, progress_interval_s, metrics, core, trajectories)
-        driver = VirtualDriver(core, sink=report.wrap(sink), chunk=4096)
+        driver = VirtualDriver(core, sink=report.wrap(sink), chunk=4096, steps_decode=decode_in_core)
     else:
-        driver = VirtualDriver(core, sink=sink)
+        driver = VirtualDriver(core, sink=sink, steps_decode=decode_in_core)
     for name in engine_names(config):
         driver.add(build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories,
                                 seed=seed))  # fmt: skip

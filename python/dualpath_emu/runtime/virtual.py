@@ -43,17 +43,24 @@ class CoreDataPlane:
     ``then`` each request gave. A request the core refuses raises out of :meth:`flush` (the run fails with the
     core's error)."""
 
-    __slots__ = ("core", "_dispatch", "_next_tag", "_waiters", "_transfers", "_forwards", "_ios", "_timers")
+    __slots__ = ("core", "steps_decode", "_dispatch", "_next_tag", "_waiters", "_standing", "_transfers", "_forwards",
+                 "_ios", "_timers", "_joins")  # fmt: skip
 
-    def __init__(self, core: Core, dispatch: Callable[[Then], None]) -> None:
+    def __init__(self, core: Core, dispatch: Callable[[Then], None], *, steps_decode: bool = True) -> None:
         self.core = core
+        self.steps_decode = steps_decode
+        """Whether decode GPUs step in the core (:meth:`decode_node`); off, the cluster steps them in Python
+        (``cluster/decode_steps.py``, the reference the core is tested against)."""
         self._dispatch = dispatch
         self._next_tag = 1
         self._waiters: dict[int, Then] = {}
+        self._standing: dict[int, Then] = {}
+        """Tags that complete again and again (a decode node's reports)."""
         self._transfers: list[tuple[tuple[int, ...], int, int, int]] = []
         self._forwards: list[tuple[int, tuple[Any, ...], int, tuple[Hop, ...], int, int]] = []
         self._ios: list[tuple[int, str, int, int, int]] = []
         self._timers: list[tuple[int, int]] = []
+        self._joins: list[tuple[int, int, int, int, int, int, int, int]] = []
 
     def _tag(self, then: Then | None) -> int:
         if then is None:
@@ -81,13 +88,35 @@ class CoreDataPlane:
     def clock_ns(self) -> int:
         return self.core.now_ns
 
+    def decode_node(self, report: Then, **spec: Any) -> int:
+        """Add a node's decode GPUs to the core (``Core.add_decode_node``'s keywords but ``report_tag``);
+        ``report(now)`` is called whenever some of its requests ended (:meth:`take_decoded` says which)."""
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self._standing[tag] = report
+        return self.core.add_decode_node(report_tag=tag, **spec)
+
+    def decode_join(self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int,
+                    context: int) -> None:  # fmt: skip
+        """A request joins decode node ``node``'s GPU ``gpu`` now (submitted with the batch, after the timers)."""
+        self._joins.append((node, gpu, rid, prompt, gen, produced, stored_blocks, context))
+
+    def take_decoded(self, node: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int, int]]]:
+        """What ended on decode node ``node`` since the last call, and its GPUs' busy spans."""
+        return self.core.take_decoded(node)
+
+    def decode_bytes(self, node: int) -> dict[str, Any]:
+        """The bytes decode node ``node`` moved on its own so far."""
+        return self.core.decode_bytes(node)
+
     @property
     def waiting(self) -> int:
         """Requests whose end someone waits for."""
         return len(self._waiters)
 
     def flush(self) -> None:
-        """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers)."""
+        """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers, decode
+        joins)."""
         core = self.core
         if self._transfers:
             batch, self._transfers = self._transfers, []
@@ -101,6 +130,9 @@ class CoreDataPlane:
         if self._timers:
             timers, self._timers = self._timers, []
             core.add_timers(timers)
+        if self._joins:
+            joins, self._joins = self._joins, []
+            core.submit_decode_joins(joins)
 
     def deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
         """Hand each completion's ``then`` to the driver, in the core's order."""
@@ -108,7 +140,9 @@ class CoreDataPlane:
         for completion in completions:
             then = waiters.pop(completion[1], None)
             if then is None:
-                raise RuntimeError(f"the core completed work with tag {completion[1]} that nobody asked for")
+                then = self._standing.get(completion[1])
+                if then is None:
+                    raise RuntimeError(f"the core completed work with tag {completion[1]} that nobody asked for")
             dispatch(then)
 
 
@@ -142,13 +176,16 @@ class VirtualDriver:
     :meth:`outbox` and :attr:`plane`, :meth:`add` them in a fixed order, then :meth:`run`.
 
     ``sink`` takes the observations in chunks of ``chunk`` (the event log writer and the invariant checker),
-    so memory does not grow with the run; without one they are kept in :attr:`events`."""
+    so memory does not grow with the run; without one they are kept in :attr:`events`. ``steps_decode``: see
+    :attr:`CoreDataPlane.steps_decode`."""
 
-    def __init__(self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536) -> None:
+    def __init__(
+        self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, steps_decode: bool = True
+    ) -> None:
         self.core = core
         self.now_ns = core.now_ns
         self._due: deque[Any] = deque()
-        self.plane = CoreDataPlane(core, self._due.append)
+        self.plane = CoreDataPlane(core, self._due.append, steps_decode=steps_decode)
         self.engines: list[Engine] = []
         self._receivers: dict[str, Callable[[int, Message, str], None]] = {}
         self._log: list[tuple[int, str, Observed]] = []
