@@ -784,35 +784,7 @@ def test_pipeline_record_does_not_depend_on_pythonhashseed(hash_seed: str) -> No
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Background tasks and the event sink (in-process).
-
-
-def test_spawned_task_failure_fails_the_run_and_stop_cancels_tasks() -> None:
-    system = ActorSystem()
-    echo = Echo(system, "echo")
-    cancelled: list[str] = []
-
-    async def forever() -> None:
-        try:
-            await asyncio.sleep(10**6)
-        except asyncio.CancelledError:
-            cancelled.append("forever")
-            raise
-
-    async def boom() -> None:
-        await asyncio.sleep(0.5)
-        raise ValueError("background boom")
-
-    async def main() -> None:
-        echo.start()
-        system.spawn(echo, forever(), "forever")
-        system.spawn(echo, boom(), "boom")
-        await asyncio.sleep(10)
-
-    with pytest.raises(ActorFailure, match="background boom") as info:
-        run_system(system, main())
-    assert info.value.actor == "echo"
-    assert cancelled == ["forever"]
+# The event sink (in-process).
 
 
 def test_event_sink_receives_every_event_once_in_order() -> None:

@@ -73,7 +73,6 @@ its exceptions' texts are deterministic too.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import random
 from collections import deque
@@ -82,6 +81,7 @@ from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 from dualpath_emu.messages import Envelope, Message
 from dualpath_emu.runtime.core_work import CoreWork
+from dualpath_emu.runtime.engine import seeded_random
 
 __all__ = [
     "MAIN",
@@ -251,7 +251,6 @@ class ActorSystem:
         self._log_base = 0
         self._sink: Callable[[list[tuple[int, int, str, str, str]], int], None] | None = None
         self._sink_chunk = 0
-        self._background: set[asyncio.Task[Any]] = set()
         self.dropped = 0
         """Tells dropped because their recipient was stopped."""
         self.unhandled = 0
@@ -317,8 +316,7 @@ class ActorSystem:
         ``PYTHONHASHSEED`` (the derivation is SHA-256, not ``hash()``); each call returns a new generator
         at the stream's start.
         """
-        digest = hashlib.sha256(f"{self.seed}/{stream}".encode()).digest()
-        return random.Random(int.from_bytes(digest[:16], "big"))
+        return seeded_random(self.seed, stream)
 
     @property
     def events(self) -> list[Event]:
@@ -363,23 +361,6 @@ class ActorSystem:
     def fail(self, actor: Actor, error: Exception) -> None:
         """Fail the run as a failing tell does, from code of ``actor`` outside a handler (a callback)."""
         self._fail(actor, None, error)
-
-    def spawn(self, actor: Actor, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run ``coro`` as a background task of ``actor`` (an engine's loop, say): it is cancelled when the
-        actor stops, and an exception in it fails the run as a failing tell does."""
-        task = self.loop.create_task(coro, name=f"{actor.name}:{name}")
-        self._background.add(task)
-
-        def done(task: asyncio.Task[None]) -> None:
-            self._background.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                error = task.exception()
-                assert isinstance(error, Exception)
-                self._fail(actor, None, error)
-
-        task.add_done_callback(done)
-        actor._tasks.append(task)
-        return task
 
     def record(self, actor: str, kind: str, summary: str) -> None:
         """Append an event at the current time (actors may record their own events too)."""
@@ -638,7 +619,7 @@ class ActorSystem:
         """Stop every actor and wait until their tasks have ended."""
         self.stop_all()
         current = asyncio.current_task()
-        tasks = [t for actor in self._actors.values() for t in (actor._task, *actor._tasks) if t is not None]
+        tasks = [actor._task for actor in self._actors.values() if actor._task is not None]
         tasks = [task for task in tasks if task is not current]
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -678,7 +659,6 @@ class Actor:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._random: random.Random | None = None
-        self._tasks: list[asyncio.Task[None]] = []  # background tasks (ActorSystem.spawn)
         self._bound: dict[type[Message], tuple[Callable[[Message], Any], bool] | None] = {}
         system._register(self)
 
@@ -730,9 +710,9 @@ class Actor:
             if not request.is_ask:
                 self.system._drop(request.envelope, request.summary)
         current = asyncio.current_task()
-        for task in (self._task, *self._tasks):
-            if task is not None and task is not current and not task.done():
-                task.cancel()
+        task = self._task
+        if task is not None and task is not current and not task.done():
+            task.cancel()
 
     async def _run(self) -> None:
         mailbox, handle = self._mailbox, self.system._handle
