@@ -1,4 +1,4 @@
-"""The one place a cluster is put together, for every driver and placement (DESIGN.md §2).
+"""The one place a cluster is put together, for every driver and placement (docs/architecture.md).
 
 :func:`engine_names` names the engines of a configuration; :func:`build_engine` builds one of them from its name,
 the process's :class:`~dualpath_emu.cluster.context.Cluster` and the outbox and data plane its driver hands it.

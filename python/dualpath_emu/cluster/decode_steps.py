@@ -8,14 +8,18 @@ rank of the EP group runs each MoE layer's dispatch and combine together), each 
 computed from every GPU's batch when one changes (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`:
 the slowest rank's attention, the largest batch's GEMMs and all-to-all), and the group sleeps until the next
 request finishes; a request that arrives mid-step joins at the step's end (a step in flight is not
-restarted). So a request costs a few events however many tokens it generates (DESIGN.md §8), and accounting
+restarted). So a request costs a few events however many tokens it generates, and accounting
 for a segment touches only the requests that finish or complete a Full Block in it (kept in heaps by the
 step at which they do), not the whole batch.
 
 What a decision needs is reported to a :class:`DecodeListener` (the decode group): a request has all its tokens
 (:meth:`~DecodeListener.decoded`), a segment's end is accounted (:meth:`~DecodeListener.stepped`). Everything else
 -- step times, second-token times, block write-backs, the all-to-all bytes, the GPUs' busy spans -- happens here.
-This is the part of a turn that belongs in the core (docs/architecture.md, "Next").
+
+Two implementations of the same rules: :class:`CoreDecodeSteps` hands the stepping to the in-process core
+(``core/src/decode.rs``: virtual-time runs), :class:`DecodeSteps` does it in Python (live runs, whose data plane
+is not an in-process core; runs that probe every write-back; and the reference the core is tested against,
+event for event).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The engines: :mod:`~dualpath_emu.cluster.client` (agents), :mod:`~dualpath_emu.c
 per decode node). They share no Python objects: everything one needs from another comes in these messages,
 so each can live in its own OS process (``dualpath-emu run --mode realtime``).
 
-Message flow of one turn (DESIGN.md §5; every hop a typed message, every byte a core transfer or I/O):
+Message flow of one turn (every hop a typed message, every byte a core transfer or I/O):
 
 1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
 2. The scheduler queues it. Groups *pull* (§6.1): each sent, when it started, a standing :class:`Fetch`

@@ -1,5 +1,5 @@
 """The cluster's data plane on the core: ports for every NIC, DRAM and the storage cluster, and the paths of
-every data movement of paper-facts §4 (DESIGN.md §4).
+every data movement of the paper's §4.
 
 Per node ``n`` (prefill nodes first, then decode nodes): one storage NIC, each direction a port
 (``n<i>.snic.rx`` storage → node, ``n<i>.snic.tx`` node → storage); host DRAM (``n<i>.dram``, one port for

@@ -1,5 +1,5 @@
 """The host backend's data plane: the same ``data_plane`` interface the actors use everywhere, moving real
-bytes (issue 16, DESIGN.md §7).
+bytes (issue 16).
 
 A :class:`HostLoop` is a :class:`~dualpath_emu.runtime.RealTimeLoop` whose work is real where the host has
 the hardware and modelled where it does not:

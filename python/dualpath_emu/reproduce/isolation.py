@@ -6,8 +6,8 @@ The setup is the SIGCOMM version's isolation micro-benchmark as the task describ
 dispatch with low-priority KV background of 20 GB/s per port, measured without and with lane isolation.
 paper-facts §2.1 confirms only the EP16; the paper gives no latencies to compare with (paper-facts §6: the
 emulator "must be able to run it"). No cluster run is involved: the experiment drives the Rust core
-directly, and "without isolation" is only a different lane of the same ports and transfers (DESIGN.md §4:
-"a scenario, not special code").
+directly, and "without isolation" is only a different lane of the same ports and transfers (a setting of the
+core's lanes, docs/architecture.md, not special code).
 
 **Why FIFO.** In the fluid model a message sharing a lane with bulk flows gets its max-min share at once, so
 under a background of B on a port of capacity C it slows by at most C / (C − B) (1.67× for 20 GB/s on a

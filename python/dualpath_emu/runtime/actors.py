@@ -1,4 +1,4 @@
-"""Actors: mailboxes, handlers chosen by message type, ``tell`` and ``ask`` (issue 3, DESIGN.md §8).
+"""Actors: mailboxes, handlers chosen by message type, ``tell`` and ``ask`` (issue 3).
 
 An :class:`ActorSystem` owns the actors of one run (there is no global registry: pass the system in). An
 :class:`Actor` has a name, a mailbox and a task that handles one envelope at a time; its handlers are

@@ -6,7 +6,7 @@ Requests are batched and the batch is submitted at once: the virtual-time loop s
 idle, the real-time loops at their next iteration. So the FFI boundary (or, remotely, the wire) is crossed
 per batch, not per request, and one actor code base runs on any loop. A forward pass (all its layers'
 loads, attention, shared phase, collectives and stores) is one request: the core expands it into its own
-events (DESIGN.md §4).
+events (docs/architecture.md).
 
 :class:`CoreWork` holds what every flavour shares -- tags, the four pending lists, waiters, delivering
 completions and failing the futures of refused requests; a flavour says only how a batch is submitted
@@ -17,7 +17,7 @@ completions and failing the futures of refused requests; a flavour says only how
   ``submit_transfers``, one ``submit_forwards``, one ``submit_ios`` and one ``add_timers`` call per batch
   (in that order);
 * :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` sends the batch as one message to the
-  data-plane service of a real-time run, which owns the run's only core (DESIGN.md §3).
+  data-plane service of a real-time run, which owns the run's only core (docs/architecture.md).
 
 **Refused requests.** The core checks a whole batch before accepting any of it; when it refuses one, the
 batch is retried one request at a time (:func:`submit_split`) and each bad request's future fails with

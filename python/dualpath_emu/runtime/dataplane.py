@@ -6,7 +6,7 @@ In real time the rates of all transfers are one max-min solution over all ports,
 of every other process reach it through the same ``data_plane`` interface they use in virtual time
 (:class:`~dualpath_emu.runtime.core_work.CoreWork`: ``transfer``, ``transfer_detached``, ``forward``, ``io``,
 ``io_detached``, ``core_timer``, ``new_tag``, ``expect``, ``flush``, ``clock_ns``): their loop is a
-:class:`RemoteDataPlaneLoop`. Actor code cannot tell which it has (DESIGN.md §3)::
+:class:`RemoteDataPlaneLoop`. Actor code cannot tell which it has (docs/architecture.md)::
 
     # the data plane's process
     core = Core(clock="wall", time_scale=1.0); app.build_core(core)

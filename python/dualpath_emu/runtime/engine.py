@@ -1,4 +1,4 @@
-"""The engine contract: state machines fed inputs with the time, giving outputs (DESIGN.md §2, the sans-I/O
+"""The engine contract: state machines fed inputs with the time, giving outputs (docs/architecture.md; the sans-I/O
 pattern of h11 and quinn-proto).
 
 An :class:`Engine` is stepped by a driver. Its inputs are a message (:meth:`Engine.receive`), the end of data-

@@ -1,4 +1,4 @@
-"""The live driver's shell: an asyncio actor around an engine (DESIGN.md §2).
+"""The live driver's shell: an asyncio actor around an engine (docs/architecture.md).
 
 In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its
 process's actor system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The

@@ -4,7 +4,7 @@
 endpoint, seed, time scale, heartbeat timeout, where keys live; :class:`~dualpath_emu.runtime.scenario.RunDescription`)
 and starts one ``python -m dualpath_emu.runtime.node SCENARIO --process NAME --run-dir DIR`` child per
 ``[[process]]`` of a scenario -- first, in a run of more than one process, the data-plane service
-(``dataplane``), which owns the run's only core (DESIGN.md §3). Each child runs in its own session (a
+(``dataplane``), which owns the run's only core (docs/architecture.md). Each child runs in its own session (a
 terminal's Ctrl-C reaches only the launcher) with its output in ``<run_dir>/<name>.out``; ipc:// sockets live
 in a directory of mode 0700. Then the launcher watches them:
 

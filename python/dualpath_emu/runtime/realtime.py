@@ -1,4 +1,4 @@
-"""An asyncio event loop on the wall clock, optionally scaled, paced by the core (issue 3, DESIGN.md §3).
+"""An asyncio event loop on the wall clock, optionally scaled, paced by the core (issue 3).
 
 :class:`RealTimeLoop` is the real-time twin of :class:`~dualpath_emu.runtime.VirtualTimeLoop`: the same
 actors and the same core work (:class:`~dualpath_emu.runtime.core_work.LocalCoreWork`: ``transfer``, ``io``,

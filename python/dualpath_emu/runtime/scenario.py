@@ -34,7 +34,7 @@ and runs by name: ``dualpath-emu launch pipeline``)::
 
 Every key has the default shown; unknown keys and bad values are :class:`~dualpath_emu.config.ScenarioError`\\ s
 naming the file and the key. A real-time run of more than one process gets one more, the data-plane service
-(process ``dataplane``, a name no ``[[process]]`` may take): it owns the run's only core (DESIGN.md §3,
+(process ``dataplane``, a name no ``[[process]]`` may take): it owns the run's only core (docs/architecture.md,
 :mod:`dualpath_emu.runtime.dataplane`).
 
 **The run description.** The launcher writes ``<run_dir>/run.json`` (:class:`RunDescription`, mode 0600): the

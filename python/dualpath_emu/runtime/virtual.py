@@ -1,4 +1,4 @@
-"""The virtual-time driver: engines stepped by a plain loop over the core's clock, no asyncio (DESIGN.md §2-3).
+"""The virtual-time driver: engines stepped by a plain loop over the core's clock, no asyncio (docs/architecture.md).
 
 :class:`VirtualDriver` holds the engines of a run and one FIFO of inputs due now. It hands each engine an
 :class:`~dualpath_emu.runtime.engine.Outbox` (a message goes to the back of the FIFO, addressed to its

@@ -1,4 +1,4 @@
-"""An asyncio event loop whose clock is the core's virtual clock (DESIGN.md §3, issue 3).
+"""An asyncio event loop whose clock is the core's virtual clock (issue 3).
 
 :class:`VirtualTimeLoop` runs every ready callback; only when nothing is ready does it jump the core's
 clock to the next event (the earliest asyncio timer or core event), deliver what completed there and go
