@@ -19,9 +19,10 @@ and prints, for each further size, the ratio of its CPU time per turn to the fir
 run: ``BENCH cluster<label>_cost_ratio_<size>_vs_<first> <ratio> x`` (issue 15: within 1.2×). Wall time is
 measured around :func:`~dualpath_emu.cluster.run.run_system` only (not the workload generation).
 
-Goals: ≥ 10,000 turns per CPU second (≤ 100 µs per turn) on 2P4D with 1,024 agents, whole trajectories
-(``--agents 1024 --rounds 0 --label _1024``, ≈164,000 turns); 16P32D with 8,192 agents within 1.2× of that;
-``make bench-scale`` (48P96D, 49,152 agents, whole trajectories: ≈7.75 M turns) in ≤ 15 minutes and ≤ 2 GiB.
+Goals (issue 24): ≤ 60 µs of CPU per turn on 2P4D with 1,024 agents, whole trajectories (``--agents 1024
+--rounds 0 --label _1024``, ≈164,000 turns); 16P32D with 8,192 agents within 1.2× of that; ``make bench-scale``
+(48P96D, 49,152 agents, whole trajectories: ≈7.75 M turns) in ≤ 10 minutes of CPU and ≤ 1.5 GiB. Measured
+figures and the side-by-side history: docs/architecture.md ("What a turn costs") and the README.
 """
 
 from __future__ import annotations
