@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from typing import Protocol
+from typing import Any, Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.engines import NS
@@ -298,12 +298,9 @@ class DecodeSteps:
         self._persist(gpu.gpu, written)
 
     def _persist(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
-        """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM →
-        DRAM through the CNIC, then DRAM → SNIC → storage (§4), charged once per segment, not per block."""
+        """Write back the Full Blocks completed on ``gpu`` (charged once per segment, not per block)."""
         if written and self._write_back:
-            size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
-            self.plane.transfer(self._d2h_paths[gpu], KV_LANE, size)
-            self.plane.io(self.node, "write", KV_LANE, size, tuple(written))
+            _write_back(self.plane, self.node, self._d2h_paths[gpu], self._kv, written)
 
     def _store_blocks(self, steps: int, r: DecodingRequest, written: list[tuple[int, int, int]]) -> None:
         """Add the Full Blocks ``r`` has completed since they were last counted to ``written`` (its group has
@@ -317,6 +314,15 @@ class DecodeSteps:
         r.stored_blocks = full
         if produced < r.gen:
             heappush(gpu.next_block, ((full + 1) * BLOCK_TOKENS - r.prompt - r.offset, r.seq, r))
+
+
+def _write_back(plane: Ledger, node: int, d2h_path: tuple[int, ...], kv_bytes_per_token: int,
+                written: list[tuple[int, int, int]]) -> None:  # fmt: skip
+    """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM → DRAM
+    through the GPU's CNIC, then DRAM → SNIC → storage (§4), once for all of them."""
+    size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * kv_bytes_per_token
+    plane.transfer(d2h_path, KV_LANE, size)
+    plane.io(node, "write", KV_LANE, size, tuple(written))
 
 
 def _end_at_once(
@@ -366,9 +372,8 @@ class CoreDecodeSteps:
         self._listener = listener
         self._busy_span = busy_span
         self._requests: dict[int, DecodingRequest] = {}
-        self._booked: dict[str, list[tuple[int, int]]] = {"d2h": [(0, 0)] * gpus, "a2a": [(0, 0)] * gpus,
-                                                          "written": [(0, 0)]}  # fmt: skip
-        """``(bytes, transfers)`` per GPU (the node's, for storage writes) booked so far."""
+        self._booked: dict[str, Any] = {"d2h": [(0, 0)] * gpus, "a2a": [(0, 0)] * gpus, "written": (0, 0)}
+        """What :meth:`_book` booked so far: ``Core.decode_bytes`` as it was then."""
         self._id = core.decode_node(
             self._report, gpus=gpus, together=together, pricing=pricing, kv_bytes_per_token=kv_bytes_per_token,
             a2a_bytes_per_token=a2a_bytes_per_token, a2a_paths=self._a2a_paths, a2a_lane=MODEL_LANE,
@@ -399,21 +404,16 @@ class CoreDecodeSteps:
 
     def _persist(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
         if written and self._storage is not None:
-            size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
-            self.plane.transfer(self._d2h_paths[gpu], KV_LANE, size)
-            self.plane.io(self.node, "write", KV_LANE, size, tuple(written))
+            _write_back(self.plane, self.node, self._d2h_paths[gpu], self._kv, written)
 
     def _book(self, booking: Booking) -> None:
         """Book what the core moved on its own since the last time."""
-        moved = self._core.decode_bytes(self._id)
+        moved, last = self._core.decode_bytes(self._id), self._booked
         for kind, paths, lane in (("d2h", self._d2h_paths, KV_LANE), ("a2a", self._a2a_paths, MODEL_LANE)):
-            now: list[tuple[int, int]] = list(moved[kind])
-            for path, (size, count), (old_size, old_count) in zip(paths, now, self._booked[kind], strict=True):
+            for path, (size, count), (old_size, old_count) in zip(paths, moved[kind], last[kind], strict=True):
                 if count > old_count:
                     booking.book(path, lane, size - old_size, count - old_count)
-            self._booked[kind] = now
-        size, count = moved["written"]
-        old_size, old_count = self._booked["written"][0]
+        (size, count), (old_size, old_count) = moved["written"], last["written"]
         if count > old_count and self._storage is not None:
             booking.book(self._storage[1], KV_LANE, size - old_size, count - old_count)
-        self._booked["written"] = [(size, count)]
+        self._booked = moved

@@ -37,6 +37,7 @@ from operator import itemgetter
 from typing import NamedTuple, TypeAlias, TypeVar
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
+from dualpath_emu.runtime.engine import Extents
 
 __all__ = [
     "Completion",
@@ -61,10 +62,6 @@ _ForwardRankLike: TypeAlias = tuple[_LayerTransferLike | None, int, _LayerTransf
 _Forward: TypeAlias = tuple[int, tuple[_ForwardRankLike, ...], int, tuple[_LayerTransferLike, ...], int, int]
 _Transfer: TypeAlias = tuple[Sequence[int], int, int, int]
 _Io: TypeAlias = tuple[int, str, int, int, int]
-Extents: TypeAlias = tuple[tuple[int, int, int], ...]
-"""Which stored objects a storage I/O moves, as ``(context, first block, blocks)`` runs (the cluster's Full
-Blocks). Core work ignores them (the core moves no bytes); a data plane that moves real bytes (the host
-backend) reads and writes exactly those."""
 _Timer: TypeAlias = tuple[int, int]
 _RawCompletion: TypeAlias = tuple[str, int, int, int, int, int]
 

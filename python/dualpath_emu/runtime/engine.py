@@ -153,10 +153,6 @@ class Engine:
                 return handler
         raise UnhandledInputError(f"engine {self.name!r} has no handler for {message_type.__qualname__}")
 
-    def handles(self, message_type: type[Message]) -> bool:
-        """Whether :meth:`receive` takes messages of ``message_type``."""
-        return any(cls in self._inputs for cls in message_type.__mro__)
-
 
 def seeded_random(seed: int, stream: str) -> random.Random:
     """The random stream called ``stream`` of a run with ``seed``: the same sequence in every process and under
