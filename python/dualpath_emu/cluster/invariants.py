@@ -17,8 +17,8 @@ matches them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
 
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.observations import Admitted, Ended, PoolCapacity, PoolGive, PoolTake, parse
@@ -49,6 +49,11 @@ class EventLogChecker:
         self._admitted = 0
         self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
         self.events = 0
+        self._handlers: dict[type, Callable[[int, Any], None]] = {
+            PoolTake: self._pool, PoolGive: self._pool, Admitted: self._admit, Ended: self._ended,
+            PoolCapacity: self._capacity,
+        }  # fmt: skip
+        """What each record type checks (the others only take their place in time and number)."""
 
     def _violate(self, text: str) -> None:
         self.violation_count += 1
@@ -70,9 +75,20 @@ class EventLogChecker:
 
     def feed_observed(self, records: Iterable[tuple[int, str, Observed]], first_seq: int) -> None:
         """Check observations ``(t_ns, engine, record)`` in order, numbered from ``first_seq``."""
-        check = self._check
-        for index, (t_ns, _, record) in enumerate(records):
-            check(t_ns, first_seq + index, record)
+        handlers = self._handlers
+        last_t, seq = self._last_t, first_seq
+        if seq != self._next_seq:
+            self._violate(f"event {seq} where {self._next_seq} was expected")
+        for t_ns, _, record in records:
+            if t_ns < last_t:
+                self._violate(f"time went back from {last_t} to {t_ns} ns at event {seq}")
+            last_t = t_ns
+            handler = handlers.get(type(record))
+            if handler is not None:
+                handler(seq, record)
+            seq += 1
+        self.events += seq - first_seq
+        self._last_t, self._next_seq = last_t, seq
 
     def _check(self, t_ns: int, seq: int, record: Observed | None) -> None:
         self.events += 1
@@ -81,34 +97,41 @@ class EventLogChecker:
         if seq != self._next_seq:
             self._violate(f"event {seq} where {self._next_seq} was expected")
         self._last_t, self._next_seq = t_ns, seq + 1
-        if isinstance(record, (PoolTake, PoolGive)):
-            pool = self._pools.get(record.pool)
-            if pool is None:
-                self._violate(f"{record.kind} on pool {record.pool} before its capacity was given (event {seq})")
-                return
-            pool[1] += record.size if isinstance(record, PoolTake) else -record.size
-            if pool[1] > pool[0]:
-                self._violate(f"{record.pool} over capacity: {pool[1]} > {pool[0]} B (event {seq}, r{record.rid})")
-            elif pool[1] < 0:
-                self._violate(f"{record.pool} below zero: {pool[1]} B (event {seq}, r{record.rid})")
-        elif isinstance(record, Admitted):
-            rid = record.rid
-            if self._get(rid):
-                self._violate(f"request {rid} admitted twice (event {seq})")
-            else:
-                self._admitted += 1
-                self._set(rid, _ADMITTED)
-        elif isinstance(record, Ended):
-            rid = record.rid
-            state = self._get(rid)
-            if state == _UNSEEN:
-                self._violate(f"request {rid} ended but was never admitted (event {seq})")
-            elif state == _ENDED:
-                self._violate(f"request {rid} ended twice (event {seq})")
-            else:
-                self._set(rid, _ENDED)
-        elif isinstance(record, PoolCapacity):
-            self._pools[record.pool] = [record.size, 0]
+        handler = self._handlers.get(type(record))
+        if handler is not None:
+            handler(seq, record)
+
+    def _pool(self, seq: int, record: PoolTake | PoolGive) -> None:
+        pool = self._pools.get(record.pool)
+        if pool is None:
+            self._violate(f"{record.kind} on pool {record.pool} before its capacity was given (event {seq})")
+            return
+        pool[1] += record.size if type(record) is PoolTake else -record.size
+        if pool[1] > pool[0]:
+            self._violate(f"{record.pool} over capacity: {pool[1]} > {pool[0]} B (event {seq}, r{record.rid})")
+        elif pool[1] < 0:
+            self._violate(f"{record.pool} below zero: {pool[1]} B (event {seq}, r{record.rid})")
+
+    def _admit(self, seq: int, record: Admitted) -> None:
+        rid = record.rid
+        if self._get(rid):
+            self._violate(f"request {rid} admitted twice (event {seq})")
+        else:
+            self._admitted += 1
+            self._set(rid, _ADMITTED)
+
+    def _ended(self, seq: int, record: Ended) -> None:
+        rid = record.rid
+        state = self._get(rid)
+        if state == _UNSEEN:
+            self._violate(f"request {rid} ended but was never admitted (event {seq})")
+        elif state == _ENDED:
+            self._violate(f"request {rid} ended twice (event {seq})")
+        else:
+            self._set(rid, _ENDED)
+
+    def _capacity(self, seq: int, record: PoolCapacity) -> None:
+        self._pools[record.pool] = [record.size, 0]
 
     def _get(self, rid: int) -> int:
         state = self._state

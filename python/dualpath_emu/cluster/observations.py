@@ -10,13 +10,14 @@ write their logs as text; :func:`parse` turns a line's fields back into the reco
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 __all__ = [
     "Admitted",
     "Assigned",
     "Ended",
     "HitRead",
+    "LINE_FORMATS",
     "Observation",
     "PoolCapacity",
     "PoolGive",
@@ -33,10 +34,10 @@ class Admitted(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "admit"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"r{self.rid}"
+        return _format(self)
 
 
 class Assigned(NamedTuple):
@@ -50,10 +51,10 @@ class Assigned(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "assign"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"r{self.rid} pe{self.pe} de{self.de} {self.side}"
+        return _format(self)
 
 
 class HitRead(NamedTuple):
@@ -64,10 +65,10 @@ class HitRead(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "read"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"r{self.rid} n{self.node}"
+        return _format(self)
 
 
 class Prefilled(NamedTuple):
@@ -77,10 +78,10 @@ class Prefilled(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "prefilled"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"r{self.rid}"
+        return _format(self)
 
 
 class Ended(NamedTuple):
@@ -90,10 +91,10 @@ class Ended(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "end"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"r{self.rid}"
+        return _format(self)
 
 
 class PoolCapacity(NamedTuple):
@@ -104,10 +105,10 @@ class PoolCapacity(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "capacity"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"{self.pool} {self.size}"
+        return _format(self)
 
 
 class PoolTake(NamedTuple):
@@ -119,10 +120,10 @@ class PoolTake(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "take"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"{self.pool} {self.rid} {self.size}"
+        return _format(self)
 
 
 class PoolGive(NamedTuple):
@@ -134,13 +135,34 @@ class PoolGive(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "give"
+        return _FORMATS[type(self)][0]
 
     def summary(self) -> str:
-        return f"{self.pool} {self.rid} {self.size}"
+        return _format(self)
 
 
 Observation: TypeAlias = Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
+
+_FORMATS: Final[dict[type, tuple[str, str]]] = {
+    Admitted: ("admit", "r{0}"),
+    Assigned: ("assign", "r{0} pe{1} de{2} {3}"),
+    HitRead: ("read", "r{0} n{1}"),
+    Prefilled: ("prefilled", "r{0}"),
+    Ended: ("end", "r{0}"),
+    PoolCapacity: ("capacity", "{0} {1}"),
+    PoolTake: ("take", "{0} {1} {2}"),
+    PoolGive: ("give", "{0} {1} {2}"),
+}
+"""Per record type, its log ``kind`` and the format of its ``summary`` over its fields (:func:`parse` reads
+them back)."""
+
+LINE_FORMATS: Final[dict[type, str]] = {cls: f"{kind}\t{summary}" for cls, (kind, summary) in _FORMATS.items()}
+"""Per record type, the format of its event-log ``kind`` and ``summary`` fields over its fields: one
+``str.format`` per record in :meth:`~dualpath_emu.runtime.eventlog.EventLogWriter.write_observed`."""
+
+
+def _format(record: Observation) -> str:
+    return _FORMATS[type(record)][1].format(*record)
 
 
 def _rid(text: str) -> int:

@@ -27,6 +27,7 @@ from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
+from dualpath_emu.cluster.observations import LINE_FORMATS
 from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
@@ -185,7 +186,7 @@ def run_system(
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     booking = Booking(probe=probe_paths)
     cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), booking)
-    writer = EventLogWriter()
+    writer = EventLogWriter(formats=LINE_FORMATS)
     checker = EventLogChecker()
 
     def sink(records: list[tuple[int, str, Observed]], first: int) -> None:
