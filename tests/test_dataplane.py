@@ -31,6 +31,7 @@ from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError, UnknownNameError
 from dualpath_emu.runtime import ForwardRank, LayerTransfer
 from dualpath_emu.runtime.core_work import Completion, CoreWork
+from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
 from dualpath_emu.runtime.dataplane import (
     DataPlaneLost,
     DataPlaneService,
@@ -46,6 +47,7 @@ from dualpath_emu.runtime.dataplane import (
     run_remote,
 )
 from dualpath_emu.runtime.realtime import run_realtime
+from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.runtime.security import RunKeys
 
 GB = 1e9
@@ -204,6 +206,86 @@ def test_remote_loop_gives_the_same_completions_as_a_local_realtime_loop(directo
     assert sum(report["ports"]["nic"]["completed_bytes"]) == 50 * MB + 20 * MB + 5 * MB
 
 
+# --- decode nodes stepped by the data plane's core ---------------------------------------------------------
+
+
+def decode_spec(ids: dict[str, int]) -> dict[str, Any]:
+    """One DS 27B decode GPU whose write-backs cross ``nic`` into ``node0`` and whose all-to-all crosses ``link``."""
+    config = ClusterConfig(model="ds27b", pe_nodes=1, de_nodes=1)
+    d = derived(config)
+    return {
+        "gpus": 1, "together": False, "pricing": d.decode.decode_pricing(), "kv_bytes_per_token": d.kv_bytes_per_token,
+        "a2a_bytes_per_token": 0.0, "a2a_paths": [[ids["link"]]], "a2a_lane": 0, "d2h_paths": [[ids["nic"]]],
+        "storage_node": ids["node0"], "kv_lane": 0, "first_unit": 0,
+    }  # fmt: skip
+
+
+async def decode_two(dp: CoreWork, ids: dict[str, int]) -> tuple[list[list[int]], dict[str, Any] | None]:
+    """Two requests join one decode GPU; what ended (rid, steps after the join) and what the node moved."""
+    reports: list[tuple[list[Any], list[Any]]] = []
+    ended = asyncio.Event()
+
+    def report(done: list[Any], spans: list[Any]) -> None:
+        reports.append((done, spans))
+        ended.set()
+
+    node = dp.decode_node(report, decode_spec(ids))
+    start = dp.clock_ns()
+    dp.decode_join(node, 0, 7, 2000, 40, 1, 0, 70)
+    dp.decode_join(node, 0, 8, 3000, 3, 1, 0, 80)
+    while sum(len(done) for done, _ in reports) < 2:
+        ended.clear()
+        await asyncio.wait_for(ended.wait(), 10.0)
+    assert all(spans for _, spans in reports)  # every report says how long the GPU was busy
+    finished = [[rid, int(second_ns >= start)] for done, _ in reports for rid, second_ns in done]
+    return finished, dp.decode_bytes(node)
+
+
+def test_a_decode_node_steps_in_the_services_core_as_in_a_local_one(directory: Path) -> None:
+    core = Core(clock="wall", time_scale=1.0)
+    build_core(core)
+    ids = {"link": core.port_id("link"), "nic": core.port_id("nic"), "node0": core.storage_node_id("node0")}
+
+    async def local_main() -> tuple[list[list[int]], dict[str, Any] | None]:
+        return await decode_two(asyncio.get_running_loop(), ids)  # type: ignore[arg-type]
+
+    local, local_moved = run_realtime(local_main(), core)
+    with service(directory) as svc:
+        loop = remote(svc.endpoint)
+
+        async def remote_main() -> tuple[list[list[int]], dict[str, Any] | None]:
+            result = await decode_two(loop, ids)
+            assert await loop.say_bye()
+            return result
+
+        finished, moved = run_remote(remote_main(), loop)
+        svc.join()
+    # The short request ends first, then the long one; both write back their Full Blocks through the nic.
+    assert finished == local == [[8, 1], [7, 1]]
+    assert moved is not None and local_moved is not None
+    assert list(moved["written"]) == list(local_moved["written"]) and moved["written"][1] > 0
+    assert svc.outcome == "drained" and svc.report is not None and svc.report["counters"]["refused"] == 0
+    assert sum(svc.report["ports"]["nic"]["completed_bytes"]) == moved["d2h"][0][0] > 0
+
+
+@pytest.mark.parametrize("bad", ["node", "join"])
+def test_a_bad_decode_node_or_a_join_that_names_none_fails_the_run(directory: Path, bad: str) -> None:
+    with service(directory) as svc:
+        loop = remote(svc.endpoint)
+
+        async def main() -> None:
+            if bad == "node":  # no GPU: the core refuses it
+                loop.decode_node(lambda done, spans: None, {**decode_spec({"link": 0, "nic": 1, "node0": 0}), "gpus": 0})
+            else:
+                loop.decode_join(12345, 0, 1, 10, 2, 1, 0, 1)
+            await asyncio.sleep(5.0)
+
+        match = "refused a decode node: InvalidArgumentError" if bad == "node" else "names decode node 12345"
+        with pytest.raises(DetachedRequestError, match=match):
+            run_remote(main(), loop)
+    assert svc.report is not None and svc.report["counters"]["refused"] == 1
+
+
 def test_clock_is_the_services_within_the_round_trip_and_lags_are_recorded(directory: Path) -> None:
     with service(directory, time_scale=2.0) as svc:
         loop = remote(svc.endpoint, time_scale=2.0)
@@ -271,7 +353,7 @@ def test_the_service_names_a_silent_requester(directory: Path) -> None:
         socket = context.socket(zmq.DEALER)
         try:
             socket.connect(svc.endpoint)
-            socket.send(msgpack.packb([1, "hello", "quiet", 4242, 1.0]))
+            socket.send(msgpack.packb([V, "hello", "quiet", 4242, 1.0]))
             assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome"])[1] == "welcome"
             svc.join()  # then silence
             assert socket.poll(1000) and decode_frame(socket.recv(), ["fatal", "pong"])[1] == "fatal"
@@ -349,28 +431,28 @@ def test_over_tcp_the_data_plane_takes_the_runs_keys_and_nothing_else(directory:
 HOSTILE: list[list[bytes]] = [
     [b"\xc1"],  # not msgpack
     [msgpack.packb({"a": 1})],  # not an array
-    [msgpack.packb([2, "ping", 1, 1])],  # another version
-    [msgpack.packb([1, "launch", 1])],  # unknown kind
-    [msgpack.packb([1, True, 1])],  # kind not a string
-    [msgpack.packb([1, "submit", 1, 1, [], [], [], []]), b"extra"],  # two frames
-    [msgpack.packb([1, "hello", 7, 1, 1.0])],  # name not a string
-    [msgpack.packb([1, "hello", "w", -1, 1.0])],  # negative pid
-    [msgpack.packb([1, "hello", "w", 1, float("nan")])],  # time scale not finite
+    [msgpack.packb([99, "ping", 1, 1])],  # another version
+    [msgpack.packb([V, "launch", 1])],  # unknown kind
+    [msgpack.packb([V, True, 1])],  # kind not a string
+    [msgpack.packb([V, "submit", 1, 1, [], [], [], [], [], []]), b"extra"],  # two frames
+    [msgpack.packb([V, "hello", 7, 1, 1.0])],  # name not a string
+    [msgpack.packb([V, "hello", "w", -1, 1.0])],  # negative pid
+    [msgpack.packb([V, "hello", "w", 1, float("nan")])],  # time scale not finite
 ]
 AFTER_HELLO: list[bytes] = [
-    msgpack.packb([1, "submit", 1, 0, [[[0], True, 10, 5]], [], [], []]),  # lane a bool
-    msgpack.packb([1, "submit", 1, 0, [[[-1], 0, 10, 5]], [], [], []]),  # a negative port
-    msgpack.packb([1, "submit", 1, 0, [[[0], 0, 10.5, 5]], [], [], []]),  # a size not an integer
-    msgpack.packb([1, "submit", 1, 0, [[[0], 0, 10, 0]], [], [], []]),  # tag 0
-    msgpack.packb([1, "submit", 1, 0, [[[0], 0, 10, 5], [[0], 0, 10, 5]], [], [], []]),  # a tag twice
-    msgpack.packb([1, "submit", 1, 0, [[[0] * 2000, 0, 10, 6]], [], [], []]),  # a path too long
-    msgpack.packb([1, "submit", 1, 0, [], [], [[0, "erase", 0, 10, 7]], []]),  # an I/O kind
-    msgpack.packb([1, "submit", 1, 0, [], [[1, [[None, 0]], 0, [], 0, 8]], [], []]),  # a rank of two fields
-    msgpack.packb([1, "submit", 1, 0, [], [], [], [[5, UNREPORTED_TAG]]]),  # a detached timer
-    msgpack.packb([1, "submit", 1, 0, [], [], []]),  # a field missing
-    msgpack.packb([1, "ping", "one", 1]),  # seq a string
-    msgpack.packb([1, "hello", "again", 1, 1.0]),  # a second hello on one connection
-    msgpack.packb([1, "bye"]),  # no seq
+    msgpack.packb([V, "submit", 1, 0, [[[0], True, 10, 5]], [], [], [], [], []]),  # lane a bool
+    msgpack.packb([V, "submit", 1, 0, [[[-1], 0, 10, 5]], [], [], [], [], []]),  # a negative port
+    msgpack.packb([V, "submit", 1, 0, [[[0], 0, 10.5, 5]], [], [], [], [], []]),  # a size not an integer
+    msgpack.packb([V, "submit", 1, 0, [[[0], 0, 10, 0]], [], [], [], [], []]),  # tag 0
+    msgpack.packb([V, "submit", 1, 0, [[[0], 0, 10, 5], [[0], 0, 10, 5]], [], [], [], [], []]),  # a tag twice
+    msgpack.packb([V, "submit", 1, 0, [[[0] * 2000, 0, 10, 6]], [], [], [], [], []]),  # a path too long
+    msgpack.packb([V, "submit", 1, 0, [], [], [[0, "erase", 0, 10, 7]], [], [], []]),  # an I/O kind
+    msgpack.packb([V, "submit", 1, 0, [], [[1, [[None, 0]], 0, [], 0, 8]], [], [], [], []]),  # a rank of two fields
+    msgpack.packb([V, "submit", 1, 0, [], [], [], [[5, UNREPORTED_TAG]], [], []]),  # a detached timer
+    msgpack.packb([V, "submit", 1, 0, [], [], []]),  # a field missing
+    msgpack.packb([V, "ping", "one", 1]),  # seq a string
+    msgpack.packb([V, "hello", "again", 1, 1.0]),  # a second hello on one connection
+    msgpack.packb([V, "bye"]),  # no seq
     b"\x91" * 100_000,  # nested arrays, deep
 ]
 
@@ -383,14 +465,14 @@ def test_hostile_frames_are_rejected_and_counted_and_the_service_keeps_serving(d
             socket.connect(svc.endpoint)
             for frames in HOSTILE[:-3]:
                 socket.send_multipart(frames)
-            socket.send(msgpack.packb([1, "ping", 1, 1]))  # before hello: rejected too
+            socket.send(msgpack.packb([V, "ping", 1, 1]))  # before hello: rejected too
             for frames in HOSTILE[-3:]:
                 socket.send_multipart(frames)
-            socket.send(msgpack.packb([1, "hello", "raw", 1, 1.0]))
+            socket.send(msgpack.packb([V, "hello", "raw", 1, 1.0]))
             assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome", "refused"])[1] == "welcome"
             for frame in AFTER_HELLO:
                 socket.send(frame)
-            socket.send(msgpack.packb([1, "ping", 2, 2]))  # still answered
+            socket.send(msgpack.packb([V, "ping", 2, 2]))  # still answered
             replies: list[list[Any]] = []
             while not replies or replies[-1][1] != "pong":
                 assert socket.poll(5000), replies
@@ -414,6 +496,34 @@ def test_hostile_frames_are_rejected_and_counted_and_the_service_keeps_serving(d
     assert any("tag 5 is already in flight" in r for r in report["rejections"])
 
 
+DECODE_FRAMES: dict[str, bytes] = {
+    "expected an array of 10": msgpack.packb([V, "submit", 1, 0, [], [], [], []]),  # version 1's submit
+    "unknown keywords": msgpack.packb([V, "submit", 1, 0, [], [], [], [], [[9, {"gpus": 1, "erase": True}]], []]),
+    "decode_nodes[0].tag": msgpack.packb([V, "submit", 1, 0, [], [], [], [], [[UNREPORTED_TAG, {"gpus": 1}]], []]),
+    "joins[0]": msgpack.packb([V, "submit", 1, 0, [], [], [], [], [], [[1, 0, 2, 3, 4, 5, 6]]]),  # seven fields
+}
+
+
+def test_hostile_decode_requests_are_rejected_whole(directory: Path) -> None:
+    with service(directory) as svc:
+        context: zmq.Context[Any] = zmq.Context()
+        socket = context.socket(zmq.DEALER)
+        try:
+            socket.connect(svc.endpoint)
+            socket.send(msgpack.packb([V, "hello", "raw", 1, 1.0]))
+            assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome", "refused"])[1] == "welcome"
+            for frame in DECODE_FRAMES.values():
+                socket.send(frame)
+            socket.send(msgpack.packb([V, "ping", 2, 2]))
+            assert socket.poll(5000) and decode_frame(socket.recv(), ["pong"])[2] == 2
+        finally:
+            socket.close(0)
+            context.term()
+    assert svc.report is not None and svc.report["counters"]["rejected"] == len(DECODE_FRAMES)
+    for reason, rejection in zip(DECODE_FRAMES, svc.report["rejections"], strict=True):
+        assert reason in rejection, rejection
+
+
 @given(st.binary(max_size=200))
 def test_decoding_arbitrary_bytes_raises_only_frame_errors(data: bytes) -> None:
     try:
@@ -423,9 +533,9 @@ def test_decoding_arbitrary_bytes_raises_only_frame_errors(data: bytes) -> None:
         pass
 
 
-@given(st.lists(st.integers(0, 2**64 - 1) | st.booleans() | st.none() | st.text(max_size=3), max_size=8))
+@given(st.lists(st.integers(0, 2**64 - 1) | st.booleans() | st.none() | st.text(max_size=3), max_size=10))
 def test_decoding_submissions_of_any_fields_raises_only_frame_errors(fields: list[Any]) -> None:
-    frame = msgpack.packb([1, "submit", *fields])
+    frame = msgpack.packb([V, "submit", *fields])
     try:
         _decode_submit(decode_frame(frame, ["submit"]))
     except FrameError:

@@ -61,7 +61,10 @@ class Outbox:
 
 
 class Plane:
-    """Records every request; ``then`` is the test's to call."""
+    """Records every request; ``then`` is the test's to call. Decode batches step in Python (the engine's
+    own :class:`~dualpath_emu.cluster.decode_steps.DecodeSteps`), so they are recorded too."""
+
+    steps_decode = False
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, tuple[Any, ...], Then | None]] = []
@@ -80,6 +83,15 @@ class Plane:
 
     def clock_ns(self) -> int:
         return 0
+
+    def decode_node(self, report: Any, **spec: Any) -> int:
+        raise AssertionError("this plane does not step decode batches")
+
+    def decode_join(self, *args: int) -> None:
+        raise AssertionError("this plane does not step decode batches")
+
+    def decode_bytes(self, node: int) -> dict[str, Any]:
+        raise AssertionError("this plane does not step decode batches")
 
     def take(self, kind: str) -> list[tuple[tuple[Any, ...], Then | None]]:
         mine = [(args, then) for k, args, then in self.requests if k == kind]

@@ -52,12 +52,11 @@ class DecodeGroup(EngineGroup):
         a2a = d.decode.a2a_remote_bytes_per_token * d.model.moe_layers
         a2a_paths = [topo.gpu_to_gpu(node, g, peer, g) for g in range(gpus)]
         d2h_paths = [topo.d2h(node, g) for g in range(gpus)]
-        core = self.plane.decode_core()
         self.steps: DecodeSteps | CoreDecodeSteps
-        if core is not None:
+        if self.plane.steps_decode:
             write = (topo.nodes[node].storage_node, topo.storage_io_path(node, "write"))
             self.steps = CoreDecodeSteps(
-                node, gpus, core=core, pricing=d.decode.decode_pricing(), together=together, kv_bytes_per_token=self._kv,
+                node, gpus, pricing=d.decode.decode_pricing(), together=together, kv_bytes_per_token=self._kv,
                 a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths,
                 storage=write if not cluster.system.oracle else None, plane=self.plane, booking=cluster.booking,
                 listener=self, busy_span=cluster.metrics.decode_segment,

@@ -32,7 +32,6 @@ from typing import Any, Protocol
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.engines import NS
 from dualpath_emu.cluster.ledger import Booking, Ledger
-from dualpath_emu.runtime.virtual import CoreDataPlane
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 
 __all__ = ["CoreDecodeSteps", "DecodeListener", "DecodeSteps", "DecodingRequest"]
@@ -339,17 +338,17 @@ def _end_at_once(
 
 
 class CoreDecodeSteps:
-    """:class:`DecodeSteps` run by the core (``core/src/decode.rs``, the same rules): a request joins there, the
-    core steps, writes back and charges the all-to-all itself, and reports only the requests that ended (with
-    their GPUs' busy spans). The bytes it moved on its own are booked in ``booking`` when the run's byte
-    check asks. Takes the same arguments as :class:`DecodeSteps`, plus the in-process core's data plane."""
+    """:class:`DecodeSteps` run by the data plane's core (``core/src/decode.rs``, the same rules; in process or
+    behind the data-plane service): a request joins there, the core steps, writes back and charges the
+    all-to-all itself, and reports only the requests that ended (with their GPUs' busy spans). The bytes it
+    moved on its own are booked in ``booking`` when the run's byte check asks. Takes the same arguments as
+    :class:`DecodeSteps`, plus the pricing (``Roofline.decode_pricing``) and the booking."""
 
     def __init__(
         self,
         node: int,
         gpus: int,
         *,
-        core: CoreDataPlane,
         pricing: dict[str, float | int | bool | None],
         together: bool,
         kv_bytes_per_token: int,
@@ -363,7 +362,6 @@ class CoreDecodeSteps:
         busy_span: Callable[[int, int, int, int, int], None],
     ) -> None:  # fmt: skip
         self.node = node
-        self._core = core
         self._kv = kv_bytes_per_token
         self._d2h_paths = list(d2h_paths)
         self._a2a_paths = list(a2a_paths)
@@ -374,7 +372,7 @@ class CoreDecodeSteps:
         self._requests: dict[int, DecodingRequest] = {}
         self._booked: dict[str, Any] = {"d2h": [(0, 0)] * gpus, "a2a": [(0, 0)] * gpus, "written": (0, 0)}
         """What :meth:`_book` booked so far: ``Core.decode_bytes`` as it was then."""
-        self._id = core.decode_node(
+        self._id = plane.decode_node(
             self._report, gpus=gpus, together=together, pricing=pricing, kv_bytes_per_token=kv_bytes_per_token,
             a2a_bytes_per_token=a2a_bytes_per_token, a2a_paths=self._a2a_paths, a2a_lane=MODEL_LANE,
             d2h_paths=self._d2h_paths, storage_node=storage[0] if storage is not None else None, kv_lane=KV_LANE,
@@ -388,11 +386,10 @@ class CoreDecodeSteps:
             _end_at_once(now, request, self._persist, self._listener)
             return
         self._requests[request.rid] = request
-        self._core.decode_join(self._id, request.gpu, request.rid, request.prompt, request.gen, request.produced,
+        self.plane.decode_join(self._id, request.gpu, request.rid, request.prompt, request.gen, request.produced,
                                request.stored_blocks, request.context)  # fmt: skip
 
-    def _report(self, now: int) -> None:
-        ended, spans = self._core.take_decoded(self._id)
+    def _report(self, now: int, ended: list[tuple[int, int]], spans: list[tuple[int, int, int, int, int]]) -> None:
         for span in spans:
             self._busy_span(*span)
         listener, requests = self._listener, self._requests
@@ -408,7 +405,9 @@ class CoreDecodeSteps:
 
     def _book(self, booking: Booking) -> None:
         """Book what the core moved on its own since the last time."""
-        moved, last = self._core.decode_bytes(self._id), self._booked
+        moved, last = self.plane.decode_bytes(self._id), self._booked
+        if moved is None:
+            return  # nothing known yet
         for kind, paths, lane in (("d2h", self._d2h_paths, KV_LANE), ("a2a", self._a2a_paths, MODEL_LANE)):
             for path, (size, count), (old_size, old_count) in zip(paths, moved[kind], last[kind], strict=True):
                 if count > old_count:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.core_work import forward_bytes
-from dualpath_emu.runtime.engine import DataPlane, Extents, Hop, Then
-from dualpath_emu.runtime.virtual import CoreDataPlane
+from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Extents, Hop, Then
 
 __all__ = ["Booking", "Hop", "Ledger", "ProbingLedger"]
 
@@ -99,11 +99,26 @@ class Ledger:
         """Call ``then(now)`` at ``at_ns``."""
         self._plane.timer(at_ns, then)
 
-    def decode_core(self) -> CoreDataPlane | None:
-        """The in-process core, if decode GPUs step there (not when probing: the probe times every
-        write-back, which the core does without Python)."""
-        plane = self._plane
-        return plane if isinstance(plane, CoreDataPlane) and plane.steps_decode else None
+    @property
+    def steps_decode(self) -> bool:
+        """Whether decode GPUs step in the data plane (:meth:`decode_node`): where it can, but not when probing
+        (the probe times every write-back, which the plane's stepping does without Python)."""
+        return self._plane.steps_decode
+
+    def decode_node(self, report: DecodeReport, **spec: Any) -> int:
+        """Add a node's decode GPUs to the data plane (:meth:`~dualpath_emu.runtime.engine.DataPlane.decode_node`);
+        what it moves on its own is booked from :meth:`decode_bytes` (``Booking.add_source``)."""
+        return self._plane.decode_node(report, **spec)
+
+    def decode_join(
+        self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
+    ) -> None:
+        """Request ``rid`` joins GPU ``gpu`` of decode node ``node`` now."""
+        self._plane.decode_join(node, gpu, rid, prompt, gen, produced, stored_blocks, context)
+
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        """What decode node ``node`` moved on its own so far."""
+        return self._plane.decode_bytes(node)
 
 
 class ProbingLedger(Ledger):
@@ -113,8 +128,9 @@ class ProbingLedger(Ledger):
     times a transfer the same whoever waits for it. (A forward pass's per-layer transfers are the core's,
     inside the pass: the probe times the pass.)"""
 
-    def decode_core(self) -> CoreDataPlane | None:
-        return None
+    @property
+    def steps_decode(self) -> bool:
+        return False
 
     def _timed(self, kind: str, size: int, then: Then | None) -> Then:
         start, measured = self._plane.clock_ns(), self._booking.measured

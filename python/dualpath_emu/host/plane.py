@@ -106,6 +106,10 @@ class _StorageIo:
 class HostLoop(RealTimeLoop):
     """A real-time loop whose data plane moves real bytes (see the module docstring)."""
 
+    steps_decode = False
+    """Decode batches step in the engines (``cluster/decode_steps.py``): their write-backs and all-to-all are
+    real bytes here, which the core's stepping would only model."""
+
     def __init__(self, core: Core, plan: HostPlan, process: str, channel: ByteChannel, store: BlockStore | None) -> None:
         super().__init__(core)
         self.plan = plan

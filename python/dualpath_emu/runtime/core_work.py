@@ -34,7 +34,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import NamedTuple, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.runtime.engine import Extents
@@ -64,12 +64,16 @@ _Transfer: TypeAlias = tuple[Sequence[int], int, int, int]
 _Io: TypeAlias = tuple[int, str, int, int, int]
 _Timer: TypeAlias = tuple[int, int]
 _RawCompletion: TypeAlias = tuple[str, int, int, int, int, int]
+_DecodeNode: TypeAlias = tuple[int, dict[str, Any]]
+_Join: TypeAlias = tuple[int, int, int, int, int, int, int, int]
+_Report: TypeAlias = Callable[[list[tuple[int, int]], list[tuple[int, int, int, int, int]]], None]
 
 # Where each kind of request keeps its tag (module constants: no closure is made per batch).
 TAG_OF_TRANSFER: Callable[[_Transfer], int] = itemgetter(3)
 TAG_OF_FORWARD: Callable[[_Forward], int] = itemgetter(5)
 TAG_OF_IO: Callable[[_Io], int] = itemgetter(4)
 TAG_OF_TIMER: Callable[[_Timer], int] = itemgetter(1)
+TAG_OF_DECODE_NODE: Callable[[_DecodeNode], int] = itemgetter(0)
 
 
 class Completion(NamedTuple):
@@ -185,6 +189,10 @@ class CoreWork:
     core refused; :meth:`_work_requested` is called when a request is queued into an empty batch.
     """
 
+    steps_decode = True
+    """Whether decode nodes step in this loop's core (:meth:`decode_node`); a flavour that moves real bytes
+    says False (its write-backs must be real)."""
+
     def _init_core_work(self) -> None:
         self._next_tag = 1
         self._waiters: dict[int, asyncio.Future[Completion] | _Call] = {}
@@ -192,6 +200,10 @@ class CoreWork:
         self._pending_forwards: list[_Forward] = []
         self._pending_ios: list[_Io] = []
         self._pending_timers: list[_Timer] = []
+        self._pending_decode_nodes: list[_DecodeNode] = []
+        self._pending_joins: list[_Join] = []
+        self._decode_reports: dict[int, _Report] = {}
+        """Decode node (its tag) -> what to call with ``(ended, spans)`` when some of its requests ended."""
         self._requested = False
 
     def clock_ns(self) -> int:
@@ -301,6 +313,29 @@ class CoreWork:
         self._queued()
         return tag
 
+    def decode_node(self, report: _Report, spec: Mapping[str, Any]) -> int:
+        """Add a node's decode GPUs, stepped by the core, with ``spec`` (``Core.add_decode_node``'s keywords but
+        ``report_tag``), submitted with the next batch; returns its handle (a tag of this loop).
+        ``report(ended, spans)`` is called from the loop whenever some of its requests ended (``ended``
+        ``[(rid, second_token_ns)]``, ``spans`` the GPUs' busy spans since the last call)."""
+        tag = self.new_tag()
+        self._decode_reports[tag] = report
+        self._pending_decode_nodes.append((tag, dict(spec)))
+        self._queued()
+        return tag
+
+    def decode_join(
+        self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
+    ) -> None:
+        """Request ``rid`` joins GPU ``gpu`` of decode node ``node`` (a :meth:`decode_node` handle) now."""
+        self._pending_joins.append((node, gpu, rid, prompt, gen, produced, stored_blocks, context))
+        self._queued()
+
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        """What decode node ``node`` moved on its own (``Core.decode_bytes``), as of its last report where the
+        core is remote; ``None`` before anything is known."""
+        raise NotImplementedError
+
     def core_timer(self, at_ns: int) -> asyncio.Future[Completion]:
         """A timer in the core's event queue, completing at ``at_ns`` (a ``"timer"`` completion)."""
         tag = self.new_tag()
@@ -315,15 +350,28 @@ class CoreWork:
         transfers, forwards, ios, timers = (
             self._pending_transfers, self._pending_forwards, self._pending_ios, self._pending_timers
         )  # fmt: skip
-        if transfers or forwards or ios or timers:
+        nodes, joins = self._pending_decode_nodes, self._pending_joins
+        if transfers or forwards or ios or timers or nodes or joins:
             self._pending_transfers, self._pending_forwards, self._pending_ios, self._pending_timers = [], [], [], []
-            self._submit_batch(transfers, forwards, ios, timers)
+            self._pending_decode_nodes, self._pending_joins = [], []
+            self._submit_batch(transfers, forwards, ios, timers, nodes, joins)
 
     def _submit_batch(
-        self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer]
-    ) -> None:
-        """Submit one batch (some lists may be empty): the one thing a flavour must say."""
+        self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer],
+        decode_nodes: list[_DecodeNode], joins: list[_Join],
+    ) -> None:  # fmt: skip
+        """Submit one batch (some lists may be empty; decode nodes before the joins that name them): the one
+        thing a flavour must say."""
         raise NotImplementedError
+
+    def _local_decoded(self, tag: int) -> None:
+        """The core this loop drives says decode node ``tag`` has something to report (only a flavour with the
+        core at hand gets such a completion)."""
+        raise UnexpectedCompletionError(f"a decode report of node {tag} from a core this loop does not drive")
+
+    def _decoded(self, tag: int, ended: list[Any], spans: list[Any]) -> None:
+        """Decode node ``tag`` reported: call its report from the loop."""
+        self._loop().call_soon(self._decode_reports[tag], ended, spans)
 
     def _refused(self, tag: int, error: Exception) -> None:
         """The core refused the request of ``tag``: fail its future with ``error`` (a detached request's
@@ -345,6 +393,9 @@ class CoreWork:
         for raw in completions:
             future = self._waiters.pop(raw[1], None)
             if future is None:
+                if raw[0] == "decoded" and raw[1] in self._decode_reports:
+                    self._local_decoded(raw[1])
+                    continue
                 unknown.append(raw[1])
             elif isinstance(future, _Call):  # where the future's done callback would have been scheduled
                 call_soon(future.done)
@@ -366,6 +417,8 @@ class LocalCoreWork(CoreWork):
     def _init_local_core_work(self, core: Core) -> None:
         self._init_core_work()
         self._core = core
+        self._decode_ids: dict[int, int] = {}
+        """Decode node handle (tag) -> its id in the core."""
 
     @property
     def core(self) -> Core:
@@ -377,8 +430,9 @@ class LocalCoreWork(CoreWork):
         return self._core.clock_ns()
 
     def _submit_batch(
-        self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer]
-    ) -> None:
+        self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer],
+        decode_nodes: list[_DecodeNode], joins: list[_Join],
+    ) -> None:  # fmt: skip
         core = self._core
         if transfers:
             self._submit(core.submit_transfers, transfers, TAG_OF_TRANSFER)
@@ -388,6 +442,19 @@ class LocalCoreWork(CoreWork):
             self._submit(core.submit_ios, ios, TAG_OF_IO)
         if timers:
             self._submit(core.add_timers, timers, TAG_OF_TIMER)
+        for tag, spec in decode_nodes:  # a node the core refuses is the run's error: its joins could go nowhere
+            self._decode_ids[tag] = core.add_decode_node(report_tag=tag, **spec)
+        if joins:
+            ids = self._decode_ids
+            core.submit_decode_joins([(ids[j[0]], *j[1:]) for j in joins])
+
+    def _local_decoded(self, tag: int) -> None:
+        self._decoded(tag, *self._core.take_decoded(self._decode_ids[tag]))
+
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        """What decode node ``node`` moved on its own so far (``Core.decode_bytes``)."""
+        node_id = self._decode_ids.get(node)
+        return None if node_id is None else self._core.decode_bytes(node_id)
 
     def _submit(self, submit: Callable[[list[_T]], int], batch: list[_T], tag_of: Callable[[_T], int]) -> None:
         try:

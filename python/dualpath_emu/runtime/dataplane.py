@@ -86,9 +86,13 @@ to service  submit     ``seq: int, requested_ns: int, transfers, forwards, ios, 
                        ``[[path, lane, size_bytes, tag]]``, forwards ``[[n_layers, [[load, attn_ns, store]],
                        ffn_ns, [[path, lane, size_bytes]], load_window, tag]]`` (``load``/``store``
                        ``[path, lane, size_bytes]`` or nil), ios ``[[node, "read"|"write", lane, size_bytes,
-                       tag]]``, timers ``[[at_ns, tag]]``; tag ``UNREPORTED_TAG`` (2^64 - 1): detached
+                       tag]]``, timers ``[[at_ns, tag]]``, decode_nodes ``[[tag, spec]]`` (``spec``:
+                       ``Core.add_decode_node``'s keywords but ``report_tag``), joins ``[[node_tag, gpu, rid,
+                       prompt, gen, produced, stored_blocks, context]]``; tag ``UNREPORTED_TAG`` (2^64 - 1):
+                       detached (a join is: a bad one is reported with that tag)
 to remote   done       ``sent_ns: int, completions: [[kind, tag, start_ns, end_ns, size_bytes, lane]],
-                       errors: [[tag, error_type: str, text: str]]``
+                       errors: [[tag, error_type: str, text: str]], decoded: [[node_tag, ended, spans,
+                       moved]]`` (``Core.take_decoded`` and ``Core.decode_bytes`` of the node, at its report)
 to service  stats      ``seq: int``
 to remote   stats      ``seq: int, report: map`` (:meth:`DataPlaneService.report`)
 to service  bye        ``seq: int, run_complete: bool``
@@ -130,6 +134,7 @@ from dualpath_emu.runtime.core_work import (
     TAG_OF_IO,
     TAG_OF_TIMER,
     TAG_OF_TRANSFER,
+    TAG_OF_DECODE_NODE,
     CoreLayout,
     CoreWork,
     core_layout,
@@ -163,7 +168,9 @@ __all__ = [
     "run_remote",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+"""2: decode nodes stepped by the service's core (``submit``'s ``decode_nodes`` and ``joins``, ``done``'s
+``decoded``)."""
 HWM: Final = 100_000
 """Send and receive high-water marks (messages queued per peer) of the data plane's sockets."""
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
@@ -394,6 +401,29 @@ def _timer(value: object, what: str) -> tuple[int, int]:
     return (_uint(at_ns, f"{what}.at_ns"), _tag(tag, f"{what}.tag", False))
 
 
+_DECODE_SPEC_KEYS: Final = frozenset({
+    "gpus", "together", "pricing", "kv_bytes_per_token", "a2a_bytes_per_token", "a2a_paths", "a2a_lane", "d2h_paths",
+    "storage_node", "kv_lane", "first_unit",
+})  # fmt: skip
+"""The keywords of ``Core.add_decode_node`` a decode node's ``spec`` may give (its values are the core's to check)."""
+
+
+def _decode_node(value: object, what: str) -> tuple[int, dict[str, Any]]:
+    tag, spec = _array(value, what, 2, 2)
+    if type(spec) is not dict or not all(type(k) is str for k in spec):
+        raise FrameError(f"{what}.spec: expected a map of keywords, got {_short(spec)}")
+    unknown = sorted(set(spec) - _DECODE_SPEC_KEYS)
+    if unknown:
+        raise FrameError(f"{what}.spec: unknown keywords {_short(unknown)}")
+    return _tag(tag, f"{what}.tag", False), spec
+
+
+def _join(value: object, what: str) -> tuple[int, ...]:
+    if type(value) is list and len(value) == 8 and all(type(v) is int and 0 <= v <= _U64_MAX for v in value):
+        return tuple(value)
+    return tuple(_uint(v, f"{what}[{i}]") for i, v in enumerate(_array(value, what, 8, 8)))
+
+
 _KINDS_TO_SERVICE: Final = ("hello", "ping", "submit", "stats", "bye")
 _KINDS_TO_REMOTE: Final = ("welcome", "refused", "pong", "done", "stats", "bye", "stop", "fatal")
 
@@ -419,8 +449,10 @@ def decode_frame(frame: bytes, kinds: Sequence[str] = _KINDS_TO_SERVICE) -> list
     return message
 
 
-def _decode_submit(message: list[Any]) -> tuple[int, int, list[Any], list[Any], list[Any], list[Any]]:
-    _array(message, "submit", 8, 8)
+def _decode_submit(
+    message: list[Any],
+) -> tuple[int, int, list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]:
+    _array(message, "submit", 10, 10)
     seq = _uint(message[2], "submit.seq")
     requested_ns = _uint(message[3], "submit.requested_ns")
     limit = MAX_REQUESTS_PER_MESSAGE
@@ -428,7 +460,9 @@ def _decode_submit(message: list[Any]) -> tuple[int, int, list[Any], list[Any], 
     forwards = [_forward(f, f"forwards[{i}]") for i, f in enumerate(_array(message[5], "forwards", limit))]
     ios = [_io(t, f"ios[{i}]") for i, t in enumerate(_array(message[6], "ios", limit))]
     timers = [_timer(t, f"timers[{i}]") for i, t in enumerate(_array(message[7], "timers", limit))]
-    return seq, requested_ns, transfers, forwards, ios, timers
+    nodes = [_decode_node(n, f"decode_nodes[{i}]") for i, n in enumerate(_array(message[8], "decode_nodes", limit))]
+    joins = [_join(j, f"joins[{i}]") for i, j in enumerate(_array(message[9], "joins", limit))]
+    return seq, requested_ns, transfers, forwards, ios, timers, nodes, joins
 
 
 _CORE_ERRORS: Final[dict[str, type[Exception]]] = {
@@ -492,6 +526,9 @@ class _Requester:
     inflight: set[int] = field(default_factory=set)
     completions: list[list[Any]] = field(default_factory=list)
     errors: list[list[Any]] = field(default_factory=list)
+    decoded: list[list[Any]] = field(default_factory=list)
+    decode_nodes: dict[int, int] = field(default_factory=dict)
+    """Its decode nodes: its tag -> the node's id in the core."""
     submission_lag: LagStats = field(default_factory=LagStats)
     batches: int = 0
     requests: int = 0
@@ -565,6 +602,8 @@ class DataPlaneService:
         self._requesters: dict[bytes, _Requester] = {}
         self._by_name: dict[str, _Requester] = {}
         self._routes: dict[int, tuple[_Requester, int]] = {}
+        self._decode_routes: dict[int, tuple[_Requester, int, int]] = {}
+        """Core tag of a decode node's reports -> (its requester, the requester's tag, the node's id)."""
         self._touched: list[_Requester] = []
         self._layout = core_layout(self.core)
         self._context: zmq.Context[Any] | None = None
@@ -767,16 +806,19 @@ class DataPlaneService:
         _log.info("data plane: %r (pid %d) connected", name, pid)
 
     def _on_submit(self, requester: _Requester, message: list[Any]) -> None:
-        _, requested_ns, transfers, forwards, ios, timers = _decode_submit(message)
-        # Tags must be new: not in flight for this requester, and not twice in this message.
-        inflight = requester.inflight
+        _, requested_ns, transfers, forwards, ios, timers, nodes, joins = _decode_submit(message)
+        # Tags must be new: not in flight for this requester (nor a decode node's), and not twice in this message.
+        inflight, standing = requester.inflight, requester.decode_nodes
         seen: set[int] = set()
-        for batch, tag_of in ((transfers, TAG_OF_TRANSFER), (forwards, TAG_OF_FORWARD), (ios, TAG_OF_IO), (timers, TAG_OF_TIMER)):
+        for batch, tag_of in (
+            (transfers, TAG_OF_TRANSFER), (forwards, TAG_OF_FORWARD), (ios, TAG_OF_IO), (timers, TAG_OF_TIMER),
+            (nodes, TAG_OF_DECODE_NODE),
+        ):  # fmt: skip
             for item in batch:
                 tag = tag_of(item)
                 if tag == UNREPORTED_TAG:
                     continue
-                if tag in inflight or tag in seen:
+                if tag in inflight or tag in standing or tag in seen:
                     raise FrameError(f"tag {tag} is already in flight")
                 seen.add(tag)
         now_ns = self.core.clock_ns()
@@ -785,7 +827,7 @@ class DataPlaneService:
         self.submission_lag.add(lag)
         requester.batches += 1
         self.counters["batches"] += 1
-        count = len(transfers) + len(forwards) + len(ios) + len(timers)
+        count = len(transfers) + len(forwards) + len(ios) + len(timers) + len(nodes) + len(joins)
         requester.requests += count
         self.counters["requests"] += count
         core = self.core
@@ -797,6 +839,38 @@ class DataPlaneService:
             self._submit(requester, core.submit_ios, ios, 4)
         if timers:
             self._submit(requester, core.add_timers, timers, 1)
+        for tag, spec in nodes:
+            self._add_decode_node(requester, tag, spec)
+        if joins:
+            self._join(requester, joins)
+
+    def _add_decode_node(self, requester: _Requester, tag: int, spec: dict[str, Any]) -> None:
+        core_tag = self.loop.new_tag()
+        try:
+            node = self.core.add_decode_node(report_tag=core_tag, **spec)
+        except Exception as error:  # a bad spec: the core's error (or a keyword's type) goes back with its tag
+            self._refuse(requester, tag, error)
+            return
+        requester.decode_nodes[tag] = node
+        self._decode_routes[core_tag] = (requester, tag, node)
+
+    def _join(self, requester: _Requester, joins: list[tuple[int, ...]]) -> None:
+        nodes, known = requester.decode_nodes, []
+        for join in joins:
+            node = nodes.get(join[0])
+            if node is None:
+                self._refuse(requester, UNREPORTED_TAG, ValueError(f"a join names decode node {join[0]}, which "
+                                                                   "this process never added"))  # fmt: skip
+            else:
+                known.append((node, *join[1:]))
+        for _, error in submit_split(self.core.submit_decode_joins, known):  # type: ignore[arg-type]  # 8 ints
+            self._refuse(requester, UNREPORTED_TAG, error)
+
+    def _refuse(self, requester: _Requester, tag: int, error: Exception) -> None:
+        requester.refused += 1
+        self.counters["refused"] += 1
+        requester.errors.append([tag, type(error).__name__, str(error)])
+        self._touch(requester)
 
     def _submit(
         self, requester: _Requester, submit: Callable[[list[Any]], int], batch: list[Any], tag_index: int
@@ -818,10 +892,7 @@ class DataPlaneService:
             if core_tag != UNREPORTED_TAG:
                 _, tag = routes.pop(core_tag)
                 inflight.discard(tag)
-            requester.refused += 1
-            self.counters["refused"] += 1
-            requester.errors.append([tag, type(error).__name__, str(error)])
-            self._touch(requester)
+            self._refuse(requester, tag, error)
 
     # --- sending -----------------------------------------------------------------------------------
 
@@ -836,7 +907,13 @@ class DataPlaneService:
         for raw in completions:
             route = routes.pop(raw[1], None)
             if route is None:
-                rest.append(raw)
+                decode = self._decode_routes.get(raw[1])
+                if decode is None:
+                    rest.append(raw)
+                else:  # a decode node's report: what ended, and what it moved so far
+                    requester, tag, node = decode
+                    requester.decoded.append([tag, *self.core.take_decoded(node), self.core.decode_bytes(node)])
+                    self._touch(requester)
                 continue
             requester, tag = route
             requester.inflight.discard(tag)
@@ -855,15 +932,19 @@ class DataPlaneService:
         touched, self._touched = self._touched, []
         for requester in touched:
             requester.touched = False
-            completions, errors = requester.completions, requester.errors
-            requester.completions, requester.errors = [], []
+            completions, errors, decoded = requester.completions, requester.errors, requester.decoded
+            requester.completions, requester.errors, requester.decoded = [], [], []
             if requester.said_bye:
                 self.counters["completions_dropped"] += len(completions)
                 continue
             sent_ns = self.core.clock_ns()
-            for start in range(0, max(len(completions), 1), MAX_REQUESTS_PER_MESSAGE):
-                chunk = completions[start : start + MAX_REQUESTS_PER_MESSAGE]
-                self._send(requester.identity, [PROTOCOL_VERSION, "done", sent_ns, chunk, errors if start == 0 else []])
+            limit = MAX_REQUESTS_PER_MESSAGE
+            for start in range(0, max(len(completions), len(decoded), 1), limit):
+                end = start + limit
+                self._send(requester.identity, [
+                    PROTOCOL_VERSION, "done", sent_ns, completions[start:end], errors if start == 0 else [],
+                    decoded[start:end],
+                ])  # fmt: skip
 
     def _send(self, identity: bytes, message: list[Any]) -> None:
         payload = msgpack.packb(message, use_bin_type=True)
@@ -1091,6 +1172,8 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             self.close()
             raise
         self._init_core_work()
+        self._decode_moved: dict[int, dict[str, Any]] = {}
+        """Decode node (its tag) -> what it moved on its own, as of its last report."""
         self.endpoint = endpoint
         self.name = name
         self._time_scale = time_scale
@@ -1202,23 +1285,31 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         """The service's clock now, in seconds."""
         return self.clock_ns() / 1e9
 
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        """What decode node ``node`` moved on its own, as its last report said (``None`` before one came)."""
+        return self._decode_moved.get(node)
+
     # --- submitting --------------------------------------------------------------------------------
 
     def _work_requested(self) -> None:
         self._batch_requested_ns = self.clock_ns()
         self.call_soon(self.flush)
 
-    def _submit_batch(self, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any]) -> None:
+    def _submit_batch(
+        self, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any], decode_nodes: list[Any],
+        joins: list[Any],
+    ) -> None:  # fmt: skip
         requested_ns = self._batch_requested_ns
         self.counters["batches"] += 1
-        self.counters["requests"] += len(transfers) + len(forwards) + len(ios) + len(timers)
+        self.counters["requests"] += len(transfers) + len(forwards) + len(ios) + len(timers) + len(decode_nodes) + len(joins)
         limit = MAX_REQUESTS_PER_MESSAGE
-        largest = max(len(transfers), len(forwards), len(ios), len(timers))
+        largest = max(len(transfers), len(forwards), len(ios), len(timers), len(joins), 1)
         for start in range(0, largest, limit):
             end = start + limit
             message = [
                 PROTOCOL_VERSION, "submit", self._next_seq(), requested_ns,
                 transfers[start:end], forwards[start:end], ios[start:end], timers[start:end],
+                decode_nodes if start == 0 else [], joins[start:end],  # the nodes before any join that names them
             ]  # fmt: skip
             try:
                 payload = msgpack.packb(message)
@@ -1284,15 +1375,17 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
     def _on_message(self, message: list[Any]) -> None:
         kind = message[1]
         if kind == "done":
-            _array(message, "done", 5, 5)
+            _array(message, "done", 6, 6)
             completions = _array(message[3], "done.completions", MAX_REQUESTS_PER_MESSAGE)
             errors = _array(message[4], "done.errors", MAX_REQUESTS_PER_MESSAGE * 4)
+            decoded = _array(message[5], "done.decoded", MAX_REQUESTS_PER_MESSAGE)
             for entry in errors:
                 tag, type_name, text = _array(entry, "done.errors[]", 3, 3)
                 self.counters["refused"] += 1
                 error = error_from_service(_str(type_name, "error type"), _str(text, "error text", 100_000))
-                if tag == UNREPORTED_TAG:
-                    self._fatal(DetachedRequestError(f"the data plane refused a detached request: {type(error).__name__}: {error}"))
+                if tag == UNREPORTED_TAG or tag in self._decode_reports:  # nobody but the run can be told
+                    what = "a detached request" if tag == UNREPORTED_TAG else "a decode node"
+                    self._fatal(DetachedRequestError(f"the data plane refused {what}: {type(error).__name__}: {error}"))
                 else:
                     self._refused(_uint(tag, "error tag"), error)
             if completions:
@@ -1307,6 +1400,12 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
                     self._deliver(completions)
                 except Exception as error:  # UnexpectedCompletionError: nobody awaits a tag
                     self._fatal(DataPlaneError(str(error)))
+            for entry in decoded:
+                tag, ended, spans, moved = _array(entry, "done.decoded[]", 4, 4)
+                if tag not in self._decode_reports:
+                    raise FrameError(f"done.decoded: a report of decode node {_short(tag)}, which this process never added")
+                self._decode_moved[tag] = moved
+                self._decoded(tag, _array(ended, "done.decoded[].ended", _U32_MAX), _array(spans, "done.decoded[].spans", _U32_MAX))
         elif kind == "pong":
             _array(message, "pong", 5, 5)
             t1 = time.monotonic_ns()

@@ -28,6 +28,7 @@ from dualpath_emu.messages import Message
 
 __all__ = [
     "DataPlane",
+    "DecodeReport",
     "Engine",
     "Extents",
     "Hop",
@@ -41,6 +42,9 @@ __all__ = [
 
 Then: TypeAlias = Callable[[int], None]
 """What to call, with the time in ns, when a request to the data plane ends (or a timer fires)."""
+
+DecodeReport: TypeAlias = Callable[[int, list[tuple[int, int]], list[tuple[int, int, int, int, int]]], None]
+"""``report(now, ended, spans)`` of a decode node stepped by the data plane (:meth:`DataPlane.decode_node`)."""
 
 Hop: TypeAlias = tuple[tuple[int, ...], int, int]
 """A transfer along a path of port ids: ``(path, lane, size_bytes)`` (per layer, in a forward pass)."""
@@ -78,6 +82,28 @@ class DataPlane(Protocol):
 
     def clock_ns(self) -> int:
         """The data plane's clock (for measurements around engines, never for their decisions)."""
+
+    @property
+    def steps_decode(self) -> bool:
+        """Whether this plane steps decode batches itself (:meth:`decode_node`): the cores do, in process and
+        behind the data-plane service; the host backend, whose write-backs are real bytes, does not (the
+        engine then steps them in Python, ``cluster/decode_steps.py``)."""
+
+    def decode_node(self, report: DecodeReport, **spec: Any) -> int:
+        """Add a node's decode GPUs, stepped by the plane (``Core.add_decode_node``'s keywords but
+        ``report_tag``); returns its handle. ``report(now, ended, spans)`` whenever some of its requests
+        ended: ``ended`` ``[(rid, second_token_ns)]``, ``spans`` the GPUs' busy spans since the last report."""
+        ...
+
+    def decode_join(
+        self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
+    ) -> None:
+        """Request ``rid`` joins GPU ``gpu`` of decode node ``node`` (a handle) now."""
+
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        """What decode node ``node`` moved on its own so far (``Core.decode_bytes``; as of its last report
+        where the core is remote, ``None`` before it)."""
+        ...
 
 
 class Observed(Protocol):

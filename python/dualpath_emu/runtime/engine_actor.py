@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dualpath_emu.messages import Message
 from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.runtime.core_work import Completion, CoreWork
-from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Hop, Observed, Outbox, Then
+from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Engine, Extents, Hop, Observed, Outbox, Then
 
 __all__ = ["EngineActor", "LoopDataPlane"]
 
@@ -75,6 +76,29 @@ class LoopDataPlane:
 
     def clock_ns(self) -> int:
         return self.loop.clock_ns()
+
+    @property
+    def steps_decode(self) -> bool:
+        return self.loop.steps_decode
+
+    def decode_node(self, report: DecodeReport, **spec: Any) -> int:
+        clock, fail = self.loop.clock_ns, self._fail
+
+        def reported(ended: list[tuple[int, int]], spans: list[tuple[int, int, int, int, int]]) -> None:
+            try:
+                report(clock(), ended, spans)
+            except Exception as error:
+                fail(error)
+
+        return self.loop.decode_node(reported, spec)
+
+    def decode_join(
+        self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
+    ) -> None:
+        self.loop.decode_join(node, gpu, rid, prompt, gen, produced, stored_blocks, context)
+
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        return self.loop.decode_bytes(node)
 
 
 class _ActorOutbox:

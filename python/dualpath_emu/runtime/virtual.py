@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime.engine import Engine, Extents, Hop, Observed, Then
+from dualpath_emu.runtime.engine import DecodeReport, Engine, Extents, Hop, Observed, Then
 
 __all__ = ["CoreDataPlane", "DeadlockError", "EventSink", "VirtualDriver"]
 
@@ -88,24 +88,21 @@ class CoreDataPlane:
     def clock_ns(self) -> int:
         return self.core.now_ns
 
-    def decode_node(self, report: Then, **spec: Any) -> int:
+    def decode_node(self, report: DecodeReport, **spec: Any) -> int:
         """Add a node's decode GPUs to the core (``Core.add_decode_node``'s keywords but ``report_tag``);
-        ``report(now)`` is called whenever some of its requests ended (:meth:`take_decoded` says which)."""
-        tag = self._next_tag
+        ``report(now, ended, spans)`` whenever some of its requests ended."""
+        core, tag = self.core, self._next_tag
         self._next_tag = tag + 1
-        self._standing[tag] = report
-        return self.core.add_decode_node(report_tag=tag, **spec)
+        node = core.add_decode_node(report_tag=tag, **spec)
+        self._standing[tag] = lambda now: report(now, *core.take_decoded(node))
+        return node
 
     def decode_join(self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int,
                     context: int) -> None:  # fmt: skip
         """A request joins decode node ``node``'s GPU ``gpu`` now (submitted with the batch, after the timers)."""
         self._joins.append((node, gpu, rid, prompt, gen, produced, stored_blocks, context))
 
-    def take_decoded(self, node: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int, int]]]:
-        """What ended on decode node ``node`` since the last call, and its GPUs' busy spans."""
-        return self.core.take_decoded(node)
-
-    def decode_bytes(self, node: int) -> dict[str, Any]:
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
         """The bytes decode node ``node`` moved on its own so far."""
         return self.core.decode_bytes(node)
 
