@@ -6,25 +6,23 @@ on. ``asyncio.sleep``, ``wait_for``, ``asyncio.timeout`` and ``call_later`` ther
 and a 3,000-second emulated run takes as long as its callbacks, not 3,000 seconds. Nothing here reads the
 wall clock.
 
-**When the clock moves.** asyncio's ``_run_once`` asks its selector to wait (``select(timeout)`` with
-``timeout`` None or > 0) only when no callback is ready. The loop's selector then never sleeps: it polls
+**When the clock moves.** asyncio asks its selector to wait (``select(timeout)``, ``timeout`` the time to
+its first timer or None) only when no callback is ready. The loop's selector then never sleeps: it polls
 the real file descriptors without blocking (the loop's self-pipe, which carries signals; real descriptors
-are looked at only at one idle moment in 16, and always before a deadlock is declared), and if none is ready it calls
-``core.advance_until(t)`` with ``t`` the first asyncio timer's firing time: the core handles its events up
-to ``t`` but stops at the first instant where something completed (its internal events -- rate changes,
-the pieces of a forward pass -- never wake Python); the loop resolves the futures of the completions
-returned, and returns. When there is no
-timer and the core has no event while a coroutine still waits, that coroutine waits for something that
-can never happen: :class:`DeadlockError` is raised out of ``run_until_complete`` instead of hanging.
+are looked at only at one idle moment in 16, and always before a deadlock is declared), and if none is
+ready it calls ``core.advance_until(t)`` with ``t`` the nanosecond of that timer: the core handles its
+events up to ``t`` but stops at the first instant where something completed (its internal events -- rate
+changes, the pieces of a forward pass -- never wake Python); the loop resolves the futures of the
+completions returned, and returns. When there is no timer and the core has no event while a coroutine
+still waits, that coroutine waits for something that can never happen: :class:`DeadlockError` is raised
+out of ``run_until_complete`` instead of hanging. Everything else is asyncio's own loop: the loop uses
+asyncio's public interface (a selector, ``time()``) and sets one attribute of it, the clock resolution.
 
 **Timer rounding.** asyncio keeps deadlines as float seconds; the clock counts integer nanoseconds and
 ``time()`` is ``now_ns / 1e9``. A timer with deadline ``when`` fires at the first nanosecond ``n`` with
-``when < n / 1e9 + 0.5e-9`` (asyncio's own test, with the loop's clock resolution fixed at half a
+``when < n / 1e9 + 0.5e-9`` (asyncio's own test, with the loop's clock resolution set to half a
 nanosecond): ``when`` rounded to the nearest nanosecond, so float sums such as ``0.02 + 0.02`` land on
-the nanosecond they mean. The selector computes that ``n`` with the same float expression asyncio uses,
-so a timer always fires at the instant the loop jumps to for it (the loop never spins), and never
-earlier. Exact to the nanosecond while time is below about 10^6 s (float spacing there is still well
-under half a nanosecond); beyond that, deterministic but possibly a nanosecond off.
+the nanosecond they mean.
 
 **Tie order at one instant** (fixed, so runs repeat): (1) callbacks already ready run first, since the
 clock never moves while anything is ready; (2) then core completions, in the core's completion order;
@@ -41,13 +39,11 @@ it was made.
 from __future__ import annotations
 
 import asyncio
-import collections
-import heapq
 import math
 import selectors
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from dualpath_emu._core import Core
 from dualpath_emu.errors import StateError
@@ -64,19 +60,15 @@ __all__ = [
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
 
-# asyncio fires a timer when `when < time() + _clock_resolution`; half a nanosecond makes that "when
-# rounded to the nearest nanosecond" (see the module docstring).
 _CLOCK_RESOLUTION_S = 0.5e-9
+"""asyncio's timer resolution here: a deadline fires at its nearest nanosecond (see the module docstring)."""
 _U64_MAX = 2**64 - 1  # advance_until's "no limit"
 _END_NS = 2**63 - 1  # the last time the core's clock reaches (END_NS in the core)
-# Consecutive advances that neither move the clock nor complete anything nor fire a timer before the loop
-# calls the core stuck (a core that keeps reporting an event "now" without handling it).
 _MAX_STALLS = 10_000
-# Real descriptors are polled at one idle moment in this many (and always before a deadlock is declared).
+"""Consecutive advances that neither move the clock nor complete anything before the loop calls the core
+stuck (a core that keeps reporting an event "now" without handling it)."""
 _POLL_EVERY = 16
-# asyncio's thresholds for purging cancelled timers (asyncio.base_events), so the heap evolves as there.
-_MIN_SCHEDULED_TIMER_HANDLES = 100
-_MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
+"""Real descriptors are polled at one idle moment in this many (and always before a deadlock is declared)."""
 
 
 class DeadlockError(RuntimeError):
@@ -84,11 +76,14 @@ class DeadlockError(RuntimeError):
 
 
 class _VirtualSelector(selectors.SelectSelector):
-    """The loop's selector: polls real descriptors without blocking, then lets the loop move the clock."""
+    """The loop's selector: polls real descriptors without blocking, then lets the loop move the clock.
+
+    asyncio calls ``select(timeout)`` once per iteration: ``0`` while callbacks are ready, else the time to its
+    first timer (``None``: it has none). That is the only place virtual time can move."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._advance: Callable[[], None] | None = None
+        self._advance: Callable[[float | None], None] | None = None
         self._should_poll: Callable[[], bool] = lambda: True
         self._pending_events: list[tuple[selectors.SelectorKey, int]] = []
 
@@ -106,8 +101,13 @@ class _VirtualSelector(selectors.SelectSelector):
             if events:
                 return events
         # asyncio asked to wait: nothing is ready, so virtual time moves to the next event.
-        self._advance()
+        self._advance(timeout)
         return []
+
+    def poll(self) -> bool:
+        """Whether a real descriptor is ready now (its events are then handed out by the next select)."""
+        self._pending_events = super().select(0)
+        return bool(self._pending_events)
 
 
 class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
@@ -119,14 +119,12 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
     """
 
     def __init__(self, core: Core) -> None:
-        selector = _VirtualSelector()
+        selector = self._virtual_selector = _VirtualSelector()
         super().__init__(selector)
         self._init_local_core_work(core)
+        # asyncio fires a timer once ``when < time() + _clock_resolution``: half a nanosecond rounds a deadline
+        # to the nearest nanosecond (the one attribute of asyncio's own this loop sets).
         self._clock_resolution = _CLOCK_RESOLUTION_S
-        # asyncio's timer heap (a list of TimerHandle, earliest first); present in every CPython since 3.4.
-        scheduled = getattr(self, "_scheduled", None)
-        if not isinstance(scheduled, list):  # pragma: no cover - a future CPython without the heap
-            raise RuntimeError("VirtualTimeLoop needs asyncio's BaseEventLoop._scheduled timer heap")
         self._stalls = 0
         # The clock, kept here so that reading it costs no FFI call; only _advance moves the core's clock
         # while the loop runs (run_forever re-reads it, in case other code moved it between runs).
@@ -154,74 +152,26 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         self._now = self._core.now_ns
         super().run_forever()
 
-    def _run_once(self) -> None:
-        """asyncio's ``BaseEventLoop._run_once`` for a clock that only moves when nothing is ready: the same
-        steps in the same order (so timers fire and callbacks run exactly as there), without what virtual
-        time never needs -- no timeout to compute, no select() while callbacks are ready, the clock read
-        once. A run spends a fifth of its time in this loop; this version costs about half of asyncio's."""
-        base: Any = self  # asyncio's private state (BaseEventLoop's, present in every CPython since 3.4)
-        if base._debug:  # asyncio's debug mode: its own loop, with its slow-callback warnings
-            super()._run_once()  # type: ignore[misc]
-            return
-        scheduled: list[Any] = base._scheduled
-        ready: collections.deque[Any] = base._ready
-        count = len(scheduled)
-        many_cancelled = base._timer_cancelled_count > count * _MIN_CANCELLED_TIMER_HANDLES_FRACTION
-        if count > _MIN_SCHEDULED_TIMER_HANDLES and many_cancelled:
-            kept = []  # as asyncio does: drop the cancelled timers and rebuild the heap
-            for handle in scheduled:
-                if handle._cancelled:
-                    handle._scheduled = False
-                else:
-                    kept.append(handle)
-            heapq.heapify(kept)
-            base._scheduled = scheduled = kept
-            base._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0]._cancelled:
-                base._timer_cancelled_count -= 1
-                handle = heapq.heappop(scheduled)
-                handle._scheduled = False
-        selector = base._selector
-        if not ready and not base._stopping and (not scheduled or scheduled[0]._when > self._now / 1e9):
-            # asyncio would select() with a timeout > 0 (or None): the selector polls or moves the clock.
-            events = selector.select(None)
-            if events:
-                base._process_events(events)
-        elif selector._pending_events:  # found ready by a deadlock check
-            base._process_events(selector.select(0))
-        if scheduled:
-            end = self._now / 1e9 + _CLOCK_RESOLUTION_S
-            while scheduled:
-                handle = scheduled[0]
-                if handle._when >= end:
-                    break
-                handle = heapq.heappop(scheduled)
-                handle._scheduled = False
-                ready.append(handle)
-        popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if not handle._cancelled:
-                handle._run()
-        handle = None  # as asyncio: break cycles when an exception occurs
-
     # --- moving the clock ----------------------------------------------------------------------------
 
-    def _timer_fire_ns(self, when: float, now_ns: int) -> int:
-        """The first nanosecond ``n >= now_ns`` at which asyncio fires a timer due at ``when`` seconds.
+    def _timer_fire_ns(self, timeout_s: float, now_ns: int) -> int:
+        """The first nanosecond ``n >= now_ns`` at which asyncio fires its first timer, ``timeout_s`` from now.
 
-        asyncio fires it when ``when < n / 1e9 + resolution`` (its test in ``_run_once``, with
-        ``time() == n / 1e9``); the estimate below is almost always exact, the loops fix float edge cases.
+        asyncio fires it when ``when < n / 1e9 + resolution`` (its test, with ``time() == n / 1e9``). ``when`` is
+        known here as ``now + timeout``, a float sum as asyncio's own: if the estimate is a nanosecond early,
+        asyncio asks to wait again, with a timeout under a nanosecond, and the clock moves one more.
         """
-        resolution = self._clock_resolution
+        if timeout_s < self._clock_resolution:
+            return now_ns  # due now: asyncio fires it after this wait
+        when = now_ns / 1e9 + timeout_s
         if not math.isfinite(when) or when * 1e9 >= _END_NS:
             # Bad input (a rate or delay that sends emulated time past the core's clock), not a bug.
             raise StateError(
                 f"a timer at {when:.6g} s of emulated time is past the end of the virtual clock (2^63 ns, about "
                 "292 years): rates too low, or delays too long?"
             )
-        n = max(now_ns, math.floor(when * 1e9 - 0.5) + 1)
+        resolution = self._clock_resolution
+        n = max(now_ns, math.floor(when * 1e9 - 0.5) + 1)  # almost always exact; the loops fix float edges
         while not when < n / 1e9 + resolution:
             n += 1
         while n > now_ns and when < (n - 1) / 1e9 + resolution:
@@ -234,36 +184,25 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         self._idle_count += 1
         return self._idle_count % _POLL_EVERY == 0
 
-    def _selector_poll(self) -> bool:
-        selector = cast(_VirtualSelector, self._selector)  # type: ignore[attr-defined]  # BaseSelectorEventLoop's
-        events = selectors.SelectSelector.select(selector, 0)
-        if events:
-            selector._pending_events = events
-            return True
-        return False
-
-    def _advance(self) -> None:
-        """Nothing is ready: jump to the next timer or core event and deliver the core's completions."""
+    def _advance(self, timeout_s: float | None) -> None:
+        """Nothing is ready: jump to the next timer (``timeout_s`` away; ``None``: none) or core event, and
+        deliver the core's completions."""
         if self._requested:
             self.flush()
         core = self._core
         now = self._now = core.now_ns
-        scheduled = cast("list[asyncio.TimerHandle]", getattr(self, "_scheduled"))
-        if scheduled:
+        if timeout_s is not None:
             # Up to the next timer, but no further than the first core completion: the core's internal
             # events (rate changes, the pieces of a forward pass) need no Python.
-            fire_ns = self._timer_fire_ns(scheduled[0].when(), now)
-            timer_ns: int | None = fire_ns
-            completions = core.advance_until(fire_ns)
+            completions = core.advance_until(self._timer_fire_ns(timeout_s, now))
         else:
             if core.next_event_ns() is None:
-                if self._selector_poll():
+                if self._virtual_selector.poll():
                     return  # a real descriptor is ready (a signal, another thread): handle it first
                 raise DeadlockError(self._deadlock_message(now))
-            timer_ns = None
             completions = core.advance_until(_U64_MAX)
         self._now = core.now_ns
-        if self._now == now and not completions and timer_ns != now:
+        if self._now == now and not completions and (timeout_s is None or timeout_s >= self._clock_resolution):
             self._stalls += 1
             if self._stalls > _MAX_STALLS:
                 raise RuntimeError(f"the core reports an event at {now} ns but handles none there")
@@ -293,7 +232,8 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         A thread pool would let the wall clock decide when its result arrives; inline it is deterministic
         (and ``asyncio.to_thread``, ``getaddrinfo`` and the shutdown of the default executor still work).
         """
-        self._check_closed()  # type: ignore[attr-defined]  # BaseEventLoop's own check, not in typeshed
+        if self.is_closed():
+            raise RuntimeError("Event loop is closed")
         future: asyncio.Future[_T] = self.create_future()
         try:
             future.set_result(func(*args))
