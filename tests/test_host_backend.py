@@ -259,8 +259,10 @@ def test_the_byte_channel_carries_bytes_through_mooncakes_transfer_engine(tmp_pa
         await a.open()
         await b.open()
         try:
-            await asyncio.wait_for(a.push("b", 3_000_000, 2, 0), 10)  # one-sided writes into b's region
-            await asyncio.wait_for(a.pull("b", 1_500_000, 0, 0), 10)  # b writes into a's
+            # One-sided writes into b's region, then b writes into a's. (The limits only guard against a hang: a
+            # loaded 2-core machine once took over 10 s to set up the transfer engine's first write.)
+            await asyncio.wait_for(a.push("b", 3_000_000, 2, 0), 60)
+            await asyncio.wait_for(a.pull("b", 1_500_000, 0, 0), 60)
         finally:
             await a.close()
             await b.close()
