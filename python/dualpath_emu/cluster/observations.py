@@ -144,25 +144,25 @@ class PoolGive(NamedTuple):
 Observation: TypeAlias = Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
 
 _FORMATS: Final[dict[type, tuple[str, str]]] = {
-    Admitted: ("admit", "r{0}"),
-    Assigned: ("assign", "r{0} pe{1} de{2} {3}"),
-    HitRead: ("read", "r{0} n{1}"),
-    Prefilled: ("prefilled", "r{0}"),
-    Ended: ("end", "r{0}"),
-    PoolCapacity: ("capacity", "{0} {1}"),
-    PoolTake: ("take", "{0} {1} {2}"),
-    PoolGive: ("give", "{0} {1} {2}"),
+    Admitted: ("admit", "r%s"),
+    Assigned: ("assign", "r%s pe%s de%s %s"),
+    HitRead: ("read", "r%s n%s"),
+    Prefilled: ("prefilled", "r%s"),
+    Ended: ("end", "r%s"),
+    PoolCapacity: ("capacity", "%s %s"),
+    PoolTake: ("take", "%s %s %s"),
+    PoolGive: ("give", "%s %s %s"),
 }
-"""Per record type, its log ``kind`` and the format of its ``summary`` over its fields (:func:`parse` reads
+"""Per record type, its log ``kind`` and the ``%`` format of its ``summary`` over its fields (:func:`parse` reads
 them back)."""
 
-LINE_FORMATS: Final[dict[type, str]] = {cls: f"{kind}\t{summary}" for cls, (kind, summary) in _FORMATS.items()}
-"""Per record type, the format of its event-log ``kind`` and ``summary`` fields over its fields: one
-``str.format`` per record in :meth:`~dualpath_emu.runtime.eventlog.EventLogWriter.write_observed`."""
+LINE_FORMATS: Final[dict[type, str]] = {cls: f"%d\t%d\t%s\t{kind}\t{summary}\n" for cls, (kind, summary) in _FORMATS.items()}
+"""Per record type, the ``%`` format of its whole event-log line over ``(t_ns, seq, engine, *fields)``: one
+formatting per record in :meth:`~dualpath_emu.runtime.eventlog.EventLogWriter.write_observed`."""
 
 
 def _format(record: Observation) -> str:
-    return _FORMATS[type(record)][1].format(*record)
+    return _FORMATS[type(record)][1] % record
 
 
 def _rid(text: str) -> int:

@@ -74,8 +74,8 @@ class EventLogWriter:
 
     def __init__(self, path: Path | None = None, formats: Mapping[type, str] | None = None) -> None:
         self._formats = dict(formats or {})
-        """Per record type, ``str.format`` over its fields giving its ``kind\\tsummary`` (faster than calling
-        ``kind`` and ``summary()``; records of other types are written that way)."""
+        """Per record type, the ``%`` format of its whole line over ``(t_ns, seq, engine, *fields)`` (faster than
+        calling ``kind`` and ``summary()``; records of other types are written that way)."""
         self._hash = hashlib.sha256()
         self._file = open(path, "w", encoding="utf-8", newline="\n") if path is not None else None  # noqa: SIM115
         self.lines = 0
@@ -109,8 +109,7 @@ class EventLogWriter:
         :class:`~dualpath_emu.runtime.engine.Observed`), numbering them from ``first_seq``."""
         formats = self._formats
         try:
-            text = "".join([f"{t}\t{first_seq + i}\t{a}\t{formats[type(r)].format(*r)}\n"
-                            for i, (t, a, r) in enumerate(records)])  # fmt: skip
+            text = "".join([formats[type(r)] % (t, first_seq + i, a, *r) for i, (t, a, r) in enumerate(records)])
         except KeyError:  # a record type without a format
             text = "".join([f"{t}\t{first_seq + i}\t{a}\t{r.kind}\t{r.summary()}\n" for i, (t, a, r) in enumerate(records)])
         n = len(records)
