@@ -66,6 +66,9 @@ def test_the_cluster_runs_live_in_every_placement(
     with_dataplane = len(processes) > 1
     assert result.extra["processes"] == len(processes) + with_dataplane
     assert ("dataplane" in result.extra["process_actors"]) == with_dataplane
+    cpu_s = result.extra["process_cpu_s"]  # which process works hardest (the bottleneck is near its wall time)
+    assert set(cpu_s) == {name for name, _ in processes} | ({"dataplane"} if with_dataplane else set())
+    assert all(0 < s < 10 * result.wall_s for s in cpu_s.values())
     lag = result.extra["delivery_lag_s"]
     assert lag["count"] > 0 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
     if with_dataplane:

@@ -74,9 +74,11 @@ def agreement(agents: int, scales: list[float], systems: list[str]) -> list[dict
             }  # fmt: skip
             rows.append(row)
             tag = f"live_agreement_{system}_x{scale:g}"
+            cpu = ", ".join(f"{name} {s:.1f}" for name, s in live.extra["process_cpu_s"].items())
             print(f"{system} x{scale:g}: JCT {live.jct_s:.2f} s ({row['jct_drift_pct']:+.1f}%), TTFT p50 "
                   f"{live.ttft_s['p50'] * 1e3:.1f} ms ({row['ttft_p50_drift_pct']:+.1f}%), lag p50/p99 "
-                  f"{row['lag_p50_wall_ms']:.2f}/{row['lag_p99_wall_ms']:.2f} wall ms, {live.wall_s:.1f} s wall")  # fmt: skip
+                  f"{row['lag_p50_wall_ms']:.2f}/{row['lag_p99_wall_ms']:.2f} wall ms, {live.wall_s:.1f} s wall; "
+                  f"CPU s by process: {cpu}")  # fmt: skip
             print(f"BENCH {tag}_jct_drift_pct {row['jct_drift_pct']:.2f} %")
             print(f"BENCH {tag}_ttft_p50_drift_pct {row['ttft_p50_drift_pct']:.2f} %")
             print(f"BENCH {tag}_lag_p99_wall_ms {row['lag_p99_wall_ms']:.3f} ms", flush=True)

@@ -516,7 +516,8 @@ def _real_bytes_by_kind(measured: Mapping[str, PathStats]) -> dict[str, int]:
 
 def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
     """How close to its model the run kept: the delivery lag of every completion (all processes merged),
-    the data plane's submission lag, and the clock handshakes' round trips and offset bounds."""
+    the data plane's submission lag, the clock handshakes' round trips and offset bounds, and each process's
+    CPU time (the one near its wall time is the run's bottleneck)."""
 
     def seconds(stats: LagStats) -> dict[str, float]:
         return {"p50": stats.quantile(0.5) / 1e9, "p99": stats.quantile(0.99) / 1e9, "max": stats.max / 1e9,
@@ -524,19 +525,22 @@ def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
 
     delivery = LagStats()
     rtt, uncertainty, drift = [], [], []
+    cpu_s: dict[str, float] = {}
     for name in processes:
         data = json.loads((run_dir / f"{name}.json").read_text())
         delivery.merge(LagStats.from_wire(data["delivery_lag"]))
+        cpu_s[name] = data["cpu_s"]
         remote = data.get("dataplane")
         if remote:
             rtt.append(remote["rtt_ns"])
             uncertainty.append(remote["offset_uncertainty_ns"])
             drift.append(abs(remote["clock_check"]["max_abs_error_ns"]))
-    out: dict[str, Any] = {"delivery_lag_s": seconds(delivery)}
+    out: dict[str, Any] = {"delivery_lag_s": seconds(delivery), "process_cpu_s": cpu_s}
     service = run_dir / f"{DATAPLANE_PROCESS}.json"
     if service.exists():
-        report = json.loads(service.read_text())["report"]
-        out["submission_lag_s"] = seconds(LagStats.from_wire(report["submission_lag"]))
+        data = json.loads(service.read_text())
+        cpu_s[DATAPLANE_PROCESS] = data["cpu_s"]
+        out["submission_lag_s"] = seconds(LagStats.from_wire(data["report"]["submission_lag"]))
     if rtt:
         out["clock_sync"] = {"rtt_s_max": max(rtt) / 1e9, "offset_uncertainty_s_max": max(uncertainty) / 1e9,
                              "clock_check_s_max": max(drift) / 1e9}  # fmt: skip

@@ -410,6 +410,7 @@ def serve_process(
         "events": len(events),
         "sha256": sha256,
         "wall_s": wall_s,
+        "cpu_s": round(time.process_time(), 3),
         "counters": _counters(system),
         "summary": summary,
         "failure": str(failure) if failure is not None else None,
@@ -484,6 +485,7 @@ def serve_dataplane(
         "outcome": outcome,
         "failure": failure,
         "wall_s": time.perf_counter() - started,
+        "cpu_s": round(time.process_time(), 3),
         "endpoint": description.dataplane_endpoint,
         "report": report,
     }
