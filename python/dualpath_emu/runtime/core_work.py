@@ -6,16 +6,18 @@ Requests are batched and the batch is submitted at once: the virtual-time loop s
 idle, the real-time loops at their next iteration. So the FFI boundary (or, remotely, the wire) is crossed
 per batch, not per request, and one actor code base runs on any loop. A forward pass (all its layers'
 loads, attention, shared phase, collectives and stores) is one request: the core expands it into its own
-events (docs/architecture.md).
+events (docs/architecture.md). So are decode batches: :meth:`~CoreWork.decode_node` adds a node's decode GPUs,
+stepped by the core, :meth:`~CoreWork.decode_join` hands them requests, and the node's report (what ended,
+the GPUs' busy spans) is called from the loop.
 
-:class:`CoreWork` holds what every flavour shares -- tags, the four pending lists, waiters, delivering
+:class:`CoreWork` holds what every flavour shares -- tags, the pending lists, waiters, delivering
 completions and failing the futures of refused requests; a flavour says only how a batch is submitted
 (:meth:`CoreWork._submit_batch`) and feeds back what completed (:meth:`CoreWork._deliver`):
 
 * :class:`LocalCoreWork` drives a :class:`~dualpath_emu._core.Core` in this process (the
   :class:`~dualpath_emu.runtime.VirtualTimeLoop` and the :class:`~dualpath_emu.runtime.RealTimeLoop`): one
-  ``submit_transfers``, one ``submit_forwards``, one ``submit_ios`` and one ``add_timers`` call per batch
-  (in that order);
+  ``submit_transfers``, one ``submit_forwards``, one ``submit_ios``, one ``add_timers`` and one
+  ``submit_decode_joins`` call per batch (in that order, new decode nodes before the joins);
 * :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` sends the batch as one message to the
   data-plane service of a real-time run, which owns the run's only core (docs/architecture.md).
 
