@@ -168,6 +168,15 @@ class Metrics:
         """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
         DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
+        self._bind_columns()
+
+    def _bind_columns(self) -> None:
+        """Bind the appends of what :meth:`arrive` leaves unset in a new row (it is called per turn); again
+        whenever a column is replaced."""
+        self._unset_appends = tuple(c.append for c in (
+            self.scheduled_pe_ns, self.scheduled_de_ns, self.read_start_ns, self.read_done_ns, self.prefill_start_ns,
+            self.first_token_ns, self.second_token_ns, self.done_ns, self.pe, self.de, self.read_on_de,
+        ))  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.arrive_ns)
@@ -175,13 +184,13 @@ class Metrics:
     def arrive(self, rid: int, agent: int, t_ns: int, prompt: int, hit: int, gen: int) -> None:
         if rid != len(self.arrive_ns):
             raise ValueError(f"request ids must come in order: got {rid}, expected {len(self.arrive_ns)}")
-        for column, value in ((self.agent, agent), (self.prompt, prompt), (self.hit, hit), (self.gen, gen),
-                              (self.arrive_ns, t_ns)):  # fmt: skip
-            column.append(value)
-        for column in (self.scheduled_pe_ns, self.scheduled_de_ns, self.read_start_ns, self.read_done_ns,
-                       self.prefill_start_ns, self.first_token_ns, self.second_token_ns, self.done_ns, self.pe,
-                       self.de, self.read_on_de):  # fmt: skip
-            column.append(_UNSET)
+        self.agent.append(agent)
+        self.prompt.append(prompt)
+        self.hit.append(hit)
+        self.gen.append(gen)
+        self.arrive_ns.append(t_ns)
+        for append in self._unset_appends:
+            append(_UNSET)
 
     def _grow(self, rid: int) -> None:
         """Make room for request ``rid`` in a process that did not admit it (rows of unset times)."""
@@ -316,6 +325,7 @@ class Metrics:
                         raise ValueError(f"request {rid}: {name} is {out[rid]} in one process and {value} in another")
                     out[rid] = value
             setattr(merged, name, out)
+        merged._bind_columns()
         passes = sorted(
             (t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True)
         )

@@ -49,6 +49,8 @@ class _Pull:
 
     nodes: tuple[int, ...]
     period_ns: int
+    prefill: bool
+    """Whether the group hosts PEs (a fetch then runs Algorithm 1 over every PE)."""
     last_ns: int = -(10**18)
     timer: bool = False
     """Set while the next serving waits for the period to pass."""
@@ -123,7 +125,7 @@ class Scheduler(ClusterEngine):
 
     @on(Fetch)
     def on_fetch(self, now: int, msg: Fetch, sender: str) -> None:
-        self._pulls[sender] = _Pull(msg.nodes, msg.period_ns)
+        self._pulls[sender] = _Pull(msg.nodes, msg.period_ns, any(node in self.pe_engines for node in msg.nodes))
         if sender in self._wanted:
             self._wanted.discard(sender)
             self._notify_group(now, sender)
@@ -137,7 +139,7 @@ class Scheduler(ClusterEngine):
         pull = self._pulls[name]
         pull.last_ns = now
         again = False
-        if any(node in self.pe_engines for node in pull.nodes):
+        if pull.prefill:
             self._fetch_prefill(now)  # over every PE: what is left waits until a PE finishes (PrefillDone)
         for node in pull.nodes:
             if node not in self.pe_engines:
