@@ -17,6 +17,7 @@ from dualpath_emu.cluster.assemble import build_engine, engine_names
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.decode import DecodeGroup
 from dualpath_emu.cluster.decode_steps import DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.ledger import Booking, Ledger
@@ -28,16 +29,21 @@ from dualpath_emu.cluster.messages import (
     HitReady,
     KvReady,
     Prefill,
+    PrefillDone,
     PrefillTask,
+    ReadDone,
+    Start,
     Submit,
     Turn,
     TurnDone,
 )
 from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import built_in
 from dualpath_emu.cluster.topology import build_topology
 from dualpath_emu.messages import Message
+from dualpath_emu.workload.trajectory import Trajectory
 from dualpath_emu.runtime.engine import Observed, Then, UnhandledInputError
 
 MS = 1_000_000
@@ -171,6 +177,53 @@ def test_a_decode_group_copies_the_kv_in_decodes_and_reports_the_turn() -> None:
     writes = plane.take("write")
     assert [(args[2], then) for args, then in writes] == [(((3, 2, 1),), None)]
     assert ("end", "r7") in out.records
+
+
+def test_a_prefill_group_reads_the_hit_waits_for_the_de_buffer_and_prefills_in_one_pass() -> None:
+    c, out, plane = cluster(), Outbox(), Plane()
+    pe = PrefillGroup(c, [0], out, plane)
+    pe.start(0)
+    assert out.take() == [("scheduler", Fetch((0,), round(c.config.fetch_period_s * 1e9)))]
+    kv = c.derived.kv_bytes_per_token
+    pe.receive(MS, Prefill((PrefillTask(7, 5000, 4096, 30, 0, 1, 1, 0, False, 3),)), "scheduler")
+    [((storage_node, size, extents), read_done)] = plane.take("read")  # PE-read: storage -> the PE's DRAM buffer
+    assert storage_node == c.topology.nodes[0].storage_node and size == 4096 * kv and read_done is not None
+    assert extents == ((3, 0, 4096 // 64),)  # the context's first 64 Full Blocks
+    read_done(2 * MS)
+    assert out.take() == [("scheduler", ReadDone(0, 4096))]
+    assert plane.take("timer") == []  # the hit is in, but the DE buffer is not yet held
+    pe.receive(3 * MS, HitReady(7), "de1")
+    [((at_ns,), kick)] = plane.take("timer")  # batch once this instant's inputs are in
+    assert at_ns == 3 * MS and kick is not None
+    kick(3 * MS)
+    [((stages, ranks, _), passed)] = plane.take("forward")
+    assert stages == c.derived.stages and len(ranks) == 1  # one DP rank with work: GPU 1
+    load, _, store = ranks[0]
+    assert load is not None and load[0] == c.topology.h2d(0, 1) and store is not None  # layer by layer in, then out
+    assert passed is not None
+    passed(10 * MS)
+    sent = out.take()
+    assert sent == [("de1", KvReady((7,), 10 * MS)), ("scheduler", PrefillDone((7,)))]
+    assert ("prefilled", "r7") in out.records and ("give", f"n0.buffer 7 {4096 * kv}") in out.records
+    [((after,), pulled)] = plane.take("timer")  # the pull wait before the next batch
+    assert after > 10 * MS and pulled is not None
+
+
+def test_the_client_submits_an_agents_next_turn_when_its_last_is_done_and_then_finishes() -> None:
+    c, out, plane = cluster(), Outbox(), Plane()
+    client = build_engine("client", c, out, plane, trajectories=lambda: [Trajectory.from_rounds("a0", [(1000, 4), (200, 3)])],
+                          seed=0)  # fmt: skip
+    assert isinstance(client, Client)
+    client.receive(0, Start(), "main")
+    assert out.take() == [("scheduler", Submit((Turn(0, 1000, 0, 4, 0),)))]
+    client.receive(5 * MS, TurnDone((0,), (2 * MS,), (3 * MS,), 5 * MS), "de1")
+    # The second turn's prompt is the whole context so far; its hit, the part in Full Blocks.
+    assert out.take() == [("scheduler", Submit((Turn(1, 1204, 1004 // 64 * 64, 3, 0),)))]
+    assert not client.finished
+    client.receive(9 * MS, TurnDone((1,), (7 * MS,), (8 * MS,), 9 * MS), "de1")
+    assert out.take() == [] and client.finished
+    assert [r for r in out.records if r[0] == "admit"] == [("admit", "r0"), ("admit", "r1")]
+    assert c.metrics.done_ns.tolist() == [5 * MS, 9 * MS]
 
 
 def test_an_engine_refuses_a_message_it_does_not_handle() -> None:
