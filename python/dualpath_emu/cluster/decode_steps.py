@@ -16,9 +16,10 @@ What a decision needs is reported to a :class:`DecodeListener` (the decode group
 (:meth:`~DecodeListener.decoded`), a segment's end is accounted (:meth:`~DecodeListener.stepped`). Everything else
 -- step times, second-token times, block write-backs, the all-to-all bytes, the GPUs' busy spans -- happens here.
 
-Two implementations of the same rules: :class:`CoreDecodeSteps` hands the stepping to the in-process core
-(``core/src/decode.rs``: virtual-time runs), :class:`DecodeSteps` does it in Python (live runs, whose data plane
-is not an in-process core; runs that probe every write-back; and the reference the core is tested against,
+Two implementations of the same rules: :class:`CoreDecodeSteps` hands the stepping to the data plane's core
+(``core/src/decode.rs``, through ``DataPlane.decode_node``: virtual time, a one-process live run, the live
+data-plane service), :class:`DecodeSteps` does it in Python on the plain data plane (the host backend, whose
+write-backs are real bytes; runs that probe every write-back; and the reference the core is tested against,
 event for event).
 """
 
