@@ -70,8 +70,8 @@ bench: build ## Benchmarks; each result line reads `BENCH <name> <value> <unit>`
 	$(PYTHON) -m dualpath_emu.host.isolation
 
 .PHONY: bench-scale
-bench-scale: build ## The paper's largest run in one process: DS 660B 48P96D, 49,152 agents, whole trajectories (wall, CPU, peak RSS, JCT)
-	$(PYTHON) -m dualpath_emu.bench_cluster --clusters 48P96D --agents 49152 --rounds 0 --systems dualpath --repeat 1 --label _scale
+bench-scale: build ## The paper's largest run in one process: DS 660B 48P96D, 49,152 agents, whole trajectories (wall, CPU, peak RSS, JCT; stopped after 30 min of CPU)
+	$(PYTHON) -m dualpath_emu.bench_cluster --clusters 48P96D --agents 49152 --rounds 0 --systems dualpath --repeat 1 --label _scale --cpu-budget-s 1800
 
 # The full experiments of EVALUATION.md, most telling first; NAME[:OPTIONS] (options joined by commas).
 EXPERIMENTS_FULL ?= table1 isolation fig7:--model,ds660b fig10 fig12 fig13 fig9 fig8 fig7:--model,ds27b fig7:--model,qwen32b

@@ -148,3 +148,19 @@ def test_the_cluster_benchmark_compares_cluster_sizes_in_one_run(capsys: pytest.
     assert ratio[3] == "x" and float(ratio[2]) == pytest.approx(cost["4p8d"] / cost["2p4d"], rel=0.02, abs=0.01)
     with pytest.raises(SystemExit):
         bench_cluster.main(["--clusters", "2P"])
+
+
+def test_the_cluster_benchmark_stops_a_run_at_its_cpu_budget_and_says_how_far_it_got(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dualpath_emu import bench_cluster
+
+    argv = ["--agents", "256", "--rounds", "0", "--systems", "dualpath", "--repeat", "1", "--cpu-budget-s", "0.5"]
+    assert bench_cluster.main(argv) == 1  # not finished: the status says so
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("BENCH ")}
+    assert lines["cluster_dualpath_finished"] == "0"
+    assert 0 < int(lines["cluster_dualpath_turns_done"]) and float(lines["cluster_dualpath_cpu_us_per_turn_so_far"]) > 0
+    assert "stopped after" in out and "(--cpu-budget-s)" in out
+    with pytest.raises(SystemExit):
+        bench_cluster.main(["--cpu-budget-s", "0"])

@@ -23,6 +23,10 @@ Goals (issue 24): ≤ 60 µs of CPU per turn on 2P4D with 1,024 agents, whole tr
 --rounds 0 --label _1024``, ≈164,000 turns); 16P32D with 8,192 agents within 1.2× of that; ``make bench-scale``
 (48P96D, 49,152 agents, whole trajectories: ≈7.75 M turns) in ≤ 10 minutes of CPU and ≤ 1.5 GiB. Measured
 figures and the side-by-side history: docs/architecture.md ("What a turn costs") and the README.
+
+A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of CPU
+and reports how far it got instead (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
+``…_peak_rss_mib_so_far``), exiting with status 1: ``make bench-scale`` gives it 30 minutes, three times its goal.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import sys
 import time
 
 from dualpath_emu.cluster.config import ClusterConfig
-from dualpath_emu.cluster.run import run_system
+from dualpath_emu.cluster.run import Progress, run_system
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
 
@@ -47,6 +51,42 @@ def _cluster_size(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+class _OverBudget(Exception):
+    def __init__(self, progress: Progress) -> None:
+        super().__init__("over the CPU budget")
+        self.progress = progress
+
+
+class _Watch:
+    """A run's progress callback: a line on stderr every minute of wall time (a long run says how far it is);
+    raises :class:`_OverBudget` once the run has used ``budget_s`` of CPU."""
+
+    def __init__(self, cpu_started: float, budget_s: float | None) -> None:
+        self.cpu_started, self.budget_s = cpu_started, budget_s
+        self.next_line_s = 60.0
+
+    def __call__(self, progress: Progress) -> None:
+        cpu_s = time.process_time() - self.cpu_started
+        if progress.wall_s >= self.next_line_s:
+            self.next_line_s += 60.0
+            print(f"  {progress.system}: {progress.turns_done:,} of {progress.turns_total:,} turns, "
+                  f"{progress.emulated_s:.0f} s emulated, {cpu_s:.0f} s CPU", file=sys.stderr, flush=True)  # fmt: skip
+        if self.budget_s is not None and cpu_s > self.budget_s:
+            raise _OverBudget(progress)
+
+
+def _report_unfinished(name: str, progress: Progress, cpu_s: float) -> None:
+    """How far a run got within its CPU budget (what its CPU per turn was so far, and its memory)."""
+    done = max(1, progress.turns_done)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(f"{name}: stopped after {cpu_s:.0f} s of CPU (--cpu-budget-s) with {progress.turns_done:,} of "
+          f"{progress.turns_total:,} turns done, {progress.emulated_s:.0f} s emulated")  # fmt: skip
+    print(f"BENCH {name}_finished 0")
+    print(f"BENCH {name}_turns_done {progress.turns_done} turns")
+    print(f"BENCH {name}_cpu_us_per_turn_so_far {1e6 * cpu_s / done:.0f} us")
+    print(f"BENCH {name}_peak_rss_mib_so_far {peak_kib / 1024:.0f} MiB")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dualpath_emu.bench_cluster", description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=256, help="agents of the first cluster size")
@@ -56,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="inserted after 'cluster' in the BENCH names")
     parser.add_argument("--clusters", type=lambda v: [_cluster_size(c) for c in v.split(",")], default=None,
                         help="cluster sizes, e.g. 2P4D,16P32D (default: the configuration's, 2P4D, unnamed)")  # fmt: skip
+    parser.add_argument("--cpu-budget-s", type=float, default=None,
+                        help="stop a run after this much CPU and report how far it got (default: no limit)")
     args = parser.parse_args(argv)
+    if args.cpu_budget_s is not None and not args.cpu_budget_s > 0:
+        parser.error(f"--cpu-budget-s: expected a number > 0, got {args.cpu_budget_s}")
     sizes: list[tuple[int, int] | None] = list(args.clusters) if args.clusters else [None]
     first_pe = sizes[0][0] if sizes[0] is not None else ClusterConfig().pe_nodes
     cost: dict[str, dict[str, float]] = {}
@@ -74,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             runs = []
             for _ in range(max(1, args.repeat)):
                 cpu_started = time.process_time()
-                result = run_system(config, system, work)
+                watch = _Watch(cpu_started, args.cpu_budget_s)
+                try:
+                    result = run_system(config, system, work, progress=watch, progress_interval_s=1.0)
+                except _OverBudget as stopped:
+                    _report_unfinished(f"{name}_{system}", stopped.progress, time.process_time() - cpu_started)
+                    return 1
                 runs.append((result, time.process_time() - cpu_started))
             result, cpu_s = min(runs, key=lambda run: run[0].wall_s)
             print(f"cluster{tag} {system}: {config.agents} agents, {result.turns} turns, JCT {result.jct_s:.1f} s "
