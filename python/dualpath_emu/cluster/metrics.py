@@ -168,6 +168,8 @@ class Metrics:
         """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
         DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
+        self.turns_done = 0
+        """Requests ended in this process (:meth:`done`): how far a run is, without a scan of ``done_ns``."""
         self._bind_columns()
 
     def _bind_columns(self) -> None:
@@ -234,6 +236,7 @@ class Metrics:
         if self.done_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.done_ns[rid] = t_ns
+        self.turns_done += 1
 
     def forward(self, t_ns: int, attention_s: Sequence[float]) -> None:
         """A prefill forward pass started with these per-GPU attention times (one per GPU of the group)."""
@@ -292,6 +295,7 @@ class Metrics:
         assert isinstance(columns, dict)
         for name, raw in columns.items():
             getattr(metrics, name).frombytes(raw)
+        metrics.turns_done = len(metrics.done_ns) - metrics.done_ns.count(_UNSET)
         metrics.forward_ns.frombytes(data["forward_ns"])  # type: ignore[arg-type]
         metrics.forward_attention_balance.frombytes(data["forward_attention_balance"])  # type: ignore[arg-type]
         for role, b in busy_data.items():
@@ -326,6 +330,7 @@ class Metrics:
                     out[rid] = value
             setattr(merged, name, out)
         merged._bind_columns()
+        merged.turns_done = len(merged.done_ns) - merged.done_ns.count(_UNSET)
         passes = sorted(
             (t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True)
         )

@@ -332,7 +332,6 @@ class _Reporter:
         """Report now."""
         wall = time.perf_counter()
         self.next_s = wall + self.interval_s
-        done = self.metrics.done_ns
-        turns_done = len(done) - done.count(-1)  # a C loop over the column: cheap at a few calls per second
+        turns_done = self.metrics.turns_done  # a count, not a scan: 7.75 M rows took 20 ms a look
         self.callback(Progress(self.system, turns_done, self.total, self.core.now_ns / 1e9, wall - self.started))
 
