@@ -194,15 +194,18 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
         if timeout_s is not None:
             # Up to the next timer, but no further than the first core completion: the core's internal
             # events (rate changes, the pieces of a forward pass) need no Python.
-            completions = core.advance_until(self._timer_fire_ns(timeout_s, now))
+            fire_ns = self._timer_fire_ns(timeout_s, now)
+            timer_ns: int | None = fire_ns
+            completions = core.advance_until(fire_ns)
         else:
             if core.next_event_ns() is None:
                 if self._virtual_selector.poll():
                     return  # a real descriptor is ready (a signal, another thread): handle it first
                 raise DeadlockError(self._deadlock_message(now))
+            timer_ns = None
             completions = core.advance_until(_U64_MAX)
         self._now = core.now_ns
-        if self._now == now and not completions and (timeout_s is None or timeout_s >= self._clock_resolution):
+        if self._now == now and not completions and timer_ns != now:  # (a timer due now fires next: no stall)
             self._stalls += 1
             if self._stalls > _MAX_STALLS:
                 raise RuntimeError(f"the core reports an event at {now} ns but handles none there")
