@@ -457,12 +457,22 @@ AFTER_HELLO: list[bytes] = [
 ]
 
 
+@contextmanager
+def raw_peer(endpoint: str) -> Iterator[zmq.Socket[Any]]:
+    """A DEALER connected to the service, speaking raw frames (no remote loop, no checks of its own)."""
+    context: zmq.Context[Any] = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    try:
+        socket.connect(endpoint)
+        yield socket
+    finally:
+        socket.close(0)
+        context.term()
+
+
 def test_hostile_frames_are_rejected_and_counted_and_the_service_keeps_serving(directory: Path) -> None:
     with service(directory) as svc:
-        context: zmq.Context[Any] = zmq.Context()
-        socket = context.socket(zmq.DEALER)
-        try:
-            socket.connect(svc.endpoint)
+        with raw_peer(svc.endpoint) as socket:
             for frames in HOSTILE[:-3]:
                 socket.send_multipart(frames)
             socket.send(msgpack.packb([V, "ping", 1, 1]))  # before hello: rejected too
@@ -478,9 +488,6 @@ def test_hostile_frames_are_rejected_and_counted_and_the_service_keeps_serving(d
                 assert socket.poll(5000), replies
                 replies.append(decode_frame(socket.recv(), ["pong", "refused"]))
             assert [r[1] for r in replies] == ["refused", "pong"] and replies[-1][2] == 2
-        finally:
-            socket.close(0)
-            context.term()
         loop = remote(svc.endpoint)
 
         async def main() -> dict[str, Any]:
@@ -505,20 +512,13 @@ DECODE_FRAMES: dict[str, bytes] = {
 
 
 def test_hostile_decode_requests_are_rejected_whole(directory: Path) -> None:
-    with service(directory) as svc:
-        context: zmq.Context[Any] = zmq.Context()
-        socket = context.socket(zmq.DEALER)
-        try:
-            socket.connect(svc.endpoint)
-            socket.send(msgpack.packb([V, "hello", "raw", 1, 1.0]))
-            assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome", "refused"])[1] == "welcome"
-            for frame in DECODE_FRAMES.values():
-                socket.send(frame)
-            socket.send(msgpack.packb([V, "ping", 2, 2]))
-            assert socket.poll(5000) and decode_frame(socket.recv(), ["pong"])[2] == 2
-        finally:
-            socket.close(0)
-            context.term()
+    with service(directory) as svc, raw_peer(svc.endpoint) as socket:
+        socket.send(msgpack.packb([V, "hello", "raw", 1, 1.0]))
+        assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome", "refused"])[1] == "welcome"
+        for frame in DECODE_FRAMES.values():
+            socket.send(frame)
+        socket.send(msgpack.packb([V, "ping", 2, 2]))
+        assert socket.poll(5000) and decode_frame(socket.recv(), ["pong"])[2] == 2
     assert svc.report is not None and svc.report["counters"]["rejected"] == len(DECODE_FRAMES)
     for reason, rejection in zip(DECODE_FRAMES, svc.report["rejections"], strict=True):
         assert reason in rejection, rejection
