@@ -529,7 +529,8 @@ def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
     for name in processes:
         data = json.loads((run_dir / f"{name}.json").read_text())
         delivery.merge(LagStats.from_wire(data["delivery_lag"]))
-        cpu_s[name] = data["cpu_s"]
+        if "cpu_s" in data:  # (a run directory written before processes reported it has none)
+            cpu_s[name] = data["cpu_s"]
         remote = data.get("dataplane")
         if remote:
             rtt.append(remote["rtt_ns"])
@@ -539,7 +540,8 @@ def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
     service = run_dir / f"{DATAPLANE_PROCESS}.json"
     if service.exists():
         data = json.loads(service.read_text())
-        cpu_s[DATAPLANE_PROCESS] = data["cpu_s"]
+        if "cpu_s" in data:
+            cpu_s[DATAPLANE_PROCESS] = data["cpu_s"]
         out["submission_lag_s"] = seconds(LagStats.from_wire(data["report"]["submission_lag"]))
     if rtt:
         out["clock_sync"] = {"rtt_s_max": max(rtt) / 1e9, "offset_uncertainty_s_max": max(uncertainty) / 1e9,
