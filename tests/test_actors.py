@@ -695,9 +695,7 @@ class Worker(Actor):
 
     @handles(Job)
     async def on_job(self, msg: Job) -> None:
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, VirtualTimeLoop)
-        completion = await loop.transfer([self.port], 0, msg.size_bytes)
+        completion = await self.system.data_plane.transfer([self.port], 0, msg.size_bytes)
         self.system.record(self.name, "transferred", f"job {msg.job} {completion.start_ns}-{completion.end_ns}")
         self.tell("sink", Done(msg.job, self.name))
 
@@ -719,7 +717,8 @@ class Sink(Actor):
 def pipeline(seed: int, jobs: int = 40) -> tuple[list[Event], list[tuple[int, str]]]:
     core = Core()
     port = core.add_port("port", 50 * GB)
-    system = ActorSystem(latency_s=0.0002)
+    loop = VirtualTimeLoop(core)
+    system = ActorSystem(latency_s=0.0002, data_plane=loop.plane)
     rng = random.Random(seed)
     Source(system, "source", rng)
     Worker(system, "worker0", port)
@@ -737,7 +736,8 @@ def pipeline(seed: int, jobs: int = 40) -> tuple[list[Event], list[tuple[int, st
             if count.done == jobs:
                 return
 
-    run_system(system, main(), core)
+    with asyncio.Runner(loop_factory=lambda: loop) as runner:
+        runner.run(system.run(main()))
     return list(system.events), sink.done
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.errors import InvalidArgumentError, UnknownNameError
 from dualpath_emu.runtime import Completion, ForwardRank, LayerTransfer, VirtualTimeLoop, run
-from dualpath_emu.runtime.realtime import RealTimeLoop, run_realtime
+from dualpath_emu.runtime.realtime import WallClockCore, run_realtime
 
 GB = 1_000_000_000
 MB = 1_000_000
@@ -258,12 +258,12 @@ def test_virtual_loop_forward_resolves_at_the_exact_nanosecond_in_one_submission
             ForwardRank(load=LayerTransfer([l0], 2, MB), attn_ns=3 * MS),
             ForwardRank(load=LayerTransfer([l1], 2, load1_bytes), attn_ns=MS),
         ]
-        done = await loop.forward(3, ranks, ffn_ns=2 * MS)
+        done = await loop.plane.forward(3, ranks, ffn_ns=2 * MS)
         return done, loop.now_ns
 
     async def main() -> list[Any]:
         # Two forwards (sharing the load ports) and a transfer requested in one iteration.
-        moved = vloop().transfer([kv], 2, 5 * MB)
+        moved = vloop().plane.transfer([kv], 2, 5 * MB)
         return list(await asyncio.gather(prefill(2 * MB), prefill(0), moved))
 
     first, second, moved = run(main(), cast(Core, counting))
@@ -282,8 +282,8 @@ def test_a_bad_forward_fails_alone_in_the_loop() -> None:
 
     async def main() -> list[Completion | BaseException]:
         loop = vloop()
-        good = loop.forward(1, [ForwardRank(load=LayerTransfer([p], 0, MB), attn_ns=MS)])
-        bad = loop.forward(1, [ForwardRank(store=LayerTransfer([p + 5], 0, MB))])
+        good = loop.plane.forward(1, [ForwardRank(load=LayerTransfer([p], 0, MB), attn_ns=MS)])
+        bad = loop.plane.forward(1, [ForwardRank(store=LayerTransfer([p + 5], 0, MB))])
         return list(await asyncio.gather(good, bad, return_exceptions=True))
 
     good, bad = run(main(), core)
@@ -296,11 +296,9 @@ def test_real_time_loop_forward() -> None:
     core = Core(clock="wall", time_scale=100.0)
     p = core.add_port("p", GB)
 
-    async def main() -> Completion:
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, RealTimeLoop)
-        return await loop.forward(3, [ForwardRank(load=LayerTransfer([p], 0, MB), attn_ns=MS)], ffn_ns=MS)
+    async def main(plane: WallClockCore) -> Completion:
+        return await plane.forward(3, [ForwardRank(load=LayerTransfer([p], 0, MB), attn_ns=MS)], ffn_ns=MS)
 
-    done = run_realtime(main(), core)
+    done = run_realtime(main, core)
     # Load 0 (1 ms), then 1 ms attention and 1 ms shared per layer: 7 ms of core time.
     assert (done.kind, done.end_ns - done.start_ns, done.size_bytes) == ("forward", 7 * MS, 3 * MB)

@@ -1,6 +1,6 @@
-"""The data-plane service and the remote loop (``runtime.dataplane``, issue 14), against a service in a thread.
+"""The data-plane service and the remote plane (``runtime.dataplane``, issue 14), against a service in a thread.
 
-The remote loop gives actors the same completions as a local ``RealTimeLoop`` for a mix of transfers, a
+The remote plane gives actors the same completions as a process's own core (``WallClockCore``) for a mix of transfers, a
 forward pass, a storage read and a timer, and a bad request fails only its own future; its clock is the
 service's within the handshake's round trip; delivery and submission lags are recorded; a bad detached
 request fails the run; a lost data plane and a silent requester are each noticed within the heartbeat
@@ -35,18 +35,18 @@ from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
 from dualpath_emu.runtime.dataplane import (
     DataPlaneLost,
     DataPlaneService,
-    DataPlaneServiceLoop,
     DetachedRequestError,
     FrameError,
     LagStats,
     RefusedError,
-    RemoteDataPlaneLoop,
+    RemoteDataPlane,
+    ServiceCore,
     RequesterLost,
     _decode_submit,
     decode_frame,
     run_remote,
 )
-from dualpath_emu.runtime.realtime import run_realtime
+from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore, run_realtime
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.runtime.security import RunKeys
 
@@ -76,15 +76,16 @@ class ServiceThread:
         self.error: BaseException | None = None
         self.report: dict[str, Any] | None = None
         self._ready = threading.Event()
-        self._loop: DataPlaneServiceLoop | None = None
+        self._loop: RealTimeLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         core = Core(clock="wall", time_scale=self.time_scale)
         build_core(core)
-        loop = self._loop = DataPlaneServiceLoop(core)
-        service = DataPlaneService(loop, bind=self.endpoint, **self.options)
+        plane = ServiceCore(core)
+        loop = self._loop = plane.new_loop()
+        service = DataPlaneService(plane, bind=self.endpoint, **self.options)
 
         async def main() -> str:
             self._stop = asyncio.Event()
@@ -134,8 +135,8 @@ def service(directory: Path, **options: Any) -> Iterator[ServiceThread]:
         thread.join()
 
 
-def remote(endpoint: str, name: str = "w", **options: Any) -> RemoteDataPlaneLoop:
-    return RemoteDataPlaneLoop(endpoint, name, **{"connect_timeout_s": 10.0, **options})
+def remote(endpoint: str, name: str = "w", **options: Any) -> RemoteDataPlane:
+    return RemoteDataPlane(endpoint, name, **{"connect_timeout_s": 10.0, **options})
 
 
 # --- the same completions as in one process -------------------------------------------------------------
@@ -171,15 +172,15 @@ async def batch_mix(dp: CoreWork, ids: dict[str, int]) -> tuple[list[Shape], typ
     return shapes, bad_error
 
 
-def test_remote_loop_gives_the_same_completions_as_a_local_realtime_loop(directory: Path) -> None:
+def test_remote_plane_gives_the_same_completions_as_a_local_core(directory: Path) -> None:
     core = Core(clock="wall", time_scale=1.0)
     build_core(core)
     ids = {"link": core.port_id("link"), "nic": core.port_id("nic"), "node0": core.storage_node_id("node0")}
 
-    async def local_main() -> tuple[list[Shape], type[BaseException]]:
-        return await batch_mix(asyncio.get_running_loop(), ids)  # type: ignore[arg-type]
+    async def local_main(plane: WallClockCore) -> tuple[list[Shape], type[BaseException]]:
+        return await batch_mix(plane, ids)
 
-    local, local_error = run_realtime(local_main(), core)
+    local, local_error = run_realtime(local_main, core)
     with service(directory) as svc:
         loop = remote(svc.endpoint)
         remote_ids = {"link": loop.layout.port_id("link"), "nic": loop.layout.port_id("nic")}
@@ -246,10 +247,10 @@ def test_a_decode_node_steps_in_the_services_core_as_in_a_local_one(directory: P
     build_core(core)
     ids = {"link": core.port_id("link"), "nic": core.port_id("nic"), "node0": core.storage_node_id("node0")}
 
-    async def local_main() -> tuple[list[list[int]], dict[str, Any] | None]:
-        return await decode_two(asyncio.get_running_loop(), ids)  # type: ignore[arg-type]
+    async def local_main(plane: WallClockCore) -> tuple[list[list[int]], dict[str, Any] | None]:
+        return await decode_two(plane, ids)
 
-    local, local_moved = run_realtime(local_main(), core)
+    local, local_moved = run_realtime(local_main, core)
     with service(directory) as svc:
         loop = remote(svc.endpoint)
 
@@ -401,12 +402,8 @@ def free_tcp_endpoint() -> str:
 
 
 def test_over_tcp_the_data_plane_takes_the_runs_keys_and_nothing_else(directory: Path) -> None:
-    service_loop = DataPlaneServiceLoop(Core(clock="wall"))
-    try:
-        with pytest.raises(SecurityError, match="a tcp:// data plane without keys"):
-            DataPlaneService(service_loop, bind=free_tcp_endpoint())
-    finally:
-        service_loop.close()
+    with pytest.raises(SecurityError, match="a tcp:// data plane without keys"):
+        DataPlaneService(ServiceCore(Core(clock="wall")), bind=free_tcp_endpoint())
     keys_dir = directory / "keys"
     RunKeys.generate(keys_dir, ["dataplane", "w", "other"])
     endpoint = free_tcp_endpoint()

@@ -1,6 +1,7 @@
-"""The real-time loop (``RealTimeLoop``): the core's scaled wall clock is the loop's clock, the core's pacer
-wakes the loop through its descriptor, core work resolves at its modelled time; plus what actors get from
-the runtime on either loop (``data_plane``, seeded random streams) and the canonical event log format.
+"""The real-time loop (``RealTimeLoop``) and a process's own core (``WallClockCore``): the core's scaled wall
+clock is the loop's clock, the core's pacer wakes the loop through its descriptor, core work resolves at its
+modelled time; plus what actors get from the runtime on either loop (the ``data_plane`` handed to their system,
+seeded random streams) and the canonical event log format.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from hypothesis import strategies as st
 
 from dualpath_emu._core import Core
 from dualpath_emu.errors import UnknownNameError
-from dualpath_emu.runtime import Actor, ActorSystem, Event, VirtualTimeLoop, run
+from dualpath_emu.runtime import Actor, ActorSystem, Event, VirtualTimeLoop
 from dualpath_emu.runtime.eventlog import event_line, event_log_sha256, parse_line, write_event_log
-from dualpath_emu.runtime.realtime import RealTimeLoop, run_realtime
+from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore, run_realtime
 
 GB = 1e9
 
@@ -27,31 +28,35 @@ def test_sleep_and_transfers_follow_the_scaled_wall_clock() -> None:
     core = Core(clock="wall", time_scale=20.0)
     port = core.add_port("p", GB)
 
-    async def main() -> tuple[float, float, float, int, int, float]:
+    async def main(plane: WallClockCore) -> tuple[float, float, float, int, int, float]:
         loop = asyncio.get_running_loop()
-        assert isinstance(loop, RealTimeLoop) and loop.time_scale == 20.0
+        assert isinstance(loop, RealTimeLoop) and loop.time_scale == 20.0 and plane.loop is loop
         t0, w0 = loop.time(), time.perf_counter()
         await asyncio.sleep(1.0)  # one emulated second: 50 ms of wall time
         slept, wall = loop.time() - t0, time.perf_counter() - w0
-        done = await loop.transfer([port], 0, 500_000_000)  # 0.5 s at 1 GB/s
+        done = await plane.transfer([port], 0, 500_000_000)  # 0.5 s at 1 GB/s
         return slept, wall, loop.time(), done.start_ns, done.end_ns, done.end_ns / 1e9
 
-    slept, wall, now, start_ns, end_ns, end_s = run_realtime(main(), core)
+    slept, wall, now, start_ns, end_ns, end_s = run_realtime(main, core)
     assert slept >= 1.0
     assert wall >= 1.0 / 20.0 * 0.99, "a scaled sleep never ends early in wall time"
     assert end_ns - start_ns == 500_000_000, "completions carry the modelled time"
     assert now >= end_s, "the pacer woke the loop at (or after) the completion"
 
 
-def test_loop_refuses_a_virtual_core_and_a_mismatched_scale() -> None:
+def test_a_process_core_must_be_a_wall_clock_one_and_its_loop_runs_on_its_clock() -> None:
     with pytest.raises(ValueError, match="wall-clock core"):
-        RealTimeLoop(Core())
-    with pytest.raises(ValueError, match="differs"):
-        RealTimeLoop(Core(clock="wall", time_scale=2.0), time_scale=3.0)
-    loop = RealTimeLoop(time_scale=4.0)
+        WallClockCore(Core())
+    with pytest.raises(ValueError, match="time_scale"):
+        RealTimeLoop(lambda: 0, 0.0)
+    plane = WallClockCore(Core(clock="wall", time_scale=4.0))
+    loop = plane.new_loop()
     try:
-        assert loop.core.time_scale == 4.0
+        assert loop.time_scale == plane.time_scale == 4.0 and plane.loop is loop
+        with pytest.raises(RuntimeError, match="already bound"):
+            plane.bind(loop)
     finally:
+        plane.close()
         loop.close()
 
 
@@ -59,16 +64,14 @@ def test_bad_core_work_fails_only_its_own_future() -> None:
     core = Core(clock="wall")
     port = core.add_port("p", GB)
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, RealTimeLoop)
-        good = loop.transfer([port], 0, 1000)
-        bad = loop.transfer([99], 0, 1000)
+    async def main(plane: WallClockCore) -> None:
+        good = plane.transfer([port], 0, 1000)
+        bad = plane.transfer([99], 0, 1000)
         with pytest.raises(UnknownNameError):
             await bad
         assert (await good).size_bytes == 1000
 
-    run_realtime(main(), core)
+    run_realtime(main, core)
 
 
 class Mover(Actor):
@@ -76,10 +79,17 @@ class Mover(Actor):
 
 
 @pytest.mark.parametrize("clock", ["virtual", "wall"])
-def test_actors_reach_the_data_plane_on_either_loop(clock: str) -> None:
+def test_actors_reach_the_data_plane_handed_to_their_system_on_either_loop(clock: str) -> None:
     core = Core(clock=clock, time_scale=100.0) if clock == "wall" else Core()
     port = core.add_port("p", GB)
-    system = ActorSystem()
+    loop: asyncio.AbstractEventLoop
+    if clock == "virtual":
+        virtual = VirtualTimeLoop(core)
+        plane, loop = virtual.plane, virtual
+    else:
+        wall = WallClockCore(core)
+        plane, loop = wall, wall.new_loop()
+    system = ActorSystem(data_plane=plane)
     mover = Mover(system, "mover")
 
     async def main() -> int:
@@ -88,18 +98,15 @@ def test_actors_reach_the_data_plane_on_either_loop(clock: str) -> None:
         system.record("mover", "moved", f"{done.end_ns - done.start_ns}")
         return done.end_ns - done.start_ns
 
-    runner = run if clock == "virtual" else run_realtime
-    assert runner(system.run(main()), core) == 2_000_000
+    with asyncio.Runner(loop_factory=lambda: loop) as runner:
+        assert runner.run(system.run(main())) == 2_000_000
     moved = [e for e in system.events if e.kind == "moved"]
     assert moved and moved[0].t_ns >= 2_000_000  # event times are the core's clock
 
 
-def test_data_plane_needs_a_loop_with_a_core() -> None:
-    async def main() -> None:
-        with pytest.raises(RuntimeError, match="drives no core"):
-            ActorSystem().data_plane
-
-    asyncio.run(main())
+def test_a_system_without_a_data_plane_says_so() -> None:
+    with pytest.raises(RuntimeError, match="given no data plane"):
+        ActorSystem().data_plane
 
 
 def test_random_streams_derive_from_seed_and_name_only() -> None:

@@ -184,7 +184,7 @@ def test_one_transfer_resolves_at_20_ms_with_its_completion() -> None:
 
     async def main() -> tuple[Completion, int]:
         loop = vloop()
-        completion = await loop.transfer([port], 0, GB)
+        completion = await loop.plane.transfer([port], 0, GB)
         return completion, loop.now_ns
 
     completion, now_ns = run(main(), core)
@@ -198,7 +198,7 @@ def test_two_concurrent_transfers_share_the_port_in_one_submission() -> None:
     port = counting.core.add_port("port", 50 * GB)
 
     async def one(lane: int) -> tuple[Completion, float]:
-        completion = await vloop().transfer([port], lane, GB)
+        completion = await vloop().plane.transfer([port], lane, GB)
         return completion, vloop().time()
 
     async def main() -> list[tuple[Completion, float]]:
@@ -228,7 +228,7 @@ def test_sleep_and_transfer_interleave_and_tie_order() -> None:
 
     async def mover() -> None:
         loop = vloop()
-        await loop.transfer([port], 0, GB)
+        await loop.plane.transfer([port], 0, GB)
         log.append((loop.now_ns, "moved 1 GB"))
 
     async def main() -> None:
@@ -253,8 +253,8 @@ def test_storage_read_and_core_timer() -> None:
 
     async def main() -> tuple[Completion, Completion, int]:
         loop = vloop()
-        read = loop.io(node, "read", 0, GB)
-        tick = loop.core_timer(5 * MS)
+        read = loop.plane.io(node, "read", 0, GB)
+        tick = loop.plane.core_timer(5 * MS)
         return await read, await tick, loop.now_ns
 
     read, tick, now_ns = run(main(), core)
@@ -276,9 +276,9 @@ def test_detached_work_moves_its_bytes_without_waking_the_loop() -> None:
 
     async def main() -> tuple[Completion, int]:
         loop = vloop()
-        loop.transfer_detached([snic], 0, GB // 2)  # shares the SNIC with the awaited GB
-        loop.io_detached(node, "write", 0, GB // 10)
-        done = await loop.transfer([snic], 0, GB)
+        loop.plane.transfer_detached([snic], 0, GB // 2)  # shares the SNIC with the awaited GB
+        loop.plane.io_detached(node, "write", 0, GB // 10)
+        done = await loop.plane.transfer([snic], 0, GB)
         await asyncio.sleep(1.0)
         return done, loop.now_ns
 
@@ -297,9 +297,9 @@ def test_flush_submits_at_the_request_instant() -> None:
     async def main() -> tuple[int, int, Completion]:
         loop = vloop()
         await asyncio.sleep(0.5)
-        waiter = loop.transfer([port], 0, GB)
+        waiter = loop.plane.transfer([port], 0, GB)
         before = len(core.in_flight())  # still batched in the loop
-        loop.flush()
+        loop.plane.flush()
         return before, len(core.in_flight()), await waiter
 
     assert run(main(), core) == (0, 1, ("transfer", 1, 500 * MS, 520 * MS, GB, 0))
@@ -310,9 +310,9 @@ def test_a_bad_request_fails_alone() -> None:
 
     async def main() -> list[Completion | BaseException]:
         loop = vloop()
-        good = loop.transfer([port], 0, GB)
-        bad_port = loop.transfer([port + 7], 0, GB)
-        bad_node = loop.io(3, "read", 0, GB)
+        good = loop.plane.transfer([port], 0, GB)
+        bad_port = loop.plane.transfer([port + 7], 0, GB)
+        bad_node = loop.plane.io(3, "read", 0, GB)
         return list(await asyncio.gather(good, bad_port, bad_node, return_exceptions=True))
 
     good, bad_port, bad_node = run(main(), core)
@@ -328,7 +328,7 @@ def test_a_waiter_that_gave_up_does_not_break_the_loop() -> None:
     async def main() -> int:
         loop = vloop()
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(loop.transfer([port], 0, GB), timeout=0.005)
+            await asyncio.wait_for(loop.plane.transfer([port], 0, GB), timeout=0.005)
         assert loop.now_ns == 5 * MS
         await asyncio.sleep(0.1)  # the transfer still completes at 20 ms; nobody is told
         return loop.now_ns
@@ -342,11 +342,11 @@ def test_direct_submissions_with_expect() -> None:
 
     async def main() -> Completion:
         loop = vloop()
-        tag = loop.new_tag()
-        waiter = loop.expect(tag)
+        tag = loop.plane.new_tag()
+        waiter = loop.plane.expect(tag)
         core.submit_transfers([([port], 0, GB // 2, tag)])
         with pytest.raises(ValueError, match="already awaited"):
-            loop.expect(tag)
+            loop.plane.expect(tag)
         return await waiter
 
     assert run(main(), core) == ("transfer", 1, 0, 10 * MS, GB // 2, 0)
@@ -372,7 +372,7 @@ def test_deadlock_after_work_reports_the_time() -> None:
 
     async def main() -> None:
         loop = vloop()
-        await loop.transfer([port], 0, GB)
+        await loop.plane.transfer([port], 0, GB)
         await asyncio.sleep(1)
         await asyncio.Event().wait()
 
@@ -405,7 +405,7 @@ def run_program() -> list[tuple[int, str]]:
     async def worker(name: str, path: list[int], lane: int, sizes: list[int], pause: float) -> None:
         loop = vloop()
         for size in sizes:
-            completion = await loop.transfer(path, lane, size)
+            completion = await loop.plane.transfer(path, lane, size)
             log.append((loop.now_ns, f"{name} moved {size} B from {completion.start_ns} ns"))
             await asyncio.sleep(pause)
             log.append((loop.now_ns, f"{name} paused"))
@@ -413,7 +413,7 @@ def run_program() -> list[tuple[int, str]]:
     async def ticker() -> None:
         loop = vloop()
         for i in range(5):
-            await loop.core_timer(loop.now_ns + 7 * MS)
+            await loop.plane.core_timer(loop.now_ns + 7 * MS)
             log.append((loop.now_ns, f"tick {i}"))
 
     async def main() -> None:

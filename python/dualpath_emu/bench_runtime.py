@@ -45,7 +45,7 @@ envelope (``Codec.encode_envelope``) is about 100 bytes; one run each (``--zmq-r
 The data plane (:mod:`dualpath_emu.runtime.dataplane`), at time scale 1: a child process
 (``--serve-dataplane ENDPOINT``) runs a :class:`~dualpath_emu.runtime.dataplane.DataPlaneService` over a core
 with :data:`DATAPLANE_PORTS` fast ports (1 TB/s each); this process's
-:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` issues ``--dataplane`` (default 200,000) transfers
+:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` issues ``--dataplane`` (default 200,000) transfers
 of 1 kB, ``--dataplane-batch`` (default 100) per loop iteration -- one ``submit`` message each -- over the
 ports in turn, keeping at most ``--dataplane-window`` (default 2,000) in flight, and awaits every
 completion. Timed from the first request to the last completion; one run:
@@ -55,7 +55,7 @@ completion. Timed from the first request to the last completion; one run:
     human line also gives the requesting process's CPU seconds over that time (the service runs in
     parallel, so the rate is the slower side's).
 ``dataplane_delivery_lag_p50_us``, ``dataplane_delivery_lag_p99_us``
-    The remote loop's delivery lag under that load (its clock at delivery minus each completion's modelled
+    The remote plane's delivery lag under that load (its clock at delivery minus each completion's modelled
     end, microseconds), p50 and p99: at saturation mostly queueing (about window / rate).
 ``dataplane_light_delivery_lag_p99_us``
     The same with one batch of 10 in flight at a time (``--dataplane`` / 10 requests): the lag of a lightly
@@ -89,7 +89,7 @@ from dualpath_emu._core import Core
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime import MAIN, Actor, ActorSystem, ZmqActorSystem, handles, run
 from dualpath_emu.runtime.core_work import Completion
-from dualpath_emu.runtime.dataplane import DataPlaneService, DataPlaneServiceLoop, RemoteDataPlaneLoop, run_remote
+from dualpath_emu.runtime.dataplane import DataPlaneService, RemoteDataPlane, ServiceCore, run_remote
 from dualpath_emu.runtime.security import RunKeys
 
 __all__ = [
@@ -562,9 +562,10 @@ def serve_dataplane(endpoint: str, lifetime_s: float, keys_dir: Path | None = No
     core = Core(clock="wall", time_scale=1.0)
     for i in range(DATAPLANE_PORTS):
         core.add_port(f"p{i}", 1e12)
-    loop = DataPlaneServiceLoop(core)
+    plane = ServiceCore(core)
+    loop = plane.new_loop()
     keys = RunKeys.load(keys_dir, "dataplane") if keys_dir is not None else None
-    service = DataPlaneService(loop, bind=endpoint, requesters=[DATAPLANE_REQUESTER], keys=keys)
+    service = DataPlaneService(plane, bind=endpoint, requesters=[DATAPLANE_REQUESTER], keys=keys)
     try:
         loop.run_until_complete(asyncio.wait_for(service.serve(), lifetime_s))
     finally:
@@ -601,14 +602,14 @@ def bench_dataplane(requests: int = 200_000, batch: int = 100, window: int = 2_0
     try:
         child = _dataplane_child(endpoint, directory)
         try:
-            loop = RemoteDataPlaneLoop(endpoint, DATAPLANE_REQUESTER, connect_timeout_s=READY_TIMEOUT_S)
+            plane = RemoteDataPlane(endpoint, DATAPLANE_REQUESTER, connect_timeout_s=READY_TIMEOUT_S)
         except Exception as error:
             raise BenchError(f"could not connect to the data plane: {error}{child.output()}") from None
-        ports = [loop.layout.port_id(f"p{i}") for i in range(DATAPLANE_PORTS)]
+        ports = [plane.layout.port_id(f"p{i}") for i in range(DATAPLANE_PORTS)]
 
         async def drive() -> tuple[float, float, dict[str, Any]]:
             futures: deque[asyncio.Future[Completion]] = deque()
-            transfer = loop.transfer
+            transfer = plane.transfer
             gc.collect()
             start, cpu = time.perf_counter(), time.process_time()
             for first in range(0, requests, batch):
@@ -620,16 +621,16 @@ def bench_dataplane(requests: int = 200_000, batch: int = 100, window: int = 2_0
             while futures:
                 await futures.popleft()
             wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
-            stats = await loop.stats()
-            if not await loop.say_bye():
+            stats = await plane.stats()
+            if not await plane.say_bye():
                 raise BenchError("the data plane did not answer bye")
             return wall_s, cpu_s, stats
 
-        wall_s, cpu_s, stats = run_remote(drive(), loop)
+        wall_s, cpu_s, stats = run_remote(drive(), plane)
         _finish_child(child)
         if stats["counters"]["requests"] != requests or stats["counters"]["completions"] != requests:
             raise BenchError(f"the data plane saw {stats['counters']} for {requests} requests")
-        report = loop.report()
+        report = plane.report()
         return DataPlaneResult(
             requests, wall_s, cpu_s, report["delivery_lag_ns"], stats["submission_lag_ns"], report["rtt_ns"]
         )
@@ -651,17 +652,18 @@ def bench_dataplane_handshake() -> int:
         keys_dir = directory / "keys"
         RunKeys.generate(keys_dir, ["dataplane", DATAPLANE_REQUESTER])
         child = _dataplane_child(endpoint, directory, keys_dir)
-        loop = RemoteDataPlaneLoop(
+        plane = RemoteDataPlane(
             endpoint, DATAPLANE_REQUESTER, keys=RunKeys.load(keys_dir, DATAPLANE_REQUESTER),
             connect_timeout_s=READY_TIMEOUT_S,
         )  # fmt: skip
 
         async def bye() -> None:
-            await loop.say_bye()
+            await plane.say_bye()
 
-        run_remote(bye(), loop)
+        run_remote(bye(), plane)
         _finish_child(child)
-        return loop.sync.rtt_ns
+        rtt_ns: int = plane.sync.rtt_ns
+        return rtt_ns
     finally:
         if child is not None:
             stop_child(child.process)

@@ -34,7 +34,7 @@ from dualpath_emu.config import Table
 from dualpath_emu.messages import Message, MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.runtime.app import Application
-from dualpath_emu.runtime.core_work import CoreLayout, CoreWork
+from dualpath_emu.runtime.core_work import CoreLayout
 
 __all__ = ["Pipeline"]
 
@@ -211,7 +211,7 @@ class Pipeline(Application):
     def use_layout(self, layout: CoreLayout) -> None:
         self._port = layout.port_id("link")
 
-    def create_actor(self, system: ActorSystem, name: str, loop: CoreWork | None = None) -> Actor:
+    def create_actor(self, system: ActorSystem, name: str) -> Actor:
         if name == "source":
             return Source(system, name, self)
         if name == "sink":

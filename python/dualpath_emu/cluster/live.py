@@ -31,7 +31,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
@@ -59,10 +59,13 @@ from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.engine_actor import EngineActor
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
-from dualpath_emu.runtime.dataplane import RemoteDataPlaneLoop
 from dualpath_emu.runtime.lag import LagStats
-from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, load_run_scenario
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunDescription, RunScenario, load_run_scenario
+from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
+
+if TYPE_CHECKING:  # the host backend imports the cluster
+    from dualpath_emu.host.plane import HostDataPlane
 
 __all__ = ["PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "run_scenario_text"]
 
@@ -162,10 +165,10 @@ class ClusterApplication(Application):
         self._cluster: Cluster | None = None
         self._client: Client | None = None
         self._finished: asyncio.Event | None = None
-        self._loop: CoreWork | None = None
-        """This process's loop: its engines' data plane."""
-        self._host: Any = None
-        """This process's host loop (host backend only)."""
+        self._plane: CoreWork | None = None
+        """This process's data plane: its engines'."""
+        self._host: HostDataPlane | None = None
+        """This process's host data plane (host backend only)."""
 
     def _build(self, core: Core) -> Topology:
         c = self.config
@@ -204,14 +207,12 @@ class ClusterApplication(Application):
             self._cluster = Cluster(self.config, self.system, self.derived, self.topology, metrics, policy)
         return self._cluster
 
-    def create_actor(self, system: ActorSystem, name: str, loop: CoreWork | None = None) -> Actor:
-        """The actor around engine ``name`` (:mod:`~dualpath_emu.cluster.assemble`), whose data plane is
-        ``loop`` (the process's)."""
-        if loop is None:
-            raise ValueError("the cluster's engines need the process's loop as their data plane")
+    def create_actor(self, system: ActorSystem, name: str) -> Actor:
+        """The actor around engine ``name`` (:mod:`~dualpath_emu.cluster.assemble`), whose data plane is the
+        system's (the process's)."""
         cluster = self._context()
-        self._loop = loop
-        actor = EngineActor(system, name, loop, lambda out, plane: build_engine(
+        self._plane = system.data_plane
+        actor = EngineActor(system, name, lambda out, plane: build_engine(
             name, cluster, out, plane, trajectories=lambda: read_trajectories(self.trajectories_path).trajectories,
             seed=self.seed))  # fmt: skip
         if isinstance(actor.engine, Client):
@@ -221,8 +222,8 @@ class ClusterApplication(Application):
         return actor
 
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
-        client, finished, loop = self._client, self._finished, self._loop
-        assert client is not None and finished is not None and loop is not None, "the driver runs in the client's process"
+        client, finished, plane = self._client, self._finished, self._plane
+        assert client is not None and finished is not None and plane is not None, "the driver runs in the client's process"
         poller: asyncio.Task[None] | None = None
         live: LiveMetrics | None = None
         if self.metrics_port >= 0:
@@ -232,7 +233,7 @@ class ClusterApplication(Application):
             _write_private(folder / METRICS_PORT_FILE, f"{port}\n".encode())
             print(f"live metrics: http://127.0.0.1:{port}/metrics", flush=True)
             client.observer = live
-            poller = asyncio.get_running_loop().create_task(self._poll(loop, live), name="live-metrics")
+            poller = asyncio.get_running_loop().create_task(self._poll(plane, live), name="live-metrics")
         start_ns = system.now_ns()
         try:
             system.tell("client", Start())
@@ -243,26 +244,20 @@ class ClusterApplication(Application):
                 await asyncio.gather(poller, return_exceptions=True)
             if live is not None:
                 live.close()
-        loop.flush()  # the last instant's work (block write-backs) goes to the data plane
+        plane.flush()  # the last instant's work (block write-backs) goes to the data plane
         await asyncio.sleep(0)
         return {"turns": len(self._context().metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
 
-    async def _poll(self, loop: CoreWork, live: LiveMetrics) -> None:
+    async def _poll(self, plane: CoreWork, live: LiveMetrics) -> None:
         """Feed the live metrics the data plane's ports and read queues, every :data:`POLL_S` of wall time."""
         scratch = self._scratch
         rates = {scratch.port_name(p): scratch.port_rate(p) for p in range(scratch.port_count)}
+        every_s = POLL_S * getattr(asyncio.get_running_loop(), "time_scale", 1.0)  # in loop seconds
         while True:
-            if isinstance(loop, RemoteDataPlaneLoop):
-                report = await loop.stats()
-                now_ns, counters, queues = report["clock_ns"], report["ports"], report["storage"]
-            else:
-                core = loop.core  # type: ignore[attr-defined]  # a one-process run's own core
-                now_ns = core.clock_ns()
-                counters = {core.port_name(p): core.port_counters(p) for p in range(core.port_count)}
-                queues = {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)}
-            ports = [(name, rates.get(name, 0.0), float(sum(c["fluid_bytes"]))) for name, c in counters.items()]
-            live.data_plane(now_ns, ports, [(name, q["read_bytes"]) for name, q in queues.items()])
-            await asyncio.sleep(POLL_S * loop.time_scale)  # type: ignore[attr-defined]  # both loops have it
+            report = await plane.stats()
+            ports = [(name, rates.get(name, 0.0), float(sum(c["fluid_bytes"]))) for name, c in report["ports"].items()]
+            live.data_plane(report["clock_ns"], ports, [(name, q["read_bytes"]) for name, q in report["storage"].items()])
+            await asyncio.sleep(every_s)
 
     # --- the parts of a run split over processes ----------------------------------------------------
 
@@ -284,6 +279,7 @@ class ClusterApplication(Application):
         """A host process's share: its local core's report, the real work's bytes per (port, lane), what its
         files and channel moved."""
         host = self._host
+        assert host is not None
         host.core.poll()
         return {
             "core": CoreReport.of(host.core, self.topology, host.core.now_ns).to_wire(),
@@ -294,10 +290,13 @@ class ClusterApplication(Application):
             "failure": repr(host.failure) if host.failure is not None else None,
         }
 
-    def host_loop(self, core: Core, process: str, scenario: Any, description: Any, keys: Any, run_dir: Path) -> Any:
-        """The host backend's loop for ``process`` (:mod:`dualpath_emu.host`): it drives the storage and NIC
+    def host_plane(
+        self, core: Core, process: str, scenario: RunScenario, description: RunDescription, keys: RunKeys | None,
+        run_dir: Path,
+    ) -> HostDataPlane:  # fmt: skip
+        """The host backend's data plane for ``process`` (:mod:`dualpath_emu.host`): it drives the storage and NIC
         I/O of the nodes whose engine groups it hosts."""
-        from dualpath_emu.host.plane import HostLoop
+        from dualpath_emu.host.plane import HostDataPlane
         from dualpath_emu.host.storage import BlockStore
         from dualpath_emu.host.transport import ByteChannel
 
@@ -308,12 +307,12 @@ class ClusterApplication(Application):
         store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
         peers = dict(description.data_endpoints)  # itself too: its nodes may send to each other (one process)
         channel = ByteChannel(process, description.data_endpoints[process], peers, keys, engine=self.transfer_engine)
-        self._host = HostLoop(core, plan, process, channel, store)
+        self._host = HostDataPlane(core, plan, process, channel, store)
         return self._host
 
     def host_plan(self, scenario: Any) -> Any:
         """Which process drives which node's I/O (the one hosting its engine group), every port's node and
-        rate, the Full Block size: what :class:`~dualpath_emu.host.plane.HostLoop` needs of the cluster."""
+        rate, the Full Block size: what :class:`~dualpath_emu.host.plane.HostDataPlane` needs of the cluster."""
         from dualpath_emu.host.plane import HostPlan
 
         process_of = {actor: spec.name for spec in scenario.processes for actor in spec.actors}

@@ -1,8 +1,8 @@
 """The host backend's data plane: the same ``data_plane`` interface the actors use everywhere, moving real
 bytes (issue 16).
 
-A :class:`HostLoop` is a :class:`~dualpath_emu.runtime.RealTimeLoop` whose work is real where the host has
-the hardware and modelled where it does not:
+A :class:`HostDataPlane` is a process's own wall-clock core (:class:`~dualpath_emu.runtime.realtime.WallClockCore`)
+whose work is real where the host has the hardware and modelled where it does not:
 
 * **storage I/O** (``io``): the Full Blocks the request names (its extents) are read from and written to real
   files (:class:`~dualpath_emu.host.storage.BlockStore`), every block read verified; paced per node by its
@@ -24,7 +24,7 @@ real bytes (at least one), and every pacer runs at its port's rate × scale, so 
 model gives it unless the host cannot keep up -- which is what the run measures. A storage block's real size
 is the scaled Full Block rounded up to the 4 KiB that O_DIRECT needs.
 
-Everything a process was asked to move is counted per (port, lane) in modelled bytes (:attr:`HostLoop.moved`),
+Everything a process was asked to move is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`),
 so the run's byte check is the same as the model's: every byte the actors booked was moved.
 """
 
@@ -44,12 +44,12 @@ from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents, forward_bytes
 from dualpath_emu.runtime.dataplane import DataPlaneError
-from dualpath_emu.runtime.realtime import RealTimeLoop
+from dualpath_emu.runtime.realtime import WallClockCore
 
-__all__ = ["HostDataError", "HostLoop", "HostPlan"]
+__all__ = ["HostDataError", "HostDataPlane", "HostPlan"]
 
 STORAGE_BURST_S = 5e-3
-"""A storage NIC's bucket (see :meth:`HostLoop._pacer`): a read after idle gets up to 5 ms of bytes at once, where
+"""A storage NIC's bucket (see :meth:`HostDataPlane._pacer`): a read after idle gets up to 5 ms of bytes at once, where
 1 ms made reads three to six times slower than the model's on this machine (ten small reads for one)."""
 DRAIN_QUIET_S = 0.2
 """At the end, a process stops once its own work is done and no peer's bytes came for this long (wall)."""
@@ -103,8 +103,8 @@ class _StorageIo:
     running: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
-class HostLoop(RealTimeLoop):
-    """A real-time loop whose data plane moves real bytes (see the module docstring)."""
+class HostDataPlane(WallClockCore):
+    """A live process's data plane that moves real bytes (see the module docstring)."""
 
     steps_decode = False
     """Decode batches step in the engines (``cluster/decode_steps.py``): their write-backs and all-to-all are
@@ -175,7 +175,7 @@ class HostLoop(RealTimeLoop):
                     ("forward pass", 0, 0.0))  # fmt: skip
         return future
 
-    async def serve(self, main: Any) -> Any:
+    async def run(self, main: Any) -> Any:
         """Run ``main`` (the process's actors) with the byte channel open; then finish this process's real
         work (write-backs) and keep answering peers until the channel has been quiet a while."""
         await self.channel.open()
@@ -199,7 +199,7 @@ class HostLoop(RealTimeLoop):
         """Call ``callback(reason)`` when the driver's process says the run is complete (over the channel)."""
         self.channel.on_stop = callback
 
-    async def say_bye(self, run_complete: bool) -> None:
+    async def finish(self, run_complete: bool) -> None:
         """This process's actors are done; the driver's, its run complete, tells every other process to stop
         (what the data-plane service does on the model backend)."""
         self.flush()
@@ -243,7 +243,7 @@ class HostLoop(RealTimeLoop):
             if tag != UNREPORTED_TAG:
                 self._deliver([(kind, tag, start, end, size, lane)])
 
-        task = self.create_task(run())
+        task = self.loop.create_task(run())
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
 
@@ -271,7 +271,7 @@ class HostLoop(RealTimeLoop):
             burst = BURST_S if arbitration is not None else STORAGE_BURST_S
             pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants, arbitration=arbitration,
                                                on_error=self._fail, burst_s=burst)  # fmt: skip
-            pacer.start(self)
+            pacer.start(self.loop)
         return pacer
 
     def _on_grants(self, grants: list[Grant]) -> None:
@@ -326,7 +326,7 @@ class HostLoop(RealTimeLoop):
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
         chunk = max(1, self._real(self.plan.block_bytes))
         pacer = self._pacer(port, chunk, None)
-        io = _StorageIo(kind, [list(e) for e in extents], self.create_future())
+        io = _StorageIo(kind, [list(e) for e in extents], self.loop.create_future())
         ident = self._new_id()
         self._ios[ident] = io
         pacer.enqueue(lane, max(1, self._real(size)), ident)
@@ -350,7 +350,7 @@ class HostLoop(RealTimeLoop):
                 io.extents[0] = [context, first + run, n - run]
         if last:
             del self._ios[ident]
-            self.create_task(self._finish_io(io))
+            self.loop.create_task(self._finish_io(io))
 
     async def _finish_io(self, io: _StorageIo) -> None:
         try:
@@ -372,7 +372,7 @@ class HostLoop(RealTimeLoop):
         each phase ends at its start + its time, the start being when what it waits for ended (a real
         transfer's end, the layer before's deadline). A wake-up late by the loop's timer resolution (about a
         millisecond) so delays that phase only; the lateness does not add up over a pass's layers."""
-        loop = self
+        loop = self.loop
         clock = self.clock_ns
         layer_done = [loop.create_future() for _ in range(n_layers)]
         loads: list[list[asyncio.Future[int]]] = [[loop.create_future() for _ in range(n_layers)] for _ in ranks]
@@ -390,7 +390,7 @@ class HostLoop(RealTimeLoop):
 
         async def store_stream(hop: Any, queue: asyncio.Queue[int | None]) -> None:
             while (start_ns := await queue.get()) is not None:
-                await _until(loop, start_ns)
+                await _until(clock, start_ns)
                 await move(hop)
 
         start_ns = clock()
@@ -418,10 +418,10 @@ class HostLoop(RealTimeLoop):
                     if stream is not None:
                         stream.put_nowait(attention_end)
                     shared = max(shared, attention_end)
-                await _until(loop, shared)  # every rank's attention is done: the shared phase
+                await _until(clock, shared)  # every rank's attention is done: the shared phase
                 if collectives:
                     await asyncio.gather(*(move(c) for c in collectives))
-                await _until(loop, shared + ffn_ns)
+                await _until(clock, shared + ffn_ns)
                 previous = max(shared + ffn_ns, clock())
                 layer_done[layer].set_result(None)
             for stream in stores:
@@ -433,9 +433,9 @@ class HostLoop(RealTimeLoop):
                 task.cancel()
 
 
-async def _until(loop: HostLoop, at_ns: int) -> None:
-    """Sleep until the loop's clock reads ``at_ns`` (at once if it already does)."""
-    delay = at_ns - loop.clock_ns()
+async def _until(clock: Callable[[], int], at_ns: int) -> None:
+    """Sleep until ``clock`` (the loop's) reads ``at_ns`` (at once if it already does)."""
+    delay = at_ns - clock()
     if delay > 0:
         await asyncio.sleep(delay / 1e9)
 

@@ -220,8 +220,8 @@ class ActorSystem:
     ``latency_s`` is the delivery latency of every message and reply, in loop (so virtual) seconds;
     ``failure_events`` how many of the last events an :class:`ActorFailure` carries; ``seed`` the seed of
     the run's random streams (:meth:`random`); ``record_messages`` whether every message's life is
-    recorded (see the attribute). The system binds to the running event loop when it is
-    first used.
+    recorded (see the attribute); ``data_plane`` what its actors move bytes through (:attr:`data_plane`).
+    The system binds to the running event loop when it is first used.
     """
 
     def __init__(
@@ -231,12 +231,14 @@ class ActorSystem:
         failure_events: int = DEFAULT_FAILURE_EVENTS,
         seed: int = 0,
         record_messages: bool = True,
+        data_plane: CoreWork | None = None,
     ) -> None:
         if not latency_s >= 0.0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self._latency_s = latency_s
         self.seed = seed
         """The run's seed: every random stream of :meth:`random` derives from it."""
+        self._data_plane = data_plane
         self.record_messages = record_messages
         """Whether the life of every message is recorded (``tell``/``ask``, ``deliver``, ``handle``,
         ``reply``, ``answer``). Off, only the actors' own events and the exceptional ones (``drop``,
@@ -285,29 +287,26 @@ class ActorSystem:
     def _bind(self) -> Callable[[], int]:
         """Bind to the running loop; return the clock in nanoseconds."""
         loop = self._loop = asyncio.get_running_loop()
-        if isinstance(loop, CoreWork):  # a VirtualTimeLoop, a RealTimeLoop or a RemoteDataPlaneLoop: the core's clock
-            self._clock = clock = loop.clock_ns
-        else:
-            self._clock = clock = lambda: round(loop.time() * 1e9)
+        # The project's loops (virtual time's, live time's) keep their clock in integer nanoseconds.
+        clock: Callable[[], int] | None = getattr(loop, "clock_ns", None)
+        if clock is None:
+            clock = lambda: round(loop.time() * 1e9)  # noqa: E731
+        self._clock = clock
         return clock
 
     def now_ns(self) -> int:
-        """The loop's clock in nanoseconds (exact on a VirtualTimeLoop)."""
+        """The loop's clock in nanoseconds (exact on the project's loops)."""
         clock = self._clock
         return (clock if clock is not None else self._bind())()
 
     @property
     def data_plane(self) -> CoreWork:
-        """The loop's core work (``transfer``, ``forward``, ``io``, ``core_timer``, ...): the running loop, if it
-        reaches a core (a :class:`VirtualTimeLoop`, a :class:`~dualpath_emu.runtime.RealTimeLoop`, or a
-        :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` whose core is the run's data-plane
-        service): actor code does not know which."""
-        loop = self.loop
-        if not isinstance(loop, CoreWork):
-            raise RuntimeError(
-                f"the running loop ({type(loop).__name__}) drives no core; run on a VirtualTimeLoop or a RealTimeLoop"
-            )
-        return loop
+        """The data plane this system's actors move bytes through (``transfer``, ``forward``, ``io``,
+        ``core_timer``, ...), handed to the system (``ActorSystem(data_plane=...)``): a core in this process,
+        the run's data-plane service, or the host backend; actor code does not know which."""
+        if self._data_plane is None:
+            raise RuntimeError("this actor system was given no data plane (ActorSystem(data_plane=...))")
+        return self._data_plane
 
     def random(self, stream: str) -> random.Random:
         """The random stream called ``stream`` (e.g. an actor's name), seeded from :attr:`seed` and the name.

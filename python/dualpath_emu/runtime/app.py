@@ -13,14 +13,19 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
-from dualpath_emu.runtime.core_work import CoreLayout, CoreWork, core_layout
+from dualpath_emu.runtime.core_work import CoreLayout, core_layout
+from dualpath_emu.runtime.realtime import WallClockCore
+
+if TYPE_CHECKING:  # the scenario module imports this one
+    from dualpath_emu.runtime.scenario import RunDescription, RunScenario
+    from dualpath_emu.runtime.security import RunKeys
 
 __all__ = ["APPLICATIONS", "SERVICE_REPORT", "Application", "application_class"]
 
@@ -96,17 +101,20 @@ class Application(ABC):
         """Write this process's share of a real-time run (its metrics, say) to ``path`` when it stops, for
         the application to merge afterwards; nothing by default."""
 
-    def host_loop(self, core: Core, process: str, scenario: Any, description: Any, keys: Any, run_dir: Path) -> Any:
-        """The event loop of process ``process`` on the host backend (``backend = "host"``): a real-time loop
-        on ``core`` (this process's wall-clock core, built by :meth:`build_core`) whose data plane moves real
-        bytes, with an ``async serve(main)`` that runs ``main`` inside the backend's set-up and tear-down.
-        By default an application has no host backend."""
+    def host_plane(
+        self, core: Core, process: str, scenario: RunScenario, description: RunDescription, keys: RunKeys | None,
+        run_dir: Path,
+    ) -> WallClockCore:  # fmt: skip
+        """The data plane of process ``process`` on the host backend (``backend = "host"``): a plane on ``core``
+        (this process's wall-clock core, built by :meth:`build_core`) that moves real bytes, whose ``run(main)``
+        runs ``main`` inside the backend's set-up and tear-down. By default an application has no host
+        backend."""
         raise ScenarioError(f"application {self.name!r} has no host backend (backend = \"host\")")
 
     @abstractmethod
-    def create_actor(self, system: ActorSystem, name: str, loop: CoreWork) -> Actor:
-        """Create (and so register) actor ``name`` in ``system``; it is started by the runner. ``loop`` is the
-        process's loop, the actor's data plane (the core in virtual time, the data-plane service or the host
+    def create_actor(self, system: ActorSystem, name: str) -> Actor:
+        """Create (and so register) actor ``name`` in ``system``; it is started by the runner. Its data plane is
+        the system's (``system.data_plane``: the core in virtual time, the data-plane service or the host
         backend live)."""
 
     @abstractmethod

@@ -1,39 +1,41 @@
-"""Work on the core as asyncio futures, shared by every loop that reaches a data plane (issues 3 and 14).
+"""Work on the core as asyncio futures: a live process's data plane, bound to its loop (issues 3, 14, 24).
 
-Actors move bytes by asking their loop: :meth:`CoreWork.transfer`, :meth:`~CoreWork.forward`,
-:meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with the :class:`Completion`.
-Requests are batched and the batch is submitted at once: the virtual-time loop submits when it is next
-idle, the real-time loops at their next iteration. So the FFI boundary (or, remotely, the wire) is crossed
-per batch, not per request, and one actor code base runs on any loop. A forward pass (all its layers'
-loads, attention, shared phase, collectives and stores) is one request: the core expands it into its own
-events (docs/architecture.md). So are decode batches: :meth:`~CoreWork.decode_node` adds a node's decode GPUs,
-stepped by the core, :meth:`~CoreWork.decode_join` hands them requests, and the node's report (what ended,
-the GPUs' busy spans) is called from the loop.
+Actors move bytes by asking their data plane (handed to them, never looked up): :meth:`CoreWork.transfer`,
+:meth:`~CoreWork.forward`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with
+the :class:`Completion`. A data plane is not an event loop: it is bound to one (:meth:`CoreWork.bind`), whose
+clock it gives, and on which its futures resolve. Requests are batched and the batch is submitted at once: in
+virtual time when the loop is next idle, in real time at the loop's next iteration. So the FFI boundary (or,
+remotely, the wire) is crossed per batch, not per request, and one actor code base runs on any data plane. A
+forward pass (all its layers' loads, attention, shared phase, collectives and stores) is one request: the core
+expands it into its own events (docs/architecture.md). So are decode batches: :meth:`~CoreWork.decode_node`
+adds a node's decode GPUs, stepped by the core, :meth:`~CoreWork.decode_join` hands them requests, and the
+node's report (what ended, the GPUs' busy spans) is called from the loop.
 
-:class:`CoreWork` holds what every flavour shares -- tags, the pending lists, waiters, delivering
+:class:`CoreWork` holds what every data plane shares -- tags, the pending lists, waiters, delivering
 completions and failing the futures of refused requests; a flavour says only how a batch is submitted
 (:meth:`CoreWork._submit_batch`) and feeds back what completed (:meth:`CoreWork._deliver`):
 
-* :class:`LocalCoreWork` drives a :class:`~dualpath_emu._core.Core` in this process (the
-  :class:`~dualpath_emu.runtime.VirtualTimeLoop` and the :class:`~dualpath_emu.runtime.RealTimeLoop`): one
+* :class:`LocalCoreWork` drives a :class:`~dualpath_emu._core.Core` in this process (virtual time's, or a
+  live process's own wall-clock core, :class:`~dualpath_emu.runtime.realtime.WallClockCore`): one
   ``submit_transfers``, one ``submit_forwards``, one ``submit_ios``, one ``add_timers`` and one
   ``submit_decode_joins`` call per batch (in that order, new decode nodes before the joins);
-* :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` sends the batch as one message to the
-  data-plane service of a real-time run, which owns the run's only core (docs/architecture.md).
+* :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` sends the batch as one message to the data-plane
+  service of a real-time run, which owns the run's only core (docs/architecture.md);
+* the host backend (:class:`~dualpath_emu.host.plane.HostDataPlane`) moves real bytes.
 
 **Refused requests.** The core checks a whole batch before accepting any of it; when it refuses one, the
 batch is retried one request at a time (:func:`submit_split`) and each bad request's future fails with
 the core's error, the others go ahead. A bad *detached* request has no future: it fails the run.
 
-Tags come from a per-loop counter. Work submitted to a local core by other code must take its tag from
-:meth:`~CoreWork.new_tag` and register it with :meth:`~CoreWork.expect`; a completion with a tag the loop
+Tags come from a per-plane counter. Work submitted to a local core by other code must take its tag from
+:meth:`~CoreWork.new_tag` and register it with :meth:`~CoreWork.expect`; a completion with a tag the plane
 does not know is an error (:class:`UnexpectedCompletionError`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeAlias, TypeVar
@@ -184,18 +186,22 @@ class _Call(NamedTuple):
 
 
 class CoreWork:
-    """The loop's side of a data plane: tags, pending requests, waiters. Mixed into an asyncio event loop.
+    """A data plane's side of the work: tags, pending requests, waiters; its futures and callbacks run on the
+    asyncio loop it is bound to (:meth:`bind`).
 
-    A flavour calls :meth:`_init_core_work` in ``__init__``, implements :meth:`_submit_batch` and
-    :meth:`clock_ns`, and calls :meth:`_deliver` with what completed and :meth:`_refused` for requests the
-    core refused; :meth:`_work_requested` is called when a request is queued into an empty batch.
+    A flavour implements :meth:`_submit_batch` and :meth:`clock_ns`, and calls :meth:`_deliver` with what
+    completed and :meth:`_refused` for requests the core refused; :meth:`_work_requested` is called when a
+    request is queued into an empty batch, :meth:`_bound` when the plane is bound to its loop.
     """
 
     steps_decode = True
-    """Whether decode nodes step in this loop's core (:meth:`decode_node`); a flavour that moves real bytes
+    """Whether decode nodes step in this plane's core (:meth:`decode_node`); a flavour that moves real bytes
     says False (its write-backs must be real)."""
 
-    def _init_core_work(self) -> None:
+    loop: asyncio.AbstractEventLoop
+    """The event loop the plane is bound to (:meth:`bind`)."""
+
+    def __init__(self) -> None:
         self._next_tag = 1
         self._waiters: dict[int, asyncio.Future[Completion] | _Call] = {}
         self._pending_transfers: list[_Transfer] = []
@@ -208,9 +214,47 @@ class CoreWork:
         """Decode node (its tag) -> what to call with ``(ended, spans)`` when some of its requests ended."""
         self._requested = False
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run this plane's futures and callbacks on ``loop`` (once, before any work is asked for)."""
+        if getattr(self, "loop", None) is not None:
+            raise RuntimeError("this data plane is already bound to a loop")
+        self.loop = loop
+        self._bound()
+
+    def _bound(self) -> None:
+        """Called once bound: a flavour registers its readers and timers with :attr:`loop` here."""
+
     def clock_ns(self) -> int:
-        """The loop's clock in integer nanoseconds: the clock of the core the work runs on."""
+        """The plane's clock in integer nanoseconds: the clock of the core the work runs on."""
         raise NotImplementedError
+
+    # --- a live process's life around its actors (what differs by data plane; the defaults: nothing) -------
+
+    async def run(self, main: Awaitable[_T]) -> _T:
+        """Run ``main`` (a process's actors) inside whatever the plane must set up and tear down around them
+        (a remote plane: end it if the data plane is lost; the host backend: its byte channel and files)."""
+        return await main
+
+    def when_stop_requested(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` from the loop when another process says the run is complete (a plane
+        shared by several processes hears it; a process's own core never does)."""
+
+    async def finish(self, run_complete: bool) -> None:
+        """The process's actors are done: submit what they still asked for (and, ``run_complete``, the
+        driver's process, let the others know or let the work left in the core end)."""
+        self.flush()
+
+    def report(self) -> dict[str, Any] | None:
+        """The plane's side of the run, for the process's report (``None``: nothing to say)."""
+        return None
+
+    async def stats(self) -> dict[str, Any]:
+        """The core's state now, at least ``clock_ns``, ``ports`` (each port's counters by name) and
+        ``storage`` (each storage node's queue by name), as the data-plane service reports it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the plane holds (sockets, readers); the loop stays open."""
 
     def _work_requested(self) -> None:
         """Called once per batch, when the first request of a batch is queued."""
@@ -230,8 +274,7 @@ class CoreWork:
         """A future resolved with the completion of ``tag``, for work submitted to the core directly."""
         if tag in self._waiters:
             raise ValueError(f"tag {tag} is already awaited")
-        loop: asyncio.AbstractEventLoop = self  # type: ignore[assignment]  # mixed into an event loop
-        future: asyncio.Future[Completion] = loop.create_future()
+        future: asyncio.Future[Completion] = self.loop.create_future()
         self._waiters[tag] = future
         return future
 
@@ -373,7 +416,7 @@ class CoreWork:
 
     def _decoded(self, tag: int, ended: list[Any], spans: list[Any]) -> None:
         """Decode node ``tag`` reported: call its report from the loop."""
-        self._loop().call_soon(self._decode_reports[tag], ended, spans)
+        self.loop.call_soon(self._decode_reports[tag], ended, spans)
 
     def _refused(self, tag: int, error: Exception) -> None:
         """The core refused the request of ``tag``: fail its future with ``error`` (a detached request's
@@ -382,16 +425,13 @@ class CoreWork:
             raise error
         future = self._waiters.pop(tag, None)
         if isinstance(future, _Call):
-            self._loop().call_soon(future.failed, error)
+            self.loop.call_soon(future.failed, error)
         elif future is not None and not future.done():
             future.set_exception(error)
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        return self  # type: ignore[return-value]  # mixed into an event loop
-
     def _deliver(self, completions: list[_RawCompletion]) -> None:
         unknown: list[int] = []
-        call_soon = self._loop().call_soon
+        call_soon = self.loop.call_soon
         for raw in completions:
             future = self._waiters.pop(raw[1], None)
             if future is None:
@@ -411,24 +451,22 @@ class CoreWork:
 
 
 class LocalCoreWork(CoreWork):
-    """Core work on a :class:`~dualpath_emu._core.Core` in this process (the virtual-time and the
-    real-time loop): a batch is one core call per kind."""
+    """Core work on a :class:`~dualpath_emu._core.Core` in this process (virtual time's, or a live process's
+    own): a batch is one core call per kind."""
 
-    _core: Core
-
-    def _init_local_core_work(self, core: Core) -> None:
-        self._init_core_work()
+    def __init__(self, core: Core) -> None:
+        super().__init__()
         self._core = core
         self._decode_ids: dict[int, int] = {}
         """Decode node handle (tag) -> its id in the core."""
 
     @property
     def core(self) -> Core:
-        """The core this loop drives."""
+        """The core this plane drives."""
         return self._core
 
     def clock_ns(self) -> int:
-        """The loop's clock in integer nanoseconds (the core's clock)."""
+        """The plane's clock in integer nanoseconds (the core's clock)."""
         return self._core.clock_ns()
 
     def _submit_batch(
@@ -452,6 +490,14 @@ class LocalCoreWork(CoreWork):
 
     def _local_decoded(self, tag: int) -> None:
         self._decoded(tag, *self._core.take_decoded(self._decode_ids[tag]))
+
+    async def stats(self) -> dict[str, Any]:
+        core = self._core
+        return {
+            "clock_ns": core.clock_ns(),
+            "ports": {core.port_name(p): core.port_counters(p) for p in range(core.port_count)},
+            "storage": {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)},
+        }
 
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
         """What decode node ``node`` moved on its own so far (``Core.decode_bytes``)."""

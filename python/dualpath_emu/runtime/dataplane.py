@@ -1,24 +1,23 @@
-"""The data-plane service of a real-time run, and the loop that reaches it from other processes (issue 14).
+"""The data-plane service of a real-time run, and the data plane that reaches it from other processes (issue 14).
 
 In real time the rates of all transfers are one max-min solution over all ports, so one process -- the
-**data-plane service** -- owns the run's only core (``Core(clock="wall", time_scale=s)`` on a
-:class:`DataPlaneServiceLoop`, a :class:`~dualpath_emu.runtime.RealTimeLoop`) and every port, and the actors
-of every other process reach it through the same ``data_plane`` interface they use in virtual time
-(:class:`~dualpath_emu.runtime.core_work.CoreWork`: ``transfer``, ``transfer_detached``, ``forward``, ``io``,
-``io_detached``, ``core_timer``, ``new_tag``, ``expect``, ``flush``, ``clock_ns``): their loop is a
-:class:`RemoteDataPlaneLoop`. Actor code cannot tell which it has (docs/architecture.md)::
+**data-plane service** -- owns the run's only core (``Core(clock="wall", time_scale=s)``, its plane a
+:class:`ServiceCore`) and every port, and the actors of every other process reach it through the same data-plane
+interface as any (:class:`~dualpath_emu.runtime.core_work.CoreWork`: ``transfer``, ``transfer_detached``,
+``forward``, ``io``, ``io_detached``, ``core_timer``, ``new_tag``, ``expect``, ``flush``, ``clock_ns``): theirs
+is a :class:`RemoteDataPlane`. Actor code cannot tell which it has (docs/architecture.md)::
 
     # the data plane's process
     core = Core(clock="wall", time_scale=1.0); app.build_core(core)
-    loop = DataPlaneServiceLoop(core)
-    service = DataPlaneService(loop, bind="ipc:///run/dp.sock", requesters=["source", "workers"])
+    plane = ServiceCore(core); loop = plane.new_loop()
+    service = DataPlaneService(plane, bind="ipc:///run/dp.sock", requesters=["source", "workers"])
     loop.run_until_complete(service.serve())            # returns once every requester said bye, drained
 
     # any other process
-    loop = RemoteDataPlaneLoop("ipc:///run/dp.sock", "workers", time_scale=1.0)   # connects, syncs clocks
-    loop.run_until_complete(loop.guard(main()))          # main's actors use system.data_plane as ever
+    plane = RemoteDataPlane("ipc:///run/dp.sock", "workers", time_scale=1.0)   # connects, syncs clocks
+    run_remote(main(), plane)                   # on a loop on the service's clock; main's actors use the plane
 
-**Batches.** The remote loop queues requests like any :class:`CoreWork` and, at its next iteration, sends
+**Batches.** The remote plane queues requests like any :class:`CoreWork` and, at its next iteration, sends
 everything requested in that iteration -- transfers, forwards, I/Os and timers -- as one ``submit``
 message. The service submits each message to its core at once (one core call per kind, split one by one
 if the core refuses it: each refused request gets its own error back, see
@@ -27,38 +26,38 @@ message per requester per wake-up (a pacer wake-up, or a batch of received messa
 never reported; a detached request the core refuses fails the requester's run (:class:`DetachedRequestError`).
 Tags are per requester: the service maps ``(requester, tag)`` to its own core tags.
 
-**One clock.** At connect the remote loop measures its offset to the service's core clock NTP-style:
+**One clock.** At connect the remote plane measures its offset to the service's core clock NTP-style:
 :data:`SYNC_ROUNDS` pings, each answered with the service's clock; the sample with the smallest round trip
 is kept, its clock reading taken to be the service's clock at the round trip's midpoint. From then on the
-remote loop's ``time()`` and ``clock_ns()`` are the service's clock (scaled by the run's ``time_scale``),
+remote plane's ``time()`` and ``clock_ns()`` are the service's clock (scaled by the run's ``time_scale``),
 within ± RTT/2 of wall time (``offset_uncertainty_ns``, in emulated nanoseconds: × ``time_scale``). On one
 host both clocks are the same ``CLOCK_MONOTONIC``, so that bound is all the error there is. Across hosts the
 handshake works the same (any ``tcp://`` endpoint), but the hosts' monotonic clocks drift apart by their
 frequency error (typically some ppm, 3.6 ms per hour at 1 ppm, less under NTP's discipline): that is **not
 corrected**. Every heartbeat is a fresh sample, so the loop measures it: ``clock_check`` in
-:meth:`RemoteDataPlaneLoop.report` holds the largest and the last disagreement seen between the service's
+:meth:`RemoteDataPlane.report` holds the largest and the last disagreement seen between the service's
 clock and the remote's estimate of it (samples with a round trip at most twice the handshake's); on one
 host it stays within the RTT, on several hosts its growth is the drift. Re-run a long multi-host run's
 handshake (a new process) if that matters.
 
-**Lags.** The remote loop records, for each completion it delivers, its clock at delivery minus the
+**Lags.** The remote plane records, for each completion it delivers, its clock at delivery minus the
 completion's modelled ``end_ns`` (the *delivery lag*); the service records, for each batch, its clock
 when it submitted it minus the requester's clock when the first request of the batch was made (the
 *submission lag*, carried in the batch). Both are :class:`LagStats` (p50, p99, max in bounded memory).
 
-**Heartbeats.** Each remote loop pings the service every ``heartbeat_interval_s`` (0.5 s) wall and the
-service answers; a remote loop that hears nothing from the service for ``heartbeat_timeout_s`` (5 s) fails
+**Heartbeats.** Each remote plane pings the service every ``heartbeat_interval_s`` (0.5 s) wall and the
+service answers; a remote plane that hears nothing from the service for ``heartbeat_timeout_s`` (5 s) fails
 with :class:`DataPlaneLost` naming the data plane's endpoint; the service, hearing nothing from a
 connected requester that long, fails with :class:`RequesterLost` naming it (and tells the others).
 
-**Ending.** A requester whose actors are done says ``bye`` (:meth:`RemoteDataPlaneLoop.say_bye`); the
+**Ending.** A requester whose actors are done says ``bye`` (:meth:`RemoteDataPlane.say_bye`); the
 driver's process, its run complete, says so in its bye, and the service then tells every other connected
-requester to ``stop`` (:meth:`RemoteDataPlaneLoop.when_stop_requested`), so a run ends by messages, with or
+requester to ``stop`` (:meth:`RemoteDataPlane.when_stop_requested`), so a run ends by messages, with or
 without a launcher; once every expected requester has said bye and the core has no pending work
 (``core.pending() == 0``, detached work included), :meth:`DataPlaneService.serve` returns and the caller
 writes :meth:`DataPlaneService.report`
 (port counters, core stats, storage queues, lags). A ``stats`` request answers the same report at any time
-(:meth:`RemoteDataPlaneLoop.stats`), for the end-of-run byte checks and live metrics.
+(:meth:`RemoteDataPlane.stats`), for the end-of-run byte checks and live metrics.
 
 Wire format (version :data:`PROTOCOL_VERSION`)
 -----------------------------------------------
@@ -66,7 +65,7 @@ Sockets: a ROUTER at the service, one DEALER per remote process (high-water mark
 most :data:`MAX_FRAME_BYTES`: ``zmq.MAXMSGSIZE``). With a ``keys`` object (:class:`DataPlaneKeys`, e.g. a
 :class:`~dualpath_emu.runtime.security.RunKeys`) the service calls ``keys.make_server(socket)`` before it
 binds and runs ``start_authenticator(context, keys)`` (a ZAP handler admitting the run's keys only); a
-remote loop calls ``keys.make_client(socket, peer_name)`` before it connects: CURVE, authenticated and
+remote plane calls ``keys.make_client(socket, peer_name)`` before it connects: CURVE, authenticated and
 encrypted. Without keys the rules of the actors' transport apply (:mod:`dualpath_emu.runtime.zmq_transport`):
 a ``tcp://`` endpoint is refused (:class:`~dualpath_emu.errors.SecurityError`) unless ``insecure=True``, and
 an ``ipc://`` socket's directory must be private to the user
@@ -140,7 +139,7 @@ from dualpath_emu.runtime.core_work import (
     core_layout,
     submit_split,
 )
-from dualpath_emu.runtime.realtime import RealTimeLoop, _ScaledSelector
+from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore
 from dualpath_emu.runtime.security import check_private_ipc
 
 __all__ = [
@@ -154,13 +153,13 @@ __all__ = [
     "DataPlaneKeys",
     "DataPlaneLost",
     "DataPlaneService",
-    "DataPlaneServiceLoop",
     "DetachedRequestError",
     "FrameError",
     "LagStats",
     "RefusedError",
-    "RemoteDataPlaneLoop",
+    "RemoteDataPlane",
     "RequesterLost",
+    "ServiceCore",
     "StartAuthenticator",
     "check_endpoint",
     "decode_frame",
@@ -187,7 +186,7 @@ SYNC_ROUNDS: Final = 8
 HEARTBEAT_INTERVAL_S: Final = 0.5
 HEARTBEAT_TIMEOUT_S: Final = 5.0
 CONNECT_TIMEOUT_S: Final = 60.0
-"""How long a remote loop waits for the service's welcome, and the service for its expected requesters."""
+"""How long a remote plane waits for the service's welcome, and the service for its expected requesters."""
 BYE_TIMEOUT_S: Final = 1.0
 DRAIN_CHECK_S: Final = 0.01
 """While every requester has said bye but work is pending, the service checks this often (wall s)."""
@@ -207,7 +206,7 @@ class DataPlaneError(RuntimeError):
 
 
 class DataPlaneLost(DataPlaneError):
-    """A remote loop heard nothing from the data-plane service for its heartbeat timeout."""
+    """A remote plane heard nothing from the data-plane service for its heartbeat timeout."""
 
 
 class RequesterLost(DataPlaneError):
@@ -215,7 +214,7 @@ class RequesterLost(DataPlaneError):
 
 
 class RefusedError(DataPlaneError):
-    """The service refused a remote loop's hello (an unknown or duplicate name, another time scale)."""
+    """The service refused a remote plane's hello (an unknown or duplicate name, another time scale)."""
 
 
 class DetachedRequestError(DataPlaneError):
@@ -538,9 +537,9 @@ class _Requester:
     touched: bool = False
 
 
-class DataPlaneServiceLoop(RealTimeLoop):
-    """The service's loop: a :class:`~dualpath_emu.runtime.RealTimeLoop` whose core completions for remote
-    requesters go to the :class:`DataPlaneService` attached to it (the rest to this loop's own waiters)."""
+class ServiceCore(WallClockCore):
+    """The service's core: a :class:`~dualpath_emu.runtime.realtime.WallClockCore` whose completions for remote
+    requesters go to the :class:`DataPlaneService` attached to it (the rest to this plane's own waiters)."""
 
     def __init__(self, core: Core) -> None:
         super().__init__(core)
@@ -555,7 +554,8 @@ class DataPlaneServiceLoop(RealTimeLoop):
 
 
 class DataPlaneService:
-    """The data-plane service on ``loop`` (see the module docstring); bound at ``bind`` by :meth:`serve`.
+    """The data-plane service of ``plane``'s core (see the module docstring), on the loop ``plane`` is bound to;
+    bound at ``bind`` by :meth:`serve`.
 
     ``requesters`` names every process expected to connect (``None``: any name; the service is then drained
     once every process that connected said bye). ``keys`` (with ``start_authenticator``, by default the one of
@@ -565,7 +565,7 @@ class DataPlaneService:
 
     def __init__(
         self,
-        loop: DataPlaneServiceLoop,
+        plane: ServiceCore,
         *,
         bind: str,
         requesters: Iterable[str] | None = None,
@@ -577,13 +577,13 @@ class DataPlaneService:
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
-        if loop._service is not None:
-            raise ValueError("this loop already has a data-plane service")
+        if plane._service is not None:
+            raise ValueError("this core already has a data-plane service")
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             raise ValueError("expected 0 < heartbeat_interval_s < heartbeat_timeout_s")
         check_endpoint(bind, keys, insecure)
-        self.loop = loop
-        self.core = loop.core
+        self.plane = plane
+        self.core = plane.core
         self.bind_address = bind
         self.expected: tuple[str, ...] | None = None if requesters is None else tuple(requesters)
         self.name = name
@@ -618,7 +618,12 @@ class DataPlaneService:
         self.failure: DataPlaneError | None = None
         self.run_complete_by: str | None = None
         """The requester that said its run is complete (then every other one was told to stop)."""
-        loop._service = self
+        plane._service = self
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the service runs on (its plane's)."""
+        return self.plane.loop
 
     # --- life --------------------------------------------------------------------------------------
 
@@ -732,7 +737,7 @@ class DataPlaneService:
                 self._reject(f"{type(error).__name__}: {error}", self._requesters.get(frames[0]))
         completions = self.core.take_completions()  # what the submissions completed at once
         if completions:
-            self.loop._deliver(completions)
+            self.plane._deliver(completions)
         self._send_touched()
         if handled >= RECEIVE_BATCH:
             self.loop.call_soon(self._on_readable)
@@ -787,8 +792,8 @@ class DataPlaneService:
             reason = f"no process {name!r} is expected (expected: {', '.join(self.expected)})"
         elif name in self._by_name and not self._by_name[name].said_bye:
             reason = f"a process named {name!r} is already connected"
-        elif not math.isclose(time_scale, self.loop.time_scale, rel_tol=1e-12):
-            reason = f"time_scale {time_scale} differs from the data plane's {self.loop.time_scale}"
+        elif not math.isclose(time_scale, self.plane.time_scale, rel_tol=1e-12):
+            reason = f"time_scale {time_scale} differs from the data plane's {self.plane.time_scale}"
         if reason is not None:
             self._reject(f"hello refused: {reason}")
             self._send(identity, [PROTOCOL_VERSION, "refused", reason])
@@ -798,7 +803,7 @@ class DataPlaneService:
         self._by_name[name] = requester
         layout = {"ports": dict(self._layout.ports), "storage_nodes": dict(self._layout.storage_nodes)}
         self._send(identity, [
-            PROTOCOL_VERSION, "welcome", self.name, self.core.clock_ns(), self.loop.time_scale, layout,
+            PROTOCOL_VERSION, "welcome", self.name, self.core.clock_ns(), self.plane.time_scale, layout,
             self.heartbeat_interval_s, self.heartbeat_timeout_s,
         ])  # fmt: skip
         if self.run_complete_by is not None:  # late: the run is over already
@@ -845,7 +850,7 @@ class DataPlaneService:
             self._join(requester, joins)
 
     def _add_decode_node(self, requester: _Requester, tag: int, spec: dict[str, Any]) -> None:
-        core_tag = self.loop.new_tag()
+        core_tag = self.plane.new_tag()
         try:
             node = self.core.add_decode_node(report_tag=core_tag, **spec)
         except Exception as error:  # a bad spec: the core's error (or a keyword's type) goes back with its tag
@@ -875,7 +880,7 @@ class DataPlaneService:
     def _submit(
         self, requester: _Requester, submit: Callable[[list[Any]], int], batch: list[Any], tag_index: int
     ) -> None:
-        routes, inflight, new_tag = self._routes, requester.inflight, self.loop.new_tag
+        routes, inflight, new_tag = self._routes, requester.inflight, self.plane.new_tag
         items: list[Any] = []
         for item in batch:
             tag = item[tag_index]
@@ -966,7 +971,7 @@ class DataPlaneService:
         except zmq.Again:
             if not self._backlog or self._backlog[0] is not frames:
                 self._backlog.append(frames)
-            self.loop.call_later(0.001 * self.loop.time_scale, self._drain_backlog)
+            self.loop.call_later(0.001 * self.plane.time_scale, self._drain_backlog)
             return False
         except zmq.ZMQError as error:  # EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
             self.counters["send_failures"] += 1
@@ -988,7 +993,7 @@ class DataPlaneService:
     # --- heartbeats and the end ----------------------------------------------------------------------
 
     def _schedule_heartbeat(self) -> None:
-        self.loop.call_later(self.heartbeat_interval_s * self.loop.time_scale, self._heartbeat)
+        self.loop.call_later(self.heartbeat_interval_s * self.plane.time_scale, self._heartbeat)
 
     def _heartbeat(self) -> None:
         if self._socket is None or self._done is None or self._done.done():
@@ -1038,7 +1043,7 @@ class DataPlaneService:
                 self._drain_check = None
                 self._check_drained()
 
-            self._drain_check = self.loop.call_later(DRAIN_CHECK_S * self.loop.time_scale, again)
+            self._drain_check = self.loop.call_later(DRAIN_CHECK_S * self.plane.time_scale, again)
 
     # --- reports -----------------------------------------------------------------------------------
 
@@ -1051,7 +1056,7 @@ class DataPlaneService:
         return {
             "service": self.name,
             "clock_ns": core.clock_ns(),
-            "time_scale": self.loop.time_scale,
+            "time_scale": self.plane.time_scale,
             "pending": core.pending(),
             "ports": ports,
             "core": core.stats(),
@@ -1072,7 +1077,7 @@ class DataPlaneService:
         }  # fmt: skip
 
 
-# --- the remote loop -----------------------------------------------------------------------------------
+# --- the remote plane -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -1130,15 +1135,16 @@ def _plain_forward(forward: tuple[Any, ...]) -> list[Any]:
     ]  # fmt: skip
 
 
-class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
-    """An asyncio loop on the data-plane service's clock whose core work runs in the service at ``endpoint``.
+class RemoteDataPlane(CoreWork):
+    """A data plane whose core work runs in the data-plane service at ``endpoint``, on the service's clock.
 
     Connects (a DEALER socket), says hello as ``name`` and measures the clock offset on construction
     (blocking, at most ``connect_timeout_s``: :class:`RefusedError`, :class:`DataPlaneLost`); ``layout`` is
     then the service's ports and storage nodes by name. ``time_scale`` must be the service's. ``keys`` make
     it a CURVE client of the process ``peer_name`` (the service's); without them ``insecure`` allows
-    ``tcp://``. Run the program through :meth:`guard` so that a lost data plane ends it; call
-    :meth:`say_bye` when its actors are done. The heartbeat parameters are wall seconds.
+    ``tcp://``. Then bind it to a loop on its clock (:meth:`new_loop`), run the program through :meth:`run`
+    so that a lost data plane ends it, and call :meth:`say_bye` when its actors are done. The heartbeat
+    parameters are wall seconds.
     """
 
     def __init__(
@@ -1162,16 +1168,10 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         self._fd: int | None = None
         self._socket: zmq.Socket[Any] | None = None
         self._context: zmq.Context[Any] | None = None
-        super().__init__(_ScaledSelector(time_scale))
+        super().__init__()
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
-            self.close()
             raise ValueError("expected 0 < heartbeat_interval_s < heartbeat_timeout_s")
-        try:
-            check_endpoint(endpoint, keys, insecure)
-        except SecurityError:
-            self.close()
-            raise
-        self._init_core_work()
+        check_endpoint(endpoint, keys, insecure)
         self._decode_moved: dict[int, dict[str, Any]] = {}
         """Decode node (its tag) -> what it moved on its own, as of its last report."""
         self.endpoint = endpoint
@@ -1183,7 +1183,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         self.counters: dict[str, int] = {"batches": 0, "requests": 0, "completions": 0, "refused": 0, "rejected": 0}
         self.failure: DataPlaneError | None = None
         """Why the data plane was lost (then :meth:`guard` raises it)."""
-        self._failed: asyncio.Future[None] = self.create_future()
+        self._failed: asyncio.Future[None] | None = None
         self._clock_check = _ClockCheck()
         self._seq = 0
         self._replies: dict[int, asyncio.Future[Any]] = {}
@@ -1200,14 +1200,27 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             self.sync, self.layout = self._handshake(connect_timeout_s, sync_rounds)
         except BaseException:
             self._close_socket()
-            self.close()
             raise
         self._base_ns = self.sync.clock_ns
         self._ref_ns = self.sync.local_ns
         self._last_heard_s = time.monotonic()
-        self._fd = _fd_of(socket)
-        self.add_reader(self._fd, self._on_readable)
-        self._heartbeat_handle = self.call_later(heartbeat_interval_s * time_scale, self._heartbeat)
+
+    def new_loop(self) -> RealTimeLoop:
+        """A :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on the service's clock, with this plane bound
+        to it."""
+        loop = RealTimeLoop(self.clock_ns, self._time_scale)
+        self.bind(loop)
+        return loop
+
+    def _bound(self) -> None:
+        loop = self.loop
+        self._failed = loop.create_future()
+        if self.failure is not None:
+            self._failed.set_result(None)
+        if self._socket is not None:
+            self._fd = _fd_of(self._socket)
+            loop.add_reader(self._fd, self._on_readable)
+            self._heartbeat_handle = loop.call_later(self.heartbeat_interval_s * self._time_scale, self._heartbeat)
 
     # --- the handshake -----------------------------------------------------------------------------
 
@@ -1276,15 +1289,6 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         """The service's core clock now, as measured at connect (see the module docstring)."""
         return self._base_ns + int((time.monotonic_ns() - self._ref_ns) * self._time_scale)
 
-    @property
-    def now_ns(self) -> int:
-        """The service's clock now, in integer nanoseconds."""
-        return self.clock_ns()
-
-    def time(self) -> float:
-        """The service's clock now, in seconds."""
-        return self.clock_ns() / 1e9
-
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
         """What decode node ``node`` moved on its own, as its last report said (``None`` before one came)."""
         return self._decode_moved.get(node)
@@ -1293,7 +1297,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
 
     def _work_requested(self) -> None:
         self._batch_requested_ns = self.clock_ns()
-        self.call_soon(self.flush)
+        self.loop.call_soon(self.flush)
 
     def _submit_batch(
         self, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any], decode_nodes: list[Any],
@@ -1331,12 +1335,12 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
                 self._socket.send(payload, _NOBLOCK)
             except zmq.Again:
                 self._backlog.append(payload)
-                self.call_later(0.001 * self._time_scale, self._drain_backlog)
+                self.loop.call_later(0.001 * self._time_scale, self._drain_backlog)
         else:
             self._backlog.append(payload)
         if not self._recheck_due:  # a send may consume the descriptor's edge: look again next iteration
             self._recheck_due = True
-            self.call_soon(self._on_readable)
+            self.loop.call_soon(self._on_readable)
 
     def _drain_backlog(self) -> None:
         socket = self._socket
@@ -1344,7 +1348,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             try:
                 socket.send(self._backlog[0], _NOBLOCK)
             except zmq.Again:
-                self.call_later(0.001 * self._time_scale, self._drain_backlog)
+                self.loop.call_later(0.001 * self._time_scale, self._drain_backlog)
                 return
             self._backlog.popleft()
 
@@ -1370,7 +1374,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
                 self._on_message(decode_frame(frame, _KINDS_TO_REMOTE))
             except FrameError as error:
                 self._reject(str(error))
-        self.call_soon(self._on_readable)  # more may be queued: let others run first
+        self.loop.call_soon(self._on_readable)  # more may be queued: let others run first
 
     def _on_message(self, message: list[Any]) -> None:
         kind = message[1]
@@ -1429,7 +1433,7 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             if self.stop_reason is None:
                 self.stop_reason = reason
                 for callback in self._stop_callbacks:
-                    self.call_soon(callback, reason)
+                    self.loop.call_soon(callback, reason)
         elif kind == "fatal":
             self._fatal(DataPlaneError(f"the data plane at {self.endpoint} failed: {_str(message[2], 'reason', 100_000)}"))
         else:  # welcome or refused after the handshake
@@ -1455,18 +1459,19 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             ))  # fmt: skip
             return
         self._send(msgpack.packb([PROTOCOL_VERSION, "ping", self._next_seq(), time.monotonic_ns()]))
-        self._heartbeat_handle = self.call_later(self.heartbeat_interval_s * self._time_scale, self._heartbeat)
+        self._heartbeat_handle = self.loop.call_later(self.heartbeat_interval_s * self._time_scale, self._heartbeat)
 
     def _fatal(self, error: DataPlaneError) -> None:
         if self.failure is None:
             _log.error("%s", error)
             self.failure = error
-            if not self._failed.done():
+            if self._failed is not None and not self._failed.done():
                 self._failed.set_result(None)
 
-    async def guard(self, main: Awaitable[_T]) -> _T:
+    async def run(self, main: Awaitable[_T]) -> _T:
         """``main``'s result; if the data plane is lost first, ``main`` is cancelled and the
         :class:`DataPlaneError` raised."""
+        assert self._failed is not None, "bind the plane to its loop first (new_loop)"
         task = asyncio.ensure_future(main)
         waiting: set[asyncio.Future[Any]] = {task, self._failed}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -1482,11 +1487,11 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
         process's bye said so (see :meth:`say_bye`); at once if it has said so already."""
         self._stop_callbacks.append(callback)
         if self.stop_reason is not None:
-            self.call_soon(callback, self.stop_reason)
+            self.loop.call_soon(callback, self.stop_reason)
 
     async def _request(self, kind: str, timeout_s: float, *fields: Any) -> Any:
         seq = self._next_seq()
-        future: asyncio.Future[Any] = self.create_future()
+        future: asyncio.Future[Any] = self.loop.create_future()
         self._replies[seq] = future
         self._send(msgpack.packb([PROTOCOL_VERSION, kind, seq, *fields]))
         try:
@@ -1513,6 +1518,10 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             return False
         return True
 
+    async def finish(self, run_complete: bool) -> None:
+        """Submit what is still queued and say bye (:meth:`say_bye`)."""
+        await self.say_bye(run_complete=run_complete)
+
     def report(self) -> dict[str, Any]:
         """This process's side: the clock handshake, the later clock checks, delivery lags, counters."""
         return {
@@ -1536,17 +1545,23 @@ class RemoteDataPlaneLoop(CoreWork, asyncio.SelectorEventLoop):
             self._context = None
 
     def close(self) -> None:
-        if not self.is_closed():
-            if self._heartbeat_handle is not None:
-                self._heartbeat_handle.cancel()
-            if self._fd is not None:
-                self.remove_reader(self._fd)
-                self._fd = None
-            self._close_socket()
-        super().close()
+        """Stop the heartbeat, close the socket (idempotent; the loop stays open)."""
+        if self._heartbeat_handle is not None:
+            self._heartbeat_handle.cancel()
+            self._heartbeat_handle = None
+        loop = getattr(self, "loop", None)
+        if self._fd is not None and loop is not None and not loop.is_closed():
+            loop.remove_reader(self._fd)
+        self._fd = None
+        self._close_socket()
 
 
-def run_remote(main: Awaitable[_T], loop: RemoteDataPlaneLoop) -> _T:
-    """Run ``main`` to completion on ``loop`` (guarded: a lost data plane raises); close the loop after."""
-    with asyncio.Runner(loop_factory=lambda: loop) as runner:
-        return runner.run(loop.guard(main))
+def run_remote(main: Awaitable[_T], plane: RemoteDataPlane) -> _T:
+    """Run ``main`` to completion on a new loop on ``plane``'s clock (guarded: a lost data plane raises); close
+    the plane and the loop after."""
+    loop = plane.new_loop()
+    try:
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            return runner.run(plane.run(main))
+    finally:
+        plane.close()

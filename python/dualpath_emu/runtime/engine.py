@@ -60,8 +60,8 @@ _ON_ATTR = "__engine_inputs__"
 
 class DataPlane(Protocol):
     """What moves bytes and keeps time for engines: the in-process core (:class:`~dualpath_emu.runtime.virtual.CoreDataPlane`),
-    the data-plane service of a live run or the host backend (:class:`~dualpath_emu.runtime.engine_actor.LoopDataPlane`
-    over the process's loop). Requests are queued and submitted in batches; ``then(now_ns)`` is called by the
+    the data-plane service of a live run or the host backend (:class:`~dualpath_emu.runtime.engine_actor.LiveDataPlane`
+    over the process's data plane). Requests are queued and submitted in batches; ``then(now_ns)`` is called by the
     driver when the work ends. A request the plane refuses fails the run."""
 
     def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:

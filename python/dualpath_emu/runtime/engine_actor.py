@@ -3,9 +3,10 @@
 In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its
 process's actor system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The
 actor only translates: a message it is told becomes :meth:`~dualpath_emu.runtime.engine.Engine.receive` with the
-loop's clock; the engine's outbox is the actor system's ``tell`` and ``record`` (an observation as its log line's fields); its data plane is the process's
-loop (:class:`LoopDataPlane`: the data-plane service's remote core, a one-process run's own core, or the host
-backend's real bytes). An exception in the engine fails the run as any actor's would.
+loop's clock; the engine's outbox is the actor system's ``tell`` and ``record`` (an observation as its log
+line's fields); its data plane is the process's (:class:`LiveDataPlane` over the data-plane service's remote
+core, a one-process run's own core, or the host backend's real bytes), handed in. An exception in the engine
+fails the run as any actor's would.
 """
 
 from __future__ import annotations
@@ -19,22 +20,21 @@ from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
 from dualpath_emu.runtime.core_work import Completion, CoreWork
 from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Engine, Extents, Hop, Observed, Outbox, Then
 
-__all__ = ["EngineActor", "LoopDataPlane"]
+__all__ = ["EngineActor", "LiveDataPlane"]
 
 
-class LoopDataPlane:
-    """A :class:`~dualpath_emu.runtime.engine.DataPlane` over an asyncio loop that reaches a core
-    (:class:`~dualpath_emu.runtime.core_work.CoreWork`). ``then`` runs as a loop callback with the loop's clock;
-    an error in it, or a request the core refuses, goes to ``fail``. Timers are the loop's own (a round trip to
-    a remote data plane per timer would only add lag)."""
+class LiveDataPlane:
+    """The engines' :class:`~dualpath_emu.runtime.engine.DataPlane` over a live process's data plane
+    (:class:`~dualpath_emu.runtime.core_work.CoreWork`, bound to the process's loop). ``then`` runs as a loop
+    callback with the plane's clock; an error in it, or a request the core refuses, goes to ``fail``. Timers
+    are the loop's own (a round trip to a remote data plane per timer would only add lag)."""
 
-    def __init__(self, loop: CoreWork, fail: Callable[[Exception], None]) -> None:
-        self.loop = loop
+    def __init__(self, plane: CoreWork, fail: Callable[[Exception], None]) -> None:
+        self.plane = plane
         self._fail = fail
-        self._asyncio: asyncio.AbstractEventLoop = loop  # type: ignore[assignment]  # CoreWork is mixed into one
 
     def _guard(self, then: Then) -> Callable[[], None]:
-        clock, fail = self.loop.clock_ns, self._fail
+        clock, fail = self.plane.clock_ns, self._fail
 
         def done() -> None:
             try:
@@ -46,15 +46,15 @@ class LoopDataPlane:
 
     def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
         if then is None:
-            self.loop.transfer_detached(path, lane, size_bytes)
+            self.plane.transfer_detached(path, lane, size_bytes)
         else:
-            self.loop.transfer_then(path, lane, size_bytes, self._guard(then), self._fail)
+            self.plane.transfer_then(path, lane, size_bytes, self._guard(then), self._fail)
 
     def io(self, storage_node: int, kind: str, lane: int, size_bytes: int, extents: Extents, then: Then | None) -> None:
         if then is None:
-            self.loop.io_detached(storage_node, kind, lane, size_bytes, extents)
+            self.plane.io_detached(storage_node, kind, lane, size_bytes, extents)
         else:
-            self.loop.io_then(storage_node, kind, lane, size_bytes, self._guard(then), self._fail, extents)
+            self.plane.io_then(storage_node, kind, lane, size_bytes, self._guard(then), self._fail, extents)
 
     def forward(
         self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
@@ -69,20 +69,20 @@ class LoopDataPlane:
             else:
                 done()
 
-        self.loop.forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives).add_done_callback(ended)
+        self.plane.forward(n_layers, ranks, ffn_ns=ffn_ns, collectives=collectives).add_done_callback(ended)
 
     def timer(self, at_ns: int, then: Then) -> None:
-        self._asyncio.call_at(at_ns / 1e9, self._guard(then))  # the loop's time() is its clock in seconds
+        self.plane.loop.call_at(at_ns / 1e9, self._guard(then))  # the loop's time() is the plane's clock in seconds
 
     def clock_ns(self) -> int:
-        return self.loop.clock_ns()
+        return self.plane.clock_ns()
 
     @property
     def steps_decode(self) -> bool:
-        return self.loop.steps_decode
+        return self.plane.steps_decode
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
-        clock, fail = self.loop.clock_ns, self._fail
+        clock, fail = self.plane.clock_ns, self._fail
 
         def reported(ended: list[tuple[int, int]], spans: list[tuple[int, int, int, int, int]]) -> None:
             try:
@@ -90,15 +90,15 @@ class LoopDataPlane:
             except Exception as error:
                 fail(error)
 
-        return self.loop.decode_node(reported, spec)
+        return self.plane.decode_node(reported, spec)
 
     def decode_join(
         self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
     ) -> None:
-        self.loop.decode_join(node, gpu, rid, prompt, gen, produced, stored_blocks, context)
+        self.plane.decode_join(node, gpu, rid, prompt, gen, produced, stored_blocks, context)
 
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
-        return self.loop.decode_bytes(node)
+        return self.plane.decode_bytes(node)
 
 
 class _ActorOutbox:
@@ -116,13 +116,11 @@ class _ActorOutbox:
 
 class EngineActor(Actor):
     """The actor called ``name`` in ``system`` around the engine ``build(outbox, plane)`` makes, whose data plane
-    is ``loop`` (see the module)."""
+    is the system's (see the module)."""
 
-    def __init__(
-        self, system: ActorSystem, name: str, loop: CoreWork, build: Callable[[Outbox, DataPlane], Engine]
-    ) -> None:
+    def __init__(self, system: ActorSystem, name: str, build: Callable[[Outbox, DataPlane], Engine]) -> None:
         super().__init__(system, name)
-        self.data_plane = LoopDataPlane(loop, self._fail)
+        self.data_plane = LiveDataPlane(system.data_plane, self._fail)
         self.engine = build(_ActorOutbox(system, name), self.data_plane)
 
     def _fail(self, error: Exception) -> None:

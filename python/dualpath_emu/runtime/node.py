@@ -17,10 +17,11 @@ The processes of a real-time run:
   (:class:`~dualpath_emu.runtime.dataplane.DataPlaneService`) until every other process has said bye and the
   core has no pending work; then writes ``<run_dir>/dataplane.json`` (its final port counters, core stats,
   storage queues and lags) and exits 0;
-* **an actor process** (each ``[[process]]``): its actors run on a
-  :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlaneLoop` connected to the data plane (whose ports it
-  learns at connect, ``Application.use_layout``), or, in a one-process run, on a
-  :class:`~dualpath_emu.runtime.RealTimeLoop` over its own core. It binds its endpoint, starts its actors and
+* **an actor process** (each ``[[process]]``): its actors' data plane is a
+  :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` connected to the data plane (whose ports it
+  learns at connect, ``Application.use_layout``), in a one-process run its own core
+  (:class:`~dualpath_emu.runtime.realtime.WallClockCore`), on the host backend the application's
+  (``Application.host_plane``); they run on a :class:`~dualpath_emu.runtime.RealTimeLoop` on its clock. It binds its endpoint, starts its actors and
   writes ``<run_dir>/<name>.ready``. The driver's process waits until every other actor process is ready
   (their ready files; ``--no-ready-wait`` skips this, for hosts without a shared run directory: start the
   driver's process last), runs the application's driver and ends when it returns; any other process runs
@@ -60,15 +61,10 @@ from dualpath_emu.errors import BackendUnavailable, UsageError
 from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
-from dualpath_emu.runtime.dataplane import (
-    DataPlaneError,
-    DataPlaneService,
-    DataPlaneServiceLoop,
-    RemoteDataPlaneLoop,
-    run_remote,
-)
+from dualpath_emu.runtime.core_work import CoreWork
+from dualpath_emu.runtime.dataplane import DataPlaneError, DataPlaneService, RemoteDataPlane, ServiceCore
 from dualpath_emu.runtime.eventlog import write_event_log
-from dualpath_emu.runtime.realtime import RealTimeLoop
+from dualpath_emu.runtime.realtime import WallClockCore
 from dualpath_emu.runtime.scenario import (
     DATAPLANE_PROCESS,
     ProcessSpec,
@@ -101,13 +97,11 @@ LAUNCHER_ENV: Final = "DUALPATH_EMU_LAUNCHER"
 """``<launcher pid>:<heartbeat pipe fd>``, set by the launcher for its children."""
 LAUNCHER_BEAT_S: Final = 0.25
 """How often (wall seconds) a process started by the launcher writes a byte to its heartbeat pipe."""
-DRAIN_POLL_S: Final = 0.01
 QUIET_S: Final = 0.05
 """Once told to stop, a process keeps its actors until no message has come from another process for this
 long (wall seconds), at most :data:`QUIET_MAX_S`: the last turn's messages to others than the driver (a
 decode group's DecodeDone to the scheduler) race the stop that the driver's completion sets off."""
 QUIET_MAX_S: Final = 2.0
-"""How often (loop seconds) a one-process run looks whether its core has drained."""
 
 _T = TypeVar("_T")
 
@@ -143,10 +137,10 @@ def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResu
     app = scenario.app
     core = Core(**app.core_options())
     app.build_core(core)
-    system = ActorSystem(latency_s=scenario.latency_s, seed=scenario.seed)
     loop = VirtualTimeLoop(core)
+    system = ActorSystem(latency_s=scenario.latency_s, seed=scenario.seed, data_plane=loop.plane)
     for name in app.actor_names():
-        app.create_actor(system, name, loop)
+        app.create_actor(system, name)
 
     async def main() -> dict[str, Any]:
         for actor in system.actors:
@@ -242,6 +236,7 @@ def _stop_event(watch_stdin: bool) -> asyncio.Event:
 
 async def _serve(
     system: ZmqActorSystem,
+    plane: CoreWork,
     scenario: RunScenario,
     spec: ProcessSpec,
     run_dir: Path,
@@ -250,14 +245,12 @@ async def _serve(
     launcher: LauncherLink | None,
 ) -> dict[str, Any] | None:
     app = scenario.app
-    loop = asyncio.get_running_loop()
     stop = _stop_event(watch_stdin)
-    # A loop without the run's core (the model backend's remote loop, the host backend's) hears from the driver's
-    # process, through the data plane or the byte channel, that the run is complete.
-    if hasattr(loop, "when_stop_requested"):
-        loop.when_stop_requested(lambda reason: stop.set())
+    # A plane shared with other processes (the model backend's remote one, the host backend's) hears from the
+    # driver's process, through the data plane or the byte channel, that the run is complete.
+    plane.when_stop_requested(lambda reason: stop.set())
     if launcher is not None:
-        launcher.start(loop, scenario.time_scale)
+        launcher.start(asyncio.get_running_loop(), scenario.time_scale)
     summary: dict[str, Any] | None = None
     await system.open()
     try:
@@ -278,17 +271,9 @@ async def _serve(
             summary = None
     finally:
         await system.close()
-        if hasattr(loop, "say_bye"):
-            # The actors are done: what they asked for is submitted, then bye (the driver's, once its run is
-            # complete, has the data plane -- on the host backend, its own byte channel -- tell the other
-            # processes to stop).
-            await loop.say_bye(run_complete=spec is scenario.driver_process and summary is not None)
-        elif isinstance(loop, RealTimeLoop) and summary is not None:
-            # A one-process run owns its core: let the work still in it (detached write-backs) finish, as the
-            # data plane drains before it reports, so that every byte asked for is accounted.
-            loop.flush()
-            while loop.core.pending():
-                await asyncio.sleep(DRAIN_POLL_S)
+        # The actors are done: what they asked for is submitted; the driver's process, its run complete, has the
+        # others told to stop (the data plane, the host backend's byte channel), or its own core drain.
+        await plane.finish(run_complete=spec is scenario.driver_process and summary is not None)
     return summary
 
 
@@ -323,44 +308,16 @@ def serve_process(
     app = scenario.app
     endpoints = description.endpoints
     started = time.perf_counter()
-    loop: RealTimeLoop | RemoteDataPlaneLoop
     keys = _load_keys(description, name)
     try:
-        if scenario.backend == "host":
-            # Every process's core on one clock: the launcher's origin on the hosts' real-time clock.
-            origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
-            elapsed = max(0, time.time_ns() - origin)
-            core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
-            app.build_core(core)
-            loop = app.host_loop(core, name, scenario, description, keys, run_dir)
-        elif description.dataplane_endpoint is None:
-            core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
-            app.build_core(core)
-            loop = RealTimeLoop(core)
-        else:
-            loop = RemoteDataPlaneLoop(
-                description.dataplane_endpoint,
-                name,
-                time_scale=scenario.time_scale,
-                keys=keys,
-                peer_name=DATAPLANE_PROCESS,
-                connect_timeout_s=READY_TIMEOUT_S,
-                heartbeat_timeout_s=description.heartbeat_timeout_s,
-            )
-            try:
-                app.use_layout(loop.layout)
-            except (ScenarioError, LookupError) as error:  # another scenario than the data plane's
-                loop.close()
-                print(f"process {name!r}: {error}", file=sys.stderr)
-                return EXIT_FAILED
-            print(
-                f"process {name}: connected to the data plane at {loop.endpoint}; clock offset ±"
-                f"{loop.sync.offset_uncertainty_ns / 1e3:.0f} µs (RTT {loop.sync.rtt_ns / 1e3:.0f} µs)",
-                flush=True,
-            )
+        plane = _process_plane(scenario, name, description, keys, run_dir)
     except DataPlaneError as error:
         print(f"process {name!r}: {error}", file=sys.stderr)
         return EXIT_FAILED
+    except (ScenarioError, LookupError) as error:  # another scenario than the data plane's
+        print(f"process {name!r}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    loop = plane.new_loop()
     others = [p for p in scenario.processes if p is not spec]
     system = ZmqActorSystem(
         Codec(app.registry()),
@@ -371,21 +328,16 @@ def serve_process(
         name=spec.name,
         latency_s=scenario.latency_s,
         seed=scenario.seed,
+        data_plane=plane,
     )
     for actor in spec.actors:
-        app.create_actor(system, actor, loop)
+        app.create_actor(system, actor)
     status: int = 0
     summary: dict[str, Any] | None = None
     failure: ActorFailure | None = None
-    main = _serve(system, scenario, spec, run_dir, watch_stdin, wait_ready, launcher)
-    if scenario.backend == "host":  # the backend's channel and files around the actors' run
-        main = loop.serve(main)  # type: ignore[union-attr]  # an application's host loop has it
     try:
-        if isinstance(loop, RemoteDataPlaneLoop):
-            summary = run_remote(main, loop)
-        else:
-            with asyncio.Runner(loop_factory=lambda: loop) as runner:
-                summary = runner.run(main)
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            summary = runner.run(plane.run(_serve(system, plane, scenario, spec, run_dir, watch_stdin, wait_ready, launcher)))
     except ActorFailure as error:
         status, failure = EXIT_FAILED, error
         print(f"{error}\nseed {scenario.seed}", file=sys.stderr)
@@ -396,12 +348,13 @@ def serve_process(
         status = EXIT_FAILED
         print(f"process {name!r}: {error}\nseed {scenario.seed}", file=sys.stderr)
     finally:
+        plane.close()
         if launcher is not None:
             launcher.stop()
     wall_s = time.perf_counter() - started
     app.write_part(run_dir / f"{name}.part")
-    if isinstance(loop, RealTimeLoop) and scenario.backend == "model":  # a one-process run: this process owns the core
-        _write_service_report(app, loop.core, run_dir)
+    if scenario.backend == "model" and isinstance(plane, WallClockCore):  # a one-process run: it owns the run's core
+        _write_service_report(app, plane.core, run_dir)
     events = system.raw_events()
     sha256 = write_event_log(events, run_dir / f"{name}.events")
     result = {
@@ -414,12 +367,51 @@ def serve_process(
         "counters": _counters(system),
         "summary": summary,
         "failure": str(failure) if failure is not None else None,
-        "dataplane": loop.report() if isinstance(loop, RemoteDataPlaneLoop) else None,
-        "delivery_lag": loop.delivery_lag.to_wire(),
+        "dataplane": plane.report(),
+        "delivery_lag": plane.delivery_lag.to_wire(),
     }
     (run_dir / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     print(f"process {name}: {len(events)} events, event log sha256 {sha256}", flush=True)
     return status
+
+
+def _process_plane(
+    scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path
+) -> WallClockCore | RemoteDataPlane:
+    """The data plane of process ``name`` of a live run: the host backend's (its own core, moving real bytes), the
+    run's own core in a one-process run, or else the data-plane service's (connected, clocks synchronised)."""
+    app = scenario.app
+    if scenario.backend == "host":
+        # Every process's core on one clock: the launcher's origin on the hosts' real-time clock.
+        origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
+        elapsed = max(0, time.time_ns() - origin)
+        core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
+        app.build_core(core)
+        return app.host_plane(core, name, scenario, description, keys, run_dir)
+    if description.dataplane_endpoint is None:
+        core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
+        app.build_core(core)
+        return WallClockCore(core)
+    plane = RemoteDataPlane(
+        description.dataplane_endpoint,
+        name,
+        time_scale=scenario.time_scale,
+        keys=keys,
+        peer_name=DATAPLANE_PROCESS,
+        connect_timeout_s=READY_TIMEOUT_S,
+        heartbeat_timeout_s=description.heartbeat_timeout_s,
+    )
+    try:
+        app.use_layout(plane.layout)
+    except BaseException:
+        plane.close()
+        raise
+    print(
+        f"process {name}: connected to the data plane at {plane.endpoint}; clock offset ±"
+        f"{plane.sync.offset_uncertainty_ns / 1e3:.0f} µs (RTT {plane.sync.rtt_ns / 1e3:.0f} µs)",
+        flush=True,
+    )
+    return plane
 
 
 def serve_dataplane(
@@ -438,9 +430,10 @@ def serve_dataplane(
     core = Core(clock="wall", time_scale=scenario.time_scale, **scenario.app.core_options())
     scenario.app.build_core(core)
     keys = _load_keys(description, DATAPLANE_PROCESS)
-    loop = DataPlaneServiceLoop(core)
+    plane = ServiceCore(core)
+    loop = plane.new_loop()
     service = DataPlaneService(
-        loop,
+        plane,
         bind=description.dataplane_endpoint,
         requesters=description.requesters,
         name=DATAPLANE_PROCESS,

@@ -1,17 +1,18 @@
-"""An asyncio event loop on the wall clock, optionally scaled, paced by the core (issue 3).
+"""Live time: an asyncio event loop on a data plane's clock, and a live process's own core (issues 3, 24).
 
-:class:`RealTimeLoop` is the real-time twin of :class:`~dualpath_emu.runtime.VirtualTimeLoop`: the same
-actors and the same core work (:class:`~dualpath_emu.runtime.core_work.LocalCoreWork`: ``transfer``, ``io``,
-``core_timer`` as futures), but time is the wall clock of a ``Core(clock="wall", time_scale=s)``:
+:class:`RealTimeLoop` is the one event loop of every live process: asyncio's own loop whose ``time()`` is a
+clock it is given -- a wall-clock core's (``Core(clock="wall", time_scale=s)``), or the data-plane service's
+as measured at connect -- optionally scaled: with ``time_scale`` 2.0 the emulated cluster runs twice as fast
+as real time, ``asyncio.sleep(1.0)`` takes half a wall second, and so does a transfer the model says takes
+1 s. Loop timers, actor event times and core completions are so on one clock. The loop knows nothing of data
+planes: a data plane is bound to it (:meth:`~dualpath_emu.runtime.core_work.CoreWork.bind`).
 
-* ``time()`` is the core's clock reading, ``clock_ns() / 1e9``, so loop timers, actor event times and core
-  completions are on one clock. With ``time_scale`` 2.0 the emulated cluster runs twice as fast as real
-  time: ``asyncio.sleep(1.0)`` takes half a wall second, and so does a transfer the model says takes 1 s.
-* The core's pacer thread sleeps until the next core event is due and then makes the core's
-  ``wakeup_fd()`` readable; the loop watches it with ``add_reader`` and delivers what completed
-  (``core.poll()``). Nothing polls on a timer.
-* Requests are submitted at the loop's next iteration, one call per kind for all requests made in the
-  meantime (they start at the submission, a few microseconds of wall time after they were made).
+:class:`WallClockCore` is the data plane of a process that owns a wall-clock core (a one-process run, the
+data-plane service, a host-backend process): the core's pacer thread sleeps until the next core event is due
+and then makes the core's ``wakeup_fd()`` readable; the plane watches it with ``add_reader`` and delivers
+what completed (``core.poll()``); nothing polls on a timer. Requests are submitted at the loop's next
+iteration, one call per kind for all requests made in the meantime (they start at the submission, a few
+microseconds of wall time after they were made).
 
 Unlike virtual time, runs do not repeat exactly: when things happen depends on the machine.
 """
@@ -20,16 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from dualpath_emu._core import Core
-from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.core_work import LocalCoreWork
+from dualpath_emu.runtime.lag import LagStats
 
-__all__ = ["RealTimeLoop", "run_realtime"]
+__all__ = ["DRAIN_POLL_S", "RealTimeLoop", "WallClockCore", "run_realtime"]
 
 _T = TypeVar("_T")
+
+DRAIN_POLL_S = 0.01
+"""How often (loop seconds) a process that owns its core looks whether the core has drained."""
 
 
 class _ScaledSelector(selectors.DefaultSelector):
@@ -46,47 +50,55 @@ class _ScaledSelector(selectors.DefaultSelector):
         return events
 
 
-class RealTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
-    """An asyncio event loop on the (scaled) wall clock of ``core``.
+class RealTimeLoop(asyncio.SelectorEventLoop):
+    """An asyncio event loop whose clock is ``clock_ns`` (integer nanoseconds) running ``time_scale`` times as
+    fast as the wall clock."""
 
-    ``core`` must use the wall clock (``Core(clock="wall", time_scale=...)``); without one the loop makes
-    ``Core(clock="wall", time_scale=time_scale)``. Use it as a loop factory or through :func:`run_realtime`.
-    """
-
-    def __init__(self, core: Core | None = None, *, time_scale: float | None = None) -> None:
-        if core is None:
-            core = Core(clock="wall", time_scale=1.0 if time_scale is None else time_scale)
-        scale = core.time_scale
-        super().__init__(_ScaledSelector(scale or 1.0))  # first: a loop that raises below must close cleanly
-        if scale is None:
+    def __init__(self, clock_ns: Callable[[], int], time_scale: float) -> None:
+        super().__init__(_ScaledSelector(time_scale))  # first: a loop that raises below must close cleanly
+        if not time_scale > 0:
             self.close()
-            raise ValueError("a RealTimeLoop needs a wall-clock core: Core(clock='wall', time_scale=...)")
-        if time_scale is not None and time_scale != scale:
-            self.close()
-            raise ValueError(f"time_scale {time_scale} differs from the core's time_scale {scale}")
-        self._init_local_core_work(core)
-        self._time_scale = scale
-        self._wakeup_fd = core.wakeup_fd()
-        self.delivery_lag = LagStats()
-        """How late (core ns) each completion reaches its waiter after its modelled end."""
-        self.add_reader(self._wakeup_fd, self._on_wakeup)
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.clock_ns = clock_ns
+        self._time_scale = time_scale
 
     @property
     def time_scale(self) -> float:
         """Emulated seconds per wall second."""
         return self._time_scale
 
-    @property
-    def now_ns(self) -> int:
-        """The core's clock now, in integer nanoseconds."""
-        return self._core.clock_ns()
-
     def time(self) -> float:
-        """The core's clock now, in seconds."""
-        return self._core.clock_ns() / 1e9
+        """The clock now, in seconds."""
+        return self.clock_ns() / 1e9
+
+
+class WallClockCore(LocalCoreWork):
+    """The data plane of a process that owns a wall-clock ``core`` (see the module); a plain ``Core()`` is not
+    one."""
+
+    def __init__(self, core: Core) -> None:
+        scale = core.time_scale
+        if scale is None:
+            raise ValueError("a live process needs a wall-clock core: Core(clock='wall', time_scale=...)")
+        super().__init__(core)
+        self.time_scale = scale
+        """Emulated seconds per wall second (the core's)."""
+        self.delivery_lag = LagStats()
+        """How late (core ns) each completion reaches its waiter after its modelled end."""
+        self._wakeup_fd: int | None = None
+
+    def new_loop(self) -> RealTimeLoop:
+        """A :class:`RealTimeLoop` on this core's clock, with this plane bound to it."""
+        loop = RealTimeLoop(self.clock_ns, self.time_scale)
+        self.bind(loop)
+        return loop
+
+    def _bound(self) -> None:
+        self._wakeup_fd = self._core.wakeup_fd()
+        self.loop.add_reader(self._wakeup_fd, self._on_wakeup)
 
     def _work_requested(self) -> None:
-        self.call_soon(self.flush)
+        self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Submit the work requested so far and deliver what the core completed meanwhile."""
@@ -103,13 +115,30 @@ class RealTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
                 lag.add(now - completion[3])  # delivered now, due at its end
             self._deliver(completions)
 
+    async def finish(self, run_complete: bool) -> None:
+        """Submit what is queued; the run complete, wait until the core has no work left (a one-process run's
+        detached write-backs end before it reports, as the data-plane service drains, so that every byte asked
+        for is accounted)."""
+        self.flush()
+        while run_complete and self._core.pending():
+            await asyncio.sleep(DRAIN_POLL_S)
+
     def close(self) -> None:
-        if not self.is_closed() and hasattr(self, "_wakeup_fd"):
-            self.remove_reader(self._wakeup_fd)
-        super().close()
+        """Stop watching the core (the loop stays open)."""
+        if self._wakeup_fd is not None:
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self._wakeup_fd)
+            self._wakeup_fd = None
 
 
-def run_realtime(main: Coroutine[Any, Any, _T], core: Core | None = None, *, time_scale: float | None = None) -> _T:
-    """Run ``main`` to completion on a new :class:`RealTimeLoop`; return its result."""
-    with asyncio.Runner(loop_factory=lambda: RealTimeLoop(core, time_scale=time_scale)) as runner:
-        return runner.run(main)
+def run_realtime(main: Callable[[WallClockCore], Coroutine[Any, Any, _T]], core: Core | None = None, *,
+                 time_scale: float = 1.0) -> _T:  # fmt: skip
+    """Run ``main(plane)`` to completion on a new :class:`RealTimeLoop` over ``core`` (by default a new
+    ``Core(clock="wall", time_scale=time_scale)``), ``plane`` its :class:`WallClockCore`; return its result."""
+    plane = WallClockCore(core if core is not None else Core(clock="wall", time_scale=time_scale))
+    loop = plane.new_loop()
+    try:
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            return runner.run(main(plane))
+    finally:
+        plane.close()

@@ -29,11 +29,13 @@ clock never moves while anything is ready; (2) then core completions, in the cor
 (3) then asyncio timers due at that nanosecond, in asyncio's heap order (by deadline; equal deadlines in
 an order fixed by the sequence of timer operations, not necessarily FIFO).
 
-**Core work** (:mod:`dualpath_emu.runtime.core_work`, shared with the real-time loop):
-:meth:`~CoreWork.transfer`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved
-with the :class:`Completion`. Requests are batched until the loop is next idle, then submitted in one call
-per kind. The clock does not move while callbacks are ready, so each request still starts at the instant
-it was made.
+**Core work**: the loop's data plane (:attr:`VirtualTimeLoop.plane`, a
+:class:`~dualpath_emu.runtime.core_work.LocalCoreWork` bound to it): :meth:`~CoreWork.transfer`,
+:meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with the :class:`Completion`.
+Requests are batched until the loop is next idle, then submitted in one call per kind. The clock does not
+move while callbacks are ready, so each request still starts at the instant it was made. In virtual time the
+core's clock is the loop's, so this loop drives its plane's core; the loop is still not the data plane, which
+is handed to whoever moves bytes.
 """
 
 from __future__ import annotations
@@ -110,18 +112,28 @@ class _VirtualSelector(selectors.SelectSelector):
         return bool(self._pending_events)
 
 
-class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
+class _VirtualCore(LocalCoreWork):
+    """The virtual-time loop's data plane: its clock is the loop's (no FFI call per reading)."""
+
+    def clock_ns(self) -> int:
+        return self.loop.clock_ns()  # type: ignore[attr-defined, no-any-return]  # a VirtualTimeLoop
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An asyncio event loop on the virtual clock of ``core`` (a ``Core(clock="virtual")``).
 
     Use it as a loop factory, e.g. ``asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(core))``, or
-    through :func:`run`. While it runs, submit work to the core through the loop (or with
-    :meth:`new_tag` and :meth:`expect`), so that every completion reaches its waiter.
+    through :func:`run`. While it runs, submit work to the core through :attr:`plane` (or with its
+    ``new_tag`` and ``expect``), so that every completion reaches its waiter.
     """
 
     def __init__(self, core: Core) -> None:
         selector = self._virtual_selector = _VirtualSelector()
         super().__init__(selector)
-        self._init_local_core_work(core)
+        self._core = core
+        self.plane: LocalCoreWork = _VirtualCore(core)
+        """The data plane on this loop's core."""
+        self.plane.bind(self)
         # asyncio fires a timer once ``when < time() + _clock_resolution``: half a nanosecond rounds a deadline
         # to the nearest nanosecond (the one attribute of asyncio's own this loop sets).
         self._clock_resolution = _CLOCK_RESOLUTION_S
@@ -187,8 +199,9 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
     def _advance(self, timeout_s: float | None) -> None:
         """Nothing is ready: jump to the next timer (``timeout_s`` away; ``None``: none) or core event, and
         deliver the core's completions."""
-        if self._requested:
-            self.flush()
+        plane = self.plane
+        if plane._requested:
+            plane.flush()
         core = self._core
         now = self._now = core.now_ns
         if timeout_s is not None:
@@ -211,7 +224,7 @@ class VirtualTimeLoop(LocalCoreWork, asyncio.SelectorEventLoop):
                 raise RuntimeError(f"the core reports an event at {now} ns but handles none there")
         else:
             self._stalls = 0
-        self._deliver(completions)
+        plane._deliver(completions)
 
     def _deadlock_message(self, now_ns: int) -> str:
         tasks = sorted(asyncio.all_tasks(self), key=lambda task: task.get_name())

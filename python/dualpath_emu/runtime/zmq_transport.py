@@ -130,6 +130,7 @@ from dualpath_emu.runtime.actors import (
     _Reply,
     _Request,
 )
+from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.security import (
     BoundedLog,
     RunAuthenticator,
@@ -306,8 +307,9 @@ class ZmqActorSystem(ActorSystem):
         latency_s: float = 0.0,
         failure_events: int = 20,
         seed: int = 0,
+        data_plane: CoreWork | None = None,
     ) -> None:
-        super().__init__(latency_s=latency_s, failure_events=failure_events, seed=seed)
+        super().__init__(latency_s=latency_s, failure_events=failure_events, seed=seed, data_plane=data_plane)
         if keys is not None:
             if name is None:
                 raise SecurityError("a ZmqActorSystem with keys needs name=, this process's name in the run")
