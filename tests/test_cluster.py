@@ -124,6 +124,13 @@ def test_invariant_checker_catches_each_kind_of_violation() -> None:
     over = [(0, "capacity", "hbm 10"), (1, "take", "hbm 0 8"), (2, "take", "hbm 1 8")]
     assert check(over)[0] == "hbm over capacity: 16 > 10 B (event 2, r1)"
     assert check([(5, "admit", "r0"), (4, "end", "r0")])[0] == "time went back from 5 to 4 ns at event 1"
+    late = [(0, "admit", "r0"), (1, "admit", "r1"), (3, "end", "r0"), (2, "end", "r1")]  # in the second chunk
+    assert check(late) == ["time went back from 3 to 2 ns at event 3"]
+    gap = EventLogChecker()  # chunks numbered with a gap between them
+    gap.feed_observed([(0, "a", parse("admit", "r0")), (1, "a", parse("end", "r0"))], 0)
+    gap.feed_observed([], 2)
+    gap.feed_observed([(2, "a", parse("admit", "r1")), (3, "a", parse("end", "r1"))], 3)
+    assert gap.finish() == ["event 3 where 2 was expected"] and gap.events == 4
 
 
 def test_every_byte_is_accounted_against_the_ledger() -> None:

@@ -141,10 +141,7 @@ class Client(ClusterEngine):
     def on_turn_done(self, now: int, msg: TurnDone, sender: str) -> None:
         metrics, done_ns = self.cluster.metrics, msg.done_ns
         for rid, first_ns, second_ns in zip(msg.rids, msg.first_token_ns, msg.second_token_ns, strict=True):
-            metrics.first_token(rid, first_ns)
-            if second_ns >= 0:
-                metrics.second_token(rid, second_ns)
-            metrics.done(rid, done_ns)
+            metrics.ended(rid, first_ns, second_ns, done_ns)
             if self.observer is not None:
                 self.observer.turn_done(metrics.arrive_ns[rid], first_ns, second_ns, done_ns, metrics.gen[rid])
             agent = self._agent_of.pop(rid)

@@ -104,12 +104,16 @@ class BusyTime:
         last = (end_ns - 1) // step
         if len(bins) <= last:
             bins.extend(itertools.repeat(0, last + 1 - len(bins)))
-        t = start_ns
-        while t < end_ns:
-            k = t // step
-            edge = min((k + 1) * step, end_ns)
-            bins[k] += edge - t
-            t = edge
+        k = start_ns // step
+        if k == last:  # most spans are shorter than an interval: within one
+            bins[k] += end_ns - start_ns
+        else:
+            t = start_ns
+            while t < end_ns:
+                k = t // step
+                edge = min((k + 1) * step, end_ns)
+                bins[k] += edge - t
+                t = edge
         if self.spans is not None:
             self.spans.append((unit, start_ns, end_ns, what, args))
 
@@ -236,6 +240,17 @@ class Metrics:
         if self.done_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.done_ns[rid] = t_ns
+        self.turns_done += 1
+
+    def ended(self, rid: int, first_ns: int, second_ns: int, done_ns: int) -> None:
+        """Request ``rid``'s token times: :meth:`first_token`, :meth:`second_token` (if it had one, ``second_ns``
+        ≥ 0) and :meth:`done` in one call (the client makes it per turn)."""
+        if self.done_ns[rid] != _UNSET:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.first_token_ns[rid] = first_ns
+        if second_ns >= 0:
+            self.second_token_ns[rid] = second_ns
+        self.done_ns[rid] = done_ns
         self.turns_done += 1
 
     def forward(self, t_ns: int, attention_s: Sequence[float]) -> None:

@@ -283,7 +283,9 @@ class DualPathPolicy(Policy):
         while queue:
             best = best_c3 = None
             for node, heap in nodes:
-                head = least(heap)
+                head = heap[0] if heap else None
+                if head is not None and (head[0] != head[3].tok or head[1] != head[3].given):
+                    head = least(heap)  # stale: pop to the current least (checked here, not by a call per node)
                 if head is None or head[0] > beta:
                     continue  # C1: every PE of the node is overloaded
                 if read_q.get(node, 0) <= alpha:
@@ -318,14 +320,22 @@ class DualPathPolicy(Policy):
         out: list[DecodeAssignment] = []
         while queue:
             request = queue[0]
-            tokens = self.decode_tokens(request)
-            room = [e for e in group if e.free_hbm_bytes >= request.hbm_bytes]
-            if not room:
-                break
-            low = [e for e in room if e.tok + tokens <= z]
-            engine = min(low, key=lambda e: (e.seq, e.tok, e.id)) if low else min(room, key=lambda e: (e.tok, e.id))
+            tokens, need = self.decode_tokens(request), request.hbm_bytes
+            # Among the DEs with room, the least (seq, tok, id) of those staying at or below Z, else the least
+            # (tok, id) of all: one pass, no lists (the keys end in the unique id, so the choice is that of min).
+            low: Engine | None = None
+            least: Engine | None = None
+            for e in group:
+                if e.free_hbm_bytes < need:
+                    continue
+                if least is None or (e.tok, e.id) < (least.tok, least.id):
+                    least = e
+                if e.tok + tokens <= z and (low is None or (e.seq, e.tok, e.id) < (low.seq, low.tok, low.id)):
+                    low = e
+            if least is None:
+                break  # no DE of the group has room for the head
             queue.popleft()
-            out.append(self._give_decode(engine, request))
+            out.append(self._give_decode(low if low is not None else least, request))
         return out
 
 

@@ -30,8 +30,9 @@ class Pool:
             self.out.observe(PoolCapacity(self.name, self.capacity))
         if size > self.capacity:
             raise ValueError(f"request {rid} needs {size} B of {self.name}, whose capacity is {self.capacity} B")
-        if not self._waiting and size <= self.free:
-            self._take(rid, size)
+        if not self._waiting and size <= self.free:  # what _take does, without a call (made per request)
+            self.free -= size
+            self.out.observe(PoolTake(self.name, rid, size))
             then(now)
         else:
             self._waiting.append((rid, size, then))

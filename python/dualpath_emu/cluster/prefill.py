@@ -143,13 +143,16 @@ class PrefillGroup(EngineGroup):
         """FIFO packing of ready requests while the attention time stays within the quota; the
         request that would exceed it is chunked to what fits (binary search on its new tokens). Attention
         FLOPs and bytes add up over a batch, so each candidate costs one roofline evaluation."""
+        queue = self.queues[key]
+        if not queue:
+            return []  # every GPU of the group is asked at every kick
         quota = self.cluster.derived.layer_attention_quota_s
         roofline = self.cluster.derived.prefill
         layerwise = self.cluster.system.layerwise or self.cluster.system.oracle
         hbm_left = self.cluster.derived.pe_hbm_kv_bytes
         batch: list[tuple[_PrefillItem, int]] = []
         flops = hbm = 0.0
-        for item in self.queues[key]:
+        for item in queue:
             if not item.ready:
                 break  # FIFO: a request waiting for its read holds back the ones behind it
             if not layerwise:

@@ -88,12 +88,16 @@ class Scheduler(ClusterEngine):
         """Requests whose DecodeDone came before their PrefillDone (real time only)."""
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
+        # The groups' names by node, looked up at every message to a group and every decode notification.
+        self._pe_group = {node: cluster.group_name("pe", node) for node in self.pe_engines}
+        self._de_group = {node: cluster.group_name("de", node) for node in self.de_engines}
 
     def _notify_decode(self, now: int) -> None:
         """Make the fetch of every decode group with a non-empty private queue due."""
+        de_group = self._de_group
         for node, queue in self.private.items():
             if queue:
-                self._notify_group(now, self.cluster.group_name("de", node))
+                self._notify_group(now, de_group[node])
 
     def _notify_group(self, now: int, name: str) -> None:
         """Group ``name`` has work waiting: serve its fetch now, or once its period since the last has passed."""
@@ -150,41 +154,48 @@ class Scheduler(ClusterEngine):
 
     def _fetch_prefill(self, now: int) -> None:
         assigned = self.prefill.fetch(self.read_q)
+        if not assigned:
+            return
+        pe_of, queue, scheduled_pe = self.pe_of, self.decode_queue, self.cluster.metrics.scheduled_pe
         for a in assigned:
-            self.pe_of[a.request.id] = a.engine
-            self.decode_queue.append(a.request)
-            self.cluster.metrics.scheduled_pe(a.request.id, now)
-        if assigned:
-            self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
-            self._notify_decode(now)
+            request = a.request
+            pe_of[request.id] = a.engine
+            queue.append(request)
+            scheduled_pe(request.id, now)
+        self.policy.route_decode(queue, self.private, self.group_loads)
+        self._notify_decode(now)
 
     def _fetch_decode(self, now: int, node: int) -> tuple[int, bool]:
         assigned = self.policy.assign_decode(
             self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
         )
+        if not assigned:
+            return 0, bool(self.private[node])
         gpus, oracle = self._gpus, self.cluster.system.oracle
+        policy, read_q, pe_of, de_of, pe_group = self.policy, self.read_q, self.pe_of, self.de_of, self._pe_group
+        scheduled_de, observe = self.cluster.metrics.scheduled_de, self.out.observe
         prefill: dict[str, list[PrefillTask]] = {}
         expect: list[DecodeTask] = []
         for a in assigned:
-            r = a.request
-            pe = self.pe_of[r.id]
-            pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, a.engine % gpus
-            self.de_of[r.id] = a.engine
+            r, de = a.request, a.engine
+            rid = r.id
+            pe = pe_of[rid]
+            pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, de % gpus
+            de_of[rid] = de
             read_on_de = False
             if not oracle and r.hit_tokens > 0:
-                read_on_de = self.policy.read_side(r, pe_node, node, self.read_q) == "de"
-            self.cluster.metrics.scheduled_de(r.id, now, pe, a.engine, read_on_de)
-            self.out.observe(Assigned(r.id, pe, a.engine, "de" if read_on_de else "pe"))
-            prefill.setdefault(self.cluster.group_name("pe", pe_node), []).append(
-                PrefillTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de,
+                read_on_de = policy.read_side(r, pe_node, node, read_q) == "de"
+            scheduled_de(rid, now, pe, de, read_on_de)
+            observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
+            prefill.setdefault(pe_group[pe_node], []).append(
+                PrefillTask(rid, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de,
                             r.context)
             )
-            expect.append(DecodeTask(r.id, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de,
+            expect.append(DecodeTask(rid, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de,
                                      r.context))
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
-        if expect:
-            self.out.send(self.cluster.group_name("de", node), Expect(tuple(expect)))
+        self.out.send(self._de_group[node], Expect(tuple(expect)))
         return len(assigned), bool(self.private[node])
 
     @on(ReadDone)
@@ -224,4 +235,4 @@ class Scheduler(ClusterEngine):
             nodes.add(node)
         for node in sorted(nodes):
             if self.private[node]:
-                self._notify_group(now, self.cluster.group_name("de", node))
+                self._notify_group(now, self._de_group[node])

@@ -158,6 +158,8 @@ class Engine:
         self.name = name
         self.out = out
         self._bound: dict[type[Message], Callable[[int, Any, str], None]] = {}
+        """The handlers :meth:`receive` has looked up, by message type (the virtual driver calls them directly
+        for the types found here, when the class does not override :meth:`receive`)."""
 
     def start(self, now_ns: int) -> None:
         """The run starts (engines are started in assembly order, before any message is delivered)."""

@@ -15,6 +15,7 @@ bytes and the same digest, whatever ``PYTHONHASHSEED`` is.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -108,8 +109,8 @@ class EventLogWriter:
         """Write typed observations ``(t_ns, engine, record)`` (a record has ``kind`` and ``summary()``, see
         :class:`~dualpath_emu.runtime.engine.Observed`), numbering them from ``first_seq``."""
         formats = self._formats
-        try:
-            text = "".join([formats[type(r)] % (t, first_seq + i, a, *r) for i, (t, a, r) in enumerate(records)])
+        try:  # (t, seq, a) + r: a tuple concatenation is cheaper than unpacking r into a display
+            text = "".join([formats[type(r)] % ((t, seq, a) + r) for (t, a, r), seq in zip(records, itertools.count(first_seq))])
         except KeyError:  # a record type without a format
             text = "".join([f"{t}\t{first_seq + i}\t{a}\t{r.kind}\t{r.summary()}\n" for i, (t, a, r) in enumerate(records)])
         n = len(records)
