@@ -156,6 +156,10 @@ gen_sigma = 0.5
 first_round_sigma = 0.2
 total_min_fraction = 0.2
 first_append = 2
+[workload.tool_wait]
+dist = "lognormal"
+mean_s = 2.0
+sigma = 0.5
 [scheduling]
 alpha_read_s = 2.0
 beta_compute_s = 4.0

@@ -146,7 +146,7 @@ def test_writer_refuses_duplicate_ids(tmp_path: Path) -> None:
         ([HEADER, '{"id": "a", "rounds": [[1, 1]], "turns": [[2, 1, 1]]}'], r":2: expected either 'rounds'"),
         ([HEADER, '{"id": "a", "rounds": [[1, 1]]}', "", '{"id": "a", "rounds": [[1, 1]]}'], r":4: duplicate id 'a' \(first on line 2\)"),
         ([HEADER, "[1, 2]"], r":2: expected a JSON object, got a list of 2"),
-        (['{"format": "dualpath-emu-trajectories", "version": 2}'], r":1: unsupported format version 2: this reader knows version 1"),
+        (['{"format": "dualpath-emu-trajectories", "version": 3}'], r":1: unsupported format version 3: this reader knows versions 1 and 2"),
         (['{"format": "dualpath-emu-trajectories"}'], r":1: unsupported format version null"),
         (['{"format": "something-else", "version": 1}'], r":1: not a dualpath-emu trajectory file"),
         (['{"format": "dualpath-emu-trajectories", "version": 1, "extra": 1}'], r":1: unknown key 'extra' in the header"),

@@ -24,10 +24,12 @@ class TurnObserver(Protocol):
 
 class Client(ClusterEngine):
     """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
-    a turn is submitted as soon as the previous one of its agent is done (zero tool latency). Imported
-    request traces with arrival times (Mooncake) are replayed open loop: each turn at its own time. Hit
-    lengths are the trajectory's (same-trajectory hits only for agents, §3.4), rounded down to whole Full
-    Blocks if configured. :attr:`finished` once every trajectory's last turn is done."""
+    a turn is submitted when the previous one of its agent is done, after the agent's tool wait (the
+    trajectory's, else one drawn from the scenario's distribution, :mod:`~dualpath_emu.workload.waits`; none
+    by default: the paper's zero tool latency). Imported request traces with arrival times (Mooncake) are
+    replayed open loop: each turn at its own time. Hit lengths are the trajectory's (same-trajectory hits only
+    for agents, §3.4), rounded down to whole Full Blocks if configured. :attr:`finished` once every
+    trajectory's last turn is done."""
 
     def __init__(
         self, cluster: Cluster, trajectories: Sequence[Trajectory], seed: int, out: Outbox, plane: DataPlane
@@ -35,6 +37,9 @@ class Client(ClusterEngine):
         super().__init__("client", cluster, out, plane)
         self.trajectories = trajectories
         self.random = seeded_random(seed, self.name)
+        self._tool_wait = cluster.config.tool_wait
+        # Its own stream: the waits take nothing from the arrivals' draws.
+        self._wait_random = seeded_random(seed, f"{self.name}/tool-wait") if self._tool_wait.waits else None
         self._next_turn = [0] * len(trajectories)
         self._open = [len(t) for t in trajectories]
         """Turns of each trajectory not done yet."""
@@ -105,9 +110,29 @@ class Client(ClusterEngine):
             self.plane.timer(self._start_ns + turns[index][0], self._replay)
 
     def _submit_next(self, now: int, agent: int) -> None:
+        """The agent's next turn: now, or after its tool wait (then it is sent on its own when the wait ends)."""
+        turn = self._next_turn[agent]
+        wait_ns = self._wait_ns(agent, turn)
+        if wait_ns:
+            self.plane.timer(now + wait_ns, lambda at: self._after_wait(at, agent))
+            return
+        self._next_turn[agent] = turn + 1
+        self._submit(now, agent, turn)
+
+    def _wait_ns(self, agent: int, turn: int) -> int:
+        """The tool wait before ``turn`` of ``agent`` (ns): its trajectory's, else (after its first turn) a draw."""
+        waits = self.trajectories[agent].wait_s
+        if waits is not None:
+            return round(waits[turn] * NS)
+        if self._wait_random is None or turn == 0:
+            return 0
+        return round(self._tool_wait.draw(self._wait_random) * NS)
+
+    def _after_wait(self, now: int, agent: int) -> None:
         turn = self._next_turn[agent]
         self._next_turn[agent] = turn + 1
         self._submit(now, agent, turn)
+        self._send_turns()
 
     def _submit(self, now: int, agent: int, turn: int) -> None:
         trajectory = self.trajectories[agent]

@@ -13,6 +13,7 @@ from typing import Final, Literal
 from dualpath_emu.cluster.catalog import DEFAULT_GPU, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec, gpu, model
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
+from dualpath_emu.workload.waits import ToolWait
 
 __all__ = ["BLOCK_TOKENS", "ClusterConfig", "Derived", "derived"]
 
@@ -47,6 +48,9 @@ class ClusterConfig:
     mode: Literal["offline", "online"] = "offline"
     arrival_rate: float = 0.1
     """Online: agents per second (Poisson, §7.4)."""
+    tool_wait: ToolWait = field(default_factory=ToolWait)
+    """The wait before an agent's next turn (a tool call, thinking) where its trajectory gives none; none by
+    default, as in the paper's runs (§8.2: zero think time)."""
     # --- scheduling (§6, A.4) ---
     alpha_read_s: float = 3.0
     """α = tokens a node reads from storage in this many seconds (A.4)."""

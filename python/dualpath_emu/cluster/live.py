@@ -63,6 +63,7 @@ from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunDescription, RunScenario, load_run_scenario
 from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
+from dualpath_emu.workload.waits import ToolWait
 
 if TYPE_CHECKING:  # the host backend imports the cluster
     from dualpath_emu.host.plane import HostDataPlane
@@ -94,6 +95,8 @@ def config_from_wire(data: Mapping[str, Any]) -> ClusterConfig:
     fields["storage"] = StorageSpec(**fields["storage"])
     fields["prefill_roofline"] = RooflineParams(**fields["prefill_roofline"])
     fields["decode_roofline"] = RooflineParams(**fields["decode_roofline"])
+    wait = dict(fields["tool_wait"])
+    fields["tool_wait"] = ToolWait(**{**wait, "samples": tuple(wait["samples"])})
     return ClusterConfig(**fields)
 
 

@@ -75,6 +75,15 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # "online": Poisson agent arrivals (TTFT, TTST, TPOT)
     arrival_rate = 0.1                   # online: agents per second (APS, §7.4); 0.001..1e6
 
+    [workload.tool_wait]                 # an agent's wait before its next turn (a tool call, thinking):
+                                         # drawn per turn after its first, from the seed, where the
+                                         # trajectory gives none (dualpath_emu.workload.waits)
+    dist = "none"                        # none | constant | exponential | lognormal | empirical
+    mean_s = 0.0                         # constant, exponential, lognormal: the mean wait; 0..86400
+    sigma = 1.0                          # lognormal: the standard deviation of ln(wait); 0..5
+    # file = "waits.txt"                 # empirical: one number of seconds per line, relative to this
+                                         # file's folder; each equally likely
+
     [workload.generator]                 # the synthetic datasets (dualpath_emu.workload.generator)
     base_trajectories = 500              # base trajectories per dataset (the paper's datasets have 500);
                                          # 1..100_000
@@ -148,6 +157,7 @@ from dualpath_emu.workload.generator import (
     max_total_min_fraction,
 )
 from dualpath_emu.workload.trajectory import Trajectory
+from dualpath_emu.workload.waits import DISTRIBUTIONS, MAX_SIGMA, MAX_WAIT_S, Distribution, ToolWait, read_wait_samples
 
 __all__ = [
     "BUILT_IN",
@@ -241,7 +251,8 @@ class ClusterScenario:
         what = f"trace {self.trace}" if self.trace is not None else f"{self.config.dataset}"
         rounds = f" (first {self.max_rounds} rounds)" if self.max_rounds else ""
         mode = self.config.mode if self.config.mode == "offline" else f"online at {self.config.arrival_rate:g} APS"
-        return f"{what} × {self.config.agents} agents{rounds}, {mode}"
+        waits = f", {self.config.tool_wait.describe()}" if self.config.tool_wait.waits else ""
+        return f"{what} × {self.config.agents} agents{rounds}, {mode}{waits}"
 
     def describe(self) -> str:
         """One line: model, GPU, deployment, workload, systems, seed."""
@@ -311,10 +322,11 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
     if len(trajectory) <= rounds:
         return trajectory
 
-    hit, arrival_s = trajectory.hit, trajectory.arrival_s
+    hit, arrival_s, wait_s = trajectory.hit, trajectory.arrival_s, trajectory.wait_s
     return dataclasses.replace(
         trajectory, append=trajectory.append[:rounds], gen=trajectory.gen[:rounds],
         hit=None if hit is None else hit[:rounds], arrival_s=None if arrival_s is None else arrival_s[:rounds],
+        wait_s=None if wait_s is None else wait_s[:rounds],
     )
 
 
@@ -393,6 +405,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     arrival_rate = workload.get_float("arrival_rate", base.arrival_rate, min=LIMITS.arrival_rate[0],
                                       max=LIMITS.arrival_rate[1])  # fmt: skip
     generator = _generator(workload.table("generator"), DATASETS[dataset])
+    tool_wait = _tool_wait(workload.table("tool_wait"), path.parent)
     workload.finish()
     if trace is not None:
         try:
@@ -411,7 +424,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         base, model=model, gpu=gpu, node=node, pe_nodes=pe_nodes, de_nodes=de_nodes, prefill_ep_nodes=prefill_ep,
         decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
-        arrival_rate=arrival_rate, dram_buffer_bytes=dram_buffer,
+        arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
@@ -533,6 +546,28 @@ def _generator(t: Table, dataset: Dataset) -> GeneratorParams:
     )  # fmt: skip
     t.finish()
     return out
+
+
+def _tool_wait(t: Table, folder: Path) -> ToolWait:
+    dist = cast(Distribution, t.get_str("dist", "none", choices=DISTRIBUTIONS))
+    mean_s = t.get_float("mean_s", 0.0, min=0.0, max=MAX_WAIT_S)
+    sigma = t.get_float("sigma", 1.0, min=0.0, max=MAX_SIGMA)
+    file = t.get_str("file", "")
+    if dist == "empirical":
+        if not file:
+            raise t.error("file", "a file of waits (one number of seconds per line) for dist = \"empirical\"")
+        try:
+            samples = read_wait_samples(folder / file)
+        except UsageError as error:
+            raise ScenarioError(f"{t.source}: key {t.key_path('file')!r}: {error}") from None
+    elif file:
+        raise t.error("file", f'no file: it is for dist = "empirical" (dist is {dist!r})', file)
+    else:
+        samples = ()
+    if dist in ("constant", "exponential", "lognormal") and "mean_s" not in t:
+        raise t.error("mean_s", f"the mean wait in seconds for dist = {dist!r}")
+    t.finish()
+    return ToolWait(dist, mean_s, sigma, samples)
 
 
 def _check_systems(

@@ -1,4 +1,4 @@
-"""Trajectories, the unit of workload, and their JSONL file format (``dualpath-emu-trajectories``, version 1).
+"""Trajectories, the unit of workload, and their JSONL file format (``dualpath-emu-trajectories``, version 2).
 
 A **trajectory** is one client's sequence of turns (requests), issued one after another. Two kinds share one
 data model, :class:`Trajectory`:
@@ -14,26 +14,33 @@ data model, :class:`Trajectory`:
 All lengths are in tokens; times in seconds, relative to the start of the trace. Every turn computes at least
 one token (``append >= 1``) and generates at least one (``gen >= 1``).
 
-File format, version 1
+File format, version 2
 ======================
 
 UTF-8 JSON Lines; one JSON object per line; blank lines are ignored. The **first line is a header**::
 
-    {"format": "dualpath-emu-trajectories", "version": 1, "trajectories": 500, "meta": {...}}
+    {"format": "dualpath-emu-trajectories", "version": 2, "trajectories": 500, "meta": {...}}
 
-``format`` (required) is exactly that string; ``version`` (required) is the integer 1 (a reader refuses any
-other version: a new field or meaning makes a new version); ``trajectories`` (optional) is the number of
+``format`` (required) is exactly that string; ``version`` (required) is the integer 2, or 1 for a file without
+tool waits (version 1 is version 2 without them; a reader refuses any other version: a new field or meaning
+makes a new version; the writer writes 1 when no trajectory has waits, so older readers still read those
+files); ``trajectories`` (optional) is the number of
 trajectory lines that follow (a reader checks it, so a truncated file is an error); ``meta`` (optional) is a
 free-form object (how the file was made: dataset, seed, source file, …). No other keys.
 
 Each **further line is one trajectory**, in one of two shapes (no other keys)::
 
     {"id": "64k-00042", "rounds": [[A_1, g_1], [A_2, g_2], ...]}
+    {"id": "agent-7", "rounds": [[A_1, g_1, wait_1], [A_2, g_2, wait_2], ...]}
     {"id": "conv-00017", "turns": [[prompt, hit, gen], ...]}
     {"id": "conv-00017", "turns": [[prompt, hit, gen, arrival_s], ...]}
 
 * ``id``: a non-empty string, unique in the file.
-* ``rounds`` (agent trajectory): a non-empty list of ``[append, gen]`` pairs of integers >= 1.
+* ``rounds`` (agent trajectory): a non-empty list of ``[append, gen]`` pairs of integers >= 1, or (version 2)
+  of ``[append, gen, wait_s]``: ``wait_s`` is the agent's tool wait before it sends that round, in seconds
+  after its previous round ended (for the first round: after the agent starts), a finite number in
+  [0, 86400]. Either every round of a trajectory has a wait or none does; a trajectory without waits takes
+  them from the scenario's distribution, if any (:mod:`~dualpath_emu.workload.waits`).
 * ``turns`` (explicit turns): a non-empty list of ``[prompt, hit, gen]`` integers with prompt >= 1,
   0 <= hit <= prompt - 1, gen >= 1, optionally followed by ``arrival_s``, a finite number >= 0. Either every
   turn of a trajectory has ``arrival_s`` or none does; arrivals do not decrease within a trajectory. A turn
@@ -67,6 +74,7 @@ from typing import Any, Final, NamedTuple
 
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import MAX_LINE_BYTES, MAX_TRACE_BYTES, open_input, short_repr, too_long_number
+from dualpath_emu.workload.waits import MAX_WAIT_S
 
 __all__ = [
     "FORMAT",
@@ -85,8 +93,8 @@ __all__ = [
 FORMAT: Final = "dualpath-emu-trajectories"
 """The header's ``format`` value."""
 
-VERSION: Final = 1
-"""The format version this module reads and writes."""
+VERSION: Final = 2
+"""The format version this module writes when trajectories have tool waits (it reads 1 and 2)."""
 
 _HEADER_KEYS: Final = frozenset({"format", "version", "trajectories", "meta"})
 
@@ -114,6 +122,8 @@ class Turn(NamedTuple):
     """Output tokens (forced exactly)."""
     arrival_s: float | None
     """Arrival time (open loop), or None (issued when the previous turn finishes)."""
+    wait_s: float | None = None
+    """Closed loop: the tool wait before the turn is sent, after the previous one ended (None: none given)."""
 
 
 def _is_count(value: object, low: int) -> bool:
@@ -125,8 +135,10 @@ class Trajectory:
     """One client's turns: an agent trajectory (``hit is None``: hits implied) or explicit turns.
 
     ``append[i]`` are the tokens computed in turn *i* (A_i; for explicit turns prompt - hit), ``gen[i]`` the
-    tokens generated, ``hit[i]`` the explicit reused-prefix tokens, ``arrival_s[i]`` the explicit arrival time.
-    Raises ``ValueError`` if the columns disagree in length or hold out-of-range numbers.
+    tokens generated, ``hit[i]`` the explicit reused-prefix tokens, ``arrival_s[i]`` the explicit arrival time,
+    ``wait_s[i]`` the tool wait before turn *i* of a closed-loop trajectory (seconds after turn *i - 1* ended;
+    for the first, after the agent starts). Raises ``ValueError`` if the columns disagree in length or hold
+    out-of-range numbers.
     """
 
     id: str
@@ -134,6 +146,7 @@ class Trajectory:
     gen: tuple[int, ...]
     hit: tuple[int, ...] | None = None
     arrival_s: tuple[float, ...] | None = None
+    wait_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.append)
@@ -161,12 +174,20 @@ class Trajectory:
                 raise ValueError(f"trajectory {self.id!r}: arrival times must be finite floats >= 0")
             if any(b < a for a, b in zip(self.arrival_s, self.arrival_s[1:])):
                 raise ValueError(f"trajectory {self.id!r}: arrival times must not decrease")
+        if self.wait_s is not None:
+            if self.arrival_s is not None:
+                raise ValueError(f"trajectory {self.id!r}: tool waits are for closed-loop turns, not timed arrivals")
+            if len(self.wait_s) != n:
+                raise ValueError(f"trajectory {self.id!r}: {n} turns but {len(self.wait_s)} tool waits")
+            if not all(isinstance(w, float) and math.isfinite(w) and 0.0 <= w <= MAX_WAIT_S for w in self.wait_s):
+                raise ValueError(f"trajectory {self.id!r}: tool waits must be floats in [0, {MAX_WAIT_S:g}] seconds")
 
     @classmethod
-    def from_rounds(cls, id: str, rounds: Iterable[tuple[int, int]]) -> Trajectory:
-        """An agent trajectory from ``(append, gen)`` pairs."""
+    def from_rounds(cls, id: str, rounds: Iterable[tuple[int, int]], wait_s: Sequence[float] | None = None) -> Trajectory:
+        """An agent trajectory from ``(append, gen)`` pairs, with a tool wait (seconds) before each round if given."""
         pairs = list(rounds)
-        return cls(id, tuple(a for a, _ in pairs), tuple(g for _, g in pairs))
+        waits = None if wait_s is None else tuple(float(w) for w in wait_s)
+        return cls(id, tuple(a for a, _ in pairs), tuple(g for _, g in pairs), wait_s=waits)
 
     @classmethod
     def from_turns(cls, id: str, turns: Iterable[tuple[int, int, int]], arrival_s: Sequence[float] | None = None) -> Trajectory:
@@ -205,8 +226,9 @@ class Trajectory:
     def turns(self) -> Iterator[Turn]:
         """The turns in order, as a driver replays them."""
         arrivals: Iterable[float | None] = self.arrival_s if self.arrival_s is not None else [None] * len(self)
-        for h, a, g, t in zip(self.hits(), self.append, self.gen, arrivals):
-            yield Turn(h + a, h, a, g, t)
+        waits: Iterable[float | None] = self.wait_s if self.wait_s is not None else [None] * len(self)
+        for h, a, g, t, w in zip(self.hits(), self.append, self.gen, arrivals, waits):
+            yield Turn(h + a, h, a, g, t, w)
 
     @property
     def total_tokens(self) -> int:
@@ -238,7 +260,8 @@ def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
     def cut(column: tuple[Any, ...] | None) -> Any:
         return None if column is None else column[:keep]
 
-    return Trajectory(trajectory.id, trajectory.append[:keep], trajectory.gen[:keep], cut(trajectory.hit), cut(trajectory.arrival_s))
+    return Trajectory(trajectory.id, trajectory.append[:keep], trajectory.gen[:keep], cut(trajectory.hit),
+                      cut(trajectory.arrival_s), cut(trajectory.wait_s))
 
 
 @dataclass(frozen=True)
@@ -254,7 +277,12 @@ class TrajectoryFile:
 
 def _record(trajectory: Trajectory) -> dict[str, Any]:
     if trajectory.hit is None:
+        if trajectory.wait_s is not None:
+            rows = zip(trajectory.append, trajectory.gen, trajectory.wait_s)
+            return {"id": trajectory.id, "rounds": [[a, g, w] for a, g, w in rows]}
         return {"id": trajectory.id, "rounds": [[a, g] for a, g in zip(trajectory.append, trajectory.gen)]}
+    if trajectory.wait_s is not None:
+        raise ValueError(f"trajectory {trajectory.id!r}: the file format keeps tool waits for agent rounds only")
     columns: list[Iterable[Any]] = [
         (h + a for h, a in zip(trajectory.hit, trajectory.append)),
         trajectory.hit,
@@ -266,7 +294,8 @@ def _record(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory], meta: Mapping[str, Any] | None = None) -> None:
-    """Write ``trajectories`` to ``path`` in format version 1 (header with the count and ``meta``).
+    """Write ``trajectories`` to ``path`` (header with the count and ``meta``): format version 2 if some have tool
+    waits, else version 1 (which every reader reads).
 
     Raises ``ValueError`` on duplicate ids (the file would be unreadable).
     """
@@ -275,7 +304,8 @@ def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory], met
         if trajectory.id in seen:
             raise ValueError(f"duplicate trajectory id {trajectory.id!r}")
         seen.add(trajectory.id)
-    header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "trajectories": len(trajectories)}
+    version = VERSION if any(t.wait_s is not None for t in trajectories) else 1
+    header: dict[str, Any] = {"format": FORMAT, "version": version, "trajectories": len(trajectories)}
     if meta:
         header["meta"] = dict(meta)
     with open(path, "w", encoding="utf-8") as file:
@@ -343,13 +373,13 @@ def _check_keys(line: SourceLine, record: dict[str, Any], allowed: Iterable[str]
         raise line.error(f"unknown key {short_repr(unknown[0])} in {what} (known keys: {', '.join(sorted(allowed))})")
 
 
-def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, Any]]:
+def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, Any], int]:
     header = parse_json_object(line, text)
     if header.get("format") != FORMAT:
         raise line.error(f'not a dualpath-emu trajectory file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}')
     version = header.get("version")
-    if version != VERSION or type(version) is not int:
-        raise line.error(f"unsupported format version {_describe(version)}: this reader knows version {VERSION}")
+    if version not in (1, VERSION) or type(version) is not int:
+        raise line.error(f"unsupported format version {_describe(version)}: this reader knows versions 1 and {VERSION}")
     _check_keys(line, header, _HEADER_KEYS, "the header")
     count = header.get("trajectories")
     if count is not None:
@@ -357,7 +387,7 @@ def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, An
     meta = header.get("meta", {})
     if not isinstance(meta, dict):
         raise line.expected("meta", "an object", meta)
-    return count, meta
+    return count, meta, version
 
 
 def _parse_rows(line: SourceLine, key: str, value: object, names: Sequence[str], optional_last: bool) -> list[list[Any]]:
@@ -373,7 +403,7 @@ def _parse_rows(line: SourceLine, key: str, value: object, names: Sequence[str],
     return value
 
 
-def _parse_trajectory(line: SourceLine, text: str) -> Trajectory:
+def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
     record = parse_json_object(line, text)
     if "rounds" in record and "turns" in record:
         raise line.error("expected either 'rounds' (agent trajectory) or 'turns' (explicit turns), not both")
@@ -387,10 +417,20 @@ def _parse_trajectory(line: SourceLine, text: str) -> Trajectory:
     if body not in record:
         raise line.error("missing key 'rounds' (agent trajectory: [[append, gen], ...]) or 'turns' (explicit turns)")
     if body == "rounds":
-        rows = _parse_rows(line, "rounds", record["rounds"], ("append", "gen"), optional_last=False)
+        if version >= 2:
+            rows = _parse_rows(line, "rounds", record["rounds"], ("append", "gen", "wait_s"), optional_last=True)
+        else:
+            rows = _parse_rows(line, "rounds", record["rounds"], ("append", "gen"), optional_last=False)
         append = tuple(line.count(f"rounds[{i}][0]", row[0], 1, "append tokens") for i, row in enumerate(rows))
         gen = tuple(line.count(f"rounds[{i}][1]", row[1], 1, "gen tokens") for i, row in enumerate(rows))
-        return Trajectory(ident, append, gen)
+        waits: list[float] = []
+        for i, row in enumerate(rows):
+            if len(row) == 3:
+                w = row[2]
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= MAX_WAIT_S:
+                    raise line.expected(f"rounds[{i}][2]", f"a number of seconds in [0, {MAX_WAIT_S:g}]", w, "wait_s")
+                waits.append(float(w))
+        return Trajectory(ident, append, gen, wait_s=tuple(waits) if waits else None)
     rows = _parse_rows(line, "turns", record["turns"], ("prompt", "hit", "gen", "arrival_s"), optional_last=True)
     prompts: list[int] = []
     hits: list[int] = []
@@ -457,16 +497,16 @@ def numbered_lines(path: str | Path) -> Generator[tuple[SourceLine, str], None, 
 
 
 def read_trajectories(path: str | Path) -> TrajectoryFile:
-    """Read a trajectory file (format version 1); every problem is a :class:`TraceError` naming the line."""
+    """Read a trajectory file (format version 1 or 2); every problem is a :class:`TraceError` naming the line."""
     trajectories: list[Trajectory] = []
     first_line: dict[str, int] = {}
     with closing(numbered_lines(path)) as lines:
         first = next(lines, None)
         if first is None:
             raise TraceError(f'{path}: empty file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}')
-        count, meta = _parse_header(*first)
+        count, meta, version = _parse_header(*first)
         for line, text in lines:
-            trajectory = _parse_trajectory(line, text)
+            trajectory = _parse_trajectory(line, text, version)
             if trajectory.id in first_line:
                 raise line.error(f"duplicate id {short_repr(trajectory.id)} (first on line {first_line[trajectory.id]})")
             first_line[trajectory.id] = line.number

@@ -1,0 +1,182 @@
+"""Tool waits (issue 25): an agent's wait between its turns, from its trajectory or the scenario's distribution."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.live import config_from_wire, config_to_wire
+from dualpath_emu.cluster.run import run_system
+from dualpath_emu.cluster.scenario import load_cluster_scenario
+from dualpath_emu.config import ScenarioError
+from dualpath_emu.errors import UsageError
+from dualpath_emu.workload.generator import generate
+from dualpath_emu.workload.trajectory import TraceError, Trajectory, read_trajectories, write_trajectories
+from dualpath_emu.workload.waits import ToolWait, read_wait_samples
+
+NS = 1_000_000_000
+CONFIG = ClusterConfig(model="ds27b", gpu="h800", pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1,
+                       dataset="32k", agents=6, dram_buffer_bytes=80_000_000_000)  # fmt: skip
+
+
+def work(agents: int = 6, rounds: int = 4) -> list[Trajectory]:
+    return [dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds])
+            for t in generate("32k", agents, seed=3)]  # fmt: skip
+
+
+def turns_by_agent(result_metrics: object) -> dict[int, list[tuple[int, int]]]:
+    """Each agent's turns as (arrive_ns, done_ns), in order."""
+    m = result_metrics
+    out: dict[int, list[tuple[int, int]]] = {}
+    for rid in range(len(m.arrive_ns)):  # type: ignore[attr-defined]
+        out.setdefault(m.agent[rid], []).append((m.arrive_ns[rid], m.done_ns[rid]))  # type: ignore[attr-defined]
+    return out
+
+
+def test_a_constant_wait_separates_every_turn_from_the_previous_ones_end_exactly() -> None:
+    config = dataclasses.replace(CONFIG, tool_wait=ToolWait("constant", 2.5))
+    result = run_system(config, "dualpath", work())
+    for agent, turns in turns_by_agent(result.metrics).items():
+        assert turns[0][0] == 0, "an agent's first turn has no wait (offline: it starts at once)"
+        for (_, done), (arrive, _) in zip(turns, turns[1:]):
+            assert arrive - done == round(2.5 * NS), agent
+
+
+def test_without_waits_nothing_changes_and_waits_lengthen_the_run_not_the_ttft() -> None:
+    trajectories = work()
+    plain = run_system(CONFIG, "dualpath", trajectories)
+    zero = run_system(dataclasses.replace(CONFIG, tool_wait=ToolWait("lognormal", 0.0)), "dualpath", trajectories)
+    assert zero.event_log_sha256 == plain.event_log_sha256, "a distribution that never waits sets no timer"
+    waiting = run_system(dataclasses.replace(CONFIG, tool_wait=ToolWait("exponential", 20.0)), "dualpath", trajectories)
+    assert waiting.turns == plain.turns and waiting.lost_requests == 0
+    assert waiting.jct_s > plain.jct_s + 20.0
+    assert waiting.working_set_bytes["mean"] > plain.working_set_bytes["mean"], "contexts stay alive while agents wait"
+    again = run_system(dataclasses.replace(CONFIG, tool_wait=ToolWait("exponential", 20.0)), "dualpath", trajectories)
+    assert again.event_log_sha256 == waiting.event_log_sha256, "waits come from the seed"
+
+
+def test_a_trajectorys_own_waits_win_over_the_scenarios_and_delay_its_first_turn_too() -> None:
+    plain = work(agents=2, rounds=3)
+    own = Trajectory.from_rounds("own", zip(plain[0].append, plain[0].gen), wait_s=[1.0, 0.0, 4.0])
+    config = dataclasses.replace(CONFIG, agents=2, tool_wait=ToolWait("constant", 7.0))
+    result = run_system(config, "dualpath", [own, plain[1]])
+    turns = turns_by_agent(result.metrics)
+    assert turns[0][0][0] == 1 * NS
+    assert turns[0][1][0] == turns[0][0][1]  # 0 s: at once
+    assert turns[0][2][0] - turns[0][1][1] == 4 * NS
+    assert [b[0] - a[1] for a, b in zip(turns[1], turns[1][1:])] == [7 * NS, 7 * NS]
+
+
+@pytest.mark.parametrize("wait", [ToolWait("constant", 3.0), ToolWait("exponential", 3.0),
+                                  ToolWait("lognormal", 3.0, 1.0), ToolWait("empirical", samples=(1.0, 2.0, 6.0))])
+def test_each_distribution_has_its_mean(wait: ToolWait) -> None:
+    rng = random.Random(1)
+    draws = [wait.draw(rng) for _ in range(40_000)]
+    assert statistics.fmean(draws) == pytest.approx(wait.mean, rel=0.04)
+    assert min(draws) >= 0.0
+
+
+def test_bad_distributions_are_refused() -> None:
+    with pytest.raises(ValueError, match="dist must be one of"):
+        ToolWait("gamma", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mean_s"):
+        ToolWait("constant", -1.0)
+    with pytest.raises(ValueError, match="at least one sample"):
+        ToolWait("empirical")
+
+
+def test_waits_survive_the_wire_of_a_live_run() -> None:
+    config = dataclasses.replace(CONFIG, tool_wait=ToolWait("empirical", samples=(0.5, 2.0)))
+    assert config_from_wire(json.loads(json.dumps(config_to_wire(config)))) == config
+
+
+# --- the scenario's keys -----------------------------------------------------------------------------------
+
+
+def scenario(tmp_path: Path, table: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(f'kind = "cluster"\n\n[workload]\nagents = 4\n\n[workload.tool_wait]\n{table}\n')
+    return path
+
+
+def test_the_scenario_sets_the_distribution(tmp_path: Path) -> None:
+    (tmp_path / "waits.txt").write_text("# measured\n1.5\n\n3  # a slow one\n")
+    s = load_cluster_scenario(scenario(tmp_path, 'dist = "empirical"\nfile = "waits.txt"'))
+    assert s.config.tool_wait == ToolWait("empirical", samples=(1.5, 3.0))
+    assert "empirical tool waits" in s.workload()
+    s = load_cluster_scenario(scenario(tmp_path, 'dist = "lognormal"\nmean_s = 5\nsigma = 0.5'))
+    assert s.config.tool_wait == ToolWait("lognormal", 5.0, 0.5)
+    assert load_cluster_scenario(scenario(tmp_path, "")).config.tool_wait == ToolWait()
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('dist = "gamma"', "workload.tool_wait.dist"),
+        ('dist = "lognormal"', "workload.tool_wait.mean_s"),
+        ('dist = "constant"\nmean_s = -2', "workload.tool_wait.mean_s"),
+        ('dist = "lognormal"\nmean_s = 1\nsigma = 9', "workload.tool_wait.sigma"),
+        ('dist = "empirical"', "workload.tool_wait.file"),
+        ('dist = "constant"\nmean_s = 1\nfile = "w.txt"', "workload.tool_wait.file"),
+        ('dist = "empirical"\nfile = "missing.txt"', "missing.txt: no such file"),
+        ('dist = "constant"\nmean_s = 1\nspeed = 2', "speed"),
+    ],
+)
+def test_bad_keys_name_the_key(tmp_path: Path, table: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message.replace(".", r"\.")):
+        load_cluster_scenario(scenario(tmp_path, table))
+
+
+def test_a_bad_samples_file_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "w.txt"
+    path.write_text("1\n2\nsoon\n")
+    with pytest.raises(UsageError, match=r"w\.txt:3: expected a number of seconds"):
+        read_wait_samples(path)
+    path.write_text("# nothing\n")
+    with pytest.raises(UsageError, match="no waits"):
+        read_wait_samples(path)
+
+
+# --- the trajectory file -----------------------------------------------------------------------------------
+
+
+def test_waits_round_trip_through_a_version_2_file_and_files_without_them_stay_version_1(tmp_path: Path) -> None:
+    waiting = Trajectory.from_rounds("a", [(10, 2), (5, 3)], wait_s=[0.0, 12.5])
+    plain = Trajectory.from_rounds("b", [(7, 1)])
+    write_trajectories(tmp_path / "w.jsonl", [waiting, plain])
+    assert json.loads((tmp_path / "w.jsonl").read_text().splitlines()[0])["version"] == 2
+    assert read_trajectories(tmp_path / "w.jsonl").trajectories == (waiting, plain)
+    write_trajectories(tmp_path / "p.jsonl", [plain])
+    assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])["version"] == 1
+    assert [t.wait_s for t in waiting.turns()] == [0.0, 12.5]
+
+
+@pytest.mark.parametrize(
+    ("version", "rounds", "message"),
+    [
+        (1, [[10, 2, 1.0]], r"'rounds\[0\]': expected \[append, gen\]"),
+        (2, [[10, 2, 1.0], [3, 1]], "either every turn has wait_s or none does"),
+        (2, [[10, 2, -1]], r"'rounds\[0\]\[2\]' \(wait_s\): expected a number of seconds"),
+        (2, [[10, 2, True]], r"'rounds\[0\]\[2\]' \(wait_s\)"),
+        (3, [[10, 2]], "knows versions 1 and 2"),
+    ],
+)
+def test_bad_waits_in_a_file_name_the_line(tmp_path: Path, version: int, rounds: list[list[object]], message: str) -> None:
+    path = tmp_path / "t.jsonl"
+    header = {"format": "dualpath-emu-trajectories", "version": version}
+    path.write_text(json.dumps(header) + "\n" + json.dumps({"id": "x", "rounds": rounds}) + "\n")
+    with pytest.raises(TraceError, match=message):
+        read_trajectories(path)
+
+
+def test_a_trajectory_checks_its_waits() -> None:
+    with pytest.raises(ValueError, match="2 turns but 1 tool waits"):
+        Trajectory("x", (1, 2), (1, 1), wait_s=(1.0,))
+    with pytest.raises(ValueError, match="closed-loop"):
+        Trajectory("x", (1,), (1,), (0,), (0.0,), (1.0,))
