@@ -21,6 +21,9 @@ For notebooks and scripts; it does what ``dualpath-emu run`` does, and gives the
   ``dualpath``, ``oracle``), your own as ``file.py:Name`` or ``module:Name``
   (:mod:`dualpath_emu.cluster.user_systems`), or a :class:`~dualpath_emu.cluster.systems.System` object,
   e.g. one defined in the notebook around a :class:`~dualpath_emu.cluster.scheduler.Policy` subclass.
+* A workload is the scenario's (a dataset or a trace file), or trajectories built in Python:
+  ``api.run(scenario, workload=[api.Trajectory.from_rounds("agent-1", [(2000, 300), (500, 200)], wait_s=[0, 12])])``
+  replays each as one agent (``wait_s``: the tool wait before each round, :mod:`dualpath_emu.workload.waits`).
 * Runs are in virtual time, deterministic: the same scenario, systems and seed give the same results (and the
   same ``event_log_sha256``).
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 import csv
 import importlib
 import io
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -55,6 +58,7 @@ from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError, load_toml
 from dualpath_emu.scenarios import names as _packaged_names
 from dualpath_emu.scenarios import path as _packaged_path
+from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
     "BUILT_IN_SYSTEMS",
@@ -71,6 +75,7 @@ __all__ = [
     "ScenarioError",
     "System",
     "SystemResult",
+    "Trajectory",
     "load_scenario",
     "run",
     "scenario_names",
@@ -116,10 +121,13 @@ def run(
     seed: int | None = None,
     progress: Callable[[Progress], None] | None = None,
     out: str | Path | None = None,
+    workload: Iterable[Trajectory] | None = None,
 ) -> RunResult:
     """Run every system of ``scenario`` (a :class:`ClusterScenario`, or what :func:`load_scenario` takes) on
     the same workload, in virtual time, in this process; ``systems``, ``agents`` and ``seed`` override the
-    scenario's.
+    scenario's. ``workload``: trajectories built in Python (:class:`Trajectory`, e.g.
+    ``Trajectory.from_rounds("a", [(2000, 300), (500, 200)], wait_s=[0, 12])``), one agent each, replayed
+    instead of the scenario's dataset or trace (``agents``: only the first so many).
 
     ``progress`` is called with a :class:`Progress` a few times per second of wall time during each run.
     ``out`` writes what ``dualpath-emu run --out`` writes there: ``summary.json``, ``requests.csv``,
@@ -128,6 +136,8 @@ def run(
     """
     if not isinstance(scenario, ClusterScenario):
         scenario = load_scenario(scenario)
+    if workload is not None:
+        scenario = scenario.with_workload(workload)
     scenario = scenario.with_overrides(systems=systems, agents=agents, seed=seed)
     directory = None if out is None else Path(out)
     if directory is not None:

@@ -188,6 +188,17 @@ class Table:
             table[parts[-1]] = value
         return Table(data, self.source, self.prefix)
 
+    def without(self, dotted: str) -> Table:
+        """A copy without the key at ``dotted`` (``"workload.dataset"``), if it is there."""
+        data = copy.deepcopy(self._data)
+        *path, last = dotted.split(".")
+        table: object = data
+        for part in path:
+            table = table.get(part) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table.pop(last, None)
+        return Table(data, self.source, self.prefix)
+
     def finish(self) -> None:
         """Refuse every key that no getter asked for (a typo, or a setting that does not exist)."""
         unknown = sorted(set(self._data) - self._read)

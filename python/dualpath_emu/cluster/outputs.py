@@ -65,7 +65,8 @@ def summary(scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> d
         "version": __version__,
         "config": config,
         "workload": {
-            "dataset": None if scenario.trace is not None else scenario.config.dataset,
+            "dataset": None if scenario.trace is not None or scenario.workload_given is not None else scenario.config.dataset,
+            "given_in_python": scenario.workload_given is not None,
             "trace": None if scenario.trace is None else str(scenario.trace),
             "agents": scenario.config.agents,
             "max_rounds": scenario.max_rounds,

@@ -129,7 +129,7 @@ The scenario files ship in the package (:mod:`dualpath_emu.scenarios`) and run b
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, cast
@@ -236,6 +236,30 @@ class ClusterScenario:
     byte_scale: float = 1e-3
     storage_dir: str = ""
     transfer_engine: str = "zmq"
+    workload_given: tuple[Trajectory, ...] | None = field(default=None, repr=False)
+    """Trajectories built in Python (:meth:`with_workload`), replayed instead of the dataset or ``trace``."""
+
+    def with_workload(self, trajectories: Iterable[Trajectory]) -> ClusterScenario:
+        """A copy that replays ``trajectories`` (built in Python, e.g. with
+        :meth:`~dualpath_emu.workload.trajectory.Trajectory.from_rounds`) instead of its dataset or trace, one
+        agent each; checked as a trace file's are (an :class:`~dualpath_emu.errors.InvalidArgumentError` naming
+        what does not fit)."""
+        work = tuple(trajectories)
+        for i, t in enumerate(work):
+            if not isinstance(t, Trajectory):
+                raise InvalidArgumentError(f"workload[{i}]: expected a Trajectory, got {short_repr(t)}")
+        if not 1 <= len(work) <= LIMITS.max_agents:
+            raise InvalidArgumentError(f"workload: expected 1 to {LIMITS.max_agents:,} trajectories, got {len(work):,}")
+        if len({t.id for t in work}) < len(work):
+            raise InvalidArgumentError("workload: expected trajectories with distinct ids")
+        out = dataclasses.replace(self, trace=None, workload_given=work,
+                                  config=dataclasses.replace(self.config, agents=len(work)))  # fmt: skip
+
+        def error(table: str, key: str, expected: str, got: object) -> Exception:
+            return InvalidArgumentError(f"workload: its longest request needs {table}.{key} to be {expected} (it is {got})")
+
+        _check_memory(out, error)
+        return out
 
     def system(self, name: str) -> System:
         """The system called ``name``: one of :attr:`custom_systems`, else a built-in one."""
@@ -249,6 +273,8 @@ class ClusterScenario:
     def workload(self) -> str:
         """The workload in words, e.g. ``64k × 128 agents, offline``."""
         what = f"trace {self.trace}" if self.trace is not None else f"{self.config.dataset}"
+        if self.workload_given is not None:
+            what = "trajectories given in Python"
         rounds = f" (first {self.max_rounds} rounds)" if self.max_rounds else ""
         mode = self.config.mode if self.config.mode == "offline" else f"online at {self.config.arrival_rate:g} APS"
         waits = f", {self.config.tool_wait.describe()}" if self.config.tool_wait.waits else ""
@@ -268,8 +294,10 @@ class ClusterScenario:
         )
 
     def trajectories(self) -> list[Trajectory]:
-        """The workload: generated (deterministic in ``seed``) or read from ``trace``."""
-        if self.trace is not None:
+        """The workload: generated (deterministic in ``seed``), read from ``trace``, or given in Python."""
+        if self.workload_given is not None:
+            out = list(self.workload_given[: self.config.agents])
+        elif self.trace is not None:
             out = list(load_trace(self.trace).trajectories[: self.config.agents])
         else:
             out = generate(self.config.dataset, self.config.agents, seed=self.seed, params=self.generator)
@@ -293,6 +321,8 @@ class ClusterScenario:
         if agents is not None:
             if not 1 <= agents <= LIMITS.max_agents:
                 raise ScenarioError(f"--agents: expected an integer in [1, {LIMITS.max_agents}], got {short_repr(agents)}")
+            if out.workload_given is not None and agents > len(out.workload_given):
+                raise ScenarioError(f"--agents: expected at most {len(out.workload_given)} (the workload's trajectories), got {agents}")
             if out.trace is not None:
                 available = len(load_trace(out.trace).trajectories)
                 if agents > available:
@@ -334,9 +364,22 @@ def load_cluster_scenario(path: str | Path, overrides: Mapping[str, object] | No
     """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong).
 
     ``overrides`` sets keys before the checks, by dotted path (``{"workload.agents": 16, "deployment.pe_nodes":
-    2}``), as if the file said so."""
+    2}``), as if the file said so; but a ``workload.trace`` given there replaces the file's dataset and its
+    agent count (meant for the dataset: the trace's trajectories are all replayed unless ``workload.agents``
+    is given too), and is relative to the current folder, not the file's; a ``workload.dataset`` replaces the
+    file's trace."""
     top = load_toml(path)
     if overrides:
+        overrides = dict(overrides)
+        trace = overrides.get("workload.trace")
+        if isinstance(trace, str) and trace and not Path(trace).is_absolute():
+            overrides["workload.trace"] = str(Path.cwd() / trace)
+        if "workload.trace" in overrides and "workload.dataset" not in overrides:
+            top = top.without("workload.dataset")
+            if "workload.agents" not in overrides:
+                top = top.without("workload.agents")
+        elif "workload.dataset" in overrides and "workload.trace" not in overrides:
+            top = top.without("workload.trace")
         top = top.overridden(overrides)
     return scenario_from_table(top, Path(path))
 
@@ -430,7 +473,8 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
     scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom, backend,
                                byte_scale, storage_dir, transfer_engine)  # fmt: skip
-    _check_memory(scenario, top, deployment)
+    _check_memory(scenario, lambda table, key, expected, got: (top if table == "top" else deployment).error(
+        key, expected, got))
     return scenario
 
 
@@ -622,11 +666,15 @@ def _check_weights_fit(t: Table, key: str, model: str, gpu: str, gpus_per_node: 
         raise ScenarioError(f"{t.source}: key {t.key_path(key)!r}: expected {need}, got {ep_nodes} ({error})") from None
 
 
-def _check_memory(scenario: ClusterScenario, top: Table, deployment: Table) -> None:
-    """The longest request's KV must fit where the actors put it (they would fail mid-run otherwise)."""
+def _check_memory(scenario: ClusterScenario, error: Callable[[str, str, str, object], Exception]) -> None:
+    """The longest request's KV must fit where the actors put it (they would fail mid-run otherwise).
+    ``error(table, key, expected, got)`` makes the error (``table``: ``"top"`` or ``"deployment"``)."""
     config = scenario.config
     d = derived(config)
-    if scenario.trace is not None:
+    if scenario.workload_given is not None:
+        longest = max(t.max_tokens for t in scenario.workload_given)
+        what = "the longest request of the workload"
+    elif scenario.trace is not None:
         longest = max(t.max_tokens for t in scenario.trajectories())
         what = f"the longest request of {scenario.trace}"
     else:
@@ -635,15 +683,15 @@ def _check_memory(scenario: ClusterScenario, top: Table, deployment: Table) -> N
     kv = longest * d.kv_bytes_per_token
     gb = f"{kv / 1e9:.1f} GB of KV for {what} ({longest} tokens)"
     if d.de_hbm_kv_bytes < kv:
-        raise deployment.error(
-            "decode_ep_nodes", f"a decode EP group whose GPUs have HBM for {gb}; a DE GPU has "
+        raise error(
+            "deployment", "decode_ep_nodes", f"a decode EP group whose GPUs have HBM for {gb}; a DE GPU has "
             f"{d.de_hbm_kv_bytes / 1e9:.1f} GB for KV (see also scheduling.de_hbm_reserve_fraction)",
             config.decode_ep_nodes)  # fmt: skip
     whole = [name for name in scenario.systems if not scenario.system(name).layerwise]
     if whole and d.pe_hbm_kv_bytes < kv:
-        raise top.error(
-            "systems", f"systems whose PE GPUs can hold a request's KV: without layerwise prefill {whole[0]!r} "
+        raise error(
+            "top", "systems", f"systems whose PE GPUs can hold a request's KV: without layerwise prefill {whole[0]!r} "
             f"needs {gb}, a PE GPU has {d.pe_hbm_kv_bytes / 1e9:.1f} GB for KV (see also "
             "scheduling.pe_hbm_reserve_fraction)", whole[0])  # fmt: skip
     if config.dram_buffer_bytes < kv:
-        raise deployment.error("dram_buffer_bytes", f"at least {gb}", config.dram_buffer_bytes)
+        raise error("deployment", "dram_buffer_bytes", f"at least {gb}", config.dram_buffer_bytes)

@@ -1,4 +1,5 @@
-"""Tool waits (issue 25): an agent's wait between its turns, from its trajectory or the scenario's distribution."""
+"""Agentic workloads (issue 25): tool waits between an agent's turns (from its trajectory or the scenario's
+distribution), workloads built in Python, and a packaged scenario switched to a trace with ``--set``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dualpath_emu.cluster.live import config_from_wire, config_to_wire
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.config import ScenarioError
-from dualpath_emu.errors import UsageError
+from dualpath_emu import api
+from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import TraceError, Trajectory, read_trajectories, write_trajectories
 from dualpath_emu.workload.waits import ToolWait, read_wait_samples
@@ -180,3 +182,46 @@ def test_a_trajectory_checks_its_waits() -> None:
         Trajectory("x", (1, 2), (1, 1), wait_s=(1.0,))
     with pytest.raises(ValueError, match="closed-loop"):
         Trajectory("x", (1,), (1,), (0,), (0.0,), (1.0,))
+
+
+# --- workloads built in Python, and a trace given with --set -------------------------------------------------
+
+
+def test_api_run_replays_trajectories_built_in_python() -> None:
+    agents = [Trajectory.from_rounds(f"a{i}", [(2000, 300), (500, 200)], wait_s=[0.0, 5.0]) for i in range(3)]
+    result = api.run("ds27b-1p1d-offline", workload=agents, systems=["dualpath"])
+    r = result.results["dualpath"]
+    assert (r.agents, r.turns, r.lost_requests) == (3, 6, 0)
+    assert r.jct_s > 5.0
+    assert result.summary["workload"]["given_in_python"] and result.summary["workload"]["dataset"] is None
+    first = api.run("ds27b-1p1d-offline", workload=agents, agents=2, systems=["dualpath"])
+    assert first.results["dualpath"].turns == 4
+
+
+@pytest.mark.parametrize(
+    ("workload", "message"),
+    [
+        ([], "1 to"),
+        (["not one"], r"workload\[0\]: expected a Trajectory"),
+        ([Trajectory.from_rounds("a", [(1, 1)]), Trajectory.from_rounds("a", [(2, 2)])], "distinct ids"),
+        ([Trajectory.from_rounds("huge", [(5_000_000, 10)])], "deployment.decode_ep_nodes"),
+    ],
+)
+def test_a_workload_that_cannot_run_is_refused_up_front(workload: list[object], message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        api.run("ds27b-1p1d-offline", workload=workload, systems=["dualpath"])  # type: ignore[arg-type]
+
+
+def test_set_trace_switches_a_packaged_scenario_to_a_trace_from_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_trajectories(tmp_path / "mine.jsonl", [Trajectory.from_rounds(f"t{i}", [(1000, 100)]) for i in range(5)])
+    monkeypatch.chdir(tmp_path)
+    packaged = api.load_scenario("ds27b-1p1d-offline")
+    assert packaged.trace is None and packaged.config.agents != 5
+    s = api.load_scenario("ds27b-1p1d-offline", overrides={"workload.trace": "mine.jsonl"})
+    assert s.trace == tmp_path / "mine.jsonl" and s.config.agents == 5, "all of the trace, not the file's agents"
+    s = api.load_scenario("ds27b-1p1d-offline", overrides={"workload.trace": "mine.jsonl", "workload.agents": 2})
+    assert s.config.agents == 2
+    back = api.load_scenario(s.source, overrides={"workload.dataset": "32k"})
+    assert back.trace is None and back.config.dataset == "32k"
