@@ -19,6 +19,7 @@ from dualpath_emu.config import ScenarioError
 from dualpath_emu import api
 from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.workload.generator import generate
+from dualpath_emu.workload.mooncake import read_mooncake, session_count
 from dualpath_emu.workload.trajectory import TraceError, Trajectory, read_trajectories, write_trajectories
 from dualpath_emu.workload.waits import ToolWait, read_wait_samples
 
@@ -225,3 +226,42 @@ def test_set_trace_switches_a_packaged_scenario_to_a_trace_from_the_current_fold
     assert s.config.agents == 2
     back = api.load_scenario(s.source, overrides={"workload.dataset": "32k"})
     assert back.trace is None and back.config.dataset == "32k"
+
+
+# --- sessions rebuilt from a Mooncake trace ---------------------------------------------------------------
+
+
+def mooncake_line(t_ms: int, length: int, hashes: list[int]) -> str:
+    return json.dumps({"timestamp": t_ms, "input_length": length, "output_length": 7, "hash_ids": hashes}) + "\n"
+
+
+def test_a_request_that_extends_an_earlier_ones_blocks_joins_its_session(tmp_path: Path) -> None:
+    path = tmp_path / "mc.jsonl"
+    path.write_text(
+        mooncake_line(0, 1100, [1, 2, 3])  # full blocks [1, 2]: a new session
+        + mooncake_line(10, 1600, [1, 2, 4, 5])  # extends [1, 2] (1,024 of 1,600 tokens): joins it
+        + mooncake_line(20, 2000, [1, 9, 10, 11])  # shares block 1 only (512 < half of 2,000): its own session
+        + mooncake_line(30, 3000, [1, 2, 4, 6, 7, 8])  # extends the second's [1, 2, 4]: the first's session
+        + mooncake_line(40, 900, [1, 2])  # no earlier request's full blocks are just [1]: its own session
+    )
+    sessions = read_mooncake(path)
+    single = read_mooncake(path, sessions=False)
+    assert [t.id for t in sessions] == ["req-00000", "req-00002", "req-00004"]
+    assert [len(t) for t in sessions] == [3, 1, 1] and session_count(sessions) == (1, 3)
+    assert sessions[0].arrival_s == (0.0, 0.01, 0.03)
+    # The same requests, hits and arrival times either way: sessions only group them.
+    by_time = sorted((t_s, p, h) for t in sessions for t_s, p, h in zip(t.arrival_s or (), t.append, t.hit or ()))
+    assert by_time == sorted((t.arrival_s[0], t.append[0], t.hit[0]) for t in single)  # type: ignore[index]
+
+
+def test_trace_import_says_how_many_sessions_it_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu.cli import main as cli_main
+
+    path = tmp_path / "mc.jsonl"
+    path.write_text(mooncake_line(0, 1100, [1, 2, 3]) + mooncake_line(10, 1600, [1, 2, 4, 5]) + mooncake_line(20, 600, [8, 9]))
+    assert cli_main(["trace", "import", str(path), "--out", str(tmp_path / "s.jsonl")]) == 0
+    assert "3 requests" in (out := capsys.readouterr().out) and "2 sessions, 1 of them multi-turn (2 requests)" in out
+    assert len(read_trajectories(tmp_path / "s.jsonl").trajectories) == 2
+    assert cli_main(["trace", "import", str(path), "--out", str(tmp_path / "r.jsonl"), "--no-sessions"]) == 0
+    assert "one trajectory per request" in capsys.readouterr().out
+    assert len(read_trajectories(tmp_path / "r.jsonl").trajectories) == 3

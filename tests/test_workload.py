@@ -309,7 +309,7 @@ def test_mooncake_hits_are_the_stored_prefix_run(tmp_path: Path) -> None:
         + _mooncake_line(1000, 1000, [5, 1])  # block 1 stored but not the first: a prefix run of 0
         + _mooncake_line(1500, 600, [5, 6])  # block 5 now stored: 512
     )
-    requests = read_mooncake(path)
+    requests = read_mooncake(path, sessions=False)
     assert [r.hit for r in requests] == [(0,), (1024,), (1535,), (0,), (512,)]
     assert [r.append for r in requests] == [(1500,), (976,), (1,), (1000,), (88,)]
     assert [r.arrival_s for r in requests] == [(0.0,), (0.0,), (0.25,), (1.0,), (1.5,)]
@@ -318,7 +318,7 @@ def test_mooncake_hits_are_the_stored_prefix_run(tmp_path: Path) -> None:
 
 
 def test_mooncake_conversation_slice() -> None:
-    requests = read_mooncake(DATA / "conversation_trace.jsonl")
+    requests = read_mooncake(DATA / "conversation_trace.jsonl", sessions=False)
     stats = trace_stats(requests)
     assert stats.trajectories == stats.turns == 300
     # Cold start: only the shared first block (a common system prompt) is reused by 299 of 300 requests.

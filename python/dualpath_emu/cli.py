@@ -339,11 +339,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", type=Path, required=True, help="output trajectory file")
     imported = traces.add_parser("import", help="convert a Mooncake request trace to a trajectory file",
                                  description="Convert a Mooncake request trace (JSONL) to a trajectory file: "
-                                             "one single-turn trajectory per request, its hit the longest run of "
-                                             "prefix blocks seen before.")  # fmt: skip
+                                             "requests grouped into sessions (a request whose prefix blocks extend "
+                                             "an earlier one's joins its session), each request's hit the longest "
+                                             "run of prefix blocks seen before; says how many sessions it found.")  # fmt: skip
     imported.add_argument("file", type=Path, help="Mooncake trace (JSONL)")
     imported.add_argument("--out", type=Path, required=True, help="output trajectory file")
     imported.add_argument("--block-tokens", type=int, help="tokens per hash block (default 512)")
+    imported.add_argument("--no-sessions", action="store_true",
+                          help="one single-turn trajectory per request instead of sessions")
 
     version = commands.add_parser("version", help="print the version", description="Print the version.")
     version.set_defaults(func=_cmd_version)

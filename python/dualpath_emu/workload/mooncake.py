@@ -15,8 +15,17 @@ input_length - 1 so that at least one token is computed. Then all of its blocks 
 therefore hit blocks written by *another* client (a shared system prompt, an earlier turn of the same
 conversation): the trace has no session ids.
 
-Output: one single-turn trajectory per request, ``[prompt, hit, gen, arrival_s]`` with arrival_s =
-timestamp / 1000, ids ``<prefix>-<line index from 0>``. Limits: lengths at most 10^9 tokens, timestamps at
+Sessions: the trace has no session ids, but a conversation's next turn sends its whole context again, so its
+blocks extend the previous turn's. A request **joins the session** of the latest earlier request whose full
+blocks (all but a partial last one) are a prefix of its own, make up at least half of its prompt
+(:data:`SESSION_SHARE`: a shorter shared prefix, such as a system prompt, is no conversation) and whose prompt
+is shorter; the deepest such prefix wins. A session keeps its context alive between its turns (its working
+set), which single requests would not.
+
+Output: one trajectory per session, its requests as explicit turns ``[prompt, hit, gen, arrival_s]`` in
+arrival order, arrival_s = timestamp / 1000, ids ``<prefix>-<line index of its first request, from 0>``; with
+``sessions=False`` one single-turn trajectory per request. Turns are replayed at their arrival times either
+way: sessions change what is counted per agent, not when a request arrives or what it hits. Limits: lengths at most 10^9 tokens, timestamps at
 most 10^11 ms (the trajectory format's limits). Malformed lines are a
 :class:`~dualpath_emu.workload.trajectory.TraceError` naming the file and line.
 """
@@ -37,7 +46,7 @@ from dualpath_emu.workload.trajectory import (
     parse_json_object,
 )
 
-__all__ = ["BLOCK_TOKENS", "KEYS", "hit_tokens", "is_mooncake_record", "read_mooncake"]
+__all__ = ["BLOCK_TOKENS", "KEYS", "SESSION_SHARE", "hit_tokens", "is_mooncake_record", "read_mooncake", "session_count"]
 
 BLOCK_TOKENS: Final = 512
 """Tokens per hash block in the Mooncake traces."""
@@ -46,6 +55,10 @@ KEYS: Final = ("timestamp", "input_length", "output_length", "hash_ids")
 """The keys of a Mooncake request line (no others)."""
 
 _MAX_TIMESTAMP_MS: Final = MAX_ARRIVAL_S * 1000  # 1e11, as the error message says
+SESSION_SHARE: Final = 0.5
+"""The least share of a request's prompt that an earlier request's full blocks must cover for it to join that
+request's session [our choice: a conversation's next turn resends the whole context, of which the new message
+and the last answer are usually the smaller part]."""
 
 
 def is_mooncake_record(record: dict[str, Any]) -> bool:
@@ -95,12 +108,20 @@ def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, 
     return float(timestamp), input_length, output_length, hash_ids
 
 
-def read_mooncake(path: str | Path, *, block_tokens: int = BLOCK_TOKENS, prefix: str = "req") -> list[Trajectory]:
-    """The requests of the Mooncake trace ``path`` as single-turn trajectories with explicit hits (module doc)."""
+def read_mooncake(
+    path: str | Path, *, block_tokens: int = BLOCK_TOKENS, prefix: str = "req", sessions: bool = True
+) -> list[Trajectory]:
+    """The requests of the Mooncake trace ``path`` with explicit hits, as sessions (or, ``sessions=False``, one
+    single-turn trajectory per request): see the module docstring."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens: expected an integer >= 1, got {block_tokens}")
     stored: set[int] = set()
-    out: list[Trajectory] = []
+    # Per session (by its first request's index): its turns' prompt, hit, gen and arrival columns.
+    columns: dict[int, tuple[list[int], list[int], list[int], list[float]]] = {}
+    session_of: list[int] = []
+    lengths: list[int] = []
+    ends_at: dict[int, int] = {}
+    """The hash of a request's last full block -> the latest request whose full blocks end there."""
     last_ms = 0.0
     with closing(numbered_lines(path)) as lines:
         for line, text in lines:
@@ -110,9 +131,37 @@ def read_mooncake(path: str | Path, *, block_tokens: int = BLOCK_TOKENS, prefix:
             last_ms = timestamp_ms
             hit = hit_tokens(hash_ids, input_length, stored, block_tokens)
             stored.update(hash_ids)
-            out.append(
-                Trajectory(f"{prefix}-{len(out):05d}", (input_length - hit,), (output_length,), (hit,), (timestamp_ms / 1000,))
-            )
-    if not out:
+            index = len(session_of)
+            full = input_length // block_tokens
+            session = index
+            if sessions:
+                least = SESSION_SHARE * input_length
+                for depth in range(full, 0, -1):  # the deepest prefix first: a hash covers all before it
+                    if depth * block_tokens < least:
+                        break
+                    parent = ends_at.get(hash_ids[depth - 1])
+                    if parent is not None and lengths[parent] < input_length:
+                        session = session_of[parent]
+                        break
+                if full:
+                    ends_at[hash_ids[full - 1]] = index
+            session_of.append(session)
+            lengths.append(input_length)
+            prompts, hits, gens, arrivals = columns.setdefault(session, ([], [], [], []))
+            prompts.append(input_length)
+            hits.append(hit)
+            gens.append(output_length)
+            arrivals.append(timestamp_ms / 1000)
+    if not session_of:
         raise TraceError(f"{path}: empty file: expected Mooncake request lines ({', '.join(KEYS)})")
-    return out
+    return [
+        Trajectory(f"{prefix}-{first:05d}", tuple(p - h for p, h in zip(prompts, hits)), tuple(gens), tuple(hits),
+                   tuple(arrivals))
+        for first, (prompts, hits, gens, arrivals) in columns.items()
+    ]  # fmt: skip
+
+
+def session_count(trajectories: list[Trajectory]) -> tuple[int, int]:
+    """``(sessions of more than one request, requests in them)``."""
+    multi = [len(t) for t in trajectories if len(t) > 1]
+    return len(multi), sum(multi)

@@ -5,8 +5,8 @@
   (hit tokens / prompt tokens) and, for agent trajectories, the paper's Table 2 columns;
 * ``trace gen --dataset 64k [--agents N] [--seed S] --out FILE`` — a synthetic dataset
   (:mod:`~dualpath_emu.workload.generator`) in our format;
-* ``trace import FILE --out FILE`` — a Mooncake trace converted to our format
-  (:mod:`~dualpath_emu.workload.mooncake`).
+* ``trace import FILE --out FILE [--no-sessions]`` — a Mooncake trace converted to our format
+  (:mod:`~dualpath_emu.workload.mooncake`), its requests grouped into the sessions their prefixes show.
 
 Bad input (a malformed line, an unknown dataset) is a :class:`~dualpath_emu.errors.UsageError`: one line,
 exit status 2.
@@ -25,7 +25,7 @@ from dualpath_emu.errors import UsageError
 from dualpath_emu.workload import load_trace
 from dualpath_emu.inputs import short_repr, shorten
 from dualpath_emu.workload.generator import DATASETS, MAX_AGENTS, READINGS, GeneratorParams, generate
-from dualpath_emu.workload.mooncake import BLOCK_TOKENS, read_mooncake
+from dualpath_emu.workload.mooncake import BLOCK_TOKENS, read_mooncake, session_count
 from dualpath_emu.workload.stats import Distribution, dataset_stats, trace_stats
 from dualpath_emu.workload.trajectory import MAX_TOKENS, Trajectory, write_trajectories
 
@@ -80,12 +80,16 @@ def _import(args: argparse.Namespace) -> int:
     block_tokens = BLOCK_TOKENS if args.block_tokens is None else args.block_tokens
     if not 1 <= block_tokens <= MAX_TOKENS:
         raise UsageError(f"--block-tokens: expected an integer in [1, {MAX_TOKENS}], got {short_repr(block_tokens)}")
-    requests = read_mooncake(args.file, block_tokens=block_tokens)
-    meta = {"importer": "mooncake", "source": Path(args.file).name, "block_tokens": block_tokens}
-    _write(args.out, requests, meta)
-    stats = trace_stats(requests)
+    sessions = not args.no_sessions
+    trajectories = read_mooncake(args.file, block_tokens=block_tokens, sessions=sessions)
+    meta = {"importer": "mooncake", "source": Path(args.file).name, "block_tokens": block_tokens, "sessions": sessions}
+    _write(args.out, trajectories, meta)
+    stats = trace_stats(trajectories)
+    multi, in_multi = session_count(trajectories)
+    found = (f"{stats.trajectories:,} sessions, {multi:,} of them multi-turn ({in_multi:,} requests)" if sessions
+             else "one trajectory per request")  # fmt: skip
     print(
-        f"imported {len(requests):,} requests from {args.file} to {args.out}; "
+        f"imported {stats.turns:,} requests from {args.file} to {args.out}: {found}; "
         f"prefix-hit fraction {stats.hit_fraction:.2%}"
     )
     return 0
