@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import textwrap
@@ -18,7 +19,15 @@ import pytest
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
-from dualpath_emu.cluster.policies import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
+from dualpath_emu.cluster.policies import (
+    DecodeAssignment,
+    DualPathPolicy,
+    Engine,
+    Policy,
+    PolicyError,
+    PrefillAssignment,
+    Request,
+)
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
 from test_run_cli import TINY as RUN_CLI_TINY
@@ -283,3 +292,82 @@ def test_a_file_is_loaded_afresh_for_every_scenario(tmp_path: Path) -> None:
 def test_the_example_file_explains_itself() -> None:
     text = textwrap.dedent(EXAMPLE.read_text())
     assert "dualpath-emu run --system examples/custom_policy.py:least-loaded --agents 16" in text
+
+
+# --- a policy that answers wrong, or never -------------------------------------------------------------------
+
+
+@dataclass
+class _ReturnsNone(DualPathPolicy):
+    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
+        queue.clear()
+        return None
+
+
+@dataclass
+class _LeavesInQueue(DualPathPolicy):
+    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
+        return [PrefillAssignment(queue[0], engines[0].id)] if queue else []
+
+
+@dataclass
+class _NoSuchEngine(DualPathPolicy):
+    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
+        return [PrefillAssignment(queue.popleft(), 999)] if queue else []
+
+
+@dataclass
+class _OtherGroupsEngine(DualPathPolicy):
+    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> Any:
+        return [DecodeAssignment(queue.popleft(), group[0].id + 1000)] if queue else []
+
+
+@dataclass
+class _NeverAssigns(DualPathPolicy):
+    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
+        return []
+
+
+def _small_work() -> tuple[Any, list[Any]]:
+    from dualpath_emu.cluster.config import ClusterConfig
+    from dualpath_emu.workload.generator import generate
+
+    config = ClusterConfig(model="ds27b", pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=3)
+    return config, [dataclasses.replace(t, append=t.append[:2], gen=t.gen[:2]) for t in generate("32k", 3, seed=1)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (_ReturnsNone, r"policy _ReturnsNone\.assign_prefill returned None; expected a list of PrefillAssignment"),
+        (_LeavesInQueue, r"_LeavesInQueue\.assign_prefill assigned request 0 but left it in the queue"),
+        (_NoSuchEngine, r"_NoSuchEngine\.assign_prefill assigned request 0 to engine 999, not one of the engines"),
+        (_OtherGroupsEngine, r"_OtherGroupsEngine\.assign_decode assigned request \d+ to engine 10\d\d"),
+        (_NeverAssigns, r"system 'bad': policy _NeverAssigns left 3 request\(s\) waiting for a prefill engine"),
+    ],
+)
+def test_a_policy_that_answers_wrong_or_never_is_named_with_what_it_did(policy: type[Policy], message: str) -> None:
+    config, work = _small_work()
+    bad = System("bad", "a policy that misbehaves", layerwise=True, dual_path=True, scheduler=policy)
+    with pytest.raises(PolicyError, match=message):
+        run_system(config, bad, work)
+
+
+def test_the_command_line_reports_a_stuck_policy_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "stuck.py"
+    path.write_text(textwrap.dedent("""\
+        from dataclasses import dataclass
+        from dualpath_emu.cluster.policies import DualPathPolicy
+
+        @dataclass
+        class Stuck(DualPathPolicy):
+            def assign_prefill(self, queue, engines, read_q):
+                return []
+        """))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(["run", "ds27b-1p1d-offline", "--agents", "2", "--set", "workload.max_rounds=2",
+                       "--system", f"{path}:Stuck"])  # fmt: skip
+    assert status == 2
+    text = err.getvalue()
+    assert "policy Stuck left 2 request(s) waiting" in text and "Traceback" not in text

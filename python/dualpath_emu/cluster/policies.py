@@ -38,10 +38,12 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from dualpath_emu.errors import UsageError
+from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import fast_frozen_init
 
 __all__ = [
@@ -52,10 +54,12 @@ __all__ = [
     "Engine",
     "GroupLoads",
     "Policy",
+    "PolicyError",
     "PrefillAssignment",
     "ReadSide",
     "Request",
     "RoundRobinPolicy",
+    "check_assignments",
 ]
 
 DE_HIGH_TOKEN_FACTOR: Final = 1.05
@@ -509,3 +513,36 @@ class PrefillDispatch:
         e.seq -= 1
         self.policy.prefill_load_changed(e)
         return self._group_of[engine] if self.queue else None
+
+
+class PolicyError(UsageError):
+    """A scheduling policy (a user's) answered what the scheduler cannot use, or never assigned waiting work:
+    the message names the policy, the method and the value."""
+
+
+def check_assignments(
+    policy: Policy, method: str, assigned: object, kind: type, waiting: set[int], queues: Iterable[deque[Request]],
+    engine_ids: set[int],
+) -> None:  # fmt: skip
+    """Refuse what a policy's ``method`` returned unless it is a list of ``kind`` (:class:`PrefillAssignment` or
+    :class:`DecodeAssignment`), each of a request that was ``waiting`` and has left every one of ``queues``, none
+    twice, each to one of ``engine_ids``. Run for users' policies only (the built-in ones are tested)."""
+    name = f"policy {type(policy).__name__}.{method}"
+    if not isinstance(assigned, list):
+        raise PolicyError(f"{name} returned {short_repr(assigned)}; expected a list of {kind.__name__}(request, engine)")
+    left = {r.id for queue in queues for r in queue}
+    seen: set[int] = set()
+    for i, a in enumerate(assigned):
+        if not isinstance(a, kind) or not isinstance(a.request, Request):  # type: ignore[attr-defined]
+            raise PolicyError(f"{name} returned {short_repr(a)} at [{i}]; expected a {kind.__name__}(request, engine)")
+        rid, engine = a.request.id, a.engine  # type: ignore[attr-defined]
+        if rid not in waiting:
+            raise PolicyError(f"{name} assigned request {rid}, which was not waiting in the queue it was given")
+        if rid in seen:
+            raise PolicyError(f"{name} assigned request {rid} twice")
+        if rid in left:
+            raise PolicyError(f"{name} assigned request {rid} but left it in the queue (take it with queue.popleft())")
+        if engine not in engine_ids:
+            raise PolicyError(f"{name} assigned request {rid} to engine {short_repr(engine)}, not one of the engines it "
+                              f"was given ({', '.join(map(str, sorted(engine_ids)))})")  # fmt: skip
+        seen.add(rid)

@@ -28,12 +28,14 @@ from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.observations import LINE_FORMATS
+from dualpath_emu.cluster.policies import PolicyError
+from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.engine import Observed
-from dualpath_emu.runtime.virtual import EventSink, VirtualDriver
+from dualpath_emu.runtime.virtual import DeadlockError, EventSink, VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system"]
@@ -45,6 +47,22 @@ SAMPLE_INTERVAL_S = 1.0
 Utilisation = dict[str, float]
 """``{"mean": fraction of capacity over the run, "p99": 99th percentile of the 1-second samples}``."""
 
+
+
+def _stuck_policy(system: str, cluster: Cluster, engines: Sequence[object], now_ns: int) -> PolicyError | None:
+    """Why a run that can go no further stopped, when its policy left requests waiting with nothing else to do
+    (``None``: nothing waits, so it is no policy's doing)."""
+    for engine in engines:
+        if isinstance(engine, Scheduler):
+            prefill, decode = engine.waiting()
+            if prefill or decode:
+                return PolicyError(
+                    f"system {system!r}: policy {type(cluster.policy).__name__} left {prefill} request(s) waiting for a "
+                    f"prefill engine and {decode} for a decode engine at t = {now_ns / 1e9:.3f} s with nothing else "
+                    "in flight: it assigned them to no engine, so the run cannot go on (assign_prefill and "
+                    "assign_decode must assign work whenever an engine has room)"
+                )
+    return None
 
 
 class LostRequestsError(RuntimeError):
@@ -217,6 +235,11 @@ def run_system(
     gc.set_threshold(100_000, 50, 1000)
     try:
         driver.run(lambda: client.finished)
+    except DeadlockError:
+        stuck = _stuck_policy(system_name, cluster, driver.engines, core.now_ns)
+        if stuck is None:
+            raise
+        raise stuck from None
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()

@@ -35,6 +35,7 @@ from dualpath_emu.cluster.policies import (
     ReadSide,
     Request,
     RoundRobinPolicy,
+    check_assignments,
 )
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
@@ -91,6 +92,12 @@ class Scheduler(ClusterEngine):
         # The groups' names by node, looked up at every message to a group and every decode notification.
         self._pe_group = {node: cluster.group_name("pe", node) for node in self.pe_engines}
         self._de_group = {node: cluster.group_name("de", node) for node in self.de_engines}
+        self._check_policy = not isinstance(cluster.system.scheduler, str)
+        """A user's policy: what it returns is checked (the built-in ones' is tested)."""
+
+    def waiting(self) -> tuple[int, int]:
+        """Requests waiting for a PE, and for a DE (the global decode queue and every group's private one)."""
+        return len(self.prefill.queue), len(self.decode_queue) + sum(len(q) for q in self.private.values())
 
     def _notify_decode(self, now: int) -> None:
         """Make the fetch of every decode group with a non-empty private queue due."""
@@ -153,7 +160,13 @@ class Scheduler(ClusterEngine):
             self._notify_group(now, name)
 
     def _fetch_prefill(self, now: int) -> None:
-        assigned = self.prefill.fetch(self.read_q)
+        if self._check_policy:
+            waiting = {r.id for r in self.prefill.queue}
+            assigned = self.prefill.fetch(self.read_q)
+            check_assignments(self.policy, "assign_prefill", assigned, PrefillAssignment, waiting, [self.prefill.queue],
+                              {e.id for e in self.prefill.engines})  # fmt: skip
+        else:
+            assigned = self.prefill.fetch(self.read_q)
         if not assigned:
             return
         pe_of, queue, scheduled_pe = self.pe_of, self.decode_queue, self.cluster.metrics.scheduled_pe
@@ -166,9 +179,17 @@ class Scheduler(ClusterEngine):
         self._notify_decode(now)
 
     def _fetch_decode(self, now: int, node: int) -> tuple[int, bool]:
-        assigned = self.policy.assign_decode(
-            self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
-        )
+        if self._check_policy:
+            waiting = {r.id for r in self.decode_queue} | {r.id for r in self.private[node]}
+            assigned = self.policy.assign_decode(
+                self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
+            )
+            check_assignments(self.policy, "assign_decode", assigned, DecodeAssignment, waiting,
+                              [self.decode_queue, *self.private.values()], {e.id for e in self.de_engines[node]})  # fmt: skip
+        else:
+            assigned = self.policy.assign_decode(
+                self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
+            )
         if not assigned:
             return 0, bool(self.private[node])
         gpus, oracle = self._gpus, self.cluster.system.oracle
