@@ -47,6 +47,12 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     return collect_command(args)
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from dualpath_emu.cluster.run_cli import compare_command
+
+    return compare_command(args)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from dualpath_emu.cluster.run_cli import validate_command
 
@@ -130,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(repeat for several; default: the scenario's systems)")  # fmt: skip
     run.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
     run.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
+    run.add_argument("--seeds", metavar="N|LIST",
+                     help="replicates: run every system on N seeds (the scenario's seed and the N - 1 after it) or "
+                          "on a list such as 0,3,7, and print each figure's mean with its 95%% confidence interval "
+                          "(virtual time)")  # fmt: skip
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="set a scenario key by its dotted path, VALUE as in TOML (a bare word is a string), "
                           "e.g. workload.max_rounds=4 (repeat for several)")  # fmt: skip
@@ -216,6 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--json", action="store_true", help="print the summary as JSON")
     collect.add_argument("--out", type=Path, metavar="DIR", help="also write summary.json, requests.csv and plots here")
     collect.set_defaults(func=_cmd_collect)
+
+    compare = commands.add_parser(
+        "compare",
+        help="print two runs' figures side by side (their summary.json files)",
+        description="Read two runs' summary.json (the folders of `run --out`, or the files) and print each "
+        "system's JCT, TTFT, TPOT, working set and speedup side by side with the difference and, where both "
+        "runs have replicates (--seeds), whether their 95%% intervals overlap.",
+    )
+    compare.add_argument("first", metavar="A", type=Path, help="a run's --out folder or its summary.json")
+    compare.add_argument("second", metavar="B", type=Path, help="another run's --out folder or its summary.json")
+    compare.set_defaults(func=_cmd_compare)
 
     validate = commands.add_parser(
         "validate",

@@ -23,10 +23,12 @@ import argparse
 import json
 import math
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -43,7 +45,7 @@ from dualpath_emu.scenarios import names as packaged_scenarios
 from dualpath_emu.scenarios import path as packaged_scenario
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
+__all__ = ["compare_command", "list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
 
 def load_scenario(scenario: str | Path | None, overrides: dict[str, object] | None = None) -> ClusterScenario:
     """The scenario in the file or of the packaged name ``scenario``, or the built-in one; ``overrides``:
@@ -94,6 +96,10 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.json and not args.quiet:
         console.print(f"[bold]{scenario.name}[/] ({scenario.source}): {scenario.describe()}")
     results: dict[str, SystemResult] = {}
+    if getattr(args, "seeds", None) is not None:
+        if args.mode == "realtime":
+            raise UsageError("--seeds runs replicates in virtual time: leave out --mode realtime (and --backend host)")
+        return _run_replicates(args, scenario, console, show_progress, out)
     if args.mode != "realtime" and (args.prepare is not None or args.process_host or args.metrics_port is not None):
         raise UsageError("--prepare, --process-host and --metrics-port are for live runs: add --mode realtime")
     if args.mode == "realtime":
@@ -143,6 +149,80 @@ def _run_virtual(
                 trace_path=None if out is None else _trace_file(out, name),
             )  # fmt: skip
     return results
+
+
+def _run_replicates(
+    args: argparse.Namespace, scenario: ClusterScenario, console: Console, show_progress: bool, out: Path | None
+) -> int:
+    """``run --seeds``: every system on each seed; the means with their 95% intervals (:mod:`.replicates`)."""
+    from dualpath_emu.cluster.outputs import summary
+    from dualpath_emu.cluster.replicates import parse_seeds, replicate_summary
+
+    seeds = parse_seeds(args.seeds, scenario.seed)
+    runs: dict[int, dict[str, SystemResult]] = {}
+    started = time.perf_counter()
+    with _progress_bars(console, show_progress) as track:
+        for seed in seeds:
+            one = scenario.with_overrides(seed=seed)
+            trajectories = one.trajectories()
+            runs[seed] = {
+                name: run_system(one.config, one.system(name), trajectories, seed=seed, progress=track(f"{name} seed {seed}"))
+                for name in one.systems
+            }  # fmt: skip
+    wall_s = time.perf_counter() - started
+    first = scenario.with_overrides(seed=seeds[0])
+    document = summary(first, runs[seeds[0]])
+    document["replicates"] = replicate_summary(seeds, runs)
+    document["replicates"]["wall_s"] = wall_s
+    if out is not None:
+        (out / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False))
+    if args.json:
+        print(json.dumps(document, indent=2, allow_nan=False))
+        return 0
+    console.print(_replicates_table(scenario, document["replicates"]))
+    console.print(f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) in {wall_s:.1f} s; mean ± half the 95% "
+                  "interval (Student's t over the seeds; the speedup paired by seed)", highlight=False)  # fmt: skip
+    if out is not None:
+        console.print(f"wrote summary.json (every seed's figures under 'replicates') to {out}")
+    return 0
+
+
+def _replicates_table(scenario: ClusterScenario, replicates: dict[str, Any]) -> Table:
+    from dualpath_emu.cluster.replicates import Estimate
+
+    def est(data: dict[str, Any]) -> Estimate:
+        return Estimate(data["mean"], data["ci95"][0], data["ci95"][1], tuple(data["values"]))
+
+    table = Table(title=f"{scenario.name}: {scenario.workload()}, {len(replicates['seeds'])} seeds",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)  # fmt: skip
+    for header in ("system", "JCT (s)", "vs basic", "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)"):
+        table.add_column(header, justify="left" if header == "system" else "right", no_wrap=True)
+    for name, figures in replicates["systems"].items():
+        speedup = replicates["speedup_vs_basic"].get(name)
+        table.add_row(
+            name, est(figures["jct_s"]).text(), "-" if speedup is None else est(speedup).text() + "×",
+            est(figures["ttft_p50_s"]).text(), est(figures["ttft_p99_s"]).text(),
+            est(figures["tpot_p50_s"]).text(unit=1e-3),
+        )  # fmt: skip
+    return table
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """Runs ``dualpath-emu compare A B``: two runs' figures side by side (:func:`.replicates.compare_summaries`)."""
+    from dualpath_emu.cluster.replicates import compare_summaries
+
+    rows = compare_summaries(args.first, args.second)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 120))
+    table = Table(title=f"A: {args.first}, B: {args.second}", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), show_edge=False)  # fmt: skip
+    for header in ("system", "figure", "A", "B", "B vs A", "overlap"):
+        table.add_column(header, justify="left" if header in ("system", "figure") else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    return 0
 
 
 class LiveRunFailed(RuntimeError):

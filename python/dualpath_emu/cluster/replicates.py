@@ -1,0 +1,192 @@
+"""Replicates: the same scenario on several seeds, each figure's mean with a 95% confidence interval (issue 25).
+
+One seed is one sample: the workload, the online arrivals and the tool waits all come from it, and small runs'
+JCTs move by tens of percent from seed to seed. ``dualpath-emu run --seeds N`` runs every system on each of N
+seeds and reports, per system and figure, the mean over the seeds and a 95% confidence interval for it
+(Student's t, the seeds taken as independent samples), and the speedup over Basic the same way, paired: each
+seed's speedup is Basic's JCT over the system's on that seed's workload, so the workload's own variation
+cancels.
+
+``dualpath-emu compare OUT_A OUT_B`` reads two ``summary.json`` files (``run --out``, with or without
+``--seeds``) and prints each system's figures side by side with their difference and, where both have
+intervals, whether the intervals overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.cluster.run import SystemResult
+from dualpath_emu.errors import UsageError
+
+__all__ = ["FIGURES", "Estimate", "compare_summaries", "estimate", "parse_seeds", "replicate_summary"]
+
+MAX_SEEDS: Final = 1_000
+
+# Student's t at 0.975 for 1..30 degrees of freedom, then a few more; beyond, the normal 1.96.
+_T975: Final = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_T975_MORE: Final = ((40, 2.021), (60, 2.000), (120, 1.980))
+
+FIGURES: Final[Mapping[str, Callable[[SystemResult], float]]] = {
+    "jct_s": lambda r: r.jct_s,
+    "ttft_p50_s": lambda r: r.ttft_s["p50"],
+    "ttft_p99_s": lambda r: r.ttft_s["p99"],
+    "tpot_p50_s": lambda r: r.tpot_s["p50"],
+    "working_set_mean_bytes": lambda r: r.working_set_bytes["mean"],
+}
+"""The figures a replicate run reports, by the name ``summary.json`` gives them."""
+
+
+def _t975(df: int) -> float:
+    if df <= len(_T975):
+        return _T975[df - 1]
+    for limit, t in _T975_MORE:
+        if df <= limit:
+            return t
+    return 1.960
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure over seeds: its ``mean`` and the 95% interval ``[low, high]`` (the mean itself for one seed)."""
+
+    mean: float
+    low: float
+    high: float
+    values: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mean": self.mean, "ci95": [self.low, self.high], "values": list(self.values)}
+
+    def text(self, unit: float = 1.0, digits: int = 3) -> str:
+        """``mean ± half-width`` in ``unit`` (the half-width left out for one seed)."""
+        mean = self.mean / unit
+        if len(self.values) < 2:
+            return f"{mean:.{digits}g}"
+        return f"{mean:.{digits}g} ± {(self.high - self.low) / 2 / unit:.2g}"
+
+
+def estimate(values: Sequence[float]) -> Estimate:
+    """The mean of ``values`` with its 95% confidence interval (Student's t; one value: no interval)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values to estimate from")
+    mean = math.fsum(values) / n
+    if n == 1:
+        return Estimate(mean, mean, mean, tuple(values))
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    half = _t975(n - 1) * math.sqrt(variance / n)
+    return Estimate(mean, mean - half, mean + half, tuple(values))
+
+
+def parse_seeds(text: str, first: int) -> list[int]:
+    """``--seeds``: a count N (the seeds ``first`` .. ``first + N - 1``) or a comma list of seeds."""
+    text = text.strip()
+    try:
+        if "," in text:
+            seeds = [int(part) for part in text.split(",") if part.strip()]
+        else:
+            count = int(text)
+            if not 1 <= count <= MAX_SEEDS:
+                raise UsageError(f"--seeds: expected a count in [1, {MAX_SEEDS}] or a list such as 0,3,7, got {text!r}")
+            seeds = list(range(first, first + count))
+    except ValueError:
+        raise UsageError(f"--seeds: expected a count or a comma list of seeds such as 0,3,7, got {text!r}") from None
+    if not seeds or len(seeds) > MAX_SEEDS or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UsageError(f"--seeds: expected 1 to {MAX_SEEDS} distinct seeds >= 0, got {text!r}")
+    return seeds
+
+
+def replicate_summary(seeds: Sequence[int], runs: Mapping[int, Mapping[str, SystemResult]]) -> dict[str, Any]:
+    """``summary.json``'s ``replicates``: per system and figure the mean and 95% interval over ``seeds``, and
+    each system's speedup over Basic, paired by seed (``None`` without a Basic run)."""
+    systems = list(runs[seeds[0]])
+    out: dict[str, Any] = {"seeds": list(seeds), "systems": {}, "speedup_vs_basic": {}}
+    for name in systems:
+        out["systems"][name] = {
+            figure: estimate([get(runs[s][name]) for s in seeds]).to_json() for figure, get in FIGURES.items()
+        }
+        if "basic" in systems:
+            ratios = [runs[s]["basic"].jct_s / runs[s][name].jct_s for s in seeds]
+            out["speedup_vs_basic"][name] = estimate(ratios).to_json()
+        else:
+            out["speedup_vs_basic"][name] = None
+    return out
+
+
+# --- compare ---------------------------------------------------------------------------------------------------
+
+
+def _load_summary(path: Path) -> dict[str, Any]:
+    file = path / "summary.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{file}: no such file (expected a run's summary.json, or the folder of `run --out`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{file}: not a readable summary.json ({error})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("systems"), dict):
+        raise UsageError(f"{file}: not a dualpath-emu summary (no 'systems' object)")
+    return data
+
+
+def _figures_of(summary: dict[str, Any], system: str) -> dict[str, Estimate]:
+    """A system's figures in a summary: from its replicates if it has them, else its one run's."""
+    replicates = summary.get("replicates")
+    if isinstance(replicates, dict) and system in replicates.get("systems", {}):
+        figures = {k: Estimate(v["mean"], v["ci95"][0], v["ci95"][1], tuple(v["values"]))
+                   for k, v in replicates["systems"][system].items()}  # fmt: skip
+        speedup = replicates.get("speedup_vs_basic", {}).get(system)
+        if speedup is not None:
+            figures["speedup_vs_basic"] = Estimate(speedup["mean"], speedup["ci95"][0], speedup["ci95"][1],
+                                                   tuple(speedup["values"]))  # fmt: skip
+        return figures
+    s = summary["systems"][system]
+    one = {"jct_s": s["jct_s"], "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p99_s": s["ttft_s"]["p99"],
+           "tpot_p50_s": s["tpot_s"]["p50"], "working_set_mean_bytes": s["working_set_bytes"]["mean"]}  # fmt: skip
+    speedup = summary.get("speedup_vs_basic", {}).get(system)
+    if speedup is not None:
+        one["speedup_vs_basic"] = speedup
+    return {k: Estimate(v, v, v, (v,)) for k, v in one.items()}
+
+
+_SHOWN: Final = {
+    "jct_s": ("JCT (s)", 1.0),
+    "speedup_vs_basic": ("vs basic (×)", 1.0),
+    "ttft_p50_s": ("TTFT p50 (s)", 1.0),
+    "ttft_p99_s": ("TTFT p99 (s)", 1.0),
+    "tpot_p50_s": ("TPOT p50 (ms)", 1e-3),
+    "working_set_mean_bytes": ("working set (GB)", 1e9),
+}
+"""How ``compare`` shows each figure: its label and unit."""
+
+
+def compare_summaries(a: Path, b: Path) -> list[list[str]]:
+    """The rows of ``dualpath-emu compare A B``: system, figure, A, B, the change from A to B, and whether
+    the intervals overlap (``-`` where either side has no interval)."""
+    first, second = _load_summary(a), _load_summary(b)
+    common = [name for name in first["systems"] if name in second["systems"]]
+    if not common:
+        raise UsageError(f"{a} and {b} have no system in common ({', '.join(first['systems'])} vs "
+                         f"{', '.join(second['systems'])})")  # fmt: skip
+    rows: list[list[str]] = []
+    for name in common:
+        fa, fb = _figures_of(first, name), _figures_of(second, name)
+        for figure, (label, unit) in _SHOWN.items():
+            if figure not in fa or figure not in fb:
+                continue
+            x, y = fa[figure], fb[figure]
+            diff = y.mean - x.mean
+            change = f"{diff / x.mean:+.1%}" if x.mean else f"{diff / unit:+.3g}"
+            intervals = len(x.values) > 1 and len(y.values) > 1
+            overlap = ("yes" if x.low <= y.high and y.low <= x.high else "no") if intervals else "-"
+            rows.append([name, label, x.text(unit), y.text(unit), change, overlap])
+    return rows
