@@ -113,9 +113,14 @@ def test_out_writes_what_the_command_line_writes(tmp_path: Path) -> None:
     scenario = api.load_scenario("ds27b-1p1d-offline", overrides=SMALL, systems=["dualpath"])
     done = api.run(scenario, out=tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "requests.csv", "jct.png", "utilisation.png",
-                                                   "latency-cdf.png", "trace-dualpath.json"}  # fmt: skip
+                                                   "latency-cdf.png"}, "no trace unless asked for"  # fmt: skip
     assert json.loads((tmp_path / "summary.json").read_text()) == done.summary
     assert (tmp_path / "requests.csv").read_text() == done.requests_csv()
+    traced = api.run(scenario, out=tmp_path / "traced", trace=True)
+    assert (tmp_path / "traced" / "trace-dualpath.json.gz").exists()
+    assert traced.summary["systems"]["dualpath"]["jct_s"] == done.summary["systems"]["dualpath"]["jct_s"]
+    with pytest.raises(ValueError, match="give out=DIR"):
+        api.run(scenario, trace=True)
 
 
 def test_a_system_object_from_the_notebook() -> None:

@@ -220,3 +220,17 @@ def test_the_prefill_fit_solves_both_oracle_points_together(monkeypatch: pytest.
         assert abs(jcts[key] / target - 1) <= calibrate.TOLERANCE, key
     assert speed == pytest.approx(0.434, rel=0.03) and overhead_s == pytest.approx(7.2e-3, rel=0.05)
     assert len(history) <= 2 * (3 + calibrate.MAX_ITERATIONS)
+
+
+def test_reproduce_list_names_every_experiment_and_fig7_quick_keeps_to_the_model_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dualpath_emu.reproduce.fig7 import cells
+
+    assert cli_main(["reproduce", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(EXPERIMENTS)
+    assert cli_main(["reproduce"]) == 2 and "reproduce --list" in capsys.readouterr().err
+    assert {c.labels["model"] for c in cells(True, ["ds27b"])} == {"ds27b"}
+    assert {c.labels["model"] for c in cells(True)} == {"ds660b", "ds27b"}
+    assert {c.labels["model"] for c in cells(False)} == {"ds660b", "ds27b", "qwen32b"}

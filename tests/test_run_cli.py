@@ -9,6 +9,7 @@ import contextlib
 import csv
 import dataclasses
 import io
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -274,7 +275,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     out = folder / "out"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        assert main(["run", str(scenario), "--json", "--out", str(out)]) == 0
+        assert main(["run", str(scenario), "--json", "--out", str(out), "--trace"]) == 0
     return scenario, json.loads(stdout.getvalue()), out
 
 
@@ -354,7 +355,7 @@ def test_trace_is_a_perfetto_object_with_named_tracks_that_nest(
 ) -> None:
     _, _, out = tiny_run
     for name in DEFAULT_SYSTEMS:
-        trace = json.loads((out / f"trace-{name}.json").read_text())
+        trace = json.loads(gzip.decompress((out / f"trace-{name}.json.gz").read_bytes()))
         assert set(trace) == {"traceEvents"}
         events: list[dict[str, Any]] = trace["traceEvents"]
         processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
@@ -467,3 +468,8 @@ def test_progress_bars_draw_on_a_terminal() -> None:
 def test_the_lane_demo_is_still_reachable(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "lanes"]) == 0
     assert "All-to-all burst latency" in capsys.readouterr().out
+
+
+def test_trace_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "ds27b-1p1d-offline", "--agents", "2", "--trace"]) == 2
+    assert "--trace writes a Perfetto trace per system into the --out folder" in capsys.readouterr().err

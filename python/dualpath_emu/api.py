@@ -122,6 +122,7 @@ def run(
     progress: Callable[[Progress], None] | None = None,
     out: str | Path | None = None,
     workload: Iterable[Trajectory] | None = None,
+    trace: bool = False,
 ) -> RunResult:
     """Run every system of ``scenario`` (a :class:`ClusterScenario`, or what :func:`load_scenario` takes) on
     the same workload, in virtual time, in this process; ``systems``, ``agents`` and ``seed`` override the
@@ -131,9 +132,11 @@ def run(
 
     ``progress`` is called with a :class:`Progress` a few times per second of wall time during each run.
     ``out`` writes what ``dualpath-emu run --out`` writes there: ``summary.json``, ``requests.csv``,
-    ``jct.png``, ``utilisation.png``, ``latency-cdf.png`` and a Perfetto trace per system (the runs then
-    record every transfer, which costs memory on long runs).
+    ``jct.png``, ``utilisation.png`` and ``latency-cdf.png``; with ``trace`` also a Perfetto trace per system,
+    ``trace-<system>.json.gz`` (the runs then record every transfer, which costs memory on long runs).
     """
+    if trace and out is None:
+        raise ValueError("trace=True writes a Perfetto trace per system into out: give out=DIR too")
     if not isinstance(scenario, ClusterScenario):
         scenario = load_scenario(scenario)
     if workload is not None:
@@ -147,7 +150,7 @@ def run(
     for name in scenario.systems:
         results[name] = run_system(
             scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=progress,
-            trace_path=None if directory is None else trace_file(directory, name),
+            trace_path=trace_file(directory, name) if directory is not None and trace else None,
         )  # fmt: skip
     if directory is not None:
         write_outputs(directory, "out", scenario, results)

@@ -76,8 +76,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from dualpath_emu.reproduce import EXPERIMENTS
+    from dualpath_emu.reproduce import EXPERIMENTS, SUMMARIES
 
+    if args.list or args.name is None:
+        if args.name is None and not args.list:
+            raise UsageError("reproduce: name an experiment (`dualpath-emu reproduce --list` lists them)")
+        for name in EXPERIMENTS:
+            print(f"{name:<10} {SUMMARIES[name]}")
+        return 0
     experiment = importlib.import_module(EXPERIMENTS[args.name])  # only the one asked for
     return int(experiment.main(list(args.options)))
 
@@ -144,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set a scenario key by its dotted path, VALUE as in TOML (a bare word is a string), "
                           "e.g. workload.max_rounds=4 (repeat for several)")  # fmt: skip
     run.add_argument("--list", action="store_true", help="list the packaged scenarios and exit")
-    run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv, plots and traces here")
+    run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv and plots here")
+    run.add_argument("--trace", action="store_true",
+                     help="with --out: also a Perfetto trace per system, trace-<system>.json.gz (every transfer "
+                          "and GPU span; costs memory and time on long runs)")  # fmt: skip
     run.add_argument("--json", action="store_true", help="print the summary as JSON (and nothing else) on stdout")
     run.add_argument("--quiet", action="store_true", help="no header line, no progress bars")
     live = run.add_argument_group("real time (--mode realtime: the same actors live, as OS processes)")
@@ -307,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Options after NAME: --quick (the small variant), --out DIR (CSV, PNG, JSON), --jobs N (processes), "
         "--json; `dualpath-emu reproduce NAME --help` lists them.",
     )
-    reproduce.add_argument("name", metavar="NAME", choices=tuple(EXPERIMENTS), help=f"one of {', '.join(EXPERIMENTS)}")
+    reproduce.add_argument("name", metavar="NAME", nargs="?", choices=tuple(EXPERIMENTS),
+                           help=f"one of {', '.join(EXPERIMENTS)}")  # fmt: skip
+    reproduce.add_argument("--list", action="store_true", help="list the experiments and exit")
     reproduce.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's options")
     reproduce.set_defaults(func=_cmd_reproduce)
 

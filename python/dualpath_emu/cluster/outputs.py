@@ -218,8 +218,8 @@ def _colour(system: str) -> str:
 
 
 def trace_file(directory: Path, system: str) -> Path:
-    """Where the Perfetto/Chrome trace of ``system`` goes: ``trace-<system>.json``."""
-    return directory / f"trace-{system}.json"
+    """Where the Perfetto/Chrome trace of ``system`` goes: ``trace-<system>.json.gz`` (gzip: Perfetto opens it)."""
+    return directory / f"trace-{system}.json.gz"
 
 
 

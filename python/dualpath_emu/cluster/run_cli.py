@@ -10,8 +10,9 @@ value read as TOML (a bare word as a string). ``run --list`` lists the packaged 
 terminal, unless ``--quiet`` or ``--json``. ``--json`` prints the summary (:func:`~.outputs.summary`) and
 nothing else on stdout. ``--out DIR`` writes ``summary.json``, ``requests.csv``, ``jct.png``,
 ``utilisation.png`` (NICs, DRAM and GPUs over time, from the utilisation samples: every emulated
-second, wider on very long runs), ``latency-cdf.png`` and a Perfetto trace per system, ``trace-<system>.json`` (open it at ui.perfetto.dev;
-recording spans costs memory, hence only with ``--out``; :mod:`~dualpath_emu.cluster.trace`).
+second, wider on very long runs) and ``latency-cdf.png``; with ``--trace`` also a Perfetto trace per system,
+``trace-<system>.json.gz`` (gzip-compressed; open it at ui.perfetto.dev; recording spans costs memory and time,
+hence only when asked for; :mod:`~dualpath_emu.cluster.trace`).
 
 ``validate SCENARIO`` checks a scenario file or a packaged scenario -- a cluster scenario, or a run scenario
 for ``launch`` -- and prints one ``OK`` line; a bad file is a :class:`~dualpath_emu.config.ScenarioError` (one line, exit 2).
@@ -85,6 +86,8 @@ def run_command(args: argparse.Namespace) -> int:
     elif args.mode is None:
         args.mode = "virtual"
     out: Path | None = args.out
+    if getattr(args, "trace", False) and out is None:
+        raise UsageError("--trace writes a Perfetto trace per system into the --out folder: add --out DIR")
     if out is not None:
         from dualpath_emu.cluster.outputs import make_output_folder
 
@@ -132,7 +135,7 @@ def run_command(args: argparse.Namespace) -> int:
         if "host" in result.extra:
             console.print(_host_table(name, result))
     if out is not None:
-        traces = " and trace-<system>.json" if args.mode == "virtual" else ""
+        traces = " and trace-<system>.json.gz" if args.mode == "virtual" and args.trace else ""
         console.print(f"wrote {', '.join(written)}{traces} to {out}")
     return 0
 
@@ -146,7 +149,7 @@ def _run_virtual(
         for name in scenario.systems:
             results[name] = run_system(
                 scenario.config, scenario.system(name), trajectories, seed=scenario.seed, progress=track(name),
-                trace_path=None if out is None else _trace_file(out, name),
+                trace_path=_trace_file(out, name) if out is not None and args.trace else None,
             )  # fmt: skip
     return results
 

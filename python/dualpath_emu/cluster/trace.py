@@ -26,6 +26,9 @@ id of its own, so no two share a stack and none can be mis-nested.
 
 from __future__ import annotations
 
+import gzip
+import shutil
+
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +113,13 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
 def write_trace(
     path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str
 ) -> None:
-    """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans)."""
-    core.write_trace(str(path), port_pids=port_pids(topology, core.port_count),
+    """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans); gzip-compressed
+    when ``path`` ends in ``.gz`` (Perfetto opens it as it is: traces shrink about tenfold)."""
+    target = Path(path)
+    plain = target.with_suffix("") if target.suffix == ".gz" else target
+    core.write_trace(str(plain), port_pids=port_pids(topology, core.port_count),
                      extra_events=trace_events(config, topology, metrics, system))  # fmt: skip
+    if plain != target:
+        with open(plain, "rb") as source, gzip.open(target, "wb", compresslevel=6) as packed:
+            shutil.copyfileobj(source, packed, 1 << 20)
+        plain.unlink()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["EXPERIMENTS", "help_description"]
+__all__ = ["EXPERIMENTS", "SUMMARIES", "help_description"]
 
 EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -29,6 +29,23 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
         "markdown": "dualpath_emu.reproduce.markdown",  # reports (NAME.json) as Markdown for EVALUATION.md
     }
 )
+
+
+SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "table1": "cache-compute ratio of the three models (paper §3, Table 1)",
+        "fig7": "offline JCT vs agents and context, three models (§7.3); --quick: DS 660B and DS 27B, small",
+        "fig8": "P/D ratio on DS 27B (§7.3)",
+        "fig9": "append and generation scaling (§7.3)",
+        "fig10": "online: the largest arrival rate that meets the SLO (§7.4)",
+        "fig12": "ablation ladder and TTFT breakdown (§7.4-7.5)",
+        "fig13": "storage-NIC and attention balance (§7.5)",
+        "isolation": "MoE collective latency with KV traffic, with and without virtual lanes (§5)",
+        "calibrate": "fit the hardware parameters the paper does not give, on Basic and Oracle runs",
+        "markdown": "the reports (NAME.json) as Markdown, for EVALUATION.md",
+    }
+)
+"""One line per experiment, for ``reproduce --list``."""
 
 
 def help_description(doc: str | None) -> str:
