@@ -473,3 +473,20 @@ def test_the_lane_demo_is_still_reachable(capsys: pytest.CaptureFixture[str]) ->
 def test_trace_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "ds27b-1p1d-offline", "--agents", "2", "--trace"]) == 2
     assert "--trace writes a Perfetto trace per system into the --out folder" in capsys.readouterr().err
+
+
+def test_the_table_fits_an_80_column_terminal_by_leaving_columns_out(tiny_run: tuple[Path, dict[str, Any], Path]) -> None:
+    from rich.console import Console
+
+    from dualpath_emu.cluster.run import run_system
+    from dualpath_emu.cluster.run_cli import _table
+
+    scenario_path, _, _ = tiny_run
+    scenario = load_cluster_scenario(scenario_path)
+    results = {"dualpath": run_system(scenario.config, "dualpath", scenario.trajectories(), seed=scenario.seed)}
+    for width, wide in ((80, False), (150, True)):
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(_table(scenario, results, width))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
+        assert ("CNIC PE %" in text) is wide and ("narrow terminal" in text) is not wide

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: the built-in ds660b-2p4d-offline)")  # fmt: skip
     run.add_argument("--system", action="append", metavar="SPEC",
                      help="run this system: a built-in one's name, or your own as file.py:Name or module:Name "
-                          "(repeat for several; default: the scenario's systems)")  # fmt: skip
+                          "(repeat, or separate by commas, for several; default: the scenario's systems)")  # fmt: skip
     run.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
     run.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
     run.add_argument("--seeds", metavar="N|LIST",
@@ -204,10 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sweep a scenario key over these values (each read as TOML; commas inside brackets or "
                             "quotes do not split), e.g. workload.agents=32,64,128; one value: a fixed override "
                             "(repeat for several keys: their cartesian product)")  # fmt: skip
-    sweep.add_argument("--systems", metavar="A,B", help="run these systems (comma-separated; default: the scenario's)")
+    sweep.add_argument("--systems", help=argparse.SUPPRESS)  # the old spelling of --system A,B
     sweep.add_argument("--system", action="append", metavar="SPEC",
-                       help="run this system too: a built-in one's name, or your own as file.py:Name or module:Name "
-                            "(repeat for several)")  # fmt: skip
+                       help="run this system: a built-in one's name, or your own as file.py:Name or module:Name "
+                            "(repeat, or separate by commas, for several; default: the scenario's)")  # fmt: skip
     sweep.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
     sweep.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
     sweep.add_argument("--out", type=Path, metavar="DIR", required=True,

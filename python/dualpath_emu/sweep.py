@@ -45,7 +45,7 @@ from typing import Any, Final, cast
 from dualpath_emu import __version__
 from dualpath_emu.cluster.run_cli import load_scenario, parse_settings
 from dualpath_emu.cluster.scenario import ClusterScenario
-from dualpath_emu.cluster.user_systems import is_user_spec
+from dualpath_emu.cluster.user_systems import is_user_spec, system_specs
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import short_repr
@@ -245,15 +245,10 @@ def run_point(run: SweepRun) -> SweepResult:
 
 
 def _systems_option(args: argparse.Namespace) -> tuple[str, ...] | None:
-    """``--systems A,B`` and ``--system SPEC`` together, file specs made absolute (workers may start in
-    another folder), or None: the scenario's systems."""
-    given: list[str] = []
-    if args.systems is not None:
-        given += [s.strip() for s in args.systems.split(",")]
-        if any(not s for s in given):
-            raise UsageError(f"--systems {args.systems!r}: expected comma-separated systems, e.g. basic,dualpath")
-    given += args.system or []
-    if args.systems is None and not args.system:
+    """``--system SPEC`` (repeated, or comma-separated; ``--systems A,B``, the old spelling, too), file specs made
+    absolute (workers may start in another folder), or None: the scenario's systems."""
+    given = system_specs([*([args.systems] if args.systems is not None else []), *(args.system or [])])
+    if not given:
         return None
     out: list[str] = []
     for spec in given:

@@ -33,7 +33,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from dualpath_emu.cluster.run import Progress as RunProgress
@@ -75,8 +75,10 @@ def run_command(args: argparse.Namespace) -> int:
     """Runs ``dualpath-emu run``; returns the exit status."""
     if args.list:
         return list_command()
+    from dualpath_emu.cluster.user_systems import system_specs
+
     scenario = load_scenario(args.scenario, parse_settings(args.set or ())).with_overrides(
-        systems=args.system, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale
+        systems=system_specs(args.system) if args.system else None, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale
     )
     args.mode = getattr(args, "mode", None)
     if scenario.backend == "host":
@@ -130,7 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
         return 0
-    console.print(_table(scenario, results))
+    console.print(_table(scenario, results, console.width))
     for name, result in results.items():
         if "host" in result.extra:
             console.print(_host_table(name, result))
@@ -363,7 +365,8 @@ def _progress_bars(
         return
     bars = Progress(
         TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
-        TextColumn("{task.fields[emulated]}"), TimeElapsedColumn(), console=console,
+        TextColumn("{task.fields[emulated]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=console,
     )  # fmt: skip
     with bars:
 
@@ -387,36 +390,51 @@ def _pair(a: float, b: float) -> str:
     return f"{100 * a:.0f}/{100 * b:.0f}"
 
 
-def _table(scenario: ClusterScenario, results: dict[str, SystemResult]) -> Table:
+TABLE_COLUMNS_FULL = 100
+"""Terminals narrower than this get the compact table (the figures that fit 80 columns)."""
+
+
+def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: int = TABLE_COLUMNS_FULL) -> Table:
+    """The results, a row per system; under :data:`TABLE_COLUMNS_FULL` columns without the compute NICs, wall
+    time and event rate (the caption says so), so that the table fits instead of being cut."""
+    compact = width < TABLE_COLUMNS_FULL
     # No vertical rules, one space between columns, utilisation in percent (run means): it fits 100 columns.
     table = Table(title=f"{scenario.name}: {scenario.workload()}", title_justify="left", box=box.SIMPLE_HEAD,
-                  padding=0, show_edge=False)  # fmt: skip
-    for header in ("system", "JCT\n(s)", "vs\nbasic", "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99",
-                   "SNIC rx %\nPE/DE", "CNIC PE %\ntx/rx", "CNIC DE %\ntx/rx", "GPU %\nPE/DE", "SNIC\nmax/mean",
-                   "wall\n(s)", "events\n/ s"):  # fmt: skip
+                  padding=0, show_edge=False,
+                  caption="(a narrow terminal: the compute NICs, wall time and events/s are left out; widen it, or "
+                          "see --json / --out)" if compact else None, caption_justify="left")  # fmt: skip
+    headers = ["system", "JCT\n(s)", "vs\nbasic", "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99", "SNIC rx %\nPE/DE"]
+    if not compact:
+        headers += ["CNIC PE %\ntx/rx", "CNIC DE %\ntx/rx"]
+    headers += ["GPU %\nPE/DE", "SNIC\nmax/mean"]
+    if not compact:
+        headers += ["wall\n(s)", "events\n/ s"]
+    for header in headers:
         table.add_column(header, justify="left" if header == "system" else "right", no_wrap=True)
-    live = any("delivery_lag_s" in r.extra for r in results.values())
+    live = not compact and any("delivery_lag_s" in r.extra for r in results.values())
     if live:  # how late the processes saw what the model said (emulated ms)
         table.add_column("lag (ms)\np50/p99", justify="right", no_wrap=True)
     basic = results.get("basic")
     for name, r in results.items():
         speedup = f"{basic.jct_s / r.jct_s:.2f}×" if basic is not None and r.jct_s > 0 else "-"
         snic, cnic, gpu = r.snic_util, r.cnic_util, r.gpu_util
-        table.add_row(
+        cells = [
             name,
             _f(r.jct_s, 1),
             speedup,
             f"{_f(r.ttft_s['p50'])}/{_f(r.ttft_s['p99'])}",
             f"{_f(1e3 * r.tpot_s['p50'], 1)}/{_f(1e3 * r.tpot_s['p99'], 1)}",
             _pair(snic["pe"]["rx"]["mean"], snic["de"]["rx"]["mean"]),
-            _pair(cnic["pe"]["tx"]["mean"], cnic["pe"]["rx"]["mean"]),
-            _pair(cnic["de"]["tx"]["mean"], cnic["de"]["rx"]["mean"]),
-            _pair(gpu["pe"]["mean"], gpu["de"]["mean"]),
-            _f(r.snic_max_over_mean),
-            _f(r.wall_s, 1),
-            f"{r.events / r.wall_s:,.0f}" if r.wall_s > 0 else "-",
-            *([_lag(r)] if live else []),
-        )
+        ]
+        if not compact:
+            cells += [_pair(cnic["pe"]["tx"]["mean"], cnic["pe"]["rx"]["mean"]),
+                      _pair(cnic["de"]["tx"]["mean"], cnic["de"]["rx"]["mean"])]  # fmt: skip
+        cells += [_pair(gpu["pe"]["mean"], gpu["de"]["mean"]), _f(r.snic_max_over_mean)]
+        if not compact:
+            cells += [_f(r.wall_s, 1), f"{r.events / r.wall_s:,.0f}" if r.wall_s > 0 else "-"]
+        if live:
+            cells.append(_lag(r))
+        table.add_row(*cells)
     return table
 
 

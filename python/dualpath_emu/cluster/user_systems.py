@@ -34,7 +34,7 @@ import importlib
 import importlib.util
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -42,8 +42,9 @@ from typing import Final
 from dualpath_emu.cluster.policies import Policy
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
+from dualpath_emu.errors import UsageError
 
-__all__ = ["EXPECTED", "SystemLoader", "is_user_spec"]
+__all__ = ["EXPECTED", "SystemLoader", "is_user_spec", "system_specs"]
 
 EXPECTED: Final = "a System, a Policy subclass, or the name of a system in the module's SYSTEMS"
 
@@ -51,6 +52,18 @@ EXPECTED: Final = "a System, a Policy subclass, or the name of a system in the m
 def is_user_spec(spec: str) -> bool:
     """Whether ``spec`` names user code (``module:Name``, ``file.py:Name``) rather than a built-in system."""
     return ":" in spec
+
+
+def system_specs(values: Sequence[str]) -> list[str]:
+    """The systems of ``--system`` options, each repeated or comma-separated (``--system basic,dualpath``):
+    every spec, in order, a :class:`~dualpath_emu.errors.UsageError` for an empty one."""
+    specs: list[str] = []
+    for value in values:
+        parts = [part.strip() for part in value.split(",")]
+        if any(not part for part in parts):
+            raise UsageError(f"--system {value!r}: expected a system, or several separated by commas, e.g. basic,dualpath")
+        specs += parts
+    return specs
 
 
 class SystemLoader:
