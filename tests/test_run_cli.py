@@ -490,3 +490,19 @@ def test_the_table_fits_an_80_column_terminal_by_leaving_columns_out(tiny_run: t
         text = console.export_text()
         assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
         assert ("CNIC PE %" in text) is wide and ("narrow terminal" in text) is not wide
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("workload.agents=-3", "dualpath-emu: error: --set workload.agents: expected an integer in [1, 100000], got -3"),
+        ("hardware.gpu=b200", "dualpath-emu: error: --set hardware.gpu: expected one of"),
+        ("deployment.pe_nodez=2", "dualpath-emu: error: --set deployment.pe_nodez: no such key (known keys here:"),
+    ],
+)
+def test_a_bad_set_value_is_named_as_given_not_by_the_packaged_file(
+    setting: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "ds27b-1p1d-offline", "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and ".toml" not in err

@@ -196,7 +196,7 @@ def test_dask_without_distributed_is_a_one_line_usage_error(
         (["--set", "workload.agents=4", "--set", "workload.agents=8"], "--set workload.agents: given twice"),
         (["--set", "workload.max_rounds=1", "--systems", "basic,nosuch"], "got 'nosuch'"),
         (["--set", "workload.max_rounds=1,lots"], "sweep point workload.max_rounds=lots: "),
-        (["--set", "workload.max_rounds=1", "--set", "workload.agnets=4,8"], "unknown key 'workload.agnets'"),
+        (["--set", "workload.max_rounds=1", "--set", "workload.agnets=4,8"], "--set workload.agnets: no such key"),
         (["--set", "workload.max_rounds=1", "--dask", "udp://127.0.0.1:1"], "expected a Dask scheduler's address"),
         (["--set", "workload.max_rounds=1", "--jobs", "0"], "--jobs: expected an integer in [1, 256]"),
     ],

@@ -86,19 +86,31 @@ def _type_name(value: object) -> str:
 class Table:
     """One TOML table of file ``source``; ``prefix`` is its dotted key path (empty at the top)."""
 
-    def __init__(self, data: dict[str, Any], source: str, prefix: str = "") -> None:
+    def __init__(
+        self, data: dict[str, Any], source: str, prefix: str = "", overrides: Mapping[str, str] | None = None
+    ) -> None:
         self._data = data
         self.source = source
         self.prefix = prefix
         self._read: set[str] = set()
+        self._overrides: Mapping[str, str] = overrides or {}
+        """Dotted key path -> how it was set from outside the file (``--set``, ``override``): errors name that."""
 
     def key_path(self, key: str) -> str:
         return f"{self.prefix}.{key}" if self.prefix else key
 
+    def where(self, key: str) -> str:
+        """Where ``key`` was given, for an error: ``--set workload.agents`` if it was set so, else the file and key."""
+        path = self.key_path(key)
+        given = self._overrides.get(path)
+        if given is None:
+            return f"{self.source}: key {path!r}"
+        return f"{given} {path}" if given.startswith("--") else f"{given} {path!r}"
+
     def error(self, key: str, expected: str, got: object = REQUIRED) -> ScenarioError:
         """A :class:`ScenarioError` for ``key``: expected ``expected``, got ``got`` (if given)."""
         found = "" if got is REQUIRED else f", got {_type_name(got)}"
-        return ScenarioError(f"{self.source}: key {self.key_path(key)!r}: expected {expected}{found}")
+        return ScenarioError(f"{self.where(key)}: expected {expected}{found}")
 
     def __contains__(self, key: str) -> bool:
         return key in self._data
@@ -161,14 +173,14 @@ class Table:
         value = self._get(key, REQUIRED if required else {}, "a table")
         if not isinstance(value, dict):
             raise self.error(key, "a table", value)
-        return Table(value, self.source, self.key_path(key))
+        return Table(value, self.source, self.key_path(key), self._overrides)
 
     def tables(self, key: str) -> list[Table]:
         """The array of tables ``[[key]]`` (empty if absent)."""
         value = self._get(key, [], "an array of tables [[...]]")
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise self.error(key, "an array of tables [[...]]", value)
-        return [Table(v, self.source, f"{self.key_path(key)}[{i}]") for i, v in enumerate(value)]
+        return [Table(v, self.source, f"{self.key_path(key)}[{i}]", self._overrides) for i, v in enumerate(value)]
 
     def overridden(self, values: Mapping[str, object], what: str = "override") -> Table:
         """A copy with ``values`` set, each under its dotted key path (``"workload.agents"``; tables on the
@@ -186,7 +198,7 @@ class Table:
                     raise ScenarioError(f"{what} {dotted!r}: key {'.'.join(parts[: depth + 1])!r} is no table")
                 table = inner
             table[parts[-1]] = value
-        return Table(data, self.source, self.prefix)
+        return Table(data, self.source, self.prefix, {**self._overrides, **{dotted: what for dotted in values}})
 
     def without(self, dotted: str) -> Table:
         """A copy without the key at ``dotted`` (``"workload.dataset"``), if it is there."""
@@ -197,16 +209,17 @@ class Table:
             table = table.get(part) if isinstance(table, dict) else None
         if isinstance(table, dict):
             table.pop(last, None)
-        return Table(data, self.source, self.prefix)
+        return Table(data, self.source, self.prefix, self._overrides)
 
     def finish(self) -> None:
         """Refuse every key that no getter asked for (a typo, or a setting that does not exist)."""
         unknown = sorted(set(self._data) - self._read)
         if unknown:
             known = ", ".join(sorted(self._read)) or "none"
-            raise ScenarioError(
-                f"{self.source}: unknown key {short_repr(self.key_path(unknown[0]))} (known keys here: {known})"
-            )
+            path = self.key_path(unknown[0])
+            given = self._overrides.get(path)
+            where = f"{self.source}: unknown key {short_repr(path)}" if given is None else f"{self.where(unknown[0])}: no such key"
+            raise ScenarioError(f"{where} (known keys here: {known})")
 
 
 def _within(value: float, low: float | None, high: float | None) -> bool:

@@ -176,7 +176,7 @@ class SweepRun:
 
     def load(self) -> ClusterScenario:
         """The point's scenario, loaded as ``dualpath-emu run`` loads it."""
-        return load_scenario(self.scenario, dict(self.overrides)).with_overrides(
+        return load_scenario(self.scenario, dict(self.overrides), what="--set").with_overrides(
             systems=self.systems, agents=self.agents, seed=self.seed
         )
 

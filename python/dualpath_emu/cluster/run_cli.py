@@ -48,12 +48,14 @@ from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["compare_command", "list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
 
-def load_scenario(scenario: str | Path | None, overrides: dict[str, object] | None = None) -> ClusterScenario:
+def load_scenario(
+    scenario: str | Path | None, overrides: dict[str, object] | None = None, *, what: str = "override"
+) -> ClusterScenario:
     """The scenario in the file or of the packaged name ``scenario``, or the built-in one; ``overrides``:
-    keys set by dotted path before the checks."""
+    keys set by dotted path before the checks (errors name a bad one as ``what``, e.g. ``--set``)."""
     if scenario is None:
-        return load_cluster_scenario(packaged_scenario(DEFAULT.name), overrides) if overrides else DEFAULT
-    return load_cluster_scenario(find_scenario(scenario), overrides)
+        return load_cluster_scenario(packaged_scenario(DEFAULT.name), overrides, what=what) if overrides else DEFAULT
+    return load_cluster_scenario(find_scenario(scenario), overrides, what=what)
 
 
 def parse_settings(settings: Sequence[str]) -> dict[str, object]:
@@ -77,7 +79,7 @@ def run_command(args: argparse.Namespace) -> int:
         return list_command()
     from dualpath_emu.cluster.user_systems import system_specs
 
-    scenario = load_scenario(args.scenario, parse_settings(args.set or ())).with_overrides(
+    scenario = load_scenario(args.scenario, parse_settings(args.set or ()), what="--set").with_overrides(
         systems=system_specs(args.system) if args.system else None, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale
     )
     args.mode = getattr(args, "mode", None)

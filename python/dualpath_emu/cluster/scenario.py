@@ -360,7 +360,9 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
     )
 
 
-def load_cluster_scenario(path: str | Path, overrides: Mapping[str, object] | None = None) -> ClusterScenario:
+def load_cluster_scenario(
+    path: str | Path, overrides: Mapping[str, object] | None = None, *, what: str = "override"
+) -> ClusterScenario:
     """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong).
 
     ``overrides`` sets keys before the checks, by dotted path (``{"workload.agents": 16, "deployment.pe_nodes":
@@ -380,7 +382,7 @@ def load_cluster_scenario(path: str | Path, overrides: Mapping[str, object] | No
                 top = top.without("workload.agents")
         elif "workload.dataset" in overrides and "workload.trace" not in overrides:
             top = top.without("workload.trace")
-        top = top.overridden(overrides)
+        top = top.overridden(overrides, what)  # a bad value's error names it as given: "--set workload.agents"
     return scenario_from_table(top, Path(path))
 
 
@@ -454,7 +456,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         try:
             available = len(load_trace(trace).trajectories)
         except UsageError as error:  # a missing or malformed trace: name the key that points at it
-            raise ScenarioError(f"{top.source}: key {workload.key_path('trace')!r}: {error}") from None
+            raise ScenarioError(f"{workload.where('trace')}: {error}") from None
         if agents_given and agents > available:
             raise workload.error("agents", f"at most {available} (the trajectories in {trace})", agents)
         if not agents_given and available > LIMITS.max_agents:
@@ -482,7 +484,7 @@ def _node(t: Table, base: NodeSpec) -> NodeSpec:
     if "pcie_bytes_per_s" in t:
         # Accepted once and never used: refused rather than silently ignored.
         raise ScenarioError(
-            f"{t.source}: key {t.key_path('pcie_bytes_per_s')!r} is not used: PCIe is not modelled (every GPU "
+            f"{t.where('pcie_bytes_per_s')} is not used: PCIe is not modelled (every GPU "
             "byte crosses the GPU's own compute NIC, the slower link; see dualpath_emu.cluster.topology); remove it"
         )
     nic_low, nic_high = LIMITS.nic_bytes_per_s
@@ -603,7 +605,7 @@ def _tool_wait(t: Table, folder: Path) -> ToolWait:
         try:
             samples = read_wait_samples(folder / file)
         except UsageError as error:
-            raise ScenarioError(f"{t.source}: key {t.key_path('file')!r}: {error}") from None
+            raise ScenarioError(f"{t.where('file')}: {error}") from None
     elif file:
         raise t.error("file", f'no file: it is for dist = "empirical" (dist is {dist!r})', file)
     else:
@@ -663,7 +665,7 @@ def _check_weights_fit(t: Table, key: str, model: str, gpu: str, gpus_per_node: 
         fitting = [n for n in range(1, 257) if spec.weight_bytes_per_gpu(n * gpus_per_node) <= card.hbm_bytes]
         need = (f"at least {fitting[0]} node(s) of {gpus_per_node} {gpu}, so that every GPU holds its share of "
                 f"{model}'s weights" if fitting else f"a GPU with more HBM: {model}'s weights fit no EP group of {gpu}")  # fmt: skip
-        raise ScenarioError(f"{t.source}: key {t.key_path(key)!r}: expected {need}, got {ep_nodes} ({error})") from None
+        raise ScenarioError(f"{t.where(key)}: expected {need}, got {ep_nodes} ({error})") from None
 
 
 def _check_memory(scenario: ClusterScenario, error: Callable[[str, str, str, object], Exception]) -> None:
