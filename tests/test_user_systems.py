@@ -371,3 +371,15 @@ def test_the_command_line_reports_a_stuck_policy_in_one_line(tmp_path: Path) -> 
     assert status == 2
     text = err.getvalue()
     assert "policy Stuck left 2 request(s) waiting" in text and "Traceback" not in text
+
+
+def test_every_system_has_one_colour_in_every_plot_and_users_systems_differ() -> None:
+    from dualpath_emu.cluster.systems import SYSTEM_COLORS, system_colours
+    from dualpath_emu.reproduce.plots import SYSTEM_COLORS as PLOTS_COLORS
+
+    assert PLOTS_COLORS is SYSTEM_COLORS, "run --out, sweep and reproduce draw from the one table"
+    names = ["basic", "dualpath", "oracle", "mine", "theirs", "least-loaded"]
+    colours = system_colours(names)
+    assert {n: colours[n] for n in ("basic", "dualpath", "oracle")} == {n: SYSTEM_COLORS[n] for n in ("basic", "dualpath", "oracle")}
+    assert len(set(colours.values())) == len(names), "users' systems are told apart"
+    assert system_colours(["mine"]) == system_colours(["mine"])

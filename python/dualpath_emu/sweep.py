@@ -423,7 +423,7 @@ def _table(scenario: ClusterScenario, swept: Sequence[str], runs: Sequence[Sweep
 def _plot(path: Path, name: str, swept: Sequence[str], runs: Sequence[SweepRun],
           results: Sequence[SweepResult]) -> None:  # fmt: skip
     """JCT against the first swept key: a line per system and values of the other swept keys."""
-    from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
+    from dualpath_emu.reproduce.plots import panels, save, system_colours
 
     x_key = swept[0] if swept else ""
     values = [run.labels[x_key] if x_key else "all" for run in runs]
@@ -437,9 +437,10 @@ def _plot(path: Path, name: str, swept: Sequence[str], runs: Sequence[SweepRun],
     fig, (ax,) = panels(1, width=6.4, height=4.2)
     styles = ("o-", "s--", "^:", "D-.", "v-", "P--")
     others = list(dict.fromkeys(rest for _, rest in lines))
+    colours = system_colours(system for system, _ in lines)
     for (system, rest), points in lines.items():
         label = f"{system} {rest}".strip()
-        ax.plot(*zip(*sorted(points)), styles[others.index(rest) % len(styles)], color=SYSTEM_COLORS.get(system),
+        ax.plot(*zip(*sorted(points)), styles[others.index(rest) % len(styles)], color=colours[system],
                 label=label)  # fmt: skip
     if not numeric:
         ax.set_xticks(range(len(xs)), xs)

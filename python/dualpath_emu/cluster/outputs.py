@@ -27,7 +27,7 @@ from dualpath_emu import __version__
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.run import SystemResult
 from dualpath_emu.cluster.scenario import ClusterScenario
-from dualpath_emu.cluster.systems import SYSTEMS, System
+from dualpath_emu.cluster.systems import SYSTEMS, System, system_colours
 from dualpath_emu.errors import UsageError
 
 __all__ = [
@@ -129,7 +129,8 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     jcts = [results[n].jct_s for n in names]
-    bars = axes.bar(names, jcts, color=[_colour(n) for n in names])
+    colours = system_colours(names)
+    bars = axes.bar(names, jcts, color=[colours[n] for n in names])
     axes.bar_label(bars, labels=[f"{v:,.0f} s" for v in jcts], padding=2, fontsize=8)
     axes.set_ylabel("JCT (s)")
     axes.set_title(f"{scenario.name}: job completion time", fontsize=10)
@@ -190,7 +191,7 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
             n = len(values)
             spans.append((values[0], values[-1]))
             picks = sorted({min(n - 1, i * n // 2000) for i in range(2000)} | {n - 1})  # ≤ 2,001 points
-            axes.step([values[i] for i in picks], [(i + 1) / n for i in picks], where="post", color=_colour(name),
+            axes.step([values[i] for i in picks], [(i + 1) / n for i in picks], where="post", color=colours[name],
                       label=name, linewidth=1)  # fmt: skip
         low, high = min((a for a, _ in spans), default=0.0), max((b for _, b in spans), default=0.0)
         if low > 0 and high > 20 * low:  # log where they span orders of magnitude
@@ -209,12 +210,6 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
     figure.savefig(path, dpi=120)
     written.append(path)
     return written
-
-
-def _colour(system: str) -> str:
-    palette = {"basic": "tab:gray", "dualpath": "tab:green", "oracle": "tab:purple", "basic+layerwise": "tab:brown",
-               "basic+layerwise+dualpath": "tab:olive"}
-    return palette.get(system, "tab:blue")
 
 
 def trace_file(directory: Path, system: str) -> Path:

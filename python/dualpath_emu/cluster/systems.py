@@ -10,16 +10,17 @@ engines, and whether I/O is modelled at all (Oracle bypasses it). Adding a built
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from dualpath_emu.cluster.policies import DualPathPolicy, Policy, RoundRobinPolicy
 
-__all__ = ["NAME_PATTERN", "SYSTEMS", "System", "built_in"]
+__all__ = ["NAME_PATTERN", "SYSTEMS", "SYSTEM_COLORS", "System", "built_in", "system_colours"]
 
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 """What a system's name may be: it keys ``summary.json`` and names files (``trace-<name>.json``)."""
@@ -102,3 +103,35 @@ def _make_policy(cls: type[Policy], **arguments: Any) -> Policy:
         accepted = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
         arguments = {key: value for key, value in arguments.items() if key in accepted}
     return cls(**arguments)
+
+
+SYSTEM_COLORS: Final[Mapping[str, str]] = MappingProxyType({
+    "basic": "tab:blue",
+    "basic+layerwise": "tab:purple",
+    "basic+layerwise+dualpath": "tab:orange",
+    "dualpath": "tab:red",
+    "oracle": "tab:gray",
+})  # fmt: skip
+"""The built-in systems' colours in every plot (``run --out``, ``sweep``, ``reproduce``)."""
+
+_OTHER_COLORS: Final = ("tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "gold", "navy", "teal")
+
+
+def system_colours(names: Iterable[str]) -> dict[str, str]:
+    """A colour for each system: a built-in one's own (:data:`SYSTEM_COLORS`); a user's from the rest, starting
+    where its name's hash points, so that a system keeps its colour from plot to plot, and distinct from the
+    others' in the same plot while the palette lasts."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        if name in SYSTEM_COLORS:
+            out[name] = SYSTEM_COLORS[name]
+            taken.add(out[name])
+    for name in names:
+        if name in out:
+            continue
+        start = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % len(_OTHER_COLORS)
+        choices = [_OTHER_COLORS[(start + i) % len(_OTHER_COLORS)] for i in range(len(_OTHER_COLORS))]
+        out[name] = next((c for c in choices if c not in taken), choices[0])
+        taken.add(out[name])
+    return out

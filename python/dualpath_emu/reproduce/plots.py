@@ -7,15 +7,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["SYSTEM_COLORS", "jct_panel", "panels", "save"]
+__all__ = ["SYSTEM_COLORS", "jct_panel", "panels", "save", "system_colours"]
 
-SYSTEM_COLORS: Final[Mapping[str, str]] = {
-    "basic": "tab:blue",
-    "basic+layerwise": "tab:purple",
-    "basic+layerwise+dualpath": "tab:orange",
-    "dualpath": "tab:red",
-    "oracle": "tab:gray",
-}
+from dualpath_emu.cluster.systems import SYSTEM_COLORS, system_colours  # one colour per system, everywhere
 
 Points = Sequence[tuple[float, float]]
 
@@ -34,8 +28,9 @@ def panels(count: int, *, width: float = 4.0, height: float = 3.4) -> tuple[Any,
 def jct_panel(ax: Any, series: Mapping[str, Points], *, title: str, xlabel: str,
               paper: Mapping[str, Points] | None = None, log_x: bool = False) -> None:  # fmt: skip
     """JCT against ``xlabel`` per system (lines), the paper's readings per system (crosses)."""
+    colours = system_colours(series)
     for system, points in series.items():
-        color = SYSTEM_COLORS.get(system)
+        color = colours[system]
         if points:
             ax.plot(*zip(*sorted(points)), "o-", color=color, label=system)
         if paper and paper.get(system):
