@@ -23,7 +23,7 @@ from dualpath_emu.cluster.scenario import DEFAULT
 from dualpath_emu.config import ScenarioError
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_SPEC = f"{REPO / 'examples' / 'custom_policy.py'}:least-loaded"
+EXAMPLE_SPEC = f"{REPO / 'python' / 'dualpath_emu' / 'examples' / 'custom_policy.py'}:least-loaded"
 SMALL = {"workload.dataset": "32k", "workload.agents": 8, "workload.max_rounds": 6, "seed": 3}
 """ds27b-1p1d-offline cut to a run of well under a second per system."""
 
@@ -201,7 +201,7 @@ def _readme_block(heading: str) -> str:
 
 def test_the_readme_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pandas")
-    monkeypatch.chdir(REPO)  # the example names examples/custom_policy.py relative to the checkout
+    monkeypatch.chdir(REPO)
     namespace: dict[str, Any] = {}
     exec(compile(_readme_block("Python API"), "README.md", "exec"), namespace)
     result: api.RunResult = namespace["result"]

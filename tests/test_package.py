@@ -126,7 +126,7 @@ def test_every_path_the_readme_names_exists() -> None:
 
     text = (REPO / "README.md").read_text()
     links = re.findall(r"\]\(([^)#]+)\)", text)
-    tops = ("python/", "core/", "tests/", "examples/", "docs/", "fuzz/", ".ci/", "scenarios/")
+    tops = ("python/", "core/", "tests/", "docs/", "fuzz/", ".ci/", "scenarios/")
     quoted = [t for t in re.findall(r"`([^`\s]+)`", text) if t.startswith(tops)]
     missing = [p for p in links + quoted if "://" not in p and not (REPO / p.split(":")[0]).exists()]
     assert missing == []

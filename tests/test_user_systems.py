@@ -1,5 +1,5 @@
 """Users' own systems and policies: ``file.py:Name`` and ``module:Name`` in a scenario and on the command
-line, examples/custom_policy.py as the issue runs it, and every way a spec can be wrong (one line, exit 2)."""
+line, the packaged example policy as the README runs it, and every way a spec can be wrong (one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from test_run_cli import TINY as RUN_CLI_TINY
 from test_run_cli import TINY_TURNS
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "custom_policy.py"
+EXAMPLE = REPO / "python" / "dualpath_emu" / "examples" / "custom_policy.py"
 
 # test_run_cli's tiny DS 27B 1P1D scenario with a `systems` key to fill in.
 TINY = RUN_CLI_TINY.replace('seed = 3\n', 'seed = 3\nsystems = {systems}\n', 1)
@@ -93,7 +93,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 def test_the_example_runs_as_the_issue_asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(REPO)
     out = tmp_path / "out"
-    status, stdout, stderr = run_cli(["run", "--system", "examples/custom_policy.py:least-loaded", "--agents", "16",
+    status, stdout, stderr = run_cli(["run", "--system", "dualpath_emu.examples.custom_policy:least-loaded", "--agents", "16",
                                       "--json", "--out", str(out)])  # fmt: skip
     assert (status, stderr) == (0, "")
     summary = json.loads(stdout)
@@ -291,7 +291,7 @@ def test_a_file_is_loaded_afresh_for_every_scenario(tmp_path: Path) -> None:
 
 def test_the_example_file_explains_itself() -> None:
     text = textwrap.dedent(EXAMPLE.read_text())
-    assert "dualpath-emu run --system examples/custom_policy.py:least-loaded --agents 16" in text
+    assert "dualpath-emu run --system dualpath_emu.examples.custom_policy:least-loaded --agents 16" in text
 
 
 # --- a policy that answers wrong, or never -------------------------------------------------------------------

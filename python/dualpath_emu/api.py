@@ -5,7 +5,7 @@ For notebooks and scripts; it does what ``dualpath-emu run`` does, and gives the
     from dualpath_emu import api
 
     scenario = api.load_scenario("ds27b-1p1d-offline", agents=16, overrides={"workload.max_rounds": 20})
-    result = api.run(scenario, systems=["basic", "dualpath", "examples/custom_policy.py:least-loaded"])
+    result = api.run(scenario, systems=["basic", "dualpath", "dualpath_emu.examples.custom_policy:least-loaded"])
     result.jct_s                      # {"basic": ..., "dualpath": ..., "least-loaded": ...}
     result.summary["systems"]         # what summary.json holds (dualpath-emu run --json)
     result.rows()[0]                  # requests.csv's rows as dicts

@@ -19,7 +19,7 @@ A scenario's ``systems = [...]`` and ``dualpath-emu run --system`` take *system 
    subclass: both read paths);
 3. otherwise the module's ``SYSTEMS`` (a list or tuple of systems, or a mapping from names to systems): the
    system whose ``name`` is ``Name``. This is how a system whose name is no Python identifier is named, as
-   in ``examples/custom_policy.py:least-loaded``.
+   in ``dualpath_emu.examples.custom_policy:least-loaded``.
 
 A system's name is what the table, ``summary.json`` and ``requests.csv`` call it; it may not be a built-in
 system's name. Whatever cannot be resolved -- no such file or module, no such name, an object that is no

@@ -5,10 +5,10 @@ storage read queue before it picks the least-loaded one; this policy skips the c
 requests leave the queue in order (FIFO), each to the PE with the fewest tokens queued, and no PE takes more
 once it holds over β tokens. Decode engines and the read side stay DualPath's (inherited).
 
-    dualpath-emu run --system examples/custom_policy.py:least-loaded --agents 16
-    dualpath-emu run ds27b-1p1d-offline --system dualpath --system examples/custom_policy.py:least-loaded
+    dualpath-emu run --system dualpath_emu.examples.custom_policy:least-loaded --agents 16
+    dualpath-emu run ds27b-1p1d-offline --system dualpath --system path/to/your_copy.py:least-loaded
 
-The command line finds the system in ``SYSTEMS`` by its name; ``examples/custom_policy.py:LeastLoadedPolicy``
+The command line finds the system in ``SYSTEMS`` by its name; ``dualpath_emu.examples.custom_policy:LeastLoadedPolicy``
 would wrap the class itself into a system called ``LeastLoadedPolicy``.
 """
 
