@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,8 +163,13 @@ def test_live_metrics_are_served_while_the_run_goes_on(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=scrape, daemon=True)
     thread.start()
-    result = run_live(small_config(), SYSTEMS["basic"], work(), run_dir=run_dir, time_scale=1.0, metrics_port=0)
+    reports: list[Any] = []
+    result = run_live(small_config(), SYSTEMS["basic"], work(), run_dir=run_dir, time_scale=1.0, metrics_port=0,
+                      progress=reports.append)  # fmt: skip
     thread.join(10)
+    # The launching side heard how far the run was, from the client's process, while it went on.
+    assert reports and all(r.system == "basic" and r.turns_total == result.turns for r in reports)
+    assert [r.turns_done for r in reports] == sorted(r.turns_done for r in reports) and reports[0].turns_done < result.turns
     assert scraped, "the endpoint was not reachable during the run"
     text = scraped[0]
     done = float(next(line.split()[1] for line in text.splitlines() if line.startswith("dualpath_turns_done_total")))

@@ -26,6 +26,7 @@ import importlib
 import inspect
 import json
 import os
+import time
 import shlex
 import tomllib
 from collections import Counter
@@ -47,7 +48,7 @@ from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
-from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, SystemResult, build_result, run_system
+from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, Progress, SystemResult, build_result, run_system
 from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import StorageSpec, Topology, build_topology
@@ -74,6 +75,9 @@ PLACEMENTS: Final = ("groups", "roles", "single")
 METRICS_PORT_FILE: Final = "metrics.port"
 """Where a live run with metrics writes the port its Prometheus endpoint listens on."""
 POLL_S: Final = 1.0
+PROGRESS_FILE: Final = "progress.json"
+"""Where a live run's client process says how far the run is (:meth:`ClusterApplication._report_progress`)."""
+PROGRESS_S: Final = 0.5
 """How often (wall seconds) the live metrics ask the data plane for its ports and read queues."""
 
 
@@ -238,10 +242,13 @@ class ClusterApplication(Application):
             client.observer = live
             poller = asyncio.get_running_loop().create_task(self._poll(plane, live), name="live-metrics")
         start_ns = system.now_ns()
+        reporter = asyncio.get_running_loop().create_task(self._report_progress(system, start_ns), name="progress")
         try:
             system.tell("client", Start())
             await finished.wait()
         finally:
+            reporter.cancel()
+            await asyncio.gather(reporter, return_exceptions=True)
             if poller is not None:
                 poller.cancel()
                 await asyncio.gather(poller, return_exceptions=True)
@@ -250,6 +257,20 @@ class ClusterApplication(Application):
         plane.flush()  # the last instant's work (block write-backs) goes to the data plane
         await asyncio.sleep(0)
         return {"turns": len(self._context().metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
+
+    async def _report_progress(self, system: ActorSystem, start_ns: int) -> None:
+        """Write how far the run is to ``progress.json`` in the run directory every :data:`PROGRESS_S` of wall
+        time (turns done, of all, and emulated seconds), for the launching command's progress line."""
+        folder = Path(self.trajectories_path).parent
+        metrics = self._context().metrics
+        total = sum(len(t) for t in read_trajectories(self.trajectories_path).trajectories)
+        every_s = PROGRESS_S * getattr(asyncio.get_running_loop(), "time_scale", 1.0)  # in loop seconds
+        while True:
+            report = {"turns_done": metrics.turns_done, "turns_total": total,
+                      "emulated_s": (system.now_ns() - start_ns) / 1e9}  # fmt: skip
+            _write_private(folder / f"{PROGRESS_FILE}.tmp", json.dumps(report).encode())
+            os.replace(folder / f"{PROGRESS_FILE}.tmp", folder / PROGRESS_FILE)  # whole, never half written
+            await asyncio.sleep(every_s)
 
     async def _poll(self, plane: CoreWork, live: LiveMetrics) -> None:
         """Feed the live metrics the data plane's ports and read queues, every :data:`POLL_S` of wall time."""
@@ -582,6 +603,7 @@ def run_live(
     byte_scale: float = DEFAULT_BYTE_SCALE,
     storage_dir: str = "",
     transfer_engine: str = "zmq",
+    progress: Callable[[Progress], None] | None = None,
 ) -> SystemResult:
     """Run ``system`` on ``config`` with ``trajectories`` live: write the run's description into ``run_dir``
     (user-only), start its processes, wait for them, then merge and check their parts (:func:`collect`).
@@ -589,7 +611,9 @@ def run_live(
     port, written to ``run_dir/metrics.port``; :mod:`~dualpath_emu.cluster.live_metrics`); ``on_start(name,
     pid)`` is called as each process starts. ``backend="host"`` moves real bytes (:mod:`dualpath_emu.host`):
     ``byte_scale`` real bytes per modelled byte, KV blocks in ``storage_dir`` (default: the run directory's
-    ``storage``, removed at the end). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
+    ``storage``, removed at the end). ``progress`` is called a few times a second with how far the run is (what
+    the client's process last wrote to ``progress.json``). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError`
+    if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
     _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(
@@ -602,8 +626,20 @@ def run_live(
     run = load_run_scenario(path)
     app = run.app
     assert isinstance(app, ClusterApplication)
+    started = time.perf_counter()
+
+    def tick() -> None:
+        if progress is None:
+            return
+        try:
+            report = json.loads((run_dir / PROGRESS_FILE).read_text())
+        except (OSError, ValueError):  # not written yet
+            return
+        progress(Progress(system.name, int(report["turns_done"]), int(report["turns_total"]),
+                          float(report["emulated_s"]), time.perf_counter() - started))  # fmt: skip
+
     try:
-        launched = launch(run, run_dir=run_dir, on_start=on_start)
+        launched = launch(run, run_dir=run_dir, on_start=on_start, on_tick=tick if progress is not None else None)
         result, _ = collect(run, run_dir, launched.wall_s)
     finally:
         if backend == "host":

@@ -237,15 +237,8 @@ class LiveRunFailed(RuntimeError):
 
 
 def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: Console) -> dict[str, SystemResult]:
-    """Each system live, one after the other (:func:`~dualpath_emu.cluster.live.run_live`)."""
-    import shutil
-    import tempfile
-
-    from dualpath_emu.cluster.invariants import InvariantError
-    from dualpath_emu.cluster.run import LostRequestsError
-    from dualpath_emu.runtime.launcher import LaunchError
-
-    from dualpath_emu.cluster.live import run_live
+    """Each system live, one after the other (:func:`~dualpath_emu.cluster.live.run_live`), with a progress bar
+    (or, to a file or pipe, a progress line every 10 s) from what the client's process reports."""
     from dualpath_emu.runtime.scenario import TIME_SCALE
 
     low, high = TIME_SCALE
@@ -265,30 +258,63 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         return {}
     base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
     results: dict[str, SystemResult] = {}
-    for name in scenario.systems:
-        run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
-        if not (args.quiet or args.json):
-            backend = f", host backend (real bytes × {scenario.byte_scale:g})" if scenario.backend == "host" else ""
-            console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}{backend}, "
-                          f"run directory {run_dir}")  # fmt: skip
-            if args.metrics_port:
-                console.print(f"  live metrics: http://127.0.0.1:{args.metrics_port}/metrics")
-            elif args.metrics_port == 0:
-                console.print(f"  live metrics: on the port written to {run_dir}/metrics.port")
-        try:
-            results[name] = run_live(
-                scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
-                time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
-                timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
-                backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
-                transfer_engine=scenario.transfer_engine,
-            )  # fmt: skip
-        except (LaunchError, LostRequestsError, InvariantError) as error:
-            # Every process's output, event log and part stay in the run directory for a post-mortem.
-            raise LiveRunFailed(f"{name}: {error}\nthe run's logs are in {run_dir}") from None
-        if base is None:
-            shutil.rmtree(run_dir, ignore_errors=True)
+    shown = not (args.quiet or args.json)
+    with _progress_bars(console, shown and console.is_terminal) as track:
+        for name in scenario.systems:
+            update = track(name) if console.is_terminal else (_progress_lines(console, name) if shown else None)
+            results[name] = _run_live_system(args, scenario, console, trajectories, base, name, update)
     return results
+
+
+def _progress_lines(console: Console, name: str, every_s: float = 10.0) -> Callable[[RunProgress], None]:
+    """Where no progress bar can be drawn (output to a file or a pipe): a line every ``every_s`` wall seconds."""
+    last = [0.0]
+
+    def update(p: RunProgress) -> None:
+        if p.wall_s - last[0] >= every_s:
+            last[0] = p.wall_s
+            console.print(f"{name}: {p.turns_done:,} of {p.turns_total:,} turns, t = {p.emulated_s:,.0f} s emulated, "
+                          f"{p.wall_s:,.0f} s wall", highlight=False)  # fmt: skip
+
+    return update
+
+
+def _run_live_system(
+    args: argparse.Namespace, scenario: ClusterScenario, console: Console, trajectories: list[Trajectory],
+    base: Path | None, name: str, progress: Callable[[RunProgress], None] | None,
+) -> SystemResult:  # fmt: skip
+    """One system live (see :func:`_run_realtime`)."""
+    import shutil
+    import tempfile
+
+    from dualpath_emu.cluster.invariants import InvariantError
+    from dualpath_emu.cluster.live import run_live
+    from dualpath_emu.cluster.run import LostRequestsError
+    from dualpath_emu.runtime.launcher import LaunchError
+
+    run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
+    if not (args.quiet or args.json):
+        backend = f", host backend (real bytes × {scenario.byte_scale:g})" if scenario.backend == "host" else ""
+        console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}{backend}, "
+                      f"run directory {run_dir}")  # fmt: skip
+        if args.metrics_port:
+            console.print(f"  live metrics: http://127.0.0.1:{args.metrics_port}/metrics")
+        elif args.metrics_port == 0:
+            console.print(f"  live metrics: on the port written to {run_dir}/metrics.port")
+    try:
+        result = run_live(
+            scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
+            time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
+            timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
+            backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
+            transfer_engine=scenario.transfer_engine, progress=progress,
+        )  # fmt: skip
+    except (LaunchError, LostRequestsError, InvariantError) as error:
+        # Every process's output, event log and part stay in the run directory for a post-mortem.
+        raise LiveRunFailed(f"{name}: {error}\nthe run's logs are in {run_dir}") from None
+    if base is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return result
 
 
 def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: list[Trajectory], console: Console) -> None:

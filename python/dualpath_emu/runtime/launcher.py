@@ -88,6 +88,8 @@ STOP_GRACE_S: Final = 10.0
 STARTUP_TIMEOUT_S: Final = 60.0
 """How long a child may take to its first heartbeat (imports, connecting)."""
 POLL_S: Final = 0.02
+TICK_S: Final = 0.25
+"""How often (wall seconds) :func:`launch` calls its ``on_tick``."""
 OUTPUT_TAIL_LINES: Final = 30
 
 
@@ -363,12 +365,14 @@ def launch(
     event_log: Path | None = None,
     on_start: Callable[[str, int], None] | None = None,
     keys: str | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> LaunchResult:
     """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane); see the module.
 
     ``run_dir`` keeps each process's output, event log and results and the run description (default: a
     temporary directory, removed afterwards); ``event_log`` receives the concatenated event logs;
-    ``on_start(name, pid)`` is called as each child starts; ``keys`` is where the run's keys live (written
+    ``on_start(name, pid)`` is called as each child starts, ``on_tick()`` a few times a second while they run
+    (an application's progress line, say); ``keys`` is where the run's keys live (written
     into the run description; each process loads its own, :mod:`dualpath_emu.runtime.security`). Raises
     :class:`LaunchError` (or :class:`LaunchInterrupted`).
     """
@@ -391,7 +395,7 @@ def launch(
     started = time.perf_counter()
 
     def watch() -> None:
-        _watch(scenario, children, started)
+        _watch(scenario, children, started, on_tick)
         _finish(children)
 
     try:
@@ -524,12 +528,19 @@ def _driver_done(driver: _Child) -> bool:
         return False
 
 
-def _watch(scenario: RunScenario, children: list[_Child], started: float) -> None:
-    """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending."""
+def _watch(
+    scenario: RunScenario, children: list[_Child], started: float, on_tick: Callable[[], None] | None = None
+) -> None:
+    """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending. Calls
+    ``on_tick()`` every :data:`TICK_S` meanwhile."""
     driver = next(c for c in children if c.spec is scenario.driver_process)
     deadline = started + scenario.timeout_s
+    next_tick = 0.0
     while True:
         now = time.monotonic()
+        if on_tick is not None and now >= next_tick:
+            next_tick = now + TICK_S
+            on_tick()
         for child in children:
             child.read_beats(now)
         for child in children:
