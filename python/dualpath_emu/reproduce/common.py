@@ -548,13 +548,20 @@ def _print_report(report: Report) -> None:
 
     console = Console()
     table = Table(title=f"{report.name}: {report.title}")
-    for column, justify in (("what", "left"), ("paper", "right"), ("emulator", "right"), ("ratio", "right"),
-                            ("target", "left"), ("met", "left")):  # fmt: skip
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for c in report.comparisons:
-        met = "-" if c.met is None else ("yes" if c.met else "NO")
-        table.add_row(c.what, f"{c.paper:,.3g}", f"{c.emulator:,.3g}", f"{c.ratio:.2f}", c.target, met)
-    console.print(table)
+    if not report.comparisons and report.rows:  # nothing of the paper's to set beside: the rows themselves
+        for column in report.rows[0]:
+            table.add_column(column, justify="right")
+        for row in report.rows:
+            table.add_row(*(str(row.get(column, "")) for column in report.rows[0]))
+        console.print(table)
+    else:
+        for column, justify in (("what", "left"), ("paper", "right"), ("emulator", "right"), ("ratio", "right"),
+                                ("target", "left"), ("met", "left")):  # fmt: skip
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for c in report.comparisons:
+            met = "-" if c.met is None else ("yes" if c.met else "NO")
+            table.add_row(c.what, f"{c.paper:,.3g}", f"{c.emulator:,.3g}", f"{c.ratio:.2f}", c.target, met)
+        console.print(table)
     for name, ok in report.checks.items():
         console.print(f"check {name}: {'ok' if ok else 'FAILED'}", highlight=False)
     for note in report.notes:

@@ -77,6 +77,11 @@ def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = N
             lines.append(f"| {c['what']} | {_number(c['paper'])} | {_number(c['emulator'])} | {c['ratio']:.2f} "
                          f"| {c['target']} | {met} |")  # fmt: skip
         lines.append("")
+    elif rows and not jct_rows:  # nothing of the paper's to set beside: the emulator's rows themselves
+        columns = list(rows[0])
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
+        lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
+        lines.append("")
     lines += _jct_table(jct_rows)
     for check, ok in (report.get("checks") or {}).items():
         lines.append(f"- check: {check}: {'ok' if ok else '**failed**'}")
