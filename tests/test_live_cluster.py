@@ -90,7 +90,7 @@ def test_basic_reads_on_the_prefill_side_only_live_too(tmp_path: Path) -> None:
 def test_a_users_policy_travels_by_its_module(tmp_path: Path) -> None:
     from dualpath_emu.cluster.user_systems import SystemLoader
 
-    here = Path(__file__).resolve().parent.parent / "examples"
+    here = Path(__file__).resolve().parent.parent / "python" / "dualpath_emu" / "examples"
     system = SystemLoader(here, "test").load("custom_policy.py:least-loaded")
     again = system_from_wire(system_to_wire(system))
     assert again.name == system.name and again.scheduler.__qualname__ == system.scheduler.__qualname__  # type: ignore[union-attr]
