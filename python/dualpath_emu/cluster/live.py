@@ -627,6 +627,7 @@ def run_live(
     app = run.app
     assert isinstance(app, ClusterApplication)
     started = time.perf_counter()
+    (run_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier run's, in a run directory used again
 
     def tick() -> None:
         if progress is None:
