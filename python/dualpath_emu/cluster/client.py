@@ -40,6 +40,8 @@ class Client(ClusterEngine):
         self._tool_wait = cluster.config.tool_wait
         # Its own stream: the waits take nothing from the arrivals' draws.
         self._wait_random = seeded_random(seed, f"{self.name}/tool-wait") if self._tool_wait.waits else None
+        self._waits = self._wait_random is not None or any(t.wait_s is not None for t in trajectories)
+        """Whether any turn may wait (else a turn is submitted without looking)."""
         self._next_turn = [0] * len(trajectories)
         self._open = [len(t) for t in trajectories]
         """Turns of each trajectory not done yet."""
@@ -112,10 +114,11 @@ class Client(ClusterEngine):
     def _submit_next(self, now: int, agent: int) -> None:
         """The agent's next turn: now, or after its tool wait (then it is sent on its own when the wait ends)."""
         turn = self._next_turn[agent]
-        wait_ns = self._wait_ns(agent, turn)
-        if wait_ns:
-            self.plane.timer(now + wait_ns, lambda at: self._after_wait(at, agent))
-            return
+        if self._waits:
+            wait_ns = self._wait_ns(agent, turn)
+            if wait_ns:
+                self.plane.timer(now + wait_ns, lambda at: self._after_wait(at, agent))
+                return
         self._next_turn[agent] = turn + 1
         self._submit(now, agent, turn)
 
@@ -132,7 +135,7 @@ class Client(ClusterEngine):
         turn = self._next_turn[agent]
         self._next_turn[agent] = turn + 1
         self._submit(now, agent, turn)
-        self._send_turns()
+        self._send_turns()  # on its own: nothing else is being submitted at this instant
 
     def _submit(self, now: int, agent: int, turn: int) -> None:
         trajectory = self.trajectories[agent]

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from dualpath_emu.cluster.run import SystemResult
 from dualpath_emu.errors import UsageError
+from dualpath_emu.inputs import open_input
 
 __all__ = ["FIGURES", "Estimate", "compare_summaries", "estimate", "parse_seeds", "replicate_summary"]
 
@@ -35,14 +36,15 @@ _T975: Final = (
 )  # fmt: skip
 _T975_MORE: Final = ((40, 2.021), (60, 2.000), (120, 1.980))
 
-FIGURES: Final[Mapping[str, Callable[[SystemResult], float]]] = {
-    "jct_s": lambda r: r.jct_s,
-    "ttft_p50_s": lambda r: r.ttft_s["p50"],
-    "ttft_p99_s": lambda r: r.ttft_s["p99"],
-    "tpot_p50_s": lambda r: r.tpot_s["p50"],
-    "working_set_mean_bytes": lambda r: r.working_set_bytes["mean"],
+FIGURES: Final[Mapping[str, Callable[[Mapping[str, Any]], float]]] = {
+    "jct_s": lambda s: s["jct_s"],
+    "ttft_p50_s": lambda s: s["ttft_s"]["p50"],
+    "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
+    "tpot_p50_s": lambda s: s["tpot_s"]["p50"],
+    "working_set_mean_bytes": lambda s: s["working_set_bytes"]["mean"],
 }
-"""The figures a replicate run reports, by the name ``summary.json`` gives them."""
+"""The figures a replicate run reports, read off a system's summary (``SystemResult.summary()``, or
+``summary.json``'s ``systems.<name>``)."""
 
 
 def _t975(df: int) -> float:
@@ -65,6 +67,11 @@ class Estimate:
 
     def to_json(self) -> dict[str, Any]:
         return {"mean": self.mean, "ci95": [self.low, self.high], "values": list(self.values)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Estimate:
+        """The inverse of :meth:`to_json`."""
+        return cls(data["mean"], data["ci95"][0], data["ci95"][1], tuple(data["values"]))
 
     def text(self, unit: float = 1.0, digits: int = 3) -> str:
         """``mean ± half-width`` in ``unit`` (the half-width left out for one seed)."""
@@ -110,9 +117,10 @@ def replicate_summary(seeds: Sequence[int], runs: Mapping[int, Mapping[str, Syst
     each system's speedup over Basic, paired by seed (``None`` without a Basic run)."""
     systems = list(runs[seeds[0]])
     out: dict[str, Any] = {"seeds": list(seeds), "systems": {}, "speedup_vs_basic": {}}
+    summaries = {seed: {name: r.summary() for name, r in runs[seed].items()} for seed in seeds}
     for name in systems:
         out["systems"][name] = {
-            figure: estimate([get(runs[s][name]) for s in seeds]).to_json() for figure, get in FIGURES.items()
+            figure: estimate([get(summaries[s][name]) for s in seeds]).to_json() for figure, get in FIGURES.items()
         }
         if "basic" in systems:
             ratios = [runs[s]["basic"].jct_s / runs[s][name].jct_s for s in seeds]
@@ -127,11 +135,12 @@ def replicate_summary(seeds: Sequence[int], runs: Mapping[int, Mapping[str, Syst
 
 def _load_summary(path: Path) -> dict[str, Any]:
     file = path / "summary.json" if path.is_dir() else path
+    # open_input refuses what is no regular file (a FIFO would block, a device never end) and a huge one.
+    with open_input(file, what="a run's summary.json, or the folder of `run --out`", limit_bytes=1 << 30) as source:
+        data_bytes = source.read()
     try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{file}: no such file (expected a run's summary.json, or the folder of `run --out`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        data = json.loads(data_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"{file}: not a readable summary.json ({error})") from None
     if not isinstance(data, dict) or not isinstance(data.get("systems"), dict):
         raise UsageError(f"{file}: not a dualpath-emu summary (no 'systems' object)")
@@ -142,16 +151,12 @@ def _figures_of(summary: dict[str, Any], system: str) -> dict[str, Estimate]:
     """A system's figures in a summary: from its replicates if it has them, else its one run's."""
     replicates = summary.get("replicates")
     if isinstance(replicates, dict) and system in replicates.get("systems", {}):
-        figures = {k: Estimate(v["mean"], v["ci95"][0], v["ci95"][1], tuple(v["values"]))
-                   for k, v in replicates["systems"][system].items()}  # fmt: skip
+        figures = {k: Estimate.from_json(v) for k, v in replicates["systems"][system].items()}
         speedup = replicates.get("speedup_vs_basic", {}).get(system)
         if speedup is not None:
-            figures["speedup_vs_basic"] = Estimate(speedup["mean"], speedup["ci95"][0], speedup["ci95"][1],
-                                                   tuple(speedup["values"]))  # fmt: skip
+            figures["speedup_vs_basic"] = Estimate.from_json(speedup)
         return figures
-    s = summary["systems"][system]
-    one = {"jct_s": s["jct_s"], "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p99_s": s["ttft_s"]["p99"],
-           "tpot_p50_s": s["tpot_s"]["p50"], "working_set_mean_bytes": s["working_set_bytes"]["mean"]}  # fmt: skip
+    one = {figure: get(summary["systems"][system]) for figure, get in FIGURES.items()}
     speedup = summary.get("speedup_vs_basic", {}).get(system)
     if speedup is not None:
         one["speedup_vs_basic"] = speedup

@@ -90,7 +90,7 @@ def run_command(args: argparse.Namespace) -> int:
     elif args.mode is None:
         args.mode = "virtual"
     out: Path | None = args.out
-    if getattr(args, "trace", False) and out is None:
+    if args.trace and out is None:
         raise UsageError("--trace writes a Perfetto trace per system into the --out folder: add --out DIR")
     if out is not None:
         from dualpath_emu.cluster.outputs import make_output_folder
@@ -103,7 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.json and not args.quiet:
         console.print(f"[bold]{scenario.name}[/] ({scenario.source}): {scenario.describe()}")
     results: dict[str, SystemResult] = {}
-    if getattr(args, "seeds", None) is not None:
+    if args.seeds is not None:
         if args.mode == "realtime":
             raise UsageError("--seeds runs replicates in virtual time: leave out --mode realtime (and --backend host)")
         return _run_replicates(args, scenario, console, show_progress, out)
@@ -197,8 +197,7 @@ def _run_replicates(
 def _replicates_table(scenario: ClusterScenario, replicates: dict[str, Any]) -> Table:
     from dualpath_emu.cluster.replicates import Estimate
 
-    def est(data: dict[str, Any]) -> Estimate:
-        return Estimate(data["mean"], data["ci95"][0], data["ci95"][1], tuple(data["values"]))
+    est = Estimate.from_json
 
     table = Table(title=f"{scenario.name}: {scenario.workload()}, {len(replicates['seeds'])} seeds",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)  # fmt: skip
@@ -268,11 +267,12 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
 
 def _progress_lines(console: Console, name: str, every_s: float = 10.0) -> Callable[[RunProgress], None]:
     """Where no progress bar can be drawn (output to a file or a pipe): a line every ``every_s`` wall seconds."""
-    last = [0.0]
+    last = 0.0
 
     def update(p: RunProgress) -> None:
-        if p.wall_s - last[0] >= every_s:
-            last[0] = p.wall_s
+        nonlocal last
+        if p.wall_s - last >= every_s:
+            last = p.wall_s
             console.print(f"{name}: {p.turns_done:,} of {p.turns_total:,} turns, t = {p.emulated_s:,.0f} s emulated, "
                           f"{p.wall_s:,.0f} s wall", highlight=False)  # fmt: skip
 

@@ -160,13 +160,11 @@ class Scheduler(ClusterEngine):
             self._notify_group(now, name)
 
     def _fetch_prefill(self, now: int) -> None:
-        if self._check_policy:
-            waiting = {r.id for r in self.prefill.queue}
-            assigned = self.prefill.fetch(self.read_q)
+        waiting = {r.id for r in self.prefill.queue} if self._check_policy else None
+        assigned = self.prefill.fetch(self.read_q)
+        if waiting is not None:
             check_assignments(self.policy, "assign_prefill", assigned, PrefillAssignment, waiting, [self.prefill.queue],
                               {e.id for e in self.prefill.engines})  # fmt: skip
-        else:
-            assigned = self.prefill.fetch(self.read_q)
         if not assigned:
             return
         pe_of, queue, scheduled_pe = self.pe_of, self.decode_queue, self.cluster.metrics.scheduled_pe
@@ -179,17 +177,13 @@ class Scheduler(ClusterEngine):
         self._notify_decode(now)
 
     def _fetch_decode(self, now: int, node: int) -> tuple[int, bool]:
-        if self._check_policy:
-            waiting = {r.id for r in self.decode_queue} | {r.id for r in self.private[node]}
-            assigned = self.policy.assign_decode(
-                self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
-            )
+        waiting = {r.id for q in (self.decode_queue, self.private[node]) for r in q} if self._check_policy else None
+        assigned = self.policy.assign_decode(
+            self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
+        )
+        if waiting is not None:
             check_assignments(self.policy, "assign_decode", assigned, DecodeAssignment, waiting,
                               [self.decode_queue, *self.private.values()], {e.id for e in self.de_engines[node]})  # fmt: skip
-        else:
-            assigned = self.policy.assign_decode(
-                self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
-            )
         if not assigned:
             return 0, bool(self.private[node])
         gpus, oracle = self._gpus, self.cluster.system.oracle

@@ -53,6 +53,7 @@ __all__ = [
     "LocalCoreWork",
     "UnexpectedCompletionError",
     "core_layout",
+    "core_state",
     "forward_bytes",
     "submit_split",
 ]
@@ -145,6 +146,16 @@ def core_layout(core: Core) -> CoreLayout:
     ports = {core.port_name(port): port for port in range(core.port_count)}
     nodes = {core.storage_node_name(node): node for node in range(core.storage_node_count)}
     return CoreLayout(ports, nodes)
+
+
+def core_state(core: Core) -> dict[str, Any]:
+    """A core's state now: ``clock_ns``, every port's counters (``ports``) and every storage node's queue
+    (``storage``), by name: what :meth:`CoreWork.stats` and the data-plane service's report give."""
+    return {
+        "clock_ns": core.clock_ns(),
+        "ports": {core.port_name(p): core.port_counters(p) for p in range(core.port_count)},
+        "storage": {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)},
+    }
 
 
 def forward_bytes(n_layers: int, ranks: Iterable[_ForwardRankLike], collectives: Iterable[_LayerTransferLike]) -> int:
@@ -492,12 +503,7 @@ class LocalCoreWork(CoreWork):
         self._decoded(tag, *self._core.take_decoded(self._decode_ids[tag]))
 
     async def stats(self) -> dict[str, Any]:
-        core = self._core
-        return {
-            "clock_ns": core.clock_ns(),
-            "ports": {core.port_name(p): core.port_counters(p) for p in range(core.port_count)},
-            "storage": {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)},
-        }
+        return core_state(self._core)
 
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
         """What decode node ``node`` moved on its own so far (``Core.decode_bytes``)."""

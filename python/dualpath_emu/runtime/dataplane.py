@@ -137,6 +137,7 @@ from dualpath_emu.runtime.core_work import (
     CoreLayout,
     CoreWork,
     core_layout,
+    core_state,
     submit_split,
 )
 from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore
@@ -1051,16 +1052,15 @@ class DataPlaneService:
         """Everything the run's checks and metrics read: every port's counters (``Core.port_counters``, by
         port name), ``Core.stats()``, every storage node's queue, the lags and the service's counters."""
         core = self.core
-        ports = {core.port_name(p): core.port_counters(p) for p in range(core.port_count)}
-        storage = {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)}
+        state = core_state(core)
         return {
             "service": self.name,
-            "clock_ns": core.clock_ns(),
+            "clock_ns": state["clock_ns"],
             "time_scale": self.plane.time_scale,
             "pending": core.pending(),
-            "ports": ports,
+            "ports": state["ports"],
             "core": core.stats(),
-            "storage": storage,
+            "storage": state["storage"],
             "counters": dict(self.counters),
             "submission_lag_ns": self.submission_lag.summary(),
             "submission_lag": self.submission_lag.to_wire(),
