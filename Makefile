@@ -97,6 +97,10 @@ fuzz: build ## Run the fuzz targets (input loaders, core), FUZZ_SECONDS in all (
 fuzz-smoke: build ## Short, repeatable fuzz run (fixed seed and execution counts); CI runs it
 	FUZZ_SEED=1 FUZZ_RUNS=30000 FUZZ_INPUTS=2000 bash fuzz/run.sh 40
 
+.PHONY: docs
+docs: build ## Regenerate docs/scenario-reference.md from the scenario reader (a test keeps it current)
+	$(PYTHON) -m dualpath_emu.cluster.scenario_reference docs/scenario-reference.md
+
 .PHONY: lint
 lint: build ## rustfmt check, clippy (with and without the python feature) -D warnings, stubtest, mypy
 	cargo fmt --all --check

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dualpath_emu.cluster.catalog import GPUS, MODELS
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.live import config_from_wire, config_to_wire
 from dualpath_emu.cluster.run import run_system
@@ -24,7 +25,7 @@ from dualpath_emu.workload.trajectory import TraceError, Trajectory, read_trajec
 from dualpath_emu.workload.waits import ToolWait, read_wait_samples
 
 NS = 1_000_000_000
-CONFIG = ClusterConfig(model="ds27b", gpu="h800", pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1,
+CONFIG = ClusterConfig(model=MODELS["ds27b"], gpu=GPUS["h800"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1,
                        dataset="32k", agents=6, dram_buffer_bytes=80_000_000_000)  # fmt: skip
 
 

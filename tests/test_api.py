@@ -46,7 +46,7 @@ def without_wall(summary: dict[str, Any]) -> dict[str, Any]:
 
 def test_load_by_name_path_or_default(tmp_path: Path) -> None:
     by_name = api.load_scenario("ds27b-1p1d-offline")
-    assert by_name.name == "ds27b-1p1d-offline" and by_name.config.model == "ds27b"
+    assert by_name.name == "ds27b-1p1d-offline" and by_name.config.model.name == "ds27b"
     by_path = api.load_scenario(Path(by_name.source))
     assert by_path == by_name
     assert api.load_scenario() == DEFAULT

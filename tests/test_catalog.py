@@ -14,11 +14,9 @@ from hypothesis import strategies as st
 
 from dualpath_emu.cli import main as cli_main
 from dualpath_emu.cluster.catalog import (
-    DS660B_ARCH,
     GPUS,
     MODELS,
     TESTBED_NODE,
-    AttentionKind,
     GpuSpec,
     ModelSpec,
     gpu,
@@ -48,14 +46,15 @@ def test_kv_bytes_per_token_match_paper_facts(name: str, per_layer: int, total: 
 
 def test_model_shapes() -> None:
     assert (DS660B.layers, DS660B.moe_layers, DS660B.sparse_top_k) == (61, 58, 2048)
-    assert DS660B.attention is AttentionKind.MLA_DSA
+    assert DS660B.attention == "mla"
     assert (DS27B.layers, DS27B.moe_layers, DS27B.sparse_top_k) == (30, 29, 1024)
-    assert (QWEN.layers, QWEN.moe_layers, QWEN.sparse_top_k, QWEN.attention) == (64, 0, None, AttentionKind.GQA)
+    assert (QWEN.layers, QWEN.moe_layers, QWEN.sparse_top_k, QWEN.attention) == (64, 0, None, "gqa")
 
 
 def test_parameter_counts_match_published_figures() -> None:
     # The derivation that gives ds27b its numbers must reproduce what DeepSeek and Qwen publish.
-    counts = DS660B_ARCH.param_counts()
+    assert DS660B.arch is not None
+    counts = DS660B.arch.param_counts()
     assert counts.total == pytest.approx(671e9, rel=0.01)
     assert counts.active == pytest.approx(37e9, rel=0.02)  # "37B activated"
     assert QWEN.total_params == pytest.approx(32.5e9, rel=0.015)
@@ -115,14 +114,14 @@ def test_unknown_names_are_lookup_errors() -> None:
 
 # ------------------------------------------------------------------------------------------------ roofline
 
-TOY_GPU = GpuSpec("toy", bf16_flops_per_s=1e12, fp8_flops_per_s=2e12, hbm_bytes=10**12, hbm_bytes_per_s=1e11,
-                  source="test")
+TOY_GPU = GpuSpec("toy", "toy", "test", bf16_flops_per_s=1e12, fp8_flops_per_s=2e12, hbm_bytes=10**12,
+                  hbm_bytes_per_s=1e11, nvlink_bytes_per_s=160e9)
 
 
 def toy_model(top_k: int | None = None) -> ModelSpec:
     return ModelSpec(
         name="toy", description="toy", source="test", layers=2, moe_layers=0, hidden=8,
-        attention=AttentionKind.GQA if top_k is None else AttentionKind.MLA_DSA,
+        attention="gqa" if top_k is None else "mla",
         attention_flops_per_key_layer=1000, sparse_top_k=top_k, indexer_flops_per_key_layer=0 if top_k is None else 10,
         kv_bytes_per_token_layer=100, kv_dtype="fp16", indexer_kv_bytes_per_token_layer=0 if top_k is None else 10,
         active_params=1e6, total_params=1e6, routed_expert_params=0.0, weight_bytes_per_param=2.0,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.roofline import RooflineParams
@@ -27,7 +28,7 @@ def small_config() -> ClusterConfig:
     # (At 0.8 GB/s, before the decode EP group stepped together, they were 5.4 / 3.9 / 3.4 s; with it the decode
     # binds there: 8.0 / 7.5 / 7.3 s.)
     node = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=0.3e9)
-    return ClusterConfig(model="ds27b", node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
+    return ClusterConfig(model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
 
 
 def trajectories(seed: int = 0) -> list[Trajectory]:
@@ -205,7 +206,7 @@ def test_a_prefill_group_pulls_before_its_next_pass_so_refilled_gpus_join_it() -
     # max/mean ≈ 2.0, half the group idle); with the pull it is ≈ 1.3.
     # The decode all-to-all's fixed latency left out: with it the decode GPUs bind these ten rounds, the
     # prefill is not loaded, and passes of few requests over 16 GPUs are unbalanced whatever the pull does.
-    config = ClusterConfig(model="ds660b", pe_nodes=2, de_nodes=4, prefill_ep_nodes=2, decode_ep_nodes=4,
+    config = ClusterConfig(model=MODELS["ds660b"], pe_nodes=2, de_nodes=4, prefill_ep_nodes=2, decode_ep_nodes=4,
                            agents=1024, dataset="32k", decode_roofline=RooflineParams(a2a_fixed_s=0.0))  # fmt: skip
     work = [Trajectory.from_rounds(t.id, list(zip(t.append, t.gen))[:10]) for t in generate("32k", 1024, seed=0)]
     result = run_system(config, "oracle", work)
@@ -269,7 +270,7 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(
 def test_prefill_groups_share_the_work(model: str, prefill_ep_nodes: int, decode_ep_nodes: int, system: str) -> None:
     """4P8D with several prefill groups: each group's share of the requests is within 10% of the mean (before
     the fix, the first group to pull took 89-98% of them)."""
-    config = ClusterConfig(model=model, pe_nodes=4, de_nodes=8, prefill_ep_nodes=prefill_ep_nodes,
+    config = ClusterConfig(model=MODELS[model], pe_nodes=4, de_nodes=8, prefill_ep_nodes=prefill_ep_nodes,
                            decode_ep_nodes=decode_ep_nodes)  # fmt: skip
     work = [Trajectory.from_rounds(t.id, (list(zip(t.append, t.gen))[20:26] or list(zip(t.append, t.gen))[:6]))
             for t in generate("64k", agents=160)]
@@ -346,7 +347,7 @@ def test_the_gpus_of_an_ep_group_decode_in_lock_step(model: str, together: bool)
     # Two requests on two GPUs of one decode node, one with 60x the other's context. An MoE model's DE GPUs
     # step together (the EP group's dispatch and combine), so the short request decodes at the long one's
     # pace; a dense model's GPUs (DP only) step alone, and the short one is faster.
-    config = ClusterConfig(model=model, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=2)
+    config = ClusterConfig(model=MODELS[model], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=2)
     work = [Trajectory.from_rounds("long", [(60_000, 400)]), Trajectory.from_rounds("short", [(1_000, 400)])]
     m = run_system(config, "oracle", work).metrics
     assert m.de[0] != m.de[1]
@@ -362,7 +363,7 @@ def test_decode_stepping_in_the_core_is_the_python_reference_event_for_event(mod
     # lock step (DS 27B; DS 660B 2P4D, whose decode EP group spans nodes, so its all-to-all crosses the
     # network), a dense one's each alone (Qwen); the same event log, JCT, bytes on every port and busy time,
     # whether the core or Python steps them.
-    config = ClusterConfig() if model == "ds660b" else dataclasses.replace(small_config(), model=model)
+    config = ClusterConfig() if model == "ds660b" else dataclasses.replace(small_config(), model=MODELS[model])
     work = trajectories()
     core = run_system(config, system, work)
     reference = run_system(config, system, work, decode_in_core=False)

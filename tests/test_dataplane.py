@@ -27,6 +27,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError, UnknownNameError
 from dualpath_emu.runtime import ForwardRank, LayerTransfer
@@ -212,7 +213,7 @@ def test_remote_plane_gives_the_same_completions_as_a_local_core(directory: Path
 
 def decode_spec(ids: dict[str, int]) -> dict[str, Any]:
     """One DS 27B decode GPU whose write-backs cross ``nic`` into ``node0`` and whose all-to-all crosses ``link``."""
-    config = ClusterConfig(model="ds27b", pe_nodes=1, de_nodes=1)
+    config = ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1)
     d = derived(config)
     return {
         "gpus": 1, "together": False, "pricing": d.decode.decode_pricing(), "kv_bytes_per_token": d.kv_bytes_per_token,

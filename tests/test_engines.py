@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.assemble import build_engine, engine_names
 from dualpath_emu.cluster.catalog import TESTBED_NODE
@@ -107,7 +108,7 @@ class Plane:
 
 def cluster(system: str = "dualpath") -> Cluster:
     node = dataclasses.replace(TESTBED_NODE, gpus=2)
-    config = ClusterConfig(model="ds27b", node=node, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
+    config = ClusterConfig(model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
     d = derived(config)
     spec = built_in(system)
     topology = build_topology(Core(), config.node, config.pe_nodes, config.de_nodes, config.storage)

@@ -16,6 +16,7 @@ import msgpack  # type: ignore[import-untyped]
 import pytest
 import zmq
 
+from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.live import run_live
 from dualpath_emu.cluster.run import SystemResult, run_system
@@ -32,7 +33,7 @@ SCALE = 1e-3
 
 
 def config() -> ClusterConfig:
-    return ClusterConfig(model="ds27b", pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
+    return ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
 
 
 def work(agents: int = 6, rounds: int = 4) -> list[Trajectory]:

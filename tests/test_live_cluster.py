@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.live import placement, run_live, system_from_wire, system_to_wire
@@ -34,7 +35,7 @@ def small_config() -> ClusterConfig:
     # A storage-bound 1P2D DS 27B cluster: storage NICs 100x slower than the testbed's (Basic takes 1.8x as
     # long as DualPath).
     node = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=0.5e9)
-    return ClusterConfig(model="ds27b", node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
+    return ClusterConfig(model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
 
 
 def work(agents: int = 24, rounds: int = 6) -> list[Trajectory]:

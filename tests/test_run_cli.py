@@ -197,7 +197,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
 
 BAD = [
     ('kind = "cluster"\nagent = 3\n',
-     "unknown key 'agent' (known keys here: backend, deployment, hardware, host, kind, name, roofline, scheduling, "
+     "unknown key 'agent' (known keys here: backend, catalog, deployment, gpus, hardware, host, kind, models, name, nics, roofline, scheduling, "
      "seed, storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),
@@ -211,7 +211,7 @@ BAD = [
     ('kind = "cluster"\n[deployment]\nprefill_ep_nodes = 1\n',
      "key 'deployment.prefill_ep_nodes': expected at least 2 node(s) of 8 h800, so that every GPU holds its "
      "share of ds660b's weights, got 1 (ds660b at ep_degree=8 needs 99.7 GB of weights per GPU, more than "
-     "the H800 SXM5's 85.9 GB of HBM)"),
+     "the h800's 85.9 GB of HBM)"),
     ('kind = "cluster"\n[deployment]\nmodel = "gpt5"\n',
      "key 'deployment.model': expected one of 'ds660b', 'ds27b', 'qwen32b', got the string 'gpt5'"),
     ('kind = "cluster"\n[hardware]\ngpu = "b200"\n',

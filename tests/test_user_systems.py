@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
@@ -332,7 +333,7 @@ def _small_work() -> tuple[Any, list[Any]]:
     from dualpath_emu.cluster.config import ClusterConfig
     from dualpath_emu.workload.generator import generate
 
-    config = ClusterConfig(model="ds27b", pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=3)
+    config = ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=3)
     return config, [dataclasses.replace(t, append=t.append[:2], gen=t.gen[:2]) for t in generate("32k", 3, seed=1)]
 
 

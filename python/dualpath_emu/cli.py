@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -110,6 +111,12 @@ def _cmd_calibrate_host(args: argparse.Namespace) -> int:
     from dualpath_emu.host.calibrate import calibrate_command
 
     return calibrate_command(args)
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    from dualpath_emu.cluster.catalog_cli import catalog_command
+
+    return catalog_command(args)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -380,6 +387,18 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("--no-sessions", action="store_true",
                           help="one single-turn trajectory per request instead of sessions")
 
+    catalog = commands.add_parser(
+        "catalog", help="list the models, GPUs and NICs a scenario can name",
+        description="List the models, GPUs and NICs a scenario can name (the packaged catalog, and with FILE "
+        "those a scenario or catalog file adds), with their derived numbers and sources. A scenario defines its "
+        "own in [models.NAME], [gpus.NAME] and [nics.NAME] tables or in catalog files it includes "
+        "(catalog = [\"mine.toml\"]); docs/scenario-reference.md lists every key.",
+    )  # fmt: skip
+    catalog.add_argument("file", nargs="?", default=None, metavar="FILE",
+                         help="a scenario (file or packaged name) or a catalog file (kind = \"catalog\")")
+    catalog.add_argument("--json", action="store_true", help="print the entries as JSON")
+    catalog.set_defaults(func=_cmd_catalog)
+
     version = commands.add_parser("version", help="print the version", description="Print the version.")
     version.set_defaults(func=_cmd_version)
     return parser
@@ -419,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's final flush is silent
+        return 141
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ class Table:
     """One TOML table of file ``source``; ``prefix`` is its dotted key path (empty at the top)."""
 
     def __init__(
-        self, data: dict[str, Any], source: str, prefix: str = "", overrides: Mapping[str, str] | None = None
+        self, data: dict[str, Any], source: str, prefix: str = "", overrides: Mapping[str, str] | None = None,
+        schema: list[tuple[str, object, str]] | None = None,
     ) -> None:
         self._data = data
         self.source = source
@@ -95,6 +96,12 @@ class Table:
         self._read: set[str] = set()
         self._overrides: Mapping[str, str] = overrides or {}
         """Dotted key path -> how it was set from outside the file (``--set``, ``override``): errors name that."""
+        self._schema = schema
+        """If given, every key asked for is appended as (dotted path, default, what is expected): the schema
+        the scenario reference is generated from (:mod:`dualpath_emu.cluster.scenario_reference`)."""
+
+    def _child(self, data: dict[str, Any], prefix: str, overrides: Mapping[str, str] | None = None) -> Table:
+        return Table(data, self.source, prefix, self._overrides if overrides is None else overrides, self._schema)
 
     def key_path(self, key: str) -> str:
         return f"{self.prefix}.{key}" if self.prefix else key
@@ -115,8 +122,14 @@ class Table:
     def __contains__(self, key: str) -> bool:
         return key in self._data
 
+    def keys(self) -> list[str]:
+        """The table's keys in the file's order (each still to be read with a getter)."""
+        return list(self._data)
+
     def _get(self, key: str, default: object, expected: str) -> object:
         self._read.add(key)
+        if self._schema is not None:
+            self._schema.append((self.key_path(key), default, expected))
         if key in self._data:
             return self._data[key]
         if default is REQUIRED:
@@ -161,9 +174,16 @@ class Table:
             raise self.error(key, "true or false", value)
         return value
 
-    def get_str_list(self, key: str, default: list[str] | _Required = REQUIRED, *, non_empty: bool = False) -> list[str]:
+    def get_str_list(
+        self, key: str, default: list[str] | _Required = REQUIRED, *, non_empty: bool = False, single: bool = False
+    ) -> list[str]:
+        """A list of strings; ``single``: a lone string is a list of one."""
         expected = "a non-empty list of strings" if non_empty else "a list of strings"
+        if single:
+            expected = f"a string or {expected}"
         value = self._get(key, default, expected)
+        if single and isinstance(value, str):
+            value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (non_empty and not value):
             raise self.error(key, expected, value)
         return list(value)
@@ -173,14 +193,14 @@ class Table:
         value = self._get(key, REQUIRED if required else {}, "a table")
         if not isinstance(value, dict):
             raise self.error(key, "a table", value)
-        return Table(value, self.source, self.key_path(key), self._overrides)
+        return self._child(value, self.key_path(key))
 
     def tables(self, key: str) -> list[Table]:
         """The array of tables ``[[key]]`` (empty if absent)."""
         value = self._get(key, [], "an array of tables [[...]]")
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise self.error(key, "an array of tables [[...]]", value)
-        return [Table(v, self.source, f"{self.key_path(key)}[{i}]", self._overrides) for i, v in enumerate(value)]
+        return [self._child(v, f"{self.key_path(key)}[{i}]") for i, v in enumerate(value)]
 
     def overridden(self, values: Mapping[str, object], what: str = "override") -> Table:
         """A copy with ``values`` set, each under its dotted key path (``"workload.agents"``; tables on the
@@ -198,7 +218,7 @@ class Table:
                     raise ScenarioError(f"{what} {dotted!r}: key {'.'.join(parts[: depth + 1])!r} is no table")
                 table = inner
             table[parts[-1]] = value
-        return Table(data, self.source, self.prefix, {**self._overrides, **{dotted: what for dotted in values}})
+        return self._child(data, self.prefix, {**self._overrides, **{dotted: what for dotted in values}})
 
     def without(self, dotted: str) -> Table:
         """A copy without the key at ``dotted`` (``"workload.dataset"``), if it is there."""
@@ -209,7 +229,7 @@ class Table:
             table = table.get(part) if isinstance(table, dict) else None
         if isinstance(table, dict):
             table.pop(last, None)
-        return Table(data, self.source, self.prefix, self._overrides)
+        return self._child(data, self.prefix)
 
     def finish(self) -> None:
         """Refuse every key that no getter asked for (a typo, or a setting that does not exist)."""

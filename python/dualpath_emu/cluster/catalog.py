@@ -1,94 +1,119 @@
-"""The hardware and model catalog: the one place for GPU, NIC, host and model numbers, each with its source.
+"""The model, GPU and NIC catalog: what every number the emulator uses of a model or a piece of hardware is,
+and where it comes from.
+
+The catalog is data. The packaged entries live in ``catalog.toml`` beside this module, each with its source;
+a scenario adds its own in the same form, in its own ``[models.<name>]``, ``[gpus.<name>]`` and
+``[nics.<name>]`` tables or in catalog files it includes (``catalog = ["mine.toml"]``, files that say
+``kind = "catalog"``). :func:`read_entries` reads and checks them (every error names the file and key);
+:class:`Catalog` looks names up; ``dualpath-emu catalog`` lists them with their derived numbers. A name is
+defined once: a user entry may not redefine a packaged one (copy it under another name instead).
 
 Tags, as in ``paper-facts.md``: **[paper §x]** stated in the DualPath paper; **[datasheet]** the vendor's
 public datasheet; **[config]** a public model config (Hugging Face ``config.json``); **[derived]** arithmetic
 from those; **[assumed]** our choice where no source says.
 
-**GPUs** (:data:`GPUS`, by name): dense (no 2:4 sparsity) BF16 and FP8 tensor FLOP/s, HBM capacity and
-bandwidth. The paper says only "8 NVIDIA Hopper GPUs" per node (§7.1); :data:`DEFAULT_GPU` is the H800
-[assumed: DeepSeek's own fleet, DeepSeek-V3 report §3.1]. HBM capacity is the datasheet's "GB" read as GiB
-(HBM stacks are binary-sized: the H100's 80 GB is 5 stacks × 16 GiB); the driver exposes slightly less.
+**GPUs** (:class:`GpuSpec`): dense (no 2:4 sparsity) BF16, FP8 and FP4 tensor FLOP/s, HBM capacity and
+bandwidth, and what an all-to-all reaches over NVLink between a node's GPUs. The paper says only "8 NVIDIA
+Hopper GPUs" per node (§7.1); :data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, DeepSeek-V3
+report §3.1].
+
+**NICs** (:class:`NicSpec`): a line rate, for ``[hardware] cnic``/``snic``.
 
 **Node** (:data:`TESTBED_NODE`): 8 GPUs, one 400 Gb/s compute NIC per GPU, one 400 Gb/s storage NIC, host
 DRAM bandwidth ≈ 500 GB/s (all paper §4.2/§7.1); no PCIe link (not modelled: see :class:`NodeSpec`).
 
-**Models** (:data:`MODELS`): ``ds660b`` (DeepSeek-V3.2), ``ds27b`` (the paper's down-scaled V3.2-like model,
-App. A.2) and ``qwen32b`` (Qwen2.5-32B). Each is built from its architecture (:class:`DeepSeekArch`,
-:class:`GqaArch`) so that every derived number can be traced to a config field:
+**Models** (:class:`ModelArch`, with the Hugging Face config's field names): MHA, GQA or MLA attention,
+optionally sparse (DeepSeek Sparse Attention: a lightning indexer picks ``index_topk`` keys), dense or MoE
+FFNs. :meth:`ModelArch.spec` derives the :class:`ModelSpec` the engines use, so every number can be traced
+to a config field:
 
-* KV bytes per token per layer. MLA in FlashMLA's FP8 layout: ``kv_lora_rank`` FP8 bytes + one FP32 scale per
-  128 of them + ``qk_rope_head_dim`` BF16 values = 512 + 16 + 128 = **656 B** (V3.2). The DSA indexer keeps a
-  separate FP8 key cache (``index_head_dim`` + one FP32 scale = 132 B for V3.2) that is *not* counted in the
-  KV bytes (as in paper-facts §2.2/§2.3) but is read by the indexer. GQA: K and V × KV heads × head dim ×
-  2 B (FP16) = **4,096 B** (Qwen2.5-32B).
-* Parameters, counted per projection from the config (norms ignored; Qwen's QKV biases counted). ``active_params``
-  is what one token multiplies through: every attention, indexer, dense-FFN and activated-expert (routed +
-  shared) weight, the router and the output head -- *not* the input embedding, which is a lookup. V3.2:
-  37.5 B (DeepSeek publishes "37B activated"; our count with both embedding tables and without the V3.2
-  indexer is 37.55 B), 671.9 B total (published 671 B, without the MTP module). Qwen2.5-32B: 32.0 B of
-  32.76 B total (the model card says 32.5 B). ds27b: 4.29 B active of 27.2 B total [derived, see
-  :data:`DS27B_ARCH` for the assumed dimensions].
+* KV bytes per token per layer. MLA with ``kv_dtype = "fp8"``: FlashMLA's FP8 layout, ``kv_lora_rank`` FP8
+  bytes + one FP32 scale per 128 of them + ``qk_rope_head_dim`` BF16 values = 512 + 16 + 128 = **656 B**
+  (V3.2); MLA in BF16/FP16: 2 B × (``kv_lora_rank`` + ``qk_rope_head_dim``). MHA/GQA: K and V × KV heads ×
+  head dim × the dtype's bytes (Qwen2.5-32B in FP16: **4,096 B**). The DSA indexer keeps a separate FP8 key
+  cache (``index_head_dim`` + one FP32 scale = 132 B for V3.2) that is *not* counted in the KV bytes (as in
+  paper-facts §2.2/§2.3) but is read by the indexer. ``kv_bytes_per_token_layer`` overrides the derivation.
+* Parameters, counted per projection (norms ignored; QKV biases counted where ``attention_bias``).
+  ``active_params`` is what one token multiplies through: every attention, indexer, dense-FFN and
+  activated-expert (routed + shared) weight, the router and the output head -- *not* the input embedding,
+  which is a lookup. V3.2: 37.5 B (DeepSeek publishes "37B activated"; our count with both embedding tables
+  and without the V3.2 indexer is 37.55 B), 671.9 B total (published 671 B, without the MTP module).
+  Qwen2.5-32B: 32.0 B of 32.76 B total (the model card says 32.5 B). ds27b: 4.29 B active of 27.2 B total
+  [derived from the assumed dimensions in ``catalog.toml``]. ``total_params``/``active_params`` override
+  the counts (the weights' bytes and the GEMM FLOPs follow; the routed experts' share stays counted).
 * FLOPs per new token at context ``L`` (the number of keys it attends to, itself included) =
   ``2 × active_params`` (the GEMMs) + ``layers × attention FLOPs per layer``:
 
-  - MLA with DSA (weights absorbed, attention in the 512-dim latent space): each attended key costs
+  - MLA (weights absorbed, attention in the ``kv_lora_rank``-dim latent space): each attended key costs
     ``2 × heads × (kv_lora + rope)`` for the scores plus ``2 × heads × kv_lora`` for the values
-    (278,528 FLOPs per key per layer for V3.2); the main attention attends to ``min(L, top_k)`` keys, and the
-    lightning indexer scores all ``L`` keys at ``2 × index_heads × index_head_dim`` each (16,384 for V3.2;
-    its per-head weighting and ReLU are ignored). The absorbed projections are weights, hence in
-    ``active_params``.
-  - GQA: full attention, ``2 × q_heads × head_dim`` for scores plus the same for values per key per layer
-    (20,480 for Qwen2.5-32B), over all ``L`` keys.
+    (278,528 FLOPs per key per layer for V3.2). MHA/GQA: ``2 × heads × head_dim`` for the scores plus the
+    same for the values (20,480 for Qwen2.5-32B).
+  - Sparse (DSA): the main attention attends to ``min(L, index_topk)`` keys, and the lightning indexer scores
+    all ``L`` keys at ``2 × index_n_heads × index_head_dim`` each (16,384 for V3.2; its per-head weighting
+    and ReLU are ignored). Dense: all ``L`` keys.
 
   V3.2 at L = 32,721: 75.0 G (GEMMs) + 34.8 G (main attention) + 32.7 G (indexer) = 142.5 GFLOP, matching
   paper-facts §2.3's ≈142 G.
 * MoE all-to-all bytes per token per MoE layer [assumed, DeepEP's formats]: dispatch sends the hidden state
-  in FP8 with one FP32 scale per 128 channels to each of the ``activated`` routed experts; combine returns
-  BF16 (2 B per channel) from each. Shared experts run locally (no traffic). Dense models: 0. These are upper
-  bounds: copies to experts on the sender's own GPU (or, with DeepEP's node-level dedupe, its node) do not
-  cross the network; a caller applies its EP layout.
+  in FP8 with one FP32 scale per 128 channels to each of the ``num_experts_per_tok`` routed experts; combine
+  returns BF16 (2 B per channel) from each. Shared experts run locally (no traffic). Dense models: 0. These
+  are upper bounds: copies to experts on the sender's own GPU (or, with DeepEP's node-level dedupe, its
+  node) do not cross the network; a caller applies its EP layout.
 * Weight bytes per GPU (:meth:`ModelSpec.weight_bytes_per_gpu`): every non-routed-expert weight plus the
-  GPU's 1/EP share of the routed experts, at 1 B/param (FP8 checkpoint; its few BF16 tensors ignored) for
-  DeepSeek, 2 B/param (BF16) for Qwen.
+  GPU's 1/EP share of the routed experts, at the ``weight_dtype``'s bytes per parameter (FP8 1 B, BF16 2 B,
+  FP4 0.5625 B: NVFP4's 4 bits plus one FP8 scale per 16 values); the GEMMs run at that dtype's peak.
 """
 
 from __future__ import annotations
 
-import enum
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar, cast
 
+from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.errors import InvalidArgumentError, UnknownNameError
 
 __all__ = [
+    "ATTENTIONS",
     "DEFAULT_GPU",
-    "DS27B_ARCH",
-    "DS660B_ARCH",
     "GPUS",
+    "KIND",
     "MODELS",
-    "QWEN32B_ARCH",
+    "NICS",
+    "PACKAGED",
+    "PACKAGED_FILE",
     "TESTBED_NODE",
-    "AttentionKind",
-    "DeepSeekArch",
+    "Attention",
+    "Catalog",
     "GemmDtype",
     "GpuSpec",
-    "GqaArch",
+    "ModelArch",
     "ModelSpec",
+    "NicSpec",
     "NodeSpec",
     "ParamCounts",
-    "deepseek_model",
     "gpu",
-    "gqa_model",
+    "load_catalog_file",
     "model",
+    "read_entries",
 ]
 
-GemmDtype = Literal["bf16", "fp8"]
-"""The number format a model's weight GEMMs run in; selects the GPU's peak (:meth:`GpuSpec.peak_flops_per_s`)."""
+GemmDtype = Literal["bf16", "fp8", "fp4"]
+"""The number format a model's weights are stored and its GEMMs run in (:meth:`GpuSpec.peak_flops_per_s`)."""
+GEMM_DTYPES: Final[tuple[GemmDtype, ...]] = ("bf16", "fp8", "fp4")
+WEIGHT_BYTES_PER_PARAM: Final[Mapping[str, float]] = MappingProxyType({"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625})
+KvDtype = Literal["bf16", "fp16", "fp8"]
+KV_DTYPES: Final[tuple[KvDtype, ...]] = ("bf16", "fp16", "fp8")
+Attention = Literal["mha", "gqa", "mla"]
+ATTENTIONS: Final[tuple[Attention, ...]] = ("mha", "gqa", "mla")
+KIND: Final = "catalog"
+"""What a catalog file says at its top: ``kind = "catalog"``."""
 
 _GIB: Final = 1 << 30
-_TB: Final = 1e12
+_T = TypeVar("_T")
 
 
 # --------------------------------------------------------------------------------------------------- GPUs
@@ -96,34 +121,35 @@ _TB: Final = 1e12
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU kind: dense tensor-core peaks, HBM capacity and bandwidth."""
+    """One GPU kind: dense tensor-core peaks, HBM capacity and bandwidth, NVLink all-to-all rate."""
 
     name: str
+    description: str
+    source: str
     bf16_flops_per_s: float
-    """Dense BF16 tensor FLOP/s (no 2:4 sparsity)."""
+    """Dense BF16 tensor FLOP/s (no 2:4 sparsity); attention runs at this peak."""
     fp8_flops_per_s: float
-    """Dense FP8 tensor FLOP/s (no 2:4 sparsity)."""
+    """Dense FP8 tensor FLOP/s; 0: no FP8 tensor cores."""
     hbm_bytes: int
     hbm_bytes_per_s: float
-    source: str
+    nvlink_bytes_per_s: float
+    """What an MoE all-to-all reaches between the GPUs of one node (a decode step's intra-node part)."""
+    fp4_flops_per_s: float = 0.0
+    """Dense FP4 tensor FLOP/s; 0: no FP4 tensor cores."""
 
     def peak_flops_per_s(self, dtype: GemmDtype) -> float:
-        """The dense peak for ``dtype``."""
-        return self.fp8_flops_per_s if dtype == "fp8" else self.bf16_flops_per_s
+        """The dense peak for ``dtype`` (0 if the GPU has none)."""
+        return {"bf16": self.bf16_flops_per_s, "fp8": self.fp8_flops_per_s, "fp4": self.fp4_flops_per_s}[dtype]
 
 
-GPUS: Final[Mapping[str, GpuSpec]] = MappingProxyType(
-    {
-        # H800 SXM5: H100 SXM compute and memory, NVLink cut to 400 GB/s (irrelevant here) [datasheet].
-        "h800": GpuSpec("H800 SXM5", 989.4e12, 1978.9e12, 80 * _GIB, 3.35 * _TB, "NVIDIA H800 datasheet"),
-        "h100": GpuSpec("H100 SXM5", 989.4e12, 1978.9e12, 80 * _GIB, 3.35 * _TB, "NVIDIA H100 datasheet"),
-        "h200": GpuSpec("H200 SXM", 989.4e12, 1978.9e12, 141 * _GIB, 4.8 * _TB, "NVIDIA H200 datasheet"),
-        # H20: export-limited Hopper, ~15% of H100 compute, more and faster HBM [datasheet].
-        "h20": GpuSpec("H20", 148e12, 296e12, 96 * _GIB, 4.0 * _TB, "NVIDIA H20 datasheet"),
-    }
-)
-DEFAULT_GPU: Final = "h800"
-"""The paper does not name its Hopper SKU (§7.1); DeepSeek runs H800s [assumed]."""
+@dataclass(frozen=True)
+class NicSpec:
+    """One NIC kind: its line rate in bytes per second, each way."""
+
+    name: str
+    description: str
+    source: str
+    bytes_per_s: float
 
 
 # --------------------------------------------------------------------------------------------------- node
@@ -164,11 +190,156 @@ TESTBED_NODE: Final = NodeSpec(
 # --------------------------------------------------------------------------------------------------- models
 
 
-class AttentionKind(enum.Enum):
-    """How a model attends: MLA with DeepSeek Sparse Attention (top-k keys chosen by an indexer), or GQA."""
+@dataclass(frozen=True)
+class ModelArch:
+    """A transformer's architecture, with the Hugging Face config's field names; 0 where a field does not
+    apply (an MLA rank on a GQA model, experts on a dense one). :func:`read_entries` checks which apply."""
 
-    MLA_DSA = "mla-dsa"
-    GQA = "gqa"
+    attention: Attention
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    weight_dtype: GemmDtype
+    kv_dtype: KvDtype
+    tie_word_embeddings: bool = False
+    # MHA / GQA
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    attention_bias: bool = False
+    """Biases on the Q, K and V projections (Qwen2)."""
+    # MLA
+    q_lora_rank: int = 0
+    """0: no low-rank Q compression (ds27b, App. A.2), for the main attention and the indexer alike."""
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # sparse attention (DSA)
+    index_topk: int = 0
+    """Keys the main attention attends to at most; 0: dense attention."""
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    # FFN
+    intermediate_size: int = 0
+    """The dense FFN's width (every layer of a dense model, the first ``first_k_dense_replace`` of an MoE)."""
+    first_k_dense_replace: int = 0
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    n_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def kv_heads(self) -> int:
+        """MHA/GQA: the KV heads (MHA: one per query head)."""
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def dims_per_head(self) -> int:
+        """MHA/GQA: the head dimension (``hidden_size / num_attention_heads`` where not given)."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_hidden_layers - self.first_k_dense_replace if self.n_routed_experts else 0
+
+    def param_counts(self) -> ParamCounts:
+        """Parameters, counted per projection; norms ignored."""
+        h, heads, layers = self.hidden_size, self.num_attention_heads, self.num_hidden_layers
+        if self.attention == "mla":
+            qk_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q_in = self.q_lora_rank or h
+            q = h * heads * qk_dim if not self.q_lora_rank else h * q_in + q_in * heads * qk_dim
+            attn = (
+                q
+                + h * (self.kv_lora_rank + self.qk_rope_head_dim)  # kv_a: latent + shared RoPE key
+                + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)  # kv_b
+                + heads * self.v_head_dim * h  # o_proj
+            )
+        else:
+            q_in = h
+            q_dim, kv_dim = heads * self.dims_per_head, self.kv_heads * self.dims_per_head
+            bias = self.attention_bias
+            attn = (h * q_dim + bias * q_dim) + 2 * (h * kv_dim + bias * kv_dim) + q_dim * h
+        indexer = (
+            q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim + h * self.index_n_heads
+            if self.index_topk else 0
+        )  # fmt: skip
+        moe_layers = self.moe_layers
+        dense_layers = layers - moe_layers
+        expert = 3 * h * self.moe_intermediate_size
+        router = h * self.n_routed_experts
+        embedding = self.vocab_size * h
+        # The output head has the embedding's shape and is in every count; the input table only in the total.
+        common = layers * (attn + indexer) + dense_layers * 3 * h * self.intermediate_size + embedding
+        routed = moe_layers * self.n_routed_experts * expert
+        total = common + routed + moe_layers * (self.n_shared_experts * expert + router)
+        total += 0 if self.tie_word_embeddings else embedding
+        active = common + moe_layers * ((self.num_experts_per_tok + self.n_shared_experts) * expert + router)
+        return ParamCounts(total=total, active=active, routed_experts=routed, embedding=embedding)
+
+    def kv_bytes_per_token_layer(self) -> int:
+        """KV bytes of one token in one layer (module docstring)."""
+        if self.attention == "mla":
+            if self.kv_dtype == "fp8":  # FlashMLA's layout
+                return _fp8_with_scales_bytes(self.kv_lora_rank) + 2 * self.qk_rope_head_dim
+            return 2 * (self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * self.kv_heads * self.dims_per_head * (1 if self.kv_dtype == "fp8" else 2)
+
+    def spec(
+        self, name: str, description: str = "", source: str = "", *, total_params: float = 0.0,
+        active_params: float = 0.0, kv_bytes_per_token_layer: int = 0,
+    ) -> ModelSpec:
+        """The :class:`ModelSpec` of this architecture (module docstring); a non-zero keyword overrides the
+        derived number."""
+        counts = self.param_counts()
+        heads, k = self.num_attention_heads, self.num_experts_per_tok
+        if self.attention == "mla":
+            per_key = 2 * heads * (self.kv_lora_rank + self.qk_rope_head_dim) + 2 * heads * self.kv_lora_rank
+        else:
+            per_key = 2 * (2 * heads * self.dims_per_head)  # QK^T, and again for the weighted sum of V
+        kv_dtype = "fp8 (latent) + bf16 (rope)" if self.attention == "mla" and self.kv_dtype == "fp8" else self.kv_dtype
+        return ModelSpec(
+            name=name,
+            description=description or name,
+            source=source,
+            layers=self.num_hidden_layers,
+            moe_layers=self.moe_layers,
+            hidden=self.hidden_size,
+            attention=self.attention,
+            attention_flops_per_key_layer=per_key,
+            sparse_top_k=self.index_topk or None,
+            indexer_flops_per_key_layer=2 * self.index_n_heads * self.index_head_dim if self.index_topk else 0,
+            kv_bytes_per_token_layer=kv_bytes_per_token_layer or self.kv_bytes_per_token_layer(),
+            kv_dtype=kv_dtype,
+            indexer_kv_bytes_per_token_layer=self.index_head_dim + 4 if self.index_topk else 0,  # FP8 + FP32 scale
+            active_params=active_params or float(counts.active),
+            total_params=total_params or float(counts.total),
+            routed_expert_params=float(counts.routed_experts),
+            weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM[self.weight_dtype],
+            gemm_dtype=self.weight_dtype,
+            activated_experts=k if self.n_routed_experts else 0,
+            a2a_dispatch_bytes_per_token_layer=k * _fp8_with_scales_bytes(self.hidden_size) if self.n_routed_experts else 0,
+            a2a_combine_bytes_per_token_layer=k * 2 * self.hidden_size if self.n_routed_experts else 0,
+            arch=self,
+        )
+
+
+def _fp8_with_scales_bytes(channels: int) -> int:
+    """Bytes of ``channels`` values in FP8 with one FP32 scale per 128 (DeepSeek's fine-grained quantisation)."""
+    return channels + channels // 128 * 4
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of one model, derived from its architecture."""
+
+    total: int
+    active: int
+    """Per token, input embedding excluded (see :attr:`ModelSpec.active_params`)."""
+    routed_experts: int
+    embedding: int
+    """One vocabulary × hidden table."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +353,7 @@ class ModelSpec:
     moe_layers: int
     """Layers with an MoE FFN (the others are dense); 0 for a dense model."""
     hidden: int
-    attention: AttentionKind
+    attention: Attention
     attention_flops_per_key_layer: int
     """Main-attention FLOPs for one query token and one attended key, in one layer."""
     sparse_top_k: int | None
@@ -205,10 +376,8 @@ class ModelSpec:
     """MoE dispatch bytes per token per MoE layer, all its routed experts together (an upper bound)."""
     a2a_combine_bytes_per_token_layer: int
     """MoE combine bytes per token per MoE layer, all its routed experts together (an upper bound)."""
-
-    def __post_init__(self) -> None:
-        if (self.attention is AttentionKind.MLA_DSA) != (self.sparse_top_k is not None):
-            raise InvalidArgumentError(f"{self.name}: sparse_top_k is set exactly for MLA_DSA models")
+    arch: ModelArch | None = None
+    """The architecture these numbers were derived from (None: given directly)."""
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -264,245 +433,230 @@ def _sum_capped(cached: int, new: int, cap: int | None) -> int:
     return below * cached + below * (below + 1) // 2 + (new - below) * cap
 
 
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameter counts of one model, derived from its architecture."""
+# --------------------------------------------------------------------------------------------------- reading
 
-    total: int
-    active: int
-    """Per token, input embedding excluded (see :attr:`ModelSpec.active_params`)."""
-    routed_experts: int
-    embedding: int
-    """One vocabulary × hidden table."""
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+_MAX_DIM: Final = 1 << 16
+"""The largest head count, head dimension, rank or expert count accepted (far above any model's)."""
+_MAX_WIDTH: Final = 1 << 22
+"""The largest hidden or FFN width accepted."""
+_MAX_PARAMS: Final = 1e16
 
 
 @dataclass(frozen=True)
-class DeepSeekArch:
-    """A DeepSeek-V3.2-style architecture (MLA + DSA + MoE), with the config's field names where it has them."""
+class Catalog:
+    """Models, GPUs and NICs by name, and where each was defined (``origin["models.x"]``: a file)."""
 
-    hidden_size: int
-    num_hidden_layers: int
-    first_k_dense_replace: int
-    intermediate_size: int
-    num_attention_heads: int
-    q_lora_rank: int | None
-    """None: no low-rank Q compression (ds27b, App. A.2), for the main attention and the indexer alike."""
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    n_routed_experts: int
-    n_shared_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    vocab_size: int
-    index_n_heads: int
-    index_head_dim: int
-    index_topk: int
+    models: Mapping[str, ModelSpec] = field(default_factory=dict)
+    gpus: Mapping[str, GpuSpec] = field(default_factory=dict)
+    nics: Mapping[str, NicSpec] = field(default_factory=dict)
+    origin: Mapping[str, str] = field(default_factory=dict)
 
-    def param_counts(self) -> ParamCounts:
-        """Parameters, counted per projection; norms ignored."""
-        h, heads = self.hidden_size, self.num_attention_heads
-        qk_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-        q_in = h if self.q_lora_rank is None else self.q_lora_rank
-        q = h * heads * qk_dim if self.q_lora_rank is None else h * q_in + q_in * heads * qk_dim
-        attn = (
-            q
-            + h * (self.kv_lora_rank + self.qk_rope_head_dim)  # kv_a: latent + shared RoPE key
-            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)  # kv_b
-            + heads * self.v_head_dim * h  # o_proj
+    def model(self, name: str) -> ModelSpec:
+        """The model called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+        return _lookup(self.models, name, "model")
+
+    def gpu(self, name: str) -> GpuSpec:
+        """The GPU called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+        return _lookup(self.gpus, name, "GPU")
+
+    def nic(self, name: str) -> NicSpec:
+        """The NIC called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+        return _lookup(self.nics, name, "NIC")
+
+    def with_entries(self, top: Table) -> Catalog:
+        """This catalog and the entries of ``top``'s ``[models]``, ``[gpus]`` and ``[nics]`` tables (read and
+        checked by :func:`read_entries`); a name already defined is a :class:`ScenarioError`."""
+        new = read_entries(top)
+        merged: dict[str, dict[str, object]] = {"models": dict(self.models), "gpus": dict(self.gpus),
+                                                "nics": dict(self.nics)}  # fmt: skip
+        origin = dict(self.origin)
+        for kind, entries in new.items():
+            for name, spec in entries.items():
+                key = f"{kind}.{name}"
+                if key in origin:
+                    raise ScenarioError(
+                        f"{top.where(key)}: {key} is already defined in {origin[key]}; give yours another name"
+                    )
+                merged[kind][name] = spec
+                origin[key] = top.source
+        return Catalog(
+            MappingProxyType(cast(dict[str, ModelSpec], merged["models"])),
+            MappingProxyType(cast(dict[str, GpuSpec], merged["gpus"])),
+            MappingProxyType(cast(dict[str, NicSpec], merged["nics"])),
+            MappingProxyType(origin),
         )
-        indexer = q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim + h * self.index_n_heads
-        dense_ffn = 3 * h * self.intermediate_size
-        expert = 3 * h * self.moe_intermediate_size
-        router = h * self.n_routed_experts
-        moe_layers = self.num_hidden_layers - self.first_k_dense_replace
-        embedding = self.vocab_size * h
-        common = self.num_hidden_layers * (attn + indexer) + self.first_k_dense_replace * dense_ffn + embedding
-        routed = moe_layers * self.n_routed_experts * expert
-        total = common + routed + moe_layers * (self.n_shared_experts * expert + router) + embedding
-        active = common + moe_layers * ((self.num_experts_per_tok + self.n_shared_experts) * expert + router)
-        return ParamCounts(total=total, active=active, routed_experts=routed, embedding=embedding)
+
+    def with_file(self, path: str | Path) -> Catalog:
+        """This catalog and the entries of the catalog file ``path`` (``kind = "catalog"``)."""
+        top = load_toml(path)
+        top.get_str("kind", choices=(KIND,))
+        out = self.with_entries(top)
+        top.finish()
+        return out
 
 
-@dataclass(frozen=True)
-class GqaArch:
-    """A dense GQA transformer (Qwen2 family), with the config's field names."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-
-    def param_counts(self) -> ParamCounts:
-        """Parameters, counted per projection (QKV biases included, norms ignored)."""
-        h = self.hidden_size
-        q = self.num_attention_heads * self.head_dim
-        kv = self.num_key_value_heads * self.head_dim
-        attn = (h * q + q) + 2 * (h * kv + kv) + q * h
-        layer = attn + 3 * h * self.intermediate_size
-        embedding = self.vocab_size * h
-        active = self.num_hidden_layers * layer + embedding  # the output head, same shape as the embedding
-        total = active if self.tie_word_embeddings else active + embedding
-        return ParamCounts(total=total, active=active, routed_experts=0, embedding=embedding)
-
-
-DS660B_ARCH: Final = DeepSeekArch(
-    # [config] deepseek-ai/DeepSeek-V3.2(-Exp) config.json
-    hidden_size=7168,
-    num_hidden_layers=61,
-    first_k_dense_replace=3,
-    intermediate_size=18432,
-    num_attention_heads=128,
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=256,
-    n_shared_experts=1,
-    num_experts_per_tok=8,
-    moe_intermediate_size=2048,
-    vocab_size=129280,
-    index_n_heads=64,
-    index_head_dim=128,
-    index_topk=2048,
-)
-
-DS27B_ARCH: Final = DeepSeekArch(
-    # [paper App. A.2] hidden, intermediate, layers, heads, experts, MoE intermediate, activated, shared,
-    # dense layers, indexer heads/dim, top-k, no Q LoRA. [assumed, like V3.2] the MLA dims (kv_lora 512,
-    # rope 64, nope 128, v 128) -- which also make its KV 656 B/token/layer -- and the vocabulary.
-    hidden_size=2560,
-    num_hidden_layers=30,
-    first_k_dense_replace=1,
-    intermediate_size=12288,
-    num_attention_heads=32,
-    q_lora_rank=None,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=72,
-    n_shared_experts=2,
-    num_experts_per_tok=6,
-    moe_intermediate_size=1536,
-    vocab_size=129280,
-    index_n_heads=32,
-    index_head_dim=64,
-    index_topk=1024,
-)
-
-QWEN32B_ARCH: Final = GqaArch(
-    # [config] Qwen/Qwen2.5-32B config.json
-    hidden_size=5120,
-    num_hidden_layers=64,
-    intermediate_size=27648,
-    num_attention_heads=40,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=152064,
-    tie_word_embeddings=False,
-)
-
-
-def _fp8_with_scales_bytes(channels: int) -> int:
-    """Bytes of ``channels`` values in FP8 with one FP32 scale per 128 (DeepSeek's fine-grained quantisation)."""
-    return channels + channels // 128 * 4
-
-
-def deepseek_model(name: str, description: str, source: str, arch: DeepSeekArch) -> ModelSpec:
-    """The :class:`ModelSpec` of a DeepSeek-V3.2-style model: FP8 MLA KV, DSA, FP8 weights and GEMMs."""
-    counts = arch.param_counts()
-    heads, latent, rope = arch.num_attention_heads, arch.kv_lora_rank, arch.qk_rope_head_dim
-    k = arch.num_experts_per_tok
-    return ModelSpec(
-        name=name,
-        description=description,
-        source=source,
-        layers=arch.num_hidden_layers,
-        moe_layers=arch.num_hidden_layers - arch.first_k_dense_replace,
-        hidden=arch.hidden_size,
-        attention=AttentionKind.MLA_DSA,
-        attention_flops_per_key_layer=2 * heads * (latent + rope) + 2 * heads * latent,
-        sparse_top_k=arch.index_topk,
-        indexer_flops_per_key_layer=2 * arch.index_n_heads * arch.index_head_dim,
-        kv_bytes_per_token_layer=_fp8_with_scales_bytes(latent) + 2 * rope,  # FlashMLA FP8 layout
-        kv_dtype="fp8 (latent) + bf16 (rope)",
-        indexer_kv_bytes_per_token_layer=arch.index_head_dim + 4,  # FP8 key + one FP32 scale
-        active_params=float(counts.active),
-        total_params=float(counts.total),
-        routed_expert_params=float(counts.routed_experts),
-        weight_bytes_per_param=1.0,
-        gemm_dtype="fp8",
-        activated_experts=k,
-        a2a_dispatch_bytes_per_token_layer=k * _fp8_with_scales_bytes(arch.hidden_size),
-        a2a_combine_bytes_per_token_layer=k * 2 * arch.hidden_size,
-    )
-
-
-def gqa_model(name: str, description: str, source: str, arch: GqaArch, kv_dtype_bytes: int) -> ModelSpec:
-    """The :class:`ModelSpec` of a dense GQA model with BF16 weights and ``kv_dtype_bytes``-byte KV."""
-    counts = arch.param_counts()
-    per_key = 2 * arch.num_attention_heads * arch.head_dim  # QK^T, and again for the weighted sum of V
-    return ModelSpec(
-        name=name,
-        description=description,
-        source=source,
-        layers=arch.num_hidden_layers,
-        moe_layers=0,
-        hidden=arch.hidden_size,
-        attention=AttentionKind.GQA,
-        attention_flops_per_key_layer=2 * per_key,
-        sparse_top_k=None,
-        indexer_flops_per_key_layer=0,
-        kv_bytes_per_token_layer=2 * arch.num_key_value_heads * arch.head_dim * kv_dtype_bytes,
-        kv_dtype={1: "fp8", 2: "fp16"}.get(kv_dtype_bytes, f"{kv_dtype_bytes} B"),
-        indexer_kv_bytes_per_token_layer=0,
-        active_params=float(counts.active),
-        total_params=float(counts.total),
-        routed_expert_params=0.0,
-        weight_bytes_per_param=2.0,
-        gemm_dtype="bf16",
-        activated_experts=0,
-        a2a_dispatch_bytes_per_token_layer=0,
-        a2a_combine_bytes_per_token_layer=0,
-    )
-
-
-MODELS: Final[Mapping[str, ModelSpec]] = MappingProxyType(
-    {
-        "ds660b": deepseek_model(
-            "ds660b", "DS 660B = DeepSeek-V3.2 (MLA + DSA, MoE)", "paper §7.2; DeepSeek-V3.2 config.json",
-            DS660B_ARCH,
-        ),
-        "ds27b": deepseek_model(
-            "ds27b", "DS 27B, the paper's down-scaled V3.2-like model", "paper App. A.2; MLA dims assumed as V3.2",
-            DS27B_ARCH,
-        ),
-        "qwen32b": gqa_model(
-            "qwen32b", "Qwen2.5-32B (dense, GQA), FP16 KV", "paper §7.2; Qwen2.5-32B config.json",
-            QWEN32B_ARCH, kv_dtype_bytes=2,
-        ),
-    }
-)
-
-
-def gpu(name: str) -> GpuSpec:
-    """The GPU called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+def _lookup(entries: Mapping[str, _T], name: str, what: str) -> _T:
     try:
-        return GPUS[name]
+        return entries[name]
     except KeyError:
-        raise UnknownNameError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}") from None
+        raise UnknownNameError(f"unknown {what} {name!r}; known: {', '.join(entries)}") from None
+
+
+def read_entries(top: Table) -> dict[str, dict[str, object]]:
+    """The catalog entries of ``top``'s ``[models.<name>]``, ``[gpus.<name>]`` and ``[nics.<name>]`` tables,
+    by kind and name, each checked (a :class:`ScenarioError` naming the file and key)."""
+    out: dict[str, dict[str, object]] = {}
+    for kind, read in (("models", _read_model), ("gpus", _read_gpu), ("nics", _read_nic)):
+        tables = top.table(kind)
+        entries: dict[str, object] = {}
+        for name in tables.keys():
+            if not _NAME.fullmatch(name):
+                raise tables.error(name, "a name of letters, digits and . _ + - (at most 64, starting with a "
+                                   "letter or digit)")  # fmt: skip
+            entry = tables.table(name, required=True)
+            entries[name] = read(entry, name)
+            entry.finish()
+        tables.finish()
+        out[kind] = entries
+    return out
+
+
+def _read_gpu(t: Table, name: str) -> GpuSpec:
+    peak = (1e9, 1e18)
+    return GpuSpec(
+        name=name,
+        description=t.get_str("description", ""),
+        source=t.get_str("source", ""),
+        bf16_flops_per_s=t.get_float("bf16_flops_per_s", min=peak[0], max=peak[1]),
+        fp8_flops_per_s=_rate_or_zero(t, "fp8_flops_per_s", peak),
+        fp4_flops_per_s=_rate_or_zero(t, "fp4_flops_per_s", peak),
+        hbm_bytes=int(t.get_float("hbm_gib", min=0.0, max=1 << 20, min_exclusive=True) * _GIB),
+        hbm_bytes_per_s=t.get_float("hbm_bytes_per_s", min=1e9, max=1e15),
+        nvlink_bytes_per_s=t.get_float("nvlink_bytes_per_s", min=1e6, max=1e14),
+    )
+
+
+def _rate_or_zero(t: Table, key: str, bounds: tuple[float, float]) -> float:
+    """An optional rate: 0 (none, the default) or a number within ``bounds``."""
+    value = t.get_float(key, 0.0, min=0.0, max=bounds[1])
+    if 0.0 < value < bounds[0]:
+        raise t.error(key, f"0 (none) or a number in [{format_bound(bounds[0])}, {format_bound(bounds[1])}]", value)
+    return value
+
+
+def _read_nic(t: Table, name: str) -> NicSpec:
+    return NicSpec(
+        name=name,
+        description=t.get_str("description", ""),
+        source=t.get_str("source", ""),
+        bytes_per_s=t.get_float("bytes_per_s", min=1e6, max=1e12),
+    )
+
+
+# The keys each attention kind or FFN kind uses; given for another kind, they are an error (not ignored).
+_GQA_KEYS: Final = ("num_key_value_heads", "head_dim", "attention_bias")
+_MLA_KEYS: Final = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_SPARSE_KEYS: Final = ("index_n_heads", "index_head_dim")
+_MOE_KEYS: Final = ("first_k_dense_replace", "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size")
+
+
+def _read_model(t: Table, name: str) -> ModelSpec:
+    attention = cast(Attention, t.get_str("attention", choices=ATTENTIONS))
+    layers = t.get_int("num_hidden_layers", min=1, max=1024)
+    heads = t.get_int("num_attention_heads", min=1, max=_MAX_DIM)
+    hidden = t.get_int("hidden_size", min=1, max=_MAX_WIDTH)
+    top_k = t.get_int("index_topk", 0, min=0, max=1 << 30)
+    experts = t.get_int("n_routed_experts", 0, min=0, max=_MAX_DIM)
+
+    def unused(keys: tuple[str, ...], why: str) -> None:
+        """Keys of another kind of model are refused, not ignored."""
+        for key in keys:
+            if key in t:
+                raise ScenarioError(f"{t.where(key)} is not used: {why}; remove it")
+
+    kv_heads = head_dim = q_lora = kv_lora = nope = rope = v_dim = 0
+    if attention == "mla":
+        unused(_GQA_KEYS, f'attention = "mla" has no {", ".join(_GQA_KEYS)}')
+        q_lora = t.get_int("q_lora_rank", 0, min=0, max=_MAX_DIM)
+        kv_lora, nope, rope, v_dim = (t.get_int(key, min=1, max=_MAX_DIM) for key in _MLA_KEYS[1:])
+    else:
+        unused(_MLA_KEYS, f"{_MLA_KEYS[0]} and the other MLA keys are for attention = \"mla\"")
+        if attention == "gqa":
+            kv_heads = t.get_int("num_key_value_heads", min=1, max=heads)
+            if heads % kv_heads:
+                raise t.error("num_key_value_heads", f"a divisor of num_attention_heads = {heads}", kv_heads)
+        else:  # MHA: one KV head per query head
+            t.get_int("num_key_value_heads", heads, min=heads, max=heads)
+        head_dim = t.get_int("head_dim", 0, min=0, max=_MAX_DIM)
+        if head_dim == 0 and hidden % heads:
+            raise t.error("head_dim", f"the head dimension: hidden_size = {hidden} is no multiple of "
+                          f"num_attention_heads = {heads}")  # fmt: skip
+    bias = t.get_bool("attention_bias", False)
+    if top_k:
+        index_heads, index_dim = (t.get_int(key, min=1, max=_MAX_DIM) for key in _SPARSE_KEYS)
+    else:
+        unused(_SPARSE_KEYS, "the indexer keys are for sparse attention (index_topk > 0)")
+        index_heads = index_dim = 0
+    first_dense = per_token = shared = moe_width = 0
+    if experts:
+        first_dense = t.get_int("first_k_dense_replace", 0, min=0, max=layers - 1)
+        per_token = t.get_int("num_experts_per_tok", min=1, max=experts)
+        shared = t.get_int("n_shared_experts", 0, min=0, max=_MAX_DIM)
+        moe_width = t.get_int("moe_intermediate_size", min=1, max=_MAX_WIDTH)
+    else:
+        unused(_MOE_KEYS, "the MoE keys are for a model with experts (n_routed_experts > 0)")
+    if first_dense or not experts:
+        intermediate = t.get_int("intermediate_size", min=1, max=_MAX_WIDTH)
+    else:
+        unused(("intermediate_size",), "every layer is MoE (first_k_dense_replace = 0)")
+        intermediate = 0
+    arch = ModelArch(
+        attention=attention, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        vocab_size=t.get_int("vocab_size", min=1, max=1 << 24),
+        weight_dtype=cast(GemmDtype, t.get_str("weight_dtype", choices=GEMM_DTYPES)),
+        kv_dtype=cast(KvDtype, t.get_str("kv_dtype", choices=KV_DTYPES)),
+        tie_word_embeddings=t.get_bool("tie_word_embeddings", False),
+        num_key_value_heads=kv_heads, head_dim=head_dim, attention_bias=bias,
+        q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v_dim,
+        index_topk=top_k, index_n_heads=index_heads, index_head_dim=index_dim,
+        intermediate_size=intermediate, first_k_dense_replace=first_dense, n_routed_experts=experts,
+        num_experts_per_tok=per_token, n_shared_experts=shared, moe_intermediate_size=moe_width,
+    )  # fmt: skip
+    spec = arch.spec(
+        name, t.get_str("description", ""), t.get_str("source", ""),
+        total_params=t.get_float("total_params", 0.0, min=0.0, max=_MAX_PARAMS),
+        active_params=t.get_float("active_params", 0.0, min=0.0, max=_MAX_PARAMS),
+        kv_bytes_per_token_layer=t.get_int("kv_bytes_per_token_layer", 0, min=0, max=1 << 24),
+    )  # fmt: skip
+    if spec.active_params > spec.total_params:
+        raise t.error("active_params", f"at most the total parameters ({spec.total_params:.4g})", spec.active_params)
+    if spec.routed_expert_params > spec.total_params:
+        raise t.error("total_params", f"at least the routed experts' parameters ({spec.routed_expert_params:.4g})",
+                      spec.total_params)  # fmt: skip
+    return spec
+
+
+PACKAGED_FILE: Final = Path(__file__).with_name("catalog.toml")
+PACKAGED: Final = Catalog().with_file(PACKAGED_FILE)
+"""The packaged catalog (``catalog.toml``)."""
+MODELS: Final = PACKAGED.models
+GPUS: Final = PACKAGED.gpus
+NICS: Final = PACKAGED.nics
+DEFAULT_GPU: Final = "h800"
+"""The paper does not name its Hopper SKU (§7.1); DeepSeek runs H800s [assumed]."""
 
 
 def model(name: str) -> ModelSpec:
-    """The model called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+    """The packaged model called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+    return PACKAGED.model(name)
+
+
+def gpu(name: str) -> GpuSpec:
+    """The packaged GPU called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+    return PACKAGED.gpu(name)
+
+
+def load_catalog_file(path: str | Path, base: Catalog = PACKAGED) -> Catalog:
+    """``base`` and the entries of the catalog file ``path``."""
+    return base.with_file(path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from dualpath_emu.cluster.catalog import DEFAULT_GPU, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec, gpu, model
+from dualpath_emu.cluster.catalog import DEFAULT_GPU, GPUS, MODELS, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.workload.waits import ToolWait
@@ -25,8 +25,9 @@ BLOCK_TOKENS: Final = 64
 class ClusterConfig:
     """One deployment and workload. Defaults: the paper's DS 660B 2P4D offline setting on the 64K dataset."""
 
-    model: str = "ds660b"
-    gpu: str = DEFAULT_GPU
+    model: ModelSpec = MODELS["ds660b"]
+    """The model (:mod:`~dualpath_emu.cluster.catalog`: ``catalog.model("ds27b")``, or a user's entry)."""
+    gpu: GpuSpec = GPUS[DEFAULT_GPU]
     node: NodeSpec = TESTBED_NODE
     pe_nodes: int = 2
     de_nodes: int = 4
@@ -104,7 +105,7 @@ class Derived:
 
 def derived(config: ClusterConfig) -> Derived:
     """The derived numbers of ``config`` (α, β, HBM budgets, rooflines)."""
-    m, g = model(config.model), gpu(config.gpu)
+    m, g = config.model, config.gpu
     gpus = config.node.gpus
     cnic = config.node.cnic_bytes_per_s
     prefill = Roofline(g, m, config.prefill_ep_nodes * gpus, config.prefill_roofline, gpus, cnic)

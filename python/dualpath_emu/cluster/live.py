@@ -39,7 +39,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.assemble import build_engine, engine_names, prefill_groups
 from dualpath_emu.cluster.client import Client
-from dualpath_emu.cluster.catalog import NodeSpec
+from dualpath_emu.cluster.catalog import GpuSpec, ModelArch, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
@@ -96,6 +96,10 @@ def config_from_wire(data: Mapping[str, Any]) -> ClusterConfig:
     """The inverse of :func:`config_to_wire` (every field, nested specs included)."""
     fields = dict(data)
     fields["node"] = NodeSpec(**fields["node"])
+    fields["gpu"] = GpuSpec(**fields["gpu"])
+    model = dict(fields["model"])
+    model["arch"] = None if model["arch"] is None else ModelArch(**model["arch"])
+    fields["model"] = ModelSpec(**model)
     fields["storage"] = StorageSpec(**fields["storage"])
     fields["prefill_roofline"] = RooflineParams(**fields["prefill_roofline"])
     fields["decode_roofline"] = RooflineParams(**fields["decode_roofline"])

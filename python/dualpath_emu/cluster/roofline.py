@@ -25,7 +25,7 @@ combine (``a2a_fixed_s``); their bytes are model traffic the prefill engine send
 parallelism every GPU of the group steps together. A step is, per layer, the slowest rank's attention plus
 the weight GEMMs at the largest rank's batch plus ``overhead_s_per_layer``, and per MoE layer a dispatch and a
 combine: ``a2a_fixed_s`` plus the larger of the bytes to other nodes over the compute NIC and the bytes to the
-node's other GPUs over NVLink (:data:`NVLINK_BYTES_PER_S`). DeepEP's low-latency kernels send a token to each
+node's other GPUs over NVLink (the GPU's ``nvlink_bytes_per_s``). DeepEP's low-latency kernels send a token to each
 of its ``k`` experts separately (no node dedupe), so a GPU's batch of ``b`` tokens moves
 ``b × (dispatch + combine bytes) × (ep_nodes − 1) / ep_nodes`` over its NIC. With ``a2a_fixed_s`` = 87 µs
 (42 µs dispatch + 45 µs combine) this gives DeepEP's published H800 / CX7 numbers (128 tokens, top-8,
@@ -66,12 +66,11 @@ import functools
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
 from dualpath_emu.cluster.catalog import GpuSpec, ModelSpec
 from dualpath_emu.errors import InvalidArgumentError
 
-__all__ = ["NVLINK_BYTES_PER_S", "LayerTimes", "Roofline", "RooflineParams", "roofline_s"]
+__all__ = ["LayerTimes", "Roofline", "RooflineParams", "roofline_s"]
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,6 @@ class RooflineParams:
             value = getattr(self, name)
             if not value >= 0.0:
                 raise InvalidArgumentError(f"{name}: must be >= 0, got {value}")
-
-
-NVLINK_BYTES_PER_S: Final = 160e9
-"""What DeepEP moves between the GPUs of one H800 node (153-158 GB/s measured, its README)."""
 
 
 @dataclass(frozen=True)
@@ -231,7 +226,7 @@ class Roofline:
         per_token = m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer
         remote = tokens * self.a2a_remote_bytes_per_token
         local = tokens * per_token * (min(self.gpus_per_node, self.ep_degree) - 1) / self.ep_degree
-        return self.params.a2a_fixed_s + max(remote / self.cnic_bytes_per_s, local / NVLINK_BYTES_PER_S)
+        return self.params.a2a_fixed_s + max(remote / self.cnic_bytes_per_s, local / self.gpu.nvlink_bytes_per_s)
 
     def ep_decode_step_s(self, batches: Sequence[tuple[int, int]]) -> float:
         """One decode step of GPUs that step together (an EP group's), given each one's ``(batch_size,
@@ -293,7 +288,7 @@ class Roofline:
             "a2a_bytes_per_token_layer": m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer,
             "a2a_remote_bytes_per_token": self.a2a_remote_bytes_per_token,
             "a2a_local_peers": min(self.gpus_per_node, self.ep_degree) - 1, "ep_degree": self.ep_degree,
-            "cnic_bytes_per_s": self.cnic_bytes_per_s, "nvlink_bytes_per_s": NVLINK_BYTES_PER_S,
+            "cnic_bytes_per_s": self.cnic_bytes_per_s, "nvlink_bytes_per_s": self.gpu.nvlink_bytes_per_s,
         }  # fmt: skip
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:

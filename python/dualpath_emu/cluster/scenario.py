@@ -18,6 +18,9 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # (dualpath_emu.cluster.user_systems says what Name may be)
     backend = "model"                    # "model": the core times every byte (virtual or real time);
                                          # "host": real bytes in real time (files, sockets; `--backend host`)
+    catalog = []                         # catalog files (kind = "catalog") whose [models.NAME], [gpus.NAME]
+                                         # and [nics.NAME] entries this scenario may name, relative to this
+                                         # file's folder; a single file may be given as a string
 
     [host]                               # the host backend (dualpath_emu.host)
     byte_scale = 0.001                   # real bytes per modelled byte (and pacing rates × this); (0, 1]
@@ -29,7 +32,8 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # fabrics only)
 
     [deployment]
-    model = "ds660b"                     # ds660b | ds27b | qwen32b (dualpath_emu.cluster.catalog.MODELS)
+    model = "ds660b"                     # a catalog model: packaged (`dualpath-emu catalog`) or defined
+                                         # in [models.NAME] here or in an included catalog file
     pe_nodes = 2                         # prefill nodes; pe_nodes + de_nodes <= 256
     de_nodes = 4                         # decode nodes
     prefill_ep_nodes = 2                 # nodes per prefill EP group; must divide pe_nodes, and the group's
@@ -39,10 +43,13 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # DeepSeek models, 320 GB for Qwen); <= 2^50
 
     [hardware]                           # one node (paper §7.1) and its GPU
-    gpu = "h800"                         # h800 | h100 | h200 | h20 (dualpath_emu.cluster.catalog.GPUS)
+    gpu = "h800"                         # a catalog GPU: packaged or defined in [gpus.NAME]; it needs
+                                         # tensor cores for the model's weight_dtype
     gpus = 8                             # GPUs per node, each with its own compute NIC; 1..16
     cnic_bytes_per_s = 50e9              # per compute NIC (400 Gb/s); 1e6..1e12 (1 MB/s..1 TB/s)
+    # cnic = "cx7-400g"                  # instead of cnic_bytes_per_s: a catalog NIC's rate
     snic_bytes_per_s = 50e9              # per storage NIC (400 Gb/s); 1e6..1e12
+    # snic = "cx7-400g"                  # instead of snic_bytes_per_s: a catalog NIC's rate
     snics = 1                            # storage NICs per node; 1..16
     host_dram_bytes_per_s = 500e9        # host memory bandwidth (paper §4.2's M); 1e6..1e14
     # (no PCIe key: PCIe is not modelled, every GPU byte crosses the GPU's slower compute NIC, topology.py)
@@ -58,11 +65,15 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     [roofline]                           # compute model (dualpath_emu.cluster.roofline: each default's reason);
                                          # keys here set prefill and decode alike, [roofline.prefill] and
                                          # [roofline.decode] (the same keys) set one of them
-    gemm_efficiency = 0.6                # in [0.001, 1]
-    attention_efficiency = 0.6           # in [0.001, 1]
-    memory_efficiency = 0.8              # in [0.001, 1]
+    gemm_efficiency = 0.6                # share of the GPU's peak (at the model's weight_dtype) that the
+                                         # weight GEMMs reach; in [0.001, 1]
+    attention_efficiency = 0.6           # share of the BF16 peak that attention reaches; in [0.001, 1]
+    memory_efficiency = 0.8              # share of HBM bandwidth that KV and weight reads reach; in [0.001, 1]
     overhead_s_per_layer = 0.0           # fixed cost per layer (launches, DP sync); in [0, 1]
     a2a_fixed_s = 87e-6                  # fixed latency of an MoE layer's dispatch + combine; in [0, 1]
+
+    [roofline.prefill]                   # the [roofline] keys, for the prefill engines only
+    [roofline.decode]                    # the [roofline] keys, for the decode engines only
 
     [workload]
     dataset = "64k"                      # 32k | 48k | 64k: the generator's Table 2 datasets (paper §7.2)
@@ -107,6 +118,55 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
     pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer); <= 1024
 
+    [models.NAME]                        # a model the scenario may name (dualpath_emu.cluster.catalog derives
+                                         # KV bytes, FLOPs and parameters from these, with the Hugging Face
+                                         # config's field names; keys of another kind of model are refused)
+    description = ""                     # one line, for tables
+    source = ""                          # where the numbers come from
+    attention = "gqa"                    # required: "mha", "gqa" or "mla"
+    hidden_size = 8192                   # required
+    num_hidden_layers = 80               # required
+    num_attention_heads = 64             # required: query heads
+    vocab_size = 128256                  # required
+    weight_dtype = "fp8"                 # required: weights and GEMMs, "bf16", "fp8" or "fp4" (NVFP4)
+    kv_dtype = "fp8"                     # required: "bf16", "fp16" or "fp8" (MLA in fp8: FlashMLA's layout)
+    tie_word_embeddings = false          # the output head shares the input embedding
+    num_key_value_heads = 8              # gqa: KV heads, a divisor of the query heads (mha: equal to them)
+    head_dim = 0                         # mha/gqa: the head dimension; 0: hidden_size / num_attention_heads
+    attention_bias = false               # mha/gqa: biases on the Q, K and V projections (Qwen2)
+    q_lora_rank = 0                      # mla: the query's low rank; 0: no Q compression
+    kv_lora_rank = 512                   # mla (required): the latent KV dimension
+    qk_nope_head_dim = 128               # mla (required)
+    qk_rope_head_dim = 64                # mla (required): the shared RoPE key's dimension
+    v_head_dim = 128                     # mla (required)
+    index_topk = 0                       # > 0: sparse attention (DeepSeek's DSA): keys attended at most
+    index_n_heads = 64                   # sparse (required): the lightning indexer's heads
+    index_head_dim = 128                 # sparse (required): and their dimension
+    intermediate_size = 28672            # the dense FFN's width (required for dense layers)
+    n_routed_experts = 0                 # > 0: an MoE model's routed experts per MoE layer
+    num_experts_per_tok = 8              # MoE (required): routed experts per token
+    n_shared_experts = 0                 # MoE: shared experts (always active, no all-to-all)
+    moe_intermediate_size = 2048         # MoE (required): one expert's width
+    first_k_dense_replace = 0            # MoE: the first layers with a dense FFN instead
+    total_params = 0                     # > 0: overrides the derived parameter count (weight bytes)
+    active_params = 0                    # > 0: overrides the derived active parameters (GEMM FLOPs)
+    kv_bytes_per_token_layer = 0         # > 0: overrides the derived KV bytes per token per layer
+
+    [gpus.NAME]                          # a GPU the scenario may name; dense (no 2:4 sparsity) peaks
+    description = ""                     # one line, for tables
+    source = ""                          # where the numbers come from
+    bf16_flops_per_s = 989.4e12          # required: dense BF16 tensor FLOP/s (attention runs at this peak)
+    fp8_flops_per_s = 0                  # dense FP8 tensor FLOP/s; 0: none
+    fp4_flops_per_s = 0                  # dense FP4 tensor FLOP/s; 0: none
+    hbm_gib = 80                         # required: HBM per GPU, GiB
+    hbm_bytes_per_s = 3.35e12            # required: HBM bandwidth
+    nvlink_bytes_per_s = 160e9           # required: what an MoE all-to-all reaches between a node's GPUs
+
+    [nics.NAME]                          # a NIC [hardware] cnic / snic may name
+    description = ""                     # one line, for tables
+    source = ""                          # where the number comes from
+    bytes_per_s = 50e9                   # required: line rate each way (400 Gb/s = 50e9)
+
 **Limits.** The ranges above (:data:`LIMITS` holds the numbers) keep every accepted scenario one that runs to
 its end in bounded memory: emulated times far below the core's 2^64 ns (at the slowest rates and latencies
 a run's clock stays within years, not centuries), at most 256 nodes of 16 GPUs (about 9,000 ports) and
@@ -134,7 +194,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, cast
 
-from dualpath_emu.cluster.catalog import GPUS, MODELS, TESTBED_NODE, NodeSpec
+from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS, System
@@ -285,11 +345,11 @@ class ClusterScenario:
         c = self.config
         gpus = c.node.gpus
         parallel = (
-            "DP only" if MODELS[c.model].moe_layers == 0  # a dense model has no experts to shard
+            "DP only" if c.model.moe_layers == 0  # a dense model has no experts to shard
             else f"prefill EP{c.prefill_ep_nodes * gpus}, decode EP{c.decode_ep_nodes * gpus}"
         )  # fmt: skip
         return (
-            f"{c.model} on {c.gpu}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
+            f"{c.model.name} on {c.gpu.name}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
             f"systems {', '.join(self.systems)}; seed {self.seed}"
         )
 
@@ -405,6 +465,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     storage_dir = host.get_str("storage_dir", "")
     transfer_engine = host.get_str("transfer_engine", "zmq", choices=("zmq", "mooncake"))
     host.finish()
+    catalog = scenario_catalog(top, path.parent)
 
     deployment = top.table("deployment")
     hardware = top.table("hardware")
@@ -415,11 +476,14 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     top.finish()
 
     base = ClusterConfig()
-    node = _node(hardware, base.node)
-    gpu = hardware.get_str("gpu", base.gpu, choices=tuple(GPUS))
+    node = _node(hardware, base.node, catalog)
+    gpu = catalog.gpu(hardware.get_str("gpu", base.gpu.name, choices=tuple(catalog.gpus)))
     hardware.finish()
 
-    model = deployment.get_str("model", base.model, choices=tuple(MODELS))
+    model = catalog.model(deployment.get_str("model", base.model.name, choices=tuple(catalog.models)))
+    if gpu.peak_flops_per_s(model.gemm_dtype) == 0.0:
+        raise hardware.error("gpu", f"a GPU with {model.gemm_dtype} tensor cores for {model.name}'s "
+                             f"weight_dtype = {model.gemm_dtype!r}", gpu.name)  # fmt: skip
     pe_nodes = deployment.get_int("pe_nodes", base.pe_nodes, min=1, max=LIMITS.max_nodes - 1)
     de_nodes = deployment.get_int("de_nodes", base.de_nodes, min=1, max=LIMITS.max_nodes - pe_nodes)
     prefill_ep = deployment.get_int("prefill_ep_nodes", base.prefill_ep_nodes, min=1)
@@ -480,7 +544,20 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     return scenario
 
 
-def _node(t: Table, base: NodeSpec) -> NodeSpec:
+def scenario_catalog(top: Table, folder: Path) -> Catalog:
+    """The packaged catalog, the catalog files ``top`` includes (key ``catalog``: a file or a list of files,
+    relative to ``folder``) and ``top``'s own ``[models]``, ``[gpus]`` and ``[nics]`` entries."""
+    files = top.get_str_list("catalog", [], single=True)
+    catalog = PACKAGED
+    for file in files:
+        try:
+            catalog = catalog.with_file(folder / file)
+        except ScenarioError as error:
+            raise ScenarioError(f"{top.where('catalog')}: {error}") from None
+    return catalog.with_entries(top)
+
+
+def _node(t: Table, base: NodeSpec, catalog: Catalog) -> NodeSpec:
     if "pcie_bytes_per_s" in t:
         # Accepted once and never used: refused rather than silently ignored.
         raise ScenarioError(
@@ -489,11 +566,24 @@ def _node(t: Table, base: NodeSpec) -> NodeSpec:
         )
     nic_low, nic_high = LIMITS.nic_bytes_per_s
     dram_low, dram_high = LIMITS.host_dram_bytes_per_s
+
+    def nic_rate(kind: str, default: float) -> float:
+        """``<kind>_bytes_per_s``, or the rate of the catalog NIC ``<kind>`` names (not both)."""
+        rate_key = f"{kind}_bytes_per_s"
+        name = t.get_str(kind, "")
+        if not name:
+            return t.get_float(rate_key, default, min=nic_low, max=nic_high)
+        if name not in catalog.nics:
+            raise t.error(kind, "one of " + ", ".join(repr(n) for n in catalog.nics), name)
+        if rate_key in t:
+            raise t.error(kind, f"either {kind} or {rate_key}, not both", name)
+        return catalog.nics[name].bytes_per_s
+
     return dataclasses.replace(
         base,
         gpus=t.get_int("gpus", base.gpus, min=1, max=LIMITS.max_gpus),
-        cnic_bytes_per_s=t.get_float("cnic_bytes_per_s", base.cnic_bytes_per_s, min=nic_low, max=nic_high),
-        snic_bytes_per_s=t.get_float("snic_bytes_per_s", base.snic_bytes_per_s, min=nic_low, max=nic_high),
+        cnic_bytes_per_s=nic_rate("cnic", base.cnic_bytes_per_s),
+        snic_bytes_per_s=nic_rate("snic", base.snic_bytes_per_s),
         snics=t.get_int("snics", base.snics, min=1, max=LIMITS.max_snics),
         host_dram_bytes_per_s=t.get_float("host_dram_bytes_per_s", base.host_dram_bytes_per_s, min=dram_low,
                                           max=dram_high),
@@ -657,8 +747,8 @@ def _check_systems(
     return tuple(names), tuple(custom)
 
 
-def _check_weights_fit(t: Table, key: str, model: str, gpu: str, gpus_per_node: int, ep_nodes: int) -> None:
-    spec, card = MODELS[model], GPUS[gpu]
+def _check_weights_fit(t: Table, key: str, spec: ModelSpec, card: GpuSpec, gpus_per_node: int, ep_nodes: int) -> None:
+    model, gpu = spec.name, card.name
     try:
         Roofline(card, spec, ep_nodes * gpus_per_node)
     except InvalidArgumentError as error:

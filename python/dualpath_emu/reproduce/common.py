@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-from dualpath_emu.cluster.catalog import TESTBED_NODE
+from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import short_repr
@@ -94,7 +94,8 @@ def deployment(model: str, *, quick: bool = False, calibrated: bool = True, **ov
     ``calibration.json`` (:mod:`~dualpath_emu.reproduce.calibrate`), where there is one and not ``quick``
     (the miniature keeps its own storage NICs)."""
     base = {**DEPLOYMENTS[model], **({"node": QUICK_NODE} if quick else {})}
-    config = ClusterConfig(**{**base, **overrides})
+    fields = {**base, **overrides}
+    config = ClusterConfig(**{**fields, "model": MODELS[fields["model"]]})
     if calibrated and not quick:
         from dualpath_emu.reproduce.calibrate import apply, load
 
