@@ -22,7 +22,7 @@ measured around :func:`~dualpath_emu.cluster.run.run_system` only (not the workl
 Goals (issue 24): ≤ 60 µs of CPU per turn on 2P4D with 1,024 agents, whole trajectories (``--agents 1024
 --rounds 0 --label _1024``, ≈164,000 turns); 16P32D with 8,192 agents within 1.2× of that; ``make bench-scale``
 (48P96D, 49,152 agents, whole trajectories: ≈7.75 M turns) in ≤ 10 minutes of CPU and ≤ 1.5 GiB. Measured
-figures and the side-by-side history: docs/architecture.md ("What a turn costs") and the README.
+figures and the side-by-side history: docs/architecture.md ("What a turn costs") and docs/performance.md.
 
 A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of CPU
 and reports how far it got instead (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
