@@ -230,3 +230,14 @@ def test_the_reference_check_sees_an_undocumented_key_and_a_wrong_default(monkey
     assert "seed: the docstring says 1, the reader's default is 0" in problems
     assert any(p.startswith("hardware.snics: read by the scenario reader, missing") for p in problems)
     assert any(p.startswith("hardware.snacks: in the docstring's example, not read") for p in problems)
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly() -> None:
+    # `dualpath-emu catalog --json | head -c 10`: no BrokenPipeError traceback, the status of a broken pipe.
+    import subprocess
+    import sys
+
+    code = ("import os, sys\nr, w = os.pipe()\nos.close(r)\nos.dup2(w, 1)\nfrom dualpath_emu.cli import main\n"
+            "rc = main(['catalog', '--json'])\nprint(f'rc={rc}', file=sys.stderr)\nsys.exit(rc)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr) == (141, b"rc=141\n")

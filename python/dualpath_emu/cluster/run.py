@@ -132,6 +132,12 @@ class SystemResult:
         """The storage NICs' mean read utilisation per sample, ``pe`` and ``de`` (``timelines["snic.rx"]``)."""
         return self.timelines.get("snic.rx", {})
 
+    @property
+    def hit_rate(self) -> float:
+        """The share of prompt tokens whose KV was loaded from storage (hits) rather than prefilled."""
+        prompt = sum(self.metrics.prompt)
+        return sum(self.metrics.hit) / prompt if prompt else 0.0
+
     def summary(self) -> dict[str, Any]:
         """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
         return {
@@ -139,6 +145,7 @@ class SystemResult:
             "turns": self.turns,
             "agents": self.agents,
             "lost_requests": self.lost_requests,
+            "hit_rate": self.hit_rate,
             "ttft_s": self.ttft_s,
             "ttst_s": self.ttst_s,
             "tpot_s": self.tpot_s,

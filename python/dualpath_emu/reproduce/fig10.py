@@ -115,6 +115,7 @@ from dualpath_emu.reproduce.common import (
     within,
 )
 from dualpath_emu.reproduce.plots import SYSTEM_COLORS, save
+from dualpath_emu.workload.waits import ToolWait
 
 __all__ = [
     "FULL",
@@ -391,6 +392,8 @@ class Search:
     refine_k: int = 2
     criterion: str = "slo"
     """"slo": TTFT and TPOT; "ttft": the TTFT half alone (where decoding alone misses the SLO at every rate)."""
+    tool_wait: ToolWait = field(default_factory=ToolWait)
+    """The agents' wait before each turn after their first (none in the paper's runs; ``reproduce toolwaits``)."""
     points: list[Point] = field(default_factory=list)
     steps: int = 0
 
@@ -451,9 +454,9 @@ class Search:
         return next((p for p in self.points if p.rate == rate), None)
 
 
-def _cell(variant: Variant, model: str, system: str, rate: float, step: int) -> Cell:
+def _cell(variant: Variant, model: str, system: str, rate: float, step: int, tool_wait: ToolWait = ToolWait()) -> Cell:
     config = deployment(model, quick=variant.quick_node, mode="online", arrival_rate=rate,
-                        agents=variant.agents(model, rate), dataset="64k")  # fmt: skip
+                        agents=variant.agents(model, rate), dataset="64k", tool_wait=tool_wait)  # fmt: skip
     return Cell({"model": model, "step": step}, config, system, max_rounds=variant.max_rounds)
 
 
@@ -466,15 +469,15 @@ def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, qui
         plan = [(s, rate) for s in searches for rate in s.next_rates()]
         if not plan:
             return
-        runs = list(dict.fromkeys((s.model, s.system, rate) for s, rate in plan))
+        runs = list(dict.fromkeys((s.model, s.system, s.tool_wait, rate) for s, rate in plan))
         if not quiet:
             print(f"step {step + 1}: {len(runs)} runs", file=sys.stderr, flush=True)
-        cells = [_cell(variant, model, system, rate, step) for model, system, rate in runs]
+        cells = [_cell(variant, model, system, rate, step, wait) for model, system, wait, rate in runs]
         stat = searches[0].stat if searches else "mean"
         measured = measure_all(cells, jobs, quiet=quiet, stat=stat, cache=cache, dask=dask)
         by_run = dict(zip(runs, measured))
         for s in searches:
-            mine = [by_run[s.model, s.system, rate] for owner, rate in plan if owner is s]
+            mine = [by_run[s.model, s.system, s.tool_wait, rate] for owner, rate in plan if owner is s]
             if mine:
                 s.add(mine)
         step += 1
