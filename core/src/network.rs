@@ -208,8 +208,12 @@ impl Sampling {
 struct Port {
     spec: PortSpec,
     shares: LaneShares,
-    /// Current capacity: the peak while the bucket has tokens, the sustained rate otherwise.
+    /// Current capacity: the peak while the bucket has tokens, the sustained rate otherwise (each × `factor`).
     capacity: f64,
+    /// What a fault leaves of the port's rates (`Network::set_port_factor`): 1 as specified, 0 down.
+    factor: f64,
+    /// Added to every transfer and storage I/O whose path crosses the port (`Network::set_port_latency`).
+    extra_latency_ns: u64,
     tokens: f64,
     bucket_version: u64,
     /// The groups with flows crossing this port, with what recomputing the port needs of them kept here,
@@ -240,6 +244,17 @@ struct Port {
     last_step: [i8; MAX_LANES],
     /// In `Network::raised` (its load went up in the current `apply_rates`).
     raised: bool,
+}
+
+impl Port {
+    /// The sustained rate as a fault leaves it (× 1.0 is exact: no fault, no change).
+    fn sustained_rate(&self) -> f64 {
+        self.spec.rate_bytes_per_s * self.factor
+    }
+
+    fn peak_rate(&self) -> f64 {
+        self.spec.peak_bytes_per_s * self.factor
+    }
 }
 
 /// A group as one of its ports sees it.
@@ -369,6 +384,8 @@ pub struct Network {
     time_overflow: Option<String>,
     /// Groups whose next completion lies past [`END_NS`] at their current rate.
     overflowed_groups: u32,
+    /// Some port has a latency fault (`set_port_latency`): only then is a path's latency added up.
+    any_latency: bool,
     pub stats: NetStats,
 }
 
@@ -399,6 +416,7 @@ impl Network {
             raised: Vec::new(),
             time_overflow: None,
             overflowed_groups: 0,
+            any_latency: false,
             stats: NetStats::default(),
         }
     }
@@ -421,6 +439,8 @@ impl Network {
             spec,
             shares,
             capacity,
+            factor: 1.0,
+            extra_latency_ns: 0,
             tokens,
             bucket_version: 0,
             members: Vec::new(),
@@ -748,9 +768,59 @@ impl Network {
         }
         settle_port(port, now, sampling);
         port.tokens = 0.0;
-        port.capacity = port.spec.rate_bytes_per_s;
+        port.capacity = port.sustained_rate();
         self.enqueue(p, true);
         true
+    }
+
+    /// Scale port `p`'s rates by `factor` from `now` on: a fault (1: as specified; in (0, 1): degraded; 0:
+    /// down, the flows crossing it stall, keeping what they moved, until it is up again). Counters and
+    /// utilisation stay relative to the specified rate, so a degraded port shows as less used.
+    pub fn set_port_factor(&mut self, p: PortId, factor: f64, now: TimeNs) -> Result<()> {
+        if !(0.0..=1.0).contains(&factor) {
+            return Err(CoreError::invalid("factor", format!("a number in [0, 1], got {factor}")));
+        }
+        let sampling = self.sampling;
+        let port = self.ports.get_mut(p as usize).ok_or_else(|| CoreError::unknown("port", p))?;
+        settle_port(port, now, sampling);
+        port.factor = factor;
+        port.capacity = if port.spec.has_bucket() && port.tokens >= port.spec.mtu_bytes as f64 {
+            port.peak_rate()
+        } else {
+            port.sustained_rate()
+        };
+        if port.spec.has_bucket() {
+            self.bucket_ports.push(p); // its forecast of running dry is void
+        }
+        self.enqueue(p, true);
+        Ok(())
+    }
+
+    /// Add `extra_ns` to every transfer and storage I/O that starts crossing port `p` from now on (a fault:
+    /// a slow link or device; 0 removes it). What is already moving is not held back.
+    pub fn set_port_latency(&mut self, p: PortId, extra_ns: u64) -> Result<()> {
+        let port = self.ports.get_mut(p as usize).ok_or_else(|| CoreError::unknown("port", p))?;
+        port.extra_latency_ns = extra_ns;
+        self.any_latency = self.ports.iter().any(|q| q.extra_latency_ns > 0);
+        Ok(())
+    }
+
+    /// Whether some port has a latency fault now.
+    pub fn has_latency_faults(&self) -> bool {
+        self.any_latency
+    }
+
+    /// The latency faults add to an operation along `path`: the sum over its ports (0 without any).
+    pub fn path_latency_ns(&self, path: &[PortId]) -> u64 {
+        if !self.any_latency {
+            return 0;
+        }
+        path.iter().map(|&q| self.ports.get(q as usize).map_or(0, |p| p.extra_latency_ns)).fold(0, u64::saturating_add)
+    }
+
+    /// What a fault left of port `p`'s rates (1 when none).
+    pub fn port_factor(&self, p: PortId) -> Result<f64> {
+        Ok(self.port(p)?.factor)
     }
 
     /// Bring rates to the new fixed point after arrivals/completions at `now`, update port usage and
@@ -794,9 +864,9 @@ impl Network {
                 settle_port(port, now, sampling);
                 // Back to the peak once at least a packet's worth of tokens has built up.
                 port.capacity = if port.tokens >= port.spec.mtu_bytes as f64 {
-                    port.spec.peak_bytes_per_s
+                    port.peak_rate()
                 } else {
-                    port.spec.rate_bytes_per_s
+                    port.sustained_rate()
                 };
             }
             if port.exact_in == 0 {
@@ -1128,7 +1198,7 @@ impl Network {
         while let Some(p) = self.bucket_ports.pop() {
             let port = &mut self.ports[p as usize];
             settle_port(port, now, sampling);
-            let rate = port.spec.rate_bytes_per_s;
+            let rate = port.sustained_rate();
             // Any earlier forecast is void: the port's load has changed since it was made.
             port.bucket_version += 1;
             if port.capacity > rate && port.total_usage > rate * (1.0 + REL_TOL) {
@@ -1315,7 +1385,7 @@ fn settle_port(port: &mut Port, now: TimeNs, sampling: Sampling) {
     port.settled_at = now;
     let dt = (now - from) as f64 / NS_PER_S;
     if port.spec.has_bucket() {
-        let fill = (port.spec.rate_bytes_per_s - port.total_usage) * dt;
+        let fill = (port.sustained_rate() - port.total_usage) * dt;
         port.tokens = (port.tokens + fill).clamp(0.0, port.spec.burst_bytes);
     }
     if port.total_usage <= 0.0 {

@@ -927,6 +927,25 @@ impl PyCore {
         Ok(n)
     }
 
+    /// A fault on `port` from now on: its rates × `factor` (1 as specified; in (0, 1) degraded; 0 down, the
+    /// transfers crossing it stall, keeping what they moved, until it is up again).
+    fn set_port_factor(&mut self, port: &Bound<'_, PyAny>, factor: &Bound<'_, PyAny>) -> PyResult<()> {
+        let factor = number(factor, "factor")?;
+        Ok(self.core.set_port_factor(id_of(port, "port")?, factor)?)
+    }
+
+    /// A fault on `port` from now on: `extra_ns` added to every transfer and storage I/O that starts crossing
+    /// it (0 removes it; what is already moving is not held back).
+    fn set_port_latency(&mut self, port: &Bound<'_, PyAny>, extra_ns: &Bound<'_, PyAny>) -> PyResult<()> {
+        let extra = int_in(extra_ns, "extra_ns", u64::MAX)?;
+        Ok(self.core.set_port_latency(id_of(port, "port")?, extra)?)
+    }
+
+    /// What a fault left of `port`'s rates: 1 when none, 0 when it is down.
+    fn port_factor(&self, port: &Bound<'_, PyAny>) -> PyResult<f64> {
+        Ok(self.core.port_factor(id_of(port, "port")?)?)
+    }
+
     /// Timers: an iterable of `(at_ns, tag)`; each completes as a "timer" completion at `at_ns`.
     fn add_timers(&mut self, timers: &Bound<'_, PyAny>) -> PyResult<usize> {
         let items = timers.try_iter().map_err(|_| invalid("timers", "an iterable of (at_ns, tag)"))?;

@@ -349,6 +349,7 @@ impl Core {
                 })
                 .collect::<Result<Vec<u64>>>()?;
             for ((path, lane, size, tag), wait) in batch.iter().zip(waits) {
+                let wait = if *size == 0 { wait } else { wait.saturating_add(core.net.path_latency_ns(path)) };
                 if wait == 0 {
                     core.submit_transfer(path, *lane, *size, *tag)?;
                 } else {
@@ -372,7 +373,7 @@ impl Core {
                 (self.waiting.len() - 1) as u32
             }
         };
-        let at = self.later(wait_ns, || format!("a latency-sensitive transfer's FIFO wait ({wait_ns} ns)"));
+        let at = self.later(wait_ns, || format!("a transfer's wait before it starts ({wait_ns} ns)"));
         self.queue.push(at, EventKind::Queued { id });
         self.transfer_events += 1;
         self.pending_transfers += 1;
@@ -643,9 +644,16 @@ impl Core {
     /// Start a transfer now. A zero-byte transfer completes at the current time without touching a port.
     pub fn submit_transfer(&mut self, path: &[PortId], lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
         self.catch_up();
+        let latency = self.net.path_latency_ns(path);
         if size_bytes == 0 {
             self.net.validate_path(path, lane)?;
             self.queue.push(self.now, EventKind::Empty { tag, lane });
+        } else if latency > 0 {
+            // A latency fault on its path: it waits that long first, as a latency-sensitive message waits.
+            self.net.validate_path(path, lane)?;
+            self.wait_then_start(path, lane, size_bytes, tag, latency);
+            self.after_change();
+            return Ok(());
         } else {
             self.net.add_flow(path, lane, size_bytes, Owner::User(tag), self.now)?;
         }
@@ -678,7 +686,11 @@ impl Core {
     }
 
     fn start_io_after_latency(&mut self, id: u32) {
-        let latency = self.storage.latency_ns(self.storage.io(id).kind);
+        let io = self.storage.io(id);
+        let mut latency = self.storage.latency_ns(io.kind);
+        if self.net.has_latency_faults() {
+            latency = latency.saturating_add(self.net.path_latency_ns(&self.storage.path(io)));
+        }
         let at = self.later(latency, || format!("a storage I/O's latency ({latency} ns)"));
         self.queue.push(at, EventKind::IoStart { io: id });
     }
@@ -713,6 +725,27 @@ impl Core {
             return Err(past_end(self.net.stuck_past_end().unwrap_or_default()));
         }
         Ok(())
+    }
+
+    /// Scale port `port`'s rates by `factor` from now on (a fault: 1 as specified, 0 down; its flows stall
+    /// until it is up again). See [`Network::set_port_factor`].
+    pub fn set_port_factor(&mut self, port: PortId, factor: f64) -> Result<()> {
+        self.catch_up();
+        self.net.set_port_factor(port, factor, self.now)?;
+        self.after_change();
+        Ok(())
+    }
+
+    /// Add `extra_ns` to every transfer and storage I/O that starts crossing `port` from now on (a fault;
+    /// 0 removes it). See [`Network::set_port_latency`].
+    pub fn set_port_latency(&mut self, port: PortId, extra_ns: u64) -> Result<()> {
+        self.catch_up();
+        self.net.set_port_latency(port, extra_ns)
+    }
+
+    /// What a fault left of `port`'s rates (1 when none).
+    pub fn port_factor(&self, port: PortId) -> Result<f64> {
+        self.net.port_factor(port)
     }
 
     /// Complete a timer with `tag` at absolute core time `at_ns` (not in the past).
