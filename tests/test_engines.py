@@ -97,6 +97,12 @@ class Plane:
     def decode_join(self, *args: int) -> None:
         raise AssertionError("this plane does not step decode batches")
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        raise AssertionError("no faults here")
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        raise AssertionError("no faults here")
+
     def decode_bytes(self, node: int) -> dict[str, Any]:
         raise AssertionError("this plane does not step decode batches")
 

@@ -171,6 +171,11 @@ hit_block_aligned = false
 de_hbm_reserve_fraction = 0.2
 pe_hbm_reserve_fraction = 0.2
 pipeline_stages = 6
+[[faults]]
+kind = "degrade"
+target = "n0.snic"
+at_s = 1.0
+factor = 0.5
 """
 
 
@@ -197,7 +202,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
 
 BAD = [
     ('kind = "cluster"\nagent = 3\n',
-     "unknown key 'agent' (known keys here: backend, catalog, deployment, gpus, hardware, host, kind, models, name, nics, roofline, scheduling, "
+     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, models, name, nics, random_faults, roofline, scheduling, "
      "seed, storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),

@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="set a scenario key by its dotted path, VALUE as in TOML (a bare word is a string), "
                           "e.g. workload.max_rounds=4 (repeat for several)")  # fmt: skip
+    run.add_argument("--faults", type=Path, metavar="FILE",
+                     help='add the faults of FILE (kind = "faults"; [[faults]] and [random_faults] as in a scenario) '
+                          "to the scenario's (virtual time)")  # fmt: skip
     run.add_argument("--list", action="store_true", help="list the packaged scenarios and exit")
     run.add_argument("--out", type=Path, metavar="DIR", help="write summary.json, requests.csv and plots here")
     run.add_argument("--trace", action="store_true",

@@ -15,6 +15,7 @@ from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode import DecodeGroup
 from dualpath_emu.cluster.engines import ClusterEngine
+from dualpath_emu.cluster.fault_injector import FaultInjector
 from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.runtime.engine import DataPlane, Outbox
@@ -33,7 +34,8 @@ def engine_names(config: ClusterConfig) -> list[str]:
     """The cluster's engines, in the order they start: the client, the scheduler, a prefill group per EP group
     (named after its first node), a decode group per decode node."""
     pe = [f"pe{group[0]}" for group in prefill_groups(config)]
-    return ["client", "scheduler", *pe, *(f"de{config.pe_nodes + i}" for i in range(config.de_nodes))]
+    faults = ["faults"] if config.faults.any else []  # the fault injector, only where there are faults
+    return ["client", "scheduler", *pe, *(f"de{config.pe_nodes + i}" for i in range(config.de_nodes)), *faults]
 
 
 def build_engine(
@@ -51,6 +53,8 @@ def build_engine(
         return Client(cluster, trajectories(), seed, out, plane)
     if name == "scheduler":
         return Scheduler(cluster, out, plane)
+    if name == "faults" and cluster.config.faults.any:
+        return FaultInjector(cluster, out, plane, seed)
     for group in prefill_groups(cluster.config):
         if name == f"pe{group[0]}":
             return PrefillGroup(cluster, group, out, plane)

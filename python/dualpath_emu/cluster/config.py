@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from dualpath_emu.cluster.catalog import DEFAULT_GPU, GPUS, MODELS, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec
+from dualpath_emu.cluster.faults import FaultPlan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.workload.waits import ToolWait
@@ -52,6 +53,8 @@ class ClusterConfig:
     tool_wait: ToolWait = field(default_factory=ToolWait)
     """The wait before an agent's next turn (a tool call, thinking) where its trajectory gives none; none by
     default, as in the paper's runs (§8.2: zero think time)."""
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    """What fails when (:mod:`~dualpath_emu.cluster.faults`); none by default."""
     # --- scheduling (§6, A.4) ---
     alpha_read_s: float = 3.0
     """α = tokens a node reads from storage in this many seconds (A.4)."""

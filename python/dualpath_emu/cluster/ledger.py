@@ -99,6 +99,14 @@ class Ledger:
         """Call ``then(now)`` at ``at_ns``."""
         self._plane.timer(at_ns, then)
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        """A fault on ``port`` (no bytes to book)."""
+        self._plane.set_port_factor(port, factor)
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        """A fault on ``port`` (no bytes to book)."""
+        self._plane.set_port_latency(port, extra_ns)
+
     @property
     def steps_decode(self) -> bool:
         """Whether decode GPUs step in the data plane (:meth:`decode_node`): where it can, but not when probing

@@ -43,6 +43,7 @@ from dualpath_emu.cluster.catalog import GpuSpec, ModelArch, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
+from dualpath_emu.cluster.faults import FAULTS_LIVE, plan_from_wire
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
@@ -54,6 +55,7 @@ from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import StorageSpec, Topology, build_topology
 from dualpath_emu.cluster.user_systems import SystemLoader
 from dualpath_emu.config import ScenarioError, Table
+from dualpath_emu.errors import UsageError
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
@@ -96,6 +98,7 @@ def config_from_wire(data: Mapping[str, Any]) -> ClusterConfig:
     """The inverse of :func:`config_to_wire` (every field, nested specs included)."""
     fields = dict(data)
     fields["node"] = NodeSpec(**fields["node"])
+    fields["faults"] = plan_from_wire(fields["faults"])
     fields["gpu"] = GpuSpec(**fields["gpu"])
     model = dict(fields["model"])
     model["arch"] = None if model["arch"] is None else ModelArch(**model["arch"])
@@ -619,6 +622,9 @@ def run_live(
     the client's process last wrote to ``progress.json``). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError`
     if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
+
+    if config.faults.any:
+        raise UsageError(FAULTS_LIVE)
     _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,

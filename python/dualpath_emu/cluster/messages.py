@@ -196,6 +196,17 @@ class TurnDone(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Health(Message):
+    """To the scheduler, from the fault injector (:mod:`~dualpath_emu.cluster.fault_injector`): what faults now
+    leave of these ports' rates: ``factors[i]`` of port ``ports[i]`` (a name; 1: as specified, 0: down)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Health"
+    VERSION: ClassVar[int] = 1
+    ports: tuple[str, ...]
+    factors: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Start(Message):
     WIRE_NAME: ClassVar[str] = "cluster.Start"
     VERSION: ClassVar[int] = 1
@@ -205,7 +216,7 @@ def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
     for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
-                KvReady, PrefillDone, DecodeDone, TurnDone, Start):  # fmt: skip
+                KvReady, PrefillDone, DecodeDone, TurnDone, Health, Start):  # fmt: skip
         registry.register(cls)
     return registry
 

@@ -16,6 +16,7 @@ __all__ = [
     "Admitted",
     "Assigned",
     "Ended",
+    "FaultChanged",
     "HitRead",
     "LINE_FORMATS",
     "Observation",
@@ -141,7 +142,27 @@ class PoolGive(NamedTuple):
         return _format(self)
 
 
-Observation: TypeAlias = Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
+class FaultChanged(NamedTuple):
+    """A fault of kind ``fault`` on ``target`` began (``phase`` ``"start"``) or ended (``"end"``); ``factor``
+    and ``latency_ns`` are what it does (an end: 1 and 0)."""
+
+    phase: str
+    fault: str
+    target: str
+    factor: float
+    latency_ns: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+Observation: TypeAlias = (
+    Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive | FaultChanged
+)
 
 _FORMATS: Final[dict[type, tuple[str, str]]] = {
     Admitted: ("admit", "r%s"),
@@ -152,6 +173,7 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     PoolCapacity: ("capacity", "%s %s"),
     PoolTake: ("take", "%s %s %s"),
     PoolGive: ("give", "%s %s %s"),
+    FaultChanged: ("fault", "%s %s %s x%r +%sns"),
 }
 """Per record type, its log ``kind`` and the ``%`` format of its ``summary`` over its fields (:func:`parse` reads
 them back)."""
@@ -188,6 +210,8 @@ def parse(kind: str, summary: str) -> Observation:
         if kind == "capacity":
             pool, size = summary.rsplit(" ", 1)
             return PoolCapacity(pool, int(size))
+        if kind == "fault" and len(words) == 5 and words[3].startswith("x") and words[4].startswith("+"):
+            return FaultChanged(words[0], words[1], words[2], float(words[3][1:]), int(words[4][1:-2]))
         if kind in ("take", "give"):
             pool, rid, size = summary.rsplit(" ", 2)
             return (PoolTake if kind == "take" else PoolGive)(pool, int(rid), int(size))

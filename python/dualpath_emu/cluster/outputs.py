@@ -54,9 +54,7 @@ def summary(scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> d
     for name, result in results.items():
         ok = basic is not None and result.jct_s > 0
         speedup[name] = basic.jct_s / result.jct_s if basic is not None and ok else None
-    config = dataclasses.asdict(scenario.config)
-    wait = config["tool_wait"]
-    wait["samples"] = list(wait["samples"])  # as JSON has it (summary.json reads back equal)
+    config = json.loads(json.dumps(dataclasses.asdict(scenario.config)))  # as JSON has it: reads back equal
     return {
         "scenario": scenario.name,
         "source": scenario.source,

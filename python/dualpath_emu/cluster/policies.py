@@ -55,6 +55,7 @@ __all__ = [
     "GroupLoads",
     "Policy",
     "PolicyError",
+    "PortHealth",
     "PrefillAssignment",
     "ReadSide",
     "Request",
@@ -118,6 +119,39 @@ class DecodeAssignment:
     engine: int
 
 
+class PortHealth:
+    """What faults leave of the cluster's ports, as the scheduler last heard (:mod:`~dualpath_emu.cluster.faults`):
+    a policy reads it to react (:attr:`Policy.health`). Every port is up until a fault says otherwise."""
+
+    __slots__ = ("_factors",)
+
+    def __init__(self) -> None:
+        self._factors: dict[str, float] = {}
+
+    def set(self, port: str, factor: float) -> None:
+        if factor == 1.0:
+            self._factors.pop(port, None)
+        else:
+            self._factors[port] = factor
+
+    @property
+    def all_up(self) -> bool:
+        """No port is down or degraded (the common case: one test)."""
+        return not self._factors
+
+    def factor(self, port: str) -> float:
+        """What is left of ``port``'s rates (1 as specified, 0 down); ports are named as in the topology
+        (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``)."""
+        return self._factors.get(port, 1.0)
+
+    def up(self, port: str) -> bool:
+        return self._factors.get(port, 1.0) > 0.0
+
+    def can_read(self, node: int) -> bool:
+        """Node ``node``'s storage NIC can bring KV in (its receive side is not down)."""
+        return self.up(f"n{node}.snic.rx")
+
+
 @dataclass
 class Policy(ABC):
     """The decisions of one scheduler. Subclasses choose the engines; the read side is chosen here. State
@@ -128,6 +162,8 @@ class Policy(ABC):
     """
 
     read_both_sides: bool = False
+    health: PortHealth = field(default_factory=PortHealth, repr=False, compare=False)
+    """The ports' state as faults leave it (the scheduler keeps it current): read it to react to faults."""
     _given: int = field(default=0, repr=False)
     """Assignments made so far (stamps :attr:`Engine.given` and the decode groups' turns)."""
     _group_given: dict[int, int] = field(default_factory=dict, repr=False)
@@ -196,8 +232,13 @@ class Policy(ABC):
             side = "de"
         return self._count_read(request, side, pe_node, de_node, read_q)
 
-    @staticmethod
-    def _count_read(request: Request, side: ReadSide, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
+    def _count_read(self, request: Request, side: ReadSide, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
+        if self.read_both_sides and not self.health.all_up:
+            # The second path as failover: a side whose storage NIC is down reads nothing while the other can.
+            other: ReadSide = "de" if side == "pe" else "pe"
+            mine, theirs = (pe_node, de_node) if side == "pe" else (de_node, pe_node)
+            if not self.health.can_read(mine) and self.health.can_read(theirs):
+                side = other
         node = pe_node if side == "pe" else de_node
         read_q[node] = read_q.get(node, 0) + request.hit_tokens
         return side

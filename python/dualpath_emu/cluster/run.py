@@ -33,6 +33,8 @@ from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
+from dualpath_emu.cluster.fault_injector import FaultInjector, port_ids
+from dualpath_emu.cluster.faults import fault_report
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.engine import Observed
 from dualpath_emu.runtime.virtual import DeadlockError, EventSink, VirtualDriver
@@ -257,6 +259,10 @@ def run_system(
     if lost:
         raise LostRequestsError(f"{system_name}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
     end_ns = core.now_ns
+    if config.faults.any:  # the run is over, its faults with it: what they still hold back may finish
+        for port in port_ids(topology).values():
+            core.set_port_factor(port, 1.0)
+            core.set_port_latency(port, 0)
     core.run_until_idle()  # the last block write-backs, so that every byte is accounted
     core_report = CoreReport.of(core, topology, min(end_ns, core.now_ns))
     violations = checker.finish() + check_core_bytes(core_report, booking.bytes, booking.transfers)
@@ -266,6 +272,9 @@ def run_system(
                           wall_s, driver.event_count, end_ns)  # fmt: skip
     result.spec = system
     result.extra.update({"mode": "virtual", "processes": 1})
+    for engine in driver.engines:
+        if isinstance(engine, FaultInjector):
+            result.extra["faults"] = fault_report(engine.windows, metrics.done_ns, end_ns)
     if probe_paths:
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:

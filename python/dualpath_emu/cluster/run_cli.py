@@ -37,6 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dualpath_emu.cluster.run import Progress as RunProgress
+from dualpath_emu.cluster.faults import FAULTS_LIVE
 from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.scenario import DEFAULT, ClusterScenario, load_cluster_scenario, scenario_from_table
 from dualpath_emu.config import load_toml
@@ -80,7 +81,8 @@ def run_command(args: argparse.Namespace) -> int:
     from dualpath_emu.cluster.user_systems import system_specs
 
     scenario = load_scenario(args.scenario, parse_settings(args.set or ()), what="--set").with_overrides(
-        systems=system_specs(args.system) if args.system else None, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale
+        systems=system_specs(args.system) if args.system else None, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale,
+        faults=args.faults,
     )
     args.mode = getattr(args, "mode", None)
     if scenario.backend == "host":
@@ -241,6 +243,8 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
     from dualpath_emu.runtime.scenario import TIME_SCALE
 
     low, high = TIME_SCALE
+    if scenario.config.faults.any:
+        raise UsageError(FAULTS_LIVE)
     if not low <= args.time_scale <= high:
         raise UsageError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {args.time_scale}")
     if not args.timeout > 0:

@@ -118,6 +118,27 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
     pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer); <= 1024
 
+    [[faults]]                           # a fault (dualpath_emu.cluster.faults); none by default; repeat
+                                         # the table for more (`--faults FILE` adds a file's)
+    kind = "down"                        # required: "down", "degrade", "latency" or "slow_storage"
+    target = "n0.snic"                   # required: a port (n0.snic.rx, n3.cnic2.tx, 3fs.read), a NIC
+                                         # (n0.snic, n3.cnic2), a node (n1) or "storage"
+    at_s = 0                             # required: when it starts, emulated seconds
+    # duration_s = 60                    # how long it lasts; not given: to the end of the run (not for
+                                         # "down", whose stalled transfers would wait for ever)
+    factor = 1.0                         # degrade, slow_storage: what is left of the rates, (0, 1]
+    latency_s = 0.0                      # latency, slow_storage: added per transfer or storage I/O, [0, 60]
+
+    [random_faults]                      # faults drawn from the run's seed on every node's NICs, as the
+                                         # run goes: one seed, one failure history
+    down_per_node_hour = 0.0             # faults per node-hour, each on the node's storage NIC or one of
+                                         # its compute NICs; [0, 3600]
+    degrade_per_node_hour = 0.0          # the same for degrade faults
+    latency_per_node_hour = 0.0          # the same for latency faults
+    mean_duration_s = 60.0               # their durations are exponential with this mean
+    factor = 0.5                         # what a random degrade leaves of the rates
+    latency_s = 0.001                    # what a random latency fault adds
+
     [models.NAME]                        # a model the scenario may name (dualpath_emu.cluster.catalog derives
                                          # KV bytes, FLOPs and parameters from these, with the Hugging Face
                                          # config's field names; keys of another kind of model are refused)
@@ -196,6 +217,7 @@ from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.faults import fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
@@ -338,7 +360,8 @@ class ClusterScenario:
         rounds = f" (first {self.max_rounds} rounds)" if self.max_rounds else ""
         mode = self.config.mode if self.config.mode == "offline" else f"online at {self.config.arrival_rate:g} APS"
         waits = f", {self.config.tool_wait.describe()}" if self.config.tool_wait.waits else ""
-        return f"{what} × {self.config.agents} agents{rounds}, {mode}{waits}"
+        faults = f"; faults: {self.config.faults.describe()}" if self.config.faults.any else ""
+        return f"{what} × {self.config.agents} agents{rounds}, {mode}{waits}{faults}"
 
     def describe(self) -> str:
         """One line: model, GPU, deployment, workload, systems, seed."""
@@ -367,12 +390,13 @@ class ClusterScenario:
 
     def with_overrides(
         self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None,
-        backend: str | None = None, byte_scale: float | None = None,
+        backend: str | None = None, byte_scale: float | None = None, faults: str | Path | None = None,
     ) -> ClusterScenario:
         """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
 
         ``systems``: built-in names, specs ``file.py:Name`` / ``module:Name`` (relative to the current folder),
-        the names of this scenario's own :attr:`custom_systems`, or :class:`System` objects."""
+        the names of this scenario's own :attr:`custom_systems`, or :class:`System` objects. ``faults``: a file
+        (``kind = "faults"``) whose faults join the scenario's (its ``[random_faults]`` replace the scenario's)."""
         out = self
         if systems is not None:
             loader = SystemLoader(Path.cwd(), "--system")
@@ -396,6 +420,10 @@ class ClusterScenario:
             if backend not in BACKENDS:
                 raise ScenarioError(f"--backend: expected one of {', '.join(BACKENDS)}, got {short_repr(backend)}")
             out = dataclasses.replace(out, backend=backend)
+        if faults is not None:
+            config = out.config
+            plan = load_fault_file(faults, config.pe_nodes + config.de_nodes, config.node.gpus)
+            out = dataclasses.replace(out, config=dataclasses.replace(config, faults=config.faults.plus(plan)))
         if byte_scale is not None:
             if not 0.0 < byte_scale <= 1.0:
                 raise ScenarioError(f"--byte-scale: expected a number in (0, 1], got {short_repr(byte_scale)}")
@@ -466,6 +494,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     transfer_engine = host.get_str("transfer_engine", "zmq", choices=("zmq", "mooncake"))
     host.finish()
     catalog = scenario_catalog(top, path.parent)
+    faults = fault_tables(top)
 
     deployment = top.table("deployment")
     hardware = top.table("hardware")
@@ -498,6 +527,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         _check_weights_fit(deployment, key, model, gpu, node.gpus, ep_nodes)
     deployment.finish()
 
+    fault_plan = read_fault_plan(faults, pe_nodes + de_nodes, node.gpus)
     storage = _storage(storage_table, base.storage)
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
@@ -533,7 +563,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         base, model=model, gpu=gpu, node=node, pe_nodes=pe_nodes, de_nodes=de_nodes, prefill_ep_nodes=prefill_ep,
         decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
-        arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer,
+        arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer, faults=fault_plan,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)

@@ -50,18 +50,24 @@ class Documented:
     """As written (a TOML value), "" for a table or a key shown commented out (no default)."""
     description: str
     table: bool = False
+    array: bool = False
+    """An array of tables (``[[faults]]``)."""
 
 
 def schema() -> list[Key]:
     """Every key a cluster scenario may have, in the order the reader asks for them (the first time)."""
     rows: list[tuple[str, object, str]] = []
-    scenario_module.scenario_from_table(Table({"kind": "cluster"}, "reference", schema=rows), Path("reference.toml"))
+    # Every key of a fault is read for some kind: slow_storage's, with a duration, covers them all.
+    fault = {"kind": "slow_storage", "target": "storage", "at_s": 0.0, "duration_s": 1.0, "factor": 0.5, "latency_s": 0.0}
+    example = {"kind": "cluster", "faults": [fault], "random_faults": {}}
+    scenario_module.scenario_from_table(Table(example, "reference", schema=rows), Path("reference.toml"))
     packaged = tomllib.loads(PACKAGED_FILE.read_text(encoding="utf-8"))
     Catalog().with_entries(Table(packaged, str(PACKAGED_FILE), schema=rows))  # every kind of entry is in it
     out: dict[str, Key] = {}
     for path, default, expected in rows:
-        if expected == "a table" or path.startswith(_SAME_KEYS):
+        if expected in ("a table", "an array of tables [[...]]") or path.startswith(_SAME_KEYS):
             continue  # tables are documented by their headers; [roofline.prefill] and [.decode] by [roofline]'s
+        path = re.sub(r"\[\d+\]", "", path)  # an array of tables' element: faults[0].kind is faults.kind
         parts = path.split(".")
         if parts[0] in _ENTRY_KINDS:
             if len(parts) < 3:
@@ -73,7 +79,7 @@ def schema() -> list[Key]:
 
 _EXAMPLE_START = "    kind = \"cluster\""
 _KEY = re.compile(r"^    (# )?([a-z_0-9]+) = (.+?)(?:\s{2,}# ?(.*))?$")
-_TABLE = re.compile(r"^    \[([a-zA-Z_.]+)\](?:\s+# ?(.*))?$")
+_TABLE = re.compile(r"^    \[\[?([a-zA-Z_.]+)\]\]?(?:\s+# ?(.*))?$")
 _MORE = re.compile(r"^\s{5,}# ?(.*)$")
 
 
@@ -90,18 +96,18 @@ def documented() -> list[Documented]:
             break  # the end of the example
         if (m := _TABLE.match(line)) is not None:
             table = m[1]
-            out.append(Documented(table, "", m[2] or "", table=True))
+            out.append(Documented(table, "", m[2] or "", table=True, array=line.lstrip().startswith("[[")))
         elif (m := _KEY.match(line)) is not None:
             path = f"{table}.{m[2]}" if table else m[2]
             out.append(Documented(path, "" if m[1] else m[3].strip(), m[4] or ""))
         elif (m := _MORE.match(line)) is not None and out:
             last = out[-1]
-            out[-1] = Documented(last.path, last.default, f"{last.description} {m[1]}".strip(), last.table)
+            out[-1] = Documented(last.path, last.default, f"{last.description} {m[1]}".strip(), last.table, last.array)
         elif line.strip().startswith("#") and out:  # a note under a table, at the keys' indentation
             last = next(d for d in reversed(out) if d.table)
             note = line.strip().lstrip("# ").strip("()")
             i = out.index(last)
-            out[i] = Documented(last.path, "", f"{last.description} {note}".strip(), table=True)
+            out[i] = Documented(last.path, "", f"{last.description} {note}".strip(), table=True, array=last.array)
         else:
             raise ValueError(f"scenario docstring: cannot read the example's line {line!r}")
     return out
@@ -155,16 +161,16 @@ def render() -> str:
         "and the numbers derived from each (python/dualpath_emu/cluster/catalog.toml holds them, with sources).",
         "",
     ]
-    sections: list[tuple[str, str, list[str]]] = [("", "", [])]  # (table, its description, its rows)
+    sections: list[tuple[str, str, list[str]]] = [("", "", [])]  # (table header, its description, its rows)
     for doc in documented():
         if doc.table:
-            sections.append((doc.path, doc.description, []))
+            sections.append((f"[[{doc.path}]]" if doc.array else f"[{doc.path}]", doc.description, []))
             continue
         key = keys[doc.path]
         name = doc.path.rsplit(".", 1)[-1]
         sections[-1][2].append(f"| `{name}` | {_default(key, doc)} | {key.expected} | {doc.description.replace('|', '/')} |")
     for table, description, rows in sections:
-        out += [f"## `[{table}]`" if table else "## Top level", ""]
+        out += [f"## `{table}`" if table else "## Top level", ""]
         if description:
             out += [description[0].upper() + description[1:] + ("" if description.endswith(".") else "."), ""]
         if rows:

@@ -16,6 +16,7 @@ from dualpath_emu.cluster.messages import (
     DecodeTask,
     Expect,
     Fetch,
+    Health,
     Prefill,
     PrefillDone,
     PrefillTask,
@@ -212,6 +213,12 @@ class Scheduler(ClusterEngine):
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))
         return len(assigned), bool(self.private[node])
+
+    @on(Health)
+    def on_health(self, now: int, msg: Health, sender: str) -> None:
+        """Faults changed some ports (:mod:`~dualpath_emu.cluster.faults`): the policy sees it from now on."""
+        for port, factor in zip(msg.ports, msg.factors):
+            self.policy.health.set(port, factor)
 
     @on(ReadDone)
     def on_read_done(self, now: int, msg: ReadDone, sender: str) -> None:

@@ -392,6 +392,15 @@ class CoreWork:
         core is remote; ``None`` before anything is known."""
         raise NotImplementedError
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        """A fault: ``port``'s rates × ``factor`` from now on. Only a core in this process takes one: faults
+        are not carried to a data-plane service yet (a live run with faults is refused before it starts)."""
+        raise NotImplementedError("faults need the core in this process; a data-plane service takes none yet")
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` (see :meth:`set_port_factor`)."""
+        raise NotImplementedError("faults need the core in this process; a data-plane service takes none yet")
+
     def core_timer(self, at_ns: int) -> asyncio.Future[Completion]:
         """A timer in the core's event queue, completing at ``at_ns`` (a ``"timer"`` completion)."""
         tag = self.new_tag()
@@ -479,6 +488,14 @@ class LocalCoreWork(CoreWork):
     def clock_ns(self) -> int:
         """The plane's clock in integer nanoseconds (the core's clock)."""
         return self._core.clock_ns()
+
+    def set_port_factor(self, port: int, factor: float) -> None:
+        self.flush()  # what was asked for before the fault starts before it
+        self._core.set_port_factor(port, factor)
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        self.flush()
+        self._core.set_port_latency(port, extra_ns)
 
     def _submit_batch(
         self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer],

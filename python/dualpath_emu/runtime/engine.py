@@ -83,6 +83,12 @@ class DataPlane(Protocol):
     def clock_ns(self) -> int:
         """The data plane's clock (for measurements around engines, never for their decisions)."""
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        """A fault: ``port``'s rates × ``factor`` from now on (1 as specified, 0 down: ``Core.set_port_factor``)."""
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (``Core.set_port_latency``)."""
+
     @property
     def steps_decode(self) -> bool:
         """Whether this plane steps decode batches itself (:meth:`decode_node`): the cores do, in process and

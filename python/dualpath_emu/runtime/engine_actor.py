@@ -77,6 +77,12 @@ class LiveDataPlane:
     def clock_ns(self) -> int:
         return self.plane.clock_ns()
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        self.plane.set_port_factor(port, factor)
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        self.plane.set_port_latency(port, extra_ns)
+
     @property
     def steps_decode(self) -> bool:
         return self.plane.steps_decode

@@ -88,6 +88,14 @@ class CoreDataPlane:
     def clock_ns(self) -> int:
         return self.core.now_ns
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        self.flush()  # what was asked for before the fault starts before it
+        self.core.set_port_factor(port, factor)
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        self.flush()
+        self.core.set_port_latency(port, extra_ns)
+
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
         """Add a node's decode GPUs to the core (``Core.add_decode_node``'s keywords but ``report_tag``);
         ``report(now, ended, spans)`` whenever some of its requests ended."""

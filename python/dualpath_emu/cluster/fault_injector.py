@@ -1,0 +1,139 @@
+"""The engine that makes a run's faults happen (:mod:`~dualpath_emu.cluster.faults` says what they are): a timer
+at each fault's start and end; each change goes to the data plane (``set_port_factor``/``set_port_latency``), the
+event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and the scheduler
+(:class:`~dualpath_emu.cluster.messages.Health`). It is in the cluster only when the plan has faults, so a run
+without any is unchanged, event for event."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import cast
+
+from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.engines import NS, ClusterEngine
+from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, FaultWindow, Kind, target_ports
+from dualpath_emu.cluster.messages import Health
+from dualpath_emu.cluster.observations import FaultChanged
+from dualpath_emu.cluster.topology import Topology
+from dualpath_emu.runtime.engine import DataPlane, Outbox, seeded_random
+
+__all__ = ["FaultInjector", "port_ids"]
+
+
+def port_ids(topology: Topology) -> dict[str, int]:
+    """Every port of ``topology`` by its name (``topology.build_topology`` names them)."""
+    out = {"3fs.read": topology.storage_read, "3fs.write": topology.storage_write}
+    for n in topology.nodes:
+        out.update({f"n{n.index}.snic.rx": n.snic_rx, f"n{n.index}.snic.tx": n.snic_tx, f"n{n.index}.dram": n.dram})
+        for g, (tx, rx) in enumerate(zip(n.cnic_tx, n.cnic_rx)):
+            out.update({f"n{n.index}.cnic{g}.tx": tx, f"n{n.index}.cnic{g}.rx": rx})
+    return out
+
+
+@dataclass
+class _Active:
+    """The faults acting on one port now: (fault number, factor, latency ns) each."""
+
+    faults: dict[int, tuple[float, int]] = field(default_factory=dict)
+
+    def state(self) -> tuple[float, int]:
+        if not self.faults:
+            return 1.0, 0
+        return min(f for f, _ in self.faults.values()), max(ns for _, ns in self.faults.values())
+
+
+class FaultInjector(ClusterEngine):
+    """Makes a run's :class:`FaultPlan` happen: timers at each fault's start and end; each change goes to the data
+    plane, the event log and the scheduler."""
+
+    def __init__(self, cluster: Cluster, out: Outbox, plane: DataPlane, seed: int) -> None:
+        super().__init__("faults", cluster, out, plane)
+        self.plan = cluster.config.faults
+        topology: Topology = cluster.topology
+        self._gpus = cluster.config.node.gpus
+        self._nodes = len(topology.nodes)
+        self._port_ids = port_ids(topology)
+        self._active: dict[str, _Active] = {}
+        self._next = 0
+        self._rng = seeded_random(seed, "faults")
+        self.windows: list[FaultWindow] = []
+        """Each fault that started, in order (for the run's report)."""
+
+    def start(self, now_ns: int) -> None:
+        for fault in self.plan.faults:
+            self._schedule(fault, now_ns)
+        random = self.plan.random
+        if random is not None:
+            for node in range(self._nodes):
+                for kind, rate in random.per_node_hour.items():
+                    if rate > 0:
+                        self._draw(cast(Kind, kind), node, rate, now_ns)
+
+    def _draw(self, kind: Kind, node: int, rate: float, after_ns: int) -> None:
+        """The next random ``kind`` fault on ``node``, after ``after_ns``; it draws the one after it when it
+        starts (so the stream is consumed in time order, whatever the run's length)."""
+        random = self.plan.random
+        assert random is not None
+        gap_s = self._rng.expovariate(rate / 3600.0)
+        which = self._rng.randrange(self._gpus + 1)
+        duration_s = self._rng.expovariate(1.0 / random.mean_duration_s)
+        target = f"n{node}.snic" if which == self._gpus else f"n{node}.cnic{which}"
+        at_s = after_ns / NS + gap_s
+        if not math.isfinite(at_s) or at_s > MAX_TIME_S:
+            return
+        fault = Fault(kind, target, at_s, duration_s, random.factor if kind == "degrade" else 0.0,
+                      random.latency_s if kind == "latency" else 0.0)  # fmt: skip
+
+        def begin(now: int) -> None:
+            self._begin(now, number, fault)
+            self._draw(kind, node, rate, now)
+
+        number = self._number()
+        self.plane.timer(round(at_s * NS), begin)
+
+    def _number(self) -> int:
+        self._next += 1
+        return self._next
+
+    def _schedule(self, fault: Fault, now_ns: int) -> None:
+        number = self._number()
+        self.plane.timer(max(now_ns, round(fault.at_s * NS)), lambda now: self._begin(now, number, fault))
+
+    def _begin(self, now: int, number: int, fault: Fault) -> None:
+        factor = 0.0 if fault.kind == "down" else (fault.factor if fault.kind in ("degrade", "slow_storage") else 1.0)
+        latency_ns = round(fault.latency_s * NS)
+        window = FaultWindow(fault.kind, fault.target, now)
+        self.windows.append(window)
+        self.out.observe(FaultChanged("start", fault.kind, fault.target, factor, latency_ns))
+        self._apply(now, number, fault, (factor, latency_ns))
+        if fault.duration_s is not None:
+            self.plane.timer(now + max(1, round(fault.duration_s * NS)), lambda t: self._end(t, number, fault, window))
+
+    def _end(self, now: int, number: int, fault: Fault, window: FaultWindow) -> None:
+        window.end_ns = now
+        self.out.observe(FaultChanged("end", fault.kind, fault.target, 1.0, 0))
+        self._apply(now, number, fault, None)
+
+    def _apply(self, now: int, number: int, fault: Fault, effect: tuple[float, int] | None) -> None:
+        """Start (``effect``) or end (None) fault ``number`` on its ports; tell the plane and the scheduler of
+        every port whose state changed."""
+        ports = target_ports(fault.target, self._nodes, self._gpus)
+        assert ports is not None  # checked when the plan was read
+        changed: list[tuple[str, float]] = []
+        for name in ports:
+            active = self._active.setdefault(name, _Active())
+            before = active.state()
+            if effect is None:
+                active.faults.pop(number, None)
+            else:
+                active.faults[number] = effect
+            after = active.state()
+            port = self._port_ids[name]
+            if after[0] != before[0]:
+                self.plane.set_port_factor(port, after[0])
+                changed.append((name, after[0]))
+            if after[1] != before[1]:
+                self.plane.set_port_latency(port, after[1])
+        if changed:
+            self.out.send("scheduler", Health(tuple(p for p, _ in changed), tuple(f for _, f in changed)))

@@ -1,0 +1,279 @@
+"""Faults (issue 26): what fails, when and how badly (the engine that makes it happen is
+:mod:`~dualpath_emu.cluster.fault_injector`).
+
+A run's :class:`FaultPlan` is a list of :class:`Fault` s (a scenario's ``[[faults]]``, or ``--faults FILE``) and
+optionally :class:`RandomFaults` drawn from the run's seed (``[random_faults]``), so one seed replays one failure
+history exactly. The :class:`FaultInjector` engine (in the cluster only when the plan has faults, so a run
+without any is unchanged, event for event) sets a timer for each fault's start and end, tells the data plane
+(a port's rates scaled, a latency added: ``Core.set_port_factor``/``set_port_latency``), writes the change in
+the event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and tells the scheduler
+(:class:`~dualpath_emu.cluster.messages.Health`), whose policy sees every port's state
+(:attr:`~dualpath_emu.cluster.policies.Policy.health`).
+
+Kinds and their targets:
+
+* ``down``: a port stops (its rates × 0): the transfers and storage I/Os crossing it stall, keeping what they
+  moved, and resume when it is back. A ``down`` fault needs a duration (nothing here yet fails a transfer that
+  would wait for ever). DualPath's reads avoid a side whose storage NIC is down (the second path as failover);
+  Basic has one path and waits.
+* ``degrade``: a port runs at ``factor`` of its rates.
+* ``latency``: ``latency_s`` is added to every transfer and storage I/O that starts crossing the port.
+* ``slow_storage``: the storage cluster (target ``storage``) runs at ``factor`` of its bandwidth, with
+  ``latency_s`` more per I/O.
+
+Targets: a port by name (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``), both directions of a NIC (``n0.snic``,
+``n3.cnic2``), a node (``n1``: every NIC of it) or ``storage`` (``3fs.read`` and ``3fs.write``). Faults on one
+port at once combine: the lowest factor and the largest latency hold.
+
+Random faults: on every node, for each kind with a rate (faults per node-hour), a Poisson process of faults on
+one of the node's NICs (its storage NIC or one of its compute NICs, equally likely), each lasting an
+exponential time of mean ``mean_duration_s``; drawn as the run goes (no horizon), from the stream "faults".
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, cast
+
+from dualpath_emu.config import ScenarioError, Table, load_toml
+
+__all__ = ["FAULTS_LIVE", "KINDS", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
+           "fault_tables", "fault_report", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
+
+Kind = Literal["down", "degrade", "latency", "slow_storage"]
+KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage")
+RANDOM_KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency")
+MAX_FAULTS: Final = 10_000
+"""Faults one plan may list (a schedule, not a trace: random ones are drawn as the run goes)."""
+MAX_TIME_S: Final = 1e7
+"""Latest start and longest duration of a fault (116 days: far beyond any run)."""
+MAX_RATE_PER_NODE_HOUR: Final = 3600.0
+FAULTS_LIVE: Final = ("faults run in virtual time only for now (a live run's data-plane service does not take them "
+                      "yet): drop --mode realtime, or the scenario's [[faults]] and [random_faults]")
+"""Why a live run with faults is refused before it starts."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``kind`` on ``target`` from ``at_s`` for ``duration_s`` (None: to the end of the run)."""
+
+    kind: Kind
+    target: str
+    at_s: float
+    duration_s: float | None = None
+    factor: float = 0.0
+    """What is left of the rates (``degrade``, ``slow_storage``; ``down`` is 0)."""
+    latency_s: float = 0.0
+    """Added per operation (``latency``, ``slow_storage``)."""
+
+    def describe(self) -> str:
+        span = "to the end" if self.duration_s is None else f"for {self.duration_s:g} s"
+        what = {"down": "down", "degrade": f"at {self.factor:g} of its rate", "latency": f"+{self.latency_s * 1e3:g} ms",
+                "slow_storage": f"at {self.factor:g}, +{self.latency_s * 1e3:g} ms"}[self.kind]  # fmt: skip
+        return f"{self.target} {what} at {self.at_s:g} s {span}"
+
+
+@dataclass(frozen=True)
+class RandomFaults:
+    """Faults drawn from the run's seed: per node-hour rates by kind, exponential durations."""
+
+    per_node_hour: Mapping[str, float]
+    mean_duration_s: float
+    factor: float = 0.5
+    """What a random ``degrade`` leaves of the rates."""
+    latency_s: float = 0.001
+    """What a random ``latency`` fault adds."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """A run's faults: listed ones and random ones (none by default)."""
+
+    faults: tuple[Fault, ...] = ()
+    random: RandomFaults | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.faults) or (self.random is not None and any(self.random.per_node_hour.values()))
+
+    def plus(self, other: FaultPlan) -> FaultPlan:
+        """This plan and ``other``'s faults (``other``'s random faults replace this one's, if it has any)."""
+        return FaultPlan(self.faults + other.faults, other.random if other.random is not None else self.random)
+
+    def describe(self) -> str:
+        parts = [f.describe() for f in self.faults]
+        if self.random is not None and any(self.random.per_node_hour.values()):
+            rates = ", ".join(f"{k} {r:g}" for k, r in self.random.per_node_hour.items() if r)
+            parts.append(f"random ({rates} per node-hour, mean {self.random.mean_duration_s:g} s)")
+        return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------- targets
+
+_NODE = re.compile(r"n(\d+)")
+_NIC = re.compile(r"n(\d+)\.(snic|cnic(\d+))")
+_PORT = re.compile(r"n(\d+)\.(snic|cnic(\d+))\.(rx|tx)|n(\d+)\.dram")
+
+
+def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
+    """The port names ``target`` stands for in a cluster of ``nodes`` nodes of ``gpus`` GPUs (None: no such
+    target)."""
+    if target == "storage":
+        return ("3fs.read", "3fs.write")
+    if target in ("3fs.read", "3fs.write"):
+        return (target,)
+
+    def nic(node: int, which: str) -> tuple[str, ...]:
+        return (f"n{node}.{which}.rx", f"n{node}.{which}.tx")
+
+    def ok(node: int, gpu: str | None = None) -> bool:
+        return node < nodes and (gpu is None or int(gpu) < gpus)
+
+    if (m := _NODE.fullmatch(target)) and ok(int(m[1])):
+        node = int(m[1])
+        return nic(node, "snic") + tuple(p for g in range(gpus) for p in nic(node, f"cnic{g}"))
+    if (m := _NIC.fullmatch(target)) and ok(int(m[1]), m[3]):
+        return nic(int(m[1]), m[2])
+    if (m := _PORT.fullmatch(target)) and ok(int(m[1] or m[5]), m[3]):
+        return (target,)
+    return None
+
+
+def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int) -> None:
+    if kind == "slow_storage" and target != "storage":
+        raise t.error("target", 'the storage cluster, "storage", for kind = "slow_storage"', target)
+    if target_ports(target, nodes, gpus) is None:
+        raise t.error(
+            "target", f"a port (n0.snic.rx, n0.cnic0.tx, n0.dram, 3fs.read), a NIC (n0.snic, n0.cnic0), a node "
+            f"(n0 … n{nodes - 1}) or storage; GPUs 0 … {gpus - 1}", target)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def fault_tables(top: Table) -> tuple[list[Table], Table | None]:
+    """The ``[[faults]]`` and ``[random_faults]`` tables of ``top`` (a scenario or a ``--faults`` file), to be
+    read with :func:`read_fault_plan` once the cluster's size is known."""
+    entries = top.tables("faults")
+    if len(entries) > MAX_FAULTS:
+        raise top.error("faults", f"at most {MAX_FAULTS:,} faults", f"{len(entries):,} of them")
+    random = top.table("random_faults")  # asked for even when absent: an error lists it among the known keys
+    return entries, (random if "random_faults" in top else None)
+
+
+def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: int) -> FaultPlan:
+    """The faults of :func:`fault_tables`, checked against a cluster of ``nodes`` nodes of ``gpus`` GPUs (a
+    :class:`ScenarioError` naming the key)."""
+    entries, r = tables
+    faults = []
+    for t in entries:
+        kind = cast(Kind, t.get_str("kind", choices=KINDS))
+        target = t.get_str("target")
+        _check_target(t, kind, target, nodes, gpus)
+        at_s = t.get_float("at_s", min=0.0, max=MAX_TIME_S)
+        duration = t.get_float("duration_s", 0.0, min=0.0, max=MAX_TIME_S, min_exclusive=True) if "duration_s" in t else None
+        if kind == "down" and duration is None:
+            raise t.error("duration_s", 'a duration for kind = "down" (a port down to the end of the run would hold '
+                          "what crosses it for ever)")  # fmt: skip
+        factor = _factor(t, kind in ("degrade", "slow_storage"))
+        latency = _latency(t, kind in ("latency", "slow_storage"))
+        if kind == "slow_storage" and factor == 1.0 and latency == 0.0:
+            raise t.error("factor", 'a factor below 1 or a latency_s above 0 for kind = "slow_storage"', factor)
+        t.finish()
+        faults.append(Fault(kind, target, at_s, duration, factor, latency))
+    random = None
+    if r is not None:
+        rates: dict[str, float] = {kind: r.get_float(f"{kind}_per_node_hour", 0.0, min=0.0, max=MAX_RATE_PER_NODE_HOUR)
+                 for kind in RANDOM_KINDS}  # fmt: skip
+        random = RandomFaults(
+            rates, r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
+            r.get_float("factor", 0.5, min=0.0, max=1.0, min_exclusive=True),
+            r.get_float("latency_s", 0.001, min=0.0, max=60.0, min_exclusive=True),
+        )  # fmt: skip
+        r.finish()
+    return FaultPlan(tuple(faults), random)
+
+
+def _factor(t: Table, used: bool) -> float:
+    if not used:
+        if "factor" in t:
+            raise ScenarioError(f"{t.where('factor')} is not used by this kind of fault; remove it")
+        return 0.0
+    return t.get_float("factor", 1.0, min=0.0, max=1.0, min_exclusive=True)
+
+
+def _latency(t: Table, used: bool) -> float:
+    if not used:
+        if "latency_s" in t:
+            raise ScenarioError(f"{t.where('latency_s')} is not used by this kind of fault; remove it")
+        return 0.0
+    return t.get_float("latency_s", 0.0, min=0.0, max=60.0)
+
+
+@dataclass
+class FaultWindow:
+    """When one fault acted: from ``start_ns`` to ``end_ns`` (None: until the run ended)."""
+
+    kind: str
+    target: str
+    start_ns: int
+    end_ns: int | None = None
+
+
+def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int) -> list[dict[str, Any]]:
+    """Per fault: turns finished per second before it (over as long
+    as it lasted, or since the run began), during and after it (as long again, or until the run ended), and the
+    time from its end until the rate over a window (its length, at most 30 s) is back to 90% of the rate
+    before (None: not within the run, or nothing finished before it)."""
+    done = sorted(t for t in done_ns if t >= 0)
+
+    def rate(a: int, b: int) -> float:
+        return (bisect.bisect_left(done, b) - bisect.bisect_left(done, a)) / ((b - a) / 1e9) if b > a else 0.0
+
+    out = []
+    for w in windows:
+        kind, target, start, stop = w.kind, w.target, w.start_ns, w.end_ns
+        stop_ns = end_ns if stop is None else min(stop, end_ns)
+        length = max(1, stop_ns - start)
+        before = rate(max(0, start - length), start)
+        after = rate(stop_ns, min(end_ns, stop_ns + length))
+        recovery = None
+        if stop is not None and before > 0 and stop_ns < end_ns:
+            window = min(length, 30 * 10**9)
+            t = stop_ns
+            while t + window <= end_ns:
+                if rate(t, t + window) >= 0.9 * before:
+                    recovery = (t - stop_ns) / 1e9
+                    break
+                t += max(window // 10, 10**8)
+        out.append({"kind": kind, "target": target, "start_s": start / 1e9, "end_s": None if stop is None else stop / 1e9,
+                    "turns_per_s_before": before, "turns_per_s_during": rate(start, stop_ns),
+                    "turns_per_s_after": after, "recovery_s": recovery})  # fmt: skip
+    return out
+
+
+def plan_from_wire(data: Mapping[str, Any]) -> FaultPlan:
+    """The inverse of ``dataclasses.asdict`` of a :class:`FaultPlan` (a live run's settings travel as data)."""
+    random = data.get("random")
+    return FaultPlan(
+        tuple(Fault(**f) for f in data.get("faults", ())),
+        None if random is None else RandomFaults(dict(random["per_node_hour"]), random["mean_duration_s"],
+                                                 random["factor"], random["latency_s"]),
+    )  # fmt: skip
+
+
+KIND: Final = "faults"
+"""What a ``--faults`` file says at its top: ``kind = "faults"``."""
+
+
+def load_fault_file(path: str | Path, nodes: int, gpus: int) -> FaultPlan:
+    """The fault plan of the file ``path`` (``kind = "faults"``, then ``[[faults]]`` and ``[random_faults]``)."""
+    top = load_toml(path)
+    top.get_str("kind", choices=(KIND,))
+    tables = fault_tables(top)
+    top.finish()
+    return read_fault_plan(tables, nodes, gpus)
