@@ -237,8 +237,14 @@ class Table:
         if unknown:
             known = ", ".join(sorted(self._read)) or "none"
             path = self.key_path(unknown[0])
-            given = self._overrides.get(path)
-            where = f"{self.source}: unknown key {short_repr(path)}" if given is None else f"{self.where(unknown[0])}: no such key"
+            # An override may have created the unknown table on its way (``--set a.b.c=1`` makes ``a``): name it.
+            setter = next(((d, w) for d, w in self._overrides.items() if d == path or d.startswith(path + ".")), None)
+            if setter is None:
+                where = f"{self.source}: unknown key {short_repr(path)}"
+            else:
+                dotted, given = setter
+                shown = dotted if given.startswith("--") else repr(dotted)
+                where = f"{given} {shorten(shown, 200)}: no such key {short_repr(path)}" if dotted != path else f"{self.where(unknown[0])}: no such key"
             raise ScenarioError(f"{where} (known keys here: {known})")
 
 

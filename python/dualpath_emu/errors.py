@@ -5,6 +5,8 @@ and re-exported here, their stable home. Each subclass also derives from the bui
 would expect, so ``except ValueError`` catches a bad argument.
 """
 
+import errno
+
 from dualpath_emu._core import (
     ConfigError,
     CoreError,
@@ -24,6 +26,7 @@ __all__ = [
     "StateError",
     "UnknownNameError",
     "UsageError",
+    "disk_error",
 ]
 
 
@@ -39,3 +42,15 @@ class BackendUnavailable(UsageError):
 class SecurityError(UsageError):
     """A run's keys are missing, unreadable or too open, or a ZeroMQ endpoint would be open to others
     (``dualpath_emu.runtime.security``); like any :class:`UsageError`, the CLI reports it on one line."""
+
+
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def disk_error(error: BaseException) -> UsageError | None:
+    """A full or read-only file system met while writing, as a one-line :class:`UsageError` (the environment,
+    not a bug); None for any other error, which keeps its traceback."""
+    if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
+        where = f"{error.filename}: " if error.filename else ""
+        return UsageError(f"{where}cannot write: {error.strerror or error}")
+    return None

@@ -24,6 +24,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from dualpath_emu.errors import UsageError
+
 __all__ = ["LiveMetrics"]
 
 TTFT_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0)
@@ -53,7 +55,10 @@ class LiveMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Start the HTTP endpoint (``port`` 0: a free one); returns the port it listens on."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise UsageError(f"--metrics-port {port}: cannot listen on {host}:{port}: {error.strerror or error}") from None
         self._server = server
         self.port = int(server.server_port)
         return self.port

@@ -19,6 +19,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -216,13 +218,25 @@ def trace_file(directory: Path, system: str) -> Path:
 
 
 
+MIN_FREE_BYTES: Final = 16 << 20
+"""A run's folder must have this much free space when the run starts (its logs, parts and outputs)."""
+
+
 def make_output_folder(out: Path, option: str) -> None:
     """Create ``out`` (and its parents) for the files of a run; ``option`` names where it was given
-    (``--out``, ``out``) in the one-line error."""
+    (``--out``, ``out``, ``--run-dir``) in the one-line error. A folder that is a file, read-only or (nearly)
+    full is refused here, before the run, rather than failing in the middle of it."""
     try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{option} {out}: is a file, expected a folder")
         out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # writable? (os.access says yes to root on some read-only mounts)
+            pass
+        free = shutil.disk_usage(out).free
     except OSError as error:
-        raise UsageError(f"{option} {out}: cannot create the folder: {error.strerror or error}") from None
+        raise UsageError(f"{option} {out}: cannot write there: {error.strerror or error}") from None
+    if free < MIN_FREE_BYTES:
+        raise UsageError(f"{option} {out}: {free:,} bytes free, expected at least {MIN_FREE_BYTES >> 20} MiB")
 
 
 def write_outputs(out: Path, option: str, scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> list[str]:

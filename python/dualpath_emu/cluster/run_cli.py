@@ -21,6 +21,7 @@ for ``launch`` -- and prints one ``OK`` line; a bad file is a :class:`~dualpath_
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import sys
@@ -41,7 +42,8 @@ from dualpath_emu.cluster.faults import FAULTS_LIVE
 from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.scenario import DEFAULT, ClusterScenario, load_cluster_scenario, scenario_from_table
 from dualpath_emu.config import load_toml
-from dualpath_emu.errors import UsageError
+from dualpath_emu.errors import UsageError, disk_error
+from dualpath_emu.inputs import shorten, too_long_number
 from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.scenarios import names as packaged_scenarios
 from dualpath_emu.scenarios import path as packaged_scenario
@@ -67,9 +69,16 @@ def parse_settings(settings: Sequence[str]) -> dict[str, object]:
         if not equals or not key.strip():
             raise UsageError(f"--set {setting!r}: expected KEY=VALUE, e.g. workload.max_rounds=4")
         try:
-            value: object = tomllib.loads(f"value = {text}")["value"]
+            document = tomllib.loads(f"value = {text}")
+            if len(document) != 1:  # 'a=1\nb=2' would set b silently
+                raise UsageError(f"--set {shorten(key.strip(), 200)}: expected one TOML value, got several lines of keys")
+            value: object = document["value"]
         except tomllib.TOMLDecodeError:
             value = text  # a bare word: the string itself
+        except RecursionError:  # the same refusals as load_toml gives a file
+            raise UsageError(f"--set {shorten(key.strip(), 200)}: not a valid TOML value: nested too deeply") from None
+        except ValueError as error:  # an integer of more than 4,300 digits
+            raise UsageError(f"--set {shorten(key.strip(), 200)}: not a valid TOML value: {too_long_number(error)}") from None
         out[key.strip()] = value
     return out
 
@@ -233,6 +242,10 @@ def compare_command(args: argparse.Namespace) -> int:
     return 0
 
 
+FULL_DISK_BYTES = 1 << 20
+"""A live run that failed with less than this free in its run directory is reported as a full disk."""
+
+
 class LiveRunFailed(RuntimeError):
     """A live run failed (a process crashed or stopped answering, or a check found a loss)."""
 
@@ -251,6 +264,8 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         raise UsageError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65_535:
         raise UsageError(f"--metrics-port: expected a port in [0, 65535], got {args.metrics_port}")
+    if args.metrics_port:
+        _check_port_free(args.metrics_port)
     if scenario.backend == "host" and scenario.transfer_engine == "mooncake":
         from dualpath_emu.host.mooncake import check_available
 
@@ -260,6 +275,10 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
         _prepare(args, scenario, trajectories, console)
         return {}
     base: Path | None = args.run_dir if args.run_dir is not None else (args.out / "realtime" if args.out else None)
+    if base is not None:
+        from dualpath_emu.cluster.outputs import make_output_folder
+
+        make_output_folder(base, "--run-dir" if args.run_dir is not None else "--out")
     results: dict[str, SystemResult] = {}
     shown = not (args.quiet or args.json)
     with _progress_bars(console, shown and console.is_terminal) as track:
@@ -267,6 +286,18 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
             update = track(name) if console.is_terminal else (_progress_lines(console, name) if shown else None)
             results[name] = _run_live_system(args, scenario, console, trajectories, base, name, update)
     return results
+
+
+def _check_port_free(port: int) -> None:
+    """Refuse a metrics port another program holds here, before any process starts (the client's would fail)."""
+    import socket
+
+    with socket.socket(socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise UsageError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: {error.strerror or error}") from None
 
 
 def _progress_lines(console: Console, name: str, every_s: float = 10.0) -> Callable[[RunProgress], None]:
@@ -314,8 +345,17 @@ def _run_live_system(
             transfer_engine=scenario.transfer_engine, progress=progress,
         )  # fmt: skip
     except (LaunchError, LostRequestsError, InvariantError) as error:
+        # A process that finds its disk full cannot even write why (its output is there too): say it here.
+        if isinstance(error, LaunchError) and shutil.disk_usage(run_dir).free < FULL_DISK_BYTES:
+            raise UsageError(f"{name}: the run directory {run_dir} is full ({shutil.disk_usage(run_dir).free:,} "
+                             "bytes left): the run stopped; free space and run it again") from None  # fmt: skip
         # Every process's output, event log and part stay in the run directory for a post-mortem.
         raise LiveRunFailed(f"{name}: {error}\nthe run's logs are in {run_dir}") from None
+    except OSError as error:  # the run directory filled up or went read-only under the launcher
+        full = disk_error(error)
+        if full is None:
+            raise
+        raise full from None
     if base is None:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result
@@ -362,11 +402,16 @@ def collect_command(args: argparse.Namespace) -> int:
     from dualpath_emu.cluster.run import LostRequestsError
     from dualpath_emu.cluster.scenario import ClusterScenario
 
+    _check_gathered(args.run_dir)
     try:
         result, app = collect_dir(args.run_dir)
     except (LostRequestsError, InvariantError) as error:
         print(f"dualpath-emu: error: {error}", file=sys.stderr)
         return 1
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
+        # Each file parsed above: what is left is content that parses but is not what a process wrote.
+        raise UsageError(f"{args.run_dir}: a gathered file is damaged or from another run "
+                         f"({type(error).__name__}: {shorten(str(error), 200)}); gather every process's files again") from None  # fmt: skip
     scenario = ClusterScenario(name=args.run_dir.name, config=app.config, systems=(result.system,), seed=app.seed,
                                source=str(args.run_dir))  # fmt: skip
     from dualpath_emu.cluster.outputs import summary, write_outputs
@@ -379,6 +424,48 @@ def collect_command(args: argparse.Namespace) -> int:
     else:
         Console(width=150).print(_table(scenario, results))
     return 0
+
+
+GATHERED: dict[str, str] = {".part": "msgpack", ".json": "json", ".events": "events", ".toml": "toml", ".jsonl": "text"}
+"""What ``collect`` reads from a run directory, by file suffix: how each is checked before it is used."""
+
+
+def _check_gathered(run_dir: Path) -> None:
+    """Every file of ``run_dir`` that ``collect`` may read is a regular file that parses as its kind, or a
+    one-line error naming it: files copied from other hosts can be anything (a FIFO would hang the reader,
+    a link to /dev/zero would fill memory)."""
+    import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
+
+    from dualpath_emu.inputs import open_input
+    from dualpath_emu.runtime.eventlog import parse_line
+
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: expected the folder of a prepared run (`run --prepare DIR`)")
+    for path in sorted(run_dir.iterdir()):
+        kind = GATHERED.get(path.suffix)
+        if kind is None:
+            continue
+        try:
+            with open_input(path, what="a file a run's process wrote", limit_bytes=MAX_GATHERED_BYTES) as file:
+                if kind == "msgpack":
+                    msgpack.unpackb(file.read(), strict_map_key=False)
+                elif kind == "json":
+                    json.loads(file.read())
+                elif kind == "toml":
+                    tomllib.loads(file.read().decode("utf-8"))
+                else:  # line by line: a long run's event log is large
+                    with io.TextIOWrapper(file, encoding="utf-8") as text:
+                        for line in text:
+                            if kind == "events":
+                                parse_line(line)
+        except OSError as error:
+            raise UsageError(f"{path}: cannot read: {error.strerror or error}") from None
+        except (ValueError, RecursionError) as error:  # decode, JSON, TOML and msgpack errors are ValueErrors
+            raise UsageError(f"{path}: damaged ({shorten(str(error), 200)}); copy it again from its host") from None
+
+
+MAX_GATHERED_BYTES = 1 << 34
+"""The largest file ``collect`` reads (16 GiB: a long run's event log is large, but not without end)."""
 
 
 def _trace_file(out: Path, system: str) -> Path:

@@ -64,6 +64,7 @@ from types import FrameType
 from typing import IO, Any, Final
 
 from dualpath_emu.errors import UsageError
+from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import SERVICE_REPORT
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.node import LAUNCHER_ENV
@@ -155,10 +156,16 @@ def check_delivery(logs: list[Path]) -> DeliveryReport:
 
 
 def _free_tcp_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+    if not host or ":" in host:  # the transport's sockets are IPv4 only
+        raise UsageError(f"host {short_repr(host, 200)} (--host): expected an IPv4 address or a host name")
+    try:
+        with socket.socket(socket.AF_INET) as probe:
+            probe.bind((host, 0))
+            port: int = probe.getsockname()[1]
+            return port
+    except (OSError, UnicodeError) as error:  # unresolvable, not this machine's, or no such address family
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise UsageError(f"host {short_repr(host, 200)} (--host): cannot listen on it: {reason}") from None
 
 
 def _endpoint(scenario: RunScenario, name: str, fixed: str | None, socket_dir: Path) -> str:

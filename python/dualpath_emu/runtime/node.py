@@ -57,7 +57,7 @@ from typing import Any, Final, TypeVar
 
 from dualpath_emu._core import Core
 from dualpath_emu.config import ScenarioError
-from dualpath_emu.errors import BackendUnavailable, UsageError
+from dualpath_emu.errors import BackendUnavailable, UsageError, disk_error
 from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
@@ -572,15 +572,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"dualpath-emu node: error: {error}", file=sys.stderr)
         return 2
-    return serve_process(
-        scenario,
-        args.process,
-        description,
-        args.run_dir,
-        watch_stdin=launcher is not None,
-        wait_ready=not args.no_ready_wait,
-        launcher=LauncherLink(launcher[1]) if launcher is not None else None,
-    )
+    try:
+        return serve_process(
+            scenario,
+            args.process,
+            description,
+            args.run_dir,
+            watch_stdin=launcher is not None,
+            wait_ready=not args.no_ready_wait,
+            launcher=LauncherLink(launcher[1]) if launcher is not None else None,
+        )
+    except OSError as error:
+        full = disk_error(error)
+        if full is None:
+            raise
+        print(f"dualpath-emu node {args.process}: error: {full} (run directory {args.run_dir})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

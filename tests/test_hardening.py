@@ -1,0 +1,161 @@
+"""Issue 26, the emulator under bad input and faults: a regression test for each kind that broke.
+
+Command-line values and environments get one line and exit status 2 (never a traceback); files the emulator did
+not write are never trusted; memory stays bounded by a run's size, not its emulated time.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from dualpath_emu.cli import main
+from dualpath_emu.errors import UsageError
+
+SMALL = ["ds27b-1p1d-offline", "--agents", "1", "--set", "workload.max_rounds=1", "--system", "basic", "--quiet"]
+
+
+def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run the CLI, expect exit status 2 and one error line on stderr, and return that line."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("dualpath-emu: error: "), captured.err[:500]
+    assert "Traceback" not in captured.err + captured.out
+    return captured.err.removeprefix("dualpath-emu: error: ").rstrip("\n")
+
+
+# 1. Command-line values and environments
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("workload.agents=" + "[" * 5_000 + "]" * 5_000, "--set workload.agents: not a valid TOML value: nested too deeply"),
+        ("workload.agents=" + "{a=" * 3_000 + "1" + "}" * 3_000, "nested too deeply"),
+        ("workload.agents=" + "9" * 5_000, "--set workload.agents: not a valid TOML value: an integer of more than"),
+        ("workload.agents=1\nseed=3", "--set workload.agents: expected one TOML value"),
+        ("a." * 40 + "b=1", "no such key 'a'"),
+        ('"workload".agents=2', "--set \"workload\".agents: no such key"),
+        ("workload.nope.deeper=1", "--set workload.nope.deeper: no such key 'workload.nope'"),
+    ],
+)
+def test_a_set_value_a_file_could_not_hold_is_one_line(capsys: pytest.CaptureFixture[str], value: str, expected: str) -> None:
+    for command in (["run", *SMALL], ["sweep", "ds27b-1p1d-offline", "--out", "/nonexistent/x"]):
+        line = error_line(capsys, [*command, "--set", value])
+        assert expected in line, line
+
+
+@pytest.mark.parametrize("host", ["nonexistent.invalid", "999.1.1.1", "::1", ""])
+def test_a_host_the_run_cannot_listen_on_is_one_line(capsys: pytest.CaptureFixture[str], host: str) -> None:
+    line = error_line(capsys, ["run", *SMALL, "--mode", "realtime", "--transport", "tcp", "--host", host])
+    assert line.startswith(f"host {host!r} (--host): "), line
+
+
+def test_a_run_dir_that_is_a_file_read_only_or_full_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = ["run", *SMALL, "--mode", "realtime", "--run-dir"]
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert error_line(capsys, [*live, str(afile)]) == f"--run-dir {afile}: is a file, expected a folder"
+    assert "cannot write there: Not a directory" in error_line(capsys, [*live, str(afile / "sub")])
+    assert error_line(capsys, ["run", *SMALL, "--out", str(afile)]) == f"--out {afile}: is a file, expected a folder"
+
+    import dualpath_emu.cluster.outputs as outputs
+
+    def read_only(*args: object, **kwargs: object) -> object:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as patch:  # as root, os.access and chmod cannot show a read-only mount
+        patch.setattr(outputs, "tempfile", type("T", (), {"TemporaryFile": staticmethod(read_only)}))
+        assert error_line(capsys, [*live, str(tmp_path / "ro")]).endswith("cannot write there: Read-only file system")
+    with monkeypatch.context() as patch:
+        patch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+        assert "4,096 bytes free, expected at least 16 MiB" in error_line(capsys, [*live, str(tmp_path / "full")])
+
+
+def test_a_disk_that_fills_during_a_live_run_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process whose disk fills says so on one line (status 2); the launcher names the full run directory."""
+    from dualpath_emu.runtime import node
+
+    def full(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "client.events"))
+
+    monkeypatch.setattr(node, "RunDescription", type("D", (), {"read": staticmethod(lambda d: _Description())}))
+    monkeypatch.setattr(node, "serve_process", full)
+    assert node.main(["pipeline", "--process", "dataplane", "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"dualpath-emu node dataplane: error: {tmp_path}/client.events: cannot write: No space")
+
+    import dualpath_emu.cluster.live as live
+    from dualpath_emu.runtime.launcher import LaunchError
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise LaunchError("process 'dataplane' exited with status 1; its last output: (no output)")
+
+    monkeypatch.setattr(live, "run_live", stopped)
+    disk = shutil._ntuple_diskusage(1 << 30, 1 << 30, 100)
+    free = iter([shutil._ntuple_diskusage(1 << 30, 0, 1 << 30)])
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: next(free, disk))
+    line = error_line(capsys, ["run", *SMALL, "--mode", "realtime", "--run-dir", str(tmp_path / "r")])
+    assert line == f"basic: the run directory {tmp_path / 'r' / 'basic'} is full (100 bytes left): the run stopped; free space and run it again"
+
+
+class _Description:
+    seed, time_scale, endpoints = 0, 1.0, dict[str, str]()
+
+
+def test_a_metrics_port_in_use_is_refused_before_any_process_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = error_line(capsys, ["run", *SMALL, "--mode", "realtime", "--metrics-port", str(port)])
+    assert line == f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_live_metrics_on_a_port_in_use_is_a_usage_error() -> None:
+    from dualpath_emu.cluster.live_metrics import LiveMetrics
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(UsageError, match="--metrics-port .*Address already in use"):
+            LiveMetrics().serve(taken.getsockname()[1])
+
+
+@pytest.mark.parametrize("damage", ["fifo", "zero", "dir", "garbage", "truncated", "missing"])
+def test_collect_on_damaged_or_missing_parts_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    """The files ``collect`` reads come from other hosts: a FIFO is not waited on, a link to /dev/zero not read
+    until memory runs out, and bad content is named, never a traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "client.json").write_text('{"wall_s": 1.0}')
+    (run / "client.events").write_text("1\t0\tclient\ttell\t#1 Start client->client\n")
+    part = run / "client.part"
+    if damage == "fifo":
+        os.mkfifo(part)
+    elif damage == "zero":
+        part.symlink_to("/dev/zero")
+    elif damage == "dir":
+        part.mkdir()
+    elif damage == "garbage":
+        part.write_bytes(b"\xc1\xff" * 50)
+    elif damage == "truncated":
+        part.write_bytes(b"\x82\xa7metrics")
+    line = error_line(capsys, ["collect", str(run)])
+    if damage == "missing":  # everything read parses: the run's own description is what is missing
+        assert line == f"{run}/run.toml: no such file"
+    else:
+        assert line.startswith(f"{part}: "), line
+    assert error_line(capsys, ["collect", str(tmp_path / "none")]).startswith(f"{tmp_path / 'none'}: expected the folder")
