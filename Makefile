@@ -9,6 +9,7 @@ PYTHON := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.requirements-installed
 BUILD_STAMP := $(VENV)/.build-stamp
 FUZZ_SECONDS ?= 60
+FAULT_SCHEDULES ?= 1000
 ARGS ?=
 comma := ,
 
@@ -90,8 +91,9 @@ evaluation: build ## Every full experiment (46 min on 2 cores; resumable: runs k
 		--image-dir docs/evaluation --into EVALUATION.md
 
 .PHONY: fuzz
-fuzz: build ## Run the fuzz targets (input loaders, core), FUZZ_SECONDS in all (default 60)
+fuzz: build ## Run the fuzz targets (input loaders, core), FUZZ_SECONDS in all (default 60), then FAULT_SCHEDULES random fault schedules (default 1000)
 	bash fuzz/run.sh $(FUZZ_SECONDS)
+	FAULT_SCHEDULES=$(FAULT_SCHEDULES) $(PYTHON) -m pytest tests/test_faults.py -q -k random_fault_schedules
 
 .PHONY: fuzz-smoke
 fuzz-smoke: build ## Short, repeatable fuzz run (fixed seed and execution counts); CI runs it

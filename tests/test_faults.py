@@ -197,3 +197,20 @@ def test_random_fault_schedules_lose_nothing_and_end(
     trajectories = work(agents, rounds, seed=seed % 1000)
     result = run_system(config, system, trajectories, seed=seed)
     assert result.turns == sum(len(t) for t in trajectories)
+
+
+def test_faults_are_drawn_on_the_utilisation_plot_and_in_the_trace(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    from dualpath_emu import api
+
+    s = load_cluster_scenario(scenario(tmp_path, '[[faults]]\nkind = "down"\ntarget = "n0.snic"\nat_s = 1\nduration_s = 2\n'
+                                                  "[workload]\nagents = 4\nmax_rounds = 2\n"))  # fmt: skip
+    result = api.run(s, systems=["basic"], out=tmp_path / "out", trace=True)
+    assert result.summary["systems"]["basic"]["faults"][0]["target"] == "n0.snic"
+    assert (tmp_path / "out" / "utilisation.png").stat().st_size > 0
+    events = json.load(gzip.open(tmp_path / "out" / "trace-basic.json.gz"))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    [fault] = [e for e in events if e.get("name") == "down n0.snic"]
+    assert (fault["ph"], round(fault["ts"]), round(fault["dur"])) == ("X", 1_000_000, 2_000_000)

@@ -161,6 +161,9 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
                     times = [i * result.sample_interval_s for i in range(len(values))]
                     axes.plot(times, [100 * v for v in values], style, color=colour, linewidth=0.8,
                               label=f"{role_label} {label}".strip())  # fmt: skip
+            for fault in result.extra.get("faults", []):  # each fault's span, shaded (to the run's end if it lasted)
+                end_s = fault["end_s"] if fault["end_s"] is not None else result.jct_s
+                axes.axvspan(fault["start_s"], end_s, color="tab:red", alpha=0.12, linewidth=0)
             axes.set_ylim(0, 105)
             axes.set_title(f"{name}: {title}" if col == 0 else title, fontsize=9, loc="left")
             if col == 0:
@@ -169,8 +172,9 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
                 axes.legend(loc="upper right", fontsize=6)
     for axes in panels[-1]:
         axes.set_xlabel("emulated time (s)")
+    shaded = "; faults shaded red" if any(results[n].extra.get("faults") for n in names) else ""
     figure.suptitle(f"{scenario.name}: utilisation per second, mean over the prefill / decode nodes' ports and "
-                    "GPUs", fontsize=10)  # fmt: skip
+                    f"GPUs{shaded}", fontsize=10)  # fmt: skip
     path = directory / "utilisation.png"
     figure.savefig(path, dpi=110)
     written.append(path)

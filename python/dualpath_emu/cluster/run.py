@@ -278,7 +278,7 @@ def run_system(
     if probe_paths:
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:
-        write_trace(trace_path, core, config, topology, metrics, system_name)
+        write_trace(trace_path, core, config, topology, metrics, system_name, result.extra.get("faults", ()), end_ns)
     return result
 
 

@@ -30,7 +30,7 @@ import gzip
 import shutil
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -66,8 +66,12 @@ def _us(t_ns: int) -> float:
     return (t_ns + 0.5) / 1e3
 
 
-def trace_events(config: ClusterConfig, topology: Topology, metrics: Metrics, system: str) -> Iterator[str]:
-    """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests."""
+def trace_events(
+    config: ClusterConfig, topology: Topology, metrics: Metrics, system: str, faults: Sequence[Mapping[str, Any]] = (),
+    end_ns: int = 0,
+) -> Iterator[str]:
+    """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests, and
+    ``faults`` (``SystemResult.extra["faults"]``; one lasting to the end is drawn to ``end_ns``)."""
 
     def event(**fields: Any) -> str:
         return json.dumps(fields, separators=(",", ":"))
@@ -86,6 +90,13 @@ def trace_events(config: ClusterConfig, topology: Topology, metrics: Metrics, sy
         for unit, start, end, what, args in busy.spans or ():
             yield event(name=what, ph="X", pid=node_pid(unit // gpus), tid=unit % gpus + 1, ts=_us(start),
                         dur=_us(end - start), args=dict(args))  # fmt: skip
+    if faults:
+        yield event(name="thread_name", ph="M", pid=REQUESTS_PID, tid=1, args={"name": "faults"})
+    for f in faults:
+        start = round(f["start_s"] * 1e9)
+        end = end_ns if f["end_s"] is None else round(f["end_s"] * 1e9)
+        yield event(name=f"{f['kind']} {f['target']}", ph="X", pid=REQUESTS_PID, tid=1, ts=_us(start),
+                    dur=_us(max(0, end - start)), args={"kind": f["kind"], "target": f["target"]})  # fmt: skip
     yield from _requests(metrics, event)
 
 
@@ -111,14 +122,15 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
 
 
 def write_trace(
-    path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str
+    path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
+    faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0,
 ) -> None:
     """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans); gzip-compressed
     when ``path`` ends in ``.gz`` (Perfetto opens it as it is: traces shrink about tenfold)."""
     target = Path(path)
     plain = target.with_suffix("") if target.suffix == ".gz" else target
     core.write_trace(str(plain), port_pids=port_pids(topology, core.port_count),
-                     extra_events=trace_events(config, topology, metrics, system))  # fmt: skip
+                     extra_events=trace_events(config, topology, metrics, system, faults, end_ns))  # fmt: skip
     if plain != target:
         with open(plain, "rb") as source, gzip.open(target, "wb", compresslevel=6) as packed:
             shutil.copyfileobj(source, packed, 1 << 20)

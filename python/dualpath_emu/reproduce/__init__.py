@@ -26,6 +26,7 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
         "fig13": "dualpath_emu.reproduce.fig13",  # storage-NIC and attention balance (§7.5)
         "isolation": "dualpath_emu.reproduce.isolation",  # MoE collective latency with KV traffic, lanes (§5)
         "toolwaits": "dualpath_emu.reproduce.toolwaits",  # tool waits online: working set and latency (§8.2)
+        "faults": "dualpath_emu.reproduce.faults",  # a storage NIC down and random fault schedules (issue 26)
         "calibrate": "dualpath_emu.reproduce.calibrate",  # fit the unknown hardware parameters on Basic/Oracle
         "markdown": "dualpath_emu.reproduce.markdown",  # reports (NAME.json) as Markdown for EVALUATION.md
     }
@@ -43,6 +44,7 @@ SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
         "fig13": "storage-NIC and attention balance (§7.5)",
         "isolation": "MoE collective latency with KV traffic, with and without virtual lanes (§5)",
         "toolwaits": "tool waits online: the working set and latency as agents wait between turns (§8.2)",
+        "faults": "a prefill node's storage NIC down and random fault schedules, Basic vs DualPath (the paper has none)",
         "calibrate": "fit the hardware parameters the paper does not give, on Basic and Oracle runs",
         "markdown": "the reports (NAME.json) as Markdown, for EVALUATION.md",
     }

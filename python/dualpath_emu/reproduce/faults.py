@@ -1,0 +1,129 @@
+"""Faults (issue 26; the paper: "no systematic measurement of path degradation on faults"): what Basic and
+DualPath do on DS 660B 2P4D, offline, 1,024 agents, when a prefill node's storage NIC goes down, and under
+random fault schedules.
+
+* **A storage NIC down.** Prefill node 0's storage NIC (``n0.snic``) is down for 20% of each system's own run
+  without faults (from 30% to 50% of its JCT). Basic reads every hit through the prefill nodes' storage NICs:
+  node 0's reads stall until it is back. DualPath reads on the decode side while it is down (the second path
+  as failover).
+* **Random schedules** at 0, 1 and 4 faults per node-hour (a third each ``down``, ``degrade`` to half the rate
+  and ``latency`` of +1 ms, on a node's storage NIC or one of its compute NICs, lasting 30 s on average),
+  drawn from the run's seed (``[random_faults]``).
+
+Each row: JCT, p99 TTFT, turns, the faults that started and, for the outage, the turns finished per second
+before, during and after it. Nothing is lost or fails in these runs: a stalled transfer waits and resumes
+(engine crashes, which lose work, are not modelled yet).
+
+``--quick``: the storage-bound miniature (quarter storage NICs), 96 agents of 20 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from dualpath_emu.cluster.faults import Fault, FaultPlan, RandomFaults
+from dualpath_emu.reproduce import help_description
+from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells
+from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
+
+__all__ = ["main"]
+
+SYSTEMS: Final = ("basic", "dualpath")
+RATES: Final = (1.0, 4.0)
+"""Random faults per node-hour (0 is the run without faults)."""
+OUTAGE: Final = (0.3, 0.2)
+"""The storage NIC's outage: start and length, as fractions of the system's JCT without faults."""
+
+
+def _random(rate: float) -> FaultPlan:
+    third = rate / 3.0
+    return FaultPlan(random=RandomFaults({"down": third, "degrade": third, "latency": third}, 30.0, 0.5, 0.001))
+
+
+def build(args: argparse.Namespace) -> Report:
+    agents, rounds = (96, 20) if args.quick else (1024, 0)
+    base = deployment("ds660b", quick=args.quick, agents=agents)
+    cells = {system: Cell({"case": "none", "rate": 0.0}, base, system, max_rounds=rounds) for system in SYSTEMS}
+    plain = dict(zip(SYSTEMS, run_cells(list(cells.values()), args.jobs, quiet=args.quiet, cache=args.cache,
+                                         dask=args.dask)))  # fmt: skip
+    faulted: list[Cell] = []
+    for system in SYSTEMS:
+        jct = plain[system].jct_s
+        down = Fault("down", "n0.snic", round(OUTAGE[0] * jct, 3), round(OUTAGE[1] * jct, 3))
+        faulted.append(Cell({"case": "n0.snic down", "rate": 0.0},
+                            dataclasses.replace(base, faults=FaultPlan((down,))), system, max_rounds=rounds))  # fmt: skip
+        for rate in RATES:
+            faulted.append(Cell({"case": "random", "rate": rate}, dataclasses.replace(base, faults=_random(rate)),
+                                system, max_rounds=rounds))  # fmt: skip
+    results = list(plain.values()) + run_cells(faulted, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
+    rows = [_row(r, plain[r.cell.system]) for r in results]
+    by = {(row["case"], row["rate"], row["system"]): row for row in rows}
+    slowdown = {s: by[("n0.snic down", 0.0, s)]["jct_s"] / by[("none", 0.0, s)]["jct_s"] for s in SYSTEMS}
+    checks = {
+        "no request is lost or fails": all(row["turns"] == rows[0]["turns"] for row in rows),
+        "the outage slows Basic more than DualPath": slowdown["basic"] > slowdown["dualpath"],
+        "Basic's p99 TTFT grows more than DualPath's under the outage": (
+            by[("n0.snic down", 0.0, "basic")]["ttft_p99_s"] / by[("none", 0.0, "basic")]["ttft_p99_s"]
+            > by[("n0.snic down", 0.0, "dualpath")]["ttft_p99_s"] / by[("none", 0.0, "dualpath")]["ttft_p99_s"]
+        ),
+    }  # fmt: skip
+    return Report(
+        name="faults",
+        title="faults: a prefill node's storage NIC down, and random schedules, Basic vs DualPath on DS 660B 2P4D",
+        rows=rows,
+        comparisons=[],
+        checks=checks,
+        notes=[
+            "The paper measures no faults; the rows are the emulator's own.",
+            f"JCT under the outage vs without faults: Basic {slowdown['basic']:.3f}x, DualPath {slowdown['dualpath']:.3f}x.",
+            "Failed requests: none (a transfer on a dead port stalls and resumes; engine crashes are not modelled yet).",
+        ],
+        plot=lambda path: plot(path, rows),
+    )
+
+
+def _row(r: CellResult, plain: CellResult) -> dict[str, Any]:
+    s = r.summary
+    faults = s.get("faults", [])
+    outage = next((f for f in faults if f["target"] == "n0.snic" and f["kind"] == "down"), None) if r.cell.labels["case"] == "n0.snic down" else None
+    return {
+        "case": r.cell.labels["case"], "rate": r.cell.labels["rate"], "system": r.cell.system,
+        "jct_s": round(r.jct_s, 1), "jct_vs_none": round(r.jct_s / plain.jct_s, 3),
+        "ttft_p99_s": round(s["ttft_s"]["p99"], 3), "turns": s["turns"], "faults": len(faults),
+        "turns_per_s_before": "" if outage is None else round(outage["turns_per_s_before"], 2),
+        "turns_per_s_during": "" if outage is None else round(outage["turns_per_s_during"], 2),
+        "turns_per_s_after": "" if outage is None else round(outage["turns_per_s_after"], 2),
+    }  # fmt: skip
+
+
+def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    fig, (left, right) = panels(2, width=4.6, height=3.4)
+    cases = ["none", "n0.snic down", *(f"random {r:g}/h" for r in RATES)]
+    for i, system in enumerate(SYSTEMS):
+        mine = [row for row in rows if row["system"] == system]
+        jct = [next(row["jct_vs_none"] for row in mine if _case(row) == case) for case in cases]
+        ttft = [next(row["ttft_p99_s"] for row in mine if _case(row) == case) for case in cases]
+        xs = [x + (i - 0.5) * 0.38 for x in range(len(cases))]
+        left.bar(xs, jct, width=0.38, color=SYSTEM_COLORS[system], label=system)
+        right.bar(xs, ttft, width=0.38, color=SYSTEM_COLORS[system], label=system)
+    for ax, label in ((left, "JCT vs no faults"), (right, "TTFT p99 (s)")):
+        ax.set_xticks(range(len(cases)), cases, rotation=20, fontsize=7)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    save(fig, path)
+
+
+def _case(row: dict[str, Any]) -> str:
+    return f"random {row['rate']:g}/h" if row["case"] == "random" else str(row["case"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return experiment_main("faults", help_description(__doc__), build, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
