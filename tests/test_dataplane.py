@@ -76,13 +76,14 @@ class ServiceThread:
         self.outcome: str | None = None
         self.error: BaseException | None = None
         self.report: dict[str, Any] | None = None
+        self.core: Core | None = None
         self._ready = threading.Event()
         self._loop: RealTimeLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        core = Core(clock="wall", time_scale=self.time_scale)
+        core = self.core = Core(clock="wall", time_scale=self.time_scale)
         build_core(core)
         plane = ServiceCore(core)
         loop = self._loop = plane.new_loop()
@@ -519,6 +520,29 @@ def test_hostile_decode_requests_are_rejected_whole(directory: Path) -> None:
         assert socket.poll(5000) and decode_frame(socket.recv(), ["pong"])[2] == 2
     assert svc.report is not None and svc.report["counters"]["rejected"] == len(DECODE_FRAMES)
     for reason, rejection in zip(DECODE_FRAMES, svc.report["rejections"], strict=True):
+        assert reason in rejection, rejection
+
+
+FAULT_FRAMES: dict[str, bytes] = {
+    "fault.port": msgpack.packb([V, "fault", 1, 99, "factor", 0.5]),  # no such port
+    "fault.value: expected a factor in [0, 1]": msgpack.packb([V, "fault", 2, 0, "factor", 1.5]),
+    "fault.what": msgpack.packb([V, "fault", 3, 0, "rate", 0.5]),
+    "expected an array of 6": msgpack.packb([V, "fault", 4, 0, "factor"]),
+}
+
+
+def test_a_fault_frame_changes_a_port_and_a_bad_one_is_rejected(directory: Path) -> None:
+    with service(directory) as svc, raw_peer(svc.endpoint) as socket:
+        socket.send(msgpack.packb([V, "hello", "raw", 1, 1.0]))
+        assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome", "refused"])[1] == "welcome"
+        for frame in FAULT_FRAMES.values():
+            socket.send(frame)
+        socket.send(msgpack.packb([V, "fault", 5, 0, "factor", 0.25]))
+        socket.send(msgpack.packb([V, "ping", 2, 2]))
+        assert socket.poll(5000) and decode_frame(socket.recv(), ["pong"])[2] == 2
+    assert svc.core is not None and svc.core.port_factor(0) == 0.25  # read once the service's thread has ended
+    assert svc.report is not None and svc.report["counters"]["rejected"] == len(FAULT_FRAMES)
+    for reason, rejection in zip(FAULT_FRAMES, svc.report["rejections"], strict=True):
         assert reason in rejection, rejection
 
 

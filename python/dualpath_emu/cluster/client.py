@@ -71,6 +71,8 @@ class Client(ClusterEngine):
 
     @on(Start)
     def on_start(self, now: int, msg: Start, sender: str) -> None:
+        if self.cluster.config.faults.any:  # the fault schedule's times count from the run's start, as the agents'
+            self.out.send("faults", Start())
         if not self.trajectories:
             self._finish()
             return

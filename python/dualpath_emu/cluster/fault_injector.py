@@ -13,10 +13,10 @@ from typing import cast
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, FaultWindow, Kind, target_ports
-from dualpath_emu.cluster.messages import Health
+from dualpath_emu.cluster.messages import Health, Start
 from dualpath_emu.cluster.observations import FaultChanged
 from dualpath_emu.cluster.topology import Topology
-from dualpath_emu.runtime.engine import DataPlane, Outbox, seeded_random
+from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 
 __all__ = ["FaultInjector", "port_ids"]
 
@@ -57,10 +57,14 @@ class FaultInjector(ClusterEngine):
         self._active: dict[str, _Active] = {}
         self._next = 0
         self._rng = seeded_random(seed, "faults")
+        self._origin = 0
         self.windows: list[FaultWindow] = []
         """Each fault that started, in order (for the run's report)."""
 
-    def start(self, now_ns: int) -> None:
+    @on(Start)
+    def on_start(self, now_ns: int, msg: Start, sender: str) -> None:
+        """The client started the run: faults are timed from now (0 in virtual time)."""
+        self._origin = now_ns
         for fault in self.plan.faults:
             self._schedule(fault, now_ns)
         random = self.plan.random
@@ -75,11 +79,14 @@ class FaultInjector(ClusterEngine):
         starts (so the stream is consumed in time order, whatever the run's length)."""
         random = self.plan.random
         assert random is not None
-        gap_s = self._rng.expovariate(rate / 3600.0)
+        per_s = rate / 3600.0
+        if not per_s > 0.0:  # a rate too small to draw from (the reader refuses below MIN_RATE_PER_NODE_HOUR)
+            return
+        gap_s = self._rng.expovariate(per_s)
         which = self._rng.randrange(self._gpus + 1)
         duration_s = self._rng.expovariate(1.0 / random.mean_duration_s)
         target = f"n{node}.snic" if which == self._gpus else f"n{node}.cnic{which}"
-        at_s = after_ns / NS + gap_s
+        at_s = (after_ns - self._origin) / NS + gap_s
         if not math.isfinite(at_s) or at_s > MAX_TIME_S:
             return
         fault = Fault(kind, target, at_s, duration_s, random.factor if kind == "degrade" else 0.0,
@@ -90,7 +97,7 @@ class FaultInjector(ClusterEngine):
             self._draw(kind, node, rate, now)
 
         number = self._number()
-        self.plane.timer(round(at_s * NS), begin)
+        self.plane.timer(self._origin + round(at_s * NS), begin)
 
     def _number(self) -> int:
         self._next += 1
@@ -98,7 +105,7 @@ class FaultInjector(ClusterEngine):
 
     def _schedule(self, fault: Fault, now_ns: int) -> None:
         number = self._number()
-        self.plane.timer(max(now_ns, round(fault.at_s * NS)), lambda now: self._begin(now, number, fault))
+        self.plane.timer(now_ns + round(fault.at_s * NS), lambda now: self._begin(now, number, fault))
 
     def _begin(self, now: int, number: int, fault: Fault) -> None:
         factor = 0.0 if fault.kind == "down" else (fault.factor if fault.kind in ("degrade", "slow_storage") else 1.0)

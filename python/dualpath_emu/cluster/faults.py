@@ -42,7 +42,7 @@ from typing import Any, Final, Literal, cast
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
 __all__ = ["FAULTS_LIVE", "KINDS", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
-           "fault_tables", "fault_report", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
+           "fault_tables", "fault_report", "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
 
 Kind = Literal["down", "degrade", "latency", "slow_storage"]
 KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage")
@@ -52,9 +52,12 @@ MAX_FAULTS: Final = 10_000
 MAX_TIME_S: Final = 1e7
 """Latest start and longest duration of a fault (116 days: far beyond any run)."""
 MAX_RATE_PER_NODE_HOUR: Final = 3600.0
-FAULTS_LIVE: Final = ("faults run in virtual time only for now (a live run's data-plane service does not take them "
-                      "yet): drop --mode realtime, or the scenario's [[faults]] and [random_faults]")
-"""Why a live run with faults is refused before it starts."""
+MIN_RATE_PER_NODE_HOUR: Final = 1e-6
+"""A rate above 0 but below this is refused (one fault per 114 years of a node: none in any run)."""
+FAULTS_LIVE: Final = ("faults run in virtual time and in live runs of the model backend, not yet on the host "
+                      "backend (it would have to close real byte channels and files): drop --backend host, or the "
+                      "scenario's [[faults]] and [random_faults]")
+"""Why a host-backend run with faults is refused before it starts."""
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,7 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
         faults.append(Fault(kind, target, at_s, duration, factor, latency))
     random = None
     if r is not None:
-        rates: dict[str, float] = {kind: r.get_float(f"{kind}_per_node_hour", 0.0, min=0.0, max=MAX_RATE_PER_NODE_HOUR)
-                 for kind in RANDOM_KINDS}  # fmt: skip
+        rates: dict[str, float] = {kind: _rate(r, f"{kind}_per_node_hour") for kind in RANDOM_KINDS}
         random = RandomFaults(
             rates, r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
             r.get_float("factor", 0.5, min=0.0, max=1.0, min_exclusive=True),
@@ -196,6 +198,13 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
         )  # fmt: skip
         r.finish()
     return FaultPlan(tuple(faults), random)
+
+
+def _rate(t: Table, key: str) -> float:
+    rate = t.get_float(key, 0.0, min=0.0, max=MAX_RATE_PER_NODE_HOUR)
+    if 0.0 < rate < MIN_RATE_PER_NODE_HOUR:
+        raise t.error(key, f"0 or a number in [{MIN_RATE_PER_NODE_HOUR:g}, {MAX_RATE_PER_NODE_HOUR:g}]", rate)
+    return rate
 
 
 def _factor(t: Table, used: bool) -> float:
@@ -253,6 +262,22 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
         out.append({"kind": kind, "target": target, "start_s": start / 1e9, "end_s": None if stop is None else stop / 1e9,
                     "turns_per_s_before": before, "turns_per_s_during": rate(start, stop_ns),
                     "turns_per_s_after": after, "recovery_s": recovery})  # fmt: skip
+    return out
+
+
+def fault_windows(records: Iterable[tuple[int, Any]]) -> list[FaultWindow]:
+    """The windows of the ``(t_ns, FaultChanged)`` records of an event log (a live run's, where the injector
+    ran in another process), in order of start; an end closes the earliest open fault of its kind and target."""
+    out: list[FaultWindow] = []
+    open_: dict[tuple[str, str], list[FaultWindow]] = {}
+    for t_ns, record in records:
+        key = (record.fault, record.target)
+        if record.phase == "start":
+            window = FaultWindow(record.fault, record.target, t_ns)
+            out.append(window)
+            open_.setdefault(key, []).append(window)
+        elif open_.get(key):
+            open_[key].pop(0).end_ns = t_ns
     return out
 
 

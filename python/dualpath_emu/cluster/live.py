@@ -43,11 +43,12 @@ from dualpath_emu.cluster.catalog import GpuSpec, ModelArch, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.faults import FAULTS_LIVE, plan_from_wire
+from dualpath_emu.cluster.faults import FAULTS_LIVE, fault_report, fault_windows, plan_from_wire
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
+from dualpath_emu.cluster.observations import parse as parse_observation
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, Progress, SystemResult, build_result, run_system
 from dualpath_emu.cluster.roofline import RooflineParams
@@ -383,10 +384,11 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
     """The processes of placement ``kind`` (:data:`PLACEMENTS`): ``(process name, its actors)`` each."""
     pe = [a for a in app_actors if a.startswith("pe")]
     de = [a for a in app_actors if a.startswith("de")]
+    faults = [a for a in app_actors if a == "faults"]  # the fault injector, beside the scheduler it tells
     if kind == "groups":
-        return [("scheduler", ["scheduler"]), ("client", ["client"]), *((a, [a]) for a in pe + de)]
+        return [("scheduler", ["scheduler", *faults]), ("client", ["client"]), *((a, [a]) for a in pe + de)]
     if kind == "roles":
-        return [("front", ["client", "scheduler"]), ("prefill", pe), ("decode", de)]
+        return [("front", ["client", "scheduler", *faults]), ("prefill", pe), ("decode", de)]
     if kind == "single":
         return [("main", list(app_actors))]
     raise ValueError(f"placement: expected one of {', '.join(PLACEMENTS)}, got {kind!r}")
@@ -468,6 +470,10 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
     result.extra.update(_timeliness(run_dir, processes))
+    if app.config.faults.any:
+        windows = fault_windows([(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"])
+        done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
+        result.extra["faults"] = fault_report(windows, done, end_ns - start_ns)
     if host is not None:
         result.extra["host"] = host
     return result, merged
@@ -623,7 +629,7 @@ def run_live(
     if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch
 
-    if config.faults.any:
+    if config.faults.any and backend == "host":
         raise UsageError(FAULTS_LIVE)
     _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(

@@ -33,8 +33,9 @@ from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
-from dualpath_emu.cluster.fault_injector import FaultInjector, port_ids
+from dualpath_emu.cluster.fault_injector import FaultInjector
 from dualpath_emu.cluster.faults import fault_report
+from dualpath_emu.runtime.core_work import clear_faults
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.engine import Observed
 from dualpath_emu.runtime.virtual import DeadlockError, EventSink, VirtualDriver
@@ -259,10 +260,8 @@ def run_system(
     if lost:
         raise LostRequestsError(f"{system_name}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
     end_ns = core.now_ns
-    if config.faults.any:  # the run is over, its faults with it: what they still hold back may finish
-        for port in port_ids(topology).values():
-            core.set_port_factor(port, 1.0)
-            core.set_port_latency(port, 0)
+    if config.faults.any:
+        clear_faults(core)  # the run is over, its faults with it: what they still hold back may finish
     core.run_until_idle()  # the last block write-backs, so that every byte is accounted
     core_report = CoreReport.of(core, topology, min(end_ns, core.now_ns))
     violations = checker.finish() + check_core_bytes(core_report, booking.bytes, booking.transfers)

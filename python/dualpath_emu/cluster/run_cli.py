@@ -256,7 +256,7 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
     from dualpath_emu.runtime.scenario import TIME_SCALE
 
     low, high = TIME_SCALE
-    if scenario.config.faults.any:
+    if scenario.config.faults.any and scenario.backend == "host":
         raise UsageError(FAULTS_LIVE)
     if not low <= args.time_scale <= high:
         raise UsageError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {args.time_scale}")

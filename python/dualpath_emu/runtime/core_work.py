@@ -44,6 +44,7 @@ from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.runtime.engine import Extents
 
 __all__ = [
+    "clear_faults",
     "Completion",
     "CoreLayout",
     "CoreWork",
@@ -116,6 +117,14 @@ class ForwardRank(NamedTuple):
 
 class UnexpectedCompletionError(RuntimeError):
     """The core completed work whose tag the loop was never told about (see ``CoreWork.expect``)."""
+
+
+def clear_faults(core: Core) -> None:
+    """End every fault on ``core``'s ports (a run's end: what they hold back may then finish and be accounted)."""
+    for port in range(core.port_count):
+        if core.port_factor(port) != 1.0:
+            core.set_port_factor(port, 1.0)
+        core.set_port_latency(port, 0)
 
 
 @dataclass(frozen=True)
@@ -393,13 +402,12 @@ class CoreWork:
         raise NotImplementedError
 
     def set_port_factor(self, port: int, factor: float) -> None:
-        """A fault: ``port``'s rates × ``factor`` from now on. Only a core in this process takes one: faults
-        are not carried to a data-plane service yet (a live run with faults is refused before it starts)."""
-        raise NotImplementedError("faults need the core in this process; a data-plane service takes none yet")
+        """A fault: ``port``'s rates × ``factor`` from now on (in this process's core or the service's)."""
+        raise NotImplementedError
 
     def set_port_latency(self, port: int, extra_ns: int) -> None:
-        """A fault: ``extra_ns`` added to what starts crossing ``port`` (see :meth:`set_port_factor`)."""
-        raise NotImplementedError("faults need the core in this process; a data-plane service takes none yet")
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on."""
+        raise NotImplementedError
 
     def core_timer(self, at_ns: int) -> asyncio.Future[Completion]:
         """A timer in the core's event queue, completing at ``at_ns`` (a ``"timer"`` completion)."""

@@ -129,6 +129,7 @@ from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError
 from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.core_work import (
+    clear_faults,
     TAG_OF_FORWARD,
     TAG_OF_IO,
     TAG_OF_TIMER,
@@ -424,7 +425,7 @@ def _join(value: object, what: str) -> tuple[int, ...]:
     return tuple(_uint(v, f"{what}[{i}]") for i, v in enumerate(_array(value, what, 8, 8)))
 
 
-_KINDS_TO_SERVICE: Final = ("hello", "ping", "submit", "stats", "bye")
+_KINDS_TO_SERVICE: Final = ("hello", "ping", "submit", "fault", "stats", "bye")
 _KINDS_TO_REMOTE: Final = ("welcome", "refused", "pong", "done", "stats", "bye", "stop", "fatal")
 
 
@@ -758,6 +759,8 @@ class DataPlaneService:
         requester.last_heard_s = time.monotonic()
         if kind == "submit":
             self._on_submit(requester, message)
+        elif kind == "fault":
+            self._on_fault(message)
         elif kind == "ping":
             _array(message, "ping", 4, 4)
             seq, t0 = _uint(message[2], "ping.seq"), _uint(message[3], "ping.t0")
@@ -810,6 +813,23 @@ class DataPlaneService:
         if self.run_complete_by is not None:  # late: the run is over already
             self._send(identity, [PROTOCOL_VERSION, "stop", f"{self.run_complete_by!r} completed the run"])
         _log.info("data plane: %r (pid %d) connected", name, pid)
+
+    def _on_fault(self, message: list[Any]) -> None:
+        """``[version, "fault", seq, port, "factor" | "latency", value]``: a fault changes a port from now on
+        (:mod:`dualpath_emu.cluster.faults`; sent after the requester's earlier submissions, so it follows them)."""
+        _array(message, "fault", 6, 6)
+        _uint(message[2], "fault.seq")
+        port = _uint(message[3], "fault.port", self.core.port_count - 1)
+        what = _str(message[4], "fault.what")
+        if what == "factor":
+            factor = _float(message[5], "fault.value")
+            if not 0.0 <= factor <= 1.0:
+                raise FrameError(f"fault.value: expected a factor in [0, 1], got {_short(message[5])}")
+            self.core.set_port_factor(port, factor)
+        elif what == "latency":
+            self.core.set_port_latency(port, _uint(message[5], "fault.value"))
+        else:
+            raise FrameError(f"fault.what: expected 'factor' or 'latency', got {_short(what)}")
 
     def _on_submit(self, requester: _Requester, message: list[Any]) -> None:
         _, requested_ns, transfers, forwards, ios, timers, nodes, joins = _decode_submit(message)
@@ -1036,6 +1056,7 @@ class DataPlaneService:
     def _check_drained(self) -> None:
         if self._done is None or self._done.done() or not self._all_said_bye():
             return
+        clear_faults(self.core)  # the run is over, its faults with it: what they hold back may finish
         if self.core.pending() == 0:
             self._done.set_result("drained")
         elif self._drain_check is None:
@@ -1294,6 +1315,17 @@ class RemoteDataPlane(CoreWork):
         return self._decode_moved.get(node)
 
     # --- submitting --------------------------------------------------------------------------------
+
+    def set_port_factor(self, port: int, factor: float) -> None:
+        """A fault: ``port``'s rates × ``factor`` from now on, in the service's core (after what was asked
+        for before it)."""
+        self.flush()
+        self._send(msgpack.packb([PROTOCOL_VERSION, "fault", self._next_seq(), port, "factor", float(factor)]))
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on, in the service's core."""
+        self.flush()
+        self._send(msgpack.packb([PROTOCOL_VERSION, "fault", self._next_seq(), port, "latency", int(extra_ns)]))
 
     def _work_requested(self) -> None:
         self._batch_requested_ns = self.clock_ns()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from dualpath_emu._core import Core
-from dualpath_emu.runtime.core_work import LocalCoreWork
+from dualpath_emu.runtime.core_work import LocalCoreWork, clear_faults
 from dualpath_emu.runtime.lag import LagStats
 
 __all__ = ["DRAIN_POLL_S", "RealTimeLoop", "WallClockCore", "run_realtime"]
@@ -120,6 +120,8 @@ class WallClockCore(LocalCoreWork):
         detached write-backs end before it reports, as the data-plane service drains, so that every byte asked
         for is accounted)."""
         self.flush()
+        if run_complete:
+            clear_faults(self._core)  # the run is over, its faults with it
         while run_complete and self._core.pending():
             await asyncio.sleep(DRAIN_POLL_S)
 
