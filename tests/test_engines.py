@@ -166,7 +166,7 @@ def test_a_decode_group_copies_the_kv_in_decodes_and_reports_the_turn() -> None:
     de.start(0)
     assert out.take() == [("scheduler", Fetch((1,), round(c.config.fetch_period_s * 1e9)))]
     de.receive(0, Expect((DecodeTask(7, 200, 128, 4, 1, 0, 0, False, 3),)), "scheduler")
-    assert out.take() == [("pe0", HitReady(7))]  # the DE buffer is held: the PE may send the KV
+    assert out.take() == [("pe0", HitReady(7, False))]  # the DE buffer is held: the PE may send the KV
     de.receive(2 * MS, KvReady((7,), 2 * MS), "pe0")
     [(args, copied)] = plane.take("transfer")  # the prompt KV into HBM
     assert args[2] == 200 * c.derived.kv_bytes_per_token and copied is not None
@@ -199,7 +199,7 @@ def test_a_prefill_group_reads_the_hit_waits_for_the_de_buffer_and_prefills_in_o
     read_done(2 * MS)
     assert out.take() == [("scheduler", ReadDone(0, 4096))]
     assert plane.take("timer") == []  # the hit is in, but the DE buffer is not yet held
-    pe.receive(3 * MS, HitReady(7), "de1")
+    pe.receive(3 * MS, HitReady(7, False), "de1")
     [((at_ns,), kick)] = plane.take("timer")  # batch once this instant's inputs are in
     assert at_ns == 3 * MS and kick is not None
     kick(3 * MS)

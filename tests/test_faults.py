@@ -218,3 +218,21 @@ def test_faults_are_drawn_on_the_utilisation_plot_and_in_the_trace(tmp_path: Pat
     events = events["traceEvents"] if isinstance(events, dict) else events
     [fault] = [e for e in events if e.get("name") == "down n0.snic"]
     assert (fault["ph"], round(fault["ts"]), round(fault["dur"])) == ("X", 1_000_000, 2_000_000)
+
+
+def test_a_read_in_flight_on_a_storage_nic_that_goes_down_moves_to_the_decode_side() -> None:
+    # Find an instant with a PE-side read in flight, then take that node's storage NIC down there for 60 s:
+    # DualPath's prefill group moves the read to the request's decode group (which reads it and tells the
+    # PE), so nothing waits for the NIC; Basic's read waits it out.
+    trajectories = work()
+    plain = run_system(CONFIG, "dualpath", trajectories).metrics
+    pe_reads = [r for r in range(len(plain)) if plain.read_on_de[r] == 0 and plain.read_done_ns[r] > plain.read_start_ns[r] >= 0]
+    rid = max(pe_reads, key=lambda r: plain.read_done_ns[r] - plain.read_start_ns[r])
+    at_s = (plain.read_start_ns[rid] + plain.read_done_ns[rid]) / 2 / NS
+    config = with_faults(Fault("down", "n0.snic", at_s, 60.0))
+    dual = run_system(config, "dualpath", trajectories)
+    basic = run_system(config, "basic", trajectories)
+    assert max(dual.metrics.ttft_s()) < 10.0 < 50.0 < max(basic.metrics.ttft_s())
+    m = dual.metrics
+    moved = [r for r in range(len(m)) if m.read_on_de[r] == 0 and m.read_start_ns[r] < at_s * NS < m.read_done_ns[r]]
+    assert moved and all(m.read_done_ns[r] < (at_s + 60.0) * NS for r in moved)

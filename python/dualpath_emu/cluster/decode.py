@@ -6,13 +6,14 @@ ended. The GPUs' stepping -- continuous batches as the EP group steps, block wri
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode_steps import CoreDecodeSteps, DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.engines import EngineGroup, hit_extents
-from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, TurnDone
+from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, ReadHere, TurnDone
 from dualpath_emu.cluster.observations import Ended, HitRead
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE
@@ -30,6 +31,10 @@ class DecodeGroup(EngineGroup):
         gpus = cluster.config.node.gpus
         d, topo = cluster.derived, cluster.topology
         self.expected: dict[int, DecodeTask] = {}
+        self._buffered: set[int] = set()
+        """Expected requests whose buffer is held (a failover's read can start at once)."""
+        self._moved: set[int] = set()
+        """Requests whose read moved here from the PE side (:class:`ReadHere`) and is not done yet."""
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time
         only: the prefill and the scheduler race)."""
@@ -84,25 +89,40 @@ class DecodeGroup(EngineGroup):
             return
         # The DE buffer holds the whole prompt KV until it goes to HBM (§4): hit (read here or sent by the
         # PE) and miss (sent by the PE layer by layer).
-        self.buffer.acquire(now, msg.rid, msg.prompt * self._kv, lambda now: self._buffer_ready(now, msg))
+        self.buffer.acquire(now, msg.rid, msg.prompt * self._kv, lambda now: self._buffer_ready(now, msg.rid))
 
-    def _buffer_ready(self, now: int, msg: DecodeTask) -> None:
+    def _buffer_ready(self, now: int, rid: int) -> None:
+        msg = self.expected[rid]  # as it is now: a failover may have moved its read here meanwhile
+        self._buffered.add(rid)
         if msg.read_on_de:
             self._read(now, msg)
         else:
-            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, False))
+
+    @on(ReadHere)
+    def on_read_here(self, now: int, msg: ReadHere, sender: str) -> None:
+        """The prefill node's storage NIC went down with this request's read on it: read the hit here."""
+        task = self.expected.get(msg.rid)
+        if task is None or task.read_on_de:
+            return  # its KV is already on its way (a race in real time), or read here already
+        task = self.expected[msg.rid] = dataclasses.replace(task, read_on_de=True)
+        self._moved.add(msg.rid)
+        if msg.rid in self._buffered:
+            self._read(now, task)
 
     def _read(self, now: int, msg: DecodeTask) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
-        metrics.read_start(msg.rid, now)
+        if msg.rid not in self._moved:  # a moved read started on the PE side, which wrote its start
+            metrics.read_start(msg.rid, now)
 
         def finished(now: int) -> None:
+            self._moved.discard(msg.rid)
             metrics.read_done(msg.rid, now)
             self.out.observe(HitRead(msg.rid, self.node))
             self.out.send("scheduler", ReadDone(self.node, msg.hit))
-            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid))
+            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))
 
         self.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv, hit_extents(msg.context, msg.hit), finished)
 
@@ -117,6 +137,7 @@ class DecodeGroup(EngineGroup):
 
     def _kv_ready(self, now: int, rid: int, first_token_ns: int) -> None:
         task = self.expected.pop(rid)
+        self._buffered.discard(rid)
         request = DecodingRequest(
             rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )

@@ -53,6 +53,7 @@ class FaultInjector(ClusterEngine):
         topology: Topology = cluster.topology
         self._gpus = cluster.config.node.gpus
         self._nodes = len(topology.nodes)
+        self._pe_nodes = cluster.config.pe_nodes
         self._port_ids = port_ids(topology)
         self._active: dict[str, _Active] = {}
         self._next = 0
@@ -143,4 +144,9 @@ class FaultInjector(ClusterEngine):
             if after[1] != before[1]:
                 self.plane.set_port_latency(port, after[1])
         if changed:
-            self.out.send("scheduler", Health(tuple(p for p, _ in changed), tuple(f for _, f in changed)))
+            health = Health(tuple(p for p, _ in changed), tuple(f for _, f in changed))
+            self.out.send("scheduler", health)
+            # A prefill group moves its reads off a storage NIC that went down (the second path as failover).
+            for group in sorted({self.cluster.group_name("pe", int(p[1:p.index(".")])) for p, f in changed
+                                 if f == 0.0 and p.endswith(".snic.rx") and int(p[1:p.index(".")]) < self._pe_nodes}):  # fmt: skip
+                self.out.send(group, health)

@@ -140,9 +140,34 @@ class Expect(Message):
 
 @dataclass(frozen=True, slots=True)
 class HitReady(Message):
+    """To a prefill group, from a decode group: its buffer for ``rid`` is held (``read`` False: a PE-side read),
+    or the hit KV is in it (``read`` True: it read the hit here)."""
+
     WIRE_NAME: ClassVar[str] = "cluster.HitReady"
+    VERSION: ClassVar[int] = 2
+    rid: int
+    read: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadHere(Message):
+    """To a decode group, from a prefill group whose node's storage NIC went down with ``rid``'s read in flight:
+    read the hit KV on the decode side instead (the second path as failover; issue 26)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.ReadHere"
     VERSION: ClassVar[int] = 1
     rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMoved(Message):
+    """To the scheduler: a read of ``tokens`` moved from node ``from_node``'s queue to ``to_node``'s."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.ReadMoved"
+    VERSION: ClassVar[int] = 1
+    from_node: int
+    to_node: int
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +241,7 @@ def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
     for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
-                KvReady, PrefillDone, DecodeDone, TurnDone, Health, Start):  # fmt: skip
+                KvReady, PrefillDone, DecodeDone, TurnDone, Health, ReadHere, ReadMoved, Start):  # fmt: skip
         registry.register(cls)
     return registry
 

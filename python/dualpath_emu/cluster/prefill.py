@@ -9,7 +9,17 @@ from dataclasses import dataclass
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
-from dualpath_emu.cluster.messages import HitReady, KvReady, Prefill, PrefillDone, PrefillTask, ReadDone
+from dualpath_emu.cluster.messages import (
+    Health,
+    HitReady,
+    KvReady,
+    Prefill,
+    PrefillDone,
+    PrefillTask,
+    ReadDone,
+    ReadHere,
+    ReadMoved,
+)
 from dualpath_emu.cluster.observations import HitRead, Prefilled
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
@@ -35,6 +45,12 @@ class _PrefillItem:
     read_on_de: bool = False
     in_hbm: bool = False
     """Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk)."""
+    moved: bool = False
+    """Its PE-side read was moved to the DE side (failover: the PE node's storage NIC went down)."""
+    reading: bool = False
+    """Its PE-side read has started (its buffer is held)."""
+    awaited: int = 0
+    """Bytes of PE buffer a moved read was still waiting for: given back as soon as they are granted."""
 
     @property
     def ready(self) -> bool:
@@ -103,10 +119,17 @@ class PrefillGroup(EngineGroup):
 
     def _read(self, now: int, node: int, item: _PrefillItem) -> None:
         """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
+        if item.moved:  # moved to the DE side before it could start: the buffer it waited for is not needed
+            self.buffers[node].release(now, item.rid, item.awaited)
+            item.awaited = 0
+            return
+        item.reading = True
         metrics = self.cluster.metrics
         metrics.read_start(item.rid, now)
 
         def finished(now: int) -> None:
+            if item.moved:  # the port came back: the late bytes are dropped (the buffer was freed at the move)
+                return
             metrics.read_done(item.rid, now)
             self.out.observe(HitRead(item.rid, node))
             self.out.send("scheduler", ReadDone(node, item.hit))
@@ -119,6 +142,29 @@ class PrefillGroup(EngineGroup):
         if item.ready:
             self._work_ready(now)
 
+    @on(Health)
+    def on_health(self, now: int, msg: Health, sender: str) -> None:
+        """A storage NIC of this group went down: its reads not yet done move to the DE side, each to its
+        request's decode group (the second path as failover), so none holds back the requests behind it for
+        as long as the NIC is down. Single-path systems have no other side: their reads wait."""
+        system = self.cluster.system
+        if not system.dual_path or system.oracle:
+            return
+        down = {n for port, factor in zip(msg.ports, msg.factors) for n in self.nodes
+                if factor == 0.0 and port == f"n{n}.snic.rx"}  # fmt: skip
+        for (node, _), item in list(self.items.values()):
+            if node in down and not item.read_on_de and item.hit > 0 and not item.pe_ready:
+                item.moved = item.read_on_de = True
+                if item.reading:  # the read is abandoned: its buffer is free now
+                    self.buffers[node].release(now, item.rid, item.buffered)
+                else:  # still waiting for its buffer: given back when granted
+                    item.awaited = item.buffered
+                item.buffered = 0
+                item.de_ready = False  # until the decode group has read it
+                self.out.send("scheduler", ReadMoved(node, item.de_node, item.hit))
+                self.out.send(self.cluster.group_name("de", item.de_node), ReadHere(item.rid))
+                self._pe_ready(now, item)
+
     @on(HitReady)
     def on_hit_ready(self, now: int, msg: HitReady, sender: str) -> None:
         entry = self.items.get(msg.rid)
@@ -126,6 +172,8 @@ class PrefillGroup(EngineGroup):
             self._early_hits.add(msg.rid)
             return
         item = entry[1]
+        if item.moved and not msg.read:
+            return  # the buffer's notice from before the move: the hit is not in it yet
         item.de_ready = True
         if item.ready:
             self._work_ready(now)

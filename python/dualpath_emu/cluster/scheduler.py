@@ -21,6 +21,7 @@ from dualpath_emu.cluster.messages import (
     PrefillDone,
     PrefillTask,
     ReadDone,
+    ReadMoved,
     Submit,
 )
 from dualpath_emu.cluster.observations import Assigned
@@ -219,6 +220,12 @@ class Scheduler(ClusterEngine):
         """Faults changed some ports (:mod:`~dualpath_emu.cluster.faults`): the policy sees it from now on."""
         for port, factor in zip(msg.ports, msg.factors):
             self.policy.health.set(port, factor)
+
+    @on(ReadMoved)
+    def on_read_moved(self, now: int, msg: ReadMoved, sender: str) -> None:
+        """A read moved to the other side (failover): its tokens leave one read queue for the other."""
+        self.read_q[msg.from_node] -= msg.tokens
+        self.read_q[msg.to_node] += msg.tokens
 
     @on(ReadDone)
     def on_read_done(self, now: int, msg: ReadDone, sender: str) -> None:
