@@ -159,3 +159,53 @@ def test_collect_on_damaged_or_missing_parts_is_one_line(
     else:
         assert line.startswith(f"{part}: "), line
     assert error_line(capsys, ["collect", str(tmp_path / "none")]).startswith(f"{tmp_path / 'none'}: expected the folder")
+
+
+# 2. Memory bounded by a run's size, not its emulated time
+
+
+def test_busy_bins_widen_within_their_budget_and_keep_totals() -> None:
+    from dualpath_emu.cluster.metrics import MAX_SAMPLES_PER_UNIT, BusyTime
+
+    busy = BusyTime(1_000)
+    busy.add(0, 0, 500)
+    busy.add(0, 10**10 - 500, 10**10)  # 10^7 intervals of 1 µs later
+    bins = busy.busy_ns[0]
+    assert len(bins) <= MAX_SAMPLES_PER_UNIT and sum(bins) == 1_000
+    assert busy.interval_ns == 1_000 * 2**8  # the smallest power-of-2 multiple that fits
+    assert len(busy.timeline([0], 10**10)) == len(bins)
+    assert busy.utilisation([0], 10**10)["mean"] == pytest.approx(1_000 / 10**10)
+    for unit in range(1, 1_000):  # more units: a smaller share each, widened again, totals kept
+        busy.add(unit, 0, 1)
+    assert sum(map(len, busy.busy_ns.values())) <= 1 << 20 and sum(busy.busy_ns[0]) == 1_000
+
+
+def test_parts_binned_at_different_widths_merge_at_the_widest() -> None:
+    from dualpath_emu.cluster.metrics import Metrics
+
+    short, long = Metrics(sample_interval_ns=1_000), Metrics(sample_interval_ns=1_000)
+    short.decode_segment(3, 0, 2_500, 1, 10)
+    long.decode_segment(4, 10**10 - 500, 10**10, 1, 10)
+    merged = Metrics.merge([Metrics.from_wire(short.to_wire()), Metrics.from_wire(long.to_wire())])
+    busy = merged.gpu_busy["de"]
+    assert busy.interval_ns == long.gpu_busy["de"].interval_ns > 1_000
+    assert list(busy.busy_ns[3][:1]) == [2_500] and sum(busy.busy_ns[4]) == 500
+
+
+def test_a_long_emulated_run_keeps_its_timelines_bounded() -> None:
+    """4 agents whose tools wait a day between turns: 20 rounds are 1.6 M emulated seconds. The timelines
+    and GPU bins stay within the sample budget (they held one value per emulated second: 1.1 GB)."""
+    from dualpath_emu import api
+    from dualpath_emu.cluster.run import run_system
+
+    scenario = api.load_scenario("ds27b-1p1d-offline", agents=4, overrides={
+        "workload.tool_wait.dist": "constant", "workload.tool_wait.mean_s": 86_400, "workload.max_rounds": 20})  # fmt: skip
+    result = run_system(scenario.config, scenario.system("basic"), scenario.trajectories(), seed=0)
+    assert result.jct_s > 1.6e6 and result.sample_interval_s > 1
+    for by_role in result.timelines.values():
+        for values in by_role.values():
+            assert 0 < len(values) <= 1 << 16 and max(values) <= 1.0 + 1e-9
+    for busy in result.metrics.gpu_busy.values():
+        assert busy.interval_ns > 10**9 and all(len(b) <= 1 << 16 for b in busy.busy_ns.values())
+    for util in (result.snic_util["pe"]["rx"], result.cnic_util["pe"]["tx"], result.gpu_util["de"]):
+        assert 0.0 <= util["p99"] <= 1.0

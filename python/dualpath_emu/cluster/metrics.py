@@ -74,13 +74,24 @@ def _int_array(values: numpy.ndarray) -> array[int]:
     return out
 
 
+SAMPLE_BUDGET = 1 << 20
+"""Busy-time bins all units of a :class:`BusyTime` hold together, at most: as the core's utilisation samples
+(``SAMPLE_BUDGET`` in core/src/network.rs), so memory is bounded by the cluster's size, not emulated time."""
+MAX_SAMPLES_PER_UNIT = 1 << 16
+MIN_SAMPLES_PER_UNIT = 256
+
+
 class BusyTime:
     """How long each unit (a GPU, by its global index) is busy, in total and per sampling interval, from
     the intervals the actors report; with ``keep_spans`` also the intervals themselves, for the trace.
 
     Prefill GPUs are busy inside the forward passes in which they have work; decode GPUs while they step a
     non-empty batch. :meth:`utilisation` gives the run's mean and the ``q``-quantile of the per-interval
-    busy fractions over every (unit, interval), the same statistics as the ports' (``Core.utilisation_*``)."""
+    busy fractions over every (unit, interval), the same statistics as the ports' (``Core.utilisation_*``).
+
+    As the core does with its samples, the bins stay within :data:`SAMPLE_BUDGET` (shared by the units, each
+    between :data:`MIN_SAMPLES_PER_UNIT` and :data:`MAX_SAMPLES_PER_UNIT`): on a long run the interval doubles,
+    adjacent bins merging, as often as needed (``interval_ns`` is the one in use; totals stay exact)."""
 
     def __init__(self, interval_ns: int, keep_spans: bool = False) -> None:
         if interval_ns <= 0:
@@ -90,6 +101,32 @@ class BusyTime:
         """Busy nanoseconds per sampling interval, per unit (only units that were ever busy)."""
         self.spans: list[tuple[int, int, int, str, tuple[tuple[str, int], ...]]] | None = [] if keep_spans else None
         """``(unit, start_ns, end_ns, what, args)`` per interval, if kept."""
+        self._cap = MAX_SAMPLES_PER_UNIT
+        """Bins per unit at most, for the units there are now."""
+
+    def _new_unit(self, unit: int) -> array[int]:
+        self.busy_ns[unit] = array("q")
+        self._rebalance()  # a smaller share for each unit already there
+        return self.busy_ns[unit]
+
+    def _rebalance(self) -> None:
+        """The cap for the units there are, and the bins widened to fit it."""
+        self._cap = min(MAX_SAMPLES_PER_UNIT, max(MIN_SAMPLES_PER_UNIT, SAMPLE_BUDGET // max(1, len(self.busy_ns))))
+        self._widen(max(map(len, self.busy_ns.values()), default=0))
+
+    def _widen(self, length: int) -> None:
+        """Double the interval (merging adjacent bins of every unit) until ``length`` bins fit the cap."""
+        factor = 1
+        while -(-length // factor) > self._cap:
+            factor *= 2
+        if factor == 1:
+            return
+        for unit, bins in self.busy_ns.items():
+            values = numpy.frombuffer(bins, dtype=numpy.int64) if bins else numpy.zeros(0, dtype=numpy.int64)
+            padded = numpy.zeros(-(-len(values) // factor) * factor, dtype=numpy.int64)
+            padded[: len(values)] = values
+            self.busy_ns[unit] = _int_array(padded.reshape(-1, factor).sum(axis=1))
+        self.interval_ns *= factor
 
     def add(
         self, unit: int, start_ns: int, end_ns: int, what: str = "busy", args: tuple[tuple[str, int], ...] = ()
@@ -99,9 +136,13 @@ class BusyTime:
             return
         bins = self.busy_ns.get(unit)
         if bins is None:
-            bins = self.busy_ns[unit] = array("q")
+            bins = self._new_unit(unit)
         step = self.interval_ns
         last = (end_ns - 1) // step
+        if last >= self._cap:  # a long run: wider bins, never more of them
+            self._widen(last + 1)
+            bins, step = self.busy_ns[unit], self.interval_ns
+            last = (end_ns - 1) // step
         if len(bins) <= last:
             bins.extend(itertools.repeat(0, last + 1 - len(bins)))
         k = start_ns // step
@@ -304,7 +345,7 @@ class Metrics:
     def from_wire(cls, data: dict[str, object]) -> Metrics:
         busy_data = data["gpu_busy"]
         assert isinstance(busy_data, dict)
-        interval = next(iter(busy_data.values()))["interval_ns"]
+        interval = min(b["interval_ns"] for b in busy_data.values())  # the base: a role's may have widened
         metrics = cls(sample_interval_ns=interval, keep_spans=any(b["spans"] is not None for b in busy_data.values()))
         columns = data["columns"]
         assert isinstance(columns, dict)
@@ -315,9 +356,11 @@ class Metrics:
         metrics.forward_attention_balance.frombytes(data["forward_attention_balance"])  # type: ignore[arg-type]
         for role, b in busy_data.items():
             target = metrics.gpu_busy[role]
+            target.interval_ns = b["interval_ns"]
             for unit, raw in b["units"].items():
                 bins = target.busy_ns[int(unit)] = array("q")
                 bins.frombytes(raw)
+            target._rebalance()
             if target.spans is not None and b["spans"] is not None:
                 target.spans.extend(tuple(span) for span in b["spans"])
         return metrics
@@ -352,16 +395,21 @@ class Metrics:
         merged.forward_ns.extend(t for t, _ in passes)
         merged.forward_attention_balance.extend(b for _, b in passes)
         for role, target in merged.gpu_busy.items():
+            # Parts that widened their bins differently are summed at the widest interval (a power-of-2 multiple).
+            target.interval_ns = max(p.gpu_busy[role].interval_ns for p in parts)
             for part in parts:
                 source = part.gpu_busy[role]
+                factor = target.interval_ns // source.interval_ns
                 for unit, bins in source.busy_ns.items():
                     into = target.busy_ns.setdefault(unit, array("q"))
-                    if len(into) < len(bins):
-                        into.extend(itertools.repeat(0, len(bins) - len(into)))
+                    width = -(-len(bins) // factor)
+                    if len(into) < width:
+                        into.extend(itertools.repeat(0, width - len(into)))
                     for k, busy in enumerate(bins):
-                        into[k] += busy
+                        into[k // factor] += busy
                 if target.spans is not None and source.spans is not None:
                     target.spans.extend(source.spans)
+            target._rebalance()
             if target.spans is not None:
                 target.spans.sort()
         return merged

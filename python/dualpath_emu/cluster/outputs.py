@@ -158,7 +158,10 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
             for kind, style, label in series:
                 for role, role_label, colour in (("pe", "prefill", "tab:blue"), ("de", "decode", "tab:orange")):
                     values = result.timelines.get(kind, {}).get(role, [])
-                    times = [i * result.sample_interval_s for i in range(len(values))]
+                    step_s = result.sample_interval_s  # the ports'; the GPUs' bins widen on their own budget
+                    if kind == "gpu" and result.metrics is not None:
+                        step_s = result.metrics.gpu_busy[role].interval_ns / 1e9
+                    times = [i * step_s for i in range(len(values))]
                     axes.plot(times, [100 * v for v in values], style, color=colour, linewidth=0.8,
                               label=f"{role_label} {label}".strip())  # fmt: skip
             for fault in result.extra.get("faults", []):  # each fault's span, shaded (to the run's end if it lasted)
