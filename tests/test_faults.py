@@ -236,3 +236,16 @@ def test_a_read_in_flight_on_a_storage_nic_that_goes_down_moves_to_the_decode_si
     m = dual.metrics
     moved = [r for r in range(len(m)) if m.read_on_de[r] == 0 and m.read_start_ns[r] < at_s * NS < m.read_done_ns[r]]
     assert moved and all(m.read_done_ns[r] < (at_s + 60.0) * NS for r in moved)
+
+
+def test_a_read_in_flight_on_a_decode_nodes_storage_nic_that_goes_down_moves_to_the_prefill_side() -> None:
+    trajectories = work()
+    plain = run_system(CONFIG, "dualpath", trajectories).metrics
+    de_reads = [r for r in range(len(plain)) if plain.read_on_de[r] == 1 and plain.read_done_ns[r] > plain.read_start_ns[r] >= 0]
+    rid = max(de_reads, key=lambda r: plain.read_done_ns[r] - plain.read_start_ns[r])
+    at_s = (plain.read_start_ns[rid] + plain.read_done_ns[rid]) / 2 / NS
+    dual = run_system(with_faults(Fault("down", "n1.snic", at_s, 60.0)), "dualpath", trajectories)
+    assert max(dual.metrics.ttft_s()) < 10.0
+    m = dual.metrics
+    moved = [r for r in range(len(m)) if m.read_on_de[r] == 1 and m.read_start_ns[r] < at_s * NS < m.read_done_ns[r]]
+    assert moved and all(m.read_done_ns[r] < (at_s + 60.0) * NS for r in moved)

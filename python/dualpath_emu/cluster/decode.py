@@ -13,7 +13,18 @@ from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode_steps import CoreDecodeSteps, DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.engines import EngineGroup, hit_extents
-from dualpath_emu.cluster.messages import DecodeDone, DecodeTask, Expect, HitReady, KvReady, ReadDone, ReadHere, TurnDone
+from dualpath_emu.cluster.messages import (
+    DecodeDone,
+    DecodeTask,
+    Expect,
+    Health,
+    HitReady,
+    KvReady,
+    ReadDone,
+    ReadHere,
+    ReadMoved,
+    TurnDone,
+)
 from dualpath_emu.cluster.observations import Ended, HitRead
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE
@@ -33,8 +44,14 @@ class DecodeGroup(EngineGroup):
         self.expected: dict[int, DecodeTask] = {}
         self._buffered: set[int] = set()
         """Expected requests whose buffer is held (a failover's read can start at once)."""
-        self._moved: set[int] = set()
-        """Requests whose read moved here from the PE side (:class:`ReadHere`) and is not done yet."""
+        self._started_elsewhere: set[int] = set()
+        """Requests whose read moved here after it had started on the other side (which wrote its start)."""
+        self._reading: set[int] = set()
+        """Requests whose hit is being read here now."""
+        self._read_done: set[int] = set()
+        """Requests whose hit was read here (until they leave)."""
+        self._abandoned: set[int] = set()
+        """Reads here that moved to the prefill side while under way: their completion is ignored."""
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time
         only: the prefill and the scheduler race)."""
@@ -101,24 +118,51 @@ class DecodeGroup(EngineGroup):
 
     @on(ReadHere)
     def on_read_here(self, now: int, msg: ReadHere, sender: str) -> None:
-        """The prefill node's storage NIC went down with this request's read on it: read the hit here."""
+        """The prefill node's storage NIC went down before this request's hit was read there: read it here."""
         task = self.expected.get(msg.rid)
         if task is None or task.read_on_de:
             return  # its KV is already on its way (a race in real time), or read here already
         task = self.expected[msg.rid] = dataclasses.replace(task, read_on_de=True)
-        self._moved.add(msg.rid)
+        if msg.started:
+            self._started_elsewhere.add(msg.rid)
         if msg.rid in self._buffered:
             self._read(now, task)
+
+    @on(Health)
+    def on_health(self, now: int, msg: Health, sender: str) -> None:
+        """This node's storage NIC went down: the hits still to be read here move to the prefill side (the
+        second path as failover; the prefill group reads them and this buffer keeps waiting for the KV)."""
+        if not any(port == f"n{self.node}.snic.rx" and factor == 0.0 for port, factor in zip(msg.ports, msg.factors)):
+            return
+        for rid, task in list(self.expected.items()):
+            if not task.read_on_de or rid in self._read_done:
+                continue
+            started = rid in self._reading
+            if started:
+                self._reading.discard(rid)
+                self._abandoned.add(rid)
+            self.expected[rid] = dataclasses.replace(task, read_on_de=False)
+            self.out.send("scheduler", ReadMoved(self.node, task.pe_node, task.hit))
+            self.out.send(self.cluster.group_name("pe", task.pe_node), ReadHere(rid, started or rid in self._started_elsewhere))
+            self._started_elsewhere.discard(rid)
+            if rid in self._buffered:  # the PE may send the KV as soon as it has read the hit
+                self.out.send(self.cluster.group_name("pe", task.pe_node), HitReady(rid, False))
 
     def _read(self, now: int, msg: DecodeTask) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
         streams it layer by layer from there."""
         metrics = self.cluster.metrics
-        if msg.rid not in self._moved:  # a moved read started on the PE side, which wrote its start
+        if msg.rid not in self._started_elsewhere:  # a moved read that had started wrote its start there
             metrics.read_start(msg.rid, now)
+        self._started_elsewhere.discard(msg.rid)
+        self._reading.add(msg.rid)
 
         def finished(now: int) -> None:
-            self._moved.discard(msg.rid)
+            if msg.rid in self._abandoned:  # moved to the prefill side meanwhile: its late bytes are dropped
+                self._abandoned.discard(msg.rid)
+                return
+            self._reading.discard(msg.rid)
+            self._read_done.add(msg.rid)
             metrics.read_done(msg.rid, now)
             self.out.observe(HitRead(msg.rid, self.node))
             self.out.send("scheduler", ReadDone(self.node, msg.hit))
@@ -138,6 +182,7 @@ class DecodeGroup(EngineGroup):
     def _kv_ready(self, now: int, rid: int, first_token_ns: int) -> None:
         task = self.expected.pop(rid)
         self._buffered.discard(rid)
+        self._read_done.discard(rid)
         request = DecodingRequest(
             rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )

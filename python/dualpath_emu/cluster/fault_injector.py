@@ -146,7 +146,9 @@ class FaultInjector(ClusterEngine):
         if changed:
             health = Health(tuple(p for p, _ in changed), tuple(f for _, f in changed))
             self.out.send("scheduler", health)
-            # A prefill group moves its reads off a storage NIC that went down (the second path as failover).
-            for group in sorted({self.cluster.group_name("pe", int(p[1:p.index(".")])) for p, f in changed
-                                 if f == 0.0 and p.endswith(".snic.rx") and int(p[1:p.index(".")]) < self._pe_nodes}):  # fmt: skip
+            # The engine group of a node whose storage NIC went down moves its reads to the other side (the
+            # second path as failover).
+            nodes = {int(p[1 : p.index(".")]) for p, f in changed if f == 0.0 and p.endswith(".snic.rx")}
+            groups = {self.cluster.group_name("pe" if n < self._pe_nodes else "de", n) for n in nodes}
+            for group in sorted(groups):
                 self.out.send(group, health)

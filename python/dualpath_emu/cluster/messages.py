@@ -151,12 +151,14 @@ class HitReady(Message):
 
 @dataclass(frozen=True, slots=True)
 class ReadHere(Message):
-    """To a decode group, from a prefill group whose node's storage NIC went down with ``rid``'s read in flight:
-    read the hit KV on the decode side instead (the second path as failover; issue 26)."""
+    """Between a request's prefill and decode groups, when the sender's node's storage NIC went down before the
+    request's hit KV was read there: read it on your side instead (the second path as failover; issue 26).
+    ``started``: the abandoned read had started (it wrote the read's start in the metrics)."""
 
     WIRE_NAME: ClassVar[str] = "cluster.ReadHere"
     VERSION: ClassVar[int] = 1
     rid: int
+    started: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,12 +45,13 @@ class _PrefillItem:
     read_on_de: bool = False
     in_hbm: bool = False
     """Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk)."""
-    moved: bool = False
-    """Its PE-side read was moved to the DE side (failover: the PE node's storage NIC went down)."""
+    attempt: int = 0
+    """Which read of its hit counts: a failover (a storage NIC down) moves the read to the other side and
+    makes the reads begun before it stale."""
     reading: bool = False
-    """Its PE-side read has started (its buffer is held)."""
-    awaited: int = 0
-    """Bytes of PE buffer a moved read was still waiting for: given back as soon as they are granted."""
+    """This side's current read has started (its buffer is held)."""
+    started_elsewhere: bool = False
+    """A read moved here had started on the decode side (which wrote its start in the metrics)."""
 
     @property
     def ready(self) -> bool:
@@ -114,22 +115,28 @@ class PrefillGroup(EngineGroup):
         elif msg.hit == 0 or msg.read_on_de:
             self._pe_ready(now, item)
         else:
-            item.buffered = msg.hit * self._kv
-            self.buffers[msg.pe_node].acquire(now, msg.rid, item.buffered, lambda now: self._read(now, msg.pe_node, item))
+            self._read_here(now, msg.pe_node, item)
 
-    def _read(self, now: int, node: int, item: _PrefillItem) -> None:
+    def _read_here(self, now: int, node: int, item: _PrefillItem) -> None:
+        """Hold the PE buffer for the hit, then read it (:meth:`_read`)."""
+        item.buffered = size = item.hit * self._kv
+        attempt = item.attempt
+        self.buffers[node].acquire(now, item.rid, size, lambda now: self._read(now, node, item, attempt, size))
+
+    def _read(self, now: int, node: int, item: _PrefillItem, attempt: int, size: int) -> None:
         """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
-        if item.moved:  # moved to the DE side before it could start: the buffer it waited for is not needed
-            self.buffers[node].release(now, item.rid, item.awaited)
-            item.awaited = 0
+        if attempt != item.attempt:  # moved to the DE side before it could start: the buffer is not needed
+            self.buffers[node].release(now, item.rid, size)
             return
         item.reading = True
         metrics = self.cluster.metrics
-        metrics.read_start(item.rid, now)
+        if not item.started_elsewhere:
+            metrics.read_start(item.rid, now)
 
         def finished(now: int) -> None:
-            if item.moved:  # the port came back: the late bytes are dropped (the buffer was freed at the move)
+            if attempt != item.attempt:  # the port came back: the late bytes are dropped (buffer freed at the move)
                 return
+            item.reading = False
             metrics.read_done(item.rid, now)
             self.out.observe(HitRead(item.rid, node))
             self.out.send("scheduler", ReadDone(node, item.hit))
@@ -154,16 +161,28 @@ class PrefillGroup(EngineGroup):
                 if factor == 0.0 and port == f"n{n}.snic.rx"}  # fmt: skip
         for (node, _), item in list(self.items.values()):
             if node in down and not item.read_on_de and item.hit > 0 and not item.pe_ready:
-                item.moved = item.read_on_de = True
-                if item.reading:  # the read is abandoned: its buffer is free now
+                started = item.reading or item.started_elsewhere
+                item.attempt += 1  # the read under way (or waiting for its buffer) is stale from now
+                item.read_on_de, item.started_elsewhere = True, False
+                if item.reading:  # abandoned: its buffer is free now (one still awaited, when granted)
                     self.buffers[node].release(now, item.rid, item.buffered)
-                else:  # still waiting for its buffer: given back when granted
-                    item.awaited = item.buffered
-                item.buffered = 0
+                item.reading, item.buffered = False, 0
                 item.de_ready = False  # until the decode group has read it
                 self.out.send("scheduler", ReadMoved(node, item.de_node, item.hit))
-                self.out.send(self.cluster.group_name("de", item.de_node), ReadHere(item.rid))
+                self.out.send(self.cluster.group_name("de", item.de_node), ReadHere(item.rid, started))
                 self._pe_ready(now, item)
+
+    @on(ReadHere)
+    def on_read_here(self, now: int, msg: ReadHere, sender: str) -> None:
+        """The decode node's storage NIC went down before this request's hit was read there: read it here."""
+        entry = self.items.get(msg.rid)
+        if entry is None or not entry[1].read_on_de:
+            return  # a race in real time: the request is gone, or reads here already
+        (node, _), item = entry
+        item.attempt += 1
+        item.read_on_de, item.started_elsewhere = False, msg.started
+        item.pe_ready = item.de_ready = False  # the hit is to be read here; the DE's buffer notice comes again
+        self._read_here(now, node, item)
 
     @on(HitReady)
     def on_hit_ready(self, now: int, msg: HitReady, sender: str) -> None:
@@ -172,8 +191,8 @@ class PrefillGroup(EngineGroup):
             self._early_hits.add(msg.rid)
             return
         item = entry[1]
-        if item.moved and not msg.read:
-            return  # the buffer's notice from before the move: the hit is not in it yet
+        if msg.read != item.read_on_de:
+            return  # a notice from before a failover moved the read: not the one this read waits for
         item.de_ready = True
         if item.ready:
             self._work_ready(now)
