@@ -209,3 +209,83 @@ def test_a_long_emulated_run_keeps_its_timelines_bounded() -> None:
         assert busy.interval_ns > 10**9 and all(len(b) <= 1 << 16 for b in busy.busy_ns.values())
     for util in (result.snic_util["pe"]["rx"], result.cnic_util["pe"]["tx"], result.gpu_util["de"]):
         assert 0.0 <= util["p99"] <= 1.0
+
+
+# 3. Files the emulator did not write
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
+def test_the_run_cache_never_waits_on_or_reads_a_file_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A FIFO in the cache hung the sweep; a link to /dev/zero was read until memory ran out. Both are now
+    ignored with a warning and the run is done again (and, where it can, kept)."""
+    import threading
+
+    from dualpath_emu.reproduce import common
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = "ab" * 32
+    path = common._cache_path(cache, key)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    found: list[object] = []
+    reader = threading.Thread(target=lambda: found.append(common._cache_read(cache, key, common.PLAIN_JSON, None)),
+                              daemon=True)  # fmt: skip
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "the cache read blocked"
+    assert found == [None]
+    common._cache_write(cache, key, repr, common.PLAIN_JSON, {"x": 1})
+    err = capsys.readouterr().err
+    assert f"warning: ignoring the cache file {path} (" in err
+    if kind != "dir":
+        assert common._cache_read(cache, key, common.PLAIN_JSON, None) == ({"x": 1},)
+    assert list(cache.glob("*.tmp")) == []
+
+
+def test_runs_sharing_a_storage_dir_keep_to_their_own_blocks(tmp_path: Path) -> None:
+    """Two host-backend runs at once on one storage_dir deleted each other's blocks and reported a false
+    corruption; each now has its own folder under it, removes only that, and leaves what it did not write."""
+    import json
+    import subprocess
+    import sys
+
+    storage = tmp_path / "kv"
+    storage.mkdir()
+    foreign = storage / "ctx-00000001.kv"
+    foreign.write_text("not this run's")
+    command = [sys.executable, "-m", "dualpath_emu.cli", "run", "ds27b-1p1d-offline", "--backend", "host", "--agents", "2",
+               "--set", "workload.max_rounds=2", "--system", "dualpath", "--time-scale", "10", "--json",
+               "--set", f"host.storage_dir={storage}"]  # fmt: skip
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        out, err = run.communicate(timeout=240)
+        assert run.returncode == 0, err[-2000:]
+        host = json.loads(out)["systems"]["dualpath"]["host"]
+        assert host["mismatched_blocks"] == 0 and host["verified_read_bytes"] > 0
+    assert [p.name for p in storage.iterdir()] == [foreign.name] and foreign.read_text() == "not this run's"
+
+
+def test_a_storage_dir_that_cannot_be_cleaned_is_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dualpath_emu.cluster import live
+
+    assert live.run_storage("") == "" and live.run_storage("/kv") != live.run_storage("/kv")
+    folder = Path(live.run_storage(str(tmp_path)))
+    folder.mkdir()
+    (folder / "ctx-00000002.kv").write_bytes(b"x")
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    live._remove_blocks(folder)
+    assert capsys.readouterr().err == (f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: "
+                                       "Read-only file system\n")  # fmt: skip

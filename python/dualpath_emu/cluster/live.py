@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import fnmatch
 import importlib
 import inspect
 import json
 import os
+import secrets
 import time
 import shlex
+import sys
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -631,6 +634,7 @@ def run_live(
 
     if config.faults.any and backend == "host":
         raise UsageError(FAULTS_LIVE)
+    storage_dir = run_storage(storage_dir)
     _write_description(run_dir, config, system, trajectories, seed)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
@@ -701,14 +705,25 @@ def compare_with_model(result: SystemResult, model: SystemResult) -> None:
             row["modelled_on_host"] = True  # no GPU copies: the host runs them on its core, as the model
 
 
+def run_storage(storage_dir: str) -> str:
+    """The run's own folder under a given ``storage_dir`` (``run-<random>``), so that runs sharing the
+    directory never read or delete each other's blocks; "" (the run directory's ``storage``) stays so."""
+    return str(Path(storage_dir) / f"run-{secrets.token_hex(8)}") if storage_dir else ""
+
+
 def _remove_blocks(folder: Path) -> None:
-    """Remove a host run's KV block files (and the folder, if that empties it)."""
-    for path in folder.glob("ctx-*.kv"):
-        path.unlink(missing_ok=True)
+    """Remove a host run's KV block files (and the folder, if that empties it): only the run's own folder's.
+    A folder that cannot be cleaned (read-only, gone) is said, not an error: the run's results stand."""
     try:
+        for path in folder.glob("ctx-*.kv"):
+            path.unlink(missing_ok=True)
         folder.rmdir()
-    except OSError:
+    except FileNotFoundError:
         pass
+    except OSError as error:
+        if error.errno != errno.ENOTEMPTY:  # something else is in it: not ours to remove
+            print(f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: "
+                  f"{error.strerror or error}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _write_description(
@@ -762,6 +777,7 @@ def prepare_live(
     if host and not storage_dir:
         raise ValueError("a host-backend run started by hand needs [host] storage_dir: a directory every host "
                          "mounts (the KV blocks one host writes, another reads)")  # fmt: skip
+    storage_dir = run_storage(storage_dir)
     _write_description(run_dir, config, system, trajectories, seed)
     processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
     names = ([] if host else [DATAPLANE_PROCESS]) + [name for name, _ in processes]

@@ -50,7 +50,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.errors import UsageError
-from dualpath_emu.inputs import short_repr
+from dualpath_emu.inputs import MAX_TRACE_BYTES, read_input, short_repr
 from dualpath_emu.workload.generator import DATASETS, generate, scaled
 from dualpath_emu.workload.trajectory import Trajectory
 
@@ -306,6 +306,10 @@ def _cache_key(worker: Callable[[C], Any], task: C) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+MAX_CACHE_BYTES: Final = MAX_TRACE_BYTES
+"""The largest run cache file read (a result is a summary, a few KB to MB)."""
+
+
 def _cache_path(cache: Path, key: str) -> Path:
     return cache / f"{key[:32]}.json"
 
@@ -319,9 +323,12 @@ def _cache_read(cache: Path, key: str, codec: Codec[C, T], task: C) -> tuple[T] 
     """The cached result of ``key`` (in a 1-tuple: a result may be None), or None where there is none; a file
     that is not one of ours for this key is ignored with a warning. JSON is only parsed, never run."""
     path = _cache_path(cache, key)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not os.path.lexists(path):
+        return None
+    try:  # a shared folder may hold anything: a FIFO is not waited on, a link to /dev/zero not read
+        data = json.loads(read_input(path, what="a run cache file", limit_bytes=MAX_CACHE_BYTES).decode("utf-8"))
+    except UsageError as error:
+        _cache_warning(path, str(error).removeprefix(f"{path}: "))
         return None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         _cache_warning(path, f"not a readable JSON file: {short_repr(str(error))}")
@@ -351,7 +358,11 @@ def _cache_write(cache: Path, key: str, worker: Callable[[C], Any], codec: Codec
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    partial.replace(path)
+    try:
+        partial.replace(path)
+    except OSError as error:  # e.g. a directory in its place: the result stands, only the cache misses it
+        partial.unlink(missing_ok=True)
+        _cache_warning(path, f"cannot replace it: {error.strerror or error}")
 
 
 # ---------------------------------------------------------------------------------------------- the executors
