@@ -289,3 +289,26 @@ def test_a_storage_dir_that_cannot_be_cleaned_is_a_warning(
     live._remove_blocks(folder)
     assert capsys.readouterr().err == (f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: "
                                        "Read-only file system\n")  # fmt: skip
+
+
+# 4. Trust
+
+
+@pytest.mark.parametrize("how", ["file", "module"])
+def test_a_policy_calling_sys_exit_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """``sys.exit(0)`` in a policy file ended the command with status 0 and no word."""
+    (tmp_path / "leaving_policy.py").write_text("import sys\nsys.exit(0)\n")
+    spec = str(tmp_path / "leaving_policy.py") + ":X" if how == "file" else "leaving_policy:X"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'kind = "cluster"\nsystems = ["{tmp_path / "leaving_policy.py"}:X"]\n[deployment]\nmodel = "ds27b"\n')
+    line = error_line(capsys, ["run", *SMALL[:-3], "--system", spec])
+    assert f"--system: '{spec}': " in line and "raised SystemExit: 0" in line
+    assert "raised SystemExit: 0" in error_line(capsys, ["validate", str(scenario)])
+
+
+def test_validate_says_that_it_runs_the_policy_code_it_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--help"]) == 0
+    assert "that runs their code" in " ".join(capsys.readouterr().out.split())

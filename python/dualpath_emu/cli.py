@@ -261,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
         "validate",
         help="check a scenario (cluster or run scenario)",
         description="Check a scenario file, or a packaged scenario by name, without running it: one OK line, or "
-        "one line naming the file, the key and what was expected (exit status 2).",
+        "one line naming the file, the key and what was expected (exit status 2). The systems it names as "
+        "file.py:Name or module:Name are imported to be checked: that runs their code, as `run` would, so "
+        "validate only scenarios whose policy files you trust.",
     )
     validate.add_argument("file", metavar="SCENARIO", help="scenario TOML file, or a packaged scenario's name")
     validate.set_defaults(func=_cmd_validate)

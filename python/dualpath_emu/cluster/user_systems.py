@@ -112,7 +112,7 @@ class SystemLoader:
         sys.modules[module_name] = module
         try:
             loader_spec.loader.exec_module(module)
-        except Exception as error:  # the user's code failed: say where, on one line
+        except (Exception, SystemExit) as error:  # the user's code failed (or called sys.exit): say where
             del sys.modules[module_name]
             raise self.error(spec, f"running {path} raised {_where(error, path)}") from None
         self._files[path] = module
@@ -128,7 +128,7 @@ class SystemLoader:
                 raise self.error(spec, f"no module named {error.name!r} (a file in this folder: give its path, "
                                        f"{target.replace('.', '/')}.py:Name)") from None  # fmt: skip
             raise self.error(spec, f"importing {target} raised {_where(error)}") from None
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # sys.exit(0) in it must not end the command with success
             raise self.error(spec, f"importing {target} raised {_where(error)}") from None
 
     def _find(self, spec: str, module: ModuleType, name: str) -> System:
