@@ -91,3 +91,17 @@ def test_an_unknown_port_is_refused() -> None:
         core.set_port_factor(3, 0.5)
     with pytest.raises(CoreError, match="unknown port"):
         core.set_port_latency(3, 1)
+
+
+def test_utilisation_is_read_at_the_widened_sample_interval_of_a_long_run() -> None:
+    # 100 s of a busy port sampled every ms: more intervals than one series may hold (65,536), so the core
+    # widens them to 2 ms. The mean series must come at that width, each sample a busy 100% (it came at 1 ms
+    # and over-counted every widened sample as 200%).
+    core = Core(sample_interval_ns=MS)
+    p = core.add_port("p", GB)
+    core.submit_transfers([([p], 0, 100 * GB, 1)])
+    core.run_until_idle()
+    assert core.sample_interval_ns == 2 * MS
+    series = core.utilisation_mean([p], core.now_ns)
+    assert len(series) == 50_000 and max(series) == pytest.approx(1.0) and min(series) == pytest.approx(1.0)
+    assert core.utilisation_quantile([p], 0.99, core.now_ns) == pytest.approx(1.0)

@@ -1154,10 +1154,12 @@ impl Core {
     /// begins before `until_ns`. An interval the counters cover only in part (the one `now` falls in) is
     /// relative to the part covered, so a port busy until now reads 1, not less.
     fn utilisation_until(&self, port: PortId, until_ns: TimeNs) -> Result<(Vec<f64>, usize)> {
-        let interval_ns = self.config.sample_interval_ns;
-        if interval_ns == 0 {
+        if self.config.sample_interval_ns == 0 {
             return Err(CoreError::state("sampling is off: create the Core with sample_interval_ns"));
         }
+        // The interval the samples are at now: the configured one, widened on long runs (the callers have
+        // settled every port, so every series is at it).
+        let interval_ns = self.net.sample_ns();
         if until_ns > self.now {
             return Err(CoreError::invalid("until_ns", format!("a time <= now ({} ns), got {until_ns}", self.now)));
         }

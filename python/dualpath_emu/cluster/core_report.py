@@ -8,7 +8,6 @@ and the launcher computes the results from it and the actors' merged metrics. Ei
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,46 +34,6 @@ def ports_of(topology: Topology, role: str, kind: str) -> list[int]:
     if kind == "cnic.rx":
         return [p for n in nodes for p in n.cnic_rx]
     raise ValueError(f"unknown port kind {kind!r}")
-
-
-def _samples(core: Core, port: int, until_ns: int) -> tuple[list[float], int]:
-    """A port's utilisation samples before ``until_ns`` and how many intervals that is, computed as
-    ``Core.utilisation_mean`` and ``utilisation_quantile`` do, but at the interval the core uses now: those two
-    count intervals at the interval first asked for, so once a long run has widened it their series grow with
-    emulated time (and over-count each widened sample). Equal to theirs, bit for bit, on a run never widened."""
-    interval = core.sample_interval_ns
-    if interval is None:
-        raise ValueError("the core samples no utilisation: create it with sample_interval_ns")
-    intervals = -(-until_ns // interval)
-    values = core.utilisation(port)[:intervals]  # bytes / (rate × interval), bounded by the core's budget
-    now = core.now_ns
-    if values and len(values) * interval > now:  # the last one ends after now: over the part before it
-        rate = core.port_rate(port)
-        last = len(values) - 1
-        covered = max(1, now - last * interval)
-        values[last] = values[last] * (rate * interval / 1e9) / (rate * covered / 1e9)
-    return values, intervals
-
-
-def _mean(series: list[tuple[list[float], int]]) -> list[float]:
-    """Per interval, the mean over the ports (as ``Core.utilisation_mean``)."""
-    total: list[float] = [0.0] * max((n for _, n in series), default=0)
-    for values, _ in series:
-        for k, u in enumerate(values):
-            total[k] += u
-    n = float(max(1, len(series)))
-    return [t / n for t in total]
-
-
-def _quantile(series: list[tuple[list[float], int]], q: float) -> float:
-    """The nearest-rank ``q``-quantile over every (port, interval) (as ``Core.utilisation_quantile``)."""
-    values = sorted(u for v, _ in series for u in v)
-    total = sum(n for _, n in series)
-    if total == 0:
-        return 0.0
-    zeros = total - len(values)  # intervals with no sample: idle
-    rank = min(total, max(1, math.ceil(q * total)))
-    return 0.0 if rank <= zeros else max(0.0, values[rank - zeros - 1])
 
 
 @dataclass(frozen=True)
@@ -117,9 +76,9 @@ class CoreReport:
         timelines: dict[str, dict[str, list[float]]] = {}
         for kind in PORT_KINDS if topology is not None else ():
             assert topology is not None
-            series = {role: [_samples(core, p, until_ns) for p in ports_of(topology, role, kind)] for role in ROLES}
-            p99[kind] = {role: _quantile(s, 0.99) for role, s in series.items()}
-            timelines[kind] = {role: _mean(s) for role, s in series.items()}
+            # At the interval the core samples at now (widened on long runs: the series stay within its budget).
+            p99[kind] = {role: core.utilisation_quantile(ports_of(topology, role, kind), 0.99, until_ns) for role in ROLES}
+            timelines[kind] = {role: core.utilisation_mean(ports_of(topology, role, kind), until_ns) for role in ROLES}
         return cls(ports, p99, timelines, dict(core.stats()), core.now_ns, until_ns, core.sample_interval_ns)
 
     def to_wire(self) -> dict[str, Any]:
