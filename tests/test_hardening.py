@@ -312,3 +312,17 @@ def test_a_policy_calling_sys_exit_is_an_error_naming_it(
 def test_validate_says_that_it_runs_the_policy_code_it_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--help"]) == 0
     assert "that runs their code" in " ".join(capsys.readouterr().out.split())
+
+
+def test_ctrl_c_on_a_live_run_exits_130(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's LaunchInterrupted (a LaunchError) was wrapped as a failed run and the command exited 1."""
+    import dualpath_emu.cluster.live as live
+    from dualpath_emu.runtime.launcher import LaunchInterrupted
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise LaunchInterrupted("interrupted by SIGINT; stopped 5 process(es)")
+
+    monkeypatch.setattr(live, "run_live", interrupted)
+    assert main(["run", *SMALL, "--mode", "realtime", "--run-dir", str(tmp_path / "r")]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("dualpath-emu: interrupted by SIGINT; stopped 5 process(es)\n") and "Traceback" not in err

@@ -325,7 +325,7 @@ def _run_live_system(
     from dualpath_emu.cluster.invariants import InvariantError
     from dualpath_emu.cluster.live import run_live
     from dualpath_emu.cluster.run import LostRequestsError
-    from dualpath_emu.runtime.launcher import LaunchError
+    from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted
 
     run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
     if not (args.quiet or args.json):
@@ -344,6 +344,8 @@ def _run_live_system(
             backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
             transfer_engine=scenario.transfer_engine, progress=progress,
         )  # fmt: skip
+    except LaunchInterrupted:
+        raise  # Ctrl-C or a signal: the command ends with 130, not as a failed run
     except (LaunchError, LostRequestsError, InvariantError) as error:
         # A process that finds its disk full cannot even write why (its output is there too): say it here.
         if isinstance(error, LaunchError) and shutil.disk_usage(run_dir).free < FULL_DISK_BYTES:
