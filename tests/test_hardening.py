@@ -326,3 +326,28 @@ def test_ctrl_c_on_a_live_run_exits_130(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["run", *SMALL, "--mode", "realtime", "--run-dir", str(tmp_path / "r")]) == 130
     err = capsys.readouterr().err
     assert err.endswith("dualpath-emu: interrupted by SIGINT; stopped 5 process(es)\n") and "Traceback" not in err
+
+
+def test_a_killed_launchers_folders_are_removed_by_the_next_one(tmp_path: Path) -> None:
+    """SIGKILL skips a launcher's clean-up: its socket folder and KV blocks stayed for ever. A folder marked
+    with its owner (host and pid) is removed by a later launcher once that pid is gone; a live owner's, one
+    without an owner file, another host's and a link are left alone."""
+    import subprocess
+    import sys
+
+    from dualpath_emu.runtime.launcher import OWNER_FILE, mark_owner, sweep_orphans
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    dead_pid = int(gone.stdout)
+    folders = {name: tmp_path / name for name in ("run-dead", "run-live", "run-unmarked", "run-elsewhere")}
+    for folder in folders.values():
+        folder.mkdir()
+        (folder / "ctx-00000001.kv").write_bytes(b"kv")
+    mark_owner(folders["run-live"])  # this process: alive
+    (folders["run-dead"] / OWNER_FILE).write_text(f"{socket.gethostname()} {dead_pid}\n")
+    (folders["run-elsewhere"] / OWNER_FILE).write_text(f"another-host-{socket.gethostname()} {dead_pid}\n")
+    (tmp_path / "run-link").symlink_to(folders["run-dead"])
+    assert sweep_orphans("run-*", tmp_path) == [folders["run-dead"]]
+    assert not folders["run-dead"].exists()
+    assert all(folders[n].exists() for n in ("run-live", "run-unmarked", "run-elsewhere"))

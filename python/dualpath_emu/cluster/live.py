@@ -65,6 +65,7 @@ from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.engine_actor import EngineActor
+from dualpath_emu.runtime.launcher import OWNER_FILE
 from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
 from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunDescription, RunScenario, load_run_scenario
@@ -630,12 +631,24 @@ def run_live(
     ``storage``, removed at the end). ``progress`` is called a few times a second with how far the run is (what
     the client's process last wrote to ``progress.json``). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError`
     if a process fails or stops answering."""
-    from dualpath_emu.runtime.launcher import launch
+    from dualpath_emu.runtime.launcher import launch, mark_owner, sweep_orphans
 
     if config.faults.any and backend == "host":
         raise UsageError(FAULTS_LIVE)
+    given = storage_dir
     storage_dir = run_storage(storage_dir)
     _write_description(run_dir, config, system, trajectories, seed)
+    if backend == "host":
+        # The KV blocks of runs whose launcher was killed (SIGKILL skips the clean-up below): removed here,
+        # where this run's would be; then this run's folder, marked as this launcher's.
+        if given:
+            sweep_orphans("run-*", Path(given))
+        else:
+            sweep_orphans(STORAGE_DIR, run_dir)
+            sweep_orphans(f"dualpath-emu-live-*/{STORAGE_DIR}")
+        blocks = Path(storage_dir) if storage_dir else run_dir / STORAGE_DIR
+        blocks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mark_owner(blocks)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
         processes=placement(ClusterApplication.actor_names_of(config), placement_kind), metrics_port=metrics_port,
@@ -717,6 +730,7 @@ def _remove_blocks(folder: Path) -> None:
     try:
         for path in folder.glob("ctx-*.kv"):
             path.unlink(missing_ok=True)
+        (folder / OWNER_FILE).unlink(missing_ok=True)
         folder.rmdir()
     except FileNotFoundError:
         pass

@@ -391,13 +391,8 @@ def launch(
     stale = [f"{n}{suffix}" for n in names for suffix in (".ready", ".json", ".events", ".part", ".out")]
     for name in (*stale, "run.json", SERVICE_REPORT):
         (work / name).unlink(missing_ok=True)
+    sweep_orphans("dpe-*")  # the socket folders of launchers killed before they could remove them
     socket_dir = Path(tempfile.mkdtemp(prefix="dpe-"))  # short: ipc:// paths are limited to ~100 bytes
-    os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
-    description = describe_run(scenario, socket_dir, keys)
-    if keys is None and _needs_keys(description):  # tcp: a new key pair per process, kept with the run
-        shutil.rmtree(work / "keys", ignore_errors=True)  # an earlier run's in this run directory
-        description = describe_run(scenario, socket_dir, _make_keys(scenario, work / "keys"))
-    description.write(work)
     children: list[_Child] = []
     started = time.perf_counter()
 
@@ -405,7 +400,14 @@ def launch(
         _watch(scenario, children, started, on_tick)
         _finish(children)
 
-    try:
+    try:  # from here on the socket folder is removed whatever happens (a bad --host refused, say)
+        os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
+        mark_owner(socket_dir)
+        description = describe_run(scenario, socket_dir, keys)
+        if keys is None and _needs_keys(description):  # tcp: a new key pair per process, kept with the run
+            shutil.rmtree(work / "keys", ignore_errors=True)  # an earlier run's in this run directory
+            description = describe_run(scenario, socket_dir, _make_keys(scenario, work / "keys"))
+        description.write(work)
         _start_and_watch(scenario, children, _process_names(scenario), work, {}, watch, on_start)
         failed = [c for c in children if c.process.returncode != 0]
         if failed:
@@ -421,6 +423,46 @@ def launch(
         shutil.rmtree(socket_dir, ignore_errors=True)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+OWNER_FILE: Final = "owner"
+"""In a folder a launcher makes for one run (its sockets, its KV blocks): ``<host> <pid>`` of that launcher."""
+
+
+def mark_owner(folder: Path) -> None:
+    """Write ``folder``'s owner: this host and process, so a later launcher can tell the folder is left over
+    from one that was killed (SIGKILL ends a process without its clean-up) and remove it."""
+    (folder / OWNER_FILE).write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
+
+
+def sweep_orphans(pattern: str, parent: Path | None = None) -> list[Path]:
+    """Remove the folders matching ``pattern`` in ``parent`` (the temporary directory by default) that this user
+    owns and whose owner file names a launcher of this host that is gone; returns them. A folder without an
+    owner file, another host's, or a live process's is left alone (a pid of this host that was reused keeps
+    its folder: safe, if untidy)."""
+    removed = []
+    for folder in (parent or Path(tempfile.gettempdir())).glob(pattern):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            host, pid = (folder / OWNER_FILE).read_text(encoding="utf-8").split()
+        except (OSError, ValueError):
+            continue
+        if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or a pid no process can have
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def launch_host(
