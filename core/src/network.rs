@@ -863,11 +863,8 @@ impl Network {
             if port.spec.has_bucket() {
                 settle_port(port, now, sampling);
                 // Back to the peak once at least a packet's worth of tokens has built up.
-                port.capacity = if port.tokens >= port.spec.mtu_bytes as f64 {
-                    port.peak_rate()
-                } else {
-                    port.sustained_rate()
-                };
+                port.capacity =
+                    if port.tokens >= port.spec.mtu_bytes as f64 { port.peak_rate() } else { port.sustained_rate() };
             }
             if port.exact_in == 0 {
                 // Now and then add the demand up again from the members, shedding the rounding the
