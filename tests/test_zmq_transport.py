@@ -527,3 +527,37 @@ def test_the_largest_submit_crosses_the_transport(transport: str, ipc_dir: str) 
             assert a.rejected == b.rejected == 0
 
     run_bounded(main, limit_s=60.0)
+
+
+def test_in_a_named_run_an_envelope_speaks_only_for_its_own_process(ipc_dir: str) -> None:
+    """Over ipc (no keys) a same-user process could connect and declare any sender. In a named run each DEALER
+    connects as its process: an envelope naming another process's actor is rejected, whoever sends it."""
+    codec = Codec(registry())
+    forged = codec.encode_envelope(Envelope("relay", "echo", 1, None, Note(99)))
+
+    async def main() -> None:
+        a = ZmqActorSystem(Codec(registry()), bind=f"ipc://{ipc_dir}/a", name="a")
+        b = ZmqActorSystem(Codec(registry()), bind=f"ipc://{ipc_dir}/b", name="b")
+        async with a, b:
+            a.add_route("echo", b.endpoint, "b")
+            b.add_route("relay", a.endpoint, "a")
+            echo = Echo(b, "echo")
+            echo.start()
+            a.tell("echo", Note(1), sender="relay")  # the real one: delivered
+            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(1)
+            context = zmq.asyncio.Context()
+            for routing_id in (None, b"x", b"a"):  # anonymous, another name, and a's own name while a is connected
+                raw = context.socket(zmq.DEALER)
+                raw.setsockopt(zmq.LINGER, 0)
+                if routing_id is not None:
+                    raw.setsockopt(zmq.ROUTING_ID, routing_id)
+                raw.connect(b.endpoint)
+                await raw.send_multipart([b"tell", forged])
+                await asyncio.sleep(0.2)
+                raw.close(linger=0)
+            context.term()
+            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(1)  # no forged note got in
+            assert echo.notes == [("relay", 1)]
+            assert b.rejected == 2  # the one under a's name never got a connection: the ROUTER refused it
+
+    run_bounded(main)

@@ -35,6 +35,11 @@ endpoint (bound or connected to) is refused with :class:`~dualpath_emu.errors.Se
 ``insecure=True`` is given, and an ``ipc://`` socket's directory must be private to the user
 (:func:`~dualpath_emu.runtime.security.check_private_ipc`; ``insecure=True`` skips that check too). A bind
 on all interfaces (``tcp://0.0.0.0:...``, ``tcp://*:...``) logs one WARNING, "listening on all interfaces".
+With ``name`` (every process of a run has one), each DEALER connects under its process's name as ZeroMQ routing
+id, a ROUTER refuses a second connection under a name in use, and an envelope that names as its sender an actor
+of another process than the connection's is rejected: another local process cannot speak for the run's actors,
+over ipc (where no keys authenticate a peer) as over tcp. A sender the address book does not know (``main``) is
+not checked.
 
 Bounds
 ------
@@ -568,6 +573,8 @@ class ZmqActorSystem(ActorSystem):
             socket = self._socket(zmq.DEALER)
             if self.keys is not None:
                 self.keys.make_client(socket, self.peers[endpoint])
+            if self.name is not None:  # the peer's ROUTER knows this connection as this process (see _on_request)
+                socket.setsockopt(zmq.ROUTING_ID, self.name.encode())
             socket.connect(endpoint)
             dealer = self._dealers[endpoint] = _Channel(socket, self._send_failed)
             receiver = dealer.receive(self._on_reply, self._reject)
@@ -661,6 +668,15 @@ class ZmqActorSystem(ActorSystem):
         if envelope.reply_to is not None:
             self._reject(f"a request with reply_to #{envelope.reply_to}")
             return
+        if self.name is not None:
+            # In a named run every process's DEALER connects as its process, and a ROUTER refuses a second
+            # connection under a name in use: an envelope may only name a sender of the process it came from
+            # (another local process could otherwise speak for any actor, over ipc as over tcp).
+            process = self.peers.get(self.address_book.get(envelope.sender, ""))
+            if process is not None and identity != process.encode():
+                self._reject(f"sender {envelope.sender!r} is process {process!r}'s, but this came over another "
+                             f"connection ({identity[:64]!r})")  # fmt: skip
+                return
         summary = _describe(envelope)
         target = self._actors.get(envelope.recipient)
         if target is None:
