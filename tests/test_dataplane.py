@@ -16,7 +16,7 @@ import socket as socketlib
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,10 @@ from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError, UnknownNameError
 from dualpath_emu.runtime import ForwardRank, LayerTransfer
 from dualpath_emu.runtime.core_work import Completion, CoreWork
+from dualpath_emu.runtime import dataplane
 from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
 from dualpath_emu.runtime.dataplane import (
+    DataPlaneError,
     DataPlaneLost,
     DataPlaneService,
     DetachedRequestError,
@@ -500,6 +502,90 @@ def test_hostile_frames_are_rejected_and_counted_and_the_service_keeps_serving(d
     assert report["counters"]["requests"] == 1  # nothing of the rejected submissions reached the core
     assert any("a 'ping' from a peer that has not said hello" in r for r in report["rejections"])
     assert any("tag 5 is already in flight" in r for r in report["rejections"])
+
+
+# --- bounds: what a peer can make a process hold -------------------------------------------------------
+
+
+def small_queues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZeroMQ queues of 10 messages and backlogs of 50 (before the sockets are made), so a test fills them fast."""
+    monkeypatch.setattr(dataplane, "HWM", 10)
+    monkeypatch.setattr(dataplane, "BACKLOG_MESSAGES", 50)
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_a_requester_that_does_not_read_fails_the_service_within_its_backlog(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service's backlog had no bound: a requester that asks and never reads grew it without end.
+    small_queues(monkeypatch)
+    with service(directory) as svc, raw_peer(svc.endpoint) as socket:
+        socket.send(msgpack.packb([V, "hello", "deaf", 1, 1.0]))
+        assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome"])[1] == "welcome"
+        for seq in range(3_000):  # each answered with the whole report, never read
+            try:
+                socket.send(msgpack.packb([V, "stats", seq]), zmq.NOBLOCK)
+            except zmq.Again:  # the service stopped reading: it failed
+                break
+        wait_for(lambda: svc.error is not None)
+    assert isinstance(svc.error, DataPlaneError)
+    assert "wait for process 'deaf', which does not take them" in str(svc.error)
+
+
+def test_answers_to_a_refused_peer_that_does_not_read_are_dropped(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A peer refused at hello must not make the service hold its answers, nor hold up a real requester's.
+    small_queues(monkeypatch)
+    with service(directory) as svc, raw_peer(svc.endpoint) as socket:
+        for _ in range(3_000):
+            try:
+                socket.send(msgpack.packb([V, "hello", "", 1, 1.0]), zmq.NOBLOCK)  # refused: an empty name
+            except zmq.Again:
+                break
+        plane = remote(svc.endpoint)
+
+        async def main() -> dict[str, Any]:
+            await plane.transfer([plane.layout.port_id("link")], 0, MB)
+            return await plane.stats()
+
+        report = run_remote(main(), plane)
+    assert svc.error is None and report["counters"]["send_failures"] > 0
+
+
+def test_a_remote_plane_whose_service_does_not_read_fails_within_its_backlog(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_queues(monkeypatch)
+    with service(directory) as svc:
+        plane = remote(svc.endpoint)
+        assert svc._loop is not None
+        svc._loop.call_soon_threadsafe(time.sleep, 3.0)  # the service reads nothing for 3 s
+
+        async def main() -> None:
+            for _ in range(50_000):
+                plane.set_port_factor(0, 1.0)  # a message each
+            await asyncio.sleep(5.0)
+
+        with pytest.raises(DataPlaneError, match="of 'w' wait for the data plane at .*, which does not take them"):
+            run_remote(main(), plane)
+
+
+def test_rejected_frames_are_counted_but_logged_boundedly(directory: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with service(directory) as svc, raw_peer(svc.endpoint) as socket:
+        for _ in range(1_000):
+            socket.send(b"\xc1")  # not msgpack
+        socket.send(msgpack.packb([V, "hello", "w", 1, 1.0]))
+        assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome"])[1] == "welcome"
+    assert svc.report is not None and svc.report["counters"]["rejected"] == 1_000
+    lines = [r for r in caplog.records if r.name == dataplane.__name__ and "rejected a frame" in r.getMessage()]
+    assert dataplane.REJECTIONS_LOGGED <= len(lines) <= dataplane.REJECTIONS_LOGGED + 2  # + the 1,000th's summary
+    assert "1,000 so far" in lines[-1].getMessage() or "1,000 in all" in lines[-1].getMessage()
 
 
 DECODE_FRAMES: dict[str, bytes] = {

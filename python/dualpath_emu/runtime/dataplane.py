@@ -62,7 +62,8 @@ writes :meth:`DataPlaneService.report`
 Wire format (version :data:`PROTOCOL_VERSION`)
 -----------------------------------------------
 Sockets: a ROUTER at the service, one DEALER per remote process (high-water marks :data:`HWM`, frames at
-most :data:`MAX_FRAME_BYTES`: ``zmq.MAXMSGSIZE``). With a ``keys`` object (:class:`DataPlaneKeys`, e.g. a
+most :data:`MAX_FRAME_BYTES`: ``zmq.MAXMSGSIZE``; what waits beyond ZeroMQ's queue is bounded by
+:data:`BACKLOG_MESSAGES` and :data:`BACKLOG_BYTES`, answers to a peer refused at hello are dropped instead). With a ``keys`` object (:class:`DataPlaneKeys`, e.g. a
 :class:`~dualpath_emu.runtime.security.RunKeys`) the service calls ``keys.make_server(socket)`` before it
 binds and runs ``start_authenticator(context, keys)`` (a ZAP handler admitting the run's keys only); a
 remote plane calls ``keys.make_client(socket, peer_name)`` before it connects: CURVE, authenticated and
@@ -142,9 +143,11 @@ from dualpath_emu.runtime.core_work import (
     submit_split,
 )
 from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore
-from dualpath_emu.runtime.security import check_private_ipc
+from dualpath_emu.runtime.security import BoundedLog, check_private_ipc
 
 __all__ = [
+    "BACKLOG_BYTES",
+    "BACKLOG_MESSAGES",
     "HWM",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
@@ -183,6 +186,13 @@ MAX_RANKS: Final = 65_536
 MAX_NAME_CHARS: Final = 256
 RECEIVE_BATCH: Final = 1_024
 """At most this many messages are taken from a socket before the loop runs others."""
+BACKLOG_MESSAGES: Final = 100_000
+"""The most messages a process holds beyond ZeroMQ's queue for the data plane's socket (the service: towards
+all its requesters together; a remote plane: towards the service). Past it, or :data:`BACKLOG_BYTES`, the
+run fails naming the peer that does not read: it is stuck, gone or far slower than the run."""
+BACKLOG_BYTES: Final = 256 << 20
+REJECTIONS_LOGGED: Final = 100
+"""Rejected frames logged one by one by the service; then one summary line per power of ten (``BoundedLog``)."""
 SYNC_ROUNDS: Final = 8
 """Ping rounds of the clock handshake; the one with the smallest round trip is kept."""
 HEARTBEAT_INTERVAL_S: Final = 0.5
@@ -600,6 +610,7 @@ class DataPlaneService:
         }  # fmt: skip
         self.rejections: deque[str] = deque(maxlen=_REJECTION_LOG)
         """The reasons of the last rejected frames."""
+        self._rejection_log = BoundedLog(_log, "data plane: rejected a frame", first=REJECTIONS_LOGGED)
         self.submission_lag = LagStats()
         self._requesters: dict[bytes, _Requester] = {}
         self._by_name: dict[str, _Requester] = {}
@@ -614,6 +625,7 @@ class DataPlaneService:
         self._endpoint: str | None = None
         self._done: asyncio.Future[str] | None = None
         self._backlog: deque[list[bytes]] = deque()
+        self._backlog_bytes = 0
         self._recheck_due = False
         self._started_s = time.monotonic()
         self._drain_check: asyncio.TimerHandle | None = None
@@ -680,6 +692,7 @@ class DataPlaneService:
         if self._context is not None:
             self._context.term()
             self._context = None
+        self._rejection_log.flush()
 
     async def serve(self, stop: asyncio.Event | None = None) -> str:
         """Serve until drained (returns ``"drained"``), told to stop through ``stop`` (``"stopped"``), or
@@ -707,7 +720,7 @@ class DataPlaneService:
         who = f" from {requester.name!r}" if requester is not None else ""
         text = f"rejected a frame{who}: {reason}"
         self.rejections.append(text)
-        _log.warning("data plane %s: %s", self._endpoint, text)
+        self._rejection_log.note(f"{self._endpoint}{who}: {reason}")  # a flood is counted, not all logged
 
     def _on_readable(self) -> None:
         socket = self._socket
@@ -976,9 +989,27 @@ class DataPlaneService:
         payload = msgpack.packb(message, use_bin_type=True)
         frames = [identity, payload]
         if self._backlog:
-            self._backlog.append(frames)
+            self._keep(frames)
             return
         self._send_now(frames)
+
+    def _keep(self, frames: list[bytes]) -> None:
+        """Put ``frames`` at the end of the backlog, bounded: past its bounds the run fails (see
+        :data:`BACKLOG_MESSAGES`) and the frames are dropped."""
+        if self._backlog and (
+            len(self._backlog) >= BACKLOG_MESSAGES or self._backlog_bytes + len(frames[1]) > BACKLOG_BYTES
+        ):  # (a message alone always fits)
+            self.counters["send_failures"] += 1
+            if self.failure is None:
+                stuck = self._requesters.get(self._backlog[0][0])
+                self._fail(DataPlaneError(
+                    f"data plane: {len(self._backlog):,} messages ({self._backlog_bytes:,} bytes) wait for process "
+                    f"{stuck.name if stuck else '?'!r}, which does not take them: stuck, gone or far slower than "
+                    "the run"
+                ))  # fmt: skip
+            return
+        self._backlog.append(frames)
+        self._backlog_bytes += len(frames[1])
 
     def _send_now(self, frames: list[bytes]) -> bool:
         """Send at once; False (and the frames are kept) when the peer's queue is full."""
@@ -990,8 +1021,11 @@ class DataPlaneService:
             socket.send(frames[1], _NOBLOCK)
             self.counters["messages_sent"] += 1
         except zmq.Again:
+            if frames[0] not in self._requesters:  # a refused peer that does not read: never hold its answers
+                self.counters["send_failures"] += 1
+                return True
             if not self._backlog or self._backlog[0] is not frames:
-                self._backlog.append(frames)
+                self._keep(frames)
             self.loop.call_later(0.001 * self.plane.time_scale, self._drain_backlog)
             return False
         except zmq.ZMQError as error:  # EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
@@ -1009,7 +1043,7 @@ class DataPlaneService:
         while self._backlog:
             if not self._send_now(self._backlog[0]):
                 return
-            self._backlog.popleft()
+            self._backlog_bytes -= len(self._backlog.popleft()[1])
 
     # --- heartbeats and the end ----------------------------------------------------------------------
 
@@ -1211,6 +1245,7 @@ class RemoteDataPlane(CoreWork):
         self._batch_requested_ns = 0
         self._recheck_due = False
         self._backlog: deque[bytes] = deque()
+        self._backlog_bytes = 0
         self._context = zmq.Context()
         socket = self._socket = self._context.socket(zmq.DEALER)
         try:
@@ -1366,13 +1401,27 @@ class RemoteDataPlane(CoreWork):
             try:
                 self._socket.send(payload, _NOBLOCK)
             except zmq.Again:
-                self._backlog.append(payload)
+                self._keep(payload)
                 self.loop.call_later(0.001 * self._time_scale, self._drain_backlog)
         else:
-            self._backlog.append(payload)
+            self._keep(payload)
         if not self._recheck_due:  # a send may consume the descriptor's edge: look again next iteration
             self._recheck_due = True
             self.loop.call_soon(self._on_readable)
+
+    def _keep(self, payload: bytes) -> None:
+        """Put ``payload`` at the end of the backlog, bounded: past its bounds the run fails (see
+        :data:`BACKLOG_MESSAGES`) and what this process asks for from then on is dropped."""
+        if self._backlog and (
+            len(self._backlog) >= BACKLOG_MESSAGES or self._backlog_bytes + len(payload) > BACKLOG_BYTES
+        ):  # (a message alone always fits)
+            self._fatal(DataPlaneError(
+                f"{len(self._backlog):,} messages ({self._backlog_bytes:,} bytes) of {self.name!r} wait for the data "
+                f"plane at {self.endpoint}, which does not take them: stuck or far slower than the run"
+            ))  # fmt: skip
+            return
+        self._backlog.append(payload)
+        self._backlog_bytes += len(payload)
 
     def _drain_backlog(self) -> None:
         socket = self._socket
@@ -1382,7 +1431,7 @@ class RemoteDataPlane(CoreWork):
             except zmq.Again:
                 self.loop.call_later(0.001 * self._time_scale, self._drain_backlog)
                 return
-            self._backlog.popleft()
+            self._backlog_bytes -= len(self._backlog.popleft())
 
     # --- receiving ---------------------------------------------------------------------------------
 
