@@ -6,7 +6,8 @@ whose work is real where the host has the hardware and modelled where it does no
 
 * **storage I/O** (``io``): the Full Blocks the request names (its extents) are read from and written to real
   files (:class:`~dualpath_emu.host.storage.BlockStore`), every block read verified; paced per node by its
-  storage NIC's :class:`~dualpath_emu._core.PacketPort` (rx for reads, tx for writes) one block per chunk;
+  storage NIC's :class:`~dualpath_emu._core.PacketPort` (rx for reads, tx for writes) one block per chunk,
+  in modelled bytes at the modelled rate (the same times, and no real byte to round up to);
 * **transfers between nodes** (a PE's layer KV to a DE buffer, a DE buffer's hit KV to a PE under DE-read,
   the MoE all-to-all between nodes): real bytes between the node processes (:class:`~dualpath_emu.host.transport.ByteChannel`),
   paced by the sending GPU's compute-NIC port with the paper's virtual-lane arbitration, so the model's lane
@@ -20,9 +21,9 @@ whose work is real where the host has the hardware and modelled where it does no
   every rank's attention is done and ends the layer, stores follow each attention one at a time.
 
 **Bytes are scaled** by ``byte_scale`` (e.g. 1/1000): a transfer of S modelled bytes moves round(S × scale)
-real bytes (at least one), and every pacer runs at its port's rate × scale, so a transfer takes the time the
-model gives it unless the host cannot keep up -- which is what the run measures. A storage block's real size
-is the scaled Full Block rounded up to the 4 KiB that O_DIRECT needs.
+real bytes (at least one), and every network pacer runs at its port's rate × scale, so a transfer takes the
+time the model gives it unless the host cannot keep up -- which is what the run measures. A storage block's
+real size is the scaled Full Block (at least one byte) rounded up to O_DIRECT's unit (512 bytes or 4 KiB).
 
 Everything a process was asked to move is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`),
 so the run's byte check is the same as the model's: every byte the actors booked was moved.
@@ -262,10 +263,11 @@ class HostDataPlane(WallClockCore):
     def _real(self, size: int) -> int:
         return max(1, round(size * self.plan.byte_scale))
 
-    def _pacer(self, port: int, chunk_bytes: int, arbitration: Arbitration | None) -> Pacer:
+    def _pacer(self, port: int, chunk_bytes: int, arbitration: Arbitration | None, scale: float) -> Pacer:
+        """``port``'s pacer, counting ``scale`` bytes per modelled byte (made on first use)."""
         pacer = self._pacers.get(port)
         if pacer is None:
-            rate = self.plan.port_rate[port] * self.plan.byte_scale
+            rate = self.plan.port_rate[port] * scale
             # Storage NICs take a longer bucket: fewer, larger file reads (each a thread hop and a syscall),
             # where a compute NIC's lanes want a short one.
             burst = BURST_S if arbitration is not None else STORAGE_BURST_S
@@ -317,19 +319,20 @@ class HostDataPlane(WallClockCore):
             raise ValueError(f"process {self.process!r} was asked to send on port {port}, not one of its nodes'")
         ident = self._new_id()
         self._jobs[ident] = _Job(dest, job, ack)
-        self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper()).enqueue(lane, nbytes, ident)
+        self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper(), self.plan.byte_scale).enqueue(lane, nbytes, ident)
 
     # --- storage ---------------------------------------------------------------------------------------
 
     async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Extents) -> None:
         if self.store is None:
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
-        chunk = max(1, self._real(self.plan.block_bytes))
-        pacer = self._pacer(port, chunk, None)
+        # Paced in modelled bytes, a block per chunk: in real bytes an I/O under one (byte_scale 1e-9) took
+        # 1 / (rate × scale) s, not size / rate; write-backs fell seconds behind, and reads gave up on them.
+        pacer = self._pacer(port, self.plan.block_bytes, None, 1.0)
         io = _StorageIo(kind, [list(e) for e in extents], self.loop.create_future())
         ident = self._new_id()
         self._ios[ident] = io
-        pacer.enqueue(lane, max(1, self._real(size)), ident)
+        pacer.enqueue(lane, max(1, size), ident)
         await io.done
 
     def _grant_io(self, ident: int, chunks: int, last: bool) -> None:
