@@ -576,6 +576,22 @@ def test_a_remote_plane_whose_service_does_not_read_fails_within_its_backlog(
             run_remote(main(), plane)
 
 
+def test_a_remote_plane_refuses_to_send_a_frame_the_service_would_drop(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A frame over the service's MAXMSGSIZE makes ZeroMQ drop the connection, which showed only as a lost
+    # heartbeat: the remote plane now fails the run saying why.
+    monkeypatch.setattr(dataplane, "MAX_FRAME_BYTES", 1_000)
+    with service(directory) as svc:
+        plane = remote(svc.endpoint)
+
+        async def main() -> None:
+            for _ in range(500):  # one submission of about 5 kB
+                plane.transfer_detached([0], 0, 1)
+            await asyncio.sleep(2.0)
+
+        with pytest.raises(DataPlaneError, match="has a message of [0-9,]+ bytes for the data plane, more than its frames take"):
+            run_remote(main(), plane)
+
+
 def test_rejected_frames_are_counted_but_logged_boundedly(directory: Path, caplog: pytest.LogCaptureFixture) -> None:
     with service(directory) as svc, raw_peer(svc.endpoint) as socket:
         for _ in range(1_000):

@@ -1397,6 +1397,12 @@ class RemoteDataPlane(CoreWork):
     def _send(self, payload: bytes) -> None:
         if self._socket is None:
             return
+        if len(payload) > MAX_FRAME_BYTES:  # the service's socket would drop the connection: say why instead
+            self._fatal(DataPlaneError(
+                f"{self.name!r} has a message of {len(payload):,} bytes for the data plane, more than its frames "
+                f"take ({MAX_FRAME_BYTES:,} bytes)"
+            ))  # fmt: skip
+            return
         if not self._backlog:
             try:
                 self._socket.send(payload, _NOBLOCK)
