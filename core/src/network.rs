@@ -384,8 +384,8 @@ pub struct Network {
     time_overflow: Option<String>,
     /// Groups whose next completion lies past [`END_NS`] at their current rate.
     overflowed_groups: u32,
-    /// Some port has a latency fault (`set_port_latency`): only then is a path's latency added up.
-    any_latency: bool,
+    /// Ports with a latency fault (`set_port_latency`): only while there are any is a path's latency added up.
+    latency_ports: u32,
     pub stats: NetStats,
 }
 
@@ -416,7 +416,7 @@ impl Network {
             raised: Vec::new(),
             time_overflow: None,
             overflowed_groups: 0,
-            any_latency: false,
+            latency_ports: 0,
             stats: NetStats::default(),
         }
     }
@@ -800,19 +800,24 @@ impl Network {
     /// a slow link or device; 0 removes it). What is already moving is not held back.
     pub fn set_port_latency(&mut self, p: PortId, extra_ns: u64) -> Result<()> {
         let port = self.ports.get_mut(p as usize).ok_or_else(|| CoreError::unknown("port", p))?;
+        // Kept as a count, so that clearing every port's faults at a run's end is linear, not quadratic.
+        match (port.extra_latency_ns > 0, extra_ns > 0) {
+            (false, true) => self.latency_ports += 1,
+            (true, false) => self.latency_ports -= 1,
+            _ => {}
+        }
         port.extra_latency_ns = extra_ns;
-        self.any_latency = self.ports.iter().any(|q| q.extra_latency_ns > 0);
         Ok(())
     }
 
     /// Whether some port has a latency fault now.
     pub fn has_latency_faults(&self) -> bool {
-        self.any_latency
+        self.latency_ports > 0
     }
 
     /// The latency faults add to an operation along `path`: the sum over its ports (0 without any).
     pub fn path_latency_ns(&self, path: &[PortId]) -> u64 {
-        if !self.any_latency {
+        if self.latency_ports == 0 {
             return 0;
         }
         path.iter().map(|&q| self.ports.get(q as usize).map_or(0, |p| p.extra_latency_ns)).fold(0, u64::saturating_add)
