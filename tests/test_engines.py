@@ -106,6 +106,9 @@ class Plane:
     def decode_bytes(self, node: int) -> dict[str, Any]:
         raise AssertionError("this plane does not step decode batches")
 
+    def decode_reset(self, node: int) -> None:
+        raise AssertionError("this plane does not step decode batches")
+
     def take(self, kind: str) -> list[tuple[tuple[Any, ...], Then | None]]:
         mine = [(args, then) for k, args, then in self.requests if k == kind]
         self.requests = [r for r in self.requests if r[0] != kind]

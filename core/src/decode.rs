@@ -301,6 +301,40 @@ impl DecodeNode {
         }
     }
 
+    /// The node's engine crashed (its HBM is lost; it restarts empty): every request is dropped, decoding or
+    /// waiting to join, and so are the ended ones not yet taken (their engine never heard of them). Every
+    /// group's wake-up is called off (wake-up numbers keep growing, so a stale one stays stale), every
+    /// GPU's busy span is closed at `now` (and reported, if any was open), and the all-to-all tokens not
+    /// yet charged are dropped: they never crossed a port. What was moved stays counted in [`Self::bytes`].
+    /// After it, requests join as on a new node. Returns the number of requests dropped.
+    pub fn reset(&mut self, now: TimeNs, out: &mut Vec<DecodeAction>) -> usize {
+        let dropped = self.live_requests();
+        self.slab.clear();
+        self.free.clear();
+        self.ended.clear();
+        for group in &mut self.groups {
+            group.steps = 0;
+            group.segment_start_ns = now;
+            group.step_ns = 0;
+            group.timer = 0; // a wake-up already queued is stale: `timers` keeps counting
+            group.timer_steps = 0;
+            group.pending.clear();
+        }
+        let mut closed = false;
+        for (i, gpu) in self.gpus.iter_mut().enumerate() {
+            if gpu.busy_since_ns >= 0 {
+                let unit = self.spec.first_unit + i as u64;
+                self.spans.push((unit, gpu.busy_since_ns as TimeNs, now, gpu.busy_batch, gpu.busy_step_ns));
+                closed = true;
+            }
+            *gpu = Gpu { busy_since_ns: -1, ..Gpu::default() };
+        }
+        if closed {
+            out.push(DecodeAction::Report);
+        }
+        dropped
+    }
+
     fn req(&self, idx: usize) -> &Request {
         self.slab[idx].as_ref().expect("a live request")
     }

@@ -877,6 +877,13 @@ impl PyCore {
         Ok(self.core.take_decoded(id_of(node, "node")?)?)
     }
 
+    /// Decode node `node`'s engine crashed: every request it holds (decoding, waiting to join, ended but
+    /// not yet taken) is dropped now, its wake-ups called off, its GPUs' busy spans closed and reported in a
+    /// "decoded" completion; what it moved stays counted. Returns the number of requests dropped.
+    fn decode_reset(&mut self, node: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(self.core.decode_reset(id_of(node, "node")?)?)
+    }
+
     /// The bytes decode node `node` moved on its own so far: `{"d2h": [(bytes, transfers)] per GPU, "a2a":
     /// [...] per GPU, "written": (bytes, writes)}`.
     fn decode_bytes<'py>(&self, py: Python<'py>, node: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {

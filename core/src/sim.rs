@@ -586,6 +586,20 @@ impl Core {
         })
     }
 
+    /// Decode node `node`'s engine crashed: it drops every request now, its GPUs' busy spans closed and
+    /// reported (see [`DecodeNode::reset`]); what it already moved stays moved. Returns the number of
+    /// requests dropped.
+    pub fn decode_reset(&mut self, node: u32) -> Result<usize> {
+        self.decoder(node)?;
+        self.at_one_instant(|core| {
+            let mut actions = std::mem::take(&mut core.decode_actions);
+            let dropped = core.decoders[node as usize].reset(core.now, &mut actions);
+            core.run_decode_actions(node, &mut actions);
+            core.decode_actions = actions;
+            Ok(dropped)
+        })
+    }
+
     /// Carry out what decode node `node` asked for (its paths were checked when it was added).
     fn run_decode_actions(&mut self, node: u32, actions: &mut Vec<DecodeAction>) {
         let now = self.now;

@@ -182,3 +182,71 @@ fn a_bad_join_is_refused_and_changes_nothing() {
     assert_eq!(c.pending(), 0);
     assert_eq!(c.next_event_ns(), None);
 }
+
+#[test]
+fn a_reset_drops_every_request_closes_the_busy_spans_calls_off_the_wake_ups_and_keeps_the_bytes() {
+    let mut c = Core::new(CoreConfig::default()).unwrap();
+    let n = node(&mut c, true);
+    // Request 1 (GPU 0) needs 9 steps; request 2 (GPU 1) joins at the first step's end (1 ms) and ends at 3 ms.
+    c.submit_decode_joins(&[(n, join(0, 1, 126, 10, 1)), (n, join(1, 2, 100, 3, 1))]).unwrap();
+    c.advance_until(u64::MAX).unwrap();
+    let reported = c.take_completions();
+    assert_eq!(reported.len(), 1);
+    assert_eq!((reported[0].kind, reported[0].end_ns), (CompletionKind::Decoded, 3 * MS));
+    // Request 2's end is not taken: the crash comes first, mid-step, while request 1 decodes.
+    c.advance_until(5 * MS + MS / 2).unwrap();
+    let moved = c.decode_bytes(n).unwrap().clone();
+    assert_eq!(moved.d2h[0], (640, 1)); // request 1's block 1, at its first step
+    assert_eq!(moved.a2a, vec![(100, 1), (200, 1)]);
+    assert_eq!(c.decode_reset(n).unwrap(), 1);
+    let now = 5 * MS + MS / 2;
+    let reported = c.take_completions();
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!((reported[0].kind, reported[0].tag, reported[0].end_ns), (CompletionKind::Decoded, 77, now));
+    let (ended, spans) = c.take_decoded(n).unwrap();
+    // Request 2 ended, but its engine never heard of it. GPU 1's span closed at 3 ms (not taken yet), GPU 0's
+    // closed by the reset.
+    assert_eq!(ended, vec![]);
+    assert_eq!(spans, vec![(9, MS, 3 * MS, 1, MS), (8, 0, now, 1, MS)]);
+    assert_eq!(c.decode_bytes(n).unwrap(), &moved); // what was moved stays moved; GPU 0's 3 uncharged a2a tokens go
+    assert_eq!(c.pending(), 0);
+    // Request 1's wake-up (at 9 ms) is still queued, but stale. A new request joins as on a new node: 9 steps
+    // from now, through the stale wake-up, which neither ends nor re-times it.
+    assert_eq!(c.next_event_ns(), Some(9 * MS));
+    c.submit_decode_joins(&[(n, join(0, 3, 126, 10, 1))]).unwrap();
+    c.advance_until(u64::MAX).unwrap();
+    let reported = c.take_completions();
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0].end_ns, now + 9 * MS);
+    let (ended, spans) = c.take_decoded(n).unwrap();
+    assert_eq!(ended, vec![(3, (now + MS) as i64)]);
+    assert_eq!(spans, vec![(8, now, now + 9 * MS, 1, MS)]);
+    let bytes = c.decode_bytes(n).unwrap();
+    assert_eq!(bytes.d2h[0], (1280, 2)); // its block 1 too
+    assert_eq!(bytes.written, (1280, 2));
+    assert_eq!(bytes.a2a, vec![(1000, 2), (200, 1)]); // its 9 steps
+    c.run_until_idle().unwrap();
+    assert_eq!(c.pending(), 0);
+    assert_eq!(c.take_completions(), vec![]);
+}
+
+#[test]
+fn a_reset_of_an_idle_node_drops_nothing_and_reports_nothing_and_an_unknown_node_is_an_error() {
+    let mut c = Core::new(CoreConfig::default()).unwrap();
+    let n = node(&mut c, false);
+    assert_eq!(c.decode_reset(n).unwrap(), 0);
+    assert_eq!(c.take_completions(), vec![]);
+    // A stale wake-up with nothing joined after the reset does nothing.
+    c.submit_decode_joins(&[(n, join(1, 1, 100, 5, 1))]).unwrap();
+    c.advance_until(MS / 2).unwrap();
+    assert_eq!(c.decode_reset(n).unwrap(), 1);
+    let (ended, spans) = c.take_decoded(n).unwrap();
+    assert_eq!((ended, spans), (vec![], vec![(9, 0, MS / 2, 1, MS)]));
+    c.take_completions();
+    c.run_until_idle().unwrap();
+    assert_eq!(c.now_ns(), 4 * MS); // the stale wake-up's time
+    assert_eq!(c.take_completions(), vec![]);
+    assert_eq!(c.take_decoded(n).unwrap(), (vec![], vec![]));
+    let error = c.decode_reset(n + 1).unwrap_err();
+    assert!(error.to_string().contains("unknown decode node"), "{error}");
+}

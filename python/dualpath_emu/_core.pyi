@@ -200,6 +200,9 @@ class Core:
         stored_blocks, context)`` each."""
     def take_decoded(self, node: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int, int]]]:
         """``([(rid, second_token_ns)], [(gpu unit, start_ns, end_ns, batch, step_ns)])`` since the last call."""
+    def decode_reset(self, node: int) -> int:
+        """An engine crash: decode node ``node`` drops every request now (decoding, waiting to join, ended but
+        not taken), its GPUs' busy spans closed and reported (a ``"decoded"`` completion); returns how many."""
     def decode_bytes(self, node: int) -> dict[str, list[tuple[int, int]] | tuple[int, int]]: ...
     @property
     def now_ns(self) -> int: ...

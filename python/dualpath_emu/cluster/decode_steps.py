@@ -178,6 +178,31 @@ class DecodeSteps:
         if boundary < group.timer_steps:
             self._set_timer(now, group, boundary)
 
+    def reset(self, now: int) -> int:
+        """The node's engine crashed (its HBM is lost, it restarts empty): every request is dropped, decoding
+        or waiting to join, without a word to the listener; every group's wake-up is called off; every GPU's
+        busy span is closed at ``now`` (told to ``busy_span``); the all-to-all tokens not yet charged are
+        dropped (they never crossed a port). What was moved stays moved. After it, requests join as on a new
+        node. Returns the number of requests dropped (``core/src/decode.rs``'s ``DecodeNode::reset``)."""
+        dropped = 0
+        for group in {id(group): group for group in self._group_of}.values():  # each group once
+            dropped += len(group.pending)
+            group.steps, group.segment_start_ns, group.step_ns = 0, now, 0
+            group.timer = group.timer_steps = 0  # a wake-up already set is stale: ``timers`` keeps counting
+            group.pending.clear()
+        for gpu in self.gpus:
+            dropped += len(gpu.batch)
+            if gpu.busy_since_ns >= 0:
+                unit = gpu.node * len(self.gpus) + gpu.gpu
+                self._busy_span(unit, gpu.busy_since_ns, now, gpu.busy_batch, gpu.busy_step_ns)
+            gpu.batch.clear()
+            gpu.finishing.clear()
+            gpu.next_block.clear()
+            gpu.fresh.clear()
+            gpu.base = gpu.joined = gpu.busy_batch = gpu.busy_step_ns = gpu.a2a_tokens = 0
+            gpu.busy_since_ns = -1
+        return dropped
+
     def _add(self, group: _StepGroup, request: DecodingRequest) -> None:
         gpu = self.gpus[request.gpu]
         request.seq, gpu.joined = gpu.joined, gpu.joined + 1
@@ -390,12 +415,23 @@ class CoreDecodeSteps:
         self.plane.decode_join(self._id, request.gpu, request.rid, request.prompt, request.gen, request.produced,
                                request.stored_blocks, request.context)  # fmt: skip
 
+    def reset(self, now: int) -> int:
+        """As :meth:`DecodeSteps.reset`, in the plane's core (``DataPlane.decode_reset``, after what was asked
+        for before; the busy spans it closes come with the node's next report). Returns the number of
+        requests dropped: those joined and not reported ended."""
+        self.plane.decode_reset(self._id)
+        dropped = len(self._requests)
+        self._requests.clear()
+        return dropped
+
     def _report(self, now: int, ended: list[tuple[int, int]], spans: list[tuple[int, int, int, int, int]]) -> None:
         for span in spans:
             self._busy_span(*span)
         listener, requests = self._listener, self._requests
         for rid, second_token_ns in ended:
-            request = requests.pop(rid)
+            request = requests.pop(rid, None)
+            if request is None:
+                continue  # it ended before a reset, which dropped it: its engine never heard of it
             request.second_token_ns = second_token_ns
             listener.decoded(now, request)
         listener.stepped(now)

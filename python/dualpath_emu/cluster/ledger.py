@@ -128,6 +128,10 @@ class Ledger:
         """What decode node ``node`` moved on its own so far."""
         return self._plane.decode_bytes(node)
 
+    def decode_reset(self, node: int) -> None:
+        """Decode node ``node`` drops every request now: an engine crash (no bytes to book)."""
+        self._plane.decode_reset(node)
+
 
 class ProbingLedger(Ledger):
     """A :class:`Ledger` that also times every data movement by kind (:mod:`~dualpath_emu.cluster.paths`): the

@@ -135,6 +135,14 @@ class HostDataPlane(WallClockCore):
 
     # --- the data-plane interface ----------------------------------------------------------------------
 
+    def decode_reset(self, node: int) -> None:
+        """Not here: this plane steps no decode node (:attr:`steps_decode`); an engine's own stepping
+        (``DecodeSteps.reset``) drops its requests."""
+        raise NotImplementedError(
+            "the host backend steps no decode node (steps_decode is False): an engine crash resets the engine's "
+            "own stepping (DecodeSteps.reset), not the data plane's"
+        )
+
     def _queue_transfer(self, path: Sequence[int], lane: int, size_bytes: int, tag: int) -> int:
         path = tuple(path)
         nodes = {self.plan.port_node.get(p, -1) for p in path}

@@ -401,6 +401,12 @@ class CoreWork:
         core is remote; ``None`` before anything is known."""
         raise NotImplementedError
 
+    def decode_reset(self, node: int) -> None:
+        """An engine crash: decode node ``node`` (a :meth:`decode_node` handle) drops every request now, after
+        what was asked for before (``Core.decode_reset``, in this process's core or the service's); the busy
+        spans it closes come with the node's next report."""
+        raise NotImplementedError
+
     def set_port_factor(self, port: int, factor: float) -> None:
         """A fault: ``port``'s rates × ``factor`` from now on (in this process's core or the service's)."""
         raise NotImplementedError
@@ -534,6 +540,16 @@ class LocalCoreWork(CoreWork):
         """What decode node ``node`` moved on its own so far (``Core.decode_bytes``)."""
         node_id = self._decode_ids.get(node)
         return None if node_id is None else self._core.decode_bytes(node_id)
+
+    def decode_reset(self, node: int) -> None:
+        self.flush()  # what was asked for before the crash (the node itself, its joins) happens before it
+        node_id = self._decode_ids.get(node)
+        if node_id is None:
+            raise LookupError(f"decode_reset: decode node {node} was never added through this data plane")
+        self._core.decode_reset(node_id)
+        completions = self._core.take_completions()  # the report of the spans it closed: due now, not later
+        if completions:
+            self._deliver(completions)
 
     def _submit(self, submit: Callable[[list[_T]], int], batch: list[_T], tag_of: Callable[[_T], int]) -> None:
         try:

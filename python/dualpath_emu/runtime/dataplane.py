@@ -93,6 +93,11 @@ to service  submit     ``seq: int, requested_ns: int, transfers, forwards, ios, 
 to remote   done       ``sent_ns: int, completions: [[kind, tag, start_ns, end_ns, size_bytes, lane]],
                        errors: [[tag, error_type: str, text: str]], decoded: [[node_tag, ended, spans,
                        moved]]`` (``Core.take_decoded`` and ``Core.decode_bytes`` of the node, at its report)
+to service  fault      ``seq: int, port: int, "factor" | "latency", value`` -- a port fault from now on
+                       (``Core.set_port_factor``: a float in [0, 1]; ``Core.set_port_latency``: ns); or ``seq:
+                       int, nil, "decode_reset", node_tag: int`` -- an engine crash: the sender's decode node
+                       drops every request (``Core.decode_reset``; one it never added is refused, tag
+                       ``UNREPORTED_TAG``). Sent after the sender's earlier submissions, so it follows them
 to service  stats      ``seq: int``
 to remote   stats      ``seq: int, report: map`` (:meth:`DataPlaneService.report`)
 to service  bye        ``seq: int, run_complete: bool``
@@ -773,7 +778,7 @@ class DataPlaneService:
         if kind == "submit":
             self._on_submit(requester, message)
         elif kind == "fault":
-            self._on_fault(message)
+            self._on_fault(requester, message)
         elif kind == "ping":
             _array(message, "ping", 4, 4)
             seq, t0 = _uint(message[2], "ping.seq"), _uint(message[3], "ping.t0")
@@ -827,13 +832,26 @@ class DataPlaneService:
             self._send(identity, [PROTOCOL_VERSION, "stop", f"{self.run_complete_by!r} completed the run"])
         _log.info("data plane: %r (pid %d) connected", name, pid)
 
-    def _on_fault(self, message: list[Any]) -> None:
+    def _on_fault(self, requester: _Requester, message: list[Any]) -> None:
         """``[version, "fault", seq, port, "factor" | "latency", value]``: a fault changes a port from now on
-        (:mod:`dualpath_emu.cluster.faults`; sent after the requester's earlier submissions, so it follows them)."""
+        (:mod:`dualpath_emu.cluster.faults`; sent after the requester's earlier submissions, so it follows them);
+        ``[version, "fault", seq, nil, "decode_reset", node_tag]``: an engine crash, the requester's decode node
+        ``node_tag`` drops every request now (``Core.decode_reset``)."""
         _array(message, "fault", 6, 6)
         _uint(message[2], "fault.seq")
-        port = _uint(message[3], "fault.port", self.core.port_count - 1)
         what = _str(message[4], "fault.what")
+        if what == "decode_reset":
+            if message[3] is not None:
+                raise FrameError(f"fault.port: expected nil for a decode_reset, got {_short(message[3])}")
+            tag = _uint(message[5], "fault.value")
+            node = requester.decode_nodes.get(tag)
+            if node is None:  # like a join naming it: the requester's run is told
+                self._refuse(requester, UNREPORTED_TAG, ValueError(f"a decode_reset names decode node {tag}, which "
+                                                                   "this process never added"))  # fmt: skip
+                return
+            self.core.decode_reset(node)  # the spans it closes are reported with the completions of this read
+            return
+        port = _uint(message[3], "fault.port", self.core.port_count - 1)
         if what == "factor":
             factor = _float(message[5], "fault.value")
             if not 0.0 <= factor <= 1.0:
@@ -842,7 +860,7 @@ class DataPlaneService:
         elif what == "latency":
             self.core.set_port_latency(port, _uint(message[5], "fault.value"))
         else:
-            raise FrameError(f"fault.what: expected 'factor' or 'latency', got {_short(what)}")
+            raise FrameError(f"fault.what: expected 'factor', 'latency' or 'decode_reset', got {_short(what)}")
 
     def _on_submit(self, requester: _Requester, message: list[Any]) -> None:
         _, requested_ns, transfers, forwards, ios, timers, nodes, joins = _decode_submit(message)
@@ -1361,6 +1379,14 @@ class RemoteDataPlane(CoreWork):
         """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on, in the service's core."""
         self.flush()
         self._send(msgpack.packb([PROTOCOL_VERSION, "fault", self._next_seq(), port, "latency", int(extra_ns)]))
+
+    def decode_reset(self, node: int) -> None:
+        """An engine crash: decode node ``node`` (this process's handle) drops every request now, in the
+        service's core (after what was asked for before it); the busy spans it closes come with a report."""
+        if node not in self._decode_reports:
+            raise LookupError(f"decode_reset: decode node {node} was never added through this data plane")
+        self.flush()
+        self._send(msgpack.packb([PROTOCOL_VERSION, "fault", self._next_seq(), None, "decode_reset", int(node)]))
 
     def _work_requested(self) -> None:
         self._batch_requested_ns = self.clock_ns()

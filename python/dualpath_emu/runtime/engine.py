@@ -111,6 +111,11 @@ class DataPlane(Protocol):
         where the core is remote, ``None`` before it)."""
         ...
 
+    def decode_reset(self, node: int) -> None:
+        """An engine crash: decode node ``node`` (a handle) drops every request now, after what was asked for
+        before (``Core.decode_reset``); the GPUs' busy spans it closes come with the node's next report, the
+        requests that ended before it and were not reported never are."""
+
 
 class Observed(Protocol):
     """A typed record of what an engine observed (e.g. :mod:`dualpath_emu.cluster.observations`): the event

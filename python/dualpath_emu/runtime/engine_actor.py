@@ -106,6 +106,9 @@ class LiveDataPlane:
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
         return self.plane.decode_bytes(node)
 
+    def decode_reset(self, node: int) -> None:
+        self.plane.decode_reset(node)
+
 
 class _ActorOutbox:
     __slots__ = ("_system", "_name")

@@ -114,6 +114,13 @@ class CoreDataPlane:
         """The bytes decode node ``node`` moved on its own so far."""
         return self.core.decode_bytes(node)
 
+    def decode_reset(self, node: int) -> None:
+        """Decode node ``node`` drops every request now (an engine crash), after what was asked for before;
+        its report of the busy spans this closes is due now, so it is handed over now."""
+        self.flush()  # what was asked for before the crash happens before it
+        self.core.decode_reset(node)
+        self.deliver(self.core.take_completions())
+
     @property
     def waiting(self) -> int:
         """Requests whose end someone waits for."""
