@@ -64,14 +64,18 @@ def test_a_scenario_lists_faults_and_random_ones(tmp_path: Path) -> None:
     plan = s.config.faults
     assert plan.faults == (Fault("degrade", "n1.cnic3", 2.0, None, 0.25, 0.0),
                            Fault("slow_storage", "storage", 0.0, 5.0, 1.0, 0.01))  # fmt: skip
-    assert plan.random == RandomFaults({"down": 2.0, "degrade": 0.0, "latency": 0.0}, 60.0, 0.5, 0.001)
+    assert plan.random == RandomFaults({"down": 2.0, "degrade": 0.0, "latency": 0.0, "crash": 0.0}, 60.0, 0.5, 0.001)
     assert "faults: n1.cnic3 at 0.25 of its rate at 2 s to the end" in s.describe()
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[[faults]]\nkind = "crash"\ntarget = "n0"\nat_s = 1\n', r"key 'faults\[0\].kind': expected one of 'down', 'degrade'"),
+        ('[[faults]]\nkind = "crash"\ntarget = "n0"\nat_s = 1\nrestart_s = 1\n', r"key 'faults\[0\].target': expected an engine for kind = \"crash\": one of pe0, de1"),
+        ('[[faults]]\nkind = "crash"\ntarget = "de1"\nat_s = 1\n', r"key 'faults\[0\].restart_s'"),
+        ('[[faults]]\nkind = "crash"\ntarget = "de1"\nat_s = 1\nrestart_s = 1\nduration_s = 2\n', r"key 'faults\[0\].duration_s': expected no duration for kind = \"crash\""),
+        ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\nduration_s = 1\nrestart_s = 1\n', r"key 'faults\[0\].restart_s' is only for kind = \"crash\""),
+        ('[[faults]]\nkind = "unplug"\ntarget = "n0"\nat_s = 1\n', r"key 'faults\[0\].kind': expected one of 'down', 'degrade'"),
         ('[[faults]]\nkind = "down"\ntarget = "n2"\nat_s = 1\nduration_s = 1\n', r"key 'faults\[0\].target': expected a port .* a node \(n0 … n1\)"),
         ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\n', r"key 'faults\[0\].duration_s': expected a duration for kind = \"down\""),
         ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\nduration_s = 1\nfactor = 0.5\n', r"key 'faults\[0\].factor' is not used"),
@@ -186,21 +190,30 @@ EXAMPLES = int(os.environ.get("FAULT_SCHEDULES", "50"))
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32), down=st.floats(0, 400), degrade=st.floats(0, 400), latency=st.floats(0, 400),
-    mean_s=st.floats(0.01, 10), system=st.sampled_from(["basic", "dualpath"]),
-    agents=st.integers(1, 8), rounds=st.integers(1, 4),
+    crash=st.sampled_from([0.0, 0.0, 200.0, 2000.0]), mean_s=st.floats(0.01, 10), restart_s=st.floats(0.001, 5),
+    system=st.sampled_from(["basic", "dualpath"]), agents=st.integers(1, 8), rounds=st.integers(1, 4),
+    decode_in_core=st.booleans(),
 )  # fmt: skip
 # Found by `make fuzz`: a rate so small that rate / 3600 is 0 divided by zero when drawn (now refused when read,
 # and never drawn from).
-@example(seed=0, down=0.0, degrade=0.0, latency=5e-324, mean_s=1.0, system="basic", agents=1, rounds=1)
+@example(seed=0, down=0.0, degrade=0.0, latency=5e-324, crash=0.0, mean_s=1.0, restart_s=1.0, system="basic", agents=1,
+         rounds=1, decode_in_core=True)  # fmt: skip
 def test_random_fault_schedules_lose_nothing_and_end(
-    seed: int, down: float, degrade: float, latency: float, mean_s: float, system: str, agents: int, rounds: int
-) -> None:
+    seed: int, down: float, degrade: float, latency: float, crash: float, mean_s: float, restart_s: float, system: str,
+    agents: int, rounds: int, decode_in_core: bool,
+) -> None:  # fmt: skip
     # run_system raises if a request never ends (LostRequestsError), if the checker outside the engines
-    # finds a request ended twice or bytes unaccounted (InvariantError), or if the run deadlocks.
-    config = with_faults(random=RandomFaults({"down": down, "degrade": degrade, "latency": latency}, mean_s))
+    # finds a request ended twice, a pool not empty at the end or bytes unaccounted (InvariantError), or if
+    # the run deadlocks. Crashed engines' requests end done or failed, each exactly once.
+    rates = {"down": down, "degrade": degrade, "latency": latency, "crash": crash}
+    config = with_faults(random=RandomFaults(rates, mean_s, restart_s=restart_s))
     trajectories = work(agents, rounds, seed=seed % 1000)
-    result = run_system(config, system, trajectories, seed=seed)
-    assert result.turns == sum(len(t) for t in trajectories)
+    result = run_system(config, system, trajectories, seed=seed, decode_in_core=decode_in_core)
+    metrics = result.metrics
+    assert metrics.turns_done + result.failed_requests == result.turns
+    assert result.turns <= sum(len(t) for t in trajectories)
+    if not crash:
+        assert result.turns == sum(len(t) for t in trajectories) and result.redispatches == 0
 
 
 def test_faults_are_drawn_on_the_utilisation_plot_and_in_the_trace(tmp_path: Path) -> None:

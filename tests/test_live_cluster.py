@@ -288,3 +288,20 @@ def test_a_fault_works_live_through_the_data_plane(tmp_path: Path, placement_kin
     start_ns = round(result.extra["emulated_start_s"] * 1e9)
     during = [r for r in range(len(m)) if 0.6e9 < m.scheduled_de_ns[r] - start_ns < 2.4e9 and m.hit[r] > 0]
     assert during and all(m.read_on_de[r] == 1 for r in during)
+
+
+@pytest.mark.parametrize("placement_kind", ["groups", "single"])
+def test_an_engine_crash_works_live(tmp_path: Path, placement_kind: str) -> None:
+    # Decode node 1's engines crash at 0.5 s and are back 1 s later, in a live run (each group its own process,
+    # or one process): what they held is dispatched again, and every request ends once, every pool empty and
+    # every byte accounted (collect raises otherwise).
+    from dualpath_emu.cluster.faults import Fault, FaultPlan
+
+    config = dataclasses.replace(small_config(), faults=FaultPlan((Fault("crash", "de1", 0.5, restart_s=1.0),)))
+    result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE,
+                      placement_kind=placement_kind)  # fmt: skip
+    assert result.turns == sum(len(t) for t in work()) and result.lost_requests == 0
+    assert result.redispatches > 0 and result.failed_requests == 0
+    [fault] = result.extra["faults"]
+    assert (fault["kind"], fault["target"]) == ("crash", "de1") and fault["redispatched"] == result.redispatches
+    assert fault["end_s"] - fault["start_s"] == pytest.approx(1.0, abs=0.2)

@@ -56,7 +56,7 @@ max_rounds = 6
 TINY_TURNS = 8 * 6
 
 SYSTEM_KEYS = {
-    "jct_s", "turns", "agents", "lost_requests", "ttft_s", "ttst_s", "tpot_s", "snic_read_bytes", "snic_util",
+    "jct_s", "turns", "agents", "lost_requests", "failed_requests", "redispatches", "ttft_s", "ttst_s", "tpot_s", "snic_read_bytes", "snic_util",
     "cnic_util", "dram_util", "gpu_util", "working_set_bytes", "utilisation_sample_s", "snic_max_over_mean",
     "event_log_sha256", "wall_s",
     "events", "core_events", "core_stats",

@@ -8,7 +8,7 @@ from typing import Protocol
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
-from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone
+from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone, TurnFailed
 from dualpath_emu.cluster.observations import Admitted
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 from dualpath_emu.workload.trajectory import Trajectory
@@ -166,6 +166,25 @@ class Client(ClusterEngine):
         if self._outbox:
             self.out.send("scheduler", Submit(tuple(self._outbox)))
             self._outbox.clear()
+
+    @on(TurnFailed)
+    def on_turn_failed(self, now: int, msg: TurnFailed, sender: str) -> None:
+        """These turns ended as failed (lost to too many engine crashes): an agent's next turns need this one's
+        output, so its trajectory ends here; a replayed trace's other turns come as timed."""
+        metrics = self.cluster.metrics
+        for rid in msg.rids:
+            metrics.failed(rid, now)
+            agent = self._agent_of.pop(rid)
+            trajectory = self.trajectories[agent]
+            if trajectory.arrival_s is None:
+                self._open[agent] = 0  # its remaining turns are never submitted
+                self._next_turn[agent] = len(trajectory)
+            else:
+                self._open[agent] -= 1
+            if self._open[agent] == 0:
+                self.remaining -= 1
+                if self.remaining == 0:
+                    self._finish()
 
     @on(TurnDone)
     def on_turn_done(self, now: int, msg: TurnDone, sender: str) -> None:

@@ -14,15 +14,19 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode_steps import CoreDecodeSteps, DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.engines import EngineGroup, hit_extents
 from dualpath_emu.cluster.messages import (
+    Crash,
     DecodeDone,
     DecodeTask,
+    Drop,
     Expect,
     Health,
     HitReady,
     KvReady,
+    Lost,
     ReadDone,
     ReadHere,
     ReadMoved,
+    Restart,
     TurnDone,
 )
 from dualpath_emu.cluster.observations import Ended, HitRead
@@ -57,6 +61,12 @@ class DecodeGroup(EngineGroup):
         only: the prefill and the scheduler race)."""
         self._done: list[DecodingRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
+        self._in_hbm: set[int] = set()
+        """Requests whose KV is in (or on its way to) a GPU's HBM, until they end (what a crash loses there)."""
+        self._down = False
+        """Crashed and not restarted yet (issue 26): work that comes is lost."""
+        self._epoch = 0
+        """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._kv = cluster.derived.kv_bytes_per_token
         self.buffer = Pool(out, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
@@ -92,8 +102,72 @@ class DecodeGroup(EngineGroup):
 
     @on(Expect)
     def on_expect(self, now: int, msg: Expect, sender: str) -> None:
+        if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
+            self._lose([(t.rid, self._pending_read(t, False)) for t in msg.tasks], "down")
+            return
         for task in msg.tasks:
             self._expect(now, task)
+
+    # --- crashes (issue 26) --------------------------------------------------------------------------
+
+    def _pending_read(self, task: DecodeTask, done: bool) -> int:
+        """Hit tokens counted in this node's read queue whose read has not ended."""
+        return task.hit if task.hit > 0 and task.read_on_de and not done and not self.cluster.system.oracle else 0
+
+    def _lose(self, lost: list[tuple[int, int]], why: str) -> None:
+        """Tell the scheduler these ``(rid, pending read tokens)`` are no longer here."""
+        reads = [tokens for _, tokens in lost if tokens]
+        self.out.send("scheduler", Lost(tuple(rid for rid, _ in lost), why, (self.node,) * len(reads), tuple(reads)))
+
+    @on(Crash)
+    def on_crash(self, now: int, msg: Crash, sender: str) -> None:
+        """This node's engines crash: the requests they hold -- expected, in the DE buffer, in HBM or decoding
+        -- and what their GPUs were doing are gone; they are down until :class:`Restart`."""
+        if self._down:
+            return
+        self._report_done(now)  # what ended before the crash ended
+        self._down = True
+        self._epoch += 1
+        lost = [(rid, self._pending_read(task, rid in self._read_done)) for rid, task in self.expected.items()]
+        lost += [(rid, 0) for rid in sorted(self._in_hbm)]
+        lost += [(rid, 0) for rid in self._early_kv]
+        for state in (self.expected, self._early_kv):
+            state.clear()
+        for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._abandoned, self._in_hbm):
+            ids.clear()
+        self.steps.reset(now)
+        for pool in (self.buffer, *self.hbm):
+            pool.reset(now)
+        self._lose(lost, "crash")
+
+    @on(Restart)
+    def on_restart(self, now: int, msg: Restart, sender: str) -> None:
+        """Back, empty: fetch work again."""
+        if self._down:
+            self._down = False
+            self.start(now)
+
+    @on(Drop)
+    def on_drop(self, now: int, msg: Drop, sender: str) -> None:
+        """The scheduler drops these requests (their prefill engine crashed before their KV came): free what
+        they hold here."""
+        lost = []
+        for rid in msg.rids:
+            self._early_kv.pop(rid, None)
+            task = self.expected.pop(rid, None)
+            if task is None:
+                lost.append((rid, 0))
+                continue
+            lost.append((rid, self._pending_read(task, rid in self._read_done)))
+            if rid in self._buffered:
+                self.buffer.release(now, rid, task.prompt * self._kv)
+            else:
+                self.buffer.cancel(now, rid)
+            if rid in self._reading:
+                self._abandoned.add(rid)  # its completion is ignored
+            for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done):
+                ids.discard(rid)
+        self._lose(lost, "dropped")
 
     def _expect(self, now: int, msg: DecodeTask) -> None:
         self.expected[msg.rid] = msg
@@ -119,6 +193,8 @@ class DecodeGroup(EngineGroup):
     @on(ReadHere)
     def on_read_here(self, now: int, msg: ReadHere, sender: str) -> None:
         """The prefill node's storage NIC went down before this request's hit was read there: read it here."""
+        if self._down:
+            return  # the request was lost here (or will be, by the work that comes for it)
         task = self.expected.get(msg.rid)
         if task is None or task.read_on_de:
             return  # its KV is already on its way (a race in real time), or read here already
@@ -132,7 +208,8 @@ class DecodeGroup(EngineGroup):
     def on_health(self, now: int, msg: Health, sender: str) -> None:
         """This node's storage NIC went down: the hits still to be read here move to the prefill side (the
         second path as failover; the prefill group reads them and this buffer keeps waiting for the KV)."""
-        if not any(port == f"n{self.node}.snic.rx" and factor == 0.0 for port, factor in zip(msg.ports, msg.factors)):
+        if self._down or not any(port == f"n{self.node}.snic.rx" and factor == 0.0
+                                 for port, factor in zip(msg.ports, msg.factors)):  # fmt: skip
             return
         for rid, task in list(self.expected.items()):
             if not task.read_on_de or rid in self._read_done:
@@ -156,8 +233,11 @@ class DecodeGroup(EngineGroup):
             metrics.read_start(msg.rid, now)
         self._started_elsewhere.discard(msg.rid)
         self._reading.add(msg.rid)
+        epoch = self._epoch
 
         def finished(now: int) -> None:
+            if epoch != self._epoch:
+                return  # this engine crashed meanwhile: the bytes came to nobody
             if msg.rid in self._abandoned:  # moved to the prefill side meanwhile: its late bytes are dropped
                 self._abandoned.discard(msg.rid)
                 return
@@ -172,6 +252,8 @@ class DecodeGroup(EngineGroup):
 
     @on(KvReady)
     def on_kv_ready(self, now: int, msg: KvReady, sender: str) -> None:
+        if self._down:
+            return  # lost here (at the crash, or by its Expect since)
         for rid in msg.rids:
             if rid in self.expected:
                 self._kv_ready(now, rid, msg.first_token_ns)
@@ -183,6 +265,7 @@ class DecodeGroup(EngineGroup):
         task = self.expected.pop(rid)
         self._buffered.discard(rid)
         self._read_done.discard(rid)
+        self._in_hbm.add(rid)
         request = DecodingRequest(
             rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )
@@ -196,8 +279,11 @@ class DecodeGroup(EngineGroup):
             return
         # The prompt KV: DE buffer → HBM (one H2D, §4); then the buffer is free.
         size = request.prompt * self._kv
+        epoch = self._epoch
 
         def copied(now: int) -> None:
+            if epoch != self._epoch:
+                return  # this engine crashed during the copy
             self.buffer.release(now, request.rid, size)
             self.steps.join(now, request)
             self._report_done(now)
@@ -207,6 +293,7 @@ class DecodeGroup(EngineGroup):
     def decoded(self, now: int, request: DecodingRequest) -> None:
         """``request`` has all its tokens: its HBM is free; it is reported with the others of this instant."""
         self.hbm[request.gpu].release(now, request.rid, (request.prompt + request.gen) * self._kv)
+        self._in_hbm.discard(request.rid)
         self.out.observe(Ended(request.rid))
         self._done.append(request)
 

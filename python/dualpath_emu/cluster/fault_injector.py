@@ -13,7 +13,7 @@ from typing import cast
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, FaultWindow, Kind, target_ports
-from dualpath_emu.cluster.messages import Health, Start
+from dualpath_emu.cluster.messages import Crash, Health, Restart, Start
 from dualpath_emu.cluster.observations import FaultChanged
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
@@ -59,6 +59,8 @@ class FaultInjector(ClusterEngine):
         self._next = 0
         self._rng = seeded_random(seed, "faults")
         self._origin = 0
+        self._crashes: dict[str, int] = {}
+        """Crashes acting on each engine now (one that overlaps another keeps the engine down longer)."""
         self.windows: list[FaultWindow] = []
         """Each fault that started, in order (for the run's report)."""
 
@@ -84,14 +86,20 @@ class FaultInjector(ClusterEngine):
         if not per_s > 0.0:  # a rate too small to draw from (the reader refuses below MIN_RATE_PER_NODE_HOUR)
             return
         gap_s = self._rng.expovariate(per_s)
-        which = self._rng.randrange(self._gpus + 1)
-        duration_s = self._rng.expovariate(1.0 / random.mean_duration_s)
-        target = f"n{node}.snic" if which == self._gpus else f"n{node}.cnic{which}"
         at_s = (after_ns - self._origin) / NS + gap_s
-        if not math.isfinite(at_s) or at_s > MAX_TIME_S:
-            return
-        fault = Fault(kind, target, at_s, duration_s, random.factor if kind == "degrade" else 0.0,
-                      random.latency_s if kind == "latency" else 0.0)  # fmt: skip
+        if kind == "crash":  # the engine that hosts the node's GPUs
+            if not math.isfinite(at_s) or at_s > MAX_TIME_S:
+                return
+            role = "pe" if node < self._pe_nodes else "de"
+            fault = Fault(kind, self.cluster.group_name(role, node), at_s, restart_s=random.restart_s)
+        else:
+            which = self._rng.randrange(self._gpus + 1)
+            duration_s = self._rng.expovariate(1.0 / random.mean_duration_s)
+            target = f"n{node}.snic" if which == self._gpus else f"n{node}.cnic{which}"
+            if not math.isfinite(at_s) or at_s > MAX_TIME_S:
+                return
+            fault = Fault(kind, target, at_s, duration_s, random.factor if kind == "degrade" else 0.0,
+                          random.latency_s if kind == "latency" else 0.0)  # fmt: skip
 
         def begin(now: int) -> None:
             self._begin(now, number, fault)
@@ -109,6 +117,9 @@ class FaultInjector(ClusterEngine):
         self.plane.timer(now_ns + round(fault.at_s * NS), lambda now: self._begin(now, number, fault))
 
     def _begin(self, now: int, number: int, fault: Fault) -> None:
+        if fault.kind == "crash":
+            self._crash(now, fault)
+            return
         factor = 0.0 if fault.kind == "down" else (fault.factor if fault.kind in ("degrade", "slow_storage") else 1.0)
         latency_ns = round(fault.latency_s * NS)
         window = FaultWindow(fault.kind, fault.target, now)
@@ -117,6 +128,26 @@ class FaultInjector(ClusterEngine):
         self._apply(now, number, fault, (factor, latency_ns))
         if fault.duration_s is not None:
             self.plane.timer(now + max(1, round(fault.duration_s * NS)), lambda t: self._end(t, number, fault, window))
+
+    def _crash(self, now: int, fault: Fault) -> None:
+        """Engine ``fault.target`` crashes now and is back ``restart_s`` later (later still if another crash
+        comes meanwhile)."""
+        engine = fault.target
+        window = FaultWindow(fault.kind, engine, now)
+        self.windows.append(window)
+        self.out.observe(FaultChanged("start", "crash", engine, 0.0, 0))
+        self._crashes[engine] = self._crashes.get(engine, 0) + 1
+        if self._crashes[engine] == 1:
+            self.out.send(engine, Crash())
+
+        def restart(now: int) -> None:
+            window.end_ns = now
+            self.out.observe(FaultChanged("end", "crash", engine, 1.0, 0))
+            self._crashes[engine] -= 1
+            if self._crashes[engine] == 0:
+                self.out.send(engine, Restart())
+
+        self.plane.timer(now + max(1, round(fault.restart_s * NS)), restart)
 
     def _end(self, now: int, number: int, fault: Fault, window: FaultWindow) -> None:
         window.end_ns = now

@@ -20,14 +20,21 @@ Kinds and their targets:
 * ``latency``: ``latency_s`` is added to every transfer and storage I/O that starts crossing the port.
 * ``slow_storage``: the storage cluster (target ``storage``) runs at ``factor`` of its bandwidth, with
   ``latency_s`` more per I/O.
+* ``crash``: an engine (target ``pe0``, ``de3``: a prefill EP group or a decode node's engines, as the cluster
+  names them) loses its HBM and DRAM state and comes back empty ``restart_s`` later. Its requests are
+  re-dispatched by the scheduler (their hit KV, in storage, is read again; what was only in the crashed
+  engine's HBM or buffer is computed again), as are those of its partner engines that worked for them; a
+  request lost more than :data:`MAX_REDISPATCHES` times ends as failed, with its reason. Policies see which
+  engines are down (:attr:`~dualpath_emu.cluster.policies.Policy.health`).
 
-Targets: a port by name (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``), both directions of a NIC (``n0.snic``,
+Targets (but ``crash``'s): a port by name (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``), both directions of a NIC (``n0.snic``,
 ``n3.cnic2``), a node (``n1``: every NIC of it) or ``storage`` (``3fs.read`` and ``3fs.write``). Faults on one
 port at once combine: the lowest factor and the largest latency hold.
 
 Random faults: on every node, for each kind with a rate (faults per node-hour), a Poisson process of faults on
 one of the node's NICs (its storage NIC or one of its compute NICs, equally likely), each lasting an
-exponential time of mean ``mean_duration_s``; drawn as the run goes (no horizon), from the stream "faults".
+exponential time of mean ``mean_duration_s``; a random ``crash`` takes down the engine that hosts the node's
+GPUs for ``restart_s``. Drawn as the run goes (no horizon), from the stream "faults".
 """
 
 from __future__ import annotations
@@ -41,12 +48,14 @@ from typing import Any, Final, Literal, cast
 
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
-__all__ = ["FAULTS_HOST", "KINDS", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
+__all__ = ["FAULTS_HOST", "KINDS", "MAX_REDISPATCHES", "engine_group_names", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
            "fault_tables", "fault_report", "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
 
-Kind = Literal["down", "degrade", "latency", "slow_storage"]
-KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage")
-RANDOM_KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency")
+Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
+KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage", "crash")
+RANDOM_KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "crash")
+MAX_REDISPATCHES: Final = 3
+"""Times a request may be lost to engine crashes and dispatched again; the next loss ends it as failed."""
 MAX_FAULTS: Final = 10_000
 """Faults one plan may list (a schedule, not a trace: random ones are drawn as the run goes)."""
 MAX_TIME_S: Final = 1e7
@@ -72,8 +81,12 @@ class Fault:
     """What is left of the rates (``degrade``, ``slow_storage``; ``down`` is 0)."""
     latency_s: float = 0.0
     """Added per operation (``latency``, ``slow_storage``)."""
+    restart_s: float = 0.0
+    """``crash``: how long the engine is down before it comes back empty."""
 
     def describe(self) -> str:
+        if self.kind == "crash":
+            return f"{self.target} crashes at {self.at_s:g} s, back {self.restart_s:g} s later"
         span = "to the end" if self.duration_s is None else f"for {self.duration_s:g} s"
         what = {"down": "down", "degrade": f"at {self.factor:g} of its rate", "latency": f"+{self.latency_s * 1e3:g} ms",
                 "slow_storage": f"at {self.factor:g}, +{self.latency_s * 1e3:g} ms"}[self.kind]  # fmt: skip
@@ -90,6 +103,8 @@ class RandomFaults:
     """What a random ``degrade`` leaves of the rates."""
     latency_s: float = 0.001
     """What a random ``latency`` fault adds."""
+    restart_s: float = 30.0
+    """How long a randomly crashed engine is down."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +161,18 @@ def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
     return None
 
 
-def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int) -> None:
+def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> tuple[str, ...]:
+    """The engines a ``crash`` can take down: a prefill group per EP group (named after its first node), an
+    engine per decode node (as :func:`~dualpath_emu.cluster.assemble.engine_names` names them)."""
+    return (*(f"pe{n}" for n in range(0, pe_nodes, max(1, prefill_ep_nodes))),
+            *(f"de{pe_nodes + i}" for i in range(de_nodes)))  # fmt: skip
+
+
+def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engines: Sequence[str]) -> None:
+    if kind == "crash":
+        if target not in engines:
+            raise t.error("target", f'an engine for kind = "crash": one of {", ".join(engines)}', target)
+        return
     if kind == "slow_storage" and target != "storage":
         raise t.error("target", 'the storage cluster, "storage", for kind = "slow_storage"', target)
     if target_ports(target, nodes, gpus) is None:
@@ -168,16 +194,25 @@ def fault_tables(top: Table) -> tuple[list[Table], Table | None]:
     return entries, (random if "random_faults" in top else None)
 
 
-def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: int) -> FaultPlan:
-    """The faults of :func:`fault_tables`, checked against a cluster of ``nodes`` nodes of ``gpus`` GPUs (a
-    :class:`ScenarioError` naming the key)."""
+def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: int, engines: Sequence[str] = ()) -> FaultPlan:
+    """The faults of :func:`fault_tables`, checked against a cluster of ``nodes`` nodes of ``gpus`` GPUs whose
+    engines are ``engines`` (:func:`engine_group_names`; a :class:`ScenarioError` naming the key)."""
     entries, r = tables
     faults = []
     for t in entries:
         kind = cast(Kind, t.get_str("kind", choices=KINDS))
         target = t.get_str("target")
-        _check_target(t, kind, target, nodes, gpus)
+        _check_target(t, kind, target, nodes, gpus, engines)
         at_s = t.get_float("at_s", min=0.0, max=MAX_TIME_S)
+        if kind == "crash":
+            if "duration_s" in t:
+                raise t.error("duration_s", 'no duration for kind = "crash" (the engine is back restart_s later)')
+            restart = t.get_float("restart_s", min=0.0, max=MAX_TIME_S, min_exclusive=True)
+            t.finish()
+            faults.append(Fault(kind, target, at_s, restart_s=restart))
+            continue
+        if "restart_s" in t:
+            raise ScenarioError(f"{t.where('restart_s')} is only for kind = \"crash\"; remove it")
         duration = t.get_float("duration_s", 0.0, min=0.0, max=MAX_TIME_S, min_exclusive=True) if "duration_s" in t else None
         if kind == "down" and duration is None:
             raise t.error("duration_s", 'a duration for kind = "down" (a port down to the end of the run would hold '
@@ -195,6 +230,7 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
             rates, r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
             r.get_float("factor", 0.5, min=0.0, max=1.0, min_exclusive=True),
             r.get_float("latency_s", 0.001, min=0.0, max=60.0, min_exclusive=True),
+            r.get_float("restart_s", 30.0, min=0.0, max=MAX_TIME_S, min_exclusive=True),
         )  # fmt: skip
         r.finish()
     return FaultPlan(tuple(faults), random)
@@ -233,12 +269,18 @@ class FaultWindow:
     end_ns: int | None = None
 
 
-def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int) -> list[dict[str, Any]]:
+def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int, redispatch_ns: Sequence[int] = (),
+                 failed_ns: Sequence[int] = ()) -> list[dict[str, Any]]:  # fmt: skip
     """Per fault: turns finished per second before it (over as long
-    as it lasted, or since the run began), during and after it (as long again, or until the run ended), and the
+    as it lasted, or since the run began), during and after it (as long again, or until the run ended), the
     time from its end until the rate over a window (its length, at most 30 s) is back to 90% of the rate
-    before (None: not within the run, or nothing finished before it)."""
+    before (None: not within the run, or nothing finished before it), and the requests dispatched again
+    after a crash and failed while it acted (its start to its end, both included)."""
     done = sorted(t for t in done_ns if t >= 0)
+    redispatched, failed = sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0)
+
+    def count(times: list[int], a: int, b: int) -> int:
+        return bisect.bisect_right(times, b) - bisect.bisect_left(times, a)
 
     def rate(a: int, b: int) -> float:
         return (bisect.bisect_left(done, b) - bisect.bisect_left(done, a)) / ((b - a) / 1e9) if b > a else 0.0
@@ -261,7 +303,8 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
                 t += max(window // 10, 10**8)
         out.append({"kind": kind, "target": target, "start_s": start / 1e9, "end_s": None if stop is None else stop / 1e9,
                     "turns_per_s_before": before, "turns_per_s_during": rate(start, stop_ns),
-                    "turns_per_s_after": after, "recovery_s": recovery})  # fmt: skip
+                    "turns_per_s_after": after, "recovery_s": recovery,
+                    "redispatched": count(redispatched, start, stop_ns), "failed": count(failed, start, stop_ns)})  # fmt: skip
     return out
 
 
@@ -287,7 +330,7 @@ def plan_from_wire(data: Mapping[str, Any]) -> FaultPlan:
     return FaultPlan(
         tuple(Fault(**f) for f in data.get("faults", ())),
         None if random is None else RandomFaults(dict(random["per_node_hour"]), random["mean_duration_s"],
-                                                 random["factor"], random["latency_s"]),
+                                                 random["factor"], random["latency_s"], random["restart_s"]),
     )  # fmt: skip
 
 
@@ -295,10 +338,10 @@ KIND: Final = "faults"
 """What a ``--faults`` file says at its top: ``kind = "faults"``."""
 
 
-def load_fault_file(path: str | Path, nodes: int, gpus: int) -> FaultPlan:
+def load_fault_file(path: str | Path, nodes: int, gpus: int, engines: Sequence[str] = ()) -> FaultPlan:
     """The fault plan of the file ``path`` (``kind = "faults"``, then ``[[faults]]`` and ``[random_faults]``)."""
     top = load_toml(path)
     top.get_str("kind", choices=(KIND,))
     tables = fault_tables(top)
     top.finish()
-    return read_fault_plan(tables, nodes, gpus)
+    return read_fault_plan(tables, nodes, gpus, engines)

@@ -5,8 +5,8 @@ a live run's, from its merged event logs), and from the core's byte counters at 
 From the observations (:class:`EventLogChecker`):
 
 * time never goes backwards and events are numbered 0, 1, 2, … without a gap;
-* every admitted request (:class:`Admitted`) ends exactly once (:class:`Ended`), and nothing ends that was
-  not admitted;
+* every admitted request (:class:`Admitted`) ends exactly once (:class:`Ended`, or :class:`Failed` with its
+  reason), and nothing ends that was not admitted;
 * no pool -- a node's DRAM buffer, a GPU's HBM for KV -- is ever over its capacity or below zero
   (:class:`PoolCapacity`, :class:`PoolTake`, :class:`PoolGive`), and every pool is empty at the end.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.observations import Admitted, Ended, PoolCapacity, PoolGive, PoolTake, parse
+from dualpath_emu.cluster.observations import Admitted, Ended, Failed, PoolCapacity, PoolGive, PoolTake, parse
 from dualpath_emu.runtime.engine import Observed
 
 __all__ = ["EventLogChecker", "InvariantError", "check_core_bytes"]
@@ -50,7 +50,7 @@ class EventLogChecker:
         self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
         self.events = 0
         self._handlers: dict[type, Callable[[int, Any], None]] = {
-            PoolTake: self._pool, PoolGive: self._pool, Admitted: self._admit, Ended: self._ended,
+            PoolTake: self._pool, PoolGive: self._pool, Admitted: self._admit, Ended: self._ended, Failed: self._ended,
             PoolCapacity: self._capacity,
         }  # fmt: skip
         """What each record type checks (the others only take their place in time and number)."""
@@ -124,7 +124,7 @@ class EventLogChecker:
             self._admitted += 1
             self._set(rid, _ADMITTED)
 
-    def _ended(self, seq: int, record: Ended) -> None:
+    def _ended(self, seq: int, record: Ended | Failed) -> None:
         rid = record.rid
         state = self._get(rid)
         if state == _UNSEEN:

@@ -477,7 +477,9 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     if app.config.faults.any:
         windows = fault_windows([(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"])
         done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
-        result.extra["faults"] = fault_report(windows, done, end_ns - start_ns)
+        result.extra["faults"] = fault_report(windows, done, end_ns - start_ns,
+                                              [t - start_ns for t in merged.redispatch_ns],
+                                              [t - start_ns if t >= 0 else t for t in merged.failed_ns])  # fmt: skip
     if host is not None:
         result.extra["host"] = host
     return result, merged

@@ -43,7 +43,7 @@ from typing import ClassVar
 from dualpath_emu.messages import Message, MessageRegistry
 
 __all__ = [
-    "DecodeDone", "DecodeTask", "Expect", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
+    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
     "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
 ]  # fmt: skip
 
@@ -234,6 +234,58 @@ class Health(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Crash(Message):
+    """To an engine group, from the fault injector: you crash now (your HBM and DRAM state is gone) and are
+    down until :class:`Restart` (issue 26)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Crash"
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Restart(Message):
+    """To a crashed engine group, from the fault injector: you are back, empty; fetch work again."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Restart"
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Lost(Message):
+    """To the scheduler, from an engine group: these requests are no longer here. ``why``: ``"crash"`` (the
+    group crashed with them and is down from now), ``"down"`` (work for them came while it was down) or
+    ``"dropped"`` (the scheduler's :class:`Drop` was done). ``read_nodes[i]``/``read_tokens[i]``: reads that
+    were counted in a node's read queue and will not end (no :class:`ReadDone` comes for them)."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Lost"
+    VERSION: ClassVar[int] = 1
+    rids: tuple[int, ...]
+    why: str
+    read_nodes: tuple[int, ...] = ()
+    read_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Drop(Message):
+    """To an engine group, from the scheduler: forget these requests (their other engine crashed); answer
+    :class:`Lost` with ``why = "dropped"``."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.Drop"
+    VERSION: ClassVar[int] = 1
+    rids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed(Message):
+    """To the client, from the scheduler: these turns end as failed, ``reasons[i]`` why."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.TurnFailed"
+    VERSION: ClassVar[int] = 1
+    rids: tuple[int, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Start(Message):
     WIRE_NAME: ClassVar[str] = "cluster.Start"
     VERSION: ClassVar[int] = 1
@@ -243,7 +295,8 @@ def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
     for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
-                KvReady, PrefillDone, DecodeDone, TurnDone, Health, ReadHere, ReadMoved, Start):  # fmt: skip
+                KvReady, PrefillDone, DecodeDone, TurnDone, Health, ReadHere, ReadMoved, Start, Crash, Restart, Lost, Drop,
+                TurnFailed):  # fmt: skip
         registry.register(cls)
     return registry
 

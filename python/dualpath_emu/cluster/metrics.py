@@ -16,6 +16,7 @@ import itertools
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy
 
@@ -24,6 +25,9 @@ __all__ = ["BusyTime", "Metrics", "Percentiles", "percentiles", "quantile"]
 NS = 1_000_000_000
 
 _UNSET = -1
+_ATTEMPT_COLUMNS: Final = {"read_start_ns": max, "read_done_ns": max, "prefill_start_ns": min}
+"""Columns a request dispatched again after a crash may have set in two processes (its reads on another node,
+its prefill in another group): a merge keeps, as one process does, its last read and its first prefill."""
 
 
 def _column(typecode: str = "q") -> array[int]:
@@ -204,11 +208,17 @@ class Metrics:
         self.first_token_ns = _column()
         self.second_token_ns = _column()
         self.done_ns = _column()
+        self.failed_ns = _column()
+        """When a request ended as failed (lost to more engine crashes than the scheduler redispatches)."""
+        self.redispatches = _column("i")
+        """How many times a request was lost to an engine crash and dispatched again (unset: never)."""
         self.pe = _column("i")
         self.de = _column("i")
         self.read_on_de = _column("b")
         self.forward_ns = _column()
         """Start of each prefill forward pass (all groups, in start order)."""
+        self.redispatch_ns = _column()
+        """When each redispatch after an engine crash happened (:meth:`redispatched`)."""
         self.forward_attention_balance: array[float] = array("d")
         """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
         DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
@@ -222,7 +232,8 @@ class Metrics:
         whenever a column is replaced."""
         self._unset_appends = tuple(c.append for c in (
             self.scheduled_pe_ns, self.scheduled_de_ns, self.read_start_ns, self.read_done_ns, self.prefill_start_ns,
-            self.first_token_ns, self.second_token_ns, self.done_ns, self.pe, self.de, self.read_on_de,
+            self.first_token_ns, self.second_token_ns, self.done_ns, self.failed_ns, self.redispatches, self.pe, self.de,
+            self.read_on_de,
         ))  # fmt: skip
 
     def __len__(self) -> int:
@@ -294,6 +305,19 @@ class Metrics:
         self.done_ns[rid] = done_ns
         self.turns_done += 1
 
+    def redispatched(self, rid: int, t_ns: int) -> None:
+        """Request ``rid`` was lost to an engine crash and queued again at ``t_ns`` (the scheduler's column)."""
+        if rid >= len(self.redispatches):
+            self._grow(rid)
+        self.redispatches[rid] = max(self.redispatches[rid], 0) + 1
+        self.redispatch_ns.append(t_ns)
+
+    def failed(self, rid: int, t_ns: int) -> None:
+        """Request ``rid`` ended as failed at ``t_ns`` (the client's column, as :meth:`ended`)."""
+        if self.done_ns[rid] != _UNSET or self.failed_ns[rid] != _UNSET:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.failed_ns[rid] = t_ns
+
     def forward(self, t_ns: int, attention_s: Sequence[float]) -> None:
         """A prefill forward pass started with these per-GPU attention times (one per GPU of the group)."""
         mean = sum(attention_s) / len(attention_s)
@@ -319,8 +343,8 @@ class Metrics:
     # --- one process's part, and the whole run's ------------------------------------------------------
 
     _COLUMNS = ("agent", "prompt", "hit", "gen", "arrive_ns", "scheduled_pe_ns", "scheduled_de_ns", "read_start_ns",
-                "read_done_ns", "prefill_start_ns", "first_token_ns", "second_token_ns", "done_ns", "pe", "de",
-                "read_on_de")  # fmt: skip
+                "read_done_ns", "prefill_start_ns", "first_token_ns", "second_token_ns", "done_ns", "failed_ns",
+                "redispatches", "pe", "de", "read_on_de")  # fmt: skip
     """The per-request columns. Each has one writer: the client the request's own (arrival, its tokens'
     times, from :class:`~dualpath_emu.cluster.messages.TurnDone`), the scheduler where it placed it, the
     engine groups its reads and prefill start; so the parts of a run split over processes merge without
@@ -337,6 +361,7 @@ class Metrics:
         return {
             "columns": {name: column.tobytes() for name, column in self._columns().items()},
             "forward_ns": self.forward_ns.tobytes(),
+            "redispatch_ns": self.redispatch_ns.tobytes(),
             "forward_attention_balance": self.forward_attention_balance.tobytes(),
             "gpu_busy": busy,
         }
@@ -353,6 +378,7 @@ class Metrics:
             getattr(metrics, name).frombytes(raw)
         metrics.turns_done = len(metrics.done_ns) - metrics.done_ns.count(_UNSET)
         metrics.forward_ns.frombytes(data["forward_ns"])  # type: ignore[arg-type]
+        metrics.redispatch_ns.frombytes(data.get("redispatch_ns", b""))  # type: ignore[arg-type]
         metrics.forward_attention_balance.frombytes(data["forward_attention_balance"])  # type: ignore[arg-type]
         for role, b in busy_data.items():
             target = metrics.gpu_busy[role]
@@ -384,7 +410,10 @@ class Metrics:
                     if value == _UNSET:
                         continue
                     if out[rid] != _UNSET and out[rid] != value:
-                        raise ValueError(f"request {rid}: {name} is {out[rid]} in one process and {value} in another")
+                        keep = _ATTEMPT_COLUMNS.get(name)
+                        if keep is None:
+                            raise ValueError(f"request {rid}: {name} is {out[rid]} in one process and {value} in another")
+                        value = keep(out[rid], value)
                     out[rid] = value
             setattr(merged, name, out)
         merged._bind_columns()
@@ -393,6 +422,7 @@ class Metrics:
             (t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True)
         )
         merged.forward_ns.extend(t for t, _ in passes)
+        merged.redispatch_ns.extend(sorted(t for p in parts for t in p.redispatch_ns))
         merged.forward_attention_balance.extend(b for _, b in passes)
         for role, target in merged.gpu_busy.items():
             # Parts that widened their bins differently are summed at the widest interval (a power-of-2 multiple).
@@ -417,8 +447,12 @@ class Metrics:
     # --- figures -------------------------------------------------------------------------------------
 
     def unfinished(self) -> list[int]:
-        """Requests admitted but not ended."""
-        return [rid for rid, t in enumerate(self.done_ns) if t == _UNSET]
+        """Requests admitted but not ended (done or failed)."""
+        failed = self.failed_ns
+        return [rid for rid, t in enumerate(self.done_ns) if t == _UNSET and (rid >= len(failed) or failed[rid] == _UNSET)]
+
+    def failed_count(self) -> int:
+        return len(self.failed_ns) - self.failed_ns.count(_UNSET)
 
     def ttft_s(self) -> list[float]:
         return [(f - a) / 1e9 for a, f in zip(self.arrive_ns, self.first_token_ns) if f != _UNSET]

@@ -16,7 +16,9 @@ __all__ = [
     "Admitted",
     "Assigned",
     "Ended",
+    "Failed",
     "FaultChanged",
+    "Redispatched",
     "HitRead",
     "LINE_FORMATS",
     "Observation",
@@ -98,6 +100,35 @@ class Ended(NamedTuple):
         return _format(self)
 
 
+class Failed(NamedTuple):
+    """Request ``rid`` ended as failed (an end, as :class:`Ended` is), for ``reason``."""
+
+    rid: int
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class Redispatched(NamedTuple):
+    """Request ``rid`` was lost to an engine crash (of ``engine``) and queued again, for the ``attempt``-th time."""
+
+    rid: int
+    attempt: int
+    engine: str
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
 class PoolCapacity(NamedTuple):
     """Pool ``pool`` (a DRAM buffer, a GPU's HBM for KV) holds ``size`` bytes; said before its first grant."""
 
@@ -161,7 +192,8 @@ class FaultChanged(NamedTuple):
 
 
 Observation: TypeAlias = (
-    Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive | FaultChanged
+    Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive | FaultChanged | Failed
+    | Redispatched
 )
 
 _FORMATS: Final[dict[type, tuple[str, str]]] = {
@@ -174,6 +206,8 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     PoolTake: ("take", "%s %s %s"),
     PoolGive: ("give", "%s %s %s"),
     FaultChanged: ("fault", "%s %s %s x%r +%sns"),
+    Failed: ("failed", "r%s %s"),
+    Redispatched: ("redispatch", "r%s %s %s"),
 }
 """Per record type, its log ``kind`` and the ``%`` format of its ``summary`` over its fields (:func:`parse` reads
 them back)."""
@@ -212,6 +246,10 @@ def parse(kind: str, summary: str) -> Observation:
             return PoolCapacity(pool, int(size))
         if kind == "fault" and len(words) == 5 and words[3].startswith("x") and words[4].startswith("+"):
             return FaultChanged(words[0], words[1], words[2], float(words[3][1:]), int(words[4][1:-2]))
+        if kind == "failed" and len(words) >= 2:
+            return Failed(_rid(words[0]), summary[len(words[0]) + 1 :])
+        if kind == "redispatch" and len(words) == 3:
+            return Redispatched(_rid(words[0]), int(words[1]), words[2])
         if kind in ("take", "give"):
             pool, rid, size = summary.rsplit(" ", 2)
             return (PoolTake if kind == "take" else PoolGive)(pool, int(rid), int(size))

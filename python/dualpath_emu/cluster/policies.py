@@ -120,13 +120,26 @@ class DecodeAssignment:
 
 
 class PortHealth:
-    """What faults leave of the cluster's ports, as the scheduler last heard (:mod:`~dualpath_emu.cluster.faults`):
-    a policy reads it to react (:attr:`Policy.health`). Every port is up until a fault says otherwise."""
+    """What faults leave of the cluster's ports and engines, as the scheduler last heard
+    (:mod:`~dualpath_emu.cluster.faults`): a policy reads it to react (:attr:`Policy.health`). Every port and
+    engine is up until a fault says otherwise. (The scheduler offers a policy only the engines that are up.)"""
 
-    __slots__ = ("_factors",)
+    __slots__ = ("_factors", "engines_down")
 
     def __init__(self) -> None:
         self._factors: dict[str, float] = {}
+        self.engines_down: set[str] = set()
+        """Engine groups down after a crash (``pe0``, ``de3``), until they are back."""
+
+    def set_engine(self, engine: str, up: bool) -> None:
+        if up:
+            self.engines_down.discard(engine)
+        else:
+            self.engines_down.add(engine)
+
+    def engine_up(self, engine: str) -> bool:
+        """Engine group ``engine`` (``pe0``: a prefill EP group, ``de3``: a decode node's engines) is up."""
+        return engine not in self.engines_down
 
     def set(self, port: str, factor: float) -> None:
         if factor == 1.0:

@@ -40,10 +40,34 @@ class Pool:
     def release(self, now: int, rid: int, size: int) -> None:
         self.free += size
         self.out.observe(PoolGive(self.name, rid, size))
+        self._grant(now)
+
+    def _grant(self, now: int) -> None:
         while self._waiting and self._waiting[0][1] <= self.free:
             waiter, wanted, then = self._waiting.popleft()
             self._take(waiter, wanted)
             then(now)
+
+    def cancel(self, now: int, rid: int) -> bool:
+        """Withdraw ``rid``'s waiting acquire (its request was dropped): whether one waited. Those behind it
+        may fit now."""
+        for index, (waiter, _, _) in enumerate(self._waiting):
+            if waiter == rid:
+                del self._waiting[index]
+                if index == 0:
+                    self._grant(now)
+                return True
+        return False
+
+    def reset(self, now: int) -> int:
+        """The engine holding this pool crashed: everything it held is gone and nobody waits any more.
+        Returns the bytes that were held (observed as one give, with request id -1)."""
+        self._waiting.clear()
+        held = self.capacity - self.free
+        self.free = self.capacity
+        if held:
+            self.out.observe(PoolGive(self.name, -1, held))
+        return held
 
     def _take(self, rid: int, size: int) -> None:
         self.free -= size

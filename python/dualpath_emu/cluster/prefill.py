@@ -10,15 +10,19 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import (
+    Crash,
+    Drop,
     Health,
     HitReady,
     KvReady,
+    Lost,
     Prefill,
     PrefillDone,
     PrefillTask,
     ReadDone,
     ReadHere,
     ReadMoved,
+    Restart,
 )
 from dualpath_emu.cluster.observations import HitRead, Prefilled
 from dualpath_emu.cluster.pool import Pool
@@ -52,6 +56,8 @@ class _PrefillItem:
     """This side's current read has started (its buffer is held)."""
     started_elsewhere: bool = False
     """A read moved here had started on the decode side (which wrote its start in the metrics)."""
+    dropped: bool = False
+    """The scheduler dropped it (its decode engine crashed) while a forward pass had it."""
 
     @property
     def ready(self) -> bool:
@@ -94,11 +100,79 @@ class PrefillGroup(EngineGroup):
         # 7.6 of 16 GPUs busy per pass on average and a 24% longer JCT at 1,024 agents, against the
         # balanced passes the paper measures (Fig. 13 right).
         self._pull_wait_ns = round((2 * cluster.config.fetch_period_s + 1e-6) * NS)
+        self._down = False
+        """Crashed and not restarted yet (issue 26): work that comes is lost."""
+        self._epoch = 0
+        """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
 
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
+        if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
+            self._lose([(t.rid, t.pe_node, self._pending_read(t.hit, t.read_on_de, False)) for t in msg.tasks], "down")
+            return
         for task in msg.tasks:
             self._add(now, task)
+
+    # --- crashes (issue 26) --------------------------------------------------------------------------
+
+    def _pending_read(self, hit: int, read_on_de: bool, done: bool) -> int:
+        """Hit tokens counted in this side's read queue whose read has not ended."""
+        return hit if hit > 0 and not read_on_de and not done and not self.cluster.system.oracle else 0
+
+    def _lose(self, lost: list[tuple[int, int, int]], why: str) -> None:
+        """Tell the scheduler these ``(rid, node, pending read tokens)`` are no longer here."""
+        reads = [(node, tokens) for _, node, tokens in lost if tokens]
+        self.out.send("scheduler", Lost(tuple(rid for rid, _, _ in lost), why, tuple(n for n, _ in reads),
+                                        tuple(t for _, t in reads)))  # fmt: skip
+
+    @on(Crash)
+    def on_crash(self, now: int, msg: Crash, sender: str) -> None:
+        """This engine crashes: every request it holds, its buffers' contents and what its GPUs were doing are
+        gone; it is down until :class:`Restart`."""
+        if self._down:
+            return
+        self._down = True
+        self._epoch += 1
+        lost = []
+        for rid, ((node, _), item) in self.items.items():
+            item.attempt += 1  # its read under way, if any, is stale
+            lost.append((rid, node, self._pending_read(item.hit, item.read_on_de, item.pe_ready)))
+        self.items.clear()
+        for queue in self.queues.values():
+            queue.clear()
+        self._early_hits.clear()
+        self._passing = self._kick_due = False
+        for pool in self.buffers.values():
+            pool.reset(now)
+        self._lose(lost, "crash")
+
+    @on(Restart)
+    def on_restart(self, now: int, msg: Restart, sender: str) -> None:
+        """Back, empty: fetch work again."""
+        if self._down:
+            self._down = False
+            self.start(now)
+
+    @on(Drop)
+    def on_drop(self, now: int, msg: Drop, sender: str) -> None:
+        """The scheduler drops these requests (their decode engine crashed): free what they hold here."""
+        lost = []
+        for rid in msg.rids:
+            self._early_hits.discard(rid)
+            entry = self.items.pop(rid, None)
+            if entry is None:
+                lost.append((rid, 0, 0))
+                continue
+            (node, gpu), item = entry
+            self.queues[(node, gpu)].remove(item)
+            lost.append((rid, node, self._pending_read(item.hit, item.read_on_de, item.pe_ready)))
+            item.attempt += 1
+            item.dropped = True
+            if item.buffered:
+                if not self.buffers[node].cancel(now, rid):  # granted: held (read under way or done)
+                    self.buffers[node].release(now, rid, item.buffered)
+                item.buffered = 0
+        self._lose(lost, "dropped")
 
     def _add(self, now: int, msg: PrefillTask) -> None:
         new = msg.prompt - msg.hit
@@ -155,7 +229,7 @@ class PrefillGroup(EngineGroup):
         request's decode group (the second path as failover), so none holds back the requests behind it for
         as long as the NIC is down. Single-path systems have no other side: their reads wait."""
         system = self.cluster.system
-        if not system.dual_path or system.oracle:
+        if not system.dual_path or system.oracle or self._down:
             return
         down = {n for port, factor in zip(msg.ports, msg.factors) for n in self.nodes
                 if factor == 0.0 and port == f"n{n}.snic.rx"}  # fmt: skip
@@ -175,6 +249,8 @@ class PrefillGroup(EngineGroup):
     @on(ReadHere)
     def on_read_here(self, now: int, msg: ReadHere, sender: str) -> None:
         """The decode node's storage NIC went down before this request's hit was read there: read it here."""
+        if self._down:
+            return  # the request was lost here (or will be, by the work that comes for it)
         entry = self.items.get(msg.rid)
         if entry is None or not entry[1].read_on_de:
             return  # a race in real time: the request is gone, or reads here already
@@ -186,6 +262,8 @@ class PrefillGroup(EngineGroup):
 
     @on(HitReady)
     def on_hit_ready(self, now: int, msg: HitReady, sender: str) -> None:
+        if self._down:
+            return
         entry = self.items.get(msg.rid)
         if entry is None:
             self._early_hits.add(msg.rid)
@@ -252,7 +330,7 @@ class PrefillGroup(EngineGroup):
     def _kick(self, now: int) -> None:
         """Start a forward pass over what is ready, if anything is."""
         self._kick_due = False
-        if self._passing:
+        if self._passing or self._down:
             return
         batches = {key: self._batch(key) for key in self.gpus}
         if any(batches.values()):
@@ -314,8 +392,12 @@ class PrefillGroup(EngineGroup):
         metrics.forward(now, attention_s)
         ffn_ns = round(ffn_s * layers / stages * NS)
 
+        epoch = self._epoch
+
         def run_pass(started: int) -> None:
-            plane.forward(stages, ranks, ffn_ns, collectives, lambda now: self._passed(now, started, batches, post))
+            if epoch == self._epoch:  # not crashed while its hit KV was copied in
+                plane.forward(stages, ranks, ffn_ns, collectives,
+                              lambda now: self._passed(now, started, batches, post, epoch))  # fmt: skip
 
         if pre:  # without layerwise prefill, the hit KV is copied into HBM before the pass
             join = _join(len(pre), run_pass)
@@ -326,13 +408,15 @@ class PrefillGroup(EngineGroup):
 
     def _passed(
         self, now: int, started: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]],
-        post: list[tuple[int, int, _PrefillItem, int]],
+        post: list[tuple[int, int, _PrefillItem, int]], epoch: int,
     ) -> None:  # fmt: skip
+        if epoch != self._epoch:
+            return  # the engine crashed during the pass: its results are gone
         gpus = self.cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)
         self.cluster.metrics.prefill_pass(started, now, [(n * gpus + g, b) for (n, g), b in batches.items() if b])
         if post:  # without layerwise prefill, the whole prompt KV goes to the DE buffer after the pass
             topo = self.cluster.topology
-            join = _join(len(post), lambda now: self._finish(now, batches))
+            join = _join(len(post), lambda now: self._finish(now, batches) if epoch == self._epoch else None)
             for node, gpu, item, size in post:
                 self.plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size, join)
         else:
@@ -345,6 +429,8 @@ class PrefillGroup(EngineGroup):
         for (node, gpu), batch in batches.items():
             queue = self.queues[(node, gpu)]
             for item, chunk in batch:
+                if item.dropped:
+                    continue  # its decode engine crashed during the pass: what it computed is not wanted
                 if item.buffered:  # the hit KV is in HBM now: the PE buffer is free again
                     self.buffers[node].release(now, item.rid, item.buffered)
                     item.buffered = 0
@@ -359,7 +445,8 @@ class PrefillGroup(EngineGroup):
             self.out.send(group, KvReady(tuple(rids), now))
         if finished:
             self.out.send("scheduler", PrefillDone(tuple(finished)))
-        self.plane.timer(now + self._pull_wait_ns, self._pulled)
+        epoch = self._epoch
+        self.plane.timer(now + self._pull_wait_ns, lambda now: self._pulled(now) if epoch == self._epoch else None)
 
     def _pulled(self, now: int) -> None:
         self._passing = False

@@ -129,6 +129,10 @@ class SystemResult:
     sample_interval_s: float = SAMPLE_INTERVAL_S
     spec: System | None = field(default=None, repr=False)
     """The system that ran (set by :func:`run_system`)."""
+    failed_requests: int = 0
+    """Requests that ended as failed (lost to more engine crashes than are redispatched, issue 26)."""
+    redispatches: int = 0
+    """Times a request was lost to an engine crash and dispatched again."""
 
     @property
     def snic_timeline(self) -> dict[str, list[float]]:
@@ -148,6 +152,8 @@ class SystemResult:
             "turns": self.turns,
             "agents": self.agents,
             "lost_requests": self.lost_requests,
+            "failed_requests": self.failed_requests,
+            "redispatches": self.redispatches,
             "hit_rate": self.hit_rate,
             "ttft_s": self.ttft_s,
             "ttst_s": self.ttst_s,
@@ -273,7 +279,8 @@ def run_system(
     result.extra.update({"mode": "virtual", "processes": 1})
     for engine in driver.engines:
         if isinstance(engine, FaultInjector):
-            result.extra["faults"] = fault_report(engine.windows, metrics.done_ns, end_ns)
+            result.extra["faults"] = fault_report(engine.windows, metrics.done_ns, end_ns, metrics.redispatch_ns,
+                                                  metrics.failed_ns)  # fmt: skip
     if probe_paths:
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:
@@ -322,6 +329,8 @@ def build_result(
         turns=len(metrics),
         agents=agents,
         lost_requests=0,
+        failed_requests=metrics.failed_count(),
+        redispatches=len(metrics.redispatch_ns),
         ttft_s=percentiles(metrics.ttft_s()).as_dict(),
         ttst_s=percentiles(metrics.ttst_s()).as_dict(),
         tpot_s=percentiles(metrics.tpot_s()).as_dict(),

@@ -120,14 +120,17 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
 
     [[faults]]                           # a fault (dualpath_emu.cluster.faults); none by default; repeat
                                          # the table for more (`--faults FILE` adds a file's)
-    kind = "down"                        # required: "down", "degrade", "latency" or "slow_storage"
+    kind = "down"                        # required: "down", "degrade", "latency", "slow_storage" or
+                                         # "crash"
     target = "n0.snic"                   # required: a port (n0.snic.rx, n3.cnic2.tx, 3fs.read), a NIC
-                                         # (n0.snic, n3.cnic2), a node (n1) or "storage"
+                                         # (n0.snic, n3.cnic2), a node (n1) or "storage"; for "crash" an
+                                         # engine (pe0: a prefill EP group, de2: a decode node's engines)
     at_s = 0                             # required: when it starts, emulated seconds
     # duration_s = 60                    # how long it lasts; not given: to the end of the run (not for
                                          # "down", whose stalled transfers would wait for ever)
     factor = 1.0                         # degrade, slow_storage: what is left of the rates, (0, 1]
     latency_s = 0.0                      # latency, slow_storage: added per transfer or storage I/O, [0, 60]
+    # restart_s = 30                     # crash (required there): seconds until the engine is back, empty
 
     [random_faults]                      # faults drawn from the run's seed on every node's NICs, as the
                                          # run goes: one seed, one failure history
@@ -135,9 +138,11 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # its compute NICs; [0, 3600]
     degrade_per_node_hour = 0.0          # the same for degrade faults
     latency_per_node_hour = 0.0          # the same for latency faults
+    crash_per_node_hour = 0.0            # the same for crashes of the engine hosting the node's GPUs
     mean_duration_s = 60.0               # their durations are exponential with this mean
     factor = 0.5                         # what a random degrade leaves of the rates
     latency_s = 0.001                    # what a random latency fault adds
+    restart_s = 30.0                     # how long a randomly crashed engine is down
 
     [models.NAME]                        # a model the scenario may name (dualpath_emu.cluster.catalog derives
                                          # KV bytes, FLOPs and parameters from these, with the Hugging Face
@@ -217,7 +222,7 @@ from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import ClusterConfig, derived
-from dualpath_emu.cluster.faults import fault_tables, load_fault_file, read_fault_plan
+from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
@@ -422,7 +427,8 @@ class ClusterScenario:
             out = dataclasses.replace(out, backend=backend)
         if faults is not None:
             config = out.config
-            plan = load_fault_file(faults, config.pe_nodes + config.de_nodes, config.node.gpus)
+            engines = engine_group_names(config.pe_nodes, config.de_nodes, config.prefill_ep_nodes)
+            plan = load_fault_file(faults, config.pe_nodes + config.de_nodes, config.node.gpus, engines)
             out = dataclasses.replace(out, config=dataclasses.replace(config, faults=config.faults.plus(plan)))
         if byte_scale is not None:
             if not 0.0 < byte_scale <= 1.0:
@@ -527,7 +533,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         _check_weights_fit(deployment, key, model, gpu, node.gpus, ep_nodes)
     deployment.finish()
 
-    fault_plan = read_fault_plan(faults, pe_nodes + de_nodes, node.gpus)
+    fault_plan = read_fault_plan(faults, pe_nodes + de_nodes, node.gpus, engine_group_names(pe_nodes, de_nodes, prefill_ep))
     storage = _storage(storage_table, base.storage)
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)

@@ -57,9 +57,10 @@ class Documented:
 def schema() -> list[Key]:
     """Every key a cluster scenario may have, in the order the reader asks for them (the first time)."""
     rows: list[tuple[str, object, str]] = []
-    # Every key of a fault is read for some kind: slow_storage's, with a duration, covers them all.
+    # Every key of a fault is read for some kind: slow_storage's, with a duration, and a crash's cover them all.
     fault = {"kind": "slow_storage", "target": "storage", "at_s": 0.0, "duration_s": 1.0, "factor": 0.5, "latency_s": 0.0}
-    example = {"kind": "cluster", "faults": [fault], "random_faults": {}}
+    crash = {"kind": "crash", "target": "pe0", "at_s": 0.0, "restart_s": 1.0}
+    example = {"kind": "cluster", "faults": [fault, crash], "random_faults": {}}
     scenario_module.scenario_from_table(Table(example, "reference", schema=rows), Path("reference.toml"))
     packaged = tomllib.loads(PACKAGED_FILE.read_text(encoding="utf-8"))
     Catalog().with_entries(Table(packaged, str(PACKAGED_FILE), schema=rows))  # every kind of entry is in it

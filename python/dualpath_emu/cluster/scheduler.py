@@ -11,20 +11,24 @@ from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
+from dualpath_emu.cluster.faults import MAX_REDISPATCHES
 from dualpath_emu.cluster.messages import (
     DecodeDone,
     DecodeTask,
+    Drop,
     Expect,
     Fetch,
     Health,
+    Lost,
     Prefill,
     PrefillDone,
     PrefillTask,
     ReadDone,
     ReadMoved,
     Submit,
+    TurnFailed,
 )
-from dualpath_emu.cluster.observations import Assigned
+from dualpath_emu.cluster.observations import Assigned, Failed, Redispatched
 from dualpath_emu.cluster.policies import (
     DE_HIGH_TOKEN_FACTOR,
     DecodeAssignment,
@@ -96,6 +100,15 @@ class Scheduler(ClusterEngine):
         self._de_group = {node: cluster.group_name("de", node) for node in self.de_engines}
         self._check_policy = not isinstance(cluster.system.scheduler, str)
         """A user's policy: what it returns is checked (the built-in ones' is tested)."""
+        # Engine crashes (issue 26).
+        self._down: set[str] = set()
+        """Engine groups that crashed and have not fetched since."""
+        self._recovering: dict[int, set[str]] = {}
+        """Requests lost to a crash whose other engine has not yet confirmed it dropped them."""
+        self._attempts: dict[int, int] = {}
+        """Requests dispatched again after a crash: how many times."""
+        self._all_pes = self.prefill.engines
+        self._all_de_groups: dict[int, deque[Request]] = dict(self.private)
 
     def waiting(self) -> tuple[int, int]:
         """Requests waiting for a PE, and for a DE (the global decode queue and every group's private one)."""
@@ -139,6 +152,8 @@ class Scheduler(ClusterEngine):
     @on(Fetch)
     def on_fetch(self, now: int, msg: Fetch, sender: str) -> None:
         self._pulls[sender] = _Pull(msg.nodes, msg.period_ns, any(node in self.pe_engines for node in msg.nodes))
+        if sender in self._down:  # back after a crash
+            self._engine_up(now, sender)
         if sender in self._wanted:
             self._wanted.discard(sender)
             self._notify_group(now, sender)
@@ -175,7 +190,8 @@ class Scheduler(ClusterEngine):
             pe_of[request.id] = a.engine
             queue.append(request)
             scheduled_pe(request.id, now)
-        self.policy.route_decode(queue, self.private, self.group_loads)
+        if self.private:  # (every decode group crashed: the queue waits for one to be back)
+            self.policy.route_decode(queue, self.private, self.group_loads)
         self._notify_decode(now)
 
     def _fetch_decode(self, now: int, node: int) -> tuple[int, bool]:
@@ -235,7 +251,10 @@ class Scheduler(ClusterEngine):
     def on_prefill_done(self, now: int, msg: PrefillDone, sender: str) -> None:
         wake = None
         for rid in msg.rids:
-            wake = self.prefill.done(self.requests[rid], self.pe_of.pop(rid)) or wake
+            pe = self.pe_of.pop(rid, None)
+            if pe is None:
+                continue  # lost to a crash of its decode engine while its last pass ran: dispatched again
+            wake = self.prefill.done(self.requests[rid], pe) or wake
             if rid in self._decoded:  # its DecodeDone came first (see on_decode_done)
                 self._decoded.discard(rid)
                 del self.requests[rid]
@@ -246,6 +265,8 @@ class Scheduler(ClusterEngine):
     def on_decode_done(self, now: int, msg: DecodeDone, sender: str) -> None:
         gpus, nodes = self._gpus, set()
         for rid in msg.rids:
+            if rid not in self.de_of:
+                raise RuntimeError(f"request {rid} ended on {sender}, where it was not (lost to a crash before)")
             if rid in self.pe_of:
                 # A one-token turn ends as its KV arrives, and in real time the decode group's DecodeDone can
                 # overtake the prefill group's PrefillDone: keep the request until that comes too.
@@ -265,3 +286,140 @@ class Scheduler(ClusterEngine):
         for node in sorted(nodes):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
+
+    # --- engine crashes (issue 26) -----------------------------------------------------------------------
+
+    def _groups_of(self, rid: int) -> set[str]:
+        """The engine groups that hold request ``rid`` now (its PE's until its prefill is done, its DE's)."""
+        groups = set()
+        pe = self.pe_of.get(rid)
+        if pe is not None and rid in self.de_of:  # before its decode fetch, no group has heard of it
+            groups.add(self.prefill.group_of(pe))
+        de = self.de_of.get(rid)
+        if de is not None:
+            groups.add(self._de_group[de // self._gpus])
+        return groups
+
+    @on(Lost)
+    def on_lost(self, now: int, msg: Lost, sender: str) -> None:
+        """Engine group ``sender`` no longer holds these requests: it crashed with them (it is down from now),
+        work for them came while it was down, or it dropped them as asked."""
+        for node, tokens in zip(msg.read_nodes, msg.read_tokens, strict=True):
+            self.read_q[node] -= tokens  # reads that will not end
+        if msg.why == "crash":
+            self._engine_down(now, sender)
+        for rid in msg.rids:
+            waiting = self._recovering.get(rid)
+            if waiting is not None:
+                waiting.discard(sender)
+                if not waiting:
+                    del self._recovering[rid]
+                    self._dispatch_again(now, rid, sender)
+                continue
+            if msg.why == "dropped" or rid not in self.requests or sender not in self._groups_of(rid):
+                continue  # stale: it was lost here before, and is dispatched again already
+            self._recover(now, rid, sender)
+        self._wake_prefill(now)
+
+    def _recover(self, now: int, rid: int, lost_by: str) -> None:
+        """Request ``rid`` was lost by ``lost_by``: take back its place on its engines; have the other group that
+        holds it drop it, then dispatch it again."""
+        others = self._groups_of(rid) - {lost_by}
+        self._unassign(rid)
+        if others:
+            self._recovering[rid] = others
+            for group in sorted(others):
+                self.out.send(group, Drop((rid,)))
+        else:
+            self._dispatch_again(now, rid, lost_by)
+
+    def _unassign(self, rid: int) -> None:
+        """Undo request ``rid``'s assignment in the engines' loads (and its place in a decode queue)."""
+        request = self.requests[rid]
+        pe = self.pe_of.pop(rid, None)
+        if pe is not None:
+            self.prefill.done(request, pe)
+        de = self.de_of.pop(rid, None)
+        if de is not None:
+            node = de // self._gpus
+            engine = self.de_engines[node][de % self._gpus]
+            tokens = self.policy.decode_tokens(request)
+            engine.tok -= tokens
+            engine.seq -= 1
+            engine.free_hbm_bytes += request.hbm_bytes
+            if node in self.group_loads:
+                self.group_loads[node] -= tokens
+        elif pe is not None:  # assigned a PE only: it waits in a decode queue
+            for queue in (self.decode_queue, *self.private.values()):
+                if request in queue:
+                    queue.remove(request)
+                    routed = next((n for n, q in self.private.items() if q is queue), None)
+                    if routed is not None:
+                        self.group_loads[routed] -= self.policy.decode_tokens(request)
+                    break
+
+    def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
+        """Queue request ``rid`` again (ahead of what came after it), or end it as failed once it was lost
+        more than :data:`MAX_REDISPATCHES` times."""
+        attempt = self._attempts.get(rid, 0) + 1
+        if attempt > MAX_REDISPATCHES:
+            self._attempts.pop(rid, None)
+            del self.requests[rid]
+            reason = f"lost to {attempt} engine crashes (the last of {lost_by})"
+            self.out.observe(Failed(rid, reason))
+            self.out.send("client", TurnFailed((rid,), (reason,)))
+            return
+        self._attempts[rid] = attempt
+        self.out.observe(Redispatched(rid, attempt, lost_by))
+        self.cluster.metrics.redispatched(rid, now)
+        self.prefill.queue.appendleft(self.requests[rid])
+
+    def _wake_prefill(self, now: int) -> None:
+        """Requests wait for a PE: serve the fetch of a prefill group that is up."""
+        if self.prefill.queue:
+            for name in self._pe_group.values():
+                if name not in self._down:
+                    self._notify_group(now, name)
+                    return
+
+    def _engine_down(self, now: int, group: str) -> None:
+        """Engine group ``group`` crashed: it fetches nothing until it is back, policies see it down, and
+        requests assigned to its engines but not yet sent there are taken back."""
+        self._down.add(group)
+        self._pulls.pop(group, None)
+        self._wanted.discard(group)
+        self.policy.health.set_engine(group, False)
+        if group.startswith("pe"):
+            lost = [rid for rid, pe in self.pe_of.items() if rid not in self.de_of and self.prefill.group_of(pe) == group]
+            for rid in lost:  # in a decode queue, its PE gone: dispatched again
+                self._unassign(rid)
+                self._dispatch_again(now, rid, group)
+        else:
+            node = int(group[2:])
+            queue = self.private.pop(node)
+            self.group_loads = GroupLoads({n: load for n, load in self.group_loads.items() if n != node})
+            self.decode_queue.extendleft(reversed(queue))  # not sent there yet: routed again
+            queue.clear()
+        self._route_engines()
+
+    def _engine_up(self, now: int, group: str) -> None:
+        """Engine group ``group`` is back, empty."""
+        self._down.discard(group)
+        self.policy.health.set_engine(group, True)
+        if group.startswith("de"):
+            node = int(group[2:])
+            self.private[node] = self._all_de_groups[node]
+            loads = dict(self.group_loads)
+            loads[node] = sum(e.tok for e in self.de_engines[node])
+            self.group_loads = GroupLoads(dict(sorted(loads.items())))
+        self._route_engines()
+        if group.startswith("de"):
+            self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
+            self._notify_decode(now)
+        else:
+            self._wake_prefill(now)
+
+    def _route_engines(self) -> None:
+        """What the policy is offered: the PEs of the groups that are up."""
+        down = self._down
+        self.prefill.engines = [e for e in self._all_pes if self.prefill.group_of(e.id) not in down]

@@ -1,18 +1,22 @@
 """Faults (issue 26; the paper: "no systematic measurement of path degradation on faults"): what Basic and
-DualPath do on DS 660B 2P4D, offline, 1,024 agents, when a prefill node's storage NIC goes down, and under
-random fault schedules.
+DualPath do on DS 660B 2P4D, offline, 1,024 agents, when a prefill node's storage NIC goes down, when a decode
+engine crashes, and under random fault schedules.
 
 * **A storage NIC down.** Prefill node 0's storage NIC (``n0.snic``) is down for 20% of each system's own run
   without faults (from 30% to 50% of its JCT). Basic reads every hit through the prefill nodes' storage NICs:
   node 0's reads stall until it is back. DualPath reads on the decode side while it is down (the second path
   as failover).
-* **Random schedules** at 0, 1 and 4 faults per node-hour (a third each ``down``, ``degrade`` to half the rate
-  and ``latency`` of +1 ms, on a node's storage NIC or one of its compute NICs, lasting 30 s on average),
-  drawn from the run's seed (``[random_faults]``).
+* **A decode engine crash.** The first decode node's engines (``de2``) crash at 30% of each system's own JCT
+  and are back, empty, 60 s later: the requests they held are dispatched again (hit KV read again, the rest
+  computed again).
+* **Random schedules** at 0, 1 and 4 faults per node-hour (a quarter each ``down``, ``degrade`` to half the
+  rate and ``latency`` of +1 ms, on a node's storage NIC or one of its compute NICs, lasting 30 s on average,
+  and ``crash`` of the engine hosting the node's GPUs, back 60 s later), drawn from the run's seed
+  (``[random_faults]``).
 
-Each row: JCT, p99 TTFT, turns, the faults that started and, for the outage, the turns finished per second
-before, during and after it. Nothing is lost or fails in these runs: a stalled transfer waits and resumes
-(engine crashes, which lose work, are not modelled yet).
+Each row: JCT, p99 TTFT, turns admitted and failed (every admitted turn ended, done or failed: the run's checker
+proves it, or the run fails), requests dispatched again after a crash, the faults that
+started and, for the outage and the crash, the turns finished per second before, during and after it.
 
 ``--quick``: the storage-bound miniature (quarter storage NICs), 96 agents of 20 rounds.
 """
@@ -25,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.cluster.faults import Fault, FaultPlan, RandomFaults
+from dualpath_emu.cluster.faults import MAX_REDISPATCHES, Fault, FaultPlan, RandomFaults
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells
 from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
@@ -37,11 +41,16 @@ RATES: Final = (1.0, 4.0)
 """Random faults per node-hour (0 is the run without faults)."""
 OUTAGE: Final = (0.3, 0.2)
 """The storage NIC's outage: start and length, as fractions of the system's JCT without faults."""
+CRASH_AT: Final = 0.3
+"""When the decode engine crashes, as a fraction of the system's JCT without faults."""
+RESTART_S: Final = 60.0
+"""How long a crashed engine is down (loading a 660B model's weights again takes about that)."""
 
 
 def _random(rate: float) -> FaultPlan:
-    third = rate / 3.0
-    return FaultPlan(random=RandomFaults({"down": third, "degrade": third, "latency": third}, 30.0, 0.5, 0.001))
+    quarter = rate / 4.0
+    rates = {"down": quarter, "degrade": quarter, "latency": quarter, "crash": quarter}
+    return FaultPlan(random=RandomFaults(rates, 30.0, 0.5, 0.001, RESTART_S))
 
 
 def build(args: argparse.Namespace) -> Report:
@@ -56,6 +65,9 @@ def build(args: argparse.Namespace) -> Report:
         down = Fault("down", "n0.snic", round(OUTAGE[0] * jct, 3), round(OUTAGE[1] * jct, 3))
         faulted.append(Cell({"case": "n0.snic down", "rate": 0.0},
                             dataclasses.replace(base, faults=FaultPlan((down,))), system, max_rounds=rounds))  # fmt: skip
+        crash = Fault("crash", f"de{base.pe_nodes}", round(CRASH_AT * jct, 3), restart_s=RESTART_S)
+        faulted.append(Cell({"case": "de crash", "rate": 0.0},
+                            dataclasses.replace(base, faults=FaultPlan((crash,))), system, max_rounds=rounds))  # fmt: skip
         for rate in RATES:
             faulted.append(Cell({"case": "random", "rate": rate}, dataclasses.replace(base, faults=_random(rate)),
                                 system, max_rounds=rounds))  # fmt: skip
@@ -63,8 +75,12 @@ def build(args: argparse.Namespace) -> Report:
     rows = [_row(r, plain[r.cell.system]) for r in results]
     by = {(row["case"], row["rate"], row["system"]): row for row in rows}
     slowdown = {s: by[("n0.snic down", 0.0, s)]["jct_s"] / by[("none", 0.0, s)]["jct_s"] for s in SYSTEMS}
+    crashed = {s: by[("de crash", 0.0, s)]["jct_s"] / by[("none", 0.0, s)]["jct_s"] for s in SYSTEMS}
     checks = {
-        "no request is lost or fails": all(row["turns"] == rows[0]["turns"] for row in rows),
+        "no request fails without crashes": all(row["failed"] == 0 and row["redispatched"] == 0 for row in rows
+                                                if row["case"] in ("none", "n0.snic down")),
+        "the decode engine crash dispatches its requests again": all(
+            by[("de crash", 0.0, s)]["redispatched"] > 0 for s in SYSTEMS),
         "the outage slows Basic more than DualPath": slowdown["basic"] > slowdown["dualpath"],
         "Basic's p99 TTFT grows more than DualPath's under the outage": (
             by[("n0.snic down", 0.0, "basic")]["ttft_p99_s"] / by[("none", 0.0, "basic")]["ttft_p99_s"]
@@ -73,14 +89,19 @@ def build(args: argparse.Namespace) -> Report:
     }  # fmt: skip
     return Report(
         name="faults",
-        title="faults: a prefill node's storage NIC down, and random schedules, Basic vs DualPath on DS 660B 2P4D",
+        title="faults: a prefill node's storage NIC down, a decode engine crash and random schedules, Basic vs "
+              "DualPath on DS 660B 2P4D",
         rows=rows,
         comparisons=[],
         checks=checks,
         notes=[
             "The paper measures no faults; the rows are the emulator's own.",
             f"JCT under the outage vs without faults: Basic {slowdown['basic']:.3f}x, DualPath {slowdown['dualpath']:.3f}x.",
-            "Failed requests: none (a transfer on a dead port stalls and resumes; engine crashes are not modelled yet).",
+            f"JCT after the decode engine crash vs without faults: Basic {crashed['basic']:.3f}x, DualPath "
+            f"{crashed['dualpath']:.3f}x; requests dispatched again: Basic {by[('de crash', 0.0, 'basic')]['redispatched']}, "
+            f"DualPath {by[('de crash', 0.0, 'dualpath')]['redispatched']}.",
+            "A transfer on a dead port stalls and resumes; a request fails only when lost to more than "
+            f"{MAX_REDISPATCHES} engine crashes.",
         ],
         plot=lambda path: plot(path, rows),
     )
@@ -89,11 +110,14 @@ def build(args: argparse.Namespace) -> Report:
 def _row(r: CellResult, plain: CellResult) -> dict[str, Any]:
     s = r.summary
     faults = s.get("faults", [])
-    outage = next((f for f in faults if f["target"] == "n0.snic" and f["kind"] == "down"), None) if r.cell.labels["case"] == "n0.snic down" else None
+    case = r.cell.labels["case"]
+    outage = faults[0] if case in ("n0.snic down", "de crash") and faults else None
     return {
-        "case": r.cell.labels["case"], "rate": r.cell.labels["rate"], "system": r.cell.system,
+        "case": case, "rate": r.cell.labels["rate"], "system": r.cell.system,
         "jct_s": round(r.jct_s, 1), "jct_vs_none": round(r.jct_s / plain.jct_s, 3),
-        "ttft_p99_s": round(s["ttft_s"]["p99"], 3), "turns": s["turns"], "faults": len(faults),
+        "ttft_p99_s": round(s["ttft_s"]["p99"], 3), "turns": s["turns"],
+        "failed": s.get("failed_requests", 0),
+        "redispatched": s.get("redispatches", 0), "faults": len(faults),
         "turns_per_s_before": "" if outage is None else round(outage["turns_per_s_before"], 2),
         "turns_per_s_during": "" if outage is None else round(outage["turns_per_s_during"], 2),
         "turns_per_s_after": "" if outage is None else round(outage["turns_per_s_after"], 2),
@@ -102,7 +126,7 @@ def _row(r: CellResult, plain: CellResult) -> dict[str, Any]:
 
 def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     fig, (left, right) = panels(2, width=4.6, height=3.4)
-    cases = ["none", "n0.snic down", *(f"random {r:g}/h" for r in RATES)]
+    cases = ["none", "n0.snic down", "de crash", *(f"random {r:g}/h" for r in RATES)]
     for i, system in enumerate(SYSTEMS):
         mine = [row for row in rows if row["system"] == system]
         jct = [next(row["jct_vs_none"] for row in mine if _case(row) == case) for case in cases]

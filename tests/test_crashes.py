@@ -1,0 +1,126 @@
+"""Engine crashes (issue 26): a prefill or decode engine loses its state and comes back empty; its requests are
+dispatched again (their hit KV read again, the rest computed again), a request lost too often ends as failed
+with its reason, policies see which engines are down, and the checker outside the engines proves every
+admitted request ended exactly once and every pool was emptied."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from dualpath_emu.cluster.faults import MAX_REDISPATCHES, Fault, RandomFaults
+from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.observations import Failed, Redispatched, parse
+from dualpath_emu.cluster.policies import DualPathPolicy, Engine, PrefillAssignment, Request
+from dualpath_emu.cluster.run import run_system
+from dualpath_emu.cluster.scenario import load_cluster_scenario
+from dualpath_emu.cluster.systems import System
+
+from test_faults import CONFIG, scenario, with_faults, work
+
+NS = 1_000_000_000
+
+
+def held_at(metrics: Metrics, t_ns: int, node_of: str) -> int:
+    """Requests scheduled on a DE (``de``) or PE (``pe``) before ``t_ns`` that had not ended by then."""
+    return sum(1 for rid, done in enumerate(metrics.done_ns) if metrics.scheduled_de_ns[rid] < t_ns < done)
+
+
+@pytest.mark.parametrize("system", ["basic", "dualpath"])
+@pytest.mark.parametrize("decode_in_core", [True, False])
+def test_a_decode_engine_crash_redispatches_what_it_held_and_the_run_ends(system: str, decode_in_core: bool) -> None:
+    trajectories = work()
+    plain = run_system(CONFIG, system, trajectories, decode_in_core=decode_in_core)
+    crashed = run_system(with_faults(Fault("crash", "de1", 1.0, restart_s=3.0)), system, trajectories,
+                         decode_in_core=decode_in_core)  # fmt: skip
+    in_flight = held_at(plain.metrics, 1 * NS, "de")
+    assert in_flight > 10  # the crash comes while the decode engines hold many requests
+    # Every request the engine held (the same as without the crash up to it) is dispatched again once, and
+    # ends: nothing fails, nothing is lost, every pool is empty at the end (else run_system raises).
+    assert crashed.redispatches == in_flight and crashed.failed_requests == 0
+    assert crashed.turns == plain.turns and crashed.metrics.turns_done == plain.turns
+    assert crashed.jct_s > plain.jct_s + 2.0  # nothing decodes for 3 s, and the lost work is done again
+    # Their hit KV is read again: more bytes over the storage NICs than without the crash.
+    assert sum(crashed.snic_read_bytes.values()) > sum(plain.snic_read_bytes.values())
+    [fault] = crashed.extra["faults"]
+    assert (fault["kind"], fault["target"], fault["start_s"], fault["end_s"]) == ("crash", "de1", 1.0, 4.0)
+    assert fault["redispatched"] == in_flight and fault["turns_per_s_during"] == 0.0 and fault["failed"] == 0
+
+
+def test_the_core_and_the_python_decode_stepping_crash_alike() -> None:
+    trajectories = work()
+    config = with_faults(Fault("crash", "de1", 1.0, restart_s=3.0), Fault("crash", "de1", 6.5, restart_s=0.5))
+    core, python = (run_system(config, "dualpath", trajectories, decode_in_core=c) for c in (True, False))
+    assert core.event_log_sha256 == python.event_log_sha256 and core.jct_s == python.jct_s
+
+
+@pytest.mark.parametrize("system", ["basic", "dualpath"])
+def test_a_prefill_engine_crash_drops_its_requests_at_their_decode_engine_and_redispatches_them(system: str) -> None:
+    trajectories = work()
+    plain = run_system(CONFIG, system, trajectories)
+    crashed = run_system(with_faults(Fault("crash", "pe0", 0.2, restart_s=2.0)), system, trajectories)
+    prefilling = sum(1 for rid, first in enumerate(plain.metrics.first_token_ns)
+                     if 0 <= plain.metrics.scheduled_pe_ns[rid] < 0.2 * NS < first)  # fmt: skip
+    assert prefilling > 0 and crashed.redispatches == prefilling and crashed.failed_requests == 0
+    assert crashed.metrics.turns_done == plain.turns
+    assert crashed.jct_s > plain.jct_s
+
+
+def test_a_request_lost_too_often_ends_failed_with_its_reason_and_its_agent_stops(tmp_path: Path) -> None:
+    # The decode engine crashes every 0.3 s for 0.1 s: what it takes in never finishes there.
+    crashes = tuple(Fault("crash", "de1", 0.5 + 0.3 * k, restart_s=0.1) for k in range(40))
+    trajectories = work(agents=6, rounds=3)
+    result = run_system(with_faults(*crashes), "dualpath", trajectories)
+    metrics = result.metrics
+    assert result.failed_requests > 0
+    failed = [rid for rid, t in enumerate(metrics.failed_ns) if t >= 0]
+    assert all(metrics.redispatches[rid] == MAX_REDISPATCHES and metrics.done_ns[rid] == -1 for rid in failed)
+    # A failed turn ends its agent's trajectory: its later turns are never submitted.
+    for rid in failed:
+        agent = metrics.agent[rid]
+        assert not [r for r in range(rid + 1, len(metrics)) if metrics.agent[r] == agent]
+    assert metrics.turns_done + result.failed_requests == result.turns < sum(len(t) for t in trajectories)
+    summary = result.summary()
+    assert summary["failed_requests"] == len(failed) and summary["redispatches"] == len(metrics.redispatch_ns)
+    assert sum(f["failed"] for f in summary["faults"]) >= len(failed)
+
+
+def test_failed_and_redispatched_are_event_log_lines_read_back_the_same() -> None:
+    for record in (Failed(7, "lost to 4 engine crashes (the last of de3)"), Redispatched(7, 2, "pe0")):
+        assert parse(record.kind, record.summary()) == record
+
+
+def test_a_users_policy_sees_which_engines_are_down() -> None:
+    seen: list[tuple[int, frozenset[str], int]] = []
+
+    @dataclasses.dataclass
+    class Watching(DualPathPolicy):
+        def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
+                           ) -> list[PrefillAssignment]:  # fmt: skip
+            seen.append((len(queue), frozenset(self.health.engines_down), len(engines)))
+            return super().assign_prefill(queue, engines, read_q)
+
+    config = dataclasses.replace(CONFIG, pe_nodes=2, de_nodes=1)
+    config = with_faults(Fault("crash", "pe1", 0.5, restart_s=2.0), config=config)
+    system = System("watching", "DualPath, watching", layerwise=True, dual_path=True, scheduler=Watching)
+    run_system(config, system, work())
+    down = [engines for _, state, engines in seen if state == {"pe1"}]
+    up = [engines for _, state, engines in seen if not state]
+    # While pe1 is down the policy is offered only pe0's PEs, and is told why.
+    assert down and set(down) == {8} and set(up) == {16}
+
+
+def test_crashes_read_from_a_scenario_and_drawn_from_the_seed(tmp_path: Path) -> None:
+    s = load_cluster_scenario(scenario(tmp_path, '[[faults]]\nkind = "crash"\ntarget = "de1"\nat_s = 1\nrestart_s = 3\n'
+                                                  '[random_faults]\ncrash_per_node_hour = 600\nrestart_s = 2\n'))  # fmt: skip
+    assert s.config.faults.faults == (Fault("crash", "de1", 1.0, restart_s=3.0),)
+    assert s.config.faults.random == RandomFaults({"down": 0.0, "degrade": 0.0, "latency": 0.0, "crash": 600.0}, 60.0,
+                                                  0.5, 0.001, 2.0)  # fmt: skip
+    assert "de1 crashes at 1 s, back 3 s later" in s.describe()
+    random = with_faults(random=RandomFaults({"crash": 1800.0}, 60.0, restart_s=1.0))
+    a, b = (run_system(random, "dualpath", work(), seed=5) for _ in range(2))
+    assert a.event_log_sha256 == b.event_log_sha256 and a.extra["faults"] == b.extra["faults"]
+    assert {f["target"] for f in a.extra["faults"]} <= {"pe0", "de1"} and a.extra["faults"]
