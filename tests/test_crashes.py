@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath_emu.cluster.faults import MAX_REDISPATCHES, Fault, RandomFaults
+from dualpath_emu.cluster.faults import Fault, RandomFaults
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.observations import Failed, Redispatched, parse
 from dualpath_emu.cluster.policies import DualPathPolicy, Engine, PrefillAssignment, Request
@@ -77,7 +77,7 @@ def test_a_request_lost_too_often_ends_failed_with_its_reason_and_its_agent_stop
     metrics = result.metrics
     assert result.failed_requests > 0
     failed = [rid for rid, t in enumerate(metrics.failed_ns) if t >= 0]
-    assert all(metrics.redispatches[rid] == MAX_REDISPATCHES and metrics.done_ns[rid] == -1 for rid in failed)
+    assert all(metrics.redispatches[rid] == CONFIG.max_redispatches and metrics.done_ns[rid] == -1 for rid in failed)
     # A failed turn ends its agent's trajectory: its later turns are never submitted.
     for rid in failed:
         agent = metrics.agent[rid]
@@ -124,3 +124,55 @@ def test_crashes_read_from_a_scenario_and_drawn_from_the_seed(tmp_path: Path) ->
     a, b = (run_system(random, "dualpath", work(), seed=5) for _ in range(2))
     assert a.event_log_sha256 == b.event_log_sha256 and a.extra["faults"] == b.extra["faults"]
     assert {f["target"] for f in a.extra["faults"]} <= {"pe0", "de1"} and a.extra["faults"]
+
+
+# --- reads given up on a dead storage NIC ---------------------------------------------------------------------
+
+TWO_PREFILL = dataclasses.replace(CONFIG, pe_nodes=2, prefill_ep_nodes=1, read_timeout_s=5.0)
+
+
+def test_basic_gives_up_reads_stalled_on_a_dead_storage_nic_and_dispatches_them_again() -> None:
+    # Prefill node 0's storage NIC dies at 1 s and stays dead (to the end of the run): Basic reads only there
+    # and on pe1, in turn. Each read stalled 5 s on the dead NIC is given up and its request dispatched again:
+    # the run ends long before the NIC would be back, every request done or failed with its reason.
+    trajectories = work()
+    dead = with_faults(Fault("down", "n0.snic", 1.0, None), config=TWO_PREFILL)
+    result = run_system(dead, "basic", trajectories)
+    m = result.metrics
+    assert result.redispatches > 0 and m.turns_done > 0
+    assert m.turns_done + result.failed_requests == result.turns
+    assert result.jct_s < 200.0
+    failed = [rid for rid, t in enumerate(m.failed_ns) if t >= 0]
+    assert all(m.redispatches[rid] == TWO_PREFILL.max_redispatches for rid in failed)
+    # DualPath reads on the decode side instead: nothing is given up.
+    dual = run_system(dead, "dualpath", trajectories)
+    assert dual.redispatches == 0 and dual.failed_requests == 0 and dual.metrics.turns_done == dual.turns
+
+
+def test_a_read_that_is_only_slow_is_never_given_up() -> None:
+    # Storage at 1% of its rate for the whole run: reads take long, but the NIC is up: none is given up.
+    trajectories = work(agents=8, rounds=2)
+    config = with_faults(Fault("degrade", "n0.snic", 0.0, None, 0.01), config=dataclasses.replace(CONFIG, read_timeout_s=0.5))
+    result = run_system(config, "basic", trajectories)
+    assert result.redispatches == 0 and result.metrics.turns_done == result.turns
+
+
+def test_a_storage_nic_back_up_makes_slow_reads_slow_again_not_lost() -> None:
+    # n0's storage NIC is dead for 1 s (less than the timeout), then runs at 0.01% of its rate for the rest of the run: reads
+    # take far longer than the 2 s timeout, but on a NIC that is up: none is given up (the engine group heard
+    # the NIC come back).
+    trajectories = work()
+    config = with_faults(Fault("down", "n0.snic", 0.5, 1.0), Fault("degrade", "n0.snic", 1.5, None, 1e-4),
+                         config=dataclasses.replace(TWO_PREFILL, read_timeout_s=2.0))  # fmt: skip
+    result = run_system(config, "basic", trajectories)
+    m = result.metrics
+    slowest = max(done - start for start, done in zip(m.read_start_ns, m.read_done_ns) if start >= 0 and done >= 0)
+    assert slowest > 2 * NS  # reads did take longer than the timeout
+    assert result.redispatches == 0 and result.metrics.turns_done == result.turns
+
+
+def test_only_a_storage_nic_may_stay_down_to_the_end(tmp_path: Path) -> None:
+    s = load_cluster_scenario(scenario(tmp_path, '[[faults]]\nkind = "down"\ntarget = "n0.snic.rx"\nat_s = 1\n'
+                                                  "[scheduling]\nread_timeout_s = 10\nmax_redispatches = 1\n"))  # fmt: skip
+    assert s.config.faults.faults == (Fault("down", "n0.snic.rx", 1.0, None),)
+    assert (s.config.read_timeout_s, s.config.max_redispatches) == (10.0, 1)

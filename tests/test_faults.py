@@ -77,7 +77,7 @@ def test_a_scenario_lists_faults_and_random_ones(tmp_path: Path) -> None:
         ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\nduration_s = 1\nrestart_s = 1\n', r"key 'faults\[0\].restart_s' is only for kind = \"crash\""),
         ('[[faults]]\nkind = "unplug"\ntarget = "n0"\nat_s = 1\n', r"key 'faults\[0\].kind': expected one of 'down', 'degrade'"),
         ('[[faults]]\nkind = "down"\ntarget = "n2"\nat_s = 1\nduration_s = 1\n', r"key 'faults\[0\].target': expected a port .* a node \(n0 … n1\)"),
-        ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\n', r"key 'faults\[0\].duration_s': expected a duration for kind = \"down\""),
+        ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\n', r"key 'faults\[0\].duration_s': expected a duration for kind = \"down\" on this target \(only a storage NIC"),
         ('[[faults]]\nkind = "down"\ntarget = "n0"\nat_s = 1\nduration_s = 1\nfactor = 0.5\n', r"key 'faults\[0\].factor' is not used"),
         ('[[faults]]\nkind = "slow_storage"\ntarget = "n0"\nat_s = 1\nfactor = 0.5\n', r"expected the storage cluster, \"storage\""),
         ('[[faults]]\nkind = "degrade"\ntarget = "n0"\nat_s = -1\n', r"key 'faults\[0\].at_s': expected a number in \[0, 1e7\]"),

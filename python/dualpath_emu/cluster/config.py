@@ -78,6 +78,12 @@ class ClusterConfig:
     """Host DRAM per node for the PE or DE buffer: 80 GB for the DeepSeek models, 320 GB for Qwen (§7.1)."""
     pe_hbm_reserve_fraction: float = 0.1
     """The same on a PE GPU; without layerwise prefill a batch's whole KV must fit the rest [assumed]."""
+    max_redispatches: int = 3
+    """Times a request may be lost (to an engine crash, or a hit read given up on a dead storage NIC) and
+    dispatched again; the next loss ends it as failed (issue 26)."""
+    read_timeout_s: float = 30.0
+    """A hit read still stalled this long on a storage NIC that is down is given up, and its request
+    dispatched again (issue 26); a read on a NIC that is up, however slow, is never given up."""
     pipeline_stages: int = 8
     """Stages of the layerwise pipeline per forward pass: consecutive layers are grouped, each stage loads,
     computes and stores its layers' KV as one step (0: one stage per layer, the paper's granularity). The

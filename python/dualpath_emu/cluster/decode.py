@@ -12,7 +12,7 @@ from functools import partial
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode_steps import CoreDecodeSteps, DecodeSteps, DecodingRequest
-from dualpath_emu.cluster.engines import EngineGroup, hit_extents
+from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
 from dualpath_emu.cluster.messages import (
     Crash,
     DecodeDone,
@@ -50,12 +50,13 @@ class DecodeGroup(EngineGroup):
         """Expected requests whose buffer is held (a failover's read can start at once)."""
         self._started_elsewhere: set[int] = set()
         """Requests whose read moved here after it had started on the other side (which wrote its start)."""
-        self._reading: set[int] = set()
-        """Requests whose hit is being read here now."""
+        self._reading: dict[int, int] = {}
+        """Requests whose hit is being read here now: the read's number (a read whose number is no longer
+        here was moved, dropped or given up: its completion is ignored)."""
+        self._reads = 0
+        """Reads started here so far (their numbers)."""
         self._read_done: set[int] = set()
         """Requests whose hit was read here (until they leave)."""
-        self._abandoned: set[int] = set()
-        """Reads here that moved to the prefill side while under way: their completion is ignored."""
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time
         only: the prefill and the scheduler race)."""
@@ -67,6 +68,10 @@ class DecodeGroup(EngineGroup):
         """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
+        self._snic_down = False
+        """This node's storage NIC cannot bring KV in (a fault has it down)."""
+        self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
+        """How long a read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
         self._kv = cluster.derived.kv_bytes_per_token
         self.buffer = Pool(out, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes
@@ -133,7 +138,7 @@ class DecodeGroup(EngineGroup):
         lost += [(rid, 0) for rid in self._early_kv]
         for state in (self.expected, self._early_kv):
             state.clear()
-        for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._abandoned, self._in_hbm):
+        for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._in_hbm):
             ids.clear()
         self.steps.reset(now)
         for pool in (self.buffer, *self.hbm):
@@ -163,9 +168,8 @@ class DecodeGroup(EngineGroup):
                 self.buffer.release(now, rid, task.prompt * self._kv)
             else:
                 self.buffer.cancel(now, rid)
-            if rid in self._reading:
-                self._abandoned.add(rid)  # its completion is ignored
-            for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done):
+            self._reading.pop(rid, None)  # its completion, if under way, is ignored
+            for ids in (self._buffered, self._started_elsewhere, self._read_done):
                 ids.discard(rid)
         self._lose(lost, "dropped")
 
@@ -208,6 +212,9 @@ class DecodeGroup(EngineGroup):
     def on_health(self, now: int, msg: Health, sender: str) -> None:
         """This node's storage NIC went down: the hits still to be read here move to the prefill side (the
         second path as failover; the prefill group reads them and this buffer keeps waiting for the KV)."""
+        for port, factor in zip(msg.ports, msg.factors):
+            if port == f"n{self.node}.snic.rx":
+                self._snic_down = factor == 0.0
         if self._down or not any(port == f"n{self.node}.snic.rx" and factor == 0.0
                                  for port, factor in zip(msg.ports, msg.factors)):  # fmt: skip
             return
@@ -216,8 +223,7 @@ class DecodeGroup(EngineGroup):
                 continue
             started = rid in self._reading
             if started:
-                self._reading.discard(rid)
-                self._abandoned.add(rid)
+                del self._reading[rid]  # its completion is ignored
             self.expected[rid] = dataclasses.replace(task, read_on_de=False)
             self.out.send("scheduler", ReadMoved(self.node, task.pe_node, task.hit))
             self.out.send(self.cluster.group_name("pe", task.pe_node), ReadHere(rid, started or rid in self._started_elsewhere))
@@ -232,16 +238,15 @@ class DecodeGroup(EngineGroup):
         if msg.rid not in self._started_elsewhere:  # a moved read that had started wrote its start there
             metrics.read_start(msg.rid, now)
         self._started_elsewhere.discard(msg.rid)
-        self._reading.add(msg.rid)
-        epoch = self._epoch
+        self._reads += 1
+        number = self._reading[msg.rid] = self._reads
+        if self._timeout_ns:
+            self.plane.timer(now + self._timeout_ns, lambda at: self._check_read(at, msg.rid, number))
 
         def finished(now: int) -> None:
-            if epoch != self._epoch:
-                return  # this engine crashed meanwhile: the bytes came to nobody
-            if msg.rid in self._abandoned:  # moved to the prefill side meanwhile: its late bytes are dropped
-                self._abandoned.discard(msg.rid)
-                return
-            self._reading.discard(msg.rid)
+            if self._reading.get(msg.rid) != number:
+                return  # moved, dropped or given up meanwhile, or the engine crashed: the late bytes are dropped
+            del self._reading[msg.rid]
             self._read_done.add(msg.rid)
             metrics.read_done(msg.rid, now)
             self.out.observe(HitRead(msg.rid, self.node))
@@ -249,6 +254,22 @@ class DecodeGroup(EngineGroup):
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))
 
         self.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv, hit_extents(msg.context, msg.hit), finished)
+
+    def _check_read(self, now: int, rid: int, number: int) -> None:
+        """``read_timeout_s`` after a read started here: if it is still stalled on this node's dead storage NIC,
+        give it up: its request leaves this group (``Lost``, "timeout") and the scheduler dispatches it again.
+        A read on a NIC that is up is slow, not lost: look again later."""
+        if self._reading.get(rid) != number:
+            return  # done, moved or dropped (or a later read of the request)
+        if not self._snic_down:
+            self.plane.timer(now + self._timeout_ns, lambda at: self._check_read(at, rid, number))
+            return
+        task = self.expected.pop(rid)
+        del self._reading[rid]  # its late bytes, if the NIC comes back, are dropped
+        self.buffer.release(now, rid, task.prompt * self._kv)
+        for ids in (self._buffered, self._started_elsewhere, self._read_done):
+            ids.discard(rid)
+        self._lose([(rid, task.hit)], "timeout")
 
     @on(KvReady)
     def on_kv_ready(self, now: int, msg: KvReady, sender: str) -> None:

@@ -178,8 +178,8 @@ class FaultInjector(ClusterEngine):
             health = Health(tuple(p for p, _ in changed), tuple(f for _, f in changed))
             self.out.send("scheduler", health)
             # The engine group of a node whose storage NIC went down moves its reads to the other side (the
-            # second path as failover).
-            nodes = {int(p[1 : p.index(".")]) for p, f in changed if f == 0.0 and p.endswith(".snic.rx")}
+            # second path as failover), or gives up those stalled too long; it hears when the NIC is back too.
+            nodes = {int(p[1 : p.index(".")]) for p, f in changed if p.endswith(".snic.rx")}
             groups = {self.cluster.group_name("pe" if n < self._pe_nodes else "de", n) for n in nodes}
             for group in sorted(groups):
                 self.out.send(group, health)

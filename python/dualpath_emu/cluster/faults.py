@@ -13,9 +13,11 @@ the event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and tel
 Kinds and their targets:
 
 * ``down``: a port stops (its rates × 0): the transfers and storage I/Os crossing it stall, keeping what they
-  moved, and resume when it is back. A ``down`` fault needs a duration (nothing here yet fails a transfer that
-  would wait for ever). DualPath's reads avoid a side whose storage NIC is down (the second path as failover);
-  Basic has one path and waits.
+  moved, and resume when it is back. DualPath's reads avoid a side whose storage NIC is down (the second path
+  as failover); Basic has one path and waits, up to ``read_timeout_s`` (``[scheduling]``): a hit read stalled
+  that long on a dead storage NIC is given up and its request dispatched again. So a storage NIC may stay
+  down to the end of the run; any other ``down`` fault needs a duration (what crosses the port would wait
+  for ever).
 * ``degrade``: a port runs at ``factor`` of its rates.
 * ``latency``: ``latency_s`` is added to every transfer and storage I/O that starts crossing the port.
 * ``slow_storage``: the storage cluster (target ``storage``) runs at ``factor`` of its bandwidth, with
@@ -24,8 +26,8 @@ Kinds and their targets:
   names them) loses its HBM and DRAM state and comes back empty ``restart_s`` later. Its requests are
   re-dispatched by the scheduler (their hit KV, in storage, is read again; what was only in the crashed
   engine's HBM or buffer is computed again), as are those of its partner engines that worked for them; a
-  request lost more than :data:`MAX_REDISPATCHES` times ends as failed, with its reason. Policies see which
-  engines are down (:attr:`~dualpath_emu.cluster.policies.Policy.health`).
+  request lost more than ``max_redispatches`` times (``[scheduling]``, 3) ends as failed, with its reason.
+  Policies see which engines are down (:attr:`~dualpath_emu.cluster.policies.Policy.health`).
 
 Targets (but ``crash``'s): a port by name (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``), both directions of a NIC (``n0.snic``,
 ``n3.cnic2``), a node (``n1``: every NIC of it) or ``storage`` (``3fs.read`` and ``3fs.write``). Faults on one
@@ -48,14 +50,12 @@ from typing import Any, Final, Literal, cast
 
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
-__all__ = ["FAULTS_HOST", "KINDS", "MAX_REDISPATCHES", "engine_group_names", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
+__all__ = ["FAULTS_HOST", "KINDS", "engine_group_names", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
            "fault_tables", "fault_report", "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
 
 Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
 KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage", "crash")
 RANDOM_KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "crash")
-MAX_REDISPATCHES: Final = 3
-"""Times a request may be lost to engine crashes and dispatched again; the next loss ends it as failed."""
 MAX_FAULTS: Final = 10_000
 """Faults one plan may list (a schedule, not a trace: random ones are drawn as the run goes)."""
 MAX_TIME_S: Final = 1e7
@@ -214,9 +214,10 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
         if "restart_s" in t:
             raise ScenarioError(f"{t.where('restart_s')} is only for kind = \"crash\"; remove it")
         duration = t.get_float("duration_s", 0.0, min=0.0, max=MAX_TIME_S, min_exclusive=True) if "duration_s" in t else None
-        if kind == "down" and duration is None:
-            raise t.error("duration_s", 'a duration for kind = "down" (a port down to the end of the run would hold '
-                          "what crosses it for ever)")  # fmt: skip
+        if kind == "down" and duration is None and not _storage_nic(target):
+            raise t.error("duration_s", 'a duration for kind = "down" on this target (only a storage NIC may stay down '
+                          "to the end of the run: reads stalled there are given up; what crosses another port would "
+                          "wait for ever)")  # fmt: skip
         factor = _factor(t, kind in ("degrade", "slow_storage"))
         latency = _latency(t, kind in ("latency", "slow_storage"))
         if kind == "slow_storage" and factor == 1.0 and latency == 0.0:
@@ -234,6 +235,11 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
         )  # fmt: skip
         r.finish()
     return FaultPlan(tuple(faults), random)
+
+
+def _storage_nic(target: str) -> bool:
+    """Whether ``target`` is a storage NIC or one of its directions (``n0.snic``, ``n0.snic.rx``)."""
+    return re.fullmatch(r"n\d+\.snic(\.rx|\.tx)?", target) is not None
 
 
 def _rate(t: Table, key: str) -> float:

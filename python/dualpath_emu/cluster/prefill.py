@@ -104,6 +104,10 @@ class PrefillGroup(EngineGroup):
         """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
+        self._snic_down: set[int] = set()
+        """Nodes of this group whose storage NIC cannot bring KV in (a fault has it down)."""
+        self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
+        """How long a read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
 
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
@@ -206,6 +210,8 @@ class PrefillGroup(EngineGroup):
         metrics = self.cluster.metrics
         if not item.started_elsewhere:
             metrics.read_start(item.rid, now)
+        if self._timeout_ns:
+            self.plane.timer(now + self._timeout_ns, lambda now: self._check_read(now, node, item, attempt))
 
         def finished(now: int) -> None:
             if attempt != item.attempt:  # the port came back: the late bytes are dropped (buffer freed at the move)
@@ -218,6 +224,23 @@ class PrefillGroup(EngineGroup):
 
         self.plane.io(node, "read", KV_LANE, item.hit * self._kv, hit_extents(item.context, item.hit), finished)
 
+    def _check_read(self, now: int, node: int, item: _PrefillItem, attempt: int) -> None:
+        """``read_timeout_s`` after a read started: if it is still stalled on a dead storage NIC, give it up:
+        its request leaves this group (``Lost``, "timeout") and the scheduler dispatches it again. A read on a
+        NIC that is up is slow, not lost: look again later."""
+        if attempt != item.attempt or not item.reading:
+            return  # done, moved or dropped
+        if node not in self._snic_down:
+            self.plane.timer(now + self._timeout_ns, lambda now: self._check_read(now, node, item, attempt))
+            return
+        key, _ = self.items.pop(item.rid)
+        self.queues[key].remove(item)
+        item.attempt += 1  # its late bytes, if the NIC comes back, are dropped
+        item.dropped, item.reading = True, False
+        self.buffers[node].release(now, item.rid, item.buffered)
+        item.buffered = 0
+        self._lose([(item.rid, node, item.hit)], "timeout")
+
     def _pe_ready(self, now: int, item: _PrefillItem) -> None:
         item.pe_ready = True
         if item.ready:
@@ -227,7 +250,12 @@ class PrefillGroup(EngineGroup):
     def on_health(self, now: int, msg: Health, sender: str) -> None:
         """A storage NIC of this group went down: its reads not yet done move to the DE side, each to its
         request's decode group (the second path as failover), so none holds back the requests behind it for
-        as long as the NIC is down. Single-path systems have no other side: their reads wait."""
+        as long as the NIC is down. Single-path systems have no other side: their reads wait, and are given up
+        after ``read_timeout_s`` (:meth:`_check_read`)."""
+        for port, factor in zip(msg.ports, msg.factors):
+            for n in self.nodes:
+                if port == f"n{n}.snic.rx":
+                    (self._snic_down.add if factor == 0.0 else self._snic_down.discard)(n)
         system = self.cluster.system
         if not system.dual_path or system.oracle or self._down:
             return

@@ -117,6 +117,10 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     de_hbm_reserve_fraction = 0.1        # of a DE GPU's free HBM, kept for activations; in [0, 0.99]
     pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
     pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer); <= 1024
+    max_redispatches = 3                 # times a request lost to an engine crash or a given-up read is
+                                         # dispatched again before it fails; 0..100
+    read_timeout_s = 30.0                # a hit read stalled this long on a dead storage NIC is given up
+                                         # and its request dispatched again; 0.001..3600
 
     [[faults]]                           # a fault (dualpath_emu.cluster.faults); none by default; repeat
                                          # the table for more (`--faults FILE` adds a file's)
@@ -691,6 +695,8 @@ def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
         pe_hbm_reserve_fraction=t.get_float("pe_hbm_reserve_fraction", base.pe_hbm_reserve_fraction, min=0.0,
                                             max=0.99),
         pipeline_stages=t.get_int("pipeline_stages", base.pipeline_stages, min=0, max=LIMITS.max_pipeline_stages),
+        max_redispatches=t.get_int("max_redispatches", base.max_redispatches, min=0, max=100),
+        read_timeout_s=t.get_float("read_timeout_s", base.read_timeout_s, min=0.001, max=3600.0),
     )  # fmt: skip
     t.finish()
     return out

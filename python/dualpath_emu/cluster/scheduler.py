@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
-from dualpath_emu.cluster.faults import MAX_REDISPATCHES
 from dualpath_emu.cluster.messages import (
     DecodeDone,
     DecodeTask,
@@ -107,6 +106,8 @@ class Scheduler(ClusterEngine):
         """Requests lost to a crash whose other engine has not yet confirmed it dropped them."""
         self._attempts: dict[int, int] = {}
         """Requests dispatched again after a crash: how many times."""
+        self._causes: dict[int, str] = {}
+        """Why a request being recovered was lost ("crash", "down" or "timeout"), until it is dispatched again."""
         self._all_pes = self.prefill.engines
         self._all_de_groups: dict[int, deque[Request]] = dict(self.private)
 
@@ -318,6 +319,7 @@ class Scheduler(ClusterEngine):
                 continue
             if msg.why == "dropped" or rid not in self.requests or sender not in self._groups_of(rid):
                 continue  # stale: it was lost here before, and is dispatched again already
+            self._causes[rid] = msg.why
             self._recover(now, rid, sender)
         self._wake_prefill(now)
 
@@ -360,12 +362,14 @@ class Scheduler(ClusterEngine):
 
     def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
         """Queue request ``rid`` again (ahead of what came after it), or end it as failed once it was lost
-        more than :data:`MAX_REDISPATCHES` times."""
+        more than ``max_redispatches`` times."""
         attempt = self._attempts.get(rid, 0) + 1
-        if attempt > MAX_REDISPATCHES:
+        cause = self._causes.pop(rid, "crash")
+        if attempt > self.cluster.config.max_redispatches:
             self._attempts.pop(rid, None)
             del self.requests[rid]
-            reason = f"lost to {attempt} engine crashes (the last of {lost_by})"
+            what = f"engine {lost_by} crashed" if cause == "crash" else f"its hit KV read on {lost_by} timed out"
+            reason = f"lost {attempt} times, the last: {what}"
             self.out.observe(Failed(rid, reason))
             self.out.send("client", TurnFailed((rid,), (reason,)))
             return

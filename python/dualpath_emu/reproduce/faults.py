@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.cluster.faults import MAX_REDISPATCHES, Fault, FaultPlan, RandomFaults
+from dualpath_emu.cluster.faults import Fault, FaultPlan, RandomFaults
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells
 from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
@@ -100,8 +100,9 @@ def build(args: argparse.Namespace) -> Report:
             f"JCT after the decode engine crash vs without faults: Basic {crashed['basic']:.3f}x, DualPath "
             f"{crashed['dualpath']:.3f}x; requests dispatched again: Basic {by[('de crash', 0.0, 'basic')]['redispatched']}, "
             f"DualPath {by[('de crash', 0.0, 'dualpath')]['redispatched']}.",
-            "A transfer on a dead port stalls and resumes; a request fails only when lost to more than "
-            f"{MAX_REDISPATCHES} engine crashes.",
+            "A transfer on a dead port stalls and resumes; a request fails only when lost (to an engine crash, or a "
+            f"read given up after {base.read_timeout_s:g} s on a dead storage NIC) more than {base.max_redispatches} "
+            "times.",
         ],
         plot=lambda path: plot(path, rows),
     )
