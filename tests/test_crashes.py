@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,40 @@ def test_only_a_storage_nic_may_stay_down_to_the_end(tmp_path: Path) -> None:
                                                   "[scheduling]\nread_timeout_s = 10\nmax_redispatches = 1\n"))  # fmt: skip
     assert s.config.faults.faults == (Fault("down", "n0.snic.rx", 1.0, None),)
     assert (s.config.read_timeout_s, s.config.max_redispatches) == (10.0, 1)
+
+
+# --- a process that died, restarted in its place (a live run's --restart-crashed, emulated) ---------------------
+
+
+@pytest.mark.parametrize(("target", "system"), [("de1", "basic"), ("de1", "dualpath"), ("pe0", "dualpath")])
+def test_an_engine_restarted_in_place_of_a_dead_process_loses_what_the_scheduler_sent_it(
+    monkeypatch: pytest.MonkeyPatch, target: str, system: str
+) -> None:
+    # A process that dies says nothing: here the crashed engine tells nobody what it lost, and what is sent to it
+    # while it is dead is lost too. The new process announces itself (Lost "restarted") and the scheduler counts
+    # as lost everything it had sent the dead one. Every request still ends exactly once, every pool is empty at
+    # the end (the new process announces its pools again), or run_system raises.
+    from dualpath_emu.cluster.decode import DecodeGroup
+    from dualpath_emu.cluster.engines import EngineGroup
+    from dualpath_emu.cluster.prefill import PrefillGroup
+
+    def silent_when_dead(original: Callable[..., None]) -> Callable[..., None]:
+        def lose(self: EngineGroup, lost: object, why: str) -> None:
+            if why not in ("crash", "down"):  # a live engine still answers a drop
+                original(self, lost, why)
+
+        return lose
+
+    def restart_as_new_process(self: EngineGroup, now: int, msg: object, sender: str) -> None:
+        self._down = False  # type: ignore[attr-defined]
+        self.restarted = True
+        self.start(now)
+
+    for cls in (DecodeGroup, PrefillGroup):
+        monkeypatch.setattr(cls, "_lose", silent_when_dead(cls._lose))
+        monkeypatch.setattr(cls, "on_restart", restart_as_new_process)
+    trajectories = work()
+    plain = run_system(CONFIG, system, trajectories)
+    result = run_system(with_faults(Fault("crash", target, 1.0, restart_s=2.0)), system, trajectories)
+    assert result.redispatches > 0 and result.failed_requests == 0
+    assert result.metrics.turns_done == plain.turns

@@ -105,6 +105,9 @@ class DecodeGroup(EngineGroup):
                 plane=self.plane, listener=self, busy_span=cluster.metrics.decode_segment,
             )  # fmt: skip
 
+    def pools(self) -> list[Pool]:
+        return [self.buffer, *self.hbm]
+
     @on(Expect)
     def on_expect(self, now: int, msg: Expect, sender: str) -> None:
         if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
@@ -141,7 +144,7 @@ class DecodeGroup(EngineGroup):
         for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._in_hbm):
             ids.clear()
         self.steps.reset(now)
-        for pool in (self.buffer, *self.hbm):
+        for pool in self.pools():
             pool.reset(now)
         self._lose(lost, "crash")
 

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.messages import Fetch
+from dualpath_emu.cluster.messages import Fetch, Lost
+from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox
 
 __all__ = ["NS", "ClusterEngine", "EngineGroup", "hit_extents", "inter_node_a2a_bytes"]
@@ -40,9 +41,22 @@ class EngineGroup(ClusterEngine):
     def __init__(self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
         super().__init__(name, cluster, out, plane)
         self.nodes = list(nodes)
+        self.restarted = False
+        """This engine is a new process in place of one that died during the run (a live run's
+        ``--restart-crashed``): it starts by telling the scheduler that what the dead one held is lost."""
 
     def start(self, now_ns: int) -> None:
+        if self.restarted:
+            # The scheduler knows what it had sent the dead process: all of it is lost. Its pools start empty
+            # (announced again: the invariant checker counts them from zero).
+            self.out.send("scheduler", Lost((), "restarted"))
+            for pool in self.pools():
+                pool.announce()
         self.out.send("scheduler", Fetch(tuple(self.nodes), round(self.cluster.config.fetch_period_s * NS)))
+
+    def pools(self) -> list[Pool]:
+        """The DRAM buffers and HBM pools this engine holds (what a crash empties)."""
+        return []
 
 
 def inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:

@@ -24,10 +24,14 @@ class Pool:
         self._waiting: deque[tuple[int, int, Then]] = deque()
         self._announced = False
 
+    def announce(self) -> None:
+        """Observe this pool's capacity (done on first use; again by an engine restarted empty)."""
+        self._announced = True
+        self.out.observe(PoolCapacity(self.name, self.capacity))
+
     def acquire(self, now: int, rid: int, size: int, then: Then) -> None:
         if not self._announced:  # on first use
-            self._announced = True
-            self.out.observe(PoolCapacity(self.name, self.capacity))
+            self.announce()
         if size > self.capacity:
             raise ValueError(f"request {rid} needs {size} B of {self.name}, whose capacity is {self.capacity} B")
         if not self._waiting and size <= self.free:  # what _take does, without a call (made per request)

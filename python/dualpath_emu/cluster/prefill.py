@@ -109,6 +109,9 @@ class PrefillGroup(EngineGroup):
         self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
         """How long a read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
 
+    def pools(self) -> list[Pool]:
+        return list(self.buffers.values())
+
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
         if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
@@ -146,7 +149,7 @@ class PrefillGroup(EngineGroup):
             queue.clear()
         self._early_hits.clear()
         self._passing = self._kick_due = False
-        for pool in self.buffers.values():
+        for pool in self.pools():
             pool.reset(now)
         self._lose(lost, "crash")
 

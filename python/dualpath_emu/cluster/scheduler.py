@@ -305,6 +305,9 @@ class Scheduler(ClusterEngine):
     def on_lost(self, now: int, msg: Lost, sender: str) -> None:
         """Engine group ``sender`` no longer holds these requests: it crashed with them (it is down from now),
         work for them came while it was down, or it dropped them as asked."""
+        if msg.why == "restarted":
+            self._process_restarted(now, sender)
+            return
         for node, tokens in zip(msg.read_nodes, msg.read_tokens, strict=True):
             self.read_q[node] -= tokens  # reads that will not end
         if msg.why == "crash":
@@ -321,6 +324,28 @@ class Scheduler(ClusterEngine):
                 continue  # stale: it was lost here before, and is dispatched again already
             self._causes[rid] = msg.why
             self._recover(now, rid, sender)
+        self._wake_prefill(now)
+
+    def _process_restarted(self, now: int, group: str) -> None:
+        """Engine group ``group`` is a new process in place of one that died (a live run's
+        ``--restart-crashed``): everything the dead one held is lost. It can say nothing of it, so what the
+        scheduler sent it counts: every request assigned to it, and every read on its nodes (they were all its
+        own). What waited for its answer to a drop needs none now."""
+        nodes = [n for n, name in (*self._pe_group.items(), *self._de_group.items()) if name == group]
+        for node in nodes:
+            self.read_q[node] = 0
+        for rid, waiting in list(self._recovering.items()):
+            if group in waiting:
+                waiting.discard(group)
+                if not waiting:
+                    del self._recovering[rid]
+                    self._dispatch_again(now, rid, group)
+        held = [rid for rid in self.requests if rid not in self._recovering and group in self._groups_of(rid)]
+        if group in self._pe_group.values():  # assigned a PE there, waiting in a decode queue: not sent yet
+            held += [rid for rid, pe in self.pe_of.items() if rid not in self.de_of and self.prefill.group_of(pe) == group]
+        for rid in held:
+            self._causes[rid] = "crash"
+            self._recover(now, rid, group)
         self._wake_prefill(now)
 
     def _recover(self, now: int, rid: int, lost_by: str) -> None:
