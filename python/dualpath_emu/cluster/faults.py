@@ -276,14 +276,15 @@ class FaultWindow:
 
 
 def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int, redispatch_ns: Sequence[int] = (),
-                 failed_ns: Sequence[int] = ()) -> list[dict[str, Any]]:  # fmt: skip
+                 failed_ns: Sequence[int] = (), read_moved_ns: Sequence[int] = ()) -> list[dict[str, Any]]:  # fmt: skip
     """Per fault: turns finished per second before it (over as long
     as it lasted, or since the run began), during and after it (as long again, or until the run ended), the
     time from its end until the rate over a window (its length, at most 30 s) is back to 90% of the rate
-    before (None: not within the run, or nothing finished before it), and the requests dispatched again
-    after a crash and failed while it acted (its start to its end, both included)."""
+    before (None: not within the run, or nothing finished before it), and, while it acted (its start to its
+    end, both included), the reads moved to the other side (retried on the second path), the requests
+    dispatched again (lost to a crash or a given-up read) and those that failed."""
     done = sorted(t for t in done_ns if t >= 0)
-    redispatched, failed = sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0)
+    redispatched, failed, moved = sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0), sorted(read_moved_ns)
 
     def count(times: list[int], a: int, b: int) -> int:
         return bisect.bisect_right(times, b) - bisect.bisect_left(times, a)
@@ -310,7 +311,8 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
         out.append({"kind": kind, "target": target, "start_s": start / 1e9, "end_s": None if stop is None else stop / 1e9,
                     "turns_per_s_before": before, "turns_per_s_during": rate(start, stop_ns),
                     "turns_per_s_after": after, "recovery_s": recovery,
-                    "redispatched": count(redispatched, start, stop_ns), "failed": count(failed, start, stop_ns)})  # fmt: skip
+                    "reads_moved": count(moved, start, stop_ns), "redispatched": count(redispatched, start, stop_ns),
+                    "failed": count(failed, start, stop_ns)})  # fmt: skip
     return out
 
 

@@ -479,7 +479,8 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
         done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
         result.extra["faults"] = fault_report(windows, done, end_ns - start_ns,
                                               [t - start_ns for t in merged.redispatch_ns],
-                                              [t - start_ns if t >= 0 else t for t in merged.failed_ns])  # fmt: skip
+                                              [t - start_ns if t >= 0 else t for t in merged.failed_ns],
+                                              [t - start_ns for t in merged.read_moved_ns])  # fmt: skip
     if host is not None:
         result.extra["host"] = host
     return result, merged

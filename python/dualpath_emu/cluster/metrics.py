@@ -219,6 +219,8 @@ class Metrics:
         """Start of each prefill forward pass (all groups, in start order)."""
         self.redispatch_ns = _column()
         """When each redispatch after an engine crash happened (:meth:`redispatched`)."""
+        self.read_moved_ns = _column()
+        """When each read moved to the other side, its storage NIC down (the second path as failover)."""
         self.forward_attention_balance: array[float] = array("d")
         """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
         DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
@@ -362,6 +364,7 @@ class Metrics:
             "columns": {name: column.tobytes() for name, column in self._columns().items()},
             "forward_ns": self.forward_ns.tobytes(),
             "redispatch_ns": self.redispatch_ns.tobytes(),
+            "read_moved_ns": self.read_moved_ns.tobytes(),
             "forward_attention_balance": self.forward_attention_balance.tobytes(),
             "gpu_busy": busy,
         }
@@ -379,6 +382,7 @@ class Metrics:
         metrics.turns_done = len(metrics.done_ns) - metrics.done_ns.count(_UNSET)
         metrics.forward_ns.frombytes(data["forward_ns"])  # type: ignore[arg-type]
         metrics.redispatch_ns.frombytes(data.get("redispatch_ns", b""))  # type: ignore[arg-type]
+        metrics.read_moved_ns.frombytes(data.get("read_moved_ns", b""))  # type: ignore[arg-type]
         metrics.forward_attention_balance.frombytes(data["forward_attention_balance"])  # type: ignore[arg-type]
         for role, b in busy_data.items():
             target = metrics.gpu_busy[role]
@@ -423,6 +427,7 @@ class Metrics:
         )
         merged.forward_ns.extend(t for t, _ in passes)
         merged.redispatch_ns.extend(sorted(t for p in parts for t in p.redispatch_ns))
+        merged.read_moved_ns.extend(sorted(t for p in parts for t in p.read_moved_ns))
         merged.forward_attention_balance.extend(b for _, b in passes)
         for role, target in merged.gpu_busy.items():
             # Parts that widened their bins differently are summed at the widest interval (a power-of-2 multiple).

@@ -280,7 +280,7 @@ def run_system(
     for engine in driver.engines:
         if isinstance(engine, FaultInjector):
             result.extra["faults"] = fault_report(engine.windows, metrics.done_ns, end_ns, metrics.redispatch_ns,
-                                                  metrics.failed_ns)  # fmt: skip
+                                                  metrics.failed_ns, metrics.read_moved_ns)  # fmt: skip
     if probe_paths:
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:

@@ -243,6 +243,7 @@ class Scheduler(ClusterEngine):
         """A read moved to the other side (failover): its tokens leave one read queue for the other."""
         self.read_q[msg.from_node] -= msg.tokens
         self.read_q[msg.to_node] += msg.tokens
+        self.cluster.metrics.read_moved_ns.append(now)
 
     @on(ReadDone)
     def on_read_done(self, now: int, msg: ReadDone, sender: str) -> None:
