@@ -127,7 +127,10 @@ _CLUSTER_KEYS: dict[str, list[str]] = {
     "workload.generator": ["base_trajectories", "reading", "append_sigma", "gen_sigma", "first_round_sigma",
                            "total_min_fraction", "first_append"],
     "scheduling": ["alpha_read_s", "beta_compute_s", "attention_quota_s", "attention_quota_per", "fetch_period_s",
-                   "hit_block_aligned", "de_hbm_reserve_fraction", "pe_hbm_reserve_fraction", "pipeline_stages"],
+                   "hit_block_aligned", "de_hbm_reserve_fraction", "pe_hbm_reserve_fraction", "pipeline_stages",
+                   "max_redispatches", "read_timeout_s"],
+    "random_faults": ["down_per_node_hour", "degrade_per_node_hour", "latency_per_node_hour", "crash_per_node_hour",
+                      "mean_duration_s", "factor", "restart_s"],
 }  # fmt: skip
 _RUN_KEYS: dict[str, list[str]] = {
     "": ["app", "seed", "mode", "latency_s", "time_scale", "transport", "host", "timeout_s", "heartbeat_timeout_s",
@@ -164,6 +167,10 @@ _PLAUSIBLE: dict[str, list[Any]] = {
     "gap_s": [0, 60, 61], "job_bytes_min": [1, 10**11, 10**11 + 1], "job_bytes_max": [1, 10**6, 10**11, 10**11 + 1],
     "link_gbps": [1, 1e6, 0.5, 2e6], "poll_s": [1e-6, 60, 61], "ask_timeout_s": [1e-9, 1e6, 2e6],
     "fail_at_job": [-1, 0, 2, 1_000_001],
+    "max_redispatches": [0, 3, 100, 101, -1], "read_timeout_s": [1e-3, 0.01, 3600, 3601, 0],
+    "down_per_node_hour": [0, 1e-6, 1e-7, 3600, 3601], "degrade_per_node_hour": [0, 600],
+    "latency_per_node_hour": [0, 600], "crash_per_node_hour": [0, 1e-6, 3600, 3601, 1e-7], "mean_duration_s": [1e-3, 1, 1e7, 0],
+    "factor": [1e-9, 0.5, 1, 0], "restart_s": [1e-3, 1, 1e7, 1.1e7, 0],
 }  # fmt: skip
 _CLUSTER_BASE: dict[str, Any] = {
     "kind": "cluster",

@@ -31,6 +31,12 @@
 //!   sleep until then. Time must not go backwards between calls.
 //! * **Cancelling.** [`PacketPort::cancel`] drops the chunks not yet granted of every message with a
 //!   tag; a message cancelled part way never sends its last chunk.
+//! * **Changing the rate.** [`PacketPort::set_rate`] at `now_ns` (a fault: a degraded or dead port)
+//!   settles the bucket at the old rate up to `now_ns`, then refills it at the new one, optionally up
+//!   to a new capacity: tokens earned before are kept (a debt is repaid at the new rate; tokens above a
+//!   smaller capacity are dropped, as the bucket drops what it cannot hold), none is earned twice. Rate
+//!   0 pauses the port: it grants nothing, [`PacketPort::next_grant_ns`] says `None`, its tokens stay as
+//!   they were, and what is queued waits until a rate above 0 is set.
 //!
 //! Counters saturate rather than overflow; the bytes queued at once are limited to `u64::MAX`.
 
@@ -68,10 +74,46 @@ struct Message {
     left_bytes: u64,
 }
 
+/// The port's token bucket: [`TokenBucket`]'s arithmetic (the same tokens at the same times), with a
+/// rate that may change part way and may be 0 (paused: no refill).
+#[derive(Clone, Debug)]
+struct Bucket {
+    rate_bytes_per_s: f64,
+    burst_bytes: f64,
+    /// Tokens at `updated_ns`; negative while in debt.
+    tokens_bytes: f64,
+    updated_ns: u64,
+}
+
+impl Bucket {
+    /// Tokens (bytes) in the bucket at `now_ns`; negative while in debt.
+    fn tokens_at(&self, now_ns: u64) -> f64 {
+        let elapsed_s = now_ns.saturating_sub(self.updated_ns) as f64 / NS_PER_S;
+        (self.tokens_bytes + self.rate_bytes_per_s * elapsed_s).min(self.burst_bytes)
+    }
+
+    /// Take `bytes` tokens at `now_ns` (into debt if it holds fewer).
+    fn consume(&mut self, now_ns: u64, bytes: u64) {
+        let now_ns = now_ns.max(self.updated_ns);
+        self.tokens_bytes = self.tokens_at(now_ns) - bytes as f64;
+        self.updated_ns = now_ns;
+    }
+
+    /// Refill at `rate_bytes_per_s` up to `burst_bytes` from `now_ns` on, keeping the tokens earned at the
+    /// old rate until then (no more than the new capacity holds).
+    fn set_rate(&mut self, now_ns: u64, rate_bytes_per_s: f64, burst_bytes: f64) {
+        let now_ns = now_ns.max(self.updated_ns);
+        self.tokens_bytes = self.tokens_at(now_ns).min(burst_bytes);
+        self.updated_ns = now_ns;
+        self.rate_bytes_per_s = rate_bytes_per_s;
+        self.burst_bytes = burst_bytes;
+    }
+}
+
 /// A token-bucket pacer with per-lane arbitration over chunks of real bytes (see the module doc).
 #[derive(Clone, Debug)]
 pub struct PacketPort {
-    bucket: TokenBucket,
+    bucket: Bucket,
     chunk_bytes: u32,
     /// `None`: one FIFO for all lanes (no isolation).
     arbiter: Option<PacketArbiter>,
@@ -105,7 +147,13 @@ impl PacketPort {
                 format!("expected >= chunk_bytes ({chunk_bytes}), got {burst_bytes}"),
             ));
         }
-        let bucket = TokenBucket::new(rate_bytes_per_s, burst_bytes)?;
+        let checked = TokenBucket::new(rate_bytes_per_s, burst_bytes)?; // the arguments' checks
+        let bucket = Bucket {
+            rate_bytes_per_s: checked.rate_bytes_per_s(),
+            burst_bytes: checked.burst_bytes(),
+            tokens_bytes: checked.burst_bytes(),
+            updated_ns: 0,
+        };
         let arbiter = arbitration.map(PacketArbiter::new).transpose()?;
         let accepts = std::array::from_fn(|v| arbitration.map_or(true, |a| a.serves(v as Lane)));
         let n_queues = if arbiter.is_some() { MAX_LANES } else { 1 };
@@ -160,6 +208,9 @@ impl PacketPort {
         }
         self.now_ns = now_ns;
         let mut granted = Vec::new();
+        if self.paused() {
+            return Ok(granted);
+        }
         while granted.len() < max_chunks && self.bucket.tokens_at(now_ns) > 0.0 {
             let Some(chunk) = self.take_next_chunk() else { break };
             self.bucket.consume(now_ns, chunk.bytes as u64);
@@ -172,15 +223,46 @@ impl PacketPort {
     }
 
     /// The earliest time >= `now_ns` (>= every earlier grant's time) at which [`PacketPort::grant`]
-    /// grants at least one chunk, `None` if nothing is queued. Whole nanoseconds, rounded up: a grant
-    /// at the result grants, one at the nanosecond before (if >= `now_ns`) does not. `u64::MAX` if the
-    /// bucket does not refill within `u64` nanoseconds (absurdly low rates only).
+    /// grants at least one chunk, `None` if nothing is queued or the port is paused (rate 0). Whole
+    /// nanoseconds, rounded up: a grant at the result grants, one at the nanosecond before (if >=
+    /// `now_ns`) does not. `u64::MAX` if the bucket does not refill within `u64` nanoseconds (absurdly
+    /// low rates only).
     pub fn next_grant_ns(&self, now_ns: u64) -> Result<Option<u64>> {
         self.check_time(now_ns)?;
-        if self.queues.iter().all(VecDeque::is_empty) {
+        if self.paused() || self.queues.iter().all(VecDeque::is_empty) {
             return Ok(None);
         }
         Ok(Some(first_ns_with_tokens(&self.bucket, now_ns)))
+    }
+
+    /// Refill the bucket at `rate_bytes_per_s` (finite, >= 0; 0 pauses the port) from `now_ns` (>= every
+    /// earlier call's time) on: what it earned at the old rate until `now_ns` is kept, and a debt is
+    /// repaid at the new rate. `burst_bytes` (>= `chunk_bytes`; `None`: as it was) is its capacity from
+    /// then on: tokens above a smaller one are dropped, as the bucket drops what it cannot hold, and a
+    /// larger one fills at the rate, not at once. Later calls must not be before `now_ns`.
+    pub fn set_rate(&mut self, now_ns: u64, rate_bytes_per_s: f64, burst_bytes: Option<f64>) -> Result<()> {
+        self.check_time(now_ns)?;
+        if !(rate_bytes_per_s >= 0.0 && rate_bytes_per_s.is_finite()) {
+            return Err(CoreError::invalid(
+                "rate_bytes_per_s",
+                format!("expected a finite rate >= 0 (0: paused), got {rate_bytes_per_s}"),
+            ));
+        }
+        let burst_bytes = burst_bytes.unwrap_or(self.bucket.burst_bytes);
+        if burst_bytes.is_nan() || burst_bytes < self.chunk_bytes as f64 {
+            return Err(CoreError::invalid(
+                "burst_bytes",
+                format!("expected >= chunk_bytes ({}), got {burst_bytes}", self.chunk_bytes),
+            ));
+        }
+        self.now_ns = now_ns;
+        self.bucket.set_rate(now_ns, rate_bytes_per_s, burst_bytes);
+        Ok(())
+    }
+
+    /// Whether the port is paused (rate 0: [`PacketPort::set_rate`]).
+    pub fn paused(&self) -> bool {
+        self.bucket.rate_bytes_per_s == 0.0
     }
 
     /// Drop the chunks not yet granted of every queued message tagged `tag`; returns the bytes
@@ -223,14 +305,14 @@ impl PacketPort {
         self.queues.iter().map(VecDeque::len).sum()
     }
 
-    /// The bucket's refill rate.
+    /// The bucket's refill rate now (0 while paused).
     pub fn rate_bytes_per_s(&self) -> f64 {
-        self.bucket.rate_bytes_per_s()
+        self.bucket.rate_bytes_per_s
     }
 
     /// The bucket's capacity (and its tokens at time 0).
     pub fn burst_bytes(&self) -> f64 {
-        self.bucket.burst_bytes()
+        self.bucket.burst_bytes
     }
 
     /// The largest chunk a message is cut into.
@@ -296,16 +378,16 @@ fn lane_index(lane: Lane) -> Result<usize> {
     }
 }
 
-/// The first nanosecond at or after `now_ns` at which `bucket` holds more than 0 tokens (`now_ns` must
-/// not be before the bucket's last update), `u64::MAX` if none is.
-fn first_ns_with_tokens(bucket: &TokenBucket, now_ns: u64) -> u64 {
+/// The first nanosecond at or after `now_ns` at which `bucket` (refilling: rate > 0) holds more than 0
+/// tokens (`now_ns` must not be before the bucket's last update), `u64::MAX` if none is.
+fn first_ns_with_tokens(bucket: &Bucket, now_ns: u64) -> u64 {
     let tokens = bucket.tokens_at(now_ns);
     if tokens > 0.0 {
         return now_ns;
     }
     // A float estimate (`as` saturates), then settle on the exact nanosecond of the same function
     // `grant` evaluates, which is monotone in time: the estimate may be a nanosecond off either way.
-    let wait_ns = (-tokens / bucket.rate_bytes_per_s() * NS_PER_S).floor();
+    let wait_ns = (-tokens / bucket.rate_bytes_per_s * NS_PER_S).floor();
     let mut t = now_ns.saturating_add(wait_ns as u64);
     while t < u64::MAX && bucket.tokens_at(t) <= 0.0 {
         t += 1;
@@ -553,6 +635,85 @@ mod tests {
         );
     }
 
+    /// A rate change keeps the tokens earned at the old rate and repays a debt at the new one.
+    #[test]
+    fn set_rate_keeps_the_tokens_earned_before() {
+        let mut port = PacketPort::new(1e6, None, None, 1000).unwrap();
+        port.enqueue(0, 10_000, 1).unwrap();
+        // The full bucket: 1000 tokens, now 0.
+        assert_eq!(port.grant(0, ALL).unwrap().len(), 1);
+        // 0.5 ms later the bucket holds 500 bytes, earned at 1 MB/s; they stay when the rate doubles...
+        port.set_rate(500_000, 2e6, None).unwrap();
+        assert_eq!(port.rate_bytes_per_s(), 2e6);
+        // 500 - 1000: 500 in debt, repaid at 2 MB/s in 250 µs (at 1 MB/s it would have taken 500 µs).
+        assert_eq!(port.grant(500_000, ALL).unwrap().len(), 1);
+        let next = port.next_grant_ns(500_000).unwrap().unwrap();
+        assert!(next.abs_diff(750_001) <= 1, "{next}");
+        assert!(port.clone().grant(next - 1, ALL).unwrap().is_empty());
+        // Setting the same rate again at the same instant changes nothing (no token counted twice).
+        port.set_rate(500_000, 2e6, None).unwrap();
+        assert_eq!(port.next_grant_ns(500_000).unwrap(), Some(next));
+        // Slower from 600 µs on: the 300 bytes of debt left then are repaid at 0.5 MB/s, in 600 µs.
+        let mut slower = port.clone();
+        slower.set_rate(600_000, 5e5, None).unwrap();
+        let at = slower.next_grant_ns(600_000).unwrap().unwrap();
+        assert!(at.abs_diff(1_200_001) <= 1, "{at}");
+    }
+
+    /// Rate 0 pauses the port: nothing is granted, no token is earned, what is queued waits; a rate
+    /// above 0 resumes it with the tokens it had when paused (not a bucket refilled over the pause).
+    #[test]
+    fn rate_0_pauses_and_keeps_the_tokens() {
+        let mut port = PacketPort::new(1e6, Some(4000.0), None, 1000).unwrap();
+        port.enqueue(0, 10_000, 1).unwrap();
+        assert_eq!(port.grant(0, ALL).unwrap().len(), 4); // the burst: 0 tokens left
+        port.set_rate(1_000_000, 0.0, None).unwrap(); // 1000 tokens earned by then
+        assert!(port.paused());
+        assert!(port.grant(5_000_000, ALL).unwrap().is_empty());
+        assert_eq!(port.next_grant_ns(5_000_000).unwrap(), None);
+        port.enqueue(0, 500, 2).unwrap(); // queued while paused: it waits too
+        assert_eq!((port.queued_bytes(None).unwrap(), port.granted_bytes(None).unwrap()), (6_500, 4_000));
+        port.set_rate(10_000_000, 1e6, None).unwrap();
+        assert!(!port.paused());
+        // The 1000 tokens of before the pause, not the 4000 a 9 ms idle bucket would hold: one chunk now.
+        assert_eq!(port.next_grant_ns(10_000_000).unwrap(), Some(10_000_000));
+        assert_eq!(port.grant(10_000_000, ALL).unwrap().len(), 1);
+        let rest = drain(&mut port, 10_000_000);
+        assert_eq!(rest.iter().map(|(_, g)| g.bytes as u64).sum::<u64>(), 5_500);
+        assert_eq!(rest.last().unwrap().1, Grant { tag: 2, lane: 0, bytes: 500, last: true });
+        // Six chunks at 1 MB/s after the first: the last goes 5 ms after the resume (to within a ns).
+        assert!(rest.last().unwrap().0.abs_diff(15_000_001) <= 1, "{:?}", rest.last());
+    }
+
+    /// A new capacity: a smaller one drops the tokens it cannot hold, a larger one fills at the rate.
+    #[test]
+    fn set_rate_may_change_the_capacity() {
+        let mut port = PacketPort::new(1e6, Some(8000.0), None, 1000).unwrap();
+        port.enqueue(0, 100_000, 1).unwrap();
+        port.set_rate(1_000_000, 1e5, Some(2000.0)).unwrap(); // a full bucket of 8000: 2000 left
+        assert_eq!(port.burst_bytes(), 2000.0);
+        assert_eq!(port.grant(1_000_000, ALL).unwrap().len(), 2);
+        // Back to 1 MB/s and 8000 bytes: the bucket holds nothing (0 tokens), and fills at the rate.
+        port.set_rate(1_000_000, 1e6, Some(8000.0)).unwrap();
+        assert_eq!(port.next_grant_ns(1_000_000).unwrap(), Some(1_000_001));
+        assert_eq!(port.grant(9_000_000, ALL).unwrap().len(), 8); // 8 ms later: a full bucket again
+        assert!(port.set_rate(9_000_000, 1e6, Some(999.0)).unwrap_err().message.starts_with("burst_bytes: "));
+        assert!(port.set_rate(9_000_000, 1e6, Some(f64::NAN)).unwrap_err().message.starts_with("burst_bytes: "));
+    }
+
+    #[test]
+    fn set_rate_checks_its_arguments() {
+        let mut port = PacketPort::new(1e6, None, None, 1000).unwrap();
+        port.grant(10, 1).unwrap();
+        for rate in [-1.0, f64::NAN, f64::INFINITY] {
+            assert!(port.set_rate(10, rate, None).unwrap_err().message.starts_with("rate_bytes_per_s: "));
+        }
+        assert!(port.set_rate(9, 1e6, None).unwrap_err().message.starts_with("now_ns: "));
+        port.set_rate(20, 1e6, None).unwrap();
+        // Time moved on with the change.
+        assert!(port.grant(19, 1).unwrap_err().message.starts_with("now_ns: "));
+    }
+
     /// `default_cases` cases, or `PROPTEST_CASES` when set (a longer soak than the default suite).
     fn depth(default_cases: u32) -> ProptestConfig {
         let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok());
@@ -632,6 +793,42 @@ mod tests {
                 prop_assert_eq!(port.granted_bytes(Some(lane)).unwrap(), bytes);
             }
             prop_assert_eq!((port.queued_bytes(None).unwrap(), port.queued_messages()), (0, 0));
+        }
+
+        /// A backlog granted at `next_grant_ns` through rate changes (0 included): the bytes granted by
+        /// any grant never exceed `burst + ∫ rate + chunk` (nothing is counted twice), each segment at a
+        /// rate above 0 grants all it earned but for at most a chunk's debt (nothing earned is lost), and
+        /// a paused one grants nothing.
+        #[test]
+        fn rate_changes_lose_and_double_count_nothing(
+            chunk in prop::sample::select(vec![100u32, 1500, 65536]),
+            segments in prop::collection::vec((1u64..20_000_000, prop_oneof![Just(0.0), 1e5..1e9f64]), 1..12),
+        ) {
+            let burst = 2.0 * chunk as f64;
+            let mut port = PacketPort::new(1e8, Some(burst), None, chunk).unwrap();
+            port.enqueue(1, u64::MAX / 2, 0).unwrap();
+            let (mut start, mut earned, mut granted) = (0u64, 0.0f64, 0u64);
+            for &(length, rate) in &segments {
+                port.set_rate(start, rate, None).unwrap();
+                let (end, before) = (start + length, granted);
+                let mut t = start;
+                while let Some(next) = port.next_grant_ns(t).unwrap().filter(|&n| n < end) {
+                    granted += port.grant(next, usize::MAX).unwrap().iter().map(|g| g.bytes as u64).sum::<u64>();
+                    let bound = burst + earned + rate * (next - start) as f64 / NS_PER_S + chunk as f64;
+                    prop_assert!(granted as f64 <= bound * (1.0 + 1e-9), "{} > {}", granted, bound);
+                    t = next;
+                }
+                let due = rate * length as f64 / NS_PER_S;
+                earned += due;
+                if rate == 0.0 {
+                    prop_assert_eq!(granted, before);
+                } else {
+                    let got = (granted - before) as f64;
+                    prop_assert!(got + chunk as f64 + 1.0 >= due * (1.0 - 1e-9), "{} granted of {} due", got, due);
+                }
+                start = end;
+            }
+            prop_assert_eq!(port.granted_bytes(None).unwrap(), granted);
         }
     }
 }

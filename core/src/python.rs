@@ -559,6 +559,30 @@ impl PyPacketPort {
         Ok(self.inner.next_grant_ns(int_in(now_ns, "now_ns", u64::MAX)?)?)
     }
 
+    /// Refill at `rate_bytes_per_s` (>= 0; 0 pauses the port) up to `burst_bytes` (None: as it was) from
+    /// `now_ns` on, keeping the tokens earned at the old rate until then (a fault: a degraded or dead port).
+    #[pyo3(
+        signature = (now_ns, rate_bytes_per_s, burst_bytes = None),
+        text_signature = "($self, now_ns, rate_bytes_per_s, burst_bytes=None)"
+    )]
+    fn set_rate(
+        &mut self,
+        now_ns: &Bound<'_, PyAny>,
+        rate_bytes_per_s: &Bound<'_, PyAny>,
+        burst_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let now_ns = int_in(now_ns, "now_ns", u64::MAX)?;
+        let rate = number(rate_bytes_per_s, "rate_bytes_per_s")?;
+        let burst = burst_bytes.map(|b| number(b, "burst_bytes")).transpose()?;
+        Ok(self.inner.set_rate(now_ns, rate, burst)?)
+    }
+
+    /// Whether the port is paused (rate 0).
+    #[getter]
+    fn paused(&self) -> bool {
+        self.inner.paused()
+    }
+
     /// Drop the chunks not yet granted of the messages tagged `tag`; returns the bytes dropped.
     fn cancel(&mut self, tag: &Bound<'_, PyAny>) -> PyResult<u64> {
         Ok(self.inner.cancel(int_in(tag, "tag", u64::MAX)?))

@@ -50,7 +50,7 @@ from typing import Any, Final, Literal, cast
 
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
-__all__ = ["FAULTS_HOST", "KINDS", "engine_group_names", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
+__all__ = ["KINDS", "engine_group_names", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
            "fault_tables", "fault_report", "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
 
 Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
@@ -63,10 +63,6 @@ MAX_TIME_S: Final = 1e7
 MAX_RATE_PER_NODE_HOUR: Final = 3600.0
 MIN_RATE_PER_NODE_HOUR: Final = 1e-6
 """A rate above 0 but below this is refused (one fault per 114 years of a node: none in any run)."""
-FAULTS_HOST: Final = ("faults run in virtual time and in live runs of the model backend, not yet on the host "
-                      "backend (it would have to close real byte channels and files): drop --backend host, or the "
-                      "scenario's [[faults]] and [random_faults]")
-"""Why a host-backend run with faults is refused before it starts."""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from dualpath_emu.cluster.catalog import GpuSpec, ModelArch, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.faults import FAULTS_HOST, fault_report, fault_windows, plan_from_wire
+from dualpath_emu.cluster.faults import fault_report, fault_windows, plan_from_wire
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
@@ -59,7 +59,6 @@ from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import StorageSpec, Topology, build_topology
 from dualpath_emu.cluster.user_systems import SystemLoader
 from dualpath_emu.config import ScenarioError, Table
-from dualpath_emu.errors import UsageError
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
@@ -636,8 +635,6 @@ def run_live(
     if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch, mark_owner, sweep_orphans
 
-    if config.faults.any and backend == "host":
-        raise UsageError(FAULTS_HOST)
     given = storage_dir
     storage_dir = run_storage(storage_dir)
     _write_description(run_dir, config, system, trajectories, seed)

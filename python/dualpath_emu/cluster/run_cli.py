@@ -38,7 +38,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dualpath_emu.cluster.run import Progress as RunProgress
-from dualpath_emu.cluster.faults import FAULTS_HOST
 from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.scenario import DEFAULT, ClusterScenario, load_cluster_scenario, scenario_from_table
 from dualpath_emu.config import load_toml
@@ -256,8 +255,6 @@ def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: 
     from dualpath_emu.runtime.scenario import TIME_SCALE
 
     low, high = TIME_SCALE
-    if scenario.config.faults.any and scenario.backend == "host":
-        raise UsageError(FAULTS_HOST)
     if not low <= args.time_scale <= high:
         raise UsageError(f"--time-scale: expected a number in [{low:g}, {high:g}], got {args.time_scale}")
     if not args.timeout > 0:

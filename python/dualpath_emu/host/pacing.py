@@ -15,6 +15,12 @@ about one wake-up's low-lane bytes (a real NIC's in-flight packets take microsec
 would have: lateness loses no rate (a plain grant at the late time lost about half of it to the bucket's
 cap), and an idle port gains no more than one bucket of credit, so a transfer never beats its rate by more
 than a millisecond's bytes.
+
+A fault changes the rate part way (:meth:`Pacer.set_rate`, issue 26): what was due at the old rate is granted
+first, then the port refills at the new one, keeping the tokens it had earned (``PacketPort.set_rate``), its
+bucket holding ``burst_s`` of the new rate (a degraded port's burst shrinks with it: a read after idle is not
+let through at the old rate's burst). Rate 0 pauses it: nothing is granted, what is queued (and what is
+enqueued meanwhile) waits, nothing is lost, and a rate above 0 resumes it.
 """
 
 from __future__ import annotations
@@ -51,7 +57,10 @@ class Pacer:
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         burst = max(float(chunk_bytes), rate_bytes_per_s * burst_s)
+        self._chunk_bytes, self._burst_s = chunk_bytes, burst_s
         self._step_ns = max(1, int(burst / rate_bytes_per_s * 1e9))
+        self.rate_bytes_per_s = rate_bytes_per_s
+        """The rate it was made with (:meth:`set_rate` changes the port's, not this)."""
         self.port = PacketPort(rate_bytes_per_s, arbitration=arbitration, chunk_bytes=chunk_bytes, burst_bytes=burst)
         self._clock_ns = clock_ns
         self._on_grants = on_grants
@@ -76,6 +85,32 @@ class Pacer:
         at = self.port.next_grant_ns(self._clock_ns())
         if at is not None:
             self._wake_at(at)
+
+    def set_rate(self, rate_bytes_per_s: float) -> None:
+        """Pace at ``rate_bytes_per_s`` from now on (0: paused; see the module docstring). A wake-up that was
+        due by now grants first, at the old rate; the port keeps the tokens it earned until now."""
+        port = self.port
+        if rate_bytes_per_s == port.rate_bytes_per_s:
+            return
+        late = self._due_ns is not None and self._due_ns <= self._clock_ns()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if late:
+            self._tick()  # grant what the old rate allowed until now (and drop the wake-up it arms: see below)
+            if self._timer is not None:
+                self._timer.cancel()
+        self._timer, self._due_ns = None, None
+        now = self._clock_ns()
+        if rate_bytes_per_s > 0:  # the bucket holds burst_s of the new rate (a degraded port's burst is smaller)
+            burst = max(float(self._chunk_bytes), rate_bytes_per_s * self._burst_s)
+            port.set_rate(now, rate_bytes_per_s, burst)
+            self._step_ns = max(1, int(burst / rate_bytes_per_s * 1e9))
+            at = port.next_grant_ns(now)
+            if at is not None:
+                self._wake_at(at)
+        else:
+            port.set_rate(now, 0.0)  # paused: its tokens stay as they are
 
     def _wake_at(self, at_ns: int) -> None:
         """Have :meth:`_tick` run at ``at_ns`` (or sooner, if it is due sooner already)."""

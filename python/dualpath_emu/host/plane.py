@@ -27,6 +27,26 @@ real size is the scaled Full Block (at least one byte) rounded up to O_DIRECT's 
 
 Everything a process was asked to move is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`),
 so the run's byte check is the same as the model's: every byte the actors booked was moved.
+
+**Faults** (issue 26) reach every node's process (:attr:`HostDataPlane.ports_per_process`: the fault injector
+sends :class:`~dualpath_emu.cluster.messages.PortFault` to every engine group, whose plane is this) and act on
+real bytes where this process paces them:
+
+* a **storage NIC** port's pacer (``snic.rx`` for reads, ``snic.tx`` for write-backs) runs at the port's rate ×
+  its factor; the storage cluster's ports (``3fs.read``, ``3fs.write``: ``slow_storage``, target ``storage``)
+  belong to no node and act on every node's storage pacer of their direction the same way (the lower factor
+  holds where both have one); factor 0 pauses the pacer: queued I/Os wait, none is lost, they go on when it
+  is back;
+* a **compute NIC**'s ``tx`` port: its sending pacer, the same way; its ``rx`` port: the chunks that arrive
+  through it are let in by a pacer of the receiving process at its rate × factor (paused at 0), and a transfer
+  completes when its last chunk is let in (the bytes themselves cross the socket as they are sent);
+* **latency**: every real transfer, storage I/O and modelled copy this process starts waits the latency on its
+  path's ports (their sum, as the core adds it up) before it starts, but for a forward pass's own per-layer
+  transfers, as in the model;
+* the process's own core gets each port's factor too (its modelled copies, H2D and D2H, slow as the model's).
+
+A ``n<i>.dram`` port's factor acts on the modelled copies only: real bytes are not paced by DRAM. At the end of
+a process's run every fault is cleared, so what they hold back drains (:meth:`HostDataPlane.finish`).
 """
 
 from __future__ import annotations
@@ -43,7 +63,7 @@ from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore
 from dualpath_emu.host.transport import ByteChannel
-from dualpath_emu.runtime.core_work import Completion, Extents, forward_bytes
+from dualpath_emu.runtime.core_work import Completion, Extents, clear_faults, forward_bytes
 from dualpath_emu.runtime.dataplane import DataPlaneError
 from dualpath_emu.runtime.realtime import WallClockCore
 
@@ -111,6 +131,12 @@ class HostDataPlane(WallClockCore):
     """Decode batches step in the engines (``cluster/decode_steps.py``): their write-backs and all-to-all are
     real bytes here, which the core's stepping would only model."""
 
+    ports_per_process = True
+    """Each process paces its own nodes' ports (real bytes): a fault must reach every node's process -- the
+    fault injector sends :class:`~dualpath_emu.cluster.messages.PortFault` to the engine groups, whose handler
+    calls :meth:`set_port_factor` and :meth:`set_port_latency` here -- rather than the plane of the injector's
+    process alone."""
+
     def __init__(self, core: Core, plan: HostPlan, process: str, channel: ByteChannel, store: BlockStore | None) -> None:
         super().__init__(core)
         self.plan = plan
@@ -132,6 +158,26 @@ class HostDataPlane(WallClockCore):
         self.own_nodes = frozenset(i for i, owner in enumerate(plan.process_of_node) if owner == process)
         self.failure: BaseException | None = None
         self._main: asyncio.Future[Any] | None = None
+        # Faults (issue 26; see the module docstring).
+        self._factors: dict[int, float] = {}
+        """Ports a fault scales now: what it leaves of their rates (absent: 1)."""
+        self._latencies: dict[int, int] = {}
+        """Ports a fault adds latency to now: how much (ns; absent: 0)."""
+        topology = plan.topology
+        self._storage_of: dict[int, int] = {}
+        """A storage NIC port -> the storage cluster's port of the same direction (their factors combine)."""
+        for node in topology.nodes:
+            self._storage_of[node.snic_rx] = topology.storage_read
+            self._storage_of[node.snic_tx] = topology.storage_write
+        self._own_rx = frozenset(p for n in self.own_nodes for p in topology.nodes[n].cnic_rx)
+        self._write_ports = frozenset(n.snic_tx for n in topology.nodes)
+        self._admission: dict[int, Pacer] = {}
+        """A compute NIC rx port's pacer of arriving chunks, made when a fault first slows it."""
+        self._admitting: dict[int, Callable[[], None]] = {}
+        """Arriving jobs held until their last chunk is let in: what completes each."""
+        self._forward_hop = False
+        """Set while a forward pass asks for one of its per-layer transfers (which waits out no latency)."""
+        channel.admit = self._admit
 
     # --- the data-plane interface ----------------------------------------------------------------------
 
@@ -143,12 +189,72 @@ class HostDataPlane(WallClockCore):
             "own stepping (DecodeSteps.reset), not the data plane's"
         )
 
+    def set_port_factor(self, port: int, factor: float) -> None:
+        """A fault: ``port``'s rates × ``factor`` from now on (1: as specified; 0: down), on this process's core
+        (its modelled copies) and on the pacer of ``port`` here, if this process has one (see the module
+        docstring): what was due at the old rate is granted first, and nothing queued is lost."""
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"factor: expected a number in [0, 1], got {factor}")
+        if self._factors.get(port, 1.0) == factor:
+            return
+        super().set_port_factor(port, factor)  # the core's modelled work (and a check of the port)
+        if factor == 1.0:
+            del self._factors[port]
+        else:
+            self._factors[port] = factor
+        self._repace()
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (0: none), waited here before
+        the work starts (this process's core gets none: it would add it to a forward pass's copies too)."""
+        if extra_ns < 0 or not 0 <= port < len(self.plan.port_rate):
+            raise ValueError(f"a latency of {extra_ns} ns on port {port}: expected >= 0 on a port of the cluster")
+        if extra_ns:
+            self._latencies[port] = extra_ns
+        else:
+            self._latencies.pop(port, None)
+
+    def clear_faults(self) -> None:
+        """End every fault (a run's end: what they hold back then drains, and every byte is accounted)."""
+        self._factors.clear()
+        self._latencies.clear()
+        self._repace()
+        clear_faults(self._core)
+
+    def _factor_of(self, port: int) -> float:
+        """What faults leave of the rate of ``port``'s pacer (a storage NIC's combines the storage cluster's)."""
+        factor = self._factors.get(port, 1.0)
+        storage = self._storage_of.get(port)
+        return factor if storage is None else min(factor, self._factors.get(storage, 1.0))
+
+    def _repace(self) -> None:
+        for pacers in (self._pacers, self._admission):
+            for port, pacer in pacers.items():
+                pacer.set_rate(pacer.rate_bytes_per_s * self._factor_of(port))
+
+    def _writes_held(self) -> bool:
+        """Whether a fault acts on a storage write path now (a storage NIC's tx port, the storage cluster's
+        write port): a write-back of another process may then land late, and a read of its blocks waits for it
+        rather than give up after its usual patience (``BlockStore.read``'s ``held``)."""
+        write = self.plan.topology.storage_write
+        return any(p == write or p in self._write_ports for p in (*self._factors, *self._latencies))
+
+    def _latency_ns(self, path: Sequence[int]) -> int:
+        """What latency faults add to work along ``path`` now (0 without any)."""
+        latencies = self._latencies
+        return sum(latencies.get(p, 0) for p in path) if latencies else 0
+
     def _queue_transfer(self, path: Sequence[int], lane: int, size_bytes: int, tag: int) -> int:
         path = tuple(path)
         nodes = {self.plan.port_node.get(p, -1) for p in path}
+        delay_ns = 0 if self._forward_hop else self._latency_ns(path)
         if len(nodes) == 1 and -1 not in nodes:  # inside one node: modelled on this process's core
+            if delay_ns:  # a latency fault: submitted that much later
+                submit = super()._queue_transfer
+                self.loop.call_later(delay_ns / 1e9, submit, path, lane, size_bytes, tag)
+                return tag
             return super()._queue_transfer(path, lane, size_bytes, tag)
-        self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes), path,
+        self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes, delay_ns), path,
                     (transfer_kind(self.plan.topology, path), self._real(size_bytes),
                      size_bytes / min(self.plan.port_rate[p] for p in path)))  # fmt: skip
         return tag
@@ -162,7 +268,8 @@ class HostDataPlane(WallClockCore):
         port = ports.snic_rx if kind == "read" else ports.snic_tx
         path = topology.storage_io_path(index, kind)
         real = sum(n for _, _, n in extents) * (self.store.stride if self.store is not None else 0)
-        self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents), path,
+        delay_ns = self._latency_ns(path)
+        self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents, delay_ns), path,
                     (io_kind(topology, index, kind), real,
                      size_bytes / min(self.plan.port_rate[p] for p in path)))  # fmt: skip
         return tag
@@ -209,13 +316,15 @@ class HostDataPlane(WallClockCore):
         self.channel.on_stop = callback
 
     async def finish(self, run_complete: bool) -> None:
-        """This process's actors are done; the driver's, its run complete, tells every other process to stop
-        (what the data-plane service does on the model backend)."""
+        """This process's actors are done: its faults end (what they hold back drains); the driver's, its run
+        complete, tells every other process to stop (what the data-plane service does on the model backend)."""
+        self.clear_faults()
         self.flush()
         if run_complete:
             self.channel.stop_peers("the run is complete")
 
     async def _drain(self) -> None:
+        self.clear_faults()  # (finish did, unless the run failed first)
         deadline = time.perf_counter() + DRAIN_MAX_S
         while time.perf_counter() < deadline:
             self.flush()
@@ -226,7 +335,7 @@ class HostDataPlane(WallClockCore):
 
     def pending_work(self) -> int:
         """Real work in flight, detached included (a process waits for it before it stops)."""
-        return len(self._detached) + len(self._jobs) + len(self._ios) + self._core.pending()
+        return len(self._detached) + len(self._jobs) + len(self._ios) + len(self._admitting) + self._core.pending()
 
     # --- running work ----------------------------------------------------------------------------------
 
@@ -282,6 +391,8 @@ class HostDataPlane(WallClockCore):
             pacer = self._pacers[port] = Pacer(rate, chunk_bytes, self.clock_ns, self._on_grants, arbitration=arbitration,
                                                on_error=self._fail, burst_s=burst)  # fmt: skip
             pacer.start(self.loop)
+            if (factor := self._factor_of(port)) != 1.0:  # made while a fault acts on its port
+                pacer.set_rate(rate * factor)
         return pacer
 
     def _on_grants(self, grants: list[Grant]) -> None:
@@ -307,16 +418,20 @@ class HostDataPlane(WallClockCore):
 
     # --- network ---------------------------------------------------------------------------------------
 
-    async def _network(self, path: tuple[int, ...], lane: int, size: int) -> None:
+    async def _network(self, path: tuple[int, ...], lane: int, size: int, delay_ns: int = 0) -> None:
         plan = self.plan
         source, dest = plan.port_node[path[0]], plan.port_node[path[-1]]
         real = self._real(size)
-        # The sending NIC: the path's compute-NIC port on the source node (paced there, with its lanes).
+        # The sending NIC: the path's compute-NIC port on the source node (paced there, with its lanes); the
+        # receiving one, whose faults the destination's process applies to what arrives.
         port = next(p for p in path if p in plan.topology.nodes[source].cnic_tx)
+        rx = next((p for p in path if p in plan.topology.nodes[dest].cnic_rx), -1)
+        if delay_ns:
+            await _until(self.clock_ns, self.clock_ns() + delay_ns)
         if source in self.own_nodes:
-            await self.channel.push(plan.process_of_node[dest], real, lane, port)
+            await self.channel.push(plan.process_of_node[dest], real, lane, port, rx)
         elif dest in self.own_nodes:
-            await self.channel.pull(plan.process_of_node[source], real, lane, port)
+            await self.channel.pull(plan.process_of_node[source], real, lane, port, rx)
         else:
             raise ValueError(f"process {self.process!r} drives neither end of a transfer from node {source} to node "
                              f"{dest}")  # fmt: skip
@@ -329,11 +444,42 @@ class HostDataPlane(WallClockCore):
         self._jobs[ident] = _Job(dest, job, ack)
         self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper(), self.plan.byte_scale).enqueue(lane, nbytes, ident)
 
+    def _admit(self, rx: int, lane: int, nbytes: int, then: Callable[[], None] | None) -> bool:
+        """The channel's hook for a chunk arriving through compute NIC port ``rx``: False (let in now) unless a
+        fault slows or stops the port, or chunks held before are still waiting; then it waits its turn in the
+        port's pacer here, and ``then`` (a job's last chunk) runs when it is let in."""
+        pacer = self._admission.get(rx)
+        if (pacer is None or not pacer.port.queued_messages()) and self._factors.get(rx, 1.0) == 1.0:
+            return False
+        if rx not in self._own_rx:
+            raise ValueError(f"process {self.process!r}: a chunk came in through port {rx}, not one of its nodes'")
+        if pacer is None:
+            rate = self.plan.port_rate[rx] * self.plan.byte_scale
+            pacer = self._admission[rx] = Pacer(rate, NET_CHUNK_BYTES, self.clock_ns, self._on_admitted,
+                                                arbitration=Arbitration.paper(), on_error=self._fail)  # fmt: skip
+            pacer.start(self.loop)
+            pacer.set_rate(rate * self._factor_of(rx))
+        ident = self._new_id()
+        if then is not None:
+            self._admitting[ident] = then
+        pacer.enqueue(lane if lane in (0, 1, 2, 3) else 2, max(1, nbytes), ident)
+        return True
+
+    def _on_admitted(self, grants: list[Grant]) -> None:
+        """Chunks a compute NIC's rx pacer let in: a job whose last chunk it was completes."""
+        for tag, _lane, _nbytes, last in grants:
+            if last:
+                then = self._admitting.pop(tag, None)
+                if then is not None:
+                    then()
+
     # --- storage ---------------------------------------------------------------------------------------
 
-    async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Extents) -> None:
+    async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Extents, delay_ns: int = 0) -> None:
         if self.store is None:
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
+        if delay_ns:  # a latency fault on its path: it starts that much later
+            await _until(self.clock_ns, self.clock_ns() + delay_ns)
         # Paced in modelled bytes, a block per chunk: in real bytes an I/O under one (byte_scale 1e-9) took
         # 1 / (rate × scale) s, not size / rate; write-backs fell seconds behind, and reads gave up on them.
         pacer = self._pacer(port, self.plan.block_bytes, None, 1.0)
@@ -352,7 +498,10 @@ class HostDataPlane(WallClockCore):
         while take > 0 and io.extents:
             context, first, n = io.extents[0]
             run = min(n, take)
-            op = store.read(context, first, run) if io.kind == "read" else store.write(context, first, run)
+            if io.kind == "read":
+                op = store.read(context, first, run, held=self._writes_held)
+            else:
+                op = store.write(context, first, run)
             io.running.append(asyncio.ensure_future(op))
             take -= run
             if run == n:
@@ -390,7 +539,13 @@ class HostDataPlane(WallClockCore):
 
         def move(hop: Any) -> Any:
             path, lane, size = hop
-            return self.transfer(path, lane, size) if size > 0 else _done(loop)
+            if size <= 0:
+                return _done(loop)
+            self._forward_hop = True  # a forward pass's own transfers wait out no latency fault (the model's)
+            try:
+                return self.transfer(path, lane, size)
+            finally:
+                self._forward_hop = False
 
         async def load_stream(r: int, hop: Any) -> None:
             for layer in range(n_layers):

@@ -14,12 +14,16 @@ pattern bytes that the receiver checks, so every byte that arrives is verified:
 
 The source paces its chunks (the caller's ``send`` hook: the host data plane runs them through the sending
 NIC's :class:`~dualpath_emu._core.PacketPort`, so lanes hold on real bytes); the channel only moves and
-checks them. Frames: a msgpack header ``[kind, job, ...]`` then, for ``data``, the payload.
+checks them. A job may name the receiving NIC's port and its lane (``rx``): the destination then offers each
+chunk to its ``admit`` hook as it arrives, and a job whose chunk the hook keeps (the host data plane's, while
+a fault slows or stops that port: issue 26) completes -- its ``ack`` sent, its pull done -- only when the hook
+lets its last chunk in. Frames: a msgpack header ``[kind, job, ...]`` then, for ``data``, the payload.
 
 ==========  ==============================================================================================
 kind        fields
 ==========  ==============================================================================================
-data        ``job, offset, last: bool, ack: bool`` + payload frame (``ack``: the sender waits for an ack)
+data        ``job, offset, last: bool, ack: bool[, rx, lane]`` + payload frame (``ack``: the sender waits for an
+            ack; ``rx``, ``lane``: a push's receiving port and lane, for the destination's ``admit``)
 ack         ``job, bytes_received, bytes_mismatched``
 pull        ``job, nbytes, lane, port`` (``port``: the source's sending port, for its pacer)
 stop        ``reason`` (the driver's process completed the run: stop the actors; :meth:`ByteChannel.stop_peers`)
@@ -102,6 +106,10 @@ class ChannelStats:
         return dict(self.__dict__)
 
 
+_Outgoing = tuple[int, int, int, bool, bool, tuple[int, int] | tuple[()]]
+"""Mooncake: a chunk to write, ``(job, offset, nbytes, last, ack, (rx, lane) or ())``."""
+
+
 @dataclass
 class _Inbound:
     received: int = 0
@@ -115,13 +123,16 @@ class ByteChannel:
     ``name`` is this process, ``bind`` its data endpoint, ``peers`` every other process's data endpoint.
     ``send(dest, job, nbytes, lane, ack, port)`` is the pacer the channel hands a job to send on ``port`` (a
     port id of the caller's): it must call :meth:`send_chunk` for consecutive pieces of the job (the data
-    plane's NIC pacer)."""
+    plane's NIC pacer). ``admit(rx, lane, nbytes, then)`` is offered each arriving chunk of a job that names
+    its receiving port ``rx``: False lets it in now; True keeps it, and the hook calls ``then()`` (given with a
+    job's last chunk, None with the others) when it lets that chunk in."""
 
     name: str
     bind: str
     peers: Mapping[str, str]
     keys: RunKeys | None = None
     send: Callable[[str, int, int, int, bool, int], None] | None = None
+    admit: Callable[[int, int, int, Callable[[], None] | None], bool] | None = None
     stats: ChannelStats = field(default_factory=ChannelStats)
     _context: zmq.asyncio.Context | None = None
     _router: zmq.asyncio.Socket | None = None
@@ -132,6 +143,8 @@ class ByteChannel:
     """Our pushes, by job: done when acknowledged."""
     _pulls: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     """Our pulls, by job: done when their last chunk arrived."""
+    _via: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """The receiving port and lane of our pushes and pulls that name one (``rx``), by job."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _next_job: int = 1
     _authenticator: Any = None
@@ -143,7 +156,7 @@ class ByteChannel:
     """Mooncake: each peer's engine and the address of our slot in its receive region."""
     _slots: dict[str, int] = field(default_factory=dict)
     """Mooncake: the slot of our receive region each sending peer writes to."""
-    _outgoing: dict[str, asyncio.Queue[tuple[int, int, int, bool, bool]]] = field(default_factory=dict)
+    _outgoing: dict[str, asyncio.Queue[_Outgoing]] = field(default_factory=dict)
     _executor: Any = None
     on_stop: Callable[[str], None] | None = None
     """Called with the reason when a peer says the run is complete (``stop``)."""
@@ -206,40 +219,47 @@ class ByteChannel:
 
     # --- jobs --------------------------------------------------------------------------------------------
 
-    def push(self, dest: str, nbytes: int, lane: int, port: int) -> Awaitable[None]:
+    def push(self, dest: str, nbytes: int, lane: int, port: int, rx: int = -1) -> Awaitable[None]:
         """Send ``nbytes`` to process ``dest`` through this process's ``port``: done when ``dest``
-        acknowledged all of them."""
+        acknowledged all of them (``rx`` >= 0: the port they arrive through there, for its ``admit``)."""
         job = self._new_job()
         done = asyncio.get_running_loop().create_future()
         self._outbound[job] = done
+        if rx >= 0:
+            self._via[job] = (rx, lane)
         self._hand_over(dest, job, nbytes, lane, True, port)
         return done
 
-    def pull(self, source: str, nbytes: int, lane: int, port: int) -> Awaitable[None]:
+    def pull(self, source: str, nbytes: int, lane: int, port: int, rx: int = -1) -> Awaitable[None]:
         """Have process ``source`` send ``nbytes`` here through its ``port``: done when the last of them
-        arrived."""
+        arrived (``rx`` >= 0: the port they arrive through here, and so were let in by ``admit``)."""
         job = self._new_job()
         done = asyncio.get_running_loop().create_future()
         self._pulls[job] = done
+        if rx >= 0:
+            self._via[job] = (rx, lane)
         self._post(source, [msgpack.packb(["pull", job, nbytes, lane, port])])
         return done
 
     def send_chunk(self, dest: str, job: int, offset: int, nbytes: int, last: bool, ack: bool) -> None:
         """Send one chunk of a job (called by the pacer, in offset order)."""
+        via = self._via.get(job, ()) if ack else ()  # a push's receiving port and lane (a pull's is the puller's)
+        if ack and last:
+            self._via.pop(job, None)
         if self._wire is not None:
             queue = self._outgoing.get(dest)
             if queue is None:
                 queue = self._outgoing[dest] = asyncio.Queue()
                 self._tasks.append(asyncio.get_running_loop().create_task(self._write_chunks(dest, queue)))
-            queue.put_nowait((job, offset, nbytes, last, ack))
+            queue.put_nowait((job, offset, nbytes, last, ack, via))
         else:
-            header = msgpack.packb(["data", job, offset, last, ack])
+            header = msgpack.packb(["data", job, offset, last, ack, *via])
             self._post(dest, [header, pattern_slice(job, offset, nbytes)])
         self.stats.sent_bytes += nbytes
         if last:
             self.stats.jobs_sent += 1
 
-    async def _write_chunks(self, dest: str, queue: asyncio.Queue[tuple[int, int, int, bool, bool]]) -> None:
+    async def _write_chunks(self, dest: str, queue: asyncio.Queue[_Outgoing]) -> None:
         """Mooncake: write ``dest``'s chunks into its region, one after another, each followed by its header."""
         from dualpath_emu.host.mooncake import SLOT_BYTES
 
@@ -247,12 +267,12 @@ class ByteChannel:
         loop = asyncio.get_running_loop()
         cursor = 0
         while True:
-            job, offset, nbytes, last, ack = await queue.get()
+            job, offset, nbytes, last, ack, via = await queue.get()
             if cursor + nbytes > SLOT_BYTES:
                 cursor = 0  # round the ring
             await loop.run_in_executor(self._executor, self._wire.write, target, base + cursor,
                                        pattern_start(job, offset), nbytes)  # fmt: skip
-            self._post(dest, [msgpack.packb(["data", job, offset, last, ack, cursor, nbytes])])
+            self._post(dest, [msgpack.packb(["data", job, offset, last, ack, cursor, nbytes, *via])])
             cursor += nbytes
 
     def _target(self, peer: str) -> asyncio.Future[tuple[str, int]]:
@@ -338,17 +358,17 @@ class ByteChannel:
         if not isinstance(header, list) or not header or not isinstance(header[0], str):
             raise ValueError("not a [kind, ...] header")
         kind = header[0]
-        if kind == "data" and len(header) == 5 and len(frames) == 2:
-            _, job, offset, last, ack = header
-            self._on_data(peer, int(job), int(offset), bool(last), bool(ack), frames[1])
-        elif kind == "data" and len(header) == 7 and len(frames) == 1 and self._wire is not None:
+        if kind == "data" and len(header) in (5, 7) and len(frames) == 2:
+            _, job, offset, last, ack = header[:5]
+            self._on_data(peer, int(job), int(offset), bool(last), bool(ack), frames[1], _via(header[5:]))
+        elif kind == "data" and len(header) in (7, 9) and len(frames) == 1 and self._wire is not None:
             from dualpath_emu.host.mooncake import SLOT_BYTES
 
-            _, job, offset, last, ack, cursor, nbytes = header
+            _, job, offset, last, ack, cursor, nbytes = header[:7]
             if peer not in self._slots or not 0 <= cursor <= cursor + nbytes <= SLOT_BYTES:
                 raise ValueError(f"a chunk from {peer!r} outside its slot")
             data = self._wire.received(self._slots[peer] * SLOT_BYTES + cursor, nbytes)
-            self._on_data(peer, int(job), int(offset), bool(last), bool(ack), data)
+            self._on_data(peer, int(job), int(offset), bool(last), bool(ack), data, _via(header[7:]))
         elif kind == "stop" and len(header) == 2:
             if self.on_stop is not None:
                 self.on_stop(str(header[1]))
@@ -378,9 +398,12 @@ class ByteChannel:
         else:
             raise ValueError(f"unknown frame {kind!r} ({len(header)} fields, {len(frames)} frames)")
 
-    def _on_data(self, peer: str, job: int, offset: int, last: bool, ack: bool, payload: Any) -> None:
+    def _on_data(self, peer: str, job: int, offset: int, last: bool, ack: bool, payload: Any,
+                 via: tuple[int, int] | None) -> None:  # fmt: skip
         if not ack and job not in self._pulls:
             raise ValueError(f"job {job} from {peer!r}: data nobody pulled")
+        if not ack:
+            via = self._via.get(job)  # a pull of ours: we said which port it comes in through
         data = payload.buffer if hasattr(payload, "buffer") else memoryview(payload)
         nbytes = len(data)
         key = (peer, job, ack)
@@ -396,13 +419,33 @@ class ByteChannel:
         else:
             inbound.mismatched += nbytes
             self.stats.mismatched_bytes += nbytes
+        gate = self.admit if via is not None else None
         if not last:
+            if gate is not None and via is not None:
+                gate(via[0], via[1], nbytes, None)
             return
         del self._inbound[key]
         self.stats.jobs_received += 1
-        if ack:
-            self._post(peer, [msgpack.packb(["ack", job, inbound.received, inbound.mismatched])])
-            return
-        pending = self._pulls.pop(job)  # a pull of ours, answered
-        if not pending.done():
-            pending.set_result(None)
+        if not ack:
+            self._via.pop(job, None)
+
+        def complete() -> None:
+            if ack:
+                self._post(peer, [msgpack.packb(["ack", job, inbound.received, inbound.mismatched])])
+                return
+            pending = self._pulls.pop(job, None)  # a pull of ours, answered
+            if pending is not None and not pending.done():
+                pending.set_result(None)
+
+        if gate is None or via is None or not gate(via[0], via[1], nbytes, complete):
+            complete()
+
+
+def _via(fields: list[Any]) -> tuple[int, int] | None:
+    """A data header's optional ``rx, lane`` (None when absent), checked."""
+    if not fields:
+        return None
+    rx, lane = fields
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rx, lane)) or rx < 0 or not 0 <= lane < 16:
+        raise ValueError(f"bad receiving port and lane {fields!r}")
+    return rx, lane
