@@ -292,12 +292,12 @@ def test_a_fault_works_live_through_the_data_plane(tmp_path: Path, placement_kin
 
 @pytest.mark.parametrize("placement_kind", ["groups", "single"])
 def test_an_engine_crash_works_live(tmp_path: Path, placement_kind: str) -> None:
-    # Decode node 1's engines crash at 0.5 s and are back 1 s later, in a live run (each group its own process,
+    # Decode node 1's engines crash at 2 s (mid-run: they hold requests then) and are back 1 s later, in a live run (each group its own process,
     # or one process): what they held is dispatched again, and every request ends once, every pool empty and
     # every byte accounted (collect raises otherwise).
     from dualpath_emu.cluster.faults import Fault, FaultPlan
 
-    config = dataclasses.replace(small_config(), faults=FaultPlan((Fault("crash", "de1", 0.5, restart_s=1.0),)))
+    config = dataclasses.replace(small_config(), faults=FaultPlan((Fault("crash", "de1", 2.0, restart_s=1.0),)))
     result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE,
                       placement_kind=placement_kind)  # fmt: skip
     assert result.turns == sum(len(t) for t in work()) and result.lost_requests == 0

@@ -160,7 +160,21 @@ def test_the_parts_of_a_run_split_over_processes_merge_into_its_metrics() -> Non
 
 def test_two_parts_that_disagree_on_a_time_are_refused() -> None:
     a, b = Metrics(), Metrics()
-    a.read_start(0, 5)
-    b.read_start(0, 6)
-    with pytest.raises(ValueError, match="request 0: read_start_ns"):
+    a.scheduled_pe(0, 5)
+    b.scheduled_pe(0, 6)
+    with pytest.raises(ValueError, match="request 0: scheduled_pe_ns"):
         Metrics.merge([a, b])
+
+
+def test_a_request_dispatched_again_keeps_its_last_read_and_first_prefill_across_processes() -> None:
+    # Lost to a crash, a request may read its hit on another node's group and prefill in another group: the
+    # merge keeps what one process keeps (the last read, the first prefill start).
+    a, b = Metrics(), Metrics()
+    a.read_start(0, 5)
+    a.read_done(0, 7)
+    a.prefill_start(0, 8)
+    b.read_start(0, 20)
+    b.read_done(0, 25)
+    b.prefill_start(0, 26)
+    merged = Metrics.merge([a, b])
+    assert (merged.read_start_ns[0], merged.read_done_ns[0], merged.prefill_start_ns[0]) == (20, 25, 8)

@@ -171,6 +171,8 @@ hit_block_aligned = false
 de_hbm_reserve_fraction = 0.2
 pe_hbm_reserve_fraction = 0.2
 pipeline_stages = 6
+max_redispatches = 5
+read_timeout_s = 12.5
 [[faults]]
 kind = "degrade"
 target = "n0.snic"
