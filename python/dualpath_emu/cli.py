@@ -198,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "'dataplane', 'client', 'scheduler') on HOST; the rest on --host (repeat for several)")
     live.add_argument("--port-base", type=int, default=47_100, metavar="PORT",
                       help="--prepare: the data plane listens on PORT, the other processes on the next ports")
+    live.add_argument("--restart-crashed", action="store_true",
+                      help="realtime: an engine group's process (a prefill group peN, a decode node's engines deN) "
+                           "that dies before the run is complete is started again in its place (at most 3 times "
+                           "each) and the run goes on, its work dispatched again; recorded with --prepare. Without "
+                           "it, or when the client, the scheduler or the data plane dies, the run ends")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     sweep = commands.add_parser(

@@ -15,6 +15,15 @@ and the scheduler together, every prefill group in one process, every decode gro
 processes the actors share nothing: each process keeps its own metrics, ledger and event log, written when
 it stops (:meth:`ClusterApplication.write_part`); the data-plane service writes the core's report
 (:meth:`ClusterApplication.service_report`); :func:`collect` merges and checks them all.
+
+**A process that dies** (``restart_crashed``, ``dualpath-emu run --restart-crashed``): an engine group's process
+(:func:`restartable`) is started again in its place by the launcher, and its engine groups start as
+``restarted`` (they tell the scheduler, which dispatches again what it had sent the dead one). :func:`collect`
+reads every incarnation's files: what each dead one observed (its event log, written as it went, cut where it
+died) counts; its metrics and ledger died with it, so the bytes check counts, for it, what the data-plane
+service tallied it asked for (``replaced`` in the service's report). An end the dead one observed but never
+told anyone of (it died between the two) is void when the scheduler dispatched the request again afterwards.
+``restarts`` in the result says which processes were restarted and when.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, che
 from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
-from dualpath_emu.cluster.observations import parse as parse_observation
+from dualpath_emu.cluster.observations import Ended, Redispatched, parse as parse_observation
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, Progress, SystemResult, build_result, run_system
 from dualpath_emu.cluster.roofline import RooflineParams
@@ -64,10 +73,16 @@ from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.engine_actor import EngineActor
-from dualpath_emu.runtime.launcher import OWNER_FILE
-from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
+from dualpath_emu.runtime.launcher import OWNER_FILE, RESTARTS_SUFFIX
+from dualpath_emu.runtime.eventlog import EventLogWriter, read_events
 from dualpath_emu.runtime.lag import LagStats
-from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunDescription, RunScenario, load_run_scenario
+from dualpath_emu.runtime.scenario import (
+    DATAPLANE_PROCESS,
+    RunDescription,
+    RunScenario,
+    incarnation_stem,
+    load_run_scenario,
+)
 from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.workload.trajectory import Trajectory, read_trajectories, write_trajectories
 from dualpath_emu.workload.waits import ToolWait
@@ -397,12 +412,33 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
     raise ValueError(f"placement: expected one of {', '.join(PLACEMENTS)}, got {kind!r}")
 
 
+def restartable(processes: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    """The processes of a placement that ``--restart-crashed`` starts again if they die: those that host only
+    engine groups (``pe0``, ``de2``; a placement's ``prefill`` and ``decode``). The client's, the scheduler's
+    (with the fault injector) and the data plane hold the run's state: their death ends the run."""
+    return [name for name, actors in processes
+            if actors and all(a.startswith(("pe", "de")) and a[2:].isdigit() for a in actors)]  # fmt: skip
+
+
+def _check_restart(backend: str, processes: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    from dualpath_emu.errors import UsageError
+
+    if backend == "host":
+        raise UsageError("--restart-crashed: the host backend's processes own real bytes (files, channels) that a "
+                         "restarted process could not take over; use the model backend")  # fmt: skip
+    names = restartable(processes)
+    if not names:
+        raise UsageError("--restart-crashed: this placement has no process of engine groups alone to start again "
+                         "(placement single: one process, the run's own); use groups or roles")  # fmt: skip
+    return names
+
+
 def run_scenario_text(
     *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
     processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
     endpoints: Mapping[str, str] | None = None, dataplane_endpoint: str | None = None,
     backend: str = "model", byte_scale: float = DEFAULT_BYTE_SCALE, storage_dir: str = "", transfer_engine: str = "zmq",
-    data_endpoints: Mapping[str, str] | None = None,
+    data_endpoints: Mapping[str, str] | None = None, restart_crashed: Sequence[str] = (),
 ) -> str:
     """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`.
     ``endpoints`` (process name -> endpoint) and ``dataplane_endpoint`` fix where processes bind (a run
@@ -413,7 +449,8 @@ def run_scenario_text(
     lines = [
         'app = "cluster"', f"seed = {seed}", 'mode = "realtime"', "latency_s = 0.0", f"time_scale = {time_scale!r}",
         f"transport = {q(transport)}", f"host = {q(host)}", f"timeout_s = {timeout_s!r}", f"backend = {q(backend)}",
-        *([f"dataplane_endpoint = {q(dataplane_endpoint)}"] if dataplane_endpoint else []), "",
+        *([f"dataplane_endpoint = {q(dataplane_endpoint)}"] if dataplane_endpoint else []),
+        *(["restart_crashed = [" + ", ".join(q(n) for n in restart_crashed) + "]"] if restart_crashed else []), "",
         "[cluster]", f"description = {q(DESCRIPTION)}", f"metrics_port = {metrics_port}",
         *([f"byte_scale = {byte_scale!r}", f"storage_dir = {q(storage_dir)}", f"transfer_engine = {q(transfer_engine)}"]
           if backend == "host" else []), "",
@@ -439,13 +476,20 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     app = run.app
     assert isinstance(app, ClusterApplication)
     processes = [p.name for p in run.processes]
+    last = {name: last_incarnation(run_dir, name) for name in processes}
     parts, booked, transfers = [], Counter[tuple[int, int]](), Counter[tuple[int, int]]()
     for name in processes:
-        metrics, by_port, counts = read_part(run_dir / f"{name}.part")
+        metrics, by_port, counts = read_part(run_dir / f"{incarnation_stem(name, last[name])}.part")
         if metrics is not None:
             parts.append(metrics)
         booked.update(by_port)
         transfers.update(counts)
+    if any(last.values()):  # what each dead incarnation asked the core to move, as the data plane tallied it
+        service = json.loads((run_dir / f"{DATAPLANE_PROCESS}.json").read_text())
+        for replaced in service["report"].get("replaced", []):
+            for port, lane, size, count in replaced["booked"]:
+                booked[(port, lane)] += size
+                transfers[(port, lane)] += count
     merged = Metrics.merge(parts)
     host: dict[str, Any] | None = None
     if run.backend == "host":
@@ -457,7 +501,10 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     if lost:
         raise LostRequestsError(f"{system}: {len(lost)} admitted request(s) never ended, e.g. {lost[:5]}")
     checker, writer = EventLogChecker(), EventLogWriter()
-    events = _merged_events([run_dir / f"{name}.events" for name in processes])
+    logs = [(run_dir / f"{incarnation_stem(name, i)}.events", i < last[name]) for name in processes
+            for i in range(last[name] + 1)]  # fmt: skip
+    logs = [(log, dead) for log, dead in logs if not dead or log.exists()]  # (one that died at once wrote none)
+    events, voided = _merged_events([log for log, _ in logs], {i for i, (_, dead) in enumerate(logs) if dead})
     checker.feed(events, 0)
     writer.write_numbered(events, 0)
     violations = checker.finish() + check_core_bytes(report, booked, transfers)
@@ -466,13 +513,16 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     if violations:
         raise InvariantError(f"{system}: " + "; ".join(violations))
     end_ns = max((t for t in merged.done_ns if t >= 0), default=0)
-    driver = json.loads((run_dir / f"{run.driver_process.name}.json").read_text())
+    driver = json.loads((run_dir / f"{run.driver_process.name}.json").read_text())  # (never restarted)
     start_ns = int((driver.get("summary") or {}).get("start_ns", min(merged.arrive_ns, default=0)))
     result = build_result(system, report, merged, app.config, app.topology, app.agents, writer.sha256(), wall_s,
                           len(events), end_ns, start_ns)  # fmt: skip
     result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
-    result.extra.update(_timeliness(run_dir, processes))
+    result.extra.update(_timeliness(run_dir, processes, last))
+    if any(last.values()):
+        result.extra["restarts"] = _restarts(run_dir, processes, last, start_ns)
+        result.extra["ends_lost_with_restart"] = voided
     if app.config.faults.any:
         windows = fault_windows([(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"])
         done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
@@ -556,7 +606,47 @@ def _real_bytes_by_kind(measured: Mapping[str, PathStats]) -> dict[str, int]:
     return dict(out)
 
 
-def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
+def last_incarnation(run_dir: Path, name: str) -> int:
+    """The last incarnation of process ``name`` whose files are in ``run_dir``: 0, or N when it was started
+    again N times in place of one that died (its files ``<name>.N.*``; every one that started left an event
+    log, its output or its results)."""
+    last = 0
+    for n in range(1, 1 << 16):
+        stem = incarnation_stem(name, n)
+        if not any((run_dir / f"{stem}{suffix}").exists() for suffix in (".events", ".json", ".out")):
+            break
+        last = n
+    return last
+
+
+def _restarts(run_dir: Path, processes: Sequence[str], last: Mapping[str, int], start_ns: int) -> list[dict[str, Any]]:
+    """Which processes were started again in place of one that died, and when: the launcher's record (how the
+    dead one ended, wall seconds from the launch) with the emulated time, from the run's start, of the dead
+    one's last event and of the new one's first."""
+    out = []
+    for name in processes:
+        if not last[name]:
+            continue
+        records = {}
+        path = run_dir / f"{name}{RESTARTS_SUFFIX}"
+        if path.exists():  # (a run started by hand whose launcher's record was not gathered has none)
+            records = {r["incarnation"]: r for r in json.loads(path.read_text())}
+        for n in range(1, last[name] + 1):
+            dead = list(_events_of(run_dir / f"{incarnation_stem(name, n - 1)}.events"))
+            new = _events_of(run_dir / f"{incarnation_stem(name, n)}.events")
+            first = next(iter(new), None)
+            out.append({"process": name, "incarnation": n, **{k: v for k, v in records.get(n, {}).items()
+                                                                if k not in ("process", "incarnation")},
+                        "dead_last_event_s": (dead[-1].t_ns - start_ns) / 1e9 if dead else None,
+                        "restarted_s": (first.t_ns - start_ns) / 1e9 if first is not None else None})  # fmt: skip
+    return out
+
+
+def _events_of(path: Path) -> list[Any]:
+    return list(read_events(path)) if path.exists() else []
+
+
+def _timeliness(run_dir: Path, processes: Sequence[str], last: Mapping[str, int] | None = None) -> dict[str, Any]:
     """How close to its model the run kept: the delivery lag of every completion (all processes merged),
     the data plane's submission lag, the clock handshakes' round trips and offset bounds, and each process's
     CPU time (the one near its wall time is the run's bottleneck)."""
@@ -569,7 +659,7 @@ def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
     rtt, uncertainty, drift = [], [], []
     cpu_s: dict[str, float] = {}
     for name in processes:
-        data = json.loads((run_dir / f"{name}.json").read_text())
+        data = json.loads((run_dir / f"{incarnation_stem(name, (last or {}).get(name, 0))}.json").read_text())
         delivery.merge(LagStats.from_wire(data["delivery_lag"]))
         if "cpu_s" in data:  # (a run directory written before processes reported it has none)
             cpu_s[name] = data["cpu_s"]
@@ -591,17 +681,40 @@ def _timeliness(run_dir: Path, processes: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _merged_events(logs: Sequence[Path]) -> list[tuple[int, int, str, str, str]]:
+_ENDED_KIND: Final = Ended(0).kind
+_REDISPATCH_KIND: Final = Redispatched(0, 0, "").kind
+
+
+def _merged_events(
+    logs: Sequence[Path], dead: frozenset[int] | set[int] = frozenset()
+) -> tuple[list[tuple[int, int, str, str, str]], int]:
     """Every process's events in one stream: by time, then by process (in placement order), then by its
-    own order."""
+    own order; and how many ends were void. ``dead``: the indices of the logs of processes that died (their
+    last line may be cut: skipped). An end such a process observed is void when its request was dispatched
+    again after it: the process died before it told anyone (the scheduler took the request for lost)."""
     keyed: list[tuple[int, int, int, str, str, str]] = []
     for index, log in enumerate(logs):
-        with open(log, encoding="utf-8") as file:
-            for line in file:
-                t, seq, actor, kind, summary = parse_line(line)
-                keyed.append((t, index, seq, actor, kind, summary))
+        for t, seq, actor, kind, summary in read_events(log):
+            keyed.append((t, index, seq, actor, kind, summary))
     keyed.sort(key=lambda e: (e[0], e[1], e[2]))
-    return [(t, i, actor, kind, summary) for i, (t, _, _, actor, kind, summary) in enumerate(keyed)]
+    voided = 0
+    if dead:
+        again: set[int] = set()  # requests dispatched again later than the line at hand
+        void: set[int] = set()
+        for position in range(len(keyed) - 1, -1, -1):
+            _, index, _, _, kind, summary = keyed[position]
+            if kind == _REDISPATCH_KIND:
+                record = parse_observation(kind, summary)
+                assert isinstance(record, Redispatched)
+                again.add(record.rid)
+            elif kind == _ENDED_KIND and index in dead:
+                ended = parse_observation(kind, summary)
+                assert isinstance(ended, Ended)
+                if ended.rid in again:
+                    void.add(position)
+        keyed = [e for position, e in enumerate(keyed) if position not in void]
+        voided = len(void)
+    return [(t, i, actor, kind, summary) for i, (t, _, _, actor, kind, summary) in enumerate(keyed)], voided
 
 
 def run_live(
@@ -623,6 +736,7 @@ def run_live(
     storage_dir: str = "",
     transfer_engine: str = "zmq",
     progress: Callable[[Progress], None] | None = None,
+    restart_crashed: bool = False,
 ) -> SystemResult:
     """Run ``system`` on ``config`` with ``trajectories`` live: write the run's description into ``run_dir``
     (user-only), start its processes, wait for them, then merge and check their parts (:func:`collect`).
@@ -631,9 +745,13 @@ def run_live(
     pid)`` is called as each process starts. ``backend="host"`` moves real bytes (:mod:`dualpath_emu.host`):
     ``byte_scale`` real bytes per modelled byte, KV blocks in ``storage_dir`` (default: the run directory's
     ``storage``, removed at the end). ``progress`` is called a few times a second with how far the run is (what
-    the client's process last wrote to ``progress.json``). Raises :class:`~dualpath_emu.runtime.launcher.LaunchError`
-    if a process fails or stops answering."""
+    the client's process last wrote to ``progress.json``). ``restart_crashed``: an engine group's process that
+    dies is started again in its place (:func:`restartable`; see the module). Raises
+    :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
     from dualpath_emu.runtime.launcher import launch, mark_owner, sweep_orphans
+
+    processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
+    restart = _check_restart(backend, processes) if restart_crashed else []
 
     given = storage_dir
     storage_dir = run_storage(storage_dir)
@@ -651,8 +769,8 @@ def run_live(
         mark_owner(blocks)
     text = run_scenario_text(
         seed=seed, time_scale=time_scale, transport=transport, host=host, timeout_s=timeout_s,
-        processes=placement(ClusterApplication.actor_names_of(config), placement_kind), metrics_port=metrics_port,
-        backend=backend, byte_scale=byte_scale, storage_dir=storage_dir, transfer_engine=transfer_engine,
+        processes=processes, metrics_port=metrics_port, backend=backend, byte_scale=byte_scale,
+        storage_dir=storage_dir, transfer_engine=transfer_engine, restart_crashed=restart,
     )  # fmt: skip
     path = run_dir / RUN_SCENARIO
     _write_private(path, text.encode())
@@ -777,6 +895,7 @@ def prepare_live(
     byte_scale: float = DEFAULT_BYTE_SCALE,
     storage_dir: str = "",
     transfer_engine: str = "zmq",
+    restart_crashed: bool = False,
 ) -> list[tuple[str, str, str]]:
     """Write a live run to be started by hand, on one host or several: the description, the run scenario
     with every process's tcp endpoint (its host by :func:`host_of`, ports from ``port_base``: the data plane's
@@ -785,7 +904,8 @@ def prepare_live(
     commands there, then gather every host's ``*.part``, ``*.events`` and ``*.json`` files into one copy and
     run ``dualpath-emu collect DIR``. On the host backend (``backend="host"``) there is no data plane: each
     process also gets a byte channel endpoint (ports from ``port_base + 50``), and ``storage_dir`` must be a
-    directory every host mounts (the KV blocks one host writes, another reads)."""
+    directory every host mounts (the KV blocks one host writes, another reads). ``restart_crashed`` is written
+    into the run (``launch --only`` then starts an engine group's process again if it dies)."""
     from dualpath_emu.runtime.launcher import prepare
     host = backend == "host"
     if host and not storage_dir:
@@ -794,6 +914,7 @@ def prepare_live(
     storage_dir = run_storage(storage_dir)
     _write_description(run_dir, config, system, trajectories, seed)
     processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
+    restart = _check_restart(backend, processes) if restart_crashed else []
     names = ([] if host else [DATAPLANE_PROCESS]) + [name for name, _ in processes]
     endpoints = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + i}" for i, name in enumerate(names)}
     data = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + 50 + i}" for i, name in enumerate(names)}
@@ -801,7 +922,7 @@ def prepare_live(
         seed=seed, time_scale=time_scale, transport="tcp", host=default_host, timeout_s=timeout_s,
         processes=processes, endpoints=endpoints, dataplane_endpoint=None if host else endpoints[DATAPLANE_PROCESS],
         backend=backend, byte_scale=byte_scale, storage_dir=storage_dir, transfer_engine=transfer_engine,
-        data_endpoints=data if host else None,
+        data_endpoints=data if host else None, restart_crashed=restart,
     )  # fmt: skip
     _write_private(run_dir / RUN_SCENARIO, text.encode())
     commands = prepare(load_run_scenario(run_dir / RUN_SCENARIO), run_dir)
@@ -834,11 +955,12 @@ def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
     if not isinstance(app, ClusterApplication):
         raise ScenarioError(f"{run_dir / RUN_SCENARIO}: not a live cluster run (app {app.name!r})")
     names = [p.name for p in run.processes]
-    missing = [n for n in names if not (run_dir / f"{n}.part").exists() or not (run_dir / f"{n}.json").exists()]
+    stems = [incarnation_stem(n, last_incarnation(run_dir, n)) for n in names]
+    missing = [n for n in stems if not (run_dir / f"{n}.part").exists() or not (run_dir / f"{n}.json").exists()]
     if missing:
         raise ScenarioError(f"{run_dir}: no part of process(es) {', '.join(missing)} (gather every host's *.part, "
                             "*.events and *.json files here)")  # fmt: skip
-    wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in names)
+    wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in stems)
     result, _ = collect(run, run_dir, wall_s)
     service: dict[str, list[str]] = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
     result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",

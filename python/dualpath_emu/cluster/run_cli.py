@@ -119,6 +119,8 @@ def run_command(args: argparse.Namespace) -> int:
         return _run_replicates(args, scenario, console, show_progress, out)
     if args.mode != "realtime" and (args.prepare is not None or args.process_host or args.metrics_port is not None):
         raise UsageError("--prepare, --process-host and --metrics-port are for live runs: add --mode realtime")
+    if args.mode != "realtime" and getattr(args, "restart_crashed", False):
+        raise UsageError("--restart-crashed starts a live run's dead processes again: add --mode realtime")
     if args.mode == "realtime":
         from dualpath_emu.runtime.launcher import LaunchInterrupted
 
@@ -340,6 +342,7 @@ def _run_live_system(
             timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
             backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
             transfer_engine=scenario.transfer_engine, progress=progress,
+            restart_crashed=getattr(args, "restart_crashed", False),
         )  # fmt: skip
     except LaunchInterrupted:
         raise  # Ctrl-C or a signal: the command ends with 130, not as a failed run
@@ -349,7 +352,14 @@ def _run_live_system(
             raise UsageError(f"{name}: the run directory {run_dir} is full ({shutil.disk_usage(run_dir).free:,} "
                              "bytes left): the run stopped; free space and run it again") from None  # fmt: skip
         # Every process's output, event log and part stay in the run directory for a post-mortem.
-        raise LiveRunFailed(f"{name}: {error}\nthe run's logs are in {run_dir}") from None
+        hint = ""
+        if isinstance(error, LaunchError) and error.died is not None and not getattr(args, "restart_crashed", False):
+            from dualpath_emu.cluster.live import ClusterApplication, placement, restartable
+
+            processes = placement(ClusterApplication.actor_names_of(scenario.config), args.placement)
+            if error.died in restartable(processes):
+                hint = "\n(--restart-crashed would have started it again in its place, and the run gone on)"
+        raise LiveRunFailed(f"{name}: {error}{hint}\nthe run's logs are in {run_dir}") from None
     except OSError as error:  # the run directory filled up or went read-only under the launcher
         full = disk_error(error)
         if full is None:
@@ -382,6 +392,7 @@ def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: 
         time_scale=args.time_scale, placement_kind=args.placement, hosts=hosts, default_host=args.host,
         port_base=args.port_base, timeout_s=args.timeout, backend=scenario.backend, byte_scale=scenario.byte_scale,
         storage_dir=scenario.storage_dir, transfer_engine=scenario.transfer_engine,
+        restart_crashed=getattr(args, "restart_crashed", False),
     )  # fmt: skip
     console.print(f"wrote the live run of {name} to {args.prepare}. Copy it to every host, at the same path (scp -rp "
                   "keeps the modes the keys need); on each host run its command, in this order; then gather every "

@@ -76,7 +76,8 @@ an ``ipc://`` socket's directory must be private to the user
 ==========  =========  =====================================================================================
 direction   kind       fields after ``kind``
 ==========  =========  =====================================================================================
-to service  hello      ``name: str, pid: int, time_scale: float``
+to service  hello      ``name: str, pid: int, time_scale: float[, incarnation: int]`` (``incarnation``: 0 if
+                       left out; see Restarted processes)
 to remote   welcome    ``service: str, clock_ns: int, time_scale: float, layout: {"ports": {name: id},
                        "storage_nodes": {name: id}}, heartbeat_interval_s: float, heartbeat_timeout_s: float``
 to remote   refused    ``reason: str`` (unknown or duplicate name, other time scale)
@@ -105,6 +106,20 @@ to remote   bye        ``seq: int``
 to remote   stop       ``reason: str`` (the run is complete: stop the actors, then say bye)
 to remote   fatal      ``reason: str`` (the service is failing)
 ==========  =========  =====================================================================================
+
+**Restarted processes (issue 26).** A service given ``replaceable`` names (a live run's ``restart_crashed``)
+lets a process of such a name that died be replaced: a hello under a name that is connected, with a higher
+``incarnation`` than the connected one's, replaces it. The dead one's decode nodes drop every request
+(``Core.decode_reset``), what the core completes for it afterwards is dropped (counted in
+``completions_dropped``: not sent to the new one, not an error), frames from its connection are rejected, and
+the end of the run waits for the new one's bye. A replaceable requester the service cannot reach any more (its
+connection is gone: ZeroMQ's ``EHOSTUNREACH``) is taken for dead at once (its decode nodes reset, nothing
+more sent to it); one silent for ``heartbeat_timeout_s`` is waited for ``connect_timeout_s`` more before the
+run fails (its process is being started again). What each replaceable requester asked the core to move is
+tallied per ``(port, lane)`` (as a process's ledger books it: its transfers, its forward passes' per-layer
+transfers, its storage I/Os and its decode nodes' own traffic), and :meth:`DataPlaneService.report` gives, in
+``replaced``, each replaced incarnation's tally: the bytes check of the run counts it for the ledger the dead
+process never wrote.
 
 The service checks every field of every frame it receives (types, ranges, lengths, known kinds, tags
 not already in flight for that requester, a hello before anything else); a frame that fails is rejected
@@ -552,6 +567,13 @@ class _Requester:
     refused: int = 0
     said_bye: bool = False
     touched: bool = False
+    incarnation: int = 0
+    gone: bool = False
+    """It died (replaced, or unreachable): nothing more is sent to it."""
+    booked: dict[tuple[tuple[int, ...], int], list[int]] | None = None
+    """A replaceable requester's tally: ``[bytes, transfers]`` per ``(path, lane)`` it asked the core to move."""
+    decode_specs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """A replaceable requester's decode nodes' specs (their paths: what they move on their own), by core id."""
 
 
 class ServiceCore(WallClockCore):
@@ -577,7 +599,9 @@ class DataPlaneService:
     ``requesters`` names every process expected to connect (``None``: any name; the service is then drained
     once every process that connected said bye). ``keys`` (with ``start_authenticator``, by default the one of
     :mod:`dualpath_emu.runtime.security`) make it a CURVE server; without them ``insecure`` allows ``tcp://``
-    (see the wire format). The heartbeat parameters are wall seconds.
+    (see the wire format). The heartbeat parameters are wall seconds. ``replaceable`` names the processes that
+    may die and be replaced by a later incarnation, ``storage_paths`` every storage node's (core id) read and
+    write ports (for their tallies; see Restarted processes in the module).
     """
 
     def __init__(
@@ -593,6 +617,8 @@ class DataPlaneService:
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        replaceable: Iterable[str] = (),
+        storage_paths: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
     ) -> None:
         if plane._service is not None:
             raise ValueError("this core already has a data-plane service")
@@ -637,6 +663,11 @@ class DataPlaneService:
         self.failure: DataPlaneError | None = None
         self.run_complete_by: str | None = None
         """The requester that said its run is complete (then every other one was told to stop)."""
+        self.replaceable = frozenset(replaceable)
+        """Names whose process may die and be replaced by a later incarnation (see Restarted processes)."""
+        self._storage_paths = dict(storage_paths or {})
+        """Storage node (core id) -> the ports of its reads and of its writes, for the tallies."""
+        self._replaced: list[_Requester] = []
         plane._service = self
 
     @property
@@ -801,18 +832,24 @@ class DataPlaneService:
             self._check_drained()
 
     def _on_hello(self, identity: bytes, requester: _Requester | None, message: list[Any]) -> None:
-        _array(message, "hello", 5, 5)
+        if type(message) is list and len(message) == 5:
+            message = [*message, 0]
+        _array(message, "hello", 6, 6)
         name = _str(message[2], "hello.name")
         pid = _uint(message[3], "hello.pid", _U32_MAX)
         time_scale = _float(message[4], "hello.time_scale")
+        incarnation = _uint(message[5], "hello.incarnation", _U32_MAX)
         reason = None
+        old = self._by_name.get(name)
+        # (One that said bye may have died before it wrote its results: the new one's replace them, its tally counts.)
+        replaces = old is not None and name in self.replaceable and incarnation > old.incarnation
         if requester is not None:
             reason = f"this connection already said hello as {requester.name!r}"
         elif not name:
             reason = "an empty name"
         elif self.expected is not None and name not in self.expected:
             reason = f"no process {name!r} is expected (expected: {', '.join(self.expected)})"
-        elif name in self._by_name and not self._by_name[name].said_bye:
+        elif old is not None and not old.said_bye and not replaces:
             reason = f"a process named {name!r} is already connected"
         elif not math.isclose(time_scale, self.plane.time_scale, rel_tol=1e-12):
             reason = f"time_scale {time_scale} differs from the data plane's {self.plane.time_scale}"
@@ -820,7 +857,12 @@ class DataPlaneService:
             self._reject(f"hello refused: {reason}")
             self._send(identity, [PROTOCOL_VERSION, "refused", reason])
             return
-        requester = _Requester(name, identity, pid, time.monotonic())
+        if replaces:
+            assert old is not None
+            self._replace(old, incarnation, pid)
+        requester = _Requester(name, identity, pid, time.monotonic(), incarnation=incarnation)
+        if name in self.replaceable:
+            requester.booked = {}
         self._requesters[identity] = requester
         self._by_name[name] = requester
         layout = {"ports": dict(self._layout.ports), "storage_nodes": dict(self._layout.storage_nodes)}
@@ -831,6 +873,25 @@ class DataPlaneService:
         if self.run_complete_by is not None:  # late: the run is over already
             self._send(identity, [PROTOCOL_VERSION, "stop", f"{self.run_complete_by!r} completed the run"])
         _log.info("data plane: %r (pid %d) connected", name, pid)
+
+    def _gone(self, requester: _Requester, why: str) -> None:
+        """Replaceable ``requester``'s process died: its decode nodes drop every request, nothing more is sent to
+        it (what the core completes for it is dropped)."""
+        if requester.gone:
+            return
+        requester.gone = True
+        for node in requester.decode_nodes.values():
+            self.core.decode_reset(node)
+        _log.warning("data plane: process %r (pid %d, incarnation %d) %s: its work is dropped; waiting for the "
+                     "process started in its place", requester.name, requester.pid, requester.incarnation, why)
+
+    def _replace(self, old: _Requester, incarnation: int, pid: int) -> None:
+        """A new incarnation (pid ``pid``) of ``old``'s process said hello: ``old`` is dead (see Restarted
+        processes in the module)."""
+        self._gone(old, f"is replaced by incarnation {incarnation} (pid {pid})")
+        self._requesters.pop(old.identity, None)  # its connection's frames are rejected from now on
+        self._replaced.append(old)
+        self.counters["replaced"] = self.counters.get("replaced", 0) + 1
 
     def _on_fault(self, requester: _Requester, message: list[Any]) -> None:
         """``[version, "fault", seq, port, "factor" | "latency", value]``: a fault changes a port from now on
@@ -887,6 +948,8 @@ class DataPlaneService:
         count = len(transfers) + len(forwards) + len(ios) + len(timers) + len(nodes) + len(joins)
         requester.requests += count
         self.counters["requests"] += count
+        if requester.booked is not None:
+            self._tally(requester.booked, transfers, forwards, ios)
         core = self.core
         if transfers:
             self._submit(requester, core.submit_transfers, transfers, 3)
@@ -901,6 +964,63 @@ class DataPlaneService:
         if joins:
             self._join(requester, joins)
 
+    def _tally(
+        self, booked: dict[tuple[tuple[int, ...], int], list[int]], transfers: list[Any], forwards: list[Any],
+        ios: list[Any],
+    ) -> None:  # fmt: skip
+        """Book what a replaceable requester asked for as its ledger does (see Restarted processes)."""
+
+        def book(path: tuple[int, ...], lane: int, size: int, count: int) -> None:
+            tally = booked.get((path, lane))
+            if tally is None:
+                booked[(path, lane)] = [size, count]
+            else:
+                tally[0] += size
+                tally[1] += count
+
+        for path, lane, size, _ in transfers:
+            book(path, lane, size, 1)
+        for n_layers, ranks, _, collectives, _, _ in forwards:
+            for load, _, store in ranks:
+                for hop in (load, store):
+                    if hop is not None:
+                        book(hop[0], hop[1], hop[2] * n_layers, n_layers)
+            for path, lane, size in collectives:
+                book(path, lane, size * n_layers, n_layers)
+        for node, kind, lane, size, _ in ios:
+            paths = self._storage_paths.get(node)
+            if paths is not None:
+                book(paths[0] if kind == "read" else paths[1], lane, size, 1)
+
+    def _tallied(self, requester: _Requester) -> list[list[int]]:
+        """``requester``'s tally per port: ``[port, lane, bytes, transfers]``, its decode nodes' own traffic
+        included (``Core.decode_bytes``, as its ledger books it)."""
+        booked: dict[tuple[tuple[int, ...], int], list[int]] = {k: list(v) for k, v in (requester.booked or {}).items()}
+
+        def book(path: tuple[int, ...], lane: int, size: int, count: int) -> None:
+            tally = booked.setdefault((path, lane), [0, 0])
+            tally[0] += size
+            tally[1] += count
+
+        for node, spec in requester.decode_specs.items():
+            moved: dict[str, Any] = self.core.decode_bytes(node)
+            for kind, paths, lane in (("d2h", spec.get("d2h_paths", ()), spec.get("kv_lane", 0)),
+                                      ("a2a", spec.get("a2a_paths", ()), spec.get("a2a_lane", 0))):  # fmt: skip
+                for path, (moved_bytes, moved_count) in zip(paths, moved[kind]):
+                    if moved_count:
+                        book(tuple(path), lane, moved_bytes, moved_count)
+            written_bytes, written_count = moved["written"]
+            storage = spec.get("storage_node")
+            if written_count and storage is not None and storage in self._storage_paths:
+                book(self._storage_paths[storage][1], spec.get("kv_lane", 0), written_bytes, written_count)
+        ports: dict[tuple[int, int], list[int]] = {}
+        for (path, lane), (size, count) in booked.items():
+            for port in path:
+                tally = ports.setdefault((port, lane), [0, 0])
+                tally[0] += size
+                tally[1] += count
+        return [[port, lane, size, count] for (port, lane), (size, count) in sorted(ports.items())]
+
     def _add_decode_node(self, requester: _Requester, tag: int, spec: dict[str, Any]) -> None:
         core_tag = self.plane.new_tag()
         try:
@@ -910,6 +1030,8 @@ class DataPlaneService:
             return
         requester.decode_nodes[tag] = node
         self._decode_routes[core_tag] = (requester, tag, node)
+        if requester.booked is not None:
+            requester.decode_specs[node] = spec
 
     def _join(self, requester: _Requester, joins: list[tuple[int, ...]]) -> None:
         nodes, known = requester.decode_nodes, []
@@ -991,7 +1113,7 @@ class DataPlaneService:
             requester.touched = False
             completions, errors, decoded = requester.completions, requester.errors, requester.decoded
             requester.completions, requester.errors, requester.decoded = [], [], []
-            if requester.said_bye:
+            if requester.said_bye or requester.gone:
                 self.counters["completions_dropped"] += len(completions)
                 continue
             sent_ns = self.core.clock_ns()
@@ -1048,7 +1170,11 @@ class DataPlaneService:
             return False
         except zmq.ZMQError as error:  # EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
             self.counters["send_failures"] += 1
-            _log.warning("data plane: a send failed: %s", error)
+            requester = self._requesters.get(frames[0])
+            if requester is not None and requester.name in self.replaceable:
+                self._gone(requester, "is unreachable (its process died)")
+            else:
+                _log.warning("data plane: a send failed: %s", error)
         finally:
             # The socket's descriptor is edge-triggered and a send may consume the edge that was to wake the
             # reader: look again at the next iteration (once, after every send of this one).
@@ -1075,6 +1201,11 @@ class DataPlaneService:
         now = time.monotonic()
         for requester in self._requesters.values():
             silent = now - requester.last_heard_s
+            if requester.name in self.replaceable and not requester.said_bye and silent > self.heartbeat_timeout_s:
+                # Its process died, or hangs (then its launcher ends the run): wait for the one started in its place.
+                self._gone(requester, f"has not been heard from for {silent:.1f} s")
+                if silent <= self.heartbeat_timeout_s + self.connect_timeout_s:
+                    continue
             if not requester.said_bye and silent > self.heartbeat_timeout_s:
                 self._fail(RequesterLost(
                     f"data plane: process {requester.name!r} (pid {requester.pid}) has not been heard from for "
@@ -1095,7 +1226,7 @@ class DataPlaneService:
         _log.error("%s", error)
         self.failure = error
         for requester in self._requesters.values():
-            if not requester.said_bye:
+            if not requester.said_bye and not requester.gone:
                 self._send(requester.identity, [PROTOCOL_VERSION, "fatal", str(error)])
         if self._done is not None and not self._done.done():
             self._done.set_exception(error)
@@ -1141,10 +1272,17 @@ class DataPlaneService:
                 r.name: {
                     "pid": r.pid, "batches": r.batches, "requests": r.requests, "completed": r.completed,
                     "refused": r.refused, "in_flight": len(r.inflight), "said_bye": r.said_bye,
+                    "incarnation": r.incarnation,
                     "submission_lag_ns": r.submission_lag.summary(),
                 }
                 for r in self._requesters.values()
             },
+            "replaced": [
+                {"name": r.name, "incarnation": r.incarnation, "pid": r.pid, "batches": r.batches,
+                 "requests": r.requests, "completed": r.completed, "in_flight": len(r.inflight),
+                 "booked": self._tallied(r)}
+                for r in self._replaced
+            ],
             "rejections": list(self.rejections),
             "wall_s": round(time.monotonic() - self._started_s, 3),
         }  # fmt: skip
@@ -1217,7 +1355,8 @@ class RemoteDataPlane(CoreWork):
     it a CURVE client of the process ``peer_name`` (the service's); without them ``insecure`` allows
     ``tcp://``. Then bind it to a loop on its clock (:meth:`new_loop`), run the program through :meth:`run`
     so that a lost data plane ends it, and call :meth:`say_bye` when its actors are done. The heartbeat
-    parameters are wall seconds.
+    parameters are wall seconds. ``incarnation`` > 0: this process was started in place of one that died
+    (see Restarted processes in the module).
     """
 
     def __init__(
@@ -1233,8 +1372,11 @@ class RemoteDataPlane(CoreWork):
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         sync_rounds: int = SYNC_ROUNDS,
+        incarnation: int = 0,
     ) -> None:
         self._heartbeat_handle: asyncio.TimerHandle | None = None
+        self.incarnation = incarnation
+        """Which incarnation of its process this is (said at hello: a later one replaces a dead one)."""
         self._stop_callbacks: list[Callable[[str], None]] = []
         self.stop_reason: str | None = None
         """Why the service asked this process to stop (the run is complete), once it has."""
@@ -1311,11 +1453,17 @@ class RemoteDataPlane(CoreWork):
                         f"no {what} from the data plane at {self.endpoint} within {timeout_s} s: is it running?"
                     )
                 try:
-                    return decode_frame(socket.recv(), _KINDS_TO_REMOTE)
+                    message = decode_frame(socket.recv(), _KINDS_TO_REMOTE)
                 except FrameError as error:
                     self._reject(str(error))
+                    continue
+                if message[1] == "stop" and len(message) == 3 and type(message[2]) is str:
+                    self.stop_reason = self.stop_reason or message[2]  # the run is complete already (a late process)
+                    continue
+                return message
 
-        socket.send(msgpack.packb([PROTOCOL_VERSION, "hello", self.name, os.getpid(), float(self._time_scale)]))
+        hello = [PROTOCOL_VERSION, "hello", self.name, os.getpid(), float(self._time_scale)]
+        socket.send(msgpack.packb(hello + [self.incarnation] if self.incarnation else hello))
         while True:
             message = receive("welcome")
             if message[1] == "refused":

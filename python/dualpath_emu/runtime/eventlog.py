@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.runtime.actors import Event
 
-__all__ = ["EventLogWriter", "event_line", "event_log_sha256", "parse_line", "write_event_log"]
+__all__ = ["EventLogWriter", "event_line", "event_log_sha256", "parse_line", "read_events", "write_event_log"]
 
 _ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\r": "\\r", "\n": "\\n"})
 _UNESCAPES: Final = {"\\": "\\", "t": "\t", "r": "\r", "n": "\n"}
@@ -119,6 +119,12 @@ class EventLogWriter:
         else:
             self._write_text(text, n)
 
+    def flush(self) -> None:
+        """Hand what was written so far to the kernel (a process killed after this keeps those lines; no fsync:
+        a machine that goes down may still lose them)."""
+        if self._file is not None:
+            self._file.flush()
+
     def sha256(self) -> str:
         """The hex digest of everything written so far."""
         return self._hash.hexdigest()
@@ -140,6 +146,17 @@ def write_event_log(events: Iterable[RawEvent], path: Path | None) -> str:
     with EventLogWriter(path) as writer:
         writer.write(events)
         return writer.sha256()
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    """The events of the event log in ``path``. A last line without its newline -- cut off by a process killed
+    while writing it (a live run's process that died, ``restart_crashed``) -- is not an event and is skipped;
+    any other line that is not one raises ``ValueError``."""
+    with open(path, encoding="utf-8", newline="\n") as file:
+        for line in file:
+            if not line.endswith("\n"):
+                return
+            yield parse_line(line)
 
 
 def event_log_sha256(events: Iterable[RawEvent]) -> str:

@@ -17,6 +17,13 @@ in a directory of mode 0700. Then the launcher watches them:
 * **a crashed child** -- any child exits non-zero (or is killed) before that: the run has failed; the
   launcher stops the others and raises :class:`LaunchError` naming the process, how it ended, and the
   last lines of its output;
+* **a restarted child** -- in a run whose scenario names it in ``restart_crashed`` (the cluster: an engine
+  group's process, ``dualpath-emu run --restart-crashed``), a child that dies before the run is complete is
+  started again in its place, with the same command plus ``--incarnation N`` (N = 1, 2, …; its files then
+  carry the suffix ``.N``), at most :data:`MAX_RESTARTS` times per process (then the run fails, saying so).
+  Each restart is said on standard error and recorded in ``<run_dir>/<name>.restarts.json`` (how the dead one
+  ended, when, the new pid). Any other child that dies still ends the run, and the error says it is not one
+  the run restarts;
 * **a hung child** -- every child writes a byte to a pipe (its heartbeat) every 0.25 s from its asyncio
   loop; a child silent for ``hang_timeout_s`` (SIGSTOP, a loop stuck in a callback) fails the run the same
   way, naming it and how long it was silent (before its first beat a child has :data:`STARTUP_TIMEOUT_S`);
@@ -66,10 +73,19 @@ from typing import IO, Any, Final
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import SERVICE_REPORT
-from dualpath_emu.runtime.eventlog import EventLogWriter, parse_line
+from dualpath_emu.runtime.eventlog import EventLogWriter, read_events
 from dualpath_emu.runtime.node import LAUNCHER_ENV
 from dualpath_emu.runtime.security import RunKeys
-from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RUN_DESCRIPTION, ProcessSpec, RunDescription, RunScenario
+from dualpath_emu.runtime.scenario import (
+    DATAPLANE_PROCESS,
+    INCARNATION_OPTION,
+    RUN_DESCRIPTION,
+    ProcessSpec,
+    RunDescription,
+    RunScenario,
+    incarnation_stem,
+)
+from dualpath_emu.runtime.zmq_transport import MSG_IDS_PER_INCARNATION
 
 __all__ = [
     "DeliveryReport",
@@ -92,10 +108,20 @@ POLL_S: Final = 0.02
 TICK_S: Final = 0.25
 """How often (wall seconds) :func:`launch` calls its ``on_tick``."""
 OUTPUT_TAIL_LINES: Final = 30
+MAX_RESTARTS: Final = 3
+"""How many times a process of ``restart_crashed`` is started again at most; one that dies once more ends the run."""
+RESTARTS_SUFFIX: Final = ".restarts.json"
+"""``<run_dir>/<name>.restarts.json``: the restarts of process ``name`` (see the module)."""
 
 
 class LaunchError(RuntimeError):
-    """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss."""
+    """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss.
+    ``died`` names the process that died (exited non-zero or was killed) before the run was complete, if that
+    is why."""
+
+    def __init__(self, message: str, *, died: str | None = None) -> None:
+        super().__init__(message)
+        self.died = died
 
 
 class LaunchInterrupted(LaunchError):
@@ -109,6 +135,9 @@ class DeliveryReport:
     sent: int
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
+    lost_with_restart: int = 0
+    """Messages to or from a process that died (and was started again) that were not delivered, or whose
+    sending its event log did not keep: lost with it, not an error (:func:`check_delivery`)."""
 
     @property
     def ok(self) -> bool:
@@ -130,28 +159,54 @@ class LaunchResult:
     """The data plane's ``dataplane.json`` (its final report), in a run of more than one process."""
 
 
-def check_delivery(logs: list[Path]) -> DeliveryReport:
+def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None) -> DeliveryReport:
     """Every ``tell``/``ask`` event across ``logs`` must be matched by exactly one ``deliver`` or ``drop``.
 
     Events are matched by their summary (``#id Type sender->recipient``; ids count per process and each
-    actor lives in one process, so a summary names one message).
+    actor lives in one process, so a summary names one message). ``restarted`` maps the actors of processes
+    that died and were started again to their last incarnation: a message to one of them may be lost (it was
+    queued at the dead one, or its arrival was in the tail of its event log that died with it), one sent by
+    a dead incarnation (its id below the last incarnation's, :data:`MSG_IDS_PER_INCARNATION`) may be lost or
+    arrive without its sending on record, and one a restarted process sent after its recipient had stopped
+    (it came back as the run ended) may be lost; those are counted in ``lost_with_restart``, not reported.
     """
     sent: Counter[str] = Counter()
     arrived: Counter[str] = Counter()
+    sent_ns: dict[str, int] = {}
+    stopped_ns: dict[str, int] = {}
     for log in logs:
-        with open(log, encoding="utf-8") as file:
-            for line in file:
-                event = parse_line(line)
-                if event.kind in ("tell", "ask"):
-                    sent[event.summary] += 1
-                elif event.kind in ("deliver", "drop"):
-                    arrived[event.summary] += 1
+        for event in read_events(log):
+            if event.kind in ("tell", "ask"):
+                sent[event.summary] += 1
+                if restarted:
+                    sent_ns.setdefault(event.summary, event.t_ns)
+            elif event.kind in ("deliver", "drop"):
+                arrived[event.summary] += 1
+            elif event.kind == "stop" and restarted:
+                stopped_ns.setdefault(event.actor, event.t_ns)
     report = DeliveryReport(sent=sum(sent.values()))
+    restarted = restarted or {}
+
+    def with_restart(summary: str, lost: bool) -> bool:
+        number, _, route = summary.partition(" ")
+        sender, _, recipient = route.partition(" ")[2].partition("->")
+        last = restarted.get(sender)
+        by_dead = last is not None and number[1:].isdigit() and int(number[1:]) < last * MSG_IDS_PER_INCARNATION + 1
+        # A restarted process that came back as the run ended speaks to actors that had stopped (and gone).
+        late = last is not None and sent_ns.get(summary, -1) >= stopped_ns.get(recipient, 1 << 63)
+        return by_dead or (lost and (recipient in restarted or late))
+
     for summary in sorted(sent.keys() | arrived.keys()):
         if arrived[summary] < sent[summary]:
-            report.lost.append(summary)
+            if with_restart(summary, lost=True):
+                report.lost_with_restart += sent[summary] - arrived[summary]
+            else:
+                report.lost.append(summary)
         elif arrived[summary] > sent[summary]:
-            report.duplicated.append(summary)
+            if sent[summary] == 0 and arrived[summary] == 1 and with_restart(summary, lost=False):
+                report.lost_with_restart += 1
+            else:
+                report.duplicated.append(summary)
     return report
 
 
@@ -259,6 +314,10 @@ class _Child:
     last_beat_s: float = field(default_factory=time.monotonic)
     beating: bool = False
     hung: bool = False
+    incarnation: int = 0
+    """0, or N: started again in place of one that died, the N-th time (``--incarnation N``)."""
+    extra: tuple[str, ...] = ()
+    """The arguments it was started with beyond the node's own (a restart gets the same)."""
 
     def read_beats(self, now_s: float) -> None:
         try:
@@ -353,9 +412,24 @@ def _stop_all(children: list[_Child], *, gently: bool) -> None:
         child.close_beats()
 
 
-def _finish(children: list[_Child]) -> None:
+def _restart_dead(
+    scenario: RunScenario, children: list[_Child], work: Path, started: float,
+    on_start: Callable[[str, int], None] | None,
+) -> None:  # fmt: skip
+    """Start again each restartable child that died (:func:`_restart`)."""
+    for index, child in enumerate(children):
+        code = child.process.poll()
+        if code is not None and code != 0 and not _ended_anyway(scenario, child):
+            _restart(scenario, children, index, work, started, on_start)
+
+
+def _finish(children: list[_Child], restart_dead: Callable[[], None] | None = None) -> None:
     """The driver is done: the actor processes stop at the end of their input (and say bye to the data
-    plane), then the data plane, which exits by itself once drained."""
+    plane), then the data plane, which exits by itself once drained. ``restart_dead()`` first: a restartable
+    process that died as the run ended is started again, to say bye and write its files (its actors do not
+    start: the run is complete)."""
+    if restart_dead is not None:
+        restart_dead()
     actors = [c for c in children if c.spec is not None]
     _stop_all(actors, gently=True)
     dataplanes = [c for c in children if c.spec is None]
@@ -389,6 +463,9 @@ def launch(
     # An earlier run's files in this directory -- only those a run writes: the directory may hold other things.
     names = [p.name for p in scenario.processes] + [DATAPLANE_PROCESS]
     stale = [f"{n}{suffix}" for n in names for suffix in (".ready", ".json", ".events", ".part", ".out")]
+    for n in scenario.restart_crashed:  # an earlier run's restarted processes' files
+        stale += [f"{incarnation_stem(n, i)}{suffix}" for i in range(1, MAX_RESTARTS + 1)
+                  for suffix in (".json", ".events", ".part", ".out")] + [n + RESTARTS_SUFFIX]  # fmt: skip
     for name in (*stale, "run.json", SERVICE_REPORT):
         (work / name).unlink(missing_ok=True)
     sweep_orphans("dpe-*")  # the socket folders of launchers killed before they could remove them
@@ -397,8 +474,8 @@ def launch(
     started = time.perf_counter()
 
     def watch() -> None:
-        _watch(scenario, children, started, on_tick)
-        _finish(children)
+        _watch(scenario, children, started, on_tick, work, on_start)
+        _finish(children, lambda: _restart_dead(scenario, children, work, started, on_start))
 
     try:  # from here on the socket folder is removed whatever happens (a bad --host refused, say)
         os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
@@ -409,12 +486,14 @@ def launch(
             description = describe_run(scenario, socket_dir, _make_keys(scenario, work / "keys"))
         description.write(work)
         _start_and_watch(scenario, children, _process_names(scenario), work, {}, watch, on_start)
-        failed = [c for c in children if c.process.returncode != 0]
+        failed = [c for c in children if c.process.returncode != 0 and not _ended_anyway(scenario, c)]
         if failed:
             child = failed[0]
             raise LaunchError(
-                f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} while stopping; "
-                f"its last output:\n{child.output_tail()}"
+                f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} while stopping"
+                f"{_why_not_restarted(scenario, child) if child.process.returncode < 0 else ''}; its last output:\n"
+                f"{child.output_tail()}",
+                died=child.name,
             )
         return _collect(scenario, children, work, event_log, time.perf_counter() - started)
     finally:
@@ -490,8 +569,10 @@ def launch_host(
     children: list[_Child] = []
     started = time.perf_counter()
     try:
-        _start_and_watch(scenario, children, order, Path(run_dir), {driver: ["--no-ready-wait"]},
-                         lambda: _watch_host(scenario, children, started), on_start)  # fmt: skip
+        def watch() -> None:
+            _watch_host(scenario, children, started, Path(run_dir), on_start)
+
+        _start_and_watch(scenario, children, order, Path(run_dir), {driver: ["--no-ready-wait"]}, watch, on_start)
     finally:
         for child in children:
             child.close_beats()
@@ -523,21 +604,30 @@ def _start_and_watch(
             raise
 
 
-def _watch_host(scenario: RunScenario, children: list[_Child], started: float) -> None:
-    """Return when every child has exited 0; raise :class:`LaunchError` on any other ending or a hang."""
+def _watch_host(
+    scenario: RunScenario, children: list[_Child], started: float, work: Path,
+    on_start: Callable[[str, int], None] | None = None,
+) -> None:  # fmt: skip
+    """Return when every child has exited 0; raise :class:`LaunchError` on any other ending or a hang (a child
+    of ``restart_crashed`` that dies is started again, :func:`_restart`)."""
     deadline = started + scenario.timeout_s
     while True:
         now = time.monotonic()
         running = []
-        for child in children:
+        for index, child in enumerate(children):
             child.read_beats(now)
             code = child.process.poll()
             if code is None:
                 running.append(child)
-            elif code != 0:
+            elif code != 0 and not _ended_anyway(scenario, child):
+                if _restart(scenario, children, index, work, started, on_start):
+                    running.append(children[index])
+                    continue
                 raise LaunchError(
                     f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} before the run was "
-                    f"complete; stopped the other processes here. Its last output:\n{child.output_tail()}"
+                    f"complete{_why_not_restarted(scenario, child)}; stopped the other processes here. Its last "
+                    f"output:\n{child.output_tail()}",
+                    died=child.name,
                 )
         if not running:
             return
@@ -545,14 +635,15 @@ def _watch_host(scenario: RunScenario, children: list[_Child], started: float) -
         time.sleep(POLL_S)
 
 
-def _spawn(scenario: RunScenario, name: str, work: Path, extra: Sequence[str] = ()) -> _Child:
+def _spawn(scenario: RunScenario, name: str, work: Path, extra: Sequence[str] = (), incarnation: int = 0) -> _Child:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
-    output = work / f"{name}.out"
+    output = work / f"{incarnation_stem(name, incarnation)}.out"
+    again = [INCARNATION_OPTION, str(incarnation)] if incarnation else []
     try:
         with open(output, "wb") as sink:
             process = subprocess.Popen(
-                [*node_command(scenario, name, work), *extra],
+                [*node_command(scenario, name, work), *extra, *again],
                 stdin=subprocess.PIPE,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -566,7 +657,70 @@ def _spawn(scenario: RunScenario, name: str, work: Path, extra: Sequence[str] = 
     finally:
         os.close(write_end)
     spec = None if name == DATAPLANE_PROCESS else scenario.process(name)
-    return _Child(name, spec, process, output, read_end)
+    return _Child(name, spec, process, output, read_end, incarnation=incarnation, extra=tuple(extra))
+
+
+def _why_not_restarted(scenario: RunScenario, child: _Child) -> str:
+    """What an error says of a child that died in a run that restarts some processes."""
+    if not scenario.restart_crashed:
+        return ""
+    if child.name not in scenario.restart_crashed:
+        what = "the data plane" if child.spec is None else "a process"
+        return (f" (it is {what} whose state is the run's, not one the run starts again: those are "
+                f"{', '.join(scenario.restart_crashed)})")  # fmt: skip
+    if child.incarnation >= MAX_RESTARTS:
+        return f" (it died {child.incarnation + 1} times; started again at most {MAX_RESTARTS} times)"
+    return (" (as the run ended, after it or the data plane had said bye: too late to start it again; what it had not "
+            "written is lost)")  # fmt: skip
+
+
+def _ended_anyway(scenario: RunScenario, child: _Child) -> bool:
+    """Whether ``child``, a process the run restarts, that died, had written its results first (status 0): it
+    was killed as it exited, and nothing is lost."""
+    if child.name not in scenario.restart_crashed:
+        return False
+    results = child.output.parent / f"{incarnation_stem(child.name, child.incarnation)}.json"
+    try:
+        return bool(json.loads(results.read_text()).get("status") == 0)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _restart(
+    scenario: RunScenario, children: list[_Child], index: int, work: Path, started: float,
+    on_start: Callable[[str, int], None] | None,
+) -> bool:  # fmt: skip
+    """Start ``children[index]``, which died, again in its place if the run restarts it and it has restarts left
+    (see the module); whether it did."""
+    dead = children[index]
+    if dead.name not in scenario.restart_crashed or dead.incarnation >= MAX_RESTARTS:
+        return False
+    if any(c.spec is None and c.process.poll() is not None for c in children):
+        return False  # the data plane drained (every process had said bye): nothing to connect to
+    if (work / f"{incarnation_stem(dead.name, dead.incarnation)}.part").exists():
+        return False  # it had said bye (then it writes its part): the data plane does not wait for a new one
+    died_s = time.perf_counter() - started
+    dead.close_beats()
+    _close_stdin(dead)
+    child = _spawn(scenario, dead.name, work, dead.extra, dead.incarnation + 1)
+    children[index] = child
+    record = {
+        "process": dead.name, "incarnation": child.incarnation, "pid": child.process.pid, "dead_pid": dead.process.pid,
+        "dead_incarnation": dead.incarnation, "ended": dead.describe_exit(), "died_wall_s": round(died_s, 3),
+        "restarted_wall_s": round(time.perf_counter() - started, 3),
+    }  # fmt: skip
+    path = work / f"{dead.name}{RESTARTS_SUFFIX}"
+    try:
+        records = json.loads(path.read_text()) if path.exists() else []
+    except (OSError, ValueError):
+        records = []
+    path.write_text(json.dumps([*records, record], indent=1) + "\n")
+    print(f"dualpath-emu: process {dead.name!r} (pid {dead.process.pid}) {dead.describe_exit()} before the run was "
+          f"complete; started it again in its place (incarnation {child.incarnation}, pid {child.process.pid})",
+          file=sys.stderr, flush=True)  # fmt: skip
+    if on_start is not None:
+        on_start(dead.name, child.process.pid)
+    return True
 
 
 def _driver_done(driver: _Child) -> bool:
@@ -578,10 +732,12 @@ def _driver_done(driver: _Child) -> bool:
 
 
 def _watch(
-    scenario: RunScenario, children: list[_Child], started: float, on_tick: Callable[[], None] | None = None
+    scenario: RunScenario, children: list[_Child], started: float, on_tick: Callable[[], None] | None = None,
+    work: Path | None = None, on_start: Callable[[str, int], None] | None = None,
 ) -> None:
-    """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending. Calls
-    ``on_tick()`` every :data:`TICK_S` meanwhile."""
+    """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending (a child
+    of ``restart_crashed`` that dies is started again, :func:`_restart`). Calls ``on_tick()`` every
+    :data:`TICK_S` meanwhile."""
     driver = next(c for c in children if c.spec is scenario.driver_process)
     deadline = started + scenario.timeout_s
     next_tick = 0.0
@@ -592,17 +748,23 @@ def _watch(
             on_tick()
         for child in children:
             child.read_beats(now)
+        if work is not None:  # a restartable child that died is started again, whatever else happened meanwhile
+            _restart_dead(scenario, children, work, started, on_start)
         for child in children:
             code = child.process.poll()
             if code is None:
                 continue
+            if code != 0 and _ended_anyway(scenario, child):
+                code = 0  # killed after it had written its results: nothing was lost
             if child is driver and code == 0:
                 return
             if code == 0 and _driver_done(driver):
                 return  # the run ended by messages, and this one was quicker to exit than the driver's process
             raise LaunchError(
                 f"process {child.name!r} (pid {child.process.pid}) {child.describe_exit()} before the run was "
-                f"complete; stopped the other processes. Its last output:\n{child.output_tail()}"
+                f"complete{_why_not_restarted(scenario, child)}; stopped the other processes. Its last output:\n"
+                f"{child.output_tail()}",
+                died=child.name if code != 0 else None,
             )
         _check_liveness(scenario, children, now, deadline)
         time.sleep(POLL_S)
@@ -635,19 +797,24 @@ def _collect(
     if scenario.uses_dataplane:
         dataplane = json.loads((work / f"{DATAPLANE_PROCESS}.json").read_text())
         dataplane["pid"] = next(c.process.pid for c in children if c.spec is None)
+    restarted: dict[str, int] = {}
     with EventLogWriter(event_log) as writer:
         for child in children:
             if child.spec is None:
                 continue
-            result: dict[str, Any] = json.loads((work / f"{child.name}.json").read_text())
+            stem = incarnation_stem(child.name, child.incarnation)
+            result: dict[str, Any] = json.loads((work / f"{stem}.json").read_text())
             result["pid"] = child.process.pid
             processes[child.name] = result
-            log = work / f"{child.name}.events"
-            logs.append(log)
-            with open(log, encoding="utf-8") as file:
-                writer.write(parse_line(line) for line in file)
+            if child.incarnation:
+                restarted.update((actor, child.incarnation) for actor in child.spec.actors)
+            for incarnation in range(child.incarnation + 1):  # the dead ones' logs too: what they wrote counts
+                log = work / f"{incarnation_stem(child.name, incarnation)}.events"
+                if log.exists() or incarnation == child.incarnation:
+                    logs.append(log)
+                    writer.write(read_events(log))
         sha256, events = writer.sha256(), writer.lines
-    delivery = check_delivery(logs)
+    delivery = check_delivery(logs, restarted)
     if not delivery.ok:
         problems = [f"lost: {s}" for s in delivery.lost[:5]] + [f"duplicated: {s}" for s in delivery.duplicated[:5]]
         raise LaunchError(

@@ -31,6 +31,15 @@ The processes of a real-time run:
   plane, and writes its event log ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters, the
   log's SHA-256, the data-plane link's clock offset and lags and, for the driver, the run's summary).
 
+**A process started again** in place of one that died (the scenario's ``restart_crashed``; the launcher adds
+``--incarnation N``, N = 1, 2, …): its files carry the suffix ``.N`` (``de2.1.events``, ``de2.1.part``,
+``de2.1.json``, ``de2.1.out``), its transport says its incarnation (what was sent to the dead one is dropped:
+:mod:`~dualpath_emu.runtime.zmq_transport`, Incarnations), so does its hello to the data plane (which replaces
+the dead one), and the application's engine actors are told they replace a dead process before they start
+(``engine.restarted = True`` where the engine has that attribute: the cluster's engine groups). In a run with
+``restart_crashed`` every process that may be restarted writes its event log as it goes, each observation before
+any message that follows it leaves the process, so a process that dies leaves what it observed.
+
 Exit status 0 on success, 1 if an actor failed (the failure, the seed and the last events are printed) or
 the data plane was lost, 3 when stopped before the driver was done (the data plane: before it drained).
 
@@ -63,13 +72,15 @@ from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.dataplane import DataPlaneError, DataPlaneService, RemoteDataPlane, ServiceCore
-from dualpath_emu.runtime.eventlog import write_event_log
+from dualpath_emu.runtime.eventlog import EventLogWriter, write_event_log
 from dualpath_emu.runtime.realtime import WallClockCore
 from dualpath_emu.runtime.scenario import (
     DATAPLANE_PROCESS,
+    INCARNATION_OPTION,
     ProcessSpec,
     RunDescription,
     RunScenario,
+    incarnation_stem,
     load_run_scenario,
 )
 from dualpath_emu.scenarios import find as find_scenario
@@ -95,6 +106,14 @@ READY_TIMEOUT_S: Final = 60.0
 data plane's welcome, and the data plane for every expected process to connect."""
 LAUNCHER_ENV: Final = "DUALPATH_EMU_LAUNCHER"
 """``<launcher pid>:<heartbeat pipe fd>``, set by the launcher for its children."""
+TEST_DIE_ENV: Final = "DUALPATH_EMU_TEST_ONLY_DIE"
+"""**Test-only.** ``<run dir>|<process>|<seconds>``: process ``<process>`` (its first incarnation) of the run whose
+run directory is ``<run dir>`` (resolved, exactly) kills itself with SIGKILL ``<seconds>`` emulated seconds after
+its actors start, after holding its loop for :data:`TEST_DIE_QUIET_S` wall seconds (so that what it had sent has
+left it: a death between two of its messages is not what the tests of a restart are about; see docs/live.md).
+A value that names another run directory, another process or a later incarnation does nothing, so only a test
+that made the run directory can trigger it."""
+TEST_DIE_QUIET_S: Final = 0.1
 LAUNCHER_BEAT_S: Final = 0.25
 """How often (wall seconds) a process started by the launcher writes a byte to its heartbeat pipe."""
 QUIET_S: Final = 0.05
@@ -126,6 +145,8 @@ def _counters(system: ActorSystem) -> dict[str, int]:
     counters = {"dropped": system.dropped, "unhandled": system.unhandled}
     if isinstance(system, ZmqActorSystem):
         counters["rejected"] = system.rejected
+        if system.incarnation is not None:
+            counters["stale"] = system.counters["transport.stale"]
     return counters
 
 
@@ -243,6 +264,7 @@ async def _serve(
     watch_stdin: bool,
     wait_ready: bool,
     launcher: LauncherLink | None,
+    incarnation: int = 0,
 ) -> dict[str, Any] | None:
     app = scenario.app
     stop = _stop_event(watch_stdin)
@@ -251,11 +273,18 @@ async def _serve(
     plane.when_stop_requested(lambda reason: stop.set())
     if launcher is not None:
         launcher.start(asyncio.get_running_loop(), scenario.time_scale)
+    _test_only_die(spec.name, incarnation, run_dir)
     summary: dict[str, Any] | None = None
     await system.open()
     try:
-        for actor in system.actors:
-            actor.start()
+        if incarnation > 0:
+            await asyncio.sleep(0)  # a stop the data plane said at connect (the run is complete) is heard
+        if stop.is_set() and incarnation > 0:
+            # Started in place of one that died after its work was done: the run is complete, nothing to start.
+            print(f"process {spec.name}: the run is complete already; its actors do not start", flush=True)
+        else:
+            for actor in system.actors:
+                actor.start()
         (run_dir / f"{spec.name}.ready").touch()
         if spec is scenario.driver_process:
             others = [p.name for p in scenario.processes if p is not spec]
@@ -275,6 +304,25 @@ async def _serve(
         # others told to stop (the data plane, the host backend's byte channel), or its own core drain.
         await plane.finish(run_complete=spec is scenario.driver_process and summary is not None)
     return summary
+
+
+def _test_only_die(name: str, incarnation: int, run_dir: Path) -> None:
+    """Arm the test-only death of :data:`TEST_DIE_ENV`, if it names this process of this run."""
+    value = os.environ.get(TEST_DIE_ENV)
+    if not value or incarnation != 0:
+        return
+    folder, _, rest = value.partition("|")
+    process, _, seconds = rest.partition("|")
+    if process != name or Path(folder).resolve() != Path(run_dir).resolve():
+        return
+    loop = asyncio.get_running_loop()
+
+    def die() -> None:
+        time.sleep(TEST_DIE_QUIET_S)  # the loop held: nothing more is sent, what was sent leaves
+        print(f"process {name}: killing itself ({TEST_DIE_ENV}, test only)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    loop.call_at(loop.time() + float(seconds), die)
 
 
 async def _until_quiet(system: ActorSystem, stop: asyncio.Event) -> None:
@@ -300,8 +348,10 @@ def serve_process(
     watch_stdin: bool = False,
     wait_ready: bool = True,
     launcher: LauncherLink | None = None,
+    incarnation: int = 0,
 ) -> int:
-    """Run process ``name`` of a real-time run until it is done or told to stop; return its exit status."""
+    """Run process ``name`` of a real-time run until it is done or told to stop; return its exit status.
+    ``incarnation`` > 0: it is started in place of one that died (see the module)."""
     if name == DATAPLANE_PROCESS:
         return serve_dataplane(scenario, description, run_dir, watch_stdin=watch_stdin, launcher=launcher)
     spec = scenario.process(name)
@@ -309,8 +359,9 @@ def serve_process(
     endpoints = description.endpoints
     started = time.perf_counter()
     keys = _load_keys(description, name)
+    stem = incarnation_stem(name, incarnation)
     try:
-        plane = _process_plane(scenario, name, description, keys, run_dir)
+        plane = _process_plane(scenario, name, description, keys, run_dir, incarnation)
     except DataPlaneError as error:
         print(f"process {name!r}: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -329,15 +380,32 @@ def serve_process(
         latency_s=scenario.latency_s,
         seed=scenario.seed,
         data_plane=plane,
+        incarnation=incarnation if scenario.restart_crashed else None,
     )
+    log: EventLogWriter | None = None
+    if name in scenario.restart_crashed:  # it may die: its event log is written as it goes (see the module)
+        log = EventLogWriter(run_dir / f"{stem}.events")
+        writer = log
+
+        def sink(events: list[tuple[int, int, str, str, str]], first_seq: int) -> None:
+            writer.write_numbered(events, first_seq)
+            writer.flush()
+
+        system.set_event_sink(sink)
     for actor in spec.actors:
-        app.create_actor(system, actor)
+        created = app.create_actor(system, actor)
+        engine: Any = getattr(created, "engine", None)
+        if incarnation > 0 and hasattr(engine, "restarted"):
+            engine.restarted = True  # it starts by saying so (the cluster's engine groups: Lost "restarted")
+    if incarnation > 0:
+        print(f"process {name}: incarnation {incarnation}, in place of one that died", flush=True)
     status: int = 0
     summary: dict[str, Any] | None = None
     failure: ActorFailure | None = None
     try:
         with asyncio.Runner(loop_factory=lambda: loop) as runner:
-            summary = runner.run(plane.run(_serve(system, plane, scenario, spec, run_dir, watch_stdin, wait_ready, launcher)))
+            serving = _serve(system, plane, scenario, spec, run_dir, watch_stdin, wait_ready, launcher, incarnation)
+            summary = runner.run(plane.run(serving))
     except ActorFailure as error:
         status, failure = EXIT_FAILED, error
         print(f"{error}\nseed {scenario.seed}", file=sys.stderr)
@@ -352,15 +420,21 @@ def serve_process(
         if launcher is not None:
             launcher.stop()
     wall_s = time.perf_counter() - started
-    app.write_part(run_dir / f"{name}.part")
+    app.write_part(run_dir / f"{stem}.part")
     if scenario.backend == "model" and isinstance(plane, WallClockCore):  # a one-process run: it owns the run's core
         _write_service_report(app, plane.core, run_dir)
-    events = system.raw_events()
-    sha256 = write_event_log(events, run_dir / f"{name}.events")
+    if log is not None:
+        system.flush_events()
+        log.close()
+        sha256, count = log.sha256(), system.event_count
+    else:
+        events = system.raw_events()
+        sha256, count = write_event_log(events, run_dir / f"{stem}.events"), len(events)
     result = {
         "process": name,
+        "incarnation": incarnation,
         "status": status,
-        "events": len(events),
+        "events": count,
         "sha256": sha256,
         "wall_s": wall_s,
         "cpu_s": round(time.process_time(), 3),
@@ -370,13 +444,14 @@ def serve_process(
         "dataplane": plane.report(),
         "delivery_lag": plane.delivery_lag.to_wire(),
     }
-    (run_dir / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    print(f"process {name}: {len(events)} events, event log sha256 {sha256}", flush=True)
+    (run_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(f"process {name}: {count} events, event log sha256 {sha256}", flush=True)
     return status
 
 
 def _process_plane(
-    scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path
+    scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path,
+    incarnation: int = 0,
 ) -> WallClockCore | RemoteDataPlane:
     """The data plane of process ``name`` of a live run: the host backend's (its own core, moving real bytes), the
     run's own core in a one-process run, or else the data-plane service's (connected, clocks synchronised)."""
@@ -400,6 +475,7 @@ def _process_plane(
         peer_name=DATAPLANE_PROCESS,
         connect_timeout_s=READY_TIMEOUT_S,
         heartbeat_timeout_s=description.heartbeat_timeout_s,
+        incarnation=incarnation,
     )
     try:
         app.use_layout(plane.layout)
@@ -428,7 +504,8 @@ def serve_dataplane(
         print(f"dualpath-emu node: error: {run_dir}/run.json: this run has no data plane", file=sys.stderr)
         return 2
     core = Core(clock="wall", time_scale=scenario.time_scale, **scenario.app.core_options())
-    scenario.app.build_core(core)
+    storage = _StorageRecorder(core)
+    scenario.app.build_core(storage)  # type: ignore[arg-type]  # a Core in all it is asked for
     keys = _load_keys(description, DATAPLANE_PROCESS)
     plane = ServiceCore(core)
     loop = plane.new_loop()
@@ -440,6 +517,8 @@ def serve_dataplane(
         keys=keys,
         heartbeat_timeout_s=description.heartbeat_timeout_s,
         connect_timeout_s=READY_TIMEOUT_S,
+        replaceable=scenario.restart_crashed,
+        storage_paths=storage.paths(),
     )
 
     async def main() -> str:
@@ -490,6 +569,36 @@ def serve_dataplane(
         flush=True,
     )
     return status
+
+
+class _StorageRecorder:
+    """A :class:`Core` as an application builds it, that also notes where its storage nodes' I/Os go (the
+    data-plane service tallies a process's storage I/Os by port, see ``DataPlaneService``)."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        self._ports: tuple[int, int] | None = None
+        self._nodes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+    def configure_storage(self, *, read_port: int, write_port: int, **options: Any) -> None:
+        self._core.configure_storage(read_port=read_port, write_port=write_port, **options)
+        self._ports = (read_port, write_port)
+
+    def add_storage_node(self, name: str, *, read_path: Any, write_path: Any, **options: Any) -> int:
+        read, write = tuple(read_path), tuple(write_path)
+        node = self._core.add_storage_node(name, read_path=read, write_path=write, **options)
+        self._nodes[node] = (read, write)
+        return node
+
+    def paths(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Storage node -> the ports its reads cross and those its writes cross (the storage's own included)."""
+        if self._ports is None:
+            return {}
+        read_port, write_port = self._ports
+        return {node: ((read_port, *read), (*write, write_port)) for node, (read, write) in self._nodes.items()}
 
 
 def _write_service_report(app: Application, core: Core, run_dir: Path) -> None:
@@ -556,7 +665,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the driver's process starts at once instead of waiting for the others' ready files in the run "
         "directory (on several hosts without a shared run directory: start the driver's process last)",
     )
+    parser.add_argument(
+        INCARNATION_OPTION, type=int, default=0, metavar="N",
+        help="0 (default): the process's first start; N > 0: it is started in place of one that died (the run's "
+        "restart_crashed): its files get the suffix .N and what was sent to the dead one is dropped",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.incarnation < 0:
+        parser.error(f"{INCARNATION_OPTION}: expected 0, 1, 2, …, got {args.incarnation}")
     launcher = _launcher_from_env()
     if launcher is not None:
         set_parent_death_signal(launcher[0])
@@ -569,6 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             scenario.process(args.process)  # a ScenarioError naming the known ones
             if args.process not in description.endpoints:
                 raise ScenarioError(f"{args.run_dir}/run.json: no endpoint for process {args.process!r}")
+        if args.incarnation and args.process not in scenario.restart_crashed:
+            raise ScenarioError(f"{INCARNATION_OPTION} {args.incarnation}: process {args.process!r} is not one the run "
+                                "restarts (restart_crashed)")  # fmt: skip
     except UsageError as error:
         print(f"dualpath-emu node: error: {error}", file=sys.stderr)
         return 2
@@ -581,6 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             watch_stdin=launcher is not None,
             wait_ready=not args.no_ready_wait,
             launcher=LauncherLink(launcher[1]) if launcher is not None else None,
+            incarnation=args.incarnation,
         )
     except OSError as error:
         full = disk_error(error)

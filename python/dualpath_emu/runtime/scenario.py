@@ -22,6 +22,9 @@ and runs by name: ``dualpath-emu launch pipeline``)::
                            # long (stopped, hung); 0.1..3600, best below heartbeat_timeout_s so that the hung
                            # process is the one named
     dataplane_endpoint = "tcp://10.0.0.1:5550"  # optional: where the data plane binds (multi-host by hand)
+    restart_crashed = ["workers"]  # realtime: processes the launcher starts again if they die before the run
+                                   # is complete (at most MAX_RESTARTS times each; not the driver's process);
+                                   # default none: any process that dies ends the run
 
     [pipeline]             # the application's own keys
     jobs = 200
@@ -61,9 +64,11 @@ __all__ = [
     "MODES",
     "RUN_DESCRIPTION",
     "TRANSPORTS",
+    "INCARNATION_OPTION",
     "ProcessSpec",
     "RunDescription",
     "RunScenario",
+    "incarnation_stem",
     "load_run_scenario",
 ]
 
@@ -81,6 +86,16 @@ DATAPLANE_PROCESS: Final = "dataplane"
 """The name of a real-time run's data-plane process (no ``[[process]]`` may take it)."""
 RUN_DESCRIPTION: Final = "run.json"
 """The run description's file name in the run directory."""
+INCARNATION_OPTION: Final = "--incarnation"
+"""The node's option that says which incarnation of its process it is: 0 (the first, the default) or, for a
+process started again in place of one that died (``restart_crashed``), 1, 2, … Its files then carry the
+suffix ``.<n>`` (:func:`incarnation_stem`)."""
+
+
+def incarnation_stem(process: str, incarnation: int) -> str:
+    """The stem of incarnation ``incarnation`` of ``process``'s files in the run directory: ``de2`` (``de2.events``,
+    ``de2.part``, ``de2.json``, ``de2.out``) for the first, ``de2.1`` for the one started in its place, …"""
+    return process if incarnation == 0 else f"{process}.{incarnation}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,9 @@ class RunScenario:
     hang_timeout_s: float = 3.0
     dataplane_endpoint: str | None = None
     backend: str = "model"
+    restart_crashed: tuple[str, ...] = ()
+    """The processes started again in their place if they die before the run is complete (``launch`` and
+    ``launch --only``; each new one is told its incarnation, :data:`INCARNATION_OPTION`)."""
 
     def with_overrides(
         self, *, seed: int | None = None, mode: str | None = None, time_scale: float | None = None
@@ -173,10 +191,17 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     if dataplane_endpoint is not None and not dataplane_endpoint.startswith(("ipc://", "tcp://")):
         raise top.error("dataplane_endpoint", "an ipc:// or tcp:// address", dataplane_endpoint)
     processes = _processes(top, app)
+    restart = top.get_str_list("restart_crashed", [])
+    names = [p.name for p in processes]
+    driver = next(p.name for p in processes if app.driver_actor in p.actors)
+    for name in restart:
+        if name not in names or name == driver or restart.count(name) > 1:
+            raise top.error("restart_crashed", f"names of processes other than the driver's ({driver!r}), each once "
+                            f"(processes: {', '.join(names)})", name)  # fmt: skip
     top.finish()
     return RunScenario(
         top.source, app, seed, mode, latency_s, time_scale, transport, host, timeout_s, processes,
-        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint, backend,
+        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint, backend, tuple(restart),
     )  # fmt: skip
 
 

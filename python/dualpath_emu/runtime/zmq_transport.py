@@ -66,7 +66,8 @@ Everything a peer can make this process hold is bounded:
 Sockets and wire format
 -----------------------
 Each system binds one ``ROUTER`` socket and opens one ``DEALER`` per remote endpoint it sends to (lazily,
-on first use). Every ZeroMQ message is two frames ``[kind, envelope]``:
+on first use). Every ZeroMQ message is two frames ``[kind, envelope]`` (a request has a third in a run with
+incarnations: see Incarnations):
 
 * ``kind`` is ``b"tell"`` or ``b"ask"`` (DEALER -> ROUTER: a request) or ``b"reply"`` (ROUTER -> the
   asking DEALER, through the identity the ask came from);
@@ -89,6 +90,31 @@ queued frames per wake-up. An ask whose remote recipient stops before answering 
 :class:`ActorStoppedError` (if the actor stopped itself, the handler's own answer still follows, and the
 asker drops it as ``late``); one whose recipient's process is gone waits for its ``timeout_s`` (give one to
 every remote ask).
+
+Incarnations (issue 26)
+-----------------------
+In a live run whose processes may be started again in place of one that died (``restart_crashed``), every
+system is given ``incarnation`` (0 for a process's first, 1, 2, … for those started in its place) and tags every
+request it sends with a third frame: what its sender knows of the run's incarnations (a msgpack map, actor name
+-> the incarnation of the actor's process, the nonzero ones only: ``b"\x80"`` while nobody was restarted). A
+restarted process's actor says its own incarnation in each request it sends; a system learns a newer
+incarnation of an actor when one of its actors *handles* a message that carries it (the new actor's own
+messages carry it first), and from then on tags everything with it. Knowledge is of actors, not processes: a
+restarted process of two engine groups is news of each only when that one speaks. A request tagged with an
+older incarnation of its recipient than the receiving process's own was sent before its sender knew of the
+restart -- to the process that died:
+ZeroMQ keeps what is queued for a peer that went away and hands it to the new one, which binds the same
+endpoint -- so it is dropped (recorded as a ``drop``, counted as ``transport.stale``): what the dead process
+was sent is lost with it, as the cluster's scheduler counts it (it learns of the restart by handling the new
+process's first message, so what it sent before that is exactly what it takes for lost). Knowledge travels
+causally, so a message about work given to the new process after the restart (from a sender that heard of it
+from whoever gave the work) is never dropped. A new incarnation's message ids start at ``incarnation ×``
+:data:`MSG_IDS_PER_INCARNATION`, so its messages are told apart from the dead one's in the event logs.
+
+**Durable event log.** A system with an event sink (:meth:`~dualpath_emu.runtime.ActorSystem.set_event_sink`)
+hands the sink its events before any message it sends to another process leaves, whenever an actor recorded
+something (an observation) since the last time: a process killed at any moment has written every observation
+that a message it sent could have told another process about.
 
 Rejection
 ---------
@@ -118,6 +144,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Final
 
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 import zmq
 import zmq.asyncio
 
@@ -204,6 +231,13 @@ RECEIVE_BATCH_BYTES: Final = 4 << 20
 
 REJECTIONS_LOGGED: Final = 100
 """Rejected frames, failed sends and dropped replies logged and recorded one by one before summaries."""
+
+STALE_COUNTER: Final = "transport.stale"
+MSG_IDS_PER_INCARNATION: Final = 10**12
+"""Incarnation ``n`` of a process numbers its messages from ``n × 10**12 + 1`` (see Incarnations)."""
+_NO_KNOWLEDGE: Final = b"\x80"
+"""The knowledge frame of a system that knows of no restarted process (an empty msgpack map)."""
+MAX_KNOWLEDGE_BYTES: Final = 64 << 10
 
 _log = logging.getLogger(__name__)
 
@@ -313,8 +347,11 @@ class ZmqActorSystem(ActorSystem):
         failure_events: int = 20,
         seed: int = 0,
         data_plane: CoreWork | None = None,
+        incarnation: int | None = None,
     ) -> None:
         super().__init__(latency_s=latency_s, failure_events=failure_events, seed=seed, data_plane=data_plane)
+        if incarnation is not None and (name is None or incarnation < 0):
+            raise ValueError("incarnation= needs name= (this process's name in the run) and is 0, 1, 2, …")
         if keys is not None:
             if name is None:
                 raise SecurityError("a ZmqActorSystem with keys needs name=, this process's name in the run")
@@ -353,6 +390,19 @@ class ZmqActorSystem(ActorSystem):
         self._closed = False
         self.last_delivery_ns = time.monotonic_ns()
         """The wall clock (monotonic) when a message from another system was last put in a mailbox here."""
+        self.incarnation = incarnation
+        """This process's incarnation (see Incarnations in the module); ``None``: requests are not tagged."""
+        self._knowledge: dict[str, int] = {}
+        """Actors of other processes -> the incarnation of their process this one has heard of (nonzero only)."""
+        self._knowledge_frames: dict[str, bytes] = {}  # sender -> its requests' third frame
+        self._learned: dict[int, dict[str, int]] = {}  # id(request envelope) -> newer knowledge, merged when handled
+        self._last_tag: tuple[bytes, dict[str, int]] = (_NO_KNOWLEDGE, {})
+        if incarnation is not None:
+            self._counters[STALE_COUNTER] = 0
+            if incarnation > 0:
+                self._next_msg_id = incarnation * MSG_IDS_PER_INCARNATION + 1
+        self._unsynced = False
+        """An actor recorded something that the event sink has not been handed (see Durable event log)."""
 
     # --- life ----------------------------------------------------------------------------------------
 
@@ -413,6 +463,60 @@ class ZmqActorSystem(ActorSystem):
             )
         if endpoint.startswith("ipc://"):
             check_private_ipc(endpoint)
+
+    def record(self, actor: str, kind: str, summary: str) -> None:
+        self._unsynced = True
+        super().record(actor, kind, summary)
+
+    def _sync_events(self) -> None:
+        """Before a message leaves for another process: hand the event sink what was recorded (see Durable
+        event log in the module)."""
+        if self._unsynced and self._sink is not None:
+            self._unsynced = False
+            self.flush_events()
+
+    def _merge(self, known: Mapping[str, int]) -> None:
+        """Learn the newer incarnations in ``known`` (see Incarnations in the module)."""
+        for actor, incarnation in known.items():
+            if incarnation > self._knowledge.get(actor, 0) and actor not in self._actors:
+                self._knowledge[actor] = incarnation
+                self._knowledge_frames.clear()
+                ActorSystem.record(self, TRANSPORT_ACTOR, "incarnation", f"{actor} is incarnation {incarnation}")
+
+    def _read_knowledge(self, frame: bytes | None) -> dict[str, int]:
+        """The knowledge a request's third frame carries (``None``: an untagged request, knows of nothing);
+        :class:`MessageError` if it is not a map of actor names to incarnations."""
+        if frame is None or frame == _NO_KNOWLEDGE:
+            return {}
+        last = self._last_tag
+        if frame == last[0]:
+            return last[1]
+        if len(frame) > MAX_KNOWLEDGE_BYTES:
+            raise MessageError(f"an incarnation frame of {len(frame)} bytes")
+        try:
+            known = msgpack.unpackb(frame)
+        except Exception as error:
+            raise MessageError(f"a malformed incarnation frame: {type(error).__name__}") from None
+        if type(known) is not dict or not all(
+            type(k) is str and type(v) is int and 0 <= v < MSG_IDS_PER_INCARNATION for k, v in known.items()
+        ):
+            raise MessageError("an incarnation frame that is not a map of actor names to incarnations")
+        self._last_tag = (frame, known)
+        return known
+
+    def _frames(self, kind: bytes, data: bytes, sender: str) -> list[bytes]:
+        """A request's frames: with incarnations, what ``sender`` knows of them (what this process learnt, and
+        ``sender``'s own incarnation if it is not the first) as the third."""
+        incarnation = self.incarnation
+        if incarnation is None:
+            return [kind, data]
+        frame = self._knowledge_frames.get(sender)
+        if frame is None:
+            known = dict(self._knowledge)
+            if incarnation > 0 and sender in self._actors:
+                known[sender] = incarnation
+            frame = self._knowledge_frames[sender] = msgpack.packb(known) if known else _NO_KNOWLEDGE
+        return [kind, data, frame]
 
     async def open(self) -> None:
         """Bind the ROUTER socket and start receiving (inside the running, real-time loop)."""
@@ -514,13 +618,14 @@ class ZmqActorSystem(ActorSystem):
         data = self.codec.encode_envelope(envelope)  # MessageError at the sender for an invalid message
         endpoint = self.address_book[recipient]
         dealer = self._dealer(endpoint)
-        if not dealer.post([KIND_TELL, data], self.loop):
+        self._sync_events()
+        if not dealer.post(self._frames(KIND_TELL, data, sender), self.loop):
             raise BacklogFullError(
                 f"tell #{envelope.msg_id} to {recipient!r}: the connection to {self._peer_label(endpoint)} holds "
                 f"{len(dealer.backlog):,} messages ({dealer.backlog_bytes:,} bytes) beyond ZeroMQ's queue of "
                 f"{HWM:,}: its peer is gone, stuck or far too slow; nothing was sent"
             )
-        self.record(sender, "tell", _describe(envelope))
+        ActorSystem.record(self, sender, "tell", _describe(envelope))  # (the transport's own line: not an observation)
 
     async def ask(
         self, recipient: str, msg: Message, *, timeout_s: float | None = None, sender: str = MAIN
@@ -535,10 +640,11 @@ class ZmqActorSystem(ActorSystem):
         envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
         data = self.codec.encode_envelope(envelope)
         dealer = self._dealer(self.address_book[recipient])
-        frames = [KIND_ASK, data]
+        frames = self._frames(KIND_ASK, data, sender)
+        self._sync_events()
         if not dealer.post(frames, self.loop):
             timeout_s = await self._post_when_room(dealer, frames, timeout_s, sender, envelope.msg_id)
-        self.record(sender, "ask", _describe(envelope))
+        ActorSystem.record(self, sender, "ask", _describe(envelope))
         future: asyncio.Future[Message | None] = self.loop.create_future()
         self._pending[envelope.msg_id] = _Pending(future, recipient)  # no await since the post: no reply yet
         return await self._await_reply(sender, envelope.msg_id, future, timeout_s)
@@ -604,7 +710,8 @@ class ZmqActorSystem(ActorSystem):
         if error is None:
             body = NoneReply() if result is None else result
             if record:
-                self.record(request.recipient, "reply", f"#{msg_id} re #{request.msg_id} {_type_name(result)}")
+                summary = f"#{msg_id} re #{request.msg_id} {_type_name(result)}"
+                ActorSystem.record(self, request.recipient, "reply", summary)  # (the transport's own line)
         else:
             body = error_to_wire(error)
             if record:
@@ -616,6 +723,7 @@ class ZmqActorSystem(ActorSystem):
         except MessageError as encode_error:  # e.g. a reply type the codec does not know
             envelope = Envelope(request.recipient, request.sender, msg_id, request.msg_id, error_to_wire(encode_error))
             data = self.codec.encode_envelope(envelope)
+        self._sync_events()
         if self._router is not None and not self._router.post([route.identity, KIND_REPLY, data], self.loop):
             # Its asker does not take its replies: dropping this one costs the asker a TimeoutError; failing
             # the replier would punish the wrong process.
@@ -639,6 +747,10 @@ class ZmqActorSystem(ActorSystem):
                     self._remote_asks[id(handling)] = route
 
     async def _handle(self, actor: Actor, request: _Request) -> None:
+        if self._learned:
+            learned = self._learned.pop(id(request.envelope), None)
+            if learned is not None:  # handled here: this process knows it now (see Incarnations in the module)
+                self._merge(learned)
         try:
             await super()._handle(actor, request)
         finally:
@@ -655,6 +767,9 @@ class ZmqActorSystem(ActorSystem):
 
     def _on_request(self, frames: list[bytes]) -> None:
         identity, rest = frames[0], frames[1:]
+        tag: bytes | None = None
+        if self.incarnation is not None and len(rest) == 3:
+            tag = rest.pop()
         if len(rest) != 2 or rest[0] not in (KIND_TELL, KIND_ASK):
             kind = f" of kind {rest[0][:16]!r}" if rest else ""
             self._reject(f"expected frames [tell|ask, envelope], got {len(rest)} frame(s){kind}")
@@ -678,6 +793,22 @@ class ZmqActorSystem(ActorSystem):
                              f"connection ({identity[:64]!r})")  # fmt: skip
                 return
         summary = _describe(envelope)
+        if self.incarnation is not None:
+            try:
+                known = self._read_knowledge(tag)
+            except MessageError as error:
+                self._reject(str(error))
+                return
+            if known.get(envelope.recipient, 0) < self.incarnation:
+                # Sent to an incarnation of this process that died: lost with it (see Incarnations).
+                self._counters[STALE_COUNTER] += 1
+                if is_ask:
+                    self._send_reply(_RemoteAsk(envelope, identity), None, ActorStoppedError(envelope.recipient),
+                                     record=False)  # fmt: skip
+                self._drop(envelope, summary)
+                return
+            if known and any(v > self._knowledge.get(k, 0) and k not in self._actors for k, v in known.items()):
+                self._learned[id(envelope)] = known
         target = self._actors.get(envelope.recipient)
         if target is None:
             self._reject(f"no actor {envelope.recipient!r} here ({summary})")
@@ -694,7 +825,7 @@ class ZmqActorSystem(ActorSystem):
             return
         if is_ask:
             self._remote_asks[id(envelope)] = _RemoteAsk(envelope, identity)
-        self.record(envelope.recipient, "deliver", summary)
+        ActorSystem.record(self, envelope.recipient, "deliver", summary)  # (the transport's own line)
         self.last_delivery_ns = time.monotonic_ns()
         target._mailbox.put_nowait(_Request(envelope, is_ask, summary))
 
