@@ -18,6 +18,7 @@ from dualpath_emu.cluster.observations import Failed, Redispatched, parse
 from dualpath_emu.cluster.policies import DualPathPolicy, Engine, PrefillAssignment, Request
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
+from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import System
 
 from test_faults import CONFIG, scenario, with_faults, work
@@ -195,9 +196,9 @@ def test_an_engine_restarted_in_place_of_a_dead_process_loses_what_the_scheduler
     from dualpath_emu.cluster.prefill import PrefillGroup
 
     def silent_when_dead(original: Callable[..., None]) -> Callable[..., None]:
-        def lose(self: EngineGroup, lost: object, why: str) -> None:
+        def lose(self: EngineGroup, lost: object, why: str, *kept: object) -> None:
             if why not in ("crash", "down"):  # a live engine still answers a drop
-                original(self, lost, why)
+                original(self, lost, why, *kept)
 
         return lose
 
@@ -214,3 +215,145 @@ def test_an_engine_restarted_in_place_of_a_dead_process_loses_what_the_scheduler
     result = run_system(with_faults(Fault("crash", target, 1.0, restart_s=2.0)), system, trajectories)
     assert result.redispatches > 0 and result.failed_requests == 0
     assert result.metrics.turns_done == plain.turns
+
+
+# --- a process killed between two sends of one handler (issue 26) -------------------------------------------
+
+
+class _Without:
+    """An engine's outbox that loses every message of one type (what a process killed between two sends of one
+    handler did not send: ZeroMQ's I/O thread sends after the process decided to)."""
+
+    def __init__(self, out: object, lost: type) -> None:
+        self._out, self._lost = out, lost
+        self.dropped: list[object] = []
+
+    def send(self, to: str, msg: object) -> None:
+        if isinstance(msg, self._lost):
+            self.dropped.append(msg)
+        else:
+            self._out.send(to, msg)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._out, name)
+
+
+def _killed_between_sends(monkeypatch: pytest.MonkeyPatch, cls: type, handler: str, lost: type, at_ns: int
+                          ) -> list[object]:  # fmt: skip
+    """The first time ``cls.handler`` sends a ``lost`` message from ``at_ns`` on, that message does not leave,
+    the engine's process dies right after (it says nothing of what it loses; what is sent to it while dead is
+    lost) and is started again 2 s later as a new process (Lost "restarted"). Returns the messages lost."""
+    from dualpath_emu.cluster.engines import EngineGroup
+    from dualpath_emu.cluster.messages import Crash
+
+    fired: list[object] = []
+    original = getattr(cls, handler)
+
+    def split(self: EngineGroup, now: int, *args: object) -> None:
+        if fired or now < at_ns:
+            original(self, now, *args)
+            return
+        out = self.out
+        without = self.out = _Without(out, lost)  # type: ignore[assignment]
+        try:
+            original(self, now, *args)
+        finally:
+            self.out = out
+        if without.dropped:
+            fired.extend(without.dropped)
+            self.on_crash(now, Crash(), "test")  # type: ignore[attr-defined]
+            self.plane.timer(now + 2 * NS, lambda at: restart(self, at))
+
+    def restart(self: EngineGroup, now: int) -> None:
+        self._down = False  # type: ignore[attr-defined]
+        self.restarted = True
+        self.start(now)
+
+    def silent_when_dead(original: Callable[..., None]) -> Callable[..., None]:
+        def lose(self: EngineGroup, lost: object, why: str, *kept: object) -> None:
+            if why not in ("crash", "down"):
+                original(self, lost, why, *kept)
+
+        return lose
+
+    monkeypatch.setattr(cls, handler, split)
+    monkeypatch.setattr(cls, "_lose", silent_when_dead(cls._lose))  # type: ignore[attr-defined]
+    return fired
+
+
+@pytest.mark.parametrize("system", ["basic", "dualpath"])
+@pytest.mark.parametrize("lost", ["PrefillDone", "KvReady"])
+def test_a_prefill_process_killed_between_its_kv_ready_and_its_prefill_done_ends_each_request_once(
+    monkeypatch: pytest.MonkeyPatch, system: str, lost: str
+) -> None:
+    # KvReady left, PrefillDone did not: the decode group decodes the requests; the scheduler, told the prefill
+    # group was restarted, asks the decode groups, which keep them (they are not dispatched again: they would end
+    # twice). PrefillDone left, KvReady did not: the decode group drops them when asked, and they are dispatched
+    # again (else it waits for ever for their KV). Every request ends once, every pool is empty (or run_system
+    # raises).
+    from dualpath_emu.cluster import messages
+    from dualpath_emu.cluster.prefill import PrefillGroup
+
+    trajectories = work()
+    plain = run_system(CONFIG, system, trajectories)
+    fired = _killed_between_sends(monkeypatch, PrefillGroup, "_finish", getattr(messages, lost), NS)
+    answers: list[messages.Lost] = []
+    original = Scheduler._dropped_from
+
+    def spy(self: Scheduler, now: int, msg: messages.Lost, sender: str) -> None:
+        answers.append(msg)
+        original(self, now, msg, sender)
+
+    monkeypatch.setattr(Scheduler, "_dropped_from", spy)
+    result = run_system(CONFIG, system, trajectories)
+    [message] = fired
+    split = set(message.rids)  # type: ignore[attr-defined]
+    # The decode groups kept the requests whose KV had come (not dispatched again: those not ended by the
+    # restart are kept), and dropped those whose KV never would (dispatched again).
+    if lost == "PrefillDone":
+        assert any(a.kept for a in answers)
+        assert not any(result.metrics.redispatches[rid] > 0 for rid in split)
+    else:
+        assert split <= {rid for a in answers for rid in a.rids}
+        assert all(result.metrics.redispatches[rid] == 1 for rid in split)
+    assert result.failed_requests == 0 and result.metrics.turns_done == plain.turns == result.turns
+    assert sum(1 for t in result.metrics.done_ns if t >= 0) == plain.turns
+
+
+@pytest.mark.parametrize("system", ["basic", "dualpath"])
+@pytest.mark.parametrize("lost", ["TurnDone", "DecodeDone"])
+def test_a_decode_process_killed_between_its_decode_done_and_its_turn_done_ends_each_request_once(
+    monkeypatch: pytest.MonkeyPatch, system: str, lost: str
+) -> None:
+    # DecodeDone left, TurnDone did not: the scheduler, told the decode group was restarted, asks the client,
+    # which had not ended those turns: the scheduler sends their TurnDone (else the client waits for ever).
+    # TurnDone left, DecodeDone did not: the client had ended them: they are not dispatched again (else they
+    # end twice).
+    from dualpath_emu.cluster import messages
+    from dualpath_emu.cluster.decode import DecodeGroup
+
+    trajectories = work()
+    plain = run_system(CONFIG, system, trajectories)
+    fired = _killed_between_sends(monkeypatch, DecodeGroup, "_report_done", getattr(messages, lost), NS)
+    answers: list[messages.TurnsEnded] = []
+    original = Scheduler.on_turns_ended
+
+    def spy(self: Scheduler, now: int, msg: messages.TurnsEnded, sender: str) -> None:
+        answers.append(msg)
+        original(self, now, msg, sender)
+
+    monkeypatch.setattr(Scheduler, "on_turns_ended", spy)
+    result = run_system(CONFIG, system, trajectories)
+    [message] = fired
+    split = set(message.rids)  # type: ignore[attr-defined]
+    # The client was asked once: it had not ended the turns whose TurnDone was lost (the scheduler told it),
+    # and had ended those whose DecodeDone was lost (they were not dispatched again).
+    [answer] = answers
+    assert split <= set(answer.asked)
+    if lost == "TurnDone":
+        assert not split & set(answer.ended)
+    else:
+        assert split <= set(answer.ended)
+    assert not any(result.metrics.redispatches[rid] > 0 for rid in split)
+    assert result.failed_requests == 0 and result.metrics.turns_done == plain.turns == result.turns
+    assert sum(1 for t in result.metrics.done_ns if t >= 0) == plain.turns

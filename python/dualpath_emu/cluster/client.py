@@ -8,7 +8,7 @@ from typing import Protocol
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
-from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone, TurnFailed
+from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone, TurnFailed, TurnsEnded, WhichEnded
 from dualpath_emu.cluster.observations import Admitted
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 from dualpath_emu.workload.trajectory import Trajectory
@@ -190,6 +190,10 @@ class Client(ClusterEngine):
     def on_turn_done(self, now: int, msg: TurnDone, sender: str) -> None:
         metrics, done_ns = self.cluster.metrics, msg.done_ns
         for rid, first_ns, second_ns in zip(msg.rids, msg.first_token_ns, msg.second_token_ns, strict=True):
+            if rid not in self._agent_of:
+                # Ended already: a decode group's process died as it told this, and the scheduler, which asked
+                # (WhichEnded) before this came, sent it again (issue 26). A turn ends once.
+                continue
             metrics.ended(rid, first_ns, second_ns, done_ns)
             if self.observer is not None:
                 self.observer.turn_done(metrics.arrive_ns[rid], first_ns, second_ns, done_ns, metrics.gen[rid])
@@ -203,3 +207,9 @@ class Client(ClusterEngine):
                 if self.remaining == 0:
                     self._finish()
         self._send_turns()
+
+    @on(WhichEnded)
+    def on_which_ended(self, now: int, msg: WhichEnded, sender: str) -> None:
+        """A decode group's process died and was started again: say which of these turns have ended here."""
+        agent_of = self._agent_of
+        self.out.send("scheduler", TurnsEnded(msg.rids, tuple(rid for rid in msg.rids if rid not in agent_of)))

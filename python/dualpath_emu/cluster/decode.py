@@ -64,6 +64,8 @@ class DecodeGroup(EngineGroup):
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._in_hbm: set[int] = set()
         """Requests whose KV is in (or on its way to) a GPU's HBM, until they end (what a crash loses there)."""
+        self._kv_from: dict[int, int] = {}
+        """The prefill node of each request in :attr:`_in_hbm` (a :class:`Drop` naming it keeps them)."""
         self._down = False
         """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self._epoch = 0
@@ -122,10 +124,10 @@ class DecodeGroup(EngineGroup):
         """Hit tokens counted in this node's read queue whose read has not ended."""
         return task.hit if task.hit > 0 and task.read_on_de and not done and not self.cluster.system.oracle else 0
 
-    def _lose(self, lost: list[tuple[int, int]], why: str) -> None:
-        """Tell the scheduler these ``(rid, pending read tokens)`` are no longer here."""
+    def _lose(self, lost: list[tuple[int, int]], why: str, kept: tuple[int, ...] = ()) -> None:
+        """Tell the scheduler these ``(rid, pending read tokens)`` are no longer here (and these are ``kept``)."""
         reads = [tokens for _, tokens in lost if tokens]
-        self.out.send("scheduler", Lost(tuple(rid for rid, _ in lost), why, (self.node,) * len(reads), tuple(reads)))
+        self.out.send("scheduler", Lost(tuple(rid for rid, _ in lost), why, (self.node,) * len(reads), tuple(reads), kept))
 
     @on(Crash)
     def on_crash(self, now: int, msg: Crash, sender: str) -> None:
@@ -143,6 +145,7 @@ class DecodeGroup(EngineGroup):
             state.clear()
         for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._in_hbm):
             ids.clear()
+        self._kv_from.clear()
         self.steps.reset(now)
         for pool in self.pools():
             pool.reset(now)
@@ -158,9 +161,20 @@ class DecodeGroup(EngineGroup):
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
         """The scheduler drops these requests (their prefill engine crashed before their KV came): free what
-        they hold here."""
+        they hold here. With ``from_nodes`` (those prefill nodes' process died and was started again): every
+        request expected from there whose KV has not come; those whose KV came are kept, and the scheduler told
+        (their KvReady left the dead process, its PrefillDone may not have)."""
+        if msg.from_nodes:
+            nodes = set(msg.from_nodes)
+            rids = tuple(rid for rid, task in self.expected.items() if task.pe_node in nodes)
+            kept = tuple(sorted(rid for rid, node in self._kv_from.items() if node in nodes))
+            self._lose(self._drop(now, rids), "dropped from", kept)
+            return
+        self._lose(self._drop(now, msg.rids), "dropped")
+
+    def _drop(self, now: int, rids: tuple[int, ...]) -> list[tuple[int, int]]:
         lost = []
-        for rid in msg.rids:
+        for rid in rids:
             self._early_kv.pop(rid, None)
             task = self.expected.pop(rid, None)
             if task is None:
@@ -174,7 +188,7 @@ class DecodeGroup(EngineGroup):
             self._reading.pop(rid, None)  # its completion, if under way, is ignored
             for ids in (self._buffered, self._started_elsewhere, self._read_done):
                 ids.discard(rid)
-        self._lose(lost, "dropped")
+        return lost
 
     def _expect(self, now: int, msg: DecodeTask) -> None:
         self.expected[msg.rid] = msg
@@ -290,6 +304,7 @@ class DecodeGroup(EngineGroup):
         self._buffered.discard(rid)
         self._read_done.discard(rid)
         self._in_hbm.add(rid)
+        self._kv_from[rid] = task.pe_node
         request = DecodingRequest(
             rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )
@@ -318,6 +333,7 @@ class DecodeGroup(EngineGroup):
         """``request`` has all its tokens: its HBM is free; it is reported with the others of this instant."""
         self.hbm[request.gpu].release(now, request.rid, (request.prompt + request.gen) * self._kv)
         self._in_hbm.discard(request.rid)
+        self._kv_from.pop(request.rid, None)
         self.out.observe(Ended(request.rid))
         self._done.append(request)
 
@@ -331,6 +347,6 @@ class DecodeGroup(EngineGroup):
             done = self._done
             self._done = []
             rids = tuple(r.rid for r in done)
-            self.out.send("scheduler", DecodeDone(rids))
             first, second = tuple(r.first_token_ns for r in done), tuple(r.second_token_ns for r in done)
+            self.out.send("scheduler", DecodeDone(rids, first, second, now))
             self.out.send("client", TurnDone(rids, first, second, now))

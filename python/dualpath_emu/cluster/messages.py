@@ -43,7 +43,7 @@ from typing import ClassVar
 from dualpath_emu.messages import Message, MessageRegistry
 
 __all__ = [
-    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
+    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "TurnsEnded", "WhichEnded", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
     "PortFault", "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
 ]  # fmt: skip
 
@@ -202,11 +202,16 @@ class PrefillDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class DecodeDone(Message):
-    """To the scheduler: these requests left their DEs (at one instant)."""
+    """To the scheduler: these requests left their DEs (at one instant, ``done_ns``), with what their
+    :class:`TurnDone` tells the client (each one's first and second token's time): should the decode group's
+    process die before its TurnDone left, the scheduler sends it in its place (issue 26)."""
 
     WIRE_NAME: ClassVar[str] = "cluster.DecodeDone"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     rids: tuple[int, ...]
+    first_token_ns: tuple[int, ...] = ()
+    second_token_ns: tuple[int, ...] = ()
+    done_ns: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,25 +274,52 @@ class Restart(Message):
 class Lost(Message):
     """To the scheduler, from an engine group: these requests are no longer here. ``why``: ``"crash"`` (the
     group crashed with them and is down from now), ``"down"`` (work for them came while it was down) or
-    ``"dropped"`` (the scheduler's :class:`Drop` was done). ``read_nodes[i]``/``read_tokens[i]``: reads that
-    were counted in a node's read queue and will not end (no :class:`ReadDone` comes for them)."""
+    ``"dropped"`` (the scheduler's :class:`Drop` was done), ``"dropped from"`` (a decode group's answer to a
+    :class:`Drop` naming ``from_nodes``: ``kept`` lists the requests from those nodes whose KV had come, which
+    it keeps) or ``"restarted"`` (a new process in place of one that died). ``read_nodes[i]``/``read_tokens[i]``:
+    reads that were counted in a node's read queue and will not end (no :class:`ReadDone` comes for them)."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Lost"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
     rids: tuple[int, ...]
     why: str
     read_nodes: tuple[int, ...] = ()
     read_tokens: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Drop(Message):
     """To an engine group, from the scheduler: forget these requests (their other engine crashed); answer
-    :class:`Lost` with ``why = "dropped"``."""
+    :class:`Lost` with ``why = "dropped"``. With ``from_nodes`` (to a decode group, whose prefill group's
+    process died and was started again): forget every request expected from those prefill nodes whose KV has not
+    come, and answer ``why = "dropped from"`` with them, and those from there whose KV came as ``kept``."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Drop"
+    VERSION: ClassVar[int] = 2
+    rids: tuple[int, ...]
+    from_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WhichEnded(Message):
+    """To the client, from the scheduler, when a decode group's process died and was started again: which of
+    these turns have you ended? (Its last :class:`DecodeDone` and :class:`TurnDone` may have been split.)
+    Answer :class:`TurnsEnded`."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.WhichEnded"
     VERSION: ClassVar[int] = 1
     rids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnsEnded(Message):
+    """To the scheduler, from the client: of the turns ``asked`` (a :class:`WhichEnded`), these had ended."""
+
+    WIRE_NAME: ClassVar[str] = "cluster.TurnsEnded"
+    VERSION: ClassVar[int] = 1
+    asked: tuple[int, ...]
+    ended: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +343,7 @@ def cluster_registry() -> MessageRegistry:
     registry = MessageRegistry()
     for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
                 KvReady, PrefillDone, DecodeDone, TurnDone, Health, ReadHere, ReadMoved, Start, Crash, Restart, Lost, Drop,
-                TurnFailed, PortFault):  # fmt: skip
+                TurnFailed, PortFault, WhichEnded, TurnsEnded):  # fmt: skip
         registry.register(cls)
     return registry
 

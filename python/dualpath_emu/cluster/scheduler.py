@@ -25,7 +25,10 @@ from dualpath_emu.cluster.messages import (
     ReadDone,
     ReadMoved,
     Submit,
+    TurnDone,
     TurnFailed,
+    TurnsEnded,
+    WhichEnded,
 )
 from dualpath_emu.cluster.observations import Assigned, Failed, Redispatched
 from dualpath_emu.cluster.policies import (
@@ -49,6 +52,10 @@ __all__ = [
     "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "Scheduler",
 ]  # fmt: skip
 
+_LAST_DONE = 64
+"""DecodeDones kept per decode group: what a process killed could have sent without its TurnDones."""
+
+
 @dataclass(slots=True)
 class _Pull:
     """A group's standing fetch (:class:`Fetch`) and when it was last served."""
@@ -60,6 +67,21 @@ class _Pull:
     last_ns: int = -(10**18)
     timer: bool = False
     """Set while the next serving waits for the period to pass."""
+
+
+@dataclass(slots=True)
+class _PrefillRestart:
+    """A prefill group's process died and was started again: what it held, while the decode groups say which of
+    those requests' KV they have (a KvReady may have left the dead process without its PrefillDone, or the other
+    way round)."""
+
+    group: str
+    waiting: set[str]
+    """Decode groups whose answer (Lost "dropped from") has not come."""
+    held: list[tuple[int, int, int]]
+    """``(rid, pe, attempt)``: the requests the scheduler had sent it, as they were then."""
+    dropped: list[int]
+    kept: set[int]
 
 
 class Scheduler(ClusterEngine):
@@ -110,6 +132,23 @@ class Scheduler(ClusterEngine):
         """Why a request being recovered was lost ("crash", "down" or "timeout"), until it is dispatched again."""
         self._all_pes = self.prefill.engines
         self._all_de_groups: dict[int, deque[Request]] = dict(self.private)
+        # Processes that died and were started again (a live run's --restart-crashed; issue 26): a process
+        # killed between two sends of one handler may have sent one and not the other.
+        self._last_done: dict[str, deque[DecodeDone]] = {}
+        """Each decode group's last DecodeDones (what its TurnDones told the client, should they not have left)."""
+        self._prefill_restarts: dict[int, _PrefillRestart] = {}
+        """By number (a group's process may die again before the answers about the last death came)."""
+        self._asked: dict[str, deque[int]] = {}
+        """The prefill restarts each decode group was asked about (Drop naming their nodes), in order."""
+        self._restarts = 0
+        self._asking: set[int] = set()
+        """Requests the client was asked about (WhichEnded) and has not answered yet."""
+        self._parked: dict[int, str] = {}
+        """Requests to dispatch again once the client says it has not ended them: who lost them."""
+        self._client_ended: set[int] = set()
+        """Requests the client ended whose recovery is still waiting for a drop: they end when it comes."""
+        self._resend: dict[int, tuple[int, int, int]] = {}
+        """Requests a dead decode group reported done, asked about: their TurnDone's times."""
 
     def waiting(self) -> tuple[int, int]:
         """Requests waiting for a PE, and for a DE (the global decode queue and every group's private one)."""
@@ -265,6 +304,10 @@ class Scheduler(ClusterEngine):
 
     @on(DecodeDone)
     def on_decode_done(self, now: int, msg: DecodeDone, sender: str) -> None:
+        last = self._last_done.get(sender)
+        if last is None:
+            last = self._last_done[sender] = deque(maxlen=_LAST_DONE)
+        last.append(msg)
         gpus, nodes = self._gpus, set()
         for rid in msg.rids:
             if rid not in self.de_of:
@@ -311,6 +354,9 @@ class Scheduler(ClusterEngine):
             return
         for node, tokens in zip(msg.read_nodes, msg.read_tokens, strict=True):
             self.read_q[node] -= tokens  # reads that will not end
+        if msg.why == "dropped from":
+            self._dropped_from(now, msg, sender)
+            return
         if msg.why == "crash":
             self._engine_down(now, sender)
         for rid in msg.rids:
@@ -331,7 +377,12 @@ class Scheduler(ClusterEngine):
         """Engine group ``group`` is a new process in place of one that died (a live run's
         ``--restart-crashed``): everything the dead one held is lost. It can say nothing of it, so what the
         scheduler sent it counts: every request assigned to it, and every read on its nodes (they were all its
-        own). What waited for its answer to a drop needs none now."""
+        own). What waited for its answer to a drop needs none now.
+
+        The dead process may have sent one message of a handler and not the next: a prefill group's KvReady
+        without its PrefillDone (or the reverse), a decode group's DecodeDone without its TurnDone (or the
+        reverse). So a prefill group's requests whose KV may have left are settled with the decode groups
+        (:meth:`_ask_decode_groups`), and a decode group's with the client (:meth:`_ask_client`)."""
         nodes = [n for n, name in (*self._pe_group.items(), *self._de_group.items()) if name == group]
         for node in nodes:
             self.read_q[node] = 0
@@ -341,13 +392,134 @@ class Scheduler(ClusterEngine):
                 if not waiting:
                     del self._recovering[rid]
                     self._dispatch_again(now, rid, group)
+        for number, restart in list(self._prefill_restarts.items()):  # a decode group that was asked: no answer comes
+            if group in restart.waiting:
+                restart.waiting.discard(group)
+                if not restart.waiting:
+                    self._settle_prefill_restart(now, number)
+        self._asked.pop(group, None)
+        prefill = group in self._pe_group.values()
         held = [rid for rid in self.requests if rid not in self._recovering and group in self._groups_of(rid)]
-        if group in self._pe_group.values():  # assigned a PE there, waiting in a decode queue: not sent yet
-            held += [rid for rid, pe in self.pe_of.items() if rid not in self.de_of and self.prefill.group_of(pe) == group]
+        if prefill:
+            self._ask_decode_groups(now, group, nodes, held)
+            held = [rid for rid, pe in self.pe_of.items()  # assigned a PE there, waiting in a decode queue: not sent yet
+                    if rid not in self.de_of and rid not in self._decoded and self.prefill.group_of(pe) == group]  # fmt: skip
+        else:
+            self._ask_client(group, held)
         for rid in held:
             self._causes[rid] = "crash"
             self._recover(now, rid, group)
         self._wake_prefill(now)
+
+    def _ask_decode_groups(self, now: int, group: str, nodes: list[int], held: list[int]) -> None:
+        """Prefill group ``group``'s process died holding ``held`` (sent to decode groups): ask every decode group
+        that is up to drop what it expects from ``nodes`` whose KV has not come and to say which it has; settle
+        when all have answered. A request whose DecodeDone came (its PrefillDone never will) is done."""
+        wake = None
+        for rid, pe in list(self.pe_of.items()):
+            if rid in self._decoded and self.prefill.group_of(pe) == group:
+                del self.pe_of[rid]
+                wake = self.prefill.done(self.requests.pop(rid), pe) or wake
+                self._decoded.discard(rid)
+        if wake is not None:
+            self._notify_group(now, wake)
+        waiting = {name for name in self._de_group.values() if name not in self._down}
+        number = self._restarts = self._restarts + 1
+        self._prefill_restarts[number] = _PrefillRestart(
+            group, waiting, [(rid, self.pe_of[rid], self._attempts.get(rid, 0)) for rid in held], [], set()
+        )
+        for name in sorted(waiting):
+            self._asked.setdefault(name, deque()).append(number)
+            self.out.send(name, Drop((), tuple(nodes)))
+        if not waiting:
+            self._settle_prefill_restart(now, number)
+
+    def _dropped_from(self, now: int, msg: Lost, sender: str) -> None:
+        """A decode group's answer to a Drop naming a restarted prefill group's nodes."""
+        queue = self._asked.get(sender)
+        if not queue:
+            return  # asked before it died itself: settled without it
+        number = queue.popleft()
+        restart = self._prefill_restarts[number]
+        restart.dropped.extend(msg.rids)
+        restart.kept.update(msg.kept)
+        restart.waiting.discard(sender)
+        if not restart.waiting:
+            self._settle_prefill_restart(now, number)
+
+    def _settle_prefill_restart(self, now: int, number: int) -> None:
+        """Every decode group answered: a request whose KV a decode group has (kept) goes on there, its prefill
+        done; one dropped, or that none has heard of, is dispatched again."""
+        restart = self._prefill_restarts.pop(number)
+        group = restart.group
+        wake = None
+        again: list[int] = []
+        for rid, pe, attempt in restart.held:
+            if self.pe_of.get(rid) != pe or rid in self._recovering or self._attempts.get(rid, 0) != attempt:
+                continue  # settled since (a PrefillDone cannot come from the dead process; a crash can)
+            if rid in self._decoded:  # its DecodeDone came meanwhile: done
+                del self.pe_of[rid]
+                wake = self.prefill.done(self.requests.pop(rid), pe) or wake
+                self._decoded.discard(rid)
+            elif rid not in self.de_of:
+                continue
+            elif rid in restart.kept:
+                del self.pe_of[rid]
+                wake = self.prefill.done(self.requests[rid], pe) or wake
+            else:
+                again.append(rid)
+        held = {rid for rid, _, _ in restart.held}
+        # Dropped although its PrefillDone came: its KvReady never left the dead process.
+        again += [rid for rid in restart.dropped if rid not in held and rid in self.de_of and rid not in self.pe_of
+                  and rid not in self._recovering]  # fmt: skip
+        for rid in again:
+            self._causes[rid] = "crash"
+            self._unassign(rid)
+            self._dispatch_again(now, rid, group)
+        if wake is not None:
+            self._notify_group(now, wake)
+        self._wake_prefill(now)
+
+    def _ask_client(self, group: str, held: list[int]) -> None:
+        """Decode group ``group``'s process died holding ``held``: its TurnDones may have left without their
+        DecodeDones (those turns ended: they are not dispatched again), and its last DecodeDones without their
+        TurnDones (the scheduler sends them): ask the client which of these it has ended."""
+        asked = list(held)
+        for done in self._last_done.pop(group, ()):
+            for rid, first, second in zip(done.rids, done.first_token_ns, done.second_token_ns, strict=True):
+                self._resend[rid] = (first, second, done.done_ns)
+                asked.append(rid)
+        if asked:
+            self._asking.update(asked)
+            self.out.send("client", WhichEnded(tuple(asked)))
+
+    @on(TurnsEnded)
+    def on_turns_ended(self, now: int, msg: TurnsEnded, sender: str) -> None:
+        """The client's answer: what it ended is done; what it did not is dispatched again, or told done."""
+        ended = set(msg.ended)
+        for rid in msg.asked:
+            self._asking.discard(rid)
+            times = self._resend.pop(rid, None)
+            if times is not None:
+                if rid not in ended:  # its TurnDone never left the dead process
+                    self.out.send("client", TurnDone((rid,), (times[0],), (times[1],), times[2]))
+                continue
+            lost_by = self._parked.pop(rid, None)
+            if rid in ended:
+                if lost_by is not None:
+                    self._end(rid)
+                elif rid in self.requests:
+                    self._client_ended.add(rid)  # its recovery waits for a drop still
+            elif lost_by is not None:
+                self._dispatch_again(now, rid, lost_by)
+        self._wake_prefill(now)
+
+    def _end(self, rid: int) -> None:
+        """Request ``rid``, taken back from its engines, had ended (its DecodeDone never came)."""
+        self._causes.pop(rid, None)
+        self._attempts.pop(rid, None)
+        self._decoded.discard(rid)
+        del self.requests[rid]
 
     def _recover(self, now: int, rid: int, lost_by: str) -> None:
         """Request ``rid`` was lost by ``lost_by``: take back its place on its engines; have the other group that
@@ -388,7 +560,14 @@ class Scheduler(ClusterEngine):
 
     def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
         """Queue request ``rid`` again (ahead of what came after it), or end it as failed once it was lost
-        more than ``max_redispatches`` times."""
+        more than ``max_redispatches`` times. (Not before the client says it has not ended it, when asked.)"""
+        if rid in self._client_ended:
+            self._client_ended.discard(rid)
+            self._end(rid)
+            return
+        if rid in self._asking:
+            self._parked[rid] = lost_by
+            return
         attempt = self._attempts.get(rid, 0) + 1
         cause = self._causes.pop(rid, "crash")
         if attempt > self.cluster.config.max_redispatches:
