@@ -37,6 +37,13 @@ real bytes where this process paces them:
   belong to no node and act on every node's storage pacer of their direction the same way (the lower factor
   holds where both have one); factor 0 pauses the pacer: queued I/Os wait, none is lost, they go on when it
   is back;
+* and at factor 0 the node's storage is unreachable for real: each node reaches the storage through its own
+  views (:class:`~dualpath_emu.host.storage.StorageView`, one per direction of its storage NIC), and the view
+  of a port at 0 is taken away, so that every open of a block file through it fails with ENOENT from the
+  kernel, in that node's process alone. An I/O that starts meanwhile tries its storage until the view is back
+  (``BlockStore.reach``), one in flight waits for it and tries again; none fails, none reports a block read
+  back wrong, and a read the engine gives up (``read_timeout_s``) completes when the view is back, its
+  completion ignored. An I/O error where no fault holds the port down fails the run, saying so;
 * a **compute NIC**'s ``tx`` port: its sending pacer, the same way; its ``rx`` port: the chunks that arrive
   through it are let in by a pacer of the receiving process at its rate × factor (paused at 0), and a transfer
   completes when its last chunk is let in (the bytes themselves cross the socket as they are sent);
@@ -61,7 +68,7 @@ from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
 from dualpath_emu.cluster.paths import PathStats, io_kind, port_nodes, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
-from dualpath_emu.host.storage import BlockStore
+from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Completion, Extents, clear_faults, forward_bytes
 from dualpath_emu.runtime.dataplane import DataPlaneError
@@ -121,6 +128,10 @@ class _StorageIo:
     extents: list[list[int]]
     """The ``[context, first block, blocks]`` runs not issued yet."""
     done: asyncio.Future[None]
+    port: int
+    """Its node's storage NIC port (rx for a read, tx for a write-back)."""
+    view: StorageView | None = None
+    """The way its node reaches the storage in that direction (taken away while the port is down)."""
     running: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
@@ -178,6 +189,13 @@ class HostDataPlane(WallClockCore):
         self._forward_hop = False
         """Set while a forward pass asks for one of its per-layer transfers (which waits out no latency)."""
         channel.admit = self._admit
+        self._views: dict[int, StorageView] = {}
+        """This process's nodes' storage NIC ports -> the view each reaches the storage through (made once)."""
+        if store is not None:
+            for n in sorted(self.own_nodes):
+                node = topology.nodes[n]
+                self._views[node.snic_rx] = store.view(f"n{n}.snic.rx")
+                self._views[node.snic_tx] = store.view(f"n{n}.snic.tx")
 
     # --- the data-plane interface ----------------------------------------------------------------------
 
@@ -231,6 +249,13 @@ class HostDataPlane(WallClockCore):
         for pacers in (self._pacers, self._admission):
             for port, pacer in pacers.items():
                 pacer.set_rate(pacer.rate_bytes_per_s * self._factor_of(port))
+        store = self.store
+        for port, view in self._views.items():  # a storage port down: its node's storage is unreachable
+            assert store is not None
+            if self._factor_of(port) == 0.0:
+                store.take_away(view)
+            else:
+                store.give_back(view)
 
     def _writes_held(self) -> bool:
         """Whether a fault acts on a storage write path now (a storage NIC's tx port, the storage cluster's
@@ -480,10 +505,13 @@ class HostDataPlane(WallClockCore):
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
         if delay_ns:  # a latency fault on its path: it starts that much later
             await _until(self.clock_ns, self.clock_ns() + delay_ns)
+        view = self._views.get(port)
+        if view is not None and view.away and extents:  # its storage is unreachable: it tries until it is back
+            await self.store.reach(view, extents[0][0], kind)
         # Paced in modelled bytes, a block per chunk: in real bytes an I/O under one (byte_scale 1e-9) took
         # 1 / (rate × scale) s, not size / rate; write-backs fell seconds behind, and reads gave up on them.
         pacer = self._pacer(port, self.plan.block_bytes, None, 1.0)
-        io = _StorageIo(kind, [list(e) for e in extents], self.loop.create_future())
+        io = _StorageIo(kind, [list(e) for e in extents], self.loop.create_future(), port, view)
         ident = self._new_id()
         self._ios[ident] = io
         pacer.enqueue(lane, max(1, size), ident)
@@ -499,9 +527,9 @@ class HostDataPlane(WallClockCore):
             context, first, n = io.extents[0]
             run = min(n, take)
             if io.kind == "read":
-                op = store.read(context, first, run, held=self._writes_held)
+                op = store.read(context, first, run, held=self._writes_held, view=io.view)
             else:
-                op = store.write(context, first, run)
+                op = store.write(context, first, run, view=io.view)
             io.running.append(asyncio.ensure_future(op))
             take -= run
             if run == n:
@@ -515,6 +543,12 @@ class HostDataPlane(WallClockCore):
     async def _finish_io(self, io: _StorageIo) -> None:
         try:
             results = await asyncio.gather(*io.running)
+        except HostStorageError as error:  # a real I/O error (a fault's unreachable storage waits: see the module)
+            what = "a read" if io.kind == "read" else "a write-back"
+            why = "no fault holds its storage NIC down" if self._factor_of(io.port) else "its storage NIC is down"
+            io.done.set_exception(HostDataError(f"process {self.process!r}: {what} on node "
+                                                f"{self.plan.port_node[io.port]}'s storage failed ({why}): {error}"))
+            return
         except Exception as error:
             io.done.set_exception(error)
             return

@@ -42,6 +42,30 @@ I/O and verification
 
 A read of blocks this store is still writing (a process reading its own write-back in flight) waits for
 the write instead of polling; another process's write-back is polled for as above.
+
+Views: a node's storage made unreachable (issue 26)
+    A node reaches the storage through its own :class:`StorageView` (one per node and direction: its storage
+    NIC's rx for reads, tx for write-backs): a file descriptor of ``root``, resolved once, that reads and writes
+    open their files relative to (``openat``: the same one syscall per chunk as opening by path, and no path
+    to walk). :meth:`BlockStore.take_away` turns the view, in place (``dup2``), into a descriptor of an empty
+    directory that was removed: every open through it then fails with a real ``ENOENT`` from the kernel, for
+    that view alone, while the others read on; :meth:`BlockStore.give_back` restores it. Nothing is on disk, so
+    a killed process leaves nothing behind, and each process's views are its own (root's reads are not
+    stopped by file permissions). What an I/O does while its view is away:
+
+    * a read or write whose file open fails so (its chunk in flight when the view went) waits for the view
+      and tries again, with backoff (1 ms doubling up to 50 ms, woken at once when the view is back): never a
+      block "not there yet" that runs out of patience (a false corruption), never an error;
+    * :meth:`BlockStore.reach` is what an I/O does before it starts on a view that is away: it tries its
+      file (a real open) the same way until the view is back;
+    * an ``ENOENT`` on a view that is not away is what it was (a block not written yet), and any other OS
+      error is raised as always; where the storage directory itself is gone, the error says so (a read does
+      not report the blocks as read back wrong).
+
+    ``stats()`` counts the opens the kernel failed so (``read_unreachable``, ``write_unreachable``), the calls
+    that met them and waited (``read_unreachable_waits``, ...), the seconds they waited (``read_unreachable_s``,
+    ``write_unreachable_s``; the longest one wait, ``unreachable_max_s``) and the views away now
+    (``views_away``).
 """
 
 from __future__ import annotations
@@ -53,6 +77,7 @@ import mmap
 import os
 import re
 import struct
+import tempfile
 import threading
 import time
 import uuid
@@ -66,7 +91,7 @@ from typing import Any, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ALIGN", "SMALL_ALIGN", "BlockStore", "HostStorageError", "IoResult"]
+__all__ = ["ALIGN", "SMALL_ALIGN", "BlockStore", "HostStorageError", "IoResult", "StorageView"]
 
 ALIGN: Final = 4096  # O_DIRECT alignment of buffers, offsets and sizes where the device asks for pages
 SMALL_ALIGN: Final = 512
@@ -83,11 +108,15 @@ _FIRST_BACKOFF_S: Final = 0.001
 _MAX_BACKOFF_S: Final = 0.008
 """The longest sleep between two reads of a block not there yet."""
 _CTX_FILE: Final = re.compile(r"ctx-\d{8,}\.kv")
+_FIRST_REACH_S: Final = 0.001
+_MAX_REACH_S: Final = 0.05
+"""The longest wait between two tries of a view that is away (a view back wakes its waiters at once)."""
 
 # What a read found in a block.
 _OK: Final = 0
 _PENDING: Final = 1  # not there yet: re-read
 _CORRUPT: Final = 2  # wrong contents: mismatched at once
+_UNREACHABLE: Final = 3  # its file could not be opened, its view away: wait for the view, then read again
 
 _Words = npt.NDArray[np.uint64]
 
@@ -112,6 +141,38 @@ class IoResult:
     mismatched_blocks: int = 0
     retries: int = 0
     wall_s: float = 0.0
+    unreachable: int = 0
+    """Opens the kernel failed with ENOENT, the view away (each one waited for it and tried again)."""
+    unreachable_s: float = 0.0
+    """Seconds spent waiting for the view to come back."""
+
+
+class StorageView:
+    """One node's way to the storage (one direction of its storage NIC): a directory descriptor that reads and
+    writes open their files relative to; away, the descriptor of a removed directory (see the module).
+    Made by :meth:`BlockStore.view`; taken away and given back on the event loop's thread."""
+
+    __slots__ = ("_back", "away", "fd", "name")
+
+    def __init__(self, name: str, fd: int) -> None:
+        self.name: Final = name
+        self.fd: Final = fd
+        self.away = False
+        """Whether it is taken away (every open through it fails with ENOENT)."""
+        self._back: asyncio.Event | None = None
+
+    async def wait_back(self, timeout_s: float) -> None:
+        """Return when the view is back, or after ``timeout_s``, whichever comes first."""
+        back = self._back
+        if not self.away or back is None:
+            return
+        try:
+            await asyncio.wait_for(back.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"StorageView({self.name!r}{', away' if self.away else ''})"
 
 
 def _key(context: int, block: int) -> int:
@@ -201,8 +262,13 @@ class BlockStore:
         self._totals: dict[str, int | float] = dict.fromkeys(
             ("bytes_read", "bytes_written", "reads", "writes", "blocks_read", "blocks_written", "verified_bytes",
              "mismatched_blocks", "retries", "seeded_blocks"), 0)
-        self._totals.update(read_wall_s=0.0, write_wall_s=0.0)
+        self._totals.update(read_wall_s=0.0, write_wall_s=0.0, read_unreachable=0, write_unreachable=0,
+                            read_unreachable_waits=0, write_unreachable_waits=0,
+                            read_unreachable_s=0.0, write_unreachable_s=0.0, unreachable_max_s=0.0)
         self._closed = False
+        self._root_fd: int | None = None  # the directory's descriptor, opened with the first view
+        self._gone_fd: int | None = None  # a removed directory's, what a view away is
+        self._views: list[StorageView] = []
         self._writing: dict[int, list[tuple[int, int, asyncio.Future[None]]]] = {}
         """This store's writes in flight, per context: ``(first block, end, done)``. A read of their blocks waits
         for them here rather than polling the file (a write-back of another process is polled for)."""
@@ -213,31 +279,108 @@ class BlockStore:
         """The file of ``context``."""
         return self.root / f"ctx-{_check_int('context', context, 0):08d}.kv"
 
-    async def write(self, context: int, first_block: int, n_blocks: int) -> IoResult:
-        """Write blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (creating its file)."""
+    def view(self, name: str) -> StorageView:
+        """A new view of the storage (``name`` says whose, in errors and stats): ``root`` resolved once (see the
+        module)."""
+        if self._closed:
+            raise HostStorageError("the BlockStore is closed")
+        if self._root_fd is None:
+            try:
+                self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as err:
+                raise HostStorageError(f"root {self.root}: {err.strerror or err}") from err
+        view = StorageView(name, os.dup(self._root_fd))
+        self._views.append(view)
+        return view
+
+    def take_away(self, view: StorageView) -> None:
+        """Make ``view`` unreachable: from now on every open through it fails with ENOENT (see the module)."""
+        if view.away:
+            return
+        if self._gone_fd is None:  # an empty directory, removed: a lookup in it finds nothing, even as root
+            folder = tempfile.mkdtemp(prefix="dualpath-emu-gone-")
+            try:
+                self._gone_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            finally:
+                os.rmdir(folder)
+        os.dup2(self._gone_fd, view.fd, inheritable=False)
+        view.away = True
+        view._back = asyncio.Event()
+
+    def give_back(self, view: StorageView) -> None:
+        """Make ``view`` reach the storage again; what waits for it tries again at once."""
+        if not view.away:
+            return
+        assert self._root_fd is not None
+        os.dup2(self._root_fd, view.fd, inheritable=False)
+        view.away = False
+        back, view._back = view._back, None
+        if back is not None:
+            back.set()
+
+    async def reach(self, view: StorageView, context: int, kind: str = "read") -> float:
+        """What an I/O does before it starts on ``view`` (for a ``kind``, ``"read"`` or ``"write"``): while the
+        view is away, try to open ``context``'s file through it (the kernel says ENOENT), wait (backoff, or
+        until the view is back) and try again. Returns the seconds it waited (0, at once, if the view is
+        there)."""
+        if kind not in ("read", "write"):
+            raise HostStorageError(f"kind must be 'read' or 'write', not {kind!r}")
+        if not view.away:
+            return 0.0
+        _check_int("context", context, 0)
+        loop = asyncio.get_running_loop()
+        pool = self._pool if kind == "read" else self._write_pool
+        start = time.perf_counter()
+        tries, delay = 0, _FIRST_REACH_S
+        while await loop.run_in_executor(pool, self._unreachable, context, view):
+            tries += 1
+            await view.wait_back(delay)
+            delay = min(2 * delay, _MAX_REACH_S)
+        waited = time.perf_counter() - start if tries else 0.0
+        self._count_unreachable(kind, tries, waited)
+        return waited
+
+    async def write(self, context: int, first_block: int, n_blocks: int, *,
+                    view: StorageView | None = None) -> IoResult:  # fmt: skip
+        """Write blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (creating its file),
+        through ``view`` if given (waiting for it while it is away: see the module)."""
         self._check(context, first_block, n_blocks)
         start = time.perf_counter()
         loop = asyncio.get_running_loop()
         entry = (first_block, first_block + n_blocks, loop.create_future())
         writing = self._writing.setdefault(context, [])
         writing.append(entry)
+        tries, waited = 0, 0.0
         try:
-            await asyncio.gather(*(loop.run_in_executor(self._write_pool, self._write_chunk, context, first, count)
-                                   for first, count in self._chunks(first_block, n_blocks)))
+            chunks = list(self._chunks(first_block, n_blocks))
+            delay = _FIRST_REACH_S
+            while True:
+                written = await asyncio.gather(*(loop.run_in_executor(self._write_pool, self._write_chunk, context,
+                                                                      first, count, view)
+                                                 for first, count in chunks))  # fmt: skip
+                chunks = [chunk for chunk, done in zip(chunks, written, strict=True) if not done]
+                if not chunks:
+                    break
+                assert view is not None  # (only a view can be away)
+                tries += len(chunks)
+                waited += await self._wait_view(view, delay)
+                delay = min(2 * delay, _MAX_REACH_S)
         finally:
             entry[2].set_result(None)
             writing.remove(entry)
             if not writing:
                 del self._writing[context]
-        result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start)
+        result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start,
+                          unreachable=tries, unreachable_s=waited)  # fmt: skip
         self._count(result, "written", "writes", "write_wall_s")
         return result
 
     async def read(self, context: int, first_block: int, n_blocks: int, *, wait_s: float = 2.0,
-                   held: Callable[[], bool] | None = None) -> IoResult:  # fmt: skip
+                   held: Callable[[], bool] | None = None, view: StorageView | None = None) -> IoResult:  # fmt: skip
         """Read blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` and verify each; one
         not there yet is re-read with backoff for up to ``wait_s`` seconds of sleep, not counting those
-        while ``held()`` is true (see the module)."""
+        while ``held()`` is true; through ``view`` if given, waiting for it while it is away (see the
+        module)."""
         self._check(context, first_block, n_blocks)
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) \
                 or wait_s < 0:
@@ -247,13 +390,22 @@ class BlockStore:
         overlapping = [done for first, stop, done in self._writing.get(context, ()) if first < end and first_block < stop]
         if overlapping:  # written by this store, still in flight: wait for them, then read
             await asyncio.gather(*overlapping)
-        verified = mismatched = retries = 0
+        verified = mismatched = retries = tries = 0
         pending = list(range(first_block, first_block + n_blocks))
         delay, slept = _FIRST_BACKOFF_S, 0.0
+        reach_delay, waited = _FIRST_REACH_S, 0.0
         while True:
-            statuses = await self._read_blocks(context, pending)
+            statuses = await self._read_blocks(context, pending, view)
             verified += statuses.count(_OK)
             mismatched += statuses.count(_CORRUPT)
+            if _UNREACHABLE in statuses:  # the view is away: wait for it (not counted in wait_s), read them again
+                assert view is not None
+                tries += statuses.count(_UNREACHABLE)
+                pending = [block for block, status in zip(pending, statuses, strict=True)
+                           if status in (_PENDING, _UNREACHABLE)]  # fmt: skip
+                waited += await self._wait_view(view, reach_delay)
+                reach_delay = min(2 * reach_delay, _MAX_REACH_S)
+                continue
             pending = [block for block, status in zip(pending, statuses, strict=True) if status == _PENDING]
             if not pending:
                 break
@@ -262,6 +414,9 @@ class BlockStore:
                 retries += len(pending)
                 continue
             if slept >= wait_s - 1e-9:  # (the sum of the sleeps, within rounding)
+                if gone := self._gone():  # not a block read back wrong: the storage is not there
+                    raise HostStorageError(f"read {self.path(context)} (blocks {pending[0]}..{pending[-1]}): not "
+                                           f"found{gone}")  # fmt: skip
                 mismatched += len(pending)  # never verified within wait_s
                 break
             pause = min(delay, wait_s - slept)
@@ -271,7 +426,7 @@ class BlockStore:
             retries += len(pending)
         result = IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, verified_blocks=verified,
                           verified_bytes=verified * self.stride, mismatched_blocks=mismatched, retries=retries,
-                          wall_s=time.perf_counter() - start)
+                          wall_s=time.perf_counter() - start, unreachable=tries, unreachable_s=waited)  # fmt: skip
         self._count(result, "read", "reads", "read_wall_s")
         return result
 
@@ -291,7 +446,7 @@ class BlockStore:
         with self._lock:
             totals: dict[str, int | float | bool | str] = dict(self._totals)
         totals.update(direct_io=self.direct_io, direct_io_reason=self.direct_io_reason, stride=self.stride,
-                      block_bytes=self.block_bytes)
+                      block_bytes=self.block_bytes, views_away=sum(view.away for view in self._views))
         return totals
 
     def close(self) -> None:
@@ -299,9 +454,15 @@ class BlockStore:
         if self._closed:
             return
         self._closed = True
+        for view in self._views:  # back (what waits for it goes on), then closed with the pools
+            self.give_back(view)
         self._pool.shutdown(wait=True)
         self._write_pool.shutdown(wait=True)
         self._buffers.close()
+        for fd in (*(view.fd for view in self._views), self._root_fd, self._gone_fd):
+            if fd is not None:
+                os.close(fd)
+        self._root_fd = self._gone_fd = None
 
     def remove_all(self) -> int:
         """Delete every context file under ``root`` (whoever wrote it; the end of a run's clean-up); returns
@@ -399,7 +560,63 @@ class BlockStore:
         for first in range(first_block, end, self._chunk_blocks):
             yield first, min(self._chunk_blocks, end - first)
 
-    async def _read_blocks(self, context: int, blocks: list[int]) -> list[int]:
+    async def _wait_view(self, view: StorageView, delay_s: float) -> float:
+        """Wait for ``view`` to be back, at most ``delay_s``; the seconds waited."""
+        start = time.perf_counter()
+        await view.wait_back(delay_s)
+        return time.perf_counter() - start
+
+    def _count_unreachable(self, kind: str, tries: int, waited: float) -> None:
+        if not tries:
+            return
+        with self._lock:
+            totals = self._totals
+            totals[f"{kind}_unreachable"] += tries
+            totals[f"{kind}_unreachable_waits"] += 1
+            totals[f"{kind}_unreachable_s"] += waited
+            totals["unreachable_max_s"] = max(totals["unreachable_max_s"], waited)
+
+    def _open(self, context: int, flags: int, view: StorageView | None) -> int:
+        """A descriptor of ``context``'s file: through ``view`` (relative to its directory), else by path."""
+        if view is None:
+            return os.open(self.path(context), flags, 0o600)
+        return os.open(f"ctx-{context:08d}.kv", flags, 0o600, dir_fd=view.fd)
+
+    def _open_to_write(self, context: int, view: StorageView | None) -> int:
+        """A descriptor of ``context``'s file to write (created if need be), or -1 where ``view`` is away."""
+        flags = os.O_WRONLY | os.O_CREAT | self._flags
+        for attempt in range(2):
+            try:
+                return self._open(context, flags, view)
+            except FileNotFoundError as err:  # (O_CREAT: the directory is not there)
+                if view is not None and view.away:
+                    return -1
+                if view is None or attempt:  # (once more: the view may be back since the open went through it)
+                    raise OSError(err.errno, f"{err.strerror}{self._gone()}") from err
+        raise AssertionError("unreachable")
+
+    def _unreachable(self, context: int, view: StorageView) -> bool:
+        """Try ``context``'s file through ``view`` (a pool thread; :meth:`reach`): whether the kernel failed the
+        open for the view being away. A file not written yet, the view there, is reachable."""
+        try:
+            os.close(self._open(context, os.O_RDONLY, view))
+        except FileNotFoundError:
+            return view.away
+        except OSError as err:
+            raise HostStorageError(f"open {self.path(context)}: {err.strerror or err}") from err
+        return False
+
+    def _gone(self) -> str:
+        """Why nothing can be found in ``root`` any more (it was removed, or unmounted), or ``""``: said where
+        a file is not found."""
+        try:
+            if os.fstat(self._root_fd).st_nlink > 0 if self._root_fd is not None else self.root.is_dir():
+                return ""
+        except OSError:
+            pass
+        return f" (the storage directory {self.root} is gone: removed or unmounted during the run)"
+
+    async def _read_blocks(self, context: int, blocks: list[int], view: StorageView | None = None) -> list[int]:
         """What a read of ``blocks`` (sorted) found in each: one syscall per chunk of each contiguous run."""
         runs: list[tuple[int, int]] = []
         for block in blocks:
@@ -408,7 +625,7 @@ class BlockStore:
             else:
                 runs.append((block, 1))
         loop = asyncio.get_running_loop()
-        found = await asyncio.gather(*(loop.run_in_executor(self._pool, self._read_chunk, context, first, count)
+        found = await asyncio.gather(*(loop.run_in_executor(self._pool, self._read_chunk, context, first, count, view)
                                        for run in runs for first, count in self._chunks(*run)))
         return [status for chunk in found for status in chunk]
 
@@ -428,49 +645,53 @@ class BlockStore:
         words: _Words = np.frombuffer(buffer, dtype=np.uint64, count=count * self._words).reshape(count, -1)
         return words
 
-    def _write_chunk(self, context: int, first_block: int, count: int) -> None:
-        """One pwritev of ``count`` blocks (on a pool thread, or the caller's for :meth:`seed`)."""
-        path = self.path(context)
+    def _write_chunk(self, context: int, first_block: int, count: int, view: StorageView | None = None) -> bool:
+        """One pwritev of ``count`` blocks (on a pool thread, or the caller's for :meth:`seed`); False where the
+        file could not be opened, ``view`` away (nothing written: try again when it is back)."""
         size = count * self.stride
         offset = first_block * self.stride
         buffer = self._buffers.get()
         try:
             self._expected(self._words_of(buffer, count), context, first_block)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | self._flags, 0o600)
+            fd = self._open_to_write(context, view)
+            if fd < 0:
+                return False
             try:
-                with memoryview(buffer) as view:
+                with memoryview(buffer) as window:
                     done = 0
                     while done < size:  # a regular file writes all at once but for errors; loop all the same
-                        written = os.pwritev(fd, [view[done:size]], offset + done)
+                        written = os.pwritev(fd, [window[done:size]], offset + done)
                         if written <= 0:
                             raise OSError(errno.EIO, "pwritev wrote nothing")
                         done += written
             finally:
                 os.close(fd)
         except OSError as err:
-            raise HostStorageError(f"write {path} (blocks {first_block}..{first_block + count - 1}): "
+            raise HostStorageError(f"write {self.path(context)} (blocks {first_block}..{first_block + count - 1}): "
                                    f"{err.strerror or err}") from err
         finally:
             self._buffers.put(buffer)
+        return True
 
-    def _read_chunk(self, context: int, first_block: int, count: int) -> list[int]:
+    def _read_chunk(self, context: int, first_block: int, count: int, view: StorageView | None = None) -> list[int]:
         """One preadv of ``count`` blocks, and what it found in each (on a pool thread)."""
-        path = self.path(context)
         size = count * self.stride
         buffer = self._buffers.get()
         try:
             try:
-                fd = os.open(path, os.O_RDONLY | self._flags)
+                fd = self._open(context, os.O_RDONLY | self._flags, view)
             except FileNotFoundError:
+                if view is not None and view.away:
+                    return [_UNREACHABLE] * count  # the view is away: not "not there yet"
                 return [_PENDING] * count  # nothing of this context written yet
             try:
-                with memoryview(buffer) as view:
-                    got = os.preadv(fd, [view[:size]], first_block * self.stride)
+                with memoryview(buffer) as window:
+                    got = os.preadv(fd, [window[:size]], first_block * self.stride)
             finally:
                 os.close(fd)
             return self._verify(buffer, got, context, first_block, count)
         except OSError as err:
-            raise HostStorageError(f"read {path} (blocks {first_block}..{first_block + count - 1}): "
+            raise HostStorageError(f"read {self.path(context)} (blocks {first_block}..{first_block + count - 1}): "
                                    f"{err.strerror or err}") from err
         finally:
             self._buffers.put(buffer)
@@ -508,3 +729,4 @@ class BlockStore:
             totals["verified_bytes"] += result.verified_bytes
             totals["mismatched_blocks"] += result.mismatched_blocks
             totals["retries"] += result.retries
+        self._count_unreachable("read" if moved == "read" else "write", result.unreachable, result.unreachable_s)
