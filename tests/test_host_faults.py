@@ -159,3 +159,19 @@ def test_a_pacer_pauses_and_changes_its_rate_without_losing_a_byte() -> None:
         assert pacer.port.granted_bytes() == 105_000 and pacer.port.queued_bytes() == 0
 
     asyncio.run(main())
+
+
+def test_a_decode_nodes_storage_nic_down_to_the_end_is_refused_on_the_host_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Its write-backs would be held for ever, and the later turns that read those blocks would wait for them: a
+    # one-line error before anything starts, not a run that never ends.
+    from dualpath_emu.cli import main
+
+    faults = tmp_path / "f.toml"
+    faults.write_text('kind = "faults"\n[[faults]]\nkind = "down"\ntarget = "n1.snic"\nat_s = 0.5\n')
+    argv = ["run", "ds27b-1p1d-offline", "--backend", "host", "--agents", "2", "--faults", str(faults),
+            "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "n1.snic at 0.5 s has no duration_s" in err and "Traceback" not in err

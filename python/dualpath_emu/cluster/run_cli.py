@@ -97,6 +97,14 @@ def run_command(args: argparse.Namespace) -> int:
         if args.mode == "virtual":
             raise UsageError("--backend host moves real bytes in real time: it cannot run with --mode virtual")
         args.mode = "realtime"  # real bytes take real time
+        for fault in scenario.config.faults.faults:  # (only a storage NIC may stay down: the reader checks)
+            node = int(fault.target[1:].split(".")[0]) if fault.target.startswith("n") else -1
+            if (fault.kind == "down" and fault.duration_s is None and not fault.target.endswith(".rx")
+                    and node >= scenario.config.pe_nodes):  # fmt: skip
+                raise UsageError(
+                    f"--backend host: the fault on {fault.target} at {fault.at_s:g} s has no duration_s: on real storage "
+                    "the decode node's write-backs it would hold back for ever are read by later turns, which would "
+                    "wait for them for ever; give it a duration_s (or take down only the NIC's rx side)")  # fmt: skip
     elif args.mode is None:
         args.mode = "virtual"
     out: Path | None = args.out
