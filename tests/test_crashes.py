@@ -203,7 +203,7 @@ def test_an_engine_restarted_in_place_of_a_dead_process_loses_what_the_scheduler
         return lose
 
     def restart_as_new_process(self: EngineGroup, now: int, msg: object, sender: str) -> None:
-        self._down = False  # type: ignore[attr-defined]
+        self._down = False
         self.restarted = True
         self.start(now)
 
@@ -265,7 +265,7 @@ def _killed_between_sends(monkeypatch: pytest.MonkeyPatch, cls: type, handler: s
             self.plane.timer(now + 2 * NS, lambda at: restart(self, at))
 
     def restart(self: EngineGroup, now: int) -> None:
-        self._down = False  # type: ignore[attr-defined]
+        self._down = False
         self.restarted = True
         self.start(now)
 

@@ -26,7 +26,6 @@ from dualpath_emu.cluster.messages import (
     ReadDone,
     ReadHere,
     ReadMoved,
-    Restart,
     TurnDone,
 )
 from dualpath_emu.cluster.observations import Ended, HitRead
@@ -66,8 +65,6 @@ class DecodeGroup(EngineGroup):
         """Requests whose KV is in (or on its way to) a GPU's HBM, until they end (what a crash loses there)."""
         self._kv_from: dict[int, int] = {}
         """The prefill node of each request in :attr:`_in_hbm` (a :class:`Drop` naming it keeps them)."""
-        self._down = False
-        """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._snic_down = False
@@ -150,13 +147,6 @@ class DecodeGroup(EngineGroup):
         for pool in self.pools():
             pool.reset(now)
         self._lose(lost, "crash")
-
-    @on(Restart)
-    def on_restart(self, now: int, msg: Restart, sender: str) -> None:
-        """Back, empty: fetch work again."""
-        if self._down:
-            self._down = False
-            self.start(now)
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:

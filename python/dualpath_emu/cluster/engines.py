@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.messages import Fetch, Lost, PortFault
+from dualpath_emu.cluster.messages import Fetch, Lost, PortFault, Restart
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox, on
 
@@ -41,6 +41,8 @@ class EngineGroup(ClusterEngine):
     def __init__(self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
         super().__init__(name, cluster, out, plane)
         self.nodes = list(nodes)
+        self._down = False
+        """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self.restarted = False
         """This engine is a new process in place of one that died during the run (a live run's
         ``--restart-crashed``): it starts by telling the scheduler that what the dead one held is lost."""
@@ -53,6 +55,13 @@ class EngineGroup(ClusterEngine):
             for pool in self.pools():
                 pool.announce()
         self.out.send("scheduler", Fetch(tuple(self.nodes), round(self.cluster.config.fetch_period_s * NS)))
+
+    @on(Restart)
+    def on_restart(self, now: int, msg: Restart, sender: str) -> None:
+        """Back after a crash, empty: fetch work again."""
+        if self._down:
+            self._down = False
+            self.start(now)
 
     def pools(self) -> list[Pool]:
         """The DRAM buffers and HBM pools this engine holds (what a crash empties)."""

@@ -22,7 +22,6 @@ from dualpath_emu.cluster.messages import (
     ReadDone,
     ReadHere,
     ReadMoved,
-    Restart,
 )
 from dualpath_emu.cluster.observations import HitRead, Prefilled
 from dualpath_emu.cluster.pool import Pool
@@ -100,8 +99,6 @@ class PrefillGroup(EngineGroup):
         # 7.6 of 16 GPUs busy per pass on average and a 24% longer JCT at 1,024 agents, against the
         # balanced passes the paper measures (Fig. 13 right).
         self._pull_wait_ns = round((2 * cluster.config.fetch_period_s + 1e-6) * NS)
-        self._down = False
-        """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._snic_down: set[int] = set()
@@ -152,13 +149,6 @@ class PrefillGroup(EngineGroup):
         for pool in self.pools():
             pool.reset(now)
         self._lose(lost, "crash")
-
-    @on(Restart)
-    def on_restart(self, now: int, msg: Restart, sender: str) -> None:
-        """Back, empty: fetch work again."""
-        if self._down:
-            self._down = False
-            self.start(now)
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
