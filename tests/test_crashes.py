@@ -9,6 +9,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -281,6 +282,19 @@ def _killed_between_sends(monkeypatch: pytest.MonkeyPatch, cls: type, handler: s
     return fired
 
 
+def _spy(monkeypatch: pytest.MonkeyPatch, handler: str) -> list[Any]:
+    """The messages the scheduler's ``handler`` is given, as it handles them."""
+    seen: list[Any] = []
+    original = getattr(Scheduler, handler)
+
+    def spy(self: Scheduler, now: int, msg: Any, sender: str) -> None:
+        seen.append(msg)
+        original(self, now, msg, sender)
+
+    monkeypatch.setattr(Scheduler, handler, spy)
+    return seen
+
+
 @pytest.mark.parametrize("system", ["basic", "dualpath"])
 @pytest.mark.parametrize("lost", ["PrefillDone", "KvReady"])
 def test_a_prefill_process_killed_between_its_kv_ready_and_its_prefill_done_ends_each_request_once(
@@ -297,14 +311,7 @@ def test_a_prefill_process_killed_between_its_kv_ready_and_its_prefill_done_ends
     trajectories = work()
     plain = run_system(CONFIG, system, trajectories)
     fired = _killed_between_sends(monkeypatch, PrefillGroup, "_finish", getattr(messages, lost), NS)
-    answers: list[messages.Lost] = []
-    original = Scheduler._dropped_from
-
-    def spy(self: Scheduler, now: int, msg: messages.Lost, sender: str) -> None:
-        answers.append(msg)
-        original(self, now, msg, sender)
-
-    monkeypatch.setattr(Scheduler, "_dropped_from", spy)
+    answers: list[messages.Lost] = _spy(monkeypatch, "_dropped_from")
     result = run_system(CONFIG, system, trajectories)
     [message] = fired
     split = set(message.rids)  # type: ignore[attr-defined]
@@ -335,14 +342,7 @@ def test_a_decode_process_killed_between_its_decode_done_and_its_turn_done_ends_
     trajectories = work()
     plain = run_system(CONFIG, system, trajectories)
     fired = _killed_between_sends(monkeypatch, DecodeGroup, "_report_done", getattr(messages, lost), NS)
-    answers: list[messages.TurnsEnded] = []
-    original = Scheduler.on_turns_ended
-
-    def spy(self: Scheduler, now: int, msg: messages.TurnsEnded, sender: str) -> None:
-        answers.append(msg)
-        original(self, now, msg, sender)
-
-    monkeypatch.setattr(Scheduler, "on_turns_ended", spy)
+    answers: list[messages.TurnsEnded] = _spy(monkeypatch, "on_turns_ended")
     result = run_system(CONFIG, system, trajectories)
     [message] = fired
     split = set(message.rids)  # type: ignore[attr-defined]

@@ -61,10 +61,9 @@ class DecodeGroup(EngineGroup):
         only: the prefill and the scheduler race)."""
         self._done: list[DecodingRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
-        self._in_hbm: set[int] = set()
-        """Requests whose KV is in (or on its way to) a GPU's HBM, until they end (what a crash loses there)."""
-        self._kv_from: dict[int, int] = {}
-        """The prefill node of each request in :attr:`_in_hbm` (a :class:`Drop` naming it keeps them)."""
+        self._in_hbm: dict[int, int] = {}
+        """Requests whose KV is in (or on its way to) a GPU's HBM, until they end (what a crash loses there), and
+        the prefill node each came from (a :class:`Drop` naming it keeps them)."""
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._snic_down = False
@@ -142,7 +141,6 @@ class DecodeGroup(EngineGroup):
             state.clear()
         for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._in_hbm):
             ids.clear()
-        self._kv_from.clear()
         self.steps.reset(now)
         for pool in self.pools():
             pool.reset(now)
@@ -157,7 +155,7 @@ class DecodeGroup(EngineGroup):
         if msg.from_nodes:
             nodes = set(msg.from_nodes)
             rids = tuple(rid for rid, task in self.expected.items() if task.pe_node in nodes)
-            kept = tuple(sorted(rid for rid, node in self._kv_from.items() if node in nodes))
+            kept = tuple(sorted(rid for rid, node in self._in_hbm.items() if node in nodes))
             self._lose(self._drop(now, rids), "dropped from", kept)
             return
         self._lose(self._drop(now, msg.rids), "dropped")
@@ -271,12 +269,7 @@ class DecodeGroup(EngineGroup):
         if not self._snic_down:
             self.plane.timer(now + self._timeout_ns, lambda at: self._check_read(at, rid, number))
             return
-        task = self.expected.pop(rid)
-        del self._reading[rid]  # its late bytes, if the NIC comes back, are dropped
-        self.buffer.release(now, rid, task.prompt * self._kv)
-        for ids in (self._buffered, self._started_elsewhere, self._read_done):
-            ids.discard(rid)
-        self._lose([(rid, task.hit)], "timeout")
+        self._lose(self._drop(now, (rid,)), "timeout")  # its late bytes, if the NIC comes back, are dropped
 
     @on(KvReady)
     def on_kv_ready(self, now: int, msg: KvReady, sender: str) -> None:
@@ -293,8 +286,7 @@ class DecodeGroup(EngineGroup):
         task = self.expected.pop(rid)
         self._buffered.discard(rid)
         self._read_done.discard(rid)
-        self._in_hbm.add(rid)
-        self._kv_from[rid] = task.pe_node
+        self._in_hbm[rid] = task.pe_node
         request = DecodingRequest(
             rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
         )
@@ -322,8 +314,7 @@ class DecodeGroup(EngineGroup):
     def decoded(self, now: int, request: DecodingRequest) -> None:
         """``request`` has all its tokens: its HBM is free; it is reported with the others of this instant."""
         self.hbm[request.gpu].release(now, request.rid, (request.prompt + request.gen) * self._kv)
-        self._in_hbm.discard(request.rid)
-        self._kv_from.pop(request.rid, None)
+        self._in_hbm.pop(request.rid, None)
         self.out.observe(Ended(request.rid))
         self._done.append(request)
 

@@ -153,23 +153,25 @@ class PrefillGroup(EngineGroup):
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
         """The scheduler drops these requests (their decode engine crashed): free what they hold here."""
-        lost = []
-        for rid in msg.rids:
-            self._early_hits.discard(rid)
-            entry = self.items.pop(rid, None)
-            if entry is None:
-                lost.append((rid, 0, 0))
-                continue
-            (node, gpu), item = entry
-            self.queues[(node, gpu)].remove(item)
-            lost.append((rid, node, self._pending_read(item.hit, item.read_on_de, item.pe_ready)))
-            item.attempt += 1
-            item.dropped = True
-            if item.buffered:
-                if not self.buffers[node].cancel(now, rid):  # granted: held (read under way or done)
-                    self.buffers[node].release(now, rid, item.buffered)
-                item.buffered = 0
-        self._lose(lost, "dropped")
+        self._lose([self._drop(now, rid) for rid in msg.rids], "dropped")
+
+    def _drop(self, now: int, rid: int) -> tuple[int, int, int]:
+        """Forget request ``rid`` here (its buffer freed, its read under way or the pass that has it ignored);
+        returns ``(rid, node, pending read tokens)`` for :meth:`_lose`."""
+        self._early_hits.discard(rid)
+        entry = self.items.pop(rid, None)
+        if entry is None:
+            return rid, 0, 0
+        (node, gpu), item = entry
+        self.queues[(node, gpu)].remove(item)
+        lost = (rid, node, self._pending_read(item.hit, item.read_on_de, item.pe_ready))
+        item.attempt += 1
+        item.dropped, item.reading = True, False
+        if item.buffered:
+            if not self.buffers[node].cancel(now, rid):  # granted: held (read under way or done)
+                self.buffers[node].release(now, rid, item.buffered)
+            item.buffered = 0
+        return lost
 
     def _add(self, now: int, msg: PrefillTask) -> None:
         new = msg.prompt - msg.hit
@@ -226,13 +228,7 @@ class PrefillGroup(EngineGroup):
         if node not in self._snic_down:
             self.plane.timer(now + self._timeout_ns, lambda now: self._check_read(now, node, item, attempt))
             return
-        key, _ = self.items.pop(item.rid)
-        self.queues[key].remove(item)
-        item.attempt += 1  # its late bytes, if the NIC comes back, are dropped
-        item.dropped, item.reading = True, False
-        self.buffers[node].release(now, item.rid, item.buffered)
-        item.buffered = 0
-        self._lose([(item.rid, node, item.hit)], "timeout")
+        self._lose([self._drop(now, item.rid)], "timeout")  # its late bytes, if the NIC comes back, are dropped
 
     def _pe_ready(self, now: int, item: _PrefillItem) -> None:
         item.pe_ready = True

@@ -131,7 +131,8 @@ class Scheduler(ClusterEngine):
         self._causes: dict[int, str] = {}
         """Why a request being recovered was lost ("crash", "down" or "timeout"), until it is dispatched again."""
         self._all_pes = self.prefill.engines
-        self._all_de_groups: dict[int, deque[Request]] = dict(self.private)
+        self._private_of: dict[int, deque[Request]] = dict(self.private)
+        """Every decode group's private queue, by node (``private`` lacks those of groups that are down)."""
         # Processes that died and were started again (a live run's --restart-crashed; issue 26): a process
         # killed between two sends of one handler may have sent one and not the other.
         self._last_done: dict[str, deque[DecodeDone]] = {}
@@ -308,7 +309,7 @@ class Scheduler(ClusterEngine):
         if last is None:
             last = self._last_done[sender] = deque(maxlen=_LAST_DONE)
         last.append(msg)
-        gpus, nodes = self._gpus, set()
+        nodes = set()
         for rid in msg.rids:
             if rid not in self.de_of:
                 raise RuntimeError(f"request {rid} ended on {sender}, where it was not (lost to a crash before)")
@@ -319,15 +320,7 @@ class Scheduler(ClusterEngine):
                 self._decoded.add(rid)
             else:
                 request = self.requests.pop(rid)
-            de = self.de_of.pop(rid)
-            node = de // gpus
-            engine = self.de_engines[node][de % gpus]
-            tokens = self.policy.decode_tokens(request)
-            engine.tok -= tokens
-            engine.seq -= 1
-            engine.free_hbm_bytes += request.hbm_bytes
-            self.group_loads[node] -= tokens
-            nodes.add(node)
+            nodes.add(self._free_de(request, self.de_of.pop(rid)))
         for node in sorted(nodes):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
@@ -402,8 +395,7 @@ class Scheduler(ClusterEngine):
         held = [rid for rid in self.requests if rid not in self._recovering and group in self._groups_of(rid)]
         if prefill:
             self._ask_decode_groups(now, group, nodes, held)
-            held = [rid for rid, pe in self.pe_of.items()  # assigned a PE there, waiting in a decode queue: not sent yet
-                    if rid not in self.de_of and rid not in self._decoded and self.prefill.group_of(pe) == group]  # fmt: skip
+            held = self._queued_at(group)  # not sent yet
         else:
             self._ask_client(group, held)
         for rid in held:
@@ -541,14 +533,7 @@ class Scheduler(ClusterEngine):
             self.prefill.done(request, pe)
         de = self.de_of.pop(rid, None)
         if de is not None:
-            node = de // self._gpus
-            engine = self.de_engines[node][de % self._gpus]
-            tokens = self.policy.decode_tokens(request)
-            engine.tok -= tokens
-            engine.seq -= 1
-            engine.free_hbm_bytes += request.hbm_bytes
-            if node in self.group_loads:
-                self.group_loads[node] -= tokens
+            self._free_de(request, de)
         elif pe is not None:  # assigned a PE only: it waits in a decode queue
             for queue in (self.decode_queue, *self.private.values()):
                 if request in queue:
@@ -557,6 +542,25 @@ class Scheduler(ClusterEngine):
                     if routed is not None:
                         self.group_loads[routed] -= self.policy.decode_tokens(request)
                     break
+
+    def _free_de(self, request: Request, de: int) -> int:
+        """``request`` left DE ``de`` (it ended, or was taken back): its load, its slot and its HBM are free
+        again; returns the DE's node."""
+        node, gpus = divmod(de, self._gpus)
+        engine = self.de_engines[node][gpus]
+        tokens = self.policy.decode_tokens(request)
+        engine.tok -= tokens
+        engine.seq -= 1
+        engine.free_hbm_bytes += request.hbm_bytes
+        if node in self.group_loads:  # (not while its group is down)
+            self.group_loads[node] -= tokens
+        return node
+
+    def _queued_at(self, group: str) -> list[int]:
+        """Requests assigned a PE of prefill group ``group`` and waiting in a decode queue: no group has heard
+        of them yet."""
+        return [rid for rid, pe in self.pe_of.items()
+                if rid not in self.de_of and rid not in self._decoded and self.prefill.group_of(pe) == group]  # fmt: skip
 
     def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
         """Queue request ``rid`` again (ahead of what came after it), or end it as failed once it was lost
@@ -599,8 +603,7 @@ class Scheduler(ClusterEngine):
         self._wanted.discard(group)
         self.policy.health.set_engine(group, False)
         if group.startswith("pe"):
-            lost = [rid for rid, pe in self.pe_of.items() if rid not in self.de_of and self.prefill.group_of(pe) == group]
-            for rid in lost:  # in a decode queue, its PE gone: dispatched again
+            for rid in self._queued_at(group):  # in a decode queue, its PE gone: dispatched again
                 self._unassign(rid)
                 self._dispatch_again(now, rid, group)
         else:
@@ -615,14 +618,13 @@ class Scheduler(ClusterEngine):
         """Engine group ``group`` is back, empty."""
         self._down.discard(group)
         self.policy.health.set_engine(group, True)
+        self._route_engines()
         if group.startswith("de"):
             node = int(group[2:])
-            self.private[node] = self._all_de_groups[node]
+            self.private[node] = self._private_of[node]
             loads = dict(self.group_loads)
             loads[node] = sum(e.tok for e in self.de_engines[node])
             self.group_loads = GroupLoads(dict(sorted(loads.items())))
-        self._route_engines()
-        if group.startswith("de"):
             self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
             self._notify_decode(now)
         else:
