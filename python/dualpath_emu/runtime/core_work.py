@@ -403,8 +403,8 @@ class CoreWork:
 
     def decode_reset(self, node: int) -> None:
         """An engine crash: decode node ``node`` (a :meth:`decode_node` handle) drops every request now, after
-        what was asked for before (``Core.decode_reset``, in this process's core or the service's); the busy
-        spans it closes come with the node's next report."""
+        what was asked for before (``Core.decode_reset``, in this process's core or the service's); the report
+        of the busy spans it closes is delivered as soon as the core has it."""
         raise NotImplementedError
 
     def set_port_factor(self, port: int, factor: float) -> None:
