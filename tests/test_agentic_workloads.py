@@ -58,7 +58,7 @@ def test_without_waits_nothing_changes_and_waits_lengthen_the_run_not_the_ttft()
     zero = run_system(dataclasses.replace(CONFIG, tool_wait=ToolWait("lognormal", 0.0)), "dualpath", trajectories)
     assert zero.event_log_sha256 == plain.event_log_sha256, "a distribution that never waits sets no timer"
     waiting = run_system(dataclasses.replace(CONFIG, tool_wait=ToolWait("exponential", 20.0)), "dualpath", trajectories)
-    assert waiting.turns == plain.turns and waiting.lost_requests == 0
+    assert waiting.turns == plain.turns and waiting.complete
     assert waiting.jct_s > plain.jct_s + 20.0
     assert waiting.working_set_bytes["mean"] > plain.working_set_bytes["mean"], "contexts stay alive while agents wait"
     again = run_system(dataclasses.replace(CONFIG, tool_wait=ToolWait("exponential", 20.0)), "dualpath", trajectories)
@@ -193,7 +193,7 @@ def test_api_run_replays_trajectories_built_in_python() -> None:
     agents = [Trajectory.from_rounds(f"a{i}", [(2000, 300), (500, 200)], wait_s=[0.0, 5.0]) for i in range(3)]
     result = api.run("ds27b-1p1d-offline", workload=agents, systems=["dualpath"])
     r = result.results["dualpath"]
-    assert (r.agents, r.turns, r.lost_requests) == (3, 6, 0)
+    assert (r.agents, r.turns, r.complete) == (3, 6, True)
     assert r.jct_s > 5.0
     assert result.summary["workload"]["given_in_python"] and result.summary["workload"]["dataset"] is None
     first = api.run("ds27b-1p1d-offline", workload=agents, agents=2, systems=["dualpath"])

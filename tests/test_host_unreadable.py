@@ -195,7 +195,7 @@ def store_stats(tmp_path: Path, process: str) -> dict[str, Any]:
 
 def check_real_bytes(result: SystemResult) -> None:
     """Every turn ended (once: collect raises otherwise), every block read back verified, none wrong."""
-    assert result.turns == 24 and result.lost_requests == 0 and result.failed_requests == 0
+    assert result.turns == 24 and result.complete and result.failed_requests == 0
     host = result.extra["host"]
     assert host["mismatched_blocks"] == 0 and host["blocks_read"] > 0
 

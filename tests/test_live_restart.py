@@ -58,7 +58,7 @@ def test_an_engine_groups_process_killed_mid_run_is_started_again_and_the_run_co
     killed, restarted = pids[victim]  # the first process, and the one started in its place
     # Every admitted request ended exactly once (collect checks it across every incarnation's event log, and
     # every byte: the dead one's as the data plane tallied them), here all of them done.
-    assert result.turns == total and result.lost_requests == 0 and result.failed_requests == 0
+    assert result.turns == total and result.complete and result.failed_requests == 0
     assert result.metrics.turns_done == total
     assert result.redispatches > 0  # what the dead process held was dispatched again
     [restart] = result.extra["restarts"]

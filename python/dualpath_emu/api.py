@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.cluster.outputs import make_output_folder, summary, trace_file, write_outputs, write_requests
-from dualpath_emu.cluster.run import Progress, SystemResult, run_system
+from dualpath_emu.cluster.run import Progress, SystemResult, run_system, speedup
 from dualpath_emu.cluster.run_cli import load_scenario as _load
 from dualpath_emu.cluster.scenario import ClusterScenario
 from dualpath_emu.cluster.policies import (
@@ -180,12 +180,23 @@ class RunResult:
         """Each system's job completion time (s): when the last agent's last turn ended."""
         return {name: r.jct_s for name, r in self.results.items()}
 
-    def speedup(self, baseline: str = "basic") -> dict[str, float]:
-        """Each system's speedup over ``baseline`` (baseline's JCT / the system's)."""
+    def speedup(self, baseline: str = "basic") -> dict[str, float | None]:
+        """Each system's speedup over ``baseline`` (baseline's JCT / the system's); ``None`` where either run
+        failed requests (:attr:`incomplete` says why): a run that gave up on work is not faster for it."""
         if baseline not in self.results:
             raise KeyError(f"no system {baseline!r} in this run (its systems: {', '.join(self.results)})")
-        base = self.results[baseline].jct_s
-        return {name: base / r.jct_s if r.jct_s > 0 else float("inf") for name, r in self.results.items()}
+        base = self.results[baseline]
+        return {name: speedup(base, r)[0] for name, r in self.results.items()}
+
+    @property
+    def complete(self) -> bool:
+        """Whether every system finished every turn of the workload (no request failed)."""
+        return all(r.complete for r in self.results.values())
+
+    @property
+    def incomplete(self) -> dict[str, str]:
+        """Per system that did not finish its workload, why (its failed requests and agents)."""
+        return {name: r.incomplete for name, r in self.results.items() if r.incomplete is not None}
 
     def requests_csv(self) -> str:
         """``requests.csv`` as text: one row per request per system (its columns:

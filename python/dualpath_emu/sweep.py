@@ -72,7 +72,8 @@ __all__ = [
 ]
 
 CSV_METRICS: Final = ("jct_s", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s",
-                      "tpot_p99_s", "turns", "agents", "lost_requests", "snic_max_over_mean", "wall_s")  # fmt: skip
+                      "tpot_p99_s", "turns", "agents", "complete", "failed_requests", "snic_max_over_mean",
+                      "wall_s")  # fmt: skip
 """The columns of ``sweep.csv`` after the swept keys and the system (from ``SystemResult.summary()``)."""
 
 
@@ -332,11 +333,12 @@ def sweep_command(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"--out {out}: cannot write: {error.strerror or error}") from None
     reuse = f"{reused} of {len(runs)} run(s) reused from the cache {cache}"
+    status = _warn_incomplete(runs, results)
     if args.json:
         print(json.dumps(document, indent=2, allow_nan=False))
         if not args.quiet:
             print(reuse, file=sys.stderr)
-        return 0
+        return status
     from rich.console import Console
 
     console = Console()
@@ -345,7 +347,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     console.print(_table(scenario, swept, runs, results))
     console.print(f"{reuse}; {wall_s:.1f} s in all", highlight=False)
     console.print(f"wrote sweep.csv, sweep.json and sweep.png to {out}", highlight=False)
-    return 0
+    return status
 
 
 # --------------------------------------------------------------------------------------------- the outputs
@@ -384,10 +386,30 @@ def _row(run: SweepRun, result: SweepResult) -> dict[str, Any]:
         "jct_s": s["jct_s"], "ttft_mean_s": s["ttft_s"]["mean"], "ttft_p50_s": s["ttft_s"]["p50"],
         "ttft_p99_s": s["ttft_s"]["p99"], "tpot_mean_s": s["tpot_s"]["mean"], "tpot_p50_s": s["tpot_s"]["p50"],
         "tpot_p99_s": s["tpot_s"]["p99"], "turns": s["turns"], "agents": s["agents"],
-        "lost_requests": s["lost_requests"], "snic_max_over_mean": s["snic_max_over_mean"], "wall_s": s["wall_s"],
+        "complete": _complete(s), "failed_requests": s.get("failed_requests", 0),
+        "snic_max_over_mean": s["snic_max_over_mean"], "wall_s": s["wall_s"],
     }  # fmt: skip
     assert tuple(metrics) == CSV_METRICS
     return {**{k: _show(v) for k, v in run.labels.items()}, "system": run.system, **metrics}
+
+
+def _complete(summary: Mapping[str, Any]) -> bool:
+    """Whether a run finished every turn of its workload (no request failed)."""
+    return bool(summary.get("complete", summary.get("failed_requests", 0) == 0))
+
+
+def _warn_incomplete(runs: Sequence[SweepRun], results: Sequence[SweepResult]) -> int:
+    """One warning on stderr per run that failed requests; the exit status (3 if any did, as ``run``)."""
+    from dualpath_emu.cluster.run_cli import EXIT_INCOMPLETE
+
+    status = 0
+    for run, result in zip(runs, results):
+        if not _complete(result.summary):
+            reason = result.summary.get("incomplete") or f"{run.system} failed requests"
+            print(f"dualpath-emu: warning: {_point_text(run.labels)}: {reason}: its JCT and latencies cover only the "
+                  "work that finished, and no speedup is given against it", file=sys.stderr)  # fmt: skip
+            status = EXIT_INCOMPLETE
+    return status
 
 
 def _f(value: float, digits: int = 2) -> str:
@@ -403,15 +425,23 @@ def _table(scenario: ClusterScenario, swept: Sequence[str], runs: Sequence[Sweep
     title = f"sweep of {scenario.name}" + (f" ({fixed})" if fixed else "")
     table = Table(title=title, title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)  # fmt: skip
-    for header in (*swept, "system", "JCT (s)", "vs basic", "TTFT (s)\nmean", "TTFT (s)\np50/p99",
-                   "TPOT (ms)\np50/p99", "turns", "wall (s)"):  # fmt: skip
+    failures = not all(_complete(result.summary) for result in results)
+    for header in (*swept, "system", "JCT (s)", *(("failed",) if failures else ()), "vs basic", "TTFT (s)\nmean",
+                   "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99", "turns", "wall (s)"):  # fmt: skip
         table.add_column(header, justify="left" if header in (*swept, "system") else "right", no_wrap=True)
-    basic = {repr(run.overrides): result.summary["jct_s"] for run, result in zip(runs, results) if run.system == "basic"}
+    if failures:
+        table.caption = ("* requests failed: that run's JCT and latencies cover only the work that finished (no "
+                         "speedup against it)")  # fmt: skip
+        table.caption_justify = "left"
+    # Basic's JCT per point, where it finished everything: a speedup compares runs that did the same work.
+    basic = {repr(run.overrides): result.summary["jct_s"] for run, result in zip(runs, results)
+             if run.system == "basic" and _complete(result.summary)}  # fmt: skip
     for run, result in zip(runs, results):
         s = result.summary
-        base = basic.get(repr(run.overrides))
+        base = basic.get(repr(run.overrides)) if _complete(s) else None
         table.add_row(
-            *(_show(run.labels[k]) for k in swept), run.system, _f(s["jct_s"], 1),
+            *(_show(run.labels[k]) for k in swept), run.system, _f(s["jct_s"], 1) + ("" if _complete(s) else "*"),
+            *((f"{s.get('failed_requests', 0):,}",) if failures else ()),
             f"{base / s['jct_s']:.2f}×" if base and s["jct_s"] > 0 else "-", _f(s["ttft_s"]["mean"]),
             f"{_f(s['ttft_s']['p50'])}/{_f(s['ttft_s']['p99'])}",
             f"{_f(1e3 * s['tpot_s']['p50'], 1)}/{_f(1e3 * s['tpot_s']['p99'], 1)}", f"{s['turns']:,}",
@@ -442,6 +472,10 @@ def _plot(path: Path, name: str, swept: Sequence[str], runs: Sequence[SweepRun],
         label = f"{system} {rest}".strip()
         ax.plot(*zip(*sorted(points)), styles[others.index(rest) % len(styles)], color=colours[system],
                 label=label)  # fmt: skip
+    partial = [(float(value) if numeric else float(xs.index(_show(value))), float(result.summary["jct_s"]))
+               for result, value in zip(results, values) if not _complete(result.summary)]  # fmt: skip
+    if partial:  # a run that failed requests: its point is how long it ran, not a JCT of the whole workload
+        ax.scatter(*zip(*partial), marker="x", s=80, color="tab:red", zorder=3, label="requests failed (partial)")
     if not numeric:
         ax.set_xticks(range(len(xs)), xs)
     elif len(xs) <= 12 and all(isinstance(v, int) for v in values):

@@ -186,6 +186,7 @@ class ClusterApplication(Application):
             self.system = system_from_wire(data["system"])
             self.seed = int(data["seed"])
             self.agents = int(data["agents"])
+            self.turns_planned = int(data["turns"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise ScenarioError(f"{config.source}: key {config.key_path('description')!r}: cannot read {path}: "
                                 f"{type(error).__name__}: {error}") from None  # fmt: skip
@@ -512,11 +513,11 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
         violations += host.pop("violations")
     if violations:
         raise InvariantError(f"{system}: " + "; ".join(violations))
-    end_ns = max((t for t in merged.done_ns if t >= 0), default=0)
+    end_ns = max(max(merged.done_ns, default=0), max(merged.failed_ns, default=0))  # a failed request ends too
     driver = json.loads((run_dir / f"{run.driver_process.name}.json").read_text())  # (never restarted)
     start_ns = int((driver.get("summary") or {}).get("start_ns", min(merged.arrive_ns, default=0)))
     result = build_result(system, report, merged, app.config, app.topology, app.agents, writer.sha256(), wall_s,
-                          len(events), end_ns, start_ns)  # fmt: skip
+                          len(events), end_ns, start_ns, turns_planned=app.turns_planned)  # fmt: skip
     result.extra["emulated_start_s"] = start_ns / 1e9
     result.spec = app.system
     result.extra.update(_timeliness(run_dir, processes, last))
@@ -864,7 +865,7 @@ def _write_description(
     run_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)
     description = {"config": config_to_wire(config), "system": system_to_wire(system), "seed": seed,
-                   "agents": len(trajectories)}  # fmt: skip
+                   "agents": len(trajectories), "turns": sum(len(t) for t in trajectories)}  # fmt: skip
     _write_private(run_dir / DESCRIPTION, json.dumps(description, indent=1).encode())
     write_trajectories(run_dir / TRAJECTORIES, trajectories)
     os.chmod(run_dir / TRAJECTORIES, 0o600)

@@ -459,6 +459,15 @@ class Metrics:
     def failed_count(self) -> int:
         return len(self.failed_ns) - self.failed_ns.count(_UNSET)
 
+    def done_count(self) -> int:
+        """Requests that ended with their last token (a scan: for results, not progress)."""
+        return len(self.done_ns) - self.done_ns.count(_UNSET)
+
+    def failed_agents(self) -> int:
+        """Agents with at least one failed request."""
+        agent = self.agent
+        return len({agent[rid] for rid, t in enumerate(self.failed_ns) if t != _UNSET})
+
     def ttft_s(self) -> list[float]:
         return [(f - a) / 1e9 for a, f in zip(self.arrive_ns, self.first_token_ns) if f != _UNSET]
 
@@ -475,9 +484,10 @@ class Metrics:
         return out
 
     def jct_s(self) -> float:
-        """Job completion time: from the first arrival to the last request's end (offline, §7.3)."""
-        ended = [t for t in self.done_ns if t != _UNSET]
-        return (max(ended) - min(self.arrive_ns)) / 1e9 if ended else 0.0
+        """Job completion time: from the first arrival to the last request's end (offline, §7.3), a failed
+        request's end counted too: a run that failed work took at least that long, and ends no sooner for it."""
+        last = max(max(self.done_ns, default=_UNSET), max(self.failed_ns, default=_UNSET))
+        return (last - min(self.arrive_ns)) / 1e9 if last != _UNSET else 0.0
 
     def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int, since_ns: int = 0) -> dict[str, float]:
         """The KV bytes of the live trajectories over [since_ns, end_ns] (no arrival before ``since_ns``):

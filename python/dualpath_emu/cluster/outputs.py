@@ -2,12 +2,16 @@
 
 * :func:`summary` — ``scenario``, ``seed``, ``systems.<name>`` (:meth:`SystemResult.summary`: JCT, turns,
   latency percentiles, utilisation of NICs, DRAM and GPUs with their 1-second p99, the KV working set, the
-  event log's SHA-256, wall time, events) and ``speedup_vs_basic.<name>`` (Basic's JCT / the system's; null
-  without a Basic run), plus the scenario's settings under ``config`` and ``workload``.
+  event log's SHA-256, wall time, events; whether it is ``complete``, its failures and the turns it never ran)
+  and ``speedup_vs_basic.<name>`` (Basic's JCT / the system's; null without a Basic run, or where either run
+  failed requests, with the reason in ``no_speedup_vs_basic.<name>``), plus the scenario's settings under
+  ``config`` and ``workload``.
 * :func:`write_requests_csv` — one row per request per system, from :class:`~dualpath_emu.cluster.metrics.Metrics`;
   times in seconds since the run's start, empty where never reached; ``read_side`` is ``pe`` or ``de`` (the
   node whose storage NIC read the hit KV), ``none`` without a hit or under Oracle (no reads); then each
-  request's ``ttft_s`` (first token − arrival), ``ttst_s`` (second token − first token) and ``tpot_s``.
+  request's ``ttft_s`` (first token − arrival), ``ttst_s`` (second token − first token) and ``tpot_s``, and
+  ``failed_s`` (when it ended as failed; empty if it did not) and ``redispatches`` (times it was lost and
+  dispatched again).
 * :func:`write_plots` — ``jct.png`` (JCT per system), ``utilisation.png`` (storage NICs, compute NICs each
   direction, DRAM and GPUs over time, prefill vs decode nodes, a row per system) and ``latency-cdf.png``
   (TTFT, TTST and TPOT distributions, a line per system), drawn with matplotlib's Agg backend (no display).
@@ -27,7 +31,7 @@ from typing import Any, Final, TextIO
 
 from dualpath_emu import __version__
 from dualpath_emu.cluster.metrics import Metrics
-from dualpath_emu.cluster.run import SystemResult
+from dualpath_emu.cluster.run import SystemResult, speedup
 from dualpath_emu.cluster.scenario import ClusterScenario
 from dualpath_emu.cluster.systems import SYSTEMS, System, system_colours
 from dualpath_emu.errors import UsageError
@@ -45,17 +49,19 @@ __all__ = [
 
 CSV_COLUMNS: Final = (
     "system", "rid", "agent", "prompt", "hit", "gen", "arrive_s", "first_token_s", "second_token_s", "done_s",
-    "read_side", "pe", "de", "ttft_s", "ttst_s", "tpot_s",
+    "read_side", "pe", "de", "ttft_s", "ttst_s", "tpot_s", "failed_s", "redispatches",
 )  # fmt: skip
 
 
 def summary(scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> dict[str, Any]:
     """The run's JSON-able summary."""
     basic = results.get("basic")
-    speedup: dict[str, float | None] = {}
+    speedups: dict[str, float | None] = {}
+    no_speedup: dict[str, str] = {}
     for name, result in results.items():
-        ok = basic is not None and result.jct_s > 0
-        speedup[name] = basic.jct_s / result.jct_s if basic is not None and ok else None
+        speedups[name], why = speedup(basic, result) if basic is not None else (None, None)
+        if why is not None:
+            no_speedup[name] = why
     config = json.loads(json.dumps(dataclasses.asdict(scenario.config)))  # as JSON has it: reads back equal
     return {
         "scenario": scenario.name,
@@ -73,8 +79,10 @@ def summary(scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> d
             "mode": scenario.config.mode,
             "generator": dataclasses.asdict(scenario.generator),
         },
+        "complete": all(result.complete for result in results.values()),
         "systems": {name: result.summary() for name, result in results.items()},
-        "speedup_vs_basic": speedup,
+        "speedup_vs_basic": speedups,
+        "no_speedup_vs_basic": no_speedup,
     }
 
 
@@ -112,6 +120,7 @@ def write_requests(file: TextIO, results: Mapping[str, SystemResult]) -> int:
                 _between(m.arrive_ns[rid], m.first_token_ns[rid]),
                 _between(m.first_token_ns[rid], m.second_token_ns[rid]),
                 _between(m.second_token_ns[rid], m.done_ns[rid], m.gen[rid] - 2) if m.gen[rid] > 2 else "",
+                _seconds(m.failed_ns[rid]), max(0, m.redispatches[rid]),
             ))  # fmt: skip
             rows += 1
     return rows
@@ -131,9 +140,16 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
     jcts = [results[n].jct_s for n in names]
     colours = system_colours(names)
     bars = axes.bar(names, jcts, color=[colours[n] for n in names])
-    axes.bar_label(bars, labels=[f"{v:,.0f} s" for v in jcts], padding=2, fontsize=8)
+    partial = [not results[n].complete for n in names]
+    for bar, hatched in zip(bars, partial):  # a run that failed work: its bar is how long it ran, not a JCT
+        if hatched:
+            bar.set_hatch("//")
+            bar.set_alpha(0.5)
+    axes.bar_label(bars, labels=[f"{v:,.0f} s" + (f"\n{results[n].failed_requests:,} failed" if p else "")
+                                 for n, v, p in zip(names, jcts, partial)], padding=2, fontsize=8)  # fmt: skip
     axes.set_ylabel("JCT (s)")
-    axes.set_title(f"{scenario.name}: job completion time", fontsize=10)
+    axes.set_title(f"{scenario.name}: job completion time" + (" (hatched: requests failed, the work is not "
+                   "whole)" if any(partial) else ""), fontsize=10)  # fmt: skip
     axes.margins(y=0.15)
     axes.tick_params(axis="x", labelsize=8)
     path = directory / "jct.png"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.cluster.run import SystemResult
+from dualpath_emu.cluster.run import SystemResult, speedup
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import open_input
 
@@ -38,6 +38,7 @@ _T975_MORE: Final = ((40, 2.021), (60, 2.000), (120, 1.980))
 
 FIGURES: Final[Mapping[str, Callable[[Mapping[str, Any]], float]]] = {
     "jct_s": lambda s: s["jct_s"],
+    "failed_requests": lambda s: s.get("failed_requests", 0),
     "ttft_p50_s": lambda s: s["ttft_s"]["p50"],
     "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
     "tpot_p50_s": lambda s: s["tpot_s"]["p50"],
@@ -116,17 +117,26 @@ def replicate_summary(seeds: Sequence[int], runs: Mapping[int, Mapping[str, Syst
     """``summary.json``'s ``replicates``: per system and figure the mean and 95% interval over ``seeds``, and
     each system's speedup over Basic, paired by seed (``None`` without a Basic run)."""
     systems = list(runs[seeds[0]])
-    out: dict[str, Any] = {"seeds": list(seeds), "systems": {}, "speedup_vs_basic": {}}
+    out: dict[str, Any] = {"seeds": list(seeds), "systems": {}, "speedup_vs_basic": {}, "no_speedup_vs_basic": {},
+                           "incomplete_seeds": {}}  # fmt: skip
     summaries = {seed: {name: r.summary() for name, r in runs[seed].items()} for seed in seeds}
     for name in systems:
         out["systems"][name] = {
             figure: estimate([get(summaries[s][name]) for s in seeds]).to_json() for figure, get in FIGURES.items()
         }
+        incomplete = [s for s in seeds if not runs[s][name].complete]
+        if incomplete:
+            out["incomplete_seeds"][name] = incomplete
+        out["speedup_vs_basic"][name] = None
         if "basic" in systems:
-            ratios = [runs[s]["basic"].jct_s / runs[s][name].jct_s for s in seeds]
-            out["speedup_vs_basic"][name] = estimate(ratios).to_json()
-        else:
-            out["speedup_vs_basic"][name] = None
+            # Paired by seed, and only where every pair finished the same work: one seed's run that gave up
+            # early would pull the mean towards a speedup that never happened.
+            pairs = [speedup(runs[s]["basic"], runs[s][name]) for s in seeds]
+            why = next((f"seed {s}: {reason}" for s, (_, reason) in zip(seeds, pairs) if reason is not None), None)
+            if why is None:
+                out["speedup_vs_basic"][name] = estimate([ratio for ratio, _ in pairs if ratio is not None]).to_json()
+            else:
+                out["no_speedup_vs_basic"][name] = why
     return out
 
 
@@ -165,6 +175,7 @@ def _figures_of(summary: dict[str, Any], system: str) -> dict[str, Estimate]:
 
 _SHOWN: Final = {
     "jct_s": ("JCT (s)", 1.0),
+    "failed_requests": ("failed requests", 1.0),
     "speedup_vs_basic": ("vs basic (×)", 1.0),
     "ttft_p50_s": ("TTFT p50 (s)", 1.0),
     "ttft_p99_s": ("TTFT p99 (s)", 1.0),
@@ -194,4 +205,16 @@ def compare_summaries(a: Path, b: Path) -> list[list[str]]:
             intervals = len(x.values) > 1 and len(y.values) > 1
             overlap = ("yes" if x.low <= y.high and y.low <= x.high else "no") if intervals else "-"
             rows.append([name, label, x.text(unit), y.text(unit), change, overlap])
+        finished = [_complete(first, name), _complete(second, name)]
+        if not all(finished):  # say it beside the figures: one side's JCT is not a whole workload's
+            rows.append([name, "finished every turn", *("yes" if f else "no" for f in finished), "-", "-"])
     return rows
+
+
+def _complete(summary: dict[str, Any], system: str) -> bool:
+    """Whether a summary's run of ``system`` finished every turn (on every seed of a replicate run)."""
+    replicates = summary.get("replicates")
+    if isinstance(replicates, dict) and replicates.get("incomplete_seeds", {}).get(system):
+        return False
+    one = summary["systems"][system]
+    return bool(one.get("complete", one.get("failed_requests", 0) == 0))

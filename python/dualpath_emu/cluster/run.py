@@ -41,7 +41,7 @@ from dualpath_emu.runtime.engine import Observed
 from dualpath_emu.runtime.virtual import DeadlockError, EventSink, VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system"]
+__all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system", "speedup"]
 
 SAMPLE_INTERVAL_S = 1.0
 """The core samples port utilisation, and the GPUs' busy time is binned, every emulated second: the p99s of
@@ -92,9 +92,11 @@ class SystemResult:
 
     system: str
     jct_s: float
+    """From the first arrival to the last request's end, done or failed (§7.3's JCT when the run is
+    :attr:`complete`; otherwise only how long the run took: see :attr:`incomplete`)."""
     turns: int
+    """Requests admitted (a turn that was never submitted, its agent having failed, is not one)."""
     agents: int
-    lost_requests: int
     ttft_s: dict[str, float]
     ttst_s: dict[str, float]
     """Second token − first token (the hand-off to the DE, its H2D copy and first decode step)."""
@@ -130,9 +132,34 @@ class SystemResult:
     spec: System | None = field(default=None, repr=False)
     """The system that ran (set by :func:`run_system`)."""
     failed_requests: int = 0
-    """Requests that ended as failed (lost to more engine crashes than are redispatched, issue 26)."""
+    """Requests that ended as failed (lost more often than the scheduler dispatches again, issue 26)."""
     redispatches: int = 0
     """Times a request was lost to an engine crash and dispatched again."""
+    turns_planned: int = 0
+    """The workload's turns (every trajectory's, whole): what a complete run finishes."""
+    turns_done: int = 0
+    """Requests that ended with their last token."""
+    failed_agents: int = 0
+    """Agents with a failed request: a closed-loop agent's later turns need its output, so they never run."""
+
+    @property
+    def turns_not_run(self) -> int:
+        """Turns of the workload never submitted, because their agent failed before them."""
+        return max(0, self.turns_planned - self.turns)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run finished every turn of its workload (no request failed, none left unsubmitted)."""
+        return self.failed_requests == 0 and self.turns_done == self.turns_planned
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run is not a whole result (``None`` when :attr:`complete`): its JCT and latencies cover
+        only the work that finished, so no figure of it may be set against a run that finished everything."""
+        if self.complete:
+            return None
+        return (f"{self.system} failed {self.failed_requests:,} request(s) of {self.failed_agents:,} agent(s) "
+                f"(of {self.agents:,}); {self.turns_done:,} of {self.turns_planned:,} turns finished")
 
     @property
     def snic_timeline(self) -> dict[str, list[float]]:
@@ -149,10 +176,15 @@ class SystemResult:
         """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
         return {
             "jct_s": self.jct_s,
+            "complete": self.complete,
+            "incomplete": self.incomplete,
             "turns": self.turns,
+            "turns_planned": self.turns_planned,
+            "turns_done": self.turns_done,
+            "turns_not_run": self.turns_not_run,
             "agents": self.agents,
-            "lost_requests": self.lost_requests,
             "failed_requests": self.failed_requests,
+            "failed_agents": self.failed_agents,
             "redispatches": self.redispatches,
             "hit_rate": self.hit_rate,
             "ttft_s": self.ttft_s,
@@ -175,6 +207,17 @@ class SystemResult:
             "core_stats": self.core_stats,
             **self.extra,
         }
+
+
+def speedup(baseline: SystemResult, result: SystemResult) -> tuple[float | None, str | None]:
+    """``baseline``'s JCT over ``result``'s, or ``None`` and why there is none: a speedup compares two runs
+    that finished the same work, so neither may have failed any (a run that gave up early looks fast)."""
+    for run in (baseline, result):
+        if run.incomplete is not None:
+            return None, f"{run.incomplete}: its JCT is not the whole workload's"
+    if not result.jct_s > 0:
+        return None, f"{result.system} has no JCT (no request)"
+    return baseline.jct_s / result.jct_s, None
 
 
 def run_system(
@@ -274,7 +317,7 @@ def run_system(
     if violations:
         raise InvariantError(f"{system_name}: " + "; ".join(violations))
     result = build_result(system_name, core_report, metrics, config, topology, len(trajectories), writer.sha256(),
-                          wall_s, driver.event_count, end_ns)  # fmt: skip
+                          wall_s, driver.event_count, end_ns, turns_planned=sum(len(t) for t in trajectories))  # fmt: skip
     result.spec = system
     result.extra.update({"mode": "virtual", "processes": 1})
     for engine in driver.engines:
@@ -300,11 +343,14 @@ def build_result(
     events: int,
     end_ns: int,
     start_ns: int = 0,
+    *,
+    turns_planned: int,
 ) -> SystemResult:
     """A run's :class:`SystemResult` from the core's report and the engines' (merged) metrics; the run is
     [``start_ns``, ``end_ns``]: from when the client started (0 in virtual time; a live run's clock starts
     when its data plane does) to when the last request ended (the JCT's end). Utilisation means are over
-    that span; the p99s over the samples until its end."""
+    that span; the p99s over the samples until its end. ``turns_planned``: the workload's turns, what a
+    complete run finishes."""
     end_s = (end_ns - start_ns) / 1e9 or 1e-9
     until_ns = min(end_ns, report.until_ns)
 
@@ -328,8 +374,10 @@ def build_result(
         jct_s=metrics.jct_s(),
         turns=len(metrics),
         agents=agents,
-        lost_requests=0,
         failed_requests=metrics.failed_count(),
+        failed_agents=metrics.failed_agents(),
+        turns_planned=turns_planned,
+        turns_done=metrics.done_count(),
         redispatches=len(metrics.redispatch_ns),
         ttft_s=percentiles(metrics.ttft_s()).as_dict(),
         ttst_s=percentiles(metrics.ttst_s()).as_dict(),

@@ -27,7 +27,7 @@ import math
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dualpath_emu.cluster.run import Progress as RunProgress
-from dualpath_emu.cluster.run import SystemResult, run_system
+from dualpath_emu.cluster.run import SystemResult, run_system, speedup
 from dualpath_emu.cluster.scenario import DEFAULT, ClusterScenario, load_cluster_scenario, scenario_from_table
 from dualpath_emu.config import load_toml
 from dualpath_emu.errors import UsageError, disk_error
@@ -153,7 +153,7 @@ def run_command(args: argparse.Namespace) -> int:
         written = write_outputs(out, "--out", scenario, results)
     if args.json:
         print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
-        return 0
+        return warn_incomplete(results)
     console.print(_table(scenario, results, console.width))
     for name, result in results.items():
         if "host" in result.extra:
@@ -161,7 +161,24 @@ def run_command(args: argparse.Namespace) -> int:
     if out is not None:
         traces = " and trace-<system>.json.gz" if args.mode == "virtual" and args.trace else ""
         console.print(f"wrote {', '.join(written)}{traces} to {out}")
-    return 0
+    return warn_incomplete(results)
+
+
+EXIT_INCOMPLETE = 3
+"""The exit status of a run that ended but whose requests failed: its results are printed and written, but
+are not a whole workload's (``run``, ``run --seeds``, ``collect``, ``sweep``)."""
+
+
+def warn_incomplete(results: Mapping[str, SystemResult], where: str = "") -> int:
+    """Say on stderr which systems failed requests (one warning each) and return the exit status:
+    :data:`EXIT_INCOMPLETE` if any did, else 0. A partial result must never pass for a whole one."""
+    status = 0
+    for result in results.values():
+        if result.incomplete is not None:
+            print(f"dualpath-emu: warning: {where}{result.incomplete}: its JCT and latencies cover only the work that "
+                  "finished, and no speedup is given against it", file=sys.stderr)  # fmt: skip
+            status = EXIT_INCOMPLETE
+    return status
 
 
 def _run_virtual(
@@ -203,15 +220,16 @@ def _run_replicates(
     document["replicates"]["wall_s"] = wall_s
     if out is not None:
         (out / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False))
+    status = max(warn_incomplete(one_seed, f"seed {seed}: ") for seed, one_seed in runs.items())
     if args.json:
         print(json.dumps(document, indent=2, allow_nan=False))
-        return 0
+        return status
     console.print(_replicates_table(scenario, document["replicates"]))
     console.print(f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) in {wall_s:.1f} s; mean ± half the 95% "
                   "interval (Student's t over the seeds; the speedup paired by seed)", highlight=False)  # fmt: skip
     if out is not None:
         console.print(f"wrote summary.json (every seed's figures under 'replicates') to {out}")
-    return 0
+    return status
 
 
 def _replicates_table(scenario: ClusterScenario, replicates: dict[str, Any]) -> Table:
@@ -221,12 +239,20 @@ def _replicates_table(scenario: ClusterScenario, replicates: dict[str, Any]) -> 
 
     table = Table(title=f"{scenario.name}: {scenario.workload()}, {len(replicates['seeds'])} seeds",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)  # fmt: skip
-    for header in ("system", "JCT (s)", "vs basic", "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)"):
+    incomplete = replicates.get("incomplete_seeds", {})
+    headers = ["system", "JCT (s)", "failed", "vs basic"] if incomplete else ["system", "JCT (s)", "vs basic"]
+    for header in (*headers, "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)"):
         table.add_column(header, justify="left" if header == "system" else "right", no_wrap=True)
+    if incomplete:
+        table.caption = ("* requests failed on seeds " + "; ".join(f"{n}: {', '.join(map(str, s))}" for n, s in incomplete.items())
+                         + ": those runs' JCT and latencies cover only the work that finished (no speedup against them)")  # fmt: skip
+        table.caption_justify = "left"
     for name, figures in replicates["systems"].items():
         speedup = replicates["speedup_vs_basic"].get(name)
+        failed = [f"{est(figures['failed_requests']).text()}"] if incomplete else []
         table.add_row(
-            name, est(figures["jct_s"]).text(), "-" if speedup is None else est(speedup).text() + "×",
+            name, est(figures["jct_s"]).text() + ("*" if name in incomplete else ""), *failed,
+            "-" if speedup is None else est(speedup).text() + "×",
             est(figures["ttft_p50_s"]).text(), est(figures["ttft_p99_s"]).text(),
             est(figures["tpot_p50_s"]).text(unit=1e-3),
         )  # fmt: skip
@@ -441,7 +467,7 @@ def collect_command(args: argparse.Namespace) -> int:
         print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
     else:
         Console(width=150).print(_table(scenario, results))
-    return 0
+    return warn_incomplete(results)
 
 
 GATHERED: dict[str, str] = {".part": "msgpack", ".json": "json", ".events": "events", ".toml": "toml", ".jsonl": "text"}
@@ -540,7 +566,11 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: i
                   padding=0, show_edge=False,
                   caption="(a narrow terminal: the compute NICs, wall time and events/s are left out; widen it, or "
                           "see --json / --out)" if compact else None, caption_justify="left")  # fmt: skip
-    headers = ["system", "JCT\n(s)", "vs\nbasic", "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99", "SNIC rx %\nPE/DE"]
+    failures = any(not r.complete for r in results.values())
+    headers = ["system", "JCT\n(s)"]
+    if failures:  # next to the JCT: a run that gave up on work must not read as a fast one
+        headers.append("failed\nreq/agt")
+    headers += ["vs\nbasic", "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99", "SNIC rx %\nPE/DE"]
     if not compact:
         headers += ["CNIC PE %\ntx/rx", "CNIC DE %\ntx/rx"]
     headers += ["GPU %\nPE/DE", "SNIC\nmax/mean"]
@@ -551,14 +581,19 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: i
     live = not compact and any("delivery_lag_s" in r.extra for r in results.values())
     if live:  # how late the processes saw what the model said (emulated ms)
         table.add_column("lag (ms)\np50/p99", justify="right", no_wrap=True)
+    if failures:
+        table.caption = ("* requests failed: the JCT is how long the run took, and it and the latencies cover only "
+                         "the work that finished (no speedup against it; failed: requests/agents)"
+                         + (f"\n{table.caption}" if table.caption else ""))  # fmt: skip
     basic = results.get("basic")
     for name, r in results.items():
-        speedup = f"{basic.jct_s / r.jct_s:.2f}×" if basic is not None and r.jct_s > 0 else "-"
+        ratio = speedup(basic, r)[0] if basic is not None else None
         snic, cnic, gpu = r.snic_util, r.cnic_util, r.gpu_util
         cells = [
             name,
-            _f(r.jct_s, 1),
-            speedup,
+            _f(r.jct_s, 1) + ("*" if not r.complete else " " if failures else ""),
+            *([f"{r.failed_requests:,}/{r.failed_agents:,}"] if failures else []),
+            "-" if ratio is None else f"{ratio:.2f}×",
             f"{_f(r.ttft_s['p50'])}/{_f(r.ttft_s['p99'])}",
             f"{_f(1e3 * r.tpot_s['p50'], 1)}/{_f(1e3 * r.tpot_s['p99'], 1)}",
             _pair(snic["pe"]["rx"]["mean"], snic["de"]["rx"]["mean"]),

@@ -484,7 +484,9 @@ def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False, cach
         if not quiet:
             labels = " ".join(f"{k}={v}" for k, v in cell.labels.items())
             took = "from the cache" if cached else f"{result.summary['wall_s']:.0f} s wall"
-            print(f"  [{done}/{len(cells)}] {labels} {cell.system}: JCT {result.jct_s:,.0f} s "
+            failed = result.summary.get("failed_requests", 0)
+            partial = f", {failed:,} request(s) failed: partial" if failed else ""
+            print(f"  [{done}/{len(cells)}] {labels} {cell.system}: JCT {result.jct_s:,.0f} s{partial} "
                   f"({took}; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
 
     return run_parallel(run_cell, cells, jobs, report=report, cache=cache, codec=CELL_RESULTS, dask=dask)
