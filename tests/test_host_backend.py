@@ -273,12 +273,46 @@ def test_the_byte_channel_carries_bytes_through_mooncakes_transfer_engine(tmp_pa
     asyncio.run(main())
 
 
-def test_a_host_run_through_mooncakes_transfer_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_host_run_through_mooncakes_transfer_engine(tmp_path: Path, transport: str) -> None:
     _mooncake()
-    result = host_run(tmp_path, "dualpath", transfer_engine="mooncake")
+    result = host_run(tmp_path, "dualpath", transfer_engine="mooncake", transport=transport)
     host = result.extra["host"]
     assert result.turns == 24 and host["transfer_engine"] == "mooncake"
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
+    # Never hidden: the summary says the KV went over an unauthenticated engine, and where each one listened:
+    # in the node processes alone, on the run's address (loopback here), read back from /proc by each.
+    assert host["transfer_engine_unauthenticated"] is True
+    listening = host["transfer_engine_listening"]
+    assert set(listening) == {"pe0", "de1"}
+    for addresses in listening.values():
+        assert len(addresses) == 2 and all(a.rsplit(":", 1)[0] == "127.0.0.1" for a in addresses)
+    # The scheduler's and the client's processes started none (the engine logs its start on standard error).
+    run = tmp_path / "run"
+    assert "Transfer Engine" in (run / "pe0.out").read_text()
+    for name in ("scheduler", "client"):
+        assert "Transfer Engine" not in (run / f"{name}.out").read_text()
+
+
+def test_mooncakes_transfer_engine_listens_on_the_channels_address_alone(tmp_path: Path) -> None:
+    _mooncake()
+    from dualpath_emu.host.mooncake import MooncakeUnavailable, MooncakeWire, confine_binds, listening_sockets
+
+    before = set(listening_sockets())
+    wire = MooncakeWire("127.0.0.1")
+    try:
+        mine = {(a, p) for a, p in listening_sockets() if (a, p) not in before}
+        # Its handshake and its TCP transport (which it binds to 0.0.0.0 and [::] unless confined), each on
+        # loopback: not reachable from another host.
+        assert len(mine) == 2 and {a for a, _ in mine} == {"127.0.0.1"}
+        assert sorted(f"{a}:{p}" for a, p in mine) == wire.listening
+        assert wire.endpoint.startswith("127.0.0.1:")
+    finally:
+        wire.close()
+    # Every interface is refused, not started.
+    for host in ("0.0.0.0", "::"):
+        with pytest.raises(MooncakeUnavailable, match="no authentication"):
+            confine_binds(host)
 
 
 def test_a_missing_transfer_engine_is_one_line_naming_what_to_install(

@@ -339,6 +339,7 @@ class ClusterApplication(Application):
             "channel": host.channel.stats.to_wire(),
             "measured": {what: stats.to_wire() for what, stats in host.measured.items()},
             "failure": repr(host.failure) if host.failure is not None else None,
+            "transfer_engine_listening": host.channel.listening,
         }
 
     def host_plane(
@@ -357,7 +358,10 @@ class ClusterApplication(Application):
         drives = process in plan.process_of_node
         store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
         peers = dict(description.data_endpoints)  # itself too: its nodes may send to each other (one process)
-        channel = ByteChannel(process, description.data_endpoints[process], peers, keys, engine=self.transfer_engine)
+        # Mooncake's engine has no authentication: only processes whose nodes move KV start one (not the
+        # scheduler's or the client's, whose channel carries the end-of-run stop alone).
+        engine = self.transfer_engine if drives else "zmq"
+        channel = ByteChannel(process, description.data_endpoints[process], peers, keys, engine=engine)
         self._host = HostDataPlane(core, plan, process, channel, store)
         return self._host
 
@@ -547,11 +551,14 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     direct: set[str] = set()
     strides: set[int] = set()
     measured: dict[str, PathStats] = {}
+    listening: dict[str, list[str]] = {}
     for name in processes:
         part = msgpack.unpackb((run_dir / f"{name}.part").read_bytes(), strict_map_key=False).get("host")
         if part is None:
             violations.append(f"process {name!r} wrote no host part")
             continue
+        if part.get("transfer_engine_listening"):
+            listening[name] = list(part["transfer_engine_listening"])
         reports.append(CoreReport.from_wire(part["core"]))
         moved.update({(port, lane): size for port, lane, size in part["moved"]})
         channel.update(part["channel"])
@@ -581,6 +588,9 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     summary = {
         "byte_scale": app.byte_scale,
         "transfer_engine": app.transfer_engine,
+        # Mooncake's engine lets any peer that reaches it read and write the registered memory: say so, and where.
+        "transfer_engine_unauthenticated": app.transfer_engine == "mooncake",
+        "transfer_engine_listening": listening,
         "storage_io": sorted(direct),
         "block_stride": max(strides, default=0),
         "gpu_copies": "modelled (no GPU): H2D and D2H run on each process's core",

@@ -620,6 +620,11 @@ def _host_table(name: str, r: SystemResult) -> Table:
              f"written {host['bytes_written'] / mib:,.1f} MiB; network {host['network_bytes_verified'] / mib:,.1f} MiB "
              "verified")  # fmt: skip
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
+    if host.get("transfer_engine_unauthenticated"):  # never hidden: who else could reach the KV's memory
+        bound = sorted({a for addresses in host.get("transfer_engine_listening", {}).values() for a in addresses})
+        table.caption = ("KV moved over Mooncake's transfer engine, which has no authentication: bound to "
+                         f"{', '.join(bound) or '-'}")
+        table.caption_justify = "left"
     for header in ("kind", "count\nhost/model", "mean ms\nhost/model", "idle path\nms", "max ms\nhost/model",
                    "real MiB", "real MiB/s\nwhile moving"):  # fmt: skip
         table.add_column(header, justify="left" if header == "kind" else "right", no_wrap=True)

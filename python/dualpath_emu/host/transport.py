@@ -185,9 +185,14 @@ class ByteChannel:
 
             from dualpath_emu.host.mooncake import MooncakeWire
 
-            host = self.bind.split("://", 1)[1].rsplit(":", 1)[0] if self.bind.startswith("tcp://") else "127.0.0.1"
+            host = self.bind.split("://", 1)[1].rsplit(":", 1)[0].strip("[]") if self.bind.startswith("tcp://") else "127.0.0.1"
             self._wire = MooncakeWire(host)
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="mooncake")  # one: chunks stay in order
+
+    @property
+    def listening(self) -> list[str]:
+        """Where this process's Mooncake Transfer Engine listens (``address:port``, read back): none without one."""
+        return list(self._wire.listening) if self._wire is not None else []
 
     async def close(self) -> None:
         for task in self._tasks:
