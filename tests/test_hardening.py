@@ -351,3 +351,92 @@ def test_a_killed_launchers_folders_are_removed_by_the_next_one(tmp_path: Path) 
     assert sweep_orphans("run-*", tmp_path) == [folders["run-dead"]]
     assert not folders["run-dead"].exists()
     assert all(folders[n].exists() for n in ("run-live", "run-unmarked", "run-elsewhere"))
+
+
+@pytest.mark.parametrize("refused", [
+    ["--backend", "host", "--restart-crashed"],                        # the host backend refuses the option
+    ["--mode", "realtime", "--placement", "single", "--restart-crashed"],  # no process to start again
+    ["--mode", "realtime", "--transport", "tcp", "--host", "999.1.1.1"],    # after the run's files are written
+])  # fmt: skip
+def test_a_refused_live_run_leaves_no_temporary_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, refused: list[str]
+) -> None:
+    """Issue 34: a live run refused before any process ran removes the temporary run directory it made (it
+    left an empty one, or one with the run's description, that nothing removed)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    error_line(capsys, ["run", *SMALL, *refused])
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_sweep_removes_a_killed_launchers_temporary_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: a live run's temporary folder is marked as its launcher's while the run is on; the next live run
+    removes those of launchers that are gone (killed), and leaves a live one's, an unmarked one (a failed run's,
+    kept for its logs) and another user's alone."""
+    import subprocess
+    import tempfile
+
+    from dualpath_emu.runtime.launcher import OWNER_FILE
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])  # a pid that has exited
+    dead.wait()
+    host = socket.gethostname()
+    orphan, alive, kept = (tmp_path / f"dualpath-emu-live-{n}" for n in ("orphan", "alive", "kept"))
+    for folder in (orphan, alive, kept):
+        folder.mkdir()
+        (folder / "client.out").write_text("x")
+    (orphan / OWNER_FILE).write_text(f"{host} {dead.pid}\n")
+    (alive / OWNER_FILE).write_text(f"{host} {os.getpid()}\n")
+    assert main(["run", *SMALL, "--mode", "realtime"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, kept.name])
+
+
+def test_a_full_disk_is_measured_before_a_host_runs_clean_up_frees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: a host run's blocks fill the disk, a process fails, the run removes its blocks: the disk is
+    measured before that (after it, it looks fine), and a process's own "No space left" counts too."""
+    import dualpath_emu.cluster.live as live
+    from dualpath_emu.cluster.catalog import MODELS
+    from dualpath_emu.cluster.config import ClusterConfig
+    from dualpath_emu.cluster.systems import SYSTEMS
+    from dualpath_emu.runtime import launcher
+    from dualpath_emu.runtime.launcher import LaunchError
+    from dualpath_emu.workload.generator import generate
+
+    cleaned = []
+    real_remove = live._remove_blocks
+
+    def remove(folder: Path) -> None:
+        cleaned.append(folder)
+        real_remove(folder)
+
+    def usage(path: object) -> object:  # full until the blocks are removed
+        free = 1 << 30 if cleaned else 4096
+        return shutil._ntuple_diskusage(1 << 30, (1 << 30) - free, free)
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise LaunchError("process 'de1' exited with status 1 before the run was complete; its last output:\n"
+                          "  (no output)", died="de1")  # fmt: skip
+
+    monkeypatch.setattr(live, "_remove_blocks", remove)
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    monkeypatch.setattr(launcher, "launch", fails)
+    config = ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
+    with pytest.raises(LaunchError) as raised:
+        live.run_live(config, SYSTEMS["basic"], generate("64k", 1, seed=0), run_dir=tmp_path / "r", backend="host")
+    assert cleaned and raised.value.full_disk == f"the run directory {tmp_path / 'r'} is full (4,096 bytes left)"
+    assert shutil.disk_usage(tmp_path).free == 1 << 30  # what a check after the clean-up saw
+
+    # A roomy disk: only a process that said it found no space makes it a full disk.
+    roomy = tmp_path / "roomy"
+    roomy.mkdir()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, 1 << 30))
+    assert live.full_disk(roomy, None, "process 'de1': the run failed: a block read back wrong") is None
+    said = live.full_disk(roomy, roomy / "kv", f"write ctx-00000005.kv: {os.strerror(errno.ENOSPC)}")
+    assert said == f"a process ran out of space (No space left on device) writing to the KV storage directory {roomy / 'kv'} or its run directory"

@@ -125,6 +125,24 @@ def test_without_the_option_a_killed_engine_groups_process_ends_the_run_naming_i
     assert "--restart-crashed" in done.stderr  # it says how the run could have gone on
 
 
+@pytest.mark.parametrize(("victim", "advised"), [("pe0", True), ("scheduler", False)])
+def test_a_restart_is_advised_only_for_a_process_it_would_have_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], victim: str, advised: bool
+) -> None:
+    """Issue 34: on the model plane, a dead engine group's process is advised --restart-crashed; the scheduler's
+    (its state is the run's) is not. (The host backend, which refuses the option, is never advised it:
+    tests/test_host_diagnosis.py.)"""
+    from dualpath_emu.cli import main
+
+    base = tmp_path / "runs"
+    _die(monkeypatch, base / "basic", victim)
+    status = main(["run", "ds27b-1p1d-offline", "--mode", "realtime", "--system", "basic", "--agents", "16",
+                   "--set", "workload.max_rounds=3", "--time-scale", "4", "--run-dir", str(base), "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 1 and f"process {victim!r}" in err and "was killed by SIGKILL" in err, err
+    assert ("--restart-crashed would have started it again" in err) == advised
+
+
 def test_with_the_option_a_process_whose_state_is_the_runs_still_ends_it_saying_so(tmp_path: Path) -> None:
     done = _run_cli_and_kill(tmp_path, "scheduler", "--restart-crashed")
     assert done.returncode == 1 and "Traceback" not in done.stderr

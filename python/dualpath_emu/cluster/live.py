@@ -37,6 +37,7 @@ import inspect
 import json
 import os
 import secrets
+import shutil
 import time
 import shlex
 import sys
@@ -759,7 +760,7 @@ def run_live(
     the client's process last wrote to ``progress.json``). ``restart_crashed``: an engine group's process that
     dies is started again in its place (:func:`restartable`; see the module). Raises
     :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
-    from dualpath_emu.runtime.launcher import launch, mark_owner, sweep_orphans
+    from dualpath_emu.runtime.launcher import LaunchError, launch, mark_owner, sweep_orphans
 
     processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
     restart = _check_restart(backend, processes) if restart_crashed else []
@@ -774,7 +775,7 @@ def run_live(
             sweep_orphans("run-*", Path(given))
         else:
             sweep_orphans(STORAGE_DIR, run_dir)
-            sweep_orphans(f"dualpath-emu-live-*/{STORAGE_DIR}")
+            sweep_orphans(f"{LIVE_TEMP_PREFIX}*/{STORAGE_DIR}")
         blocks = Path(storage_dir) if storage_dir else run_dir / STORAGE_DIR
         blocks.mkdir(mode=0o700, parents=True, exist_ok=True)
         mark_owner(blocks)
@@ -804,6 +805,11 @@ def run_live(
     try:
         launched = launch(run, run_dir=run_dir, on_start=on_start, on_tick=tick if progress is not None else None)
         result, _ = collect(run, run_dir, launched.wall_s)
+    except LaunchError as error:
+        # Measured now: the clean-up below removes the blocks that filled the disk, and then it looks fine.
+        blocks_dir = (Path(given) if given else run_dir / STORAGE_DIR) if backend == "host" else None
+        error.full_disk = full_disk(run_dir, blocks_dir, str(error))
+        raise
     finally:
         if backend == "host":
             _remove_blocks(Path(storage_dir) if storage_dir else run_dir / STORAGE_DIR)
@@ -845,6 +851,33 @@ def compare_with_model(result: SystemResult, model: SystemResult) -> None:
         row["model_max_s"] = theirs["max_s"] if theirs else None
         if kind in MODELLED_ON_HOST:
             row["modelled_on_host"] = True  # no GPU copies: the host runs them on its core, as the model
+
+
+LIVE_TEMP_PREFIX: Final = "dualpath-emu-live-"
+"""The temporary run directory of a live run given none (``dualpath-emu run --mode realtime``)."""
+FULL_DISK_BYTES: Final = 1 << 20
+"""A live run that failed with less than this free in its run directory (or its KV storage directory) is reported
+as a full disk."""
+_OUT_OF_SPACE: Final = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def full_disk(run_dir: Path, blocks_dir: Path | None, message: str) -> str | None:
+    """Why a failed live run stopped, if a disk was full: its run directory or its KV storage directory with less
+    than :data:`FULL_DISK_BYTES` free, or a process whose output (in ``message``) says it found no space."""
+    for what, folder in (("the run directory", run_dir), ("the KV storage directory", blocks_dir)):
+        if folder is None:
+            continue
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:  # not there (yet, or any more)
+            continue
+        if free < FULL_DISK_BYTES:
+            return f"{what} {folder} is full ({free:,} bytes left)"
+    said = next((text for text in _OUT_OF_SPACE if text in message), None)
+    if said is not None:
+        where = f"the KV storage directory {blocks_dir}" if blocks_dir is not None else f"the run directory {run_dir}"
+        return f"a process ran out of space ({said}) writing to {where} or its run directory"
+    return None
 
 
 def run_storage(storage_dir: str) -> str:

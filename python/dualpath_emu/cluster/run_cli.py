@@ -277,8 +277,6 @@ def compare_command(args: argparse.Namespace) -> int:
     return 0
 
 
-FULL_DISK_BYTES = 1 << 20
-"""A live run that failed with less than this free in its run directory is reported as a full disk."""
 
 
 class LiveRunFailed(RuntimeError):
@@ -356,11 +354,19 @@ def _run_live_system(
     import tempfile
 
     from dualpath_emu.cluster.invariants import InvariantError
-    from dualpath_emu.cluster.live import run_live
+    from dualpath_emu.cluster.live import FULL_DISK_BYTES, LIVE_TEMP_PREFIX, run_live
     from dualpath_emu.cluster.run import LostRequestsError
-    from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted
+    from dualpath_emu.runtime.launcher import OWNER_FILE, LaunchError, LaunchInterrupted, mark_owner, sweep_orphans
 
-    run_dir = Path(tempfile.mkdtemp(prefix="dualpath-emu-live-")) if base is None else base / name
+    if base is None:
+        # Marked as this launcher's until the run is over: if it is killed (SIGKILL skips every clean-up), the
+        # next live run here removes the folder (a failed run's is unmarked below and kept for its logs).
+        sweep_orphans(f"{LIVE_TEMP_PREFIX}*")
+        run_dir = Path(tempfile.mkdtemp(prefix=LIVE_TEMP_PREFIX))
+        mark_owner(run_dir)
+    else:
+        run_dir = base / name
+    outcome = "failed"  # or "refused" (nothing ran: the temporary folder goes) or "done"
     if not (args.quiet or args.json):
         backend = f", host backend (real bytes × {scenario.byte_scale:g})" if scenario.backend == "host" else ""
         console.print(f"{name}: live, {args.placement} placement, time scale {args.time_scale:g}{backend}, "
@@ -378,30 +384,52 @@ def _run_live_system(
             transfer_engine=scenario.transfer_engine, progress=progress,
             restart_crashed=getattr(args, "restart_crashed", False),
         )  # fmt: skip
+        outcome = "done"
     except LaunchInterrupted:
         raise  # Ctrl-C or a signal: the command ends with 130, not as a failed run
     except (LaunchError, LostRequestsError, InvariantError) as error:
-        # A process that finds its disk full cannot even write why (its output is there too): say it here.
-        if isinstance(error, LaunchError) and shutil.disk_usage(run_dir).free < FULL_DISK_BYTES:
-            raise UsageError(f"{name}: the run directory {run_dir} is full ({shutil.disk_usage(run_dir).free:,} "
-                             "bytes left): the run stopped; free space and run it again") from None  # fmt: skip
+        # A process that finds its disk full cannot even write why (its output is there too): say it here. The
+        # run measured it before its clean-up freed space (a host run's blocks); else measure now.
+        full = error.full_disk if isinstance(error, LaunchError) else None
+        if isinstance(error, LaunchError) and full is None and shutil.disk_usage(run_dir).free < FULL_DISK_BYTES:
+            full = f"the run directory {run_dir} is full ({shutil.disk_usage(run_dir).free:,} bytes left)"
+        if full is not None:
+            raise UsageError(f"{name}: {full}: the run stopped; free space and run it again") from None
         # Every process's output, event log and part stay in the run directory for a post-mortem.
-        hint = ""
-        if isinstance(error, LaunchError) and error.died is not None and not getattr(args, "restart_crashed", False):
-            from dualpath_emu.cluster.live import ClusterApplication, placement, restartable
-
-            processes = placement(ClusterApplication.actor_names_of(scenario.config), args.placement)
-            if error.died in restartable(processes):
-                hint = "\n(--restart-crashed would have started it again in its place, and the run gone on)"
-        raise LiveRunFailed(f"{name}: {error}{hint}\nthe run's logs are in {run_dir}") from None
+        raise LiveRunFailed(f"{name}: {error}{_restart_hint(args, scenario, error)}\nthe run's logs are in "
+                            f"{run_dir}") from None  # fmt: skip
     except OSError as error:  # the run directory filled up or went read-only under the launcher
-        full = disk_error(error)
-        if full is None:
+        disk = disk_error(error)
+        if disk is None:
             raise
-        raise full from None
-    if base is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        raise disk from None
+    except UsageError:
+        outcome = "refused"  # before any process ran (a bad --host, an option the backend refuses)
+        raise
+    finally:
+        if base is None and outcome != "failed":
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif base is None:
+            (run_dir / OWNER_FILE).unlink(missing_ok=True)  # kept for its logs: the user's now, never swept
     return result
+
+
+def _restart_hint(args: argparse.Namespace, scenario: ClusterScenario, error: Exception) -> str:
+    """Advice to run with ``--restart-crashed``, only where it would have helped: a model-plane live run (the
+    host backend refuses the option) whose engine group's process died (not one that hung, not a failed
+    check)."""
+    from dualpath_emu.runtime.launcher import LaunchError
+
+    if scenario.backend == "host" or getattr(args, "restart_crashed", False):
+        return ""
+    if not isinstance(error, LaunchError) or error.died is None:
+        return ""
+    from dualpath_emu.cluster.live import ClusterApplication, placement, restartable
+
+    processes = placement(ClusterApplication.actor_names_of(scenario.config), args.placement)
+    if error.died not in restartable(processes):
+        return ""
+    return "\n(--restart-crashed would have started it again in its place, and the run gone on)"
 
 
 def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: list[Trajectory], console: Console) -> None:

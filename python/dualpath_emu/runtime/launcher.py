@@ -117,11 +117,13 @@ RESTARTS_SUFFIX: Final = ".restarts.json"
 class LaunchError(RuntimeError):
     """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss.
     ``died`` names the process that died (exited non-zero or was killed) before the run was complete, if that
-    is why."""
+    is why. ``full_disk`` says which folder was full when the run stopped (measured before its clean-up
+    frees space), if one was."""
 
     def __init__(self, message: str, *, died: str | None = None) -> None:
         super().__init__(message)
         self.died = died
+        self.full_disk: str | None = None
 
 
 class LaunchInterrupted(LaunchError):
