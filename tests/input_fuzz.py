@@ -128,7 +128,7 @@ _CLUSTER_KEYS: dict[str, list[str]] = {
                            "total_min_fraction", "first_append"],
     "scheduling": ["alpha_read_s", "beta_compute_s", "attention_quota_s", "attention_quota_per", "fetch_period_s",
                    "hit_block_aligned", "de_hbm_reserve_fraction", "pe_hbm_reserve_fraction", "pipeline_stages",
-                   "max_redispatches", "read_timeout_s"],
+                   "max_redispatches", "read_timeout_s", "stall_timeout_s"],
     "random_faults": ["down_per_node_hour", "degrade_per_node_hour", "latency_per_node_hour", "crash_per_node_hour",
                       "mean_duration_s", "factor", "restart_s"],
 }  # fmt: skip
@@ -168,6 +168,7 @@ _PLAUSIBLE: dict[str, list[Any]] = {
     "link_gbps": [1, 1e6, 0.5, 2e6], "poll_s": [1e-6, 60, 61], "ask_timeout_s": [1e-9, 1e6, 2e6],
     "fail_at_job": [-1, 0, 2, 1_000_001],
     "max_redispatches": [0, 3, 100, 101, -1], "read_timeout_s": [1e-3, 0.01, 3600, 3601, 0],
+    "stall_timeout_s": [0, 60, 3600, 1e7, 59.9, 1.1e7, -1],
     "down_per_node_hour": [0, 1e-6, 1e-7, 3600, 3601], "degrade_per_node_hour": [0, 600],
     "latency_per_node_hour": [0, 600], "crash_per_node_hour": [0, 1e-6, 3600, 3601, 1e-7], "mean_duration_s": [1e-3, 1, 1e7, 0],
     "factor": [1e-9, 0.5, 1, 0], "restart_s": [1e-3, 1, 1e7, 1.1e7, 0],

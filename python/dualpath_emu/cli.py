@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from dualpath_emu import __version__
-from dualpath_emu.errors import CoreError, UsageError
+from dualpath_emu.errors import CoreError, NoProgressError, UsageError
 
 PROG = "dualpath-emu"
 
@@ -444,6 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, CoreError) as e:
         print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except NoProgressError as e:  # the run failed, not the input: status 1, as a live run that fails
+        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 1
     except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:

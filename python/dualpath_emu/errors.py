@@ -22,6 +22,7 @@ __all__ = [
     "CoreIOError",
     "BackendUnavailable",
     "InvalidArgumentError",
+    "NoProgressError",
     "SecurityError",
     "StateError",
     "UnknownNameError",
@@ -42,6 +43,12 @@ class BackendUnavailable(UsageError):
 class SecurityError(UsageError):
     """A run's keys are missing, unreadable or too open, or a ZeroMQ endpoint would be open to others
     (``dualpath_emu.runtime.security``); like any :class:`UsageError`, the CLI reports it on one line."""
+
+
+class NoProgressError(RuntimeError):
+    """A run whose clock went on while its requests made no progress for ``[scheduling] stall_timeout_s`` of
+    emulated time, stopped (``dualpath_emu.cluster.stall``): the CLI prints the message on one line and exits
+    with status 1 (the run failed; the input was not wrong)."""
 
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

@@ -84,6 +84,11 @@ class ClusterConfig:
     read_timeout_s: float = 30.0
     """A hit read still stalled this long on a storage NIC that is down is given up, and its request
     dispatched again (issue 26); a read on a NIC that is up, however slow, is never given up."""
+    stall_timeout_s: float = 3600.0
+    """A run whose requests in flight make no progress (none admitted, read, prefilled, given a token or
+    ended, no transfer or I/O finished) for this long in emulated time is stopped with an error saying when
+    progress stopped and which faults acted (issue 34: a near-permanent partition otherwise ran on, its
+    records growing, with nothing said). 0: never [our choice: an hour, beyond any read_timeout_s]."""
     pipeline_stages: int = 8
     """Stages of the layerwise pipeline per forward pass: consecutive layers are grouped, each stage loads,
     computes and stores its layers' KV as one step (0: one stage per layer, the paper's granularity). The

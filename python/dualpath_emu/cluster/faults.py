@@ -43,15 +43,17 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
-__all__ = ["KINDS", "engine_group_names", "MAX_TIME_S", "RANDOM_KINDS", "Fault", "FaultPlan", "Kind", "RandomFaults", "FaultWindow",
-           "fault_tables", "fault_report", "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "target_ports"]  # fmt: skip
+__all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RANDOM_KINDS", "Counts", "Fault", "FaultPlan",
+           "FaultRecords", "FaultTotals", "Kind", "RandomFaults", "FaultWindow", "fault_summary", "fault_tables", "fault_report",
+           "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "sorted_counts", "target_ports"]  # fmt: skip
 
 Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
 KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage", "crash")
@@ -128,14 +130,20 @@ class FaultPlan:
 
 # --------------------------------------------------------------------------------------------------- targets
 
-_NODE = re.compile(r"n(\d+)")
-_NIC = re.compile(r"n(\d+)\.(snic|cnic(\d+))")
-_PORT = re.compile(r"n(\d+)\.(snic|cnic(\d+))\.(rx|tx)|n(\d+)\.dram")
+# One spelling per port, NIC and node: ASCII digits without leading zeros, lower case, nothing around it (the
+# names the topology and the event log use). Python's \\d matches any script's digits ('٣', '３'), which int()
+# reads but the topology's names do not contain; and at most 9 digits, so int() never meets an over-long one.
+_N = r"(0|[1-9][0-9]{0,8})"
+_NODE = re.compile(rf"n{_N}")
+_NIC = re.compile(rf"n{_N}\.(snic|cnic{_N})")
+_PORT = re.compile(rf"n{_N}\.(?:(snic|cnic{_N})\.(rx|tx)|dram)")
+_STORAGE_NIC = re.compile(rf"n{_N}\.snic(\.rx|\.tx)?")
 
 
 def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
     """The port names ``target`` stands for in a cluster of ``nodes`` nodes of ``gpus`` GPUs (None: no such
-    target)."""
+    target). Only the canonical spelling resolves (``n1.cnic0.tx``, not ``n01.cnic0.tx`` or ``N1.CNIC0.TX``):
+    what it returns is named as :func:`~dualpath_emu.cluster.fault_injector.port_ids` names the ports."""
     if target == "storage":
         return ("3fs.read", "3fs.write")
     if target in ("3fs.read", "3fs.write"):
@@ -144,17 +152,31 @@ def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
     def nic(node: int, which: str) -> tuple[str, ...]:
         return (f"n{node}.{which}.rx", f"n{node}.{which}.tx")
 
-    def ok(node: int, gpu: str | None = None) -> bool:
-        return node < nodes and (gpu is None or int(gpu) < gpus)
+    def ok(node: str, gpu: str | None = None) -> bool:
+        return int(node) < nodes and (gpu is None or int(gpu) < gpus)
 
-    if (m := _NODE.fullmatch(target)) and ok(int(m[1])):
+    if (m := _NODE.fullmatch(target)) and ok(m[1]):
         node = int(m[1])
         return nic(node, "snic") + tuple(p for g in range(gpus) for p in nic(node, f"cnic{g}"))
-    if (m := _NIC.fullmatch(target)) and ok(int(m[1]), m[3]):
+    if (m := _NIC.fullmatch(target)) and ok(m[1], m[3]):
         return nic(int(m[1]), m[2])
-    if (m := _PORT.fullmatch(target)) and ok(int(m[1] or m[5]), m[3]):
-        return (target,)
+    if (m := _PORT.fullmatch(target)) and ok(m[1], m[3]):
+        return (f"n{int(m[1])}.{m[2]}.{m[4]}",) if m[2] else (f"n{int(m[1])}.dram",)
     return None
+
+
+def _loose(text: str) -> str:
+    """``text`` as someone may have meant it (for a hint only, never to resolve): compatibility forms folded
+    (fullwidth, mathematical digits), any script's digits as ASCII without leading zeros, lower case, no
+    whitespace or dots around it."""
+    folded = unicodedata.normalize("NFKC", text).strip().strip(".").strip().lower()
+    return re.sub(r"\d{1,18}", lambda m: str(int(m[0])), folded)
+
+
+def _did_you_mean(target: str, known: Callable[[str], bool]) -> str:
+    """`` (write it 'n1.snic')`` if a loose reading of ``target`` is a name ``known`` accepts, else ''."""
+    guess = _loose(target[:200])
+    return f" (write it {guess!r})" if guess != target and known(guess) else ""
 
 
 def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> tuple[str, ...]:
@@ -164,17 +186,23 @@ def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> t
             *(f"de{pe_nodes + i}" for i in range(de_nodes)))  # fmt: skip
 
 
-def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engines: Sequence[str]) -> None:
+def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engines: Sequence[str]) -> str:
+    """``target`` if it names what ``kind`` acts on in this cluster, in its one spelling; else a
+    :class:`ScenarioError` naming the key (with the spelling to use, where a loose reading finds one)."""
     if kind == "crash":
         if target not in engines:
-            raise t.error("target", f'an engine for kind = "crash": one of {", ".join(engines)}', target)
-        return
+            hint = _did_you_mean(target, lambda g: g in engines)
+            raise t.error("target", f'an engine for kind = "crash": one of {", ".join(engines)}{hint}', target)
+        return target
     if kind == "slow_storage" and target != "storage":
-        raise t.error("target", 'the storage cluster, "storage", for kind = "slow_storage"', target)
+        hint = _did_you_mean(target, lambda g: g == "storage")
+        raise t.error("target", f'the storage cluster, "storage", for kind = "slow_storage"{hint}', target)
     if target_ports(target, nodes, gpus) is None:
+        hint = _did_you_mean(target, lambda g: target_ports(g, nodes, gpus) is not None)
         raise t.error(
             "target", f"a port (n0.snic.rx, n0.cnic0.tx, n0.dram, 3fs.read), a NIC (n0.snic, n0.cnic0), a node "
-            f"(n0 … n{nodes - 1}) or storage; GPUs 0 … {gpus - 1}", target)  # fmt: skip
+            f"(n0 … n{nodes - 1}) or storage; GPUs 0 … {gpus - 1}; ASCII digits, no leading zeros{hint}", target)  # fmt: skip
+    return target
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -197,8 +225,7 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
     faults = []
     for t in entries:
         kind = cast(Kind, t.get_str("kind", choices=KINDS))
-        target = t.get_str("target")
-        _check_target(t, kind, target, nodes, gpus, engines)
+        target = _check_target(t, kind, t.get_str("target"), nodes, gpus, engines)
         at_s = t.get_float("at_s", min=0.0, max=MAX_TIME_S)
         if kind == "crash":
             if "duration_s" in t:
@@ -235,7 +262,7 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
 
 def _storage_nic(target: str) -> bool:
     """Whether ``target`` is a storage NIC or one of its directions (``n0.snic``, ``n0.snic.rx``)."""
-    return re.fullmatch(r"n\d+\.snic(\.rx|\.tx)?", target) is not None
+    return _STORAGE_NIC.fullmatch(target) is not None
 
 
 def _rate(t: Table, key: str) -> float:
@@ -261,6 +288,12 @@ def _latency(t: Table, used: bool) -> float:
     return t.get_float("latency_s", 0.0, min=0.0, max=60.0)
 
 
+MAX_FAULT_WINDOWS: Final = 1000
+"""Fault windows a run keeps and reports one by one (its summary's ``faults``); the ones after them are added up
+per kind and target (``faults_aggregated``), so a run's fault records are bounded by its size, not its emulated
+time (random faults are drawn for as long as the run goes: one table reached 10.3 GB and 1.24 GB of JSON)."""
+
+
 @dataclass
 class FaultWindow:
     """When one fault acted: from ``start_ns`` to ``end_ns`` (None: until the run ended)."""
@@ -269,6 +302,121 @@ class FaultWindow:
     target: str
     start_ns: int
     end_ns: int | None = None
+
+
+@dataclass
+class FaultTotals:
+    """The windows of one kind of fault on one target after the first :data:`MAX_FAULT_WINDOWS`, added up."""
+
+    kind: str
+    target: str
+    windows: int = 0
+    acted_ns: int = 0
+    """How long the windows that ended acted, together (overlapping ones each count)."""
+    open: int = 0
+    open_starts_ns: int = 0
+    """How many have not ended, and the sum of their starts (each acts to the run's end)."""
+    counted: list[int] = field(default_factory=lambda: [0, 0, 0])
+    """Redispatched, failed and reads moved while the ended ones acted."""
+    open_counts: list[int] = field(default_factory=lambda: [0, 0, 0])
+    """The same counters' values when the open ones started (their share is counted at the run's end)."""
+
+
+Counts = Callable[[int, bool], Sequence[int]]
+"""``counts(t_ns, end)``: the run's redispatches, failed requests and reads moved so far at ``t_ns`` (those at
+``t_ns`` too if ``end``): what a window from ``a`` to ``b`` saw is ``counts(b, True) - counts(a, False)``."""
+
+
+@dataclass
+class _AddedUp:
+    """An open window past the cap: only what its end needs to add it to its :class:`FaultTotals`."""
+
+    totals: FaultTotals
+    start_ns: int
+    at: Sequence[int]
+
+
+class FaultRecords:
+    """A run's fault windows as they start and end: the first ``cap`` kept one by one (:attr:`detailed`), the
+    rest added up per kind and target as they end (:attr:`totals`), so memory and the summary stay bounded
+    however long the run. ``counts`` (:data:`Counts`) counts what the added-up windows saw as it happens."""
+
+    def __init__(self, counts: Counts, cap: int | None = None) -> None:
+        self.detailed: list[FaultWindow] = []
+        self.totals: dict[tuple[str, str], FaultTotals] = {}
+        self._counts, self._cap = counts, MAX_FAULT_WINDOWS if cap is None else cap
+
+    def start(self, kind: str, target: str, t_ns: int) -> FaultWindow | _AddedUp:
+        """A window opens at ``t_ns``: pass what this returns to :meth:`end` when it ends."""
+        if len(self.detailed) < self._cap:
+            window = FaultWindow(kind, target, t_ns)
+            self.detailed.append(window)
+            return window
+        totals = self.totals.get((kind, target))
+        if totals is None:
+            totals = self.totals[(kind, target)] = FaultTotals(kind, target)
+        totals.windows += 1
+        totals.open += 1
+        totals.open_starts_ns += t_ns
+        at = self._counts(t_ns, False)
+        totals.open_counts = [o + a for o, a in zip(totals.open_counts, at)]
+        return _AddedUp(totals, t_ns, at)
+
+    def end(self, window: FaultWindow | _AddedUp, t_ns: int) -> None:
+        if isinstance(window, FaultWindow):
+            window.end_ns = t_ns
+            return
+        totals = window.totals
+        totals.open -= 1
+        totals.open_starts_ns -= window.start_ns
+        totals.acted_ns += t_ns - window.start_ns
+        now = self._counts(t_ns, True)
+        totals.counted = [c + n - a for c, n, a in zip(totals.counted, now, window.at)]
+        totals.open_counts = [o - a for o, a in zip(totals.open_counts, window.at)]
+
+
+def sorted_counts(redispatch_ns: Sequence[int] = (), failed_ns: Sequence[int] = (), read_moved_ns: Sequence[int] = ()) -> Counts:
+    """:data:`Counts` from the times of a run's redispatches, failures (-1: none) and reads moved."""
+    columns = [sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0), sorted(read_moved_ns)]
+
+    def counts(t_ns: int, end: bool) -> list[int]:
+        find = bisect.bisect_right if end else bisect.bisect_left
+        return [find(c, t_ns) for c in columns]
+
+    return counts
+
+
+def fault_summary(windows: FaultRecords | Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int,
+                  redispatch_ns: Sequence[int] = (), failed_ns: Sequence[int] = (),
+                  read_moved_ns: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
+    """A run's ``faults`` (:func:`fault_report` of the first :data:`MAX_FAULT_WINDOWS` windows) and, if there
+    were more, ``faults_aggregated``: how many, and per kind and target their windows, how long they acted
+    together (to the run's end for those that had not ended) and what they saw (redispatched, failed,
+    reads_moved, each counted once per window it fell in). ``windows``: a run's :class:`FaultRecords` (added up
+    as the run went), or every window (an event log's: added up here)."""
+    if not isinstance(windows, FaultRecords):
+        records = FaultRecords(sorted_counts(redispatch_ns, failed_ns, read_moved_ns))
+        for w in sorted(windows, key=lambda w: w.start_ns):
+            window = records.start(w.kind, w.target, w.start_ns)
+            if w.end_ns is not None:
+                records.end(window, w.end_ns)
+        windows = records
+    out: dict[str, Any] = {"faults": fault_report(windows.detailed, done_ns, end_ns, redispatch_ns, failed_ns, read_moved_ns)}
+    if windows.totals:
+        at_end = sorted_counts(redispatch_ns, failed_ns, read_moved_ns)(end_ns, True) if any(
+            t.open for t in windows.totals.values()) else [0, 0, 0]  # fmt: skip
+        rows = []
+        for t in sorted(windows.totals.values(), key=lambda t: (t.kind, t.target)):
+            counted = [c + t.open * e - o for c, e, o in zip(t.counted, at_end, t.open_counts)]
+            rows.append({"kind": t.kind, "target": t.target, "windows": t.windows,
+                         "acted_s": (t.acted_ns + t.open * end_ns - t.open_starts_ns) / 1e9, "not_ended": t.open,
+                         "redispatched": counted[0], "failed": counted[1], "reads_moved": counted[2]})  # fmt: skip
+        out["faults_aggregated"] = {
+            "windows": sum(r["windows"] for r in rows), "detailed": len(out["faults"]),
+            "note": f"the faults after the first {len(out['faults']):,} are added up per kind and target, not listed",
+            "by_kind_target": rows,
+        }  # fmt: skip
+    return out
 
 
 def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int, redispatch_ns: Sequence[int] = (),

@@ -227,6 +227,8 @@ class Metrics:
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
         self.turns_done = 0
         """Requests ended in this process (:meth:`done`): how far a run is, without a scan of ``done_ns``."""
+        self.failures = 0
+        """Requests ended as failed in this process (:meth:`failed`), without a scan of ``failed_ns``."""
         self._bind_columns()
 
     def _bind_columns(self) -> None:
@@ -319,6 +321,7 @@ class Metrics:
         if self.done_ns[rid] != _UNSET or self.failed_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.failed_ns[rid] = t_ns
+        self.failures += 1
 
     def forward(self, t_ns: int, attention_s: Sequence[float]) -> None:
         """A prefill forward pass started with these per-GPU attention times (one per GPU of the group)."""

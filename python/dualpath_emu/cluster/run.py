@@ -34,7 +34,8 @@ from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.cluster.fault_injector import FaultInjector
-from dualpath_emu.cluster.faults import fault_report
+from dualpath_emu.cluster.faults import fault_summary
+from dualpath_emu.cluster.stall import progress_watch
 from dualpath_emu.runtime.core_work import clear_faults
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.engine import Observed
@@ -293,7 +294,7 @@ def run_system(
     thresholds = gc.get_threshold()
     gc.set_threshold(100_000, 50, 1000)
     try:
-        driver.run(lambda: client.finished)
+        driver.run(lambda: client.finished, progress_watch(cluster, core, driver.engines, system_name))
     except DeadlockError:
         stuck = _stuck_policy(system_name, cluster, driver.engines, core.now_ns)
         if stuck is None:
@@ -322,8 +323,8 @@ def run_system(
     result.extra.update({"mode": "virtual", "processes": 1})
     for engine in driver.engines:
         if isinstance(engine, FaultInjector):
-            result.extra["faults"] = fault_report(engine.windows, metrics.done_ns, end_ns, metrics.redispatch_ns,
-                                                  metrics.failed_ns, metrics.read_moved_ns)  # fmt: skip
+            result.extra.update(fault_summary(engine.records, metrics.done_ns, end_ns, metrics.redispatch_ns,
+                                              metrics.failed_ns, metrics.read_moved_ns))  # fmt: skip
     if probe_paths:
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:

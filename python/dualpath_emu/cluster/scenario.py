@@ -121,6 +121,9 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
                                          # dispatched again before it fails; 0..100
     read_timeout_s = 30.0                # a hit read stalled this long on a dead storage NIC is given up
                                          # and its request dispatched again; 0.001..3600
+    stall_timeout_s = 3600.0             # a run whose requests in flight make no progress this long
+                                         # (emulated s) stops with an error (exit status 1); 60..1e7, or
+                                         # 0: never
 
     [[faults]]                           # a fault (dualpath_emu.cluster.faults); none by default; repeat
                                          # the table for more (`--faults FILE` adds a file's)
@@ -697,9 +700,18 @@ def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
         pipeline_stages=t.get_int("pipeline_stages", base.pipeline_stages, min=0, max=LIMITS.max_pipeline_stages),
         max_redispatches=t.get_int("max_redispatches", base.max_redispatches, min=0, max=100),
         read_timeout_s=t.get_float("read_timeout_s", base.read_timeout_s, min=0.001, max=3600.0),
+        stall_timeout_s=_stall_timeout(t, base.stall_timeout_s),
     )  # fmt: skip
     t.finish()
     return out
+
+
+def _stall_timeout(t: Table, default: float) -> float:
+    """``stall_timeout_s``: 0 (never), or at least a minute (below that, a run's own waits would trip it)."""
+    value = t.get_float("stall_timeout_s", default, min=0.0, max=1e7)
+    if 0.0 < value < 60.0:
+        raise t.error("stall_timeout_s", "0 (never) or a number in [60, 1e7]", value)
+    return value
 
 
 def _generator(t: Table, dataset: Dataset) -> GeneratorParams:

@@ -10,20 +10,24 @@ core's order. So the order of inputs at one instant is fixed: what was due first
 byte for byte from its seed.
 
 A run with nothing due, nothing in the core and the driver's ``done`` still false is a deadlock: some request
-waits for something that can never happen (:class:`DeadlockError`), not a hang.
+waits for something that can never happen (:class:`DeadlockError`), not a hang. A run whose clock goes on (timers,
+faults) while its requests make no progress for a long stretch of emulated time is stopped by its
+:class:`ProgressWatch` (:class:`NoProgressError`), rather than running for ever with memory growing.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
+from dualpath_emu.errors import NoProgressError
 from dualpath_emu.messages import Message
 from dualpath_emu.runtime.engine import DecodeReport, Engine, Extents, Hop, Observed, Then
 
-__all__ = ["CoreDataPlane", "DeadlockError", "EventSink", "VirtualDriver"]
+__all__ = ["CoreDataPlane", "DeadlockError", "EventSink", "NoProgressError", "ProgressWatch", "VirtualDriver"]
 
 _U64_MAX: Final = 2**64 - 1
 _MAX_STALLS: Final = 10_000
@@ -35,6 +39,19 @@ EventSink = Callable[[list[tuple[int, str, Observed]], int], None]
 
 class DeadlockError(RuntimeError):
     """Nothing is due, the core has no event, and the run is not done."""
+
+
+@dataclass
+class ProgressWatch:
+    """Stops a run that makes no progress for ``limit_ns`` of emulated time (:class:`NoProgressError`). ``last_progress_ns()``: when the
+    run last made progress (None: nothing waits, e.g. every agent in a tool call: no stall); ``describe(now,
+    last)``: the message. Asked when the clock has moved ``every_ns`` since it was last asked (a step pays one
+    comparison otherwise); a clock that jumps past a stall in one step is asked once, after the jump."""
+
+    limit_ns: int
+    every_ns: int
+    last_progress_ns: Callable[[], int | None]
+    describe: Callable[[int, int], str]
 
 
 class CoreDataPlane:
@@ -246,15 +263,22 @@ class VirtualDriver:
             self._sink(log, self._flushed)
             self._flushed += len(log)
 
-    def run(self, done: Callable[[], bool]) -> None:
-        """Start the engines, then step until ``done()`` is true once nothing is due."""
+    def run(self, done: Callable[[], bool], watch: ProgressWatch | None = None) -> None:
+        """Start the engines, then step until ``done()`` is true once nothing is due (or ``watch`` stops it)."""
         for engine in self.engines:
             engine.start(self.now_ns)
         core, due, plane = self.core, self._due, self.plane
         popleft = due.popleft
         stalls = 0
+        check_ns = _U64_MAX if watch is None else self.now_ns + watch.every_ns
         while True:
             now = self.now_ns
+            if now >= check_ns:
+                assert watch is not None
+                last = watch.last_progress_ns()
+                if last is not None and now - last >= watch.limit_ns:
+                    raise NoProgressError(watch.describe(now, last))
+                check_ns = now + watch.every_ns
             while due:
                 item = popleft()
                 if type(item) is tuple:
