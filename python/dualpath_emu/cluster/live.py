@@ -56,7 +56,7 @@ from dualpath_emu.cluster.catalog import GpuSpec, ModelArch, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.faults import fault_report, fault_windows, plan_from_wire
+from dualpath_emu.cluster.faults import fault_summary, fault_windows, plan_from_wire
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
@@ -532,10 +532,10 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     if app.config.faults.any:
         windows = fault_windows([(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"])
         done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
-        result.extra["faults"] = fault_report(windows, done, end_ns - start_ns,
-                                              [t - start_ns for t in merged.redispatch_ns],
-                                              [t - start_ns if t >= 0 else t for t in merged.failed_ns],
-                                              [t - start_ns for t in merged.read_moved_ns])  # fmt: skip
+        result.extra.update(fault_summary(windows, done, end_ns - start_ns,  # (past 1,000 windows: added up)
+                                          [t - start_ns for t in merged.redispatch_ns],
+                                          [t - start_ns if t >= 0 else t for t in merged.failed_ns],
+                                          [t - start_ns for t in merged.read_moved_ns]))  # fmt: skip
     if host is not None:
         result.extra["host"] = host
     return result, merged
