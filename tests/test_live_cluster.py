@@ -255,6 +255,13 @@ def test_prepare_prints_each_hosts_commands_and_collect_names_what_is_missing(
     assert "no part of process(es) scheduler, client, pe0, de1" in capsys.readouterr().err
     assert main(["run", "ds27b-1p1d-offline", "--prepare", str(tmp_path / "x")]) == 2
     assert "add --mode realtime" in capsys.readouterr().err
+    # A pattern that names no process (case matters, as in the names) is refused, not silently ignored.
+    for pattern in ("DE*", "de9", "pe0 "):
+        argv = ["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "2", "--system", "dualpath",
+                "--prepare", str(tmp_path / "refused"), "--process-host", f"{pattern}=10.0.0.2"]  # fmt: skip
+        assert main(argv) == 2
+        assert f"--process-host {pattern!r}: matches no process of this run" in capsys.readouterr().err
+        assert not (tmp_path / "refused" / "cluster.json").exists()
 
 
 def test_launch_only_refuses_a_process_the_run_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -956,10 +956,16 @@ def prepare_live(
         raise ValueError("a host-backend run started by hand needs [host] storage_dir: a directory every host "
                          "mounts (the KV blocks one host writes, another reads)")  # fmt: skip
     storage_dir = run_storage(storage_dir)
-    _write_description(run_dir, config, system, trajectories, seed)
     processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
     restart = _check_restart(backend, processes) if restart_crashed else []
     names = ([] if host else [DATAPLANE_PROCESS]) + [name for name, _ in processes]
+    for pattern, _ in hosts:  # a pattern that names no process would leave it on the default host unsaid
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            from dualpath_emu.errors import UsageError
+
+            raise UsageError(f"--process-host {pattern[:100]!r}: matches no process of this run (its "
+                             f"processes: {', '.join(names)}; patterns are shell-style and case-sensitive)")  # fmt: skip
+    _write_description(run_dir, config, system, trajectories, seed)
     endpoints = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + i}" for i, name in enumerate(names)}
     data = {name: f"tcp://{host_of(name, hosts, default_host)}:{port_base + 50 + i}" for i, name in enumerate(names)}
     text = run_scenario_text(
