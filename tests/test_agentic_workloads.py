@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
+import math
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.mooncake import read_mooncake, session_count
 from dualpath_emu.workload.trajectory import TraceError, Trajectory, read_trajectories, write_trajectories
-from dualpath_emu.workload.waits import ToolWait, read_wait_samples
+from dualpath_emu.workload.waits import ToolWait, WaitDraws, read_wait_samples
 
 NS = 1_000_000_000
 CONFIG = ClusterConfig(model=MODELS["ds27b"], gpu=GPUS["h800"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1,
@@ -77,13 +78,77 @@ def test_a_trajectorys_own_waits_win_over_the_scenarios_and_delay_its_first_turn
     assert [b[0] - a[1] for a, b in zip(turns[1], turns[1][1:])] == [7 * NS, 7 * NS]
 
 
-@pytest.mark.parametrize("wait", [ToolWait("constant", 3.0), ToolWait("exponential", 3.0),
-                                  ToolWait("lognormal", 3.0, 1.0), ToolWait("empirical", samples=(1.0, 2.0, 6.0))])
-def test_each_distribution_has_its_mean(wait: ToolWait) -> None:
-    rng = random.Random(1)
-    draws = [wait.draw(rng) for _ in range(40_000)]
-    assert statistics.fmean(draws) == pytest.approx(wait.mean, rel=0.04)
+DISTS = [ToolWait("constant", 3.0), ToolWait("exponential", 3.0), ToolWait("lognormal", 3.0, 1.0),
+         ToolWait("empirical", samples=(0.2, 1.0, 2.0, 6.0))]
+
+
+def waits_by_agent(result_metrics: object) -> dict[int, list[int]]:
+    """Each agent's waits (ns): a turn's arrival minus the end of the agent's turn before it."""
+    return {agent: [arrive - done for (_, done), (arrive, _) in zip(turns, turns[1:])]
+            for agent, turns in turns_by_agent(result_metrics).items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("wait", DISTS, ids=lambda w: w.dist)
+def test_every_system_gives_each_agent_the_same_waits(wait: ToolWait) -> None:
+    # Common random numbers: an agent's wait is one of (seed, agent, turn), not of the order turns end in,
+    # which differs between systems (Basic and DualPath end these agents' turns in different orders).
+    config, trajectories = dataclasses.replace(CONFIG, agents=24, tool_wait=wait), work(agents=24, rounds=4)
+    results = {system: run_system(config, system, trajectories, seed=5) for system in ("basic", "dualpath", "oracle")}
+    ends = {s: [r.metrics.agent[rid] for rid in sorted(range(len(r.metrics.done_ns)), key=r.metrics.done_ns.__getitem__)]
+            for s, r in results.items()}  # fmt: skip
+    assert ends["basic"] != ends["dualpath"], "the agents' turns end in different orders (else this tests nothing)"
+    waits = {system: waits_by_agent(r.metrics) for system, r in results.items()}
+    assert waits["basic"] == waits["dualpath"] == waits["oracle"]
+    draws = WaitDraws(wait, 5)  # what the client draws, in a live run's process as here
+    assert waits["basic"] == {a: [round(draws(a, turn) * NS) for turn in range(1, 4)] for a in range(24)}
+    if wait.dist != "constant":
+        assert len({tuple(w) for w in waits["basic"].values()}) > 5, "random: the agents' waits differ"
+
+
+def test_the_waits_depend_on_the_seed_agent_and_turn_alone() -> None:
+    wait = ToolWait("lognormal", 5.0, 1.0)
+    one, again, other = WaitDraws(wait, 1), WaitDraws(wait, 1), WaitDraws(wait, 2)
+    order = [(a, t) for a in range(50) for t in range(1, 20)]
+    forward = {key: one(*key) for key in order}
+    assert {key: again(*key) for key in reversed(order)} == forward, "not of what was drawn before"
+    assert sum(other(*key) == w for key, w in forward.items()) == 0, "another seed, other waits"
+    assert len(set(forward.values())) == len(order)
+    # Fixed functions of bytes (BLAKE2b keyed with SHA-256): these numbers in every process and under every
+    # PYTHONHASHSEED; a change here changes every run with random waits.
+    assert one.words(0, 1) == (8886454772613962987, 3649892652770104053)
+    assert WaitDraws(ToolWait("exponential", 1.0), 1).words(0, 1) == one.words(0, 1), "the key is the seed's"
+    assert [one(0, 1), one(0, 2)] == pytest.approx([4.474211282876092, 3.113765397945424], rel=1e-12)
+
+
+@pytest.mark.parametrize("wait", DISTS + [ToolWait("lognormal", 5.0, 2.0), ToolWait("lognormal", 30.0, 0.5)],
+                         ids=lambda w: f"{w.dist}-{w.mean_s:g}-{w.sigma:g}")  # fmt: skip
+def test_each_distribution_has_its_mean_and_spread(wait: ToolWait) -> None:
+    draws_of = WaitDraws(wait, 1)
+    draws = [draws_of(agent, turn) for agent in range(2_000) for turn in range(1, 21)]
     assert min(draws) >= 0.0
+    if wait.dist == "lognormal":  # the log of a lognormal draw is normal: check its mean and sigma, tightly
+        logs = [math.log(d) for d in draws]
+        assert statistics.fmean(logs) == pytest.approx(math.log(wait.mean_s) - wait.sigma**2 / 2, abs=0.03 * wait.sigma)
+        assert statistics.stdev(logs) == pytest.approx(wait.sigma, rel=0.02)
+    rel = 0.1 if wait.sigma == 2.0 and wait.dist == "lognormal" else 0.03  # sigma 2: a heavy tail, a noisy mean
+    assert statistics.fmean(draws) == pytest.approx(wait.mean, rel=rel)
+    if wait.dist == "exponential":
+        assert statistics.stdev(draws) == pytest.approx(wait.mean_s, rel=0.03)
+    if wait.dist == "empirical":
+        counts = [draws.count(s) for s in wait.samples]
+        assert all(abs(c / len(draws) - 1 / len(counts)) < 0.01 for c in counts)
+
+
+def test_a_wait_draw_is_cheap() -> None:
+    draws = WaitDraws(ToolWait("lognormal", 5.0, 1.0), 7)  # the dearest: a hash, two logs, a cos, an exp
+    times = []
+    for _ in range(3):  # the best of three: the machine may be busy
+        start = time.perf_counter()
+        for turn in range(1, 10_001):
+            draws(3, turn)
+        times.append((time.perf_counter() - start) / 10_000)
+    # ~2 µs on an idle core; a turn's whole CPU budget is ~200 µs
+    assert min(times) < 25e-6, f"{min(times) * 1e6:.1f} µs a draw"
 
 
 def test_bad_distributions_are_refused() -> None:

@@ -12,6 +12,7 @@ from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone, TurnFai
 from dualpath_emu.cluster.observations import Admitted
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 from dualpath_emu.workload.trajectory import Trajectory
+from dualpath_emu.workload.waits import WaitDraws
 
 __all__ = ["Client", "TurnObserver"]
 
@@ -25,8 +26,8 @@ class TurnObserver(Protocol):
 class Client(ClusterEngine):
     """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
     a turn is submitted when the previous one of its agent is done, after the agent's tool wait (the
-    trajectory's, else one drawn from the scenario's distribution, :mod:`~dualpath_emu.workload.waits`; none
-    by default: the paper's zero tool latency). Imported request traces with arrival times (Mooncake) are
+    trajectory's, else one drawn from the scenario's distribution for (seed, agent, turn), the same in every
+    system, :mod:`~dualpath_emu.workload.waits`; none by default: the paper's zero tool latency). Imported request traces with arrival times (Mooncake) are
     replayed open loop: each turn at its own time. Hit lengths are the trajectory's (same-trajectory hits only
     for agents, §3.4), rounded down to whole Full Blocks if configured. :attr:`finished` once every
     trajectory's last turn is done."""
@@ -37,10 +38,11 @@ class Client(ClusterEngine):
         super().__init__("client", cluster, out, plane)
         self.trajectories = trajectories
         self.random = seeded_random(seed, self.name)
-        self._tool_wait = cluster.config.tool_wait
-        # Its own stream: the waits take nothing from the arrivals' draws.
-        self._wait_random = seeded_random(seed, f"{self.name}/tool-wait") if self._tool_wait.waits else None
-        self._waits = self._wait_random is not None or any(t.wait_s is not None for t in trajectories)
+        tool_wait = cluster.config.tool_wait
+        # Each wait from (seed, agent, turn) alone, not from a stream drawn as turns end: the order they end in
+        # differs between systems, and every system must see the same waits.
+        self._draw_wait = WaitDraws(tool_wait, seed) if tool_wait.waits else None
+        self._waits = self._draw_wait is not None or any(t.wait_s is not None for t in trajectories)
         """Whether any turn may wait (else a turn is submitted without looking)."""
         self._next_turn = [0] * len(trajectories)
         self._open = [len(t) for t in trajectories]
@@ -129,9 +131,9 @@ class Client(ClusterEngine):
         waits = self.trajectories[agent].wait_s
         if waits is not None:
             return round(waits[turn] * NS)
-        if self._wait_random is None or turn == 0:
+        if self._draw_wait is None or turn == 0:
             return 0
-        return round(self._tool_wait.draw(self._wait_random) * NS)
+        return round(self._draw_wait(agent, turn) * NS)
 
     def _after_wait(self, now: int, agent: int) -> None:
         turn = self._next_turn[agent]

@@ -87,8 +87,9 @@ testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
     arrival_rate = 0.1                   # online: agents per second (APS, §7.4); 0.001..1e6
 
     [workload.tool_wait]                 # an agent's wait before its next turn (a tool call, thinking):
-                                         # drawn per turn after its first, from the seed, where the
-                                         # trajectory gives none (dualpath_emu.workload.waits)
+                                         # drawn for each turn after its first, where the trajectory gives
+                                         # none, from (seed, agent, turn) alone: every system gives an
+                                         # agent the same waits (dualpath_emu.workload.waits)
     dist = "none"                        # none | constant | exponential | lognormal | empirical
     mean_s = 0.0                         # constant, exponential, lognormal: the mean wait; 0..86400
     sigma = 1.0                          # lognormal: the standard deviation of ln(wait); 0..5

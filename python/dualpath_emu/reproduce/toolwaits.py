@@ -10,6 +10,10 @@ before every turn after its first (:mod:`dualpath_emu.workload.waits`), and the 
 must hold, and it grows with the wait, as more agents are alive at once. The mean over the whole run falls,
 because the waits stretch the run's tail, when the last agents trickle out, far more than its busy middle.
 
+A wait is a function of the seed, the agent and the turn alone (common random numbers): agent i waits alike, in
+whatever order its turns end, in every run here with the same mean wait (both rates, every rate of the edge
+search), and with one sigma its waits of mean 30 s are those of mean 5 s times 6.
+
 The hit rate (the share of prompt tokens loaded from storage) is reported and does not move with the waits:
 hits come from the agent's own context and storage keeps everything (§3.4), so a wait never costs a hit. That
 changes once storage is bounded.

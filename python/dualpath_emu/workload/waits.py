@@ -6,15 +6,20 @@ counted in the working set) while it sends nothing, so at a given arrival rate m
 
 A wait comes from the trajectory file, per round (``[append, gen, wait_s]``,
 :mod:`~dualpath_emu.workload.trajectory`), or else is drawn from the scenario's distribution
-(:class:`ToolWait`, ``[workload.tool_wait]``) for every turn after an agent's first, from the run's seed (its
-own stream, so the arrivals and everything else draw what they drew without waits). No wait is no timer: a
+(:class:`ToolWait`, ``[workload.tool_wait]``) for every turn after an agent's first. No wait is no timer: a
 run without waits is the run it always was, event for event.
+
+A drawn wait is a function of (seed, agent, turn) alone (:class:`WaitDraws`, common random numbers): not of
+the order in which turns end, which differs between systems. So every system, driver and process (a live run's
+client is its own) gives an agent the same waits, and a comparison of systems sees only the systems'
+difference. The draw takes nothing from any other stream: the arrivals draw what they drew without waits.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -22,7 +27,7 @@ from typing import Final, Literal
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import open_input, short_repr
 
-__all__ = ["DISTRIBUTIONS", "MAX_SAMPLES", "MAX_WAIT_S", "ToolWait", "read_wait_samples"]
+__all__ = ["DISTRIBUTIONS", "MAX_SAMPLES", "MAX_WAIT_S", "WAIT_STREAM", "ToolWait", "WaitDraws", "read_wait_samples"]
 
 Distribution = Literal["none", "constant", "exponential", "lognormal", "empirical"]
 DISTRIBUTIONS: Final[tuple[Distribution, ...]] = ("none", "constant", "exponential", "lognormal", "empirical")
@@ -31,6 +36,11 @@ MAX_WAIT_S: Final = 86_400.0
 MAX_SIGMA: Final = 5.0
 MAX_SAMPLES: Final = 1_000_000
 """The most waits an empirical distribution's file may hold."""
+WAIT_STREAM: Final = "client/tool-wait"
+"""The name the waits' key is derived from, with the seed (:class:`WaitDraws`)."""
+_TWO_WORDS: Final = struct.Struct(">QQ")
+_pack, _unpack, _blake2b = _TWO_WORDS.pack, _TWO_WORDS.unpack, hashlib.blake2b
+_UNIT: Final = 2.0**-52
 
 
 @dataclass(frozen=True)
@@ -78,20 +88,24 @@ class ToolWait:
             return math.fsum(self.samples) / len(self.samples)
         return self.mean_s
 
-    def draw(self, rng: random.Random) -> float:
-        """One wait (seconds) from ``rng``."""
+    def draw(self, a: int, b: int) -> float:
+        """The wait (seconds) that ``a`` and ``b``, two independent uniform 64-bit words, give: by the inverse
+        CDF of ``u = ((a >> 12) + 0.5) / 2**52`` for exponential (exact in a double, so in (0, 1), never 0 or 1),
+        by Box–Muller with ``v`` likewise from ``b`` for lognormal (capped at :data:`MAX_WAIT_S`), sample
+        ``(a * n) >> 64`` of ``n`` for empirical."""
         if self.dist == "constant":
             return self.mean_s
-        if self.dist == "exponential":
-            return rng.expovariate(1.0 / self.mean_s) if self.mean_s > 0.0 else 0.0
-        if self.dist == "lognormal":
-            if self.mean_s <= 0.0:
-                return 0.0
-            # E[exp(N(mu, sigma^2))] = exp(mu + sigma^2 / 2) = mean_s
-            return min(rng.lognormvariate(math.log(self.mean_s) - self.sigma**2 / 2, self.sigma), MAX_WAIT_S)
         if self.dist == "empirical":
-            return self.samples[rng.randrange(len(self.samples))]
-        return 0.0
+            samples = self.samples
+            return samples[(a * len(samples)) >> 64]
+        if self.mean_s <= 0.0 or self.dist not in ("exponential", "lognormal"):
+            return 0.0
+        u = ((a >> 12) + 0.5) * _UNIT
+        if self.dist == "exponential":
+            return -self.mean_s * math.log(u)
+        # E[exp(N(mu, sigma^2))] = exp(mu + sigma^2 / 2) = mean_s
+        z = math.sqrt(-2.0 * math.log(u)) * math.cos(2.0 * math.pi * ((b >> 12) + 0.5) * _UNIT)
+        return min(math.exp(math.log(self.mean_s) - self.sigma**2 / 2 + self.sigma * z), MAX_WAIT_S)
 
     def describe(self) -> str:
         """In words, e.g. ``lognormal tool waits (mean 5 s, sigma 1)``."""
@@ -102,6 +116,36 @@ class ToolWait:
         if self.dist == "empirical":
             return f"empirical tool waits ({len(self.samples)} samples, mean {self.mean:.3g} s)"
         return f"{self.dist} tool waits (mean {self.mean_s:g} s)"
+
+
+class WaitDraws:
+    """The scenario's waits of a run with ``seed``, each a function of (seed, agent, turn) alone: the same in
+    every system, driver and process, whatever order the turns end in (common random numbers).
+
+    ``WaitDraws(w, seed)(agent, turn)`` is :meth:`ToolWait.draw` of the two big-endian 8-byte halves of the
+    BLAKE2b digest (16 bytes) of ``agent`` and ``turn`` (two big-endian unsigned 8-byte integers), keyed with the
+    SHA-256 of ``"<seed>/client/tool-wait"``. Fixed functions of bytes, so no ``PYTHONHASHSEED`` or platform
+    enters; about 2 µs a draw. ``agent`` is the agent's index in the run's trajectories."""
+
+    __slots__ = ("_key", "_draw", "_constant", "tool_wait")
+
+    def __init__(self, tool_wait: ToolWait, seed: int) -> None:
+        self.tool_wait = tool_wait
+        self._key = hashlib.sha256(f"{seed}/{WAIT_STREAM}".encode()).digest()
+        self._draw = tool_wait.draw
+        self._constant = tool_wait.mean_s if tool_wait.dist == "constant" else None
+        """A constant wait needs no hash (a turn's whole budget is ~200 µs)."""
+
+    def words(self, agent: int, turn: int) -> tuple[int, int]:
+        """The two uniform 64-bit words of ``turn`` of ``agent``."""
+        digest = _blake2b(_pack(agent, turn), digest_size=16, key=self._key).digest()
+        return _unpack(digest)
+
+    def __call__(self, agent: int, turn: int) -> float:
+        """The wait (seconds) before ``turn`` of ``agent``."""
+        if self._constant is not None:
+            return self._constant
+        return self._draw(*_unpack(_blake2b(_pack(agent, turn), digest_size=16, key=self._key).digest()))
 
 
 def read_wait_samples(path: str | Path) -> tuple[float, ...]:
