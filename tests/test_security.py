@@ -372,8 +372,9 @@ def test_a_process_without_the_runs_keys_cannot_reach_an_actor(private_dir: Path
         socket.setsockopt(zmq.CURVE_PUBLICKEY, stranger.public_key("a"))
         socket.setsockopt(zmq.CURVE_SERVERKEY, keys.public_key("a"))
 
-    def run_key(socket: zmq.asyncio.Socket) -> None:
+    def run_key(socket: zmq.asyncio.Socket) -> None:  # process b: its key, its name
         keys.as_process("b").make_client(socket, "a")
+        socket.setsockopt(zmq.ROUTING_ID, b"b")
 
     async def main() -> None:
         async with ZmqActorSystem(codec, bind="tcp://127.0.0.1:*", keys=keys, name="a") as system:
@@ -398,7 +399,7 @@ def test_a_process_without_the_runs_keys_cannot_reach_an_actor(private_dir: Path
                 # The same from a process of the run gets through (so the above is not a broken socket).
                 raw = _raw_dealer(context, run_key)
                 raw.connect(system.endpoint)
-                await raw.send_multipart([b"ask", codec.encode_envelope(Envelope("b", "echo", 3, None, Ping(3)))])
+                await raw.send_multipart([b"ask", codec.encode_envelope(Envelope("main", "echo", 3, None, Ping(3)))])
                 kind, data = await asyncio.wait_for(raw.recv_multipart(), WAIT_S)
                 raw.close(linger=0)
                 assert kind == b"reply" and codec.decode_envelope(data).body == Pong(3)
@@ -483,7 +484,8 @@ def test_a_flood_of_junk_leaves_memory_and_the_log_bounded(private_dir: Path, ca
             echo = Echo(system, "echo")
             echo.start()
             context = zmq.asyncio.Context()
-            raw = _raw_dealer(context, lambda s: keys.as_process("b").make_client(s, "a"))
+            raw = _raw_dealer(context, lambda s: (keys.as_process("b").make_client(s, "a"),
+                                                  s.setsockopt(zmq.ROUTING_ID, b"b")))  # fmt: skip
             raw.connect(system.endpoint)
             try:
                 await flood(raw, system, 50_000, 5)  # warm-up: queues and allocator pools at their size
@@ -501,7 +503,7 @@ def test_a_flood_of_junk_leaves_memory_and_the_log_bounded(private_dir: Path, ca
                 # The actor still answers a process of the run (here the flooder, reconnected; an ask it had
                 # queued behind the long frame may be lost with the connection: ask until one is answered).
                 for seq in range(1, 6):
-                    ask = codec.encode_envelope(Envelope("b", "echo", seq, None, Ping(seq)))
+                    ask = codec.encode_envelope(Envelope("main", "echo", seq, None, Ping(seq)))
                     await raw.send_multipart([b"ask", ask])
                     if await raw.poll(1000):
                         break

@@ -561,3 +561,118 @@ def test_in_a_named_run_an_envelope_speaks_only_for_its_own_process(ipc_dir: str
             assert b.rejected == 2  # the one under a's name never got a connection: the ROUTER refused it
 
     run_bounded(main)
+
+
+def _raw_process(context: zmq.asyncio.Context, routing_id: bytes | None, keys: RunKeys | None) -> zmq.asyncio.Socket:
+    """A DEALER under ``routing_id`` (None: ZeroMQ's anonymous one) with, over tcp, process a's key."""
+    raw = context.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        keys.as_process("a").make_client(raw, "b")
+    if routing_id is not None:
+        raw.setsockopt(zmq.ROUTING_ID, routing_id)
+    return raw
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_sends_only_as_itself_and_only_processes_of_the_run_connect(
+    transport: str, ipc_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34: over ipc anyone of the user, over tcp anyone holding the run's keys, could connect and name any
+    sender the address book did not know: a stranger's name, an empty one, a process's name, the receiving
+    process's own actor. Each such request was delivered and acted on; now only ``main`` and the connection's own
+    process's actors are, and only over a connection under a process of the run's name."""
+    codec = Codec(registry())
+    bind_a, bind_b = endpoints(transport, ipc_dir)
+    options_a, options_b = security(transport, ipc_dir)
+    keys: RunKeys | None = options_b.get("keys")
+    # Under process a's name (a has not connected to b yet, so the name is free): what a may and may not say.
+    as_a = [("relay", 1), ("main", 2), ("stranger", 3), ("", 4), ("a", 5), ("b", 6), ("echo", 7), ("other", 8)]
+    # Under a name no process of the run has, or none: even main is refused.
+    as_nobody = [(b"x", "main", 9), (b"dataplane", "main", 10), (None, "main", 11), (b"echo", "relay", 12)]
+
+    async def main() -> None:
+        async with (
+            ZmqActorSystem(Codec(registry()), bind=bind_a, name="a", **{k: v for k, v in options_a.items() if k != "name"}) as a,
+            ZmqActorSystem(Codec(registry()), bind=bind_b, name="b", **{k: v for k, v in options_b.items() if k != "name"}) as b,
+        ):  # fmt: skip
+            b.add_route("relay", a.endpoint, "a")
+            a.add_route("echo", b.endpoint, "b")
+            echo = Echo(b, "echo")
+            echo.start()
+            context = zmq.asyncio.Context()
+            try:
+                raw = _raw_process(context, b"a", keys)  # (context.destroy closes whatever a failure left open)
+                raw.connect(b.endpoint)
+                for sender, seq in as_a:
+                    await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))])
+                await raw.send_multipart([b"ask", codec.encode_envelope(Envelope("main", "echo", 99, None, Count()))])
+                kind, data = await asyncio.wait_for(raw.recv_multipart(), WAIT_S)  # after the tells: FIFO
+                assert kind == b"reply" and codec.decode_envelope(data).body == Pong(2)
+                raw.close(linger=0)
+                assert echo.notes == [("relay", 1), ("main", 2)]
+                assert b.rejected == 6
+                for routing_id, sender, seq in as_nobody:
+                    raw = _raw_process(context, routing_id, keys)
+                    raw.connect(b.endpoint)
+                    await raw.send_multipart([b"ask", codec.encode_envelope(Envelope(sender, "echo", seq, None, Ping(seq)))])
+                    assert not await raw.poll(300)  # no answer: not even "no such actor"
+                    raw.close(linger=0)
+            finally:
+                context.destroy(linger=0)
+            assert echo.notes == [("relay", 1), ("main", 2)]
+            assert b.rejected == 6 + len(as_nobody)
+            # The run's own processes still talk (a's real connection, under its name, now that the raw one is gone).
+            a.tell("echo", Note(100), sender="relay")
+            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(3)
+            assert b.rejected == 6 + len(as_nobody) and a.rejected == 0
+
+    with caplog.at_level(logging.WARNING, logger="dualpath_emu.runtime.zmq_transport"):
+        run_bounded(main)
+    reasons = [r.getMessage() for r in caplog.records if "rejected a frame" in r.getMessage()]
+    assert len(reasons) == 6 + len(as_nobody)  # each logged (under REJECTIONS_LOGGED: one by one)
+    assert "sender 'stranger' (no actor of the run) in a request from process 'a'" in reasons[0]
+    assert "sender 'echo' (an actor of this process)" in reasons[4]
+    assert "sender 'other' (no actor of the run)" in reasons[5]
+    assert "routing id b'x', which no process of the run has" in reasons[6]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_reply_must_come_from_the_actor_asked(transport: str, ipc_dir: str) -> None:
+    """A reply naming another sender than the actor asked (here a peer that answers for an actor of another
+    process) answers nothing; the real one does."""
+    codec = Codec(registry())
+    keys = RunKeys.generate(Path(ipc_dir) / "keys", ["a", "b", "c"]) if transport == "tcp-curve" else None
+
+    async def main() -> None:
+        context = zmq.asyncio.Context()
+        peer = context.socket(zmq.ROUTER)  # poses as process b, answering for c's actor first
+        peer.setsockopt(zmq.LINGER, 0)
+        if keys is not None:
+            keys.as_process("b").make_server(peer)
+            authenticator = zmq_transport.start_authenticator(context, keys.as_process("b"))
+            port = peer.bind_to_random_port("tcp://127.0.0.1")
+            endpoint, options = f"tcp://127.0.0.1:{port}", {"keys": keys, "bind": "tcp://127.0.0.1:*"}
+        else:
+            endpoint, options = f"ipc://{ipc_dir}/b", {"bind": f"ipc://{ipc_dir}/a"}
+            peer.bind(endpoint)
+        try:
+            async with ZmqActorSystem(Codec(registry()), name="a", **options) as a:  # type: ignore[arg-type]
+                a.add_route("echo", endpoint, "b")
+                a.add_route("other", endpoint.replace("/b", "/c") if keys is None else "tcp://127.0.0.1:1", "c")
+                asking = asyncio.ensure_future(a.ask("echo", Ping(1), timeout_s=WAIT_S))
+                identity, kind, data, *_ = await asyncio.wait_for(peer.recv_multipart(), WAIT_S)
+                ask = codec.decode_envelope(data)
+                for sender, recipient in (("other", "main"), ("stranger", "main"), ("echo", "nobody")):
+                    forged = Envelope(sender, recipient, 50, ask.msg_id, Pong(666))
+                    await peer.send_multipart([identity, b"reply", codec.encode_envelope(forged)])
+                await peer.send_multipart([identity, b"reply", codec.encode_envelope(Envelope("echo", "main", 51, ask.msg_id, Pong(1)))])
+                assert await asking == Pong(1)
+                assert a.rejected == 3
+        finally:
+            peer.close(linger=0)
+            if keys is not None:
+                authenticator.stop()
+            context.destroy(linger=0)
+
+    run_bounded(main)

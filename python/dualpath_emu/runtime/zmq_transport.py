@@ -36,10 +36,19 @@ endpoint (bound or connected to) is refused with :class:`~dualpath_emu.errors.Se
 (:func:`~dualpath_emu.runtime.security.check_private_ipc`; ``insecure=True`` skips that check too). A bind
 on all interfaces (``tcp://0.0.0.0:...``, ``tcp://*:...``) logs one WARNING, "listening on all interfaces".
 With ``name`` (every process of a run has one), each DEALER connects under its process's name as ZeroMQ routing
-id, a ROUTER refuses a second connection under a name in use, and an envelope that names as its sender an actor
-of another process than the connection's is rejected: another local process cannot speak for the run's actors,
-over ipc (where no keys authenticate a peer) as over tcp. A sender the address book does not know (``main``) is
-not checked.
+id and a ROUTER refuses a second connection under a name in use. A process may only speak as itself (issues 26,
+34), over ipc (where no keys authenticate a peer) as over tcp (where every host holds every key), so a request
+is rejected (counted, logged boundedly, recorded: see Rejection) when
+
+* it came over a connection whose routing id is no process of the run (the processes of ``peers`` and, with
+  keys, of ``keys``; not this one): a stranger's, or an unnamed DEALER's;
+* its sender is neither :data:`~dualpath_emu.runtime.actors.MAIN` (code outside any actor, in any process) nor
+  an actor of the connection's process (``address_book`` and ``peers``): another process's actor, this
+  process's own, a process's name, an empty or unknown name.
+
+A reply, in any system, must come from the actor its ask was sent to, over the connection to that actor's
+endpoint, and be addressed to an actor of this system or ``main``. An unnamed system (outside a run) checks no
+request's sender: its peers' connections carry no name.
 
 Bounds
 ------
@@ -120,8 +129,8 @@ Rejection
 ---------
 A frame the receiving side cannot accept -- not two frames, an unknown ``kind``, bytes
 :meth:`Codec.decode_envelope` refuses (malformed or truncated msgpack, unknown message type, wrong
-version, bad fields: any :class:`MessageError`), a request for an actor this system does not host, a reply
-to nothing -- is dropped, counted (:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of
+version, bad fields: any :class:`MessageError`), a request for an actor this system does not host, a request
+or reply from a sender that may not send it (see Security), a reply to nothing -- is dropped, counted (:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of
 :attr:`~ZmqActorSystem.counters`), and, boundedly (see Bounds), logged (``logging`` at WARNING, logger
 ``dualpath_emu.runtime.zmq_transport``) and recorded as a ``rejected`` event of actor ``transport``. An ask
 for an unknown actor is also answered with :class:`UnknownActorError` (its sender waits for nothing; the
@@ -135,8 +144,9 @@ so (unlike in virtual time) the record is not reproducible run to run.
 from __future__ import annotations
 
 import asyncio
-import time
 import builtins
+import functools
+import time
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -383,6 +393,8 @@ class ZmqActorSystem(ActorSystem):
         self._dealers: dict[str, _Channel] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_asks: dict[int, _RemoteAsk] = {}  # id(request envelope) -> route of its answer
+        self._senders: dict[bytes, frozenset[str]] | None = None
+        """Named: each process of the run (its routing id) -> the senders it may name (built when first needed)."""
         who = self._who()
         self._rejections = BoundedLog(_log, f"{who}: rejected a frame", first=REJECTIONS_LOGGED)
         self._send_failures = BoundedLog(_log, f"{who}: a ZeroMQ send failed", first=REJECTIONS_LOGGED)
@@ -440,6 +452,27 @@ class ZmqActorSystem(ActorSystem):
             self.peers[endpoint] = process
         self._check_endpoint(endpoint, "connect")
         self.address_book[actor] = endpoint
+        self._senders = None  # who may send as whom changed
+
+    def _sender_sets(self) -> dict[bytes, frozenset[str]]:
+        """Each process of the run but this one (its routing id) -> the senders its requests may name: ``main``
+        and its actors (see Security in the module)."""
+        processes = set(self.peers.values()) | set(self.keys.names if self.keys is not None else ())
+        processes.discard(self.name)  # this process's requests never come over the wire
+        actors: dict[str, set[str]] = {process: {MAIN} for process in processes}
+        for actor, endpoint in self.address_book.items():
+            process = self.peers.get(endpoint)
+            if process in actors and actor not in self._actors:
+                actors[process].add(actor)
+        self._senders = {process.encode(): frozenset(names) for process, names in actors.items()}
+        return self._senders
+
+    def _whose(self, actor: str) -> str:
+        """Whose actor ``actor`` is, for a rejection's reason."""
+        if actor in self._actors:
+            return "an actor of this process"
+        process = self.peers.get(self.address_book.get(actor, ""))
+        return f"an actor of process {process!r}" if process is not None else "no actor of the run"
 
     def _who(self) -> str:
         return f"process {self.name!r}" if self.name is not None else (self._endpoint or self.bind_address)
@@ -683,7 +716,7 @@ class ZmqActorSystem(ActorSystem):
                 socket.setsockopt(zmq.ROUTING_ID, self.name.encode())
             socket.connect(endpoint)
             dealer = self._dealers[endpoint] = _Channel(socket, self._send_failed)
-            receiver = dealer.receive(self._on_reply, self._reject)
+            receiver = dealer.receive(functools.partial(self._on_reply, endpoint), self._reject)
             self._tasks.append(self.loop.create_task(receiver, name=f"zmq:{endpoint}"))
         return dealer
 
@@ -767,6 +800,13 @@ class ZmqActorSystem(ActorSystem):
 
     def _on_request(self, frames: list[bytes]) -> None:
         identity, rest = frames[0], frames[1:]
+        senders: frozenset[str] | None = None
+        if self.name is not None:
+            # Before decoding: a stranger's connection costs one look-up (see Security in the module).
+            senders = (self._senders if self._senders is not None else self._sender_sets()).get(identity)
+            if senders is None:
+                self._reject(f"a connection under routing id {identity[:64]!r}, which no process of the run has")
+                return
         tag: bytes | None = None
         if self.incarnation is not None and len(rest) == 3:
             tag = rest.pop()
@@ -783,15 +823,12 @@ class ZmqActorSystem(ActorSystem):
         if envelope.reply_to is not None:
             self._reject(f"a request with reply_to #{envelope.reply_to}")
             return
-        if self.name is not None:
-            # In a named run every process's DEALER connects as its process, and a ROUTER refuses a second
-            # connection under a name in use: an envelope may only name a sender of the process it came from
-            # (another local process could otherwise speak for any actor, over ipc as over tcp).
-            process = self.peers.get(self.address_book.get(envelope.sender, ""))
-            if process is not None and identity != process.encode():
-                self._reject(f"sender {envelope.sender!r} is process {process!r}'s, but this came over another "
-                             f"connection ({identity[:64]!r})")  # fmt: skip
-                return
+        if senders is not None and envelope.sender not in senders:
+            # A process speaks only for itself: an actor of another process, of this one, or of none would have
+            # this one act on what no process of the run said (turns done, NICs down, a run stopped).
+            self._reject(f"sender {envelope.sender[:64]!r} ({self._whose(envelope.sender)}) in a request from "
+                         f"process {identity.decode(errors='replace')!r}: {_describe(envelope)[:200]}")  # fmt: skip
+            return
         summary = _describe(envelope)
         if self.incarnation is not None:
             try:
@@ -829,7 +866,7 @@ class ZmqActorSystem(ActorSystem):
         self.last_delivery_ns = time.monotonic_ns()
         target._mailbox.put_nowait(_Request(envelope, is_ask, summary))
 
-    def _on_reply(self, frames: list[bytes]) -> None:
+    def _on_reply(self, endpoint: str, frames: list[bytes]) -> None:
         if len(frames) != 2 or frames[0] != KIND_REPLY:
             self._reject(f"expected frames [reply, envelope], got {len(frames)} frame(s)")
             return
@@ -840,6 +877,18 @@ class ZmqActorSystem(ActorSystem):
             return
         if envelope.reply_to is None:
             self._reject(f"a reply without reply_to ({_describe(envelope)})")
+            return
+        # A reply comes from the actor that was asked, over the connection to its endpoint, to an asker here.
+        pending = self._pending.get(envelope.reply_to)
+        if self.address_book.get(envelope.sender) != endpoint or (
+            pending is not None and pending.recipient != envelope.sender
+        ):
+            asked = f", which asked {pending.recipient!r}" if pending is not None else ""
+            self._reject(f"a reply from {envelope.sender[:64]!r} ({self._whose(envelope.sender)}) over the connection "
+                         f"to {self._peer_label(endpoint)}: #{envelope.msg_id} re #{envelope.reply_to}{asked}")  # fmt: skip
+            return
+        if envelope.recipient != MAIN and envelope.recipient not in self._actors:
+            self._reject(f"a reply to {envelope.recipient[:64]!r}, no asker here: {_describe(envelope)[:200]}")
             return
         body = envelope.body
         result: Message | None = body
