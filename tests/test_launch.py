@@ -256,13 +256,39 @@ def test_a_stopped_process_ends_the_run_naming_it_and_how_long_it_was_silent(tmp
     finally:
         launcher.kill()
     assert launcher.returncode == 1
-    match = re.search(rf"process '{victim}' \(pid {pids[victim]}\) stopped answering: its loop has been silent for "
-                      r"(\d+\.\d) s \(hang_timeout_s = 1.0\); it is stopped or hung", err)  # fmt: skip
+    match = re.search(rf"process '{victim}' \(pid {pids[victim]}\) stopped answering: its heartbeat has been silent "
+                      r"for (\d+\.\d) s \(hang_timeout_s = 1.0\); it is stopped \(state T", err)  # fmt: skip
     assert match, err
     assert 1.0 <= float(match.group(1)) < 4.0, "noticed by the launcher, before the data plane's heartbeats"
     assert "Traceback" not in err
     for pid in pids.values():
         assert not alive(pid)
+
+
+def test_a_busy_process_is_not_taken_for_a_hung_one(tmp_path: Path) -> None:
+    """Issue 34: a loop held by a large batch for 2.5 times hang_timeout_s (and beyond the data plane's
+    heartbeat_timeout_s) is busy, not hung: its heartbeat thread says so, and the run completes."""
+    path = scenario(tmp_path, jobs=60, hang_timeout_s=1.0, heartbeat_timeout_s=2.0)
+    run_dir = tmp_path / "run"
+    env = {"DUALPATH_EMU_TEST_ONLY_BUSY": f"{run_dir.resolve()}|workers|0.05|2.5"}
+    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--json", "--run-dir", str(run_dir), env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["done"] == 60
+    assert "holding its loop for 2.5 s" in (run_dir / "workers.out").read_text()  # the spell did happen
+
+
+def test_a_process_busy_beyond_busy_timeout_s_is_named_busy_with_where(tmp_path: Path) -> None:
+    path = scenario(tmp_path, jobs=60, hang_timeout_s=1.0, busy_timeout_s=2.0)
+    run_dir = tmp_path / "run"
+    env = {"DUALPATH_EMU_TEST_ONLY_BUSY": f"{run_dir.resolve()}|workers|0.05|30"}
+    begun = time.monotonic()
+    done = dualpath_emu("launch", str(path), "--mode", "realtime", "--run-dir", str(run_dir), env=env)
+    assert done.returncode == 1
+    match = re.search(r"process 'workers' \(pid \d+\) is busy, not hung: one piece of work has held its loop for "
+                      r"(\d+\.\d) s \(busy_timeout_s = 2.0\), in node.py:\d+ hold", done.stderr)  # fmt: skip
+    assert match, done.stderr
+    assert 2.0 <= float(match.group(1)) < 4.0
+    assert "stopped or hung" not in done.stderr and time.monotonic() - begun < 25
 
 
 def test_no_endpoint_is_on_a_command_line_and_the_sockets_are_private(tmp_path: Path) -> None:

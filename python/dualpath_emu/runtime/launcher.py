@@ -24,9 +24,13 @@ in a directory of mode 0700. Then the launcher watches them:
   Each restart is said on standard error and recorded in ``<run_dir>/<name>.restarts.json`` (how the dead one
   ended, when, the new pid). Any other child that dies still ends the run, and the error says it is not one
   the run restarts;
-* **a hung child** -- every child writes a byte to a pipe (its heartbeat) every 0.25 s from its asyncio
-  loop; a child silent for ``hang_timeout_s`` (SIGSTOP, a loop stuck in a callback) fails the run the same
-  way, naming it and how long it was silent (before its first beat a child has :data:`STARTUP_TIMEOUT_S`);
+* **a stopped or hung child** -- every child writes a line to a pipe (its heartbeat) every 0.25 s from a
+  thread, saying whether its asyncio loop comes round or is held by one piece of work (busy: where, for how
+  long; :class:`~dualpath_emu.runtime.node.LauncherLink`). A child silent for ``hang_timeout_s`` fails the run
+  the same way, named as stopped (SIGSTOP: its state in ``/proc`` is ``T``), or hung (its process runs but
+  does not beat, using no CPU); one silent but using CPU holds the interpreter in native code, and is busy.
+  A busy child is not hung: only one busy for ``busy_timeout_s`` (600 s) fails the run, named as busy, with
+  where and for how long (before its first beat a child has :data:`STARTUP_TIMEOUT_S`);
 * **Ctrl-C / SIGTERM** to the launcher, or ``timeout_s`` passing: the same, with that reason
   (:class:`LaunchInterrupted` for a signal).
 
@@ -316,19 +320,41 @@ class _Child:
     last_beat_s: float = field(default_factory=time.monotonic)
     beating: bool = False
     hung: bool = False
+    busy_since_s: float | None = None
+    """When its loop was last seen to come round, while its beats say it is busy (else ``None``)."""
+    busy_where: str = ""
+    """Where its loop was held, as its last busy beat said."""
+    partial: bytes = b""
+    """A beat line not read whole yet."""
+    cpu_at_beat: float | None = None
+    """Its CPU seconds (``/proc``) at its last beat, measured once it went silent."""
     incarnation: int = 0
     """0, or N: started again in place of one that died, the N-th time (``--incarnation N``)."""
     extra: tuple[str, ...] = ()
     """The arguments it was started with beyond the node's own (a restart gets the same)."""
 
     def read_beats(self, now_s: float) -> None:
+        data = b""
         try:
-            while os.read(self.beats, 4096):
-                self.last_beat_s, self.beating = now_s, True
-        except BlockingIOError:
+            while chunk := os.read(self.beats, 4096):
+                data += chunk
+        except OSError:  # BlockingIOError: all read
             pass
-        except OSError:
-            pass
+        if not data:
+            return
+        self.last_beat_s, self.beating, self.cpu_at_beat = now_s, True, None
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        self.partial = self.partial[-1024:]  # a child writes whole lines; a broken one cannot grow this
+        for line in lines:
+            if line.startswith(b"busy "):  # "busy <held s> <where>" (node.LauncherLink)
+                held, _, where = line[5:].decode("utf-8", "replace").partition(" ")
+                try:
+                    self.busy_since_s = now_s - max(0.0, float(held))
+                except ValueError:
+                    continue
+                self.busy_where = where[:300]
+            elif line:
+                self.busy_since_s = None
 
     def close_beats(self) -> None:
         if self.beats >= 0:
@@ -772,18 +798,54 @@ def _watch(
         time.sleep(POLL_S)
 
 
+def _proc_state(pid: int) -> tuple[str, float] | None:
+    """A process's state letter and CPU seconds (user + system) from ``/proc``; ``None`` where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _check_liveness(scenario: RunScenario, children: Sequence[_Child], now: float, deadline: float) -> None:
-    """Raise :class:`LaunchError` for a child whose heartbeat is silent too long (``hang_timeout_s``; before
-    its first beat :data:`STARTUP_TIMEOUT_S`), or when ``timeout_s`` has passed (``deadline``)."""
+    """Raise :class:`LaunchError` for a child that is stopped or hung (its heartbeat silent for ``hang_timeout_s``;
+    before its first beat :data:`STARTUP_TIMEOUT_S`) or busy for ``busy_timeout_s`` (see the module), or when
+    ``timeout_s`` has passed (``deadline``)."""
     for child in children:
         silent = now - child.last_beat_s
         limit = scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S
+        busy_s = now - child.busy_since_s if child.busy_since_s is not None else 0.0
         if silent > limit:
+            state = _proc_state(child.process.pid)
+            if child.beating and state is not None and state[0] in "RSD":
+                # Silent but not stopped: busy in native code if it uses CPU (the interpreter held, so no beat).
+                if child.cpu_at_beat is None:
+                    child.cpu_at_beat = state[1]
+                    child.last_beat_s = now - limit / 2  # measure CPU over half a limit more before judging
+                    continue
+                if state[1] - child.cpu_at_beat > 0.1 * (silent - limit / 2):
+                    if child.busy_since_s is None:
+                        child.busy_since_s, child.busy_where = child.last_beat_s, "native code (no beat)"
+                    child.cpu_at_beat, child.last_beat_s = state[1], now - limit / 2
+                    continue
             child.hung = True
             what = "" if child.beating else " since it started"
+            if state is not None and state[0] in "Tt":
+                why = f"it is stopped (state {state[0]}: SIGSTOP or a debugger)"
+            elif state is not None and child.beating:
+                why = f"it is hung: its process runs (state {state[0]}) but neither beats nor uses CPU"
+            else:
+                why = "it is stopped or hung"
             raise LaunchError(
-                f"process {child.name!r} (pid {child.process.pid}) stopped answering: its loop has been silent "
-                f"for {silent:.1f} s{what} (hang_timeout_s = {scenario.hang_timeout_s}); it is stopped or hung. "
+                f"process {child.name!r} (pid {child.process.pid}) stopped answering: its heartbeat has been silent "
+                f"for {silent:.1f} s{what} (hang_timeout_s = {scenario.hang_timeout_s}); {why}. "
+                f"Stopped every process. Its last output:\n{child.output_tail()}"
+            )
+        if busy_s > scenario.busy_timeout_s:
+            child.hung = True  # held by its work: it would not hear a gentle stop either
+            raise LaunchError(
+                f"process {child.name!r} (pid {child.process.pid}) is busy, not hung: one piece of work has held "
+                f"its loop for {busy_s:.1f} s (busy_timeout_s = {scenario.busy_timeout_s}), in {child.busy_where}. "
                 f"Stopped every process. Its last output:\n{child.output_tail()}"
             )
     if time.perf_counter() > deadline:

@@ -43,10 +43,15 @@ any message that follows it leaves the process, so a process that dies leaves wh
 Exit status 0 on success, 1 if an actor failed (the failure, the seed and the last events are printed) or
 the data plane was lost, 3 when stopped before the driver was done (the data plane: before it drained).
 
-Started by the launcher (it sets ``DUALPATH_EMU_LAUNCHER=<pid>:<fd>``), a process writes a byte to that
-pipe every :data:`LAUNCHER_BEAT_S` wall seconds from its asyncio loop, so the launcher sees a stopped or
-hung process, and on Linux asks the kernel to send it SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``),
-so a killed launcher leaves no orphans; its standard input closing does the same on any system.
+Started by the launcher (it sets ``DUALPATH_EMU_LAUNCHER=<pid>:<fd>``), a process writes a line to that
+pipe every :data:`LAUNCHER_BEAT_S` wall seconds from a thread of its own (:class:`LauncherLink`): ``.`` while
+its asyncio loop comes round, ``busy <seconds> <where>`` while one piece of work has held the loop for
+:data:`BUSY_AFTER_S` or more (a large batch: busy, not hung), so the launcher tells a busy process from a
+stopped one (SIGSTOP: no thread beats) or a dead one. It also asks the kernel, on Linux, to send it SIGTERM if
+the launcher dies (``PR_SET_PDEATHSIG``), so a killed launcher leaves no orphans; its standard input closing
+does the same on any system. In an ipc run under a launcher (one host, every process watched by a launcher)
+the data-plane heartbeats allow a silence of the run's ``busy_timeout_s`` (:func:`data_plane_silence_s`): the
+launcher names a stopped or dead process long before, and a busy one is not taken for lost.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -115,7 +121,14 @@ A value that names another run directory, another process or a later incarnation
 that made the run directory can trigger it."""
 TEST_DIE_QUIET_S: Final = 0.1
 LAUNCHER_BEAT_S: Final = 0.25
-"""How often (wall seconds) a process started by the launcher writes a byte to its heartbeat pipe."""
+"""How often (wall seconds) a process started by the launcher writes a line to its heartbeat pipe."""
+BUSY_AFTER_S: Final = 1.0
+"""A loop that has not come round for this long (wall seconds) is said busy in the beats (see the module)."""
+MAX_BEAT_BYTES: Final = 256
+"""The longest beat line: under PIPE_BUF, so each is written whole."""
+TEST_BUSY_ENV: Final = "DUALPATH_EMU_TEST_ONLY_BUSY"
+"""**Test-only.** ``<run dir>|<process>|<seconds>|<wall seconds>``: as :data:`TEST_DIE_ENV`, but the process
+holds its loop (computing) for ``<wall seconds>`` once, ``<seconds>`` emulated seconds after its actors start."""
 QUIET_S: Final = 0.05
 """Once told to stop, a process keeps its actors until no message has come from another process for this
 long (wall seconds), at most :data:`QUIET_MAX_S`: the last turn's messages to others than the driver (a
@@ -208,33 +221,70 @@ async def _wait_ready(run_dir: Path, others: Sequence[str], stop: asyncio.Event)
 
 
 class LauncherLink:
-    """A child's side of the launcher's watch: a byte on the heartbeat pipe every :data:`LAUNCHER_BEAT_S`
-    wall seconds, from the asyncio loop (so a stopped process or a hung loop goes quiet)."""
+    """A child's side of the launcher's watch (see the module). The beats come from a thread, so that a loop
+    held by a large batch is told from a stopped process: the thread beats while the process runs (Python
+    hands it the interpreter every few milliseconds), a SIGSTOPped or dead process sends nothing. The loop
+    only marks that it came round; the thread says ``.`` or, when the loop has not for :data:`BUSY_AFTER_S`,
+    ``busy <seconds> <where>`` (where: the innermost frames the loop's thread is in)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         os.set_blocking(fd, False)
         self._handle: asyncio.TimerHandle | None = None
+        self._came_round = time.monotonic()
+        self._loop_thread = threading.get_ident()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop, time_scale: float) -> None:
-        """Beat now and every LAUNCHER_BEAT_S wall seconds on ``loop`` (whose clock runs ``time_scale`` times
-        faster than the wall clock)."""
+        """Mark every LAUNCHER_BEAT_S wall seconds on ``loop`` (whose clock runs ``time_scale`` times faster
+        than the wall clock) that it came round, and beat from a thread."""
 
-        def beat() -> None:
-            try:
-                os.write(self.fd, b".")
-            except (BlockingIOError, BrokenPipeError):
-                pass  # the launcher reads late, or is gone (then stdin closes too)
-            except OSError:
+        def came_round() -> None:
+            self._came_round = time.monotonic()
+            self._handle = loop.call_later(LAUNCHER_BEAT_S * time_scale, came_round)
+
+        self._loop_thread = threading.get_ident()
+        came_round()
+        self._beat(".")
+        self._thread = threading.Thread(target=self._beats, name="launcher-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beats(self) -> None:
+        while not self._stopped.wait(LAUNCHER_BEAT_S):
+            held = time.monotonic() - self._came_round
+            if not self._beat("." if held < BUSY_AFTER_S else f"busy {held:.1f} {self._where()}"):
                 return
-            self._handle = loop.call_later(LAUNCHER_BEAT_S * time_scale, beat)
 
-        beat()
+    def _beat(self, line: str) -> bool:
+        """Write one beat line; False once the pipe is unusable (the launcher is gone: stdin closes too)."""
+        data = line.encode("utf-8", "replace")[: MAX_BEAT_BYTES - 1] + b"\n"
+        try:
+            os.write(self.fd, data)
+        except (BlockingIOError, BrokenPipeError):
+            pass  # the launcher reads late, or is gone
+        except OSError:
+            return False
+        return True
+
+    def _where(self) -> str:
+        """The innermost frames of the loop's thread, ``file:line function`` (which handler holds it)."""
+        frame = sys._current_frames().get(self._loop_thread)
+        parts: list[str] = []
+        while frame is not None and len(parts) < 3:
+            code = frame.f_code
+            parts.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+        return " < ".join(parts) or "?"
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _stop_event(watch_stdin: bool) -> asyncio.Event:
@@ -274,6 +324,7 @@ async def _serve(
     if launcher is not None:
         launcher.start(asyncio.get_running_loop(), scenario.time_scale)
     _test_only_die(spec.name, incarnation, run_dir)
+    _test_only_busy(spec.name, incarnation, run_dir)
     summary: dict[str, Any] | None = None
     await system.open()
     try:
@@ -306,6 +357,15 @@ async def _serve(
     return summary
 
 
+def data_plane_silence_s(scenario: RunScenario, description: RunDescription) -> float:
+    """How long the data plane and a process may not hear from each other (see the module): the run's
+    ``heartbeat_timeout_s``, or at least its ``busy_timeout_s`` in an ipc run under a launcher, whose beats tell a
+    busy loop from a stopped process (over tcp a process may be on a host no launcher here watches)."""
+    if LAUNCHER_ENV in os.environ and scenario.transport == "ipc":
+        return max(description.heartbeat_timeout_s, scenario.busy_timeout_s)
+    return description.heartbeat_timeout_s
+
+
 def _test_only_die(name: str, incarnation: int, run_dir: Path) -> None:
     """Arm the test-only death of :data:`TEST_DIE_ENV`, if it names this process of this run."""
     value = os.environ.get(TEST_DIE_ENV)
@@ -323,6 +383,25 @@ def _test_only_die(name: str, incarnation: int, run_dir: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     loop.call_at(loop.time() + float(seconds), die)
+
+
+def _test_only_busy(name: str, incarnation: int, run_dir: Path) -> None:
+    """Arm the test-only busy spell of :data:`TEST_BUSY_ENV`, if it names this process of this run."""
+    value = os.environ.get(TEST_BUSY_ENV)
+    if not value or incarnation != 0:
+        return
+    folder, process, at_s, busy_s = (value.split("|") + ["", "", "", ""])[:4]
+    if process != name or Path(folder).resolve() != Path(run_dir).resolve():
+        return
+    loop = asyncio.get_running_loop()
+
+    def hold() -> None:
+        print(f"process {name}: holding its loop for {busy_s} s ({TEST_BUSY_ENV}, test only)", flush=True)
+        end = time.monotonic() + float(busy_s)
+        while time.monotonic() < end:  # computing, as a large batch does (a sleep would not hold the interpreter)
+            sum(range(1000))
+
+    loop.call_at(loop.time() + float(at_s), hold)
 
 
 async def _until_quiet(system: ActorSystem, stop: asyncio.Event) -> None:
@@ -474,7 +553,7 @@ def _process_plane(
         keys=keys,
         peer_name=DATAPLANE_PROCESS,
         connect_timeout_s=READY_TIMEOUT_S,
-        heartbeat_timeout_s=description.heartbeat_timeout_s,
+        heartbeat_timeout_s=data_plane_silence_s(scenario, description),
         incarnation=incarnation,
     )
     try:
@@ -515,7 +594,7 @@ def serve_dataplane(
         requesters=description.requesters,
         name=DATAPLANE_PROCESS,
         keys=keys,
-        heartbeat_timeout_s=description.heartbeat_timeout_s,
+        heartbeat_timeout_s=data_plane_silence_s(scenario, description),
         connect_timeout_s=READY_TIMEOUT_S,
         replaceable=scenario.restart_crashed,
         storage_paths=storage.paths(),

@@ -21,6 +21,8 @@ and runs by name: ``dualpath-emu launch pipeline``)::
     hang_timeout_s = 3.0   # realtime: the launcher ends the run when a process's loop has not ticked for this
                            # long (stopped, hung); 0.1..3600, best below heartbeat_timeout_s so that the hung
                            # process is the one named
+    busy_timeout_s = 600.0 # realtime: ... and when a process's loop has been held this long by one piece of work
+                           # while the process runs (busy, not stopped: its heartbeat thread says so); 1..1e6
     dataplane_endpoint = "tcp://10.0.0.1:5550"  # optional: where the data plane binds (multi-host by hand)
     restart_crashed = ["workers"]  # realtime: processes the launcher starts again if they die before the run
                                    # is complete (at most MAX_RESTARTS times each; not the driver's process);
@@ -128,6 +130,9 @@ class RunScenario:
     restart_crashed: tuple[str, ...] = ()
     """The processes started again in their place if they die before the run is complete (``launch`` and
     ``launch --only``; each new one is told its incarnation, :data:`INCARNATION_OPTION`)."""
+    busy_timeout_s: float = 600.0
+    """How long a process's loop may be held by one piece of work (busy, its process running) before the launcher
+    ends the run, naming it busy (issue 34; docs/live.md, Failure)."""
 
     def with_overrides(
         self, *, seed: int | None = None, mode: str | None = None, time_scale: float | None = None
@@ -183,6 +188,7 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     low, high = WATCH_TIMEOUT_S
     heartbeat_timeout_s = top.get_float("heartbeat_timeout_s", 5.0, min=low, max=high)
     hang_timeout_s = top.get_float("hang_timeout_s", 3.0, min=low, max=high)
+    busy_timeout_s = top.get_float("busy_timeout_s", 600.0, min=1.0, max=MAX_TIMEOUT_S)
     dataplane_endpoint = top.get_str("dataplane_endpoint", "") or None
     backend = top.get_str("backend", "model", choices=BACKENDS)
     if backend == "host" and mode != "realtime":
@@ -201,7 +207,7 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     top.finish()
     return RunScenario(
         top.source, app, seed, mode, latency_s, time_scale, transport, host, timeout_s, processes,
-        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint, backend, tuple(restart),
+        heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint, backend, tuple(restart), busy_timeout_s,
     )  # fmt: skip
 
 
