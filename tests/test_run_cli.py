@@ -173,6 +173,7 @@ pe_hbm_reserve_fraction = 0.2
 pipeline_stages = 6
 max_redispatches = 5
 read_timeout_s = 12.5
+stall_timeout_s = 1800
 [[faults]]
 kind = "degrade"
 target = "n0.snic"
