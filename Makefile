@@ -93,7 +93,7 @@ evaluation: build ## Every full experiment (46 min on 2 cores; resumable: runs k
 .PHONY: fuzz
 fuzz: build ## Run the fuzz targets (input loaders, core), FUZZ_SECONDS in all (default 60), then FAULT_SCHEDULES random fault schedules (default 1000)
 	bash fuzz/run.sh $(FUZZ_SECONDS)
-	FAULT_SCHEDULES=$(FAULT_SCHEDULES) $(PYTHON) -m pytest tests/test_faults.py -q -k random_fault_schedules
+	FAULT_SCHEDULES=$(FAULT_SCHEDULES) $(PYTHON) -m pytest tests/cluster/test_faults.py -q -k random_fault_schedules
 
 .PHONY: fuzz-smoke
 fuzz-smoke: build ## Short, repeatable fuzz run (fixed seed and execution counts); CI runs it

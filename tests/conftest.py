@@ -12,7 +12,7 @@ The depth of every property and stateful test is chosen by the environment varia
     and most CI services set it) and ``DUALPATH_HYPOTHESIS_PROFILE`` is not set.
 ``deep``
     Many more examples (and longer stateful runs) for soak runs, e.g.
-    ``DUALPATH_HYPOTHESIS_PROFILE=deep .venv/bin/pytest tests/test_lanes.py tests/test_core_properties.py``.
+    ``DUALPATH_HYPOTHESIS_PROFILE=deep .venv/bin/pytest tests/core/test_lanes.py tests/core/test_core_properties.py``.
 
 No profile has a deadline: the per-example cost of these tests varies with machine load, and a deadline
 would turn a slow CI runner into a flaky failure without finding a bug.

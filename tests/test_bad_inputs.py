@@ -26,7 +26,7 @@ from dualpath_emu.errors import InvalidArgumentError, StateError
 from dualpath_emu.inputs import MAX_SCENARIO_BYTES, short_repr, shorten
 from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 from dualpath_emu.workload import TraceError, load_trace
-from input_fuzz import check_cli, check_scenario, check_trace, scenario_documents, trace_documents
+from tests.input_fuzz import check_cli, check_scenario, check_trace, scenario_documents, trace_documents
 
 CORPUS = Path(__file__).resolve().parent / "data" / "bad_inputs"
 EXPECTED: dict[str, str] = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))

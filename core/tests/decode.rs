@@ -1,6 +1,6 @@
 //! The decode stepping (`decode.rs`): the step price against `Roofline.ep_decode_step_s` to the bit, and a
 //! node's groups stepping, joining at step boundaries, writing back and reporting through the core.
-//! (The whole cluster, event for event against the Python reference: `tests/test_cluster.py`.)
+//! (The whole cluster, event for event against the Python reference: `tests/cluster/test_cluster.py`.)
 
 use dualpath_emu_core::*;
 

@@ -27,7 +27,7 @@ from dualpath_emu.runtime.scenario import load_run_scenario
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
 
-from by_hand import gather_parts, launch_per_host
+from tests.by_hand import gather_parts, launch_per_host
 
 SCALE = 1e-3
 

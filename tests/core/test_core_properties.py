@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-import conftest
+from tests import conftest
 from dualpath_emu._core import Arbitration, Core
 
 GB = 1e9

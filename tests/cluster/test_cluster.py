@@ -153,7 +153,7 @@ def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:
 
     from dualpath_emu.workload.mooncake import read_mooncake
 
-    work = read_mooncake(Path(__file__).parent / "data" / "mooncake" / "conversation_trace.jsonl")[:60]
+    work = read_mooncake(Path(__file__).parents[1] / "data" / "mooncake" / "conversation_trace.jsonl")[:60]
     result = run_system(small_config(), "dualpath", work)
     m = result.metrics
     arrivals = sorted(t for trajectory in work for t in trajectory.arrival_s or ())

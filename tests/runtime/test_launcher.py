@@ -30,7 +30,7 @@ from dualpath_emu.runtime.eventlog import parse_line
 from dualpath_emu.runtime.launcher import check_delivery
 from dualpath_emu.scenarios import FOLDER
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PIPELINE = FOLDER / "pipeline.toml"
 WAIT_S = 60.0
 

@@ -29,7 +29,7 @@ from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
 from dualpath_emu.runtime.dataplane import DetachedRequestError, decode_frame, run_remote
 from dualpath_emu.runtime.engine import Then
 from dualpath_emu.runtime.virtual import CoreDataPlane, VirtualDriver
-from test_dataplane import build_core, decode_spec, raw_peer, remote, service
+from tests.runtime.test_dataplane import build_core, decode_spec, raw_peer, remote, service
 
 MS = 1_000_000
 Span = tuple[int, int, int, int, int]

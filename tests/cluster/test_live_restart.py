@@ -26,7 +26,7 @@ from dualpath_emu.messages import Codec, Message, MessageRegistry
 from dualpath_emu.runtime.actors import Actor, handles
 from dualpath_emu.runtime.node import TEST_DIE_ENV
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
-from test_live_cluster import TIME_SCALE, small_config, work
+from tests.cluster.test_live import TIME_SCALE, small_config, work
 
 KILL_AFTER_S = 4.0
 """When the test's victim kills itself: emulated seconds after its actors start (a third into the run or so:
@@ -95,7 +95,7 @@ def _pid_of(run_dir: Path, process: str, deadline_s: float = 30.0) -> int:
 
 
 def _run_cli_and_kill(tmp_path: Path, victim: str, *options: str) -> subprocess.CompletedProcess[str]:
-    """``dualpath-emu run`` live (the small cluster of test_live_cluster), killing ``victim`` with SIGKILL once
+    """``dualpath-emu run`` live (the small cluster of test_live), killing ``victim`` with SIGKILL once
     the run is under way."""
     base = tmp_path / "runs"
     command = [
@@ -104,7 +104,7 @@ def _run_cli_and_kill(tmp_path: Path, victim: str, *options: str) -> subprocess.
         "--agents", "16", "--set", "workload.max_rounds=3", "--time-scale", "4",
         "--run-dir", str(base), "--quiet", *options,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "python")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "python")}
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as cli:
         run_dir = base / "basic"
         pid = _pid_of(run_dir, victim)
@@ -131,7 +131,7 @@ def test_a_restart_is_advised_only_for_a_process_it_would_have_started_again(
 ) -> None:
     """Issue 34: on the model plane, a dead engine group's process is advised --restart-crashed; the scheduler's
     (its state is the run's) is not. (The host backend, which refuses the option, is never advised it:
-    tests/test_host_diagnosis.py.)"""
+    tests/host/test_host_diagnosis.py.)"""
     from dualpath_emu.cli import main
 
     base = tmp_path / "runs"
@@ -261,7 +261,7 @@ def test_a_prepared_run_records_the_option_and_launch_only_restarts_over_tcp_wit
 def test_the_live_guide_states_the_restart_limit() -> None:
     from dualpath_emu.runtime.launcher import MAX_RESTARTS
 
-    guide = " ".join((Path(__file__).resolve().parents[1] / "docs" / "live.md").read_text().split())
+    guide = " ".join((Path(__file__).resolve().parents[2] / "docs" / "live.md").read_text().split())
     assert f"at most {MAX_RESTARTS} times per process" in guide and "--restart-crashed" in guide
 
 
@@ -274,7 +274,7 @@ def test_the_data_plane_replaces_a_dead_requester_with_its_next_incarnation(tmp_
     import zmq
 
     from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
-    from test_dataplane import raw_peer, service
+    from tests.runtime.test_dataplane import raw_peer, service
 
     folder = tmp_path / "d"
     folder.mkdir(mode=0o700)

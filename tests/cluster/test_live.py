@@ -91,7 +91,7 @@ def test_basic_reads_on_the_prefill_side_only_live_too(tmp_path: Path) -> None:
 def test_a_users_policy_travels_by_its_module(tmp_path: Path) -> None:
     from dualpath_emu.cluster.user_systems import SystemLoader
 
-    here = Path(__file__).resolve().parent.parent / "python" / "dualpath_emu" / "examples"
+    here = Path(__file__).resolve().parents[2] / "python" / "dualpath_emu" / "examples"
     system = SystemLoader(here, "test").load("custom_policy.py:least-loaded")
     again = system_from_wire(system_to_wire(system))
     assert again.name == system.name and again.scheduler.__qualname__ == system.scheduler.__qualname__  # type: ignore[union-attr]
@@ -213,7 +213,7 @@ def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_pa
     # run directory (nothing shared but the network), CURVE keys on every tcp socket.
     import shutil
 
-    from by_hand import gather_parts, launch_per_host
+    from tests.by_hand import gather_parts, launch_per_host
 
     from dualpath_emu.cluster.live import collect_dir, host_commands, prepare_live
 

@@ -22,7 +22,7 @@ from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import System
 
-from test_faults import CONFIG, scenario, with_faults, work
+from tests.cluster.test_faults import CONFIG, scenario, with_faults, work
 
 NS = 1_000_000_000
 

@@ -31,10 +31,10 @@ from dualpath_emu.cluster.policies import (
 )
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
-from test_run_cli import TINY as RUN_CLI_TINY
-from test_run_cli import TINY_TURNS
+from tests.cluster.test_run_cli import TINY as RUN_CLI_TINY
+from tests.cluster.test_run_cli import TINY_TURNS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "python" / "dualpath_emu" / "examples" / "custom_policy.py"
 
 # test_run_cli's tiny DS 27B 1P1D scenario with a `systems` key to fill in.

@@ -19,7 +19,7 @@ from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.host.pacing import Pacer
 
-from test_host_backend import SCALE, config, work
+from tests.host.test_host_backend import SCALE, config, work
 
 NS = 1_000_000_000
 
@@ -104,8 +104,8 @@ def test_virtual_time_never_sends_port_faults(monkeypatch: pytest.MonkeyPatch) -
     # Only a host-backend process paces its own ports: elsewhere the injector sets faults on the run's one
     # core, and its event log is what it was (no message more).
     from dualpath_emu.cluster.engines import EngineGroup
-    from test_faults import CONFIG, with_faults
-    from test_faults import work as virtual_work
+    from tests.cluster.test_faults import CONFIG, with_faults
+    from tests.cluster.test_faults import work as virtual_work
 
     def refuse(*args: object) -> None:
         raise AssertionError("a PortFault in virtual time")

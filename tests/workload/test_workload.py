@@ -33,7 +33,7 @@ from dualpath_emu.workload.trajectory import (
     write_trajectories,
 )
 
-DATA = Path(__file__).resolve().parent / "data" / "mooncake"
+DATA = Path(__file__).resolve().parents[1] / "data" / "mooncake"
 HEADER = json.dumps({"format": FORMAT, "version": 1})
 
 # ------------------------------------------------------------------------------------------ data model

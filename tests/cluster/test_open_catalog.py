@@ -214,7 +214,7 @@ def test_the_scenario_reference_documents_every_key_the_reader_asks_for_with_its
 def test_the_committed_scenario_reference_is_the_generated_one() -> None:
     from dualpath_emu.cluster.scenario_reference import render
 
-    page = Path(__file__).resolve().parents[1] / "docs" / "scenario-reference.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "scenario-reference.md"
     assert page.read_text(encoding="utf-8") == render(), "run `make docs` and commit docs/scenario-reference.md"
 
 

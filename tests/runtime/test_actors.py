@@ -54,7 +54,7 @@ from dualpath_emu.runtime import (
     handles,
     run,
 )
-from runtime_harness import TRANSPORTS, Transport, ZmqHarness
+from tests.runtime_harness import TRANSPORTS, Transport, ZmqHarness
 
 MS = 1_000_000
 GB = 1_000_000_000
@@ -768,12 +768,12 @@ def events_digest(events: list[Event]) -> str:
 @pytest.mark.parametrize("hash_seed", ["0", "random"])
 def test_pipeline_record_does_not_depend_on_pythonhashseed(hash_seed: str) -> None:
     script = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import test_actors as t; "
+        "import sys; sys.path.insert(0, sys.argv[1]); from tests.runtime import test_actors as t; "
         "print(t.events_digest(t.pipeline(seed=1)[0]))"
     )
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     out = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        [sys.executable, "-c", script, str(Path(__file__).parents[2])],
         env=env,
         capture_output=True,
         text=True,

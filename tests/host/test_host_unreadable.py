@@ -28,7 +28,7 @@ from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.host.storage import BlockStore, HostStorageError
 from dualpath_emu.runtime.launcher import LaunchError
 
-from test_host_backend import SCALE, config, work
+from tests.host.test_host_backend import SCALE, config, work
 
 NS = 1_000_000_000
 KIB = 1024
