@@ -202,6 +202,8 @@ pub enum DecodeAction {
         node: NodeId,
         lane: Lane,
         size_bytes: u64,
+        /// The Full Blocks written, `(context, first block, blocks)` (for a plane that writes them for real).
+        extents: Vec<(u64, u64, u64)>,
     },
     /// Requests of this node ended: report them.
     Report,
@@ -535,7 +537,8 @@ impl DecodeNode {
             lane: self.spec.kv_lane,
             size_bytes: size,
         });
-        out.push(DecodeAction::Write { node, lane: self.spec.kv_lane, size_bytes: size });
+        let extents = written.iter().map(|&(c, first, n)| (c, first as u64, n as u64)).collect();
+        out.push(DecodeAction::Write { node, lane: self.spec.kv_lane, size_bytes: size, extents });
     }
 
     fn store_blocks(&mut self, steps: i64, idx: usize, written: &mut Vec<(u64, i64, i64)>) {

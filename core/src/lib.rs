@@ -11,6 +11,7 @@ pub mod clock;
 pub mod decode;
 pub mod error;
 pub mod events;
+pub mod external;
 pub mod forward;
 pub mod lanes;
 pub mod network;
@@ -21,6 +22,7 @@ pub mod storage;
 pub use decode::{DecodeBytes, DecodeJoin, DecodeNodeSpec, DecodePricing};
 pub use error::{CoreError, ErrorKind, Result};
 pub use events::{TimeNs, END_NS};
+pub use external::{External, ExternalKind, ExternalRule};
 pub use forward::{ForwardRank, ForwardSpec, ForwardStats, LayerTransfer};
 pub use lanes::{Lane, VlArbitration, MAX_LANES};
 pub use network::{

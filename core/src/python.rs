@@ -247,6 +247,19 @@ fn fields_named<'py, const N: usize>(
     values.try_into().map_err(|v: Vec<_>| invalid(&name(), format!("a tuple ({names}) of {N} fields, got {}", v.len())))
 }
 
+/// `[(context, first block, blocks)]`: which Full Blocks an I/O moves.
+fn extents_of(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<Vec<(u64, u64, u64)>> {
+    let runs = items_named(obj, "a sequence of (context, first block, blocks)", name)?;
+    runs.iter()
+        .enumerate()
+        .map(|(k, run)| {
+            let at = || format!("{}[{k}]", name());
+            let [c, first, n] = fields_named::<3>(run, "context, first, blocks", at)?;
+            Ok((int_named(&c, u64::MAX, at)?, int_named(&first, u64::MAX, at)?, int_named(&n, u64::MAX, at)?))
+        })
+        .collect()
+}
+
 /// `(path, lane, size_bytes)`: a transfer repeated in every layer.
 fn layer_transfer(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<LayerTransfer> {
     let [path, lane, size] = fields_named::<3>(obj, "path, lane, size_bytes", name)?;
@@ -320,6 +333,7 @@ fn completions_to_list<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<
             crate::CompletionKind::Timer => intern!(py, "timer"),
             crate::CompletionKind::Forward => intern!(py, "forward"),
             crate::CompletionKind::Decoded => intern!(py, "decoded"),
+            crate::CompletionKind::External => intern!(py, "external"),
         };
         list.append((kind, c.tag, c.start_ns, c.end_ns, c.size_bytes, c.lane))?;
     }
@@ -919,14 +933,28 @@ impl PyCore {
         Ok(d)
     }
 
-    /// Queue many storage I/Os: an iterable of `(node, "read" | "write", lane, size_bytes, tag)`, checked
-    /// all before any is accepted.
+    /// Queue many storage I/Os: an iterable of `(node, "read" | "write", lane, size_bytes, tag[, extents])`,
+    /// checked all before any is accepted; `extents`, `(context, first block, blocks)` runs, go with an I/O
+    /// the core hands out (`set_external`).
     fn submit_ios(&mut self, ios: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let items = ios.try_iter().map_err(|_| invalid("ios", "an iterable of (node, kind, lane, size_bytes, tag)"))?;
+        let expected = "an iterable of (node, kind, lane, size_bytes, tag[, extents])";
+        let items = ios.try_iter().map_err(|_| invalid("ios", expected))?;
         let mut batch = Vec::new();
         for (i, item) in items.enumerate() {
             let arg = || format!("ios[{i}]");
-            let [node, kind, lane, size, tag] = fields_named::<5>(&item?, "node, kind, lane, size_bytes, tag", arg)?;
+            let item = item?;
+            let mut fields = items_named(&item, "", arg).map_err(|_| invalid(&arg(), expected))?;
+            let extents = if fields.len() == 6 {
+                let runs = fields.pop().expect("six fields");
+                extents_of(&runs, &|| format!("{}.extents", arg()))?
+            } else {
+                Vec::new()
+            };
+            let [node, kind, lane, size, tag] = fields_named::<5>(
+                &PyTuple::new(item.py(), fields)?.into_any(),
+                "node, kind, lane, size_bytes, tag",
+                arg,
+            )?;
             let node = int_named(&node, u32::MAX as u64, || format!("{}.node", arg()))? as u32;
             let kind = match kind.extract::<&str>() {
                 Ok("read") => IoKind::Read,
@@ -936,10 +964,47 @@ impl PyCore {
             let lane = int_named(&lane, MAX_LANES as u64 - 1, || format!("{}.lane", arg()))? as u8;
             let size = int_named(&size, u64::MAX, || format!("{}.size_bytes", arg()))?;
             let tag = int_named(&tag, u64::MAX, || format!("{}.tag", arg()))?;
-            batch.push((node, kind, lane, size, tag));
+            batch.push((node, kind, lane, size, tag, extents));
         }
-        self.core.submit_ios(&batch)?;
-        Ok(batch.len())
+        let n = batch.len();
+        self.core.submit_ios(batch)?;
+        Ok(n)
+    }
+
+    /// Hand out, rather than model, the work a data plane moves itself (`external.rs`): a transfer whose
+    /// path has ports of two domains (`port_domains[p]`, -1: none), every I/O of the storage nodes listed.
+    /// Each such piece comes as an "external" completion (its tag the work's id); `take_external` says what
+    /// it is, `complete_externals` when it ended.
+    fn set_external(&mut self, port_domains: Vec<i64>, storage_nodes: Vec<u32>) -> PyResult<()> {
+        let mut nodes = vec![false; storage_nodes.iter().map(|&n| n as usize + 1).max().unwrap_or(0)];
+        for n in storage_nodes {
+            nodes[n as usize] = true;
+        }
+        Ok(self.core.set_external(crate::ExternalRule { port_domains, storage_nodes: nodes })?)
+    }
+
+    /// The work handed out since the last call: `(id, kind, path, lane, size_bytes, storage node or -1,
+    /// extents)` each, `kind` "transfer", "read" or "write".
+    #[allow(clippy::type_complexity)]
+    fn take_external(&mut self) -> Vec<(u64, &'static str, Vec<u32>, u8, u64, i64, Vec<(u64, u64, u64)>)> {
+        self.core
+            .take_external()
+            .into_iter()
+            .map(|e| {
+                let kind = match e.kind {
+                    crate::ExternalKind::Transfer => "transfer",
+                    crate::ExternalKind::Io(IoKind::Read) => "read",
+                    crate::ExternalKind::Io(IoKind::Write) => "write",
+                };
+                (e.id, kind, e.path, e.lane, e.size_bytes, e.storage_node.map_or(-1, i64::from), e.extents)
+            })
+            .collect()
+    }
+
+    /// External work `ids` ended now (each in flight, once; checked all first).
+    fn complete_externals(&mut self, ids: Vec<u64>) -> PyResult<usize> {
+        self.core.complete_externals(&ids)?;
+        Ok(ids.len())
     }
 
     /// Start many forward passes now: an iterable of `(n_layers, ranks, ffn_ns, collectives, load_window,

@@ -10,6 +10,7 @@ use std::io::{BufWriter, Write};
 use crate::clock::{Pacer, WallClock};
 use crate::decode::{DecodeAction, DecodeBytes, DecodeJoin, DecodeNode, DecodeNodeSpec};
 use crate::events::{EventKind, EventQueue, TimeNs, END_NS};
+use crate::external::{External, ExternalKind, ExternalRule, Externals, InFlight};
 use crate::forward::{Action, ForwardSpec, ForwardStats, ForwardStep, Forwards};
 use crate::lanes::{Lane, MAX_LANES};
 use crate::network::{Finished, NetStats, Network, Owner, PortCounters, PortId, PortSpec};
@@ -63,6 +64,8 @@ pub enum CompletionKind {
     Forward,
     /// Requests of a decode node ended (`decode.rs`); [`Core::take_decoded`] says which.
     Decoded,
+    /// Work was handed out (`external.rs`; the tag is its id): [`Core::take_external`] says what.
+    External,
 }
 
 impl CompletionKind {
@@ -74,6 +77,7 @@ impl CompletionKind {
             Self::Timer => "timer",
             Self::Forward => "forward",
             Self::Decoded => "decoded",
+            Self::External => "external",
         }
     }
 }
@@ -171,6 +175,8 @@ pub struct Core {
     decoders: Vec<DecodeNode>,
     /// Reused buffer of what a decode node asks the core to do.
     decode_actions: Vec<DecodeAction>,
+    /// Work handed out rather than modelled (`external.rs`), and the rule saying which.
+    externals: Externals,
     /// Set while a batch is submitted, so a wall clock does not move within it.
     clock_held: bool,
     transfer_events: u64,
@@ -214,6 +220,7 @@ impl Core {
             forward_actions: Vec::new(),
             decoders: Vec::new(),
             decode_actions: Vec::new(),
+            externals: Externals::default(),
             clock_held: false,
             transfer_events: 0,
             queue_events: 0,
@@ -390,13 +397,18 @@ impl Core {
         result
     }
 
-    /// Queue many storage I/Os at one instant: `(node, kind, lane, size_bytes, tag)` each, checked first.
-    pub fn submit_ios(&mut self, batch: &[(NodeId, IoKind, Lane, u64, u64)]) -> Result<()> {
+    /// Queue many storage I/Os at one instant: `(node, kind, lane, size_bytes, tag, extents)` each, checked
+    /// first (the extents, `(context, first block, blocks)`, go with the I/O if it is handed out).
+    #[allow(clippy::type_complexity)]
+    pub fn submit_ios(&mut self, batch: Vec<(NodeId, IoKind, Lane, u64, u64, Vec<(u64, u64, u64)>)>) -> Result<()> {
         self.at_one_instant(|core| {
-            for (i, (node, kind, lane, _, _)) in batch.iter().enumerate() {
+            for (i, (node, kind, lane, _, _, _)) in batch.iter().enumerate() {
                 core.check_io(*node, *kind, *lane).map_err(|e| e.within(&format!("ios[{i}]")))?;
             }
-            batch.iter().try_for_each(|(node, kind, lane, size, tag)| core.submit_io(*node, *kind, *lane, *size, *tag))
+            for (node, kind, lane, size_bytes, tag, extents) in batch {
+                core.queue_io(Io { node, kind, lane, size_bytes, tag, issued_ns: core.now, extents });
+            }
+            Ok(())
         })
     }
 
@@ -499,9 +511,15 @@ impl Core {
                 }
             };
             let t = transfer.expect("the state machine starts only transfers that exist");
-            self.net
-                .add_flow(&t.path, t.lane, t.size_bytes, Owner::Forward { forward: id, step }, now)
-                .expect("forward paths are validated at submission");
+            let owner = Owner::Forward { forward: id, step };
+            if self.externals.rule.transfer(&t.path) {
+                let (path, lane, size) = (t.path.clone(), t.lane, t.size_bytes);
+                self.hand_out(ExternalKind::Transfer, path, lane, size, owner, now, None, Vec::new());
+            } else {
+                self.net
+                    .add_flow(&t.path, t.lane, t.size_bytes, owner, now)
+                    .expect("forward paths are validated at submission");
+            }
             self.transfer_events += 1;
         }
     }
@@ -611,6 +629,9 @@ impl Core {
                 DecodeAction::Transfer { path, lane, size_bytes } => {
                     if size_bytes == 0 {
                         self.queue.push(now, EventKind::Empty { tag: UNREPORTED_TAG, lane });
+                    } else if self.externals.rule.transfer(&path) {
+                        let owner = Owner::User(UNREPORTED_TAG);
+                        self.hand_out(ExternalKind::Transfer, path, lane, size_bytes, owner, now, None, Vec::new());
                     } else {
                         self.net
                             .add_flow(&path, lane, size_bytes, Owner::User(UNREPORTED_TAG), now)
@@ -619,7 +640,7 @@ impl Core {
                     self.transfer_events += 1;
                     self.pending_transfers += 1;
                 }
-                DecodeAction::Write { node: storage, lane, size_bytes } => {
+                DecodeAction::Write { node: storage, lane, size_bytes, extents } => {
                     let io = Io {
                         node: storage,
                         kind: IoKind::Write,
@@ -627,10 +648,9 @@ impl Core {
                         size_bytes,
                         tag: UNREPORTED_TAG,
                         issued_ns: now,
+                        extents,
                     };
-                    if let Some(id) = self.storage.submit(io).expect("decode storage nodes are validated when added") {
-                        self.start_io_after_latency(id);
-                    }
+                    self.queue_io(io);
                 }
                 DecodeAction::Report => {
                     let tag = self.decoders[node as usize].spec().report_tag;
@@ -668,6 +688,19 @@ impl Core {
             self.wait_then_start(path, lane, size_bytes, tag, latency);
             self.after_change();
             return Ok(());
+        } else if self.externals.rule.transfer(path) {
+            self.net.validate_path(path, lane)?;
+            let now = self.now;
+            self.hand_out(
+                ExternalKind::Transfer,
+                path.to_vec(),
+                lane,
+                size_bytes,
+                Owner::User(tag),
+                now,
+                None,
+                Vec::new(),
+            );
         } else {
             self.net.add_flow(path, lane, size_bytes, Owner::User(tag), self.now)?;
         }
@@ -683,7 +716,7 @@ impl Core {
             kind: ErrorKind::Unknown,
             message: format!("node: unknown storage node {node}"),
         })?;
-        let probe = Io { node, kind, lane, size_bytes: 0, tag: 0, issued_ns: 0 };
+        let probe = Io { node, kind, lane, size_bytes: 0, tag: 0, issued_ns: 0, extents: Vec::new() };
         self.net.validate_path(&self.storage.path(&probe), lane)
     }
 
@@ -691,12 +724,16 @@ impl Core {
     pub fn submit_io(&mut self, node: NodeId, kind: IoKind, lane: Lane, size_bytes: u64, tag: u64) -> Result<()> {
         self.catch_up();
         self.check_io(node, kind, lane)?;
-        let io = Io { node, kind, lane, size_bytes, tag, issued_ns: self.now };
-        if let Some(id) = self.storage.submit(io)? {
-            self.start_io_after_latency(id);
-        }
+        self.queue_io(Io { node, kind, lane, size_bytes, tag, issued_ns: self.now, extents: Vec::new() });
         self.after_change();
         Ok(())
+    }
+
+    /// Queue a checked I/O on its node (it starts after its latency if the node has room).
+    fn queue_io(&mut self, io: Io) {
+        if let Some(id) = self.storage.submit(io).expect("storage nodes are checked first") {
+            self.start_io_after_latency(id);
+        }
     }
 
     fn start_io_after_latency(&mut self, id: u32) {
@@ -1038,9 +1075,24 @@ impl Core {
                 self.queue_events += 1;
                 let w = self.waiting[id as usize].take().expect("a waiting transfer starts once");
                 self.free_waiting.push(id);
-                self.net
-                    .add_flow_since(&w.path, w.lane, w.size_bytes, Owner::User(w.tag), w.submitted_ns, now)
-                    .expect("latency-sensitive paths are validated at submission");
+                let owner = Owner::User(w.tag);
+                if self.externals.rule.transfer(&w.path) {
+                    let path = w.path.into_vec();
+                    self.hand_out(
+                        ExternalKind::Transfer,
+                        path,
+                        w.lane,
+                        w.size_bytes,
+                        owner,
+                        w.submitted_ns,
+                        None,
+                        Vec::new(),
+                    );
+                } else {
+                    self.net
+                        .add_flow_since(&w.path, w.lane, w.size_bytes, owner, w.submitted_ns, now)
+                        .expect("latency-sensitive paths are validated at submission");
+                }
             }
             EventKind::Empty { tag, lane } => {
                 self.queue_events += 1;
@@ -1055,9 +1107,15 @@ impl Core {
                 } else {
                     let path = self.storage.path(io_ref);
                     let (lane, size) = (io_ref.lane, io_ref.size_bytes);
-                    self.net
-                        .add_flow(&path, lane, size, Owner::Io(io), now)
-                        .expect("I/O paths are validated at submission");
+                    if self.externals.rule.storage(io_ref.node) {
+                        let (kind, node, extents) =
+                            (ExternalKind::Io(io_ref.kind), Some(io_ref.node), io_ref.extents.clone());
+                        self.hand_out(kind, path, lane, size, Owner::Io(io), now, node, extents);
+                    } else {
+                        self.net
+                            .add_flow(&path, lane, size, Owner::Io(io), now)
+                            .expect("I/O paths are validated at submission");
+                    }
                     self.transfer_events += 1;
                 }
             }
@@ -1082,6 +1140,90 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Hand work out instead of starting its flow (`external.rs`): it ends when the plane says so.
+    #[allow(clippy::too_many_arguments)]
+    fn hand_out(
+        &mut self,
+        kind: ExternalKind,
+        path: Vec<PortId>,
+        lane: Lane,
+        size_bytes: u64,
+        owner: Owner,
+        start_ns: TimeNs,
+        storage_node: Option<NodeId>,
+        extents: Vec<(u64, u64, u64)>,
+    ) {
+        let id = self.externals.insert(InFlight { owner, start_ns, lane, size_bytes });
+        self.externals.out.push(External { id, kind, path, lane, size_bytes, storage_node, extents });
+        self.completions.push(Completion {
+            kind: CompletionKind::External,
+            tag: id,
+            start_ns: self.now,
+            end_ns: self.now,
+            size_bytes,
+            lane,
+        });
+    }
+
+    /// Mark which work this core hands out rather than models (see `external.rs`); before any is in flight.
+    pub fn set_external(&mut self, rule: ExternalRule) -> Result<()> {
+        if self.externals.in_flight() > 0 {
+            return Err(CoreError::state("the external rule changes only while no external work is in flight"));
+        }
+        if rule.port_domains.len() > self.net.port_count() {
+            return Err(CoreError::invalid(
+                "port_domains",
+                format!("at most one domain per port ({}), got {}", self.net.port_count(), rule.port_domains.len()),
+            ));
+        }
+        if rule.storage_nodes.len() > self.storage.node_count() {
+            return Err(CoreError::invalid(
+                "storage_nodes",
+                format!(
+                    "storage nodes of this core (below {}), got {}",
+                    self.storage.node_count(),
+                    rule.storage_nodes.len()
+                ),
+            ));
+        }
+        self.externals.rule = rule;
+        Ok(())
+    }
+
+    /// The work handed out since the last call (each also announced by an `External` completion).
+    pub fn take_external(&mut self) -> Vec<External> {
+        std::mem::take(&mut self.externals.out)
+    }
+
+    /// External work `ids` ended now: each finishes as its flow would have (a transfer completes, an I/O
+    /// frees its node's queue, a forward pass goes on). All are checked first: each must be in flight, once.
+    pub fn complete_externals(&mut self, ids: &[u64]) -> Result<()> {
+        let mut seen = ids.to_vec();
+        seen.sort_unstable();
+        for (i, pair) in seen.windows(2).enumerate() {
+            if pair[0] == pair[1] {
+                return Err(CoreError::invalid(&format!("ids[{i}]"), format!("each id once, got {} twice", pair[0])));
+            }
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            if !self.externals.live(id) {
+                return Err(CoreError::invalid(&format!("ids[{i}]"), format!("external work in flight, got {id}")));
+            }
+        }
+        self.at_one_instant(|core| {
+            for &id in ids {
+                let w = core.externals.remove(id).expect("checked");
+                core.transfer_events += 1;
+                match w.owner {
+                    Owner::User(tag) => core.complete(CompletionKind::Transfer, tag, w.start_ns, w.size_bytes, w.lane),
+                    Owner::Io(io) => core.finish_io(io),
+                    Owner::Forward { forward, step } => core.forward_step(forward, step),
+                }
+            }
+            Ok(())
+        })
     }
 
     fn finish_io(&mut self, id: u32) {
@@ -1348,7 +1490,7 @@ impl Core {
                 ("", path, first)
             }
             Route::Io(node, kind) => {
-                let probe = Io { node, kind, lane: 0, size_bytes: 0, tag: 0, issued_ns: 0 };
+                let probe = Io { node, kind, lane: 0, size_bytes: 0, tag: 0, issued_ns: 0, extents: Vec::new() };
                 let path = self.storage.path(&probe);
                 // The node's own first port: after the storage cluster's for a read, first for a write.
                 let (prefix, own) = match kind {

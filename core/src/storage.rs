@@ -51,6 +51,9 @@ pub struct Io {
     pub size_bytes: u64,
     pub tag: u64,
     pub issued_ns: TimeNs,
+    /// The `(context, first block, blocks)` runs it moves, for a data plane that moves real bytes
+    /// (`external.rs`); the model ignores them.
+    pub extents: Vec<(u64, u64, u64)>,
 }
 
 /// Outstanding work of one node (what the scheduler reads as `read_q`).

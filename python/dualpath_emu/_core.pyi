@@ -179,7 +179,18 @@ class Core:
         other; a lane without other flows adds no wait.
         """
     def submit_forwards(self, forwards: Iterable[_Forward]) -> int: ...
-    def submit_ios(self, ios: Iterable[tuple[int, str, int, int, int]]) -> int: ...
+    def submit_ios(
+        self,
+        ios: Iterable[tuple[int, str, int, int, int] | tuple[int, str, int, int, int, Sequence[tuple[int, int, int]]]],
+    ) -> int: ...
+    def set_external(self, port_domains: Sequence[int], storage_nodes: Sequence[int]) -> None:
+        """Hand out, rather than model, a transfer whose path has ports of two domains (-1: none) and every I/O
+        of the storage nodes listed: each comes as an ``"external"`` completion (its tag the work's id)."""
+    def take_external(self) -> list[tuple[int, str, list[int], int, int, int, list[tuple[int, int, int]]]]:
+        """The work handed out since the last call: ``(id, kind, path, lane, size_bytes, storage node or -1,
+        extents)``, ``kind`` ``"transfer"``, ``"read"`` or ``"write"``."""
+    def complete_externals(self, ids: Iterable[int]) -> int:
+        """External work ``ids`` ended now (each in flight, once)."""
     def set_port_factor(self, port: int, factor: float) -> None: ...
     def set_port_latency(self, port: int, extra_ns: int) -> None: ...
     def port_factor(self, port: int) -> float: ...
