@@ -46,6 +46,7 @@ from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import ClusterScenario, load_cluster_scenario
 from dualpath_emu.cluster.topology import build_topology
 from dualpath_emu.errors import CoreError, UsageError
+from dualpath_emu.cluster.live import registry
 from dualpath_emu.runtime.scenario import load_run_scenario
 from dualpath_emu.workload import load_trace
 from dualpath_emu.workload.mooncake import read_mooncake
@@ -96,7 +97,7 @@ def _numbers() -> st.SearchStrategy[Any]:
 
 def _strings() -> st.SearchStrategy[str]:
     words = ["cluster", "ds660b", "ds27b", "qwen32b", "h800", "h200", "64k", "32k", "online", "offline", "basic",
-             "dualpath", "oracle", "forward", "layer", "per-turn", "pipeline", "virtual", "realtime", "ipc", "tcp",
+             "dualpath", "oracle", "forward", "layer", "per-turn", "model", "host", "realtime", "ipc", "tcp",
              "t.jsonl", "", "../../etc/passwd", "x" * 100_000, "\x00", "é", "\u2028"]  # fmt: skip
     return st.one_of(st.sampled_from(words), st.text(max_size=20))
 
@@ -134,9 +135,8 @@ _CLUSTER_KEYS: dict[str, list[str]] = {
 }  # fmt: skip
 _RUN_KEYS: dict[str, list[str]] = {
     "": ["app", "seed", "mode", "latency_s", "time_scale", "transport", "host", "timeout_s", "heartbeat_timeout_s",
-         "hang_timeout_s", "dataplane_endpoint"],
-    "pipeline": ["jobs", "workers", "gap_s", "job_bytes_min", "job_bytes_max", "link_gbps", "poll_s",
-                 "ask_timeout_s", "fail_at_job"],
+         "hang_timeout_s", "dataplane_endpoint", "backend"],
+    "cluster": ["description", "metrics_port", "byte_scale", "storage_dir", "transfer_engine"],
 }  # fmt: skip
 # A small, valid starting point (DS 27B 1P1D), so that mutating a few keys still reaches the deep checks.
 # Values worth trying for each known key: the default, each documented bound and just past it.
@@ -161,12 +161,12 @@ _PLAUSIBLE: dict[str, list[Any]] = {
     "alpha_read_s": [1e-3, 3600, 3601, 9e-4], "beta_compute_s": [1e-3, 3600], "attention_quota_s": [1e-3, 3600, 0],
     "attention_quota_per": ["forward", "layer"], "fetch_period_s": [1e-6, 60, 61, 1e-7], "hit_block_aligned": [True, False],
     "de_hbm_reserve_fraction": [0, 0.99, 0.995], "pe_hbm_reserve_fraction": [0, 0.99], "pipeline_stages": [0, 1, 1024, 1025],
-    "app": ["pipeline", "other"], "latency_s": [0, 10, 11], "time_scale": [1e-6, 1e6, 1e-7, 2e6], "transport": ["ipc", "tcp"],
+    "app": ["cluster", "other"], "latency_s": [0, 10, 11], "time_scale": [1e-6, 1e6, 1e-7, 2e6], "transport": ["ipc", "tcp"],
     "host": ["127.0.0.1", ""], "timeout_s": [1, 1e6, 2e6], "heartbeat_timeout_s": [0.1, 3600, 0.09, 5],
-    "hang_timeout_s": [0.1, 3600, 3601, 3], "dataplane_endpoint": ["tcp://127.0.0.1:5550", "udp://x", ""], "jobs": [0, 1, 3, 1_000_001], "workers": [1, 2, 1024, 1025],
-    "gap_s": [0, 60, 61], "job_bytes_min": [1, 10**11, 10**11 + 1], "job_bytes_max": [1, 10**6, 10**11, 10**11 + 1],
-    "link_gbps": [1, 1e6, 0.5, 2e6], "poll_s": [1e-6, 60, 61], "ask_timeout_s": [1e-9, 1e6, 2e6],
-    "fail_at_job": [-1, 0, 2, 1_000_001],
+    "hang_timeout_s": [0.1, 3600, 3601, 3], "dataplane_endpoint": ["tcp://127.0.0.1:5550", "udp://x", ""],
+    "backend": ["model", "host", "other"], "description": ["cluster.json", "", "../x.json"],
+    "metrics_port": [-1, 0, 65_535, 65_536, -2], "byte_scale": [1e-3, 1, 0, 1.5],
+    "storage_dir": ["", "/tmp"], "transfer_engine": ["zmq", "mooncake", "other"],
     "max_redispatches": [0, 3, 100, 101, -1], "read_timeout_s": [1e-3, 0.01, 3600, 3601, 0],
     "stall_timeout_s": [0, 60, 3600, 1e7, 59.9, 1.1e7, -1],
     "down_per_node_hour": [0, 1e-6, 1e-7, 3600, 3601], "degrade_per_node_hour": [0, 600],
@@ -179,7 +179,7 @@ _CLUSTER_BASE: dict[str, Any] = {
     "deployment": {"model": "ds27b", "pe_nodes": 1, "de_nodes": 1, "prefill_ep_nodes": 1, "decode_ep_nodes": 1},
     "workload": {"agents": 2, "max_rounds": 2, "generator": {"base_trajectories": 4}},
 }
-_RUN_BASE: dict[str, Any] = {"app": "pipeline", "seed": 1, "pipeline": {"jobs": 3}}
+_RUN_BASE: dict[str, Any] = {"app": "cluster", "seed": 1, "cluster": {}}
 
 
 def _toml_key(key: str) -> str:
@@ -407,7 +407,7 @@ def check_scenario(data: bytes, directory: Path) -> None:
 
 def check_run_scenario(path: Path) -> None:
     with _loaded(path):
-        load_run_scenario(path)
+        load_run_scenario(path, registry())
 
 
 def check_trace(data: bytes, directory: Path) -> None:

@@ -1,27 +1,23 @@
-"""A harness that runs one actor-runtime test on either transport (issue 3: "the runtime's test suite runs on
-both").
+"""A harness that runs one actor-runtime test over ZeroMQ (issue 3: "the runtime's test suite runs on both"
+transports; in process, the servers' own actors talk as in a live run's process).
 
 A test asks the ``transport`` fixture (a :class:`Transport`) for a :class:`Harness`, creates its actors in
 ``h.system``, sends from ``h.sender`` and runs its driver with ``h.run(main())``:
 
-``inproc`` (:class:`InprocHarness`)
-    One :class:`~dualpath_emu.runtime.ActorSystem` on a :class:`~dualpath_emu.runtime.VirtualTimeLoop` over a
-    fresh ``Core()``; ``system`` and ``sender`` are the same system. Time is virtual, so ``time_exact`` is
-    true: a test may assert the exact nanosecond of an event.
 ``zmq-ipc`` and ``zmq-tcp`` (:class:`ZmqHarness`)
-    Two :class:`~dualpath_emu.runtime.ZmqActorSystem`\\ s on one ordinary asyncio loop: ``system`` is the
+    Two :class:`~dualpath_emu.runtime.zmq_transport.ZmqActorSystem`\\ s on one ordinary asyncio loop: ``system`` is the
     "server" that hosts the actors, ``sender`` the "client" the driver sends from. Both bind ``ipc://``
     endpoints in a (private) directory under pytest's base temporary directory, or ``tcp://127.0.0.1``
     with a fresh run's CURVE keys (processes ``server`` and ``client``); when :meth:`Harness.run` starts, the
     client's address book routes the name of every actor the server has then to the server's endpoint, so
     every tell and ask of the driver is encoded with the :class:`~dualpath_emu.messages.Codec` and crosses
     ZeroMQ (each system has its own registry of the test's message types). Asks between the server's own
-    actors stay in-process. Time is real (``time_exact`` false), every wait is bounded: a driver's ask gets
+    actors stay in-process. Time is real, every wait is bounded: a driver's ask gets
     ``h.timeout_s``, :meth:`Harness.wait` polls at most :data:`WAIT_S`, the whole run is cut at
     :data:`RUN_LIMIT_S`.
 
-In both, the driver runs as the ``main`` of ``h.system.run``, so a failing tell still ends the run with
-:class:`~dualpath_emu.runtime.ActorFailure`.
+The driver runs as the ``main`` of ``h.system.run``, so a failing tell still ends the run with
+:class:`~dualpath_emu.runtime.actors.ActorFailure`.
 """
 
 from __future__ import annotations
@@ -36,17 +32,16 @@ from typing import Any, ClassVar, Final, TypeVar
 
 import pytest
 
-from dualpath_emu._core import Core
 from dualpath_emu.messages import Codec, Message, MessageRegistry
-from dualpath_emu.runtime import ActorSystem, ZmqActorSystem, run
-from dualpath_emu.runtime.actors import DEFAULT_FAILURE_EVENTS
+from dualpath_emu.runtime.actors import DEFAULT_FAILURE_EVENTS, ActorSystem
+from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 from dualpath_emu.runtime.security import RunKeys
 
-__all__ = ["RUN_LIMIT_S", "TRANSPORTS", "WAIT_S", "Harness", "InprocHarness", "Transport", "ZmqHarness"]
+__all__ = ["RUN_LIMIT_S", "TRANSPORTS", "WAIT_S", "Harness", "Transport", "ZmqHarness"]
 
 _T = TypeVar("_T")
 
-TRANSPORTS: Final = ("inproc", "zmq-ipc", "zmq-tcp")
+TRANSPORTS: Final = ("zmq-ipc", "zmq-tcp")
 """The parameters of the ``transport`` fixture."""
 
 WAIT_S: Final = 4.0
@@ -67,12 +62,10 @@ class Harness(abc.ABC):
     """One test's actor systems on one transport (see the module docstring)."""
 
     name: ClassVar[str]
-    time_exact: ClassVar[bool]
-    """Whether time is virtual, so exact times may be asserted."""
     over_wire: ClassVar[bool]
     """Whether the driver's messages are encoded and cross ZeroMQ."""
     timeout_s: ClassVar[float]
-    """The timeout to give every ask of the driver (virtual seconds in-process: costs nothing)."""
+    """The timeout to give every ask of the driver."""
 
     system: ActorSystem
     """Where the actors under test live: create them here."""
@@ -86,17 +79,9 @@ class Harness(abc.ABC):
         Raises what ``main`` raises, or :class:`~dualpath_emu.runtime.ActorFailure` when a tell failed.
         """
 
-    async def wait(self, virtual_s: float, until: Callable[[], bool]) -> None:
-        """Let the actors work until ``until()`` holds.
-
-        In virtual time: sleep exactly ``virtual_s`` (so the test's exact times stay as they are), then
-        ``until()`` must hold. In real time: poll ``until()`` every :data:`POLL_S`, at most :data:`WAIT_S`
-        (``TimeoutError`` after that).
-        """
-        if self.time_exact:
-            await asyncio.sleep(virtual_s)
-            assert until(), f"the condition does not hold after {virtual_s} virtual seconds"
-            return
+    async def wait(self, until: Callable[[], bool]) -> None:
+        """Let the actors work until ``until()`` holds: poll it every :data:`POLL_S`, at most :data:`WAIT_S`
+        (``TimeoutError`` after that)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_S
         while not until():
@@ -105,29 +90,10 @@ class Harness(abc.ABC):
             await asyncio.sleep(POLL_S)
 
 
-class InprocHarness(Harness):
-    """One :class:`ActorSystem` on a :class:`VirtualTimeLoop`; the driver sends from the same system."""
-
-    name = "inproc"
-    time_exact = True
-    over_wire = False
-    timeout_s = 1.0
-
-    def __init__(
-        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, core: Core | None = None
-    ) -> None:
-        self.core = core if core is not None else Core()
-        self.system = self.sender = ActorSystem(latency_s=latency_s, failure_events=failure_events)
-
-    def run(self, main: Coroutine[Any, Any, _T]) -> _T:
-        return run(self.system.run(main), self.core)
-
-
 class ZmqHarness(Harness):
     """A server :class:`ZmqActorSystem` hosting the actors and a client one the driver sends from."""
 
     name = "zmq"
-    time_exact = False
     over_wire = True
     timeout_s = WAIT_S
 
@@ -196,17 +162,8 @@ class Transport:
         self._tmp_path_factory = tmp_path_factory
         self._own_dirs: list[str] = []
 
-    def harness(
-        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, core: Core | None = None
-    ) -> Harness:
-        """A new harness: actor systems with this delivery latency and failure record.
-
-        ``core`` is the in-process run's core (a fresh one by default); ZeroMQ runs have none.
-        """
-        if self.name == "inproc":
-            return InprocHarness(latency_s=latency_s, failure_events=failure_events, core=core)
-        if core is not None:
-            raise ValueError("a ZeroMQ harness runs on a real-time loop, without a core")
+    def harness(self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS) -> Harness:
+        """A new harness: actor systems with this delivery latency and failure record."""
         return ZmqHarness(
             self.messages,
             self._ipc_dir(),

@@ -7,11 +7,11 @@ processes, and check that the rates are positive numbers. No timing thresholds.
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 
-from dualpath_emu._core import Core
 from dualpath_emu.bench_runtime import (
     BenchError,
     Counter,
@@ -29,7 +29,7 @@ from dualpath_emu.bench_runtime import (
     main,
 )
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime import ActorSystem, run
+from dualpath_emu.runtime.actors import ActorSystem
 
 N = 2_000
 
@@ -90,7 +90,7 @@ def test_the_checks_catch_lost_duplicated_and_reordered_messages() -> None:
             system.tell("counter", Tick(seq, b""))
         return await system.ask("counter", Query())
 
-    assert run(system.run(reordered()), Core()) == Tally(3, 3, 2)
+    assert asyncio.run(system.run(reordered())) == Tally(3, 3, 2)
 
 
 def test_main_prints_bench_lines(capsys: pytest.CaptureFixture[str]) -> None:

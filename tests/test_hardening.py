@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,13 +85,16 @@ def test_a_disk_that_fills_during_a_live_run_is_one_line(
 ) -> None:
     """A process whose disk fills says so on one line (status 2); the launcher names the full run directory."""
     from dualpath_emu.runtime import node
+    from dualpath_emu.runtime.app import Registry
 
     def full(*args: object, **kwargs: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "client.events"))
 
     monkeypatch.setattr(node, "RunDescription", type("D", (), {"read": staticmethod(lambda d: _Description())}))
     monkeypatch.setattr(node, "serve_process", full)
-    assert node.main(["pipeline", "--process", "dataplane", "--run-dir", str(tmp_path)]) == 2
+    monkeypatch.setattr(node, "find_scenario", Path)
+    monkeypatch.setattr(node, "load_run_scenario", lambda path, registry: SimpleNamespace(with_overrides=lambda **_: None))
+    assert node.main(["run.toml", "--process", "dataplane", "--run-dir", str(tmp_path)], Registry({}, {})) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"dualpath-emu node dataplane: error: {tmp_path}/client.events: cannot write: No space")

@@ -101,7 +101,7 @@ def test_scenarios_ship_in_the_package_and_run_by_name(capsys: pytest.CaptureFix
     from dualpath_emu.scenarios import FOLDER, find, names
 
     assert FOLDER == Path(dualpath_emu.__file__).resolve().parent / "scenarios"
-    assert {"ds660b-2p4d-offline", "ds27b-1p1d-offline", "pipeline"} <= set(names())
+    assert {"ds660b-2p4d-offline", "ds27b-1p1d-offline"} <= set(names())
     assert not (REPO / "scenarios").exists(), "scenarios live in python/dualpath_emu/scenarios only (one copy)"
     for name in names():
         assert find(name) == find(f"{name}.toml") == FOLDER / f"{name}.toml"
@@ -115,10 +115,10 @@ def test_a_file_wins_over_a_packaged_name(tmp_path: Path, monkeypatch: pytest.Mo
     from dualpath_emu.scenarios import find
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "pipeline").write_text("")
-    assert find("pipeline") == Path("pipeline")
-    with pytest.raises(errors.UsageError, match=r"^sub/pipeline: no such file, and no packaged scenario of that name"):
-        find("sub/pipeline")
+    (tmp_path / "ds27b-1p1d-offline").write_text("")
+    assert find("ds27b-1p1d-offline") == Path("ds27b-1p1d-offline")
+    with pytest.raises(errors.UsageError, match=r"^sub/ds27b-1p1d-offline: no such file, and no packaged scenario"):
+        find("sub/ds27b-1p1d-offline")
 
 
 def test_every_path_the_readme_names_exists() -> None:

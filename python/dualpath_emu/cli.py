@@ -71,9 +71,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
+    from dualpath_emu.cluster.live import registry  # the applications and backends a live run may name
     from dualpath_emu.runtime.launch_cli import launch_command  # imports zmq: only when asked for
 
-    return launch_command(args)
+    return launch_command(args, registry())
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
@@ -283,24 +284,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     launch = commands.add_parser(
         "launch",
-        help="run an actor scenario: in virtual time, or in real time with one OS process per [[process]]",
-        description="Run an actor scenario (e.g. the packaged `pipeline`, a toy application of the actor "
-        "runtime). In virtual time it runs in this process and is deterministic; in real time each [[process]] "
-        "is an OS process, over ZeroMQ. Prints the summary and, last, the SHA-256 of the event log.",
+        help="start a live run's processes from its run scenario (run.toml), one OS process per [[process]]",
+        description="Start a live run from its run scenario (the run.toml that `run --mode realtime --prepare DIR` "
+        "writes): each [[process]] is an OS process, over ZeroMQ, with the data-plane service beside them. "
+        "Prints the summary and, last, the SHA-256 of the event log; `collect DIR` merges and checks the "
+        "cluster's parts.",
     )
-    launch.add_argument("scenario", help="run scenario TOML file, or a packaged one's name (e.g. pipeline)")
-    launch.add_argument("--mode", choices=("virtual", "realtime"), help="override the scenario's mode")
+    launch.add_argument("scenario", help="the run scenario's TOML file (a live run's run.toml)")
     launch.add_argument("--seed", type=int, help="override the scenario's seed")
-    launch.add_argument("--time-scale", type=float, help="realtime: emulated seconds per wall second")
+    launch.add_argument("--time-scale", type=float, help="emulated seconds per wall second")
     launch.add_argument("--event-log", type=Path, help="write the canonical event log to this file")
-    launch.add_argument("--run-dir", type=Path, help="realtime: keep each process's output, log and results here")
+    launch.add_argument("--run-dir", type=Path, help="keep each process's output, log and results here")
     launch.add_argument("--json", action="store_true", help="print the result as JSON")
-    launch.add_argument("--only", metavar="NAME,NAME", help="realtime, several hosts: start only these processes of "
+    launch.add_argument("--only", metavar="NAME,NAME", help="several hosts: start only these processes of "
                         "a run written with --prepare into --run-dir (this host's share) and watch them")  # fmt: skip
     launch.add_argument(
         "--prepare",
         action="store_true",
-        help="realtime: only write the run description (run.json) into --run-dir and print the command that "
+        help="only write the run description (run.json) into --run-dir and print the command that "
         "starts each process (for processes started by hand, e.g. on several hosts)",
     )
     launch.set_defaults(func=_cmd_launch)
@@ -431,9 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["node"]:  # its own parser: every argument after "node" is its own
+        from dualpath_emu.cluster.live import registry
         from dualpath_emu.runtime import node
 
-        return node.main(argv[1:])
+        return node.main(argv[1:], registry())
     if argv[:1] == ["calibrate"]:  # = `reproduce calibrate`: every argument after it is the experiment's
         argv = ["reproduce", *argv]
     try:

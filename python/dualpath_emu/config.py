@@ -7,7 +7,7 @@ nobody asked for, so a typo is an error, not a silently ignored setting. Errors 
 :class:`ScenarioError` (a :class:`~dualpath_emu.errors.UsageError`: the CLI reports it on one line and
 exits with status 2)::
 
-    pipeline.toml: key 'process[1].actors': expected a list of strings, got 3
+    run.toml: key 'process[1].actors': expected a list of strings, got 3
 """
 
 from __future__ import annotations

@@ -236,13 +236,13 @@ def test_a_prepared_run_records_the_option_and_launch_only_restarts_over_tcp_wit
     # `run --prepare --restart-crashed` writes it into the run; `launch --only` (here every process on one host)
     # starts de1 again when it is killed: its new transport and data-plane link connect under its name with its
     # CURVE keys, and the gathered files collect into a complete run.
-    from dualpath_emu.cluster.live import collect_dir, prepare_live
+    from dualpath_emu.cluster.live import collect_dir, prepare_live, registry
     from dualpath_emu.runtime.scenario import load_run_scenario
 
     run_dir = tmp_path / "run"
     commands = prepare_live(small_config(), SYSTEMS["dualpath"], work(), run_dir=run_dir, time_scale=TIME_SCALE,
                             port_base=47_400, restart_crashed=True)  # fmt: skip
-    assert load_run_scenario(run_dir / "run.toml").restart_crashed == ("pe0", "de1", "de2")
+    assert load_run_scenario(run_dir / "run.toml", registry()).restart_crashed == ("pe0", "de1", "de2")
     names = ",".join(name for _, name, _ in commands)
     command = [sys.executable, "-m", "dualpath_emu.cli", "launch", str(run_dir / "run.toml"), "--run-dir", str(run_dir),
                "--only", names]  # fmt: skip

@@ -31,8 +31,7 @@ from dualpath_emu.scenarios import FOLDER
 from dualpath_emu.workload.generator import GeneratorParams
 
 SCENARIOS = FOLDER  # the scenario files that ship in the package
-RUN_SCENARIOS = {"pipeline.toml"}  # actor-runtime scenarios for `dualpath-emu launch`, not cluster scenarios
-CLUSTER_FILES = sorted(p for p in SCENARIOS.glob("*.toml") if p.name not in RUN_SCENARIOS)
+CLUSTER_FILES = sorted(SCENARIOS.glob("*.toml"))
 
 # A DS 27B 1P1D cluster, 8 agents of the 32K dataset cut to their first 6 rounds: a run takes well under a
 # second per system.
@@ -87,10 +86,15 @@ def test_every_cluster_scenario_file_validates(path: Path, capsys: pytest.Captur
     assert out == f"{path}: OK: cluster scenario {scenario.name!r}: {scenario.describe()}\n"
 
 
-def test_the_run_scenario_is_told_apart(capsys: pytest.CaptureFixture[str]) -> None:
-    path = SCENARIOS / "pipeline.toml"
+def test_the_run_scenario_is_told_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dualpath_emu.cluster.live import prepare_live
+    from dualpath_emu.cluster.systems import SYSTEMS
+    from tests.cluster.test_live import small_config, work
+
+    prepare_live(small_config(), SYSTEMS["dualpath"], work(2, 1), run_dir=tmp_path)  # a live run's run.toml
+    path = tmp_path / "run.toml"
     assert main(["validate", str(path)]) == 0
-    assert capsys.readouterr().out.startswith(f"{path}: OK: run scenario for `dualpath-emu launch` (app 'pipeline'")
+    assert capsys.readouterr().out.startswith(f"{path}: OK: run scenario for `dualpath-emu launch` (app 'cluster'")
     with pytest.raises(ScenarioError, match=r"actor-runtime scenario \(it has key 'app'\).*dualpath-emu launch"):
         load_cluster_scenario(path)
 

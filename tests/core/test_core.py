@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
-from dualpath_emu.runtime import Completion as Done  # the completion tuple with its fields named
+from dualpath_emu.runtime.core_work import Completion as Done  # the completion tuple with its fields named
 from dualpath_emu.errors import (
     ConfigError,
     CoreError,

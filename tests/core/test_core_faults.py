@@ -7,7 +7,7 @@ import pytest
 
 from dualpath_emu._core import Core
 from dualpath_emu.errors import CoreError
-from dualpath_emu.runtime import Completion as Done
+from dualpath_emu.runtime.core_work import Completion as Done
 
 GB = 1_000_000_000
 MS = 1_000_000

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.errors import InvalidArgumentError, UnknownNameError
-from dualpath_emu.runtime import Completion, ForwardRank, LayerTransfer, VirtualTimeLoop, run
+from dualpath_emu.runtime.core_work import Completion, ForwardRank, LayerTransfer
 from dualpath_emu.runtime.realtime import WallClockCore, run_realtime
 
 GB = 1_000_000_000
@@ -240,54 +240,17 @@ class CountingCore:
         return self.core.next_event_ns()
 
 
-def vloop() -> VirtualTimeLoop:
-    loop = asyncio.get_running_loop()
-    assert isinstance(loop, VirtualTimeLoop)
-    return loop
-
-
-def test_virtual_loop_forward_resolves_at_the_exact_nanosecond_in_one_submission() -> None:
-    counting = CountingCore(Core())
-    core = counting.core
-    l0, l1 = core.add_port("l0", GB), core.add_port("l1", GB)
-    kv = core.add_port("kv", GB)
-
-    async def prefill(load1_bytes: int) -> tuple[Completion, int]:
-        loop = vloop()
-        ranks = [
-            ForwardRank(load=LayerTransfer([l0], 2, MB), attn_ns=3 * MS),
-            ForwardRank(load=LayerTransfer([l1], 2, load1_bytes), attn_ns=MS),
-        ]
-        done = await loop.plane.forward(3, ranks, ffn_ns=2 * MS)
-        return done, loop.now_ns
-
-    async def main() -> list[Any]:
-        # Two forwards (sharing the load ports) and a transfer requested in one iteration.
-        moved = vloop().plane.transfer([kv], 2, 5 * MB)
-        return list(await asyncio.gather(prefill(2 * MB), prefill(0), moved))
-
-    first, second, moved = run(main(), cast(Core, counting))
-    assert counting.calls == {"submit_transfers": 1, "submit_forwards": 1}
-    assert moved == ("transfer", 1, 0, 5 * MS, 5 * MB, 2)
-    # Both forwards' rank-0 loads share l0 (0.5 GB/s each): they end at 2, 4, 6 ms. So in both, layer 0's
-    # rank-0 attention runs 2→5, the shared phase 5→7; layer 1: 7→10, 10→12; layer 2: 12→15, 15→17 ms.
-    assert first == (("forward", 2, 0, 17 * MS, 9 * MB, 0), 17 * MS)
-    assert second == (("forward", 3, 0, 17 * MS, 3 * MB, 0), 17 * MS)
-    assert isinstance(first[0], Completion)
-
-
 def test_a_bad_forward_fails_alone_in_the_loop() -> None:
-    core = Core()
+    core = Core(clock="wall", time_scale=100.0)
     p = core.add_port("p", GB)
 
-    async def main() -> list[Completion | BaseException]:
-        loop = vloop()
-        good = loop.plane.forward(1, [ForwardRank(load=LayerTransfer([p], 0, MB), attn_ns=MS)])
-        bad = loop.plane.forward(1, [ForwardRank(store=LayerTransfer([p + 5], 0, MB))])
+    async def main(plane: WallClockCore) -> list[Completion | BaseException]:
+        good = plane.forward(1, [ForwardRank(load=LayerTransfer([p], 0, MB), attn_ns=MS)])
+        bad = plane.forward(1, [ForwardRank(store=LayerTransfer([p + 5], 0, MB))])
         return list(await asyncio.gather(good, bad, return_exceptions=True))
 
-    good, bad = run(main(), core)
-    assert good == ("forward", 1, 0, 2 * MS, MB, 0)
+    good, bad = run_realtime(main, core)
+    assert isinstance(good, Completion) and (good.kind, good.end_ns - good.start_ns, good.size_bytes) == ("forward", 2 * MS, MB)
     assert isinstance(bad, UnknownNameError)
     assert str(bad) == "forwards[0].ranks[0].store.path: unknown port 5"
 

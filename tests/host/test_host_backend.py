@@ -23,6 +23,7 @@ from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.host.transport import ByteChannel
+from dualpath_emu.cluster.live import registry
 from dualpath_emu.runtime.scenario import load_run_scenario
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
@@ -113,9 +114,9 @@ def test_scenario_keys_of_the_host_backend_are_checked(tmp_path: Path) -> None:
     scenario = load_cluster_scenario(path)
     assert (scenario.backend, scenario.byte_scale, scenario.storage_dir) == ("host", 0.01, "/mnt/3fs")
     run = tmp_path / "run.toml"
-    run.write_text('app = "pipeline"\nmode = "virtual"\nbackend = "host"\n[pipeline]\n')
-    with pytest.raises(ScenarioError, match="backend"):
-        load_run_scenario(run)
+    run.write_text('app = "cluster"\nbackend = "hots"\n[cluster]\n')
+    with pytest.raises(ScenarioError, match="key 'backend': expected one of 'host', 'model', got 'hots'"):
+        load_run_scenario(run, registry())
 
 
 # --- the byte channel ------------------------------------------------------------------------------------

@@ -30,8 +30,7 @@ from hypothesis import strategies as st
 from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError, UnknownNameError
-from dualpath_emu.runtime import ForwardRank, LayerTransfer
-from dualpath_emu.runtime.core_work import Completion, CoreWork
+from dualpath_emu.runtime.core_work import Completion, CoreWork, ForwardRank, LayerTransfer
 from dualpath_emu.runtime import dataplane
 from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
 from dualpath_emu.runtime.dataplane import (

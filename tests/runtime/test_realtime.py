@@ -1,7 +1,7 @@
 """The real-time loop (``RealTimeLoop``) and a process's own core (``WallClockCore``): the core's scaled wall
 clock is the loop's clock, the core's pacer wakes the loop through its descriptor, core work resolves at its
-modelled time; plus what actors get from the runtime on either loop (the ``data_plane`` handed to their system,
-seeded random streams) and the canonical event log format.
+modelled time; plus what actors get from the runtime (the ``data_plane`` handed to their system, seeded random
+streams) and the canonical event log format.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dualpath_emu._core import Core
 from dualpath_emu.errors import UnknownNameError
-from dualpath_emu.runtime import Actor, ActorSystem, Event, VirtualTimeLoop
+from dualpath_emu.runtime.actors import Actor, ActorSystem, Event
 from dualpath_emu.runtime.eventlog import event_line, event_log_sha256, parse_line, write_event_log
 from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore, run_realtime
 
@@ -78,17 +78,11 @@ class Mover(Actor):
     pass
 
 
-@pytest.mark.parametrize("clock", ["virtual", "wall"])
-def test_actors_reach_the_data_plane_handed_to_their_system_on_either_loop(clock: str) -> None:
-    core = Core(clock=clock, time_scale=100.0) if clock == "wall" else Core()
+def test_actors_reach_the_data_plane_handed_to_their_system() -> None:
+    core = Core(clock="wall", time_scale=100.0)
     port = core.add_port("p", GB)
-    loop: asyncio.AbstractEventLoop
-    if clock == "virtual":
-        virtual = VirtualTimeLoop(core)
-        plane, loop = virtual.plane, virtual
-    else:
-        wall = WallClockCore(core)
-        plane, loop = wall, wall.new_loop()
+    plane = WallClockCore(core)
+    loop = plane.new_loop()
     system = ActorSystem(data_plane=plane)
     mover = Mover(system, "mover")
 

@@ -29,7 +29,8 @@ import zmq.asyncio
 from dualpath_emu.cli import main as cli_main
 from dualpath_emu.errors import SecurityError, UsageError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
-from dualpath_emu.runtime import Actor, ActorSystem, ZmqActorSystem, handles
+from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 from dualpath_emu.runtime.security import (
     BoundedLog,
     RunKeys,
@@ -484,8 +485,11 @@ def test_a_flood_of_junk_leaves_memory_and_the_log_bounded(private_dir: Path, ca
             echo = Echo(system, "echo")
             echo.start()
             context = zmq.asyncio.Context()
-            raw = _raw_dealer(context, lambda s: (keys.as_process("b").make_client(s, "a"),
-                                                  s.setsockopt(zmq.ROUTING_ID, b"b")))  # fmt: skip
+            def as_b(s: zmq.asyncio.Socket) -> None:
+                keys.as_process("b").make_client(s, "a")
+                s.setsockopt(zmq.ROUTING_ID, b"b")
+
+            raw = _raw_dealer(context, as_b)
             raw.connect(system.endpoint)
             try:
                 await flood(raw, system, 50_000, 5)  # warm-up: queues and allocator pools at their size

@@ -28,17 +28,9 @@ import zmq.asyncio
 from dualpath_emu.errors import SecurityError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime import zmq_transport
-from dualpath_emu.runtime.security import RunKeys
-from dualpath_emu.runtime.zmq_transport import BacklogFullError
-from dualpath_emu.runtime import (
-    Actor,
-    ActorStoppedError,
-    ActorSystem,
-    RemoteError,
-    UnknownActorError,
-    ZmqActorSystem,
-    handles,
-)
+from dualpath_emu.runtime.security import RunKeys, start_authenticator
+from dualpath_emu.runtime.actors import Actor, ActorStoppedError, ActorSystem, UnknownActorError, handles
+from dualpath_emu.runtime.zmq_transport import BacklogFullError, RemoteError, ZmqActorSystem
 
 _T = TypeVar("_T")
 
@@ -362,20 +354,11 @@ def test_bad_frames_are_rejected_counted_and_the_actor_still_answers(
     assert len([r for r in caplog.records if "rejected a frame" in r.getMessage()]) == len(bad_frames)
 
 
-def test_refuses_the_virtual_time_loop_and_binds_loopback_by_default() -> None:
-    from dualpath_emu._core import Core
-    from dualpath_emu.runtime import run
-
+def test_binds_loopback_by_default() -> None:
     with pytest.raises(SecurityError, match=r"^tcp://127\.0\.0\.1:\*: a tcp:// endpoint without keys"):
         ZmqActorSystem(Codec(registry()))  # secure by default: loopback tcp needs keys, or insecure=True
     system = ZmqActorSystem(Codec(registry()), insecure=True)
     assert system.bind_address == "tcp://127.0.0.1:*"
-
-    async def main() -> None:
-        with pytest.raises(RuntimeError, match="real-time loop"):
-            await system.open()
-
-    run(main(), Core())
 
 
 # --- the same ping-pong on both transports -----------------------------------------------------------
@@ -650,7 +633,7 @@ def test_a_reply_must_come_from_the_actor_asked(transport: str, ipc_dir: str) ->
         peer.setsockopt(zmq.LINGER, 0)
         if keys is not None:
             keys.as_process("b").make_server(peer)
-            authenticator = zmq_transport.start_authenticator(context, keys.as_process("b"))
+            authenticator = start_authenticator(context, keys.as_process("b"))
             port = peer.bind_to_random_port("tcp://127.0.0.1")
             endpoint, options = f"tcp://127.0.0.1:{port}", {"keys": keys, "bind": "tcp://127.0.0.1:*"}
         else:

@@ -7,7 +7,7 @@ from typing import Any
 
 from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
-from dualpath_emu.runtime.core_work import forward_bytes
+from dualpath_emu.runtime.engine import forward_bytes
 from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Extents, Hop, Then
 
 __all__ = ["Booking", "Hop", "Ledger", "ProbingLedger"]

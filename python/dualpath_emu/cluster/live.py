@@ -71,10 +71,11 @@ from dualpath_emu.cluster.user_systems import SystemLoader
 from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
-from dualpath_emu.runtime.app import SERVICE_REPORT, Application
+from dualpath_emu.runtime.app import SERVICE_REPORT, Application, Backend, PlaneRequest, Registry
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.engine_actor import EngineActor
 from dualpath_emu.runtime.launcher import OWNER_FILE, RESTARTS_SUFFIX
+from dualpath_emu.runtime.node import MODEL
 from dualpath_emu.runtime.eventlog import EventLogWriter, read_events
 from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.scenario import (
@@ -91,7 +92,8 @@ from dualpath_emu.workload.waits import ToolWait
 if TYPE_CHECKING:  # the host backend imports the cluster
     from dualpath_emu.host.plane import HostDataPlane
 
-__all__ = ["PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "run_scenario_text"]
+__all__ = ["HOST", "PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "registry",
+           "run_scenario_text", "write_run"]
 
 PLACEMENTS: Final = ("groups", "roles", "single")
 METRICS_PORT_FILE: Final = "metrics.port"
@@ -347,8 +349,9 @@ class ClusterApplication(Application):
         self, core: Core, process: str, scenario: RunScenario, description: RunDescription, keys: RunKeys | None,
         run_dir: Path,
     ) -> HostDataPlane:  # fmt: skip
-        """The host backend's data plane for ``process`` (:mod:`dualpath_emu.host`): it drives the storage and NIC
-        I/O of the nodes whose engine groups it hosts."""
+        """The host backend's data plane for ``process`` (:mod:`dualpath_emu.host`) on ``core`` (the process's own
+        wall-clock core, built by :meth:`build_core`): it drives the storage and NIC I/O of the nodes whose engine
+        groups it hosts (:data:`HOST`)."""
         from dualpath_emu.host.plane import HostDataPlane
         from dualpath_emu.host.storage import BlockStore
         from dualpath_emu.host.transport import ByteChannel
@@ -387,6 +390,28 @@ class ClusterApplication(Application):
         """The core's report (:class:`CoreReport`), written by the data-plane service once it has drained."""
         core.poll()  # drained: nothing completes, but the core's time catches up with its wall clock
         return CoreReport.of(core, self.topology, core.now_ns).to_wire()
+
+
+def _host_plane(request: PlaneRequest) -> HostDataPlane:
+    """The host backend's plane of a process: its own wall-clock core, every process's core on one clock (the
+    launcher's origin on the hosts' real-time clock), moving real bytes (:meth:`ClusterApplication.host_plane`)."""
+    app, scenario, description = request.app, request.scenario, request.description
+    if not isinstance(app, ClusterApplication):
+        raise ScenarioError(f"application {app.name!r} has no host backend (backend = \"host\")")
+    origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
+    elapsed = max(0, time.time_ns() - origin)
+    core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
+    app.build_core(core)
+    return app.host_plane(core, request.process, scenario, description, request.keys, request.run_dir)
+
+
+HOST: Final = Backend("host", _host_plane, shares_core=False)
+"""The host backend (:mod:`dualpath_emu.host`): each process drives its own core and moves real bytes."""
+
+
+def registry() -> Registry:
+    """What a live run may name: the cluster application, the model backend (the runtime's) and the host backend."""
+    return Registry({ClusterApplication.name: ClusterApplication}, {MODEL.name: MODEL, HOST.name: HOST})
 
 
 def read_part(path: Path) -> tuple[Metrics | None, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
@@ -498,7 +523,7 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
                 transfers[(port, lane)] += count
     merged = Metrics.merge(parts)
     host: dict[str, Any] | None = None
-    if run.backend == "host":
+    if run.backend_name == "host":
         report, host = _host_report(run_dir, processes, app)
     else:
         report = CoreReport.from_wire(json.loads((run_dir / SERVICE_REPORT).read_text()))
@@ -786,7 +811,7 @@ def run_live(
     )  # fmt: skip
     path = run_dir / RUN_SCENARIO
     _write_private(path, text.encode())
-    run = load_run_scenario(path)
+    run = load_run_scenario(path, registry())
     app = run.app
     assert isinstance(app, ClusterApplication)
     started = time.perf_counter()
@@ -914,6 +939,23 @@ def _write_description(
     os.chmod(run_dir / TRAJECTORIES, 0o600)
 
 
+def write_run(
+    config: ClusterConfig, system: System, trajectories: Sequence[Trajectory], *, run_dir: Path, seed: int = 0,
+    placement_kind: str = "groups", **options: Any,
+) -> Path:  # fmt: skip
+    """Write a live run of the model backend into ``run_dir`` without starting it: the description, the trajectories
+    and the run scenario (``run.toml``, :func:`run_scenario_text` with ``options``: ``time_scale``, ``transport``,
+    ``host``, ``timeout_s``, ...), which ``dualpath-emu launch run.toml --run-dir DIR`` starts on this host and
+    ``dualpath-emu collect DIR`` then checks. Returns the run scenario's path."""
+    processes = placement(ClusterApplication.actor_names_of(config), placement_kind)
+    _write_description(run_dir, config, system, trajectories, seed)
+    settings: dict[str, Any] = {"time_scale": 1.0, "transport": "ipc", "host": "127.0.0.1", "timeout_s": 86_400.0}
+    text = run_scenario_text(seed=seed, processes=processes, **{**settings, **options})
+    path = run_dir / RUN_SCENARIO
+    _write_private(path, text.encode())
+    return path
+
+
 def host_of(process: str, hosts: Sequence[tuple[str, str]], default: str) -> str:
     """The host a process runs on: the first ``(pattern, host)`` whose shell-style pattern matches its name."""
     for pattern, host in hosts:
@@ -975,7 +1017,7 @@ def prepare_live(
         data_endpoints=data if host else None, restart_crashed=restart,
     )  # fmt: skip
     _write_private(run_dir / RUN_SCENARIO, text.encode())
-    commands = prepare(load_run_scenario(run_dir / RUN_SCENARIO), run_dir)
+    commands = prepare(load_run_scenario(run_dir / RUN_SCENARIO, registry()), run_dir)
     out = []
     for command in commands:
         words = shlex.split(command)
@@ -1000,7 +1042,7 @@ def host_commands(run_dir: Path, commands: Sequence[tuple[str, str, str]]) -> li
 def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
     """:func:`collect` for a run started by hand (:func:`prepare_live`) whose processes' files have been
     gathered into ``run_dir``."""
-    run = load_run_scenario(run_dir / RUN_SCENARIO)
+    run = load_run_scenario(run_dir / RUN_SCENARIO, registry())
     app = run.app
     if not isinstance(app, ClusterApplication):
         raise ScenarioError(f"{run_dir / RUN_SCENARIO}: not a live cluster run (app {app.name!r})")
@@ -1014,8 +1056,8 @@ def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
     result, _ = collect(run, run_dir, wall_s)
     service: dict[str, list[str]] = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
     result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",
-                         "backend": run.backend, "processes": len(names) + len(service),
+                         "backend": run.backend_name, "processes": len(names) + len(service),
                          "process_actors": {**service, **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip
-    if run.backend == "host":  # the run is over: its KV blocks go (in the shared directory, only its files)
+    if run.backend_name == "host":  # the run is over: its KV blocks go (in the shared directory, only its files)
         _remove_blocks(Path(app.storage_dir) if app.storage_dir else run_dir / STORAGE_DIR)
     return result, app

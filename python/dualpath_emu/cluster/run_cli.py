@@ -696,11 +696,12 @@ def validate_command(args: argparse.Namespace) -> int:
     path = find_scenario(args.file)
     top = load_toml(path)
     if "app" in top and "kind" not in top:
+        from dualpath_emu.cluster.live import registry
         from dualpath_emu.runtime.scenario import load_run_scenario
 
-        run = load_run_scenario(path)
-        print(f"{path}: OK: run scenario for `dualpath-emu launch` (app {run.app.name!r}, {run.mode}, seed {run.seed}, "
-              f"{len(run.processes)} process(es))")  # fmt: skip
+        run = load_run_scenario(path, registry())
+        print(f"{path}: OK: run scenario for `dualpath-emu launch` (app {run.app.name!r}, backend {run.backend_name}, "
+              f"seed {run.seed}, {len(run.processes)} process(es))")  # fmt: skip
         return 0
     scenario = scenario_from_table(top, path)
     print(f"{path}: OK: cluster scenario {scenario.name!r}: {scenario.describe()}")

@@ -1,8 +1,8 @@
 """Cluster scenarios: a TOML file → the :class:`~dualpath_emu.cluster.config.ClusterConfig`, the systems to
 compare, the workload and the seed of one ``dualpath-emu run``.
 
-A cluster scenario says ``kind = "cluster"`` at the top; the actor runtime's run scenarios (``app = ...``,
-e.g. the packaged ``pipeline``, for ``dualpath-emu launch``) are a different format and are refused here
+A cluster scenario says ``kind = "cluster"`` at the top; the runtime's run scenarios (``app = ...``, a live
+run's ``run.toml``, for ``dualpath-emu launch``) are a different format and are refused here
 with a pointer to ``launch``. Every key below is shown with its default (the defaults are those of the
 dataclasses the keys fill: :class:`ClusterConfig`, :class:`~dualpath_emu.cluster.catalog.NodeSpec`'s
 testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,

@@ -1,43 +1,42 @@
-"""Applications: what a run scenario runs (its messages, actors, core ports and driver) (issue 3).
+"""Applications and backends: what a run scenario runs, and how its processes get their data plane (issues 3, 35).
 
 An :class:`Application` is the unit the runners of :mod:`dualpath_emu.runtime.node` and
-:mod:`dualpath_emu.runtime.launcher` know how to start, in virtual time in one process or in real time
-across processes: the same actor classes either way. A scenario names it (``app = "pipeline"``) and
-configures it in the table of that name (``[pipeline]``).
-
-To add one, subclass :class:`Application` and add ``name -> "module:Class"`` to :data:`APPLICATIONS`.
+:mod:`dualpath_emu.runtime.launcher` know how to start across processes. A :class:`Backend` says how a live
+process gets its data plane (the data-plane service's modelled core, or a plane that moves real bytes). The
+runtime knows neither its applications nor the backends beyond its own (``model``): a :class:`Registry` of both,
+by name, is handed to it by whoever starts it (the command line hands the cluster's,
+:func:`dualpath_emu.cluster.live.registry`). A scenario names its application (``app = "cluster"``, configured in
+the table of that name) and its backend (``backend = "model"``).
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from dualpath_emu._core import Core
 from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import MessageRegistry
-from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.core_work import CoreLayout, core_layout
-from dualpath_emu.runtime.realtime import WallClockCore
 
-if TYPE_CHECKING:  # the scenario module imports this one
+if TYPE_CHECKING:  # the scenario module imports this one; the actor runtime loads asyncio and ZeroMQ
+    from dualpath_emu.runtime.actors import Actor, ActorSystem
+    from dualpath_emu.runtime.dataplane import RemoteDataPlane
+    from dualpath_emu.runtime.realtime import WallClockCore
     from dualpath_emu.runtime.scenario import RunDescription, RunScenario
     from dualpath_emu.runtime.security import RunKeys
 
-__all__ = ["APPLICATIONS", "SERVICE_REPORT", "Application", "application_class"]
+__all__ = ["SERVICE_REPORT", "Application", "Backend", "PlaneRequest", "Registry"]
+
+_E = TypeVar("_E")
 
 SERVICE_REPORT: Final = "dataplane.report.json"
 """The file of a real-time run's directory that :meth:`Application.service_report` goes to (written by the
 data-plane process once drained, or by the one process of a one-process run)."""
-
-APPLICATIONS: Final[dict[str, str]] = {
-    "pipeline": "dualpath_emu.apps.pipeline:Pipeline",
-    "cluster": "dualpath_emu.cluster.live:ClusterApplication",
-}
-"""Application name -> ``"module:Class"``; imported only when a scenario names it."""
 
 
 class Application(ABC):
@@ -65,9 +64,8 @@ class Application(ABC):
 
     @abstractmethod
     def build_core(self, core: Core) -> None:
-        """Add the ports and storage the actors use to the run's core: in virtual time and in a one-process
-        real-time run this process's, across processes only the data plane's (the others get
-        :meth:`use_layout`)."""
+        """Add the ports and storage the actors use to a core: the data plane's across processes (the others get
+        :meth:`use_layout`), a one-process run's own, each process's own on a backend that moves real bytes."""
 
     def use_layout(self, layout: CoreLayout) -> None:
         """In a process of a real-time run without the core (the data plane has it), learn the ids of the
@@ -101,33 +99,65 @@ class Application(ABC):
         """Write this process's share of a real-time run (its metrics, say) to ``path`` when it stops, for
         the application to merge afterwards; nothing by default."""
 
-    def host_plane(
-        self, core: Core, process: str, scenario: RunScenario, description: RunDescription, keys: RunKeys | None,
-        run_dir: Path,
-    ) -> WallClockCore:  # fmt: skip
-        """The data plane of process ``process`` on the host backend (``backend = "host"``): a plane on ``core``
-        (this process's wall-clock core, built by :meth:`build_core`) that moves real bytes, whose ``run(main)``
-        runs ``main`` inside the backend's set-up and tear-down. By default an application has no host
-        backend."""
-        raise ScenarioError(f"application {self.name!r} has no host backend (backend = \"host\")")
-
     @abstractmethod
     def create_actor(self, system: ActorSystem, name: str) -> Actor:
         """Create (and so register) actor ``name`` in ``system``; it is started by the runner. Its data plane is
-        the system's (``system.data_plane``: the core in virtual time, the data-plane service or the host
-        backend live)."""
+        the system's (``system.data_plane``: the data-plane service, the process's own core or a backend that
+        moves real bytes)."""
 
     @abstractmethod
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
         """Drive the run from outside the actors; return its JSON-able summary when it is complete."""
 
 
-def application_class(name: str, source: str = "scenario", key: str = "app") -> type[Application]:
-    """The application class called ``name`` (a :class:`ScenarioError` naming ``source`` and ``key`` if none)."""
-    target = APPLICATIONS.get(name)
-    if target is None:
-        known = ", ".join(repr(n) for n in sorted(APPLICATIONS))
+@dataclass(frozen=True)
+class PlaneRequest:
+    """What a :class:`Backend` is told when it builds process ``process``'s data plane."""
+
+    app: Application
+    process: str
+    scenario: RunScenario
+    description: RunDescription
+    keys: RunKeys | None
+    run_dir: Path
+    incarnation: int = 0
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How a live process gets its data plane, by name (``backend = "model"`` in a run scenario).
+
+    ``plane(request)`` builds the process's plane: a core of its own (a
+    :class:`~dualpath_emu.runtime.realtime.WallClockCore`, or one that moves real bytes) or the data-plane
+    service's (:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane`); its ``new_loop()`` is the process's loop. ``shares_core``: the run's processes share one modelled core, the
+    data-plane service's when there are several (the ``model`` backend); otherwise each process drives a core of
+    its own and moves real bytes between processes: each gets a byte-channel endpoint in the run description, and
+    every core starts at one clock origin (the ``host`` backend)."""
+
+    name: str
+    plane: Callable[[PlaneRequest], WallClockCore | RemoteDataPlane]
+    shares_core: bool = True
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The applications and backends a runtime can start, by name (handed in, never global)."""
+
+    applications: Mapping[str, type[Application]]
+    backends: Mapping[str, Backend]
+
+    def application(self, name: str, source: str = "scenario", key: str = "app") -> type[Application]:
+        """The application class called ``name`` (a :class:`ScenarioError` naming ``source`` and ``key`` if none)."""
+        return _named(self.applications, name, source, key)
+
+    def backend(self, name: str, source: str = "scenario", key: str = "backend") -> Backend:
+        """The backend called ``name`` (a :class:`ScenarioError` naming ``source`` and ``key`` if none)."""
+        return _named(self.backends, name, source, key)
+
+
+def _named(entries: Mapping[str, _E], name: str, source: str, key: str) -> _E:
+    entry = entries.get(name)
+    if entry is None:
+        known = ", ".join(repr(n) for n in sorted(entries))
         raise ScenarioError(f"{source}: key {key!r}: expected one of {known}, got {short_repr(name)}")
-    module_name, _, class_name = target.partition(":")
-    cls: type[Application] = getattr(importlib.import_module(module_name), class_name)
-    return cls
+    return entry

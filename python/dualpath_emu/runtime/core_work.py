@@ -41,7 +41,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
-from dualpath_emu.runtime.engine import Extents
+from dualpath_emu.runtime.engine import Extents, forward_bytes
 
 __all__ = [
     "clear_faults",
@@ -165,13 +165,6 @@ def core_state(core: Core) -> dict[str, Any]:
         "ports": {core.port_name(p): core.port_counters(p) for p in range(core.port_count)},
         "storage": {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)},
     }
-
-
-def forward_bytes(n_layers: int, ranks: Iterable[_ForwardRankLike], collectives: Iterable[_LayerTransferLike]) -> int:
-    """Every byte a forward pass moves: each rank's load and store and each collective, in every layer (what
-    its completion's ``size_bytes`` says)."""
-    size = sum(hop[2] for rank in ranks for hop in (rank[0], rank[2]) if hop is not None)
-    return n_layers * (size + sum(c[2] for c in collectives))
 
 
 def submit_split(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tuple[_T, Exception]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar
 
 from dualpath_emu.messages import Message
@@ -36,6 +36,7 @@ __all__ = [
     "Outbox",
     "Then",
     "UnhandledInputError",
+    "forward_bytes",
     "on",
     "seeded_random",
 ]
@@ -55,6 +56,8 @@ Blocks). A modelled data plane ignores them; one that moves real bytes (the host
 exactly those."""
 
 _F = TypeVar("_F", bound=Callable[..., None])
+_HopLike: TypeAlias = tuple[Sequence[int], int, int]
+"""``(path, lane, size_bytes)``: a :data:`Hop`, or a ``LayerTransfer``."""
 _ON_ATTR = "__engine_inputs__"
 
 
@@ -198,3 +201,12 @@ def seeded_random(seed: int, stream: str) -> random.Random:
     every ``PYTHONHASHSEED`` (SHA-256 of ``"<seed>/<stream>"``, not ``hash()``)."""
     digest = hashlib.sha256(f"{seed}/{stream}".encode()).digest()
     return random.Random(int.from_bytes(digest[:16], "big"))
+
+
+def forward_bytes(
+    n_layers: int, ranks: Iterable[tuple[_HopLike | None, int, _HopLike | None]], collectives: Iterable[_HopLike]
+) -> int:
+    """Every byte a forward pass moves: each rank's load and store and each collective, in every layer (what
+    its completion's ``size_bytes`` says)."""
+    size = sum(hop[2] for rank in ranks for hop in (rank[0], rank[2]) if hop is not None)
+    return n_layers * (size + sum(c[2] for c in collectives))

@@ -1,5 +1,5 @@
-"""``dualpath-emu launch``: run an actor scenario (a file, or a packaged one's name such as ``pipeline``) in
-virtual time or across processes in real time."""
+"""``dualpath-emu launch``: start a run scenario's processes (a live run's ``run.toml``) on this host, or write it
+for processes started by hand (``--prepare``), or start this host's share of a prepared run (``--only``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from dualpath_emu.errors import UsageError
+from dualpath_emu.runtime.app import Registry
 from dualpath_emu.runtime.launcher import (
     LaunchError,
     LaunchInterrupted,
@@ -17,8 +18,7 @@ from dualpath_emu.runtime.launcher import (
     launch_host,
     prepare,
 )
-from dualpath_emu.runtime.node import run_virtual
-from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, load_run_scenario
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, check_overrides, load_run_scenario
 from dualpath_emu.scenarios import find as find_scenario
 
 __all__ = ["launch_command"]
@@ -31,45 +31,22 @@ def _say(args: argparse.Namespace, text: str) -> None:
     print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
-def launch_command(args: argparse.Namespace) -> int:
-    scenario = load_run_scenario(find_scenario(args.scenario)).with_overrides(
-        seed=args.seed, mode=args.mode, time_scale=args.time_scale
+def launch_command(args: argparse.Namespace, registry: Registry) -> int:
+    """``dualpath-emu launch`` of a scenario whose application and backend are ``registry``'s."""
+    check_overrides(seed=args.seed, time_scale=args.time_scale)
+    scenario = load_run_scenario(find_scenario(args.scenario), registry).with_overrides(
+        seed=args.seed, time_scale=args.time_scale
     )
-    app = scenario.app.name
     if getattr(args, "prepare", False):
         return _prepare(args, scenario)
     if getattr(args, "only", None):
         return _launch_host(args, scenario)
-    if scenario.mode == "virtual":
-        _say(args, f"{app}: {len(scenario.app.actor_names())} actors in virtual time, seed {scenario.seed}")
-        result = run_virtual(scenario, args.event_log)
-        if result.failure is not None:
-            print(f"{result.failure}\nseed {scenario.seed}", file=sys.stderr)
-            print(f"event log sha256 {result.sha256}", file=sys.stderr)
-            return EXIT_FAILED
-        out: dict[str, Any] = {
-            "scenario": scenario.source,
-            "mode": "virtual",
-            "seed": scenario.seed,
-            "summary": result.summary,
-            "events": result.events,
-            "counters": result.counters,
-            "wall_s": round(result.wall_s, 3),
-            "event_log_sha256": result.sha256,
-        }
-        if args.json:
-            print(json.dumps(out, indent=1))
-        else:
-            print(f"summary {json.dumps(result.summary, sort_keys=True)}")
-            print(f"{result.events} events in {result.wall_s:.2f} s wall; counters {result.counters}")
-            print(f"event log sha256 {result.sha256}")
-        return 0
     return _launch_realtime(args, scenario)
 
 
 def _prepare(args: argparse.Namespace, scenario: RunScenario) -> int:
-    if scenario.mode != "realtime" or args.run_dir is None:
-        raise UsageError("--prepare writes a real-time run's description: give --mode realtime and --run-dir DIR")
+    if args.run_dir is None:
+        raise UsageError("--prepare writes a real-time run's description: give --run-dir DIR")
     commands = prepare(scenario, args.run_dir)
     print(f"wrote {args.run_dir}/run.json; start the processes in this order (each on its host, with DIR shared "
           "or copied; ipc:// endpoints only work on one host):")  # fmt: skip
@@ -80,8 +57,8 @@ def _prepare(args: argparse.Namespace, scenario: RunScenario) -> int:
 
 def _launch_host(args: argparse.Namespace, scenario: RunScenario) -> int:
     """``launch --only NAMES --run-dir DIR``: this host's processes of a prepared run."""
-    if scenario.mode != "realtime" or args.run_dir is None:
-        raise UsageError("--only starts part of a prepared real-time run: give --mode realtime and --run-dir DIR")
+    if args.run_dir is None:
+        raise UsageError("--only starts part of a prepared real-time run: give --run-dir DIR")
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     try:
         launch_host(scenario, args.run_dir, names, on_start=lambda name, pid: _say(args, f"  started {name} (pid {pid})"))

@@ -2,7 +2,7 @@
 
 :func:`launch` writes the run description ``<run_dir>/run.json`` (mode 0600: endpoints, the data plane's
 endpoint, seed, time scale, heartbeat timeout, where keys live; :class:`~dualpath_emu.runtime.scenario.RunDescription`)
-and starts one ``python -m dualpath_emu.runtime.node SCENARIO --process NAME --run-dir DIR`` child per
+and starts one ``python -m dualpath_emu.cli node SCENARIO --process NAME --run-dir DIR`` child per
 ``[[process]]`` of a scenario -- first, in a run of more than one process, the data-plane service
 (``dataplane``), which owns the run's only core (docs/architecture.md). Each child runs in its own session (a
 terminal's Ctrl-C reaches only the launcher) with its output in ``<run_dir>/<name>.out``; ipc:// sockets live
@@ -48,8 +48,7 @@ included) in ``<run_dir>/keys`` (0700; :class:`~dualpath_emu.runtime.security.Ru
 description; every socket of the run is then authenticated and encrypted. ipc:// runs need none (their
 sockets' directory is private).
 
-**By hand, on several hosts**: :func:`prepare` (``dualpath-emu launch SCENARIO --mode realtime --prepare
---run-dir DIR``) writes the run description (and, for tcp://, the keys) and returns the command that starts
+**By hand, on several hosts**: :func:`prepare` (``dualpath-emu launch SCENARIO --prepare --run-dir DIR``) writes the run description (and, for tcp://, the keys) and returns the command that starts
 each process; copy (or share) ``DIR`` and run them, the data plane first. Give every process an ``endpoint``
 and the scenario a ``dataplane_endpoint`` reachable from the other hosts (tcp://).
 """
@@ -246,7 +245,7 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
     )
     data = (
         {spec.name: _endpoint(scenario, spec.name + ".data", spec.data_endpoint, socket_dir) for spec in scenario.processes}
-        if scenario.backend == "host" else {}
+        if not scenario.shares_core else {}
     )  # fmt: skip
     return RunDescription(
         scenario=str(Path(scenario.source).resolve()) if Path(scenario.source).exists() else scenario.source,
@@ -258,7 +257,7 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
         heartbeat_timeout_s=scenario.heartbeat_timeout_s,
         keys=keys,
         data_endpoints=data,
-        clock_origin_ns=time.time_ns() if scenario.backend == "host" else None,
+        clock_origin_ns=time.time_ns() if not scenario.shares_core else None,
     )
 
 
@@ -281,7 +280,8 @@ def _make_keys(scenario: RunScenario, directory: Path) -> str:
 
 def node_command(scenario: RunScenario, name: str, run_dir: Path) -> list[str]:
     """The command line that starts process ``name`` of a run whose description is in ``run_dir``."""
-    return [sys.executable, "-m", "dualpath_emu.runtime.node", scenario.source, "--process", name, "--run-dir", str(run_dir)]
+    return [sys.executable, "-m", "dualpath_emu.cli", "node", scenario.source, "--process", name, "--run-dir",
+            str(run_dir)]  # fmt: skip
 
 
 def prepare(scenario: RunScenario, run_dir: Path) -> list[str]:

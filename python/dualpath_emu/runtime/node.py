@@ -1,14 +1,12 @@
-"""Running an application: all of it in virtual time, or one process of a real-time run (issues 3, 14).
+"""Running one process of a live run (issues 3, 14, 35).
 
-:func:`run_virtual` runs every actor of a scenario in this process on a
-:class:`~dualpath_emu.runtime.VirtualTimeLoop`: deterministic, the same scenario and seed give the same
-event log byte for byte. :func:`serve_process` runs one process of a real-time run; the launcher
-(:mod:`dualpath_emu.runtime.launcher`) starts one per process with ``python -m dualpath_emu.runtime.node
-SCENARIO --process NAME --run-dir DIR``, and on several hosts they can be started by hand (``dualpath-emu
-node``, the same arguments). Everything else -- endpoints, seed, time scale, the data plane's endpoint, where
-the keys live -- comes from the run description ``DIR/run.json``
-(:class:`~dualpath_emu.runtime.scenario.RunDescription`), so nothing secret or host-specific is on a command
-line.
+:func:`serve_process` runs one process of a real-time run; the launcher
+(:mod:`dualpath_emu.runtime.launcher`) starts one per process with ``dualpath-emu node SCENARIO --process NAME
+--run-dir DIR``, and on several hosts they can be started by hand (the same command). Everything else --
+endpoints, seed, time scale, the data plane's endpoint, where the keys live -- comes from the run description
+``DIR/run.json`` (:class:`~dualpath_emu.runtime.scenario.RunDescription`), so nothing secret or host-specific is
+on a command line. The application and the backend are the scenario's, by name, from the
+:class:`~dualpath_emu.runtime.app.Registry` the command line hands :func:`main`.
 
 The processes of a real-time run:
 
@@ -17,11 +15,11 @@ The processes of a real-time run:
   (:class:`~dualpath_emu.runtime.dataplane.DataPlaneService`) until every other process has said bye and the
   core has no pending work; then writes ``<run_dir>/dataplane.json`` (its final port counters, core stats,
   storage queues and lags) and exits 0;
-* **an actor process** (each ``[[process]]``): its actors' data plane is a
-  :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` connected to the data plane (whose ports it
-  learns at connect, ``Application.use_layout``), in a one-process run its own core
-  (:class:`~dualpath_emu.runtime.realtime.WallClockCore`), on the host backend the application's
-  (``Application.host_plane``); they run on a :class:`~dualpath_emu.runtime.RealTimeLoop` on its clock. It binds its endpoint, starts its actors and
+* **an actor process** (each ``[[process]]``): its actors' data plane is the backend's (:class:`~dualpath_emu.runtime.app.Backend`):
+  on the model backend (:data:`MODEL`) a :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` connected to the
+  data plane (whose ports it learns at connect, ``Application.use_layout``), in a one-process run its own core
+  (:class:`~dualpath_emu.runtime.realtime.WallClockCore`); they run on a
+  :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on its clock. It binds its endpoint, starts its actors and
   writes ``<run_dir>/<name>.ready``. The driver's process waits until every other actor process is ready
   (their ready files; ``--no-ready-wait`` skips this, for hosts without a shared run directory: start the
   driver's process last), runs the application's driver and ends when it returns; any other process runs
@@ -66,7 +64,6 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -75,7 +72,7 @@ from dualpath_emu.config import ScenarioError
 from dualpath_emu.errors import BackendUnavailable, UsageError, disk_error
 from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
-from dualpath_emu.runtime.app import SERVICE_REPORT, Application
+from dualpath_emu.runtime.app import SERVICE_REPORT, Application, Backend, PlaneRequest, Registry
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.dataplane import DataPlaneError, DataPlaneService, RemoteDataPlane, ServiceCore
 from dualpath_emu.runtime.eventlog import EventLogWriter, write_event_log
@@ -91,16 +88,14 @@ from dualpath_emu.runtime.scenario import (
 )
 from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.runtime.security import RunKeys
-from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 
 __all__ = [
     "EXIT_FAILED",
     "EXIT_STOPPED",
     "LAUNCHER_ENV",
-    "RunResult",
+    "MODEL",
     "StoppedError",
-    "run_virtual",
     "serve_dataplane",
     "serve_process",
 ]
@@ -142,18 +137,6 @@ class StoppedError(Exception):
     """The process was told to stop before its driver was done."""
 
 
-@dataclass
-class RunResult:
-    """What a run (or one process of it) produced."""
-
-    summary: dict[str, Any] | None
-    events: int
-    sha256: str
-    wall_s: float
-    counters: dict[str, int]
-    failure: ActorFailure | None = None
-
-
 def _counters(system: ActorSystem) -> dict[str, int]:
     counters = {"dropped": system.dropped, "unhandled": system.unhandled}
     if isinstance(system, ZmqActorSystem):
@@ -161,37 +144,6 @@ def _counters(system: ActorSystem) -> dict[str, int]:
         if system.incarnation is not None:
             counters["stale"] = system.counters["transport.stale"]
     return counters
-
-
-def run_virtual(scenario: RunScenario, event_log: Path | None = None) -> RunResult:
-    """Run every actor of ``scenario`` in this process in virtual time; write the event log if asked.
-
-    An actor failure does not raise: it is in :attr:`RunResult.failure` (the log is still written).
-    """
-    app = scenario.app
-    core = Core(**app.core_options())
-    app.build_core(core)
-    loop = VirtualTimeLoop(core)
-    system = ActorSystem(latency_s=scenario.latency_s, seed=scenario.seed, data_plane=loop.plane)
-    for name in app.actor_names():
-        app.create_actor(system, name)
-
-    async def main() -> dict[str, Any]:
-        for actor in system.actors:
-            actor.start()
-        return await app.drive(system)
-
-    started = time.perf_counter()
-    summary: dict[str, Any] | None = None
-    failure: ActorFailure | None = None
-    try:
-        with asyncio.Runner(loop_factory=lambda: loop) as runner:
-            summary = runner.run(system.run(main()))
-    except ActorFailure as error:
-        failure = error
-    wall_s = time.perf_counter() - started
-    sha256 = write_event_log(system.raw_events(), event_log)
-    return RunResult(summary, system.event_count, sha256, wall_s, _counters(system), failure)
 
 
 async def _first(main: Awaitable[_T], stop: asyncio.Event) -> _T:
@@ -500,7 +452,7 @@ def serve_process(
             launcher.stop()
     wall_s = time.perf_counter() - started
     app.write_part(run_dir / f"{stem}.part")
-    if scenario.backend == "model" and isinstance(plane, WallClockCore):  # a one-process run: it owns the run's core
+    if scenario.shares_core and isinstance(plane, WallClockCore):  # a one-process run: it owns the run's core
         _write_service_report(app, plane.core, run_dir)
     if log is not None:
         system.flush_events()
@@ -532,16 +484,16 @@ def _process_plane(
     scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path,
     incarnation: int = 0,
 ) -> WallClockCore | RemoteDataPlane:
-    """The data plane of process ``name`` of a live run: the host backend's (its own core, moving real bytes), the
-    run's own core in a one-process run, or else the data-plane service's (connected, clocks synchronised)."""
-    app = scenario.app
-    if scenario.backend == "host":
-        # Every process's core on one clock: the launcher's origin on the hosts' real-time clock.
-        origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
-        elapsed = max(0, time.time_ns() - origin)
-        core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
-        app.build_core(core)
-        return app.host_plane(core, name, scenario, description, keys, run_dir)
+    """The data plane of process ``name`` of a live run: its backend's (:data:`MODEL` unless the scenario names
+    another)."""
+    backend = scenario.backend if scenario.backend is not None else MODEL
+    return backend.plane(PlaneRequest(scenario.app, name, scenario, description, keys, run_dir, incarnation))
+
+
+def _model_plane(request: PlaneRequest) -> WallClockCore | RemoteDataPlane:
+    """The model backend's plane: the run's own core in a one-process run, or else the data-plane service's
+    (connected, clocks synchronised)."""
+    app, scenario, description, name = request.app, request.scenario, request.description, request.process
     if description.dataplane_endpoint is None:
         core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
         app.build_core(core)
@@ -550,11 +502,11 @@ def _process_plane(
         description.dataplane_endpoint,
         name,
         time_scale=scenario.time_scale,
-        keys=keys,
+        keys=request.keys,
         peer_name=DATAPLANE_PROCESS,
         connect_timeout_s=READY_TIMEOUT_S,
         heartbeat_timeout_s=data_plane_silence_s(scenario, description),
-        incarnation=incarnation,
+        incarnation=request.incarnation,
     )
     try:
         app.use_layout(plane.layout)
@@ -567,6 +519,11 @@ def _process_plane(
         flush=True,
     )
     return plane
+
+
+MODEL: Final = Backend("model", _model_plane)
+"""The model backend: no bytes move; every process's work is modelled by one core (the data-plane service's, or
+a one-process run's own)."""
 
 
 def serve_dataplane(
@@ -720,16 +677,17 @@ def _launcher_from_env() -> tuple[int, int] | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dualpath_emu.runtime.node``: one process of a real-time run (see the module)."""
+def main(argv: Sequence[str], registry: Registry) -> int:
+    """``dualpath-emu node``: one process of a real-time run (see the module), of an application and a backend of
+    ``registry``."""
     parser = argparse.ArgumentParser(
         prog="dualpath-emu node",
         description="Run one process of a real-time run: `dualpath-emu launch` starts one per [[process]] (and the "
-        "data plane); on several hosts, write the run description with `dualpath-emu launch SCENARIO --mode "
-        "realtime --prepare --run-dir DIR`, copy DIR to each host (or share it) and start each process there, "
+        "data plane); on several hosts, write the run description with `dualpath-emu launch SCENARIO --prepare "
+        "--run-dir DIR`, copy DIR to each host (or share it) and start each process there, "
         "the data plane first.",
     )
-    parser.add_argument("scenario", help="run scenario TOML file, or a packaged one's name (e.g. pipeline)")
+    parser.add_argument("scenario", help="the run scenario's TOML file (a live run's run.toml)")
     parser.add_argument(
         "--process", required=True, help=f"the [[process]] to run, or {DATAPLANE_PROCESS!r} for the data plane"
     )
@@ -757,8 +715,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_parent_death_signal(launcher[0])
     try:
         description = RunDescription.read(args.run_dir)
-        scenario = load_run_scenario(find_scenario(args.scenario)).with_overrides(
-            seed=description.seed, mode="realtime", time_scale=description.time_scale
+        scenario = load_run_scenario(find_scenario(args.scenario), registry).with_overrides(
+            seed=description.seed, time_scale=description.time_scale
         )
         if args.process != DATAPLANE_PROCESS:
             scenario.process(args.process)  # a ScenarioError naming the known ones
@@ -788,6 +746,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dualpath-emu node {args.process}: error: {full} (run directory {args.run_dir})", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,46 +1,45 @@
-"""Run scenarios: which application, which seed, which clock, and which actors live in which process.
+"""Run scenarios: which application, which seed, which backend, and which actors live in which process.
 
-A run scenario is a TOML file (see ``python/dualpath_emu/scenarios/pipeline.toml``, which ships in the package
-and runs by name: ``dualpath-emu launch pipeline``)::
+A run scenario is a TOML file that a live run is started from: ``dualpath-emu run --mode realtime`` writes one
+into its run directory (``run.toml``, with the cluster's description beside it; :mod:`dualpath_emu.cluster.live`)
+and starts it with the launcher; ``dualpath-emu launch run.toml`` starts one by hand::
 
-    app = "pipeline"       # the application (dualpath_emu.runtime.app.APPLICATIONS)
+    app = "cluster"        # the application (by name, from the registry handed in: runtime.app.Registry)
     seed = 1               # every random stream of the run derives from it
-    mode = "virtual"       # "virtual": one process, virtual clock, deterministic event log
-                           # "realtime": wall clock, one OS process per [[process]], ZeroMQ between them
+    mode = "realtime"      # the only mode: wall clock, one OS process per [[process]], ZeroMQ between them
+                           # (virtual time is `dualpath-emu run`'s, without processes)
     latency_s = 0.0002     # delivery latency of a message between actors of one process; 0..10
-    time_scale = 1.0       # realtime: emulated seconds per wall second; 1e-6..1e6
-    transport = "ipc"      # realtime: "ipc" (one host) or "tcp"
-    backend = "model"      # realtime: "model" (the data-plane service's core models every byte) or "host"
-                           # (each process moves real bytes: files, sockets; the application must support it)
+    time_scale = 1.0       # emulated seconds per wall second; 1e-6..1e6
+    transport = "ipc"      # "ipc" (one host) or "tcp"
+    backend = "model"      # by name, from the registry: "model" (the data-plane service's core models every
+                           # byte) or "host" (each process moves real bytes: files, sockets)
     host = "127.0.0.1"     # tcp: the address the processes bind (loopback unless told otherwise)
-    timeout_s = 120.0      # realtime: wall seconds after which the launcher gives up and stops everything;
-                           # at most 1e6
-    heartbeat_timeout_s = 5.0   # realtime: a process that hears nothing from the data plane this long (wall
-                                # seconds) fails, and so does the data plane hearing nothing from a process;
-                                # 0.1..3600
-    hang_timeout_s = 3.0   # realtime: the launcher ends the run when a process's loop has not ticked for this
-                           # long (stopped, hung); 0.1..3600, best below heartbeat_timeout_s so that the hung
+    timeout_s = 120.0      # wall seconds after which the launcher gives up and stops everything; at most 1e6
+    heartbeat_timeout_s = 5.0   # a process that hears nothing from the data plane this long (wall seconds)
+                                # fails, and so does the data plane hearing nothing from a process; 0.1..3600
+    hang_timeout_s = 3.0   # the launcher ends the run when a process's loop has not ticked for this long
+                           # (stopped, hung); 0.1..3600, best below heartbeat_timeout_s so that the hung
                            # process is the one named
-    busy_timeout_s = 600.0 # realtime: ... and when a process's loop has been held this long by one piece of work
+    busy_timeout_s = 600.0 # ... and when a process's loop has been held this long by one piece of work
                            # while the process runs (busy, not stopped: its heartbeat thread says so); 1..1e6
     dataplane_endpoint = "tcp://10.0.0.1:5550"  # optional: where the data plane binds (multi-host by hand)
-    restart_crashed = ["workers"]  # realtime: processes the launcher starts again if they die before the run
-                                   # is complete (at most MAX_RESTARTS times each; not the driver's process);
-                                   # default none: any process that dies ends the run
+    restart_crashed = ["de1"]  # processes the launcher starts again if they die before the run is complete
+                               # (at most MAX_RESTARTS times each; not the driver's process); default none:
+                               # any process that dies ends the run
 
-    [pipeline]             # the application's own keys
-    jobs = 200
+    [cluster]              # the application's own keys
+    description = "cluster.json"
 
-    [[process]]            # realtime: each actor in exactly one process (default: all in one)
-    name = "source"
-    actors = ["source"]
+    [[process]]            # each actor in exactly one process (default: all in one)
+    name = "scheduler"
+    actors = ["scheduler"]
     endpoint = "tcp://10.0.0.2:5555"   # optional: where this process binds (multi-host by hand)
     data_endpoint = "tcp://10.0.0.2:5556"  # optional, host backend: where its byte channel binds
 
 Every key has the default shown; unknown keys and bad values are :class:`~dualpath_emu.config.ScenarioError`\\ s
-naming the file and the key. A real-time run of more than one process gets one more, the data-plane service
-(process ``dataplane``, a name no ``[[process]]`` may take): it owns the run's only core (docs/architecture.md,
-:mod:`dualpath_emu.runtime.dataplane`).
+naming the file and the key. A run of more than one process on a backend whose processes share a core (the
+model backend) gets one more, the data-plane service (process ``dataplane``, a name no ``[[process]]`` may
+take): it owns the run's only core (docs/architecture.md, :mod:`dualpath_emu.runtime.dataplane`).
 
 **The run description.** The launcher writes ``<run_dir>/run.json`` (:class:`RunDescription`, mode 0600): the
 scenario file, seed, time scale, every process's endpoint, the data plane's endpoint and its expected
@@ -58,15 +57,15 @@ from typing import Any, Final
 
 from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.inputs import short_repr
-from dualpath_emu.runtime.app import Application, application_class
+from dualpath_emu.runtime.app import Application, Backend, Registry
 
 __all__ = [
-    "BACKENDS",
     "DATAPLANE_PROCESS",
     "MODES",
     "RUN_DESCRIPTION",
     "TRANSPORTS",
     "INCARNATION_OPTION",
+    "check_overrides",
     "ProcessSpec",
     "RunDescription",
     "RunScenario",
@@ -74,8 +73,7 @@ __all__ = [
     "load_run_scenario",
 ]
 
-MODES: Final = ("virtual", "realtime")
-BACKENDS: Final = ("model", "host")
+MODES: Final = ("realtime",)
 TRANSPORTS: Final = ("ipc", "tcp")
 MAX_SEED: Final = 2**63 - 1
 MAX_LATENCY_S: Final = 10.0
@@ -126,7 +124,9 @@ class RunScenario:
     heartbeat_timeout_s: float = 5.0
     hang_timeout_s: float = 3.0
     dataplane_endpoint: str | None = None
-    backend: str = "model"
+    backend: Backend | None = None
+    """How each process gets its data plane (from the registry; ``None``: the model backend, a process's own
+    core or the data-plane service's)."""
     restart_crashed: tuple[str, ...] = ()
     """The processes started again in their place if they die before the run is complete (``launch`` and
     ``launch --only``; each new one is told its incarnation, :data:`INCARNATION_OPTION`)."""
@@ -134,21 +134,12 @@ class RunScenario:
     """How long a process's loop may be held by one piece of work (busy, its process running) before the launcher
     ends the run, naming it busy (issue 34; docs/live.md, Failure)."""
 
-    def with_overrides(
-        self, *, seed: int | None = None, mode: str | None = None, time_scale: float | None = None
-    ) -> RunScenario:
-        """A copy with command-line overrides applied (``None`` keeps the file's value)."""
-        low, high = TIME_SCALE
-        if time_scale is not None and not low <= time_scale <= high:
-            raise ScenarioError(
-                f"--time-scale: expected a number in [{format_bound(low)}, {format_bound(high)}], got {time_scale}"
-            )
-        if seed is not None and not 0 <= seed <= MAX_SEED:
-            raise ScenarioError(f"--seed: expected an integer in [0, {MAX_SEED}], got {short_repr(seed)}")
+    def with_overrides(self, *, seed: int | None = None, time_scale: float | None = None) -> RunScenario:
+        """A copy with command-line overrides applied (``None`` keeps the file's value; see :func:`check_overrides`)."""
+        check_overrides(seed=seed, time_scale=time_scale)
         return replace(
             self,
             seed=self.seed if seed is None else seed,
-            mode=self.mode if mode is None else mode,
             time_scale=self.time_scale if time_scale is None else time_scale,
         )
 
@@ -166,20 +157,43 @@ class RunScenario:
         return next(p for p in self.processes if driver in p.actors)
 
     @property
+    def backend_name(self) -> str:
+        """The backend's name (``"model"`` when none was given)."""
+        return "model" if self.backend is None else self.backend.name
+
+    @property
+    def shares_core(self) -> bool:
+        """Whether the run's processes share one modelled core (:attr:`Backend.shares_core`)."""
+        return self.backend is None or self.backend.shares_core
+
+    @property
     def uses_dataplane(self) -> bool:
         """Whether a real-time run of this scenario has a data-plane process: when its actors are in more
-        than one process (one process keeps its own core on a :class:`~dualpath_emu.runtime.RealTimeLoop`)
-        and the data plane is modelled (on the host backend every process moves its own bytes)."""
-        return len(self.processes) > 1 and self.backend == "model"
+        than one process (one process keeps its own core) and its processes share one core (on a backend
+        that moves real bytes every process drives its own)."""
+        return len(self.processes) > 1 and self.shares_core
 
 
-def load_run_scenario(path: str | Path) -> RunScenario:
-    """Read and check the run scenario in ``path``."""
+def check_overrides(*, seed: int | None = None, time_scale: float | None = None) -> None:
+    """Refuse a command line's ``--seed`` or ``--time-scale`` out of range (a :class:`ScenarioError`), before any
+    file is read."""
+    low, high = TIME_SCALE
+    if time_scale is not None and not low <= time_scale <= high:
+        raise ScenarioError(
+            f"--time-scale: expected a number in [{format_bound(low)}, {format_bound(high)}], got {time_scale}"
+        )
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ScenarioError(f"--seed: expected an integer in [0, {MAX_SEED}], got {short_repr(seed)}")
+
+
+def load_run_scenario(path: str | Path, registry: Registry) -> RunScenario:
+    """Read and check the run scenario in ``path``; its application and backend are ``registry``'s."""
     top = load_toml(path)
     app_name = top.get_str("app")
-    app = application_class(app_name, top.source)(top.table(app_name))
+    app_class = registry.application(app_name, top.source)
+    # The run's own keys first: a bad one is named whatever the application's table holds.
     seed = top.get_int("seed", 0, min=0, max=MAX_SEED)
-    mode = top.get_str("mode", "virtual", choices=MODES)
+    mode = top.get_str("mode", "realtime", choices=MODES)
     latency_s = top.get_float("latency_s", 0.0002, min=0.0, max=MAX_LATENCY_S)
     time_scale = top.get_float("time_scale", 1.0, min=TIME_SCALE[0], max=TIME_SCALE[1])
     transport = top.get_str("transport", "ipc", choices=TRANSPORTS)
@@ -190,10 +204,8 @@ def load_run_scenario(path: str | Path) -> RunScenario:
     hang_timeout_s = top.get_float("hang_timeout_s", 3.0, min=low, max=high)
     busy_timeout_s = top.get_float("busy_timeout_s", 600.0, min=1.0, max=MAX_TIMEOUT_S)
     dataplane_endpoint = top.get_str("dataplane_endpoint", "") or None
-    backend = top.get_str("backend", "model", choices=BACKENDS)
-    if backend == "host" and mode != "realtime":
-        raise top.error("backend", '"model" in virtual time (the host backend moves real bytes in real time: '
-                        'mode = "realtime")', backend)  # fmt: skip
+    backend = registry.backend(top.get_str("backend", "model"), top.source)
+    app = app_class(top.table(app_name))
     if dataplane_endpoint is not None and not dataplane_endpoint.startswith(("ipc://", "tcp://")):
         raise top.error("dataplane_endpoint", "an ipc:// or tcp:// address", dataplane_endpoint)
     processes = _processes(top, app)
@@ -309,7 +321,7 @@ class RunDescription:
         except FileNotFoundError:
             raise ScenarioError(
                 f"{path}: no run description (the launcher writes it; for a run started by hand, write it with "
-                "`dualpath-emu launch SCENARIO --mode realtime --prepare --run-dir DIR`)"
+                "`dualpath-emu launch SCENARIO --prepare --run-dir DIR`, or `dualpath-emu run ... --prepare DIR`)"
             ) from None
         except (OSError, ValueError) as error:
             raise ScenarioError(f"{path}: not a readable JSON run description ({error})") from None

@@ -1,7 +1,7 @@
 """The ZeroMQ transport (issue 3): actors of several :class:`ActorSystem`\\ s talk over ``ipc://`` or ``tcp://``.
 
 A :class:`ZmqActorSystem` is an :class:`~dualpath_emu.runtime.ActorSystem` for a real-time asyncio loop
-(not the :class:`~dualpath_emu.runtime.VirtualTimeLoop`) that also owns one ZeroMQ endpoint. Its own actors
+that also owns one ZeroMQ endpoint. Its own actors
 are reached in-process as usual; an actor of another system is reached through a static address book
 (actor name -> endpoint)::
 
@@ -181,7 +181,6 @@ from dualpath_emu.runtime.security import (
     is_wildcard,
     start_authenticator,
 )
-from dualpath_emu.runtime.virtual_loop import VirtualTimeLoop
 
 __all__ = [
     "BACKLOG_BYTES",
@@ -555,8 +554,6 @@ class ZmqActorSystem(ActorSystem):
         """Bind the ROUTER socket and start receiving (inside the running, real-time loop)."""
         if self._context is not None or self._closed:
             raise RuntimeError("the transport is already open (or closed)")
-        if isinstance(asyncio.get_running_loop(), VirtualTimeLoop):
-            raise RuntimeError("the ZeroMQ transport runs on a real-time loop, not a VirtualTimeLoop")
         self.loop  # bind the system to this loop
         self._context = zmq.asyncio.Context()
         try:

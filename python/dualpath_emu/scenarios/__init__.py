@@ -1,9 +1,8 @@
 """The scenario files that ship with dualpath-emu, run by name (``dualpath-emu run ds27b-1p1d-offline``).
 
-Each ``NAME.toml`` in this folder is a scenario: the cluster scenarios of ``dualpath-emu run`` (``kind =
-"cluster"``, format in :mod:`dualpath_emu.cluster.scenario`) and ``pipeline``, the actor runtime's scenario
-for ``dualpath-emu launch`` (format in :mod:`dualpath_emu.runtime.scenario`). Wherever a command takes a
-scenario file it also takes one of these names: :func:`find` says which file an argument means.
+Each ``NAME.toml`` in this folder is a cluster scenario of ``dualpath-emu run`` (``kind = "cluster"``, format in
+:mod:`dualpath_emu.cluster.scenario`). Wherever a command takes a scenario file it also takes one of these names:
+:func:`find` says which file an argument means.
 """
 
 from __future__ import annotations

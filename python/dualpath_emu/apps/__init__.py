@@ -1,1 +1,0 @@
-"""Applications that run on the actor runtime (see :mod:`dualpath_emu.runtime.app`)."""
