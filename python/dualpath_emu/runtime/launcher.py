@@ -301,7 +301,7 @@ def prepare(scenario: RunScenario, run_dir: Path) -> list[str]:
     names = [n for n in _process_names(scenario) if n != scenario.driver_process.name] + [scenario.driver_process.name]
     commands = []
     for name in names:
-        command = ["dualpath-emu", "node", *node_command(scenario, name, run_dir)[3:]]
+        command = ["dualpath-emu", "node", *node_command(scenario, name, run_dir)[4:]]
         if name == scenario.driver_process.name:
             command.append("--no-ready-wait")
         commands.append(shlex.join(command))
