@@ -6,39 +6,33 @@ measured with ``time.perf_counter`` on this machine (each process runs one async
 ZeroMQ adds its own I/O thread), and every run checks that each message arrived exactly once and in order;
 a failed check, or any other failure, prints ``bench_runtime: error: ...`` and exits with status 1.
 
-In process, on the virtual-time loop (``dualpath_emu.runtime.run(system.run(main()), Core())``), timed
-around that whole call (the loop's and actors' start and stop included; a ``gc.collect()`` before it, so
-that no earlier run's garbage is collected on this run's time); the **best of** ``--repeats`` (default 3)
-runs is reported:
+In process, on an asyncio loop (``asyncio.run(system.run(main()))``), timed around that whole call (the loop's
+and actors' start and stop included; a ``gc.collect()`` before it, so that no earlier run's garbage is collected
+on this run's time); the **best of** ``--repeats`` (default 3) runs is reported:
 
 ``actor_inproc_msgs_per_s``
-    Tells per second. A ``producer`` actor tells ``--tells`` (default 200,000) small messages
-    (``Tick(seq, b"")``) to a ``counter`` actor, in bursts of ``--burst`` (default 100) tells at one virtual
-    instant, sleeping one virtual microsecond between bursts; the delivery latency is one virtual
-    microsecond, so the virtual clock moves about twice per burst. The counter counts each tick and checks
-    that the seqs come 0, 1, 2, … in order. One message = one tell sent, delivered and handled. The driver
-    asks the producer to produce, then asks the counter for its tally (that ask arrives after every tell:
-    delivery is FIFO), so the clock stops only when all are counted.
-``actor_inproc_asks_per_s``
-    Ask round trips per second: an ``asker`` actor asks an ``echo`` actor ``Ping(seq)`` ``--asks`` (default
-    20,000) times, one after the other (no timeout), each answered by ``Pong(seq)`` after two latencies.
-    One ask = request sent, delivered, handled, reply sent and answered. Each ask waits for the previous
-    one, so the figure includes two moves of the virtual clock and several loop iterations per ask.
-``actor_inproc_tell_events_per_msg``, ``actor_inproc_ask_events_per_ask``
-    Events the system records (``ActorSystem.event_count``) per tell and per ask in those runs, all included
-    (the few start/stop/driver events make it a little above the per-message count).
+    Tells per second: the driver tells ``--tells`` (default 200,000) small messages (``Tick(seq, b"")``) to a
+    ``counter`` actor, in bursts of ``--burst`` (default 100) tells, yielding to the loop between bursts; the
+    delivery latency is 0, as in a live run. The counter counts each tick and checks that the seqs come 0, 1, 2,
+    … in order. One message = one tell sent, delivered and handled. Then the driver tells the counter a
+    ``Query``, which it answers with a tell of its :class:`Tally` to the ``collector`` (after every tick:
+    delivery is FIFO).
+``actor_inproc_tell_events_per_msg``
+    Events the system records (``ActorSystem.event_count``) per tell in that run, all included (the few
+    start/stop events make it a little above the per-message count: ``tell`` and ``deliver``).
 
 Over ZeroMQ on a real-time asyncio loop (``ZmqActorSystem``, ``ipc://`` endpoints in a temporary
 directory), ``--zmq`` (default 200,000) tells of ``Tick(seq, pad)``, the pad sized so the encoded
 envelope (``Codec.encode_envelope``) is about 100 bytes; one run each (``--zmq-repeats``):
 
 ``zmq_ipc_msgs_per_s``
-    Between two OS processes: a child process (``python -m dualpath_emu.bench_runtime --serve ENDPOINT``)
-    binds a ``ZmqActorSystem`` hosting the ``counter``; the parent's ``ZmqActorSystem`` first asks it until
-    it answers (so it is bound and connected), then tells it every message (yielding to the loop every
-    1,000), then asks for its tally. Timed from the first tell to that answer. Sender and receiver run
-    in parallel, so this is the rate of the slower side (encoding and sending, or receiving, decoding and
-    handling). The child is stopped with an ask, and terminated (then killed) if it does not exit.
+    Between two OS processes: a child process (``python -m dualpath_emu.bench_runtime --serve ENDPOINT
+    --reply-to ENDPOINT``) binds a ``ZmqActorSystem`` hosting the ``counter``; the parent's ``ZmqActorSystem``
+    hosts the ``collector`` and first tells the counter a ``Query`` and waits for its tally (so it is bound and
+    connected both ways), then tells it every message (yielding to the loop every 1,000), then a ``Query``
+    again. Timed from the first tell to that tally. Sender and receiver run in parallel, so this is the rate of
+    the slower side (encoding and sending, or receiving, decoding and handling). The child is stopped with a
+    ``Stop`` (it tells its final tally), and terminated (then killed) if it does not exit.
 ``zmq_ipc_one_process_msgs_per_s``
     The same with both systems in this process, on one loop: the sum of both sides' costs per message.
 
@@ -87,7 +81,7 @@ from typing import Any, ClassVar, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
-from dualpath_emu.runtime.actors import MAIN, Actor, ActorSystem, handles
+from dualpath_emu.runtime.actors import MAIN, Actor, ActorSystem
 from dualpath_emu.runtime.core_work import Completion
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 from dualpath_emu.runtime.dataplane import DataPlaneService, RemoteDataPlane, ServiceCore, run_remote
@@ -100,16 +94,12 @@ __all__ = [
     "DataPlaneResult",
     "bench_dataplane",
     "bench_dataplane_handshake",
-    "bench_inproc_asks",
     "bench_inproc_tells",
     "bench_zmq_one_process",
     "bench_zmq_two_processes",
     "check_tally",
     "main",
 ]
-
-LATENCY_S: Final = 0.0
-"""The in-process delivery latency and the pause between bursts, in seconds (a live run's: none)."""
 
 ENVELOPE_BYTES: Final = 100
 """The encoded envelope size the ZeroMQ benchmark aims its pad at."""
@@ -121,12 +111,13 @@ READY_TIMEOUT_S: Final = 30.0
 """How long the parent waits for the child's counter to answer before giving up."""
 
 TALLY_TIMEOUT_S: Final = 120.0
-"""The bound on the final tally ask (every message must have been handled by then)."""
+"""The bound on the wait for the final tally (every message must have been handled by then)."""
 
 CHILD_LIFETIME_S: Final = 300.0
 """A serving child exits on its own after this long, should its parent vanish without stopping it."""
 
 COUNTER: Final = "counter"
+COLLECTOR: Final = "collector"
 
 DATAPLANE_PORTS: Final = 16
 """Ports of the data-plane benchmark's core (1 TB/s each): its transfers take nanoseconds."""
@@ -148,48 +139,8 @@ class Tick(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Produce(Message):
-    """Asks the producer to tell ``count`` ticks to ``to``, ``burst`` at a time, ``gap_s`` apart."""
-
-    WIRE_NAME: ClassVar[str] = "bench.Produce"
-    VERSION: ClassVar[int] = 1
-
-    to: str
-    count: int
-    burst: int
-    gap_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class AskMany(Message):
-    """Asks the asker to ask ``to`` ``count`` pings, one after the other; answered by a :class:`Tally`."""
-
-    WIRE_NAME: ClassVar[str] = "bench.AskMany"
-    VERSION: ClassVar[int] = 1
-
-    to: str
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Ping(Message):
-    WIRE_NAME: ClassVar[str] = "bench.Ping"
-    VERSION: ClassVar[int] = 1
-
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pong(Message):
-    WIRE_NAME: ClassVar[str] = "bench.Pong"
-    VERSION: ClassVar[int] = 1
-
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
 class Query(Message):
-    """Asks the counter for its :class:`Tally`."""
+    """Asks the counter to tell its :class:`Tally` to the query's sender."""
 
     WIRE_NAME: ClassVar[str] = "bench.Query"
     VERSION: ClassVar[int] = 1
@@ -197,7 +148,7 @@ class Query(Message):
 
 @dataclass(frozen=True, slots=True)
 class Stop(Message):
-    """Asks a serving child to answer with its :class:`Tally`, then exit."""
+    """Asks a serving child to tell its :class:`Tally` to the sender, then exit."""
 
     WIRE_NAME: ClassVar[str] = "bench.Stop"
     VERSION: ClassVar[int] = 1
@@ -218,7 +169,7 @@ class Tally(Message):
 def codec() -> Codec:
     """A codec for the benchmark's messages."""
     registry = MessageRegistry()
-    for cls in (Tick, Produce, AskMany, Ping, Pong, Query, Stop, Tally):
+    for cls in (Tick, Query, Stop, Tally):
         registry.register(cls)
     return Codec(registry)
 
@@ -227,7 +178,7 @@ def codec() -> Codec:
 
 
 class Counter(Actor):
-    """Counts ticks (expecting seqs 0, 1, 2, … in order), answers pings, and tells its tally."""
+    """Counts ticks (expecting seqs 0, 1, 2, … in order) and tells its tally to whoever queries it."""
 
     def __init__(self, system: ActorSystem, name: str) -> None:
         super().__init__(system, name)
@@ -236,51 +187,39 @@ class Counter(Actor):
         self.out_of_order = 0
         self.stop_requested = asyncio.Event()
 
-    @handles(Tick)
-    async def on_tick(self, msg: Tick) -> None:
-        if msg.seq != self.count:
-            self.out_of_order += 1
-        self.count += 1
-        self.seq_sum += msg.seq
-
-    @handles(Ping)
-    async def on_ping(self, msg: Ping) -> Pong:
-        return Pong(msg.seq)
-
-    @handles(Query)
-    async def on_query(self, msg: Query) -> Tally:
-        return Tally(self.count, self.seq_sum, self.out_of_order)
-
-    @handles(Stop)
-    async def on_stop(self, msg: Stop) -> Tally:
-        # Exit a moment later, so the reply leaves the socket before it closes (it closes with linger 0).
-        asyncio.get_running_loop().call_later(0.2, self.stop_requested.set)
-        return Tally(self.count, self.seq_sum, self.out_of_order)
+    def receive(self, msg: Message, sender: str) -> None:
+        if type(msg) is Tick:
+            if msg.seq != self.count:
+                self.out_of_order += 1
+            self.count += 1
+            self.seq_sum += msg.seq
+            return
+        self.system.tell(sender, Tally(self.count, self.seq_sum, self.out_of_order), sender=self.name)
+        if isinstance(msg, Stop):  # exit a moment later, so the tally leaves the socket before it closes
+            asyncio.get_running_loop().call_later(0.2, self.stop_requested.set)
 
 
-class Producer(Actor):
-    """Tells a stream of ticks when asked to (see :class:`Produce`)."""
+class Collector(Actor):
+    """Keeps the tallies it is told, in order, for the driver to await (:meth:`next_tally`)."""
 
-    @handles(Produce)
-    async def on_produce(self, msg: Produce) -> None:
-        tell, to, count = self.tell, msg.to, msg.count
-        for start in range(0, count, msg.burst):
-            for seq in range(start, min(start + msg.burst, count)):
-                tell(to, Tick(seq, b""))
-            await asyncio.sleep(msg.gap_s)
+    def __init__(self, system: ActorSystem, name: str = COLLECTOR) -> None:
+        super().__init__(system, name)
+        self.tallies: asyncio.Queue[Message] = asyncio.Queue()
 
+    def receive(self, msg: Message, sender: str) -> None:
+        self.tallies.put_nowait(msg)
 
-class Asker(Actor):
-    """Asks pings one after the other (see :class:`AskMany`); counts wrong answers as out of order."""
-
-    @handles(AskMany)
-    async def on_ask_many(self, msg: AskMany) -> Tally:
-        wrong = 0
-        for seq in range(msg.count):
-            reply = await self.ask(msg.to, Ping(seq))
-            if not (isinstance(reply, Pong) and reply.seq == seq):
-                wrong += 1
-        return Tally(msg.count, msg.count * (msg.count - 1) // 2, wrong)
+    async def next_tally(self, timeout_s: float, child: Child | None = None) -> Message:
+        """The next tally told; while waiting, fail at once (not after ``timeout_s``) if the child exits."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await asyncio.wait_for(self.tallies.get(), min(0.2, max(deadline - time.monotonic(), 0.0)))
+            except TimeoutError:
+                if child is not None:
+                    child.check_alive()
+                if time.monotonic() >= deadline:
+                    raise
 
 
 # --- results -------------------------------------------------------------------------------------------
@@ -330,40 +269,26 @@ def best_of(repeats: int, bench: Callable[[], Result]) -> Result:
 
 def bench_inproc_tells(count: int = 200_000, burst: int = 100) -> Result:
     """One run of the in-process tell benchmark (see the module docstring)."""
-    system = ActorSystem(latency_s=LATENCY_S)
+    system = ActorSystem()
     counter = Counter(system, COUNTER)
-    producer = Producer(system, "producer")
+    collector = Collector(system)
 
-    async def drive() -> Message | None:
+    async def drive() -> Message:
         counter.start()
-        producer.start()
-        await system.ask("producer", Produce(COUNTER, count, burst, LATENCY_S))
-        return await system.ask(COUNTER, Query())
+        collector.start()
+        tell = system.tell
+        for start in range(0, count, burst):
+            for seq in range(start, min(start + burst, count)):
+                tell(COUNTER, Tick(seq, b""))
+            await asyncio.sleep(0)
+        tell(COUNTER, Query(), sender=COLLECTOR)
+        return await collector.next_tally(TALLY_TIMEOUT_S)
 
     gc.collect()  # start clean: an earlier run's garbage is not this run's cost
     start = time.perf_counter()
     tally = asyncio.run(system.run(drive()))
     wall_s = time.perf_counter() - start
     check_tally(tally, count, "in-process tells")
-    return Result(count, wall_s, events=system.event_count)
-
-
-def bench_inproc_asks(count: int = 20_000) -> Result:
-    """One run of the in-process ask benchmark (see the module docstring)."""
-    system = ActorSystem(latency_s=LATENCY_S)
-    echo = Counter(system, "echo")
-    asker = Asker(system, "asker")
-
-    async def drive() -> Message | None:
-        echo.start()
-        asker.start()
-        return await system.ask("asker", AskMany("echo", count))
-
-    gc.collect()
-    start = time.perf_counter()
-    tally = asyncio.run(system.run(drive()))
-    wall_s = time.perf_counter() - start
-    check_tally(tally, count, "in-process asks")
     return Result(count, wall_s, events=system.event_count)
 
 
@@ -402,46 +327,37 @@ class Child:
             raise BenchError(f"the serving child exited with status {self.process.returncode}{self.output()}")
 
 
-async def ask_counter(system: ZmqActorSystem, msg: Message, timeout_s: float, child: Child | None) -> Message | None:
-    """Ask the counter; while waiting, fail at once (not after ``timeout_s``) if the child exits."""
-    answer = asyncio.ensure_future(system.ask(COUNTER, msg, timeout_s=timeout_s))
-    try:
-        while not answer.done():
-            await asyncio.wait({answer}, timeout=0.2)
-            if child is not None and not answer.done():
-                child.check_alive()
-        return answer.result()
-    finally:
-        answer.cancel()
-
-
-async def wait_ready(system: ZmqActorSystem, child: Child | None) -> None:
-    """Ask the counter until it answers (it is bound and connected); fail if the child exits meanwhile."""
+async def wait_ready(system: ZmqActorSystem, collector: Collector, child: Child | None) -> None:
+    """Query the counter until it tells its tally (it is bound and connected both ways); fail if the child exits
+    meanwhile."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
+        system.tell(COUNTER, Query(), sender=COLLECTOR)
         try:
-            reply = await ask_counter(system, Ping(-1), 0.25, child)
+            tally = await collector.next_tally(0.25, child)
         except TimeoutError:
             if time.monotonic() > deadline:
                 output = child.output() if child is not None else ""
                 raise BenchError(f"the counter did not answer within {READY_TIMEOUT_S} s{output}") from None
             continue
-        if reply != Pong(-1):
-            raise BenchError(f"the counter answered a ping with {reply!r}")
+        check_tally(tally, 0, "the counter before the run")
+        while not collector.tallies.empty():  # the answers to earlier queries that came late
+            check_tally(collector.tallies.get_nowait(), 0, "the counter before the run")
         return
 
 
-async def send_ticks(system: ZmqActorSystem, count: int, pad: bytes, child: Child | None) -> Tally:
-    """Tell ``count`` ticks to the counter, ask its tally and check it."""
+async def send_ticks(system: ZmqActorSystem, collector: Collector, count: int, pad: bytes, child: Child | None) -> Tally:
+    """Tell ``count`` ticks to the counter, then a query, and check the tally it tells."""
     tell = system.tell
     for seq in range(count):
         tell(COUNTER, Tick(seq, pad))
         if seq % YIELD_EVERY == YIELD_EVERY - 1:
             await asyncio.sleep(0)
+    tell(COUNTER, Query(), sender=COLLECTOR)
     try:
-        tally = await ask_counter(system, Query(), TALLY_TIMEOUT_S, child)
+        tally = await collector.next_tally(TALLY_TIMEOUT_S, child)
     except TimeoutError:
-        raise BenchError(f"the counter did not answer for its tally within {TALLY_TIMEOUT_S} s") from None
+        raise BenchError(f"the counter did not tell its tally within {TALLY_TIMEOUT_S} s") from None
     return check_tally(tally, count, "ZeroMQ tells")
 
 
@@ -455,12 +371,13 @@ def bench_zmq_two_processes(
     pad = tick_pad(count, envelope_bytes)
     directory = Path(tempfile.mkdtemp(prefix="dpb"))  # short: ipc:// paths are limited to ~107 bytes
     endpoint = serve_endpoint if serve_endpoint is not None else f"ipc://{directory}/counter"
+    driver = f"ipc://{directory}/driver"
     log = directory / "child.log"
     child: Child | None = None
     try:
         with log.open("wb") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve", endpoint],
+                [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve", endpoint, "--reply-to", driver],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -468,15 +385,16 @@ def bench_zmq_two_processes(
         child = Child(process, log)
 
         async def drive(child: Child) -> float:
-            async with ZmqActorSystem(
-                codec(), bind=f"ipc://{directory}/driver", address_book={COUNTER: endpoint}
-            ) as system:
-                await wait_ready(system, child)
+            async with ZmqActorSystem(codec(), bind=driver, address_book={COUNTER: endpoint}) as system:
+                collector = Collector(system)
+                collector.start()
+                await wait_ready(system, collector, child)
                 start = time.perf_counter()
-                await send_ticks(system, count, pad, child)
+                await send_ticks(system, collector, count, pad, child)
                 wall_s = time.perf_counter() - start
+                system.tell(COUNTER, Stop(), sender=COLLECTOR)
                 try:
-                    final = await ask_counter(system, Stop(), 10.0, child)
+                    final = await collector.next_tally(10.0, child)
                 except TimeoutError:
                     raise BenchError(f"the serving child did not answer Stop{child.output()}") from None
                 check_tally(final, count, "the child's final tally")
@@ -503,14 +421,15 @@ def bench_zmq_one_process(count: int = 200_000, envelope_bytes: int = ENVELOPE_B
     try:
 
         async def drive() -> float:
-            async with ZmqActorSystem(codec(), bind=f"ipc://{directory}/counter") as host:
+            driver = f"ipc://{directory}/driver"
+            async with ZmqActorSystem(codec(), bind=f"ipc://{directory}/counter", address_book={COLLECTOR: driver}) as host:
                 Counter(host, COUNTER).start()
-                async with ZmqActorSystem(
-                    codec(), bind=f"ipc://{directory}/driver", address_book={COUNTER: host.endpoint}
-                ) as system:
-                    await wait_ready(system, None)
+                async with ZmqActorSystem(codec(), bind=driver, address_book={COUNTER: host.endpoint}) as system:
+                    collector = Collector(system)
+                    collector.start()
+                    await wait_ready(system, collector, None)
                     start = time.perf_counter()
-                    await send_ticks(system, count, pad, None)
+                    await send_ticks(system, collector, count, pad, None)
                     return time.perf_counter() - start
 
         wall_s = asyncio.run(drive())
@@ -530,9 +449,10 @@ def stop_child(child: subprocess.Popen[bytes]) -> None:
             child.wait()
 
 
-async def serve(endpoint: str, lifetime_s: float) -> None:
-    """The child's side: host the counter at ``endpoint`` until asked to stop (or ``lifetime_s`` passes)."""
-    async with ZmqActorSystem(codec(), bind=endpoint) as system:
+async def serve(endpoint: str, reply_to: str, lifetime_s: float) -> None:
+    """The child's side: host the counter at ``endpoint`` until asked to stop (or ``lifetime_s`` passes); its
+    tallies go to the collector at ``reply_to``."""
+    async with ZmqActorSystem(codec(), bind=endpoint, address_book={COLLECTOR: reply_to}) as system:
         counter = Counter(system, COUNTER)
         counter.start()
         await asyncio.wait_for(counter.stop_requested.wait(), lifetime_s)
@@ -681,8 +601,7 @@ def report(name: str, result: Result, unit: str = "msgs/s", note: str = "") -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dualpath_emu.bench_runtime", description=__doc__.split("\n")[0])
     parser.add_argument("--tells", type=int, default=200_000, help="in-process tells per run")
-    parser.add_argument("--burst", type=int, default=100, help="in-process tells per virtual instant")
-    parser.add_argument("--asks", type=int, default=20_000, help="in-process asks per run")
+    parser.add_argument("--burst", type=int, default=100, help="in-process tells between two yields to the loop")
     parser.add_argument("--repeats", type=int, default=3, help="in-process runs; the best is reported")
     parser.add_argument("--zmq", type=int, default=200_000, help="ZeroMQ tells per run (0 skips them)")
     parser.add_argument("--zmq-repeats", type=int, default=1, help="ZeroMQ runs; the best is reported")
@@ -690,19 +609,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataplane-batch", type=int, default=100, help="data-plane requests per loop iteration")
     parser.add_argument("--dataplane-window", type=int, default=2_000, help="data-plane requests in flight at most")
     parser.add_argument("--serve", metavar="ENDPOINT", help="(internal) serve the counter at ENDPOINT")
+    parser.add_argument("--reply-to", metavar="ENDPOINT", default="", help="(internal) the collector's endpoint")
     parser.add_argument("--serve-dataplane", metavar="ENDPOINT", help="(internal) serve a data plane at ENDPOINT")
     parser.add_argument("--keys", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--lifetime-s", type=float, default=CHILD_LIFETIME_S, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if (
-        min(args.tells, args.burst, args.asks, args.repeats, args.zmq_repeats, args.dataplane_batch) < 1
+        min(args.tells, args.burst, args.repeats, args.zmq_repeats, args.dataplane_batch) < 1
         or min(args.zmq, args.dataplane) < 0
         or args.dataplane_window < args.dataplane_batch
     ):
         parser.error("the counts must be at least 1 (--zmq and --dataplane at least 0, the window at least a batch)")
     try:
         if args.serve is not None:
-            asyncio.run(serve(args.serve, args.lifetime_s))
+            asyncio.run(serve(args.serve, args.reply_to, args.lifetime_s))
             return 0
         if args.serve_dataplane is not None:
             serve_dataplane(args.serve_dataplane, args.lifetime_s, args.keys)
@@ -711,10 +631,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"in-process tells: {tells.messages} in {tells.wall_s:.3f} s wall (best of {args.repeats})")
         report("actor_inproc_msgs_per_s", tells)
         print(f"BENCH actor_inproc_tell_events_per_msg {tells.events / tells.messages:.2f} events")
-        asks = best_of(args.repeats, lambda: bench_inproc_asks(args.asks))
-        print(f"in-process asks: {asks.messages} in {asks.wall_s:.3f} s wall (best of {args.repeats})")
-        report("actor_inproc_asks_per_s", asks, "asks/s")
-        print(f"BENCH actor_inproc_ask_events_per_ask {asks.events / asks.messages:.2f} events")
         if args.zmq > 0:
             two = best_of(args.zmq_repeats, lambda: bench_zmq_two_processes(args.zmq))
             print(f"ZeroMQ ipc, two processes: {two.messages} in {two.wall_s:.3f} s wall")

@@ -23,7 +23,7 @@ import pytest
 from dualpath_emu.cluster.live import run_live
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.messages import Codec, Message, MessageRegistry
-from dualpath_emu.runtime.actors import Actor, handles
+from dualpath_emu.runtime.actors import Actor
 from dualpath_emu.runtime.node import TEST_DIE_ENV
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 from tests.cluster.test_live import TIME_SCALE, small_config, work
@@ -167,8 +167,8 @@ class Inbox(Actor):
         super().__init__(system, name)
         self.notes: list[int] = []
 
-    @handles(Note)
-    def on_note(self, msg: Note) -> None:
+    def receive(self, msg: Message, sender: str) -> None:
+        assert isinstance(msg, Note)
         self.notes.append(msg.n)
 
 

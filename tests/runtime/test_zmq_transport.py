@@ -1,9 +1,11 @@
 """The ZeroMQ transport (``dualpath_emu.runtime.zmq_transport``): two actor systems in one process, on
 ``ipc://`` endpoints under a private temporary directory or on ``tcp://127.0.0.1`` with the run's CURVE keys
-(and once without, ``insecure=True``), exchange tells and asks exactly once; remote exceptions reach the
-asker; malformed, truncated, unknown-type and wrong-version frames sent by a raw socket to a live actor are
-rejected and counted, and the actor still answers; a backed-up connection fails a tell, holds an ask, loses
-nothing it accepted; the paper's largest ``Submit`` (49,152 turns) crosses. Every wait is bounded.
+(and once without, ``insecure=True``), exchange tells exactly once and in order (an answer is a tell back);
+a tell for an actor the remote system does not host is rejected and counted, one for a stopped actor dropped;
+malformed, truncated, unknown-type and wrong-version frames sent by a raw socket to a live actor are rejected
+and counted, and the actor still hears what follows; a backed-up connection fails a tell and loses nothing it
+accepted; what comes back on a connection a process opened is rejected; the paper's largest ``Submit`` (49,152
+turns) crosses. Every wait is bounded.
 (Who may connect at all: ``test_security``.)
 """
 
@@ -29,8 +31,8 @@ from dualpath_emu.errors import SecurityError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime import zmq_transport
 from dualpath_emu.runtime.security import RunKeys, start_authenticator
-from dualpath_emu.runtime.actors import Actor, ActorStoppedError, ActorSystem, UnknownActorError, handles
-from dualpath_emu.runtime.zmq_transport import BacklogFullError, RemoteError, ZmqActorSystem
+from dualpath_emu.runtime.actors import Actor, ActorSystem
+from dualpath_emu.runtime.zmq_transport import BacklogFullError, ZmqActorSystem
 
 _T = TypeVar("_T")
 
@@ -80,69 +82,53 @@ class Fail(Message):
     kind: str
 
 
-@dataclass(frozen=True, slots=True)
-class Nothing(Message):
-    WIRE_NAME: ClassVar[str] = "zt.Nothing"
-    VERSION: ClassVar[int] = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Relay(Message):
-    WIRE_NAME: ClassVar[str] = "zt.Relay"
-    VERSION: ClassVar[int] = 1
-    to: str
-    seq: int
-
-
-class Custom(Exception):
-    pass
-
-
 class Echo(Actor):
+    """Keeps the notes it is told; answers a Ping with a Pong, a Count with the notes so far (as tells back)."""
+
     def __init__(self, system: ActorSystem, name: str) -> None:
         super().__init__(system, name)
         self.notes: list[tuple[str, int]] = []
 
-    @handles(Ping)
-    async def on_ping(self, msg: Ping) -> Pong:
-        return Pong(msg.seq)
-
-    @handles(Note)
-    async def on_note(self, msg: Note) -> None:
-        assert self.envelope is not None
-        self.notes.append((self.envelope.sender, msg.seq))
-
-    @handles(Blob)
-    async def on_blob(self, msg: Blob) -> None:
-        assert self.envelope is not None
-        self.notes.append((self.envelope.sender, msg.seq))
-
-    @handles(Count)
-    async def on_count(self, msg: Count) -> Pong:
-        return Pong(len(self.notes))
-
-    @handles(Nothing)
-    async def on_nothing(self, msg: Nothing) -> None:
-        return None
-
-    @handles(Fail)
-    async def on_fail(self, msg: Fail) -> None:
-        if msg.kind == "builtin":
+    def receive(self, msg: Message, sender: str) -> None:
+        if isinstance(msg, (Note, Blob)):
+            self.notes.append((sender, msg.seq))
+        elif isinstance(msg, Ping):
+            self.system.tell(sender, Pong(msg.seq), sender=self.name)
+        elif isinstance(msg, Count):
+            self.system.tell(sender, Pong(len(self.notes)), sender=self.name)
+        elif isinstance(msg, Fail):
             raise ValueError("bad value")
-        raise Custom("custom failure")
 
 
-class Relayer(Actor):
-    """Asks another (remote) actor from within a handler."""
+class Asker(Actor):
+    """Keeps what it is told, for :func:`request`."""
 
-    @handles(Relay)
-    async def on_relay(self, msg: Relay) -> Message | None:
-        return await self.ask(msg.to, Ping(msg.seq), timeout_s=WAIT_S)
+    def __init__(self, system: ActorSystem, name: str = "asker") -> None:
+        super().__init__(system, name)
+        self.got: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
+
+    def receive(self, msg: Message, sender: str) -> None:
+        self.got.put_nowait((sender, msg))
+
+
+async def request(system: ActorSystem, asker: Asker, recipient: str, msg: Message) -> Message:
+    """Tell ``msg`` to ``recipient`` as ``asker`` and return what ``recipient`` tells it next."""
+    system.tell(recipient, msg, sender=asker.name)
+    sender, answer = await asyncio.wait_for(asker.got.get(), WAIT_S)
+    assert sender == recipient
+    return answer
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
 
 
 def registry() -> MessageRegistry:
     reg = MessageRegistry()
-    for cls in (Ping, Pong, Note, Blob, Count, Fail, Nothing, Relay):
+    for cls in (Ping, Pong, Note, Blob, Count, Fail):
         reg.register(cls)
     return reg
 
@@ -186,7 +172,7 @@ def security(transport: str, ipc_dir: str) -> tuple[dict[str, Any], dict[str, An
 
 @asynccontextmanager
 async def two_systems(transport: str, ipc_dir: str) -> AsyncIterator[tuple[ZmqActorSystem, ZmqActorSystem]]:
-    """System A (process ``a``) hosts ``relay``, system B (``b``) hosts ``echo``; each knows where the other's
+    """System A (process ``a``) hosts ``asker``, system B (``b``) hosts ``echo``; each knows where the other's
     actors are."""
     bind_a, bind_b = endpoints(transport, ipc_dir)
     options_a, options_b = security(transport, ipc_dir)
@@ -194,85 +180,49 @@ async def two_systems(transport: str, ipc_dir: str) -> AsyncIterator[tuple[ZmqAc
     b = ZmqActorSystem(Codec(registry()), bind=bind_b, **options_b)
     async with a, b:
         a.add_route("echo", b.endpoint, "b")
-        b.add_route("relay", a.endpoint, "a")
+        b.add_route("asker", a.endpoint, "a")
         yield a, b
 
 
 @pytest.mark.parametrize("transport", [*TRANSPORTS, "tcp-insecure"])
-def test_tell_and_ask_across_two_systems_exactly_once(transport: str, ipc_dir: str) -> None:
+def test_tells_cross_between_two_systems_exactly_once_and_in_order(transport: str, ipc_dir: str) -> None:
     async def main() -> None:
         async with two_systems(transport, ipc_dir) as (a, b):
             if transport.startswith("tcp"):
                 assert a.endpoint.startswith("tcp://127.0.0.1:") and not a.endpoint.endswith(":*")
             echo = Echo(b, "echo")
-            relay = Relayer(a, "relay")
+            asker = Asker(a)
             echo.start()
-            relay.start()
+            asker.start()
             for seq in range(200):
                 a.tell("echo", Note(seq))
-            # FIFO per connection: the ask after the tells sees all of them.
-            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(200)
+            # FIFO per connection: the count after the notes sees all of them.
+            assert await request(a, asker, "echo", Count()) == Pong(200)
             assert echo.notes == [("main", seq) for seq in range(200)]  # exactly once, in order
-            pongs = await asyncio.gather(*(a.ask("echo", Ping(i), timeout_s=WAIT_S) for i in range(50)))
-            assert pongs == [Pong(i) for i in range(50)]
-            # An actor of A asks an actor of B from its handler; B's main asks A's actor.
-            assert await b.ask("relay", Relay("echo", 7), timeout_s=WAIT_S) == Pong(7)
-            assert await a.ask("echo", Nothing(), timeout_s=WAIT_S) is None
+            for i in range(50):
+                a.tell("echo", Ping(i), sender="asker")
+            pongs = [await asyncio.wait_for(asker.got.get(), WAIT_S) for _ in range(50)]
+            assert pongs == [("echo", Pong(i)) for i in range(50)]  # B's answers, in order too
             assert a.rejected == 0 and b.rejected == 0 and a.denied == 0 and b.denied == 0
-            kinds_b = [event.kind for event in b.events]
-            assert kinds_b.count("deliver") == 200 + 1 + 50 + 1 + 1  # + the relay's Ping
-            answers = [event for event in a.events if event.kind == "answer"]
-            assert len(answers) == 1 + 50 + 1 + 1  # asks of A's main and relay's ask
+            assert [event.kind for event in b.events].count("deliver") == 200 + 1 + 50
+            assert [event.kind for event in a.events].count("deliver") == 1 + 50
 
     run_bounded(main)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_remote_exceptions_reach_the_asker(transport: str, ipc_dir: str) -> None:
+def test_a_tell_for_no_actor_there_is_rejected_and_one_for_a_stopped_actor_dropped(transport: str, ipc_dir: str) -> None:
     async def main() -> None:
         async with two_systems(transport, ipc_dir) as (a, b):
             echo = Echo(b, "echo")
             echo.start()
-            with pytest.raises(ValueError, match="^bad value$"):
-                await a.ask("echo", Fail("builtin"), timeout_s=WAIT_S)
-            with pytest.raises(RemoteError) as info:
-                await a.ask("echo", Fail("custom"), timeout_s=WAIT_S)
-            assert (info.value.type_name, info.value.text) == ("Custom", "custom failure")
-            # The callee keeps running.
-            assert await a.ask("echo", Ping(1), timeout_s=WAIT_S) == Pong(1)
-            # An ask for a name the remote system does not host.
-            a.add_route("ghost", b.endpoint)
-            with pytest.raises(UnknownActorError):
-                await a.ask("ghost", Ping(2), timeout_s=WAIT_S)
-            assert b.rejected == 1
-            # An ask to a remote actor that is stopped.
+            a.add_route("ghost", b.endpoint, "b")
+            a.tell("ghost", Note(1))
+            await until(lambda: b.rejected == 1)
             echo.stop()
-            with pytest.raises(ActorStoppedError):
-                await a.ask("echo", Ping(3), timeout_s=WAIT_S)
-
-    run_bounded(main)
-
-
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_remote_actor_stopping_fails_the_pending_ask(transport: str, ipc_dir: str) -> None:
-    class Slow(Actor):
-        @handles(Ping)
-        async def on_ping(self, msg: Ping) -> Pong:
-            await asyncio.sleep(WAIT_S)
-            return Pong(msg.seq)
-
-    async def main() -> None:
-        async with two_systems(transport, ipc_dir) as (a, b):
-            slow = Slow(b, "echo")
-            slow.start()
-            ask = asyncio.ensure_future(a.ask("echo", Ping(1), timeout_s=WAIT_S))
-            for _ in range(500):  # until the ask is being handled
-                if any(event.kind == "handle" for event in b.events):
-                    break
-                await asyncio.sleep(0.01)
-            slow.stop()
-            with pytest.raises(ActorStoppedError):
-                await ask
+            a.tell("echo", Note(2))
+            await until(lambda: b.dropped == 1)
+            assert echo.notes == [] and [e.kind for e in b.events].count("drop") == 1
 
     run_bounded(main)
 
@@ -288,11 +238,13 @@ def test_a_full_peer_queue_keeps_order_and_loses_nothing(
     async def main() -> None:
         async with two_systems(transport, ipc_dir) as (a, b):
             echo = Echo(b, "echo")
+            asker = Asker(a)
             echo.start()
+            asker.start()
             for seq in range(count):
                 a.tell("echo", Blob(seq, pad))
             assert a._dealers[b.endpoint].backlog  # the slow path is exercised
-            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(count)
+            assert await request(a, asker, "echo", Count()) == Pong(count)
             assert echo.notes == [("main", seq) for seq in range(count)]
 
     run_bounded(main)
@@ -302,18 +254,19 @@ def _wire(name: str, version: int, fields: list[Any]) -> list[Any]:
     return [1, name, version, fields]
 
 
-def test_bad_frames_are_rejected_counted_and_the_actor_still_answers(
+def test_bad_frames_are_rejected_counted_and_the_actor_still_hears_what_follows(
     ipc_dir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     codec = Codec(registry())
-    good = codec.encode_envelope(Envelope("raw", "echo", 1, None, Ping(1)))
+    good = codec.encode_envelope(Envelope("raw", "echo", 1, None, Note(1)))
     bad_frames: list[list[bytes]] = [
-        [b"ask", b"\xc1\xff\x00garbage"],  # malformed msgpack (0xc1 is never used)
-        [b"ask", good[: len(good) // 2]],  # a valid frame, truncated
-        [b"ask", msgpack.packb(_wire("envelope", 1, ["raw", "echo", 2, None, _wire("zt.Unknown", 1, [])]))],
-        [b"ask", msgpack.packb(_wire("envelope", 1, ["raw", "echo", 3, None, _wire("zt.Ping", 2, [3])]))],
-        [b"ask", msgpack.packb(_wire("envelope", 9, ["raw", "echo", 4, None, _wire("zt.Ping", 1, [4])]))],
-        [b"tell", msgpack.packb(_wire("zt.Ping", 1, [5]))],  # a message, not an envelope
+        [b"tell", b"\xc1\xff\x00garbage"],  # malformed msgpack (0xc1 is never used)
+        [b"tell", good[: len(good) // 2]],  # a valid frame, truncated
+        [b"tell", msgpack.packb(_wire("envelope", 1, ["raw", "echo", 2, None, _wire("zt.Unknown", 1, [])]))],
+        [b"tell", msgpack.packb(_wire("envelope", 1, ["raw", "echo", 3, None, _wire("zt.Note", 2, [3])]))],
+        [b"tell", msgpack.packb(_wire("envelope", 9, ["raw", "echo", 4, None, _wire("zt.Note", 1, [4])]))],
+        [b"tell", msgpack.packb(_wire("zt.Note", 1, [5]))],  # a message, not an envelope
+        [b"ask", good],  # a kind that is no more (nothing is answered)
         [b"shout", good],  # an unknown frame kind
         [good],  # one frame only
     ]
@@ -330,15 +283,12 @@ def test_bad_frames_are_rejected_counted_and_the_actor_still_answers(
                 raw.connect(system.endpoint)
                 for frames in bad_frames:
                     await raw.send_multipart(frames)
-                # The valid ask after the bad frames is answered (FIFO on the connection: all were seen).
-                await raw.send_multipart([b"ask", good])
-                kind, data = await asyncio.wait_for(raw.recv_multipart(), WAIT_S)
+                # The valid tell after the bad frames arrives (FIFO on the connection: all were seen).
+                await raw.send_multipart([b"tell", good])
+                await until(lambda: echo.notes == [("raw", 1)])
             finally:
                 raw.close(linger=0)
                 context.term()
-            assert kind == b"reply"
-            reply = codec.decode_envelope(data)
-            assert (reply.sender, reply.recipient, reply.reply_to, reply.body) == ("echo", "raw", 1, Pong(1))
             assert system.rejected == len(bad_frames)
             assert system.counters["transport.rejected"] == len(bad_frames)
             rejected = [event for event in system.events if event.kind == "rejected"]
@@ -370,7 +320,7 @@ async def ping_pong_systems(transport: str, ipc_dir: str) -> AsyncIterator[tuple
     if transport == "inproc":
         system = ActorSystem()
         yield system, system
-        await system.shutdown()
+        system.stop_all()
         return
     async with two_systems(transport, ipc_dir) as pair:
         yield pair
@@ -386,10 +336,12 @@ def test_ping_pong_on_every_transport(transport: str, ipc_dir: str) -> None:
     async def main() -> None:
         async with ping_pong_systems(transport, ipc_dir) as (sender, host):
             echo = Echo(host, "echo")
+            asker = Asker(sender)
             echo.start()
+            asker.start()
             for seq in range(20):
                 sender.tell("echo", Note(seq))
-                assert await sender.ask("echo", Ping(seq), timeout_s=WAIT_S) == Pong(seq)
+                assert await request(sender, asker, "echo", Ping(seq)) == Pong(seq)
             assert echo.notes == [("main", seq) for seq in range(20)]
 
     run_bounded(main)
@@ -398,7 +350,7 @@ def test_ping_pong_on_every_transport(transport: str, ipc_dir: str) -> None:
 # --- a connection whose peer does not keep up ----------------------------------------------------------
 
 
-def test_a_backed_up_connection_fails_a_tell_holds_an_ask_and_loses_nothing_it_accepted(
+def test_a_backed_up_connection_fails_a_tell_and_loses_nothing_it_accepted(
     ipc_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(zmq_transport, "HWM", 4)
@@ -423,25 +375,15 @@ def test_a_backed_up_connection_fails_a_tell_holds_an_ask_and_loses_nothing_it_a
                         await asyncio.sleep(0)  # the drain runs: it cannot send either
                 assert 10 < accepted < 1_000
                 assert [e.kind for e in a.events].count("tell") == accepted  # the refused one is not recorded
-                with pytest.raises(TimeoutError, match="backlog stayed full"):
-                    await a.ask("echo", Ping(1), timeout_s=0.2)  # waits for room, none comes, nothing sent
-                waiting = asyncio.ensure_future(a.ask("echo", Ping(2), timeout_s=WAIT_S))
-                await asyncio.sleep(0.05)
-                assert not waiting.done()
-                # The peer reads now: every accepted tell, in order, then the waiting ask (not the timed-out one).
+                # The peer reads now: every accepted tell, in order.
                 seqs: list[int] = []
-                while True:
-                    identity, kind, data = await asyncio.wait_for(peer.recv_multipart(), WAIT_S)
+                while len(seqs) < accepted:
+                    _, kind, data = await asyncio.wait_for(peer.recv_multipart(), WAIT_S)
                     envelope = codec.decode_envelope(data)
-                    if kind == b"ask":
-                        break
-                    assert isinstance(envelope.body, Blob)
+                    assert kind == b"tell" and isinstance(envelope.body, Blob)
                     seqs.append(envelope.body.seq)
                 assert seqs == list(range(accepted))
-                assert envelope.body == Ping(2)
-                answer = Envelope("echo", envelope.sender, 1, envelope.msg_id, Pong(2))
-                await peer.send_multipart([identity, b"reply", codec.encode_envelope(answer)])
-                assert await asyncio.wait_for(waiting, WAIT_S) == Pong(2)
+                assert not await peer.poll(100)  # and nothing else
         finally:
             peer.close(linger=0)
             context.term()
@@ -490,10 +432,9 @@ def test_the_largest_submit_crosses_the_transport(transport: str, ipc_dir: str) 
     from dualpath_emu.cluster.messages import Submit
 
     class Intake(Actor):
-        @handles(Submit)
-        async def on_submit(self, msg: Submit) -> Pong:
-            assert msg == submit
-            return Pong(len(msg.turns))
+        def receive(self, msg: Message, sender: str) -> None:
+            assert msg == submit and isinstance(msg, Submit)
+            self.system.tell(sender, Pong(len(msg.turns)), sender=self.name)
 
     submit = largest_submit()
 
@@ -505,8 +446,12 @@ def test_the_largest_submit_crosses_the_transport(transport: str, ipc_dir: str) 
             ZmqActorSystem(cluster_codec(), bind=bind_b, **options_b) as b,
         ):
             Intake(b, "scheduler").start()
+            asker = Asker(a)
+            asker.start()
             a.add_route("scheduler", b.endpoint, "b")
-            assert await a.ask("scheduler", submit, timeout_s=4 * WAIT_S) == Pong(SUBMIT_TURNS)
+            b.add_route("asker", a.endpoint, "a")
+            a.tell("scheduler", submit, sender="asker")
+            assert await asyncio.wait_for(asker.got.get(), 4 * WAIT_S) == ("scheduler", Pong(SUBMIT_TURNS))
             assert a.rejected == b.rejected == 0
 
     run_bounded(main, limit_s=60.0)
@@ -516,18 +461,20 @@ def test_in_a_named_run_an_envelope_speaks_only_for_its_own_process(ipc_dir: str
     """Over ipc (no keys) a same-user process could connect and declare any sender. In a named run each DEALER
     connects as its process: an envelope naming another process's actor is rejected, whoever sends it."""
     codec = Codec(registry())
-    forged = codec.encode_envelope(Envelope("relay", "echo", 1, None, Note(99)))
+    forged = codec.encode_envelope(Envelope("asker", "echo", 1, None, Note(99)))
 
     async def main() -> None:
         a = ZmqActorSystem(Codec(registry()), bind=f"ipc://{ipc_dir}/a", name="a")
         b = ZmqActorSystem(Codec(registry()), bind=f"ipc://{ipc_dir}/b", name="b")
         async with a, b:
             a.add_route("echo", b.endpoint, "b")
-            b.add_route("relay", a.endpoint, "a")
+            b.add_route("asker", a.endpoint, "a")
             echo = Echo(b, "echo")
+            asker = Asker(a)
             echo.start()
-            a.tell("echo", Note(1), sender="relay")  # the real one: delivered
-            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(1)
+            asker.start()
+            a.tell("echo", Note(1), sender="asker")  # the real one: delivered
+            assert await request(a, asker, "echo", Count()) == Pong(1)
             context = zmq.asyncio.Context()
             for routing_id in (None, b"x", b"a"):  # anonymous, another name, and a's own name while a is connected
                 raw = context.socket(zmq.DEALER)
@@ -539,8 +486,8 @@ def test_in_a_named_run_an_envelope_speaks_only_for_its_own_process(ipc_dir: str
                 await asyncio.sleep(0.2)
                 raw.close(linger=0)
             context.term()
-            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(1)  # no forged note got in
-            assert echo.notes == [("relay", 1)]
+            assert await request(a, asker, "echo", Count()) == Pong(1)  # no forged note got in
+            assert echo.notes == [("asker", 1)]
             assert b.rejected == 2  # the one under a's name never got a connection: the ROUTER refused it
 
     run_bounded(main)
@@ -570,44 +517,43 @@ def test_a_process_sends_only_as_itself_and_only_processes_of_the_run_connect(
     options_a, options_b = security(transport, ipc_dir)
     keys: RunKeys | None = options_b.get("keys")
     # Under process a's name (a has not connected to b yet, so the name is free): what a may and may not say.
-    as_a = [("relay", 1), ("main", 2), ("stranger", 3), ("", 4), ("a", 5), ("b", 6), ("echo", 7), ("other", 8)]
+    as_a = [("asker", 1), ("main", 2), ("stranger", 3), ("", 4), ("a", 5), ("b", 6), ("echo", 7), ("other", 8)]
     # Under a name no process of the run has, or none: even main is refused.
-    as_nobody = [(b"x", "main", 9), (b"dataplane", "main", 10), (None, "main", 11), (b"echo", "relay", 12)]
+    as_nobody = [(b"x", "main", 9), (b"dataplane", "main", 10), (None, "main", 11), (b"echo", "asker", 12)]
 
     async def main() -> None:
         async with (
             ZmqActorSystem(Codec(registry()), bind=bind_a, name="a", **{k: v for k, v in options_a.items() if k != "name"}) as a,
             ZmqActorSystem(Codec(registry()), bind=bind_b, name="b", **{k: v for k, v in options_b.items() if k != "name"}) as b,
         ):  # fmt: skip
-            b.add_route("relay", a.endpoint, "a")
+            b.add_route("asker", a.endpoint, "a")
             a.add_route("echo", b.endpoint, "b")
             echo = Echo(b, "echo")
+            asker = Asker(a)
             echo.start()
+            asker.start()
             context = zmq.asyncio.Context()
             try:
                 raw = _raw_process(context, b"a", keys)  # (context.destroy closes whatever a failure left open)
                 raw.connect(b.endpoint)
                 for sender, seq in as_a:
                     await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))])
-                await raw.send_multipart([b"ask", codec.encode_envelope(Envelope("main", "echo", 99, None, Count()))])
-                kind, data = await asyncio.wait_for(raw.recv_multipart(), WAIT_S)  # after the tells: FIFO
-                assert kind == b"reply" and codec.decode_envelope(data).body == Pong(2)
+                await until(lambda: b.rejected == 6)
                 raw.close(linger=0)
-                assert echo.notes == [("relay", 1), ("main", 2)]
-                assert b.rejected == 6
+                assert echo.notes == [("asker", 1), ("main", 2)]
                 for routing_id, sender, seq in as_nobody:
                     raw = _raw_process(context, routing_id, keys)
                     raw.connect(b.endpoint)
-                    await raw.send_multipart([b"ask", codec.encode_envelope(Envelope(sender, "echo", seq, None, Ping(seq)))])
-                    assert not await raw.poll(300)  # no answer: not even "no such actor"
+                    await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))])
+                    await until(lambda: b.rejected == 6 + 1 + as_nobody.index((routing_id, sender, seq)))
                     raw.close(linger=0)
             finally:
                 context.destroy(linger=0)
-            assert echo.notes == [("relay", 1), ("main", 2)]
+            assert echo.notes == [("asker", 1), ("main", 2)]
             assert b.rejected == 6 + len(as_nobody)
             # The run's own processes still talk (a's real connection, under its name, now that the raw one is gone).
-            a.tell("echo", Note(100), sender="relay")
-            assert await a.ask("echo", Count(), timeout_s=WAIT_S) == Pong(3)
+            a.tell("echo", Note(100), sender="asker")
+            assert await request(a, asker, "echo", Count()) == Pong(3)
             assert b.rejected == 6 + len(as_nobody) and a.rejected == 0
 
     with caplog.at_level(logging.WARNING, logger="dualpath_emu.runtime.zmq_transport"):
@@ -621,15 +567,15 @@ def test_a_process_sends_only_as_itself_and_only_processes_of_the_run_connect(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_reply_must_come_from_the_actor_asked(transport: str, ipc_dir: str) -> None:
-    """A reply naming another sender than the actor asked (here a peer that answers for an actor of another
-    process) answers nothing; the real one does."""
+def test_what_comes_back_on_a_connection_a_process_opened_is_rejected(transport: str, ipc_dir: str) -> None:
+    """Nothing is ever sent back over a connection (a DEALER): a peer that does (here one posing as process b, on
+    the connection a opened to it) reaches no actor."""
     codec = Codec(registry())
-    keys = RunKeys.generate(Path(ipc_dir) / "keys", ["a", "b", "c"]) if transport == "tcp-curve" else None
+    keys = RunKeys.generate(Path(ipc_dir) / "keys", ["a", "b"]) if transport == "tcp-curve" else None
 
     async def main() -> None:
         context = zmq.asyncio.Context()
-        peer = context.socket(zmq.ROUTER)  # poses as process b, answering for c's actor first
+        peer = context.socket(zmq.ROUTER)
         peer.setsockopt(zmq.LINGER, 0)
         if keys is not None:
             keys.as_process("b").make_server(peer)
@@ -641,17 +587,17 @@ def test_a_reply_must_come_from_the_actor_asked(transport: str, ipc_dir: str) ->
             peer.bind(endpoint)
         try:
             async with ZmqActorSystem(Codec(registry()), name="a", **options) as a:  # type: ignore[arg-type]
+                asker = Asker(a)
+                asker.start()
                 a.add_route("echo", endpoint, "b")
-                a.add_route("other", endpoint.replace("/b", "/c") if keys is None else "tcp://127.0.0.1:1", "c")
-                asking = asyncio.ensure_future(a.ask("echo", Ping(1), timeout_s=WAIT_S))
+                a.tell("echo", Ping(1), sender="asker")
                 identity, kind, data, *_ = await asyncio.wait_for(peer.recv_multipart(), WAIT_S)
-                ask = codec.decode_envelope(data)
-                for sender, recipient in (("other", "main"), ("stranger", "main"), ("echo", "nobody")):
-                    forged = Envelope(sender, recipient, 50, ask.msg_id, Pong(666))
-                    await peer.send_multipart([identity, b"reply", codec.encode_envelope(forged)])
-                await peer.send_multipart([identity, b"reply", codec.encode_envelope(Envelope("echo", "main", 51, ask.msg_id, Pong(1)))])
-                assert await asking == Pong(1)
-                assert a.rejected == 3
+                assert kind == b"tell"
+                back = Envelope("echo", "asker", 50, None, Pong(1))
+                for frames in ([b"tell", codec.encode_envelope(back)], [b"reply", codec.encode_envelope(back)]):
+                    await peer.send_multipart([identity, *frames])
+                await until(lambda: a.rejected == 2)
+                assert asker.got.empty()
         finally:
             peer.close(linger=0)
             if keys is not None:

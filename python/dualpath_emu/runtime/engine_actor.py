@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime.actors import Actor, ActorSystem, handles
+from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.core_work import Completion, CoreWork
 from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Engine, Extents, Hop, Observed, Outbox, Then
 
@@ -131,15 +131,13 @@ class EngineActor(Actor):
         super().__init__(system, name)
         self.data_plane = LiveDataPlane(system.data_plane, self._fail)
         self.engine = build(_ActorOutbox(system, name), self.data_plane)
+        self._receive = self.engine.receive
 
     def _fail(self, error: Exception) -> None:
         self.system.fail(self, error)
 
-    def start(self) -> None:
-        super().start()
+    def started(self) -> None:
         self.engine.start(self.system.now_ns())
 
-    @handles(Message)
-    def on_message(self, msg: Message) -> None:
-        envelope = self.envelope
-        self.engine.receive(self.system.now_ns(), msg, envelope.sender if envelope is not None else "main")
+    def receive(self, msg: Message, sender: str) -> None:
+        self._receive(self.system.now_ns(), msg, sender)

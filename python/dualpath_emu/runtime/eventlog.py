@@ -1,6 +1,6 @@
 """The canonical event log: one line per actor-system event, and its SHA-256 (issue 3).
 
-A line is the five fields of an :class:`~dualpath_emu.runtime.Event` separated by tabs and ended by a
+A line is the five fields of an :class:`Event` separated by tabs and ended by a
 newline, UTF-8::
 
     <t_ns>\\t<seq>\\t<actor>\\t<kind>\\t<summary>\\n
@@ -18,11 +18,20 @@ import hashlib
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-from dualpath_emu.runtime.actors import Event
+__all__ = ["Event", "EventLogWriter", "event_line", "event_log_sha256", "parse_line", "read_events", "write_event_log"]
 
-__all__ = ["EventLogWriter", "event_line", "event_log_sha256", "parse_line", "read_events", "write_event_log"]
+
+class Event(NamedTuple):
+    """One event of an actor system's or a run's record; a plain tuple compares equal."""
+
+    t_ns: int
+    seq: int
+    actor: str
+    kind: str
+    summary: str
+
 
 _ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\r": "\\r", "\n": "\\n"})
 _UNESCAPES: Final = {"\\": "\\", "t": "\t", "r": "\r", "n": "\n"}

@@ -41,7 +41,7 @@ see their standard input close (everywhere). Every child's output, event log and
 directory.
 
 After a complete run the launcher reads every process's event log and checks that each message sent
-(``tell``/``ask``) was delivered (or dropped at a stopped actor) exactly once, across processes.
+(``tell``) was delivered (or dropped at a stopped actor) exactly once, across processes.
 
 **Keys.** A run that reaches any process over ``tcp://`` gets a CURVE key pair per process (the data plane's
 included) in ``<run_dir>/keys`` (0700; :class:`~dualpath_emu.runtime.security.RunKeys`), named in the run
@@ -165,7 +165,7 @@ class LaunchResult:
 
 
 def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None) -> DeliveryReport:
-    """Every ``tell``/``ask`` event across ``logs`` must be matched by exactly one ``deliver`` or ``drop``.
+    """Every ``tell`` event across ``logs`` must be matched by exactly one ``deliver`` or ``drop``.
 
     Events are matched by their summary (``#id Type sender->recipient``; ids count per process and each
     actor lives in one process, so a summary names one message). ``restarted`` maps the actors of processes
@@ -181,7 +181,7 @@ def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None)
     stopped_ns: dict[str, int] = {}
     for log in logs:
         for event in read_events(log):
-            if event.kind in ("tell", "ask"):
+            if event.kind == "tell":
                 sent[event.summary] += 1
                 if restarted:
                     sent_ns.setdefault(event.summary, event.t_ns)

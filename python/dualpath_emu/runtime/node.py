@@ -138,7 +138,7 @@ class StoppedError(Exception):
 
 
 def _counters(system: ActorSystem) -> dict[str, int]:
-    counters = {"dropped": system.dropped, "unhandled": system.unhandled}
+    counters = {"dropped": system.dropped}
     if isinstance(system, ZmqActorSystem):
         counters["rejected"] = system.rejected
         if system.incarnation is not None:
@@ -409,7 +409,6 @@ def serve_process(
         keys=keys,
         name=spec.name,
         latency_s=scenario.latency_s,
-        seed=scenario.seed,
         data_plane=plane,
         incarnation=incarnation if scenario.restart_crashed else None,
     )

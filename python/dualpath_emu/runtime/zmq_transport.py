@@ -1,15 +1,14 @@
 """The ZeroMQ transport (issue 3): actors of several :class:`ActorSystem`\\ s talk over ``ipc://`` or ``tcp://``.
 
-A :class:`ZmqActorSystem` is an :class:`~dualpath_emu.runtime.ActorSystem` for a real-time asyncio loop
-that also owns one ZeroMQ endpoint. Its own actors
-are reached in-process as usual; an actor of another system is reached through a static address book
-(actor name -> endpoint)::
+A :class:`ZmqActorSystem` is an :class:`~dualpath_emu.runtime.actors.ActorSystem` for a real-time asyncio loop
+that also owns one ZeroMQ endpoint. Its own actors are reached in-process as usual; an actor of another system is
+reached through a static address book (actor name -> endpoint)::
 
     registry = MessageRegistry(); registry.register(Ping); registry.register(Pong)
     run = tempfile.mkdtemp()  # private (0700): ipc:// needs no keys there
     async with ZmqActorSystem(Codec(registry), bind=f"ipc://{run}/a.sock",
                               address_book={"echo": f"ipc://{run}/b.sock"}) as system:
-        pong = await system.ask("echo", Ping(1), timeout_s=1.0)
+        system.tell("echo", Ping(1))
 
     # over tcp: the run's keys (RunKeys.generate once, or `dualpath-emu keys DIR --process a --process b`)
     keys = RunKeys.load(Path("run-keys"), "a")
@@ -19,9 +18,8 @@ are reached in-process as usual; an actor of another system is reached through a
         ...
 
 ``bind`` defaults to ``tcp://127.0.0.1:*`` (loopback, a free port; :attr:`ZmqActorSystem.endpoint` is the
-address actually bound): nothing listens beyond the host unless the caller binds elsewhere.
-:func:`register_transport_messages` adds the transport's own message types (:class:`ErrorReply`,
-:class:`NoneReply`) to the codec's registry; the system calls it on construction.
+address actually bound): nothing listens beyond the host unless the caller binds elsewhere. What travels is tells
+(:meth:`ZmqActorSystem.tell`); nothing is sent back over a connection.
 
 Security (issue 14)
 -------------------
@@ -46,9 +44,8 @@ is rejected (counted, logged boundedly, recorded: see Rejection) when
   an actor of the connection's process (``address_book`` and ``peers``): another process's actor, this
   process's own, a process's name, an empty or unknown name.
 
-A reply, in any system, must come from the actor its ask was sent to, over the connection to that actor's
-endpoint, and be addressed to an actor of this system or ``main``. An unnamed system (outside a run) checks no
-request's sender: its peers' connections carry no name.
+An unnamed system (outside a run) checks no request's sender: its peers' connections carry no name. Whatever
+arrives on a connection this system opened (its DEALERs: nothing is ever sent back on them) is rejected.
 
 Bounds
 ------
@@ -64,9 +61,7 @@ Everything a peer can make this process hold is bounded:
 * the in-process backlog of a connection whose peer does not keep up holds at most ``BACKLOG_MESSAGES``
   messages and ``BACKLOG_BYTES`` bytes beyond ZeroMQ's queue. When it is full, a **tell** raises
   :class:`BacklogFullError` (nothing is sent; in an actor's handler that fails the run, with the reason) --
-  nothing a tell accepted is ever dropped; an **ask** waits for room, within its ``timeout_s`` (then
-  :class:`TimeoutError`, nothing sent); a **reply** that finds the backlog towards its asker full is dropped
-  and counted (``transport.replies_dropped``): its asker gets :class:`TimeoutError`;
+  nothing a tell accepted is ever dropped;
 * a receiver takes at most ``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` bytes per wake-up;
 * rejected frames (below) and denied handshakes are all counted, but only the first
   :data:`REJECTIONS_LOGGED` are logged and recorded one by one; then one summary line per power of ten and at
@@ -75,30 +70,16 @@ Everything a peer can make this process hold is bounded:
 Sockets and wire format
 -----------------------
 Each system binds one ``ROUTER`` socket and opens one ``DEALER`` per remote endpoint it sends to (lazily,
-on first use). Every ZeroMQ message is two frames ``[kind, envelope]`` (a request has a third in a run with
-incarnations: see Incarnations):
-
-* ``kind`` is ``b"tell"`` or ``b"ask"`` (DEALER -> ROUTER: a request) or ``b"reply"`` (ROUTER -> the
-  asking DEALER, through the identity the ask came from);
-* ``envelope`` is :meth:`Codec.encode_envelope` of the :class:`~dualpath_emu.messages.Envelope`. A request
-  carries the sender's ``msg_id`` and ``reply_to = None``; a reply carries the replier's own ``msg_id`` and
-  ``reply_to`` = the ask's ``msg_id``. The body of a reply is the handler's return value, :class:`NoneReply`
-  when it returned ``None``, or :class:`ErrorReply` ``(type_name, text)`` when the ask failed.
-
-An :class:`ErrorReply` is rebuilt at the asker as: the builtin exception of that name with the text as its
-only argument (``ValueError("bad")`` arrives as ``ValueError("bad")``); :class:`ActorStoppedError` and
-:class:`UnknownActorError` as themselves (same text, ``actor`` set); anything else as :class:`RemoteError`
-(``type_name`` and ``text`` kept). Tracebacks do not travel.
+on first use). Every ZeroMQ message (DEALER -> ROUTER) is two frames ``[b"tell", envelope]`` (a third in a run
+with incarnations: see Incarnations); ``envelope`` is :meth:`Codec.encode_envelope` of the
+:class:`~dualpath_emu.messages.Envelope`, with the sender's ``msg_id`` and ``reply_to = None``.
 
 Delivery is FIFO per (sending system, receiving system) pair -- one DEALER-ROUTER connection -- and
 exactly once while both ends live: nothing is retried. ``tell`` never blocks: a frame goes to the socket at
 once (non-blocking) or, when the peer's queue is full (``HWM`` messages), into an in-order backlog that a
-task drains (bounded: see Bounds). The ROUTER is ``ROUTER_MANDATORY``, so a reply it cannot route is counted
-(``transport.send_failed``) and logged rather than silently lost. A receiver takes up to ``RECEIVE_BATCH``
-queued frames per wake-up. An ask whose remote recipient stops before answering gets
-:class:`ActorStoppedError` (if the actor stopped itself, the handler's own answer still follows, and the
-asker drops it as ``late``); one whose recipient's process is gone waits for its ``timeout_s`` (give one to
-every remote ask).
+task drains (bounded: see Bounds). A send ZeroMQ refuses is counted (``transport.send_failed``) and logged
+rather than silently lost. A receiver takes up to ``RECEIVE_BATCH`` queued frames per wake-up and hands each
+message to its actor at once.
 
 Incarnations (issue 26)
 -----------------------
@@ -120,7 +101,7 @@ causally, so a message about work given to the new process after the restart (fr
 from whoever gave the work) is never dropped. A new incarnation's message ids start at ``incarnation ×``
 :data:`MSG_IDS_PER_INCARNATION`, so its messages are told apart from the dead one's in the event logs.
 
-**Durable event log.** A system with an event sink (:meth:`~dualpath_emu.runtime.ActorSystem.set_event_sink`)
+**Durable event log.** A system with an event sink (:meth:`~dualpath_emu.runtime.actors.ActorSystem.set_event_sink`)
 hands the sink its events before any message it sends to another process leaves, whenever an actor recorded
 something (an observation) since the last time: a process killed at any moment has written every observation
 that a message it sent could have told another process about.
@@ -130,27 +111,22 @@ Rejection
 A frame the receiving side cannot accept -- not two frames, an unknown ``kind``, bytes
 :meth:`Codec.decode_envelope` refuses (malformed or truncated msgpack, unknown message type, wrong
 version, bad fields: any :class:`MessageError`), a request for an actor this system does not host, a request
-or reply from a sender that may not send it (see Security), a reply to nothing -- is dropped, counted (:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of
-:attr:`~ZmqActorSystem.counters`), and, boundedly (see Bounds), logged (``logging`` at WARNING, logger
-``dualpath_emu.runtime.zmq_transport``) and recorded as a ``rejected`` event of actor ``transport``. An ask
-for an unknown actor is also answered with :class:`UnknownActorError` (its sender waits for nothing; the
-answer records no event of its own). No actor is disturbed.
+from a sender that may not send it (see Security), anything on a DEALER -- is dropped, counted
+(:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of :attr:`~ZmqActorSystem.counters`), and,
+boundedly (see Bounds), logged (``logging`` at WARNING, logger ``dualpath_emu.runtime.zmq_transport``) and
+recorded as a ``rejected`` event of actor ``transport``. No actor is disturbed.
 
-Events: a remote send records ``tell``/``ask`` like an in-process one; arrival records ``deliver``; the
-callee records ``reply``/``error``; the asker records ``answer``/``late``. Times are the real loop's clock,
-so (unlike in virtual time) the record is not reproducible run to run.
+Events: a remote send records ``tell`` like an in-process one; arrival records ``deliver``. Times are the real
+loop's clock, so (unlike in virtual time) the record is not reproducible run to run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
-import functools
 import time
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Final
 
@@ -159,19 +135,8 @@ import zmq
 import zmq.asyncio
 
 from dualpath_emu.errors import SecurityError
-from dualpath_emu.messages import Codec, Envelope, Message, MessageError, MessageRegistry
-from dualpath_emu.runtime.actors import (
-    MAIN,
-    Actor,
-    ActorError,
-    ActorStoppedError,
-    ActorSystem,
-    UnknownActorError,
-    _describe,
-    _Pending,
-    _Reply,
-    _Request,
-)
+from dualpath_emu.messages import Codec, Envelope, Message, MessageError
+from dualpath_emu.runtime.actors import MAIN, ActorError, ActorSystem
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.security import (
     BoundedLog,
@@ -188,13 +153,7 @@ __all__ = [
     "DEFAULT_BIND",
     "HWM",
     "BacklogFullError",
-    "ErrorReply",
-    "NoneReply",
-    "RemoteError",
     "ZmqActorSystem",
-    "error_from_wire",
-    "error_to_wire",
-    "register_transport_messages",
 ]
 
 DEFAULT_BIND: Final = "tcp://127.0.0.1:*"
@@ -205,12 +164,9 @@ TRANSPORT_ACTOR: Final = "transport"
 
 REJECTED_COUNTER: Final = "transport.rejected"
 DENIED_COUNTER: Final = "transport.denied"
-REPLIES_DROPPED_COUNTER: Final = "transport.replies_dropped"
 SEND_FAILED_COUNTER: Final = "transport.send_failed"
 
 KIND_TELL: Final = b"tell"
-KIND_ASK: Final = b"ask"
-KIND_REPLY: Final = b"reply"
 
 HWM: Final = 10_000
 """The send and receive high-water marks (messages queued per peer) of every socket. 10,000 keeps what
@@ -239,7 +195,7 @@ RECEIVE_BATCH_BYTES: Final = 4 << 20
 """... and at most about this many bytes (a batch of long frames is held whole until it is handled)."""
 
 REJECTIONS_LOGGED: Final = 100
-"""Rejected frames, failed sends and dropped replies logged and recorded one by one before summaries."""
+"""Rejected frames and failed sends logged and recorded one by one before summaries."""
 
 STALE_COUNTER: Final = "transport.stale"
 MSG_IDS_PER_INCARNATION: Final = 10**12
@@ -251,85 +207,15 @@ MAX_KNOWLEDGE_BYTES: Final = 64 << 10
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorReply(Message):
-    """The wire form of an exception that answers an ask: its class name and its text."""
-
-    WIRE_NAME: ClassVar[str] = "runtime.ErrorReply"
-    VERSION: ClassVar[int] = 1
-
-    type_name: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class NoneReply(Message):
-    """The wire form of a handler's ``None`` answering an ask."""
-
-    WIRE_NAME: ClassVar[str] = "runtime.NoneReply"
-    VERSION: ClassVar[int] = 1
-
-
 class BacklogFullError(ActorError):
     """A tell to a remote actor whose connection's backlog is full (see Bounds in the module): nothing was
     sent. The peer is gone, stuck, or far slower than its senders."""
 
 
-class RemoteError(ActorError):
-    """An exception raised by a remote handler for an ask, of a type that is not rebuilt (see the module)."""
-
-    def __init__(self, type_name: str, text: str) -> None:
-        super().__init__(f"{type_name}: {text}")
-        self.type_name = type_name
-        self.text = text
-
-
-def register_transport_messages(registry: MessageRegistry) -> None:
-    """Register :class:`ErrorReply` and :class:`NoneReply` in ``registry`` (once; later calls do nothing)."""
-    for cls in (ErrorReply, NoneReply):
-        if cls not in registry:
-            registry.register(cls)
-
-
-def error_to_wire(error: BaseException) -> ErrorReply:
-    """The :class:`ErrorReply` of ``error``."""
-    if isinstance(error, RemoteError):
-        return ErrorReply(error.type_name, error.text)
-    return ErrorReply(type(error).__name__, str(error))
-
-
-def error_from_wire(reply: ErrorReply, sender: str) -> Exception:
-    """The exception an :class:`ErrorReply` from actor ``sender`` is rebuilt as (see the module docstring)."""
-    name, text = reply.type_name, reply.text
-    if name in (ActorStoppedError.__name__, UnknownActorError.__name__):
-        cls: type[ActorError] = ActorStoppedError if name == ActorStoppedError.__name__ else UnknownActorError
-        rebuilt = cls.__new__(cls)
-        Exception.__init__(rebuilt, text)
-        rebuilt.actor = sender  # type: ignore[attr-defined]  # both classes set it in __init__
-        return rebuilt
-    builtin = getattr(builtins, name, None)
-    if isinstance(builtin, type) and issubclass(builtin, Exception):
-        try:
-            return builtin(text)
-        except Exception:  # a builtin whose constructor takes other arguments (UnicodeDecodeError)
-            pass
-    return RemoteError(name, text)
-
-
-class _RemoteAsk:
-    """An ask that arrived over the wire and is not answered yet: where its answer goes."""
-
-    __slots__ = ("envelope", "identity")
-
-    def __init__(self, envelope: Envelope, identity: bytes) -> None:
-        self.envelope = envelope
-        self.identity = identity
-
-
 class ZmqActorSystem(ActorSystem):
     """An actor system on a real-time loop that reaches the actors of other systems over ZeroMQ.
 
-    ``codec`` encodes and decodes envelopes (the transport's message types are registered in its registry);
+    ``codec`` encodes and decodes envelopes;
     ``bind`` is the endpoint of this system's ROUTER (``ipc://path`` or ``tcp://host:port``, ``*`` for a free
     port; default loopback); ``address_book`` maps the names of remote actors to their systems' endpoints
     and ``peers`` those endpoints to the names of their processes (:meth:`add_route` adds both). ``keys``
@@ -354,11 +240,10 @@ class ZmqActorSystem(ActorSystem):
         insecure: bool = False,
         latency_s: float = 0.0,
         failure_events: int = 20,
-        seed: int = 0,
         data_plane: CoreWork | None = None,
         incarnation: int | None = None,
     ) -> None:
-        super().__init__(latency_s=latency_s, failure_events=failure_events, seed=seed, data_plane=data_plane)
+        super().__init__(latency_s=latency_s, failure_events=failure_events, data_plane=data_plane)
         if incarnation is not None and (name is None or incarnation < 0):
             raise ValueError("incarnation= needs name= (this process's name in the run) and is 0, 1, 2, …")
         if keys is not None:
@@ -368,7 +253,6 @@ class ZmqActorSystem(ActorSystem):
                 keys = keys.as_process(name)
             for process in (peers or {}).values():
                 keys.public_key(process)  # SecurityError for a process that is not in the run
-        register_transport_messages(codec._registry)
         self.codec = codec
         self.keys = keys
         self.name = name
@@ -379,11 +263,7 @@ class ZmqActorSystem(ActorSystem):
         self._check_endpoint(bind, "bind")
         for actor, endpoint in (address_book or {}).items():
             self.add_route(actor, endpoint)
-        self._counters: dict[str, int] = {
-            REJECTED_COUNTER: 0,
-            REPLIES_DROPPED_COUNTER: 0,
-            SEND_FAILED_COUNTER: 0,
-        }
+        self._counters: dict[str, int] = {REJECTED_COUNTER: 0, SEND_FAILED_COUNTER: 0}
         self._endpoint: str | None = None
         self._context: zmq.asyncio.Context | None = None
         self._authenticator: RunAuthenticator | None = None
@@ -391,22 +271,19 @@ class ZmqActorSystem(ActorSystem):
         self._router: _Channel | None = None
         self._dealers: dict[str, _Channel] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._remote_asks: dict[int, _RemoteAsk] = {}  # id(request envelope) -> route of its answer
         self._senders: dict[bytes, frozenset[str]] | None = None
         """Named: each process of the run (its routing id) -> the senders it may name (built when first needed)."""
         who = self._who()
         self._rejections = BoundedLog(_log, f"{who}: rejected a frame", first=REJECTIONS_LOGGED)
         self._send_failures = BoundedLog(_log, f"{who}: a ZeroMQ send failed", first=REJECTIONS_LOGGED)
-        self._dropped_replies = BoundedLog(_log, f"{who}: dropped a reply", first=REJECTIONS_LOGGED)
         self._closed = False
         self.last_delivery_ns = time.monotonic_ns()
-        """The wall clock (monotonic) when a message from another system was last put in a mailbox here."""
+        """The wall clock (monotonic) when a message from another system last arrived here."""
         self.incarnation = incarnation
         """This process's incarnation (see Incarnations in the module); ``None``: requests are not tagged."""
         self._knowledge: dict[str, int] = {}
         """Actors of other processes -> the incarnation of their process this one has heard of (nonzero only)."""
         self._knowledge_frames: dict[str, bytes] = {}  # sender -> its requests' third frame
-        self._learned: dict[int, dict[str, int]] = {}  # id(request envelope) -> newer knowledge, merged when handled
         self._last_tag: tuple[bytes, dict[str, int]] = (_NO_KNOWLEDGE, {})
         if incarnation is not None:
             self._counters[STALE_COUNTER] = 0
@@ -430,8 +307,7 @@ class ZmqActorSystem(ActorSystem):
 
     @property
     def counters(self) -> dict[str, int]:
-        """The transport's counters: ``transport.rejected``, ``transport.denied``, ``transport.replies_dropped``
-        (see Bounds in the module), ``transport.send_failed`` (a send ZeroMQ refused, e.g. to a vanished
+        """The transport's counters: ``transport.rejected``, ``transport.denied``, ``transport.send_failed`` (a send ZeroMQ refused, e.g. to a vanished
         peer; logged boundedly)."""
         return {**self._counters, DENIED_COUNTER: self.denied}
 
@@ -594,7 +470,7 @@ class ZmqActorSystem(ActorSystem):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._close_sockets()
-        for bounded in (self._rejections, self._send_failures, self._dropped_replies):
+        for bounded in (self._rejections, self._send_failures):
             bounded.flush()
 
     def _close_sockets(self) -> None:
@@ -617,7 +493,7 @@ class ZmqActorSystem(ActorSystem):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.shutdown()
+        self.stop_all()
         await self.close()
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
@@ -655,47 +531,8 @@ class ZmqActorSystem(ActorSystem):
                 f"{len(dealer.backlog):,} messages ({dealer.backlog_bytes:,} bytes) beyond ZeroMQ's queue of "
                 f"{HWM:,}: its peer is gone, stuck or far too slow; nothing was sent"
             )
-        ActorSystem.record(self, sender, "tell", _describe(envelope))  # (the transport's own line: not an observation)
-
-    async def ask(
-        self, recipient: str, msg: Message, *, timeout_s: float | None = None, sender: str = MAIN
-    ) -> Message | None:
-        """Ask a local or remote ``recipient`` (see :meth:`ActorSystem.ask`; remote errors per the module).
-
-        When the remote recipient's connection is backed up beyond its bound, the ask waits for room (within
-        ``timeout_s``; nothing is sent if the time runs out first).
-        """
-        if not self._is_remote(recipient):
-            return await super().ask(recipient, msg, timeout_s=timeout_s, sender=sender)
-        envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
-        data = self.codec.encode_envelope(envelope)
-        dealer = self._dealer(self.address_book[recipient])
-        frames = self._frames(KIND_ASK, data, sender)
-        self._sync_events()
-        if not dealer.post(frames, self.loop):
-            timeout_s = await self._post_when_room(dealer, frames, timeout_s, sender, envelope.msg_id)
-        ActorSystem.record(self, sender, "ask", _describe(envelope))
-        future: asyncio.Future[Message | None] = self.loop.create_future()
-        self._pending[envelope.msg_id] = _Pending(future, recipient)  # no await since the post: no reply yet
-        return await self._await_reply(sender, envelope.msg_id, future, timeout_s)
-
-    async def _post_when_room(
-        self, dealer: _Channel, frames: list[bytes], timeout_s: float | None, sender: str, msg_id: int
-    ) -> float | None:
-        """Post ``frames`` once ``dealer``'s backlog has room; the ask's time left. TimeoutError if none came."""
-        loop = self.loop
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while True:
-            try:
-                await asyncio.wait_for(dealer.room(loop), None if deadline is None else deadline - loop.time())
-            except TimeoutError:
-                summary = f"#{msg_id} after {timeout_s} s, unsent: the connection's backlog was full"
-                self.record(sender, "timeout", summary)
-                raise TimeoutError(
-                    f"ask #{msg_id}: the connection's backlog stayed full for {timeout_s} s; nothing was sent"
-                ) from None
-            if dealer.post(frames, loop):
-                return None if deadline is None else max(0.0, deadline - loop.time())
+        if self.record_messages:  # (the transport's own line: not an observation)
+            ActorSystem.record(self, sender, "tell", _describe(envelope))
 
     def _peer_label(self, endpoint: str) -> str:
         process = self.peers.get(endpoint)
@@ -713,79 +550,13 @@ class ZmqActorSystem(ActorSystem):
                 socket.setsockopt(zmq.ROUTING_ID, self.name.encode())
             socket.connect(endpoint)
             dealer = self._dealers[endpoint] = _Channel(socket, self._send_failed)
-            receiver = dealer.receive(functools.partial(self._on_reply, endpoint), self._reject)
+            receiver = dealer.receive(self._on_dealer, self._reject)
             self._tasks.append(self.loop.create_task(receiver, name=f"zmq:{endpoint}"))
         return dealer
 
     def _send_failed(self, error: zmq.ZMQError) -> None:
         self._counters[SEND_FAILED_COUNTER] += 1
         self._send_failures.note(str(error))
-
-    # --- answering asks that came over the wire ------------------------------------------------------
-
-    def _reply(self, request: Envelope, result: Message | None, error: BaseException | None) -> None:
-        route = self._remote_asks.pop(id(request), None)
-        if route is None or route.envelope is not request:
-            super()._reply(request, result, error)
-            return
-        self._send_reply(route, result, error, record=True)
-
-    def _send_reply(
-        self, route: _RemoteAsk, result: Message | None, error: BaseException | None, *, record: bool
-    ) -> None:
-        """Send the answer to the ask that came over the wire by ``route`` (``record``: record the event)."""
-        request = route.envelope
-        body: Message
-        msg_id = self._new_msg_id()
-        if error is None:
-            body = NoneReply() if result is None else result
-            if record:
-                summary = f"#{msg_id} re #{request.msg_id} {_type_name(result)}"
-                ActorSystem.record(self, request.recipient, "reply", summary)  # (the transport's own line)
-        else:
-            body = error_to_wire(error)
-            if record:
-                summary = f"#{msg_id} re #{request.msg_id} {type(error).__name__}: {error}"
-                self.record(request.recipient, "error", summary)
-        envelope = Envelope(request.recipient, request.sender, msg_id, request.msg_id, body)
-        try:
-            data = self.codec.encode_envelope(envelope)
-        except MessageError as encode_error:  # e.g. a reply type the codec does not know
-            envelope = Envelope(request.recipient, request.sender, msg_id, request.msg_id, error_to_wire(encode_error))
-            data = self.codec.encode_envelope(envelope)
-        self._sync_events()
-        if self._router is not None and not self._router.post([route.identity, KIND_REPLY, data], self.loop):
-            # Its asker does not take its replies: dropping this one costs the asker a TimeoutError; failing
-            # the replier would punish the wrong process.
-            self._counters[REPLIES_DROPPED_COUNTER] += 1
-            self._dropped_replies.note(
-                f"#{msg_id} re #{request.msg_id} to {request.sender!r}: the backlog towards it is full"
-            )
-
-    def _fail_pending(self, name: str) -> None:
-        super()._fail_pending(name)
-        actor = self._actors.get(name)
-        handling = actor.envelope if actor is not None else None
-        for route in list(self._remote_asks.values()):
-            if route.envelope.recipient == name:
-                detail = f" (ask #{route.envelope.msg_id} was not answered)"
-                self._reply(route.envelope, None, ActorStoppedError(name, detail))
-                if route.envelope is handling:
-                    # Its handler may still answer (an actor that stops itself finishes the handler): that
-                    # answer goes to the asker too, which drops it as late, as in-process. (Without the route
-                    # it would be taken for an ask of this system's own with the same msg_id.)
-                    self._remote_asks[id(handling)] = route
-
-    async def _handle(self, actor: Actor, request: _Request) -> None:
-        if self._learned:
-            learned = self._learned.pop(id(request.envelope), None)
-            if learned is not None:  # handled here: this process knows it now (see Incarnations in the module)
-                self._merge(learned)
-        try:
-            await super()._handle(actor, request)
-        finally:
-            if request.is_ask:  # the route of an ask its handler did not answer (see _fail_pending)
-                self._remote_asks.pop(id(request.envelope), None)
 
     # --- receiving -----------------------------------------------------------------------------------
 
@@ -807,11 +578,10 @@ class ZmqActorSystem(ActorSystem):
         tag: bytes | None = None
         if self.incarnation is not None and len(rest) == 3:
             tag = rest.pop()
-        if len(rest) != 2 or rest[0] not in (KIND_TELL, KIND_ASK):
+        if len(rest) != 2 or rest[0] != KIND_TELL:
             kind = f" of kind {rest[0][:16]!r}" if rest else ""
-            self._reject(f"expected frames [tell|ask, envelope], got {len(rest)} frame(s){kind}")
+            self._reject(f"expected frames [tell, envelope], got {len(rest)} frame(s){kind}")
             return
-        is_ask = rest[0] == KIND_ASK
         try:
             envelope = self.codec.decode_envelope(rest[1])
         except MessageError as error:
@@ -836,69 +606,26 @@ class ZmqActorSystem(ActorSystem):
             if known.get(envelope.recipient, 0) < self.incarnation:
                 # Sent to an incarnation of this process that died: lost with it (see Incarnations).
                 self._counters[STALE_COUNTER] += 1
-                if is_ask:
-                    self._send_reply(_RemoteAsk(envelope, identity), None, ActorStoppedError(envelope.recipient),
-                                     record=False)  # fmt: skip
                 self._drop(envelope, summary)
                 return
-            if known and any(v > self._knowledge.get(k, 0) and k not in self._actors for k, v in known.items()):
-                self._learned[id(envelope)] = known
+        else:
+            known = {}
         target = self._actors.get(envelope.recipient)
         if target is None:
             self._reject(f"no actor {envelope.recipient!r} here ({summary})")
-            if is_ask:  # the rejection is the record: the answer adds no event (bounded under a flood)
-                route = _RemoteAsk(envelope, identity)
-                self._send_reply(route, None, UnknownActorError(envelope.recipient), record=False)
             return
-        if target.stopped:
-            if is_ask:
-                self._remote_asks[id(envelope)] = _RemoteAsk(envelope, identity)
-                self._reply(envelope, None, ActorStoppedError(envelope.recipient))
-            else:
-                self._drop(envelope, summary)
-            return
-        if is_ask:
-            self._remote_asks[id(envelope)] = _RemoteAsk(envelope, identity)
-        ActorSystem.record(self, envelope.recipient, "deliver", summary)  # (the transport's own line)
+        if known and not target.stopped and any(v > self._knowledge.get(k, 0) and k not in self._actors
+                                                for k, v in known.items()):  # fmt: skip
+            self._merge(known)  # handled here, now: this process knows it from now on (see Incarnations)
         self.last_delivery_ns = time.monotonic_ns()
-        target._mailbox.put_nowait(_Request(envelope, is_ask, summary))
+        self._deliver(target, envelope, summary)
 
-    def _on_reply(self, endpoint: str, frames: list[bytes]) -> None:
-        if len(frames) != 2 or frames[0] != KIND_REPLY:
-            self._reject(f"expected frames [reply, envelope], got {len(frames)} frame(s)")
-            return
-        try:
-            envelope = self.codec.decode_envelope(frames[1])
-        except MessageError as decode_error:
-            self._reject(str(decode_error))
-            return
-        if envelope.reply_to is None:
-            self._reject(f"a reply without reply_to ({_describe(envelope)})")
-            return
-        # A reply comes from the actor that was asked, over the connection to its endpoint, to an asker here.
-        pending = self._pending.get(envelope.reply_to)
-        if self.address_book.get(envelope.sender) != endpoint or (
-            pending is not None and pending.recipient != envelope.sender
-        ):
-            asked = f", which asked {pending.recipient!r}" if pending is not None else ""
-            self._reject(f"a reply from {envelope.sender[:64]!r} ({self._whose(envelope.sender)}) over the connection "
-                         f"to {self._peer_label(endpoint)}: #{envelope.msg_id} re #{envelope.reply_to}{asked}")  # fmt: skip
-            return
-        if envelope.recipient != MAIN and envelope.recipient not in self._actors:
-            self._reject(f"a reply to {envelope.recipient[:64]!r}, no asker here: {_describe(envelope)[:200]}")
-            return
-        body = envelope.body
-        result: Message | None = body
-        failure: Exception | None = None
-        if isinstance(body, NoneReply):
-            result = None
-        elif isinstance(body, ErrorReply):
-            result, failure = None, error_from_wire(body, envelope.sender)
-        self._answer(_Reply(envelope.sender, envelope.recipient, envelope.msg_id, envelope.reply_to, result, failure))
+    def _on_dealer(self, frames: list[bytes]) -> None:
+        self._reject(f"{len(frames)} frame(s) on a connection this process opened (nothing is sent back on one)")
 
 
-def _type_name(value: object) -> str:
-    return "None" if value is None else type(value).__qualname__
+def _describe(envelope: Envelope) -> str:
+    return f"#{envelope.msg_id} {type(envelope.body).__qualname__} {envelope.sender}->{envelope.recipient}"
 
 
 class _Channel:
@@ -910,7 +637,7 @@ class _Channel:
     and ``recv_multipart`` would: their flag-enum arithmetic (``zmq.SNDMORE | flags``) and ``RCVMORE``
     look-ups (an enum conversion in every ``getsockopt``) cost more than the send or receive itself."""
 
-    __slots__ = ("socket", "sync", "backlog", "backlog_bytes", "drain", "recheck_due", "waiters", "on_send_error")
+    __slots__ = ("socket", "sync", "backlog", "backlog_bytes", "drain", "recheck_due", "on_send_error")
 
     _SEND_MORE: ClassVar[int] = int(zmq.SNDMORE | zmq.NOBLOCK)
     _NOBLOCK: ClassVar[int] = int(zmq.NOBLOCK)
@@ -922,7 +649,6 @@ class _Channel:
         self.backlog_bytes = 0
         self.drain: asyncio.Task[None] | None = None
         self.recheck_due = False
-        self.waiters: deque[asyncio.Future[None]] = deque()  # asks waiting for room in the backlog
         self.on_send_error = on_send_error
 
     def post(self, frames: list[bytes], loop: asyncio.AbstractEventLoop) -> bool:
@@ -951,18 +677,6 @@ class _Channel:
         if self.drain is None:
             self.drain = loop.create_task(self._drain(), name="zmq:drain")
         return True
-
-    def room(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        """A future that is done when the backlog has drained to half its bounds (or emptied)."""
-        waiter: asyncio.Future[None] = loop.create_future()
-        self.waiters.append(waiter)
-        return waiter
-
-    def _wake_waiters(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():  # an ask that timed out meanwhile
-                waiter.set_result(None)
 
     def _recheck_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         # The socket's file descriptor is edge-triggered, and a send may consume the edge that was to wake the
@@ -1002,21 +716,12 @@ class _Channel:
                     self.on_send_error(error)
                 self.backlog.popleft()
                 self.backlog_bytes -= sum(len(frame) for frame in frames)
-                if self.waiters and (
-                    len(self.backlog) <= BACKLOG_MESSAGES // 2 and self.backlog_bytes <= BACKLOG_BYTES // 2
-                ):
-                    self._wake_waiters()
         finally:
             self.drain = None
-        self._wake_waiters()  # emptied (when cancelled, the transport is closing: close() fails the waiters)
 
     def close(self) -> None:
-        """Close the socket (``linger=0``); asks still waiting for room get :class:`RuntimeError`."""
+        """Close the socket (``linger=0``)."""
         self.socket.close(linger=0)
-        for waiter in self.waiters:
-            if not waiter.done():
-                waiter.set_exception(RuntimeError("the transport closed"))
-        self.waiters.clear()
 
     async def receive(self, handle: Callable[[list[bytes]], None], reject: Callable[[str], None]) -> None:
         recv, noblock = self.sync.recv, self._NOBLOCK
