@@ -187,7 +187,7 @@ class Counter(Actor):
         self.out_of_order = 0
         self.stop_requested = asyncio.Event()
 
-    def receive(self, msg: Message, sender: str) -> None:
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
         if type(msg) is Tick:
             if msg.seq != self.count:
                 self.out_of_order += 1
@@ -206,7 +206,7 @@ class Collector(Actor):
         super().__init__(system, name)
         self.tallies: asyncio.Queue[Message] = asyncio.Queue()
 
-    def receive(self, msg: Message, sender: str) -> None:
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
         self.tallies.put_nowait(msg)
 
     async def next_tally(self, timeout_s: float, child: Child | None = None) -> Message:
@@ -231,7 +231,7 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Result:
-    """One timed run: ``messages`` messages (or asks) in ``wall_s`` seconds."""
+    """One timed run: ``messages`` messages in ``wall_s`` seconds."""
 
     messages: int
     wall_s: float

@@ -167,7 +167,7 @@ class Inbox(Actor):
         super().__init__(system, name)
         self.notes: list[int] = []
 
-    def receive(self, msg: Message, sender: str) -> None:
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
         assert isinstance(msg, Note)
         self.notes.append(msg.n)
 

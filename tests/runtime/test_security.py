@@ -72,7 +72,7 @@ class Echo(Actor):
         super().__init__(system, name)
         self.seen: list[Message] = []
 
-    def receive(self, msg: Message, sender: str) -> None:
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
         self.seen.append(msg)
 
 

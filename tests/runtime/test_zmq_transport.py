@@ -89,7 +89,7 @@ class Echo(Actor):
         super().__init__(system, name)
         self.notes: list[tuple[str, int]] = []
 
-    def receive(self, msg: Message, sender: str) -> None:
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
         if isinstance(msg, (Note, Blob)):
             self.notes.append((sender, msg.seq))
         elif isinstance(msg, Ping):
@@ -107,7 +107,7 @@ class Asker(Actor):
         super().__init__(system, name)
         self.got: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
 
-    def receive(self, msg: Message, sender: str) -> None:
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
         self.got.put_nowait((sender, msg))
 
 
@@ -432,7 +432,7 @@ def test_the_largest_submit_crosses_the_transport(transport: str, ipc_dir: str) 
     from dualpath_emu.cluster.messages import Submit
 
     class Intake(Actor):
-        def receive(self, msg: Message, sender: str) -> None:
+        def receive(self, now_ns: int, msg: Message, sender: str) -> None:
             assert msg == submit and isinstance(msg, Submit)
             self.system.tell(sender, Pong(len(msg.turns)), sender=self.name)
 

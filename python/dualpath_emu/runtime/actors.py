@@ -1,9 +1,10 @@
 """The live driver's actors: what carries an engine's inputs and outputs in a live process (issues 3, 35).
 
 An :class:`ActorSystem` owns the actors of one process (there is no global registry: pass the system in). An
-:class:`Actor` has a name and one method, :meth:`Actor.receive`, which its system calls with each message
-addressed to it; the cluster's actors are :class:`~dualpath_emu.runtime.engine_actor.EngineActor`\\ s, each a shell
-around an engine (which chooses the handler: :func:`~dualpath_emu.runtime.engine.on`). There is nothing else: no
+:class:`Actor` has a name and one method, :meth:`Actor.receive`, which its system calls with the time, each message
+addressed to it and its sender, as an engine's :meth:`~dualpath_emu.runtime.engine.Engine.receive` is called: the
+cluster's actors are :class:`~dualpath_emu.runtime.engine_actor.EngineActor`\\ s, whose ``receive`` is their
+engine's (which chooses the handler: :func:`~dualpath_emu.runtime.engine.on`). There is nothing else: no
 mailboxes, no tasks per actor, no replies. An engine's handler never waits (it only queues its outputs), so a
 message is handled the moment it arrives, and what the engines exchange are tells; whoever needs an answer is
 told one. This is SimPy's way with real time: the event loop is the clock (here asyncio's, on the data plane's
@@ -12,8 +13,8 @@ clock: :mod:`dualpath_emu.runtime.realtime`), the actors are the same as in virt
 **Delivery.** :meth:`ActorSystem.tell` wraps the message in an :class:`~dualpath_emu.messages.Envelope` with a
 ``msg_id`` from the system's counter (1, 2, 3, … in send order) and delivers it ``latency_s`` of loop time later
 (``call_soon`` when 0): in-process messages are passed as objects, never encoded. What is sent at one instant
-travels as one batch with one loop callback (asyncio alone does not order equal timer deadlines), so deliveries
-are FIFO per system, so per sender. A message for an actor that has not started yet waits for its start. The
+(without latency: before the previous batch arrives) travels as one batch with one loop callback (asyncio alone
+does not order equal timer deadlines), so deliveries are FIFO per system, so per sender. A message for an actor that has not started yet waits for its start. The
 ZeroMQ transport (:mod:`dualpath_emu.runtime.zmq_transport`) delivers what comes from other processes the same way.
 
 **Failure.** An exception raised by :meth:`Actor.receive`, or handed to :meth:`ActorSystem.fail` (a data plane's
@@ -52,6 +53,9 @@ DEFAULT_FAILURE_EVENTS: Final = 20
 _T = TypeVar("_T")
 
 _RawEvent = tuple[int, int, str, str, str]
+_new_tuple: Final = tuple.__new__
+"""Makes an Envelope from a tuple of its fields in C (``Envelope(...)`` runs NamedTuple's Python-level
+``__new__``, once per message)."""
 
 
 class ActorError(Exception):
@@ -101,8 +105,9 @@ class Actor:
         """Whether :meth:`stop` was called (or the system failed)."""
         return self._stopped
 
-    def receive(self, msg: Message, sender: str) -> None:
-        """Handle ``msg`` from ``sender`` (an actor's name, or :data:`MAIN`) now; an exception fails the run."""
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
+        """Handle ``msg`` from ``sender`` (an actor's name, or :data:`MAIN`) at ``now_ns``, the loop's clock; an
+        exception fails the run."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -298,19 +303,22 @@ class ActorSystem:
             raise UnknownActorError(recipient)
         msg_id = self._next_msg_id
         self._next_msg_id = msg_id + 1
-        envelope = Envelope(sender, recipient, msg_id, None, msg)
+        envelope = _new_tuple(Envelope, (sender, recipient, msg_id, None, msg))
         clock = self._clock
         now = clock() if clock is not None else self._bind()()
-        summary = f"#{msg_id} {type(msg).__qualname__} {sender}->{recipient}"
+        summary = ""  # made only when it is recorded
         if self.record_messages:
+            summary = f"#{msg_id} {type(msg).__qualname__} {sender}->{recipient}"
             log = self._log
             log.append((now, len(log), sender, "tell", summary))
         if target._stopped:
             self._drop(envelope, summary)
             return
-        # One constant latency, so arrivals come in send order; what is sent at one instant travels as one batch.
+        # One constant latency, so arrivals come in send order. What is sent before the open batch arrives travels
+        # with it: without latency, all of it (one loop callback per iteration, not per message: a live clock moves
+        # between two tells); with, what was sent at its instant.
         batch = self._open_batch
-        if batch is not None and self._open_batch_ns == now:
+        if batch is not None and (self._open_batch_ns == now or self._latency_s == 0.0):
             batch.append((envelope, summary))
             return
         batch = self._open_batch = [(envelope, summary)]
@@ -327,9 +335,19 @@ class ActorSystem:
         batch = self._in_flight.popleft()
         if batch is self._open_batch:
             self._open_batch = None  # what is sent from now on is due later
-        actors, deliver = self._actors, self._deliver
+        # What _deliver does, inlined: the hottest path of a live process.
+        actors, log, record, now = self._actors, self._log, self.record_messages, self.now_ns()
         for envelope, summary in batch:
-            deliver(actors[envelope.recipient], envelope, summary)
+            target = actors[envelope[1]]
+            if target._stopped or target._waiting is not None:
+                self._deliver(target, envelope, summary)
+                continue
+            if record:
+                log.append((now, len(log), envelope[1], "deliver", summary))
+            try:
+                target.receive(now, envelope[4], envelope[0])
+            except Exception as error:
+                self._fail(target, summary or _describe(envelope), error)
 
     def _deliver(self, target: Actor, envelope: Envelope, summary: str) -> None:
         """``envelope`` has reached ``target``: it handles it now (or when it starts; dropped if stopped)."""
@@ -339,17 +357,18 @@ class ActorSystem:
         if target._waiting is not None:
             target._waiting.append((envelope, summary))
             return
+        now = self.now_ns()
         if self.record_messages:
             log = self._log
-            log.append((self.now_ns(), len(log), target.name, "deliver", summary))
+            log.append((now, len(log), target.name, "deliver", summary))
         try:
-            target.receive(envelope.body, envelope.sender)
+            target.receive(now, envelope.body, envelope.sender)
         except Exception as error:
-            self._fail(target, summary, error)
+            self._fail(target, summary or _describe(envelope), error)
 
     def _drop(self, envelope: Envelope, summary: str) -> None:
         self.dropped += 1
-        self.record(envelope.recipient, "drop", summary)
+        self.record(envelope.recipient, "drop", summary or _describe(envelope))
 
     # --- failing and running -------------------------------------------------------------------------
 
@@ -392,3 +411,8 @@ class ActorSystem:
         if self.failure is not None:
             raise self.failure
         return result
+
+
+def _describe(envelope: Envelope) -> str:
+    """A message's summary in the event log: ``#id Type sender->recipient``."""
+    return f"#{envelope.msg_id} {type(envelope.body).__qualname__} {envelope.sender}->{envelope.recipient}"

@@ -131,13 +131,10 @@ class EngineActor(Actor):
         super().__init__(system, name)
         self.data_plane = LiveDataPlane(system.data_plane, self._fail)
         self.engine = build(_ActorOutbox(system, name), self.data_plane)
-        self._receive = self.engine.receive
+        self.receive = self.engine.receive  # type: ignore[method-assign]  # the actor's receive is its engine's
 
     def _fail(self, error: Exception) -> None:
         self.system.fail(self, error)
 
     def started(self) -> None:
         self.engine.start(self.system.now_ns())
-
-    def receive(self, msg: Message, sender: str) -> None:
-        self._receive(self.system.now_ns(), msg, sender)

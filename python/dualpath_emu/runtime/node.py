@@ -71,7 +71,7 @@ from dualpath_emu._core import Core
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.errors import BackendUnavailable, UsageError, disk_error
 from dualpath_emu.messages import Codec
-from dualpath_emu.runtime.actors import ActorFailure, ActorSystem
+from dualpath_emu.runtime.actors import ActorFailure
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application, Backend, PlaneRequest, Registry
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.dataplane import DataPlaneError, DataPlaneService, RemoteDataPlane, ServiceCore
@@ -137,12 +137,10 @@ class StoppedError(Exception):
     """The process was told to stop before its driver was done."""
 
 
-def _counters(system: ActorSystem) -> dict[str, int]:
-    counters = {"dropped": system.dropped}
-    if isinstance(system, ZmqActorSystem):
-        counters["rejected"] = system.rejected
-        if system.incarnation is not None:
-            counters["stale"] = system.counters["transport.stale"]
+def _counters(system: ZmqActorSystem) -> dict[str, int]:
+    counters = {"dropped": system.dropped, "rejected": system.rejected}
+    if system.incarnation is not None:
+        counters["stale"] = system.counters["transport.stale"]
     return counters
 
 
@@ -356,11 +354,9 @@ def _test_only_busy(name: str, incarnation: int, run_dir: Path) -> None:
     loop.call_at(loop.time() + float(at_s), hold)
 
 
-async def _until_quiet(system: ActorSystem, stop: asyncio.Event) -> None:
+async def _until_quiet(system: ZmqActorSystem, stop: asyncio.Event) -> None:
     """Wait for ``stop``, then until ``system`` has received nothing for :data:`QUIET_S` (see there)."""
     await stop.wait()
-    if not isinstance(system, ZmqActorSystem):
-        return
     deadline = time.monotonic_ns() + round(QUIET_MAX_S * 1e9)
     quiet_ns = round(QUIET_S * 1e9)
     while (now := time.monotonic_ns()) < deadline:

@@ -136,7 +136,7 @@ import zmq.asyncio
 
 from dualpath_emu.errors import SecurityError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageError
-from dualpath_emu.runtime.actors import MAIN, ActorError, ActorSystem
+from dualpath_emu.runtime.actors import MAIN, ActorError, ActorSystem, _describe
 from dualpath_emu.runtime.core_work import CoreWork
 from dualpath_emu.runtime.security import (
     BoundedLog,
@@ -622,10 +622,6 @@ class ZmqActorSystem(ActorSystem):
 
     def _on_dealer(self, frames: list[bytes]) -> None:
         self._reject(f"{len(frames)} frame(s) on a connection this process opened (nothing is sent back on one)")
-
-
-def _describe(envelope: Envelope) -> str:
-    return f"#{envelope.msg_id} {type(envelope.body).__qualname__} {envelope.sender}->{envelope.recipient}"
 
 
 class _Channel:
