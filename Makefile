@@ -11,6 +11,11 @@ BUILD_STAMP := $(VENV)/.build-stamp
 FUZZ_SECONDS ?= 60
 FAULT_SCHEDULES ?= 1000
 ARGS ?=
+# pytest-xdist workers for the pytest runs of `make test` and `make test-processes` (auto: one per CPU;
+# 0: no workers, in this process), and further pytest arguments (e.g. PYTEST_ARGS="-k live --durations=20").
+PYTEST_WORKERS ?= auto
+PYTEST_ARGS ?=
+PYTEST := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 comma := ,
 
 # Everything the extension is built from; .py files need no rebuild (maturin develop installs the
@@ -23,7 +28,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help
 help: ## Show this list of targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*?## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  %-15s %s\n", $$1, $$2}'
 
 .venv: $(VENV_STAMP) ## Create .venv with the pinned dev tools (redone when requirements-dev.txt changes)
 
@@ -51,10 +56,22 @@ run: build ## Run the default cluster scenario (`dualpath-emu run $(ARGS)`, e.g.
 	$(VENV)/bin/dualpath-emu run $(ARGS)
 
 .PHONY: test
-test: build ## Rust tests (no libpython), stub check, then pytest
+test: build ## Rust tests (no libpython), stub check, pytest on PYTEST_WORKERS workers less the tests that start processes, mypy --strict
 	cargo test --workspace
 	$(MAKE) --no-print-directory stubtest
-	$(VENV)/bin/pytest
+	$(PYTEST) -m "not processes"
+	$(MAKE) --no-print-directory typecheck
+
+.PHONY: test-processes
+test-processes: build ## The tests that start processes (live runs, the launcher, the host backend, pools); CI runs them after `make test`
+	$(PYTEST) -m processes
+
+.PHONY: test-all
+test-all: test test-processes ## Every test: `make test`, then `make test-processes`
+
+.PHONY: typecheck
+typecheck: build ## mypy --strict over the package and the tests (pyproject.toml's [tool.mypy])
+	$(PYTHON) -m mypy
 
 .PHONY: stubtest
 stubtest: build ## Check python/dualpath_emu/_core.pyi against the built extension
@@ -109,7 +126,11 @@ lint: build ## rustfmt check, clippy (with and without the python feature) -D wa
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p dualpath-emu-core --all-targets --features python -- -D warnings
 	$(MAKE) --no-print-directory stubtest
-	$(PYTHON) -m mypy
+	$(MAKE) --no-print-directory typecheck
+
+.PHONY: format-check
+format-check: $(VENV_STAMP) ## Check the Python code's formatting (ruff format --check; pyproject.toml's [tool.ruff]); not in CI yet
+	$(VENV)/bin/ruff format --check python tests
 
 .PHONY: format
 format: ## Format the Rust code
