@@ -178,6 +178,7 @@ def test_to_pandas_without_pandas_says_what_to_do(result: api.RunResult, monkeyp
 # --------------------------------------------------------------------------------------------- the package
 
 
+@pytest.mark.processes
 def test_the_package_re_exports_the_api_lazily() -> None:
     assert dualpath_emu.run is api.run and dualpath_emu.load_scenario is api.load_scenario
     assert dualpath_emu.System is api.System

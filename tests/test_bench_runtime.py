@@ -51,12 +51,14 @@ def test_zmq_in_one_process_arrives_exactly_once() -> None:
     assert 90 <= result.envelope_bytes <= 110
 
 
+@pytest.mark.processes
 def test_zmq_across_two_processes_arrives_exactly_once() -> None:
     result = bench_zmq_two_processes(N)
     assert_rate(result, N)
     assert 90 <= result.envelope_bytes <= 110
 
 
+@pytest.mark.processes
 def test_the_data_plane_benchmark_completes_every_request_and_records_lags() -> None:
     result = bench_dataplane(2_000, batch=50, window=400)
     assert result.requests == 2_000 and result.wall_s > 0 and result.rate > 0 and result.cpu_s >= 0
@@ -65,6 +67,7 @@ def test_the_data_plane_benchmark_completes_every_request_and_records_lags() -> 
     assert bench_dataplane_handshake() > 0  # tcp loopback
 
 
+@pytest.mark.processes
 def test_a_child_that_cannot_serve_is_reported_with_its_output() -> None:
     with pytest.raises(BenchError, match=r"exited with status 1(.|\n)*No such file or directory"):
         bench_zmq_two_processes(10, serve_endpoint="ipc:///nonexistent-dualpath-bench-dir/counter")
@@ -93,6 +96,7 @@ def test_the_checks_catch_lost_duplicated_and_reordered_messages() -> None:
     assert asyncio.run(system.run(reordered())) == Tally(3, 3, 2)
 
 
+@pytest.mark.processes
 def test_main_prints_bench_lines(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--tells", "500", "--repeats", "2", "--zmq", "500", "--dataplane", "0"]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("BENCH ")]

@@ -253,6 +253,8 @@ def test_the_run_cache_never_waits_on_or_reads_a_file_it_did_not_write(
     assert list(cache.glob("*.tmp")) == []
 
 
+@pytest.mark.host
+@pytest.mark.processes
 def test_runs_sharing_a_storage_dir_keep_to_their_own_blocks(tmp_path: Path) -> None:
     """Two host-backend runs at once on one storage_dir deleted each other's blocks and reported a false
     corruption; each now has its own folder under it, removes only that, and leaves what it did not write."""
@@ -332,6 +334,7 @@ def test_ctrl_c_on_a_live_run_exits_130(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.endswith("dualpath-emu: interrupted by SIGINT; stopped 5 process(es)\n") and "Traceback" not in err
 
 
+@pytest.mark.processes
 def test_a_killed_launchers_folders_are_removed_by_the_next_one(tmp_path: Path) -> None:
     """SIGKILL skips a launcher's clean-up: its socket folder and KV blocks stayed for ever. A folder marked
     with its owner (host and pid) is removed by a later launcher once that pid is gone; a live owner's, one
@@ -374,6 +377,7 @@ def test_a_refused_live_run_leaves_no_temporary_folder(
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.processes
 def test_the_sweep_removes_a_killed_launchers_temporary_run_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,6 +47,7 @@ def test_core_error_is_an_exception_but_no_usage_error() -> None:
     assert not issubclass(errors.CoreError, ValueError)
 
 
+@pytest.mark.processes
 def test_console_script_prints_the_version() -> None:
     assert SCRIPT.is_file(), f"console script not installed at {SCRIPT}"
     result = subprocess.run([str(SCRIPT), "version"], capture_output=True, text=True, check=False, timeout=60)
@@ -54,6 +55,7 @@ def test_console_script_prints_the_version() -> None:
     assert result.stdout.strip() == f"dualpath-emu {dualpath_emu.__version__}"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("argv", [["no-such-command"], [], ["run", "a.toml", "extra"]])
 def test_bad_usage_exits_2_with_one_line_and_no_traceback(argv: list[str]) -> None:
     result = subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, check=False, timeout=60)

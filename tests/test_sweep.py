@@ -56,6 +56,7 @@ def test_values_split_at_top_level_commas_only() -> None:
     assert grid == {"workload.agents": [4, 8], "systems": [["basic"], ["basic", "oracle"]], "workload.mode": ["online"]}
 
 
+@pytest.mark.processes
 def test_a_grid_runs_in_local_processes_and_writes_csv_json_and_png(
     local_sweep: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -80,6 +81,7 @@ def test_a_grid_runs_in_local_processes_and_writes_csv_json_and_png(
     assert len(list((local_sweep / "cache").glob("*.json"))) == 8
 
 
+@pytest.mark.processes
 def test_the_same_command_again_reuses_every_run(
     local_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,6 +97,7 @@ def test_the_same_command_again_reuses_every_run(
     assert (out / "sweep.json").read_text() == before  # identical, wall times and all
 
 
+@pytest.mark.processes
 def test_a_hostile_cache_file_is_never_unpickled_or_run(
     local_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -128,6 +131,7 @@ def test_a_hostile_cache_file_is_never_unpickled_or_run(
     assert "3 of 8 run(s) reused" in captured.err
 
 
+@pytest.mark.processes
 def test_a_run_on_a_dask_cluster_of_two_workers_equals_the_local_one(
     local_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,6 +214,7 @@ def test_a_bad_grid_is_one_line_before_anything_runs(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.processes
 def test_a_scenario_file_of_ones_own_a_categorical_axis_and_one_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -290,6 +290,7 @@ def test_reproduce_unknown_experiment_is_a_usage_error(capsys: pytest.CaptureFix
     assert err.count("\n") == 1 and "invalid choice: 'fig99'" in err and "Traceback" not in err
 
 
+@pytest.mark.processes
 def test_the_parser_does_not_import_the_experiments() -> None:
     code = (
         "import sys; from dualpath_emu.cli import build_parser; build_parser(); "

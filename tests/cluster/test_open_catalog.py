@@ -232,6 +232,7 @@ def test_the_reference_check_sees_an_undocumented_key_and_a_wrong_default(monkey
     assert any(p.startswith("hardware.snacks: in the docstring's example, not read") for p in problems)
 
 
+@pytest.mark.processes
 def test_a_reader_that_goes_away_ends_the_listing_quietly() -> None:
     # `dualpath-emu catalog --json | head -c 10`: no BrokenPipeError traceback, the status of a broken pipe.
     import subprocess

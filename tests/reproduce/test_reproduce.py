@@ -28,6 +28,7 @@ def run_quick(name: str, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[
     return report
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", QUICK)
 def test_quick_variant_runs_writes_its_files_and_keeps_the_orderings(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -51,6 +52,7 @@ def test_reproduce_lists_every_experiment_and_passes_options(capsys: pytest.Capt
     assert "--jobs: expected an integer in [1, 256]" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_calibrate_quick_converges_and_writes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     from dualpath_emu.reproduce.calibrate import CALIBRATION_FILE
 

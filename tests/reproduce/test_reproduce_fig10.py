@@ -98,6 +98,7 @@ def test_window_ttst_is_second_token_minus_first() -> None:
     assert m.ttst_s() == pytest.approx([0.05, 0.01])
 
 
+@pytest.mark.processes
 def test_quick_variant_finds_ordered_edges_and_writes_its_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

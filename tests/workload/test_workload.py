@@ -182,6 +182,7 @@ def test_generator_is_deterministic_by_seed() -> None:
     assert len(a) == 500 and len({t.id for t in a}) == 500
 
 
+@pytest.mark.processes
 def test_generated_file_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
     outputs = []
     for hash_seed in ("0", "1"):
@@ -418,6 +419,7 @@ def test_cli_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureF
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_cli_bad_file_exits_2_with_the_line_and_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(HEADER + '\n{"id": "a", "rounds": [[1, 1]]}\n{"id": "b", "rounds": [[1, -1]]}\n')
