@@ -27,6 +27,8 @@ from dualpath_emu.runtime.launcher import LaunchError
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
 
+pytestmark = pytest.mark.processes  # live runs: all but a few tests here start a run's processes
+
 TIME_SCALE = 4.0
 """Emulated seconds per wall second in these tests: a run of ~4.3 emulated seconds takes about one."""
 
