@@ -28,6 +28,8 @@ from dualpath_emu.runtime.node import TEST_DIE_ENV
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 from tests.cluster.test_live import TIME_SCALE, small_config, work
 
+pytestmark = pytest.mark.processes  # live runs whose processes are killed and started again
+
 KILL_AFTER_S = 4.0
 """When the test's victim kills itself: emulated seconds after its actors start (a third into the run or so:
 reads, prefills and decodes of its requests under way)."""
