@@ -30,6 +30,8 @@ from dualpath_emu.runtime.eventlog import parse_line
 from dualpath_emu.runtime.launcher import check_delivery
 from tests.cluster.test_live import small_config, work
 
+pytestmark = pytest.mark.processes  # each test starts `dualpath-emu` processes
+
 WAIT_S = 60.0
 PROCESSES = ("scheduler", "client", "pe0", "de1", "de2")
 """The processes of the small cluster's ``groups`` placement, in start order after the data plane."""
