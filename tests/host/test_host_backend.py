@@ -30,6 +30,8 @@ from dualpath_emu.workload.trajectory import Trajectory
 
 from tests.by_hand import gather_parts, launch_per_host
 
+pytestmark = pytest.mark.host
+
 SCALE = 1e-3
 
 
@@ -46,6 +48,7 @@ def host_run(tmp_path: Path, system: str, **options: object) -> SystemResult:
                     timeout_s=120.0, **options)  # type: ignore[arg-type]  # fmt: skip
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("system", "transport"), [("basic", "ipc"), ("dualpath", "tcp")])
 def test_a_host_run_moves_and_verifies_real_bytes(tmp_path: Path, system: str, transport: str) -> None:
     virtual = run_system(config(), system, work())
@@ -80,6 +83,7 @@ def test_a_host_run_moves_and_verifies_real_bytes(tmp_path: Path, system: str, t
     assert not (tmp_path / "run" / "storage").exists()
 
 
+@pytest.mark.processes
 def test_the_command_line_runs_the_host_backend(tmp_path: Path) -> None:
     command = [str(Path(sys.executable).parent / "dualpath-emu"), "run", "ds27b-1p1d-offline", "--backend", "host",
                "--agents", "3", "--set", "workload.max_rounds=2", "--system", "dualpath", "--json",
@@ -92,6 +96,7 @@ def test_the_command_line_runs_the_host_backend(tmp_path: Path) -> None:
     assert system["host"]["mismatched_blocks"] == 0 and system["host"]["verified_read_bytes"] > 0
 
 
+@pytest.mark.processes
 def test_the_host_backend_refuses_virtual_time(tmp_path: Path) -> None:
     command = [str(Path(sys.executable).parent / "dualpath-emu"), "run", "ds27b-1p1d-offline", "--backend", "host", "--mode",
                "virtual"]  # fmt: skip
@@ -274,6 +279,7 @@ def test_the_byte_channel_carries_bytes_through_mooncakes_transfer_engine(tmp_pa
     asyncio.run(main())
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_a_host_run_through_mooncakes_transfer_engine(tmp_path: Path, transport: str) -> None:
     _mooncake()
@@ -337,6 +343,7 @@ def test_a_missing_transfer_engine_is_one_line_naming_what_to_install(
     assert status == 2 and err.count("\n") == 1 and "mooncake-transfer-engine-non-cuda" in err and "libibverbs1" in err
 
 
+@pytest.mark.processes
 def test_a_one_process_host_run_sends_its_nodes_bytes_to_itself(tmp_path: Path) -> None:
     result = host_run(tmp_path, "dualpath", placement_kind="single")
     host = result.extra["host"]
@@ -365,6 +372,7 @@ def test_a_pacer_hands_its_callbacks_errors_on_instead_of_losing_them() -> None:
     assert len(errors) == 1 and isinstance(errors[0], ConnectionError)
 
 
+@pytest.mark.processes
 def test_a_host_run_started_by_hand_on_two_hosts_shares_only_its_storage(tmp_path: Path) -> None:
     # Two "hosts" on this machine, 127.0.0.1 (client, scheduler) and 127.0.0.2 (the engine groups), each with
     # its own copy of the run directory; CURVE on every tcp socket, the byte channels' included; the KV blocks
