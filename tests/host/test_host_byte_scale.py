@@ -22,6 +22,8 @@ from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
 
+pytestmark = [pytest.mark.host, pytest.mark.processes]  # host runs' processes
+
 
 def config() -> ClusterConfig:
     return ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
