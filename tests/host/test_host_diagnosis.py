@@ -19,6 +19,8 @@ from dualpath_emu.cluster.live import FULL_DISK_BYTES
 from dualpath_emu.runtime.launcher import OWNER_FILE
 from dualpath_emu.runtime.node import TEST_DIE_ENV
 
+pytestmark = [pytest.mark.host, pytest.mark.processes]  # host runs' processes
+
 HOST_RUN = ["ds27b-1p1d-offline", "--backend", "host", "--agents", "8", "--set", "workload.max_rounds=4",
             "--system", "dualpath", "--quiet"]  # fmt: skip
 ADVICE = "--restart-crashed"
