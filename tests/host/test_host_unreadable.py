@@ -30,6 +30,8 @@ from dualpath_emu.runtime.launcher import LaunchError
 
 from tests.host.test_host_backend import SCALE, config, work
 
+pytestmark = pytest.mark.host
+
 NS = 1_000_000_000
 KIB = 1024
 
@@ -200,6 +202,7 @@ def check_real_bytes(result: SystemResult) -> None:
     assert host["mismatched_blocks"] == 0 and host["blocks_read"] > 0
 
 
+@pytest.mark.processes
 def test_a_node_whose_storage_nic_is_down_cannot_open_its_block_files_and_dualpath_reads_on_the_other_side(
     tmp_path: Path,
 ) -> None:
@@ -220,6 +223,7 @@ def test_a_node_whose_storage_nic_is_down_cannot_open_its_block_files_and_dualpa
     assert during and all(m.read_on_de[r] == 0 for r in during)
 
 
+@pytest.mark.processes
 def test_basic_reads_on_an_unreachable_storage_wait_or_are_given_up_and_dispatched_again(tmp_path: Path) -> None:
     # Basic has one path: prefill node 0's storage NIC down from 0.5 s to 2 s, its hit reads there meet ENOENT
     # and wait; those still stalled after read_timeout_s (1 s) are given up and their requests dispatched
@@ -234,6 +238,7 @@ def test_basic_reads_on_an_unreachable_storage_wait_or_are_given_up_and_dispatch
     assert prefill["views_away"] == decode["views_away"] == 0
 
 
+@pytest.mark.processes
 def test_a_storage_nic_down_to_the_end_of_the_run_gets_its_view_back_when_the_run_ends(tmp_path: Path) -> None:
     # Prefill node 0's storage NIC is down from 0.5 s on, never back (Basic, read_timeout_s 1 s): each request
     # read there is given up and dispatched again until it fails (after 3), so the run ends; the reads given up
@@ -246,6 +251,7 @@ def test_a_storage_nic_down_to_the_end_of_the_run_gets_its_view_back_when_the_ru
     assert prefill["read_unreachable"] > 10 and prefill["views_away"] == 0 and prefill["mismatched_blocks"] == 0
 
 
+@pytest.mark.processes
 def test_an_io_error_where_no_fault_acts_fails_the_run_saying_so(tmp_path: Path) -> None:
     # Prefill node 0's storage NIC rx is down from 0.5 s to the end of the run (its reads wait for it); a
     # second after the first blocks are written, the storage directory is removed: a real I/O error on nodes no
