@@ -20,6 +20,8 @@ import pytest
 
 from dualpath_emu.host.storage import ALIGN, BlockStore, HostStorageError, IoResult
 
+pytestmark = pytest.mark.host
+
 KIB = 1024
 
 
@@ -268,6 +270,7 @@ def _write_in_child(root: str, block_bytes: int, context: int, n_blocks: int) ->
         asyncio.run(store.write(context, 0, n_blocks))
 
 
+@pytest.mark.processes
 def test_a_second_process_writes_blocks_that_this_one_reads(tmp_path: Path) -> None:
     child = multiprocessing.get_context("spawn").Process(target=_write_in_child,
                                                            args=(str(tmp_path), 48 * KIB, 9, 6))
