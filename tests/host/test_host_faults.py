@@ -21,6 +21,8 @@ from dualpath_emu.host.pacing import Pacer
 
 from tests.host.test_host_backend import SCALE, config, work
 
+pytestmark = [pytest.mark.host, pytest.mark.processes]  # three host runs' processes
+
 NS = 1_000_000_000
 
 
