@@ -40,7 +40,10 @@ def trajectories(seed: int = 0) -> list[Trajectory]:
     return out
 
 
-@pytest.fixture(scope="module", params=["virtual", *(pytest.param(p, marks=pytest.mark.processes) for p in ("realtime-ipc", "realtime-tcp"))])
+@pytest.fixture(
+    scope="module",
+    params=["virtual", *(pytest.param(p, marks=pytest.mark.processes) for p in ("realtime-ipc", "realtime-tcp"))],
+)
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, SystemResult]:
     # The same cluster in virtual time and live (one OS process per engine group, the data plane, over ipc and
     # over tcp with CURVE keys; time scale 2): what these tests check holds for both.
