@@ -7,6 +7,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.processes  # each test imports in a fresh interpreter
+
 ENGINE_MODULES = (
     "dualpath_emu.runtime.engine",
     "dualpath_emu.runtime.virtual",
