@@ -1,4 +1,4 @@
-"""Shared test configuration: the Hypothesis profiles.
+"""Shared test configuration: the Hypothesis profiles, and the check that a test starting a process is marked.
 
 The depth of every property and stateful test is chosen by the environment variable
 ``DUALPATH_HYPOTHESIS_PROFILE`` (as pydantic-core does with ``HYPOTHESIS_PROFILE``):
@@ -21,7 +21,11 @@ would turn a slow CI runner into a flaky failure without finding a bug.
 from __future__ import annotations
 
 import os
+import resource
+import sys
+from collections.abc import Generator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 PROFILE_ENV = "DUALPATH_HYPOTHESIS_PROFILE"
@@ -49,3 +53,55 @@ def _profile_name() -> str:
 
 
 settings.load_profile(_profile_name())
+
+
+# ------------------------------------------------------------------------------------------------- markers
+# A test that starts an operating-system process must carry the `processes` marker (pyproject.toml), so that
+# `-m "not processes"` is a subset that starts none. Python's audit events see subprocess.Popen (asyncio's
+# subprocesses too), os.fork (multiprocessing's default start on Linux) and os.posix_spawn; a child started
+# otherwise (multiprocessing's "spawn" context) and reaped within the test shows in RUSAGE_CHILDREN.
+
+_SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.system"})
+_started: list[str] | None = None  # while a test runs: what it started
+_children_before_s = 0.0  # RUSAGE_CHILDREN's CPU seconds when it began
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if _started is not None and event in _SPAWN_EVENTS:
+        _started.append(event)
+
+
+sys.addaudithook(_audit)
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    global _started, _children_before_s
+    _started, _children_before_s = [], _children_cpu_s()
+    try:
+        return (yield)
+    finally:
+        _started = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if call.when != "teardown" or _started is None or item.get_closest_marker("processes") is not None:
+        return report
+    reaped = _children_cpu_s() > _children_before_s
+    if (_started or reaped) and report.passed:
+        what = ", ".join(sorted(set(_started))) or "a child process (reaped: RUSAGE_CHILDREN grew)"
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} started a process ({what}) but has no `processes` marker: add "
+            "@pytest.mark.processes (or the module's pytestmark), see docs/testing.md"
+        )
+    return report
