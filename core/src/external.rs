@@ -55,7 +55,8 @@ pub enum ExternalKind {
 
 /// A piece of work handed out: move `size_bytes` on `lane` along `path` (for an I/O: its storage path, with
 /// the storage node and the `(context, first block, blocks)` extents it was given), then
-/// `Core::complete_externals([id])`.
+/// `Core::complete_externals([id])`. `start_ns` is when it was asked for (an I/O: issued, before its queue
+/// and latency; a transfer: submitted, before a latency fault's wait), as its completion's start will be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct External {
     pub id: u64,
@@ -65,6 +66,7 @@ pub struct External {
     pub size_bytes: u64,
     pub storage_node: Option<NodeId>,
     pub extents: Vec<(u64, u64, u64)>,
+    pub start_ns: TimeNs,
 }
 
 /// External work in flight: whose it is, to finish it as its flow would have.

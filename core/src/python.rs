@@ -984,9 +984,9 @@ impl PyCore {
     }
 
     /// The work handed out since the last call: `(id, kind, path, lane, size_bytes, storage node or -1,
-    /// extents)` each, `kind` "transfer", "read" or "write".
+    /// extents, start_ns)` each, `kind` "transfer", "read" or "write", `start_ns` when it was asked for.
     #[allow(clippy::type_complexity)]
-    fn take_external(&mut self) -> Vec<(u64, &'static str, Vec<u32>, u8, u64, i64, Vec<(u64, u64, u64)>)> {
+    fn take_external(&mut self) -> Vec<(u64, &'static str, Vec<u32>, u8, u64, i64, Vec<(u64, u64, u64)>, u64)> {
         self.core
             .take_external()
             .into_iter()
@@ -996,7 +996,22 @@ impl PyCore {
                     crate::ExternalKind::Io(IoKind::Read) => "read",
                     crate::ExternalKind::Io(IoKind::Write) => "write",
                 };
-                (e.id, kind, e.path, e.lane, e.size_bytes, e.storage_node.map_or(-1, i64::from), e.extents)
+                let node = e.storage_node.map_or(-1, i64::from);
+                (e.id, kind, e.path, e.lane, e.size_bytes, node, e.extents, e.start_ns)
+            })
+            .collect()
+    }
+
+    /// The transfers and storage I/Os kept so far (`record_spans`), in the order they ended: `(kind, path,
+    /// storage node or -1, lane, size_bytes, start_ns, end_ns)`, `kind` "transfer", "read" or "write" (an
+    /// I/O's path is its storage path).
+    #[allow(clippy::type_complexity)]
+    fn spans(&self) -> Vec<(&'static str, Vec<u32>, i64, u8, u64, u64, u64)> {
+        self.core
+            .spans()
+            .into_iter()
+            .map(|(kind, path, node, lane, size, start, end)| {
+                (kind.as_str(), path, node.map_or(-1, i64::from), lane, size, start, end)
             })
             .collect()
     }

@@ -1110,7 +1110,7 @@ impl Core {
                     if self.externals.rule.storage(io_ref.node) {
                         let (kind, node, extents) =
                             (ExternalKind::Io(io_ref.kind), Some(io_ref.node), io_ref.extents.clone());
-                        self.hand_out(kind, path, lane, size, Owner::Io(io), now, node, extents);
+                        self.hand_out(kind, path, lane, size, Owner::Io(io), io_ref.issued_ns, node, extents);
                     } else {
                         self.net
                             .add_flow(&path, lane, size, Owner::Io(io), now)
@@ -1156,11 +1156,11 @@ impl Core {
         extents: Vec<(u64, u64, u64)>,
     ) {
         let id = self.externals.insert(InFlight { owner, start_ns, lane, size_bytes });
-        self.externals.out.push(External { id, kind, path, lane, size_bytes, storage_node, extents });
+        self.externals.out.push(External { id, kind, path, lane, size_bytes, storage_node, extents, start_ns });
         self.completions.push(Completion {
             kind: CompletionKind::External,
             tag: id,
-            start_ns: self.now,
+            start_ns,
             end_ns: self.now,
             size_bytes,
             lane,
@@ -1247,6 +1247,28 @@ impl Core {
         if tag != UNREPORTED_TAG {
             self.completions.push(Completion { kind, tag, start_ns, end_ns, size_bytes, lane });
         }
+    }
+
+    /// The transfers and storage I/Os kept so far (`CoreConfig::record_spans`), in the order they ended:
+    /// `(kind, path, storage node, lane, size_bytes, start_ns, end_ns)`, `kind` a [`CompletionKind`]
+    /// (transfer, read or write), the path of an I/O its storage path, the storage node `None` for a transfer.
+    #[allow(clippy::type_complexity)]
+    pub fn spans(&self) -> Vec<(CompletionKind, Vec<PortId>, Option<NodeId>, Lane, u64, TimeNs, TimeNs)> {
+        self.spans
+            .iter()
+            .map(|s| match s.route {
+                Route::Path(i) => {
+                    let path = self.span_paths.get(i as usize).map(|p| p.to_vec()).unwrap_or_default();
+                    (CompletionKind::Transfer, path, None, s.lane, s.size_bytes, s.start_ns, s.end_ns)
+                }
+                Route::Io(node, kind) => {
+                    let probe =
+                        Io { node, kind, lane: s.lane, size_bytes: 0, tag: 0, issued_ns: 0, extents: Vec::new() };
+                    let done = if kind == IoKind::Read { CompletionKind::Read } else { CompletionKind::Write };
+                    (done, self.storage.path(&probe), Some(node), s.lane, s.size_bytes, s.start_ns, s.end_ns)
+                }
+            })
+            .collect()
     }
 
     /// [`Core::trace`] for a transfer of network group `group` (alive until the next recompute).

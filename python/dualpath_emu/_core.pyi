@@ -186,9 +186,13 @@ class Core:
     def set_external(self, port_domains: Sequence[int], storage_nodes: Sequence[int]) -> None:
         """Hand out, rather than model, a transfer whose path has ports of two domains (-1: none) and every I/O
         of the storage nodes listed: each comes as an ``"external"`` completion (its tag the work's id)."""
-    def take_external(self) -> list[tuple[int, str, list[int], int, int, int, list[tuple[int, int, int]]]]:
+    def take_external(self) -> list[tuple[int, str, list[int], int, int, int, list[tuple[int, int, int]], int]]:
         """The work handed out since the last call: ``(id, kind, path, lane, size_bytes, storage node or -1,
-        extents)``, ``kind`` ``"transfer"``, ``"read"`` or ``"write"``."""
+        extents, start_ns)``, ``kind`` ``"transfer"``, ``"read"`` or ``"write"``, ``start_ns`` when it was asked
+        for (before a storage queue's or a latency fault's wait)."""
+    def spans(self) -> list[tuple[str, list[int], int, int, int, int, int]]:
+        """The transfers and storage I/Os kept so far (``record_spans``): ``(kind, path, storage node or -1, lane,
+        size_bytes, start_ns, end_ns)``."""
     def complete_externals(self, ids: Iterable[int]) -> int:
         """External work ``ids`` ended now (each in flight, once)."""
     def set_port_factor(self, port: int, factor: float) -> None: ...

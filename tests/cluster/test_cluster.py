@@ -6,7 +6,6 @@ decode-node storage NICs read nothing while DualPath reads on both sides; runs r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import pytest
 
@@ -220,44 +219,31 @@ def test_a_prefill_group_pulls_before_its_next_pass_so_refilled_gpus_join_it() -
 
 
 @pytest.mark.parametrize("system", ["basic", "dualpath"])
-def test_decode_persists_exactly_the_full_blocks_each_request_completes(
-    system: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_decode_persists_exactly_the_full_blocks_each_request_completes(system: str) -> None:
     # Every 64-token block a request completes (its prompt's tail included) is written back once: the
     # storage writes add up to sum((prompt + gen) // 64 - hit // 64) blocks, whatever the batch did. Turns
     # with one output token (it comes from the prefill: the request never steps) and long generations that
-    # cross many blocks inside one segment are both here.
-    from dualpath_emu.cluster.ledger import Ledger
+    # cross many blocks inside one segment are both here. The write-backs are seen, with the blocks they name,
+    # by a plane that moves storage I/O itself (as the host backend does).
     from dualpath_emu.cluster.config import BLOCK_TOKENS, derived
+    from tests.runtime.test_virtual import StoragePlane
 
-    written: list[int] = []
-    blocks_of: dict[int, list[int]] = {}
-    io = Ledger.io
-    kv_block = BLOCK_TOKENS * derived(small_config()).kv_bytes_per_token
-
-    def spy(self: Ledger, node: int, kind: str, lane: int, size: int, extents: tuple[tuple[int, int, int], ...] = (),
-            then: Callable[[int], None] | None = None) -> None:  # fmt: skip
-        if kind == "write":
-            assert then is None  # a write-back: nobody waits for it
-            written.append(size)
-            # The extents name exactly the blocks written (the host backend writes those).
-            assert sum(n for _, _, n in extents) * kv_block == size
-            for context, first, n in extents:
-                blocks_of.setdefault(context, []).extend(range(first, first + n))
-        io(self, node, kind, lane, size, extents, then)
-
-    monkeypatch.setattr(Ledger, "io", spy)
     work = [
         Trajectory.from_rounds(f"a{i}", [(700 + 37 * i, 1), (90, 300 + 61 * i), (5, 1), (2000, 17 + i), (64, 1)])
         for i in range(12)
     ]
     config = small_config()
-    # Python's stepping, whose every write-back is seen here: the core's moves the same bytes, event for event
-    # (test_decode_stepping_in_the_core_is_the_python_reference_event_for_event).
-    result = run_system(config, system, work, decode_in_core=False)
+    kv_block = BLOCK_TOKENS * derived(config).kv_bytes_per_token
+    result = run_system(config, system, work, plane="storage", planes={"storage": StoragePlane})
+    written = [(size, extents) for kind, size, extents in StoragePlane.moved if kind == "write"]
+    blocks_of: dict[int, list[int]] = {}
+    for size, extents in written:
+        assert sum(n for _, _, n in extents) * kv_block == size  # the extents name exactly the blocks written
+        for context, first, n in extents:
+            blocks_of.setdefault(context, []).extend(range(first, first + n))
     m = result.metrics
     blocks = sum((p + g) // BLOCK_TOKENS - h // BLOCK_TOKENS for p, h, g in zip(m.prompt, m.hit, m.gen))
-    assert sum(written) == blocks * BLOCK_TOKENS * derived(config).kv_bytes_per_token
+    assert sum(size for size, _ in written) == blocks * kv_block
     # Each agent's stream is written once, block after block from 0: what a later turn's hit reads exists.
     assert sorted(blocks_of) == list(range(len(work)))
     for context, stored in blocks_of.items():
@@ -358,20 +344,3 @@ def test_the_gpus_of_an_ep_group_decode_in_lock_step(model: str, together: bool)
     ratio = tpot[0] / tpot[1]
     assert (ratio < 1.01) if together else (ratio > 1.1), ratio
 
-
-@pytest.mark.parametrize("model", ["ds27b", "qwen32b", "ds660b"])
-@pytest.mark.parametrize("system", ["basic", "dualpath", "oracle"])
-def test_decode_stepping_in_the_core_is_the_python_reference_event_for_event(model: str, system: str) -> None:
-    # core/src/decode.rs steps decode batches by the rules of cluster/decode_steps.py: an MoE model's GPUs in
-    # lock step (DS 27B; DS 660B 2P4D, whose decode EP group spans nodes, so its all-to-all crosses the
-    # network), a dense one's each alone (Qwen); the same event log, JCT, bytes on every port and busy time,
-    # whether the core or Python steps them.
-    config = ClusterConfig() if model == "ds660b" else dataclasses.replace(small_config(), model=MODELS[model])
-    work = trajectories()
-    core = run_system(config, system, work)
-    reference = run_system(config, system, work, decode_in_core=False)
-    assert core.event_log_sha256 == reference.event_log_sha256
-    assert core.jct_s == reference.jct_s and core.ttst_s == reference.ttst_s
-    assert core.cnic_util == reference.cnic_util and core.snic_util == reference.snic_util
-    assert core.gpu_util == reference.gpu_util
-    assert core.core_stats["queue_events"] == reference.core_stats["queue_events"]

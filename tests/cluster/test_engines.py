@@ -68,13 +68,12 @@ class Outbox:
 
 
 class Plane:
-    """Records every request; ``then`` is the test's to call. Decode batches step in Python (the engine's
-    own :class:`~dualpath_emu.cluster.decode_steps.DecodeSteps`), so they are recorded too."""
-
-    steps_decode = False
+    """Records every request; ``then`` is the test's to call, and so is a decode node's ``report`` (kept in
+    :attr:`reports`)."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, tuple[Any, ...], Then | None]] = []
+        self.reports: list[Any] = []
 
     def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
         self.requests.append(("transfer", (path, lane, size_bytes), then))
@@ -92,10 +91,12 @@ class Plane:
         return 0
 
     def decode_node(self, report: Any, **spec: Any) -> int:
-        raise AssertionError("this plane does not step decode batches")
+        self.reports.append(report)
+        self.requests.append(("decode_node", tuple(sorted(spec.items())), None))
+        return len(self.reports) - 1
 
     def decode_join(self, *args: int) -> None:
-        raise AssertionError("this plane does not step decode batches")
+        self.requests.append(("decode_join", args, None))
 
     def set_port_factor(self, port: int, factor: float) -> None:
         raise AssertionError("no faults here")
@@ -103,11 +104,11 @@ class Plane:
     def set_port_latency(self, port: int, extra_ns: int) -> None:
         raise AssertionError("no faults here")
 
-    def decode_bytes(self, node: int) -> dict[str, Any]:
-        raise AssertionError("this plane does not step decode batches")
+    def decode_bytes(self, node: int) -> dict[str, Any] | None:
+        return None
 
     def decode_reset(self, node: int) -> None:
-        raise AssertionError("this plane does not step decode batches")
+        self.requests.append(("decode_reset", (node,), None))
 
     def take(self, kind: str) -> list[tuple[tuple[Any, ...], Then | None]]:
         mine = [(args, then) for k, args, then in self.requests if k == kind]
@@ -174,18 +175,15 @@ def test_a_decode_group_copies_the_kv_in_decodes_and_reports_the_turn() -> None:
     [(args, copied)] = plane.take("transfer")  # the prompt KV into HBM
     assert args[2] == 200 * c.derived.kv_bytes_per_token and copied is not None
     copied(3 * MS)
-    [((at_ns,), step_end)] = plane.take("timer")  # the group steps until the request has its 4 tokens
-    assert at_ns > 3 * MS and step_end is not None
+    # It joins GPU 0's batch in the plane, which steps it (node, gpu, rid, prompt, gen, produced, stored, context).
+    assert [args for args, _ in plane.take("decode_join")] == [(0, 0, 7, 200, 4, 1, 2, 3)]
     assert out.take() == []
-    step_end(at_ns)
+    plane.reports[0](9 * MS, [(7, 4 * MS)], [(3, 3 * MS, 9 * MS, 1, MS)])  # the plane: it ended at 9 ms
     sent = out.take()
     assert [(to, type(m)) for to, m in sent] == [("scheduler", DecodeDone), ("client", TurnDone)]
     done = sent[1][1]
-    assert isinstance(done, TurnDone) and done.rids == (7,) and done.first_token_ns == (2 * MS,) and done.done_ns == at_ns
-    assert 3 * MS < done.second_token_ns[0] < at_ns
-    # Its third block (tokens 128-191) completed while decoding: written back, nobody waits for it.
-    writes = plane.take("write")
-    assert [(args[2], then) for args, then in writes] == [(((3, 2, 1),), None)]
+    assert isinstance(done, TurnDone) and done.rids == (7,) and done.first_token_ns == (2 * MS,) and done.done_ns == 9 * MS
+    assert done.second_token_ns == (4 * MS,)
     assert ("end", "r7") in out.records
 
 
@@ -253,49 +251,31 @@ def test_one_assembly_names_and_builds_every_engine() -> None:
         build_engine("de9", c, Outbox(), Plane(), trajectories=lambda: [], seed=0)
 
 
-def test_decode_steps_step_a_group_in_lock_step_and_write_back_what_completes() -> None:
-    # Two GPUs that step together, one request each: every step is priced over both batches (here 1 ms per
-    # busy GPU), a request that comes mid-step joins at the step's end, a completed Full Block is written back.
+def test_decode_steps_hand_the_node_to_the_plane_and_end_a_one_token_request_at_once() -> None:
+    # The plane steps the node (its spec names the write-back storage and each GPU's paths); a request whose
+    # one token came from the prefill takes no step: its prompt's last Full Blocks are written back and it ends.
     c, plane = cluster(), Plane()
-    priced: list[list[tuple[int, int]]] = []
-
-    def step_s(batches: Sequence[tuple[int, int]]) -> float:
-        priced.append(list(batches))
-        return 1e-3 * len(batches)
-
-    ended: list[tuple[int, int, int]] = []
-    steps_ended: list[int] = []
+    ended: list[tuple[int, int]] = []
 
     class Group:
         def decoded(self, now: int, request: DecodingRequest) -> None:
-            ended.append((now, request.rid, request.second_token_ns))
+            ended.append((now, request.rid))
 
         def stepped(self, now: int) -> None:
-            steps_ended.append(now)
+            ended.append((now, -1))
 
-    spans: list[tuple[int, int, int, int, int]] = []
     steps = DecodeSteps(
-        1, 2, together=True, step_s=step_s, kv_bytes_per_token=10, a2a_bytes_per_token=0.0, a2a_paths=[(0,), (1,)],
-        d2h_paths=[(5,), (6,)], write_back=True, plane=Ledger(plane, c.topology, Booking()), listener=Group(),
-        busy_span=lambda *span: spans.append(span),
+        1, 2, pricing={}, together=True, kv_bytes_per_token=10, a2a_bytes_per_token=0.0, a2a_paths=[(0,), (1,)],
+        d2h_paths=[(5,), (6,)], storage=(4, (5, 9)), plane=Ledger(plane, c.topology, Booking()), booking=Booking(),
+        listener=Group(), busy_span=lambda *span: None,
     )  # fmt: skip
-    # 126 prompt tokens (its first Full Block stored), 1 token out from the prefill, 3 in all.
-    steps.join(0, DecodingRequest(1, prompt=126, gen=3, gpu=0, stored_blocks=1, context=7))
-    assert priced == [[(1, 127)]]
-    [((at_ns,), wake)] = plane.take("timer")
-    assert at_ns == 2 * MS and wake is not None  # two more 1 ms steps
-    steps.join(MS // 2, DecodingRequest(2, prompt=200, gen=5, gpu=1, stored_blocks=3, context=8))
-    [((at_ns,), boundary)] = plane.take("timer")  # it joins at the end of the step in flight
-    assert at_ns == MS and boundary is not None
-    boundary(MS)
-    # Request 1's second token made 128 tokens: block 1 (tokens 64-127) is complete and written back.
-    assert [(args[0], args[2]) for args, _ in plane.take("transfer")] == [((5,), 64 * 10)]
-    assert [args[2] for args, _ in plane.take("write")] == [((7, 1, 1),)]
-    assert priced[-1] == [(1, 128), (1, 201)]  # lock step: both batches price the step, now 2 ms
-    [((at_ns,), wake_again)] = plane.take("timer")
-    assert at_ns == MS + 2 * MS and wake_again is not None  # request 1 needs one more step
-    wake(2 * MS)  # the first wake-up was called off when request 2 came
-    assert ended == [] and steps_ended == [MS]
-    wake_again(at_ns)
-    assert ended == [(3 * MS, 1, MS)] and steps_ended == [MS, 3 * MS]
-    assert spans[0] == (2, 0, 3 * MS, 1, MS)  # node 1's GPU 0 (unit 2) stepped one request from 0 to 3 ms
+    [(spec, _)] = plane.take("decode_node")
+    assert dict(spec)["storage_node"] == 4 and dict(spec)["d2h_paths"] == [(5,), (6,)] and dict(spec)["first_unit"] == 2
+    steps.join(0, DecodingRequest(1, prompt=190, gen=1, gpu=0, stored_blocks=1, context=7))
+    assert ended == [(0, 1)] and plane.take("decode_join") == []
+    assert [args[2] for args, _ in plane.take("write")] == [((7, 1, 1),)]  # tokens 64-127 (191 is not full)
+    steps.join(MS, DecodingRequest(2, prompt=200, gen=5, gpu=1, stored_blocks=3, context=8))
+    assert [args for args, _ in plane.take("decode_join")] == [(0, 1, 2, 200, 5, 1, 3, 8)]
+    plane.reports[0](4 * MS, [(2, 2 * MS)], [])
+    assert ended == [(0, 1), (4 * MS, 2), (4 * MS, -1)]
+

@@ -192,15 +192,15 @@ EXAMPLES = int(os.environ.get("FAULT_SCHEDULES", "50"))
     seed=st.integers(0, 2**32), down=st.floats(0, 400), degrade=st.floats(0, 400), latency=st.floats(0, 400),
     crash=st.sampled_from([0.0, 0.0, 200.0, 2000.0]), mean_s=st.floats(0.01, 10), restart_s=st.floats(0.001, 5),
     system=st.sampled_from(["basic", "dualpath"]), agents=st.integers(1, 8), rounds=st.integers(1, 4),
-    decode_in_core=st.booleans(), read_timeout_s=st.sampled_from([0.2, 30.0]),
+    read_timeout_s=st.sampled_from([0.2, 30.0]),
 )  # fmt: skip
 # Found by `make fuzz`: a rate so small that rate / 3600 is 0 divided by zero when drawn (now refused when read,
 # and never drawn from).
 @example(seed=0, down=0.0, degrade=0.0, latency=5e-324, crash=0.0, mean_s=1.0, restart_s=1.0, system="basic", agents=1,
-         rounds=1, decode_in_core=True, read_timeout_s=30.0)  # fmt: skip
+         rounds=1, read_timeout_s=30.0)  # fmt: skip
 def test_random_fault_schedules_lose_nothing_and_end(
     seed: int, down: float, degrade: float, latency: float, crash: float, mean_s: float, restart_s: float, system: str,
-    agents: int, rounds: int, decode_in_core: bool, read_timeout_s: float,
+    agents: int, rounds: int, read_timeout_s: float,
 ) -> None:  # fmt: skip
     # run_system raises if a request never ends (LostRequestsError), if the checker outside the engines
     # finds a request ended twice, a pool not empty at the end or bytes unaccounted (InvariantError), or if
@@ -209,7 +209,7 @@ def test_random_fault_schedules_lose_nothing_and_end(
     config = with_faults(random=RandomFaults(rates, mean_s, restart_s=restart_s),
                          config=dataclasses.replace(CONFIG, read_timeout_s=read_timeout_s))  # fmt: skip
     trajectories = work(agents, rounds, seed=seed % 1000)
-    result = run_system(config, system, trajectories, seed=seed, decode_in_core=decode_in_core)
+    result = run_system(config, system, trajectories, seed=seed)
     metrics = result.metrics
     assert metrics.turns_done + result.failed_requests == result.turns
     assert result.turns <= sum(len(t) for t in trajectories)

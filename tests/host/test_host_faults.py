@@ -1,6 +1,7 @@
 """Faults on the host backend (issue 26): the same fault schedule as in virtual time and live model runs acts
-on real bytes -- each node's process sets every port change on its own data plane (the fault injector's
-``PortFault`` to every engine group), whose pacers stop or slow what crosses the port -- and engine crashes
+on real bytes -- the fault injector sets each port change on its process's plane, which passes it on to
+every other process of the run over its byte channel, and each plane's pacers stop or slow what crosses the
+port -- and engine crashes
 work as everywhere. Every run here ends with every admitted request ended once and every byte accounted, every
 block read back verified (``collect`` raises otherwise)."""
 
@@ -87,9 +88,9 @@ def test_a_degraded_node_slows_its_real_bytes(tmp_path: Path) -> None:
 def test_a_decode_engine_crash_and_a_slow_storage_cluster_on_the_host_backend(tmp_path: Path) -> None:
     # Decode node 1's engines crash at 1 s and are back 1 s later: their requests are dispatched again (their
     # hits read again, from real blocks), and every request ends once, every pool is empty (collect raises
-    # otherwise). The decode stepping here is the engine's own (DecodeSteps), reset by the crash. All along,
-    # the storage cluster adds 10 ms to every I/O (its ports belong to no node: every node's process waits it
-    # out before a storage I/O of its own starts).
+    # otherwise). The decode stepping here is each process's core's, reset by the crash. All along,
+    # the storage cluster adds 10 ms to every I/O (its ports belong to no node: every node's process's core waits
+    # it out before it hands a storage I/O of its own out).
     result = host_run(tmp_path, "dualpath", Fault("crash", "de1", 1.0, restart_s=1.0),
                       Fault("latency", "storage", 0.0, None, 0.0, 0.01))  # fmt: skip
     paths = check_real_bytes(result)["paths"]
@@ -100,22 +101,6 @@ def test_a_decode_engine_crash_and_a_slow_storage_cluster_on_the_host_backend(tm
     assert (slow["kind"], slow["target"], slow["end_s"]) == ("latency", "storage", None)
     for kind in ("storage read (DE)", "write-back"):  # each waited 10 ms first (a few ms otherwise)
         assert paths[kind]["count"] > 0 and paths[kind]["mean_s"] > 0.01, kind
-
-
-def test_virtual_time_never_sends_port_faults(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Only a host-backend process paces its own ports: elsewhere the injector sets faults on the run's one
-    # core, and its event log is what it was (no message more).
-    from dualpath_emu.cluster.engines import EngineGroup
-    from tests.cluster.test_faults import CONFIG, with_faults
-    from tests.cluster.test_faults import work as virtual_work
-
-    def refuse(*args: object) -> None:
-        raise AssertionError("a PortFault in virtual time")
-
-    monkeypatch.setattr(EngineGroup, "on_port_fault", refuse)
-    result = run_system(with_faults(Fault("degrade", "n1", 0.5, 2.0, 0.5), Fault("latency", "storage", 1.0, 1.0, 0.0, 0.01),
-                                    config=CONFIG), "dualpath", virtual_work())  # fmt: skip
-    assert len(result.extra["faults"]) == 2
 
 
 # --- the pacer --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from functools import partial
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.decode_steps import CoreDecodeSteps, DecodeSteps, DecodingRequest
+from dualpath_emu.cluster.decode_steps import DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
 from dualpath_emu.cluster.messages import (
     Crash,
@@ -87,21 +87,13 @@ class DecodeGroup(EngineGroup):
         a2a = d.decode.a2a_remote_bytes_per_token * d.model.moe_layers
         a2a_paths = [topo.gpu_to_gpu(node, g, peer, g) for g in range(gpus)]
         d2h_paths = [topo.d2h(node, g) for g in range(gpus)]
-        self.steps: DecodeSteps | CoreDecodeSteps
-        if self.plane.steps_decode:
-            write = (topo.nodes[node].storage_node, topo.storage_io_path(node, "write"))
-            self.steps = CoreDecodeSteps(
-                node, gpus, pricing=d.decode.decode_pricing(), together=together, kv_bytes_per_token=self._kv,
-                a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths,
-                storage=write if not cluster.system.oracle else None, plane=self.plane, booking=cluster.booking,
-                listener=self, busy_span=cluster.metrics.decode_segment,
-            )  # fmt: skip
-        else:
-            self.steps = DecodeSteps(
-                node, gpus, together=together, step_s=d.decode.ep_decode_step_s, kv_bytes_per_token=self._kv,
-                a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths, write_back=not cluster.system.oracle,
-                plane=self.plane, listener=self, busy_span=cluster.metrics.decode_segment,
-            )  # fmt: skip
+        write = (topo.nodes[node].storage_node, topo.storage_io_path(node, "write"))
+        self.steps = DecodeSteps(
+            node, gpus, pricing=d.decode.decode_pricing(), together=together, kv_bytes_per_token=self._kv,
+            a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths,
+            storage=write if not cluster.system.oracle else None, plane=self.plane, booking=cluster.booking,
+            listener=self, busy_span=cluster.metrics.decode_segment,
+        )  # fmt: skip
 
     def pools(self) -> list[Pool]:
         return [self.buffer, *self.hbm]

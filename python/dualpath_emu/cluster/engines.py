@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.messages import Fetch, Lost, PortFault, Restart
+from dualpath_emu.cluster.messages import Fetch, Lost, Restart
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox, on
 
@@ -66,14 +66,6 @@ class EngineGroup(ClusterEngine):
     def pools(self) -> list[Pool]:
         """The DRAM buffers and HBM pools this engine holds (what a crash empties)."""
         return []
-
-    @on(PortFault)
-    def on_port_fault(self, now_ns: int, msg: PortFault, sender: str) -> None:
-        """The host backend: faults changed these ports; set them on this process's data plane, which paces
-        its nodes' real bytes (a crashed group's too: the plane is the process's, not the engine's state)."""
-        for port, factor, latency_ns in zip(msg.ports, msg.factors, msg.latencies_ns, strict=True):
-            self.plane.set_port_factor(port, factor)
-            self.plane.set_port_latency(port, latency_ns)
 
 
 def inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:

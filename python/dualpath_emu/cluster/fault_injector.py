@@ -4,12 +4,9 @@ event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and the sch
 (:class:`~dualpath_emu.cluster.messages.Health`). It is in the cluster only when the plan has faults, so a run
 without any is unchanged, event for event.
 
-The data plane it tells is its own: the one core of the run (virtual time, in a live one-process run, or the
-data-plane service's). On the host backend each node's process paces its own ports' real bytes
-(:attr:`~dualpath_emu.host.plane.HostDataPlane.ports_per_process`): there each change goes instead, as a
-:class:`~dualpath_emu.cluster.messages.PortFault`, to every engine group, whose process sets it on its plane.
-Every group, not only the port's own: a transfer is started by either end and waits out the latency of its whole
-path, and the storage cluster's ports belong to no node."""
+The data plane it tells is its own, whichever it is: the one core of the run (virtual time, a live one-process
+run, the data-plane service's), or on the host backend its process's plane, which passes each change on to the
+other processes of the run itself."""
 
 from __future__ import annotations
 
@@ -21,12 +18,12 @@ from typing import Any, cast
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, FaultRecords, FaultWindow, Kind, engine_group_names, target_ports
-from dualpath_emu.cluster.messages import Crash, Health, PortFault, Restart, Start
+from dualpath_emu.cluster.messages import Crash, Health, Restart, Start
 from dualpath_emu.cluster.observations import FaultChanged
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 
-__all__ = ["FaultInjector", "port_ids", "ports_per_process"]
+__all__ = ["FaultInjector", "port_ids"]
 
 
 def port_ids(topology: Topology) -> dict[str, int]:
@@ -37,13 +34,6 @@ def port_ids(topology: Topology) -> dict[str, int]:
         for g, (tx, rx) in enumerate(zip(n.cnic_tx, n.cnic_rx)):
             out.update({f"n{n.index}.cnic{g}.tx": tx, f"n{n.index}.cnic{g}.rx": rx})
     return out
-
-
-def ports_per_process(plane: DataPlane) -> bool:
-    """Whether ``plane`` (an engine's, as its driver hands it: in a live run the process's plane is its
-    ``plane``) is a host-backend process's, which paces only its own nodes' ports."""
-    inner = getattr(plane, "plane", plane)
-    return getattr(inner, "ports_per_process", False) is True
 
 
 @dataclass
@@ -100,12 +90,8 @@ class FaultInjector(ClusterEngine):
         self._nodes = len(topology.nodes)
         self._pe_nodes = cluster.config.pe_nodes
         self._port_ids = port_ids(topology)
-        self._groups: tuple[str, ...] = ()
-        """Where port changes go (the host backend: every engine group); none: to :attr:`plane`."""
         c = cluster.config
         engines = engine_group_names(c.pe_nodes, c.de_nodes, c.prefill_ep_nodes)
-        if ports_per_process(plane):
-            self._groups = engines
         for i, fault in enumerate(self.plan.faults):  # a plan built in Python skipped the reader's check
             if (fault.target not in engines) if fault.kind == "crash" else target_ports(fault.target, self._nodes, self._gpus) is None:
                 raise ValueError(f"faults[{i}]: the cluster has no {'engine' if fault.kind == 'crash' else 'port, NIC or node'} "
@@ -234,7 +220,6 @@ class FaultInjector(ClusterEngine):
         ports = target_ports(fault.target, self._nodes, self._gpus)
         assert ports is not None  # checked when the plan was read
         changed: list[tuple[str, float]] = []
-        states: list[tuple[int, float, int]] = []  # (port, factor, latency) of each port that changed
         for name in ports:
             active = self._active.setdefault(name, _Active())
             before = active.state()
@@ -244,22 +229,11 @@ class FaultInjector(ClusterEngine):
                 active.add(number, effect)
             after = active.state()
             port = self._port_ids[name]
-            if after != before:
-                states.append((port, *after))
-            if self._groups:
-                if after[0] != before[0]:
-                    changed.append((name, after[0]))
-                continue
             if after[0] != before[0]:
                 self.plane.set_port_factor(port, after[0])
                 changed.append((name, after[0]))
             if after[1] != before[1]:
                 self.plane.set_port_latency(port, after[1])
-        if states and self._groups:  # the host backend: to every node's process (the module docstring)
-            change = PortFault(tuple(p for p, _, _ in states), tuple(f for _, f, _ in states),
-                               tuple(ns for _, _, ns in states))  # fmt: skip
-            for group in self._groups:
-                self.out.send(group, change)
         if changed:
             health = Health(tuple(p for p, _ in changed), tuple(f for _, f in changed))
             self.out.send("scheduler", health)

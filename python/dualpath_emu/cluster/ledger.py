@@ -10,7 +10,7 @@ from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.engine import forward_bytes
 from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Extents, Hop, Then
 
-__all__ = ["Booking", "Hop", "Ledger", "ProbingLedger"]
+__all__ = ["Booking", "Hop", "Ledger", "ProbingLedger", "measure_spans"]
 
 
 class Booking:
@@ -107,12 +107,6 @@ class Ledger:
         """A fault on ``port`` (no bytes to book)."""
         self._plane.set_port_latency(port, extra_ns)
 
-    @property
-    def steps_decode(self) -> bool:
-        """Whether decode GPUs step in the data plane (:meth:`decode_node`): where it can, but not when probing
-        (the probe times every write-back, which the plane's stepping does without Python)."""
-        return self._plane.steps_decode
-
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
         """Add a node's decode GPUs to the data plane (:meth:`~dualpath_emu.runtime.engine.DataPlane.decode_node`);
         what it moves on its own is booked from :meth:`decode_bytes` (``Booking.add_source``)."""
@@ -134,35 +128,29 @@ class Ledger:
 
 
 class ProbingLedger(Ledger):
-    """A :class:`Ledger` that also times every data movement by kind (:mod:`~dualpath_emu.cluster.paths`): the
-    model's figures for the kinds of transfer a host-backend run measures on real bytes. Work nobody waits for
-    (write-backs, the decode all-to-all) is asked to report its end, which moves nothing differently: the core
-    times a transfer the same whoever waits for it. (A forward pass's per-layer transfers are the core's,
-    inside the pass: the probe times the pass.)"""
-
-    @property
-    def steps_decode(self) -> bool:
-        return False
-
-    def _timed(self, kind: str, size: int, then: Then | None) -> Then:
-        start, measured = self._plane.clock_ns(), self._booking.measured
-
-        def done(now: int) -> None:
-            measured.setdefault(kind, PathStats()).add(size, 0, (now - start) / 1e9)
-            if then is not None:
-                then(now)
-
-        return done
-
-    def transfer(self, path: tuple[int, ...], lane: int, size: int, then: Then | None = None) -> None:
-        super().transfer(path, lane, size, self._timed(transfer_kind(self._topology, path), size, then))
-
-    def io(self, node: int, kind: str, lane: int, size: int, extents: Extents = (), then: Then | None = None) -> None:
-        super().io(node, kind, lane, size, extents, self._timed(io_kind(self._topology, node, kind), size, then))
+    """A :class:`Ledger` that also times every forward pass (``"forward pass"`` in the booking's measurements):
+    with the core's spans of every transfer and storage I/O (:func:`measure_spans`), the model's figures for
+    the kinds of work a host-backend run measures on real bytes. Timing changes nothing in the run."""
 
     def forward(
         self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
         collectives: Sequence[Hop], then: Then,
     ) -> None:  # fmt: skip
-        size = forward_bytes(n_layers, ranks, collectives)
-        super().forward(n_layers, ranks, ffn_ns, collectives, self._timed("forward pass", size, then))
+        size, start, measured = forward_bytes(n_layers, ranks, collectives), self._plane.clock_ns(), self._booking.measured
+
+        def done(now: int) -> None:
+            measured.setdefault("forward pass", PathStats()).add(size, 0, (now - start) / 1e9)
+            then(now)
+
+        super().forward(n_layers, ranks, ffn_ns, collectives, done)
+
+
+def measure_spans(booking: Booking, topology: Topology, spans: Sequence[tuple[str, list[int], int, int, int, int, int]]) -> None:
+    """Add the core's spans (``Core.spans``: every transfer and storage I/O it modelled, the decode GPUs' own
+    write-backs and all-to-all among them; a forward pass's per-layer transfers are inside the pass) to
+    ``booking``'s measurements, by kind (:mod:`~dualpath_emu.cluster.paths`)."""
+    measured = booking.measured
+    node_of = {n.storage_node: n.index for n in topology.nodes}
+    for kind, path, storage_node, _lane, size, start, end in spans:
+        what = transfer_kind(topology, tuple(path)) if kind == "transfer" else io_kind(topology, node_of[storage_node], kind)
+        measured.setdefault(what, PathStats()).add(size, 0, (end - start) / 1e9)

@@ -44,7 +44,7 @@ from dualpath_emu.messages import Message, MessageRegistry
 
 __all__ = [
     "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "TurnsEnded", "WhichEnded", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
-    "PortFault", "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
+    "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
 ]  # fmt: skip
 
 
@@ -239,21 +239,6 @@ class Health(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class PortFault(Message):
-    """To every engine group, from the fault injector, on the host backend only (where each node's process
-    paces its own ports' real bytes): what faults now leave of these ports -- ``factors[i]`` of the rates of
-    port ``ports[i]`` (a port id; 1: as specified, 0: down) and ``latencies_ns[i]`` added to what starts
-    crossing it. The group sets them on its process's data plane (issue 26). Elsewhere the injector sets them
-    on the one core of the run itself, and this message is never sent."""
-
-    WIRE_NAME: ClassVar[str] = "cluster.PortFault"
-    VERSION: ClassVar[int] = 1
-    ports: tuple[int, ...]
-    factors: tuple[float, ...]
-    latencies_ns: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class Crash(Message):
     """To an engine group, from the fault injector: you crash now (your HBM and DRAM state is gone) and are
     down until :class:`Restart` (issue 26)."""
@@ -343,7 +328,7 @@ def cluster_registry() -> MessageRegistry:
     registry = MessageRegistry()
     for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
                 KvReady, PrefillDone, DecodeDone, TurnDone, Health, ReadHere, ReadMoved, Start, Crash, Restart, Lost, Drop,
-                TurnFailed, PortFault, WhichEnded, TurnsEnded):  # fmt: skip
+                TurnFailed, WhichEnded, TurnsEnded):  # fmt: skip
         registry.register(cls)
     return registry
 

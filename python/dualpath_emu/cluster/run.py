@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from dualpath_emu._core import Core
 from dualpath_emu.cluster.assemble import build_engine, engine_names
 from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.ledger import Booking
+from dualpath_emu.cluster.ledger import Booking, measure_spans
 from dualpath_emu.cluster.messages import Start
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
@@ -39,7 +39,7 @@ from dualpath_emu.cluster.stall import progress_watch
 from dualpath_emu.runtime.core_work import clear_faults
 from dualpath_emu.runtime.eventlog import EventLogWriter
 from dualpath_emu.runtime.engine import Observed
-from dualpath_emu.runtime.virtual import DeadlockError, EventSink, VirtualDriver
+from dualpath_emu.runtime.virtual import PLANES, DeadlockError, EventSink, PlaneFactory, VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system", "speedup"]
@@ -232,7 +232,8 @@ def run_system(
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     trace_path: str | Path | None = None,
     probe_paths: bool = False,
-    decode_in_core: bool = True,
+    plane: str = "core",
+    planes: Mapping[str, PlaneFactory] = PLANES,
 ) -> SystemResult:
     """Run ``trajectories`` on ``config`` with ``system`` in virtual time: a
     :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
@@ -247,10 +248,10 @@ def run_system(
     :attr:`SystemResult.timelines`; a second of emulated time costs a few bytes per port).
     ``trace_path`` records every transfer as a span and writes a Perfetto trace there
     (:mod:`~dualpath_emu.cluster.trace`; memory grows with the run). Neither changes the run's results
-    or its event log. ``probe_paths`` times every data movement by kind (``extra["paths"]``,
-    :class:`~dualpath_emu.cluster.ledger.ProbingLedger`): the model's side of a host-backend comparison.
-    ``decode_in_core=False`` steps the decode GPUs in Python (``cluster/decode_steps.py``, the reference the
-    core's stepping is tested against: the same results, event for event) instead of in the core.
+    or its event log. ``probe_paths`` times every data movement by kind (``extra["paths"]``, from the core's
+    spans and :class:`~dualpath_emu.cluster.ledger.ProbingLedger`): the model's side of a host-backend
+    comparison. ``plane`` names the engines' data plane in ``planes`` (by default the in-process core,
+    :class:`~dualpath_emu.runtime.virtual.CoreDataPlane`).
     """
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
@@ -259,7 +260,7 @@ def run_system(
     system_name = system.name
     d = derived(config)
     interval_ns = max(1, round(sample_interval_s * 1e9))
-    core = Core(sample_interval_ns=interval_ns, record_spans=trace_path is not None)
+    core = Core(sample_interval_ns=interval_ns, record_spans=trace_path is not None or probe_paths)
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     booking = Booking(probe=probe_paths)
@@ -274,9 +275,9 @@ def run_system(
     report = None
     if progress is not None:  # smaller chunks: the sink is where progress is looked at
         report = _Reporter(system_name, progress, progress_interval_s, metrics, core, trajectories)
-        driver = VirtualDriver(core, sink=report.wrap(sink), chunk=4096, steps_decode=decode_in_core)
+        driver = VirtualDriver(core, sink=report.wrap(sink), chunk=4096, plane=planes[plane])
     else:
-        driver = VirtualDriver(core, sink=sink, steps_decode=decode_in_core)
+        driver = VirtualDriver(core, sink=sink, plane=planes[plane])
     for name in engine_names(config):
         driver.add(build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories,
                                 seed=seed))  # fmt: skip
@@ -312,7 +313,7 @@ def run_system(
     end_ns = core.now_ns
     if config.faults.any:
         clear_faults(core)  # the run is over, its faults with it: what they still hold back may finish
-    core.run_until_idle()  # the last block write-backs, so that every byte is accounted
+    driver.drain()  # the last block write-backs, so that every byte is accounted
     core_report = CoreReport.of(core, topology, min(end_ns, core.now_ns))
     violations = checker.finish() + check_core_bytes(core_report, booking.bytes, booking.transfers)
     if violations:
@@ -326,6 +327,7 @@ def run_system(
             result.extra.update(fault_summary(engine.records, metrics.done_ns, end_ns, metrics.redispatch_ns,
                                               metrics.failed_ns, metrics.read_moved_ns))  # fmt: skip
     if probe_paths:
+        measure_spans(booking, topology, core.spans())
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}
     if trace_path is not None:
         write_trace(trace_path, core, config, topology, metrics, system_name, result.extra.get("faults", ()), end_ns)

@@ -2,35 +2,37 @@
 bytes (issue 16).
 
 A :class:`HostDataPlane` is a process's own wall-clock core (:class:`~dualpath_emu.runtime.realtime.WallClockCore`)
-whose work is real where the host has the hardware and modelled where it does not:
+that hands out the work the host moves for real (``Core.set_external``: a transfer between nodes, every storage
+I/O) and models the rest. So everything the engines ask for runs by the core's one implementation of the rules
+-- a forward pass's per-layer dependencies (``core/src/forward.rs``), the decode GPUs' stepping with their
+write-backs and all-to-all (``core/src/decode.rs``), a storage node's queue and latency, a latency fault's wait
+-- and where the core would start a flow that leaves a node or reaches the storage, it announces the work
+instead (an ``"external"`` completion, :meth:`~dualpath_emu._core.Core.take_external` saying what), the plane
+moves its real bytes and tells the core it ended (``Core.complete_externals``, one call per batch of ends):
 
-* **storage I/O** (``io``): the Full Blocks the request names (its extents) are read from and written to real
-  files (:class:`~dualpath_emu.host.storage.BlockStore`), every block read verified; paced per node by its
-  storage NIC's :class:`~dualpath_emu._core.PacketPort` (rx for reads, tx for writes) one block per chunk,
-  in modelled bytes at the modelled rate (the same times, and no real byte to round up to);
+* **storage I/O**: the Full Blocks the request names (its extents; a decode write-back's come from the core)
+  are read from and written to real files (:class:`~dualpath_emu.host.storage.BlockStore`), every block read
+  verified; paced per node by its storage NIC's :class:`~dualpath_emu._core.PacketPort` (rx for reads, tx for
+  writes) one block per chunk, in modelled bytes at the modelled rate (the same times, and no real byte to
+  round up to);
 * **transfers between nodes** (a PE's layer KV to a DE buffer, a DE buffer's hit KV to a PE under DE-read,
-  the MoE all-to-all between nodes): real bytes between the node processes (:class:`~dualpath_emu.host.transport.ByteChannel`),
-  paced by the sending GPU's compute-NIC port with the paper's virtual-lane arbitration, so the model's lane
-  pre-empts KV bytes;
-* **transfers inside a node** (H2D, D2H: DRAM ↔ HBM through the GPU's CNIC) and every **timer**: on the
-  process's own wall-clock core, as in a real-time run (no GPU copies here: the summary says they are
-  modelled);
-* a **forward pass** runs its layers here, piece by piece, with the core's rules (``core/src/forward.rs``):
-  each rank's loads stream one after another (at most ``load_window`` layers ahead), a rank's attention of
-  layer ℓ waits for its load ℓ and for layer ℓ−1, the shared phase (compute and collectives) starts when
-  every rank's attention is done and ends the layer, stores follow each attention one at a time.
+  the MoE all-to-all of prefill and decode): real bytes between the node processes
+  (:class:`~dualpath_emu.host.transport.ByteChannel`), paced by the sending GPU's compute-NIC port with the
+  paper's virtual-lane arbitration, so the model's lane pre-empts KV bytes;
+* **transfers inside a node** (H2D, D2H: DRAM ↔ HBM through the GPU's CNIC), compute and every **timer**: on
+  the process's own core, as in a real-time run (no GPU copies here: the summary says they are modelled).
 
 **Bytes are scaled** by ``byte_scale`` (e.g. 1/1000): a transfer of S modelled bytes moves round(S × scale)
 real bytes (at least one), and every network pacer runs at its port's rate × scale, so a transfer takes the
 time the model gives it unless the host cannot keep up -- which is what the run measures. A storage block's
 real size is the scaled Full Block (at least one byte) rounded up to O_DIRECT's unit (512 bytes or 4 KiB).
 
-Everything a process was asked to move is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`),
-so the run's byte check is the same as the model's: every byte the actors booked was moved.
+Everything a process moved for real is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`;
+its core counts the modelled work), so the run's byte check is the same as the model's.
 
-**Faults** (issue 26) reach every node's process (:attr:`HostDataPlane.ports_per_process`: the fault injector
-sends :class:`~dualpath_emu.cluster.messages.PortFault` to every engine group, whose plane is this) and act on
-real bytes where this process paces them:
+**Faults** (issue 26): the fault injector sets a port's factor and latency on its own process's plane, as on
+every plane; this plane applies it and sends it over its byte channel to every other process of the run, whose
+plane applies it too. Each acts on real bytes where that process paces them:
 
 * a **storage NIC** port's pacer (``snic.rx`` for reads, ``snic.tx`` for write-backs) runs at the port's rate ×
   its factor; the storage cluster's ports (``3fs.read``, ``3fs.write``: ``slow_storage``, target ``storage``)
@@ -47,10 +49,9 @@ real bytes where this process paces them:
 * a **compute NIC**'s ``tx`` port: its sending pacer, the same way; its ``rx`` port: the chunks that arrive
   through it are let in by a pacer of the receiving process at its rate × factor (paused at 0), and a transfer
   completes when its last chunk is let in (the bytes themselves cross the socket as they are sent);
-* **latency**: every real transfer, storage I/O and modelled copy this process starts waits the latency on its
-  path's ports (their sum, as the core adds it up) before it starts, but for a forward pass's own per-layer
-  transfers, as in the model;
-* the process's own core gets each port's factor too (its modelled copies, H2D and D2H, slow as the model's).
+* **latency**: the process's core waits it out before it hands work out (the model's rule: every transfer and
+  storage I/O that starts crossing the port, but a forward pass's own per-layer transfers);
+* the process's core gets each port's factor too (its modelled copies, H2D and D2H, slow as the model's).
 
 A ``n<i>.dram`` port's factor acts on the modelled copies only: real bytes are not paced by DRAM. At the end of
 a process's run every fault is cleared, so what they hold back drains (:meth:`HostDataPlane.finish`).
@@ -60,17 +61,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
+from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.cluster.paths import PathStats, io_kind, port_nodes, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
 from dualpath_emu.host.transport import ByteChannel
-from dualpath_emu.runtime.core_work import Completion, Extents, clear_faults, forward_bytes
+from dualpath_emu.runtime.core_work import Extents, clear_faults
 from dualpath_emu.runtime.dataplane import DataPlaneError
 from dualpath_emu.runtime.realtime import WallClockCore
 
@@ -102,13 +103,6 @@ class HostPlan:
         """The node of each node port."""
         return port_nodes(self.topology)
 
-    def node_of_storage(self, storage_node: int) -> int:
-        """The node whose storage node is ``storage_node``."""
-        for node in self.topology.nodes:
-            if node.storage_node == storage_node:
-                return node.index
-        raise LookupError(f"no node has storage node {storage_node}")
-
 
 @dataclass
 class _Job:
@@ -138,22 +132,14 @@ class _StorageIo:
 class HostDataPlane(WallClockCore):
     """A live process's data plane that moves real bytes (see the module docstring)."""
 
-    steps_decode = False
-    """Decode batches step in the engines (``cluster/decode_steps.py``): their write-backs and all-to-all are
-    real bytes here, which the core's stepping would only model."""
-
-    ports_per_process = True
-    """Each process paces its own nodes' ports (real bytes): a fault must reach every node's process -- the
-    fault injector sends :class:`~dualpath_emu.cluster.messages.PortFault` to the engine groups, whose handler
-    calls :meth:`set_port_factor` and :meth:`set_port_latency` here -- rather than the plane of the injector's
-    process alone."""
-
     def __init__(self, core: Core, plan: HostPlan, process: str, channel: ByteChannel, store: BlockStore | None) -> None:
         super().__init__(core)
         self.plan = plan
         self.process = process
         self.channel = channel
         channel.send = self._send_job
+        channel.admit = self._admit
+        channel.on_port = self._peer_port
         self.store = store
         self.moved: dict[tuple[int, int], int] = {}
         """Modelled bytes of the real work done, per (port, lane) (the local core counts the modelled work):
@@ -166,29 +152,30 @@ class HostDataPlane(WallClockCore):
         self._ios: dict[int, _StorageIo] = {}
         self._next_id = 1
         self._detached: set[asyncio.Task[Any]] = set()
+        self._ended: list[int] = []
+        """External work that ended, told to the core at the loop's next iteration (one call for all)."""
         self.own_nodes = frozenset(i for i, owner in enumerate(plan.process_of_node) if owner == process)
         self.failure: BaseException | None = None
         self._main: asyncio.Future[Any] | None = None
         # Faults (issue 26; see the module docstring).
         self._factors: dict[int, float] = {}
         """Ports a fault scales now: what it leaves of their rates (absent: 1)."""
-        self._latencies: dict[int, int] = {}
-        """Ports a fault adds latency to now: how much (ns; absent: 0)."""
+        self._latent: set[int] = set()
+        """Ports a fault adds latency to now (the core waits it out)."""
         topology = plan.topology
         self._storage_of: dict[int, int] = {}
         """A storage NIC port -> the storage cluster's port of the same direction (their factors combine)."""
+        self._node_of_storage: dict[int, int] = {}
         for node in topology.nodes:
             self._storage_of[node.snic_rx] = topology.storage_read
             self._storage_of[node.snic_tx] = topology.storage_write
+            self._node_of_storage[node.storage_node] = node.index
         self._own_rx = frozenset(p for n in self.own_nodes for p in topology.nodes[n].cnic_rx)
         self._write_ports = frozenset(n.snic_tx for n in topology.nodes)
         self._admission: dict[int, Pacer] = {}
         """A compute NIC rx port's pacer of arriving chunks, made when a fault first slows it."""
         self._admitting: dict[int, Callable[[], None]] = {}
         """Arriving jobs held until their last chunk is let in: what completes each."""
-        self._forward_hop = False
-        """Set while a forward pass asks for one of its per-layer transfers (which waits out no latency)."""
-        channel.admit = self._admit
         self._views: dict[int, StorageView] = {}
         """This process's nodes' storage NIC ports -> the view each reaches the storage through (made once)."""
         if store is not None:
@@ -196,46 +183,57 @@ class HostDataPlane(WallClockCore):
                 node = topology.nodes[n]
                 self._views[node.snic_rx] = store.view(f"n{n}.snic.rx")
                 self._views[node.snic_tx] = store.view(f"n{n}.snic.tx")
+        # What the host moves: a transfer that leaves its node, every storage I/O (the core hands them out).
+        port_node = plan.port_node
+        core.set_external([port_node.get(p, -1) for p in range(core.port_count)], sorted(self._node_of_storage))
 
-    # --- the data-plane interface ----------------------------------------------------------------------
-
-    def decode_reset(self, node: int) -> None:
-        """Not here: this plane steps no decode node (:attr:`steps_decode`); an engine's own stepping
-        (``DecodeSteps.reset``) drops its requests."""
-        raise NotImplementedError(
-            "the host backend steps no decode node (steps_decode is False): an engine crash resets the engine's "
-            "own stepping (DecodeSteps.reset), not the data plane's"
-        )
+    # --- faults ----------------------------------------------------------------------------------------
 
     def set_port_factor(self, port: int, factor: float) -> None:
-        """A fault: ``port``'s rates × ``factor`` from now on (1: as specified; 0: down), on this process's core
-        (its modelled copies) and on the pacer of ``port`` here, if this process has one (see the module
-        docstring): what was due at the old rate is granted first, and nothing queued is lost."""
+        """A fault: ``port``'s rates × ``factor`` from now on (1: as specified; 0: down), here and, through the
+        byte channel, in every other process of the run (see the module docstring)."""
+        self._set_factor(port, factor)
+        self.channel.tell_peers(["factor", port, factor])
+
+    def set_port_latency(self, port: int, extra_ns: int) -> None:
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (0: none), here and in every
+        other process of the run; each process's core waits it out before it hands the work out."""
+        self._set_latency(port, extra_ns)
+        self.channel.tell_peers(["latency", port, extra_ns])
+
+    def _peer_port(self, what: str, port: int, value: float) -> None:
+        """Another process's fault injector changed ``port``: apply it here (a bad change is refused there)."""
+        if what == "factor":
+            self._set_factor(port, float(value))
+        else:
+            self._set_latency(port, int(value))
+
+    def _set_factor(self, port: int, factor: float) -> None:
+        """``port``'s factor on this process's core (its modelled copies, and a check of the port) and on the
+        pacer of ``port`` here, if this process has one: what was due at the old rate is granted first, and
+        nothing queued is lost."""
         if not 0.0 <= factor <= 1.0:
             raise ValueError(f"factor: expected a number in [0, 1], got {factor}")
         if self._factors.get(port, 1.0) == factor:
             return
-        super().set_port_factor(port, factor)  # the core's modelled work (and a check of the port)
+        super().set_port_factor(port, factor)
         if factor == 1.0:
             del self._factors[port]
         else:
             self._factors[port] = factor
         self._repace()
 
-    def set_port_latency(self, port: int, extra_ns: int) -> None:
-        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (0: none), waited here before
-        the work starts (this process's core gets none: it would add it to a forward pass's copies too)."""
-        if extra_ns < 0 or not 0 <= port < len(self.plan.port_rate):
-            raise ValueError(f"a latency of {extra_ns} ns on port {port}: expected >= 0 on a port of the cluster")
+    def _set_latency(self, port: int, extra_ns: int) -> None:
+        super().set_port_latency(port, extra_ns)
         if extra_ns:
-            self._latencies[port] = extra_ns
+            self._latent.add(port)
         else:
-            self._latencies.pop(port, None)
+            self._latent.discard(port)
 
     def clear_faults(self) -> None:
         """End every fault (a run's end: what they hold back then drains, and every byte is accounted)."""
         self._factors.clear()
-        self._latencies.clear()
+        self._latent.clear()
         self._repace()
         clear_faults(self._core)
 
@@ -262,59 +260,72 @@ class HostDataPlane(WallClockCore):
         write port): a write-back of another process may then land late, and a read of its blocks waits for it
         rather than give up after its usual patience (``BlockStore.read``'s ``held``)."""
         write = self.plan.topology.storage_write
-        return any(p == write or p in self._write_ports for p in (*self._factors, *self._latencies))
+        return any(p == write or p in self._write_ports for p in (*self._factors, *self._latent))
 
-    def _latency_ns(self, path: Sequence[int]) -> int:
-        """What latency faults add to work along ``path`` now (0 without any)."""
-        latencies = self._latencies
-        return sum(latencies.get(p, 0) for p in path) if latencies else 0
-
-    def _queue_transfer(self, path: Sequence[int], lane: int, size_bytes: int, tag: int) -> int:
-        path = tuple(path)
-        nodes = {self.plan.port_node.get(p, -1) for p in path}
-        delay_ns = 0 if self._forward_hop else self._latency_ns(path)
-        if len(nodes) == 1 and -1 not in nodes:  # inside one node: modelled on this process's core
-            if delay_ns:  # a latency fault: submitted that much later
-                submit = super()._queue_transfer
-                self.loop.call_later(delay_ns / 1e9, submit, path, lane, size_bytes, tag)
-                return tag
-            return super()._queue_transfer(path, lane, size_bytes, tag)
-        self._start(tag, "transfer", lane, size_bytes, self._network(path, lane, size_bytes, delay_ns), path,
-                    (transfer_kind(self.plan.topology, path), self._real(size_bytes),
-                     size_bytes / min(self.plan.port_rate[p] for p in path)))  # fmt: skip
-        return tag
+    # --- the work the core hands out -------------------------------------------------------------------
 
     def _queue_io(self, node: int, kind: str, lane: int, size_bytes: int, tag: int, extents: Extents = ()) -> int:
-        topology = self.plan.topology
-        index = self.plan.node_of_storage(node)
-        if index not in self.own_nodes:
-            raise ValueError(f"process {self.process!r} does not drive node {index}'s storage I/O")
-        ports = topology.nodes[index]
-        port = ports.snic_rx if kind == "read" else ports.snic_tx
-        path = topology.storage_io_path(index, kind)
-        real = sum(n for _, _, n in extents) * (self.store.stride if self.store is not None else 0)
-        delay_ns = self._latency_ns(path)
-        self._start(tag, kind, lane, size_bytes, self._storage(port, kind, lane, size_bytes, extents, delay_ns), path,
-                    (io_kind(topology, index, kind), real,
-                     size_bytes / min(self.plan.port_rate[p] for p in path)))  # fmt: skip
+        self._pending_ios.append((node, kind, lane, size_bytes, tag, extents))
+        self._queued()
         return tag
 
-    def forward(
-        self,
-        n_layers: int,
-        ranks: Iterable[Any],
-        *,
-        ffn_ns: int = 0,
-        collectives: Iterable[Any] = (),
-        load_window: int = 0,
-    ) -> asyncio.Future[Completion]:
-        tag = self.new_tag()
-        future = self.expect(tag)
-        ranks, collectives = tuple(ranks), tuple(collectives)
-        size = forward_bytes(n_layers, ranks, collectives)
-        self._start(tag, "forward", 0, size, self._forward(n_layers, ranks, ffn_ns, collectives, load_window), (),
-                    ("forward pass", 0, 0.0))  # fmt: skip
-        return future
+    def _deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
+        """What the core completed: work handed out starts here; a forward pass is measured; the rest is
+        delivered as on every core."""
+        rest = [c for c in completions if c[0] != "external"]
+        if len(rest) != len(completions):
+            for work in self._core.take_external():
+                self._start_external(*work)
+        for kind, _tag, start, end, size, _lane in rest:
+            if kind == "forward":
+                self.measured.setdefault("forward pass", PathStats()).add(size, 0, (end - start) / 1e9)
+        super()._deliver(rest)
+
+    def _start_external(self, ident: int, kind: str, path: list[int], lane: int, size: int, storage_node: int,
+                        extents: list[tuple[int, int, int]], start: int) -> None:  # fmt: skip
+        """Move the real bytes of external work ``ident`` (see the module docstring); when they have moved, count
+        them on ``path``, measure them by kind (from ``start``, when it was asked for: the waits the core put
+        before it count, as in the model's own measurements) and tell the core."""
+        topology, rate = self.plan.topology, min(self.plan.port_rate[p] for p in path)
+        if kind == "transfer":
+            work = self._network(tuple(path), lane, size)
+            what = (transfer_kind(topology, tuple(path)), self._real(size))
+        else:
+            node = self._node_of_storage[storage_node]
+            if node not in self.own_nodes:
+                self._fail(ValueError(f"process {self.process!r} does not drive node {node}'s storage I/O"))
+                return
+            ports = topology.nodes[node]
+            port = ports.snic_rx if kind == "read" else ports.snic_tx
+            work = self._storage(port, kind, lane, size, extents)
+            what = (io_kind(topology, node, kind), sum(n for _, _, n in extents) * (self.store.stride if self.store else 0))
+
+        async def run() -> None:
+            try:
+                if size > 0:
+                    await work
+            except Exception as error:
+                self._fail(error)
+                return
+            finally:
+                work.close()
+            for port in path:
+                self.moved[(port, lane)] = self.moved.get((port, lane), 0) + size
+            self.measured.setdefault(what[0], PathStats()).add(size, what[1], (self.clock_ns() - start) / 1e9, size / rate)
+            if not self._ended:
+                self.loop.call_soon(self._tell_ended)
+            self._ended.append(ident)
+
+        task = self.loop.create_task(run())
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+
+    def _tell_ended(self) -> None:
+        """Tell the core which external work ended (one call for all since the last), and deliver what that
+        completed."""
+        ended, self._ended = self._ended, []
+        self._core.complete_externals(ended)
+        self._deliver_timed(self._core.take_completions())
 
     async def run(self, main: Any) -> Any:
         """Run ``main`` (the process's actors) with the byte channel open; then finish this process's real
@@ -364,43 +375,13 @@ class HostDataPlane(WallClockCore):
 
     # --- running work ----------------------------------------------------------------------------------
 
-    def _start(self, tag: int, kind: str, lane: int, size: int, work: Any, path: tuple[int, ...],
-               what: tuple[str, int, float]) -> None:  # fmt: skip
-        """Run ``work`` (a coroutine); when it is done, count its bytes on ``path`` (a forward's pieces count
-        their own), add it to the measurements of its kind (``what``: the kind, its real bytes and the seconds the
-        model gives it on an idle path) and report it under ``tag`` (unless detached)."""
-        start = self.clock_ns()
-
-        async def run() -> None:
-            try:
-                await work
-            except Exception as error:
-                if tag == UNREPORTED_TAG:
-                    self._fail(error)
-                else:
-                    self._refused(tag, error)
-                return
-            self._book(path, lane, size)
-            end = self.clock_ns()
-            self.measured.setdefault(what[0], PathStats()).add(size, what[1], (end - start) / 1e9, what[2])
-            if tag != UNREPORTED_TAG:
-                self._deliver([(kind, tag, start, end, size, lane)])
-
-        task = self.loop.create_task(run())
-        self._detached.add(task)
-        task.add_done_callback(self._detached.discard)
-
     def _fail(self, error: BaseException) -> None:
-        """Real work nobody waits for failed (a write-back, a chunk a pacer could not send): end this process's
-        run with the error rather than let the actors wait for what will never come."""
+        """Real work failed (a read or write-back, a chunk a pacer could not send): end this process's run with
+        the error rather than let the actors wait for what will never come."""
         if self.failure is None:
             self.failure = error
         if self._main is not None and not self._main.done():
             self._main.cancel()
-
-    def _book(self, path: tuple[int, ...], lane: int, size: int) -> None:
-        for port in path:
-            self.moved[(port, lane)] = self.moved.get((port, lane), 0) + size
 
     def _real(self, size: int) -> int:
         return max(1, round(size * self.plan.byte_scale))
@@ -443,7 +424,7 @@ class HostDataPlane(WallClockCore):
 
     # --- network ---------------------------------------------------------------------------------------
 
-    async def _network(self, path: tuple[int, ...], lane: int, size: int, delay_ns: int = 0) -> None:
+    async def _network(self, path: tuple[int, ...], lane: int, size: int) -> None:
         plan = self.plan
         source, dest = plan.port_node[path[0]], plan.port_node[path[-1]]
         real = self._real(size)
@@ -451,8 +432,6 @@ class HostDataPlane(WallClockCore):
         # receiving one, whose faults the destination's process applies to what arrives.
         port = next(p for p in path if p in plan.topology.nodes[source].cnic_tx)
         rx = next((p for p in path if p in plan.topology.nodes[dest].cnic_rx), -1)
-        if delay_ns:
-            await _until(self.clock_ns, self.clock_ns() + delay_ns)
         if source in self.own_nodes:
             await self.channel.push(plan.process_of_node[dest], real, lane, port, rx)
         elif dest in self.own_nodes:
@@ -500,11 +479,9 @@ class HostDataPlane(WallClockCore):
 
     # --- storage ---------------------------------------------------------------------------------------
 
-    async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Extents, delay_ns: int = 0) -> None:
+    async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Sequence[Sequence[int]]) -> None:
         if self.store is None:
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")
-        if delay_ns:  # a latency fault on its path: it starts that much later
-            await _until(self.clock_ns, self.clock_ns() + delay_ns)
         view = self._views.get(port)
         if view is not None and view.away and extents:  # its storage is unreachable: it tries until it is back
             await self.store.reach(view, extents[0][0], kind)
@@ -558,93 +535,6 @@ class HostDataPlane(WallClockCore):
         else:
             io.done.set_result(None)
 
-    # --- forward passes --------------------------------------------------------------------------------
-
-    async def _forward(self, n_layers: int, ranks: Sequence[Any], ffn_ns: int, collectives: Sequence[Any],
-                       load_window: int) -> None:  # fmt: skip
-        """A forward pass with the core's rules (see the module docstring), its compute timed from deadlines:
-        each phase ends at its start + its time, the start being when what it waits for ended (a real
-        transfer's end, the layer before's deadline). A wake-up late by the loop's timer resolution (about a
-        millisecond) so delays that phase only; the lateness does not add up over a pass's layers."""
-        loop = self.loop
-        clock = self.clock_ns
-        layer_done = [loop.create_future() for _ in range(n_layers)]
-        loads: list[list[asyncio.Future[int]]] = [[loop.create_future() for _ in range(n_layers)] for _ in ranks]
-
-        def move(hop: Any) -> Any:
-            path, lane, size = hop
-            if size <= 0:
-                return _done(loop)
-            self._forward_hop = True  # a forward pass's own transfers wait out no latency fault (the model's)
-            try:
-                return self.transfer(path, lane, size)
-            finally:
-                self._forward_hop = False
-
-        async def load_stream(r: int, hop: Any) -> None:
-            for layer in range(n_layers):
-                if load_window and layer >= load_window:
-                    await layer_done[layer - load_window]
-                await move(hop)
-                loads[r][layer].set_result(clock())
-
-        async def store_stream(hop: Any, queue: asyncio.Queue[int | None]) -> None:
-            while (start_ns := await queue.get()) is not None:
-                await _until(clock, start_ns)
-                await move(hop)
-
-        start_ns = clock()
-        streams: list[asyncio.Task[None]] = []
-        stores: list[asyncio.Queue[int | None] | None] = []
-        for r, (load, _attn, store) in enumerate(ranks):
-            if load is not None and load[2] > 0:
-                streams.append(loop.create_task(load_stream(r, load)))
-            else:
-                for f in loads[r]:
-                    f.set_result(start_ns)
-            if store is not None:
-                queue: asyncio.Queue[int | None] = asyncio.Queue()
-                stores.append(queue)
-                streams.append(loop.create_task(store_stream(store, queue)))
-            else:
-                stores.append(None)
-        try:
-            previous = start_ns  # when the layer before ended (its deadline, or its collectives' real end)
-            for layer in range(n_layers):
-                shared = previous
-                for r, rank in enumerate(ranks):  # rank r's attention: after its load and the layer before
-                    attention_end = max(previous, await loads[r][layer]) + rank[1]
-                    stream = stores[r]
-                    if stream is not None:
-                        stream.put_nowait(attention_end)
-                    shared = max(shared, attention_end)
-                await _until(clock, shared)  # every rank's attention is done: the shared phase
-                if collectives:
-                    await asyncio.gather(*(move(c) for c in collectives))
-                await _until(clock, shared + ffn_ns)
-                previous = max(shared + ffn_ns, clock())
-                layer_done[layer].set_result(None)
-            for stream in stores:
-                if stream is not None:
-                    stream.put_nowait(None)
-            await asyncio.gather(*streams)
-        finally:
-            for task in streams:
-                task.cancel()
-
-
-async def _until(clock: Callable[[], int], at_ns: int) -> None:
-    """Sleep until ``clock`` (the loop's) reads ``at_ns`` (at once if it already does)."""
-    delay = at_ns - clock()
-    if delay > 0:
-        await asyncio.sleep(delay / 1e9)
-
 
 class HostDataError(DataPlaneError):
     """Real bytes came back wrong: a block read did not match what was written."""
-
-
-def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-    future: asyncio.Future[None] = loop.create_future()
-    future.set_result(None)
-    return future

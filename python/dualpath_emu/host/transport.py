@@ -27,6 +27,8 @@ data        ``job, offset, last: bool, ack: bool[, rx, lane]`` + payload frame (
 ack         ``job, bytes_received, bytes_mismatched``
 pull        ``job, nbytes, lane, port`` (``port``: the source's sending port, for its pacer)
 stop        ``reason`` (the driver's process completed the run: stop the actors; :meth:`ByteChannel.stop_peers`)
+factor      ``port, factor`` (a fault changed a port's rate: :meth:`ByteChannel.tell_peers`, to ``on_port``)
+latency     ``port, extra_ns`` (a fault changed a port's latency, the same way)
 ==========  ==============================================================================================
 
 Security, as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys
@@ -160,6 +162,8 @@ class ByteChannel:
     _executor: Any = None
     on_stop: Callable[[str], None] | None = None
     """Called with the reason when a peer says the run is complete (``stop``)."""
+    on_port: Callable[[str, int, float], None] | None = None
+    """Called with ``("factor" | "latency", port, value)`` when a peer's fault changed a port."""
     last_activity_s: float = field(default_factory=time.perf_counter)
     """When a frame last arrived (perf_counter seconds)."""
 
@@ -293,6 +297,13 @@ class ByteChannel:
             if peer != self.name:
                 self._post(peer, [msgpack.packb(["stop", reason])])
 
+    def tell_peers(self, change: list[Any]) -> None:
+        """Send a port's change (``["factor", port, factor]`` or ``["latency", port, ns]``) to every other
+        process of the run, in order with what this process sends them after it."""
+        for peer in self.peers:
+            if peer != self.name:
+                self._post(peer, [msgpack.packb(change)])
+
     def _new_job(self) -> int:
         job, self._next_job = self._next_job, self._next_job + 1
         return job
@@ -377,6 +388,12 @@ class ByteChannel:
         elif kind == "stop" and len(header) == 2:
             if self.on_stop is not None:
                 self.on_stop(str(header[1]))
+        elif kind in ("factor", "latency") and len(header) == 3:
+            port, value = header[1], header[2]
+            if not isinstance(port, int) or isinstance(port, bool) or not isinstance(value, int | float):
+                raise ValueError(f"bad port change {header!r}")
+            if self.on_port is not None:
+                self.on_port(kind, port, value)
         elif kind == "mc-hello" and len(header) == 2 and self._wire is not None:
             from dualpath_emu.host.mooncake import SLOT_BYTES, SLOTS
 

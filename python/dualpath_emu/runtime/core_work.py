@@ -42,6 +42,7 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.runtime.engine import Extents, forward_bytes
+from dualpath_emu.runtime.virtual import submit_batch
 
 __all__ = [
     "clear_faults",
@@ -67,7 +68,7 @@ _LayerTransferLike: TypeAlias = tuple[Sequence[int], int, int]
 _ForwardRankLike: TypeAlias = tuple[_LayerTransferLike | None, int, _LayerTransferLike | None]
 _Forward: TypeAlias = tuple[int, tuple[_ForwardRankLike, ...], int, tuple[_LayerTransferLike, ...], int, int]
 _Transfer: TypeAlias = tuple[Sequence[int], int, int, int]
-_Io: TypeAlias = tuple[int, str, int, int, int]
+_Io: TypeAlias = tuple[int, str, int, int, int] | tuple[int, str, int, int, int, Extents]
 _Timer: TypeAlias = tuple[int, int]
 _RawCompletion: TypeAlias = tuple[str, int, int, int, int, int]
 _DecodeNode: TypeAlias = tuple[int, dict[str, Any]]
@@ -206,10 +207,6 @@ class CoreWork:
     completed and :meth:`_refused` for requests the core refused; :meth:`_work_requested` is called when a
     request is queued into an empty batch, :meth:`_bound` when the plane is bound to its loop.
     """
-
-    steps_decode = True
-    """Whether decode nodes step in this plane's core (:meth:`decode_node`); a flavour that moves real bytes
-    says False (its write-backs must be real)."""
 
     loop: asyncio.AbstractEventLoop
     """The event loop the plane is bound to (:meth:`bind`)."""
@@ -509,14 +506,7 @@ class LocalCoreWork(CoreWork):
         decode_nodes: list[_DecodeNode], joins: list[_Join],
     ) -> None:  # fmt: skip
         core = self._core
-        if transfers:
-            self._submit(core.submit_transfers, transfers, TAG_OF_TRANSFER)
-        if forwards:
-            self._submit(core.submit_forwards, forwards, TAG_OF_FORWARD)
-        if ios:
-            self._submit(core.submit_ios, ios, TAG_OF_IO)
-        if timers:
-            self._submit(core.add_timers, timers, TAG_OF_TIMER)
+        submit_batch(core, transfers, forwards, ios, timers, [], self._refused)
         for tag, spec in decode_nodes:  # a node the core refuses is the run's error: its joins could go nowhere
             self._decode_ids[tag] = core.add_decode_node(report_tag=tag, **spec)
         if joins:
@@ -543,10 +533,3 @@ class LocalCoreWork(CoreWork):
         completions = self._core.take_completions()  # the report of the spans it closed: due now, not later
         if completions:
             self._deliver(completions)
-
-    def _submit(self, submit: Callable[[list[_T]], int], batch: list[_T], tag_of: Callable[[_T], int]) -> None:
-        try:
-            submit(batch)
-        except Exception:
-            for item, error in _one_by_one(submit, batch):
-                self._refused(tag_of(item), error)

@@ -8,8 +8,9 @@ is built, and nowhere else:
 
 * an :class:`Outbox`: messages to other engines (by name) and typed observations (:class:`Observed`) for the
   event log and the checkers outside the engines;
-* a :class:`DataPlane`: transfers, storage I/O, forward passes and timers, each with the ``then`` to call when
-  it ends (``None``: nobody waits, e.g. a write-back).
+* a :class:`DataPlane`: transfers, storage I/O, forward passes, timers and decode stepping, each with the
+  ``then`` to call when it ends (``None``: nobody waits, e.g. a write-back). Every plane does every one of them,
+  so an engine never asks which plane it has.
 
 Both only queue: nothing an engine asks for happens, and no other engine runs, before its handler returns. So an
 engine knows nothing of asyncio, processes, sockets or which data plane it has, and a test steps it by hand
@@ -91,12 +92,6 @@ class DataPlane(Protocol):
 
     def set_port_latency(self, port: int, extra_ns: int) -> None:
         """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (``Core.set_port_latency``)."""
-
-    @property
-    def steps_decode(self) -> bool:
-        """Whether this plane steps decode batches itself (:meth:`decode_node`): the cores do, in process and
-        behind the data-plane service; the host backend, whose write-backs are real bytes, does not (the
-        engine then steps them in Python, ``cluster/decode_steps.py``)."""
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
         """Add a node's decode GPUs, stepped by the plane (``Core.add_decode_node``'s keywords but

@@ -83,10 +83,6 @@ class LiveDataPlane:
     def set_port_latency(self, port: int, extra_ns: int) -> None:
         self.plane.set_port_latency(port, extra_ns)
 
-    @property
-    def steps_decode(self) -> bool:
-        return self.plane.steps_decode
-
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
         clock, fail = self.plane.clock_ns, self._fail
 

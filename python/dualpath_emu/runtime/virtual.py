@@ -9,6 +9,11 @@ pass, timers nobody waits for -- never wake Python), and each completion's ``the
 core's order. So the order of inputs at one instant is fixed: what was due first runs first, and a run repeats
 byte for byte from its seed.
 
+The plane is chosen by name from a registry (:data:`PLANES`, passed in where a run is built; a
+:data:`PlaneFactory` makes one from the core and the driver's dispatch): the in-process core
+(:class:`CoreDataPlane`, ``"core"``) by default, or a user's own -- anything that does what
+:class:`VirtualPlane` says, e.g. one that wraps the core and records every call.
+
 A run with nothing due, nothing in the core and the driver's ``done`` still false is a deadlock: some request
 waits for something that can never happen (:class:`DeadlockError`), not a hang. A run whose clock goes on (timers,
 faults) while its requests make no progress for a long stretch of emulated time is stopped by its
@@ -18,16 +23,19 @@ faults) while its requests make no progress for a long stretch of emulated time 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import NoProgressError
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime.engine import DecodeReport, Engine, Extents, Hop, Observed, Then
+from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Engine, Extents, Hop, Observed, Then
 
-__all__ = ["CoreDataPlane", "DeadlockError", "EventSink", "NoProgressError", "ProgressWatch", "VirtualDriver"]
+__all__ = [
+    "CoreDataPlane", "DeadlockError", "EventSink", "NoProgressError", "PLANES", "PlaneFactory", "ProgressWatch",
+    "VirtualDriver", "VirtualPlane", "submit_batch",
+]  # fmt: skip
 
 _U64_MAX: Final = 2**64 - 1
 _MAX_STALLS: Final = 10_000
@@ -54,20 +62,45 @@ class ProgressWatch:
     describe: Callable[[int, int], str]
 
 
+def submit_batch(
+    core: Core, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any], joins: list[Any],
+    refused: Callable[[int, Exception], None] | None = None,
+) -> None:  # fmt: skip
+    """Submit one batch of requests to a core in this process, one call per kind, in the order transfers,
+    forwards, I/O, timers, decode joins: every plane on a local core submits so (:class:`CoreDataPlane`, a live
+    process's own core). The core checks a kind's whole list before it accepts any of it; without ``refused``
+    its error raises, with it the list is retried one request at a time and ``refused(tag, error)`` is called
+    for each it refuses (a join has no tag: its error raises)."""
+    for submit, batch, tag_at in ((core.submit_transfers, transfers, 3), (core.submit_forwards, forwards, 5),
+                                  (core.submit_ios, ios, 4), (core.add_timers, timers, 1)):  # fmt: skip
+        if not batch:
+            continue
+        if refused is None:
+            submit(batch)
+            continue
+        try:
+            submit(batch)
+        except Exception:
+            for item in batch:
+                try:
+                    submit([item])
+                except Exception as error:
+                    refused(item[tag_at], error)
+    if joins:
+        core.submit_decode_joins(joins)
+
+
 class CoreDataPlane:
     """The in-process core as an engine's :class:`~dualpath_emu.runtime.engine.DataPlane`: requests are queued
     and submitted in one core call per kind (:meth:`flush`); completions are handed to ``dispatch`` with the
     ``then`` each request gave. A request the core refuses raises out of :meth:`flush` (the run fails with the
     core's error)."""
 
-    __slots__ = ("core", "steps_decode", "_dispatch", "_next_tag", "_waiters", "_standing", "_transfers", "_forwards",
-                 "_ios", "_timers", "_joins")  # fmt: skip
+    __slots__ = ("core", "_dispatch", "_next_tag", "_waiters", "_standing", "_transfers", "_forwards", "_ios",
+                 "_timers", "_joins")  # fmt: skip
 
-    def __init__(self, core: Core, dispatch: Callable[[Then], None], *, steps_decode: bool = True) -> None:
+    def __init__(self, core: Core, dispatch: Callable[[Then], None]) -> None:
         self.core = core
-        self.steps_decode = steps_decode
-        """Whether decode GPUs step in the core (:meth:`decode_node`); off, the cluster steps them in Python
-        (``cluster/decode_steps.py``, the reference the core is tested against)."""
         self._dispatch = dispatch
         self._next_tag = 1
         self._waiters: dict[int, Then] = {}
@@ -146,22 +179,10 @@ class CoreDataPlane:
     def flush(self) -> None:
         """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers, decode
         joins)."""
-        core = self.core
-        if self._transfers:
-            batch, self._transfers = self._transfers, []
-            core.submit_transfers(batch)
-        if self._forwards:
-            forwards, self._forwards = self._forwards, []
-            core.submit_forwards(forwards)
-        if self._ios:
-            ios, self._ios = self._ios, []
-            core.submit_ios(ios)
-        if self._timers:
-            timers, self._timers = self._timers, []
-            core.add_timers(timers)
-        if self._joins:
-            joins, self._joins = self._joins, []
-            core.submit_decode_joins(joins)
+        if self._transfers or self._forwards or self._ios or self._timers or self._joins:
+            batch = self._transfers, self._forwards, self._ios, self._timers, self._joins
+            self._transfers, self._forwards, self._ios, self._timers, self._joins = [], [], [], [], []
+            submit_batch(self.core, *batch)
 
     def deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
         """Hand each completion's ``then`` to the driver, in the core's order."""
@@ -173,6 +194,29 @@ class CoreDataPlane:
                 if then is None:
                     raise RuntimeError(f"the core completed work with tag {completion[1]} that nobody asked for")
             dispatch(then)
+
+
+class VirtualPlane(DataPlane, Protocol):
+    """A data plane the virtual driver can run: the engines' :class:`~dualpath_emu.runtime.engine.DataPlane`,
+    plus what the driver asks of it between inputs."""
+
+    def flush(self) -> None:
+        """Submit what was asked for to the core (the driver calls it when nothing is due)."""
+
+    def deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
+        """Hand each of the core's completions' ``then`` to the driver's dispatch, in the core's order."""
+
+    @property
+    def waiting(self) -> int:
+        """Requests whose end someone waits for (what a deadlock's error counts)."""
+        ...
+
+
+PlaneFactory = Callable[[Core, Callable[[Then], None]], VirtualPlane]
+"""Makes a run's plane from its core and the driver's dispatch (``then`` callbacks go there)."""
+
+PLANES: Mapping[str, PlaneFactory] = {"core": CoreDataPlane}
+"""The virtual driver's planes by name (a run passes the registry in: a user's plane is one more entry)."""
 
 
 class _Outbox:
@@ -207,16 +251,16 @@ class VirtualDriver:
     :meth:`outbox` and :attr:`plane`, :meth:`add` them in a fixed order, then :meth:`run`.
 
     ``sink`` takes the observations in chunks of ``chunk`` (the event log writer and the invariant checker),
-    so memory does not grow with the run; without one they are kept in :attr:`events`. ``steps_decode``: see
-    :attr:`CoreDataPlane.steps_decode`."""
+    so memory does not grow with the run; without one they are kept in :attr:`events`. ``plane`` makes the
+    engines' data plane (:data:`PlaneFactory`; the in-process core by default)."""
 
     def __init__(
-        self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, steps_decode: bool = True
+        self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane
     ) -> None:
         self.core = core
         self.now_ns = core.now_ns
         self._due: deque[Any] = deque()
-        self.plane = CoreDataPlane(core, self._due.append, steps_decode=steps_decode)
+        self.plane = plane(core, self._due.append)
         self.engines: list[Engine] = []
         self._receivers: dict[str, Callable[[int, Message, str], None]] = {}
         self._handlers: dict[str, dict[type[Message], Callable[[int, Any, str], None]]] = {}
@@ -305,3 +349,13 @@ class VirtualDriver:
             self.now_ns = core.now_ns
         plane.flush()  # what the last instant asked for (block write-backs) reaches the core
         self.flush_events()
+
+    def drain(self) -> None:
+        """After :meth:`run`: let the core finish what is left (write-backs nobody waits for), through the plane
+        (one that moves work itself still hears of it), without running the engines."""
+        core, plane = self.core, self.plane
+        while core.next_event_ns() is not None:
+            completions = core.advance_until(_U64_MAX)
+            if completions:
+                plane.deliver(completions)
+        self.now_ns = core.now_ns
