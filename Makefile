@@ -133,8 +133,9 @@ format-check: $(VENV_STAMP) ## Check the Python code's formatting (ruff format -
 	$(VENV)/bin/ruff format --check python tests
 
 .PHONY: format
-format: ## Format the Rust code
+format: $(VENV_STAMP) ## Format the Rust code (cargo fmt) and the Python code (ruff format python tests: the whole tree)
 	cargo fmt --all
+	$(VENV)/bin/ruff format python tests
 
 .PHONY: clean
 clean: ## Remove .venv, build outputs and caches
