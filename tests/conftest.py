@@ -59,16 +59,35 @@ settings.load_profile(_profile_name())
 # A test that starts an operating-system process must carry the `processes` marker (pyproject.toml), so that
 # `-m "not processes"` is a subset that starts none. Python's audit events see subprocess.Popen (asyncio's
 # subprocesses too), os.fork (multiprocessing's default start on Linux) and os.posix_spawn; a child started
-# otherwise (multiprocessing's "spawn" context) and reaped within the test shows in RUSAGE_CHILDREN.
+# otherwise (multiprocessing's "spawn" context) and reaped within the test shows in RUSAGE_CHILDREN. A library
+# probing the system the first time it is used (matplotlib's font cache runs fc-list, ctypes.util.find_library
+# ldconfig or a compiler) starts no process of the test's own: those programs are not counted.
 
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.system"})
+_PROBES = frozenset({"fc-list", "ldconfig", "ldconfig.real", "gcc", "cc", "ld", "objdump", "uname"})
 _started: list[str] | None = None  # while a test runs: what it started
+_probed = False  # whether a library's probe ran meanwhile (its CPU is in RUSAGE_CHILDREN too)
 _children_before_s = 0.0  # RUSAGE_CHILDREN's CPU seconds when it began
 
 
 def _audit(event: str, args: tuple[object, ...]) -> None:
-    if _started is not None and event in _SPAWN_EVENTS:
+    global _probed
+    if _started is None or event not in _SPAWN_EVENTS:
+        return
+    if event == "subprocess.Popen" and _program(args) in _PROBES:
+        _probed = True
+    else:
         _started.append(event)
+
+
+def _program(args: tuple[object, ...]) -> str:
+    """The program a subprocess.Popen audit event (executable, args, cwd, env) starts, without its folder."""
+    executable, argv = args[0], args[1]
+    if executable is None and isinstance(argv, (list, tuple)) and argv:
+        executable = argv[0]
+    elif executable is None:
+        executable = argv
+    return os.path.basename(os.fsdecode(executable)) if isinstance(executable, (str, bytes, os.PathLike)) else ""
 
 
 sys.addaudithook(_audit)
@@ -81,8 +100,8 @@ def _children_cpu_s() -> float:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
-    global _started, _children_before_s
-    _started, _children_before_s = [], _children_cpu_s()
+    global _started, _probed, _children_before_s
+    _started, _probed, _children_before_s = [], False, _children_cpu_s()
     try:
         return (yield)
     finally:
@@ -96,7 +115,7 @@ def pytest_runtest_makereport(
     report: pytest.TestReport = yield
     if call.when != "teardown" or _started is None or item.get_closest_marker("processes") is not None:
         return report
-    reaped = _children_cpu_s() > _children_before_s
+    reaped = _children_cpu_s() > _children_before_s and not _probed
     if (_started or reaped) and report.passed:
         what = ", ".join(sorted(set(_started))) or "a child process (reaped: RUSAGE_CHILDREN grew)"
         report.outcome = "failed"
