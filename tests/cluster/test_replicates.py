@@ -77,6 +77,14 @@ def test_compare_puts_two_runs_side_by_side(tmp_path: Path) -> None:
     assert any("JCT" in line and "+" in line for line in out.splitlines()), "the waits lengthen the run"
 
 
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run's output, for the tests below (compare only reads it)."""
+    folder = tmp_path_factory.mktemp("good")
+    assert run_cli(["run", *SMALL, "--system", "dualpath", "--out", str(folder)])[0] == 0
+    return folder
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
@@ -85,9 +93,7 @@ def test_compare_puts_two_runs_side_by_side(tmp_path: Path) -> None:
         ("no systems", "not a dualpath-emu summary"),
     ],
 )
-def test_compare_refuses_what_is_no_summary(tmp_path: Path, setup: str, message: str) -> None:
-    good = tmp_path / "good"
-    assert run_cli(["run", *SMALL, "--system", "dualpath", "--out", str(good)])[0] == 0
+def test_compare_refuses_what_is_no_summary(good: Path, tmp_path: Path, setup: str, message: str) -> None:
     bad = tmp_path / "bad.json"
     if setup == "garbage":
         bad.write_text("{nope")
