@@ -14,8 +14,9 @@ clock: :mod:`dualpath_emu.runtime.realtime`), the actors are the same as in virt
 ``msg_id`` from the system's counter (1, 2, 3, … in send order) and delivers it ``latency_s`` of loop time later
 (``call_soon`` when 0): in-process messages are passed as objects, never encoded. What is sent at one instant
 (without latency: before the previous batch arrives) travels as one batch with one loop callback (asyncio alone
-does not order equal timer deadlines), so deliveries are FIFO per system, so per sender. A message for an actor that has not started yet waits for its start. The
-ZeroMQ transport (:mod:`dualpath_emu.runtime.zmq_transport`) delivers what comes from other processes the same way.
+does not order equal timer deadlines), so deliveries are FIFO per system, so per sender. A message for an actor
+that has not started yet waits for its start. The ZeroMQ transport (:mod:`dualpath_emu.runtime.zmq_transport`)
+delivers what comes from other processes the same way.
 
 **Failure.** An exception raised by :meth:`Actor.receive`, or handed to :meth:`ActorSystem.fail` (a data plane's
 callback), fails the whole run: the system records a ``failure`` event, stops every actor, and

@@ -129,10 +129,11 @@ class Backend:
 
     ``plane(request)`` builds the process's plane: a core of its own (a
     :class:`~dualpath_emu.runtime.realtime.WallClockCore`, or one that moves real bytes) or the data-plane
-    service's (:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane`); its ``new_loop()`` is the process's loop. ``shares_core``: the run's processes share one modelled core, the
-    data-plane service's when there are several (the ``model`` backend); otherwise each process drives a core of
-    its own and moves real bytes between processes: each gets a byte-channel endpoint in the run description, and
-    every core starts at one clock origin (the ``host`` backend)."""
+    service's (:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane`); its ``new_loop()`` is the process's
+    loop. ``shares_core``: the run's processes share one modelled core, the data-plane service's when there are
+    several (the ``model`` backend); otherwise each process drives a core of its own and moves real bytes between
+    processes: each gets a byte-channel endpoint in the run description, and every core starts at one clock
+    origin (the ``host`` backend)."""
 
     name: str
     plane: Callable[[PlaneRequest], WallClockCore | RemoteDataPlane]
