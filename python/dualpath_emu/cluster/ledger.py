@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dualpath_emu.cluster.paths import PathStats, io_kind, transfer_kind
+from dualpath_emu.host.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.engine import forward_bytes
 from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Extents, Hop, Then

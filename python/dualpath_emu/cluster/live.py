@@ -58,7 +58,7 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.faults import fault_summary, fault_windows, plan_from_wire
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
-from dualpath_emu.cluster.paths import PathStats
+from dualpath_emu.host.paths import PathStats
 from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.observations import Ended, Redispatched, parse as parse_observation

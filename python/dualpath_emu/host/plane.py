@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath_emu._core import Arbitration, Core
-from dualpath_emu.cluster.paths import PathStats, io_kind, port_nodes, transfer_kind
+from dualpath_emu.host.paths import PathStats, io_kind, port_nodes, transfer_kind
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
 from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
