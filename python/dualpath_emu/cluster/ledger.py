@@ -24,7 +24,7 @@ class Booking:
         """``[bytes, transfers]`` per ``(path, lane)``: a run has few distinct paths, so booking costs one dict
         update per transfer; the per-port totals are summed when asked for."""
         self.measured: dict[str, PathStats] = {}
-        """Probing: per kind of data movement (:mod:`~dualpath_emu.cluster.paths`), its count and times."""
+        """Probing: per kind of data movement (:mod:`~dualpath_emu.host.paths`), its count and times."""
         self._sources: list[Callable[[Booking], None]] = []
 
     def add_source(self, source: Callable[[Booking], None]) -> None:
@@ -148,7 +148,7 @@ class ProbingLedger(Ledger):
 def measure_spans(booking: Booking, topology: Topology, spans: Sequence[tuple[str, list[int], int, int, int, int, int]]) -> None:
     """Add the core's spans (``Core.spans``: every transfer and storage I/O it modelled, the decode GPUs' own
     write-backs and all-to-all among them; a forward pass's per-layer transfers are inside the pass) to
-    ``booking``'s measurements, by kind (:mod:`~dualpath_emu.cluster.paths`)."""
+    ``booking``'s measurements, by kind (:mod:`~dualpath_emu.host.paths`)."""
     measured = booking.measured
     node_of = {n.storage_node: n.index for n in topology.nodes}
     for kind, path, storage_node, _lane, size, start, end in spans:

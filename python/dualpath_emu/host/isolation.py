@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dualpath_emu._core import Arbitration
-from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.host.pacing import Grant, Pacer
 from dualpath_emu.host.transport import ByteChannel
 
 __all__ = ["IsolationResult", "measure_isolation"]
+
+MODEL_LANE, KV_LANE = 0, 2
+"""The paper's lanes (A.1), as the cluster numbers them: the model's traffic on VL0, KV on VL2."""
 
 
 @dataclass(frozen=True)

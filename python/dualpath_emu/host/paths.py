@@ -7,18 +7,53 @@ Blocks to storage), ``PE→DE`` (a prefill's KV to the decode buffer), ``DE→PE
 decode buffer into the PE, layer by layer), ``all-to-all`` (MoE dispatch/combine between nodes of a role),
 ``H2D`` and ``D2H`` (inside a node, DRAM ↔ HBM through the GPU's compute NIC) and ``forward pass`` (a whole
 prefill pass, its layers' transfers and compute).
+
+They are named from a :class:`Layout`, plain port ids by node (the cluster's ``Topology`` is one), so the host
+backend needs nothing of the cluster's code: the cluster hands it its layout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from dualpath_emu.cluster.topology import Topology
-
-__all__ = ["PathStats", "io_kind", "port_nodes", "transfer_kind"]
+__all__ = ["Layout", "NodeLayout", "PathStats", "io_kind", "port_nodes", "transfer_kind"]
 
 
-def transfer_kind(topology: Topology, path: tuple[int, ...]) -> str:
+class NodeLayout(Protocol):
+    """One node's ports and storage node, by id (the cluster's ``NodePorts``)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def snic_rx(self) -> int: ...
+    @property
+    def snic_tx(self) -> int: ...
+    @property
+    def dram(self) -> int: ...
+    @property
+    def cnic_tx(self) -> tuple[int, ...]: ...
+    @property
+    def cnic_rx(self) -> tuple[int, ...]: ...
+    @property
+    def storage_node(self) -> int: ...
+
+
+class Layout(Protocol):
+    """Every node's ports and the storage cluster's (the cluster's ``Topology``)."""
+
+    @property
+    def nodes(self) -> Sequence[NodeLayout]: ...
+    @property
+    def storage_read(self) -> int: ...
+    @property
+    def storage_write(self) -> int: ...
+
+
+def transfer_kind(topology: Layout, path: tuple[int, ...]) -> str:
     """The kind of a transfer along ``path`` (port ids of ``topology``)."""
     nodes = port_nodes(topology)
     first, last = nodes.get(path[0]), nodes.get(path[-1])
@@ -30,7 +65,7 @@ def transfer_kind(topology: Topology, path: tuple[int, ...]) -> str:
     return "all-to-all" if roles[0] == roles[1] else f"{roles[0].upper()}→{roles[1].upper()}"
 
 
-def io_kind(topology: Topology, node: int, kind: str) -> str:
+def io_kind(topology: Layout, node: int, kind: str) -> str:
     """The kind of a storage I/O (``"read"`` or ``"write"``) of cluster node ``node``."""
     return f"storage read ({topology.nodes[node].role.upper()})" if kind == "read" else "write-back"
 
@@ -38,7 +73,7 @@ def io_kind(topology: Topology, node: int, kind: str) -> str:
 _NODES_OF: dict[int, dict[int, int]] = {}
 
 
-def port_nodes(topology: Topology) -> dict[int, int]:
+def port_nodes(topology: Layout) -> dict[int, int]:
     """The node of each of ``topology``'s node ports (the storage cluster's are nobody's)."""
     nodes = _NODES_OF.get(id(topology))
     if nodes is None:

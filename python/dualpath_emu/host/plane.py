@@ -66,9 +66,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath_emu._core import Arbitration, Core
-from dualpath_emu.host.paths import PathStats, io_kind, port_nodes, transfer_kind
-from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
+from dualpath_emu.host.paths import Layout, PathStats, io_kind, port_nodes, transfer_kind
 from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Extents, clear_faults
@@ -89,10 +88,11 @@ NET_CHUNK_BYTES = 16 << 10
 
 @dataclass(frozen=True)
 class HostPlan:
-    """What a host process needs to know of the cluster: its topology, the process that drives each node's
-    I/O, every port's modelled rate, and the storage block size (modelled bytes of one Full Block)."""
+    """What a host process needs to know of the cluster, as plain data: its layout (every node's port ids: the
+    cluster's ``Topology`` is one), the process that drives each node's I/O, every port's modelled rate, and the
+    storage block size (modelled bytes of one Full Block). The host backend imports nothing of the cluster."""
 
-    topology: Topology
+    topology: Layout
     process_of_node: tuple[str, ...]
     port_rate: Mapping[int, float]
     block_bytes: int
