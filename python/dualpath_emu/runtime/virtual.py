@@ -71,21 +71,27 @@ def submit_batch(
     process's own core). The core checks a kind's whole list before it accepts any of it; without ``refused``
     its error raises, with it the list is retried one request at a time and ``refused(tag, error)`` is called
     for each it refuses (a join has no tag: its error raises)."""
-    for submit, batch, tag_at in ((core.submit_transfers, transfers, 3), (core.submit_forwards, forwards, 5),
-                                  (core.submit_ios, ios, 4), (core.add_timers, timers, 1)):  # fmt: skip
-        if not batch:
-            continue
-        if refused is None:
-            submit(batch)
-            continue
-        try:
-            submit(batch)
-        except Exception:
-            for item in batch:
-                try:
-                    submit([item])
-                except Exception as error:
-                    refused(item[tag_at], error)
+    if refused is None:  # the virtual driver's hot path: a call per kind and nothing else
+        if transfers:
+            core.submit_transfers(transfers)
+        if forwards:
+            core.submit_forwards(forwards)
+        if ios:
+            core.submit_ios(ios)
+        if timers:
+            core.add_timers(timers)
+    else:
+        for submit, batch, tag_at in ((core.submit_transfers, transfers, 3), (core.submit_forwards, forwards, 5),
+                                      (core.submit_ios, ios, 4), (core.add_timers, timers, 1)):  # fmt: skip
+            try:
+                if batch:
+                    submit(batch)
+            except Exception:
+                for item in batch:
+                    try:
+                        submit([item])
+                    except Exception as error:
+                        refused(item[tag_at], error)
     if joins:
         core.submit_decode_joins(joins)
 
@@ -179,10 +185,10 @@ class CoreDataPlane:
     def flush(self) -> None:
         """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers, decode
         joins)."""
-        if self._transfers or self._forwards or self._ios or self._timers or self._joins:
-            batch = self._transfers, self._forwards, self._ios, self._timers, self._joins
+        transfers, forwards, ios, timers, joins = self._transfers, self._forwards, self._ios, self._timers, self._joins
+        if transfers or forwards or ios or timers or joins:
             self._transfers, self._forwards, self._ios, self._timers, self._joins = [], [], [], [], []
-            submit_batch(self.core, *batch)
+            submit_batch(self.core, transfers, forwards, ios, timers, joins)
 
     def deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
         """Hand each completion's ``then`` to the driver, in the core's order."""
