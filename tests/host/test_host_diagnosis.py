@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,17 +30,20 @@ ADVICE = "--restart-crashed"
 @pytest.fixture
 def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A file system of its own (a tmpfs of ``request.param`` MiB, default 1), which a host run's KV blocks fill."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
+    # A short path of its own: under xdist tmp_path gains "popen-gwN/", and the run's ipc socket paths
+    # inside the mount then pass the kernel's 107-character limit.
+    mount = Path(tempfile.mkdtemp(prefix="dpe-disk-"))
     size = getattr(request, "param", 1)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0700", "tmpfs", str(mount)],
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
+        shutil.rmtree(mount, ignore_errors=True)
         pytest.skip(f"mounting a small tmpfs needs root with CAP_SYS_ADMIN: {done.stderr.strip() or done.returncode}")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+        shutil.rmtree(mount, ignore_errors=True)
 
 
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
