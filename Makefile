@@ -56,7 +56,8 @@ run: build ## Run the default cluster scenario (`dualpath-emu run $(ARGS)`, e.g.
 	$(VENV)/bin/dualpath-emu run $(ARGS)
 
 .PHONY: test
-test: build ## Rust tests (no libpython), stub check, pytest on PYTEST_WORKERS workers less the tests that start processes, mypy --strict
+test: build ## Rust tests (no libpython), stub check, pytest on PYTEST_WORKERS workers less the tests that start processes, mypy --strict, formatting
+	$(MAKE) --no-print-directory format-check
 	cargo test --workspace
 	$(MAKE) --no-print-directory stubtest
 	$(PYTEST) -m "not processes"
@@ -129,8 +130,9 @@ lint: build ## rustfmt check, clippy (with and without the python feature) -D wa
 	$(MAKE) --no-print-directory typecheck
 
 .PHONY: format-check
-format-check: $(VENV_STAMP) ## Check the Python code's formatting (ruff format --check; pyproject.toml's [tool.ruff]); not in CI yet
+format-check: $(VENV_STAMP) ## Check the formatting (ruff format --check, pyproject.toml's [tool.ruff]; cargo fmt --check); part of make test
 	$(VENV)/bin/ruff format --check python tests
+	cargo fmt --all --check
 
 .PHONY: format
 format: $(VENV_STAMP) ## Format the Rust code (cargo fmt) and the Python code (ruff format python tests: the whole tree)

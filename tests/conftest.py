@@ -33,11 +33,7 @@ PROFILE_ENV = "DUALPATH_HYPOTHESIS_PROFILE"
 settings.register_profile("default", max_examples=40, stateful_step_count=30, deadline=None)
 settings.register_profile("ci", settings.get_profile("default"), derandomize=True, database=None)
 settings.register_profile(
-    "deep",
-    max_examples=1_000,
-    stateful_step_count=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    "deep", max_examples=1_000, stateful_step_count=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 _PROFILES = ("default", "ci", "deep")

@@ -108,10 +108,8 @@ def _values(depth: int = 2) -> st.SearchStrategy[Any]:
         return scalar
     inner = _values(depth - 1)
     return st.one_of(
-        scalar, scalar, scalar,
-        st.lists(inner, max_size=4),
-        st.dictionaries(_strings(), inner, max_size=3),
-    )  # fmt: skip
+        scalar, scalar, scalar, st.lists(inner, max_size=4), st.dictionaries(_strings(), inner, max_size=3)
+    )
 
 
 # -------------------------------------------------------------------------------------- TOML scenarios
@@ -329,7 +327,9 @@ def _mutate(draw: st.DrawFn, data: bytes) -> bytes:
         elif op == 6:
             out[at:at] = draw(st.sampled_from([b" = 1\n", b"\n[x]\n", b"\n[[x]]\n", b'"', b"'''", b",", b"]", b"}"]))
         else:
-            out[at:at] = draw(st.sampled_from([_HUGE_DIGITS.encode(), b"1e400", b"NaN", b"-Infinity", b"0x" + b"f" * 40]))
+            out[at:at] = draw(
+                st.sampled_from([_HUGE_DIGITS.encode(), b"1e400", b"NaN", b"-Infinity", b"0x" + b"f" * 40])
+            )
     return bytes(out)
 
 
@@ -348,8 +348,9 @@ class FuzzFailure(AssertionError):
 def _check_message(error: BaseException, path: Path) -> None:
     message = str(error)
     if "\n" in message or len(message) > MAX_MESSAGE_CHARS:
-        raise FuzzFailure(f"an error message of {len(message)} characters on {message.count(chr(10)) + 1} lines: "
-                          f"{message[:300]!r}")  # fmt: skip
+        raise FuzzFailure(
+            f"an error message of {len(message)} characters on {message.count(chr(10)) + 1} lines: {message[:300]!r}"
+        )
     if not message.startswith(str(path)):
         raise FuzzFailure(f"an error that does not name the file first: {message[:300]!r}")
 
@@ -497,8 +498,10 @@ def fuzz(seconds: float, examples: int | None, seed: int | None) -> int:
                     test()
                 except (FuzzFailure, ExceptionGroup) as failure:  # a group: Hypothesis found several
                     print(f"fuzz: inputs: FAILED ({name}) after {counts.total:,} documents: {str(failure)[:500]}")
-                    print("fuzz: inputs: the minimal document is printed above (Falsifying example); add it to "
-                          "tests/data/bad_inputs/ with its expected error (tests/data/bad_inputs/expected.json)")
+                    print(
+                        "fuzz: inputs: the minimal document is printed above (Falsifying example); add it to "
+                        "tests/data/bad_inputs/ with its expected error (tests/data/bad_inputs/expected.json)"
+                    )
                     return 1
             round_ += 1
 

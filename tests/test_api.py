@@ -73,8 +73,9 @@ def test_overrides_set_any_key_and_are_checked_like_the_file() -> None:
     assert str(error.value) == "override 'kind.x': key 'kind' is no table"
     with pytest.raises(ScenarioError) as error:
         api.load_scenario("no-such-scenario")
-    assert str(error.value).startswith("no-such-scenario: no such file, and no packaged scenario of that name "
-                                       "(packaged: ds27b-1p1d-offline, ")  # fmt: skip
+    assert str(error.value).startswith(
+        "no-such-scenario: no such file, and no packaged scenario of that name (packaged: ds27b-1p1d-offline, "
+    )
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -138,13 +139,15 @@ def test_a_system_object_from_the_notebook() -> None:
             return out
 
     mine = api.System("first-pe", "every request to PE 0", layerwise=True, dual_path=True, scheduler=FirstPE)
-    done = api.run("ds27b-1p1d-offline", systems=[mine, "dualpath"], agents=4,
-                   seed=1)  # the whole trajectories of 4 agents  # fmt: skip
+    done = api.run(
+        "ds27b-1p1d-offline", systems=[mine, "dualpath"], agents=4, seed=1
+    )  # the whole trajectories of 4 agents
     assert done.systems == ["first-pe", "dualpath"]
     assert {row["pe"] for row in done.rows() if row["system"] == "first-pe"} == {0}
     with pytest.raises(ScenarioError, match="'basic', a built-in system's name"):
-        api.run("ds27b-1p1d-offline", systems=[api.System("basic", "", layerwise=True, dual_path=True,
-                                                          scheduler=FirstPE)])  # fmt: skip
+        api.run(
+            "ds27b-1p1d-offline", systems=[api.System("basic", "", layerwise=True, dual_path=True, scheduler=FirstPE)]
+        )
     with pytest.raises(ScenarioError, match="expected each system once: 'first-pe'"):
         api.load_scenario("ds27b-1p1d-offline", systems=[mine, mine])
 
@@ -152,7 +155,8 @@ def test_a_system_object_from_the_notebook() -> None:
 def test_runs_repeat_exactly(result: api.RunResult) -> None:
     again = api.run(result.scenario)
     assert {n: r.event_log_sha256 for n, r in again.results.items()} == {
-        n: r.event_log_sha256 for n, r in result.results.items()}  # fmt: skip
+        n: r.event_log_sha256 for n, r in result.results.items()
+    }
     assert again.rows() == result.rows()
 
 
@@ -170,7 +174,9 @@ def test_to_pandas(result: api.RunResult) -> None:
 
 def test_to_pandas_without_pandas_says_what_to_do(result: api.RunResult, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # what an interpreter without pandas sees
-    with pytest.raises(ModuleNotFoundError, match=r"needs pandas, which dualpath-emu does not install: pip install pandas"):
+    with pytest.raises(
+        ModuleNotFoundError, match=r"needs pandas, which dualpath-emu does not install: pip install pandas"
+    ):
         result.to_pandas()
     assert len(result.rows()) > 0  # the rows need no pandas
 
@@ -195,7 +201,7 @@ def test_the_package_re_exports_the_api_lazily() -> None:
 def _readme_block(heading: str) -> str:
     """The first ```python block of the README's section ``heading``."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index(f"\n## {heading}\n"):]
+    section = text[text.index(f"\n## {heading}\n") :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("```", start)]
 

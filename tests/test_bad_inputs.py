@@ -75,7 +75,9 @@ def test_a_corpus_input_gets_one_line_naming_file_and_key(
 # ------------------------------------------------------------------------------- files that are not files
 
 
-def test_non_regular_files_are_refused_before_a_byte_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_non_regular_files_are_refused_before_a_byte_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     result: list[str] = []
@@ -140,7 +142,9 @@ def test_a_100k_character_value_is_not_echoed_whole(tmp_path: Path, capsys: pyte
     assert "(100,000 characters)" in error_line(capsys, ["trace", "stats", str(trace)])
 
 
-def test_command_line_numbers_are_bounded_and_never_echoed_whole(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_command_line_numbers_are_bounded_and_never_echoed_whole(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     scenario = tmp_path / "s.toml"
     scenario.write_text(SMALL)
     huge = "9" * 5_000

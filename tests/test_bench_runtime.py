@@ -62,7 +62,10 @@ def test_zmq_across_two_processes_arrives_exactly_once() -> None:
 def test_the_data_plane_benchmark_completes_every_request_and_records_lags() -> None:
     result = bench_dataplane(2_000, batch=50, window=400)
     assert result.requests == 2_000 and result.wall_s > 0 and result.rate > 0 and result.cpu_s >= 0
-    assert result.delivery_lag_ns["count"] == 2_000 and result.delivery_lag_ns["p99_ns"] >= result.delivery_lag_ns["p50_ns"]
+    assert (
+        result.delivery_lag_ns["count"] == 2_000
+        and result.delivery_lag_ns["p99_ns"] >= result.delivery_lag_ns["p50_ns"]
+    )
     assert result.submission_lag_ns["count"] == 40 and result.rtt_ns > 0
     assert bench_dataplane_handshake() > 0  # tcp loopback
 

@@ -36,16 +36,21 @@ def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("workload.agents=" + "[" * 5_000 + "]" * 5_000, "--set workload.agents: not a valid TOML value: nested too deeply"),
+        (
+            "workload.agents=" + "[" * 5_000 + "]" * 5_000,
+            "--set workload.agents: not a valid TOML value: nested too deeply",
+        ),
         ("workload.agents=" + "{a=" * 3_000 + "1" + "}" * 3_000, "nested too deeply"),
         ("workload.agents=" + "9" * 5_000, "--set workload.agents: not a valid TOML value: an integer of more than"),
         ("workload.agents=1\nseed=3", "--set workload.agents: expected one TOML value"),
         ("a." * 40 + "b=1", "no such key 'a'"),
-        ('"workload".agents=2', "--set \"workload\".agents: no such key"),
+        ('"workload".agents=2', '--set "workload".agents: no such key'),
         ("workload.nope.deeper=1", "--set workload.nope.deeper: no such key 'workload.nope'"),
     ],
 )
-def test_a_set_value_a_file_could_not_hold_is_one_line(capsys: pytest.CaptureFixture[str], value: str, expected: str) -> None:
+def test_a_set_value_a_file_could_not_hold_is_one_line(
+    capsys: pytest.CaptureFixture[str], value: str, expected: str
+) -> None:
     for command in (["run", *SMALL], ["sweep", "ds27b-1p1d-offline", "--out", "/nonexistent/x"]):
         line = error_line(capsys, [*command, "--set", value])
         assert expected in line, line
@@ -93,7 +98,9 @@ def test_a_disk_that_fills_during_a_live_run_is_one_line(
     monkeypatch.setattr(node, "RunDescription", type("D", (), {"read": staticmethod(lambda d: _Description())}))
     monkeypatch.setattr(node, "serve_process", full)
     monkeypatch.setattr(node, "find_scenario", Path)
-    monkeypatch.setattr(node, "load_run_scenario", lambda path, registry: SimpleNamespace(with_overrides=lambda **_: None))
+    monkeypatch.setattr(
+        node, "load_run_scenario", lambda path, registry: SimpleNamespace(with_overrides=lambda **_: None)
+    )
     assert node.main(["run.toml", "--process", "dataplane", "--run-dir", str(tmp_path)], Registry({}, {})) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -110,7 +117,10 @@ def test_a_disk_that_fills_during_a_live_run_is_one_line(
     free = iter([shutil._ntuple_diskusage(1 << 30, 0, 1 << 30)])
     monkeypatch.setattr(shutil, "disk_usage", lambda path: next(free, disk))
     line = error_line(capsys, ["run", *SMALL, "--mode", "realtime", "--run-dir", str(tmp_path / "r")])
-    assert line == f"basic: the run directory {tmp_path / 'r' / 'basic'} is full (100 bytes left): the run stopped; free space and run it again"
+    assert (
+        line
+        == f"basic: the run directory {tmp_path / 'r' / 'basic'} is full (100 bytes left): the run stopped; free space and run it again"
+    )
 
 
 class _Description:
@@ -162,7 +172,9 @@ def test_collect_on_damaged_or_missing_parts_is_one_line(
         assert line == f"{run}/run.toml: no such file"
     else:
         assert line.startswith(f"{part}: "), line
-    assert error_line(capsys, ["collect", str(tmp_path / "none")]).startswith(f"{tmp_path / 'none'}: expected the folder")
+    assert error_line(capsys, ["collect", str(tmp_path / "none")]).startswith(
+        f"{tmp_path / 'none'}: expected the folder"
+    )
 
 
 # 2. Memory bounded by a run's size, not its emulated time
@@ -239,8 +251,9 @@ def test_the_run_cache_never_waits_on_or_reads_a_file_it_did_not_write(
     else:
         path.mkdir()
     found: list[object] = []
-    reader = threading.Thread(target=lambda: found.append(common._cache_read(cache, key, common.PLAIN_JSON, None)),
-                              daemon=True)  # fmt: skip
+    reader = threading.Thread(
+        target=lambda: found.append(common._cache_read(cache, key, common.PLAIN_JSON, None)), daemon=True
+    )
     reader.start()
     reader.join(10)
     assert not reader.is_alive(), "the cache read blocked"
@@ -293,8 +306,9 @@ def test_a_storage_dir_that_cannot_be_cleaned_is_a_warning(
 
     monkeypatch.setattr(Path, "unlink", read_only)
     live._remove_blocks(folder)
-    assert capsys.readouterr().err == (f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: "
-                                       "Read-only file system\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: Read-only file system\n"
+    )
 
 
 # 4. Trust
@@ -309,7 +323,9 @@ def test_a_policy_calling_sys_exit_is_an_error_naming_it(
     spec = str(tmp_path / "leaving_policy.py") + ":X" if how == "file" else "leaving_policy:X"
     monkeypatch.syspath_prepend(str(tmp_path))
     scenario = tmp_path / "s.toml"
-    scenario.write_text(f'kind = "cluster"\nsystems = ["{tmp_path / "leaving_policy.py"}:X"]\n[deployment]\nmodel = "ds27b"\n')
+    scenario.write_text(
+        f'kind = "cluster"\nsystems = ["{tmp_path / "leaving_policy.py"}:X"]\n[deployment]\nmodel = "ds27b"\n'
+    )
     line = error_line(capsys, ["run", *SMALL[:-3], "--system", spec])
     assert f"--system: '{spec}': " in line and "raised SystemExit: 0" in line
     assert "raised SystemExit: 0" in error_line(capsys, ["validate", str(scenario)])
@@ -320,7 +336,9 @@ def test_validate_says_that_it_runs_the_policy_code_it_checks(capsys: pytest.Cap
     assert "that runs their code" in " ".join(capsys.readouterr().out.split())
 
 
-def test_ctrl_c_on_a_live_run_exits_130(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_on_a_live_run_exits_130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The launcher's LaunchInterrupted (a LaunchError) was wrapped as a failed run and the command exited 1."""
     import dualpath_emu.cluster.live as live
     from dualpath_emu.runtime.launcher import LaunchInterrupted
@@ -344,8 +362,9 @@ def test_a_killed_launchers_folders_are_removed_by_the_next_one(tmp_path: Path) 
 
     from dualpath_emu.runtime.launcher import OWNER_FILE, mark_owner, sweep_orphans
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_pid = int(gone.stdout)
     folders = {name: tmp_path / name for name in ("run-dead", "run-live", "run-unmarked", "run-elsewhere")}
     for folder in folders.values():
@@ -447,4 +466,7 @@ def test_a_full_disk_is_measured_before_a_host_runs_clean_up_frees_it(
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, 1 << 30))
     assert live.full_disk(roomy, None, "process 'de1': the run failed: a block read back wrong") is None
     said = live.full_disk(roomy, roomy / "kv", f"write ctx-00000005.kv: {os.strerror(errno.ENOSPC)}")
-    assert said == f"a process ran out of space (No space left on device) writing to the KV storage directory {roomy / 'kv'} or its run directory"
+    assert (
+        said
+        == f"a process ran out of space (No space left on device) writing to the KV storage directory {roomy / 'kv'} or its run directory"
+    )

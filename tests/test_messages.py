@@ -17,15 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dualpath_emu.messages import (
-    DEFAULT_MAX_ARRAY_LEN,
-    FORMAT,
-    Codec,
-    Envelope,
-    Message,
-    MessageError,
-    MessageRegistry,
-)
+from dualpath_emu.messages import DEFAULT_MAX_ARRAY_LEN, FORMAT, Codec, Envelope, Message, MessageError, MessageRegistry
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
@@ -342,7 +334,11 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("bin for str", frame(1, "Ping", 1, [7, b"hi", b""]), "Ping v1 field 'note': expected str, got bytes"),
     ("str for bin", frame(1, "Ping", 1, [7, "hi", "x"]), "Ping v1 field 'payload': expected bytes, got str"),
     ("int for bool", frame(1, "Scalars", 3, [1, 2.5, "s", 1, b""]), "Scalars v3 field 'b': expected bool, got int"),
-    ("str for float", frame(1, "Scalars", 3, [1, "2", "s", True, b""]), "Scalars v3 field 'f': expected float, got str"),
+    (
+        "str for float",
+        frame(1, "Scalars", 3, [1, "2", "s", True, b""]),
+        "Scalars v3 field 'f': expected float, got str",
+    ),
     (
         "bool for float",
         frame(1, "Scalars", 3, [1, True, "s", True, b""]),
@@ -353,11 +349,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         frame(1, "Optionals", 1, ["1", None, None, None, None, None, None]),
         "Optionals v1 field 'i': expected int | None, got str",
     ),
-    (
-        "array for int",
-        frame(1, "Ping", 1, [[7], "hi", b""]),
-        "Ping v1 field 'seq': expected int, got tuple",
-    ),
+    ("array for int", frame(1, "Ping", 1, [[7], "hi", b""]), "Ping v1 field 'seq': expected int, got tuple"),
     (
         "str in int tuple",
         frame(1, "Tuples", 1, [[1, "2"], [], [], [], []]),
@@ -415,18 +407,18 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         frame(1, "Outer", 2, ["o", [1, "Ping", 9, GOOD_PING], None]),
         r"Outer v2 field 'ping': Ping: version 9 not supported \(1\)",
     ),
-    (
-        "nested not a frame",
-        frame(1, "Outer", 2, ["o", 5, None]),
-        "Outer v2 field 'ping': expected a frame .*, got int",
-    ),
+    ("nested not a frame", frame(1, "Outer", 2, ["o", 5, None]), "Outer v2 field 'ping': expected a frame .*, got int"),
     (
         "two levels down",
         frame(1, "Deep", 1, [[1, "Outer", 2, ["o", [1, "Ping", 1, GOOD_PING], [1, "Scalars", 3, [1] * 5]]], 0]),
         "Deep v1 field 'outer': Outer v2 field 'maybe': Scalars v3 field 's': expected str, got int",
     ),
     ("the type's own check", frame(1, "Checked", 1, [-1]), "Checked v1: count must be >= 0, got -1"),
-    ("an envelope", frame(1, "envelope", 1, ["a", "b", 1, None, [1, "Stop", 1, []]]), "got an envelope frame: decode it with decode_envelope"),
+    (
+        "an envelope",
+        frame(1, "envelope", 1, ["a", "b", 1, None, [1, "Stop", 1, []]]),
+        "got an envelope frame: decode it with decode_envelope",
+    ),
     ("empty input", b"", "truncated or malformed msgpack"),
     ("truncated", frame(1, "Ping", 1, GOOD_PING)[:-1], "truncated or malformed msgpack"),
     ("trailing byte", frame(1, "Ping", 1, GOOD_PING) + b"\x00", "truncated or malformed msgpack.*ExtraData"),
@@ -441,7 +433,11 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         frame(1, "Tuples", 1, [list(range(DEFAULT_MAX_ARRAY_LEN + 1)), [], [], [], []]),
         rf"truncated or malformed msgpack.*exceeds max_array_len\({DEFAULT_MAX_ARRAY_LEN}\)",
     ),
-    ("a short frame's array longer than the frame", b"\x94\x01\xa4Ping\x01\xdd\x00\x00\x04\x01", r"truncated or malformed msgpack.*exceeds max_array_len\(1024\)"),
+    (
+        "a short frame's array longer than the frame",
+        b"\x94\x01\xa4Ping\x01\xdd\x00\x00\x04\x01",
+        r"truncated or malformed msgpack.*exceeds max_array_len\(1024\)",
+    ),
 ]
 
 
@@ -604,7 +600,11 @@ BAD_VALUES: list[tuple[str, Message, str]] = [
     ("float for int", Ping(7.0, "hi", b""), "Ping v1 field 'seq': expected int, got float"),  # type: ignore[arg-type]
     ("bytearray for bytes", Ping(7, "hi", bytearray(b"x")), "Ping v1 field 'payload': expected bytes, got bytearray"),  # type: ignore[arg-type]
     ("int for bool", Scalars(1, 1.0, "", 1, b""), "Scalars v3 field 'b': expected bool, got int"),  # type: ignore[arg-type]
-    ("int too large for a float", Scalars(1, 10**400, "", True, b""), "Scalars v3 field 'f': expected float, got int 1000"),
+    (
+        "int too large for a float",
+        Scalars(1, 10**400, "", True, b""),
+        "Scalars v3 field 'f': expected float, got int 1000",
+    ),
     ("None for str", Scalars(1, 1.0, None, True, b""), "Scalars v3 field 's': expected str, got None"),  # type: ignore[arg-type]
     ("list for tuple", Tuples([1], (), (), (), ()), r"Tuples v1 field 'ints': expected tuple\[int, \.\.\.\], got list"),  # type: ignore[arg-type]
     (
@@ -628,7 +628,11 @@ BAD_VALUES: list[tuple[str, Message, str]] = [
         Batch((PING, Ping(1, 2, b"")), None),  # type: ignore[arg-type]
         "Batch v1 field 'pings': element 1: Ping v1 field 'note': expected str, got int",
     ),
-    ("wrong type in a batch", Batch((SCALARS,), None), r"Batch v1 field 'pings': expected tuple\[Ping, \.\.\.\], got tuple with Scalars at index 0"),  # type: ignore[arg-type]
+    (
+        "wrong type in a batch",
+        Batch((SCALARS,), None),  # type: ignore[arg-type]
+        r"Batch v1 field 'pings': expected tuple\[Ping, \.\.\.\], got tuple with Scalars at index 0",
+    ),
     ("lone surrogate", Ping(1, "\ud800", b""), "cannot encode Ping"),
 ]
 
@@ -671,7 +675,11 @@ MALFORMED_ENVELOPES: list[tuple[str, bytes, str]] = [
     ("wrong version", frame(1, "envelope", 2, ["a", "b", 1, None, BODY]), r"envelope: version 2 not supported \(1\)"),
     ("four fields", frame(1, "envelope", 1, ["a", "b", 1, BODY]), "expected 5 fields for envelope, got 4"),
     ("sender not str", frame(1, "envelope", 1, [1, "b", 1, None, BODY]), "envelope v1 field 'sender': expected str"),
-    ("msg_id str", frame(1, "envelope", 1, ["a", "b", "1", None, BODY]), "envelope v1 field 'msg_id': expected int, got str"),
+    (
+        "msg_id str",
+        frame(1, "envelope", 1, ["a", "b", "1", None, BODY]),
+        "envelope v1 field 'msg_id': expected int, got str",
+    ),
     (
         "reply_to bool",
         frame(1, "envelope", 1, ["a", "b", 1, False, BODY]),
@@ -819,7 +827,9 @@ def test_unsupported_annotations_are_refused_at_registration(annotation: object)
 def test_a_nested_type_must_be_registered_first() -> None:
     registry = MessageRegistry()
     registry.register(Scalars)
-    with pytest.raises(TypeError, match=r"^Outer\.ping: message type Ping is not registered here \(register it first\)"):
+    with pytest.raises(
+        TypeError, match=r"^Outer\.ping: message type Ping is not registered here \(register it first\)"
+    ):
         registry.register(Outer)
     assert Outer not in registry
     with pytest.raises(TypeError, match=r"^Batch\.pings: message type Ping is not registered here"):
@@ -918,4 +928,3 @@ def test_a_codec_refuses_limits_too_small_for_a_frame() -> None:
         Codec(REGISTRY, max_array_len=4)
     with pytest.raises(ValueError, match="max_frame_bytes must be >= 1"):
         Codec(REGISTRY, max_frame_bytes=0)
-

@@ -86,7 +86,9 @@ def test_runtime_dependencies_are_ranges_that_the_dev_pins_satisfy() -> None:
 
     from packaging.requirements import Requirement
 
-    dependencies = [Requirement(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    dependencies = [
+        Requirement(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
     pins = {}
     for line in (REPO / "requirements-dev.txt").read_text().splitlines():
         if line and not line.startswith("#"):
@@ -96,7 +98,9 @@ def test_runtime_dependencies_are_ranges_that_the_dev_pins_satisfy() -> None:
     for dependency in dependencies:
         operators = {spec.operator for spec in dependency.specifier}
         assert operators == {">=", "<"}, f"{dependency}: expected a range (>=, <), not a pin"
-        assert dependency.specifier.contains(pins[dependency.name]), f"{dependency}: the dev pin {pins[dependency.name]}"
+        assert dependency.specifier.contains(pins[dependency.name]), (
+            f"{dependency}: the dev pin {pins[dependency.name]}"
+        )
 
 
 def test_scenarios_ship_in_the_package_and_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,7 +113,7 @@ def test_scenarios_ship_in_the_package_and_run_by_name(capsys: pytest.CaptureFix
         assert find(name) == find(f"{name}.toml") == FOLDER / f"{name}.toml"
         assert main(["validate", name]) == 0
     assert main(["run", "--list"]) == 0
-    listed = capsys.readouterr().out.splitlines()[-len(names()):]
+    listed = capsys.readouterr().out.splitlines()[-len(names()) :]
     assert [line.split(":")[0] for line in listed] == names()
 
 

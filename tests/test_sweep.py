@@ -50,9 +50,15 @@ def local_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_values_split_at_top_level_commas_only() -> None:
     assert split_values("1,2, 3") == ["1", "2", "3"]
-    assert split_values('[1,2],[3],"a,b",\'c,d\',{x = 1, y = 2}') == ["[1,2]", "[3]", '"a,b"', "'c,d'", "{x = 1, y = 2}"]
+    assert split_values("[1,2],[3],\"a,b\",'c,d',{x = 1, y = 2}") == [
+        "[1,2]",
+        "[3]",
+        '"a,b"',
+        "'c,d'",
+        "{x = 1, y = 2}",
+    ]
     assert split_values('"a\\",b",c') == ['"a\\",b"', "c"]
-    grid = parse_grid(["workload.agents=4,8", "systems=[\"basic\"],[\"basic\",\"oracle\"]", "workload.mode=online"])
+    grid = parse_grid(["workload.agents=4,8", 'systems=["basic"],["basic","oracle"]', "workload.mode=online"])
     assert grid == {"workload.agents": [4, 8], "systems": [["basic"], ["basic", "oracle"]], "workload.mode": ["online"]}
 
 
@@ -123,7 +129,9 @@ def test_a_hostile_cache_file_is_never_unpickled_or_run(
     assert cli_main(sweep(out, "--jobs", "1", "--json")) == 0
     captured = capsys.readouterr()
     assert not marker.exists()
-    assert deterministic(json.loads(captured.out)) == deterministic(json.loads((local_sweep / "sweep.json").read_text()))
+    assert deterministic(json.loads(captured.out)) == deterministic(
+        json.loads((local_sweep / "sweep.json").read_text())
+    )
     for path, problem in zip(files, ("not a readable JSON file", "not a readable JSON file", "another run's key",
                                      "a result of the wrong shape", "not a cache file of format 1")):  # fmt: skip
         assert f"warning: ignoring the cache file {path} ({problem}" in captured.err, captured.err
@@ -224,7 +232,10 @@ def test_a_scenario_file_of_ones_own_a_categorical_axis_and_one_point(
                                         'pe_nodes = 1\nde_nodes = 1\nprefill_ep_nodes = 1\ndecode_ep_nodes = 1\n'
                                         '[workload]\nagents = 4\nmax_rounds = 1\n')  # fmt: skip
     monkeypatch.chdir(tmp_path)
-    assert cli_main(["sweep", "mine.toml", "--set", "hardware.gpu=h800,h20", "--out", "out", "--cache", "c", "--quiet"]) == 0
+    assert (
+        cli_main(["sweep", "mine.toml", "--set", "hardware.gpu=h800,h20", "--out", "out", "--cache", "c", "--quiet"])
+        == 0
+    )
     rows = (tmp_path / "out" / "sweep.csv").read_text().splitlines()
     assert [r.split(",")[:2] for r in rows] == [["hardware.gpu", "system"], ["h800", "oracle"], ["h20", "oracle"]]
     assert len(list((tmp_path / "c").glob("*.json"))) == 2 and (tmp_path / "out" / "sweep.png").exists()

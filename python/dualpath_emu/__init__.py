@@ -15,18 +15,9 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dualpath_emu.api import (
-        Policy,
-        RunResult,
-        ScenarioError,
-        System,
-        load_scenario,
-        run,
-        scenario_names,
-    )
+    from dualpath_emu.api import Policy, RunResult, ScenarioError, System, load_scenario, run, scenario_names
 
-__all__ = ["Policy", "RunResult", "ScenarioError", "System", "__version__", "load_scenario", "run",
-           "scenario_names"]
+__all__ = ["Policy", "RunResult", "ScenarioError", "System", "__version__", "load_scenario", "run", "scenario_names"]
 
 __version__: str = _version("dualpath-emu")
 

@@ -242,4 +242,3 @@ def _typed(column: str, text: str | None) -> int | float | str | None:
         return float(text)
     except ValueError:
         return text
-

@@ -37,7 +37,10 @@ def build(core: Core) -> Ports:
     paper = Arbitration.paper()
 
     def nics(side: str) -> list[list[int]]:
-        return [[core.add_port(f"n{n}.cnic{g}.{side}", GBPS_400, arbitration=paper) for g in range(GPUS)] for n in range(NODES)]
+        return [
+            [core.add_port(f"n{n}.cnic{g}.{side}", GBPS_400, arbitration=paper) for g in range(GPUS)]
+            for n in range(NODES)
+        ]
 
     return Ports(
         storage=core.add_port("3fs", NODES * 2 * GBPS_400),

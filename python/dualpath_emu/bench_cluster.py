@@ -96,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="inserted after 'cluster' in the BENCH names")
     parser.add_argument("--clusters", type=lambda v: [_cluster_size(c) for c in v.split(",")], default=None,
                         help="cluster sizes, e.g. 2P4D,16P32D (default: the configuration's, 2P4D, unnamed)")  # fmt: skip
-    parser.add_argument("--cpu-budget-s", type=float, default=None,
-                        help="stop a run after this much CPU and report how far it got (default: no limit)")
+    parser.add_argument(
+        "--cpu-budget-s",
+        type=float,
+        default=None,
+        help="stop a run after this much CPU and report how far it got (default: no limit)",
+    )
     args = parser.parse_args(argv)
     if args.cpu_budget_s is not None and not args.cpu_budget_s > 0:
         parser.error(f"--cpu-budget-s: expected a number > 0, got {args.cpu_budget_s}")

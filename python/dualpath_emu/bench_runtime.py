@@ -346,7 +346,9 @@ async def wait_ready(system: ZmqActorSystem, collector: Collector, child: Child 
         return
 
 
-async def send_ticks(system: ZmqActorSystem, collector: Collector, count: int, pad: bytes, child: Child | None) -> Tally:
+async def send_ticks(
+    system: ZmqActorSystem, collector: Collector, count: int, pad: bytes, child: Child | None
+) -> Tally:
     """Tell ``count`` ticks to the counter, then a query, and check the tally it tells."""
     tell = system.tell
     for seq in range(count):
@@ -422,7 +424,9 @@ def bench_zmq_one_process(count: int = 200_000, envelope_bytes: int = ENVELOPE_B
 
         async def drive() -> float:
             driver = f"ipc://{directory}/driver"
-            async with ZmqActorSystem(codec(), bind=f"ipc://{directory}/counter", address_book={COLLECTOR: driver}) as host:
+            async with ZmqActorSystem(
+                codec(), bind=f"ipc://{directory}/counter", address_book={COLLECTOR: driver}
+            ) as host:
                 Counter(host, COUNTER).start()
                 async with ZmqActorSystem(codec(), bind=driver, address_book={COUNTER: host.endpoint}) as system:
                     collector = Collector(system)

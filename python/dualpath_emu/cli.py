@@ -171,8 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--backend", choices=("model", "host"), default=None,
                       help="model (the scenario's default): the core times every byte; host: move real bytes (KV "
                            "blocks in files, KV between processes over sockets), live")  # fmt: skip
-    live.add_argument("--byte-scale", type=float, metavar="F", default=None,
-                      help="host backend: real bytes per modelled byte (default the scenario's, 0.001)")
+    live.add_argument(
+        "--byte-scale",
+        type=float,
+        metavar="F",
+        default=None,
+        help="host backend: real bytes per modelled byte (default the scenario's, 0.001)",
+    )
     live.add_argument("--mode", choices=("virtual", "realtime"), default=None,
                       help="virtual (default): one process, virtual clock, deterministic; realtime: wall clock, "
                            "one OS process per engine group, a data-plane service owning every port")  # fmt: skip
@@ -181,24 +186,50 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--placement", choices=("groups", "roles", "single"), default="groups",
                       help="realtime: groups (default: scheduler, client, each prefill and decode group its own "
                            "process), roles (front end, prefill, decode), single (one process)")  # fmt: skip
-    live.add_argument("--transport", choices=("ipc", "tcp"), default="ipc",
-                      help="realtime: ipc (default; sockets in a private directory) or tcp (CURVE-authenticated)")
+    live.add_argument(
+        "--transport",
+        choices=("ipc", "tcp"),
+        default="ipc",
+        help="realtime: ipc (default; sockets in a private directory) or tcp (CURVE-authenticated)",
+    )
     live.add_argument("--host", default="127.0.0.1", help="realtime, tcp: the address to bind (default loopback)")
     live.add_argument("--run-dir", type=Path, metavar="DIR",
                       help="realtime: keep the run's description, keys, logs and parts here (default: under --out, "
                            "else a temporary directory)")  # fmt: skip
-    live.add_argument("--metrics-port", type=int, metavar="PORT",
-                      help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)")
-    live.add_argument("--timeout", type=float, metavar="S", default=86_400.0,
-                      help="realtime: wall seconds after which the run is stopped (default one day)")
-    live.add_argument("--prepare", type=Path, metavar="DIR",
-                      help="realtime, several hosts: write the run (description, tcp endpoints, CURVE keys) into "
-                           "DIR and print each host's commands instead of running it; then `dualpath-emu collect DIR`")
-    live.add_argument("--process-host", action="append", metavar="PATTERN=HOST",
-                      help="--prepare: run the processes whose names match PATTERN (shell style: 'pe*', 'de*', "
-                           "'dataplane', 'client', 'scheduler') on HOST; the rest on --host (repeat for several)")
-    live.add_argument("--port-base", type=int, default=47_100, metavar="PORT",
-                      help="--prepare: the data plane listens on PORT, the other processes on the next ports")
+    live.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)",
+    )
+    live.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        default=86_400.0,
+        help="realtime: wall seconds after which the run is stopped (default one day)",
+    )
+    live.add_argument(
+        "--prepare",
+        type=Path,
+        metavar="DIR",
+        help="realtime, several hosts: write the run (description, tcp endpoints, CURVE keys) into "
+        "DIR and print each host's commands instead of running it; then `dualpath-emu collect DIR`",
+    )
+    live.add_argument(
+        "--process-host",
+        action="append",
+        metavar="PATTERN=HOST",
+        help="--prepare: run the processes whose names match PATTERN (shell style: 'pe*', 'de*', "
+        "'dataplane', 'client', 'scheduler') on HOST; the rest on --host (repeat for several)",
+    )
+    live.add_argument(
+        "--port-base",
+        type=int,
+        default=47_100,
+        metavar="PORT",
+        help="--prepare: the data plane listens on PORT, the other processes on the next ports",
+    )
     live.add_argument("--restart-crashed", action="store_true",
                       help="realtime: an engine group's process (a prefill group peN, a decode node's engines deN) "
                            "that dies before the run is complete is started again in its place (at most 3 times "
@@ -226,16 +257,25 @@ def build_parser() -> argparse.ArgumentParser:
                             "(repeat, or separate by commas, for several; default: the scenario's)")  # fmt: skip
     sweep.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
     sweep.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
-    sweep.add_argument("--out", type=Path, metavar="DIR", required=True,
-                       help="write sweep.csv, sweep.json and sweep.png here (and the run cache, DIR/cache)")
+    sweep.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        required=True,
+        help="write sweep.csv, sweep.json and sweep.png here (and the run cache, DIR/cache)",
+    )
     where = sweep.add_mutually_exclusive_group()
     where.add_argument("--jobs", type=int, metavar="N", help="local processes for the runs (default: CPUs)")
     where.add_argument("--dask", metavar="ADDRESS",
                        help="run on the workers of the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786, "
                             "tls://host:8786: reach it over a trusted network or TLS); needs pip install "
                             "'dualpath-emu[dask]'")  # fmt: skip
-    sweep.add_argument("--cache", type=Path, metavar="DIR",
-                       help="the run cache (default: DIR/cache under --out): finished runs are reused from it")
+    sweep.add_argument(
+        "--cache",
+        type=Path,
+        metavar="DIR",
+        help="the run cache (default: DIR/cache under --out): finished runs are reused from it",
+    )
     sweep.add_argument("--json", action="store_true", help="print sweep.json (and nothing else) on stdout")
     sweep.add_argument("--quiet", action="store_true", help="no header line, no progress lines")
     sweep.set_defaults(func=_cmd_sweep)
@@ -334,8 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Options after NAME: --quick (the small variant), --out DIR (CSV, PNG, JSON), --jobs N (processes), "
         "--json; `dualpath-emu reproduce NAME --help` lists them.",
     )
-    reproduce.add_argument("name", metavar="NAME", nargs="?", choices=tuple(EXPERIMENTS),
-                           help=f"one of {', '.join(EXPERIMENTS)}")  # fmt: skip
+    reproduce.add_argument(
+        "name", metavar="NAME", nargs="?", choices=tuple(EXPERIMENTS), help=f"one of {', '.join(EXPERIMENTS)}"
+    )
     reproduce.add_argument("--list", action="store_true", help="list the experiments and exit")
     reproduce.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's options")
     reproduce.set_defaults(func=_cmd_reproduce)
@@ -395,18 +436,25 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("file", type=Path, help="Mooncake trace (JSONL)")
     imported.add_argument("--out", type=Path, required=True, help="output trajectory file")
     imported.add_argument("--block-tokens", type=int, help="tokens per hash block (default 512)")
-    imported.add_argument("--no-sessions", action="store_true",
-                          help="one single-turn trajectory per request instead of sessions")
+    imported.add_argument(
+        "--no-sessions", action="store_true", help="one single-turn trajectory per request instead of sessions"
+    )
 
     catalog = commands.add_parser(
-        "catalog", help="list the models, GPUs and NICs a scenario can name",
+        "catalog",
+        help="list the models, GPUs and NICs a scenario can name",
         description="List the models, GPUs and NICs a scenario can name (the packaged catalog, and with FILE "
         "those a scenario or catalog file adds), with their derived numbers and sources. A scenario defines its "
         "own in [models.NAME], [gpus.NAME] and [nics.NAME] tables or in catalog files it includes "
-        "(catalog = [\"mine.toml\"]); docs/scenario-reference.md lists every key.",
-    )  # fmt: skip
-    catalog.add_argument("file", nargs="?", default=None, metavar="FILE",
-                         help="a scenario (file or packaged name) or a catalog file (kind = \"catalog\")")
+        '(catalog = ["mine.toml"]); docs/scenario-reference.md lists every key.',
+    )
+    catalog.add_argument(
+        "file",
+        nargs="?",
+        default=None,
+        metavar="FILE",
+        help='a scenario (file or packaged name) or a catalog file (kind = "catalog")',
+    )
     catalog.add_argument("--json", action="store_true", help="print the entries as JSON")
     catalog.set_defaults(func=_cmd_catalog)
 

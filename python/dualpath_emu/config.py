@@ -60,7 +60,9 @@ def load_toml(path: str | Path) -> Table:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise ScenarioError(f"{source}: not valid TOML: line {line}: not UTF-8 text (byte {data[error.start]:#04x})") from None
+        raise ScenarioError(
+            f"{source}: not valid TOML: line {line}: not UTF-8 text (byte {data[error.start]:#04x})"
+        ) from None
     try:
         return Table(tomllib.loads(text), source)
     except tomllib.TOMLDecodeError as error:
@@ -87,7 +89,11 @@ class Table:
     """One TOML table of file ``source``; ``prefix`` is its dotted key path (empty at the top)."""
 
     def __init__(
-        self, data: dict[str, Any], source: str, prefix: str = "", overrides: Mapping[str, str] | None = None,
+        self,
+        data: dict[str, Any],
+        source: str,
+        prefix: str = "",
+        overrides: Mapping[str, str] | None = None,
         schema: list[tuple[str, object, str]] | None = None,
     ) -> None:
         self._data = data
@@ -136,7 +142,9 @@ class Table:
             raise ScenarioError(f"{self.source}: missing key {self.key_path(key)!r} ({expected})")
         return default
 
-    def get_int(self, key: str, default: int | _Required = REQUIRED, *, min: int | None = None, max: int | None = None) -> int:
+    def get_int(
+        self, key: str, default: int | _Required = REQUIRED, *, min: int | None = None, max: int | None = None
+    ) -> int:
         expected = _range("an integer", min, max)
         value = self._get(key, default, expected)
         if not isinstance(value, int) or isinstance(value, bool) or not _within(value, min, max):
@@ -146,7 +154,12 @@ class Table:
         return value
 
     def get_float(
-        self, key: str, default: float | _Required = REQUIRED, *, min: float | None = None, max: float | None = None,
+        self,
+        key: str,
+        default: float | _Required = REQUIRED,
+        *,
+        min: float | None = None,
+        max: float | None = None,
         min_exclusive: bool = False,
     ) -> float:
         expected = _range("a number", min, max, min_exclusive)
@@ -244,7 +257,11 @@ class Table:
             else:
                 dotted, given = setter
                 shown = dotted if given.startswith("--") else repr(dotted)
-                where = f"{given} {shorten(shown, 200)}: no such key {short_repr(path)}" if dotted != path else f"{self.where(unknown[0])}: no such key"
+                where = (
+                    f"{given} {shorten(shown, 200)}: no such key {short_repr(path)}"
+                    if dotted != path
+                    else f"{self.where(unknown[0])}: no such key"
+                )
             raise ScenarioError(f"{where} (known keys here: {known})")
 
 

@@ -66,9 +66,7 @@ def run_once(name: str, arbitration: Arbitration) -> Outcome:
     model = core.utilisation(port, MODEL_LANE)
     kv = core.utilisation(port, KV_LANE)
     width = max(len(model), len(kv))
-    timeline = [
-        (model[i] if i < len(model) else 0.0, kv[i] if i < len(kv) else 0.0) for i in range(width)
-    ]
+    timeline = [(model[i] if i < len(model) else 0.0, kv[i] if i < len(kv) else 0.0) for i in range(width)]
     return Outcome(name, kv_during, kv_alone, burst_latency, kv_done, timeline)
 
 
@@ -138,7 +136,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         )
     console.print(latency)
 
-    timeline = Table(title=f"The port over time (utilisation per lane, sampled every {SAMPLE_NS / 1e6:g} ms; every 2nd shown)")
+    timeline = Table(
+        title=f"The port over time (utilisation per lane, sampled every {SAMPLE_NS / 1e6:g} ms; every 2nd shown)"
+    )
     timeline.add_column("t (ms)", justify="right")
     for run in runs:
         timeline.add_column(f"{run.name}: VL{MODEL_LANE} | VL{KV_LANE}")

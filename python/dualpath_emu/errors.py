@@ -7,14 +7,7 @@ would expect, so ``except ValueError`` catches a bad argument.
 
 import errno
 
-from dualpath_emu._core import (
-    ConfigError,
-    CoreError,
-    CoreIOError,
-    InvalidArgumentError,
-    StateError,
-    UnknownNameError,
-)
+from dualpath_emu._core import ConfigError, CoreError, CoreIOError, InvalidArgumentError, StateError, UnknownNameError
 
 __all__ = [
     "ConfigError",

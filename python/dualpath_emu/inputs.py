@@ -94,8 +94,7 @@ def open_input(path: str | Path, *, what: str, limit_bytes: int) -> BinaryIO:
             raise UsageError(f"{shorten(source, 200)}: is {kind}, not a regular file: expected {what}")
         if info.st_size > limit_bytes:
             raise UsageError(
-                f"{shorten(source, 200)}: {info.st_size:,} bytes, more than the {limit_bytes:,} bytes read "
-                f"from {what}"
+                f"{shorten(source, 200)}: {info.st_size:,} bytes, more than the {limit_bytes:,} bytes read from {what}"
             )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")

@@ -148,8 +148,9 @@ def fast_frozen_init(cls: _C) -> _C:
         return cls
     own = [f for f in fields.values() if f._field_type is dataclasses._FIELD]  # type: ignore[attr-defined]  # not ClassVars
     names = [f.name for f in own]
-    if any(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING or not f.init
-           for f in own) or not set(names) <= set(slots):  # fmt: skip
+    if any(
+        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING or not f.init for f in own
+    ) or not set(names) <= set(slots):
         return cls
     setters = {f"_set_{name}": cls.__dict__[name].__set__ for name in names}
     body = "".join(f"    _set_{name}(self, {name})\n" for name in names) or "    pass\n"
@@ -580,10 +581,7 @@ class Codec:
             "max_ext_len": 0,
         }
         # A frame of n bytes holds no array longer than n elements: small frames get that as their limit.
-        self._small_unpack_options = {
-            **self._unpack_options,
-            "max_array_len": min(max_array_len, _SMALL_FRAME_BYTES),
-        }
+        self._small_unpack_options = {**self._unpack_options, "max_array_len": min(max_array_len, _SMALL_FRAME_BYTES)}
 
     @property
     def max_frame_bytes(self) -> int:

@@ -374,8 +374,10 @@ def _document(scenario: ClusterScenario, args: argparse.Namespace, grid: Mapping
         "systems": list(dict.fromkeys(run.system for run in runs)),
         "agents": args.agents,
         "seed": args.seed,
-        "runs": [{"point": dict(run.overrides), "system": run.system, "summary": result.summary,
-                  "ran_by": result.ran_by} for run, result in zip(runs, results)],  # fmt: skip
+        "runs": [
+            {"point": dict(run.overrides), "system": run.system, "summary": result.summary, "ran_by": result.ran_by}
+            for run, result in zip(runs, results)
+        ],
     }
     return cast(dict[str, Any], _finite(document))
 
@@ -416,22 +418,23 @@ def _f(value: float, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
 
 
-def _table(scenario: ClusterScenario, swept: Sequence[str], runs: Sequence[SweepRun],
-           results: Sequence[SweepResult]) -> Any:  # fmt: skip
+def _table(
+    scenario: ClusterScenario, swept: Sequence[str], runs: Sequence[SweepRun], results: Sequence[SweepResult]
+) -> Any:
     from rich import box
     from rich.table import Table
 
     fixed = " ".join(f"{k}={_show(v)}" for k, v in runs[0].overrides if k not in swept) if runs else ""
     title = f"sweep of {scenario.name}" + (f" ({fixed})" if fixed else "")
-    table = Table(title=title, title_justify="left",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)  # fmt: skip
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
     failures = not all(_complete(result.summary) for result in results)
     for header in (*swept, "system", "JCT (s)", *(("failed",) if failures else ()), "vs basic", "TTFT (s)\nmean",
                    "TTFT (s)\np50/p99", "TPOT (ms)\np50/p99", "turns", "wall (s)"):  # fmt: skip
         table.add_column(header, justify="left" if header in (*swept, "system") else "right", no_wrap=True)
     if failures:
-        table.caption = ("* requests failed: that run's JCT and latencies cover only the work that finished (no "
-                         "speedup against it)")  # fmt: skip
+        table.caption = (
+            "* requests failed: that run's JCT and latencies cover only the work that finished (no speedup against it)"
+        )
         table.caption_justify = "left"
     # Basic's JCT per point, where it finished everything: a speedup compares runs that did the same work.
     basic = {repr(run.overrides): result.summary["jct_s"] for run, result in zip(runs, results)
@@ -450,8 +453,9 @@ def _table(scenario: ClusterScenario, swept: Sequence[str], runs: Sequence[Sweep
     return table
 
 
-def _plot(path: Path, name: str, swept: Sequence[str], runs: Sequence[SweepRun],
-          results: Sequence[SweepResult]) -> None:  # fmt: skip
+def _plot(
+    path: Path, name: str, swept: Sequence[str], runs: Sequence[SweepRun], results: Sequence[SweepResult]
+) -> None:
     """JCT against the first swept key: a line per system and values of the other swept keys."""
     from dualpath_emu.reproduce.plots import panels, save, system_colours
 
@@ -470,8 +474,7 @@ def _plot(path: Path, name: str, swept: Sequence[str], runs: Sequence[SweepRun],
     colours = system_colours(system for system, _ in lines)
     for (system, rest), points in lines.items():
         label = f"{system} {rest}".strip()
-        ax.plot(*zip(*sorted(points)), styles[others.index(rest) % len(styles)], color=colours[system],
-                label=label)  # fmt: skip
+        ax.plot(*zip(*sorted(points)), styles[others.index(rest) % len(styles)], color=colours[system], label=label)
     partial = [(float(value) if numeric else float(xs.index(_show(value))), float(result.summary["jct_s"]))
                for result, value in zip(results, values) if not _complete(result.summary)]  # fmt: skip
     if partial:  # a run that failed requests: its point is how long it ran, not a JCT of the whole workload

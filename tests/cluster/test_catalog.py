@@ -13,15 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpath_emu.cli import main as cli_main
-from dualpath_emu.cluster.catalog import (
-    GPUS,
-    MODELS,
-    TESTBED_NODE,
-    GpuSpec,
-    ModelSpec,
-    gpu,
-    model,
-)
+from dualpath_emu.cluster.catalog import GPUS, MODELS, TESTBED_NODE, GpuSpec, ModelSpec, gpu, model
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.errors import InvalidArgumentError, UnknownNameError
 from dualpath_emu.reproduce import table1
@@ -114,18 +106,40 @@ def test_unknown_names_are_lookup_errors() -> None:
 
 # ------------------------------------------------------------------------------------------------ roofline
 
-TOY_GPU = GpuSpec("toy", "toy", "test", bf16_flops_per_s=1e12, fp8_flops_per_s=2e12, hbm_bytes=10**12,
-                  hbm_bytes_per_s=1e11, nvlink_bytes_per_s=160e9)
+TOY_GPU = GpuSpec(
+    "toy",
+    "toy",
+    "test",
+    bf16_flops_per_s=1e12,
+    fp8_flops_per_s=2e12,
+    hbm_bytes=10**12,
+    hbm_bytes_per_s=1e11,
+    nvlink_bytes_per_s=160e9,
+)
 
 
 def toy_model(top_k: int | None = None) -> ModelSpec:
     return ModelSpec(
-        name="toy", description="toy", source="test", layers=2, moe_layers=0, hidden=8,
+        name="toy",
+        description="toy",
+        source="test",
+        layers=2,
+        moe_layers=0,
+        hidden=8,
         attention="gqa" if top_k is None else "mla",
-        attention_flops_per_key_layer=1000, sparse_top_k=top_k, indexer_flops_per_key_layer=0 if top_k is None else 10,
-        kv_bytes_per_token_layer=100, kv_dtype="fp16", indexer_kv_bytes_per_token_layer=0 if top_k is None else 10,
-        active_params=1e6, total_params=1e6, routed_expert_params=0.0, weight_bytes_per_param=2.0,
-        gemm_dtype="bf16", activated_experts=0, a2a_dispatch_bytes_per_token_layer=0,
+        attention_flops_per_key_layer=1000,
+        sparse_top_k=top_k,
+        indexer_flops_per_key_layer=0 if top_k is None else 10,
+        kv_bytes_per_token_layer=100,
+        kv_dtype="fp16",
+        indexer_kv_bytes_per_token_layer=0 if top_k is None else 10,
+        active_params=1e6,
+        total_params=1e6,
+        routed_expert_params=0.0,
+        weight_bytes_per_param=2.0,
+        gemm_dtype="bf16",
+        activated_experts=0,
+        a2a_dispatch_bytes_per_token_layer=0,
         a2a_combine_bytes_per_token_layer=0,
     )
 
@@ -170,15 +184,22 @@ def test_roofline_rejects_bad_input() -> None:
         Roofline(TOY_GPU, toy_model()).decode_step(batch_size=3, context_tokens=2)
 
 
-ROOFLINES = {name: Roofline(gpu("h800"), model(name), ep_degree=ep) for name, ep in [("ds660b", 16), ("ds27b", 1),
-                                                                                      ("qwen32b", 1)]}
+ROOFLINES = {
+    name: Roofline(gpu("h800"), model(name), ep_degree=ep)
+    for name, ep in [("ds660b", 16), ("ds27b", 1), ("qwen32b", 1)]
+}
 requests = st.lists(st.tuples(st.integers(0, 70_000), st.integers(1, 4_000)), min_size=1, max_size=8)
 
 
-@given(which=st.sampled_from(sorted(ROOFLINES)), batch=requests, more_new=st.integers(1, 2000),
-       more_cached=st.integers(1, 20_000))
-def test_prefill_time_grows_with_every_token(which: str, batch: list[tuple[int, int]], more_new: int,
-                                            more_cached: int) -> None:
+@given(
+    which=st.sampled_from(sorted(ROOFLINES)),
+    batch=requests,
+    more_new=st.integers(1, 2000),
+    more_cached=st.integers(1, 20_000),
+)
+def test_prefill_time_grows_with_every_token(
+    which: str, batch: list[tuple[int, int]], more_new: int, more_cached: int
+) -> None:
     r = ROOFLINES[which]
     base = r.prefill(batch)
     (cached, new), rest = batch[0], batch[1:]
@@ -188,8 +209,12 @@ def test_prefill_time_grows_with_every_token(which: str, batch: list[tuple[int, 
     assert r.attention_s_per_layer(batch) == base.attention_s
 
 
-@given(which=st.sampled_from(sorted(ROOFLINES)), batch=st.integers(1, 256), mean_context=st.integers(1, 70_000),
-       extra=st.integers(1, 100_000))
+@given(
+    which=st.sampled_from(sorted(ROOFLINES)),
+    batch=st.integers(1, 256),
+    mean_context=st.integers(1, 70_000),
+    extra=st.integers(1, 100_000),
+)
 def test_decode_time_grows_with_batch_and_context(which: str, batch: int, mean_context: int, extra: int) -> None:
     r = ROOFLINES[which]
     base = r.decode_step(batch, batch * mean_context).total_s
@@ -256,8 +281,13 @@ def test_table1_ends_within_ten_percent_of_the_paper() -> None:
 
 @pytest.mark.parametrize(
     ("name", "context", "reconstructed"),
-    [("ds660b", 16_384, 12.2), ("ds660b", 32_721, 21.6), ("ds660b", 65_536, 35.1),
-     ("qwen32b", 16_384, 115.8), ("qwen32b", 65_536, 265.4)],
+    [
+        ("ds660b", 16_384, 12.2),
+        ("ds660b", 32_721, 21.6),
+        ("ds660b", 65_536, 35.1),
+        ("qwen32b", 16_384, 115.8),
+        ("qwen32b", 65_536, 265.4),
+    ],
 )
 def test_table1_close_to_the_public_config_reconstruction(name: str, context: int, reconstructed: float) -> None:
     value = table1.cache_compute_ratio_gb_per_pflop(model(name), context)

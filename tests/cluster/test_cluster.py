@@ -27,7 +27,9 @@ def small_config() -> ClusterConfig:
     # (At 0.8 GB/s, before the decode EP group stepped together, they were 5.4 / 3.9 / 3.4 s; with it the decode
     # binds there: 8.0 / 7.5 / 7.3 s.)
     node = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=0.3e9)
-    return ClusterConfig(model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
+    return ClusterConfig(
+        model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1
+    )
 
 
 def trajectories(seed: int = 0) -> list[Trajectory]:
@@ -114,7 +116,13 @@ def test_invariant_checker_catches_each_kind_of_violation() -> None:
         assert records.finish() == violations and records.events == lines.events == len(events)
         return violations
 
-    ok = [(0, "admit", "r0"), (1, "capacity", "hbm 10"), (2, "take", "hbm 0 10"), (3, "give", "hbm 0 10"), (4, "end", "r0")]
+    ok = [
+        (0, "admit", "r0"),
+        (1, "capacity", "hbm 10"),
+        (2, "take", "hbm 0 10"),
+        (3, "give", "hbm 0 10"),
+        (4, "end", "r0"),
+    ]
     assert check(ok) == []
     assert check(ok[:4]) == ["1 admitted request(s) never ended, e.g. [0]"]
     assert check([*ok, (5, "end", "r0")]) == ["request 0 ended twice (event 5)"]
@@ -147,7 +155,9 @@ def test_every_byte_is_accounted_against_the_ledger() -> None:
     core.run_until_idle()
     report = CoreReport.of(core, None, core.now_ns)
     assert check_core_bytes(report, {(port, 2): 1000}, {(port, 2): 1}) == []
-    assert check_core_bytes(report, {(port, 2): 999}, {(port, 2): 1}) == ["port p lane 2: 1000 B finished, 999 B asked for"]
+    assert check_core_bytes(report, {(port, 2): 999}, {(port, 2): 1}) == [
+        "port p lane 2: 1000 B finished, 999 B asked for"
+    ]
 
 
 def test_mooncake_requests_replay_open_loop_at_their_timestamps() -> None:
@@ -196,7 +206,12 @@ def test_cluster_messages_have_a_wire_format() -> None:
 
     codec = Codec(cluster_registry())
     tasks = (PrefillTask(7, 33_000, 32_768, 176, 0, 3, 2, 5, True, 4), PrefillTask(8, 900, 0, 12, 1, 0, 3, 1, False, 5))
-    for body in (Fetch((0, 1), 5_000_000), Prefill(tasks), Submit((Turn(7, 33_000, 32_768, 176, 3),)), TurnDone((7, 8), (10, 11), (12, -1), 99)):
+    for body in (
+        Fetch((0, 1), 5_000_000),
+        Prefill(tasks),
+        Submit((Turn(7, 33_000, 32_768, 176, 3),)),
+        TurnDone((7, 8), (10, 11), (12, -1), 99),
+    ):
         envelope = Envelope("scheduler", "pe0", 1, None, body)
         assert codec.decode_envelope(codec.encode_envelope(envelope)) == envelope
 
@@ -259,10 +274,13 @@ def test_decode_persists_exactly_the_full_blocks_each_request_completes(system: 
 def test_prefill_groups_share_the_work(model: str, prefill_ep_nodes: int, decode_ep_nodes: int, system: str) -> None:
     """4P8D with several prefill groups: each group's share of the requests is within 10% of the mean (before
     the fix, the first group to pull took 89-98% of them)."""
-    config = ClusterConfig(model=MODELS[model], pe_nodes=4, de_nodes=8, prefill_ep_nodes=prefill_ep_nodes,
-                           decode_ep_nodes=decode_ep_nodes)  # fmt: skip
-    work = [Trajectory.from_rounds(t.id, (list(zip(t.append, t.gen))[20:26] or list(zip(t.append, t.gen))[:6]))
-            for t in generate("64k", agents=160)]
+    config = ClusterConfig(
+        model=MODELS[model], pe_nodes=4, de_nodes=8, prefill_ep_nodes=prefill_ep_nodes, decode_ep_nodes=decode_ep_nodes
+    )
+    work = [
+        Trajectory.from_rounds(t.id, (list(zip(t.append, t.gen))[20:26] or list(zip(t.append, t.gen))[:6]))
+        for t in generate("64k", agents=160)
+    ]
     result = run_system(config, system, work)
     gpus = config.node.gpus
     shares = [0] * (4 // prefill_ep_nodes)
@@ -343,4 +361,3 @@ def test_the_gpus_of_an_ep_group_decode_in_lock_step(model: str, together: bool)
     tpot = [(m.done_ns[r] - m.second_token_ns[r]) / (m.gen[r] - 2) for r in range(2)]
     ratio = tpot[0] / tpot[1]
     assert (ratio < 1.01) if together else (ratio > 1.1), ratio
-

@@ -92,8 +92,9 @@ def test_a_users_policy_sees_which_engines_are_down() -> None:
 
     @dataclasses.dataclass
     class Watching(DualPathPolicy):
-        def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
-                           ) -> list[PrefillAssignment]:  # fmt: skip
+        def assign_prefill(
+            self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
+        ) -> list[PrefillAssignment]:
             seen.append((len(queue), frozenset(self.health.engines_down), len(engines)))
             return super().assign_prefill(queue, engines, read_q)
 
@@ -111,8 +112,9 @@ def test_crashes_read_from_a_scenario_and_drawn_from_the_seed(tmp_path: Path) ->
     s = load_cluster_scenario(scenario(tmp_path, '[[faults]]\nkind = "crash"\ntarget = "de1"\nat_s = 1\nrestart_s = 3\n'
                                                   '[random_faults]\ncrash_per_node_hour = 600\nrestart_s = 2\n'))  # fmt: skip
     assert s.config.faults.faults == (Fault("crash", "de1", 1.0, restart_s=3.0),)
-    assert s.config.faults.random == RandomFaults({"down": 0.0, "degrade": 0.0, "latency": 0.0, "crash": 600.0}, 60.0,
-                                                  0.5, 0.001, 2.0)  # fmt: skip
+    assert s.config.faults.random == RandomFaults(
+        {"down": 0.0, "degrade": 0.0, "latency": 0.0, "crash": 600.0}, 60.0, 0.5, 0.001, 2.0
+    )
     assert "de1 crashes at 1 s, back 3 s later" in s.describe()
     random = with_faults(random=RandomFaults({"crash": 1800.0}, 60.0, restart_s=1.0))
     a, b = (run_system(random, "dualpath", work(), seed=5) for _ in range(2))
@@ -146,7 +148,9 @@ def test_basic_gives_up_reads_stalled_on_a_dead_storage_nic_and_dispatches_them_
 def test_a_read_that_is_only_slow_is_never_given_up() -> None:
     # Storage at 1% of its rate for the whole run: reads take long, but the NIC is up: none is given up.
     trajectories = work(agents=8, rounds=2)
-    config = with_faults(Fault("degrade", "n0.snic", 0.0, None, 0.01), config=dataclasses.replace(CONFIG, read_timeout_s=0.5))
+    config = with_faults(
+        Fault("degrade", "n0.snic", 0.0, None, 0.01), config=dataclasses.replace(CONFIG, read_timeout_s=0.5)
+    )
     result = run_system(config, "basic", trajectories)
     assert result.redispatches == 0 and result.metrics.turns_done == result.turns
 
@@ -230,8 +234,9 @@ class _Without:
         return getattr(self._out, name)
 
 
-def _killed_between_sends(monkeypatch: pytest.MonkeyPatch, cls: type, handler: str, lost: type, at_ns: int
-                          ) -> list[object]:  # fmt: skip
+def _killed_between_sends(
+    monkeypatch: pytest.MonkeyPatch, cls: type, handler: str, lost: type, at_ns: int
+) -> list[object]:
     """The first time ``cls.handler`` sends a ``lost`` message from ``at_ns`` on, that message does not leave,
     the engine's process dies right after (it says nothing of what it loses; what is sent to it while dead is
     lost) and is started again 2 s later as a new process (Lost "restarted"). Returns the messages lost."""

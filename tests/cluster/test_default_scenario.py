@@ -11,7 +11,9 @@ from dualpath_emu.cluster.scenario import DEFAULT
 
 def test_default_scenario_orders_the_systems_and_uses_both_read_paths() -> None:
     work = DEFAULT.trajectories()
-    results = {name: run_system(DEFAULT.config, name, work, seed=DEFAULT.seed) for name in ("basic", "dualpath", "oracle")}
+    results = {
+        name: run_system(DEFAULT.config, name, work, seed=DEFAULT.seed) for name in ("basic", "dualpath", "oracle")
+    }
     jct = {name: r.jct_s for name, r in results.items()}
     assert jct["oracle"] <= jct["dualpath"] < jct["basic"], jct
     assert results["basic"].snic_read_bytes["de"] == 0 and results["basic"].snic_read_bytes["pe"] > 0

@@ -118,7 +118,9 @@ class Plane:
 
 def cluster(system: str = "dualpath") -> Cluster:
     node = dataclasses.replace(TESTBED_NODE, gpus=2)
-    config = ClusterConfig(model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)
+    config = ClusterConfig(
+        model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1
+    )
     d = derived(config)
     spec = built_in(system)
     topology = build_topology(Core(), config.node, config.pe_nodes, config.de_nodes, config.storage)
@@ -182,7 +184,9 @@ def test_a_decode_group_copies_the_kv_in_decodes_and_reports_the_turn() -> None:
     sent = out.take()
     assert [(to, type(m)) for to, m in sent] == [("scheduler", DecodeDone), ("client", TurnDone)]
     done = sent[1][1]
-    assert isinstance(done, TurnDone) and done.rids == (7,) and done.first_token_ns == (2 * MS,) and done.done_ns == 9 * MS
+    assert (
+        isinstance(done, TurnDone) and done.rids == (7,) and done.first_token_ns == (2 * MS,) and done.done_ns == 9 * MS
+    )
     assert done.second_token_ns == (4 * MS,)
     assert ("end", "r7") in out.records
 
@@ -219,8 +223,9 @@ def test_a_prefill_group_reads_the_hit_waits_for_the_de_buffer_and_prefills_in_o
 
 def test_the_client_submits_an_agents_next_turn_when_its_last_is_done_and_then_finishes() -> None:
     c, out, plane = cluster(), Outbox(), Plane()
-    client = build_engine("client", c, out, plane, trajectories=lambda: [Trajectory.from_rounds("a0", [(1000, 4), (200, 3)])],
-                          seed=0)  # fmt: skip
+    client = build_engine(
+        "client", c, out, plane, trajectories=lambda: [Trajectory.from_rounds("a0", [(1000, 4), (200, 3)])], seed=0
+    )
     assert isinstance(client, Client)
     client.receive(0, Start(), "main")
     assert out.take() == [("scheduler", Submit((Turn(0, 1000, 0, 4, 0),)))]
@@ -278,4 +283,3 @@ def test_decode_steps_hand_the_node_to_the_plane_and_end_a_one_token_request_at_
     assert [args for args, _ in plane.take("decode_join")] == [(0, 1, 2, 200, 5, 1, 3, 8)]
     plane.reports[0](4 * MS, [(2, 2 * MS)], [])
     assert ended == [(0, 1), (4 * MS, 2), (4 * MS, -1)]
-

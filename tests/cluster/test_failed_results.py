@@ -138,7 +138,7 @@ def test_replicates_pair_a_speedup_only_where_every_seed_finished(capsys: pytest
     assert replicates["no_speedup_vs_basic"]["dualpath"].startswith("seed 0: basic failed")
     assert replicates["incomplete_seeds"] == {"basic": [0, 1]}
     assert replicates["systems"]["basic"]["failed_requests"]["mean"] == 4.0
-    status, out, _ = _cli(argv[:-len(_sets(PE_NIC_DEAD)) - 1] + _sets(PE_NIC_DEAD), capsys)  # the table
+    status, out, _ = _cli(argv[: -len(_sets(PE_NIC_DEAD)) - 1] + _sets(PE_NIC_DEAD), capsys)  # the table
     assert status == 3
     assert next(line for line in out.splitlines() if line.strip().startswith("basic")).count("*") == 1
 

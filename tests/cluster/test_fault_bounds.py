@@ -35,7 +35,9 @@ SMALL = ('kind = "cluster"\nsystems = ["dualpath"]\n[deployment]\nmodel = "ds27b
 
 
 def work(agents: int = 8, rounds: int = 4, seed: int = 3) -> list:  # type: ignore[type-arg]
-    return [dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds]) for t in generate("32k", agents, seed=seed)]
+    return [
+        dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds]) for t in generate("32k", agents, seed=seed)
+    ]
 
 
 def with_faults(*faults: Fault, random: RandomFaults | None = None, **config: object) -> ClusterConfig:
@@ -48,7 +50,9 @@ RANDOM = RandomFaults({"down": 3000.0, "degrade": 3000.0, "latency": 3000.0, "cr
 
 
 @pytest.mark.parametrize(("cap", "system"), [(5, "dualpath"), (12, "basic"), (1, "dualpath")])
-def test_windows_past_the_cap_are_added_up_per_kind_and_target(monkeypatch: pytest.MonkeyPatch, cap: int, system: str) -> None:
+def test_windows_past_the_cap_are_added_up_per_kind_and_target(
+    monkeypatch: pytest.MonkeyPatch, cap: int, system: str
+) -> None:
     trajectories = work()
     full = run_system(with_faults(random=RANDOM), system, trajectories, seed=5)
     every = full.extra["faults"]
@@ -64,7 +68,9 @@ def test_windows_past_the_cap_are_added_up_per_kind_and_target(monkeypatch: pyte
         rest = [f for f in every[cap:] if (f["kind"], f["target"]) == key]
         assert row["windows"] == len(rest) and row["not_ended"] == sum(f["end_s"] is None for f in rest)
         end_s = capped.jct_s
-        assert row["acted_s"] == pytest.approx(sum((f["end_s"] if f["end_s"] is not None else end_s) - f["start_s"] for f in rest), abs=1e-6)
+        assert row["acted_s"] == pytest.approx(
+            sum((f["end_s"] if f["end_s"] is not None else end_s) - f["start_s"] for f in rest), abs=1e-6
+        )
         for what in ("redispatched", "failed", "reads_moved"):  # counted as they happen: never more than per window
             assert row[what] <= sum(f[what] for f in rest)
     assert sum(r["windows"] for r in rows.values()) == len(every) - cap
@@ -117,7 +123,7 @@ def test_a_long_run_of_random_faults_keeps_bounded_records() -> None:
 )  # fmt: skip
 def test_a_run_without_progress_stops_on_one_line_with_status_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], faults: str, acting: str
-) -> None:  # fmt: skip
+) -> None:
     path = tmp_path / "s.toml"
     path.write_text(SMALL + faults)
     started = time.perf_counter()
@@ -142,9 +148,15 @@ def test_the_stall_timeout_is_a_scheduling_key(tmp_path: Path) -> None:
 
 def test_a_shorter_stall_timeout_stops_sooner_and_zero_never() -> None:
     down = Fault("down", "n1", 1.0, 7200.0)  # two hours, then back: the run completes if it is let
-    with pytest.raises(NoProgressError, match=r"no progress for over 600 s .*down n1 since 1\.000 s, for 7200 s[;.].*stopped at"):
-        run_system(with_faults(down, random=RandomFaults({"latency": 600.0}, 1.0), stall_timeout_s=600.0), "basic", work())
-    done = run_system(with_faults(down, random=RandomFaults({"latency": 600.0}, 1.0), stall_timeout_s=0.0), "basic", work())
+    with pytest.raises(
+        NoProgressError, match=r"no progress for over 600 s .*down n1 since 1\.000 s, for 7200 s[;.].*stopped at"
+    ):
+        run_system(
+            with_faults(down, random=RandomFaults({"latency": 600.0}, 1.0), stall_timeout_s=600.0), "basic", work()
+        )
+    done = run_system(
+        with_faults(down, random=RandomFaults({"latency": 600.0}, 1.0), stall_timeout_s=0.0), "basic", work()
+    )
     assert done.jct_s > 7200.0 and done.complete
 
 
@@ -181,7 +193,9 @@ def test_the_state_of_overlapping_faults_is_the_lowest_factor_and_the_largest_la
 
 
 def test_ten_thousand_overlapping_faults_on_one_port_cost_what_the_run_does() -> None:
-    faults = tuple(Fault("degrade", "n0.snic.rx", i * 1e-4, 1.0 + (i % 100) * 0.01, 0.5 + (i % 97) / 200) for i in range(10_000))
+    faults = tuple(
+        Fault("degrade", "n0.snic.rx", i * 1e-4, 1.0 + (i % 100) * 0.01, 0.5 + (i % 97) / 200) for i in range(10_000)
+    )
     config = dataclasses.replace(with_faults(*faults), agents=8)
     started = time.perf_counter()
     result = run_system(config, "basic", work())

@@ -51,29 +51,36 @@ def read(tmp_path: Path, kind: str, target: str) -> Fault:
 @pytest.mark.parametrize(
     ("kind", "target", "write_it"),
     [
-        ("degrade", "n01.snic.rx", "n1.snic.rx"),      # leading zero in a port: KeyError when the fault fired
-        ("degrade", "n٠.snic.rx", "n0.snic.rx"),       # Arabic-Indic digit (Python's \d, int() reads it)
+        ("degrade", "n01.snic.rx", "n1.snic.rx"),  # leading zero in a port: KeyError when the fault fired
+        ("degrade", "n٠.snic.rx", "n0.snic.rx"),  # Arabic-Indic digit (Python's \d, int() reads it)
         ("degrade", "n0.cnic٣.tx", "n0.cnic3.tx"),
         ("degrade", "n0.cnic01.tx", "n0.cnic1.tx"),
         ("degrade", "n00.dram", "n0.dram"),
-        ("down", "n१.snic.tx", "n1.snic.tx"),          # Devanagari
-        ("degrade", "n０.snic", "n0.snic"),            # fullwidth: a NIC resolved, but reported as 'n０.snic'
+        ("down", "n१.snic.tx", "n1.snic.tx"),  # Devanagari
+        ("degrade", "n０.snic", "n0.snic"),  # fullwidth: a NIC resolved, but reported as 'n０.snic'
         ("degrade", "n01", "n1"),
         ("latency", "n0.cnic00", "n0.cnic0"),
-        ("degrade", "N1.SNIC", "n1.snic"),             # (refused before too, now with the spelling to use)
+        ("degrade", "N1.SNIC", "n1.snic"),  # (refused before too, now with the spelling to use)
         ("degrade", " n1.snic. ", "n1.snic"),
         ("crash", "de01", "de1"),
         ("crash", "PE0", "pe0"),
         ("slow_storage", "Storage", "storage"),
     ],
-)  # fmt: skip
-def test_a_target_in_another_spelling_is_refused_with_the_one_to_use(tmp_path: Path, kind: str, target: str, write_it: str) -> None:
-    with pytest.raises(ScenarioError, match=r"key 'faults\[0\]\.target': expected .*\(write it '" + write_it.replace(".", r"\.") + "'\\)"):
+)
+def test_a_target_in_another_spelling_is_refused_with_the_one_to_use(
+    tmp_path: Path, kind: str, target: str, write_it: str
+) -> None:
+    with pytest.raises(
+        ScenarioError,
+        match=r"key 'faults\[0\]\.target': expected .*\(write it '" + write_it.replace(".", r"\.") + "'\\)",
+    ):
         read(tmp_path, kind, target)
     assert read(tmp_path, kind, write_it).target == write_it
 
 
-@pytest.mark.parametrize("target", ["n" + "9" * 5000, "n0.cnic" + "1" * 4400 + ".tx", "n+1", "n-0", "n1.snic\n", "n1..snic", "n 1"])
+@pytest.mark.parametrize(
+    "target", ["n" + "9" * 5000, "n0.cnic" + "1" * 4400 + ".tx", "n+1", "n-0", "n1.snic\n", "n1..snic", "n 1"]
+)
 def test_a_target_that_is_no_name_is_one_line(tmp_path: Path, target: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "s.toml"
     path.write_text(BASE + fault_toml("degrade", target), encoding="utf-8")
@@ -112,7 +119,12 @@ _SPELLING = st.one_of(
 )  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(kind=st.sampled_from(sorted(EXTRA)), target=_SPELLING)
 def test_every_accepted_spelling_resolves_and_runs(tmp_path: Path, kind: str, target: str) -> None:
     path = tmp_path / "s.toml"

@@ -28,7 +28,9 @@ CONFIG = ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep
 
 
 def work(agents: int = 24, rounds: int = 6, seed: int = 3) -> list:  # type: ignore[type-arg]
-    return [dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds]) for t in generate("32k", agents, seed=seed)]
+    return [
+        dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds]) for t in generate("32k", agents, seed=seed)
+    ]
 
 
 def with_faults(*faults: Fault, random: RandomFaults | None = None, config: ClusterConfig = CONFIG) -> ClusterConfig:
@@ -94,8 +96,12 @@ def test_bad_faults_are_one_line_errors_naming_the_key(tmp_path: Path, text: str
 
 
 def test_a_faults_file_adds_to_the_scenario_and_must_say_its_kind(tmp_path: Path) -> None:
-    base = load_cluster_scenario(scenario(tmp_path, '[[faults]]\nkind = "latency"\ntarget = "n0.snic"\nat_s = 1\nlatency_s = 0.002\n'))
-    (tmp_path / "more.toml").write_text('kind = "faults"\n[[faults]]\nkind = "down"\ntarget = "n1"\nat_s = 3\nduration_s = 4\n')
+    base = load_cluster_scenario(
+        scenario(tmp_path, '[[faults]]\nkind = "latency"\ntarget = "n0.snic"\nat_s = 1\nlatency_s = 0.002\n')
+    )
+    (tmp_path / "more.toml").write_text(
+        'kind = "faults"\n[[faults]]\nkind = "down"\ntarget = "n1"\nat_s = 3\nduration_s = 4\n'
+    )
     more = base.with_overrides(faults=tmp_path / "more.toml")
     assert [f.kind for f in more.config.faults.faults] == ["latency", "down"]
     (tmp_path / "bad.toml").write_text('[[faults]]\nkind = "down"\ntarget = "n1"\nat_s = 3\nduration_s = 4\n')
@@ -240,7 +246,9 @@ def test_a_read_in_flight_on_a_storage_nic_that_goes_down_moves_to_the_decode_si
     # PE), so nothing waits for the NIC; Basic's read waits it out.
     trajectories = work()
     plain = run_system(CONFIG, "dualpath", trajectories).metrics
-    pe_reads = [r for r in range(len(plain)) if plain.read_on_de[r] == 0 and plain.read_done_ns[r] > plain.read_start_ns[r] >= 0]
+    pe_reads = [
+        r for r in range(len(plain)) if plain.read_on_de[r] == 0 and plain.read_done_ns[r] > plain.read_start_ns[r] >= 0
+    ]
     rid = max(pe_reads, key=lambda r: plain.read_done_ns[r] - plain.read_start_ns[r])
     at_s = (plain.read_start_ns[rid] + plain.read_done_ns[rid]) / 2 / NS
     config = with_faults(Fault("down", "n0.snic", at_s, 60.0))
@@ -257,7 +265,9 @@ def test_a_read_in_flight_on_a_storage_nic_that_goes_down_moves_to_the_decode_si
 def test_a_read_in_flight_on_a_decode_nodes_storage_nic_that_goes_down_moves_to_the_prefill_side() -> None:
     trajectories = work()
     plain = run_system(CONFIG, "dualpath", trajectories).metrics
-    de_reads = [r for r in range(len(plain)) if plain.read_on_de[r] == 1 and plain.read_done_ns[r] > plain.read_start_ns[r] >= 0]
+    de_reads = [
+        r for r in range(len(plain)) if plain.read_on_de[r] == 1 and plain.read_done_ns[r] > plain.read_start_ns[r] >= 0
+    ]
     rid = max(de_reads, key=lambda r: plain.read_done_ns[r] - plain.read_start_ns[r])
     at_s = (plain.read_start_ns[rid] + plain.read_done_ns[rid]) / 2 / NS
     dual = run_system(with_faults(Fault("down", "n1.snic", at_s, 60.0)), "dualpath", trajectories)

@@ -37,7 +37,9 @@ def small_config() -> ClusterConfig:
     # A storage-bound 1P2D DS 27B cluster: storage NICs 100x slower than the testbed's (Basic takes 1.8x as
     # long as DualPath).
     node = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=0.5e9)
-    return ClusterConfig(model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
+    return ClusterConfig(
+        model=MODELS["ds27b"], node=node, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1
+    )
 
 
 def work(agents: int = 24, rounds: int = 6) -> list[Trajectory]:
@@ -48,8 +50,7 @@ def work(agents: int = 24, rounds: int = 6) -> list[Trajectory]:
 
 
 def live(tmp_path: Path, system: str = "dualpath", **options: object) -> SystemResult:
-    return run_live(small_config(), SYSTEMS[system], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE,
-                    **options)  # type: ignore[arg-type]  # fmt: skip
+    return run_live(small_config(), SYSTEMS[system], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("victim", "how"), [("pe0", "kill"), ("dataplane", "kill"), ("de1", "stop"), ("scheduler", "stop"), ("client", "stop")]
+    ("victim", "how"),
+    [("pe0", "kill"), ("dataplane", "kill"), ("de1", "stop"), ("scheduler", "stop"), ("client", "stop")],
 )
 def test_a_killed_or_stopped_process_ends_the_run_naming_it_and_leaves_none_behind(
     tmp_path: Path, victim: str, how: str
@@ -172,7 +174,9 @@ def test_live_metrics_are_served_while_the_run_goes_on(tmp_path: Path) -> None:
     thread.join(10)
     # The launching side heard how far the run was, from the client's process, while it went on.
     assert reports and all(r.system == "basic" and r.turns_total == result.turns for r in reports)
-    assert [r.turns_done for r in reports] == sorted(r.turns_done for r in reports) and reports[0].turns_done < result.turns
+    assert [r.turns_done for r in reports] == sorted(r.turns_done for r in reports) and reports[
+        0
+    ].turns_done < result.turns
     assert scraped, "the endpoint was not reachable during the run"
     text = scraped[0]
     done = float(next(line.split()[1] for line in text.splitlines() if line.startswith("dualpath_turns_done_total")))
@@ -210,7 +214,9 @@ def test_bad_live_options_are_usage_errors(
     assert message in err and "Traceback" not in err
 
 
-def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(tmp_path: Path, virtual: SystemResult) -> None:
+def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(
+    tmp_path: Path, virtual: SystemResult
+) -> None:
     # Two "hosts" on this machine: loopback addresses 127.0.0.1 and 127.0.0.2, each with its own copy of the
     # run directory (nothing shared but the network), CURVE keys on every tcp socket.
     import shutil
@@ -266,7 +272,9 @@ def test_prepare_prints_each_hosts_commands_and_collect_names_what_is_missing(
         assert not (tmp_path / "refused" / "cluster.json").exists()
 
 
-def test_launch_only_refuses_a_process_the_run_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_launch_only_refuses_a_process_the_run_does_not_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from dualpath_emu.cli import main
 
     run_dir = tmp_path / "run"

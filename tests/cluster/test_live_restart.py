@@ -341,6 +341,6 @@ def test_an_end_a_dead_process_observed_but_never_told_is_void_when_its_request_
         (11, Ended(6).kind, Ended(6).summary()),
         (20, Redispatched(5, 1, "de1").kind, Redispatched(5, 1, "de1").summary()),
         (30, Ended(5).kind, Ended(5).summary()),
-    ]  # fmt: skip
+    ]
     assert [seq for _, seq, _, _, _ in events] == [0, 1, 2]
     assert _merged_events([dead, scheduler, new])[1] == 0  # not a dead process's log: nothing is void

@@ -104,8 +104,10 @@ def _working_set_by_sorting_every_change(m: Metrics, kv: int, end_ns: int, since
 
 
 @given(
-    turns=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(1, 500), st.integers(1, 50),
-                             st.integers(-1, 25)), max_size=40),  # fmt: skip
+    turns=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(1, 500), st.integers(1, 50), st.integers(-1, 25)),
+        max_size=40,
+    ),
     in_order=st.booleans(),
     end=st.integers(0, 30),
 )

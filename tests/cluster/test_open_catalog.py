@@ -71,7 +71,9 @@ def test_a_catalog_file_is_included_relative_to_the_scenario(tmp_path: Path) -> 
 
 
 def test_a_user_defined_model_and_gpu_run_end_to_end() -> None:
-    scenario = api.load_scenario("llama70b-b200-1p2d-offline", overrides={"workload.agents": 8, "workload.max_rounds": 3})
+    scenario = api.load_scenario(
+        "llama70b-b200-1p2d-offline", overrides={"workload.agents": 8, "workload.max_rounds": 3}
+    )
     model = scenario.config.model
     assert (model.name, scenario.config.gpu.name, model.kv_bytes_per_token_layer) == ("llama3-70b", "b200", 2048)
     assert model.total_params == pytest.approx(70.6e9, rel=0.005)  # Meta's published 70.6 B
@@ -93,7 +95,9 @@ def test_a_user_model_survives_the_wire_of_a_live_run() -> None:
 def test_set_can_pick_a_model_the_scenario_defines(tmp_path: Path) -> None:
     path = write(tmp_path, 'kind = "cluster"\n\n' + packaged_entry("models", "ds660b", "other"))
     assert load_cluster_scenario(path, {"deployment.model": "other"}).config.model.name == "other"
-    with pytest.raises(ScenarioError, match=r"--set deployment.model: expected one of 'ds660b', 'ds27b', 'qwen32b', 'other'"):
+    with pytest.raises(
+        ScenarioError, match=r"--set deployment.model: expected one of 'ds660b', 'ds27b', 'qwen32b', 'other'"
+    ):
         load_cluster_scenario(path, {"deployment.model": "nope"}, what="--set")
 
 
@@ -163,7 +167,9 @@ def test_a_catalog_file_must_say_its_kind_and_may_not_clash_with_the_scenario(tm
         load_cluster_scenario(clash)
 
 
-def test_the_cli_reports_a_bad_entry_on_one_line_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_reports_a_bad_entry_on_one_line_with_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, 'kind = "cluster"\n' + GQA + "kv_lora_rank = 512\n")
     assert cli_main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
@@ -173,7 +179,9 @@ def test_the_cli_reports_a_bad_entry_on_one_line_with_status_2(tmp_path: Path, c
 # --- dualpath-emu catalog -----------------------------------------------------------------------------------
 
 
-def test_catalog_lists_the_packaged_entries_with_derived_numbers_and_sources(capsys: pytest.CaptureFixture[str]) -> None:
+def test_catalog_lists_the_packaged_entries_with_derived_numbers_and_sources(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert cli_main(["catalog"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"ds660b\s+MLA r512 top-2048\s+61/58\s+7,168\s+656\s+37\.5/671\.9\s+256/8\+1\s+fp8/fp8", out)
@@ -182,7 +190,9 @@ def test_catalog_lists_the_packaged_entries_with_derived_numbers_and_sources(cap
     assert "cx7-400g" in out and "Qwen/Qwen2.5-32B config.json" in out
 
 
-def test_catalog_of_a_scenario_adds_its_entries_and_says_where_they_are_defined(capsys: pytest.CaptureFixture[str]) -> None:
+def test_catalog_of_a_scenario_adds_its_entries_and_says_where_they_are_defined(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert cli_main(["catalog", "llama70b-b200-1p2d-offline", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["models"]["llama3-70b"]["defined_in"].endswith("llama70b-b200-1p2d-offline.toml")

@@ -54,7 +54,9 @@ def test_run_seeds_reports_each_figure_over_the_seeds_and_the_paired_speedup(tmp
     status, alone, _ = run_cli(["run", *SMALL, "--seed", "1", "--json"])
     assert json.loads(alone)["systems"]["dualpath"]["jct_s"] == jct["values"][1]
     speedup = replicates["speedup_vs_basic"]["dualpath"]["values"]
-    assert speedup == pytest.approx([b / d for b, d in zip(replicates["systems"]["basic"]["jct_s"]["values"], jct["values"])])
+    assert speedup == pytest.approx(
+        [b / d for b, d in zip(replicates["systems"]["basic"]["jct_s"]["values"], jct["values"])]
+    )
     status, table, _ = run_cli(["run", *SMALL, "--seeds", "0,5", "--system", "dualpath", "--out", str(tmp_path / "a")])
     assert status == 0 and "2 seeds (0, 5)" in table and "±" in table
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["replicates"]["seeds"] == [0, 5]

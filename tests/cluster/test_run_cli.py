@@ -321,7 +321,9 @@ def test_json_summary_has_the_required_keys(tiny_run: tuple[Path, dict[str, Any]
     assert basic["snic_util"]["de"]["tx"]["mean"] > 0 and basic["snic_util"]["de"]["tx"]["p99"] > 0
     speedup = summary["speedup_vs_basic"]
     assert speedup["basic"] == 1.0
-    assert speedup["oracle"] == pytest.approx(summary["systems"]["basic"]["jct_s"] / summary["systems"]["oracle"]["jct_s"])
+    assert speedup["oracle"] == pytest.approx(
+        summary["systems"]["basic"]["jct_s"] / summary["systems"]["oracle"]["jct_s"]
+    )
     assert summary["systems"]["basic"]["snic_read_bytes"]["de"] == 0
 
 
@@ -362,9 +364,7 @@ def test_plots_are_written_and_drawn(tiny_run: tuple[Path, dict[str, Any], Path]
     assert (pixels[..., :3] < 0.9).mean() > 0.01, "lines, text and axes, not a blank canvas"
 
 
-def test_trace_is_a_perfetto_object_with_named_tracks_that_nest(
-    tiny_run: tuple[Path, dict[str, Any], Path],
-) -> None:
+def test_trace_is_a_perfetto_object_with_named_tracks_that_nest(tiny_run: tuple[Path, dict[str, Any], Path]) -> None:
     _, _, out = tiny_run
     for name in DEFAULT_SYSTEMS:
         trace = json.loads(gzip.decompress((out / f"trace-{name}.json.gz").read_bytes()))
@@ -403,8 +403,9 @@ def test_trace_is_a_perfetto_object_with_named_tracks_that_nest(
         paths = names - phases
         assert all("→" in n and "18446744073709551615" not in n for n in paths), paths  # named by their path
         if name != "oracle":  # Oracle moves no KV
-            assert any(n.startswith("read 3fs.read → n0.snic.rx") or n.startswith("read 3fs.read → n1.snic.rx")
-                       for n in paths)  # fmt: skip
+            assert any(
+                n.startswith("read 3fs.read → n0.snic.rx") or n.startswith("read 3fs.read → n1.snic.rx") for n in paths
+            )
             assert any(e["ph"] == "C" and e["name"] == "n1.snic.tx" for e in events), name  # write-backs
 
 
@@ -421,7 +422,9 @@ def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "1.00×" in out  # basic against itself
 
 
-def test_system_selection_and_seed_override(tiny_run: tuple[Path, dict[str, Any], Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_system_selection_and_seed_override(
+    tiny_run: tuple[Path, dict[str, Any], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     scenario, summary, _ = tiny_run
     assert main(["run", str(scenario), "--json", "--system", "oracle", "--system", "dualpath", "--seed", "3"]) == 0
     selected = json.loads(capsys.readouterr().out)
@@ -455,8 +458,9 @@ def test_progress_is_reported_and_changes_nothing(tmp_path: Path) -> None:
     work = scenario.trajectories()
     calls: list[Progress] = []
     plain = run_system(scenario.config, "dualpath", work, seed=3)
-    watched = run_system(scenario.config, "dualpath", work, seed=3, progress=calls.append, progress_interval_s=0.0,
-                         sample_interval_s=1.0)  # fmt: skip
+    watched = run_system(
+        scenario.config, "dualpath", work, seed=3, progress=calls.append, progress_interval_s=0.0, sample_interval_s=1.0
+    )
     assert watched.event_log_sha256 == plain.event_log_sha256 and watched.jct_s == plain.jct_s
     assert calls and calls[-1].turns_done == calls[-1].turns_total == TINY_TURNS
     assert [c.turns_done for c in calls] == sorted(c.turns_done for c in calls)
@@ -487,7 +491,9 @@ def test_trace_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--trace writes a Perfetto trace per system into the --out folder" in capsys.readouterr().err
 
 
-def test_the_table_fits_an_80_column_terminal_by_leaving_columns_out(tiny_run: tuple[Path, dict[str, Any], Path]) -> None:
+def test_the_table_fits_an_80_column_terminal_by_leaving_columns_out(
+    tiny_run: tuple[Path, dict[str, Any], Path],
+) -> None:
     from rich.console import Console
 
     from dualpath_emu.cluster.run import run_system
@@ -507,7 +513,10 @@ def test_the_table_fits_an_80_column_terminal_by_leaving_columns_out(tiny_run: t
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("workload.agents=-3", "dualpath-emu: error: --set workload.agents: expected an integer in [1, 100000], got -3"),
+        (
+            "workload.agents=-3",
+            "dualpath-emu: error: --set workload.agents: expected an integer in [1, 100000], got -3",
+        ),
         ("hardware.gpu=b200", "dualpath-emu: error: --set hardware.gpu: expected one of"),
         ("deployment.pe_nodez=2", "dualpath-emu: error: --set deployment.pe_nodez: no such key (known keys here:"),
     ],

@@ -15,14 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dualpath_emu.cluster.policies import (
-    DualPathPolicy,
-    Engine,
-    Policy,
-    PrefillDispatch,
-    Request,
-    RoundRobinPolicy,
-)
+from dualpath_emu.cluster.policies import DualPathPolicy, Engine, Policy, PrefillDispatch, Request, RoundRobinPolicy
 
 
 def req(id: int, new: int = 100, hit: int = 1000, gen: int = 10, hbm: int = 1) -> Request:
@@ -31,7 +24,12 @@ def req(id: int, new: int = 100, hit: int = 1000, gen: int = 10, hbm: int = 1) -
 
 def test_algorithm_1_prefers_short_read_queues_then_least_loaded() -> None:
     policy = DualPathPolicy(alpha_tokens=500, beta_tokens=1000)
-    group = [Engine(0, node=0, tok=300), Engine(1, node=0, tok=100), Engine(2, node=1, tok=0), Engine(3, node=1, tok=2000)]
+    group = [
+        Engine(0, node=0, tok=300),
+        Engine(1, node=0, tok=100),
+        Engine(2, node=1, tok=0),
+        Engine(3, node=1, tok=2000),
+    ]
     read_q = {0: 100, 1: 900}  # node 0 is C2 (read_q <= alpha), node 1 is C3
     queue = deque([req(1, new=400), req(2, new=400), req(3, new=400), req(4, new=400)])
     out = policy.assign_prefill(queue, group, read_q)
@@ -57,7 +55,10 @@ def test_decode_selection_two_levels_and_high_token_threshold() -> None:
     private = {0: deque[Request](), 1: deque[Request]()}
     loads = {0: 5000, 1: 1000}
     global_queue = deque([req(1, new=0, hit=900, gen=100, hbm=10), req(2, new=0, hit=900, gen=100, hbm=10)])
-    group = [Engine(10, node=2, tok=0, seq=3, free_hbm_bytes=100), Engine(11, node=2, tok=1000, seq=0, free_hbm_bytes=5)]
+    group = [
+        Engine(10, node=2, tok=0, seq=3, free_hbm_bytes=100),
+        Engine(11, node=2, tok=1000, seq=0, free_hbm_bytes=5),
+    ]
     out = policy.assign_decode(global_queue, private, loads, 1, group)
     # Phase 1: both go to group 1 (1000 < 5000, then 2000 < 5000). Phase 2: engine 11 lacks HBM (5 < 10), so
     # engine 10 takes both.
@@ -68,7 +69,10 @@ def test_decode_selection_two_levels_and_high_token_threshold() -> None:
 
 def test_decode_prefers_low_token_engines_by_fewest_requests() -> None:
     policy = DualPathPolicy()
-    group = [Engine(0, node=2, tok=5000, seq=1, free_hbm_bytes=100), Engine(1, node=2, tok=0, seq=9, free_hbm_bytes=100)]
+    group = [
+        Engine(0, node=2, tok=5000, seq=1, free_hbm_bytes=100),
+        Engine(1, node=2, tok=0, seq=9, free_hbm_bytes=100),
+    ]
     private = {0: deque([req(1, new=0, hit=90, gen=10)])}
     out = policy.assign_decode(deque(), private, {0: 5000}, 0, group)
     # Z = 1.05 * (100 + 5000) / 2 = 2677.5: engine 0 would be high-token (5100 > Z); engine 1 is low.

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "python" / "dualpath_emu" / "examples" / "custom_policy.py"
 
 # test_run_cli's tiny DS 27B 1P1D scenario with a `systems` key to fill in.
-TINY = RUN_CLI_TINY.replace('seed = 3\n', 'seed = 3\nsystems = {systems}\n', 1)
+TINY = RUN_CLI_TINY.replace("seed = 3\n", "seed = 3\nsystems = {systems}\n", 1)
 
 # Every request to the prefill engine with the highest id: a policy whose effect shows in requests.csv.
 LAST_PE = '''\
@@ -182,7 +182,9 @@ def test_the_command_line_resolves_from_the_current_folder(tmp_path: Path, monke
 def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
     @dataclass
     class Plain(Policy):
-        def assign_prefill(self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]) -> list[PrefillAssignment]:
+        def assign_prefill(
+            self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
+        ) -> list[PrefillAssignment]:
             return []
 
         def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[Any]:
@@ -266,11 +268,13 @@ def test_a_system_twice_and_a_bad_spec_on_the_command_line(tmp_path: Path, monke
     path = write(tmp_path, "s.toml", TINY.format(systems='["mine.py:LAST", "mine.py:LAST"]'))
     with pytest.raises(ScenarioError) as error:
         load_cluster_scenario(path)
-    assert str(error.value) == (f"{path}: key 'systems': 'mine.py:LAST': expected each system once: 'last-pe' is "
-                                "already in the list")  # fmt: skip
+    assert str(error.value) == (
+        f"{path}: key 'systems': 'mine.py:LAST': expected each system once: 'last-pe' is already in the list"
+    )
     monkeypatch.chdir(tmp_path)
-    status, stdout, stderr = run_cli(["run", str(write(tmp_path, "ok.toml", TINY.format(systems='["basic"]'))),
-                                      "--system", "missing.py:X"])  # fmt: skip
+    status, stdout, stderr = run_cli(
+        ["run", str(write(tmp_path, "ok.toml", TINY.format(systems='["basic"]'))), "--system", "missing.py:X"]
+    )
     assert (status, stdout) == (2, "")
     assert stderr == f"dualpath-emu: error: --system: 'missing.py:X': no such file {tmp_path.resolve()}/missing.py\n"
 
@@ -333,7 +337,9 @@ def _small_work() -> tuple[Any, list[Any]]:
     from dualpath_emu.cluster.config import ClusterConfig
     from dualpath_emu.workload.generator import generate
 
-    config = ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=3)
+    config = ClusterConfig(
+        model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1, agents=3
+    )
     return config, [dataclasses.replace(t, append=t.append[:2], gen=t.gen[:2]) for t in generate("32k", 3, seed=1)]
 
 
@@ -356,7 +362,8 @@ def test_a_policy_that_answers_wrong_or_never_is_named_with_what_it_did(policy: 
 
 def test_the_command_line_reports_a_stuck_policy_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "stuck.py"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         from dataclasses import dataclass
         from dualpath_emu.cluster.policies import DualPathPolicy
 
@@ -364,7 +371,8 @@ def test_the_command_line_reports_a_stuck_policy_in_one_line(tmp_path: Path) -> 
         class Stuck(DualPathPolicy):
             def assign_prefill(self, queue, engines, read_q):
                 return []
-        """))
+        """)
+    )
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = main(["run", "ds27b-1p1d-offline", "--agents", "2", "--set", "workload.max_rounds=2",
@@ -381,6 +389,8 @@ def test_every_system_has_one_colour_in_every_plot_and_users_systems_differ() ->
     assert PLOTS_COLORS is SYSTEM_COLORS, "run --out, sweep and reproduce draw from the one table"
     names = ["basic", "dualpath", "oracle", "mine", "theirs", "least-loaded"]
     colours = system_colours(names)
-    assert {n: colours[n] for n in ("basic", "dualpath", "oracle")} == {n: SYSTEM_COLORS[n] for n in ("basic", "dualpath", "oracle")}
+    assert {n: colours[n] for n in ("basic", "dualpath", "oracle")} == {
+        n: SYSTEM_COLORS[n] for n in ("basic", "dualpath", "oracle")
+    }
     assert len(set(colours.values())) == len(names), "users' systems are told apart"
     assert system_colours(["mine"]) == system_colours(["mine"])

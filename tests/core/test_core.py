@@ -19,19 +19,10 @@ import pytest
 
 from dualpath_emu._core import UNREPORTED_TAG, Arbitration, Core
 from dualpath_emu.runtime.core_work import Completion as Done  # the completion tuple with its fields named
-from dualpath_emu.errors import (
-    ConfigError,
-    CoreError,
-    CoreIOError,
-    InvalidArgumentError,
-    StateError,
-    UnknownNameError,
-)
+from dualpath_emu.errors import ConfigError, CoreError, CoreIOError, InvalidArgumentError, StateError, UnknownNameError
 
 GB = 1e9
 MS = 1_000_000
-
-
 
 
 def by_tag(completions: Iterable[tuple[str, int, int, int, int, int]]) -> dict[int, Done]:
@@ -147,11 +138,7 @@ def test_timers_fire_at_their_time_in_submission_order() -> None:
     assert core.add_timers([(30, 1), (20, 2), (20, 3), (10, 4)]) == 4  # at == now is allowed
     assert core.pending() == 4
     assert core.next_event_ns() == 10
-    assert core.advance_to(20) == [
-        ("timer", 4, 10, 10, 0, 0),
-        ("timer", 2, 20, 20, 0, 0),
-        ("timer", 3, 20, 20, 0, 0),
-    ]
+    assert core.advance_to(20) == [("timer", 4, 10, 10, 0, 0), ("timer", 2, 20, 20, 0, 0), ("timer", 3, 20, 20, 0, 0)]
     assert core.pending() == 1
     assert core.run_until_idle() == [("timer", 1, 30, 30, 0, 0)]
     assert core.next_event_ns() is None

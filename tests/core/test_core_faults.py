@@ -69,7 +69,11 @@ def test_latency_delays_what_starts_crossing_the_port_and_counts_in_its_time() -
 
 def test_latency_adds_to_a_storage_io() -> None:
     core = Core()
-    read, write, snic = core.add_port("storage.read", 100 * GB), core.add_port("storage.write", 100 * GB), core.add_port("snic", 50 * GB)
+    read, write, snic = (
+        core.add_port("storage.read", 100 * GB),
+        core.add_port("storage.write", 100 * GB),
+        core.add_port("snic", 50 * GB),
+    )
     core.configure_storage(read_port=read, write_port=write, read_latency_ns=200_000, write_latency_ns=200_000)
     node = core.add_storage_node("n0", read_path=[snic], write_path=[snic], queue_depth=4)
     core.set_port_latency(snic, MS)

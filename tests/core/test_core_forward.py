@@ -128,7 +128,11 @@ def test_named_tuples_lists_and_generators_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("bad", "error", "message"),
     [
-        ((1, [(([9], 0, 1), 0, None)], 0, [], 0, 2), UnknownNameError, "forwards[1].ranks[0].load.path: unknown port 9"),
+        (
+            (1, [(([9], 0, 1), 0, None)], 0, [], 0, 2),
+            UnknownNameError,
+            "forwards[1].ranks[0].load.path: unknown port 9",
+        ),
         ((1, [(None, -1, None)], 0, [], 0, 2), InvalidArgumentError, "forwards[1].ranks[0].attn_ns: an integer in"),
         ((1, [(None, 0, ([0], 0, 1.5))], 0, [], 0, 2), InvalidArgumentError, "forwards[1].ranks[0].store.size_bytes"),
         ((1, [(None, 0, None)], 0, [([0], 16, 1)], 0, 2), InvalidArgumentError, "forwards[1].collectives[0].lane"),
@@ -185,10 +189,7 @@ durations = st.integers(0, 5_000)  # microseconds: with 1 GB/s ports, kB and ns 
     collectives=st.lists(durations, max_size=3),
 )
 def test_a_forward_alone_on_its_ports_ends_when_the_reference_says(
-    n_layers: int,
-    ranks: list[tuple[int | None, int, int | None]],
-    ffn_us: int,
-    collectives: list[int],
+    n_layers: int, ranks: list[tuple[int | None, int, int | None]], ffn_us: int, collectives: list[int]
 ) -> None:
     core = Core()
     ports = iter(core.add_port(f"p{i}", GB) for i in range(100))
@@ -250,7 +251,11 @@ def test_a_bad_forward_fails_alone_in_the_loop() -> None:
         return list(await asyncio.gather(good, bad, return_exceptions=True))
 
     good, bad = run_realtime(main, core)
-    assert isinstance(good, Completion) and (good.kind, good.end_ns - good.start_ns, good.size_bytes) == ("forward", 2 * MS, MB)
+    assert isinstance(good, Completion) and (good.kind, good.end_ns - good.start_ns, good.size_bytes) == (
+        "forward",
+        2 * MS,
+        MB,
+    )
     assert isinstance(bad, UnknownNameError)
     assert str(bad) == "forwards[0].ranks[0].store.path: unknown port 5"
 

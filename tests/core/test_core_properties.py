@@ -41,7 +41,9 @@ class Advance:
 
 
 ports_st = st.lists(
-    st.tuples(st.sampled_from([1.0, 10.0, 50.0]) | st.floats(1.0, 100.0), st.sampled_from(["fair", "paper", "default"])),
+    st.tuples(
+        st.sampled_from([1.0, 10.0, 50.0]) | st.floats(1.0, 100.0), st.sampled_from(["fair", "paper", "default"])
+    ),
     min_size=1,
     max_size=4,
 )
@@ -50,7 +52,9 @@ ports_st = st.lists(
 def ops_st(n_ports: int) -> st.SearchStrategy[list[list[Submit] | Advance]]:
     submit = st.builds(
         Submit,
-        path=st.permutations(range(n_ports)).flatmap(lambda order: st.integers(1, min(3, n_ports)).map(lambda k: order[:k])),
+        path=st.permutations(range(n_ports)).flatmap(
+            lambda order: st.integers(1, min(3, n_ports)).map(lambda k: order[:k])
+        ),
         lane=st.integers(0, 3),
         size_bytes=st.integers(0, 50_000_000) | st.sampled_from([0, 1, 4096]),
     )
@@ -135,7 +139,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.core = Core()
         kinds = [Arbitration.paper(), Arbitration.fair(4), None]
         self.ports = [
-            self.core.add_port(f"p{i}", r * GB, arbitration=a) for i, (r, a) in enumerate(zip(rates, kinds, strict=True))
+            self.core.add_port(f"p{i}", r * GB, arbitration=a)
+            for i, (r, a) in enumerate(zip(rates, kinds, strict=True))
         ]
         self.core.configure_storage(
             read_port=self.ports[0], write_port=self.ports[0], read_latency_ns=latency_ns, write_latency_ns=latency_ns

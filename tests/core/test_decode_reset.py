@@ -305,7 +305,9 @@ def test_a_remote_reset_of_a_node_the_service_never_added_fails_the_run(director
         plane = remote(svc.endpoint)
 
         async def main() -> None:
-            node = plane.decode_node(lambda done, spans: None, {**decode_spec({"link": 0, "nic": 1, "node0": 0}), "gpus": 0})
+            node = plane.decode_node(
+                lambda done, spans: None, {**decode_spec({"link": 0, "nic": 1, "node0": 0}), "gpus": 0}
+            )
             plane.decode_reset(node)
             await asyncio.sleep(5.0)
 

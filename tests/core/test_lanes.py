@@ -276,11 +276,7 @@ def cycle_packets(cfg: Arbitration, mtu: int) -> int:
     return sum(-(-weight * 64 // mtu) for _, weight in cfg.high + cfg.low)
 
 
-@given(
-    cfg=arbitrations(),
-    mtu=st.sampled_from([2048, 4096]),
-    backlogged=st.sets(st.integers(0, 5), min_size=1),
-)
+@given(cfg=arbitrations(), mtu=st.sampled_from([2048, 4096]), backlogged=st.sets(st.integers(0, 5), min_size=1))
 def test_packet_arbiter_long_run_shares_match_saturated_shares(
     cfg: Arbitration, mtu: int, backlogged: set[int]
 ) -> None:

@@ -63,10 +63,13 @@ def test_storage_io_takes_its_modelled_time_at_the_smallest_byte_scale(tmp_path:
 
 
 @pytest.mark.parametrize(("system", "scale"), [("basic", 1e-9), ("dualpath", 1e-9), ("dualpath", 1e-7)])
-def test_a_host_run_at_the_smallest_byte_scales_reports_no_corruption(tmp_path: Path, system: str, scale: float) -> None:
+def test_a_host_run_at_the_smallest_byte_scales_reports_no_corruption(
+    tmp_path: Path, system: str, scale: float
+) -> None:
     work = [Trajectory.from_rounds(t.id, list(zip(t.append, t.gen))[:3]) for t in generate("64k", 8, seed=0)]
-    result = run_live(config(), SYSTEMS[system], work, run_dir=tmp_path / "run", backend="host", byte_scale=scale,
-                      timeout_s=120.0)  # fmt: skip
+    result = run_live(
+        config(), SYSTEMS[system], work, run_dir=tmp_path / "run", backend="host", byte_scale=scale, timeout_s=120.0
+    )
     host = result.extra["host"]
     assert result.turns == 24 and host["byte_scale"] == scale
     assert host["blocks_read"] > 0 and host["bytes_read"] == host["verified_read_bytes"]

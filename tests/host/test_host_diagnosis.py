@@ -34,8 +34,9 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]
     # inside the mount then pass the kernel's 107-character limit.
     mount = Path(tempfile.mkdtemp(prefix="dpe-disk-"))
     size = getattr(request, "param", 1)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         shutil.rmtree(mount, ignore_errors=True)
         pytest.skip(f"mounting a small tmpfs needs root with CAP_SYS_ADMIN: {done.stderr.strip() or done.returncode}")
@@ -56,7 +57,9 @@ def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]
 def test_a_full_kv_storage_directory_is_named_although_the_clean_up_frees_it(
     small_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, err = _run(capsys, [*HOST_RUN, "--set", f'host.storage_dir="{small_disk}"', "--run-dir", str(tmp_path / "r")])
+    status, err = _run(
+        capsys, [*HOST_RUN, "--set", f'host.storage_dir="{small_disk}"', "--run-dir", str(tmp_path / "r")]
+    )
     assert status == 2 and err.count("\n") == 1, err
     assert err.startswith(f"dualpath-emu: error: dualpath: the KV storage directory {small_disk} is full (")
     assert err.endswith("the run stopped; free space and run it again\n") and ADVICE not in err

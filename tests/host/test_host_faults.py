@@ -142,7 +142,10 @@ def test_a_pacer_pauses_and_changes_its_rate_without_losing_a_byte() -> None:
         assert left / 1e6 * 0.9 < took_s < left / 1e6 + 0.03, (left, took_s)
         pacer.stop()
         assert [tag for _, tag, _ in grants] == sorted(tag for _, tag, _ in grants)  # FIFO: message 1, then 2
-        assert sum(n for _, tag, n in grants if tag == 1) == 100_000 and sum(n for _, tag, n in grants if tag == 2) == 5_000
+        assert (
+            sum(n for _, tag, n in grants if tag == 1) == 100_000
+            and sum(n for _, tag, n in grants if tag == 2) == 5_000
+        )
         assert pacer.port.granted_bytes() == 105_000 and pacer.port.queued_bytes() == 0
 
     asyncio.run(main())

@@ -59,24 +59,57 @@ def opens(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 def test_written_blocks_read_back_verified_and_laid_out_as_documented(tmp_path: Path, block_bytes: int) -> None:
     with BlockStore(tmp_path, block_bytes) as store:
         stride = store.stride
-        assert store.align in (512, ALIGN) and stride % store.align == 0 and stride - store.align < block_bytes <= stride
+        assert (
+            store.align in (512, ALIGN) and stride % store.align == 0 and stride - store.align < block_bytes <= stride
+        )
 
         async def go() -> tuple[IoResult, IoResult, IoResult]:
             return await store.write(7, 0, 5), await store.read(7, 0, 5), await store.read(7, 2, 3)
 
         written, read, part = asyncio.run(go())
         assert (written.bytes, written.blocks, written.verified_blocks) == (5 * stride, 5, 0)
-        assert read == IoResult(bytes=5 * stride, blocks=5, verified_blocks=5, verified_bytes=5 * stride,
-                                mismatched_blocks=0, retries=0, wall_s=read.wall_s)
+        assert read == IoResult(
+            bytes=5 * stride,
+            blocks=5,
+            verified_blocks=5,
+            verified_bytes=5 * stride,
+            mismatched_blocks=0,
+            retries=0,
+            wall_s=read.wall_s,
+        )
         assert read.wall_s > 0
         assert (part.verified_blocks, part.verified_bytes, part.mismatched_blocks) == (3, 3 * stride, 0)
         stats = store.stats()
-        assert {key: stats[key] for key in ("bytes_read", "bytes_written", "reads", "writes", "blocks_read",
-                                            "blocks_written", "verified_bytes", "mismatched_blocks", "retries",
-                                            "seeded_blocks", "stride", "block_bytes")} == {
-            "bytes_read": 8 * stride, "bytes_written": 5 * stride, "reads": 2, "writes": 1, "blocks_read": 8,
-            "blocks_written": 5, "verified_bytes": 8 * stride, "mismatched_blocks": 0, "retries": 0,
-            "seeded_blocks": 0, "stride": stride, "block_bytes": block_bytes}
+        assert {
+            key: stats[key]
+            for key in (
+                "bytes_read",
+                "bytes_written",
+                "reads",
+                "writes",
+                "blocks_read",
+                "blocks_written",
+                "verified_bytes",
+                "mismatched_blocks",
+                "retries",
+                "seeded_blocks",
+                "stride",
+                "block_bytes",
+            )
+        } == {
+            "bytes_read": 8 * stride,
+            "bytes_written": 5 * stride,
+            "reads": 2,
+            "writes": 1,
+            "blocks_read": 8,
+            "blocks_written": 5,
+            "verified_bytes": 8 * stride,
+            "mismatched_blocks": 0,
+            "retries": 0,
+            "seeded_blocks": 0,
+            "stride": stride,
+            "block_bytes": block_bytes,
+        }
         assert isinstance(stats["read_wall_s"], float) and isinstance(stats["write_wall_s"], float)
         # The layout: one file per context, block i at i × stride, header first, zeros after block_bytes.
         path = tmp_path / "ctx-00000007.kv"
@@ -85,11 +118,11 @@ def test_written_blocks_read_back_verified_and_laid_out_as_documented(tmp_path: 
         assert len(data) == 5 * stride
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         for i in range(5):
-            block = data[i * stride:(i + 1) * stride]
-            assert block[:min(4, block_bytes)] == b"DPKV"[:block_bytes]
+            block = data[i * stride : (i + 1) * stride]
+            assert block[: min(4, block_bytes)] == b"DPKV"[:block_bytes]
             assert block[block_bytes:] == bytes(stride - block_bytes)
         if block_bytes >= 32:  # a smaller block holds only a prefix of its header
-            assert data[:stride] != data[stride:2 * stride]  # the contents depend on the block
+            assert data[:stride] != data[stride : 2 * stride]  # the contents depend on the block
 
 
 def test_contents_depend_on_context_and_block(tmp_path: Path) -> None:
@@ -97,7 +130,7 @@ def test_contents_depend_on_context_and_block(tmp_path: Path) -> None:
         store.seed(1, 0, 2)
         store.seed(2, 0, 2)
         one, two = store.path(1).read_bytes(), store.path(2).read_bytes()
-        assert one[64:8 * KIB] != two[64:8 * KIB] and one[8 * KIB + 64:] != one[64:8 * KIB]
+        assert one[64 : 8 * KIB] != two[64 : 8 * KIB] and one[8 * KIB + 64 :] != one[64 : 8 * KIB]
         # A block copied to the wrong place (another context's) is a mismatch, found at once.
         store.path(2).write_bytes(one)
         result = asyncio.run(store.read(2, 0, 2))
@@ -213,8 +246,9 @@ def test_tmpfs_falls_back_to_buffered_io_or_takes_o_direct(shm_dir: Path) -> Non
 
 
 @pytest.mark.parametrize("refused_at", ["open", "first I/O"])
-def test_a_file_system_refusing_o_direct_falls_back_or_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              refused_at: str) -> None:
+def test_a_file_system_refusing_o_direct_falls_back_or_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: str
+) -> None:
     """As tmpfs before Linux 6.6 (EINVAL on open) and some FUSE file systems (EINVAL on the first I/O)."""
     o_direct = getattr(os, "O_DIRECT", 0)
     if not o_direct:
@@ -272,8 +306,7 @@ def _write_in_child(root: str, block_bytes: int, context: int, n_blocks: int) ->
 
 @pytest.mark.processes
 def test_a_second_process_writes_blocks_that_this_one_reads(tmp_path: Path) -> None:
-    child = multiprocessing.get_context("spawn").Process(target=_write_in_child,
-                                                           args=(str(tmp_path), 48 * KIB, 9, 6))
+    child = multiprocessing.get_context("spawn").Process(target=_write_in_child, args=(str(tmp_path), 48 * KIB, 9, 6))
     with BlockStore(tmp_path, 48 * KIB) as store:
         child.start()
         try:
@@ -329,7 +362,10 @@ def test_remove_all_deletes_the_context_files_only(tmp_path: Path) -> None:
         for context in (0, 1, 123_456_789):
             store.seed(context, 0, 1)
         assert sorted(p.name for p in tmp_path.glob("ctx-*.kv")) == [
-            "ctx-00000000.kv", "ctx-00000001.kv", "ctx-123456789.kv"]
+            "ctx-00000000.kv",
+            "ctx-00000001.kv",
+            "ctx-123456789.kv",
+        ]
     assert store.remove_all() == 3  # after close too
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
     assert store.remove_all() == 0
@@ -349,21 +385,24 @@ def _store(tmp: Path) -> BlockStore:
     return BlockStore(tmp, 4 * KIB)
 
 
-@pytest.mark.parametrize(("call", "name"), [
-    (lambda t: BlockStore(t, 0), "block_bytes"),
-    (lambda t: BlockStore(t, 4.0), "block_bytes"),  # type: ignore[arg-type]
-    (lambda t: BlockStore(t, 4096, threads=0), "threads"),
-    (lambda t: BlockStore(t, 4096, direct=1), "direct"),  # type: ignore[arg-type]
-    (lambda t: _store(t).seed(-1, 0, 1), "context"),
-    (lambda t: _store(t).seed(0, -1, 1), "first_block"),
-    (lambda t: _store(t).seed(0, 0, 0), "n_blocks"),
-    (lambda t: _store(t).seed(0, True, 1), "first_block"),
-    (lambda t: _store(t).seed(2**63, 0, 1), "context"),
-    (lambda t: asyncio.run(_store(t).write(0, 0, -3)), "n_blocks"),
-    (lambda t: asyncio.run(_store(t).read(0, 0, 0)), "n_blocks"),
-    (lambda t: asyncio.run(_store(t).read(0, 0, 1, wait_s=-1)), "wait_s"),
-    (lambda t: asyncio.run(_store(t).read(0, 0, 1, wait_s=float("nan"))), "wait_s"),
-])
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda t: BlockStore(t, 0), "block_bytes"),
+        (lambda t: BlockStore(t, 4.0), "block_bytes"),  # type: ignore[arg-type]
+        (lambda t: BlockStore(t, 4096, threads=0), "threads"),
+        (lambda t: BlockStore(t, 4096, direct=1), "direct"),  # type: ignore[arg-type]
+        (lambda t: _store(t).seed(-1, 0, 1), "context"),
+        (lambda t: _store(t).seed(0, -1, 1), "first_block"),
+        (lambda t: _store(t).seed(0, 0, 0), "n_blocks"),
+        (lambda t: _store(t).seed(0, True, 1), "first_block"),
+        (lambda t: _store(t).seed(2**63, 0, 1), "context"),
+        (lambda t: asyncio.run(_store(t).write(0, 0, -3)), "n_blocks"),
+        (lambda t: asyncio.run(_store(t).read(0, 0, 0)), "n_blocks"),
+        (lambda t: asyncio.run(_store(t).read(0, 0, 1, wait_s=-1)), "wait_s"),
+        (lambda t: asyncio.run(_store(t).read(0, 0, 1, wait_s=float("nan"))), "wait_s"),
+    ],
+)
 def test_bad_arguments_raise_naming_the_argument(tmp_path: Path, call: Callable[[Path], object], name: str) -> None:
     with pytest.raises(HostStorageError, match=name) as caught:
         call(tmp_path)
@@ -407,6 +446,7 @@ def test_a_read_of_blocks_this_store_is_still_writing_waits_for_the_write(tmp_pa
     # One process's read of its own write-back in flight waits for the write (no polling, no retry); another
     # store's (another process's) read of the same polls the file until the blocks are there.
     with BlockStore(tmp_path, 64 * KIB) as store:
+
         async def go() -> IoResult:
             write = asyncio.ensure_future(store.write(3, 0, 32))
             await asyncio.sleep(0)  # the write has begun

@@ -185,8 +185,9 @@ def test_closing_the_store_gives_its_views_back(tmp_path: Path) -> None:
 
 def host_run(tmp_path: Path, system: str, *faults: Fault, read_timeout_s: float = 30.0) -> SystemResult:
     cluster = dataclasses.replace(config(), faults=FaultPlan(faults), read_timeout_s=read_timeout_s)
-    return run_live(cluster, SYSTEMS[system], work(), run_dir=tmp_path / "run", backend="host", byte_scale=SCALE,
-                    timeout_s=120.0)  # fmt: skip
+    return run_live(
+        cluster, SYSTEMS[system], work(), run_dir=tmp_path / "run", backend="host", byte_scale=SCALE, timeout_s=120.0
+    )
 
 
 def store_stats(tmp_path: Path, process: str) -> dict[str, Any]:

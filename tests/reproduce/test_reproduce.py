@@ -21,6 +21,7 @@ from dualpath_emu.reproduce.common import Cell, deployment, run_cells, run_paral
 
 QUICK = ("fig7", "fig8", "fig9", "fig12", "fig13", "toolwaits", "faults")
 
+
 def run_quick(name: str, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     module = importlib.import_module(EXPERIMENTS[name])
     assert module.main(["--quick", "--json", "--jobs", "2", "--out", str(out)]) == 0
@@ -130,8 +131,9 @@ def test_markdown_renders_a_report_and_rejects_what_is_not_one(
     assert "- check: oracle <= dualpath <= basic: ok" in out and "- a note" in out and "1.5 min" in out
     # fig7's rows: the model in the heading, every JCT in a table (DualPath's ratios to Basic and Oracle).
     row = {"model": "qwen32b", "dataset": "32k", "agents": 512}
-    report["rows"] = [{**row, "system": s, "jct_s": jct} for s, jct in (("basic", 3000.0), ("dualpath", 2000.0),
-                                                                        ("oracle", 1600.0))]  # fmt: skip
+    report["rows"] = [
+        {**row, "system": s, "jct_s": jct} for s, jct in (("basic", 3000.0), ("dualpath", 2000.0), ("oracle", 1600.0))
+    ]
     path.write_text(json.dumps(report))
     assert markdown_main([str(path)]) == 0
     out = capsys.readouterr().out
@@ -153,7 +155,9 @@ def test_markdown_into_replaces_only_the_marked_part(tmp_path: Path, capsys: pyt
     doc.write_text(f"# Evaluation\nprose\n{BEGIN}\nold tables\n{END}\nmore prose\n")
     assert markdown_main([str(report), "--into", str(doc)]) == 0
     text = doc.read_text()
-    assert text.startswith(f"# Evaluation\nprose\n{BEGIN}\n\n### fig13: balance\n") and text.endswith(f"{END}\nmore prose\n")
+    assert text.startswith(f"# Evaluation\nprose\n{BEGIN}\n\n### fig13: balance\n") and text.endswith(
+        f"{END}\nmore prose\n"
+    )
     assert "old tables" not in text
     assert markdown_main([str(report), "--into", str(doc)]) == 0 and doc.read_text() == text  # idempotent
     (tmp_path / "plain.md").write_text("no markers\n")
@@ -215,9 +219,9 @@ def test_the_prefill_fit_solves_both_oracle_points_together(monkeypatch: pytest.
     def config(n: int, **_: float) -> ClusterConfig:
         return deployment("ds660b", quick=True, agents=n)
 
-    speed, overhead_s, jcts = calibrate._fit_prefill(targets, 0.25, 2e-3, config, 0,
-                                                     argparse.Namespace(quiet=True, cache=None, dask=None, jobs=2),
-                                                     history)  # fmt: skip
+    speed, overhead_s, jcts = calibrate._fit_prefill(
+        targets, 0.25, 2e-3, config, 0, argparse.Namespace(quiet=True, cache=None, dask=None, jobs=2), history
+    )
     for key, target in targets.items():
         assert abs(jcts[key] / target - 1) <= calibrate.TOLERANCE, key
     assert speed == pytest.approx(0.434, rel=0.03) and overhead_s == pytest.approx(7.2e-3, rel=0.05)

@@ -60,8 +60,9 @@ def test_tpot_over_the_slo_misses_it_and_a_met_rate_above_a_missed_one_is_ignore
 
 def test_a_ttft_search_ignores_the_tpot_that_fails_the_slo_search_at_every_rate() -> None:
     slo = Search("ds660b", "basic", guess=0.5, cap=10.0, resolution=0.15, growth=1.5, k=2, max_steps=5)
-    ttft = Search("ds660b", "basic", guess=0.5, cap=10.0, resolution=0.15, growth=1.5, k=2, max_steps=5,
-                  criterion="ttft")  # fmt: skip
+    ttft = Search(
+        "ds660b", "basic", guess=0.5, cap=10.0, resolution=0.15, growth=1.5, k=2, max_steps=5, criterion="ttft"
+    )
     slow_decode = [_point(0.4, 1.0, SLO_TPOT_S * 1.3), _point(0.5, 5.0, SLO_TPOT_S * 1.3)]
     slo.add(slow_decode)
     ttft.add(slow_decode)

@@ -20,9 +20,7 @@ def condition(name: str) -> isolation.Condition:
     return next(c for c in isolation.CONDITIONS if c.name == name)
 
 
-def test_quick_run_meets_the_targets_and_writes_its_files(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_quick_run_meets_the_targets_and_writes_its_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert isolation.main(["--quick", "--json", "--out", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["experiment"] == "isolation"

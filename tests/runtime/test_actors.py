@@ -86,7 +86,9 @@ def test_tells_arrive_after_the_latency_in_send_order_per_sender() -> None:
     tells = {e.summary: e.t_ns for e in system.events if e.kind == "tell"}
     delivered = {e.summary: e.t_ns for e in system.events if e.kind == "deliver"}
     assert tells.keys() == delivered.keys() and len(tells) == 100
-    assert all(delivered[s] - tells[s] >= 2 * MS - 100_000 for s in tells)  # (a real loop's timer may fire a hair early)
+    assert all(
+        delivered[s] - tells[s] >= 2 * MS - 100_000 for s in tells
+    )  # (a real loop's timer may fire a hair early)
     events = system.events
     assert [e.seq for e in events] == list(range(len(events)))
     assert [e.kind for e in events][:2] == ["start", "start"] and events[-1].kind == "stop"

@@ -70,7 +70,9 @@ def build_core(core: Core) -> None:
 class ServiceThread:
     """A :class:`DataPlaneService` on its own loop in a thread (its core made there)."""
 
-    def __init__(self, directory: Path, *, time_scale: float = 1.0, endpoint: str | None = None, **options: Any) -> None:
+    def __init__(
+        self, directory: Path, *, time_scale: float = 1.0, endpoint: str | None = None, **options: Any
+    ) -> None:
         self.endpoint = endpoint or f"ipc://{directory}/dp.sock"
         self.time_scale = time_scale
         self.options = options
@@ -279,7 +281,9 @@ def test_a_bad_decode_node_or_a_join_that_names_none_fails_the_run(directory: Pa
 
         async def main() -> None:
             if bad == "node":  # no GPU: the core refuses it
-                loop.decode_node(lambda done, spans: None, {**decode_spec({"link": 0, "nic": 1, "node0": 0}), "gpus": 0})
+                loop.decode_node(
+                    lambda done, spans: None, {**decode_spec({"link": 0, "nic": 1, "node0": 0}), "gpus": 0}
+                )
             else:
                 loop.decode_join(12345, 0, 1, 10, 2, 1, 0, 1)
             await asyncio.sleep(5.0)
@@ -346,7 +350,10 @@ def test_a_lost_data_plane_is_noticed_and_named(directory: Path) -> None:
             await asyncio.sleep(10.0)
 
         started = time.monotonic()
-        with pytest.raises(DataPlaneLost, match=f"no word from the data plane at {svc.endpoint} for \\d+\\.\\d s \\(heartbeat timeout 0.4 s\\)"):
+        with pytest.raises(
+            DataPlaneLost,
+            match=f"no word from the data plane at {svc.endpoint} for \\d+\\.\\d s \\(heartbeat timeout 0.4 s\\)",
+        ):
             run_remote(main(), loop)
         assert time.monotonic() - started < 3.0
 
@@ -575,7 +582,9 @@ def test_a_remote_plane_whose_service_does_not_read_fails_within_its_backlog(
             run_remote(main(), plane)
 
 
-def test_a_remote_plane_refuses_to_send_a_frame_the_service_would_drop(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_remote_plane_refuses_to_send_a_frame_the_service_would_drop(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A frame over the service's MAXMSGSIZE makes ZeroMQ drop the connection, which showed only as a lost
     # heartbeat: the remote plane now fails the run saying why.
     monkeypatch.setattr(dataplane, "MAX_FRAME_BYTES", 1_000)
@@ -587,7 +596,9 @@ def test_a_remote_plane_refuses_to_send_a_frame_the_service_would_drop(directory
                 plane.transfer_detached([0], 0, 1)
             await asyncio.sleep(2.0)
 
-        with pytest.raises(DataPlaneError, match="has a message of [0-9,]+ bytes for the data plane, more than its frames take"):
+        with pytest.raises(
+            DataPlaneError, match="has a message of [0-9,]+ bytes for the data plane, more than its frames take"
+        ):
             run_remote(main(), plane)
 
 
@@ -682,4 +693,3 @@ def test_lag_stats_quantiles_are_within_their_error_in_bounded_memory() -> None:
     assert summary["count"] == len(values) and summary["max_ns"] == 2**62 and summary["min_ns"] == -5
     assert summary["negative"] == 1 and len(stats._buckets) < 2_000
     assert LagStats().summary()["p99_ns"] == 0
-

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.processes  # each test starts `dualpath-emu` processes
 WAIT_S = 60.0
 PROCESSES = ("scheduler", "client", "pe0", "de1", "de2")
 """The processes of the small cluster's ``groups`` placement, in start order after the data plane."""
-FAILING_POLICY = '''
+FAILING_POLICY = """
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.policies import DualPathPolicy
@@ -45,7 +45,7 @@ from dualpath_emu.cluster.policies import DualPathPolicy
 class Failing(DualPathPolicy):
     def assign_prefill(self, queue, engines, read_q):
         raise RuntimeError("the policy fails on purpose")
-'''
+"""
 
 
 def run_toml(tmp_path: Path, *, agents: int = 24, system: str = "dualpath", **keys: object) -> Path:
@@ -60,7 +60,9 @@ def run_toml(tmp_path: Path, *, agents: int = 24, system: str = "dualpath", **ke
     return path
 
 
-def dualpath_emu(*args: str, env: dict[str, str] | None = None, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
+def dualpath_emu(
+    *args: str, env: dict[str, str] | None = None, timeout: float = WAIT_S
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dualpath_emu.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
 
@@ -227,12 +229,21 @@ def test_node_without_a_run_description_says_how_to_make_one(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (("seed = 0", "seed = \"one\""), "key 'seed': expected an integer in [0, 9223372036854775807], got the string 'one'"),
+        (
+            ("seed = 0", 'seed = "one"'),
+            "key 'seed': expected an integer in [0, 9223372036854775807], got the string 'one'",
+        ),
         (('description = "cluster.json"', 'descriptionz = "cluster.json"'), "unknown key 'cluster.descriptionz'"),
         (('mode = "realtime"', 'mode = "virtual"'), "key 'mode': expected one of 'realtime', got the string 'virtual'"),
-        (('actors = ["client"]', 'actors = ["scheduler"]'), "key 'process[1].actors': expected actors not already in process 'scheduler'"),
-        (('actors = ["client"]', 'actors = ["clients"]'), "key 'process[1].actors': expected names of the application's actors"),
-        (('actors = ["client"]', 'actors = []'), "key 'process[1].actors': expected a non-empty list of strings"),
+        (
+            ('actors = ["client"]', 'actors = ["scheduler"]'),
+            "key 'process[1].actors': expected actors not already in process 'scheduler'",
+        ),
+        (
+            ('actors = ["client"]', 'actors = ["clients"]'),
+            "key 'process[1].actors': expected names of the application's actors",
+        ),
+        (('actors = ["client"]', "actors = []"), "key 'process[1].actors': expected a non-empty list of strings"),
         (('app = "cluster"', 'app = "nope"'), "key 'app': expected one of 'cluster', got 'nope'"),
         (('backend = "model"', 'backend = "gpu"'), "key 'backend': expected one of 'host', 'model', got 'gpu'"),
         (("time_scale = 1.0", "time_scale = 0"), "key 'time_scale': expected a number in [1e-6, 1e6], got 0"),

@@ -31,12 +31,7 @@ from dualpath_emu.errors import SecurityError, UsageError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
-from dualpath_emu.runtime.security import (
-    BoundedLog,
-    RunKeys,
-    check_private_ipc,
-    is_wildcard,
-)
+from dualpath_emu.runtime.security import BoundedLog, RunKeys, check_private_ipc, is_wildcard
 
 _T = TypeVar("_T")
 
@@ -179,7 +174,9 @@ def test_load_refuses_missing_open_or_broken_keys(private_dir: Path) -> None:
 
     secret = directory / "a.key_secret"
     os.chmod(secret, 0o640)  # readable by the group
-    with pytest.raises(SecurityError, match=r"a\.key_secret: the secret key .* is accessible by others \(mode 0640\); expe"):
+    with pytest.raises(
+        SecurityError, match=r"a\.key_secret: the secret key .* is accessible by others \(mode 0640\); expe"
+    ):
         RunKeys.load(directory, "a")
     os.chmod(secret, 0o604)  # readable by others
     with pytest.raises(SecurityError, match=r"accessible by others \(mode 0604\)"):
@@ -485,6 +482,7 @@ def test_a_flood_of_junk_leaves_memory_and_the_log_bounded(private_dir: Path, ca
             echo = Echo(system, "echo")
             echo.start()
             context = zmq.asyncio.Context()
+
             def as_b(s: zmq.asyncio.Socket) -> None:
                 keys.as_process("b").make_client(s, "a")
                 s.setsockopt(zmq.ROUTING_ID, b"b")

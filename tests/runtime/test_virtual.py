@@ -61,8 +61,9 @@ class LoggingPlane:
         self.calls["decode_node"] += 1
         return self.inner.decode_node(report, **spec)
 
-    def decode_join(self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int,
-                    context: int) -> None:  # fmt: skip
+    def decode_join(
+        self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
+    ) -> None:
         self.calls["decode_join"] += 1
         self.inner.decode_join(node, gpu, rid, prompt, gen, produced, stored_blocks, context)
 

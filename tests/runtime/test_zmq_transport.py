@@ -211,7 +211,9 @@ def test_tells_cross_between_two_systems_exactly_once_and_in_order(transport: st
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_tell_for_no_actor_there_is_rejected_and_one_for_a_stopped_actor_dropped(transport: str, ipc_dir: str) -> None:
+def test_a_tell_for_no_actor_there_is_rejected_and_one_for_a_stopped_actor_dropped(
+    transport: str, ipc_dir: str
+) -> None:
     async def main() -> None:
         async with two_systems(transport, ipc_dir) as (a, b):
             echo = Echo(b, "echo")
@@ -402,7 +404,9 @@ def largest_submit() -> Message:
 
     # Large values, so every field takes its longest msgpack form (rids of a long run, 64K-token prompts).
     base = 3_000_000_000
-    return Submit(tuple(Turn(base + i, 70_000 + i % 1000, 66_000 + i % 1000, 1 + i % 600, i) for i in range(SUBMIT_TURNS)))
+    return Submit(
+        tuple(Turn(base + i, 70_000 + i % 1000, 66_000 + i % 1000, 1 + i % 600, i) for i in range(SUBMIT_TURNS))
+    )
 
 
 def cluster_codec() -> Codec:
@@ -537,14 +541,18 @@ def test_a_process_sends_only_as_itself_and_only_processes_of_the_run_connect(
                 raw = _raw_process(context, b"a", keys)  # (context.destroy closes whatever a failure left open)
                 raw.connect(b.endpoint)
                 for sender, seq in as_a:
-                    await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))])
+                    await raw.send_multipart(
+                        [b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))]
+                    )
                 await until(lambda: b.rejected == 6)
                 raw.close(linger=0)
                 assert echo.notes == [("asker", 1), ("main", 2)]
                 for routing_id, sender, seq in as_nobody:
                     raw = _raw_process(context, routing_id, keys)
                     raw.connect(b.endpoint)
-                    await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))])
+                    await raw.send_multipart(
+                        [b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))]
+                    )
                     await until(lambda: b.rejected == 6 + 1 + as_nobody.index((routing_id, sender, seq)))
                     raw.close(linger=0)
             finally:

@@ -31,8 +31,9 @@ CONFIG = ClusterConfig(model=MODELS["ds27b"], gpu=GPUS["h800"], pe_nodes=1, de_n
 
 
 def work(agents: int = 6, rounds: int = 4) -> list[Trajectory]:
-    return [dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds])
-            for t in generate("32k", agents, seed=3)]  # fmt: skip
+    return [
+        dataclasses.replace(t, append=t.append[:rounds], gen=t.gen[:rounds]) for t in generate("32k", agents, seed=3)
+    ]
 
 
 def turns_by_agent(result_metrics: object) -> dict[int, list[tuple[int, int]]]:
@@ -78,8 +79,12 @@ def test_a_trajectorys_own_waits_win_over_the_scenarios_and_delay_its_first_turn
     assert [b[0] - a[1] for a, b in zip(turns[1], turns[1][1:])] == [7 * NS, 7 * NS]
 
 
-DISTS = [ToolWait("constant", 3.0), ToolWait("exponential", 3.0), ToolWait("lognormal", 3.0, 1.0),
-         ToolWait("empirical", samples=(0.2, 1.0, 2.0, 6.0))]
+DISTS = [
+    ToolWait("constant", 3.0),
+    ToolWait("exponential", 3.0),
+    ToolWait("lognormal", 3.0, 1.0),
+    ToolWait("empirical", samples=(0.2, 1.0, 2.0, 6.0)),
+]
 
 
 def waits_by_agent(result_metrics: object) -> dict[int, list[int]]:
@@ -236,7 +241,9 @@ def test_waits_round_trip_through_a_version_2_file_and_files_without_them_stay_v
         (3, [[10, 2]], "knows versions 1 and 2"),
     ],
 )
-def test_bad_waits_in_a_file_name_the_line(tmp_path: Path, version: int, rounds: list[list[object]], message: str) -> None:
+def test_bad_waits_in_a_file_name_the_line(
+    tmp_path: Path, version: int, rounds: list[list[object]], message: str
+) -> None:
     path = tmp_path / "t.jsonl"
     header = {"format": "dualpath-emu-trajectories", "version": version}
     path.write_text(json.dumps(header) + "\n" + json.dumps({"id": "x", "rounds": rounds}) + "\n")
@@ -324,7 +331,9 @@ def test_trace_import_says_how_many_sessions_it_found(tmp_path: Path, capsys: py
     from dualpath_emu.cli import main as cli_main
 
     path = tmp_path / "mc.jsonl"
-    path.write_text(mooncake_line(0, 1100, [1, 2, 3]) + mooncake_line(10, 1600, [1, 2, 4, 5]) + mooncake_line(20, 600, [8, 9]))
+    path.write_text(
+        mooncake_line(0, 1100, [1, 2, 3]) + mooncake_line(10, 1600, [1, 2, 4, 5]) + mooncake_line(20, 600, [8, 9])
+    )
     assert cli_main(["trace", "import", str(path), "--out", str(tmp_path / "s.jsonl")]) == 0
     assert "3 requests" in (out := capsys.readouterr().out) and "2 sessions, 1 of them multi-turn (2 requests)" in out
     assert len(read_trajectories(tmp_path / "s.jsonl").trajectories) == 2

@@ -91,7 +91,11 @@ _counts = st.integers(min_value=1, max_value=100_000)
 def trajectories(draw: st.DrawFn, ident: str) -> Trajectory:
     n = draw(st.integers(min_value=1, max_value=8))
     if draw(st.booleans()):
-        return Trajectory(ident, tuple(draw(st.lists(_counts, min_size=n, max_size=n))), tuple(draw(st.lists(_counts, min_size=n, max_size=n))))
+        return Trajectory(
+            ident,
+            tuple(draw(st.lists(_counts, min_size=n, max_size=n))),
+            tuple(draw(st.lists(_counts, min_size=n, max_size=n))),
+        )
     turns = []
     for _ in range(n):
         prompt = draw(_counts)
@@ -109,11 +113,15 @@ def trajectory_lists(draw: st.DrawFn) -> list[Trajectory]:
     return [draw(trajectories(i)) for i in ids]
 
 
-_meta = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.booleans(), st.none()), max_size=4)
+_meta = st.dictionaries(
+    st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.booleans(), st.none()), max_size=4
+)
 
 
 @given(trajectory_lists(), _meta)
-def test_file_round_trip(tmp_path_factory: pytest.TempPathFactory, items: list[Trajectory], meta: dict[str, object]) -> None:
+def test_file_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, items: list[Trajectory], meta: dict[str, object]
+) -> None:
     path = tmp_path_factory.mktemp("rt") / "t.jsonl"
     write_trajectories(path, items, meta)
     read = read_trajectories(path)
@@ -133,24 +141,54 @@ def test_writer_refuses_duplicate_ids(tmp_path: Path) -> None:
         ([HEADER, '{"id": "a", "rounds": [[1, 1]]}', '{"id": "b", "rounds": [[1, 1]'], r":3: not valid JSON"),
         ([HEADER, '{"rounds": [[1, 1]]}'], r":2: missing key 'id'"),
         ([HEADER, '{"id": "a"}'], r":2: missing key 'rounds' .* or 'turns'"),
-        ([HEADER, '{"id": "a", "rounds": [[1, 1], [-5, 1]]}'], r":2: 'rounds\[1\]\[0\]' \(append tokens\): expected an integer >= 1, got -5"),
-        ([HEADER, '{"id": "a", "rounds": [[1, 0]]}'], r":2: 'rounds\[0\]\[1\]' \(gen tokens\): expected an integer >= 1, got 0"),
+        (
+            [HEADER, '{"id": "a", "rounds": [[1, 1], [-5, 1]]}'],
+            r":2: 'rounds\[1\]\[0\]' \(append tokens\): expected an integer >= 1, got -5",
+        ),
+        (
+            [HEADER, '{"id": "a", "rounds": [[1, 0]]}'],
+            r":2: 'rounds\[0\]\[1\]' \(gen tokens\): expected an integer >= 1, got 0",
+        ),
         ([HEADER, '{"id": "a", "rounds": [[1, true]]}'], r":2: .* expected an integer >= 1, got true"),
-        ([HEADER, '{"id": "a", "rounds": [[1, 2, 3]]}'], r":2: 'rounds\[0\]': expected \[append, gen\], got a list of 3"),
+        (
+            [HEADER, '{"id": "a", "rounds": [[1, 2, 3]]}'],
+            r":2: 'rounds\[0\]': expected \[append, gen\], got a list of 3",
+        ),
         ([HEADER, '{"id": "a", "rounds": []}'], r":2: 'rounds': expected a non-empty list"),
         ([HEADER, '{"id": "a", "turns": [[10, 10, 1]]}'], r":2: 'turns\[0\]': expected hit <= prompt - 1"),
-        ([HEADER, '{"id": "a", "turns": [[10, 1, 1, 0.5], [10, 1, 1]]}'], r":2: 'turns': either every turn has arrival_s or none"),
+        (
+            [HEADER, '{"id": "a", "turns": [[10, 1, 1, 0.5], [10, 1, 1]]}'],
+            r":2: 'turns': either every turn has arrival_s or none",
+        ),
         ([HEADER, '{"id": "a", "turns": [[10, 1, 1, 2], [10, 1, 1, 1]]}'], r":2: .*arrivals that do not decrease"),
-        ([HEADER, '{"id": "a", "turns": [[10, -1, 1]]}'], r":2: 'turns\[0\]\[1\]' \(hit tokens\): expected an integer >= 0, got -1"),
+        (
+            [HEADER, '{"id": "a", "turns": [[10, -1, 1]]}'],
+            r":2: 'turns\[0\]\[1\]' \(hit tokens\): expected an integer >= 0, got -1",
+        ),
         ([HEADER, '{"id": "a", "rounds": [[1, 1]], "colour": 1}'], r":2: unknown key 'colour'"),
         ([HEADER, '{"id": "a", "rounds": [[1, 1]], "turns": [[2, 1, 1]]}'], r":2: expected either 'rounds'"),
-        ([HEADER, '{"id": "a", "rounds": [[1, 1]]}', "", '{"id": "a", "rounds": [[1, 1]]}'], r":4: duplicate id 'a' \(first on line 2\)"),
+        (
+            [HEADER, '{"id": "a", "rounds": [[1, 1]]}', "", '{"id": "a", "rounds": [[1, 1]]}'],
+            r":4: duplicate id 'a' \(first on line 2\)",
+        ),
         ([HEADER, "[1, 2]"], r":2: expected a JSON object, got a list of 2"),
-        (['{"format": "dualpath-emu-trajectories", "version": 3}'], r":1: unsupported format version 3: this reader knows versions 1 and 2"),
+        (
+            ['{"format": "dualpath-emu-trajectories", "version": 3}'],
+            r":1: unsupported format version 3: this reader knows versions 1 and 2",
+        ),
         (['{"format": "dualpath-emu-trajectories"}'], r":1: unsupported format version null"),
         (['{"format": "something-else", "version": 1}'], r":1: not a dualpath-emu trajectory file"),
-        (['{"format": "dualpath-emu-trajectories", "version": 1, "extra": 1}'], r":1: unknown key 'extra' in the header"),
-        (['{"format": "dualpath-emu-trajectories", "version": 1, "trajectories": 2}', '{"id": "a", "rounds": [[1, 1]]}'], r"header says 2 trajectories, the file has 1"),
+        (
+            ['{"format": "dualpath-emu-trajectories", "version": 1, "extra": 1}'],
+            r":1: unknown key 'extra' in the header",
+        ),
+        (
+            [
+                '{"format": "dualpath-emu-trajectories", "version": 1, "trajectories": 2}',
+                '{"id": "a", "rounds": [[1, 1]]}',
+            ],
+            r"header says 2 trajectories, the file has 1",
+        ),
         ([], r"empty file"),
     ],
 )
@@ -188,8 +226,23 @@ def test_generated_file_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None
     for hash_seed in ("0", "1"):
         out = tmp_path / f"h{hash_seed}.jsonl"
         subprocess.run(
-            [sys.executable, "-m", "dualpath_emu.cli", "trace", "gen", "--dataset", "48k", "--agents", "520", "--out", str(out)],
-            check=True, capture_output=True, timeout=60, env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            [
+                sys.executable,
+                "-m",
+                "dualpath_emu.cli",
+                "trace",
+                "gen",
+                "--dataset",
+                "48k",
+                "--agents",
+                "520",
+                "--out",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
         )
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
@@ -260,7 +313,11 @@ def test_extra_agents_are_truncated_at_max_len() -> None:
     cut = 0
     for extra in agents[500:]:
         assert extra.max_tokens <= 32 * 1024
-        copies = [b for b in base.values() if b.append[: len(extra) - 1] == extra.append[1:] and b.gen[: len(extra) - 1] == extra.gen[1:]]
+        copies = [
+            b
+            for b in base.values()
+            if b.append[: len(extra) - 1] == extra.append[1:] and b.gen[: len(extra) - 1] == extra.gen[1:]
+        ]
         assert copies
         cut += all(len(b) > len(extra) - 1 for b in copies)
     assert cut > 0
@@ -297,7 +354,12 @@ def test_generator_refuses_bad_parameters() -> None:
 
 
 def _mooncake_line(timestamp: float, input_length: int, hash_ids: list[int], output_length: int = 5) -> str:
-    record = {"timestamp": timestamp, "input_length": input_length, "output_length": output_length, "hash_ids": hash_ids}
+    record = {
+        "timestamp": timestamp,
+        "input_length": input_length,
+        "output_length": output_length,
+        "hash_ids": hash_ids,
+    }
     return json.dumps(record) + "\n"
 
 
@@ -334,10 +396,22 @@ def test_mooncake_conversation_slice() -> None:
     ("line", "message"),
     [
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}', r":2: missing key 'hash_ids'"),
-        ('{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}', r":2: 'hash_ids': expected ceil\(1000 / 512\) = 2 block hashes, got 1"),
-        ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', r":2: 'input_length': expected an integer >= 1, got 0"),
-        ('{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}', r":2: 'timestamp': expected a finite number"),
-        ('{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}', r":2: 'hash_ids': expected a list of integers"),
+        (
+            '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
+            r":2: 'hash_ids': expected ceil\(1000 / 512\) = 2 block hashes, got 1",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}',
+            r":2: 'input_length': expected an integer >= 1, got 0",
+        ),
+        (
+            '{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+            r":2: 'timestamp': expected a finite number",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}',
+            r":2: 'hash_ids': expected a list of integers",
+        ),
         ('{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [1], "x": 1}', r":2: unknown key 'x'"),
         ('{"timestamp": 5, "input_length": 10', r":2: not valid JSON"),
     ],
@@ -409,8 +483,14 @@ def test_cli_gen_stats_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[
     [
         (["trace"], "a trace command is required"),
         (["trace", "gen", "--dataset", "16k", "--out", "x"], "--dataset: expected one of 32k, 48k, 64k"),
-        (["trace", "gen", "--dataset", "32k", "--agents", "0", "--out", "x"], "--agents: expected an integer in [1, 100000]"),
-        (["trace", "gen", "--dataset", "32k", "--base", "0", "--out", "x"], "n_base: expected an integer in [1, 100000]"),
+        (
+            ["trace", "gen", "--dataset", "32k", "--agents", "0", "--out", "x"],
+            "--agents: expected an integer in [1, 100000]",
+        ),
+        (
+            ["trace", "gen", "--dataset", "32k", "--base", "0", "--out", "x"],
+            "n_base: expected an integer in [1, 100000]",
+        ),
         (["trace", "stats"], "the following arguments are required: file"),
     ],
 )
@@ -424,10 +504,18 @@ def test_cli_bad_file_exits_2_with_the_line_and_no_traceback(tmp_path: Path) -> 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(HEADER + '\n{"id": "a", "rounds": [[1, 1]]}\n{"id": "b", "rounds": [[1, -1]]}\n')
     for command in (["stats", str(bad)], ["import", str(bad), "--out", str(tmp_path / "o.jsonl")]):
-        done = subprocess.run([sys.executable, "-m", "dualpath_emu.cli", "trace", *command], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "dualpath_emu.cli", "trace", *command], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-    assert f"{bad}:3: 'rounds[0][1]' (gen tokens): expected an integer >= 1, got -1" in subprocess.run(
-        [sys.executable, "-m", "dualpath_emu.cli", "trace", "stats", str(bad)], capture_output=True, text=True, timeout=60
-    ).stderr
+    assert (
+        f"{bad}:3: 'rounds[0][1]' (gen tokens): expected an integer >= 1, got -1"
+        in subprocess.run(
+            [sys.executable, "-m", "dualpath_emu.cli", "trace", "stats", str(bad)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stderr
+    )

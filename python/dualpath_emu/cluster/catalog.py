@@ -263,8 +263,9 @@ class ModelArch:
             attn = (h * q_dim + bias * q_dim) + 2 * (h * kv_dim + bias * kv_dim) + q_dim * h
         indexer = (
             q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim + h * self.index_n_heads
-            if self.index_topk else 0
-        )  # fmt: skip
+            if self.index_topk
+            else 0
+        )
         moe_layers = self.moe_layers
         dense_layers = layers - moe_layers
         expert = 3 * h * self.moe_intermediate_size
@@ -287,8 +288,14 @@ class ModelArch:
         return 2 * self.kv_heads * self.dims_per_head * (1 if self.kv_dtype == "fp8" else 2)
 
     def spec(
-        self, name: str, description: str = "", source: str = "", *, total_params: float = 0.0,
-        active_params: float = 0.0, kv_bytes_per_token_layer: int = 0,
+        self,
+        name: str,
+        description: str = "",
+        source: str = "",
+        *,
+        total_params: float = 0.0,
+        active_params: float = 0.0,
+        kv_bytes_per_token_layer: int = 0,
     ) -> ModelSpec:
         """The :class:`ModelSpec` of this architecture (module docstring); a non-zero keyword overrides the
         derived number."""
@@ -319,7 +326,9 @@ class ModelArch:
             weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM[self.weight_dtype],
             gemm_dtype=self.weight_dtype,
             activated_experts=k if self.n_routed_experts else 0,
-            a2a_dispatch_bytes_per_token_layer=k * _fp8_with_scales_bytes(self.hidden_size) if self.n_routed_experts else 0,
+            a2a_dispatch_bytes_per_token_layer=k * _fp8_with_scales_bytes(self.hidden_size)
+            if self.n_routed_experts
+            else 0,
             a2a_combine_bytes_per_token_layer=k * 2 * self.hidden_size if self.n_routed_experts else 0,
             arch=self,
         )
@@ -512,8 +521,9 @@ def read_entries(top: Table) -> dict[str, dict[str, object]]:
         entries: dict[str, object] = {}
         for name in tables.keys():
             if not _NAME.fullmatch(name):
-                raise tables.error(name, "a name of letters, digits and . _ + - (at most 64, starting with a "
-                                   "letter or digit)")  # fmt: skip
+                raise tables.error(
+                    name, "a name of letters, digits and . _ + - (at most 64, starting with a letter or digit)"
+                )
             entry = tables.table(name, required=True)
             entries[name] = read(entry, name)
             entry.finish()
@@ -581,7 +591,7 @@ def _read_model(t: Table, name: str) -> ModelSpec:
         q_lora = t.get_int("q_lora_rank", 0, min=0, max=_MAX_DIM)
         kv_lora, nope, rope, v_dim = (t.get_int(key, min=1, max=_MAX_DIM) for key in _MLA_KEYS[1:])
     else:
-        unused(_MLA_KEYS, f"{_MLA_KEYS[0]} and the other MLA keys are for attention = \"mla\"")
+        unused(_MLA_KEYS, f'{_MLA_KEYS[0]} and the other MLA keys are for attention = "mla"')
         if attention == "gqa":
             kv_heads = t.get_int("num_key_value_heads", min=1, max=heads)
             if heads % kv_heads:

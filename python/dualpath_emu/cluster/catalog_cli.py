@@ -91,14 +91,16 @@ def _attention(spec: ModelSpec) -> str:
 
 
 def _models(catalog: Catalog) -> Table:
-    table = _table("Models", ("name", "attention", "layers", "hidden", "KV B/tok/l", "params B", "experts",
-                              "dtype"), left=2)  # fmt: skip
+    table = _table(
+        "Models", ("name", "attention", "layers", "hidden", "KV B/tok/l", "params B", "experts", "dtype"), left=2
+    )
     for name, spec in catalog.models.items():
         arch = spec.arch
         experts = "-"
         if arch is not None and arch.n_routed_experts:
             experts = f"{arch.n_routed_experts}/{arch.num_experts_per_tok}" + (
-                f"+{arch.n_shared_experts}" if arch.n_shared_experts else "")  # fmt: skip
+                f"+{arch.n_shared_experts}" if arch.n_shared_experts else ""
+            )
         layers = f"{spec.layers}" + (f"/{spec.moe_layers}" if spec.moe_layers else "")
         dtype = spec.gemm_dtype if arch is None else f"{arch.weight_dtype}/{arch.kv_dtype}"
         table.add_row(
@@ -124,5 +126,7 @@ def _gpus(catalog: Catalog) -> Table:
 def _nics(catalog: Catalog) -> Table:
     table = _table("NICs", ("name", "description", "Gb/s", "GB/s"), left=2)
     for name, nic in catalog.nics.items():
-        table.add_row(name, nic.description.split(":")[0], f"{nic.bytes_per_s * 8 / 1e9:g}", f"{nic.bytes_per_s / 1e9:g}")
+        table.add_row(
+            name, nic.description.split(":")[0], f"{nic.bytes_per_s * 8 / 1e9:g}", f"{nic.bytes_per_s / 1e9:g}"
+        )
     return table

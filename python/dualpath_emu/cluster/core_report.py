@@ -77,7 +77,9 @@ class CoreReport:
         for kind in PORT_KINDS if topology is not None else ():
             assert topology is not None
             # At the interval the core samples at now (widened on long runs: the series stay within its budget).
-            p99[kind] = {role: core.utilisation_quantile(ports_of(topology, role, kind), 0.99, until_ns) for role in ROLES}
+            p99[kind] = {
+                role: core.utilisation_quantile(ports_of(topology, role, kind), 0.99, until_ns) for role in ROLES
+            }
             timelines[kind] = {role: core.utilisation_mean(ports_of(topology, role, kind), until_ns) for role in ROLES}
         return cls(ports, p99, timelines, dict(core.stats()), core.now_ns, until_ns, core.sample_interval_ns)
 

@@ -35,6 +35,7 @@ from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
 __all__ = ["DecodeGroup"]
 
+
 class DecodeGroup(EngineGroup):
     """The DEs of one node (one per GPU): continuous batching, the DE buffer, H2D before decode, and the
     persistence of every completed Full Block (§4)."""
@@ -115,7 +116,9 @@ class DecodeGroup(EngineGroup):
     def _lose(self, lost: list[tuple[int, int]], why: str, kept: tuple[int, ...] = ()) -> None:
         """Tell the scheduler these ``(rid, pending read tokens)`` are no longer here (and these are ``kept``)."""
         reads = [tokens for _, tokens in lost if tokens]
-        self.out.send("scheduler", Lost(tuple(rid for rid, _ in lost), why, (self.node,) * len(reads), tuple(reads), kept))
+        self.out.send(
+            "scheduler", Lost(tuple(rid for rid, _ in lost), why, (self.node,) * len(reads), tuple(reads), kept)
+        )
 
     @on(Crash)
     def on_crash(self, now: int, msg: Crash, sender: str) -> None:
@@ -212,8 +215,9 @@ class DecodeGroup(EngineGroup):
         for port, factor in zip(msg.ports, msg.factors):
             if port == f"n{self.node}.snic.rx":
                 self._snic_down = factor == 0.0
-        if self._down or not any(port == f"n{self.node}.snic.rx" and factor == 0.0
-                                 for port, factor in zip(msg.ports, msg.factors)):  # fmt: skip
+        if self._down or not any(
+            port == f"n{self.node}.snic.rx" and factor == 0.0 for port, factor in zip(msg.ports, msg.factors)
+        ):
             return
         for rid, task in list(self.expected.items()):
             if not task.read_on_de or rid in self._read_done:
@@ -223,7 +227,9 @@ class DecodeGroup(EngineGroup):
                 del self._reading[rid]  # its completion is ignored
             self.expected[rid] = dataclasses.replace(task, read_on_de=False)
             self.out.send("scheduler", ReadMoved(self.node, task.pe_node, task.hit))
-            self.out.send(self.cluster.group_name("pe", task.pe_node), ReadHere(rid, started or rid in self._started_elsewhere))
+            self.out.send(
+                self.cluster.group_name("pe", task.pe_node), ReadHere(rid, started or rid in self._started_elsewhere)
+            )
             self._started_elsewhere.discard(rid)
             if rid in self._buffered:  # the PE may send the KV as soon as it has read the hit
                 self.out.send(self.cluster.group_name("pe", task.pe_node), HitReady(rid, False))
@@ -280,7 +286,13 @@ class DecodeGroup(EngineGroup):
         self._read_done.discard(rid)
         self._in_hbm[rid] = task.pe_node
         request = DecodingRequest(
-            rid, task.prompt, task.gen, task.de_gpu, task.hit // BLOCK_TOKENS, task.context, first_token_ns=first_token_ns
+            rid,
+            task.prompt,
+            task.gen,
+            task.de_gpu,
+            task.hit // BLOCK_TOKENS,
+            task.context,
+            first_token_ns=first_token_ns,
         )
         # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
         # assigns requests that fit (§6.2), so this never waits.

@@ -55,8 +55,9 @@ class DecodingRequest:
     """When its first decode step produced its second token (-1 until then)."""
 
 
-def _write_back(plane: Ledger, node: int, d2h_path: tuple[int, ...], kv_bytes_per_token: int,
-                written: list[tuple[int, int, int]]) -> None:  # fmt: skip
+def _write_back(
+    plane: Ledger, node: int, d2h_path: tuple[int, ...], kv_bytes_per_token: int, written: list[tuple[int, int, int]]
+) -> None:
     """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM → DRAM
     through the GPU's CNIC, then DRAM → SNIC → storage (§4), once for all of them."""
     size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * kv_bytes_per_token
@@ -101,7 +102,7 @@ class DecodeSteps:
         booking: Booking,
         listener: DecodeListener,
         busy_span: Callable[[int, int, int, int, int], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.node = node
         self._kv = kv_bytes_per_token
         self._d2h_paths = list(d2h_paths)

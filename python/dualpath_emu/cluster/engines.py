@@ -17,6 +17,7 @@ __all__ = ["NS", "ClusterEngine", "EngineGroup", "hit_extents", "inter_node_a2a_
 
 NS = 1_000_000_000
 
+
 def hit_extents(context: int, hit: int) -> Extents:
     """The Full Blocks of a hit of ``hit`` tokens of ``context``: its whole blocks (a hit that is not block
     aligned ends in part of a block that was never written back: reads of it only move modelled bytes)."""

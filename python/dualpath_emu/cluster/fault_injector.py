@@ -17,7 +17,15 @@ from typing import Any, cast
 
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
-from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, FaultRecords, FaultWindow, Kind, engine_group_names, target_ports
+from dualpath_emu.cluster.faults import (
+    MAX_TIME_S,
+    Fault,
+    FaultRecords,
+    FaultWindow,
+    Kind,
+    engine_group_names,
+    target_ports,
+)
 from dualpath_emu.cluster.messages import Crash, Health, Restart, Start
 from dualpath_emu.cluster.observations import FaultChanged
 from dualpath_emu.cluster.topology import Topology
@@ -93,7 +101,11 @@ class FaultInjector(ClusterEngine):
         c = cluster.config
         engines = engine_group_names(c.pe_nodes, c.de_nodes, c.prefill_ep_nodes)
         for i, fault in enumerate(self.plan.faults):  # a plan built in Python skipped the reader's check
-            if (fault.target not in engines) if fault.kind == "crash" else target_ports(fault.target, self._nodes, self._gpus) is None:
+            if (
+                (fault.target not in engines)
+                if fault.kind == "crash"
+                else target_ports(fault.target, self._nodes, self._gpus) is None
+            ):
                 raise ValueError(f"faults[{i}]: the cluster has no {'engine' if fault.kind == 'crash' else 'port, NIC or node'} "
                                  f"{fault.target!r} (spelled as the cluster names it: n1.snic, n0.cnic2.tx, de2)")  # fmt: skip
         self._active: dict[str, _Active] = {}
@@ -103,7 +115,9 @@ class FaultInjector(ClusterEngine):
         self._crashes: dict[str, int] = {}
         """Crashes acting on each engine now (one that overlaps another keeps the engine down longer)."""
         metrics = cluster.metrics
-        self.records = FaultRecords(lambda _t, _end: (len(metrics.redispatch_ns), metrics.failures, len(metrics.read_moved_ns)))
+        self.records = FaultRecords(
+            lambda _t, _end: (len(metrics.redispatch_ns), metrics.failures, len(metrics.read_moved_ns))
+        )
         """Each fault that started, in order, up to a cap; the rest added up (for the run's report)."""
         self._acting: dict[int, tuple[Fault, int]] = {}
         """The faults acting now, by number: each with its start (what a stalled run's error names)."""

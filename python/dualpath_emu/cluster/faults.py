@@ -218,7 +218,9 @@ def fault_tables(top: Table) -> tuple[list[Table], Table | None]:
     return entries, (random if "random_faults" in top else None)
 
 
-def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: int, engines: Sequence[str] = ()) -> FaultPlan:
+def read_fault_plan(
+    tables: tuple[list[Table], Table | None], nodes: int, gpus: int, engines: Sequence[str] = ()
+) -> FaultPlan:
     """The faults of :func:`fault_tables`, checked against a cluster of ``nodes`` nodes of ``gpus`` GPUs whose
     engines are ``engines`` (:func:`engine_group_names`; a :class:`ScenarioError` naming the key)."""
     entries, r = tables
@@ -235,8 +237,10 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
             faults.append(Fault(kind, target, at_s, restart_s=restart))
             continue
         if "restart_s" in t:
-            raise ScenarioError(f"{t.where('restart_s')} is only for kind = \"crash\"; remove it")
-        duration = t.get_float("duration_s", 0.0, min=0.0, max=MAX_TIME_S, min_exclusive=True) if "duration_s" in t else None
+            raise ScenarioError(f'{t.where("restart_s")} is only for kind = "crash"; remove it')
+        duration = (
+            t.get_float("duration_s", 0.0, min=0.0, max=MAX_TIME_S, min_exclusive=True) if "duration_s" in t else None
+        )
         if kind == "down" and duration is None and not _storage_nic(target):
             raise t.error("duration_s", 'a duration for kind = "down" on this target (only a storage NIC may stay down '
                           "to the end of the run: reads stalled there are given up; what crosses another port would "
@@ -251,11 +255,12 @@ def read_fault_plan(tables: tuple[list[Table], Table | None], nodes: int, gpus: 
     if r is not None:
         rates: dict[str, float] = {kind: _rate(r, f"{kind}_per_node_hour") for kind in RANDOM_KINDS}
         random = RandomFaults(
-            rates, r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
+            rates,
+            r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
             r.get_float("factor", 0.5, min=0.0, max=1.0, min_exclusive=True),
             r.get_float("latency_s", 0.001, min=0.0, max=60.0, min_exclusive=True),
             r.get_float("restart_s", 30.0, min=0.0, max=MAX_TIME_S, min_exclusive=True),
-        )  # fmt: skip
+        )
         r.finish()
     return FaultPlan(tuple(faults), random)
 
@@ -375,7 +380,9 @@ class FaultRecords:
         totals.open_counts = [o - a for o, a in zip(totals.open_counts, window.at)]
 
 
-def sorted_counts(redispatch_ns: Sequence[int] = (), failed_ns: Sequence[int] = (), read_moved_ns: Sequence[int] = ()) -> Counts:
+def sorted_counts(
+    redispatch_ns: Sequence[int] = (), failed_ns: Sequence[int] = (), read_moved_ns: Sequence[int] = ()
+) -> Counts:
     """:data:`Counts` from the times of a run's redispatches, failures (-1: none) and reads moved."""
     columns = [sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0), sorted(read_moved_ns)]
 
@@ -401,7 +408,9 @@ def fault_summary(windows: FaultRecords | Iterable[FaultWindow], done_ns: Sequen
             if w.end_ns is not None:
                 records.end(window, w.end_ns)
         windows = records
-    out: dict[str, Any] = {"faults": fault_report(windows.detailed, done_ns, end_ns, redispatch_ns, failed_ns, read_moved_ns)}
+    out: dict[str, Any] = {
+        "faults": fault_report(windows.detailed, done_ns, end_ns, redispatch_ns, failed_ns, read_moved_ns)
+    }
     if windows.totals:
         at_end = sorted_counts(redispatch_ns, failed_ns, read_moved_ns)(end_ns, True) if any(
             t.open for t in windows.totals.values()) else [0, 0, 0]  # fmt: skip
@@ -412,10 +421,11 @@ def fault_summary(windows: FaultRecords | Iterable[FaultWindow], done_ns: Sequen
                          "acted_s": (t.acted_ns + t.open * end_ns - t.open_starts_ns) / 1e9, "not_ended": t.open,
                          "redispatched": counted[0], "failed": counted[1], "reads_moved": counted[2]})  # fmt: skip
         out["faults_aggregated"] = {
-            "windows": sum(r["windows"] for r in rows), "detailed": len(out["faults"]),
+            "windows": sum(r["windows"] for r in rows),
+            "detailed": len(out["faults"]),
             "note": f"the faults after the first {len(out['faults']):,} are added up per kind and target, not listed",
             "by_kind_target": rows,
-        }  # fmt: skip
+        }
     return out
 
 

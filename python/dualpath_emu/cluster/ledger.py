@@ -136,7 +136,11 @@ class ProbingLedger(Ledger):
         self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
         collectives: Sequence[Hop], then: Then,
     ) -> None:  # fmt: skip
-        size, start, measured = forward_bytes(n_layers, ranks, collectives), self._plane.clock_ns(), self._booking.measured
+        size, start, measured = (
+            forward_bytes(n_layers, ranks, collectives),
+            self._plane.clock_ns(),
+            self._booking.measured,
+        )
 
         def done(now: int) -> None:
             measured.setdefault("forward pass", PathStats()).add(size, 0, (now - start) / 1e9)
@@ -145,12 +149,18 @@ class ProbingLedger(Ledger):
         super().forward(n_layers, ranks, ffn_ns, collectives, done)
 
 
-def measure_spans(booking: Booking, topology: Topology, spans: Sequence[tuple[str, list[int], int, int, int, int, int]]) -> None:
+def measure_spans(
+    booking: Booking, topology: Topology, spans: Sequence[tuple[str, list[int], int, int, int, int, int]]
+) -> None:
     """Add the core's spans (``Core.spans``: every transfer and storage I/O it modelled, the decode GPUs' own
     write-backs and all-to-all among them; a forward pass's per-layer transfers are inside the pass) to
     ``booking``'s measurements, by kind (:mod:`~dualpath_emu.host.paths`)."""
     measured = booking.measured
     node_of = {n.storage_node: n.index for n in topology.nodes}
     for kind, path, storage_node, _lane, size, start, end in spans:
-        what = transfer_kind(topology, tuple(path)) if kind == "transfer" else io_kind(topology, node_of[storage_node], kind)
+        what = (
+            transfer_kind(topology, tuple(path))
+            if kind == "transfer"
+            else io_kind(topology, node_of[storage_node], kind)
+        )
         measured.setdefault(what, PathStats()).add(size, 0, (end - start) / 1e9)

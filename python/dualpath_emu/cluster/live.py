@@ -63,7 +63,14 @@ from dualpath_emu.cluster.live_metrics import LiveMetrics
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.observations import Ended, Redispatched, parse as parse_observation
 from dualpath_emu.cluster.metrics import Metrics
-from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S, LostRequestsError, Progress, SystemResult, build_result, run_system
+from dualpath_emu.cluster.run import (
+    SAMPLE_INTERVAL_S,
+    LostRequestsError,
+    Progress,
+    SystemResult,
+    build_result,
+    run_system,
+)
 from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import StorageSpec, Topology, build_topology
@@ -92,8 +99,18 @@ from dualpath_emu.workload.waits import ToolWait
 if TYPE_CHECKING:  # the host backend imports the cluster
     from dualpath_emu.host.plane import HostDataPlane
 
-__all__ = ["HOST", "PLACEMENTS", "SERVICE_REPORT", "ClusterApplication", "collect", "placement", "read_part", "registry",
-           "run_scenario_text", "write_run"]
+__all__ = [
+    "HOST",
+    "PLACEMENTS",
+    "SERVICE_REPORT",
+    "ClusterApplication",
+    "collect",
+    "placement",
+    "read_part",
+    "registry",
+    "run_scenario_text",
+    "write_run",
+]
 
 PLACEMENTS: Final = ("groups", "roles", "single")
 METRICS_PORT_FILE: Final = "metrics.port"
@@ -260,7 +277,9 @@ class ClusterApplication(Application):
 
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
         client, finished, plane = self._client, self._finished, self._plane
-        assert client is not None and finished is not None and plane is not None, "the driver runs in the client's process"
+        assert client is not None and finished is not None and plane is not None, (
+            "the driver runs in the client's process"
+        )
         poller: asyncio.Task[None] | None = None
         live: LiveMetrics | None = None
         if self.metrics_port >= 0:
@@ -310,7 +329,9 @@ class ClusterApplication(Application):
         while True:
             report = await plane.stats()
             ports = [(name, rates.get(name, 0.0), float(sum(c["fluid_bytes"]))) for name, c in report["ports"].items()]
-            live.data_plane(report["clock_ns"], ports, [(name, q["read_bytes"]) for name, q in report["storage"].items()])
+            live.data_plane(
+                report["clock_ns"], ports, [(name, q["read_bytes"]) for name, q in report["storage"].items()]
+            )
             await asyncio.sleep(every_s)
 
     # --- the parts of a run split over processes ----------------------------------------------------
@@ -322,7 +343,9 @@ class ClusterApplication(Application):
         metrics: dict[str, Any] | None = None
         if cluster is not None:
             transfers = cluster.booking.transfers
-            booked = [(port, lane, size, transfers[(port, lane)]) for (port, lane), size in cluster.booking.bytes.items()]
+            booked = [
+                (port, lane, size, transfers[(port, lane)]) for (port, lane), size in cluster.booking.bytes.items()
+            ]
             metrics = cluster.metrics.to_wire()
         part: dict[str, Any] = {"metrics": metrics, "booked": booked}
         if self._host is not None:
@@ -397,7 +420,7 @@ def _host_plane(request: PlaneRequest) -> HostDataPlane:
     launcher's origin on the hosts' real-time clock), moving real bytes (:meth:`ClusterApplication.host_plane`)."""
     app, scenario, description = request.app, request.scenario, request.description
     if not isinstance(app, ClusterApplication):
-        raise ScenarioError(f"application {app.name!r} has no host backend (backend = \"host\")")
+        raise ScenarioError(f'application {app.name!r} has no host backend (backend = "host")')
     origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
     elapsed = max(0, time.time_ns() - origin)
     core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())
@@ -465,15 +488,27 @@ def _check_restart(backend: str, processes: Sequence[tuple[str, Sequence[str]]])
 
 
 def run_scenario_text(
-    *, seed: int, time_scale: float, transport: str, host: str, timeout_s: float,
-    processes: Sequence[tuple[str, Sequence[str]]], metrics_port: int = -1,
-    endpoints: Mapping[str, str] | None = None, dataplane_endpoint: str | None = None,
-    backend: str = "model", byte_scale: float = DEFAULT_BYTE_SCALE, storage_dir: str = "", transfer_engine: str = "zmq",
-    data_endpoints: Mapping[str, str] | None = None, restart_crashed: Sequence[str] = (),
+    *,
+    seed: int,
+    time_scale: float,
+    transport: str,
+    host: str,
+    timeout_s: float,
+    processes: Sequence[tuple[str, Sequence[str]]],
+    metrics_port: int = -1,
+    endpoints: Mapping[str, str] | None = None,
+    dataplane_endpoint: str | None = None,
+    backend: str = "model",
+    byte_scale: float = DEFAULT_BYTE_SCALE,
+    storage_dir: str = "",
+    transfer_engine: str = "zmq",
+    data_endpoints: Mapping[str, str] | None = None,
+    restart_crashed: Sequence[str] = (),
 ) -> str:
     """The run scenario of one real-time cluster run (TOML text); the cluster is in :data:`DESCRIPTION`.
     ``endpoints`` (process name -> endpoint) and ``dataplane_endpoint`` fix where processes bind (a run
     started by hand on several hosts); by default the launcher picks them."""
+
     def q(text: str) -> str:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -555,7 +590,9 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
         result.extra["restarts"] = _restarts(run_dir, processes, last, start_ns)
         result.extra["ends_lost_with_restart"] = voided
     if app.config.faults.any:
-        windows = fault_windows([(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"])
+        windows = fault_windows(
+            [(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"]
+        )
         done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
         result.extra.update(fault_summary(windows, done, end_ns - start_ns,  # (past 1,000 windows: added up)
                                           [t - start_ns for t in merged.redispatch_ns],
@@ -605,7 +642,9 @@ def _host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplicatio
     ports = []
     for i, port in enumerate(first.ports):
         lanes = len(port.completed_bytes)
-        done = [sum(r.ports[i].completed_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)]
+        done = [
+            sum(r.ports[i].completed_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)
+        ]
         flowed = [sum(r.ports[i].fluid_bytes[lane] for r in reports) + moved.get((i, lane), 0) for lane in range(lanes)]
         ports.append(dataclasses.replace(port, completed_bytes=done, fluid_bytes=flowed))
     stats = {key: sum(r.stats.get(key, 0) for r in reports) for key in first.stats}  # (Counter's sum drops zeros)
@@ -993,6 +1032,7 @@ def prepare_live(
     directory every host mounts (the KV blocks one host writes, another reads). ``restart_crashed`` is written
     into the run (``launch --only`` then starts an engine group's process again if it dies)."""
     from dualpath_emu.runtime.launcher import prepare
+
     host = backend == "host"
     if host and not storage_dir:
         raise ValueError("a host-backend run started by hand needs [host] storage_dir: a directory every host "

@@ -40,15 +40,18 @@ class LiveMetrics:
         r = self.registry
         self.admitted = Counter("dualpath_turns_admitted", "Turns the client submitted", registry=r)
         self.done = Counter("dualpath_turns_done", "Turns whose last token is out", registry=r)
-        self.ttft = Histogram("dualpath_ttft_seconds", "First token - arrival (emulated s)", buckets=TTFT_BUCKETS,
-                              registry=r)  # fmt: skip
+        self.ttft = Histogram(
+            "dualpath_ttft_seconds", "First token - arrival (emulated s)", buckets=TTFT_BUCKETS, registry=r
+        )
         self.tpot = Histogram("dualpath_tpot_seconds", "Time per output token after the second (emulated s)",
                               buckets=TPOT_BUCKETS, registry=r)  # fmt: skip
         self.clock = Gauge("dualpath_emulated_seconds", "The run's clock (emulated s)", registry=r)
-        self.port_utilisation = Gauge("dualpath_port_utilisation", "Port busy fraction over the last poll",
-                                      ["port"], registry=r)  # fmt: skip
-        self.read_queue = Gauge("dualpath_read_queue_bytes", "Bytes waiting in a node's storage read queue", ["node"],
-                                registry=r)  # fmt: skip
+        self.port_utilisation = Gauge(
+            "dualpath_port_utilisation", "Port busy fraction over the last poll", ["port"], registry=r
+        )
+        self.read_queue = Gauge(
+            "dualpath_read_queue_bytes", "Bytes waiting in a node's storage read queue", ["node"], registry=r
+        )
         self._last: tuple[int, list[float]] | None = None
         self._server: object | None = None
         self.port: int | None = None
@@ -58,7 +61,9 @@ class LiveMetrics:
         try:
             server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as error:
-            raise UsageError(f"--metrics-port {port}: cannot listen on {host}:{port}: {error.strerror or error}") from None
+            raise UsageError(
+                f"--metrics-port {port}: cannot listen on {host}:{port}: {error.strerror or error}"
+            ) from None
         self._server = server
         self.port = int(server.server_port)
         return self.port

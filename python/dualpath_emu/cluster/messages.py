@@ -331,5 +331,3 @@ def cluster_registry() -> MessageRegistry:
                 TurnFailed, WhichEnded, TurnsEnded):  # fmt: skip
         registry.register(cls)
     return registry
-
-

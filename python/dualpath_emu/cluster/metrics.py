@@ -171,9 +171,7 @@ class BusyTime:
                 total[k] += busy / self._covered(k, until_ns)
         return [t / len(units) for t in total] if units else total
 
-    def utilisation(
-        self, units: Sequence[int], until_ns: int, q: float = 0.99, since_ns: int = 0
-    ) -> dict[str, float]:
+    def utilisation(self, units: Sequence[int], until_ns: int, q: float = 0.99, since_ns: int = 0) -> dict[str, float]:
         """``{"mean": busy time / (units × (until_ns − since_ns)), "p99": the q-quantile over every (unit,
         interval) from the one holding ``since_ns``}`` (a live run's clock starts before its first arrival)."""
         intervals = -(-until_ns // self.interval_ns)
@@ -419,15 +417,15 @@ class Metrics:
                     if out[rid] != _UNSET and out[rid] != value:
                         keep = _ATTEMPT_COLUMNS.get(name)
                         if keep is None:
-                            raise ValueError(f"request {rid}: {name} is {out[rid]} in one process and {value} in another")
+                            raise ValueError(
+                                f"request {rid}: {name} is {out[rid]} in one process and {value} in another"
+                            )
                         value = keep(out[rid], value)
                     out[rid] = value
             setattr(merged, name, out)
         merged._bind_columns()
         merged.turns_done = len(merged.done_ns) - merged.done_ns.count(_UNSET)
-        passes = sorted(
-            (t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True)
-        )
+        passes = sorted((t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True))
         merged.forward_ns.extend(t for t, _ in passes)
         merged.redispatch_ns.extend(sorted(t for p in parts for t in p.redispatch_ns))
         merged.read_moved_ns.extend(sorted(t for p in parts for t in p.read_moved_ns))
@@ -457,7 +455,9 @@ class Metrics:
     def unfinished(self) -> list[int]:
         """Requests admitted but not ended (done or failed)."""
         failed = self.failed_ns
-        return [rid for rid, t in enumerate(self.done_ns) if t == _UNSET and (rid >= len(failed) or failed[rid] == _UNSET)]
+        return [
+            rid for rid, t in enumerate(self.done_ns) if t == _UNSET and (rid >= len(failed) or failed[rid] == _UNSET)
+        ]
 
     def failed_count(self) -> int:
         return len(self.failed_ns) - self.failed_ns.count(_UNSET)

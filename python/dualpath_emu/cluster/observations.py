@@ -192,7 +192,16 @@ class FaultChanged(NamedTuple):
 
 
 Observation: TypeAlias = (
-    Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive | FaultChanged | Failed
+    Admitted
+    | Assigned
+    | HitRead
+    | Prefilled
+    | Ended
+    | PoolCapacity
+    | PoolTake
+    | PoolGive
+    | FaultChanged
+    | Failed
     | Redispatched
 )
 
@@ -212,7 +221,9 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
 """Per record type, its log ``kind`` and the ``%`` format of its ``summary`` over its fields (:func:`parse` reads
 them back)."""
 
-LINE_FORMATS: Final[dict[type, str]] = {cls: f"%d\t%d\t%s\t{kind}\t{summary}\n" for cls, (kind, summary) in _FORMATS.items()}
+LINE_FORMATS: Final[dict[type, str]] = {
+    cls: f"%d\t%d\t%s\t{kind}\t{summary}\n" for cls, (kind, summary) in _FORMATS.items()
+}
 """Per record type, the ``%`` format of its whole event-log line over ``(t_ns, seq, engine, *fields)``: one
 formatting per record in :meth:`~dualpath_emu.runtime.eventlog.EventLogWriter.write_observed`."""
 

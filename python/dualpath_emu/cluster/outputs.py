@@ -71,7 +71,9 @@ def summary(scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> d
         "version": __version__,
         "config": config,
         "workload": {
-            "dataset": None if scenario.trace is not None or scenario.workload_given is not None else scenario.config.dataset,
+            "dataset": None
+            if scenario.trace is not None or scenario.workload_given is not None
+            else scenario.config.dataset,
             "given_in_python": scenario.workload_given is not None,
             "trace": None if scenario.trace is None else str(scenario.trace),
             "agents": scenario.config.agents,
@@ -238,7 +240,6 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
 def trace_file(directory: Path, system: str) -> Path:
     """Where the Perfetto/Chrome trace of ``system`` goes: ``trace-<system>.json.gz`` (gzip: Perfetto opens it)."""
     return directory / f"trace-{system}.json.gz"
-
 
 
 MIN_FREE_BYTES: Final = 16 << 20

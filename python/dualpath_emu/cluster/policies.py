@@ -245,7 +245,9 @@ class Policy(ABC):
             side = "de"
         return self._count_read(request, side, pe_node, de_node, read_q)
 
-    def _count_read(self, request: Request, side: ReadSide, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
+    def _count_read(
+        self, request: Request, side: ReadSide, pe_node: int, de_node: int, read_q: dict[int, int]
+    ) -> ReadSide:
         if self.read_both_sides and not self.health.all_up:
             # The second path as failover: a side whose storage NIC is down reads nothing while the other can.
             other: ReadSide = "de" if side == "pe" else "pe"
@@ -395,7 +397,6 @@ class DualPathPolicy(Policy):
             queue.popleft()
             out.append(self._give_decode(low if low is not None else least, request))
         return out
-
 
 
 @dataclass
@@ -583,7 +584,9 @@ def check_assignments(
     twice, each to one of ``engine_ids``. Run for users' policies only (the built-in ones are tested)."""
     name = f"policy {type(policy).__name__}.{method}"
     if not isinstance(assigned, list):
-        raise PolicyError(f"{name} returned {short_repr(assigned)}; expected a list of {kind.__name__}(request, engine)")
+        raise PolicyError(
+            f"{name} returned {short_repr(assigned)}; expected a list of {kind.__name__}(request, engine)"
+        )
     left = {r.id for queue in queues for r in queue}
     seen: set[int] = set()
     for i, a in enumerate(assigned):

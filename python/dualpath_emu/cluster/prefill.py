@@ -30,6 +30,7 @@ from dualpath_emu.runtime.engine import DataPlane, Outbox, Then, on
 
 __all__ = ["PrefillGroup"]
 
+
 @dataclass(slots=True)
 class _PrefillItem:
     rid: int
@@ -175,7 +176,9 @@ class PrefillGroup(EngineGroup):
 
     def _add(self, now: int, msg: PrefillTask) -> None:
         new = msg.prompt - msg.hit
-        item = _PrefillItem(msg.rid, msg.hit, new, msg.context, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)
+        item = _PrefillItem(
+            msg.rid, msg.hit, new, msg.context, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de
+        )
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
@@ -413,8 +416,9 @@ class PrefillGroup(EngineGroup):
 
         def run_pass(started: int) -> None:
             if epoch == self._epoch:  # not crashed while its hit KV was copied in
-                plane.forward(stages, ranks, ffn_ns, collectives,
-                              lambda now: self._passed(now, started, batches, post, epoch))  # fmt: skip
+                plane.forward(
+                    stages, ranks, ffn_ns, collectives, lambda now: self._passed(now, started, batches, post, epoch)
+                )
 
         if pre:  # without layerwise prefill, the hit KV is copied into HBM before the pass
             join = _join(len(pre), run_pass)

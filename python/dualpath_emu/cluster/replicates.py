@@ -191,8 +191,9 @@ def compare_summaries(a: Path, b: Path) -> list[list[str]]:
     first, second = _load_summary(a), _load_summary(b)
     common = [name for name in first["systems"] if name in second["systems"]]
     if not common:
-        raise UsageError(f"{a} and {b} have no system in common ({', '.join(first['systems'])} vs "
-                         f"{', '.join(second['systems'])})")  # fmt: skip
+        raise UsageError(
+            f"{a} and {b} have no system in common ({', '.join(first['systems'])} vs {', '.join(second['systems'])})"
+        )
     rows: list[list[str]] = []
     for name in common:
         fa, fb = _figures_of(first, name), _figures_of(second, name)

@@ -114,8 +114,12 @@ class LayerTimes:
 
 
 def roofline_s(
-    flops: float, peak_flops_per_s: float, compute_efficiency: float,
-    hbm_bytes: float, hbm_bytes_per_s: float, memory_efficiency: float,
+    flops: float,
+    peak_flops_per_s: float,
+    compute_efficiency: float,
+    hbm_bytes: float,
+    hbm_bytes_per_s: float,
+    memory_efficiency: float,
 ) -> float:
     """``max(flops / (peak × compute efficiency), bytes / (bandwidth × memory efficiency))``."""
     return max(flops / (peak_flops_per_s * compute_efficiency), hbm_bytes / (hbm_bytes_per_s * memory_efficiency))
@@ -152,7 +156,11 @@ class Roofline:
     def _attention_s(self, flops: float, hbm_bytes: float) -> float:
         p = self.params
         return roofline_s(
-            flops, self.gpu.bf16_flops_per_s, p.attention_efficiency, hbm_bytes, self.gpu.hbm_bytes_per_s,
+            flops,
+            self.gpu.bf16_flops_per_s,
+            p.attention_efficiency,
+            hbm_bytes,
+            self.gpu.hbm_bytes_per_s,
             p.memory_efficiency,
         )
 
@@ -160,8 +168,12 @@ class Roofline:
         """The weight GEMMs of one layer for ``tokens`` tokens."""
         m, p = self.model, self.params
         return roofline_s(
-            m.gemm_flops_per_token * tokens / m.layers, self.gpu.peak_flops_per_s(m.gemm_dtype), p.gemm_efficiency,
-            m.weight_bytes_per_gpu(self.ep_degree) / m.layers, self.gpu.hbm_bytes_per_s, p.memory_efficiency,
+            m.gemm_flops_per_token * tokens / m.layers,
+            self.gpu.peak_flops_per_s(m.gemm_dtype),
+            p.gemm_efficiency,
+            m.weight_bytes_per_gpu(self.ep_degree) / m.layers,
+            self.gpu.hbm_bytes_per_s,
+            p.memory_efficiency,
         )
 
     def attention_cost(self, cached_tokens: int, new_tokens: int) -> tuple[float, float]:

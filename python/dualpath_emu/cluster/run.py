@@ -42,7 +42,15 @@ from dualpath_emu.runtime.engine import Observed
 from dualpath_emu.runtime.virtual import PLANES, DeadlockError, EventSink, PlaneFactory, VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
-__all__ = ["SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system", "speedup"]
+__all__ = [
+    "SAMPLE_INTERVAL_S",
+    "LostRequestsError",
+    "Progress",
+    "SystemResult",
+    "build_result",
+    "run_system",
+    "speedup",
+]
 
 SAMPLE_INTERVAL_S = 1.0
 """The core samples port utilisation, and the GPUs' busy time is binned, every emulated second: the p99s of
@@ -50,7 +58,6 @@ SAMPLE_INTERVAL_S = 1.0
 
 Utilisation = dict[str, float]
 """``{"mean": fraction of capacity over the run, "p99": 99th percentile of the 1-second samples}``."""
-
 
 
 def _stuck_policy(system: str, cluster: Cluster, engines: Sequence[object], now_ns: int) -> PolicyError | None:
@@ -159,8 +166,10 @@ class SystemResult:
         only the work that finished, so no figure of it may be set against a run that finished everything."""
         if self.complete:
             return None
-        return (f"{self.system} failed {self.failed_requests:,} request(s) of {self.failed_agents:,} agent(s) "
-                f"(of {self.agents:,}); {self.turns_done:,} of {self.turns_planned:,} turns finished")
+        return (
+            f"{self.system} failed {self.failed_requests:,} request(s) of {self.failed_agents:,} agent(s) "
+            f"(of {self.agents:,}); {self.turns_done:,} of {self.turns_planned:,} turns finished"
+        )
 
     @property
     def snic_timeline(self) -> dict[str, list[float]]:
@@ -279,8 +288,9 @@ def run_system(
     else:
         driver = VirtualDriver(core, sink=sink, plane=planes[plane])
     for name in engine_names(config):
-        driver.add(build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories,
-                                seed=seed))  # fmt: skip
+        driver.add(
+            build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories, seed=seed)
+        )
     client = driver.engines[0]
     assert isinstance(client, Client)
     driver.send("client", Start())
@@ -365,8 +375,9 @@ def build_result(
         return {"mean": mean, "p99": report.p99[kind][role]}
 
     gpus = config.node.gpus
-    gpu_units = {role: [n.index * gpus + g for n in topology.nodes if n.role == role for g in range(gpus)]
-                 for role in ROLES}  # fmt: skip
+    gpu_units = {
+        role: [n.index * gpus + g for n in topology.nodes if n.role == role for g in range(gpus)] for role in ROLES
+    }
     timelines = {kind: dict(by_role) for kind, by_role in report.timelines.items()}
     timelines["gpu"] = {role: metrics.gpu_busy[role].timeline(gpu_units[role], until_ns) for role in ROLES}
     snic = {role: [report.kv_bytes(p, KV_LANE) for p in ports_of(topology, role, "snic.rx")] for role in ROLES}
@@ -389,8 +400,9 @@ def build_result(
         snic_util={role: {d: util(role, f"snic.{d}") for d in ("rx", "tx")} for role in ROLES},
         cnic_util={role: {d: util(role, f"cnic.{d}") for d in ("tx", "rx")} for role in ROLES},
         dram_util={role: util(role, "dram") for role in ROLES},
-        gpu_util={role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns, since_ns=start_ns)
-                  for role in ROLES},  # fmt: skip
+        gpu_util={
+            role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns, since_ns=start_ns) for role in ROLES
+        },
         working_set_bytes=metrics.working_set_bytes(derived(config).kv_bytes_per_token, end_ns, since_ns=start_ns),
         snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0,
         event_log_sha256=sha256,
@@ -409,7 +421,12 @@ class _Reporter:
     """Calls a progress callback from the event sink, at most every ``interval_s`` of wall time."""
 
     def __init__(
-        self, system: str, callback: Callable[[Progress], None], interval_s: float, metrics: Metrics, core: Core,
+        self,
+        system: str,
+        callback: Callable[[Progress], None],
+        interval_s: float,
+        metrics: Metrics,
+        core: Core,
         trajectories: Sequence[Trajectory],
     ) -> None:
         self.system, self.callback, self.interval_s = system, callback, interval_s
@@ -432,4 +449,3 @@ class _Reporter:
         self.next_s = wall + self.interval_s
         turns_done = self.metrics.turns_done  # a count, not a scan: 7.75 M rows took 20 ms a look
         self.callback(Progress(self.system, turns_done, self.total, self.core.now_ns / 1e9, wall - self.started))
-

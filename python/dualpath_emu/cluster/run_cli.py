@@ -50,6 +50,7 @@ from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = ["compare_command", "list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
 
+
 def load_scenario(
     scenario: str | Path | None, overrides: dict[str, object] | None = None, *, what: str = "override"
 ) -> ClusterScenario:
@@ -70,14 +71,18 @@ def parse_settings(settings: Sequence[str]) -> dict[str, object]:
         try:
             document = tomllib.loads(f"value = {text}")
             if len(document) != 1:  # 'a=1\nb=2' would set b silently
-                raise UsageError(f"--set {shorten(key.strip(), 200)}: expected one TOML value, got several lines of keys")
+                raise UsageError(
+                    f"--set {shorten(key.strip(), 200)}: expected one TOML value, got several lines of keys"
+                )
             value: object = document["value"]
         except tomllib.TOMLDecodeError:
             value = text  # a bare word: the string itself
         except RecursionError:  # the same refusals as load_toml gives a file
             raise UsageError(f"--set {shorten(key.strip(), 200)}: not a valid TOML value: nested too deeply") from None
         except ValueError as error:  # an integer of more than 4,300 digits
-            raise UsageError(f"--set {shorten(key.strip(), 200)}: not a valid TOML value: {too_long_number(error)}") from None
+            raise UsageError(
+                f"--set {shorten(key.strip(), 200)}: not a valid TOML value: {too_long_number(error)}"
+            ) from None
         out[key.strip()] = value
     return out
 
@@ -89,7 +94,11 @@ def run_command(args: argparse.Namespace) -> int:
     from dualpath_emu.cluster.user_systems import system_specs
 
     scenario = load_scenario(args.scenario, parse_settings(args.set or ()), what="--set").with_overrides(
-        systems=system_specs(args.system) if args.system else None, agents=args.agents, seed=args.seed, backend=args.backend, byte_scale=args.byte_scale,
+        systems=system_specs(args.system) if args.system else None,
+        agents=args.agents,
+        seed=args.seed,
+        backend=args.backend,
+        byte_scale=args.byte_scale,
         faults=args.faults,
     )
     args.mode = getattr(args, "mode", None)
@@ -104,7 +113,8 @@ def run_command(args: argparse.Namespace) -> int:
                 raise UsageError(
                     f"--backend host: the fault on {fault.target} at {fault.at_s:g} s has no duration_s: on real storage "
                     "the decode node's write-backs it would hold back for ever are read by later turns, which would "
-                    "wait for them for ever; give it a duration_s (or take down only the NIC's rx side)")  # fmt: skip
+                    "wait for them for ever; give it a duration_s (or take down only the NIC's rx side)"
+                )
     elif args.mode is None:
         args.mode = "virtual"
     out: Path | None = args.out
@@ -277,8 +287,6 @@ def compare_command(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 class LiveRunFailed(RuntimeError):
     """A live run failed (a process crashed or stopped answering, or a check found a loss)."""
 
@@ -328,7 +336,9 @@ def _check_port_free(port: int) -> None:
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as error:
-            raise UsageError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: {error.strerror or error}") from None
+            raise UsageError(
+                f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: {error.strerror or error}"
+            ) from None
 
 
 def _progress_lines(console: Console, name: str, every_s: float = 10.0) -> Callable[[RunProgress], None]:
@@ -396,8 +406,9 @@ def _run_live_system(
         if full is not None:
             raise UsageError(f"{name}: {full}: the run stopped; free space and run it again") from None
         # Every process's output, event log and part stay in the run directory for a post-mortem.
-        raise LiveRunFailed(f"{name}: {error}{_restart_hint(args, scenario, error)}\nthe run's logs are in "
-                            f"{run_dir}") from None  # fmt: skip
+        raise LiveRunFailed(
+            f"{name}: {error}{_restart_hint(args, scenario, error)}\nthe run's logs are in {run_dir}"
+        ) from None
     except OSError as error:  # the run directory filled up or went read-only under the launcher
         disk = disk_error(error)
         if disk is None:
@@ -432,11 +443,15 @@ def _restart_hint(args: argparse.Namespace, scenario: ClusterScenario, error: Ex
     return "\n(--restart-crashed would have started it again in its place, and the run gone on)"
 
 
-def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: list[Trajectory], console: Console) -> None:
+def _prepare(
+    args: argparse.Namespace, scenario: ClusterScenario, trajectories: list[Trajectory], console: Console
+) -> None:
     from dualpath_emu.cluster.live import host_commands, prepare_live
 
     if len(scenario.systems) != 1:
-        raise UsageError(f"--prepare writes one run: give one --system (the scenario has {', '.join(scenario.systems)})")
+        raise UsageError(
+            f"--prepare writes one run: give one --system (the scenario has {', '.join(scenario.systems)})"
+        )
     hosts: list[tuple[str, str]] = []
     for given in args.process_host or ():
         pattern, equals, host = given.partition("=")
@@ -447,8 +462,10 @@ def _prepare(args: argparse.Namespace, scenario: ClusterScenario, trajectories: 
         raise UsageError(f"--port-base: expected a port in [1024, 64511], got {args.port_base}")
     name = scenario.systems[0]
     if scenario.backend == "host" and not scenario.storage_dir:
-        raise UsageError("--prepare with --backend host: set [host] storage_dir (e.g. --set host.storage_dir=/mnt/kv) "
-                         "to a directory every host mounts: the KV blocks one host writes, another reads")
+        raise UsageError(
+            "--prepare with --backend host: set [host] storage_dir (e.g. --set host.storage_dir=/mnt/kv) "
+            "to a directory every host mounts: the KV blocks one host writes, another reads"
+        )
     commands = prepare_live(
         scenario.config, scenario.system(name), trajectories, run_dir=args.prepare, seed=scenario.seed,
         time_scale=args.time_scale, placement_kind=args.placement, hosts=hosts, default_host=args.host,
@@ -484,8 +501,9 @@ def collect_command(args: argparse.Namespace) -> int:
         # Each file parsed above: what is left is content that parses but is not what a process wrote.
         raise UsageError(f"{args.run_dir}: a gathered file is damaged or from another run "
                          f"({type(error).__name__}: {shorten(str(error), 200)}); gather every process's files again") from None  # fmt: skip
-    scenario = ClusterScenario(name=args.run_dir.name, config=app.config, systems=(result.system,), seed=app.seed,
-                               source=str(args.run_dir))  # fmt: skip
+    scenario = ClusterScenario(
+        name=args.run_dir.name, config=app.config, systems=(result.system,), seed=app.seed, source=str(args.run_dir)
+    )
     from dualpath_emu.cluster.outputs import summary, write_outputs
 
     results = {result.system: result}
@@ -547,9 +565,7 @@ def _trace_file(out: Path, system: str) -> Path:
 
 
 @contextmanager
-def _progress_bars(
-    console: Console, enabled: bool
-) -> Iterator[Callable[[str], Callable[[RunProgress], None] | None]]:
+def _progress_bars(console: Console, enabled: bool) -> Iterator[Callable[[str], Callable[[RunProgress], None] | None]]:
     """``track(system)`` gives the progress callback of one run (None when bars are off)."""
     if not enabled:
         yield lambda name: None
@@ -565,7 +581,9 @@ def _progress_bars(
             task = bars.add_task(name, total=None, emulated="")
 
             def update(p: RunProgress) -> None:
-                bars.update(task, completed=p.turns_done, total=p.turns_total, emulated=f"t = {p.emulated_s:,.0f} s emulated")
+                bars.update(
+                    task, completed=p.turns_done, total=p.turns_total, emulated=f"t = {p.emulated_s:,.0f} s emulated"
+                )
 
             return update
 
@@ -650,8 +668,9 @@ def _host_table(name: str, r: SystemResult) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
     if host.get("transfer_engine_unauthenticated"):  # never hidden: who else could reach the KV's memory
         bound = sorted({a for addresses in host.get("transfer_engine_listening", {}).values() for a in addresses})
-        table.caption = ("KV moved over Mooncake's transfer engine, which has no authentication: bound to "
-                         f"{', '.join(bound) or '-'}")
+        table.caption = (
+            f"KV moved over Mooncake's transfer engine, which has no authentication: bound to {', '.join(bound) or '-'}"
+        )
         table.caption_justify = "left"
     for header in ("kind", "count\nhost/model", "mean ms\nhost/model", "idle path\nms", "max ms\nhost/model",
                    "real MiB", "real MiB/s\nwhile moving"):  # fmt: skip

@@ -347,11 +347,14 @@ class ClusterScenario:
             raise InvalidArgumentError(f"workload: expected 1 to {LIMITS.max_agents:,} trajectories, got {len(work):,}")
         if len({t.id for t in work}) < len(work):
             raise InvalidArgumentError("workload: expected trajectories with distinct ids")
-        out = dataclasses.replace(self, trace=None, workload_given=work,
-                                  config=dataclasses.replace(self.config, agents=len(work)))  # fmt: skip
+        out = dataclasses.replace(
+            self, trace=None, workload_given=work, config=dataclasses.replace(self.config, agents=len(work))
+        )
 
         def error(table: str, key: str, expected: str, got: object) -> Exception:
-            return InvalidArgumentError(f"workload: its longest request needs {table}.{key} to be {expected} (it is {got})")
+            return InvalidArgumentError(
+                f"workload: its longest request needs {table}.{key} to be {expected} (it is {got})"
+            )
 
         _check_memory(out, error)
         return out
@@ -381,9 +384,10 @@ class ClusterScenario:
         c = self.config
         gpus = c.node.gpus
         parallel = (
-            "DP only" if c.model.moe_layers == 0  # a dense model has no experts to shard
+            "DP only"
+            if c.model.moe_layers == 0  # a dense model has no experts to shard
             else f"prefill EP{c.prefill_ep_nodes * gpus}, decode EP{c.decode_ep_nodes * gpus}"
-        )  # fmt: skip
+        )
         return (
             f"{c.model.name} on {c.gpu.name}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
             f"systems {', '.join(self.systems)}; seed {self.seed}"
@@ -402,8 +406,14 @@ class ClusterScenario:
         return out
 
     def with_overrides(
-        self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None,
-        backend: str | None = None, byte_scale: float | None = None, faults: str | Path | None = None,
+        self,
+        *,
+        systems: Sequence[str | System] | None = None,
+        agents: int | None = None,
+        seed: int | None = None,
+        backend: str | None = None,
+        byte_scale: float | None = None,
+        faults: str | Path | None = None,
     ) -> ClusterScenario:
         """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
 
@@ -417,13 +427,19 @@ class ClusterScenario:
             out = dataclasses.replace(out, systems=names, custom_systems=custom)
         if agents is not None:
             if not 1 <= agents <= LIMITS.max_agents:
-                raise ScenarioError(f"--agents: expected an integer in [1, {LIMITS.max_agents}], got {short_repr(agents)}")
+                raise ScenarioError(
+                    f"--agents: expected an integer in [1, {LIMITS.max_agents}], got {short_repr(agents)}"
+                )
             if out.workload_given is not None and agents > len(out.workload_given):
-                raise ScenarioError(f"--agents: expected at most {len(out.workload_given)} (the workload's trajectories), got {agents}")
+                raise ScenarioError(
+                    f"--agents: expected at most {len(out.workload_given)} (the workload's trajectories), got {agents}"
+                )
             if out.trace is not None:
                 available = len(load_trace(out.trace).trajectories)
                 if agents > available:
-                    raise ScenarioError(f"--agents: expected at most {available} (the trajectories in {out.trace}), got {agents}")
+                    raise ScenarioError(
+                        f"--agents: expected at most {available} (the trajectories in {out.trace}), got {agents}"
+                    )
             out = dataclasses.replace(out, config=dataclasses.replace(out.config, agents=agents))
         if seed is not None:
             if not 0 <= seed <= _MAX_SEED:
@@ -456,8 +472,11 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
 
     hit, arrival_s, wait_s = trajectory.hit, trajectory.arrival_s, trajectory.wait_s
     return dataclasses.replace(
-        trajectory, append=trajectory.append[:rounds], gen=trajectory.gen[:rounds],
-        hit=None if hit is None else hit[:rounds], arrival_s=None if arrival_s is None else arrival_s[:rounds],
+        trajectory,
+        append=trajectory.append[:rounds],
+        gen=trajectory.gen[:rounds],
+        hit=None if hit is None else hit[:rounds],
+        arrival_s=None if arrival_s is None else arrival_s[:rounds],
         wait_s=None if wait_s is None else wait_s[:rounds],
     )
 
@@ -493,7 +512,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     if "kind" not in top and "app" in top:
         raise ScenarioError(
             f"{top.source}: this is an actor-runtime scenario (it has key 'app'), not a cluster scenario "
-            "(kind = \"cluster\"): run it with `dualpath-emu launch`"
+            '(kind = "cluster"): run it with `dualpath-emu launch`'
         )
     top.get_str("kind", choices=(KIND,))
     name = top.get_str("name", path.stem)
@@ -531,8 +550,9 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     de_nodes = deployment.get_int("de_nodes", base.de_nodes, min=1, max=LIMITS.max_nodes - pe_nodes)
     prefill_ep = deployment.get_int("prefill_ep_nodes", base.prefill_ep_nodes, min=1)
     decode_ep = deployment.get_int("decode_ep_nodes", base.decode_ep_nodes, min=1)
-    dram_buffer = deployment.get_int("dram_buffer_bytes", base.dram_buffer_bytes, min=1,
-                                     max=LIMITS.max_dram_buffer_bytes)  # fmt: skip
+    dram_buffer = deployment.get_int(
+        "dram_buffer_bytes", base.dram_buffer_bytes, min=1, max=LIMITS.max_dram_buffer_bytes
+    )
     if pe_nodes % prefill_ep:
         raise deployment.error("prefill_ep_nodes", f"a divisor of pe_nodes = {pe_nodes}", prefill_ep)
     if de_nodes % decode_ep:
@@ -541,7 +561,9 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         _check_weights_fit(deployment, key, model, gpu, node.gpus, ep_nodes)
     deployment.finish()
 
-    fault_plan = read_fault_plan(faults, pe_nodes + de_nodes, node.gpus, engine_group_names(pe_nodes, de_nodes, prefill_ep))
+    fault_plan = read_fault_plan(
+        faults, pe_nodes + de_nodes, node.gpus, engine_group_names(pe_nodes, de_nodes, prefill_ep)
+    )
     storage = _storage(storage_table, base.storage)
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
@@ -555,8 +577,9 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     agents = workload.get_int("agents", base.agents, min=1, max=LIMITS.max_agents)
     max_rounds = workload.get_int("max_rounds", 0, min=0, max=LIMITS.max_rounds)
     mode = cast(Mode, workload.get_str("mode", base.mode, choices=MODES))
-    arrival_rate = workload.get_float("arrival_rate", base.arrival_rate, min=LIMITS.arrival_rate[0],
-                                      max=LIMITS.arrival_rate[1])  # fmt: skip
+    arrival_rate = workload.get_float(
+        "arrival_rate", base.arrival_rate, min=LIMITS.arrival_rate[0], max=LIMITS.arrival_rate[1]
+    )
     generator = _generator(workload.table("generator"), DATASETS[dataset])
     tool_wait = _tool_wait(workload.table("tool_wait"), path.parent)
     workload.finish()
@@ -583,8 +606,9 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
     scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom, backend,
                                byte_scale, storage_dir, transfer_engine)  # fmt: skip
-    _check_memory(scenario, lambda table, key, expected, got: (top if table == "top" else deployment).error(
-        key, expected, got))
+    _check_memory(
+        scenario, lambda table, key, expected, got: (top if table == "top" else deployment).error(key, expected, got)
+    )
     return scenario
 
 
@@ -629,9 +653,10 @@ def _node(t: Table, base: NodeSpec, catalog: Catalog) -> NodeSpec:
         cnic_bytes_per_s=nic_rate("cnic", base.cnic_bytes_per_s),
         snic_bytes_per_s=nic_rate("snic", base.snic_bytes_per_s),
         snics=t.get_int("snics", base.snics, min=1, max=LIMITS.max_snics),
-        host_dram_bytes_per_s=t.get_float("host_dram_bytes_per_s", base.host_dram_bytes_per_s, min=dram_low,
-                                          max=dram_high),
-    )  # fmt: skip
+        host_dram_bytes_per_s=t.get_float(
+            "host_dram_bytes_per_s", base.host_dram_bytes_per_s, min=dram_low, max=dram_high
+        ),
+    )
 
 
 def _storage(t: Table, base: StorageSpec) -> StorageSpec:
@@ -667,10 +692,11 @@ def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tup
             gemm_efficiency=table.get_float("gemm_efficiency", base.gemm_efficiency, min=low, max=1.0),
             attention_efficiency=table.get_float("attention_efficiency", base.attention_efficiency, min=low, max=1.0),
             memory_efficiency=table.get_float("memory_efficiency", base.memory_efficiency, min=low, max=1.0),
-            overhead_s_per_layer=table.get_float("overhead_s_per_layer", base.overhead_s_per_layer, min=0.0,
-                                                 max=high_s),
+            overhead_s_per_layer=table.get_float(
+                "overhead_s_per_layer", base.overhead_s_per_layer, min=0.0, max=high_s
+            ),
             a2a_fixed_s=table.get_float("a2a_fixed_s", base.a2a_fixed_s, min=0.0, max=high_s),
-        )  # fmt: skip
+        )
 
     prefill_table, decode_table = t.table("prefill"), t.table("decode")
     prefill, decode = read(t, prefill), read(t, decode)
@@ -690,19 +716,19 @@ def _scheduling(t: Table, base: ClusterConfig) -> ClusterConfig:
         alpha_read_s=t.get_float("alpha_read_s", base.alpha_read_s, min=low, max=high),
         beta_compute_s=t.get_float("beta_compute_s", base.beta_compute_s, min=low, max=high),
         attention_quota_s=t.get_float("attention_quota_s", base.attention_quota_s, min=low, max=high),
-        attention_quota_per=cast(Literal["forward", "layer"],
-                                 t.get_str("attention_quota_per", base.attention_quota_per, choices=("forward", "layer"))),
+        attention_quota_per=cast(
+            Literal["forward", "layer"],
+            t.get_str("attention_quota_per", base.attention_quota_per, choices=("forward", "layer")),
+        ),
         fetch_period_s=t.get_float("fetch_period_s", base.fetch_period_s, min=fetch_low, max=fetch_high),
         hit_block_aligned=t.get_bool("hit_block_aligned", base.hit_block_aligned),
-        de_hbm_reserve_fraction=t.get_float("de_hbm_reserve_fraction", base.de_hbm_reserve_fraction, min=0.0,
-                                            max=0.99),
-        pe_hbm_reserve_fraction=t.get_float("pe_hbm_reserve_fraction", base.pe_hbm_reserve_fraction, min=0.0,
-                                            max=0.99),
+        de_hbm_reserve_fraction=t.get_float("de_hbm_reserve_fraction", base.de_hbm_reserve_fraction, min=0.0, max=0.99),
+        pe_hbm_reserve_fraction=t.get_float("pe_hbm_reserve_fraction", base.pe_hbm_reserve_fraction, min=0.0, max=0.99),
         pipeline_stages=t.get_int("pipeline_stages", base.pipeline_stages, min=0, max=LIMITS.max_pipeline_stages),
         max_redispatches=t.get_int("max_redispatches", base.max_redispatches, min=0, max=100),
         read_timeout_s=t.get_float("read_timeout_s", base.read_timeout_s, min=0.001, max=3600.0),
         stall_timeout_s=_stall_timeout(t, base.stall_timeout_s),
-    )  # fmt: skip
+    )
     t.finish()
     return out
 
@@ -734,7 +760,7 @@ def _generator(t: Table, dataset: Dataset) -> GeneratorParams:
         total_min_fraction=fraction,
         # An extra agent's first round (first_append tokens and one generated) must fit the dataset's MaxLen.
         first_append=t.get_int("first_append", base.first_append, min=1, max=max_len - 1),
-    )  # fmt: skip
+    )
     t.finish()
     return out
 
@@ -746,7 +772,7 @@ def _tool_wait(t: Table, folder: Path) -> ToolWait:
     file = t.get_str("file", "")
     if dist == "empirical":
         if not file:
-            raise t.error("file", "a file of waits (one number of seconds per line) for dist = \"empirical\"")
+            raise t.error("file", 'a file of waits (one number of seconds per line) for dist = "empirical"')
         try:
             samples = read_wait_samples(folder / file)
         except UsageError as error:
@@ -762,7 +788,10 @@ def _tool_wait(t: Table, folder: Path) -> ToolWait:
 
 
 def _check_systems(
-    specs: Sequence[str | System], key: str, loader: SystemLoader, table: Table | None = None,
+    specs: Sequence[str | System],
+    key: str,
+    loader: SystemLoader,
+    table: Table | None = None,
     known: tuple[System, ...] = (),
 ) -> tuple[tuple[str, ...], tuple[System, ...]]:
     """The names of the systems ``specs`` give and those of them not built in (resolved with ``loader``;
@@ -787,13 +816,17 @@ def _check_systems(
         else:
             raise bad(given)
         if SYSTEMS.get(system.name, system) != system:
-            raise loader.error(given if isinstance(given, str) else system.name,
-                               f"the system is called {system.name!r}, a built-in system's name: give it another")
+            raise loader.error(
+                given if isinstance(given, str) else system.name,
+                f"the system is called {system.name!r}, a built-in system's name: give it another",
+            )
         if system.name in names:
             if isinstance(given, str) and not is_user_spec(given):
                 raise bad(given)
-            raise loader.error(given if isinstance(given, str) else system.name,
-                               f"expected each system once: {system.name!r} is already in the list")
+            raise loader.error(
+                given if isinstance(given, str) else system.name,
+                f"expected each system once: {system.name!r} is already in the list",
+            )
         names.append(system.name)
         if system.name not in SYSTEMS:
             custom.append(system)

@@ -98,10 +98,11 @@ class Scheduler(ClusterEngine):
             pe_groups.setdefault(cluster.group_name("pe", node), []).extend(engines)
         self.prefill = PrefillDispatch(self.policy, pe_groups)
         self.de_engines = {
-            n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes)
-                      for g in range(gpus)]
+            n.index: [
+                Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes) for g in range(gpus)
+            ]
             for n in topo.de_nodes
-        }  # fmt: skip
+        }
         self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
         self.decode_queue: deque[Request] = deque()
         self.private: dict[int, deque[Request]] = {n: deque() for n in self.de_engines}
@@ -262,11 +263,24 @@ class Scheduler(ClusterEngine):
             scheduled_de(rid, now, pe, de, read_on_de)
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prefill.setdefault(pe_group[pe_node], []).append(
-                PrefillTask(rid, r.prompt_tokens, r.hit_tokens, r.gen_tokens, pe_node, pe_gpu, node, de_gpu, read_on_de,
-                            r.context)
+                PrefillTask(
+                    rid,
+                    r.prompt_tokens,
+                    r.hit_tokens,
+                    r.gen_tokens,
+                    pe_node,
+                    pe_gpu,
+                    node,
+                    de_gpu,
+                    read_on_de,
+                    r.context,
+                )
             )
-            expect.append(DecodeTask(rid, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de,
-                                     r.context))
+            expect.append(
+                DecodeTask(
+                    rid, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de, r.context
+                )
+            )
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))

@@ -53,7 +53,9 @@ def progress_watch(cluster: Cluster, core: Core, engines: Sequence[Any], name: s
 
     def describe(now_ns: int, last_ns: int) -> str:
         acting = injector.acting() if injector is not None else []
-        faults = f"faults acting: {'; '.join(acting[:5])}{' …' if len(acting) > 5 else ''}" if acting else "no fault acting"
+        faults = (
+            f"faults acting: {'; '.join(acting[:5])}{' …' if len(acting) > 5 else ''}" if acting else "no fault acting"
+        )
         return (f"{name}: no progress for over {limit_s:g} s of emulated time (stall_timeout_s): {in_flight():,} "
                 f"request(s) in flight; none admitted, read, prefilled, given a token or ended since "
                 f"{last_request_ns() / NS:,.3f} s, and no transfer or I/O finished since {last_ns / NS:,.0f} s or "

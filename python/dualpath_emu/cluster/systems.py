@@ -64,8 +64,9 @@ class System:
     def policy(self, alpha_tokens: int, beta_tokens: int) -> Policy:
         """This system's scheduling policy (a fresh one per run)."""
         if not isinstance(self.scheduler, str):
-            return _make_policy(self.scheduler, read_both_sides=self.dual_path, alpha_tokens=alpha_tokens,
-                                beta_tokens=beta_tokens)  # fmt: skip
+            return _make_policy(
+                self.scheduler, read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens
+            )
         if self.scheduler == "dualpath":
             return DualPathPolicy(read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
         return RoundRobinPolicy(read_both_sides=self.dual_path)

@@ -112,9 +112,7 @@ def build_topology(core: Core, node: NodeSpec, pe_nodes: int, de_nodes: int, sto
     paper = Arbitration.paper()
     count = pe_nodes + de_nodes
     storage_read = core.add_port("3fs.read", storage.read_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
-    storage_write = core.add_port(
-        "3fs.write", storage.write_bytes_per_s or count * node.snic_bytes_per_s * node.snics
-    )
+    storage_write = core.add_port("3fs.write", storage.write_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
     core.configure_storage(
         read_port=storage_read,
         write_port=storage_write,

@@ -67,7 +67,11 @@ def _us(t_ns: int) -> float:
 
 
 def trace_events(
-    config: ClusterConfig, topology: Topology, metrics: Metrics, system: str, faults: Sequence[Mapping[str, Any]] = (),
+    config: ClusterConfig,
+    topology: Topology,
+    metrics: Metrics,
+    system: str,
+    faults: Sequence[Mapping[str, Any]] = (),
     end_ns: int = 0,
 ) -> Iterator[str]:
     """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests, and
@@ -77,8 +81,9 @@ def trace_events(
         return json.dumps(fields, separators=(",", ":"))
 
     processes = [(REQUESTS_PID, f"requests ({system})"), (STORAGE_PID, "storage (3fs)")]
-    processes += [(node_pid(n.index), f"n{n.index} ({'prefill' if n.role == 'pe' else 'decode'})")
-                  for n in topology.nodes]  # fmt: skip
+    processes += [
+        (node_pid(n.index), f"n{n.index} ({'prefill' if n.role == 'pe' else 'decode'})") for n in topology.nodes
+    ]
     for pid, name in processes:
         yield event(name="process_name", ph="M", pid=pid, args={"name": name})
         yield event(name="process_sort_index", ph="M", pid=pid, args={"sort_index": pid})
@@ -122,8 +127,14 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
 
 
 def write_trace(
-    path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
-    faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0,
+    path: str | Path,
+    core: Core,
+    config: ClusterConfig,
+    topology: Topology,
+    metrics: Metrics,
+    system: str,
+    faults: Sequence[Mapping[str, Any]] = (),
+    end_ns: int = 0,
 ) -> None:
     """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans); gzip-compressed
     when ``path`` ends in ``.gz`` (Perfetto opens it as it is: traces shrink about tenfold)."""

@@ -61,7 +61,9 @@ def system_specs(values: Sequence[str]) -> list[str]:
     for value in values:
         parts = [part.strip() for part in value.split(",")]
         if any(not part for part in parts):
-            raise UsageError(f"--system {value!r}: expected a system, or several separated by commas, e.g. basic,dualpath")
+            raise UsageError(
+                f"--system {value!r}: expected a system, or several separated by commas, e.g. basic,dualpath"
+            )
         specs += parts
     return specs
 
@@ -87,7 +89,9 @@ class SystemLoader:
         """The system ``spec`` names (a built-in one by its name, or user code's)."""
         if not is_user_spec(spec):
             if spec not in SYSTEMS:
-                raise self.error(spec, f"expected a built-in system ({', '.join(SYSTEMS)}) or module:Name, file.py:Name")
+                raise self.error(
+                    spec, f"expected a built-in system ({', '.join(SYSTEMS)}) or module:Name, file.py:Name"
+                )
             return SYSTEMS[spec]
         target, _, name = spec.rpartition(":")
         if not target or not name:
@@ -153,15 +157,17 @@ class SystemLoader:
             raise self.error(spec, f"{source} has no attribute {name!r} and no SYSTEMS")
         values = list(registry.values()) if isinstance(registry, Mapping) else registry
         if not isinstance(values, (list, tuple)) or not all(isinstance(s, System) for s in values):
-            raise self.error(spec, f"{source}: SYSTEMS: expected a list, tuple or mapping of Systems, "
-                                   f"got {_describe(registry)}")  # fmt: skip
+            raise self.error(
+                spec, f"{source}: SYSTEMS: expected a list, tuple or mapping of Systems, got {_describe(registry)}"
+            )
         systems: list[System] = list(values)
         for system in systems:
             if system.name == name:
                 return system
         known = ", ".join(s.name for s in systems) or "none"
-        raise self.error(spec, f"{source} has no attribute {name!r} and no system of that name in its "
-                               f"SYSTEMS (it has: {known})")  # fmt: skip
+        raise self.error(
+            spec, f"{source} has no attribute {name!r} and no system of that name in its SYSTEMS (it has: {known})"
+        )
 
 
 def _describe(value: object) -> str:

@@ -49,5 +49,5 @@ SYSTEMS = [
         layerwise=True,
         dual_path=True,
         scheduler=LeastLoadedPolicy,
-    ),
+    )
 ]

@@ -60,8 +60,9 @@ async def _disk(folder: Path, size: int) -> tuple[float, float, float, float, bo
             write_s = time.perf_counter() - started
             started = time.perf_counter()
             for first in range(0, blocks, IN_FLIGHT):
-                results = await asyncio.gather(*(store.read(1, b, 1, wait_s=0.0)
-                                                 for b in range(first, min(blocks, first + IN_FLIGHT))))  # fmt: skip
+                results = await asyncio.gather(
+                    *(store.read(1, b, 1, wait_s=0.0) for b in range(first, min(blocks, first + IN_FLIGHT)))
+                )
                 if any(r.mismatched_blocks for r in results):
                     raise RuntimeError(f"{folder}: a block read back differed from what was written")
             read_s = time.perf_counter() - started
@@ -88,7 +89,9 @@ async def _network(folder: Path, size: int) -> tuple[float, float]:
 
     def send(dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
         for offset in range(0, nbytes, NET_CHUNK_BYTES):
-            a.send_chunk(dest, job, offset, min(NET_CHUNK_BYTES, nbytes - offset), offset + NET_CHUNK_BYTES >= nbytes, ack)
+            a.send_chunk(
+                dest, job, offset, min(NET_CHUNK_BYTES, nbytes - offset), offset + NET_CHUNK_BYTES >= nbytes, ack
+            )
 
     a.send = send
     await a.open()
@@ -138,7 +141,7 @@ def hardware_table(rates: HostRates, *, snic_bytes_per_s: float = 50e9, cnic_byt
         f"# A host-backend run of nodes with {snic_bytes_per_s / 1e9:g} GB/s storage and {cnic_bytes_per_s / 1e9:g} "
         f"GB/s compute NICs keeps to its model's rates here up to byte_scale = {scale:.2g} (one busy NIC of "
         "each kind; lower it for more).",
-        "# Paste below `kind = \"cluster\"` to model nodes like this host (at byte_scale 1).",
+        '# Paste below `kind = "cluster"` to model nodes like this host (at byte_scale 1).',
         "",
         "[hardware]",
         f"snic_bytes_per_s = {min(max(disk, low), high):.4g}",

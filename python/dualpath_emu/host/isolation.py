@@ -113,7 +113,11 @@ def measure_isolation(*, rate: float = 100e6, chunk: int = 16 << 10, collective_
     samples: dict[str, list[float]] = {}
     moved: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="dualpath-emu-isolation-") as folder:  # 0700: ipc needs no keys
-        for name, isolated, background in (("unloaded", True, False), ("isolated", True, True), ("shared", False, True)):
+        for name, isolated, background in (
+            ("unloaded", True, False),
+            ("isolated", True, True),
+            ("shared", False, True),
+        ):
             samples[name], moved[name] = asyncio.run(_run(
                 Path(folder), isolated=isolated, background=background, rate=rate, chunk=chunk,
                 collective_bytes=collective_bytes, kv_bytes=kv_bytes, kv_outstanding=kv_outstanding, trials=trials,

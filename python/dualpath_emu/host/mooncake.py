@@ -34,8 +34,15 @@ from typing import Any, Final
 from dualpath_emu.errors import BackendUnavailable
 from dualpath_emu.host.transport import PATTERN_BYTES, pattern_region
 
-__all__ = ["SLOTS", "SLOT_BYTES", "MooncakeUnavailable", "MooncakeWire", "check_available", "confine_binds",
-           "listening_sockets"]
+__all__ = [
+    "SLOTS",
+    "SLOT_BYTES",
+    "MooncakeUnavailable",
+    "MooncakeWire",
+    "check_available",
+    "confine_binds",
+    "listening_sockets",
+]
 
 SLOTS: Final = 8
 """Sending peers a process can receive from."""
@@ -56,8 +63,10 @@ def check_available() -> None:
 
 
 def _missing(error: ImportError) -> str:
-    return (f"Mooncake's Transfer Engine is not usable here ({error}); install mooncake-transfer-engine-non-cuda "
-            "and Debian's libibverbs1 (make does both), or use the default transfer engine, \"zmq\"")
+    return (
+        f"Mooncake's Transfer Engine is not usable here ({error}); install mooncake-transfer-engine-non-cuda "
+        'and Debian\'s libibverbs1 (make does both), or use the default transfer engine, "zmq"'
+    )
 
 
 class MooncakeWire:
@@ -74,13 +83,16 @@ class MooncakeWire:
         status = self.engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
         if status != 0:
             raise MooncakeUnavailable(f"Mooncake's Transfer Engine did not start on {host} (status {status})")
-        self.listening = sorted(f"{a}:{p}" if ":" not in a else f"[{a}]:{p}"
-                                for (a, p) in listening_sockets() if (a, p) not in before)
+        self.listening = sorted(
+            f"{a}:{p}" if ":" not in a else f"[{a}]:{p}" for (a, p) in listening_sockets() if (a, p) not in before
+        )
         """Where the engine listens, read back from ``/proc`` (``address:port`` each)."""
         stray = [entry for entry in self.listening if entry.rsplit(":", 1)[0].strip("[]") != address]
         if stray or not self.listening:
-            raise MooncakeUnavailable(f"Mooncake's Transfer Engine listens on {', '.join(stray) or 'nothing seen'}, "
-                                      f"not only on {address}: refused (it has no authentication)")
+            raise MooncakeUnavailable(
+                f"Mooncake's Transfer Engine listens on {', '.join(stray) or 'nothing seen'}, "
+                f"not only on {address}: refused (it has no authentication)"
+            )
         self.host = host
         self.region_bytes = SLOTS * SLOT_BYTES
         self.receive = int(self.engine.allocate_managed_buffer(self.region_bytes))
@@ -109,8 +121,9 @@ class MooncakeWire:
     def close(self) -> None:
         for address in (self.receive, self.send):
             if address:
-                self.engine.free_managed_buffer(address, self.region_bytes if address == self.receive
-                                                else 2 * PATTERN_BYTES)  # fmt: skip
+                self.engine.free_managed_buffer(
+                    address, self.region_bytes if address == self.receive else 2 * PATTERN_BYTES
+                )
         self.receive = self.send = 0
 
 
@@ -134,10 +147,14 @@ def confine_binds(host: str) -> str:
     try:
         address = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError) as error:
-        raise MooncakeUnavailable(f"Mooncake's Transfer Engine: cannot resolve the run's host {host!r}: {error}") from None
+        raise MooncakeUnavailable(
+            f"Mooncake's Transfer Engine: cannot resolve the run's host {host!r}: {error}"
+        ) from None
     if ipaddress.ip_address(address).is_unspecified:
-        raise MooncakeUnavailable(f"Mooncake's Transfer Engine has no authentication: it is not started on {host} "
-                                  "(every interface); give the run a host address (--host)")
+        raise MooncakeUnavailable(
+            f"Mooncake's Transfer Engine has no authentication: it is not started on {host} "
+            "(every interface); give the run a host address (--host)"
+        )
     _confined["address"] = address  # the wrapper reads it at each call
     if "wrapper" not in _confined:
         try:
@@ -149,12 +166,18 @@ def confine_binds(host: str) -> str:
         wrapper = _BIND(_bound_to_run)
         _confined.update(real=real, wrapper=wrapper, libc=libc)
         roots = _package_dirs(Path(mooncake.engine.__file__).parent)
-        patched = [path for path, base in _loaded_objects() if any(path.startswith(r) for r in roots)
-                   if _patch_got(path, base, ctypes.cast(wrapper, ctypes.c_void_p).value or 0)]
+        patched = [
+            path
+            for path, base in _loaded_objects()
+            if any(path.startswith(r) for r in roots)
+            if _patch_got(path, base, ctypes.cast(wrapper, ctypes.c_void_p).value or 0)
+        ]
         if not patched:
             _confined.pop("wrapper")
-            raise MooncakeUnavailable("Mooncake's Transfer Engine: found no bind() of its libraries to confine to "
-                                      f"{address}: refused (it would listen on every interface)")
+            raise MooncakeUnavailable(
+                "Mooncake's Transfer Engine: found no bind() of its libraries to confine to "
+                f"{address}: refused (it would listen on every interface)"
+            )
         _confined["patched"] = patched
     return address
 
@@ -242,7 +265,7 @@ def _bind_slots(path: str) -> list[int]:
             return []
         machine = struct.unpack_from("<H", elf, 18)[0]
         kinds = _RELOCATIONS.get(machine)
-        shoff, = struct.unpack_from("<Q", elf, 0x28)
+        (shoff,) = struct.unpack_from("<Q", elf, 0x28)
         shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
         if kinds is None or not shoff:
             return []
@@ -257,7 +280,7 @@ def _bind_slots(path: str) -> list[int]:
                 if r_info & 0xFFFFFFFF not in kinds:
                     continue
                 name_at = strtab[4] + struct.unpack_from("<I", elf, symtab[4] + (r_info >> 32) * (symtab[9] or 24))[0]
-                if elf[name_at:elf.find(b"\0", name_at)] == b"bind":
+                if elf[name_at : elf.find(b"\0", name_at)] == b"bind":
                     offsets.append(r_offset)
         return offsets
 
@@ -286,7 +309,7 @@ def listening_sockets(pid: int | str = "self") -> dict[tuple[str, int], int]:
                 continue
             hex_address, hex_port = fields[1].split(":")
             raw = bytes.fromhex(hex_address)
-            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # /proc prints 32-bit words
+            packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # /proc prints 32-bit words
             ip = ipaddress.ip_address(packed)
             if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
                 ip = ip.ipv4_mapped

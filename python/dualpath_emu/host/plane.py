@@ -132,7 +132,9 @@ class _StorageIo:
 class HostDataPlane(WallClockCore):
     """A live process's data plane that moves real bytes (see the module docstring)."""
 
-    def __init__(self, core: Core, plan: HostPlan, process: str, channel: ByteChannel, store: BlockStore | None) -> None:
+    def __init__(
+        self, core: Core, plan: HostPlan, process: str, channel: ByteChannel, store: BlockStore | None
+    ) -> None:
         super().__init__(core)
         self.plan = plan
         self.process = process
@@ -298,7 +300,10 @@ class HostDataPlane(WallClockCore):
             ports = topology.nodes[node]
             port = ports.snic_rx if kind == "read" else ports.snic_tx
             work = self._storage(port, kind, lane, size, extents)
-            what = (io_kind(topology, node, kind), sum(n for _, _, n in extents) * (self.store.stride if self.store else 0))
+            what = (
+                io_kind(topology, node, kind),
+                sum(n for _, _, n in extents) * (self.store.stride if self.store else 0),
+            )
 
         async def run() -> None:
             try:
@@ -311,7 +316,9 @@ class HostDataPlane(WallClockCore):
                 work.close()
             for port in path:
                 self.moved[(port, lane)] = self.moved.get((port, lane), 0) + size
-            self.measured.setdefault(what[0], PathStats()).add(size, what[1], (self.clock_ns() - start) / 1e9, size / rate)
+            self.measured.setdefault(what[0], PathStats()).add(
+                size, what[1], (self.clock_ns() - start) / 1e9, size / rate
+            )
             if not self._ended:
                 self.loop.call_soon(self._tell_ended)
             self._ended.append(ident)
@@ -337,8 +344,9 @@ class HostDataPlane(WallClockCore):
         except asyncio.CancelledError:
             if self.failure is None:
                 raise
-            raise HostDataError(f"process {self.process!r}: the host data plane failed: "
-                                f"{type(self.failure).__name__}: {self.failure}") from self.failure
+            raise HostDataError(
+                f"process {self.process!r}: the host data plane failed: {type(self.failure).__name__}: {self.failure}"
+            ) from self.failure
         finally:
             await self._drain()
             await self.channel.close()
@@ -437,8 +445,9 @@ class HostDataPlane(WallClockCore):
         elif dest in self.own_nodes:
             await self.channel.pull(plan.process_of_node[source], real, lane, port, rx)
         else:
-            raise ValueError(f"process {self.process!r} drives neither end of a transfer from node {source} to node "
-                             f"{dest}")  # fmt: skip
+            raise ValueError(
+                f"process {self.process!r} drives neither end of a transfer from node {source} to node {dest}"
+            )
 
     def _send_job(self, dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
         """The channel's pacer hook: queue a job's chunks on the sending GPU's CNIC ``port``."""
@@ -523,8 +532,12 @@ class HostDataPlane(WallClockCore):
         except HostStorageError as error:  # a real I/O error (a fault's unreachable storage waits: see the module)
             what = "a read" if io.kind == "read" else "a write-back"
             why = "no fault holds its storage NIC down" if self._factor_of(io.port) else "its storage NIC is down"
-            io.done.set_exception(HostDataError(f"process {self.process!r}: {what} on node "
-                                                f"{self.plan.port_node[io.port]}'s storage failed ({why}): {error}"))
+            io.done.set_exception(
+                HostDataError(
+                    f"process {self.process!r}: {what} on node "
+                    f"{self.plan.port_node[io.port]}'s storage failed ({why}): {error}"
+                )
+            )
             return
         except Exception as error:
             io.done.set_exception(error)

@@ -260,11 +260,31 @@ class BlockStore:
         self._local = threading.local()  # each thread's scratch array of expected contents
         self._lock = threading.Lock()
         self._totals: dict[str, int | float] = dict.fromkeys(
-            ("bytes_read", "bytes_written", "reads", "writes", "blocks_read", "blocks_written", "verified_bytes",
-             "mismatched_blocks", "retries", "seeded_blocks"), 0)
-        self._totals.update(read_wall_s=0.0, write_wall_s=0.0, read_unreachable=0, write_unreachable=0,
-                            read_unreachable_waits=0, write_unreachable_waits=0,
-                            read_unreachable_s=0.0, write_unreachable_s=0.0, unreachable_max_s=0.0)
+            (
+                "bytes_read",
+                "bytes_written",
+                "reads",
+                "writes",
+                "blocks_read",
+                "blocks_written",
+                "verified_bytes",
+                "mismatched_blocks",
+                "retries",
+                "seeded_blocks",
+            ),
+            0,
+        )
+        self._totals.update(
+            read_wall_s=0.0,
+            write_wall_s=0.0,
+            read_unreachable=0,
+            write_unreachable=0,
+            read_unreachable_waits=0,
+            write_unreachable_waits=0,
+            read_unreachable_s=0.0,
+            write_unreachable_s=0.0,
+            unreachable_max_s=0.0,
+        )
         self._closed = False
         self._root_fd: int | None = None  # the directory's descriptor, opened with the first view
         self._gone_fd: int | None = None  # a removed directory's, what a view away is
@@ -340,8 +360,9 @@ class BlockStore:
         self._count_unreachable(kind, tries, waited)
         return waited
 
-    async def write(self, context: int, first_block: int, n_blocks: int, *,
-                    view: StorageView | None = None) -> IoResult:  # fmt: skip
+    async def write(
+        self, context: int, first_block: int, n_blocks: int, *, view: StorageView | None = None
+    ) -> IoResult:
         """Write blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (creating its file),
         through ``view`` if given (waiting for it while it is away: see the module)."""
         self._check(context, first_block, n_blocks)
@@ -382,12 +403,13 @@ class BlockStore:
         while ``held()`` is true; through ``view`` if given, waiting for it while it is away (see the
         module)."""
         self._check(context, first_block, n_blocks)
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) \
-                or wait_s < 0:
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) or wait_s < 0:
             raise HostStorageError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
         start = time.perf_counter()
         end = first_block + n_blocks
-        overlapping = [done for first, stop, done in self._writing.get(context, ()) if first < end and first_block < stop]
+        overlapping = [
+            done for first, stop, done in self._writing.get(context, ()) if first < end and first_block < stop
+        ]
         if overlapping:  # written by this store, still in flight: wait for them, then read
             await asyncio.gather(*overlapping)
         verified = mismatched = retries = tries = 0
@@ -401,8 +423,9 @@ class BlockStore:
             if _UNREACHABLE in statuses:  # the view is away: wait for it (not counted in wait_s), read them again
                 assert view is not None
                 tries += statuses.count(_UNREACHABLE)
-                pending = [block for block, status in zip(pending, statuses, strict=True)
-                           if status in (_PENDING, _UNREACHABLE)]  # fmt: skip
+                pending = [
+                    block for block, status in zip(pending, statuses, strict=True) if status in (_PENDING, _UNREACHABLE)
+                ]
                 waited += await self._wait_view(view, reach_delay)
                 reach_delay = min(2 * reach_delay, _MAX_REACH_S)
                 continue
@@ -415,8 +438,9 @@ class BlockStore:
                 continue
             if slept >= wait_s - 1e-9:  # (the sum of the sleeps, within rounding)
                 if gone := self._gone():  # not a block read back wrong: the storage is not there
-                    raise HostStorageError(f"read {self.path(context)} (blocks {pending[0]}..{pending[-1]}): not "
-                                           f"found{gone}")  # fmt: skip
+                    raise HostStorageError(
+                        f"read {self.path(context)} (blocks {pending[0]}..{pending[-1]}): not found{gone}"
+                    )
                 mismatched += len(pending)  # never verified within wait_s
                 break
             pause = min(delay, wait_s - slept)
@@ -445,8 +469,13 @@ class BlockStore:
         """Totals since creation (wall times are sums over calls, which may overlap), and the settings."""
         with self._lock:
             totals: dict[str, int | float | bool | str] = dict(self._totals)
-        totals.update(direct_io=self.direct_io, direct_io_reason=self.direct_io_reason, stride=self.stride,
-                      block_bytes=self.block_bytes, views_away=sum(view.away for view in self._views))
+        totals.update(
+            direct_io=self.direct_io,
+            direct_io_reason=self.direct_io_reason,
+            stride=self.stride,
+            block_bytes=self.block_bytes,
+            views_away=sum(view.away for view in self._views),
+        )
         return totals
 
     def close(self) -> None:
@@ -482,8 +511,9 @@ class BlockStore:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
     # --- the work -------------------------------------------------------------------------------------------
@@ -625,8 +655,13 @@ class BlockStore:
             else:
                 runs.append((block, 1))
         loop = asyncio.get_running_loop()
-        found = await asyncio.gather(*(loop.run_in_executor(self._pool, self._read_chunk, context, first, count, view)
-                                       for run in runs for first, count in self._chunks(*run)))
+        found = await asyncio.gather(
+            *(
+                loop.run_in_executor(self._pool, self._read_chunk, context, first, count, view)
+                for run in runs
+                for first, count in self._chunks(*run)
+            )
+        )
         return [status for chunk in found for status in chunk]
 
     def _expected(self, out: _Words, context: int, first_block: int) -> None:
@@ -639,7 +674,7 @@ class BlockStore:
         for j in range(count):
             header = _HEADER.pack(_MAGIC, _VERSION, context, first_block + j, self.block_bytes)
             octets[j, :head] = np.frombuffer(header, dtype=np.uint8, count=head)
-        octets[:, self.block_bytes:] = 0
+        octets[:, self.block_bytes :] = 0
 
     def _words_of(self, buffer: mmap.mmap, count: int) -> _Words:
         words: _Words = np.frombuffer(buffer, dtype=np.uint64, count=count * self._words).reshape(count, -1)
@@ -667,8 +702,9 @@ class BlockStore:
             finally:
                 os.close(fd)
         except OSError as err:
-            raise HostStorageError(f"write {self.path(context)} (blocks {first_block}..{first_block + count - 1}): "
-                                   f"{err.strerror or err}") from err
+            raise HostStorageError(
+                f"write {self.path(context)} (blocks {first_block}..{first_block + count - 1}): {err.strerror or err}"
+            ) from err
         finally:
             self._buffers.put(buffer)
         return True
@@ -691,8 +727,9 @@ class BlockStore:
                 os.close(fd)
             return self._verify(buffer, got, context, first_block, count)
         except OSError as err:
-            raise HostStorageError(f"read {self.path(context)} (blocks {first_block}..{first_block + count - 1}): "
-                                   f"{err.strerror or err}") from err
+            raise HostStorageError(
+                f"read {self.path(context)} (blocks {first_block}..{first_block + count - 1}): {err.strerror or err}"
+            ) from err
         finally:
             self._buffers.put(buffer)
 

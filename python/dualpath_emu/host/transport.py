@@ -189,7 +189,11 @@ class ByteChannel:
 
             from dualpath_emu.host.mooncake import MooncakeWire
 
-            host = self.bind.split("://", 1)[1].rsplit(":", 1)[0].strip("[]") if self.bind.startswith("tcp://") else "127.0.0.1"
+            host = (
+                self.bind.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+                if self.bind.startswith("tcp://")
+                else "127.0.0.1"
+            )
             self._wire = MooncakeWire(host)
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="mooncake")  # one: chunks stay in order
 
@@ -279,8 +283,9 @@ class ByteChannel:
             job, offset, nbytes, last, ack, via = await queue.get()
             if cursor + nbytes > SLOT_BYTES:
                 cursor = 0  # round the ring
-            await loop.run_in_executor(self._executor, self._wire.write, target, base + cursor,
-                                       pattern_start(job, offset), nbytes)  # fmt: skip
+            await loop.run_in_executor(
+                self._executor, self._wire.write, target, base + cursor, pattern_start(job, offset), nbytes
+            )
             self._post(dest, [msgpack.packb(["data", job, offset, last, ack, cursor, nbytes, *via])])
             cursor += nbytes
 
@@ -420,8 +425,9 @@ class ByteChannel:
         else:
             raise ValueError(f"unknown frame {kind!r} ({len(header)} fields, {len(frames)} frames)")
 
-    def _on_data(self, peer: str, job: int, offset: int, last: bool, ack: bool, payload: Any,
-                 via: tuple[int, int] | None) -> None:  # fmt: skip
+    def _on_data(
+        self, peer: str, job: int, offset: int, last: bool, ack: bool, payload: Any, via: tuple[int, int] | None
+    ) -> None:
         if not ack and job not in self._pulls:
             raise ValueError(f"job {job} from {peer!r}: data nobody pulled")
         if not ack:

@@ -77,8 +77,14 @@ DEPLOYMENTS: dict[str, dict[str, Any]] = {
     # The paper's default deployments (§7.1, paper-facts §2.1); the packaged scenarios (dualpath_emu/scenarios) hold the same.
     "ds660b": {"model": "ds660b", "pe_nodes": 2, "de_nodes": 4, "prefill_ep_nodes": 2, "decode_ep_nodes": 4},
     "ds27b": {"model": "ds27b", "pe_nodes": 1, "de_nodes": 1, "prefill_ep_nodes": 1, "decode_ep_nodes": 1},
-    "qwen32b": {"model": "qwen32b", "pe_nodes": 1, "de_nodes": 2, "prefill_ep_nodes": 1, "decode_ep_nodes": 1,
-                "dram_buffer_bytes": 320_000_000_000},  # fmt: skip
+    "qwen32b": {
+        "model": "qwen32b",
+        "pe_nodes": 1,
+        "de_nodes": 2,
+        "prefill_ep_nodes": 1,
+        "decode_ep_nodes": 1,
+        "dram_buffer_bytes": 320_000_000_000,
+    },
 }
 
 
@@ -134,8 +140,9 @@ class Cell:
         work = generate(c.dataset, c.agents, seed=self.seed)
         if self.append_factor != 1.0 or self.gen_factor != 1.0:
             max_len = DATASETS[c.dataset].max_len
-            work = [scaled(t, append_factor=self.append_factor, gen_factor=self.gen_factor, max_len=max_len)
-                    for t in work]  # fmt: skip
+            work = [
+                scaled(t, append_factor=self.append_factor, gen_factor=self.gen_factor, max_len=max_len) for t in work
+            ]
         if self.max_rounds:
             work = [Trajectory.from_rounds(t.id, list(zip(t.append, t.gen))[: self.max_rounds]) for t in work]
         return work
@@ -373,8 +380,9 @@ def require_distributed(option: str = "--dask") -> types.ModuleType:
     try:
         return importlib.import_module("distributed")
     except ImportError:
-        raise UsageError(f"{option} needs Dask's distributed package, which is not installed: "
-                         "pip install 'dualpath-emu[dask]'") from None  # fmt: skip
+        raise UsageError(
+            f"{option} needs Dask's distributed package, which is not installed: pip install 'dualpath-emu[dask]'"
+        ) from None
 
 
 def _in_processes(worker: Callable[[C], T], todo: Sequence[tuple[int, C]], jobs: int) -> Iterator[tuple[int, T]]:
@@ -398,7 +406,9 @@ def check_dask_address(address: str, option: str = "--dask") -> None:
     except ValueError as error:
         raise UsageError(f"{option} {address!r}: {error}") from None
     if scheme not in ("tcp", "tls") or not location:
-        raise UsageError(f"{option} {address!r}: expected a Dask scheduler's address, tcp://HOST:PORT or tls://HOST:PORT")
+        raise UsageError(
+            f"{option} {address!r}: expected a Dask scheduler's address, tcp://HOST:PORT or tls://HOST:PORT"
+        )
     if scheme == "tls" and distributed.Security().get_connection_args("client")["ssl_context"] is None:
         raise UsageError(f"{option} {address}: TLS needs Dask's TLS settings: distributed.comm.tls.ca-file, "
                          ".client.cert and .client.key in Dask's configuration (e.g. the environment variables "
@@ -415,8 +425,9 @@ def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C
     except (OSError, TimeoutError) as error:
         raise UsageError(f"--dask {address}: cannot connect to a Dask scheduler there: {error}") from None
     with client:
-        futures = {client.submit(worker, task, pure=False, priority=len(todo) - rank): i
-                   for rank, (i, task) in enumerate(todo)}  # fmt: skip
+        futures = {
+            client.submit(worker, task, pure=False, priority=len(todo) - rank): i for rank, (i, task) in enumerate(todo)
+        }
         try:
             for future in distributed.as_completed(futures, loop=client.loop):
                 yield futures[future], future.result()
@@ -472,8 +483,9 @@ CELL_RESULTS: Final[Codec[Cell, CellResult]] = dataclass_codec(CellResult, task_
 """How :func:`run_cell`'s results are cached (the cell is the asking one's)."""
 
 
-def run_cells(cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False, cache: Path | None = None,
-              dask: str | None = None) -> list[CellResult]:  # fmt: skip
+def run_cells(
+    cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False, cache: Path | None = None, dask: str | None = None
+) -> list[CellResult]:
     """Run ``cells`` (:func:`run_cell`) in up to ``jobs`` processes, or on the Dask cluster at ``dask``;
     results in the order of ``cells``."""
     done = 0
@@ -519,8 +531,9 @@ class Comparison:
         return {**dataclasses.asdict(self), "ratio": self.ratio}
 
 
-def within(what: str, paper: float, emulator: float, *, rel: float | None = None, abs_: float | None = None,
-           unit: str = "") -> Comparison:  # fmt: skip
+def within(
+    what: str, paper: float, emulator: float, *, rel: float | None = None, abs_: float | None = None, unit: str = ""
+) -> Comparison:
     """A comparison whose target is ``paper`` ± ``rel`` (relative) or ± ``abs_`` (absolute, in ``unit``)."""
     if rel is not None:
         return Comparison(what, paper, emulator, f"±{rel:.0%}", abs(emulator / paper - 1.0) <= rel)

@@ -59,8 +59,9 @@ def build(args: argparse.Namespace) -> Report:
     agents, rounds = (96, 20) if args.quick else (1024, 0)
     base = deployment("ds660b", quick=args.quick, agents=agents)
     cells = {system: Cell({"case": "none", "rate": 0.0}, base, system, max_rounds=rounds) for system in SYSTEMS}
-    plain = dict(zip(SYSTEMS, run_cells(list(cells.values()), args.jobs, quiet=args.quiet, cache=args.cache,
-                                         dask=args.dask)))  # fmt: skip
+    plain = dict(
+        zip(SYSTEMS, run_cells(list(cells.values()), args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask))
+    )
     faulted: list[Cell] = []
     for system in SYSTEMS:
         jct = plain[system].jct_s
@@ -99,7 +100,7 @@ def build(args: argparse.Namespace) -> Report:
     return Report(
         name="faults",
         title="faults: a prefill node's storage NIC down, a decode engine crash and random schedules, Basic vs "
-              "DualPath on DS 660B 2P4D",
+        "DualPath on DS 660B 2P4D",
         rows=rows,
         comparisons=[],
         checks=checks,

@@ -195,14 +195,26 @@ FULL: Final = Variant(
     arrival_s=MappingProxyType({"ds660b": 1500.0, "ds27b": 300.0}),
     max_rounds=0,
     quick_node=False,
-    guess=MappingProxyType({
-        ("ds660b", "basic"): 0.2, ("ds660b", "dualpath"): 0.4, ("ds660b", "oracle"): 0.6,
-        ("ds27b", "basic"): 1.5, ("ds27b", "dualpath"): 2.5, ("ds27b", "oracle"): 5.0,
-    }),  # fmt: skip
-    cap=MappingProxyType({
-        ("ds660b", "basic"): 1.0, ("ds660b", "dualpath"): 1.0, ("ds660b", "oracle"): 0.6,
-        ("ds27b", "basic"): 5.0, ("ds27b", "dualpath"): 5.0, ("ds27b", "oracle"): 5.0,
-    }),  # fmt: skip
+    guess=MappingProxyType(
+        {
+            ("ds660b", "basic"): 0.2,
+            ("ds660b", "dualpath"): 0.4,
+            ("ds660b", "oracle"): 0.6,
+            ("ds27b", "basic"): 1.5,
+            ("ds27b", "dualpath"): 2.5,
+            ("ds27b", "oracle"): 5.0,
+        }
+    ),
+    cap=MappingProxyType(
+        {
+            ("ds660b", "basic"): 1.0,
+            ("ds660b", "dualpath"): 1.0,
+            ("ds660b", "oracle"): 0.6,
+            ("ds27b", "basic"): 5.0,
+            ("ds27b", "dualpath"): 5.0,
+            ("ds27b", "oracle"): 5.0,
+        }
+    ),
     resolution=0.15,
     oracle_resolution=0.5,
     growth=1.3,
@@ -216,14 +228,26 @@ QUICK: Final = Variant(
     arrival_s=MappingProxyType({"ds660b": 40.0, "ds27b": 30.0}),
     max_rounds=12,
     quick_node=True,
-    guess=MappingProxyType({
-        ("ds660b", "basic"): 6.0, ("ds660b", "dualpath"): 9.0, ("ds660b", "oracle"): 10.0,
-        ("ds27b", "basic"): 12.0, ("ds27b", "dualpath"): 20.0, ("ds27b", "oracle"): 24.0,
-    }),  # fmt: skip
-    cap=MappingProxyType({
-        ("ds660b", "basic"): 12.0, ("ds660b", "dualpath"): 12.0, ("ds660b", "oracle"): 10.0,
-        ("ds27b", "basic"): 24.0, ("ds27b", "dualpath"): 24.0, ("ds27b", "oracle"): 24.0,
-    }),  # fmt: skip
+    guess=MappingProxyType(
+        {
+            ("ds660b", "basic"): 6.0,
+            ("ds660b", "dualpath"): 9.0,
+            ("ds660b", "oracle"): 10.0,
+            ("ds27b", "basic"): 12.0,
+            ("ds27b", "dualpath"): 20.0,
+            ("ds27b", "oracle"): 24.0,
+        }
+    ),
+    cap=MappingProxyType(
+        {
+            ("ds660b", "basic"): 12.0,
+            ("ds660b", "dualpath"): 12.0,
+            ("ds660b", "oracle"): 10.0,
+            ("ds27b", "basic"): 24.0,
+            ("ds27b", "dualpath"): 24.0,
+            ("ds27b", "oracle"): 24.0,
+        }
+    ),
     resolution=0.35,
     oracle_resolution=0.35,
     growth=2.0,
@@ -548,23 +572,33 @@ def build(args: argparse.Namespace) -> Report:
     stat = args.slo_stat
     searches = {
         (model, system): Search(
-            model, system, guess=variant.guess[model, system], cap=variant.cap[model, system],
+            model,
+            system,
+            guess=variant.guess[model, system],
+            cap=variant.cap[model, system],
             resolution=variant.oracle_resolution if system == "oracle" else variant.resolution,
-            growth=variant.growth, k=variant.rates_per_step, max_steps=variant.max_steps, stat=stat,
+            growth=variant.growth,
+            k=variant.rates_per_step,
+            max_steps=variant.max_steps,
+            stat=stat,
             refine_k=variant.refine_rates_per_step,
-        )  # fmt: skip
+        )
         for model in models
         for system in SYSTEMS
     }
     # The TTFT half alone, for DualPath and Basic: where decoding misses the TPOT SLO at every rate (DS 660B
     # under the one-factor calibration) it still shows how far each system's prefill side carries.
     ttft_searches = {
-        key: replace(searches[key], criterion="ttft", points=[], steps=0)
-        for key in searches
-        if key[1] != "oracle"
+        key: replace(searches[key], criterion="ttft", points=[], steps=0) for key in searches if key[1] != "oracle"
     }
-    run_searches([*searches.values(), *ttft_searches.values()], variant, args.jobs, quiet=args.quiet, cache=args.cache,
-                 dask=args.dask)
+    run_searches(
+        [*searches.values(), *ttft_searches.values()],
+        variant,
+        args.jobs,
+        quiet=args.quiet,
+        cache=args.cache,
+        dask=args.dask,
+    )
 
     # TPOT at a common rate: Basic's edge (DualPath measured there if it was not already).
     extra: list[tuple[str, Cell]] = []
@@ -574,7 +608,9 @@ def build(args: argparse.Namespace) -> Report:
             extra.append((model, _cell(variant, model, "dualpath", rate, variant.max_steps)))
     if extra and not args.quiet:
         print(f"TPOT at Basic's edge: {len(extra)} runs", file=sys.stderr, flush=True)
-    measured = measure_all([c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat, cache=args.cache, dask=args.dask)
+    measured = measure_all(
+        [c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat, cache=args.cache, dask=args.dask
+    )
     extra_points = {model: p for (model, _), p in zip(extra, measured)}
 
     rows: list[dict[str, Any]] = []
@@ -606,8 +642,9 @@ def build(args: argparse.Namespace) -> Report:
             comparisons.append(within(f"{model}: DualPath TPOT / Basic's at {basic.lo:g} APS", 1.0, tpot_ratio[model],
                                       rel=TPOT_TOLERANCE))  # fmt: skip
             ttst_ratio = _ratio(d_point.ttst_s[stat], b_point.ttst_s[stat])
-            comparisons.append(within(f"{model}: DualPath TTST / Basic's at {basic.lo:g} APS", 1.0, ttst_ratio,
-                                      rel=TPOT_TOLERANCE))  # fmt: skip
+            comparisons.append(
+                within(f"{model}: DualPath TTST / Basic's at {basic.lo:g} APS", 1.0, ttst_ratio, rel=TPOT_TOLERANCE)
+            )
         ttft_basic, ttft_dual = ttft_searches[model, "basic"], ttft_searches[model, "dualpath"]
         comparisons.append(within(f"{model}: largest APS meeting TTFT <= {SLO_TTFT_S:g} s alone, DualPath / Basic "
                                   "(not the SLO)", PAPER_RATIO[model], _ratio(ttft_dual.lo, ttft_basic.lo),
@@ -624,19 +661,25 @@ def build(args: argparse.Namespace) -> Report:
         )
     if len(ratios) == len(MODELS):
         mean_ratio = sum(ratios) / len(ratios)
-        comparisons.append(within("mean of the two DualPath / Basic ratios", PAPER_MEAN_RATIO, mean_ratio,
-                                  rel=RATIO_TOLERANCE))  # fmt: skip
+        comparisons.append(
+            within("mean of the two DualPath / Basic ratios", PAPER_MEAN_RATIO, mean_ratio, rel=RATIO_TOLERANCE)
+        )
 
     notes = [
         f"SLO: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms on the {stat} over each run's window "
         f"(requests arriving in the last {WINDOW_FRACTION:.0%} of the arrival period; arrivals over "
-        + ", ".join(f"{m} {variant.arrival_s[m]:g} s" for m in models) + ").",
+        + ", ".join(f"{m} {variant.arrival_s[m]:g} s" for m in models)
+        + ").",
         "Edges (APS; lo = largest measured rate meeting the SLO, hi = smallest missing it): "
-        + "; ".join(f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
-                    for s in searches.values()),  # fmt: skip
+        + "; ".join(
+            f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
+            for s in searches.values()
+        ),
         "TTFT-alone edges (APS): "
-        + "; ".join(f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
-                    for s in ttft_searches.values()),  # fmt: skip
+        + "; ".join(
+            f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
+            for s in ttft_searches.values()
+        ),
     ]
     if args.quick:
         notes.append("Quick variant: storage-bound miniature, 12 rounds per agent, short arrival periods; its edges "
@@ -720,8 +763,9 @@ def _positive(text: str) -> float:
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--slo-stat", choices=STATS, default="mean",
-                        help="the window statistic checked against the SLO (default: mean)")  # fmt: skip
+    parser.add_argument(
+        "--slo-stat", choices=STATS, default="mean", help="the window statistic checked against the SLO (default: mean)"
+    )
     parser.add_argument("--resolution", type=_positive, default=None,
                         help="relative width at which a search stops (default: 0.15 full, 0.35 quick)")  # fmt: skip
     parser.add_argument("--duration-scale", type=_positive, default=1.0,

@@ -49,9 +49,12 @@ def cells(quick: bool) -> tuple[list[Cell], list[Cell]]:
         return 48 if quick else round(rate * FULL.arrival_s["ds660b"])
 
     online = [
-        Cell({"part": "ttft", "rate": rate},
-             deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents(rate)), system,
-             max_rounds=online_rounds)  # fmt: skip
+        Cell(
+            {"part": "ttft", "rate": rate},
+            deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents(rate)),
+            system,
+            max_rounds=online_rounds,
+        )
         for rate in rates
         for system in ("basic", "dualpath")
     ]
@@ -93,7 +96,9 @@ def build(args: argparse.Namespace) -> Report:
         rows=rows,
         comparisons=comparisons,
         checks={"the ablation ladder is monotone (2% slack)": monotone},
-        notes=["Quick variant: far smaller than the paper's runs; its reductions are not the paper's."] if args.quick else [],
+        notes=["Quick variant: far smaller than the paper's runs; its reductions are not the paper's."]
+        if args.quick
+        else [],
         plot=lambda path: plot(path, ladder, online, reduction),
     )
 

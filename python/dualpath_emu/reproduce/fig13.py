@@ -51,7 +51,10 @@ def early_attention_balance(result: CellResult, fraction: float = EARLY_FRACTION
 
 def build(args: argparse.Namespace) -> Report:
     agents, rounds = (256, 40) if args.quick else (1024, 0)
-    cells = [Cell({"agents": agents}, deployment("ds660b", quick=args.quick, agents=agents), system, max_rounds=rounds) for system in SYSTEMS]
+    cells = [
+        Cell({"agents": agents}, deployment("ds660b", quick=args.quick, agents=agents), system, max_rounds=rounds)
+        for system in SYSTEMS
+    ]
     results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     rows: list[dict[str, Any]] = []
     comparisons: list[Comparison] = []
@@ -65,8 +68,9 @@ def build(args: argparse.Namespace) -> Report:
         comparisons.append(within(f"storage-NIC max/mean, {SYSTEMS[r.cell.system]}",
                                   PAPER_SNIC_MAX_OVER_MEAN[r.cell.system], balance, abs_=0.1))  # fmt: skip
         if r.cell.system == "dualpath":
-            comparisons.append(Comparison("attention max/mean, first 5%, DualPath", 1.06, attention, "≤ 1.1",
-                                          attention <= 1.1))  # fmt: skip
+            comparisons.append(
+                Comparison("attention max/mean, first 5%, DualPath", 1.06, attention, "≤ 1.1", attention <= 1.1)
+            )
     by_system = {r.cell.system: r for r in results}
     less_balanced = (by_system["basic+layerwise+dualpath"].summary["snic_max_over_mean"]
                      > by_system["dualpath"].summary["snic_max_over_mean"])  # fmt: skip
@@ -76,8 +80,10 @@ def build(args: argparse.Namespace) -> Report:
         rows=rows,
         comparisons=comparisons,
         checks={"round robin is less balanced than DualPath (storage-NIC max/mean)": less_balanced},
-        notes=["Storage-NIC max/mean here: every node's storage NIC over the whole run (paper: three machines, "
-               "a short window)."],  # fmt: skip
+        notes=[
+            "Storage-NIC max/mean here: every node's storage NIC over the whole run (paper: three machines, "
+            "a short window)."
+        ],
         plot=lambda path: plot(path, results),
     )
 
@@ -95,8 +101,9 @@ def plot(path: Path, results: Sequence[CellResult]) -> None:
     for r in results:
         points = [(t * 100, b) for t, b in r.attention_balance if t <= 0.3]
         if points:
-            right.plot(*zip(*points), ".", markersize=2, color=SYSTEM_COLORS.get(r.cell.system),
-                       label=SYSTEMS[r.cell.system])  # fmt: skip
+            right.plot(
+                *zip(*points), ".", markersize=2, color=SYSTEM_COLORS.get(r.cell.system), label=SYSTEMS[r.cell.system]
+            )
     right.axvline(EARLY_FRACTION * 100, color="k", linewidth=0.8, linestyle="--")
     right.set_xlabel("progress (% of the JCT)")
     right.set_ylabel("attention max/mean per forward")

@@ -63,7 +63,12 @@ def cells(quick: bool, models: Sequence[str] | None = None) -> list[Cell]:
         plan = [(m, d, a) for m in (models or MODELS) for d in DATASETS for a in AGENTS]
         rounds = 0
     return [
-        Cell({"model": m, "dataset": d, "agents": a}, deployment(m, quick=quick, dataset=d, agents=a), system, max_rounds=rounds)
+        Cell(
+            {"model": m, "dataset": d, "agents": a},
+            deployment(m, quick=quick, dataset=d, agents=a),
+            system,
+            max_rounds=rounds,
+        )
         for m, d, a in plan
         for system in SYSTEMS
     ]
@@ -131,7 +136,8 @@ def build(args: argparse.Namespace) -> Report:
             "dualpath reads on both sides": dualpath_both,
         },
         notes=["Quick variant: 128/256 agents, first 40 rounds; the paper's points are 512-4,096 whole trajectories."]
-        if args.quick else [],
+        if args.quick
+        else [],
         plot=lambda path: plot(path, jct),
     )
 

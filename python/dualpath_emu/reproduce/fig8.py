@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.reproduce import help_description
-from dualpath_emu.reproduce.common import CellResult, Cell, Report, deployment, experiment_main, run_cells, systems_ordered, within
+from dualpath_emu.reproduce.common import (
+    CellResult,
+    Cell,
+    Report,
+    deployment,
+    experiment_main,
+    run_cells,
+    systems_ordered,
+    within,
+)
 from dualpath_emu.reproduce.plots import jct_panel, panels, save
 
 __all__ = ["RATIOS", "main"]
@@ -38,8 +47,12 @@ def _jct(results: Sequence[CellResult]) -> dict[tuple[str, int], dict[str, float
 def build(args: argparse.Namespace) -> Report:
     agents, rounds = ((128, 256), 40) if args.quick else ((512, 1024, 2048), 0)
     cells = [
-        Cell({"ratio": ratio, "agents": a}, deployment("ds27b", quick=args.quick, pe_nodes=p, de_nodes=d, agents=a), system,
-             max_rounds=rounds)  # fmt: skip
+        Cell(
+            {"ratio": ratio, "agents": a},
+            deployment("ds27b", quick=args.quick, pe_nodes=p, de_nodes=d, agents=a),
+            system,
+            max_rounds=rounds,
+        )
         for ratio, (p, d) in RATIOS.items()
         for a in agents
         for system in SYSTEMS

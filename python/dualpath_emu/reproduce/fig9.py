@@ -44,8 +44,14 @@ def build(args: argparse.Namespace) -> Report:
         plan += [("gen", s) for s in SCALES[1:]]  # scale 1 is the append series' first point
     config = deployment("ds660b", quick=args.quick, agents=agents)
     cells = [
-        Cell({"knob": knob, "scale": scale}, config, system, max_rounds=rounds,
-             append_factor=scale if knob == "append" else 1.0, gen_factor=scale if knob == "gen" else 1.0)  # fmt: skip
+        Cell(
+            {"knob": knob, "scale": scale},
+            config,
+            system,
+            max_rounds=rounds,
+            append_factor=scale if knob == "append" else 1.0,
+            gen_factor=scale if knob == "gen" else 1.0,
+        )
         for knob, scale in plan
         for system in SYSTEMS
     ]
@@ -68,7 +74,9 @@ def build(args: argparse.Namespace) -> Report:
         speedup = v["basic"] / v["dualpath"]
         paper = min(max(speedup, low), high)  # the nearest point of the paper's range
         ok = low * 0.85 <= speedup <= high * 1.15
-        comparisons.append(Comparison(f"append ×{scale:g}: DualPath/Basic speedup", paper, speedup, "1.82-1.99 ±15%", ok))
+        comparisons.append(
+            Comparison(f"append ×{scale:g}: DualPath/Basic speedup", paper, speedup, "1.82-1.99 ±15%", ok)
+        )
     append = [v for (knob, _), v in sorted(jct.items()) if knob == "append"]  # JCTs by growing append scale
     gaps = [v["basic"] / v["oracle"] for v in append]
     shrinking = all(b <= a * 1.02 for a, b in zip(gaps, gaps[1:]))

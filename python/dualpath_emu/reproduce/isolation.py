@@ -200,8 +200,9 @@ def _build_fabric(core: Core) -> _Fabric:
     return _Fabric(tx, rx, dram, kv_load, kv_store)
 
 
-def measure(condition: Condition, batch_tokens: int, *, queue_depth: int = QUEUE_DEPTH,
-            kv_qps: int = KV_QPS_PER_PORT) -> Point:  # fmt: skip
+def measure(
+    condition: Condition, batch_tokens: int, *, queue_depth: int = QUEUE_DEPTH, kv_qps: int = KV_QPS_PER_PORT
+) -> Point:
     """Run one condition in a fresh core and return the dispatch's latency (submission → last transfer's end)."""
     spec = model(MODEL)
     core = Core()
@@ -323,23 +324,45 @@ def build(args: argparse.Namespace) -> Report:
     over_fluid = a5["shared_lane"] / a5["shared_lane_fluid"]
     kv_share = Arbitration.paper().saturated_shares(4096, [MODEL_LANE, KV_LANE])[KV_LANE]
     comparisons = [
-        within(f"dispatch latency unloaded, {A5_TOKENS} tokens/GPU (µs; paper column: the bytes at C)",
-               a5_bytes / capacity * 1e6, a5["unloaded"] / 1e3, rel=0.01),  # fmt: skip
+        within(
+            f"dispatch latency unloaded, {A5_TOKENS} tokens/GPU (µs; paper column: the bytes at C)",
+            a5_bytes / capacity * 1e6,
+            a5["unloaded"] / 1e3,
+            rel=0.01,
+        ),
         within("dispatch latency isolated / unloaded (worst batch)", 1.0, max(isolated), rel=ISOLATION_TOLERANCE),
-        within(f"dispatch latency shared lane, fluid only / unloaded ({A5_TOKENS} tokens; paper column: "
-               "C / (C − B))", fluid_bound, a5["shared_lane_fluid"] / a5["unloaded"], rel=0.01),  # fmt: skip
-        within(f"dispatch latency shared lane, FIFO / unloaded ({A5_TOKENS} tokens; paper column: closed form)",
-               predicted_ns / a5["unloaded"], a5["shared_lane"] / a5["unloaded"], rel=0.01),  # fmt: skip
-        Comparison(f"dispatch latency shared lane, FIFO / fluid only ({A5_TOKENS} tokens)", FIFO_OVER_FLUID,
-                   over_fluid, f">= {FIFO_OVER_FLUID:g}x", over_fluid >= FIFO_OVER_FLUID),  # fmt: skip
-        Comparison("KV lane's share of a saturated CNIC, A.1 arbitration", 1.0 - 0.999, kv_share,
-                   "context: paper ≈99.9% to the high VL", None),  # fmt: skip
+        within(
+            f"dispatch latency shared lane, fluid only / unloaded ({A5_TOKENS} tokens; paper column: C / (C − B))",
+            fluid_bound,
+            a5["shared_lane_fluid"] / a5["unloaded"],
+            rel=0.01,
+        ),
+        within(
+            f"dispatch latency shared lane, FIFO / unloaded ({A5_TOKENS} tokens; paper column: closed form)",
+            predicted_ns / a5["unloaded"],
+            a5["shared_lane"] / a5["unloaded"],
+            rel=0.01,
+        ),
+        Comparison(
+            f"dispatch latency shared lane, FIFO / fluid only ({A5_TOKENS} tokens)",
+            FIFO_OVER_FLUID,
+            over_fluid,
+            f">= {FIFO_OVER_FLUID:g}x",
+            over_fluid >= FIFO_OVER_FLUID,
+        ),
+        Comparison(
+            "KV lane's share of a saturated CNIC, A.1 arbitration",
+            1.0 - 0.999,
+            kv_share,
+            "context: paper ≈99.9% to the high VL",
+            None,
+        ),
     ]
     checks = {
         f"isolation keeps the dispatch within {ISOLATION_TOLERANCE:.0%} of unloaded (every batch)": max(isolated)
         <= 1.0 + ISOLATION_TOLERANCE,
-        f"without isolation the FIFO makes it >= {FIFO_OVER_FLUID:g}x the fluid bound ({A5_TOKENS} tokens)":
-        over_fluid >= FIFO_OVER_FLUID,
+        f"without isolation the FIFO makes it >= {FIFO_OVER_FLUID:g}x the fluid bound ({A5_TOKENS} tokens)": over_fluid
+        >= FIFO_OVER_FLUID,
         "without isolation it is slower than the fluid bound (every batch)": all(
             latency[b, "shared_lane"] > latency[b, "shared_lane_fluid"] for b in batches
         ),

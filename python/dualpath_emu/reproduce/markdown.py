@@ -93,11 +93,20 @@ def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dualpath-emu reproduce markdown", description=help_description(__doc__))
-    parser.add_argument("reports", nargs="+", type=Path, metavar="FILE.json",
-                        help="reports written by `dualpath-emu reproduce NAME --out DIR` (DIR/NAME.json)")
-    parser.add_argument("--image-dir", help="link STEM.png in this folder (relative to the Markdown) under each heading")
+    parser.add_argument(
+        "reports",
+        nargs="+",
+        type=Path,
+        metavar="FILE.json",
+        help="reports written by `dualpath-emu reproduce NAME --out DIR` (DIR/NAME.json)",
+    )
+    parser.add_argument(
+        "--image-dir", help="link STEM.png in this folder (relative to the Markdown) under each heading"
+    )
     parser.add_argument("--heading", type=int, default=3, choices=range(1, 7), help="heading level (default 3)")
-    parser.add_argument("--into", type=Path, metavar="FILE", help=f"replace what lies between {BEGIN} and {END} in FILE")
+    parser.add_argument(
+        "--into", type=Path, metavar="FILE", help=f"replace what lies between {BEGIN} and {END} in FILE"
+    )
     args = parser.parse_args(argv)
     sections = []
     for path in args.reports:
@@ -106,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(read_input(path, what="a JSON report", limit_bytes=64 << 20).decode("utf-8"))
             report["experiment"], report["title"]
         except (UsageError, OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-            print(f"error: {path}: not a report of dualpath-emu reproduce --out ({shorten(str(e), 200)})", file=sys.stderr)
+            print(
+                f"error: {path}: not a report of dualpath-emu reproduce --out ({shorten(str(e), 200)})", file=sys.stderr
+            )
             return 2
         image = f"{args.image_dir.rstrip('/')}/{path.stem}.png" if args.image_dir else None
         if image is not None and not (path.parent / f"{path.stem}.png").exists():

@@ -134,8 +134,9 @@ def build(args: argparse.Namespace) -> Report:
         if row.paper_range is not None:
             for label, paper, value in (("16K", row.paper_range[0], row.gb_per_pflop[0]),
                                         ("64K", row.paper_range[1], row.gb_per_pflop[-1])):  # fmt: skip
-                comparisons.append(within(f"{row.model} cache-compute ratio at {label} (GB/PFLOP)", paper, value,
-                                          rel=TOLERANCE))  # fmt: skip
+                comparisons.append(
+                    within(f"{row.model} cache-compute ratio at {label} (GB/PFLOP)", paper, value, rel=TOLERANCE)
+                )
     notes = [
         f"{row.model}: " + " / ".join(f"{v:.1f}" for v in row.gb_per_pflop) + f" GB/PFLOP at {'/'.join(_CONTEXT_LABELS)}"
         + (f" (paper {row.paper_range[0]:g}-{row.paper_range[1]:g})" if row.paper_range else " (no row in the paper)")
@@ -149,7 +150,9 @@ def build(args: argparse.Namespace) -> Report:
         rows=[{**row.to_json(), "contexts": list(CONTEXTS)} for row in table_rows],
         comparisons=comparisons,
         notes=notes,
-        checks={"both ends of each paper range within ±10%": all(r.ends_within_tolerance is not False for r in table_rows)},
+        checks={
+            "both ends of each paper range within ±10%": all(r.ends_within_tolerance is not False for r in table_rows)
+        },
         plot=lambda path: plot(path, table_rows),
     )
 

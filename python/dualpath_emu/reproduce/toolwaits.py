@@ -78,23 +78,30 @@ def build(args: argparse.Namespace) -> Report:
                        cache=args.cache, dask=args.dask)  # fmt: skip
     for search in searches:
         edge = f"{search.lo:g}" + (f" (< {search.hi:g})" if search.hi is not None else " (censored: >= cap)")
-        rows.append({**dict.fromkeys(rows[0], ""), "aps": "edge", "wait_mean_s": search.tool_wait.mean_s,
-                     "slo_edge_aps": edge})  # fmt: skip
+        rows.append(
+            {**dict.fromkeys(rows[0], ""), "aps": "edge", "wait_mean_s": search.tool_wait.mean_s, "slo_edge_aps": edge}
+        )
     checks: dict[str, bool] = {"DualPath has an SLO edge at every wait": all(s.lo > 0 for s in searches)}
     for rate in sorted({row["aps"] for row in rows if row["aps"] != "edge"}):
-        peaks = [row["working_set_max_gb"] for row in sorted(rows, key=lambda x: x["wait_mean_s"]) if row["aps"] == rate]
-        checks[f"the peak working set grows with the wait at {rate:g} APS"] = all(b > a for a, b in zip(peaks, peaks[1:]))
+        peaks = [
+            row["working_set_max_gb"] for row in sorted(rows, key=lambda x: x["wait_mean_s"]) if row["aps"] == rate
+        ]
+        checks[f"the peak working set grows with the wait at {rate:g} APS"] = all(
+            b > a for a, b in zip(peaks, peaks[1:])
+        )
     return Report(
         name="toolwaits",
         title="tool waits online: working set and latency, DualPath on DS 660B 2P4D",
         rows=rows,
         comparisons=[],
         checks=checks,
-        notes=["The paper runs with zero wait and gives no figure for waits; the rows are the emulator's own.",
-               "Read the peak working set: the whole-run mean falls as the waits stretch the run's tail.",
-               "Hit rates do not change: hits are the agent's own context and storage keeps everything (§3.4).",
-               "Rows 'edge': DualPath's SLO edge, the largest APS meeting mean TTFT <= 4 s and TPOT <= 50 ms "
-               "(fig10's search), and the next rate measured, which misses it."],
+        notes=[
+            "The paper runs with zero wait and gives no figure for waits; the rows are the emulator's own.",
+            "Read the peak working set: the whole-run mean falls as the waits stretch the run's tail.",
+            "Hit rates do not change: hits are the agent's own context and storage keeps everything (§3.4).",
+            "Rows 'edge': DualPath's SLO edge, the largest APS meeting mean TTFT <= 4 s and TPOT <= 50 ms "
+            "(fig10's search), and the next rate measured, which misses it.",
+        ],
         plot=lambda path: plot(path, results),
     )
 

@@ -148,7 +148,9 @@ class CoreLayout:
         try:
             return self.storage_nodes[name]
         except KeyError:
-            raise LookupError(f"the data plane has no storage node {name!r} (it has {len(self.storage_nodes)})") from None
+            raise LookupError(
+                f"the data plane has no storage node {name!r} (it has {len(self.storage_nodes)})"
+            ) from None
 
 
 def core_layout(core: Core) -> CoreLayout:

@@ -882,8 +882,14 @@ class DataPlaneService:
         requester.gone = True
         for node in requester.decode_nodes.values():
             self.core.decode_reset(node)
-        _log.warning("data plane: process %r (pid %d, incarnation %d) %s: its work is dropped; waiting for the "
-                     "process started in its place", requester.name, requester.pid, requester.incarnation, why)
+        _log.warning(
+            "data plane: process %r (pid %d, incarnation %d) %s: its work is dropped; waiting for the "
+            "process started in its place",
+            requester.name,
+            requester.pid,
+            requester.incarnation,
+            why,
+        )
 
     def _replace(self, old: _Requester, incarnation: int, pid: int) -> None:
         """A new incarnation (pid ``pid``) of ``old``'s process said hello: ``old`` is dead (see Restarted
@@ -1080,7 +1086,9 @@ class DataPlaneService:
             requester.touched = True
             self._touched.append(requester)
 
-    def _route(self, completions: list[tuple[str, int, int, int, int, int]]) -> list[tuple[str, int, int, int, int, int]]:
+    def _route(
+        self, completions: list[tuple[str, int, int, int, int, int]]
+    ) -> list[tuple[str, int, int, int, int, int]]:
         """Hand the completions of remote requests to their requesters; return the others."""
         routes, rest = self._routes, []
         for raw in completions:
@@ -1215,9 +1223,9 @@ class DataPlaneService:
         if self.expected is not None and now - self._started_s > self.connect_timeout_s:
             missing = [name for name in self.expected if name not in self._by_name]
             if missing:
-                self._fail(DataPlaneError(
-                    f"data plane: processes {missing} did not connect within {self.connect_timeout_s} s"
-                ))  # fmt: skip
+                self._fail(
+                    DataPlaneError(f"data plane: processes {missing} did not connect within {self.connect_timeout_s} s")
+                )
                 return
         self._check_drained()
         self._schedule_heartbeat()
@@ -1467,7 +1475,9 @@ class RemoteDataPlane(CoreWork):
         while True:
             message = receive("welcome")
             if message[1] == "refused":
-                raise RefusedError(f"the data plane at {self.endpoint} refused {self.name!r}: {message[2] if len(message) > 2 else '?'}")
+                raise RefusedError(
+                    f"the data plane at {self.endpoint} refused {self.name!r}: {message[2] if len(message) > 2 else '?'}"
+                )
             if message[1] == "welcome":
                 break
         try:
@@ -1546,7 +1556,9 @@ class RemoteDataPlane(CoreWork):
     ) -> None:  # fmt: skip
         requested_ns = self._batch_requested_ns
         self.counters["batches"] += 1
-        self.counters["requests"] += len(transfers) + len(forwards) + len(ios) + len(timers) + len(decode_nodes) + len(joins)
+        self.counters["requests"] += (
+            len(transfers) + len(forwards) + len(ios) + len(timers) + len(decode_nodes) + len(joins)
+        )
         limit = MAX_REQUESTS_PER_MESSAGE
         largest = max(len(transfers), len(forwards), len(ios), len(timers), len(joins), 1)
         for start in range(0, largest, limit):
@@ -1658,7 +1670,9 @@ class RemoteDataPlane(CoreWork):
                 add = self.delivery_lag.add
                 for completion in completions:
                     if type(completion) is not list or len(completion) != 6:
-                        raise FrameError(f"done.completions: expected [kind, tag, start, end, size, lane], got {_short(completion)}")
+                        raise FrameError(
+                            f"done.completions: expected [kind, tag, start, end, size, lane], got {_short(completion)}"
+                        )
                     add(now - completion[3])
                 self.counters["completions"] += len(completions)
                 try:
@@ -1668,13 +1682,23 @@ class RemoteDataPlane(CoreWork):
             for entry in decoded:
                 tag, ended, spans, moved = _array(entry, "done.decoded[]", 4, 4)
                 if tag not in self._decode_reports:
-                    raise FrameError(f"done.decoded: a report of decode node {_short(tag)}, which this process never added")
+                    raise FrameError(
+                        f"done.decoded: a report of decode node {_short(tag)}, which this process never added"
+                    )
                 self._decode_moved[tag] = moved
-                self._decoded(tag, _array(ended, "done.decoded[].ended", _U32_MAX), _array(spans, "done.decoded[].spans", _U32_MAX))
+                self._decoded(
+                    tag,
+                    _array(ended, "done.decoded[].ended", _U32_MAX),
+                    _array(spans, "done.decoded[].spans", _U32_MAX),
+                )
         elif kind == "pong":
             _array(message, "pong", 5, 5)
             t1 = time.monotonic_ns()
-            seq, t0, clock_ns = _uint(message[2], "pong.seq"), _uint(message[3], "pong.t0"), _uint(message[4], "pong.clock_ns")
+            seq, t0, clock_ns = (
+                _uint(message[2], "pong.seq"),
+                _uint(message[3], "pong.t0"),
+                _uint(message[4], "pong.clock_ns"),
+            )
             rtt = t1 - t0
             if 0 <= rtt <= 2 * self.sync.rtt_ns + 50_000:
                 # A good sample: how far is the service's clock from our estimate of it at the midpoint?
@@ -1696,7 +1720,9 @@ class RemoteDataPlane(CoreWork):
                 for callback in self._stop_callbacks:
                     self.loop.call_soon(callback, reason)
         elif kind == "fatal":
-            self._fatal(DataPlaneError(f"the data plane at {self.endpoint} failed: {_str(message[2], 'reason', 100_000)}"))
+            self._fatal(
+                DataPlaneError(f"the data plane at {self.endpoint} failed: {_str(message[2], 'reason', 100_000)}")
+            )
         else:  # welcome or refused after the handshake
             raise FrameError(f"an unexpected {kind!r} after the handshake")
 

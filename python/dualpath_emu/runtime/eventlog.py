@@ -119,9 +119,13 @@ class EventLogWriter:
         :class:`~dualpath_emu.runtime.engine.Observed`), numbering them from ``first_seq``."""
         formats = self._formats
         try:  # (t, seq, a) + r: a tuple concatenation is cheaper than unpacking r into a display
-            text = "".join([formats[type(r)] % ((t, seq, a) + r) for (t, a, r), seq in zip(records, itertools.count(first_seq))])
+            text = "".join(
+                [formats[type(r)] % ((t, seq, a) + r) for (t, a, r), seq in zip(records, itertools.count(first_seq))]
+            )
         except KeyError:  # a record type without a format
-            text = "".join([f"{t}\t{first_seq + i}\t{a}\t{r.kind}\t{r.summary()}\n" for i, (t, a, r) in enumerate(records)])
+            text = "".join(
+                [f"{t}\t{first_seq + i}\t{a}\t{r.kind}\t{r.summary()}\n" for i, (t, a, r) in enumerate(records)]
+            )
         n = len(records)
         if text.count("\t") != 4 * n or text.count("\n") != n or "\\" in text or "\r" in text:
             self.write_numbered([(t, 0, a, r.kind, r.summary()) for t, a, r in records], first_seq)

@@ -61,7 +61,9 @@ def _launch_host(args: argparse.Namespace, scenario: RunScenario) -> int:
         raise UsageError("--only starts part of a prepared real-time run: give --run-dir DIR")
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     try:
-        launch_host(scenario, args.run_dir, names, on_start=lambda name, pid: _say(args, f"  started {name} (pid {pid})"))
+        launch_host(
+            scenario, args.run_dir, names, on_start=lambda name, pid: _say(args, f"  started {name} (pid {pid})")
+        )
     except LaunchInterrupted as error:
         print(f"dualpath-emu: {error}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -127,8 +129,9 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
             delivery = client["delivery_lag_ns"]
             lag = (
                 f"delivery lag p50 {delivery['p50_ns'] / 1e3:.0f} µs p99 {delivery['p99_ns'] / 1e3:.0f} µs"
-                if delivery["count"] else "no core work"
-            )  # fmt: skip
+                if delivery["count"]
+                else "no core work"
+            )
             print(
                 f"    {name}: clock offset ±{client['offset_uncertainty_ns'] / 1e3:.0f} µs (RTT "
                 f"{client['rtt_ns'] / 1e3:.0f} µs), {lag}"

@@ -241,7 +241,9 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
     else ipc:// sockets in ``socket_dir`` or free tcp:// ports on ``host``."""
     endpoints = {spec.name: _endpoint(scenario, spec.name, spec.endpoint, socket_dir) for spec in scenario.processes}
     dataplane = (
-        _endpoint(scenario, DATAPLANE_PROCESS, scenario.dataplane_endpoint, socket_dir) if scenario.uses_dataplane else None
+        _endpoint(scenario, DATAPLANE_PROCESS, scenario.dataplane_endpoint, socket_dir)
+        if scenario.uses_dataplane
+        else None
     )
     data = (
         {spec.name: _endpoint(scenario, spec.name + ".data", spec.data_endpoint, socket_dir) for spec in scenario.processes}
@@ -268,7 +270,11 @@ def _process_names(scenario: RunScenario) -> list[str]:
 
 def _needs_keys(description: RunDescription) -> bool:
     """Whether a run reaches any process over tcp:// (then it gets CURVE keys; ipc:// sockets are private)."""
-    endpoints = [*description.endpoints.values(), *description.data_endpoints.values(), description.dataplane_endpoint or ""]
+    endpoints = [
+        *description.endpoints.values(),
+        *description.data_endpoints.values(),
+        description.dataplane_endpoint or "",
+    ]
     return any(endpoint.startswith("tcp://") for endpoint in endpoints)
 
 
@@ -573,11 +579,7 @@ def _alive(pid: int) -> bool:
 
 
 def launch_host(
-    scenario: RunScenario,
-    run_dir: Path,
-    names: Sequence[str],
-    *,
-    on_start: Callable[[str, int], None] | None = None,
+    scenario: RunScenario, run_dir: Path, names: Sequence[str], *, on_start: Callable[[str, int], None] | None = None
 ) -> None:
     """Start this host's share of a prepared run (:func:`prepare`: the description is in ``run_dir``, copied
     to every host): the processes ``names``, the data plane first and the driver's process last (it starts
@@ -597,6 +599,7 @@ def launch_host(
     children: list[_Child] = []
     started = time.perf_counter()
     try:
+
         def watch() -> None:
             _watch_host(scenario, children, started, Path(run_dir), on_start)
 
@@ -760,8 +763,12 @@ def _driver_done(driver: _Child) -> bool:
 
 
 def _watch(
-    scenario: RunScenario, children: list[_Child], started: float, on_tick: Callable[[], None] | None = None,
-    work: Path | None = None, on_start: Callable[[str, int], None] | None = None,
+    scenario: RunScenario,
+    children: list[_Child],
+    started: float,
+    on_tick: Callable[[], None] | None = None,
+    work: Path | None = None,
+    on_start: Callable[[str, int], None] | None = None,
 ) -> None:
     """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending (a child
     of ``restart_crashed`` that dies is started again, :func:`_restart`). Calls ``on_tick()`` every
@@ -904,10 +911,7 @@ def dataplane_summary(result: LaunchResult) -> dict[str, Any] | None:
         "counters": report["counters"],
         "submission_lag_ns": report["submission_lag_ns"],
         "processes": {
-            name: {
-                key: client[key]
-                for key in ("rtt_ns", "offset_uncertainty_ns", "clock_check", "delivery_lag_ns")
-            }
+            name: {key: client[key] for key in ("rtt_ns", "offset_uncertainty_ns", "clock_check", "delivery_lag_ns")}
             for name, client in clients.items()
         },
         "ports": {

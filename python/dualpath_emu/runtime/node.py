@@ -90,15 +90,7 @@ from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
 
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_STOPPED",
-    "LAUNCHER_ENV",
-    "MODEL",
-    "StoppedError",
-    "serve_dataplane",
-    "serve_process",
-]
+__all__ = ["EXIT_FAILED", "EXIT_STOPPED", "LAUNCHER_ENV", "MODEL", "StoppedError", "serve_dataplane", "serve_process"]
 
 EXIT_FAILED: Final = 1
 EXIT_STOPPED: Final = 3
@@ -476,7 +468,11 @@ def serve_process(
 
 
 def _process_plane(
-    scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path,
+    scenario: RunScenario,
+    name: str,
+    description: RunDescription,
+    keys: RunKeys | None,
+    run_dir: Path,
     incarnation: int = 0,
 ) -> WallClockCore | RemoteDataPlane:
     """The data plane of process ``name`` of a live run: its backend's (:data:`MODEL` unless the scenario names
@@ -740,4 +736,3 @@ def main(argv: Sequence[str], registry: Registry) -> int:
             raise
         print(f"dualpath-emu node {args.process}: error: {full} (run directory {args.run_dir})", file=sys.stderr)
         return 2
-

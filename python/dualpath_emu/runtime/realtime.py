@@ -133,8 +133,9 @@ class WallClockCore(LocalCoreWork):
             self._wakeup_fd = None
 
 
-def run_realtime(main: Callable[[WallClockCore], Coroutine[Any, Any, _T]], core: Core | None = None, *,
-                 time_scale: float = 1.0) -> _T:  # fmt: skip
+def run_realtime(
+    main: Callable[[WallClockCore], Coroutine[Any, Any, _T]], core: Core | None = None, *, time_scale: float = 1.0
+) -> _T:
     """Run ``main(plane)`` to completion on a new :class:`RealTimeLoop` over ``core`` (by default a new
     ``Core(clock="wall", time_scale=time_scale)``), ``plane`` its :class:`WallClockCore`; return its result."""
     plane = WallClockCore(core if core is not None else Core(clock="wall", time_scale=time_scale))

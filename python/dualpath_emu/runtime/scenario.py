@@ -341,13 +341,16 @@ class RunDescription:
             raise bad("scenario", "a string")
         if type(seed) is not int or not 0 <= seed <= MAX_SEED:
             raise bad("seed", f"an integer in [0, {MAX_SEED}]")
-        if not isinstance(time_scale, (int, float)) or isinstance(time_scale, bool) or not (
-            TIME_SCALE[0] <= time_scale <= TIME_SCALE[1]
+        if (
+            not isinstance(time_scale, (int, float))
+            or isinstance(time_scale, bool)
+            or not (TIME_SCALE[0] <= time_scale <= TIME_SCALE[1])
         ):
             raise bad("time_scale", "a number in [1e-6, 1e6]")
         endpoints = data.get("endpoints")
         if not isinstance(endpoints, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://")) for k, v in endpoints.items()
+            isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://"))
+            for k, v in endpoints.items()
         ):
             raise bad("endpoints", "an object of process name -> ipc:// or tcp:// endpoint")
         dataplane = data.get("dataplane")
@@ -363,8 +366,10 @@ class RunDescription:
                 raise bad("dataplane.requesters", "a list of process names")
             requesters = tuple(names)
         heartbeat = data.get("heartbeat_timeout_s")
-        if not isinstance(heartbeat, (int, float)) or isinstance(heartbeat, bool) or not (
-            WATCH_TIMEOUT_S[0] <= heartbeat <= WATCH_TIMEOUT_S[1]
+        if (
+            not isinstance(heartbeat, (int, float))
+            or isinstance(heartbeat, bool)
+            or not (WATCH_TIMEOUT_S[0] <= heartbeat <= WATCH_TIMEOUT_S[1])
         ):
             raise bad("heartbeat_timeout_s", "a number in [0.1, 3600]")
         keys = data.get("keys")

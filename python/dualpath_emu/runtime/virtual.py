@@ -161,8 +161,9 @@ class CoreDataPlane:
         self._standing[tag] = lambda now: report(now, *core.take_decoded(node))
         return node
 
-    def decode_join(self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int,
-                    context: int) -> None:  # fmt: skip
+    def decode_join(
+        self, node: int, gpu: int, rid: int, prompt: int, gen: int, produced: int, stored_blocks: int, context: int
+    ) -> None:
         """A request joins decode node ``node``'s GPU ``gpu`` now (submitted with the batch, after the timers)."""
         self._joins.append((node, gpu, rid, prompt, gen, produced, stored_blocks, context))
 

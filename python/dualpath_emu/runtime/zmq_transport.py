@@ -147,14 +147,7 @@ from dualpath_emu.runtime.security import (
     start_authenticator,
 )
 
-__all__ = [
-    "BACKLOG_BYTES",
-    "BACKLOG_MESSAGES",
-    "DEFAULT_BIND",
-    "HWM",
-    "BacklogFullError",
-    "ZmqActorSystem",
-]
+__all__ = ["BACKLOG_BYTES", "BACKLOG_MESSAGES", "DEFAULT_BIND", "HWM", "BacklogFullError", "ZmqActorSystem"]
 
 DEFAULT_BIND: Final = "tcp://127.0.0.1:*"
 """Where a :class:`ZmqActorSystem` binds unless told otherwise: loopback, a free port."""

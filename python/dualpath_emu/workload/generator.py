@@ -214,7 +214,9 @@ def _clamped_mean(sigma: float) -> float:
     """E[exp(σ·clamp(Z, -c, c))] for standard normal Z (c = 3); the same for -σ by symmetry."""
     phi = statistics.NormalDist().cdf
     c = _Z_CLAMP
-    return math.exp(sigma**2 / 2) * (phi(c - sigma) - phi(-c - sigma)) + (math.exp(sigma * c) + math.exp(-sigma * c)) * phi(-c)
+    return math.exp(sigma**2 / 2) * (phi(c - sigma) - phi(-c - sigma)) + (
+        math.exp(sigma * c) + math.exp(-sigma * c)
+    ) * phi(-c)
 
 
 def _solve_sigma(ratio: float) -> float:
@@ -267,7 +269,7 @@ def generate_base(dataset: Dataset, seed: int = 0, params: GeneratorParams = Gen
         z = min(max(normal.inv_cdf(turn_u[j]), -_Z_CLAMP), _Z_CLAMP)
         turns = round(math.exp(mu_t + m.turns_sigma * z))
         turns = max(2, min(turns, gen_total, append_total))
-        phi = m.first_share * rng.lognormvariate(-params.first_round_sigma**2 / 2, params.first_round_sigma)
+        phi = m.first_share * rng.lognormvariate(-(params.first_round_sigma**2) / 2, params.first_round_sigma)
         first = max(1, min(round(phi * total), append_total - (turns - 1)))
         append = [first, *_split(append_total - first, turns - 1, params.append_sigma, rng)]
         gen = _split(gen_total, turns, params.gen_sigma, rng)
@@ -296,7 +298,9 @@ def extend_agents(
     return out
 
 
-def generate(name: str, agents: int | None = None, seed: int = 0, params: GeneratorParams = GeneratorParams()) -> list[Trajectory]:
+def generate(
+    name: str, agents: int | None = None, seed: int = 0, params: GeneratorParams = GeneratorParams()
+) -> list[Trajectory]:
     """``agents`` trajectories (default ``params.n_base``) of dataset ``name`` (``32k``, ``48k``, ``64k``)."""
     if name not in DATASETS:
         raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {name!r}")
@@ -304,12 +308,18 @@ def generate(name: str, agents: int | None = None, seed: int = 0, params: Genera
         raise ValueError(f"agents: expected an integer in [1, {MAX_AGENTS}], got {agents}")
     dataset = DATASETS[name]
     if params.first_append >= dataset.max_len:  # an extra agent's first round must fit
-        raise ValueError(f"first_append: expected an integer below {name}'s MaxLen {dataset.max_len}, got {params.first_append}")
+        raise ValueError(
+            f"first_append: expected an integer below {name}'s MaxLen {dataset.max_len}, got {params.first_append}"
+        )
     base = generate_base(dataset, seed, params)
     rng = random.Random(f"dualpath-emu/workload/{name}/{seed}/extra")
     return extend_agents(
-        base, params.n_base if agents is None else agents, rng, first_append=params.first_append,
-        max_len=dataset.max_len, prefix=name,
+        base,
+        params.n_base if agents is None else agents,
+        rng,
+        first_append=params.first_append,
+        max_len=dataset.max_len,
+        prefix=name,
     )
 
 

@@ -46,7 +46,15 @@ from dualpath_emu.workload.trajectory import (
     parse_json_object,
 )
 
-__all__ = ["BLOCK_TOKENS", "KEYS", "SESSION_SHARE", "hit_tokens", "is_mooncake_record", "read_mooncake", "session_count"]
+__all__ = [
+    "BLOCK_TOKENS",
+    "KEYS",
+    "SESSION_SHARE",
+    "hit_tokens",
+    "is_mooncake_record",
+    "read_mooncake",
+    "session_count",
+]
 
 BLOCK_TOKENS: Final = 512
 """Tokens per hash block in the Mooncake traces."""
@@ -91,7 +99,11 @@ def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, 
     if "timestamp" not in record:
         raise line.error("missing key 'timestamp' (expected milliseconds >= 0)")
     timestamp = record["timestamp"]
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not 0 <= timestamp <= _MAX_TIMESTAMP_MS:
+    if (
+        isinstance(timestamp, bool)
+        or not isinstance(timestamp, (int, float))
+        or not 0 <= timestamp <= _MAX_TIMESTAMP_MS
+    ):
         raise line.expected("timestamp", "a finite number of milliseconds in [0, 1e11]", timestamp)
     input_length = _field_count(line, record, "input_length")
     output_length = _field_count(line, record, "output_length")
@@ -127,7 +139,9 @@ def read_mooncake(
         for line, text in lines:
             timestamp_ms, input_length, output_length, hash_ids = _parse(line, text, block_tokens)
             if timestamp_ms < last_ms:
-                raise line.error(f"'timestamp': expected arrival order (not before {last_ms:g} ms), got {timestamp_ms:g}")
+                raise line.error(
+                    f"'timestamp': expected arrival order (not before {last_ms:g} ms), got {timestamp_ms:g}"
+                )
             last_ms = timestamp_ms
             hit = hit_tokens(hash_ids, input_length, stored, block_tokens)
             stored.update(hash_ids)

@@ -133,4 +133,3 @@ def _stats(args: argparse.Namespace) -> int:
             "(per-trajectory means; context per turn)"
         )
     return 0
-

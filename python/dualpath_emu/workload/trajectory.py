@@ -183,14 +183,18 @@ class Trajectory:
                 raise ValueError(f"trajectory {self.id!r}: tool waits must be floats in [0, {MAX_WAIT_S:g}] seconds")
 
     @classmethod
-    def from_rounds(cls, id: str, rounds: Iterable[tuple[int, int]], wait_s: Sequence[float] | None = None) -> Trajectory:
+    def from_rounds(
+        cls, id: str, rounds: Iterable[tuple[int, int]], wait_s: Sequence[float] | None = None
+    ) -> Trajectory:
         """An agent trajectory from ``(append, gen)`` pairs, with a tool wait (seconds) before each round if given."""
         pairs = list(rounds)
         waits = None if wait_s is None else tuple(float(w) for w in wait_s)
         return cls(id, tuple(a for a, _ in pairs), tuple(g for _, g in pairs), wait_s=waits)
 
     @classmethod
-    def from_turns(cls, id: str, turns: Iterable[tuple[int, int, int]], arrival_s: Sequence[float] | None = None) -> Trajectory:
+    def from_turns(
+        cls, id: str, turns: Iterable[tuple[int, int, int]], arrival_s: Sequence[float] | None = None
+    ) -> Trajectory:
         """Explicit turns from ``(prompt, hit, gen)`` triples (``prompt - hit`` must be >= 1)."""
         triples = list(turns)
         if any(not (_is_count(p, 1) and _is_count(h, 0) and h < p) for p, h, _ in triples):
@@ -260,8 +264,14 @@ def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
     def cut(column: tuple[Any, ...] | None) -> Any:
         return None if column is None else column[:keep]
 
-    return Trajectory(trajectory.id, trajectory.append[:keep], trajectory.gen[:keep], cut(trajectory.hit),
-                      cut(trajectory.arrival_s), cut(trajectory.wait_s))
+    return Trajectory(
+        trajectory.id,
+        trajectory.append[:keep],
+        trajectory.gen[:keep],
+        cut(trajectory.hit),
+        cut(trajectory.arrival_s),
+        cut(trajectory.wait_s),
+    )
 
 
 @dataclass(frozen=True)
@@ -293,7 +303,9 @@ def _record(trajectory: Trajectory) -> dict[str, Any]:
     return {"id": trajectory.id, "turns": [list(row) for row in zip(*columns)]}
 
 
-def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory], meta: Mapping[str, Any] | None = None) -> None:
+def write_trajectories(
+    path: str | Path, trajectories: Sequence[Trajectory], meta: Mapping[str, Any] | None = None
+) -> None:
     """Write ``trajectories`` to ``path`` (header with the count and ``meta``): format version 2 if some have tool
     waits, else version 1 (which every reader reads).
 
@@ -376,7 +388,9 @@ def _check_keys(line: SourceLine, record: dict[str, Any], allowed: Iterable[str]
 def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, Any], int]:
     header = parse_json_object(line, text)
     if header.get("format") != FORMAT:
-        raise line.error(f'not a dualpath-emu trajectory file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}')
+        raise line.error(
+            f'not a dualpath-emu trajectory file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}'
+        )
     version = header.get("version")
     if version not in (1, VERSION) or type(version) is not int:
         raise line.error(f"unsupported format version {_describe(version)}: this reader knows versions 1 and {VERSION}")
@@ -390,8 +404,12 @@ def _parse_header(line: SourceLine, text: str) -> tuple[int | None, dict[str, An
     return count, meta, version
 
 
-def _parse_rows(line: SourceLine, key: str, value: object, names: Sequence[str], optional_last: bool) -> list[list[Any]]:
-    shape = "[" + ", ".join(names[:-1] if optional_last else names) + (f"[, {names[-1]}]" if optional_last else "") + "]"
+def _parse_rows(
+    line: SourceLine, key: str, value: object, names: Sequence[str], optional_last: bool
+) -> list[list[Any]]:
+    shape = (
+        "[" + ", ".join(names[:-1] if optional_last else names) + (f"[, {names[-1]}]" if optional_last else "") + "]"
+    )
     if not isinstance(value, list) or not value:
         raise line.expected(key, f"a non-empty list of {shape}", value)
     widths = {len(names) - 1, len(names)} if optional_last else {len(names)}
@@ -440,7 +458,9 @@ def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
         prompt = line.count(f"turns[{i}][0]", row[0], 1, "prompt tokens")
         hit = line.count(f"turns[{i}][1]", row[1], 0, "hit tokens")
         if hit >= prompt:
-            raise line.error(f"'turns[{i}]': expected hit <= prompt - 1 (at least one token computed), got hit {hit}, prompt {prompt}")
+            raise line.error(
+                f"'turns[{i}]': expected hit <= prompt - 1 (at least one token computed), got hit {hit}, prompt {prompt}"
+            )
         prompts.append(prompt)
         hits.append(hit)
         gens.append(line.count(f"turns[{i}][2]", row[2], 1, "gen tokens"))
@@ -449,7 +469,9 @@ def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_ARRIVAL_S:
                 raise line.expected(f"turns[{i}][3]", "a finite number in [0, 1e8]", t, "arrival_s")
             if arrivals and t < arrivals[-1]:
-                raise line.error(f"'turns[{i}][3]' (arrival_s): expected arrivals that do not decrease, got {t} after {arrivals[-1]}")
+                raise line.error(
+                    f"'turns[{i}][3]' (arrival_s): expected arrivals that do not decrease, got {t} after {arrivals[-1]}"
+                )
             arrivals.append(float(t))
     return Trajectory(
         ident,
@@ -503,12 +525,16 @@ def read_trajectories(path: str | Path) -> TrajectoryFile:
     with closing(numbered_lines(path)) as lines:
         first = next(lines, None)
         if first is None:
-            raise TraceError(f'{path}: empty file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}')
+            raise TraceError(
+                f'{path}: empty file: expected a first line {{"format": "{FORMAT}", "version": {VERSION}, ...}}'
+            )
         count, meta, version = _parse_header(*first)
         for line, text in lines:
             trajectory = _parse_trajectory(line, text, version)
             if trajectory.id in first_line:
-                raise line.error(f"duplicate id {short_repr(trajectory.id)} (first on line {first_line[trajectory.id]})")
+                raise line.error(
+                    f"duplicate id {short_repr(trajectory.id)} (first on line {first_line[trajectory.id]})"
+                )
             first_line[trajectory.id] = line.number
             trajectories.append(trajectory)
     if count is not None and count != len(trajectories):

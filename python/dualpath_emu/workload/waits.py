@@ -167,7 +167,9 @@ def read_wait_samples(path: str | Path) -> tuple[float, ...]:
         except ValueError:
             wait = math.nan
         if not (math.isfinite(wait) and 0.0 <= wait <= MAX_WAIT_S):
-            raise UsageError(f"{path}:{number}: expected a number of seconds in [0, {MAX_WAIT_S:g}], got {short_repr(value, 40)}")
+            raise UsageError(
+                f"{path}:{number}: expected a number of seconds in [0, {MAX_WAIT_S:g}], got {short_repr(value, 40)}"
+            )
         samples.append(wait)
         if len(samples) > MAX_SAMPLES:
             raise UsageError(f"{path}: more than {MAX_SAMPLES:,} waits")
