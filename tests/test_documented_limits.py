@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 from dualpath_emu import messages
-from dualpath_emu.runtime import dataplane, zmq_transport
+from dualpath_emu.runtime import zmq_transport
+from dualpath_emu.runtime.dataplane import protocol
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -37,15 +38,15 @@ def test_the_live_guide_states_the_actor_transports_and_the_data_planes_limits()
         "connection"
     )
     plane = (
-        f"On the data plane's sockets, whose messages are batches: {count(dataplane.HWM)} messages queued per "
-        f"peer, frames of at most {mib(dataplane.MAX_FRAME_BYTES)} (a longer one drops its connection), at most "
-        f"{count(dataplane.MAX_REQUESTS_PER_MESSAGE)} requests of a kind in one message (larger batches are "
-        f"split), and beyond ZeroMQ's queue at most {count(dataplane.BACKLOG_MESSAGES)} messages or "
-        f"{mib(dataplane.BACKLOG_BYTES)}"
+        f"On the data plane's sockets, whose messages are batches: {count(protocol.HWM)} messages queued per "
+        f"peer, frames of at most {mib(protocol.MAX_FRAME_BYTES)} (a longer one drops its connection), at most "
+        f"{count(protocol.MAX_REQUESTS_PER_MESSAGE)} requests of a kind in one message (larger batches are "
+        f"split), and beyond ZeroMQ's queue at most {count(protocol.BACKLOG_MESSAGES)} messages or "
+        f"{mib(protocol.BACKLOG_BYTES)}"
     )
     assert actors in live and plane in live
-    assert zmq_transport.REJECTIONS_LOGGED == dataplane.REJECTIONS_LOGGED
-    assert f"only the first {dataplane.REJECTIONS_LOGGED} logged" in live
+    assert zmq_transport.REJECTIONS_LOGGED == protocol.REJECTIONS_LOGGED
+    assert f"only the first {protocol.REJECTIONS_LOGGED} logged" in live
 
 
 def test_the_architecture_page_states_the_same_limits() -> None:
@@ -55,12 +56,12 @@ def test_the_architecture_page_states_the_same_limits() -> None:
         f"{count(zmq_transport.BACKLOG_MESSAGES)} messages or {mib(zmq_transport.BACKLOG_BYTES)};"
     ) in page
     assert f"frames at most {mib(messages.DEFAULT_MAX_FRAME_BYTES)}" in page
-    assert f"msgpack frames, version {dataplane.PROTOCOL_VERSION};" in page
+    assert f"msgpack frames, version {protocol.PROTOCOL_VERSION};" in page
     assert (
-        f"Its sockets queue {count(dataplane.HWM)} messages per peer and take frames of at most "
-        f"{mib(dataplane.MAX_FRAME_BYTES)} with at most {count(dataplane.MAX_REQUESTS_PER_MESSAGE)} requests of "
+        f"Its sockets queue {count(protocol.HWM)} messages per peer and take frames of at most "
+        f"{mib(protocol.MAX_FRAME_BYTES)} with at most {count(protocol.MAX_REQUESTS_PER_MESSAGE)} requests of "
         f"a kind (larger batches are split); beyond ZeroMQ's queue a process holds at most "
-        f"{count(dataplane.BACKLOG_MESSAGES)} messages or {mib(dataplane.BACKLOG_BYTES)}"
+        f"{count(protocol.BACKLOG_MESSAGES)} messages or {mib(protocol.BACKLOG_BYTES)}"
     ) in page
 
 

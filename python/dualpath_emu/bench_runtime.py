@@ -37,9 +37,9 @@ envelope (``Codec.encode_envelope``) is about 100 bytes; one run each (``--zmq-r
     The same with both systems in this process, on one loop: the sum of both sides' costs per message.
 
 The data plane (:mod:`dualpath_emu.runtime.dataplane`), at time scale 1: a child process
-(``--serve-dataplane ENDPOINT``) runs a :class:`~dualpath_emu.runtime.dataplane.DataPlaneService` over a core
+(``--serve-dataplane ENDPOINT``) runs a :class:`~dualpath_emu.runtime.dataplane.service.DataPlaneService` over a core
 with :data:`DATAPLANE_PORTS` fast ports (1 TB/s each); this process's
-:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` issues ``--dataplane`` (default 200,000) transfers
+:class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane` issues ``--dataplane`` (default 200,000) transfers
 of 1 kB, ``--dataplane-batch`` (default 100) per loop iteration -- one ``submit`` message each -- over the
 ports in turn, keeping at most ``--dataplane-window`` (default 2,000) in flight, and awaits every
 completion. Timed from the first request to the last completion; one run:
@@ -84,7 +84,8 @@ from dualpath_emu.messages import Codec, Envelope, Message, MessageRegistry
 from dualpath_emu.runtime.actors import MAIN, Actor, ActorSystem
 from dualpath_emu.runtime.core_work import Completion
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
-from dualpath_emu.runtime.dataplane import DataPlaneService, RemoteDataPlane, ServiceCore, run_remote
+from dualpath_emu.runtime.dataplane.remote import RemoteDataPlane, run_remote
+from dualpath_emu.runtime.dataplane.service import DataPlaneService, ServiceCore
 from dualpath_emu.runtime.security import RunKeys
 
 __all__ = [

@@ -275,7 +275,7 @@ def test_the_data_plane_replaces_a_dead_requester_with_its_next_incarnation(tmp_
     import msgpack  # type: ignore[import-untyped]
     import zmq
 
-    from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
+    from dualpath_emu.runtime.dataplane.protocol import PROTOCOL_VERSION as V
     from tests.runtime.test_dataplane import raw_peer, service
 
     folder = tmp_path / "d"

@@ -22,11 +22,12 @@ import pytest
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig, Derived, derived
-from dualpath_emu.cluster.decode_steps import DecodeSteps, DecodingRequest
+from dualpath_emu.cluster.decode import DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.topology import MODEL_LANE, Topology, build_topology
-from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
-from dualpath_emu.runtime.dataplane import DetachedRequestError, decode_frame, run_remote
+from dualpath_emu.runtime.dataplane.protocol import PROTOCOL_VERSION as V
+from dualpath_emu.runtime.dataplane.protocol import DetachedRequestError, decode_frame
+from dualpath_emu.runtime.dataplane.remote import run_remote
 from dualpath_emu.runtime.engine import Then
 from dualpath_emu.runtime.virtual import CoreDataPlane, VirtualDriver
 from tests.runtime.test_dataplane import build_core, decode_spec, raw_peer, remote, service

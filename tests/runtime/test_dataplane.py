@@ -31,23 +31,22 @@ from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import SecurityError, UnknownNameError
 from dualpath_emu.runtime.core_work import Completion, CoreWork, ForwardRank, LayerTransfer
-from dualpath_emu.runtime import dataplane
-from dualpath_emu.runtime.dataplane import PROTOCOL_VERSION as V
-from dualpath_emu.runtime.dataplane import (
+from dualpath_emu.runtime.dataplane import protocol
+from dualpath_emu.runtime.dataplane import service as plane_service
+from dualpath_emu.runtime.dataplane.protocol import PROTOCOL_VERSION as V
+from dualpath_emu.runtime.dataplane.protocol import (
     DataPlaneError,
     DataPlaneLost,
-    DataPlaneService,
     DetachedRequestError,
     FrameError,
-    LagStats,
     RefusedError,
-    RemoteDataPlane,
-    ServiceCore,
     RequesterLost,
-    _decode_submit,
     decode_frame,
-    run_remote,
+    decode_submit,
 )
+from dualpath_emu.runtime.dataplane.remote import RemoteDataPlane, run_remote
+from dualpath_emu.runtime.dataplane.service import DataPlaneService, ServiceCore
+from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.realtime import RealTimeLoop, WallClockCore, run_realtime
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.runtime.security import RunKeys
@@ -515,8 +514,8 @@ def test_hostile_frames_are_rejected_and_counted_and_the_service_keeps_serving(d
 
 def small_queues(monkeypatch: pytest.MonkeyPatch) -> None:
     """ZeroMQ queues of 10 messages and backlogs of 50 (before the sockets are made), so a test fills them fast."""
-    monkeypatch.setattr(dataplane, "HWM", 10)
-    monkeypatch.setattr(dataplane, "BACKLOG_MESSAGES", 50)
+    monkeypatch.setattr(protocol, "HWM", 10)
+    monkeypatch.setattr(protocol, "BACKLOG_MESSAGES", 50)
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
@@ -587,7 +586,7 @@ def test_a_remote_plane_refuses_to_send_a_frame_the_service_would_drop(
 ) -> None:
     # A frame over the service's MAXMSGSIZE makes ZeroMQ drop the connection, which showed only as a lost
     # heartbeat: the remote plane now fails the run saying why.
-    monkeypatch.setattr(dataplane, "MAX_FRAME_BYTES", 1_000)
+    monkeypatch.setattr(protocol, "MAX_FRAME_BYTES", 1_000)
     with service(directory) as svc:
         plane = remote(svc.endpoint)
 
@@ -609,8 +608,8 @@ def test_rejected_frames_are_counted_but_logged_boundedly(directory: Path, caplo
         socket.send(msgpack.packb([V, "hello", "w", 1, 1.0]))
         assert socket.poll(5000) and decode_frame(socket.recv(), ["welcome"])[1] == "welcome"
     assert svc.report is not None and svc.report["counters"]["rejected"] == 1_000
-    lines = [r for r in caplog.records if r.name == dataplane.__name__ and "rejected a frame" in r.getMessage()]
-    assert dataplane.REJECTIONS_LOGGED <= len(lines) <= dataplane.REJECTIONS_LOGGED + 2  # + the 1,000th's summary
+    lines = [r for r in caplog.records if r.name == plane_service.__name__ and "rejected a frame" in r.getMessage()]
+    assert protocol.REJECTIONS_LOGGED <= len(lines) <= protocol.REJECTIONS_LOGGED + 2  # + the 1,000th's summary
     assert "1,000 so far" in lines[-1].getMessage() or "1,000 in all" in lines[-1].getMessage()
 
 
@@ -662,7 +661,7 @@ def test_a_fault_frame_changes_a_port_and_a_bad_one_is_rejected(directory: Path)
 def test_decoding_arbitrary_bytes_raises_only_frame_errors(data: bytes) -> None:
     try:
         message = decode_frame(data, ["submit"])
-        _decode_submit(message)
+        decode_submit(message)
     except FrameError:
         pass
 
@@ -671,7 +670,7 @@ def test_decoding_arbitrary_bytes_raises_only_frame_errors(data: bytes) -> None:
 def test_decoding_submissions_of_any_fields_raises_only_frame_errors(fields: list[Any]) -> None:
     frame = msgpack.packb([V, "submit", *fields])
     try:
-        _decode_submit(decode_frame(frame, ["submit"]))
+        decode_submit(decode_frame(frame, ["submit"]))
     except FrameError:
         pass
 

@@ -71,7 +71,7 @@ from dualpath_emu.host.paths import Layout, PathStats, io_kind, port_nodes, tran
 from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Extents, clear_faults
-from dualpath_emu.runtime.dataplane import DataPlaneError
+from dualpath_emu.runtime.dataplane.protocol import DataPlaneError
 from dualpath_emu.runtime.realtime import WallClockCore
 
 __all__ = ["HostDataError", "HostDataPlane", "HostPlan"]

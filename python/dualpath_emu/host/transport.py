@@ -52,7 +52,7 @@ import zmq
 import zmq.asyncio
 
 from dualpath_emu.errors import SecurityError
-from dualpath_emu.runtime.dataplane import DataPlaneError
+from dualpath_emu.runtime.dataplane.protocol import DataPlaneError
 from dualpath_emu.runtime.security import RunKeys, check_private_ipc, start_authenticator
 
 __all__ = ["ENGINES", "ByteChannel", "ChannelError", "ChannelStats", "PATTERN_BYTES", "pattern_region", "pattern_slice"]

@@ -25,7 +25,7 @@ from dualpath_emu.runtime.core_work import CoreLayout, core_layout
 
 if TYPE_CHECKING:  # the scenario module imports this one; the actor runtime loads asyncio and ZeroMQ
     from dualpath_emu.runtime.actors import Actor, ActorSystem
-    from dualpath_emu.runtime.dataplane import RemoteDataPlane
+    from dualpath_emu.runtime.dataplane.remote import RemoteDataPlane
     from dualpath_emu.runtime.realtime import WallClockCore
     from dualpath_emu.runtime.scenario import RunDescription, RunScenario
     from dualpath_emu.runtime.security import RunKeys
@@ -129,7 +129,7 @@ class Backend:
 
     ``plane(request)`` builds the process's plane: a core of its own (a
     :class:`~dualpath_emu.runtime.realtime.WallClockCore`, or one that moves real bytes) or the data-plane
-    service's (:class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane`); its ``new_loop()`` is the process's
+    service's (:class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane`); its ``new_loop()`` is the process's
     loop. ``shares_core``: the run's processes share one modelled core, the data-plane service's when there are
     several (the ``model`` backend); otherwise each process drives a core of its own and moves real bytes between
     processes: each gets a byte-channel endpoint in the run description, and every core starts at one clock

@@ -12,11 +12,11 @@ The processes of a real-time run:
 
 * **the data plane** (``--process dataplane``; only in runs of more than one process): builds the run's only
   core (``Core(clock="wall", time_scale=s)``, the application's ``build_core``) and serves it
-  (:class:`~dualpath_emu.runtime.dataplane.DataPlaneService`) until every other process has said bye and the
+  (:class:`~dualpath_emu.runtime.dataplane.service.DataPlaneService`) until every other process has said bye and the
   core has no pending work; then writes ``<run_dir>/dataplane.json`` (its final port counters, core stats,
   storage queues and lags) and exits 0;
 * **an actor process** (each ``[[process]]``): its actors' data plane is the backend's (:class:`~dualpath_emu.runtime.app.Backend`):
-  on the model backend (:data:`MODEL`) a :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` connected to the
+  on the model backend (:data:`MODEL`) a :class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane` connected to the
   data plane (whose ports it learns at connect, ``Application.use_layout``), in a one-process run its own core
   (:class:`~dualpath_emu.runtime.realtime.WallClockCore`); they run on a
   :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on its clock. It binds its endpoint, starts its actors and
@@ -74,7 +74,9 @@ from dualpath_emu.messages import Codec
 from dualpath_emu.runtime.actors import ActorFailure
 from dualpath_emu.runtime.app import SERVICE_REPORT, Application, Backend, PlaneRequest, Registry
 from dualpath_emu.runtime.core_work import CoreWork
-from dualpath_emu.runtime.dataplane import DataPlaneError, DataPlaneService, RemoteDataPlane, ServiceCore
+from dualpath_emu.runtime.dataplane.protocol import DataPlaneError
+from dualpath_emu.runtime.dataplane.remote import RemoteDataPlane
+from dualpath_emu.runtime.dataplane.service import DataPlaneService, ServiceCore
 from dualpath_emu.runtime.eventlog import EventLogWriter, write_event_log
 from dualpath_emu.runtime.realtime import WallClockCore
 from dualpath_emu.runtime.scenario import (
