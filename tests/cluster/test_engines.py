@@ -19,8 +19,7 @@ from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.client import Client
-from dualpath_emu.cluster.decode import DecodeGroup
-from dualpath_emu.cluster.decode_steps import DecodeSteps, DecodingRequest
+from dualpath_emu.cluster.decode import DecodeGroup, DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     DecodeDone,

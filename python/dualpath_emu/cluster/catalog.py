@@ -1,67 +1,34 @@
-"""The model, GPU and NIC catalog: what every number the emulator uses of a model or a piece of hardware is,
-and where it comes from.
+"""The model, GPU and NIC catalog: every number the emulator uses of a model or a piece of hardware, and its
+source.
 
-The catalog is data. The packaged entries live in ``catalog.toml`` beside this module, each with its source;
-a scenario adds its own in the same form, in its own ``[models.<name>]``, ``[gpus.<name>]`` and
-``[nics.<name>]`` tables or in catalog files it includes (``catalog = ["mine.toml"]``, files that say
-``kind = "catalog"``). :func:`read_entries` reads and checks them (every error names the file and key);
-:class:`Catalog` looks names up; ``dualpath-emu catalog`` lists them with their derived numbers. A name is
-defined once: a user entry may not redefine a packaged one (copy it under another name instead).
+The catalog is data: the packaged entries live in ``catalog.toml`` beside this module, each with its source; a
+scenario adds its own in the same form (``[models.<name>]``, ``[gpus.<name>]``, ``[nics.<name>]``, or catalog
+files it includes, ``kind = "catalog"``). A name is defined once: a user entry may not redefine a packaged one.
+Tags, as in ``paper-facts.md``: **[paper §x]**, **[datasheet]**, **[config]** (a Hugging Face ``config.json``),
+**[derived]**, **[assumed]** (our choice where no source says). The paper says only "8 NVIDIA Hopper GPUs" per
+node (§7.1); :data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, DeepSeek-V3 report §3.1].
 
-Tags, as in ``paper-facts.md``: **[paper §x]** stated in the DualPath paper; **[datasheet]** the vendor's
-public datasheet; **[config]** a public model config (Hugging Face ``config.json``); **[derived]** arithmetic
-from those; **[assumed]** our choice where no source says.
+:meth:`ModelArch.spec` derives the :class:`ModelSpec` the engines use from the config's fields:
 
-**GPUs** (:class:`GpuSpec`): dense (no 2:4 sparsity) BF16, FP8 and FP4 tensor FLOP/s, HBM capacity and
-bandwidth, and what an all-to-all reaches over NVLink between a node's GPUs. The paper says only "8 NVIDIA
-Hopper GPUs" per node (§7.1); :data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, DeepSeek-V3
-report §3.1].
-
-**NICs** (:class:`NicSpec`): a line rate, for ``[hardware] cnic``/``snic``.
-
-**Node** (:data:`TESTBED_NODE`): 8 GPUs, one 400 Gb/s compute NIC per GPU, one 400 Gb/s storage NIC, host
-DRAM bandwidth ≈ 500 GB/s (all paper §4.2/§7.1); no PCIe link (not modelled: see :class:`NodeSpec`).
-
-**Models** (:class:`ModelArch`, with the Hugging Face config's field names): MHA, GQA or MLA attention,
-optionally sparse (DeepSeek Sparse Attention: a lightning indexer picks ``index_topk`` keys), dense or MoE
-FFNs. :meth:`ModelArch.spec` derives the :class:`ModelSpec` the engines use, so every number can be traced
-to a config field:
-
-* KV bytes per token per layer. MLA with ``kv_dtype = "fp8"``: FlashMLA's FP8 layout, ``kv_lora_rank`` FP8
-  bytes + one FP32 scale per 128 of them + ``qk_rope_head_dim`` BF16 values = 512 + 16 + 128 = **656 B**
-  (V3.2); MLA in BF16/FP16: 2 B × (``kv_lora_rank`` + ``qk_rope_head_dim``). MHA/GQA: K and V × KV heads ×
-  head dim × the dtype's bytes (Qwen2.5-32B in FP16: **4,096 B**). The DSA indexer keeps a separate FP8 key
-  cache (``index_head_dim`` + one FP32 scale = 132 B for V3.2) that is *not* counted in the KV bytes (as in
-  paper-facts §2.2/§2.3) but is read by the indexer. ``kv_bytes_per_token_layer`` overrides the derivation.
-* Parameters, counted per projection (norms ignored; QKV biases counted where ``attention_bias``).
-  ``active_params`` is what one token multiplies through: every attention, indexer, dense-FFN and
-  activated-expert (routed + shared) weight, the router and the output head -- *not* the input embedding,
-  which is a lookup. V3.2: 37.5 B (DeepSeek publishes "37B activated"; our count with both embedding tables
-  and without the V3.2 indexer is 37.55 B), 671.9 B total (published 671 B, without the MTP module).
-  Qwen2.5-32B: 32.0 B of 32.76 B total (the model card says 32.5 B). ds27b: 4.29 B active of 27.2 B total
-  [derived from the assumed dimensions in ``catalog.toml``]. ``total_params``/``active_params`` override
-  the counts (the weights' bytes and the GEMM FLOPs follow; the routed experts' share stays counted).
-* FLOPs per new token at context ``L`` (the number of keys it attends to, itself included) =
-  ``2 × active_params`` (the GEMMs) + ``layers × attention FLOPs per layer``:
-
-  - MLA (weights absorbed, attention in the ``kv_lora_rank``-dim latent space): each attended key costs
-    ``2 × heads × (kv_lora + rope)`` for the scores plus ``2 × heads × kv_lora`` for the values
-    (278,528 FLOPs per key per layer for V3.2). MHA/GQA: ``2 × heads × head_dim`` for the scores plus the
-    same for the values (20,480 for Qwen2.5-32B).
-  - Sparse (DSA): the main attention attends to ``min(L, index_topk)`` keys, and the lightning indexer scores
-    all ``L`` keys at ``2 × index_n_heads × index_head_dim`` each (16,384 for V3.2; its per-head weighting
-    and ReLU are ignored). Dense: all ``L`` keys.
-
-  V3.2 at L = 32,721: 75.0 G (GEMMs) + 34.8 G (main attention) + 32.7 G (indexer) = 142.5 GFLOP, matching
-  paper-facts §2.3's ≈142 G.
-* MoE all-to-all bytes per token per MoE layer [assumed, DeepEP's formats]: dispatch sends the hidden state
-  in FP8 with one FP32 scale per 128 channels to each of the ``num_experts_per_tok`` routed experts; combine
-  returns BF16 (2 B per channel) from each. Shared experts run locally (no traffic). Dense models: 0. These
-  are upper bounds: copies to experts on the sender's own GPU (or, with DeepEP's node-level dedupe, its
-  node) do not cross the network; a caller applies its EP layout.
-* Weight bytes per GPU (:meth:`ModelSpec.weight_bytes_per_gpu`): every non-routed-expert weight plus the
-  GPU's 1/EP share of the routed experts, at the ``weight_dtype``'s bytes per parameter (FP8 1 B, BF16 2 B,
-  FP4 0.5625 B: NVFP4's 4 bits plus one FP8 scale per 16 values); the GEMMs run at that dtype's peak.
+* KV bytes per token per layer. MLA in FP8: FlashMLA's layout, ``kv_lora_rank`` FP8 bytes + one FP32 scale
+  per 128 of them + ``qk_rope_head_dim`` BF16 values = 512 + 16 + 128 = **656 B** (V3.2); MLA in BF16/FP16:
+  2 B × (``kv_lora_rank`` + ``qk_rope_head_dim``). MHA/GQA: K and V × KV heads × head dim × the dtype's bytes
+  (Qwen2.5-32B in FP16: **4,096 B**). The DSA indexer's FP8 key cache (132 B for V3.2) is read by the indexer
+  but not counted in the KV bytes (paper-facts §2.2/§2.3).
+* Parameters, per projection (norms ignored). ``active_params`` is what one token multiplies through: every
+  attention, indexer, dense-FFN and activated-expert weight, the router and the output head, not the input
+  embedding (a lookup). V3.2: 37.5 B active (published "37B"), 671.9 B total (published 671 B, without MTP);
+  Qwen2.5-32B: 32.0 B of 32.76 B. ``total_params``/``active_params`` override the counts.
+* FLOPs per new token at context ``L`` = ``2 × active_params`` + ``layers ×`` attention FLOPs per layer. MLA
+  (weights absorbed): ``2 × heads × (kv_lora + rope) + 2 × heads × kv_lora`` per attended key (278,528 for
+  V3.2); MHA/GQA: ``2 × 2 × heads × head_dim`` (20,480 for Qwen2.5-32B). DSA attends ``min(L, index_topk)``
+  keys and its indexer scores all ``L`` at ``2 × index_n_heads × index_head_dim``. V3.2 at L = 32,721:
+  142.5 GFLOP, matching paper-facts §2.3's ≈142 G.
+* MoE all-to-all bytes per token per MoE layer [assumed, DeepEP's formats]: dispatch sends the hidden state in
+  FP8 with one FP32 scale per 128 channels to each routed expert, combine returns BF16; upper bounds (copies
+  to experts on the sender's own GPU or node do not cross the network: a caller applies its EP layout).
+* Weight bytes per GPU: every non-routed-expert weight plus a 1/EP share of the routed experts, at the
+  ``weight_dtype``'s bytes (FP8 1, BF16 2, FP4 0.5625: NVFP4's 4 bits plus an FP8 scale per 16 values).
 """
 
 from __future__ import annotations
@@ -96,7 +63,6 @@ __all__ = [
     "NodeSpec",
     "ParamCounts",
     "gpu",
-    "load_catalog_file",
     "model",
     "read_entries",
 ]
@@ -157,18 +123,13 @@ class NicSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of the testbed: GPUs, NICs, host memory bandwidth.
-
-    No PCIe rate: PCIe is not modelled. A Gen5 ×16 link carries 63 GB/s each way (32 GT/s × 16 × 128/130 / 8
-    [derived]), more than the 50 GB/s compute NIC every GPU byte crosses under the CNIC-centric rule (§5.1),
-    so the CNIC is the binding port (:mod:`~dualpath_emu.cluster.topology`).
-    """
+    """One node of the testbed: GPUs, NICs, host memory bandwidth. No PCIe rate: a Gen5 ×16 link's 63 GB/s
+    each way [derived] exceeds the 50 GB/s compute NIC every GPU byte crosses (§5.1), the binding port."""
 
     gpus: int
     cnic_bytes_per_s: float
     """Per compute NIC; there is one per GPU."""
     snic_bytes_per_s: float
-    """Per storage NIC."""
     snics: int
     host_dram_bytes_per_s: float
 
@@ -398,17 +359,9 @@ class ModelSpec:
         """The weight GEMMs of one token through the whole model: 2 FLOPs per active parameter."""
         return 2.0 * self.active_params
 
-    def attended_keys(self, context_tokens: int) -> int:
-        """Keys the main attention reads for a query with ``context_tokens`` keys before it (itself included)."""
-        if self.sparse_top_k is None:
-            return context_tokens
-        return min(context_tokens, self.sparse_top_k)
-
     def attention_flops_per_layer(self, cached_tokens: int, new_tokens: int) -> int:
-        """Attention FLOPs (main + indexer) in one layer for ``new_tokens`` queries after ``cached_tokens``.
-
-        Causal and exact: the i-th new token (i = 1..new) attends over ``cached + i`` keys.
-        """
+        """Attention FLOPs (main + indexer) in one layer for ``new_tokens`` queries after ``cached_tokens``;
+        causal and exact: the i-th new token attends over ``cached + i`` keys."""
         if cached_tokens < 0 or new_tokens < 0:
             raise InvalidArgumentError(f"token counts must be >= 0, got ({cached_tokens}, {new_tokens})")
         all_keys = _sum_capped(cached_tokens, new_tokens, None)
@@ -454,7 +407,8 @@ _MAX_PARAMS: Final = 1e16
 
 @dataclass(frozen=True)
 class Catalog:
-    """Models, GPUs and NICs by name, and where each was defined (``origin["models.x"]``: a file)."""
+    """Models, GPUs and NICs by name, and where each was defined (``origin["models.x"]``: a file); a lookup of
+    an unknown name is an :class:`~dualpath_emu.errors.UnknownNameError` listing the known ones."""
 
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     gpus: Mapping[str, GpuSpec] = field(default_factory=dict)
@@ -462,15 +416,12 @@ class Catalog:
     origin: Mapping[str, str] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSpec:
-        """The model called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
         return _lookup(self.models, name, "model")
 
     def gpu(self, name: str) -> GpuSpec:
-        """The GPU called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
         return _lookup(self.gpus, name, "GPU")
 
     def nic(self, name: str) -> NicSpec:
-        """The NIC called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
         return _lookup(self.nics, name, "NIC")
 
     def with_entries(self, top: Table) -> Catalog:
@@ -658,15 +609,10 @@ DEFAULT_GPU: Final = "h800"
 
 
 def model(name: str) -> ModelSpec:
-    """The packaged model called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+    """The packaged model called ``name``."""
     return PACKAGED.model(name)
 
 
 def gpu(name: str) -> GpuSpec:
-    """The packaged GPU called ``name``; :class:`~dualpath_emu.errors.UnknownNameError` lists the known ones."""
+    """The packaged GPU called ``name``."""
     return PACKAGED.gpu(name)
-
-
-def load_catalog_file(path: str | Path, base: Catalog = PACKAGED) -> Catalog:
-    """``base`` and the entries of the catalog file ``path``."""
-    return base.with_file(path)

@@ -1,18 +1,27 @@
 """The decode engines of one node (one engine per node; one DE per GPU, §4): the DE buffer, reads on the DE
 side, H2D before decode, HBM for each request until it ends, and telling the scheduler and the client what
-ended. The GPUs' stepping -- continuous batches as the EP group steps, block write-backs -- is
-:mod:`~dualpath_emu.cluster.decode_steps`'s.
+ended (:class:`DecodeGroup`); and the GPUs' stepping under it (:class:`DecodeSteps`).
+
+The data plane's core steps the GPUs (``core/src/decode.rs``, through ``DataPlane.decode_node``, on every
+plane). The GPUs that step together -- a node's DE GPUs for an MoE model (DP attention and expert
+parallelism), each GPU alone for a dense model -- form a *step group*, stepped as one event per *segment* (the
+step priced from every GPU's batch when one changes, ``Roofline.decode_pricing``), so a request costs a few
+events however many tokens it generates. The core starts the block write-backs and the all-to-all itself and
+reports only what a decision needs: a request has all its tokens, a segment's end is accounted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
+from typing import Any, Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.decode_steps import DecodeSteps, DecodingRequest
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
+from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     Crash,
     DecodeDone,
@@ -30,10 +39,152 @@ from dualpath_emu.cluster.messages import (
 )
 from dualpath_emu.cluster.observations import Ended, HitRead
 from dualpath_emu.cluster.pool import Pool
-from dualpath_emu.cluster.topology import KV_LANE
+from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
-__all__ = ["DecodeGroup"]
+__all__ = ["DecodeGroup", "DecodeListener", "DecodeSteps", "DecodingRequest"]
+
+
+class DecodeListener(Protocol):
+    """What :class:`DecodeSteps` tells its decode group: a request has all its tokens (its ``second_token_ns``
+    set, if it had a second); a segment's end was accounted (what ended in it was told to :meth:`decoded`)."""
+
+    def decoded(self, now: int, request: DecodingRequest) -> None: ...
+
+    def stepped(self, now: int) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class DecodingRequest:
+    """A request on a DE GPU: its prompt KV is in HBM; it decodes until it has ``gen`` tokens."""
+
+    rid: int
+    prompt: int
+    gen: int
+    gpu: int
+    stored_blocks: int
+    """Full Blocks of this request's KV in storage (the hit's at first)."""
+    context: int
+    """The token stream its KV extends (see :class:`~dualpath_emu.cluster.messages.Turn`)."""
+    produced: int = 1
+    """Tokens out when it joins its GPU's batch: the first came from the prefill."""
+    first_token_ns: int = -1
+    """When the prefill produced its first token (from :class:`KvReady`)."""
+    second_token_ns: int = -1
+    """When its first decode step produced its second token (-1 until then)."""
+
+
+def _write_back(
+    plane: Ledger, node: int, d2h_path: tuple[int, ...], kv_bytes_per_token: int, written: list[tuple[int, int, int]]
+) -> None:
+    """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM → DRAM
+    through the GPU's CNIC, then DRAM → SNIC → storage (§4), once for all of them."""
+    size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * kv_bytes_per_token
+    plane.transfer(d2h_path, KV_LANE, size)
+    plane.io(node, "write", KV_LANE, size, tuple(written))
+
+
+def _end_at_once(
+    now: int, request: DecodingRequest, persist: Callable[[int, list[tuple[int, int, int]]], None],
+    listener: DecodeListener,
+) -> None:  # fmt: skip
+    """A request whose one token came from the prefill takes no step: its last Full Blocks are written back."""
+    full = (request.prompt + request.produced) // BLOCK_TOKENS
+    if full > request.stored_blocks:
+        persist(request.gpu, [(request.context, request.stored_blocks, full - request.stored_blocks)])
+    request.stored_blocks = full
+    listener.decoded(now, request)
+
+
+class DecodeSteps:
+    """The decode GPUs of node ``node`` (``gpus`` of them, stepping together if ``together``), stepped by the data
+    plane's core, which writes back (unless ``storage`` is None: the Oracle) and charges the all-to-all itself
+    (``a2a_bytes_per_token`` over ``a2a_paths[gpu]``), and reports the requests that ended, with their GPUs'
+    busy spans (``busy_span(gpu unit, start, end, batch size, step)``). What it moved is booked in ``booking``."""
+
+    def __init__(
+        self,
+        node: int,
+        gpus: int,
+        *,
+        pricing: dict[str, float | int | bool | None],
+        together: bool,
+        kv_bytes_per_token: int,
+        a2a_bytes_per_token: float,
+        a2a_paths: Sequence[tuple[int, ...]],
+        d2h_paths: Sequence[tuple[int, ...]],
+        storage: tuple[int, tuple[int, ...]] | None,
+        plane: Ledger,
+        booking: Booking,
+        listener: DecodeListener,
+        busy_span: Callable[[int, int, int, int, int], None],
+    ) -> None:
+        self.node = node
+        self._kv = kv_bytes_per_token
+        self._d2h_paths = list(d2h_paths)
+        self._a2a_paths = list(a2a_paths)
+        self._storage = storage
+        self.plane = plane
+        self._listener = listener
+        self._busy_span = busy_span
+        self._requests: dict[int, DecodingRequest] = {}
+        self._booked: dict[str, Any] = {"d2h": [(0, 0)] * gpus, "a2a": [(0, 0)] * gpus, "written": (0, 0)}
+        """What :meth:`_book` booked so far: ``Core.decode_bytes`` as it was then."""
+        self._id = plane.decode_node(
+            self._report, gpus=gpus, together=together, pricing=pricing, kv_bytes_per_token=kv_bytes_per_token,
+            a2a_bytes_per_token=a2a_bytes_per_token, a2a_paths=self._a2a_paths, a2a_lane=MODEL_LANE,
+            d2h_paths=self._d2h_paths, storage_node=storage[0] if storage is not None else None, kv_lane=KV_LANE,
+            first_unit=node * gpus,
+        )  # fmt: skip
+        booking.add_source(self._book)
+
+    def join(self, now: int, request: DecodingRequest) -> None:
+        """``request``'s prompt KV is in its GPU's HBM: it joins its GPU's batch at its group's next step
+        boundary (at once if the group is idle); a request whose one token came from the prefill ends now."""
+        if request.produced >= request.gen:
+            _end_at_once(now, request, self._persist, self._listener)
+            return
+        self._requests[request.rid] = request
+        self.plane.decode_join(self._id, request.gpu, request.rid, request.prompt, request.gen, request.produced,
+                               request.stored_blocks, request.context)  # fmt: skip
+
+    def reset(self, now: int) -> int:
+        """The node's engine crashed: every request is dropped in the plane's core without a word to the listener
+        (the busy spans it closes come with the node's next report). Returns how many were dropped."""
+        self.plane.decode_reset(self._id)
+        dropped = len(self._requests)
+        self._requests.clear()
+        return dropped
+
+    def _report(self, now: int, ended: list[tuple[int, int]], spans: list[tuple[int, int, int, int, int]]) -> None:
+        for span in spans:
+            self._busy_span(*span)
+        listener, requests = self._listener, self._requests
+        for rid, second_token_ns in ended:
+            request = requests.pop(rid, None)
+            if request is None:
+                continue  # it ended before a reset, which dropped it: its engine never heard of it
+            request.second_token_ns = second_token_ns
+            listener.decoded(now, request)
+        listener.stepped(now)
+
+    def _persist(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
+        if written and self._storage is not None:
+            _write_back(self.plane, self.node, self._d2h_paths[gpu], self._kv, written)
+
+    def _book(self, booking: Booking) -> None:
+        """Book what the core moved on its own since the last time."""
+        moved, last = self.plane.decode_bytes(self._id), self._booked
+        if moved is None:
+            return  # nothing known yet
+        for kind, paths, lane in (("d2h", self._d2h_paths, KV_LANE), ("a2a", self._a2a_paths, MODEL_LANE)):
+            for path, (size, count), (old_size, old_count) in zip(paths, moved[kind], last[kind], strict=True):
+                if count > old_count:
+                    booking.book(path, lane, size - old_size, count - old_count)
+        (size, count), (old_size, old_count) = moved["written"], last["written"]
+        if count > old_count and self._storage is not None:
+            booking.book(self._storage[1], KV_LANE, size - old_size, count - old_count)
+        self._booked = moved
 
 
 class DecodeGroup(EngineGroup):
@@ -58,13 +209,11 @@ class DecodeGroup(EngineGroup):
         self._read_done: set[int] = set()
         """Requests whose hit was read here (until they leave)."""
         self._early_kv: dict[int, int] = {}
-        """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time
-        only: the prefill and the scheduler race)."""
+        """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time)."""
         self._done: list[DecodingRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._in_hbm: dict[int, int] = {}
-        """Requests whose KV is in (or on its way to) a GPU's HBM, until they end (what a crash loses there), and
-        the prefill node each came from (a :class:`Drop` naming it keeps them)."""
+        """Requests whose KV is in (or on its way to) a GPU's HBM, until they end, and the prefill node of each."""
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._snic_down = False
@@ -122,8 +271,7 @@ class DecodeGroup(EngineGroup):
 
     @on(Crash)
     def on_crash(self, now: int, msg: Crash, sender: str) -> None:
-        """This node's engines crash: the requests they hold -- expected, in the DE buffer, in HBM or decoding
-        -- and what their GPUs were doing are gone; they are down until :class:`Restart`."""
+        """This node's engines crash: every request they hold and what their GPUs were doing are gone."""
         if self._down:
             return
         self._report_done(now)  # what ended before the crash ended
@@ -143,10 +291,9 @@ class DecodeGroup(EngineGroup):
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
-        """The scheduler drops these requests (their prefill engine crashed before their KV came): free what
-        they hold here. With ``from_nodes`` (those prefill nodes' process died and was started again): every
-        request expected from there whose KV has not come; those whose KV came are kept, and the scheduler told
-        (their KvReady left the dead process, its PrefillDone may not have)."""
+        """The scheduler drops these requests (their prefill engine crashed before their KV came): free what they
+        hold here. With ``from_nodes``: every request expected from there whose KV has not come; those whose KV
+        came are kept, and the scheduler told (their PrefillDone may not have left the dead process)."""
         if msg.from_nodes:
             nodes = set(msg.from_nodes)
             rids = tuple(rid for rid, task in self.expected.items() if task.pe_node in nodes)
@@ -260,8 +407,7 @@ class DecodeGroup(EngineGroup):
 
     def _check_read(self, now: int, rid: int, number: int) -> None:
         """``read_timeout_s`` after a read started here: if it is still stalled on this node's dead storage NIC,
-        give it up: its request leaves this group (``Lost``, "timeout") and the scheduler dispatches it again.
-        A read on a NIC that is up is slow, not lost: look again later."""
+        give it up (``Lost`` "timeout": the scheduler dispatches it again); on a NIC that is up, look again later."""
         if self._reading.get(rid) != number:
             return  # done, moved or dropped (or a later read of the request)
         if not self._snic_down:
@@ -285,14 +431,9 @@ class DecodeGroup(EngineGroup):
         self._buffered.discard(rid)
         self._read_done.discard(rid)
         self._in_hbm[rid] = task.pe_node
+        blocks = task.hit // BLOCK_TOKENS
         request = DecodingRequest(
-            rid,
-            task.prompt,
-            task.gen,
-            task.de_gpu,
-            task.hit // BLOCK_TOKENS,
-            task.context,
-            first_token_ns=first_token_ns,
+            rid, task.prompt, task.gen, task.de_gpu, blocks, task.context, first_token_ns=first_token_ns
         )
         # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
         # assigns requests that fit (§6.2), so this never waits.

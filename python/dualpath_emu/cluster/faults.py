@@ -1,42 +1,16 @@
-"""Faults (issue 26): what fails, when and how badly (the engine that makes it happen is
-:mod:`~dualpath_emu.cluster.fault_injector`).
+"""Faults: what fails, when and how badly (``docs/faults.md``); the engine that makes it happen is
+:mod:`~dualpath_emu.cluster.fault_injector`.
 
-A run's :class:`FaultPlan` is a list of :class:`Fault` s (a scenario's ``[[faults]]``, or ``--faults FILE``) and
-optionally :class:`RandomFaults` drawn from the run's seed (``[random_faults]``), so one seed replays one failure
-history exactly. The :class:`FaultInjector` engine (in the cluster only when the plan has faults, so a run
-without any is unchanged, event for event) sets a timer for each fault's start and end, tells the data plane
-(a port's rates scaled, a latency added: ``Core.set_port_factor``/``set_port_latency``), writes the change in
-the event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and tells the scheduler
-(:class:`~dualpath_emu.cluster.messages.Health`), whose policy sees every port's state
-(:attr:`~dualpath_emu.cluster.policies.Policy.health`).
-
-Kinds and their targets:
-
-* ``down``: a port stops (its rates × 0): the transfers and storage I/Os crossing it stall, keeping what they
-  moved, and resume when it is back. DualPath's reads avoid a side whose storage NIC is down (the second path
-  as failover); Basic has one path and waits, up to ``read_timeout_s`` (``[scheduling]``): a hit read stalled
-  that long on a dead storage NIC is given up and its request dispatched again. So a storage NIC may stay
-  down to the end of the run; any other ``down`` fault needs a duration (what crosses the port would wait
-  for ever).
-* ``degrade``: a port runs at ``factor`` of its rates.
-* ``latency``: ``latency_s`` is added to every transfer and storage I/O that starts crossing the port.
-* ``slow_storage``: the storage cluster (target ``storage``) runs at ``factor`` of its bandwidth, with
-  ``latency_s`` more per I/O.
-* ``crash``: an engine (target ``pe0``, ``de3``: a prefill EP group or a decode node's engines, as the cluster
-  names them) loses its HBM and DRAM state and comes back empty ``restart_s`` later. Its requests are
-  re-dispatched by the scheduler (their hit KV, in storage, is read again; what was only in the crashed
-  engine's HBM or buffer is computed again), as are those of its partner engines that worked for them; a
-  request lost more than ``max_redispatches`` times (``[scheduling]``, 3) ends as failed, with its reason.
-  Policies see which engines are down (:attr:`~dualpath_emu.cluster.policies.Policy.health`).
-
-Targets (but ``crash``'s): a port by name (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``), both directions of a NIC (``n0.snic``,
-``n3.cnic2``), a node (``n1``: every NIC of it) or ``storage`` (``3fs.read`` and ``3fs.write``). Faults on one
-port at once combine: the lowest factor and the largest latency hold.
-
-Random faults: on every node, for each kind with a rate (faults per node-hour), a Poisson process of faults on
-one of the node's NICs (its storage NIC or one of its compute NICs, equally likely), each lasting an
-exponential time of mean ``mean_duration_s``; a random ``crash`` takes down the engine that hosts the node's
-GPUs for ``restart_s``. Drawn as the run goes (no horizon), from the stream "faults".
+A run's :class:`FaultPlan` is a list of :class:`Fault` s (``[[faults]]``, ``--faults FILE``) and optionally
+:class:`RandomFaults` drawn from the run's seed as the run goes (``[random_faults]``: per node and kind a Poisson
+process on one of the node's NICs, exponential durations; a random ``crash`` takes the engine hosting the
+node's GPUs), so one seed replays one failure history. Kinds: ``down`` (a port's rates × 0: what crosses it
+stalls and resumes; only a storage NIC may stay down to the end, its stalled reads given up after
+``read_timeout_s``), ``degrade`` (× ``factor``), ``latency`` (+ ``latency_s`` per transfer or I/O that starts
+crossing), ``slow_storage`` (target ``storage``: both) and ``crash`` (an engine group, ``pe0``/``de3``, loses
+its HBM and DRAM state and is back empty ``restart_s`` later; its requests are dispatched again, up to
+``max_redispatches`` times, then fail). Faults on one port at once combine: the lowest factor and the largest
+latency hold.
 """
 
 from __future__ import annotations
@@ -130,9 +104,8 @@ class FaultPlan:
 
 # --------------------------------------------------------------------------------------------------- targets
 
-# One spelling per port, NIC and node: ASCII digits without leading zeros, lower case, nothing around it (the
-# names the topology and the event log use). Python's \\d matches any script's digits ('٣', '３'), which int()
-# reads but the topology's names do not contain; and at most 9 digits, so int() never meets an over-long one.
+# One spelling per port, NIC and node, the topology's: ASCII digits (\\d matches any script's) without leading
+# zeros, at most 9 (int() never meets an over-long one), lower case, nothing around it.
 _N = r"(0|[1-9][0-9]{0,8})"
 _NODE = re.compile(rf"n{_N}")
 _NIC = re.compile(rf"n{_N}\.(snic|cnic{_N})")
@@ -142,8 +115,7 @@ _STORAGE_NIC = re.compile(rf"n{_N}\.snic(\.rx|\.tx)?")
 
 def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
     """The port names ``target`` stands for in a cluster of ``nodes`` nodes of ``gpus`` GPUs (None: no such
-    target). Only the canonical spelling resolves (``n1.cnic0.tx``, not ``n01.cnic0.tx`` or ``N1.CNIC0.TX``):
-    what it returns is named as :func:`~dualpath_emu.cluster.fault_injector.port_ids` names the ports."""
+    target; only the canonical spelling resolves, ``n1.cnic0.tx``, not ``n01.cnic0.tx``)."""
     if target == "storage":
         return ("3fs.read", "3fs.write")
     if target in ("3fs.read", "3fs.write"):
@@ -166,9 +138,8 @@ def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
 
 
 def _loose(text: str) -> str:
-    """``text`` as someone may have meant it (for a hint only, never to resolve): compatibility forms folded
-    (fullwidth, mathematical digits), any script's digits as ASCII without leading zeros, lower case, no
-    whitespace or dots around it."""
+    """``text`` as someone may have meant it (for a hint only, never to resolve): NFKC-folded, any script's
+    digits as ASCII without leading zeros, lower case, no whitespace or dots around it."""
     folded = unicodedata.normalize("NFKC", text).strip().strip(".").strip().lower()
     return re.sub(r"\d{1,18}", lambda m: str(int(m[0])), folded)
 
@@ -187,8 +158,8 @@ def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> t
 
 
 def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engines: Sequence[str]) -> str:
-    """``target`` if it names what ``kind`` acts on in this cluster, in its one spelling; else a
-    :class:`ScenarioError` naming the key (with the spelling to use, where a loose reading finds one)."""
+    """``target`` if it names what ``kind`` acts on in this cluster, else a :class:`ScenarioError` naming the key
+    (with the spelling to use, where a loose reading finds one)."""
     if kind == "crash":
         if target not in engines:
             hint = _did_you_mean(target, lambda g: g in engines)
@@ -294,9 +265,8 @@ def _latency(t: Table, used: bool) -> float:
 
 
 MAX_FAULT_WINDOWS: Final = 1000
-"""Fault windows a run keeps and reports one by one (its summary's ``faults``); the ones after them are added up
-per kind and target (``faults_aggregated``), so a run's fault records are bounded by its size, not its emulated
-time (random faults are drawn for as long as the run goes: one table reached 10.3 GB and 1.24 GB of JSON)."""
+"""Fault windows a run reports one by one (``faults``); later ones are added up per kind and target
+(``faults_aggregated``), so a run's fault records are bounded by its size, not its emulated time."""
 
 
 @dataclass
@@ -343,8 +313,7 @@ class _AddedUp:
 
 class FaultRecords:
     """A run's fault windows as they start and end: the first ``cap`` kept one by one (:attr:`detailed`), the
-    rest added up per kind and target as they end (:attr:`totals`), so memory and the summary stay bounded
-    however long the run. ``counts`` (:data:`Counts`) counts what the added-up windows saw as it happens."""
+    rest added up per kind and target (:attr:`totals`, with what they saw, from ``counts``)."""
 
     def __init__(self, counts: Counts, cap: int | None = None) -> None:
         self.detailed: list[FaultWindow] = []
@@ -397,10 +366,9 @@ def fault_summary(windows: FaultRecords | Iterable[FaultWindow], done_ns: Sequen
                   redispatch_ns: Sequence[int] = (), failed_ns: Sequence[int] = (),
                   read_moved_ns: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
     """A run's ``faults`` (:func:`fault_report` of the first :data:`MAX_FAULT_WINDOWS` windows) and, if there
-    were more, ``faults_aggregated``: how many, and per kind and target their windows, how long they acted
-    together (to the run's end for those that had not ended) and what they saw (redispatched, failed,
-    reads_moved, each counted once per window it fell in). ``windows``: a run's :class:`FaultRecords` (added up
-    as the run went), or every window (an event log's: added up here)."""
+    were more, ``faults_aggregated``: per kind and target their windows, how long they acted together (to the
+    run's end if open) and what they saw (each counted once per window it fell in). ``windows``: a run's
+    :class:`FaultRecords`, or every window (an event log's: added up here)."""
     if not isinstance(windows, FaultRecords):
         records = FaultRecords(sorted_counts(redispatch_ns, failed_ns, read_moved_ns))
         for w in sorted(windows, key=lambda w: w.start_ns):
@@ -431,12 +399,10 @@ def fault_summary(windows: FaultRecords | Iterable[FaultWindow], done_ns: Sequen
 
 def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns: int, redispatch_ns: Sequence[int] = (),
                  failed_ns: Sequence[int] = (), read_moved_ns: Sequence[int] = ()) -> list[dict[str, Any]]:  # fmt: skip
-    """Per fault: turns finished per second before it (over as long
-    as it lasted, or since the run began), during and after it (as long again, or until the run ended), the
-    time from its end until the rate over a window (its length, at most 30 s) is back to 90% of the rate
-    before (None: not within the run, or nothing finished before it), and, while it acted (its start to its
-    end, both included), the reads moved to the other side (retried on the second path), the requests
-    dispatched again (lost to a crash or a given-up read) and those that failed."""
+    """Per fault: turns finished per second before it (over as long as it lasted), during and after it (as long
+    again), the time from its end until the rate over a window (its length, at most 30 s) is back to 90% of the
+    rate before (None: not within the run, or nothing finished before), and, while it acted (both ends
+    included), the reads moved to the other side, the requests dispatched again and those that failed."""
     done = sorted(t for t in done_ns if t >= 0)
     redispatched, failed, moved = sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0), sorted(read_moved_ns)
 

@@ -1,38 +1,23 @@
 """The messages the cluster's engines exchange, and the flow of one turn through them (paper §4, §6).
 
-The engines: :mod:`~dualpath_emu.cluster.client` (agents), :mod:`~dualpath_emu.cluster.scheduler`,
-:mod:`~dualpath_emu.cluster.prefill` (one engine per prefill EP group), :mod:`~dualpath_emu.cluster.decode` (one
-per decode node). They share no Python objects: everything one needs from another comes in these messages,
-so each can live in its own OS process (``dualpath-emu run --mode realtime``).
+The engines (client, scheduler, a prefill group per prefill EP group, a decode group per decode node) share
+no Python objects: everything one needs from another comes in these messages, so each can live in its own
+process. One turn:
 
-Message flow of one turn (every hop a typed message, every byte a core transfer or I/O):
-
-1. ``client`` → ``scheduler``: :class:`Submit` (the agent's next turn: prompt, hit, gen tokens).
-2. The scheduler queues it. Groups *pull* (§6.1): each sent, when it started, a standing :class:`Fetch`
-   (its nodes and its fetch period) that the scheduler serves whenever there is work for the group, at most
-   once per period -- what a group polling "regularly" would get, without a message per poll (a poll that
-   finds nothing changes nothing, and one that finds work comes at the same instant). A prefill fetch runs
-   Algorithm 1 over every PE of the cluster (``PrefillDispatch``: run over the fetching group alone, the
-   first group to pull took nearly all the work); the assigned requests join the decode queue and are
-   routed to a decode group at once (phase 1 of §6.2, which the next decode fetch would do anyway), whose
-   fetch is then due. A decode fetch runs phase 2 and picks the read side (§6.3). The scheduler then tells
-   the prefill group :class:`Prefill` and the decode group :class:`Expect`; a decode fetch that got work
-   and left more makes the group's next fetch due.
-3. The reading side's group reads the hit KV from storage into its node's DRAM buffer (a core I/O over the
-   storage NIC); a DE-side read then tells the prefill group :class:`HitReady`. Either side tells the
-   scheduler :class:`ReadDone` (its ``read_q`` shrinks).
-4. The prefill group batches ready requests per GPU under the attention quota (binary-search chunking,
-   §6.4; after a pass it first lets its pull be answered, see ``PrefillGroup._finish``) and runs one forward pass
-   over all its GPUs (one core call: per-layer loads into HBM, attention,
-   the DP barrier, MoE phase with its all-to-all on the high lane, per-layer stores to the DE buffer).
-   Without layerwise prefill the hit KV is copied into HBM first and the KV sent to the DE after the pass.
-   A request whose last chunk is done has its first token: :class:`KvReady` (with the first token's time)
-   to the decode group, :class:`PrefillDone` to the scheduler.
-5. The decode group copies the prompt KV into HBM (H2D) and adds the request to its GPU's continuous batch;
-   decode steps persist every completed 64-token block (DRAM → SNIC → storage). When the request has all
-   its tokens: :class:`DecodeDone` to the scheduler and :class:`TurnDone` (with the first, second and last
-   token's times: the client keeps every latency of its requests) to the client, which submits the agent's
-   next turn at once (zero tool latency, §3.2).
+1. client → scheduler: :class:`Submit`.
+2. Groups *pull* (§6.1): each sends once a standing :class:`Fetch` that the scheduler serves whenever there
+   is work for it, at most once per period (what polling would get, without a message per poll). A prefill
+   fetch runs Algorithm 1 over every PE of the cluster; the requests assigned are routed to a decode group
+   at once (phase 1 of §6.2), whose fetch runs phase 2 and picks the read side (§6.3); the scheduler tells
+   the prefill group :class:`Prefill` and the decode group :class:`Expect`.
+3. The reading side reads the hit KV from storage into its DRAM buffer; a DE-side read then tells the prefill
+   group :class:`HitReady`. Either side tells the scheduler :class:`ReadDone`.
+4. The prefill group batches ready requests per GPU under the attention quota (§6.4) and runs one forward
+   pass over its GPUs; a request whose last chunk is done has its first token: :class:`KvReady` to the
+   decode group, :class:`PrefillDone` to the scheduler.
+5. The decode group copies the prompt KV into HBM and decodes it, persisting every completed block; at its
+   last token :class:`DecodeDone` to the scheduler and :class:`TurnDone` to the client, which submits the
+   agent's next turn.
 """
 
 from __future__ import annotations
@@ -151,9 +136,8 @@ class HitReady(Message):
 
 @dataclass(frozen=True, slots=True)
 class ReadHere(Message):
-    """Between a request's prefill and decode groups, when the sender's node's storage NIC went down before the
-    request's hit KV was read there: read it on your side instead (the second path as failover; issue 26).
-    ``started``: the abandoned read had started (it wrote the read's start in the metrics)."""
+    """Between a request's prefill and decode groups: the sender's storage NIC went down before the hit KV was
+    read there, read it on your side (failover). ``started``: the abandoned read had written its start."""
 
     WIRE_NAME: ClassVar[str] = "cluster.ReadHere"
     VERSION: ClassVar[int] = 1
@@ -202,9 +186,8 @@ class PrefillDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class DecodeDone(Message):
-    """To the scheduler: these requests left their DEs (at one instant, ``done_ns``), with what their
-    :class:`TurnDone` tells the client (each one's first and second token's time): should the decode group's
-    process die before its TurnDone left, the scheduler sends it in its place (issue 26)."""
+    """To the scheduler: these requests left their DEs at ``done_ns``, with what their :class:`TurnDone` tells
+    the client (should the decode group's process die before it left, the scheduler sends it instead)."""
 
     WIRE_NAME: ClassVar[str] = "cluster.DecodeDone"
     VERSION: ClassVar[int] = 3
@@ -229,8 +212,8 @@ class TurnDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class Health(Message):
-    """To the scheduler, from the fault injector (:mod:`~dualpath_emu.cluster.fault_injector`): what faults now
-    leave of these ports' rates: ``factors[i]`` of port ``ports[i]`` (a name; 1: as specified, 0: down)."""
+    """To the scheduler, from the fault injector: what faults now leave of port ``ports[i]``'s rates,
+    ``factors[i]`` (1: as specified, 0: down)."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Health"
     VERSION: ClassVar[int] = 1
@@ -240,8 +223,7 @@ class Health(Message):
 
 @dataclass(frozen=True, slots=True)
 class Crash(Message):
-    """To an engine group, from the fault injector: you crash now (your HBM and DRAM state is gone) and are
-    down until :class:`Restart` (issue 26)."""
+    """To an engine group, from the fault injector: you crash now (HBM and DRAM state gone) until :class:`Restart`."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Crash"
     VERSION: ClassVar[int] = 1
@@ -257,12 +239,11 @@ class Restart(Message):
 
 @dataclass(frozen=True, slots=True)
 class Lost(Message):
-    """To the scheduler, from an engine group: these requests are no longer here. ``why``: ``"crash"`` (the
-    group crashed with them and is down from now), ``"down"`` (work for them came while it was down) or
-    ``"dropped"`` (the scheduler's :class:`Drop` was done), ``"dropped from"`` (a decode group's answer to a
-    :class:`Drop` naming ``from_nodes``: ``kept`` lists the requests from those nodes whose KV had come, which
-    it keeps) or ``"restarted"`` (a new process in place of one that died). ``read_nodes[i]``/``read_tokens[i]``:
-    reads that were counted in a node's read queue and will not end (no :class:`ReadDone` comes for them)."""
+    """To the scheduler, from an engine group: these requests are no longer here. ``why``: ``"crash"``,
+    ``"down"`` (work came while it was down), ``"dropped"`` (a :class:`Drop` done), ``"dropped from"`` (the answer
+    to a :class:`Drop` naming ``from_nodes``; ``kept``: those whose KV had come, kept), ``"timeout"`` (a read
+    given up) or ``"restarted"`` (a new process in place of one that died). ``read_nodes[i]``/``read_tokens[i]``:
+    reads counted in a node's read queue that will not end (no :class:`ReadDone` comes)."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Lost"
     VERSION: ClassVar[int] = 2
@@ -276,9 +257,8 @@ class Lost(Message):
 @dataclass(frozen=True, slots=True)
 class Drop(Message):
     """To an engine group, from the scheduler: forget these requests (their other engine crashed); answer
-    :class:`Lost` with ``why = "dropped"``. With ``from_nodes`` (to a decode group, whose prefill group's
-    process died and was started again): forget every request expected from those prefill nodes whose KV has not
-    come, and answer ``why = "dropped from"`` with them, and those from there whose KV came as ``kept``."""
+    :class:`Lost` ``"dropped"``. With ``from_nodes`` (those prefill nodes' process was started again): forget
+    every request expected from there whose KV has not come; answer ``"dropped from"``."""
 
     WIRE_NAME: ClassVar[str] = "cluster.Drop"
     VERSION: ClassVar[int] = 2
@@ -288,9 +268,8 @@ class Drop(Message):
 
 @dataclass(frozen=True, slots=True)
 class WhichEnded(Message):
-    """To the client, from the scheduler, when a decode group's process died and was started again: which of
-    these turns have you ended? (Its last :class:`DecodeDone` and :class:`TurnDone` may have been split.)
-    Answer :class:`TurnsEnded`."""
+    """To the client, from the scheduler, when a decode group's process was started again: which of these turns
+    have you ended (its last :class:`DecodeDone` and :class:`TurnDone` may have been split)?"""
 
     WIRE_NAME: ClassVar[str] = "cluster.WhichEnded"
     VERSION: ClassVar[int] = 1

@@ -1,36 +1,26 @@
 """Scheduling policies (paper §6, Algorithm 1; paper-facts §7): pure decisions, no actors, no clock.
 
-The cluster's scheduler actor keeps the queues and asks a :class:`Policy` what to do when an engine group
-fetches work (groups *pull*, §6.1). Everything here is deterministic: ties go to the lowest engine id, queues
-are FIFO, nothing iterates over a set.
+The scheduler keeps the queues and asks a :class:`Policy` what to do when an engine group fetches work (groups
+*pull*, §6.1). Deterministic: ties go to the lowest engine id, queues are FIFO, nothing iterates over a set.
 
-**Prefill engines** (:meth:`Policy.assign_prefill`). A PE group's fetch is its report (§6.1); the policy then
-assigns over *every* PE of the cluster, each with its group's last report (:class:`PrefillDispatch`), so the
-scheduler balances all PEs with their read queues (§6.1–6.2) whichever group pulls first. Run over the
-fetching group alone, a fetch takes every queued request its PEs have room for (β is seconds of compute,
-hundreds of requests per GPU), and the first group to pull took nearly all the work: DS 27B 2P1D with one
-group per node, 384 agents, 89% of the requests went to node 0 and DualPath's JCT was 408 s (303 s now).
-DualPath's :class:`DualPathPolicy` runs Algorithm 1: the PEs are classified by their load ``tok_e`` and their
-node's read queue ``read_q`` (both in tokens) -- C1 overloaded (``tok_e > β``, never given work), C2
-``read_q ≤ α``, C3 ``read_q > α`` -- and the head of the global FIFO queue goes to the least-loaded PE of C2,
-else of C3 (ties: the PE given work least recently); the chosen PE's ``tok_e`` grows by the request's
-tokens and the next request is considered, until both classes are empty (the rest waits until a PE
-finishes work). :class:`RoundRobinPolicy` gives requests to the PEs in turn, node by node, with no load
-limit.
+**Prefill** (:meth:`Policy.assign_prefill`): over *every* PE of the cluster, each with its group's last report
+(:class:`PrefillDispatch`), whichever group pulls (over the fetching group alone, the first to pull took
+nearly all the work). :class:`DualPathPolicy` runs Algorithm 1: PEs are classified by their load ``tok_e``
+and their node's read queue ``read_q`` (tokens) -- C1 overloaded (``tok_e > β``, given nothing), C2
+``read_q ≤ α``, C3 ``read_q > α`` -- and the head of the global FIFO goes to the least-loaded PE of C2, else
+of C3 (ties: the PE given work least recently), whose ``tok_e`` grows, until both classes are empty.
+:class:`RoundRobinPolicy` gives requests to the PEs in turn, with no load limit.
 
-**Decode engines** (:meth:`Policy.assign_decode`), two levels (§6.2): when a DE group fetches, the global
-decode queue is first drained into per-group private queues, each request to the group with the smallest
-``Σ tok_e`` (phase 1). Then (phase 2), with the group's free HBM summed, the prefix ``R`` of the private
-queue that fits is found and the high-token threshold ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|``
-computed; requests are popped in order: among DEs with room in HBM, those staying at or below ``Z`` are
-preferred (fewest requests ``seq_e``), else the least-loaded high-token DE; the fetch ends when no DE has
-room for the head. Round robin takes the group's private queue in order and gives each request to the next
-DE with room.
+**Decode** (:meth:`Policy.assign_decode`, §6.2): phase 1 drains the global queue into per-group private
+queues, each request to the group with the smallest ``Σ tok_e``. Phase 2 finds the prefix ``R`` of the
+group's private queue that fits its free HBM, computes ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|`` and
+pops requests in order: among DEs with room, those staying at or below ``Z`` are preferred (fewest requests
+``seq_e``), else the least-loaded; the fetch ends when no DE has room for the head. Round robin gives each
+request to the group's next DE with room.
 
-**Read side** (:meth:`Policy.read_side`, §6.3): the request's whole hit KV is read on one side: DualPath
-picks the node with the shorter read queue (ties: the PE's side); PE-only systems always read on the PE
-side. The scheduler's view of ``read_q`` grows by the request's hit tokens, so one fetch does not send
-everything to the same side (the paper does not say whether it updates ``read_q`` within a fetch).
+**Read side** (:meth:`Policy.read_side`, §6.3): a request's whole hit is read on one side, for DualPath the
+node with the shorter read queue, which then grows by the hit tokens (so one fetch does not send everything to
+one side; the paper does not say whether it updates ``read_q`` within a fetch); PE-only systems read on the PE.
 """
 
 from __future__ import annotations
@@ -72,12 +62,9 @@ ReadSide = Literal["pe", "de"]
 @fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What the scheduler knows of a request: its id, its tokens and the HBM its KV needs on a DE.
-
-    ``prompt_tokens`` = hit + new; ``new_tokens`` are computed by the PE; ``hit_tokens`` are read from storage;
-    ``tokens`` is what counts in ``tok_e`` (see :class:`DualPathPolicy`); ``hbm_bytes`` the DE HBM it takes;
-    ``context`` the token stream (agent) whose first ``hit_tokens`` tokens are its hit.
-    """
+    """What the scheduler knows of a request: ``prompt_tokens`` = hit (read from storage) + new (computed by the
+    PE); ``hbm_bytes`` the DE HBM it takes; ``context`` the token stream (agent) whose first ``hit_tokens`` tokens
+    are its hit."""
 
     id: int
     prompt_tokens: int
@@ -100,9 +87,8 @@ class Engine:
     free_hbm_bytes: int = 0
     given: int = 0
     """The policy's assignment count when this PE was last given work (0: never). Ties in ``tok_e`` go to the
-    PE given work least recently [our choice: the paper names no tie rule]: with ties to the lowest id, a
-    lightly loaded cluster (every PE idle, ``tok_e`` = 0, at each arrival) sent nearly every request, and its
-    storage read, to the first node."""
+    PE given work least recently [our choice: with ties to the lowest id, a lightly loaded cluster sent nearly
+    every request, and its read, to the first node]."""
 
 
 @fast_frozen_init
@@ -120,9 +106,8 @@ class DecodeAssignment:
 
 
 class PortHealth:
-    """What faults leave of the cluster's ports and engines, as the scheduler last heard
-    (:mod:`~dualpath_emu.cluster.faults`): a policy reads it to react (:attr:`Policy.health`). Every port and
-    engine is up until a fault says otherwise. (The scheduler offers a policy only the engines that are up.)"""
+    """What faults leave of the cluster's ports and engines, as the scheduler last heard: a policy reads it to
+    react (:attr:`Policy.health`). (The scheduler offers a policy only the engines that are up.)"""
 
     __slots__ = ("_factors", "engines_down")
 
@@ -149,7 +134,7 @@ class PortHealth:
 
     @property
     def all_up(self) -> bool:
-        """No port is down or degraded (the common case: one test)."""
+        """No port is down or degraded."""
         return not self._factors
 
     def factor(self, port: str) -> float:
@@ -167,12 +152,8 @@ class PortHealth:
 
 @dataclass
 class Policy(ABC):
-    """The decisions of one scheduler. Subclasses choose the engines; the read side is chosen here. State
-    lives in the queues the scheduler passes in and in the policy's own counters (round robin).
-
-    ``read_both_sides`` False keeps every read on the PE side (single-path systems); True reads on the node
-    with the shorter read queue (dual-path loading).
-    """
+    """The decisions of one scheduler: subclasses choose the engines, the read side is chosen here.
+    ``read_both_sides`` False keeps every read on the PE side (single-path systems)."""
 
     read_both_sides: bool = False
     health: PortHealth = field(default_factory=PortHealth, repr=False, compare=False)
@@ -193,8 +174,7 @@ class Policy(ABC):
         return request.prompt_tokens + request.gen_tokens
 
     def prefill_load_changed(self, engine: Engine) -> None:
-        """PE ``engine``'s load changed outside :meth:`assign_prefill` (it finished work): a policy that
-        indexes the PEs by load updates its index (:class:`PrefillDispatch` calls this)."""
+        """PE ``engine``'s load changed outside :meth:`assign_prefill` (it finished work)."""
 
     @abstractmethod
     def assign_prefill(
@@ -221,7 +201,7 @@ class Policy(ABC):
         """Phase 2: requests from the head of a group's private queue to its DEs, while they fit."""
 
     def _give_prefill(self, engine: Engine, request: Request) -> PrefillAssignment:
-        """Assign ``request`` to PE ``engine``, updating the engine's load as its next report would show it."""
+        """Assign ``request`` to PE ``engine``, updating its load as its next report would show it."""
         engine.tok += self.prefill_tokens(request)
         engine.seq += 1
         self._given += 1
@@ -261,15 +241,14 @@ class Policy(ABC):
     def route_decode(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
     ) -> None:
-        """Phase 1 of the DE selection: move the global decode queue into the groups' private queues. The
-        scheduler may call it as soon as requests join the global queue (the next fetch would do it anyway)."""
+        """Phase 1 of the DE selection, as soon as requests join the global queue (the next fetch would do it)."""
         self._drain_to_groups(global_queue, private_queues, group_loads)
 
     def _drain_to_groups(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
     ) -> None:
-        """Phase 1 of the DE selection: each queued request to the group with the least ``Σ tok_e`` (ties: the
-        group routed a request least recently, then the lowest id). ``group_loads`` (group id -> its engines' Σ tok_e plus what waits in its private queue) is
+        """Phase 1: each queued request to the group with the least ``Σ tok_e`` (ties: the group routed a request
+        least recently, then the lowest id); ``group_loads`` (its engines' Σ tok_e plus its private queue's) is
         updated in place."""
         if isinstance(group_loads, GroupLoads):
             self._drain_by_heap(global_queue, private_queues, group_loads)
@@ -285,9 +264,8 @@ class Policy(ABC):
     def _drain_by_heap(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: GroupLoads
     ) -> None:
-        """:meth:`_drain_to_groups` with the groups in a heap by ``(load, routed, id)``: O(log groups) per
-        request, the same choices (a scan of 96 groups per request was 4% of a 48P96D run). An entry is
-        current while the group's load and turn still match it; every change pushes a new one."""
+        """:meth:`_drain_to_groups` with the groups in a heap by ``(load, routed, id)``: the same choices in
+        O(log groups). An entry is current while the group's load and turn match it; a change pushes a new one."""
         heap = self._group_heap
         if self._group_heap_of is not group_loads:
             self._group_heap_of, heap = group_loads, []
@@ -316,11 +294,8 @@ class Policy(ABC):
 
 @dataclass
 class DualPathPolicy(Policy):
-    """DualPath's scheduler (§6): Algorithm 1 for PEs, the two-level DE selection, shorter-queue read side.
-
-    ``alpha_tokens`` (α: tokens a node reads from storage in 3 s) and ``beta_tokens`` (β: tokens one GPU
-    prefills in 5 s) are computed by the cluster from its hardware (A.4).
-    """
+    """DualPath's scheduler (§6). ``alpha_tokens`` (α: tokens a node reads from storage in 3 s) and
+    ``beta_tokens`` (β: tokens one GPU prefills in 5 s) come from the cluster's hardware (A.4)."""
 
     alpha_tokens: int = 0
     beta_tokens: int = 0
@@ -333,8 +308,7 @@ class DualPathPolicy(Policy):
         self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
         # Algorithm 1 picks the least (tok_e, given, id) over C2, else over C3; a node's PEs share its read
-        # queue, so that is the least of the qualifying nodes' least PEs: O(nodes + log PEs) per request
-        # (a scan of every PE was a tenth of a 16P32D run's CPU).
+        # queue, so that is the least of the qualifying nodes' least PEs: O(nodes + log PEs) per request.
         index = self._pe_index
         if index is None or index.engines is not engines or index.count != len(engines):
             index = self._pe_index = _PrefillIndex(engines)
@@ -401,13 +375,9 @@ class DualPathPolicy(Policy):
 
 @dataclass
 class RoundRobinPolicy(Policy):
-    """Round robin (the paper's Basic baseline, Fig. 13): PEs and DEs in turn, no load limit but HBM.
-
-    With ``read_both_sides`` it is the ablation step ``basic+layerwise+dualpath``: dual-path loading
-    without DualPath's scheduler. The read side then takes turns too (PE, DE, PE, …): choosing it by read
-    queue is part of DualPath's scheduling (§6.3), and the paper does not say how the step without it
-    chooses [our choice].
-    """
+    """Round robin (the paper's Basic, Fig. 13): PEs and DEs in turn, no load limit but HBM. With
+    ``read_both_sides`` (ablation step ``basic+layerwise+dualpath``) the read side takes turns too [our choice:
+    choosing it by read queue is DualPath's scheduling, §6.3]."""
 
     _pe_turn: int = 0
     _next_de: dict[int, int] = field(default_factory=dict)
@@ -470,8 +440,7 @@ class RoundRobinPolicy(Policy):
 
 
 class GroupLoads(dict[int, int]):
-    """The decode groups' loads (``Σ tok_e`` plus what waits in the private queue, by group id) that the
-    scheduler keeps for phase 1, remembering which groups changed since the policy last looked, so that
+    """The decode groups' loads for phase 1, remembering which changed since the policy last looked, so that
     phase 1 can keep the groups in a heap (a plain dict works too, with a scan per request)."""
 
     def __init__(self, loads: dict[int, int] | None = None) -> None:
@@ -488,9 +457,8 @@ _Entry = tuple[int, int, int, Engine]
 
 
 class _PrefillIndex:
-    """The PEs of the cluster by node, each node's in a heap by ``(tok_e, given, id)``. An entry is current
-    while the engine's ``tok``/``given`` still match it; every change pushes a new one (:meth:`changed`),
-    and stale entries are dropped as they surface."""
+    """The PEs by node, each node's in a heap by ``(tok_e, given, id)``; an entry is current while the engine's
+    ``tok``/``given`` match it (a change pushes a new one; stale entries are dropped as they surface)."""
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
@@ -528,14 +496,10 @@ class _PrefillIndex:
 
 
 class PrefillDispatch:
-    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group.
-
-    A fetch from any PE group runs the policy over every PE of the cluster (:meth:`fetch`), so which group
-    pulls first does not decide who gets the work. New work wakes one group (:meth:`submit`; any fetch
-    assigns for all, so waking every group would only cost messages), taken in turn so that no group's fetch
-    period throttles the others; a PE that finishes work wakes its own group while requests wait
-    (:meth:`done`), the only event that can make room when every PE is over β.
-    """
+    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group. A
+    fetch from any group assigns over every PE; new work wakes one group, in turn (any fetch assigns for all);
+    a PE that finishes work wakes its own group while requests wait (the only event that makes room when every
+    PE is over β)."""
 
     def __init__(self, policy: Policy, groups: dict[str, list[Engine]]) -> None:
         self.policy = policy
@@ -579,9 +543,8 @@ def check_assignments(
     policy: Policy, method: str, assigned: object, kind: type, waiting: set[int], queues: Iterable[deque[Request]],
     engine_ids: set[int],
 ) -> None:  # fmt: skip
-    """Refuse what a policy's ``method`` returned unless it is a list of ``kind`` (:class:`PrefillAssignment` or
-    :class:`DecodeAssignment`), each of a request that was ``waiting`` and has left every one of ``queues``, none
-    twice, each to one of ``engine_ids``. Run for users' policies only (the built-in ones are tested)."""
+    """Refuse what a user's policy's ``method`` returned unless it is a list of ``kind``, each of a request that
+    was ``waiting`` and has left every one of ``queues``, none twice, each to one of ``engine_ids``."""
     name = f"policy {type(policy).__name__}.{method}"
     if not isinstance(assigned, list):
         raise PolicyError(

@@ -1,69 +1,46 @@
 """The roofline compute model: how long one GPU takes for a prefill forward pass or a decode step.
 
-Each layer is two parts, and each part is a roofline::
+Each layer is two parts, each a roofline, ``max(FLOPs / (peak × compute efficiency), HBM bytes / (HBM
+bandwidth × memory efficiency))``: **attention** (main attention plus DSA's indexer, at the GPU's *BF16* peak,
+as FlashMLA and FlashAttention compute; V3.2's indexer runs in FP8, so this overstates it by up to 2×; bytes:
+the KV and indexer keys read) and **other** (the weight GEMMs, ``2 × active_params / layers`` FLOPs per token at
+the model's GEMM dtype peak; bytes: the GPU's weights at the engine's EP degree over the layers). A forward
+pass is ``layers × (attention + other)``; :class:`LayerTimes` keeps the parts so an engine can pipeline
+per-layer KV loads against compute, and the attention quota (§6.4) reads :meth:`Roofline.attention_s_per_layer`.
+A prefill layer's "other" also carries ``overhead_s_per_layer`` and an MoE layer's fixed all-to-all part.
 
-    time = max(FLOPs / (peak × compute efficiency), HBM bytes / (HBM bandwidth × memory efficiency))
+**A decode step of an EP group** (:meth:`Roofline.ep_decode_step_s`): every GPU steps together; per layer the
+slowest rank's attention, the GEMMs at the largest rank's batch and the overhead; per MoE layer a dispatch
+and combine, ``a2a_fixed_s`` plus the larger of the bytes to other nodes over the compute NIC and those to the
+node's other GPUs over NVLink. DeepEP's low-latency kernels send a token to each of its ``k`` experts (no node
+dedupe): ``b × (dispatch + combine bytes) × (ep_nodes − 1) / ep_nodes`` over the NIC. With 87 µs fixed this
+gives DeepEP's published H800/CX7 numbers (128 tokens, top-8, hidden 7,168: EP16 118 + 195 µs, EP32 155 + 273
+µs, EP8 77 + 114 µs) within 2% (EP16, EP32) and 12% (EP8). Not modelled: two-micro-batch overlap, expert
+imbalance beyond the largest batch, stragglers on other nodes.
 
-* **attention** -- the main attention plus, for DSA, the lightning indexer. FLOPs from
-  :meth:`ModelSpec.attention_flops_per_layer` (exact causal sums), charged at the GPU's *BF16* peak (FlashMLA
-  and FlashAttention compute in BF16; V3.2's indexer runs in FP8, so this overstates its time by up to 2×);
-  bytes = the KV and indexer-key bytes read.
-* **other** -- every weight GEMM of the layer (projections, FFN or experts, the router, the output head
-  spread over the layers): ``2 × active_params / layers`` FLOPs per token at the model's GEMM dtype peak;
-  bytes = the GPU's weights divided by the layers (:meth:`ModelSpec.weight_bytes_per_gpu` at the engine's
-  EP degree: DP attention, routed experts sharded over ``ep_degree`` GPUs, each GPU's GEMM work equal to its
-  own tokens' on average).
-
-A forward pass is ``layers × (attention + other)``; :class:`LayerTimes` keeps the two per-layer parts so an
-engine can pipeline per-layer KV loads against per-layer compute (DESIGN §4), and the scheduler's 300 ms
-attention quota (§6.4, paper-facts §7.5) reads :meth:`Roofline.attention_s_per_layer`. A prefill layer's
-"other" part also carries ``overhead_s_per_layer`` and, for an MoE layer, the fixed part of its dispatch and
-combine (``a2a_fixed_s``); their bytes are model traffic the prefill engine sends on the data plane
-(bandwidth-bound at prefill sizes, DeepEP's normal kernels).
-
-**A decode step of an EP group** (:meth:`Roofline.ep_decode_step_s`): with DP attention and expert
-parallelism every GPU of the group steps together. A step is, per layer, the slowest rank's attention plus
-the weight GEMMs at the largest rank's batch plus ``overhead_s_per_layer``, and per MoE layer a dispatch and a
-combine: ``a2a_fixed_s`` plus the larger of the bytes to other nodes over the compute NIC and the bytes to the
-node's other GPUs over NVLink (the GPU's ``nvlink_bytes_per_s``). DeepEP's low-latency kernels send a token to each
-of its ``k`` experts separately (no node dedupe), so a GPU's batch of ``b`` tokens moves
-``b × (dispatch + combine bytes) × (ep_nodes − 1) / ep_nodes`` over its NIC. With ``a2a_fixed_s`` = 87 µs
-(42 µs dispatch + 45 µs combine) this gives DeepEP's published H800 / CX7 numbers (128 tokens, top-8,
-hidden 7,168: EP16 118 + 195 µs, EP32 155 + 273 µs, EP8 77 + 114 µs) within 2% (EP16, EP32) and 12% (EP8).
-Not modelled: the two micro-batches production engines overlap to hide part of the all-to-all, expert load
-imbalance beyond the largest rank's batch, and stragglers on other nodes of the group (a decode actor sees
-its own node's GPUs only).
-
-Every factor is a :class:`RooflineParams` field, one set for prefill and one for decode
-(:class:`~dualpath_emu.cluster.config.ClusterConfig`); the defaults and why:
+The :class:`RooflineParams` defaults, one set for prefill and one for decode, and why:
 
 ``gemm_efficiency = 0.6``
     DeepGEMM's FP8 GEMMs reach 1,350-1,550 TFLOP/s on an H800 (68-78% of the 1,979 dense peak) for large
-    shapes; MoE grouped GEMMs with uneven expert loads and the element-wise work the model folds in
-    (norms, RoPE, routing, quantisation) bring a whole layer lower. An assumption, not a measurement.
+    shapes; uneven expert loads and element-wise work bring a whole layer lower. Assumed, not measured.
 ``attention_efficiency = 0.6``
-    FlashMLA's sparse prefill kernel reaches 640 TFLOP/s on an H800 (65% of the 989 BF16 peak); its dense
-    decode kernel 660 TFLOP/s when compute-bound; FlashAttention-3 ~75% on an H100. 0.6 leaves room for
-    the indexer's top-k selection and short sequences.
+    FlashMLA: 640 TFLOP/s sparse prefill, 660 dense decode on an H800 (65% of 989); FlashAttention-3 ~75% on
+    an H100; 0.6 leaves room for the indexer's top-k and short sequences.
 ``memory_efficiency = 0.8``
-    FlashMLA decode streams KV at up to 3,000 GB/s of the H800's 3,350 (90%); weight streaming in
-    small-batch GEMMs is typically lower. Decode is memory-bound on weights + KV, so this sets TPOT.
+    FlashMLA decode streams KV at up to 3,000 of 3,350 GB/s; weight streaming in small GEMMs is lower.
+    Decode is memory-bound on weights + KV, so this sets TPOT.
 ``overhead_s_per_layer = 0``
-    A fixed cost per layer (launches, DP-attention synchronisation, norms). The pure roofline gains little
-    per-token throughput from batching (V3.2 with 30K context + 300 new tokens: ~6% from batch 1 to 20),
-    whereas the paper's Fig. 3 (right) shows ≈3×, which a roofline alone cannot give; ≈2 ms per layer
-    would. 0 by default; the calibration fits prefill's (:mod:`dualpath_emu.reproduce.calibrate`). Decode
-    runs as CUDA graphs and keeps 0.
+    Launches, DP sync, norms. A pure roofline gains ~6% per-token throughput from batch 1 to 20 (V3.2, 30K
+    context + 300 new), the paper's Fig. 3 (right) ≈3×; ≈2 ms per layer would give it. The calibration fits
+    prefill's (:mod:`dualpath_emu.reproduce.calibrate`); decode runs as CUDA graphs and keeps 0.
 ``a2a_fixed_s = 87e-6``
-    The fixed latency of one MoE layer's dispatch plus combine (DeepEP, above); 0 for a dense model, whose
-    layers have none. Prefill uses DeepEP's normal kernels, which publish bandwidths only; we assume the same
-    fixed part.
+    One MoE layer's dispatch + combine latency (DeepEP, above; 0 for a dense model). Prefill's normal kernels
+    publish bandwidths only: we assume the same fixed part.
 """
 
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -104,12 +81,10 @@ class LayerTimes:
 
     @property
     def per_layer_s(self) -> float:
-        """One layer: attention, then the rest."""
         return self.attention_s + self.other_s
 
     @property
     def total_s(self) -> float:
-        """The whole forward pass."""
         return self.layers * self.per_layer_s
 
 
@@ -127,11 +102,8 @@ def roofline_s(
 
 @dataclass(frozen=True)
 class Roofline:
-    """The compute model of one GPU of kind ``gpu`` running ``model`` in an engine with EP degree ``ep_degree``.
-
-    Raises :class:`~dualpath_emu.errors.InvalidArgumentError` when the GPU's share of the weights does not
-    fit its HBM (e.g. DS 660B needs ``ep_degree >= 16`` on 80 GiB GPUs).
-    """
+    """The compute model of one GPU of kind ``gpu`` running ``model`` in an engine with EP degree ``ep_degree``
+    (an :class:`~dualpath_emu.errors.InvalidArgumentError` if its share of the weights does not fit its HBM)."""
 
     gpu: GpuSpec
     model: ModelSpec
@@ -142,8 +114,7 @@ class Roofline:
     cnic_bytes_per_s: float = 50e9
     """Each GPU's compute NIC, which a decode step's all-to-all to other nodes crosses."""
     _by_batch: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
-    """Per decode batch size: one layer's weight GEMMs and one MoE layer's all-to-all (they depend on nothing
-    else, and a decode group asks at every change of its batches)."""
+    """Per decode batch size: one layer's weight GEMMs and one MoE layer's all-to-all."""
 
     def __post_init__(self) -> None:
         weights = self.model.weight_bytes_per_gpu(self.ep_degree)
@@ -153,28 +124,18 @@ class Roofline:
                 f"GPU, more than the {self.gpu.name}'s {self.gpu.hbm_bytes / 1e9:.1f} GB of HBM"
             )
 
-    def _attention_s(self, flops: float, hbm_bytes: float) -> float:
-        p = self.params
-        return roofline_s(
-            flops,
-            self.gpu.bf16_flops_per_s,
-            p.attention_efficiency,
-            hbm_bytes,
-            self.gpu.hbm_bytes_per_s,
-            p.memory_efficiency,
-        )
+    def attention_s_from(self, flops: float, hbm_bytes: float) -> float:
+        """Attention time of one layer for the summed :meth:`attention_cost` of a batch."""
+        g, p = self.gpu, self.params
+        return roofline_s(flops, g.bf16_flops_per_s, p.attention_efficiency, hbm_bytes, g.hbm_bytes_per_s,
+                          p.memory_efficiency)  # fmt: skip
 
     def _other_s(self, tokens: int) -> float:
         """The weight GEMMs of one layer for ``tokens`` tokens."""
         m, p = self.model, self.params
-        return roofline_s(
-            m.gemm_flops_per_token * tokens / m.layers,
-            self.gpu.peak_flops_per_s(m.gemm_dtype),
-            p.gemm_efficiency,
-            m.weight_bytes_per_gpu(self.ep_degree) / m.layers,
-            self.gpu.hbm_bytes_per_s,
-            p.memory_efficiency,
-        )
+        return roofline_s(m.gemm_flops_per_token * tokens / m.layers, self.gpu.peak_flops_per_s(m.gemm_dtype),
+                          p.gemm_efficiency, m.weight_bytes_per_gpu(self.ep_degree) / m.layers,
+                          self.gpu.hbm_bytes_per_s, p.memory_efficiency)  # fmt: skip
 
     def attention_cost(self, cached_tokens: int, new_tokens: int) -> tuple[float, float]:
         """One request's attention FLOPs and HBM bytes per layer; a batch's time is
@@ -183,28 +144,17 @@ class Roofline:
         bytes_per_key = m.kv_bytes_per_token_layer + m.indexer_kv_bytes_per_token_layer
         return m.attention_flops_per_layer(cached_tokens, new_tokens), (cached_tokens + new_tokens) * bytes_per_key
 
-    def attention_s_from(self, flops: float, hbm_bytes: float) -> float:
-        """Attention time of one layer for the summed :meth:`attention_cost` of a batch."""
-        return self._attention_s(flops, hbm_bytes)
-
     def attention_s_per_layer(self, batch: Sequence[tuple[int, int]]) -> float:
-        """Attention time of one layer for a prefill batch of ``(cached_tokens, new_tokens)`` requests.
-
-        Bytes read: each request's ``cached + new`` KV and indexer keys once (an upper bound for DSA, whose
-        main attention reads only the selected keys; prefill is compute-bound either way). An empty batch
-        takes no time.
-        """
+        """Attention time of one layer for a prefill batch of ``(cached_tokens, new_tokens)`` requests: each
+        one's ``cached + new`` KV and indexer keys read once (an upper bound for DSA; prefill is compute-bound)."""
         m = self.model
         bytes_per_key = m.kv_bytes_per_token_layer + m.indexer_kv_bytes_per_token_layer
         flops = sum(m.attention_flops_per_layer(cached, new) for cached, new in batch)
         hbm_bytes = sum((cached + new) * bytes_per_key for cached, new in batch)
-        return self._attention_s(flops, hbm_bytes)
+        return self.attention_s_from(flops, hbm_bytes)
 
     def prefill(self, batch: Sequence[tuple[int, int]]) -> LayerTimes:
-        """Per-layer times of a prefill forward over ``(cached_tokens, new_tokens)`` requests.
-
-        An empty batch (no new tokens) takes no time.
-        """
+        """Per-layer times of a prefill forward over ``(cached_tokens, new_tokens)`` requests (none: 0)."""
         tokens = sum(new for _, new in batch)
         if tokens == 0:
             return LayerTimes(0.0, 0.0, self.model.layers)
@@ -221,8 +171,7 @@ class Roofline:
 
     @functools.cached_property
     def a2a_remote_bytes_per_token(self) -> float:
-        """Decode all-to-all bytes one token sends to and gets back from other nodes per MoE layer (DeepEP's
-        low-latency layout: to each of its experts separately); 0 for a dense model or a one-node group."""
+        """Decode all-to-all bytes one token sends to and gets back from other nodes per MoE layer."""
         m = self.model
         if m.moe_layers == 0 or self.ep_degree <= 1:
             return 0.0
@@ -230,8 +179,7 @@ class Roofline:
         return (m.a2a_dispatch_bytes_per_token_layer + m.a2a_combine_bytes_per_token_layer) * (nodes - 1) / nodes
 
     def a2a_s(self, tokens: int) -> float:
-        """One MoE layer's decode dispatch + combine for a GPU with ``tokens`` tokens (module docstring);
-        0 for a dense model or an EP group of one GPU."""
+        """One MoE layer's decode dispatch + combine for a GPU with ``tokens`` tokens (module docstring)."""
         m = self.model
         if m.moe_layers == 0 or self.ep_degree <= 1 or tokens == 0:
             return 0.0
@@ -241,11 +189,8 @@ class Roofline:
         return self.params.a2a_fixed_s + max(remote / self.cnic_bytes_per_s, local / self.gpu.nvlink_bytes_per_s)
 
     def ep_decode_step_s(self, batches: Sequence[tuple[int, int]]) -> float:
-        """One decode step of GPUs that step together (an EP group's), given each one's ``(batch_size,
-        context_tokens)`` (as :meth:`decode_step`): per layer the slowest rank's attention, the weight GEMMs
-        at the largest batch and the overhead; per MoE layer the all-to-all (:meth:`a2a_s`) at the largest
-        batch. GPUs with an empty batch still step (DP ranks run the MoE layers together). No GPU with a
-        request: 0."""
+        """One decode step of GPUs that step together, given each one's ``(batch_size, context_tokens)`` (module
+        docstring). GPUs with an empty batch still step (DP ranks run the MoE layers together); none busy: 0."""
         attention = self._decode_attention_s
         slowest, largest = 0.0, 0
         for size, context in batches:
@@ -263,9 +208,8 @@ class Roofline:
 
     @functools.cached_property
     def _decode_attention_s(self) -> Callable[[int, int], float]:
-        """One layer's decode attention for ``(batch_size, context_tokens)`` (:meth:`decode_step`'s), as a
-        function of precomputed constants: a decode group asks for it at every change of its batches. The
-        same operations in the same order as :meth:`decode_step`, so the same float to the last bit."""
+        """:meth:`decode_step`'s attention of one layer from precomputed constants: the same operations in the
+        same order, so the same float to the last bit."""
         m, p, g = self.model, self.params, self.gpu
         top_k = m.sparse_top_k
         fk, ik = m.attention_flops_per_key_layer, m.indexer_flops_per_key_layer
@@ -304,18 +248,13 @@ class Roofline:
         }  # fmt: skip
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
-        """One GPU's decode step alone (``decode_step(...).total_s`` plus the per-layer overhead and the MoE
-        layers' all-to-all): :meth:`ep_decode_step_s` of one batch."""
+        """One GPU's decode step alone: :meth:`ep_decode_step_s` of one batch."""
         return self.ep_decode_step_s(((batch_size, context_tokens),))
 
     def decode_step(self, batch_size: int, context_tokens: int) -> LayerTimes:
-        """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all.
-
-        ``context_tokens`` sums each request's context including the token being decoded. Attention reads
-        every request's KV (GQA), or, with DSA, each request's top-k keys -- counted as
-        ``min(context_tokens, batch_size × top_k)``, exact when every context is at least ``top_k`` and an
-        upper bound otherwise -- plus every indexer key. An empty batch takes no time.
-        """
+        """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all (each
+        context with the token being decoded). With DSA the keys attended are ``min(context_tokens, batch_size ×
+        top_k)`` (exact when every context is at least ``top_k``, else an upper bound), plus every indexer key."""
         if batch_size < 0 or context_tokens < batch_size:
             raise InvalidArgumentError(
                 f"need 0 <= batch_size <= context_tokens, got batch_size={batch_size}, context_tokens={context_tokens}"
@@ -326,4 +265,4 @@ class Roofline:
         attended = context_tokens if m.sparse_top_k is None else min(context_tokens, batch_size * m.sparse_top_k)
         flops = m.attention_flops_per_key_layer * attended + m.indexer_flops_per_key_layer * context_tokens
         hbm_bytes = m.kv_bytes_per_token_layer * attended + m.indexer_kv_bytes_per_token_layer * context_tokens
-        return LayerTimes(self._attention_s(flops, hbm_bytes), self._other_s(batch_size), m.layers)
+        return LayerTimes(self.attention_s_from(flops, hbm_bytes), self._other_s(batch_size), m.layers)

@@ -1,8 +1,5 @@
-"""The central request scheduler (§6): the engine that keeps the global queues and the engines' loads, and
-runs the system's policy (:mod:`~dualpath_emu.cluster.policies`) when an engine group fetches work.
-
-The policies' names are re-exported here, where code written against earlier versions imports them.
-"""
+"""The central request scheduler (§6): keeps the global queues and the engines' loads, and runs the system's
+policy (:mod:`~dualpath_emu.cluster.policies`, whose names are re-exported here) when a group fetches work."""
 
 from __future__ import annotations
 
@@ -71,9 +68,8 @@ class _Pull:
 
 @dataclass(slots=True)
 class _PrefillRestart:
-    """A prefill group's process died and was started again: what it held, while the decode groups say which of
-    those requests' KV they have (a KvReady may have left the dead process without its PrefillDone, or the other
-    way round)."""
+    """A prefill group's process was started again: what it held, while the decode groups say which of those
+    requests' KV they have (a KvReady may have left the dead process without its PrefillDone, or the reverse)."""
 
     group: str
     waiting: set[str]
@@ -262,25 +258,10 @@ class Scheduler(ClusterEngine):
                 read_on_de = policy.read_side(r, pe_node, node, read_q) == "de"
             scheduled_de(rid, now, pe, de, read_on_de)
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
-            prefill.setdefault(pe_group[pe_node], []).append(
-                PrefillTask(
-                    rid,
-                    r.prompt_tokens,
-                    r.hit_tokens,
-                    r.gen_tokens,
-                    pe_node,
-                    pe_gpu,
-                    node,
-                    de_gpu,
-                    read_on_de,
-                    r.context,
-                )
-            )
-            expect.append(
-                DecodeTask(
-                    rid, r.prompt_tokens, r.hit_tokens, r.gen_tokens, node, de_gpu, pe_node, read_on_de, r.context
-                )
-            )
+            prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
+            task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context)
+            prefill.setdefault(pe_group[pe_node], []).append(task)
+            expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context))
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))
@@ -354,8 +335,7 @@ class Scheduler(ClusterEngine):
 
     @on(Lost)
     def on_lost(self, now: int, msg: Lost, sender: str) -> None:
-        """Engine group ``sender`` no longer holds these requests: it crashed with them (it is down from now),
-        work for them came while it was down, or it dropped them as asked."""
+        """Engine group ``sender`` no longer holds these requests (:class:`Lost` says why)."""
         if msg.why == "restarted":
             self._process_restarted(now, sender)
             return
@@ -381,15 +361,11 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _process_restarted(self, now: int, group: str) -> None:
-        """Engine group ``group`` is a new process in place of one that died (a live run's
-        ``--restart-crashed``): everything the dead one held is lost. It can say nothing of it, so what the
-        scheduler sent it counts: every request assigned to it, and every read on its nodes (they were all its
-        own). What waited for its answer to a drop needs none now.
-
-        The dead process may have sent one message of a handler and not the next: a prefill group's KvReady
-        without its PrefillDone (or the reverse), a decode group's DecodeDone without its TurnDone (or the
-        reverse). So a prefill group's requests whose KV may have left are settled with the decode groups
-        (:meth:`_ask_decode_groups`), and a decode group's with the client (:meth:`_ask_client`)."""
+        """Engine group ``group`` is a new process in place of one that died (``--restart-crashed``): what the
+        scheduler sent it is lost, and every read on its nodes; what waited for its answer to a drop needs none.
+        The dead process may have sent one message of a handler and not the next (KvReady without PrefillDone,
+        DecodeDone without TurnDone, or the reverse): a prefill group's requests are settled with the decode
+        groups (:meth:`_ask_decode_groups`), a decode group's with the client (:meth:`_ask_client`)."""
         nodes = [n for n, name in (*self._pe_group.items(), *self._de_group.items()) if name == group]
         for node in nodes:
             self.read_q[node] = 0
@@ -418,9 +394,9 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _ask_decode_groups(self, now: int, group: str, nodes: list[int], held: list[int]) -> None:
-        """Prefill group ``group``'s process died holding ``held`` (sent to decode groups): ask every decode group
-        that is up to drop what it expects from ``nodes`` whose KV has not come and to say which it has; settle
-        when all have answered. A request whose DecodeDone came (its PrefillDone never will) is done."""
+        """Prefill group ``group``'s process died holding ``held``: ask every decode group that is up to drop what
+        it expects from ``nodes`` whose KV has not come; settle when all have answered. A request whose DecodeDone
+        came (its PrefillDone never will) is done."""
         wake = None
         for rid, pe in list(self.pe_of.items()):
             if rid in self._decoded and self.prefill.group_of(pe) == group:
@@ -487,9 +463,8 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _ask_client(self, group: str, held: list[int]) -> None:
-        """Decode group ``group``'s process died holding ``held``: its TurnDones may have left without their
-        DecodeDones (those turns ended: they are not dispatched again), and its last DecodeDones without their
-        TurnDones (the scheduler sends them): ask the client which of these it has ended."""
+        """Decode group ``group``'s process died holding ``held``: ask the client which of these, and of the
+        group's last DecodeDones, it has ended (those are not dispatched again; missing TurnDones are sent)."""
         asked = list(held)
         for done in self._last_done.pop(group, ()):
             for rid, first, second in zip(done.rids, done.first_token_ns, done.second_token_ns, strict=True):
@@ -611,7 +586,7 @@ class Scheduler(ClusterEngine):
 
     def _engine_down(self, now: int, group: str) -> None:
         """Engine group ``group`` crashed: it fetches nothing until it is back, policies see it down, and
-        requests assigned to its engines but not yet sent there are taken back."""
+        requests assigned to it but not yet sent there are taken back."""
         self._down.add(group)
         self._pulls.pop(group, None)
         self._wanted.discard(group)
