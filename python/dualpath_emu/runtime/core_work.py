@@ -24,7 +24,7 @@ completions and failing the futures of refused requests; a flavour says only how
 * the host backend (:class:`~dualpath_emu.host.plane.HostDataPlane`) moves real bytes.
 
 **Refused requests.** The core checks a whole batch before accepting any of it; when it refuses one, the
-batch is retried one request at a time (:func:`submit_split`) and each bad request's future fails with
+batch is retried one request at a time (:func:`~dualpath_emu.runtime.virtual.submit_batch`) and each bad request's future fails with
 the core's error, the others go ahead. A bad *detached* request has no future: it fails the run.
 
 Tags come from a per-plane counter. Work submitted to a local core by other code must take its tag from
@@ -57,7 +57,6 @@ __all__ = [
     "core_layout",
     "core_state",
     "forward_bytes",
-    "submit_split",
 ]
 
 _T = TypeVar("_T")
@@ -168,30 +167,6 @@ def core_state(core: Core) -> dict[str, Any]:
         "ports": {core.port_name(p): core.port_counters(p) for p in range(core.port_count)},
         "storage": {core.storage_node_name(n): core.storage_queue(n) for n in range(core.storage_node_count)},
     }
-
-
-def submit_split(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tuple[_T, Exception]]:
-    """Submit ``batch`` with ``submit``; if the core refuses it, retry one request at a time.
-
-    The core checks a whole batch before accepting any of it, so after a refusal nothing was submitted:
-    each request is then submitted alone, and those the core refuses are returned with its error (the
-    others are submitted). An empty list: all went in.
-    """
-    try:
-        submit(batch)
-    except Exception:
-        return _one_by_one(submit, batch)
-    return []
-
-
-def _one_by_one(submit: Callable[[list[_T]], int], batch: list[_T]) -> list[tuple[_T, Exception]]:
-    refused: list[tuple[_T, Exception]] = []
-    for item in batch:
-        try:
-            submit([item])
-        except Exception as error:
-            refused.append((item, error))
-    return refused
 
 
 class _Call(NamedTuple):
@@ -511,9 +486,9 @@ class LocalCoreWork(CoreWork):
         submit_batch(core, transfers, forwards, ios, timers, [], self._refused)
         for tag, spec in decode_nodes:  # a node the core refuses is the run's error: its joins could go nowhere
             self._decode_ids[tag] = core.add_decode_node(report_tag=tag, **spec)
-        if joins:
+        if joins:  # after the nodes they name (a join the core refuses is the run's error)
             ids = self._decode_ids
-            core.submit_decode_joins([(ids[j[0]], *j[1:]) for j in joins])
+            submit_batch(core, [], [], [], [], [(ids[j[0]], *j[1:]) for j in joins], self._refused)
 
     def _local_decoded(self, tag: int) -> None:
         self._decoded(tag, *self._core.take_decoded(self._decode_ids[tag]))

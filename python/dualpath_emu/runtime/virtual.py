@@ -67,10 +67,10 @@ def submit_batch(
     refused: Callable[[int, Exception], None] | None = None,
 ) -> None:  # fmt: skip
     """Submit one batch of requests to a core in this process, one call per kind, in the order transfers,
-    forwards, I/O, timers, decode joins: every plane on a local core submits so (:class:`CoreDataPlane`, a live
-    process's own core). The core checks a kind's whole list before it accepts any of it; without ``refused``
-    its error raises, with it the list is retried one request at a time and ``refused(tag, error)`` is called
-    for each it refuses (a join has no tag: its error raises)."""
+    forwards, I/O, timers, decode joins: every plane on a core submits so (:class:`CoreDataPlane`, a live
+    process's own core, the data-plane service). The core checks a kind's whole list before it accepts any of
+    it; without ``refused`` its error raises, with it the list is retried one request at a time and
+    ``refused(tag, error)`` is called for each it refuses (a join has no tag: ``UNREPORTED_TAG``)."""
     if refused is None:  # the virtual driver's hot path: a call per kind and nothing else
         if transfers:
             core.submit_transfers(transfers)
@@ -80,9 +80,12 @@ def submit_batch(
             core.submit_ios(ios)
         if timers:
             core.add_timers(timers)
+        if joins:
+            core.submit_decode_joins(joins)
     else:
         for submit, batch, tag_at in ((core.submit_transfers, transfers, 3), (core.submit_forwards, forwards, 5),
-                                      (core.submit_ios, ios, 4), (core.add_timers, timers, 1)):  # fmt: skip
+                                      (core.submit_ios, ios, 4), (core.add_timers, timers, 1),
+                                      (core.submit_decode_joins, joins, None)):  # fmt: skip
             try:
                 if batch:
                     submit(batch)
@@ -91,9 +94,7 @@ def submit_batch(
                     try:
                         submit([item])
                     except Exception as error:
-                        refused(item[tag_at], error)
-    if joins:
-        core.submit_decode_joins(joins)
+                        refused(UNREPORTED_TAG if tag_at is None else item[tag_at], error)
 
 
 class CoreDataPlane:

@@ -26,7 +26,6 @@ from dualpath_emu.runtime.core_work import (
     clear_faults,
     core_layout,
     core_state,
-    submit_split,
 )
 from dualpath_emu.runtime.dataplane.protocol import (
     CONNECT_TIMEOUT_S,
@@ -61,6 +60,7 @@ from dualpath_emu.runtime.dataplane.protocol import (
 from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.realtime import WallClockCore
 from dualpath_emu.runtime.security import BoundedLog
+from dualpath_emu.runtime.virtual import submit_batch
 
 __all__ = ["DataPlaneService", "ServiceCore"]
 
@@ -484,19 +484,33 @@ class DataPlaneService:
         self.counters["requests"] += count
         if requester.booked is not None:
             self._tally(requester.booked, transfers, forwards, ios)
+        routes, new_tag = self._routes, self.plane.new_tag
+
+        def route(batch: list[Any], tag_at: int) -> list[Any]:  # the requester's tags -> the core's
+            routed = []
+            for item in batch:
+                tag = item[tag_at]
+                if tag != UNREPORTED_TAG:
+                    core_tag = new_tag()
+                    routes[core_tag] = (requester, tag)
+                    inflight.add(tag)
+                    item = (*item[:tag_at], core_tag, *item[tag_at + 1 :])
+                routed.append(item)
+            return routed
+
+        def refused(core_tag: int, error: Exception) -> None:
+            tag = UNREPORTED_TAG
+            if core_tag != UNREPORTED_TAG:
+                _, tag = routes.pop(core_tag)
+                inflight.discard(tag)
+            self._refuse(requester, tag, error)
+
         core = self.core
-        if transfers:
-            self._submit(requester, core.submit_transfers, transfers, 3)
-        if forwards:
-            self._submit(requester, core.submit_forwards, forwards, 5)
-        if ios:
-            self._submit(requester, core.submit_ios, ios, 4)
-        if timers:
-            self._submit(requester, core.add_timers, timers, 1)
-        for tag, spec in nodes:
+        submit_batch(core, route(transfers, 3), route(forwards, 5), route(ios, 4), route(timers, 1), [], refused)
+        for tag, spec in nodes:  # before the joins that name them
             self._add_decode_node(requester, tag, spec)
         if joins:
-            self._join(requester, joins)
+            submit_batch(core, [], [], [], [], self._known_joins(requester, joins), refused)
 
     def _tally(
         self, booked: dict[tuple[tuple[int, ...], int], list[int]], transfers: list[Any], forwards: list[Any],
@@ -567,7 +581,8 @@ class DataPlaneService:
         if requester.booked is not None:
             requester.decode_specs[node] = spec
 
-    def _join(self, requester: _Requester, joins: list[tuple[int, ...]]) -> None:
+    def _known_joins(self, requester: _Requester, joins: list[tuple[int, ...]]) -> list[Any]:
+        """``joins`` with the requester's node tags as the core's node ids; one naming no node of its is refused."""
         nodes, known = requester.decode_nodes, []
         for join in joins:
             node = nodes.get(join[0])
@@ -576,36 +591,13 @@ class DataPlaneService:
                                                                    "this process never added"))  # fmt: skip
             else:
                 known.append((node, *join[1:]))
-        for _, error in submit_split(self.core.submit_decode_joins, known):  # type: ignore[arg-type]  # 8 ints
-            self._refuse(requester, UNREPORTED_TAG, error)
+        return known
 
     def _refuse(self, requester: _Requester, tag: int, error: Exception) -> None:
         requester.refused += 1
         self.counters["refused"] += 1
         requester.errors.append([tag, type(error).__name__, str(error)])
         self._touch(requester)
-
-    def _submit(
-        self, requester: _Requester, submit: Callable[[list[Any]], int], batch: list[Any], tag_index: int
-    ) -> None:
-        routes, inflight, new_tag = self._routes, requester.inflight, self.plane.new_tag
-        items: list[Any] = []
-        for item in batch:
-            tag = item[tag_index]
-            if tag == UNREPORTED_TAG:
-                items.append(item)
-                continue
-            core_tag = new_tag()
-            routes[core_tag] = (requester, tag)
-            inflight.add(tag)
-            items.append((*item[:tag_index], core_tag, *item[tag_index + 1 :]))
-        for item, error in submit_split(submit, items):
-            core_tag = item[tag_index]
-            tag = UNREPORTED_TAG
-            if core_tag != UNREPORTED_TAG:
-                _, tag = routes.pop(core_tag)
-                inflight.discard(tag)
-            self._refuse(requester, tag, error)
 
     # --- sending -----------------------------------------------------------------------------------
 
