@@ -137,7 +137,7 @@ def test_a_metrics_port_in_use_is_refused_before_any_process_starts(capsys: pyte
 
 
 def test_live_metrics_on_a_port_in_use_is_a_usage_error() -> None:
-    from dualpath_emu.cluster.live_metrics import LiveMetrics
+    from dualpath_emu.cluster.live.metrics import LiveMetrics
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -294,10 +294,10 @@ def test_runs_sharing_a_storage_dir_keep_to_their_own_blocks(tmp_path: Path) -> 
 def test_a_storage_dir_that_cannot_be_cleaned_is_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dualpath_emu.cluster import live
+    from dualpath_emu.host.storage import remove_blocks, run_storage
 
-    assert live.run_storage("") == "" and live.run_storage("/kv") != live.run_storage("/kv")
-    folder = Path(live.run_storage(str(tmp_path)))
+    assert run_storage("") == "" and run_storage("/kv") != run_storage("/kv")
+    folder = Path(run_storage(str(tmp_path)))
     folder.mkdir()
     (folder / "ctx-00000002.kv").write_bytes(b"x")
 
@@ -305,7 +305,7 @@ def test_a_storage_dir_that_cannot_be_cleaned_is_a_warning(
         raise OSError(errno.EROFS, "Read-only file system", str(self))
 
     monkeypatch.setattr(Path, "unlink", read_only)
-    live._remove_blocks(folder)
+    remove_blocks(folder)
     assert capsys.readouterr().err == (
         f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: Read-only file system\n"
     )
@@ -428,16 +428,16 @@ def test_a_full_disk_is_measured_before_a_host_runs_clean_up_frees_it(
 ) -> None:
     """Issue 34: a host run's blocks fill the disk, a process fails, the run removes its blocks: the disk is
     measured before that (after it, it looks fine), and a process's own "No space left" counts too."""
-    import dualpath_emu.cluster.live as live
+    import dualpath_emu.cluster.live.launch as live
     from dualpath_emu.cluster.catalog import MODELS
     from dualpath_emu.cluster.config import ClusterConfig
     from dualpath_emu.cluster.systems import SYSTEMS
     from dualpath_emu.runtime import launcher
     from dualpath_emu.runtime.launcher import LaunchError
+    from dualpath_emu.host.storage import remove_blocks as real_remove
     from dualpath_emu.workload.generator import generate
 
     cleaned = []
-    real_remove = live._remove_blocks
 
     def remove(folder: Path) -> None:
         cleaned.append(folder)
@@ -451,7 +451,7 @@ def test_a_full_disk_is_measured_before_a_host_runs_clean_up_frees_it(
         raise LaunchError("process 'de1' exited with status 1 before the run was complete; its last output:\n"
                           "  (no output)", died="de1")  # fmt: skip
 
-    monkeypatch.setattr(live, "_remove_blocks", remove)
+    monkeypatch.setattr("dualpath_emu.cluster.live.launch.remove_blocks", remove)
     monkeypatch.setattr(shutil, "disk_usage", usage)
     monkeypatch.setattr(launcher, "launch", fails)
     config = ClusterConfig(model=MODELS["ds27b"], pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1)

@@ -322,7 +322,7 @@ def test_an_end_a_dead_process_observed_but_never_told_is_void_when_its_request_
     # The dead incarnation observed r5's end (its log was written before its messages left) but died before the
     # messages left: the scheduler dispatched r5 again and it ended elsewhere. r6's end in the same log, which the
     # scheduler heard of, stands; so does a cut last line's absence (it is skipped).
-    from dualpath_emu.cluster.live import _merged_events
+    from dualpath_emu.cluster.live.collect import _merged_events
     from dualpath_emu.cluster.observations import Ended, Redispatched
     from dualpath_emu.runtime.eventlog import event_line
 

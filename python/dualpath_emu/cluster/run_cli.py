@@ -21,6 +21,7 @@ for ``launch`` -- and prints one ``OK`` line; a bad file is a :class:`~dualpath_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -30,7 +31,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -47,6 +48,9 @@ from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.scenarios import names as packaged_scenarios
 from dualpath_emu.scenarios import path as packaged_scenario
 from dualpath_emu.workload.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from dualpath_emu.cluster.live import LiveOptions
 
 __all__ = ["compare_command", "list_command", "load_scenario", "parse_settings", "run_command", "validate_command"]
 
@@ -386,14 +390,8 @@ def _run_live_system(
         elif args.metrics_port == 0:
             console.print(f"  live metrics: on the port written to {run_dir}/metrics.port")
     try:
-        result = run_live(
-            scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
-            time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
-            timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
-            backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
-            transfer_engine=scenario.transfer_engine, progress=progress,
-            restart_crashed=getattr(args, "restart_crashed", False),
-        )  # fmt: skip
+        result = run_live(scenario.config, scenario.system(name), trajectories, run_dir=run_dir, seed=scenario.seed,
+                          options=_live_options(args, scenario), progress=progress)  # fmt: skip
         outcome = "done"
     except LaunchInterrupted:
         raise  # Ctrl-C or a signal: the command ends with 130, not as a failed run
@@ -425,6 +423,18 @@ def _run_live_system(
     return result
 
 
+def _live_options(args: argparse.Namespace, scenario: ClusterScenario) -> LiveOptions:
+    """The live run's options from the command line and the scenario."""
+    from dualpath_emu.cluster.live import LiveOptions
+
+    return LiveOptions(
+        time_scale=args.time_scale, placement_kind=args.placement, transport=args.transport, host=args.host,
+        timeout_s=args.timeout, metrics_port=-1 if args.metrics_port is None else args.metrics_port,
+        backend=scenario.backend, byte_scale=scenario.byte_scale, storage_dir=scenario.storage_dir,
+        transfer_engine=scenario.transfer_engine, restart_crashed=getattr(args, "restart_crashed", False),
+    )  # fmt: skip
+
+
 def _restart_hint(args: argparse.Namespace, scenario: ClusterScenario, error: Exception) -> str:
     """Advice to run with ``--restart-crashed``, only where it would have helped: a model-plane live run (the
     host backend refuses the option) whose engine group's process died (not one that hung, not a failed
@@ -435,9 +445,10 @@ def _restart_hint(args: argparse.Namespace, scenario: ClusterScenario, error: Ex
         return ""
     if not isinstance(error, LaunchError) or error.died is None:
         return ""
-    from dualpath_emu.cluster.live import ClusterApplication, placement, restartable
+    from dualpath_emu.cluster.assemble import engine_names
+    from dualpath_emu.cluster.live import placement, restartable
 
-    processes = placement(ClusterApplication.actor_names_of(scenario.config), args.placement)
+    processes = placement(engine_names(scenario.config), args.placement)
     if error.died not in restartable(processes):
         return ""
     return "\n(--restart-crashed would have started it again in its place, and the run gone on)"
@@ -466,13 +477,9 @@ def _prepare(
             "--prepare with --backend host: set [host] storage_dir (e.g. --set host.storage_dir=/mnt/kv) "
             "to a directory every host mounts: the KV blocks one host writes, another reads"
         )
-    commands = prepare_live(
-        scenario.config, scenario.system(name), trajectories, run_dir=args.prepare, seed=scenario.seed,
-        time_scale=args.time_scale, placement_kind=args.placement, hosts=hosts, default_host=args.host,
-        port_base=args.port_base, timeout_s=args.timeout, backend=scenario.backend, byte_scale=scenario.byte_scale,
-        storage_dir=scenario.storage_dir, transfer_engine=scenario.transfer_engine,
-        restart_crashed=getattr(args, "restart_crashed", False),
-    )  # fmt: skip
+    options = dataclasses.replace(_live_options(args, scenario), hosts=tuple(hosts), port_base=args.port_base)
+    commands = prepare_live(scenario.config, scenario.system(name), trajectories, run_dir=args.prepare,
+                            seed=scenario.seed, options=options)  # fmt: skip
     console.print(f"wrote the live run of {name} to {args.prepare}. Copy it to every host, at the same path (scp -rp "
                   "keeps the modes the keys need); on each host run its command, in this order; then gather every "
                   f"host's *.part, *.events and *.json files into one copy and run `dualpath-emu collect "

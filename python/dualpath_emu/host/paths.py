@@ -14,11 +14,12 @@ backend needs nothing of the cluster's code: the cluster hands it its layout.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Layout", "NodeLayout", "PathStats", "io_kind", "port_nodes", "transfer_kind"]
+__all__ = ["Layout", "NodeLayout", "PathStats", "io_kind", "port_nodes", "real_bytes_by_kind", "transfer_kind"]
 
 
 class NodeLayout(Protocol):
@@ -131,3 +132,13 @@ class PathStats:
             "mean_modelled_bytes": self.modelled_bytes / count, "real_bytes": self.real_bytes,
             "real_bytes_per_s": self.real_bytes / self.seconds if self.seconds else 0.0,
         }  # fmt: skip
+
+
+def real_bytes_by_kind(measured: Mapping[str, PathStats]) -> dict[str, int]:
+    """Real bytes by what moved them: the network (every transfer kind), storage reads, write-backs."""
+    out = Counter[str]()
+    for kind, stats in measured.items():
+        what = "read" if kind.startswith("storage read") else "write" if kind == "write-back" else "network"
+        if stats.real_bytes:
+            out[what] += stats.real_bytes
+    return dict(out)

@@ -76,7 +76,9 @@ import math
 import mmap
 import os
 import re
+import secrets
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -91,7 +93,16 @@ from typing import Any, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ALIGN", "SMALL_ALIGN", "BlockStore", "HostStorageError", "IoResult", "StorageView"]
+__all__ = [
+    "ALIGN",
+    "SMALL_ALIGN",
+    "BlockStore",
+    "HostStorageError",
+    "IoResult",
+    "StorageView",
+    "remove_blocks",
+    "run_storage",
+]
 
 ALIGN: Final = 4096  # O_DIRECT alignment of buffers, offsets and sizes where the device asks for pages
 SMALL_ALIGN: Final = 512
@@ -767,3 +778,27 @@ class BlockStore:
             totals["mismatched_blocks"] += result.mismatched_blocks
             totals["retries"] += result.retries
         self._count_unreachable("read" if moved == "read" else "write", result.unreachable, result.unreachable_s)
+
+
+def run_storage(storage_dir: str) -> str:
+    """The run's own folder under a given ``storage_dir`` (``run-<random>``), so that runs sharing the
+    directory never read or delete each other's blocks; "" (the run directory's ``storage``) stays so."""
+    return str(Path(storage_dir) / f"run-{secrets.token_hex(8)}") if storage_dir else ""
+
+
+def remove_blocks(folder: Path) -> None:
+    """Remove a host run's KV block files (and the folder, if that empties it): only the run's own folder's.
+    A folder that cannot be cleaned (read-only, gone) is said, not an error: the run's results stand."""
+    from dualpath_emu.runtime.launcher import OWNER_FILE
+
+    try:
+        for path in folder.glob("ctx-*.kv"):
+            path.unlink(missing_ok=True)
+        (folder / OWNER_FILE).unlink(missing_ok=True)
+        folder.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno != errno.ENOTEMPTY:  # something else is in it: not ours to remove
+            print(f"dualpath-emu: warning: could not remove the run's KV blocks in {folder}: "
+                  f"{error.strerror or error}", file=sys.stderr, flush=True)  # fmt: skip
