@@ -27,7 +27,7 @@ from dualpath_emu.cluster.live import write_run
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.cluster.user_systems import SystemLoader
 from dualpath_emu.runtime.eventlog import parse_line
-from dualpath_emu.runtime.launcher import check_delivery
+from dualpath_emu.runtime.delivery import check_delivery
 from tests.cluster.test_live import small_config, work
 
 pytestmark = pytest.mark.processes  # each test starts `dualpath-emu` processes

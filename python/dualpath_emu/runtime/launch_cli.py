@@ -10,14 +10,8 @@ from typing import Any
 
 from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.app import Registry
-from dualpath_emu.runtime.launcher import (
-    LaunchError,
-    LaunchInterrupted,
-    dataplane_summary,
-    launch,
-    launch_host,
-    prepare,
-)
+from dualpath_emu.runtime.launcher import LaunchError, LaunchInterrupted, LaunchResult, launch, launch_host
+from dualpath_emu.runtime.run_setup import prepare
 from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, check_overrides, load_run_scenario
 from dualpath_emu.scenarios import find as find_scenario
 
@@ -139,3 +133,28 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
     print(f"{result.delivery.sent} messages sent, each delivered exactly once; {result.wall_s:.2f} s wall")
     print(f"event log sha256 {result.sha256}")
     return 0
+
+
+def dataplane_summary(result: LaunchResult) -> dict[str, Any] | None:
+    """The data plane's part of a run's summary: per process the clock handshake's round trip and offset
+    uncertainty, the clock checks and the delivery lag; the submission lag; per port the bytes completed
+    and busy seconds; its counters. ``None`` for a run without a data plane."""
+    if result.dataplane is None:
+        return None
+    report = result.dataplane["report"]
+    clients: dict[str, dict[str, Any]] = {
+        name: p["dataplane"] for name, p in result.processes.items() if p.get("dataplane") is not None
+    }
+    return {
+        "endpoint": result.dataplane.get("endpoint"),
+        "counters": report["counters"],
+        "submission_lag_ns": report["submission_lag_ns"],
+        "processes": {
+            name: {key: client[key] for key in ("rtt_ns", "offset_uncertainty_ns", "clock_check", "delivery_lag_ns")}
+            for name, client in clients.items()
+        },
+        "ports": {
+            name: {"completed_bytes": sum(counters["completed_bytes"]), "busy_s": counters["busy_s"]}
+            for name, counters in report["ports"].items()
+        },
+    }

@@ -1,63 +1,41 @@
 """The real-time launcher: one command starts every process of a run and always stops them all (issues 3, 14).
 
-:func:`launch` writes the run description ``<run_dir>/run.json`` (mode 0600: endpoints, the data plane's
-endpoint, seed, time scale, heartbeat timeout, where keys live; :class:`~dualpath_emu.runtime.scenario.RunDescription`)
-and starts one ``python -m dualpath_emu.cli node SCENARIO --process NAME --run-dir DIR`` child per
-``[[process]]`` of a scenario -- first, in a run of more than one process, the data-plane service
-(``dataplane``), which owns the run's only core (docs/architecture.md). Each child runs in its own session (a
-terminal's Ctrl-C reaches only the launcher) with its output in ``<run_dir>/<name>.out``; ipc:// sockets live
-in a directory of mode 0700. Then the launcher watches them:
+:func:`launch` writes the run description (:mod:`dualpath_emu.runtime.run_setup`) and starts one ``python -m
+dualpath_emu.cli node`` child per ``[[process]]`` of a scenario, first, in a run of more than one process, the
+data-plane service (``dataplane``). Each child runs in its own session (a terminal's Ctrl-C reaches only the
+launcher) with its output in ``<run_dir>/<name>.out``; ipc:// sockets live in a directory of mode 0700. Then
+the launcher watches them:
 
-* **completion** -- the driver's process says so in its bye to the data plane, which tells the other actor
-  processes to stop (by message: the same on several hosts without a launcher); each stops its actors, says
-  bye, writes its event log and results and exits 0; the data plane, once every process said bye and its
-  core is idle, writes its final counters (``dataplane.json``) and exits 0 by itself. The launcher, seeing
-  the driver's process exit 0, also closes the others' standard input (the way a one-process run, or one
-  whose data plane is slow to tell them, stops);
-* **a crashed child** -- any child exits non-zero (or is killed) before that: the run has failed; the
-  launcher stops the others and raises :class:`LaunchError` naming the process, how it ended, and the
-  last lines of its output;
-* **a restarted child** -- in a run whose scenario names it in ``restart_crashed`` (the cluster: an engine
-  group's process, ``dualpath-emu run --restart-crashed``), a child that dies before the run is complete is
-  started again in its place, with the same command plus ``--incarnation N`` (N = 1, 2, …; its files then
-  carry the suffix ``.N``), at most :data:`MAX_RESTARTS` times per process (then the run fails, saying so).
-  Each restart is said on standard error and recorded in ``<run_dir>/<name>.restarts.json`` (how the dead one
-  ended, when, the new pid). Any other child that dies still ends the run, and the error says it is not one
-  the run restarts;
-* **a stopped or hung child** -- every child writes a line to a pipe (its heartbeat) every 0.25 s from a
-  thread, saying whether its asyncio loop comes round or is held by one piece of work (busy: where, for how
-  long; :class:`~dualpath_emu.runtime.node.LauncherLink`). A child silent for ``hang_timeout_s`` fails the run
-  the same way, named as stopped (SIGSTOP: its state in ``/proc`` is ``T``), or hung (its process runs but
-  does not beat, using no CPU); one silent but using CPU holds the interpreter in native code, and is busy.
-  A busy child is not hung: only one busy for ``busy_timeout_s`` (600 s) fails the run, named as busy, with
-  where and for how long (before its first beat a child has :data:`STARTUP_TIMEOUT_S`);
+* **completion**: the driver's process says so in its bye to the data plane, which tells the other processes
+  to stop; each stops its actors, says bye, writes its event log and results and exits 0; the data plane, once
+  drained, writes ``dataplane.json`` and exits 0. The launcher, seeing the driver's process exit 0, also closes
+  the others' standard input;
+* **a crashed child** (exits non-zero or is killed before that): the run has failed; the launcher stops the
+  others and raises :class:`LaunchError` naming the process, how it ended, and its last lines of output;
+* **a restarted child**: in a run whose scenario names it in ``restart_crashed``, a child that dies before the
+  run is complete is started again with ``--incarnation N`` (its files then carry the suffix ``.N``), at most
+  :data:`MAX_RESTARTS` times; each restart is said on standard error and recorded in
+  ``<run_dir>/<name>.restarts.json``;
+* **a stopped or hung child**: every child writes a heartbeat line to a pipe every 0.25 s from a thread, saying
+  whether its loop comes round or is held by one piece of work (busy: where, for how long;
+  :class:`~dualpath_emu.runtime.node.LauncherLink`). One silent for ``hang_timeout_s`` fails the run, named as
+  stopped (state ``T`` in ``/proc``) or hung (runs but neither beats nor uses CPU); one silent but using CPU is
+  busy in native code. Only one busy for ``busy_timeout_s`` fails the run (before its first beat a child has
+  :data:`STARTUP_TIMEOUT_S`);
 * **Ctrl-C / SIGTERM** to the launcher, or ``timeout_s`` passing: the same, with that reason
   (:class:`LaunchInterrupted` for a signal).
 
 Stopping means: close standard input, then SIGTERM after a grace period, then SIGKILL (at once for a hung
-child), and always wait for the child, so no process outlives the launcher. A launcher that is itself killed
-with SIGKILL cannot do this; its children then get SIGTERM from the kernel (``PR_SET_PDEATHSIG``, Linux) and
-see their standard input close (everywhere). Every child's output, event log and results stay in the run
-directory.
-
-After a complete run the launcher reads every process's event log and checks that each message sent
-(``tell``) was delivered (or dropped at a stopped actor) exactly once, across processes.
-
-**Keys.** A run that reaches any process over ``tcp://`` gets a CURVE key pair per process (the data plane's
-included) in ``<run_dir>/keys`` (0700; :class:`~dualpath_emu.runtime.security.RunKeys`), named in the run
-description; every socket of the run is then authenticated and encrypted. ipc:// runs need none (their
-sockets' directory is private).
-
-**By hand, on several hosts**: :func:`prepare` (``dualpath-emu launch SCENARIO --prepare --run-dir DIR``) writes the run description (and, for tcp://, the keys) and returns the command that starts
-each process; copy (or share) ``DIR`` and run them, the data plane first. Give every process an ``endpoint``
-and the scenario a ``dataplane_endpoint`` reachable from the other hosts (tcp://).
+child), and always wait for the child, so no process outlives the launcher. A launcher killed with SIGKILL
+cannot; its children then get SIGTERM from the kernel (``PR_SET_PDEATHSIG``, Linux) and see their standard
+input close. After a complete run the launcher checks that every message was delivered exactly once
+(:mod:`dualpath_emu.runtime.delivery`). :func:`launch_host` starts one host's share of a run prepared by hand.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -65,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,34 +51,21 @@ from types import FrameType
 from typing import IO, Any, Final
 
 from dualpath_emu.errors import UsageError
-from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import SERVICE_REPORT
+from dualpath_emu.runtime.delivery import DeliveryReport, check_delivery
 from dualpath_emu.runtime.eventlog import EventLogWriter, read_events
 from dualpath_emu.runtime.node import LAUNCHER_ENV
-from dualpath_emu.runtime.security import RunKeys
+from dualpath_emu.runtime.run_setup import describe_run, make_keys, needs_keys, node_command, process_names
 from dualpath_emu.runtime.scenario import (
     DATAPLANE_PROCESS,
     INCARNATION_OPTION,
     RUN_DESCRIPTION,
     ProcessSpec,
-    RunDescription,
     RunScenario,
     incarnation_stem,
 )
-from dualpath_emu.runtime.zmq_transport import MSG_IDS_PER_INCARNATION
 
-__all__ = [
-    "DeliveryReport",
-    "LaunchError",
-    "LaunchInterrupted",
-    "LaunchResult",
-    "check_delivery",
-    "dataplane_summary",
-    "describe_run",
-    "launch",
-    "launch_host",
-    "prepare",
-]
+__all__ = ["LaunchError", "LaunchInterrupted", "LaunchResult", "launch", "launch_host", "mark_owner", "sweep_orphans"]
 
 STOP_GRACE_S: Final = 10.0
 """How long a child has to stop after its standard input is closed, and again after SIGTERM."""
@@ -134,22 +98,6 @@ class LaunchInterrupted(LaunchError):
 
 
 @dataclass
-class DeliveryReport:
-    """Messages sent across the run, and those delivered (or dropped) a number of times other than once."""
-
-    sent: int
-    lost: list[str] = field(default_factory=list)
-    duplicated: list[str] = field(default_factory=list)
-    lost_with_restart: int = 0
-    """Messages to or from a process that died (and was started again) that were not delivered, or whose
-    sending its event log did not keep: lost with it, not an error (:func:`check_delivery`)."""
-
-    @property
-    def ok(self) -> bool:
-        return not self.lost and not self.duplicated
-
-
-@dataclass
 class LaunchResult:
     summary: dict[str, Any] | None
     processes: dict[str, dict[str, Any]]
@@ -162,156 +110,6 @@ class LaunchResult:
     run_dir: Path
     dataplane: dict[str, Any] | None = None
     """The data plane's ``dataplane.json`` (its final report), in a run of more than one process."""
-
-
-def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None) -> DeliveryReport:
-    """Every ``tell`` event across ``logs`` must be matched by exactly one ``deliver`` or ``drop``.
-
-    Events are matched by their summary (``#id Type sender->recipient``; ids count per process and each
-    actor lives in one process, so a summary names one message). ``restarted`` maps the actors of processes
-    that died and were started again to their last incarnation: a message to one of them may be lost (it was
-    queued at the dead one, or its arrival was in the tail of its event log that died with it), one sent by
-    a dead incarnation (its id below the last incarnation's, :data:`MSG_IDS_PER_INCARNATION`) may be lost or
-    arrive without its sending on record, and one a restarted process sent after its recipient had stopped
-    (it came back as the run ended) may be lost; those are counted in ``lost_with_restart``, not reported.
-    """
-    sent: Counter[str] = Counter()
-    arrived: Counter[str] = Counter()
-    sent_ns: dict[str, int] = {}
-    stopped_ns: dict[str, int] = {}
-    for log in logs:
-        for event in read_events(log):
-            if event.kind == "tell":
-                sent[event.summary] += 1
-                if restarted:
-                    sent_ns.setdefault(event.summary, event.t_ns)
-            elif event.kind in ("deliver", "drop"):
-                arrived[event.summary] += 1
-            elif event.kind == "stop" and restarted:
-                stopped_ns.setdefault(event.actor, event.t_ns)
-    report = DeliveryReport(sent=sum(sent.values()))
-    restarted = restarted or {}
-
-    def with_restart(summary: str, lost: bool) -> bool:
-        number, _, route = summary.partition(" ")
-        sender, _, recipient = route.partition(" ")[2].partition("->")
-        last = restarted.get(sender)
-        by_dead = last is not None and number[1:].isdigit() and int(number[1:]) < last * MSG_IDS_PER_INCARNATION + 1
-        # A restarted process that came back as the run ended speaks to actors that had stopped (and gone).
-        late = last is not None and sent_ns.get(summary, -1) >= stopped_ns.get(recipient, 1 << 63)
-        return by_dead or (lost and (recipient in restarted or late))
-
-    for summary in sorted(sent.keys() | arrived.keys()):
-        if arrived[summary] < sent[summary]:
-            if with_restart(summary, lost=True):
-                report.lost_with_restart += sent[summary] - arrived[summary]
-            else:
-                report.lost.append(summary)
-        elif arrived[summary] > sent[summary]:
-            if sent[summary] == 0 and arrived[summary] == 1 and with_restart(summary, lost=False):
-                report.lost_with_restart += 1
-            else:
-                report.duplicated.append(summary)
-    return report
-
-
-def _free_tcp_port(host: str) -> int:
-    if not host or ":" in host:  # the transport's sockets are IPv4 only
-        raise UsageError(f"host {short_repr(host, 200)} (--host): expected an IPv4 address or a host name")
-    try:
-        with socket.socket(socket.AF_INET) as probe:
-            probe.bind((host, 0))
-            port: int = probe.getsockname()[1]
-            return port
-    except (OSError, UnicodeError) as error:  # unresolvable, not this machine's, or no such address family
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise UsageError(f"host {short_repr(host, 200)} (--host): cannot listen on it: {reason}") from None
-
-
-def _endpoint(scenario: RunScenario, name: str, fixed: str | None, socket_dir: Path) -> str:
-    if fixed is not None:
-        return fixed
-    if scenario.transport == "ipc":
-        return f"ipc://{socket_dir / (name + '.sock')}"
-    return f"tcp://{scenario.host}:{_free_tcp_port(scenario.host)}"
-
-
-def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = None) -> RunDescription:
-    """The run description of a real-time run of ``scenario``: fixed endpoints where the scenario gives them,
-    else ipc:// sockets in ``socket_dir`` or free tcp:// ports on ``host``."""
-    endpoints = {spec.name: _endpoint(scenario, spec.name, spec.endpoint, socket_dir) for spec in scenario.processes}
-    dataplane = (
-        _endpoint(scenario, DATAPLANE_PROCESS, scenario.dataplane_endpoint, socket_dir)
-        if scenario.uses_dataplane
-        else None
-    )
-    data = (
-        {spec.name: _endpoint(scenario, spec.name + ".data", spec.data_endpoint, socket_dir) for spec in scenario.processes}
-        if not scenario.shares_core else {}
-    )  # fmt: skip
-    return RunDescription(
-        scenario=str(Path(scenario.source).resolve()) if Path(scenario.source).exists() else scenario.source,
-        seed=scenario.seed,
-        time_scale=scenario.time_scale,
-        endpoints=endpoints,
-        dataplane_endpoint=dataplane,
-        requesters=tuple(spec.name for spec in scenario.processes) if dataplane is not None else (),
-        heartbeat_timeout_s=scenario.heartbeat_timeout_s,
-        keys=keys,
-        data_endpoints=data,
-        clock_origin_ns=time.time_ns() if not scenario.shares_core else None,
-    )
-
-
-def _process_names(scenario: RunScenario) -> list[str]:
-    """Every process of a real-time run, in start order: the data plane first (if any)."""
-    return ([DATAPLANE_PROCESS] if scenario.uses_dataplane else []) + [spec.name for spec in scenario.processes]
-
-
-def _needs_keys(description: RunDescription) -> bool:
-    """Whether a run reaches any process over tcp:// (then it gets CURVE keys; ipc:// sockets are private)."""
-    endpoints = [
-        *description.endpoints.values(),
-        *description.data_endpoints.values(),
-        description.dataplane_endpoint or "",
-    ]
-    return any(endpoint.startswith("tcp://") for endpoint in endpoints)
-
-
-def _make_keys(scenario: RunScenario, directory: Path) -> str:
-    """A new key pair per process of the run (the data plane's included) in ``directory`` (0700)."""
-    RunKeys.generate(directory, _process_names(scenario))
-    return str(directory.resolve())
-
-
-def node_command(scenario: RunScenario, name: str, run_dir: Path) -> list[str]:
-    """The command line that starts process ``name`` of a run whose description is in ``run_dir``."""
-    return [sys.executable, "-m", "dualpath_emu.cli", "node", scenario.source, "--process", name, "--run-dir",
-            str(run_dir)]  # fmt: skip
-
-
-def prepare(scenario: RunScenario, run_dir: Path) -> list[str]:
-    """Write the run description into ``run_dir`` for processes started by hand; return the shell command of
-    each, in start order (the data plane first, the driver's process last, with ``--no-ready-wait``)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    socket_dir = run_dir / "sockets"
-    socket_dir.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(socket_dir, 0o700)
-    description = describe_run(scenario, socket_dir)
-    if _needs_keys(description):
-        keys_dir = run_dir / "keys"
-        keys = str(keys_dir.resolve()) if keys_dir.exists() else _make_keys(scenario, keys_dir)
-        description = describe_run(scenario, socket_dir, keys)
-    description.write(run_dir)
-    names = [n for n in _process_names(scenario) if n != scenario.driver_process.name] + [scenario.driver_process.name]
-    commands = []
-    for name in names:
-        command = ["dualpath-emu", "node", *node_command(scenario, name, run_dir)[4:]]
-        if name == scenario.driver_process.name:
-            command.append("--no-ready-wait")
-        commands.append(shlex.join(command))
-    return commands
 
 
 @dataclass
@@ -515,11 +313,11 @@ def launch(
         os.chmod(socket_dir, 0o700)  # mkdtemp's mode already; said here because the sockets rely on it
         mark_owner(socket_dir)
         description = describe_run(scenario, socket_dir, keys)
-        if keys is None and _needs_keys(description):  # tcp: a new key pair per process, kept with the run
+        if keys is None and needs_keys(description):  # tcp: a new key pair per process, kept with the run
             shutil.rmtree(work / "keys", ignore_errors=True)  # an earlier run's in this run directory
-            description = describe_run(scenario, socket_dir, _make_keys(scenario, work / "keys"))
+            description = describe_run(scenario, socket_dir, make_keys(scenario, work / "keys"))
         description.write(work)
-        _start_and_watch(scenario, children, _process_names(scenario), work, {}, watch, on_start)
+        _start_and_watch(scenario, children, process_names(scenario), work, {}, watch, on_start)
         failed = [c for c in children if c.process.returncode != 0 and not _ended_anyway(scenario, c)]
         if failed:
             child = failed[0]
@@ -587,7 +385,7 @@ def launch_host(
     return when each has exited 0 (the run ended by messages); a crash, a hang (``hang_timeout_s``), Ctrl-C or
     ``timeout_s`` stop the others here and raise :class:`LaunchError` (or :class:`LaunchInterrupted`). An
     unknown process or a missing description is a :class:`UsageError`."""
-    known = _process_names(scenario)
+    known = process_names(scenario)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise UsageError(f"no process {unknown[0]!r} in this run (its processes: {', '.join(known)})" if unknown
@@ -894,28 +692,3 @@ def _collect(
         )
     summary = processes[scenario.driver_process.name].get("summary")
     return LaunchResult(summary, processes, sha256, events, delivery, wall_s, work, dataplane)
-
-
-def dataplane_summary(result: LaunchResult) -> dict[str, Any] | None:
-    """The data plane's part of a run's summary: per process the clock handshake's round trip and offset
-    uncertainty, the clock checks and the delivery lag; the submission lag; per port the bytes completed
-    and busy seconds; its counters. ``None`` for a run without a data plane."""
-    if result.dataplane is None:
-        return None
-    report = result.dataplane["report"]
-    clients: dict[str, dict[str, Any]] = {
-        name: p["dataplane"] for name, p in result.processes.items() if p.get("dataplane") is not None
-    }
-    return {
-        "endpoint": result.dataplane.get("endpoint"),
-        "counters": report["counters"],
-        "submission_lag_ns": report["submission_lag_ns"],
-        "processes": {
-            name: {key: client[key] for key in ("rtt_ns", "offset_uncertainty_ns", "clock_check", "delivery_lag_ns")}
-            for name, client in clients.items()
-        },
-        "ports": {
-            name: {"completed_bytes": sum(counters["completed_bytes"]), "busy_s": counters["busy_s"]}
-            for name, counters in report["ports"].items()
-        },
-    }

@@ -1,0 +1,81 @@
+"""The delivery check of a live run: across every process's event log, each message sent (``tell``) was
+delivered (or dropped at a stopped actor) exactly once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dualpath_emu.runtime.eventlog import read_events
+from dualpath_emu.runtime.zmq_transport import MSG_IDS_PER_INCARNATION
+
+__all__ = ["DeliveryReport", "check_delivery"]
+
+
+@dataclass
+class DeliveryReport:
+    """Messages sent across the run, and those delivered (or dropped) a number of times other than once."""
+
+    sent: int
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    lost_with_restart: int = 0
+    """Messages to or from a process that died (and was started again) that were not delivered, or whose
+    sending its event log did not keep: lost with it, not an error (:func:`check_delivery`)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.lost and not self.duplicated
+
+
+def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None) -> DeliveryReport:
+    """Every ``tell`` event across ``logs`` must be matched by exactly one ``deliver`` or ``drop``.
+
+    Events are matched by their summary (``#id Type sender->recipient``; ids count per process and each
+    actor lives in one process, so a summary names one message). ``restarted`` maps the actors of processes
+    that died and were started again to their last incarnation: a message to one of them may be lost (it was
+    queued at the dead one, or its arrival was in the tail of its event log that died with it), one sent by
+    a dead incarnation (its id below the last incarnation's, :data:`MSG_IDS_PER_INCARNATION`) may be lost or
+    arrive without its sending on record, and one a restarted process sent after its recipient had stopped
+    (it came back as the run ended) may be lost; those are counted in ``lost_with_restart``, not reported.
+    """
+    sent: Counter[str] = Counter()
+    arrived: Counter[str] = Counter()
+    sent_ns: dict[str, int] = {}
+    stopped_ns: dict[str, int] = {}
+    for log in logs:
+        for event in read_events(log):
+            if event.kind == "tell":
+                sent[event.summary] += 1
+                if restarted:
+                    sent_ns.setdefault(event.summary, event.t_ns)
+            elif event.kind in ("deliver", "drop"):
+                arrived[event.summary] += 1
+            elif event.kind == "stop" and restarted:
+                stopped_ns.setdefault(event.actor, event.t_ns)
+    report = DeliveryReport(sent=sum(sent.values()))
+    restarted = restarted or {}
+
+    def with_restart(summary: str, lost: bool) -> bool:
+        number, _, route = summary.partition(" ")
+        sender, _, recipient = route.partition(" ")[2].partition("->")
+        last = restarted.get(sender)
+        by_dead = last is not None and number[1:].isdigit() and int(number[1:]) < last * MSG_IDS_PER_INCARNATION + 1
+        # A restarted process that came back as the run ended speaks to actors that had stopped (and gone).
+        late = last is not None and sent_ns.get(summary, -1) >= stopped_ns.get(recipient, 1 << 63)
+        return by_dead or (lost and (recipient in restarted or late))
+
+    for summary in sorted(sent.keys() | arrived.keys()):
+        if arrived[summary] < sent[summary]:
+            if with_restart(summary, lost=True):
+                report.lost_with_restart += sent[summary] - arrived[summary]
+            else:
+                report.lost.append(summary)
+        elif arrived[summary] > sent[summary]:
+            if sent[summary] == 0 and arrived[summary] == 1 and with_restart(summary, lost=False):
+                report.lost_with_restart += 1
+            else:
+                report.duplicated.append(summary)
+    return report
