@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -30,44 +29,13 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from dualpath_emu.cluster.run_cli import run_command  # the cluster loads only when asked for
+def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """A command whose module (the cluster, zmq, ...) is imported only when it runs."""
 
-    return run_command(args)
+    def command(args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module), function)(args))
 
-
-def _cmd_sweep(args: argparse.Namespace) -> int:
-    from dualpath_emu.sweep import sweep_command  # the cluster loads only when asked for
-
-    return sweep_command(args)
-
-
-def _cmd_collect(args: argparse.Namespace) -> int:
-    from dualpath_emu.cluster.run_cli import collect_command
-
-    return collect_command(args)
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from dualpath_emu.cluster.run_cli import compare_command
-
-    return compare_command(args)
-
-
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from dualpath_emu.cluster.run_cli import validate_command
-
-    return validate_command(args)
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    # The virtual-lane demonstration (one compute NIC, KV traffic beside all-to-all bursts). A demo module
-    # that exists but fails to import must fail loudly, hence find_spec rather than catching ImportError.
-    if importlib.util.find_spec("dualpath_emu.demo") is None:
-        print(f"{PROG}: the lane demo is not available")
-        return 0
-    demo = importlib.import_module("dualpath_emu.demo")
-    return int(demo.main(args) or 0)
+    return command
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -90,12 +58,6 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return int(experiment.main(list(args.options)))
 
 
-def _cmd_trace(args: argparse.Namespace) -> int:
-    from dualpath_emu.workload.trace_cli import trace_command  # only when asked for
-
-    return trace_command(args)
-
-
 def _cmd_keys(args: argparse.Namespace) -> int:
     from dualpath_emu.runtime.security import PUBLIC_SUFFIX, SECRET_SUFFIX, RunKeys  # imports zmq: only when asked
 
@@ -108,21 +70,20 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_calibrate_host(args: argparse.Namespace) -> int:
-    from dualpath_emu.host.calibrate import calibrate_command
-
-    return calibrate_command(args)
-
-
-def _cmd_catalog(args: argparse.Namespace) -> int:
-    from dualpath_emu.cluster.catalog_cli import catalog_command
-
-    return catalog_command(args)
-
-
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"{PROG} {__version__}")
     return 0
+
+
+def _scenario_options(parser: argparse.ArgumentParser, default_systems: str) -> None:
+    """The scenario and the overrides that ``run`` and ``sweep`` share."""
+    parser.add_argument("scenario", nargs="?", help="cluster scenario: a TOML file or a packaged scenario's name "
+                        "(default: the built-in ds660b-2p4d-offline)")  # fmt: skip
+    parser.add_argument("--system", action="append", metavar="SPEC",
+                        help="run this system: a built-in one's name, or your own as file.py:Name or module:Name "
+                             f"(repeat, or separate by commas, for several; default: {default_systems})")  # fmt: skip
+    parser.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
+    parser.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,13 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "vs decode nodes, wall time. --out DIR also writes summary.json, requests.csv, plots and traces. "
         "--list shows the packaged scenarios.",
     )
-    run.add_argument("scenario", nargs="?", help="cluster scenario: a TOML file or a packaged scenario's name "
-                     "(default: the built-in ds660b-2p4d-offline)")  # fmt: skip
-    run.add_argument("--system", action="append", metavar="SPEC",
-                     help="run this system: a built-in one's name, or your own as file.py:Name or module:Name "
-                          "(repeat, or separate by commas, for several; default: the scenario's systems)")  # fmt: skip
-    run.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
-    run.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
+    _scenario_options(run, "the scenario's systems")
     run.add_argument("--seeds", metavar="N|LIST",
                      help="replicates: run every system on N seeds (the scenario's seed and the N - 1 after it) or "
                           "on a list such as 0,3,7, and print each figure's mean with its 95%% confidence interval "
@@ -171,13 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--backend", choices=("model", "host"), default=None,
                       help="model (the scenario's default): the core times every byte; host: move real bytes (KV "
                            "blocks in files, KV between processes over sockets), live")  # fmt: skip
-    live.add_argument(
-        "--byte-scale",
-        type=float,
-        metavar="F",
-        default=None,
-        help="host backend: real bytes per modelled byte (default the scenario's, 0.001)",
-    )
+    live.add_argument("--byte-scale", type=float, metavar="F", default=None,
+                      help="host backend: real bytes per modelled byte (default the scenario's, 0.001)")  # fmt: skip
     live.add_argument("--mode", choices=("virtual", "realtime"), default=None,
                       help="virtual (default): one process, virtual clock, deterministic; realtime: wall clock, "
                            "one OS process per engine group, a data-plane service owning every port")  # fmt: skip
@@ -186,56 +136,35 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--placement", choices=("groups", "roles", "single"), default="groups",
                       help="realtime: groups (default: scheduler, client, each prefill and decode group its own "
                            "process), roles (front end, prefill, decode), single (one process)")  # fmt: skip
-    live.add_argument(
-        "--transport",
-        choices=("ipc", "tcp"),
-        default="ipc",
-        help="realtime: ipc (default; sockets in a private directory) or tcp (CURVE-authenticated)",
-    )
+    live.add_argument("--transport", choices=("ipc", "tcp"), default="ipc",
+                      help="realtime: ipc (default; sockets in a private directory) or tcp "
+                           "(CURVE-authenticated)")  # fmt: skip
     live.add_argument("--host", default="127.0.0.1", help="realtime, tcp: the address to bind (default loopback)")
     live.add_argument("--run-dir", type=Path, metavar="DIR",
                       help="realtime: keep the run's description, keys, logs and parts here (default: under --out, "
                            "else a temporary directory)")  # fmt: skip
-    live.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)",
-    )
-    live.add_argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        default=86_400.0,
-        help="realtime: wall seconds after which the run is stopped (default one day)",
-    )
-    live.add_argument(
-        "--prepare",
-        type=Path,
-        metavar="DIR",
-        help="realtime, several hosts: write the run (description, tcp endpoints, CURVE keys) into "
-        "DIR and print each host's commands instead of running it; then `dualpath-emu collect DIR`",
-    )
-    live.add_argument(
-        "--process-host",
-        action="append",
-        metavar="PATTERN=HOST",
-        help="--prepare: run the processes whose names match PATTERN (shell style: 'pe*', 'de*', "
-        "'dataplane', 'client', 'scheduler') on HOST; the rest on --host (repeat for several)",
-    )
-    live.add_argument(
-        "--port-base",
-        type=int,
-        default=47_100,
-        metavar="PORT",
-        help="--prepare: the data plane listens on PORT, the other processes on the next ports",
-    )
+    live.add_argument("--metrics-port", type=int, metavar="PORT",
+                      help="realtime: serve live Prometheus metrics on 127.0.0.1:PORT (0: a free port, "
+                           "printed)")  # fmt: skip
+    live.add_argument("--timeout", type=float, metavar="S", default=86_400.0,
+                      help="realtime: wall seconds after which the run is stopped (default one day)")  # fmt: skip
+    live.add_argument("--prepare", type=Path, metavar="DIR",
+                      help="realtime, several hosts: write the run (description, tcp endpoints, CURVE keys) into "
+                           "DIR and print each host's commands instead of running it; then "
+                           "`dualpath-emu collect DIR`")  # fmt: skip
+    live.add_argument("--process-host", action="append", metavar="PATTERN=HOST",
+                      help="--prepare: run the processes whose names match PATTERN (shell style: 'pe*', 'de*', "
+                           "'dataplane', 'client', 'scheduler') on HOST; the rest on --host (repeat for "
+                           "several)")  # fmt: skip
+    live.add_argument("--port-base", type=int, default=47_100, metavar="PORT",
+                      help="--prepare: the data plane listens on PORT, the other processes on the next "
+                           "ports")  # fmt: skip
     live.add_argument("--restart-crashed", action="store_true",
                       help="realtime: an engine group's process (a prefill group peN, a decode node's engines deN) "
                            "that dies before the run is complete is started again in its place (at most 3 times "
                            "each) and the run goes on, its work dispatched again; recorded with --prepare. Without "
                            "it, or when the client, the scheduler or the data plane dies, the run ends")  # fmt: skip
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "run_command"))
 
     sweep = commands.add_parser(
         "sweep",
@@ -245,40 +174,27 @@ def build_parser() -> argparse.ArgumentParser:
         "and sweep.png into --out and prints a table; every run is kept in the run cache (JSON, safe to share), "
         "so the same command again resumes and reuses the runs already done.",
     )
-    sweep.add_argument("scenario", nargs="?", help="cluster scenario: a TOML file or a packaged scenario's name "
-                       "(default: the built-in ds660b-2p4d-offline)")  # fmt: skip
+    _scenario_options(sweep, "the scenario's")
     sweep.add_argument("--set", action="append", metavar="KEY=V1,V2,...",
                        help="sweep a scenario key over these values (each read as TOML; commas inside brackets or "
                             "quotes do not split), e.g. workload.agents=32,64,128; one value: a fixed override "
                             "(repeat for several keys: their cartesian product)")  # fmt: skip
     sweep.add_argument("--systems", help=argparse.SUPPRESS)  # the old spelling of --system A,B
-    sweep.add_argument("--system", action="append", metavar="SPEC",
-                       help="run this system: a built-in one's name, or your own as file.py:Name or module:Name "
-                            "(repeat, or separate by commas, for several; default: the scenario's)")  # fmt: skip
-    sweep.add_argument("--agents", type=int, metavar="N", help="override the scenario's agent count")
-    sweep.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
-    sweep.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        required=True,
-        help="write sweep.csv, sweep.json and sweep.png here (and the run cache, DIR/cache)",
-    )
+    sweep.add_argument("--out", type=Path, metavar="DIR", required=True,
+                       help="write sweep.csv, sweep.json and sweep.png here (and the run cache, "
+                            "DIR/cache)")  # fmt: skip
     where = sweep.add_mutually_exclusive_group()
     where.add_argument("--jobs", type=int, metavar="N", help="local processes for the runs (default: CPUs)")
     where.add_argument("--dask", metavar="ADDRESS",
                        help="run on the workers of the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786, "
                             "tls://host:8786: reach it over a trusted network or TLS); needs pip install "
                             "'dualpath-emu[dask]'")  # fmt: skip
-    sweep.add_argument(
-        "--cache",
-        type=Path,
-        metavar="DIR",
-        help="the run cache (default: DIR/cache under --out): finished runs are reused from it",
-    )
+    sweep.add_argument("--cache", type=Path, metavar="DIR",
+                       help="the run cache (default: DIR/cache under --out): finished runs are reused "
+                            "from it")  # fmt: skip
     sweep.add_argument("--json", action="store_true", help="print sweep.json (and nothing else) on stdout")
     sweep.add_argument("--quiet", action="store_true", help="no header line, no progress lines")
-    sweep.set_defaults(func=_cmd_sweep)
+    sweep.set_defaults(func=_lazy("dualpath_emu.sweep", "sweep_command"))
 
     collect = commands.add_parser(
         "collect",
@@ -290,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("run_dir", metavar="DIR", type=Path, help="the prepared run directory, every part gathered")
     collect.add_argument("--json", action="store_true", help="print the summary as JSON")
     collect.add_argument("--out", type=Path, metavar="DIR", help="also write summary.json, requests.csv and plots here")
-    collect.set_defaults(func=_cmd_collect)
+    collect.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "collect_command"))
 
     compare = commands.add_parser(
         "compare",
@@ -301,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("first", metavar="A", type=Path, help="a run's --out folder or its summary.json")
     compare.add_argument("second", metavar="B", type=Path, help="another run's --out folder or its summary.json")
-    compare.set_defaults(func=_cmd_compare)
+    compare.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "compare_command"))
 
     validate = commands.add_parser(
         "validate",
@@ -312,15 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         "validate only scenarios whose policy files you trust.",
     )
     validate.add_argument("file", metavar="SCENARIO", help="scenario TOML file, or a packaged scenario's name")
-    validate.set_defaults(func=_cmd_validate)
+    validate.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "validate_command"))
 
-    demo = commands.add_parser(
-        "demo",
-        help="small demonstrations of the data plane",
-        description="Small demonstrations of the data plane, printed as tables.",
-    )
+    demo = commands.add_parser("demo", help="small demonstrations of the data plane",
+                               description="Small demonstrations of the data plane, printed as tables.")  # fmt: skip
     demo.add_argument("name", choices=("lanes",), help="lanes: virtual-lane isolation on one compute NIC")
-    demo.set_defaults(func=_cmd_demo)
+    demo.set_defaults(func=_lazy("dualpath_emu.demo", "main"))
 
     launch = commands.add_parser(
         "launch",
@@ -338,19 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--json", action="store_true", help="print the result as JSON")
     launch.add_argument("--only", metavar="NAME,NAME", help="several hosts: start only these processes of "
                         "a run written with --prepare into --run-dir (this host's share) and watch them")  # fmt: skip
-    launch.add_argument(
-        "--prepare",
-        action="store_true",
-        help="only write the run description (run.json) into --run-dir and print the command that "
-        "starts each process (for processes started by hand, e.g. on several hosts)",
-    )
+    launch.add_argument("--prepare", action="store_true",
+                        help="only write the run description (run.json) into --run-dir and print the command that "
+                             "starts each process (for processes started by hand, e.g. on several hosts)")  # fmt: skip
     launch.set_defaults(func=_cmd_launch)
 
-    node = commands.add_parser(
-        "node",
-        help="run one process of a real-time run (started by `launch`, or by hand on another host)",
-        add_help=False,
-    )
+    node = commands.add_parser("node", add_help=False, help="run one process of a real-time run (started by "
+                               "`launch`, or by hand on another host)")  # fmt: skip
     node.add_argument("arguments", nargs="*", help="see `dualpath-emu node --help`")
 
     keys = commands.add_parser(
@@ -374,19 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Options after NAME: --quick (the small variant), --out DIR (CSV, PNG, JSON), --jobs N (processes), "
         "--json; `dualpath-emu reproduce NAME --help` lists them.",
     )
-    reproduce.add_argument(
-        "name", metavar="NAME", nargs="?", choices=tuple(EXPERIMENTS), help=f"one of {', '.join(EXPERIMENTS)}"
-    )
+    names = tuple(EXPERIMENTS)
+    reproduce.add_argument("name", metavar="NAME", nargs="?", choices=names, help=f"one of {', '.join(names)}")
     reproduce.add_argument("--list", action="store_true", help="list the experiments and exit")
     reproduce.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's options")
     reproduce.set_defaults(func=_cmd_reproduce)
 
-    calibrate = commands.add_parser(
-        "calibrate",
-        help="fit the hardware parameters the paper does not give on Basic and Oracle runs "
-        "(= `reproduce calibrate`; --write saves the fit)",
-        add_help=False,  # --help goes to the experiment's own parser
-    )
+    calibrate = commands.add_parser("calibrate", add_help=False,  # --help goes to the experiment's own parser
+                                    help="fit the hardware parameters the paper does not give on Basic and Oracle "
+                                         "runs (= `reproduce calibrate`; --write saves the fit)")  # fmt: skip
     calibrate.add_argument("options", nargs="*", help="see `dualpath-emu calibrate --help`")
 
     host = commands.add_parser(
@@ -402,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "blocks will live on)")  # fmt: skip
     host.add_argument("--size-mib", type=int, default=256, metavar="N", help="MiB written and read, and sent (256)")
     host.add_argument("--out", type=Path, metavar="FILE", help="write the tables here instead of printing them")
-    host.set_defaults(func=_cmd_calibrate_host)
+    host.set_defaults(func=_lazy("dualpath_emu.host.calibrate", "calibrate_command"))
 
     trace = commands.add_parser(
         "trace",
@@ -410,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Workload traces: summarise a trajectory file or a Mooncake trace, generate trajectories "
         "shaped like the paper's datasets (Table 2), or convert a Mooncake trace into a trajectory file.",
     )
-    trace.set_defaults(func=_cmd_trace)
+    trace.set_defaults(func=_lazy("dualpath_emu.workload.trace_cli", "trace_command"))
     traces = trace.add_subparsers(dest="trace_command", metavar="TRACE_COMMAND")
     stats = traces.add_parser("stats", help="summarise a trajectory file or a Mooncake trace",
                               description="Summarise a trajectory file or a Mooncake trace: counts, per-turn "
@@ -436,9 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("file", type=Path, help="Mooncake trace (JSONL)")
     imported.add_argument("--out", type=Path, required=True, help="output trajectory file")
     imported.add_argument("--block-tokens", type=int, help="tokens per hash block (default 512)")
-    imported.add_argument(
-        "--no-sessions", action="store_true", help="one single-turn trajectory per request instead of sessions"
-    )
+    imported.add_argument("--no-sessions", action="store_true",
+                          help="one single-turn trajectory per request instead of sessions")  # fmt: skip
 
     catalog = commands.add_parser(
         "catalog",
@@ -448,15 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
         "own in [models.NAME], [gpus.NAME] and [nics.NAME] tables or in catalog files it includes "
         '(catalog = ["mine.toml"]); docs/scenario-reference.md lists every key.',
     )
-    catalog.add_argument(
-        "file",
-        nargs="?",
-        default=None,
-        metavar="FILE",
-        help='a scenario (file or packaged name) or a catalog file (kind = "catalog")',
-    )
+    catalog.add_argument("file", nargs="?", default=None, metavar="FILE",
+                         help='a scenario (file or packaged name) or a catalog file (kind = "catalog")')  # fmt: skip
     catalog.add_argument("--json", action="store_true", help="print the entries as JSON")
-    catalog.set_defaults(func=_cmd_catalog)
+    catalog.set_defaults(func=_lazy("dualpath_emu.cluster.catalog_cli", "catalog_command"))
 
     version = commands.add_parser("version", help="print the version", description="Print the version.")
     version.set_defaults(func=_cmd_version)

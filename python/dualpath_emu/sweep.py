@@ -1,28 +1,16 @@
 """``dualpath-emu sweep``: one cluster scenario over a grid of settings, every point × system one run.
 
-``sweep [SCENARIO] --set KEY=V1,V2,... [--set KEY=...] [--systems A,B | --system SPEC ...] [--agents N]
-[--seed S] --out DIR [--jobs N | --dask ADDRESS] [--cache DIR] [--json] [--quiet]`` runs the cartesian
-product of the ``--set`` values (a key with one value is a fixed override): each point's scenario is the
-one ``dualpath-emu run SCENARIO --set ...`` would run (:func:`~dualpath_emu.cluster.run_cli.load_scenario`,
-values read as TOML; the values are split at the commas outside brackets and quotes, so ``[1,2]`` stays one
-value), and each of its systems one run. The whole grid is checked before anything runs: a bad key or value
-is the scenario loader's one-line error, naming the point.
+The grid is the cartesian product of the ``--set KEY=V1,V2,...`` values (values read as TOML, split at the
+commas outside brackets and quotes; a key with one value is a fixed override); each point's scenario is the
+one ``dualpath-emu run SCENARIO --set ...`` would run, and the whole grid is checked before anything runs.
 
-The runs go through :func:`~dualpath_emu.reproduce.common.run_parallel`, as ``dualpath-emu reproduce``'s
-do: in ``--jobs`` local processes (default: the CPUs this process may use), or on the workers of a Dask
-cluster, ``--dask tcp://scheduler:8786`` (``tls://...`` with the TLS files of Dask's configuration; needs
-``pip install 'dualpath-emu[dask]'``). On Dask the scenario file, traces and user systems it names must
-be at the same paths on the workers (packaged scenarios and built-in systems need nothing), and the workers
-must run the same dualpath-emu: a worker checks both and refuses a run that would differ. Every result is
-kept in the run cache (``--cache``, default ``DIR/cache``: JSON files, never unpickled,
-:mod:`~dualpath_emu.reproduce.common`), so the same command again resumes where it stopped and reuses
-every finished run.
-
-``--out DIR`` gets ``sweep.csv`` (a row per point × system: the swept keys, the system, JCT, TTFT mean,
-p50 and p99, TPOT, turns, wall time), ``sweep.json`` (the scenario, the grid, every run's summary,
-``SystemResult.summary()``, and which process ran it) and ``sweep.png`` (JCT against the first swept key,
-a line per system and value of the other swept keys; a categorical axis for non-numeric values). A table
-goes to stdout (``--json``: the JSON instead), a line per finished run to stderr (not with ``--quiet``).
+The runs go through :func:`~dualpath_emu.reproduce.common.run_parallel`: in ``--jobs`` local processes or on a
+Dask cluster (``--dask``), where the scenario file, traces and user systems must be at the same paths on the
+workers, which must run the same dualpath-emu (a worker checks both and refuses a run that would differ).
+Every result is kept in the run cache (``--cache``, default ``DIR/cache``: JSON, never unpickled), so the
+same command again resumes and reuses every finished run. ``--out DIR`` gets ``sweep.csv`` (a row per point ×
+system), ``sweep.json`` (the scenario, the grid, every run's summary and who ran it) and ``sweep.png`` (JCT
+against the first swept key).
 """
 
 from __future__ import annotations
@@ -74,7 +62,7 @@ __all__ = [
 CSV_METRICS: Final = ("jct_s", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s",
                       "tpot_p99_s", "turns", "agents", "complete", "failed_requests", "snic_max_over_mean",
                       "wall_s")  # fmt: skip
-"""The columns of ``sweep.csv`` after the swept keys and the system (from ``SystemResult.summary()``)."""
+"""The columns of ``sweep.csv`` after the swept keys and the system."""
 
 
 # ------------------------------------------------------------------------------------------------ the grid
@@ -107,9 +95,7 @@ def split_values(text: str) -> list[str]:
 
 
 def parse_grid(settings: Sequence[str]) -> dict[str, list[object]]:
-    """``--set KEY=V1,V2,...`` options as the grid: each key's values, each read as TOML (a bare word as a
-    string), in the order given. A :class:`UsageError` for a malformed option, an empty value or a key given
-    twice."""
+    """``--set KEY=V1,V2,...`` options as the grid: each key's values, read as TOML (a bare word as a string)."""
     grid: dict[str, list[object]] = {}
     for setting in settings:
         key, equals, text = setting.partition("=")
@@ -143,18 +129,17 @@ def _show(value: object) -> str:
 
 
 class SweepMismatchError(UsageError):
-    """A worker (a Dask worker, typically) would run something other than what the client asked for: another
-    version of dualpath-emu, or of the scenario file, a trace or a user system at the same path."""
+    """A worker would run something other than what the client asked for: another dualpath-emu, or another
+    scenario file, trace or user system at the same path."""
 
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One run of a sweep: one system at one point of the grid. It carries how to build the run (the
-    scenario as given and the point's overrides, loaded again in the worker, as ``dualpath-emu run`` would)
-    and what the client loaded (``fingerprint``, ``code``), which the worker checks and the cache keys on."""
+    """One system at one point of the grid: how to load the run again in the worker, and what the client
+    loaded (``fingerprint``, ``code``), which the worker checks and the cache keys on."""
 
     labels: Mapping[str, Any]
-    """The point's values of the swept keys (names the run in progress lines)."""
+    """The point's values of the swept keys."""
     scenario: str | None
     """A packaged scenario's name, an absolute file path, or None (the built-in one)."""
     overrides: tuple[tuple[str, Any], ...]
@@ -166,17 +151,16 @@ class SweepRun:
     system: str
     """The name of the system to run (one of the point's scenario's systems)."""
     fingerprint: str
-    """What the run's result depends on (:func:`_fingerprint`): the cache key, checked by the worker."""
+    """What the run's result depends on (:func:`_fingerprint`)."""
     code: str
-    """The client's :func:`~dualpath_emu.reproduce.common.code_fingerprint`, checked by the worker."""
+    """The client's :func:`~dualpath_emu.reproduce.common.code_fingerprint`."""
     cost: float = 1.0
-    """The point's agents: the largest runs start first."""
+    """The point's agents."""
 
     def cache_key(self) -> str:
         return self.fingerprint
 
     def load(self) -> ClusterScenario:
-        """The point's scenario, loaded as ``dualpath-emu run`` loads it."""
         return load_scenario(self.scenario, dict(self.overrides), what="--set").with_overrides(
             systems=self.systems, agents=self.agents, seed=self.seed
         )
@@ -184,8 +168,7 @@ class SweepRun:
 
 @dataclass(frozen=True)
 class SweepResult:
-    """A run's summary (``SystemResult.summary()``) and who ran it (``pid N on HOST`` or ``dask ADDRESS``:
-    metadata, not a result)."""
+    """A run's summary and who ran it (``pid N on HOST`` or ``dask ADDRESS``: metadata, not a result)."""
 
     summary: dict[str, Any]
     ran_by: str
@@ -200,9 +183,8 @@ def _file_digest(path: Path) -> str:
 
 
 def _fingerprint(scenario: ClusterScenario, system_name: str) -> str:
-    """Everything a run of ``system_name`` on ``scenario`` depends on besides dualpath-emu's code: the
-    config, the workload (generator, seed, rounds; a trace by its content), the system, and the file of a
-    user policy's class (its content: an edit invalidates the cache)."""
+    """Everything a run of ``system_name`` on ``scenario`` depends on besides dualpath-emu's code (a trace and a
+    user policy's file by their content)."""
     system = scenario.system(system_name)
     parts = [repr(scenario.config), repr(scenario.seed), repr(scenario.max_rounds), repr(scenario.generator),
              repr(system)]  # fmt: skip
@@ -225,8 +207,8 @@ def _ran_by() -> str:
 
 
 def run_point(run: SweepRun) -> SweepResult:
-    """Run one point's system (in whichever process, or on a Dask worker): the worker of :func:`run_parallel`.
-    Raises :class:`SweepMismatchError` where this process would run something else than the client loaded."""
+    """Run one point's system (the worker of :func:`run_parallel`), or raise :class:`SweepMismatchError` where
+    this process would run something else than the client loaded."""
     from dualpath_emu.cluster.run import run_system  # the worker's import
 
     where = _ran_by()
@@ -246,8 +228,7 @@ def run_point(run: SweepRun) -> SweepResult:
 
 
 def _systems_option(args: argparse.Namespace) -> tuple[str, ...] | None:
-    """``--system SPEC`` (repeated, or comma-separated; ``--systems A,B``, the old spelling, too), file specs made
-    absolute (workers may start in another folder), or None: the scenario's systems."""
+    """``--system`` (and the old ``--systems``), file specs made absolute (workers may start elsewhere), or None."""
     given = system_specs([*([args.systems] if args.systems is not None else []), *(args.system or [])])
     if not given:
         return None
@@ -267,8 +248,7 @@ def _scenario_reference(argument: str | None) -> str | None:
 
 
 def plan(args: argparse.Namespace) -> tuple[ClusterScenario, dict[str, list[object]], list[SweepRun]]:
-    """The first point's scenario, the grid and every run, each point's scenario loaded and checked (a
-    :class:`ScenarioError` naming the point)."""
+    """The first point's scenario, the grid and every run, each point's scenario loaded and checked."""
     grid = parse_grid(args.set or ())
     swept = [k for k, values in grid.items() if len(values) > 1]
     systems = _systems_option(args)
@@ -310,12 +290,11 @@ def sweep_command(args: argparse.Namespace) -> int:
     where = f"on the Dask cluster at {args.dask}" if args.dask else f"in {min(jobs, len(runs))} process(es)"
     if not (args.json or args.quiet):
         print(f"{scenario.name} ({scenario.source}): {points} point(s), {len(runs)} run(s) {where}", flush=True)
-    done = reused = 0
+    reused = 0
     started = time.perf_counter()
 
-    def report(run: SweepRun, result: SweepResult, elapsed: float, cached: bool) -> None:
-        nonlocal done, reused
-        done += 1
+    def report(run: SweepRun, result: SweepResult, done: int, elapsed: float, cached: bool) -> None:
+        nonlocal reused
         reused += cached
         if not args.quiet:
             took = "from the cache" if cached else f"{result.summary['wall_s']:.1f} s wall"

@@ -1,38 +1,26 @@
 """Calibration: fit the parameters the paper does not give on **Basic and Oracle runs only**, so that
 DualPath's results are predictions.
 
-Three hardware parameters, shared by every model (they describe the testbed, not a model), all on DS 660B
-2P4D, 64K, whole trajectories (the paper's Fig. 7 [fig~]):
+Three hardware parameters, shared by every model, fitted on DS 660B 2P4D, 64K, whole trajectories (the
+paper's Fig. 7 [fig~]):
 
-1. ``prefill_speed`` — one factor on the prefill engines' kernel efficiencies (GEMM, attention, HBM; their
-   documented defaults 0.6 / 0.6 / 0.8 are the starting point, :mod:`dualpath_emu.cluster.roofline`),
-   fitted so that **Oracle at 4,096 agents** takes the paper's ≈9,400 s. Oracle has no I/O, and with
-   thousands of agents its JCT is prefill throughput.
-2. ``prefill_overhead_s_per_layer`` — a prefill pass's fixed cost per layer (launches, DP-attention
-   synchronisation), fitted so that **Oracle at 512 agents** takes the paper's ≈2,000 s. There the JCT is
-   the longest trajectory's chain of short turns: a fixed cost per pass weighs on it, while at 4,096 agents
-   it is spread over large batches. Both points depend on both parameters, so they are fitted together
-   (:func:`_fit_prefill`).
-3. ``snic_bytes_per_s`` — the storage NICs' effective read rate (line rate 50 GB/s; what 3FS reads reach
-   through one NIC is not given, paper-facts §10). With the compute fitted, **Basic at 512 agents** is
-   storage-bound: fitted so that it takes the paper's ≈2,900 s. Where it is slower than that even at the
-   line rate, there is nothing to fit and the rate stays the line rate (2026-12-01: 2,981 s, +2.8%).
+1. ``prefill_speed``, one factor on the prefill engines' kernel efficiencies
+   (:mod:`dualpath_emu.cluster.roofline`), so that **Oracle at 4,096 agents** takes the paper's ≈9,400 s
+   (Oracle has no I/O: with thousands of agents its JCT is prefill throughput);
+2. ``prefill_overhead_s_per_layer``, a prefill pass's fixed cost per layer (launches, DP-attention
+   synchronisation), so that **Oracle at 512 agents** takes ≈2,000 s (the longest trajectory's chain of short
+   turns, where a fixed cost per pass weighs). Both points depend on both, so the two are fitted together
+   (:func:`_fit_prefill`);
+3. ``snic_bytes_per_s``, the storage NICs' effective read rate (line rate 50 GB/s; what 3FS reaches through
+   one NIC is not given, paper-facts §10), so that the storage-bound **Basic at 512 agents** takes ≈2,900 s;
+   where it is slower even at the line rate, the rate stays the line rate.
 
-The decode engines are **not** fitted: they keep the roofline's kernel efficiencies and step as an EP group
-with DeepEP's all-to-all latencies (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`), so
-TPOT is a prediction too. (Until 2026-12-01 one ``gpu_speed`` factor scaled every efficiency, prefill and
-decode alike, fitted on Oracle at 512 agents; it made DS 660B decode at a TPOT of 60-68 ms, over the 50 ms
-SLO, EVALUATION.md.)
-
-Each fit (:func:`_fit`) starts with fixed-point steps ``x ← x × (JCT / target)`` (JCT scales about inversely
-with a parameter where it binds), doubles or halves ``x`` where the JCT hardly responds, and once runs
-bracket the target closes in with secant steps (bisecting when two in a row land on one side); at most
-:data:`MAX_ITERATIONS` runs, stopping within :data:`TOLERANCE`. The overhead makes the cluster slower as it
-grows, so it is fitted as its inverse. Basic needs the bracket: near the line rate its JCT at 512 agents
-hardly moves (its prefill-side buffer binds first). The result is written to ``calibration.json`` in this
-package (``--write``), which the experiments of ``dualpath-emu reproduce`` read through
+The decode engines are **not** fitted (roofline efficiencies, DeepEP all-to-all latencies,
+:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`): TPOT is a prediction too. ``--write``
+stores the result in ``calibration.json`` in this package, which every experiment reads through
 :func:`~dualpath_emu.reproduce.common.deployment`; ``dualpath-emu calibrate`` reruns the fit. ``--quick``
-fits on a storage-bound miniature (fewer agents, 40 rounds) to check the procedure, and never writes.
+fits a storage-bound miniature (fewer agents, 40 rounds) to known parameters, to check the procedure, and
+never writes.
 """
 
 from __future__ import annotations
@@ -63,8 +51,7 @@ TARGETS: Final = {("oracle", 512): 2000.0, ("oracle", 4096): 9400.0, ("basic", 5
 QUICK_AGENTS: Final = {512: 96, 4096: 384}
 """The miniature's agent counts standing for 512 and 4,096."""
 START: Final = {"prefill_speed": 0.44, "prefill_overhead_s_per_layer": 7e-3}
-"""Where the prefill fit starts: near its solution of 2026-12-01 (from 0.25 and 2 ms it takes a few more
-Newton steps)."""
+"""Where the prefill fit starts: near its last solution (saves Newton steps)."""
 FITTED: Final = ("prefill_speed", "prefill_overhead_s_per_layer", "snic_bytes_per_s")
 LINE_RATE_TOLERANCE: Final = 0.05
 """Basic may be this much over its target when the storage NICs are already at their line rate: the fit
@@ -72,8 +59,7 @@ has nothing left to give, and the rate stays the NIC's."""
 
 
 def load(path: Path = CALIBRATION_FILE) -> dict[str, float] | None:
-    """The fitted parameters (:data:`FITTED`), or None if there is no calibration (or one of an older
-    model, without them)."""
+    """The fitted parameters (:data:`FITTED`), or None without a calibration (or one that lacks them)."""
     if not path.exists():
         return None
     data = json.loads(path.read_text())
@@ -101,16 +87,12 @@ def apply(config: ClusterConfig, fitted: dict[str, float]) -> ClusterConfig:
 def _fit(name: str, system: str, target: float, start: float, bounds: tuple[float, float],
          config: Callable[[float], ClusterConfig], rounds: int, args: argparse.Namespace,
          history: list[dict[str, Any]]) -> tuple[float, float]:  # fmt: skip
-    """Fit one parameter so that ``system``'s JCT on ``config(x)`` is ``target``, for a parameter that makes
-    the cluster faster as it grows. Returns ``(x, its JCT)``, the closest run if none lands within
-    :data:`TOLERANCE`.
+    """Fit ``x``, a parameter that makes the cluster faster as it grows, so that ``system``'s JCT on
+    ``config(x)`` is ``target``; returns ``(x, its JCT)``, the closest run if none is within :data:`TOLERANCE`.
 
-    Steps: the fixed point ``x ← x × JCT / target`` (JCT about inversely proportional to ``x`` where ``x``
-    binds); where the JCT hardly responds (elasticity below :data:`MIN_ELASTICITY` since the first run: ``x``
-    does not bind there yet) a factor of 2 towards the target instead; once runs lie on both sides of the
-    target, the secant of log JCT against log ``x`` between the two closest, which stays inside that
-    bracket, or its geometric midpoint when the last two runs fell on one side (a kink stalls the secant).
-    ``x`` stays within ``bounds``."""
+    Steps ``x ← x × JCT / target`` (JCT about inversely proportional to ``x`` where it binds), a factor of 2
+    where the JCT hardly responds (elasticity below :data:`MIN_ELASTICITY`); once runs bracket the target, the
+    secant of log JCT against log ``x``, or the geometric midpoint when the last two fell on one side."""
     low, high = bounds
     runs: list[tuple[float, float]] = []
     x = start
@@ -145,14 +127,10 @@ def _fit(name: str, system: str, target: float, start: float, bounds: tuple[floa
 def _fit_prefill(targets: dict[tuple[str, int], float], speed: float, overhead_s: float,
                  config: Callable[..., ClusterConfig], rounds: int, args: argparse.Namespace,
                  history: list[dict[str, Any]]) -> tuple[float, float, dict[tuple[str, int], float]]:  # fmt: skip
-    """Fit prefill speed and overhead together so that Oracle takes its targets at 4,096 and 512 agents.
-
-    Each point needs both (a fixed cost per pass slows 4,096 agents too, a faster prefill speeds 512 up as
-    well), and fitting them in turn drifts (each refit undoes half the other's), so the two are solved
-    together: Newton steps on the residuals ``log(JCT / target)`` in ``(log speed, overhead in ms)``, the
-    Jacobian from finite differences at the start (speed +10%, overhead +1 ms) and updated from every step
-    after (Broyden). Each evaluation runs both points (in parallel with ``--jobs 2``). At most
-    :data:`MAX_ITERATIONS` steps; returns the closest evaluation if none lands within :data:`TOLERANCE`."""
+    """Fit prefill speed and overhead together so that Oracle takes its targets at 4,096 and 512 agents
+    (fitting them in turn drifts: each refit undoes half the other's). Newton steps on the residuals
+    ``log(JCT / target)`` in ``(log speed, overhead in ms)``, the Jacobian from finite differences at the start
+    and updated by Broyden after; at most :data:`MAX_ITERATIONS` steps, returning the closest evaluation."""
     points = (("oracle", 4096), ("oracle", 512))
 
     def evaluate(x: tuple[float, float]) -> tuple[list[float], dict[tuple[str, int], float]]:

@@ -1,29 +1,18 @@
 """What every experiment of ``dualpath-emu reproduce`` shares: runs (cells) in parallel processes, the
-side-by-side comparison with the paper, and the outputs (CSV, PNG, JSON, a printed table).
+comparison with the paper, and the outputs (CSV, PNG, JSON, a printed table).
 
-An experiment module builds a list of :class:`Cell` (one cluster run each), runs them with
-:func:`run_cells`, turns the :class:`CellResult` into CSV rows and :class:`Comparison` (the paper's value, the
-emulator's, their ratio, the issue's target and whether it is met) and returns a :class:`Report`;
-:func:`experiment_main` gives it the common command line::
+An experiment builds :class:`Cell` runs, runs them with :func:`run_cells`, and returns a :class:`Report` of CSV
+rows and :class:`Comparison` with the paper; :func:`experiment_main` gives it the common command line
+(``--quick``, ``--out DIR``, ``--jobs N`` or ``--dask ADDRESS``, ``--cache DIR``, ``--json``). Every run is
+deterministic from its seed, so the number of processes, or where they run, changes the wall time, never a
+figure. ``dualpath-emu sweep`` runs its grids through the same :func:`run_parallel`.
 
-    dualpath-emu reproduce NAME [--quick] [--out DIR] [--jobs N | --dask ADDRESS] [--cache DIR] [--json]
-
-``--quick`` runs the small variant (a few minutes in all, for CI), ``--out DIR`` writes ``NAME.csv``,
-``NAME.png`` and ``NAME.json`` there, ``--jobs`` runs cells in that many processes (default: the CPUs this
-process may use), ``--dask ADDRESS`` on the workers of a Dask cluster instead (``tcp://host:8786``, or
-``tls://...`` with the TLS files of Dask's own configuration; needs ``pip install 'dualpath-emu[dask]'``),
-``--cache DIR`` keeps every run's result for reuse (:func:`run_parallel`). A cell's result depends only on
-the cell (every run is deterministic from its seed), so the number of processes, or where they run, changes
-the wall time, never a figure. ``dualpath-emu sweep`` (:mod:`dualpath_emu.sweep`) runs its grids through the
-same :func:`run_parallel`.
-
-**The run cache holds data, never code.** Each result is one JSON file, ``<key>.json``, holding the cache's
-format version, the full key (the worker, the code's fingerprint, the run) and the result; a file that does
-not parse, or holds another version or key, or a result of the wrong shape, is ignored with a warning on
-stderr and the run computed again. Nothing in it is ever executed or unpickled, so a cache folder may be
-shared between users, or copied from elsewhere, as safely as a CSV file: the worst a hostile file can do is
-give wrong numbers for its own key. (A Dask cluster's own wire does pickle tasks and results between the
-client and its workers: reach its scheduler only over a network you trust, or over TLS.)
+**The run cache holds data, never code.** Each result is one JSON file holding the cache's format version,
+the full key (the worker, the code's fingerprint, the run) and the result; a file that does not parse, or
+holds another version, key or shape, is ignored with a warning and the run computed again. Nothing in it is
+executed or unpickled, so a cache folder may be shared as safely as a CSV file: the worst a hostile file can
+do is give wrong numbers for its own key. (Dask's own wire does pickle tasks and results: reach its scheduler
+only over a network you trust, or over TLS.)
 """
 
 from __future__ import annotations
@@ -73,32 +62,27 @@ __all__ = [
     "within",
 ]
 
+SYSTEMS: Final = ("basic", "dualpath", "oracle")
+"""The systems of the paper's figures."""
+
 DEPLOYMENTS: dict[str, dict[str, Any]] = {
-    # The paper's default deployments (§7.1, paper-facts §2.1); the packaged scenarios (dualpath_emu/scenarios) hold the same.
-    "ds660b": {"model": "ds660b", "pe_nodes": 2, "de_nodes": 4, "prefill_ep_nodes": 2, "decode_ep_nodes": 4},
-    "ds27b": {"model": "ds27b", "pe_nodes": 1, "de_nodes": 1, "prefill_ep_nodes": 1, "decode_ep_nodes": 1},
-    "qwen32b": {
-        "model": "qwen32b",
-        "pe_nodes": 1,
-        "de_nodes": 2,
-        "prefill_ep_nodes": 1,
-        "decode_ep_nodes": 1,
-        "dram_buffer_bytes": 320_000_000_000,
-    },
+    # The paper's default deployments (§7.1, paper-facts §2.1); the packaged scenarios hold the same.
+    "ds660b": dict(model="ds660b", pe_nodes=2, de_nodes=4, prefill_ep_nodes=2, decode_ep_nodes=4),
+    "ds27b": dict(model="ds27b", pe_nodes=1, de_nodes=1, prefill_ep_nodes=1, decode_ep_nodes=1),
+    "qwen32b": dict(
+        model="qwen32b", pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1, dram_buffer_bytes=320 * 10**9
+    ),
 }
 
 
 QUICK_NODE: Final = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=TESTBED_NODE.snic_bytes_per_s / 4)
-"""The node of the ``--quick`` variants: storage NICs at a quarter of the testbed's 50 GB/s, so that a few
-hundred agents' first rounds are storage-bound as the paper's thousands of whole trajectories are (the
-orderings the quick variants check are those of a storage-bound cluster)."""
+"""The node of the ``--quick`` variants: storage NICs at a quarter of the testbed's, so that a few hundred
+agents' first rounds are storage-bound as the paper's thousands of whole trajectories are."""
 
 
 def deployment(model: str, *, quick: bool = False, calibrated: bool = True, **overrides: Any) -> ClusterConfig:
-    """The paper's deployment of ``model`` (DS 660B 2P4D, DS 27B 1P1D, Qwen 32B 1P2D) with ``overrides``;
-    ``quick``: on :data:`QUICK_NODE`; ``calibrated``: with the fitted hardware parameters of
-    ``calibration.json`` (:mod:`~dualpath_emu.reproduce.calibrate`), where there is one and not ``quick``
-    (the miniature keeps its own storage NICs)."""
+    """The paper's deployment of ``model`` with ``overrides``; ``quick``: on :data:`QUICK_NODE`; ``calibrated``:
+    with the fitted parameters of :mod:`~dualpath_emu.reproduce.calibrate`, where there are some and not ``quick``."""
     base = {**DEPLOYMENTS[model], **({"node": QUICK_NODE} if quick else {})}
     fields = {**base, **overrides}
     config = ClusterConfig(**{**fields, "model": MODELS[fields["model"]]})
@@ -126,16 +110,14 @@ class Cell:
 
     @property
     def cost(self) -> float:
-        """How long the run takes, relatively: its agents (:func:`run_parallel` starts the largest first)."""
         return float(self.config.agents)
 
     def cache_key(self) -> str:
-        """What the run's result depends on besides the code: everything but the labels, which only name a
-        figure's point (the same run under another experiment's labels is reused)."""
+        """Everything but the labels (the same run under another experiment's labels is reused)."""
         return repr(dataclasses.replace(self, labels={}))
 
     def trajectories(self) -> list[Trajectory]:
-        """The workload: the config's dataset and agents, scaled and cut as the cell says."""
+        """The config's dataset and agents, scaled and cut as the cell says."""
         c = self.config
         work = generate(c.dataset, c.agents, seed=self.seed)
         if self.append_factor != 1.0 or self.gen_factor != 1.0:
@@ -150,8 +132,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class CellResult:
-    """What a cell's run gave: the run's summary (``SystemResult.summary()``) and figures that need the
-    per-request metrics, computed in the worker so that only plain data crosses processes."""
+    """A cell's run: its summary (``SystemResult.summary()``) and figures computed in the worker from the
+    per-request metrics (only plain data crosses processes)."""
 
     cell: Cell
     summary: dict[str, Any]
@@ -172,14 +154,12 @@ def _mean_gap_s(start: Sequence[int], end: Sequence[int]) -> float:
 
 
 def run_cell(cell: Cell) -> CellResult:
-    """Run one cell (in whichever process); raises what the run raises (lost requests, invariants)."""
+    """Run one cell (in whichever process)."""
     from dualpath_emu.cluster.run import run_system  # the worker's import
 
     result = run_system(cell.config, cell.system, cell.trajectories(), seed=cell.seed)
     m = result.metrics
-    # Fig. 12's TTFT components: scheduling = arrival → assigned to a DE (both engines known), allocation =
-    # → the read starts (buffers granted), reading = the read, prefill = read done (or assignment, without a
-    # read) → first token.
+    # Fig. 12's TTFT components: arrival → both engines known → the read starts → read done → first token.
     ready = [r if r >= 0 else s for r, s in zip(m.read_done_ns, m.scheduled_de_ns)]
     read_start = [r if r >= 0 else s for r, s in zip(m.read_start_ns, m.scheduled_de_ns)]
     breakdown = {
@@ -199,22 +179,17 @@ D = TypeVar("D")
 
 
 class Task(Protocol):
-    """What :func:`run_parallel` hands a worker: a :class:`Cell`, or a sweep's run
-    (:class:`dualpath_emu.sweep.SweepRun`). It must pickle (it crosses processes, or Dask's wire)."""
+    """What :func:`run_parallel` hands a worker (a :class:`Cell`, a sweep's run); it must pickle. ``labels``
+    name it in progress lines; ``cost`` is its relative run time (the largest start first); ``cache_key()`` is
+    everything its result depends on besides the worker and the code."""
 
     @property
-    def labels(self) -> Mapping[str, Any]:
-        """Which point of a figure or grid it is (progress lines; never part of the cache key)."""
-        ...
+    def labels(self) -> Mapping[str, Any]: ...
 
     @property
-    def cost(self) -> float:
-        """Its relative run time: the largest runs start first, so that the last ones to start are short."""
-        ...
+    def cost(self) -> float: ...
 
-    def cache_key(self) -> str:
-        """Everything its result depends on besides the worker and the code, as text."""
-        ...
+    def cache_key(self) -> str: ...
 
 
 C = TypeVar("C", bound=Task)
@@ -222,10 +197,8 @@ C = TypeVar("C", bound=Task)
 
 @functools.cache
 def code_fingerprint(worker_module: str) -> str:
-    """A digest of the code a run's result depends on: every Python file of the package outside
-    ``reproduce/`` (the emulator), this module (cells, the default worker), ``worker_module``'s file and the
-    native core. The other experiment modules only lay out and compare results, so editing them keeps the
-    cache; any change to what runs invalidates it."""
+    """A digest of the code a run's result depends on: the package outside ``reproduce/``, this module,
+    ``worker_module``'s file and the native core (editing an experiment's layout keeps the cache)."""
     package = Path(__file__).resolve().parent.parent
     worker_file = Path(importlib.import_module(worker_module).__file__ or "").resolve()
     paths = [p for p in package.rglob("*.py") if "reproduce" not in p.relative_to(package).parts[:-1]]
@@ -245,10 +218,9 @@ CACHE_FORMAT: Final = 1
 
 @dataclass(frozen=True)
 class Codec(Generic[C, T]):
-    """How a worker's result is kept in the cache as JSON data: ``encode(result)`` gives a value
-    :func:`json.dumps` takes, ``decode(value, task)`` the result again (raising :class:`ValueError`,
-    :class:`TypeError` or :class:`KeyError` for a value of the wrong shape). ``task`` is the asking task: a
-    result that holds its task takes the caller's, so the task need not be stored."""
+    """How a worker's result is kept in the cache as JSON: ``encode(result)`` gives JSON data,
+    ``decode(value, task)`` the result again (:class:`ValueError`, :class:`TypeError` or :class:`KeyError` for
+    a wrong shape); a result that holds its task takes the asking one, so the task need not be stored."""
 
     encode: Callable[[T], Any]
     decode: Callable[[Any, C], T]
@@ -327,8 +299,8 @@ def _cache_warning(path: Path, problem: str) -> None:
 
 
 def _cache_read(cache: Path, key: str, codec: Codec[C, T], task: C) -> tuple[T] | None:
-    """The cached result of ``key`` (in a 1-tuple: a result may be None), or None where there is none; a file
-    that is not one of ours for this key is ignored with a warning. JSON is only parsed, never run."""
+    """The cached result of ``key`` (in a 1-tuple: a result may be None), or None; a file that is not one of
+    ours for this key is ignored with a warning."""
     path = _cache_path(cache, key)
     if not os.path.lexists(path):
         return None
@@ -393,11 +365,9 @@ def _in_processes(worker: Callable[[C], T], todo: Sequence[tuple[int, C]], jobs:
 
 
 def check_dask_address(address: str, option: str = "--dask") -> None:
-    """A :class:`UsageError` (one line) unless ``distributed`` is installed and ``address`` is a scheduler's
-    ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``tls://HOST:PORT`` with TLS configured for Dask (its
-    configuration's ``distributed.comm.tls.ca-file``, ``.client.cert`` and ``.client.key``, e.g. through
-    ``DASK_DISTRIBUTED__COMM__TLS__CA_FILE``): checked before a client is made, since a client that fails
-    on such an address holds the process at exit."""
+    """A :class:`UsageError` unless ``distributed`` is installed and ``address`` is a scheduler's
+    ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``tls://HOST:PORT`` with Dask's TLS configured: checked before a
+    client is made, since a client that fails on such an address holds the process at exit."""
     distributed = require_distributed(option)
     from distributed.comm.addressing import parse_address
 
@@ -416,8 +386,8 @@ def check_dask_address(address: str, option: str = "--dask") -> None:
 
 
 def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C]]) -> Iterator[tuple[int, T]]:
-    """Each task on the Dask cluster at ``address``, the first (largest) at the highest priority. The
-    client takes its TLS settings (``tls://`` addresses) from Dask's configuration, as Dask's tools do."""
+    """Each task on the Dask cluster at ``address``, the first (largest) at the highest priority; TLS
+    settings from Dask's configuration, as Dask's tools take them."""
     check_dask_address(address)
     distributed = require_distributed()
     try:
@@ -436,16 +406,15 @@ def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C
 
 
 def run_parallel(worker: Callable[[C], T], cells: Sequence[C], jobs: int = 1, *,
-                 report: Callable[[C, T, float, bool], None] | None = None, cache: Path | None = None,
+                 report: Callable[[C, T, int, float, bool], None] | None = None, cache: Path | None = None,
                  codec: Codec[C, T] | None = None, dask: str | None = None) -> list[T]:  # fmt: skip
     """``worker(cell)`` for every cell (a :class:`Task`), in up to ``jobs`` local processes, or on the Dask
-    cluster whose scheduler is at ``dask``; largest runs (:attr:`Task.cost`) first; results in the order of
-    ``cells``. ``report(cell, result, seconds so far, cached)`` after each.
+    cluster whose scheduler is at ``dask``; largest runs first; results in the order of ``cells``.
+    ``report(cell, result, runs done, seconds so far, cached)`` after each.
 
-    With ``cache`` (a folder), each result is also kept there as JSON (``codec``: how; default: the result
-    is JSON data itself) and reused by a later call with the same worker, task (:meth:`Task.cache_key`) and
-    code: an interrupted experiment resumes where it stopped, and experiments that share runs compute them
-    once. A cache file is only ever parsed as JSON (the module docstring)."""
+    With ``cache`` (a folder), each result is also kept there as JSON (``codec``; default: the result is JSON
+    data) and reused by a later call with the same worker, task and code: an interrupted experiment resumes,
+    and experiments that share runs compute them once."""
     started = time.perf_counter()
     results: dict[int, T] = {}
     coding: Codec[C, T] = PLAIN_JSON if codec is None else codec
@@ -456,7 +425,7 @@ def run_parallel(worker: Callable[[C], T], cells: Sequence[C], jobs: int = 1, *,
         if cache is not None and fresh:
             _cache_write(cache, keys[i], worker, coding, result)
         if report is not None:
-            report(cells[i], result, time.perf_counter() - started, not fresh)
+            report(cells[i], result, len(results), time.perf_counter() - started, not fresh)
 
     todo: list[int] = []
     for i, cell in enumerate(cells):
@@ -486,13 +455,9 @@ CELL_RESULTS: Final[Codec[Cell, CellResult]] = dataclass_codec(CellResult, task_
 def run_cells(
     cells: Sequence[Cell], jobs: int = 1, *, quiet: bool = False, cache: Path | None = None, dask: str | None = None
 ) -> list[CellResult]:
-    """Run ``cells`` (:func:`run_cell`) in up to ``jobs`` processes, or on the Dask cluster at ``dask``;
-    results in the order of ``cells``."""
-    done = 0
+    """:func:`run_cell` for every cell, as :func:`run_parallel` runs them."""
 
-    def report(cell: Cell, result: CellResult, elapsed: float, cached: bool) -> None:
-        nonlocal done
-        done += 1
+    def report(cell: Cell, result: CellResult, done: int, elapsed: float, cached: bool) -> None:
         if not quiet:
             labels = " ".join(f"{k}={v}" for k, v in cell.labels.items())
             took = "from the cache" if cached else f"{result.summary['wall_s']:.0f} s wall"
@@ -502,6 +467,14 @@ def run_cells(
                   f"({took}; {elapsed:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
 
     return run_parallel(run_cell, cells, jobs, report=report, cache=cache, codec=CELL_RESULTS, dask=dask)
+
+
+def jct_by(results: Sequence[CellResult], *labels: str) -> dict[Any, dict[str, float]]:
+    """Each system's JCT per point, the point keyed by the tuple of its ``labels``' values."""
+    out: dict[Any, dict[str, float]] = {}
+    for r in results:
+        out.setdefault(tuple(r.cell.labels[k] for k in labels), {})[r.cell.system] = r.jct_s
+    return out
 
 
 def systems_ordered(jct: Mapping[Any, Mapping[str, float]], slack: float = 0.02) -> bool:

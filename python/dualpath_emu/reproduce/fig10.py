@@ -3,90 +3,47 @@ system sustains within the SLO (TTFT <= 4 s, TPOT <= 50 ms), and TTFT / TTST / T
 the paper's: the time from the first to the second token (the PE → DE hand-off, the H2D copy and the first
 decode step, paper-facts §3.3), not from arrival.
 
-Setup
------
-Agents arrive as a Poisson process at rate APS (``ClusterConfig(mode="online", arrival_rate=...)``); each
-replays its 64K-dataset trajectory turn after turn from round 0 (zero tool latency, paper-facts §3.3; which
-trace the paper uses online is not stated, we take 64K as the offline default). Systems: Basic, DualPath,
-Oracle; models: DS 660B (2P4D) and DS 27B (1P1D), the paper's deployments
-(:func:`~dualpath_emu.reproduce.common.deployment`). SLO: **TTFT ≤ 4 s and TPOT ≤ 50 ms**.
+**Setup.** Agents arrive as a Poisson process at rate APS; each replays its 64K trajectory from round 0 (zero
+tool latency, paper-facts §3.3; the paper does not say which trace it uses online). Basic, DualPath and Oracle
+on DS 660B 2P4D and DS 27B 1P1D (:func:`~dualpath_emu.reproduce.common.deployment`). Paper (paper-facts §8.3):
+largest SLO-meeting APS DualPath / Basic = **2.25×** (DS 660B) and **1.67×** (DS 27B), ±20%; edges read from
+the figure ≈ 0.20 / 0.45 APS (DS 660B Basic / DualPath) and ≈ 0.30 / 0.50 (DS 27B), at ±20% (our tolerance:
+absolute throughput rests on hardware figures the paper does not give, paper-facts §10); DualPath's TPOT and
+TTST within 10% of Basic's at Basic's edge rate ("DualPath ≈ Basic", no extra decode cost).
 
-Paper (paper-facts §8.3): largest SLO-meeting APS DualPath / Basic = **2.25×** (DS 660B) and **1.67×** (DS
-27B), targets ±20%; edges read from the figure ≈ 0.20 / 0.45 APS (DS 660B Basic / DualPath) and ≈ 0.30 / 0.50
-(DS 27B), compared at ±20% (our tolerance: the paper gives none, and the emulator's absolute throughput
-rests on hardware figures the paper does not give, paper-facts §10); DualPath's TPOT ≈ Basic's (target: within
-10% at a common rate, Basic's edge rate), and so is its TTST ("TTST / TPOT: DualPath ≈ Basic", no extra
-decode cost; compared at the same rate with the same 10%: the paper gives no number).
+**The steady-state window** (our choice). A run at rate λ admits ``N = λ × D`` agents, so arrivals last ``D``
+emulated seconds whatever the rate (:attr:`Variant.arrival_s`); the statistics are over the requests that
+*arrive* in ``[D/2, D]``, after the ramp-up and before the drain (whole-run statistics are kept as
+``run_ttft_*``). That window is steady only if ``D/2`` exceeds a trajectory's duration (≈ 900-1,000 s for DS
+660B near its edge, 550-650 s for DS 27B: the ``trajectory_s_mean`` column). The full variant cannot afford
+that on a 2-core machine: ``D`` = 1,500 s (DS 660B) and 300 s (DS 27B) put its window in the late ramp, with
+fewer agents, more of them in their first (prefill-heavy, read-light) rounds, so edges are biased upward and
+DualPath's advantage, which grows with the share of reads, is if anything understated.
+``--duration-scale`` lengthens ``D`` at proportional cost.
 
-Run length and the steady-state window (our choice; the paper does not say how many agents)
--------------------------------------------------------------------------------------------------
-The paper runs until TTFT exceeds 4 s or is steady (a 150-s sliding window within 5% of its value 30 min
-earlier). An emulator run has a finite number of agents, so it ramps up (the system fills as agents arrive
-and none has finished yet), plateaus, and drains after the last arrival. A run at rate λ admits
-``N = λ × D`` agents, i.e. the arrivals last ``D`` emulated seconds whatever the rate (:attr:`Variant.arrival_s`,
-per model), and the statistics are taken over the **steady-state window**: the requests that *arrive* in the
-second half of the arrival period, ``[D/2, D]`` (measured from the run's last agent arrival), when the early
-agents have been running for ``D/2`` and no agent has left for lack of arrivals. The whole-run statistics
-(ramp and drain included, which dilute queueing) are kept in the rows as ``run_ttft_*``.
+**The statistic** is the window's **mean** TTFT and TPOT (``--slo-stat``: p50/p90/p99 instead): the paper
+plots a central value of a time window and states no percentile. TPOT per request is (last token − second
+token) / (tokens − 2). DS 660B's TPOT is over 50 ms at every rate under the one-factor calibration
+(:mod:`~dualpath_emu.reproduce.calibrate`), so its SLO edges are 0; each DualPath and Basic search therefore
+has a twin on the **TTFT half alone**, reported beside the SLO's as what the prefill side sustains.
 
-The window can only be steady if ``D/2`` exceeds the ramp, about one trajectory's duration. With the
-calibrated compute (:mod:`~dualpath_emu.reproduce.calibrate`, which every full run here uses through
-:func:`~dualpath_emu.reproduce.common.deployment`) a DS 660B trajectory takes ≈ 900-1,000 s near the edge
-(TPOT ≈ 41 ms; paper Fig. 11: ≈ 575 s at 0.1 APS, ≈ 1,100 s at 0.45) and a DS 27B one ≈ 550-650 s, as
-measured over the agents arriving in the window (the ``trajectory_s_mean`` column; longer at steady
-state). The full variant cannot afford ``D`` of twice that on a 2-core machine (a run costs ≈ λ·D·157 turns
-at ≈ 1-2 k turns per wall second, and the drain after the last arrival is measured by nothing): it takes
-``D`` = 1,500 s (DS 660B) and 300 s (DS 27B), so its window lies in the later part of the ramp, where fewer
-agents are in the system than at steady state and more of them are in their first rounds (long appends, no
-hit: prefill-heavy, read-light). Its load is then below the steady state's at the same rate and less
-storage-bound, so the absolute edges are biased upward and DualPath's advantage, which grows with the
-share of reads, is if anything understated (more so for DS 27B, whose window is the ramp's first part);
-``--duration-scale`` lengthens ``D`` for a closer approach, at proportional cost.
+**The search** per (model, system) keeps a bracket: ``lo``, the largest rate measured to meet the SLO below
+``hi``, the smallest measured to miss it, on a geometric scale. The first step measures
+:attr:`Variant.rates_per_step` rates around a guess (from pilot runs), spread by ``√growth``; while nothing
+missed (met), the next step multiplies the largest met (divides the smallest missed) rate by ``growth``,
+``growth²`` …; once bracketed, each step splits ``[lo, hi]`` geometrically into
+:attr:`Variant.refine_rates_per_step` + 1 parts. It stops when ``hi / lo − 1 ≤ resolution``, when ``lo`` reaches
+the cap (a censored edge, "at least"), or after :attr:`Variant.max_steps`. The **edge** is ``lo``. Oracle only
+has to show it is at least DualPath's: it is measured once at its cap, and searches down (resolution 0.5) only
+if that misses. Runs are deterministic, but the outcome need not be monotone near the edge: a met rate above
+``hi`` is kept in the rows and ignored by the bracket. Each step's runs, of all searches, run in parallel
+through :func:`measure` (the window needs per-request timestamps, which stay in the worker); afterwards
+DualPath runs at Basic's edge rate, if not yet measured there, for the TPOT comparison.
 
-Which statistic meets the SLO
------------------------------
-The **mean** over the window, of TTFT and of TPOT (``--slo-stat`` picks p50/p90/p99 instead). The paper
-states the SLO without a percentile and plots one line per system with a band for the fluctuation over the
-last 150 s, i.e. a central value of a time window, and stops a run when "TTFT > 4 s", a run-level value; we
-read it as the window's mean (TPOT: per request, (last token − second token) / (tokens − 2), then averaged).
-p50/p90/p99 of the window are in the rows, and each run's mean trajectory completion time (Fig. 11's
-measure) over the agents arriving in the window. DS 27B's TPOT is far below 50 ms, so its TTFT decides its
-edges; DS 660B's is over 50 ms at every rate under the one-factor calibration (60–68 ms: the factor slows
-decoding too, :mod:`~dualpath_emu.reproduce.calibrate`), so its SLO edges are 0. For that reason each
-DualPath and Basic search has a twin on the **TTFT half alone** (TTFT ≤ 4 s; the same runs where both ask
-for one): its edges and their ratio are reported beside the SLO's, as what the prefill side sustains.
-
-Search for the edge
--------------------
-Per (model, system), a bracket ``lo`` (largest rate measured to meet the SLO, below ``hi``) and ``hi``
-(smallest rate measured to miss it), on a geometric scale. The first step measures
-:attr:`Variant.rates_per_step` rates (2) spread around a guess by ``√growth`` (the guesses come from a
-pilot run of the full variant); while no rate missed, the next step multiplies the largest met rate by
-``growth``, ``growth²`` …, up to the cap; while none met, it divides the smallest missed one likewise; once
-bracketed, each step splits ``[lo, hi]`` geometrically into :attr:`Variant.refine_rates_per_step` + 1 parts
-(full: bisection, 1 run; quick: trisection, 2 runs). A search stops when ``hi / lo − 1 ≤ resolution``
-(relative: 0.15 full, 0.35 quick), when ``lo`` reaches the search's cap (the edge is then censored: "at
-least"), or after :attr:`Variant.max_steps` steps. The **edge** is ``lo``, a measured rate that meets the
-SLO, at most ``resolution`` below the crossing. Full variant: growth 1.3, so a good guess gives a bracket
-of 1.3× after the first step and 1.14× after one bisection, 3 runs per edge. Oracle, whose edge the paper
-gives no number for, only has to show it is at least DualPath's: in the full variant it is measured once,
-at its cap (0.6 APS DS 660B, 5 APS DS 27B, above the DualPath edges we expect); only if that misses does its
-search go down (resolution 0.5). Runs are deterministic (seeded Poisson arrivals and workload), but the
-SLO outcome need not be monotone in the rate near the edge: a rate that met above ``hi`` is kept in the rows
-and ignored by the bracket. Every step's runs, of all six searches at once, run in parallel (``--jobs``
-processes, largest first). After the searches, DualPath runs once more at Basic's edge rate (if it was not
-measured there) for the TPOT comparison at a common rate.
-
-The runs go through this module's own worker, :func:`measure` (with
-:func:`~dualpath_emu.reproduce.common.run_parallel`, as every experiment's): the window needs the per-request
-timestamps, which stay in the worker process.
-
-``--quick``: on the storage-bound miniature (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`, storage NICs
-at a quarter of the testbed's, compute uncalibrated), each agent's first 12 rounds, arrivals over 40 s (DS
-660B) / 30 s (DS 27B), growth 2, relative resolution 0.35, at most 3 steps per search, Oracle probed once at
-its cap: ≈ 20 s on two idle cores. Its edges are those of the miniature, not the paper's; its checks are the
-orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, each within one resolution step of DualPath's
-search), positive edges, and DualPath's TPOT within 10% of Basic's at Basic's edge rate.
+``--quick``: the storage-bound miniature (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`, uncalibrated),
+12 rounds per agent, arrivals over 40 s (DS 660B) / 30 s (DS 27B), growth 2, resolution 0.35, at most 3 steps;
+its checks are the orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, within one resolution step),
+positive edges, and DualPath's TPOT within 10% of Basic's at Basic's edge rate.
 
 Measured: EVALUATION.md (fig10), from ``docs/evaluation/fig10.json``.
 """
@@ -105,6 +62,7 @@ from typing import Any, Final
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
+    SYSTEMS,
     Cell,
     Comparison,
     Report,
@@ -142,7 +100,6 @@ Stats = dict[str, float]
 """p50, p90, p99 and mean."""
 
 MODELS: Final = ("ds660b", "ds27b")
-SYSTEMS: Final = ("basic", "dualpath", "oracle")
 SLO_TTFT_S: Final = 4.0
 SLO_TPOT_S: Final = 0.050
 STATS: Final = ("mean", "p50", "p90", "p99")
@@ -160,6 +117,11 @@ WINDOW_FRACTION: Final = 0.5
 """The window is the last half of the arrival period."""
 
 
+def _by_system(values: Mapping[str, tuple[float, float, float]]) -> Mapping[tuple[str, str], float]:
+    """Per (model, system): ``values[model]`` holds Basic's, DualPath's and Oracle's."""
+    return MappingProxyType({(m, s): v for m, per_system in values.items() for s, v in zip(SYSTEMS, per_system)})
+
+
 @dataclass(frozen=True)
 class Variant:
     """The size of the experiment: run length, workload cut, and the search's parameters."""
@@ -172,8 +134,7 @@ class Variant:
     guess: Mapping[tuple[str, str], float]
     """First guess of the edge per (model, system), from pilot runs."""
     cap: Mapping[tuple[str, str], float]
-    """Per (model, system): the largest rate a search measures (the edge is then reported as censored, "at
-    least"). A guess at the cap is measured alone: one run showing the edge is at least that rate."""
+    """Per (model, system): the largest rate a search measures; a guess at the cap is measured alone."""
     resolution: float
     """Relative width of the final bracket: stop when hi / lo - 1 <= resolution."""
     oracle_resolution: float
@@ -190,31 +151,21 @@ class Variant:
     def agents(self, model: str, rate: float) -> int:
         return max(self.min_agents, round(rate * self.arrival_s[model]))
 
+    def search(self, model: str, system: str, **options: Any) -> Search:
+        """The bracket search for (``model``, ``system``) with this variant's settings."""
+        key = (model, system)
+        return Search(model, system, guess=self.guess[key], cap=self.cap[key],
+                      resolution=self.oracle_resolution if system == "oracle" else self.resolution,
+                      growth=self.growth, k=self.rates_per_step, max_steps=self.max_steps,
+                      refine_k=self.refine_rates_per_step, **options)  # fmt: skip
+
 
 FULL: Final = Variant(
     arrival_s=MappingProxyType({"ds660b": 1500.0, "ds27b": 300.0}),
     max_rounds=0,
     quick_node=False,
-    guess=MappingProxyType(
-        {
-            ("ds660b", "basic"): 0.2,
-            ("ds660b", "dualpath"): 0.4,
-            ("ds660b", "oracle"): 0.6,
-            ("ds27b", "basic"): 1.5,
-            ("ds27b", "dualpath"): 2.5,
-            ("ds27b", "oracle"): 5.0,
-        }
-    ),
-    cap=MappingProxyType(
-        {
-            ("ds660b", "basic"): 1.0,
-            ("ds660b", "dualpath"): 1.0,
-            ("ds660b", "oracle"): 0.6,
-            ("ds27b", "basic"): 5.0,
-            ("ds27b", "dualpath"): 5.0,
-            ("ds27b", "oracle"): 5.0,
-        }
-    ),
+    guess=_by_system({"ds660b": (0.2, 0.4, 0.6), "ds27b": (1.5, 2.5, 5.0)}),
+    cap=_by_system({"ds660b": (1.0, 1.0, 0.6), "ds27b": (5.0, 5.0, 5.0)}),
     resolution=0.15,
     oracle_resolution=0.5,
     growth=1.3,
@@ -228,26 +179,8 @@ QUICK: Final = Variant(
     arrival_s=MappingProxyType({"ds660b": 40.0, "ds27b": 30.0}),
     max_rounds=12,
     quick_node=True,
-    guess=MappingProxyType(
-        {
-            ("ds660b", "basic"): 6.0,
-            ("ds660b", "dualpath"): 9.0,
-            ("ds660b", "oracle"): 10.0,
-            ("ds27b", "basic"): 12.0,
-            ("ds27b", "dualpath"): 20.0,
-            ("ds27b", "oracle"): 24.0,
-        }
-    ),
-    cap=MappingProxyType(
-        {
-            ("ds660b", "basic"): 12.0,
-            ("ds660b", "dualpath"): 12.0,
-            ("ds660b", "oracle"): 10.0,
-            ("ds27b", "basic"): 24.0,
-            ("ds27b", "dualpath"): 24.0,
-            ("ds27b", "oracle"): 24.0,
-        }
-    ),
+    guess=_by_system({"ds660b": (6.0, 9.0, 10.0), "ds27b": (12.0, 20.0, 24.0)}),
+    cap=_by_system({"ds660b": (12.0, 12.0, 10.0), "ds27b": (24.0, 24.0, 24.0)}),
     resolution=0.35,
     oracle_resolution=0.35,
     growth=2.0,
@@ -374,13 +307,9 @@ POINTS: Final = dataclass_codec(Point)
 
 def measure_all(cells: Sequence[Cell], jobs: int, *, quiet: bool = False, stat: str = "mean",
                 cache: Path | None = None, dask: str | None = None) -> list[Point]:  # fmt: skip
-    """Run ``cells`` (:func:`measure`) in up to ``jobs`` processes, or on the Dask cluster at ``dask``
-    (largest first); points in their order."""
-    done = 0
+    """:func:`measure` for every cell, as :func:`~dualpath_emu.reproduce.common.run_parallel` runs them."""
 
-    def report(cell: Cell, p: Point, elapsed: float, cached: bool) -> None:
-        nonlocal done
-        done += 1
+    def report(cell: Cell, p: Point, done: int, elapsed: float, cached: bool) -> None:
         if not quiet:
             verdict = "meets" if p.meets_slo(stat) else "misses"
             print(f"  [{done}/{len(cells)}] {p.model} {p.system} {p.rate:g} APS ({p.agents} agents): TTFT {stat} "
@@ -435,6 +364,11 @@ class Search:
     def hi(self) -> float | None:
         """The smallest rate measured to miss the SLO (None: none)."""
         return min((p.rate for p in self.points if not self.meets(p)), default=None)
+
+    @property
+    def edge_text(self) -> str:
+        """The edge and the bracket's top, for notes and rows: ``0.4 (< 0.46)``."""
+        return f"{self.lo:g}" + (f" (< {self.hi:g})" if self.hi is not None else " (censored: >= cap)")
 
     @property
     def censored(self) -> bool:
@@ -570,35 +504,14 @@ def build(args: argparse.Namespace) -> Report:
         if m not in MODELS:
             raise SystemExit(f"fig10: --models: unknown model {m!r} (expected some of {', '.join(MODELS)})")
     stat = args.slo_stat
-    searches = {
-        (model, system): Search(
-            model,
-            system,
-            guess=variant.guess[model, system],
-            cap=variant.cap[model, system],
-            resolution=variant.oracle_resolution if system == "oracle" else variant.resolution,
-            growth=variant.growth,
-            k=variant.rates_per_step,
-            max_steps=variant.max_steps,
-            stat=stat,
-            refine_k=variant.refine_rates_per_step,
-        )
-        for model in models
-        for system in SYSTEMS
-    }
+    searches = {(model, system): variant.search(model, system, stat=stat) for model in models for system in SYSTEMS}
     # The TTFT half alone, for DualPath and Basic: where decoding misses the TPOT SLO at every rate (DS 660B
     # under the one-factor calibration) it still shows how far each system's prefill side carries.
     ttft_searches = {
         key: replace(searches[key], criterion="ttft", points=[], steps=0) for key in searches if key[1] != "oracle"
     }
-    run_searches(
-        [*searches.values(), *ttft_searches.values()],
-        variant,
-        args.jobs,
-        quiet=args.quiet,
-        cache=args.cache,
-        dask=args.dask,
-    )
+    every = [*searches.values(), *ttft_searches.values()]
+    run_searches(every, variant, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
 
     # TPOT at a common rate: Basic's edge (DualPath measured there if it was not already).
     extra: list[tuple[str, Cell]] = []
@@ -608,9 +521,8 @@ def build(args: argparse.Namespace) -> Report:
             extra.append((model, _cell(variant, model, "dualpath", rate, variant.max_steps)))
     if extra and not args.quiet:
         print(f"TPOT at Basic's edge: {len(extra)} runs", file=sys.stderr, flush=True)
-    measured = measure_all(
-        [c for _, c in extra], args.jobs, quiet=args.quiet, stat=stat, cache=args.cache, dask=args.dask
-    )
+    cells = [c for _, c in extra]
+    measured = measure_all(cells, args.jobs, quiet=args.quiet, stat=stat, cache=args.cache, dask=args.dask)
     extra_points = {model: p for (model, _), p in zip(extra, measured)}
 
     rows: list[dict[str, Any]] = []
@@ -671,15 +583,8 @@ def build(args: argparse.Namespace) -> Report:
         + ", ".join(f"{m} {variant.arrival_s[m]:g} s" for m in models)
         + ").",
         "Edges (APS; lo = largest measured rate meeting the SLO, hi = smallest missing it): "
-        + "; ".join(
-            f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
-            for s in searches.values()
-        ),
-        "TTFT-alone edges (APS): "
-        + "; ".join(
-            f"{s.model} {s.system} {s.lo:g}" + (f" (< {s.hi:g})" if s.hi is not None else " (censored: >= cap)")
-            for s in ttft_searches.values()
-        ),
+        + "; ".join(f"{s.model} {s.system} {s.edge_text}" for s in searches.values()),
+        "TTFT-alone edges (APS): " + "; ".join(f"{s.model} {s.system} {s.edge_text}" for s in ttft_searches.values()),
     ]
     if args.quick:
         notes.append("Quick variant: storage-bound miniature, 12 rounds per agent, short arrival periods; its edges "

@@ -11,8 +11,7 @@ TTFT spent in scheduling (arrival → both engines assigned), allocation (→ it
 granted), reading (the storage read) and prefill (→ first token); paper: DualPath's stays flat while Basic's
 queueing explodes with the rate (no numbers, so no targets). Agents arrive over fig10's period (1,500 s for
 DS 660B: ``rate × 1,500`` agents, whole trajectories), so the load at each rate is fig10's; the means are
-over the whole run, ramp and drain included. (With a fixed 128 agents, as before, the cluster never filled
-and Basic's TTFT stayed flat at ≈1 s up to 0.5 APS.)
+over the whole run, ramp and drain included.
 
 ``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 192 agents × 40 rounds for the ladder, 48 agents × 20 rounds online at two rates; checks that
 the ladder is monotone (each step's JCT at most the previous one's, 2% slack for noise).

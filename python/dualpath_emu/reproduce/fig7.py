@@ -26,11 +26,12 @@ from typing import Any, Final
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
     Cell,
-    CellResult,
     Comparison,
     Report,
+    SYSTEMS,
     deployment,
     experiment_main,
+    jct_by,
     run_cells,
     systems_ordered,
     within,
@@ -39,7 +40,6 @@ from dualpath_emu.reproduce.plots import jct_panel, panels, save
 
 __all__ = ["PAPER_JCT_S", "main"]
 
-SYSTEMS: Final = ("basic", "dualpath", "oracle")
 AGENTS: Final = (512, 1024, 2048, 4096)
 DATASETS: Final = ("32k", "48k", "64k")
 MODELS: Final = ("ds660b", "ds27b", "qwen32b")
@@ -74,14 +74,6 @@ def cells(quick: bool, models: Sequence[str] | None = None) -> list[Cell]:
     ]
 
 
-def _jct(results: Sequence[CellResult]) -> dict[tuple[str, str, int], dict[str, float]]:
-    out: dict[tuple[str, str, int], dict[str, float]] = {}
-    for r in results:
-        key = (r.cell.labels["model"], r.cell.labels["dataset"], r.cell.labels["agents"])
-        out.setdefault(key, {})[r.cell.system] = r.jct_s
-    return out
-
-
 def compare(jct: dict[tuple[str, str, int], dict[str, float]], *, best: bool = True) -> list[Comparison]:
     """The paper's numbers beside the emulator's, where the emulator ran the same point."""
     out: list[Comparison] = []
@@ -108,7 +100,7 @@ def compare(jct: dict[tuple[str, str, int], dict[str, float]], *, best: bool = T
 
 def build(args: argparse.Namespace) -> Report:
     results = run_cells(cells(args.quick, args.model), args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
-    jct = _jct(results)
+    jct = jct_by(results, "model", "dataset", "agents")
     rows: list[dict[str, Any]] = []
     for r in results:
         s = r.summary

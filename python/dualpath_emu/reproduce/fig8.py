@@ -12,17 +12,17 @@ the mean and best DualPath/Basic speedup (±15%).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
-    CellResult,
     Cell,
     Report,
+    SYSTEMS,
     deployment,
     experiment_main,
+    jct_by,
     run_cells,
     systems_ordered,
     within,
@@ -32,16 +32,8 @@ from dualpath_emu.reproduce.plots import jct_panel, panels, save
 __all__ = ["RATIOS", "main"]
 
 RATIOS: Final = {"1P1D": (1, 1), "2P1D": (2, 1), "1P2D": (1, 2)}
-SYSTEMS: Final = ("basic", "dualpath", "oracle")
 PAPER_MEAN_SPEEDUP: Final = 1.64  # [exact §7.3]
 PAPER_BEST_SPEEDUP: Final = 2.46  # [exact §7.3], at 1P2D
-
-
-def _jct(results: Sequence[CellResult]) -> dict[tuple[str, int], dict[str, float]]:
-    out: dict[tuple[str, int], dict[str, float]] = {}
-    for r in results:
-        out.setdefault((r.cell.labels["ratio"], r.cell.labels["agents"]), {})[r.cell.system] = r.jct_s
-    return out
 
 
 def build(args: argparse.Namespace) -> Report:
@@ -58,7 +50,7 @@ def build(args: argparse.Namespace) -> Report:
         for system in SYSTEMS
     ]
     results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
-    jct = _jct(results)
+    jct = jct_by(results, "ratio", "agents")
     speedups = {key: v["basic"] / v["dualpath"] for key, v in jct.items()}
     rows: list[dict[str, Any]] = [
         {"ratio": r.cell.labels["ratio"], "agents": r.cell.labels["agents"], "system": r.cell.system,

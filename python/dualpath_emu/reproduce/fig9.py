@@ -23,8 +23,10 @@ from dualpath_emu.reproduce.common import (
     Cell,
     Comparison,
     Report,
+    SYSTEMS,
     deployment,
     experiment_main,
+    jct_by,
     run_cells,
     systems_ordered,
 )
@@ -33,7 +35,6 @@ from dualpath_emu.reproduce.plots import jct_panel, panels, save
 __all__ = ["SCALES", "main"]
 
 SCALES: Final = (1.0, 1.5, 2.0, 3.0)
-SYSTEMS: Final = ("basic", "dualpath", "oracle")
 PAPER_SPEEDUP_RANGE: Final = (1.82, 1.99)  # DualPath/Basic over the append scales [exact §7.3]
 
 
@@ -56,9 +57,7 @@ def build(args: argparse.Namespace) -> Report:
         for system in SYSTEMS
     ]
     results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
-    jct: dict[tuple[str, float], dict[str, float]] = {}
-    for r in results:
-        jct.setdefault((r.cell.labels["knob"], r.cell.labels["scale"]), {})[r.cell.system] = r.jct_s
+    jct: dict[tuple[str, float], dict[str, float]] = jct_by(results, "knob", "scale")
     if ("append", 1.0) in jct and not args.quick:
         jct[("gen", 1.0)] = jct[("append", 1.0)]
     rows: list[dict[str, Any]] = [

@@ -2,68 +2,36 @@
 20 GB/s of KV-cache traffic, with and without virtual-lane isolation, when the dispatch queues FIFO behind the
 KV work requests already posted on its lane.
 
-The setup is the SIGCOMM version's isolation micro-benchmark as the task describes it (its App. A.5): an EP16
-dispatch with low-priority KV background of 20 GB/s per port, measured without and with lane isolation.
-paper-facts §2.1 confirms only the EP16; the paper gives no latencies to compare with (paper-facts §6: the
-emulator "must be able to run it"). No cluster run is involved: the experiment drives the Rust core
-directly, and "without isolation" is only a different lane of the same ports and transfers (a setting of the
-core's lanes, docs/architecture.md, not special code).
+The setup is the SIGCOMM version's micro-benchmark (its App. A.5: EP16 dispatch, 20 GB/s of low-priority KV
+per port); the paper gives no latencies to compare with (paper-facts §6). The experiment drives the Rust core
+directly: "without isolation" is only another lane for the same transfers (docs/architecture.md).
 
-**Why FIFO.** In the fluid model a message sharing a lane with bulk flows gets its max-min share at once, so
-under a background of B on a port of capacity C it slows by at most C / (C − B) (1.67× for 20 GB/s on a
-50 GB/s NIC). Real NICs and switches queue packets FIFO per lane: the dispatch waits behind the KV work
-requests (WRs) the KV senders already posted on that lane. The dispatch is therefore submitted
-*latency-sensitive* (``Core.submit_transfers(..., latency_sensitive_outstanding_bytes=WR × depth)``): at
-each port of its path it first waits for ``Q_p = Σ min(remaining, WR × depth)`` over the flows of its lane
-there, drained at the rate the port serves that lane (``Q_p / r_p``, the longest along the path), then
-shares the port max-min like any flow.
+**Why FIFO.** In the fluid model a message sharing a lane with bulk flows gets its max-min share at once,
+slowed by at most C / (C − B) (1.67× for 20 GB/s on a 50 GB/s NIC). Real NICs queue packets FIFO per lane, so
+the dispatch is submitted *latency-sensitive* (``latency_sensitive_outstanding_bytes=WR × depth``): at each
+port it first waits for ``Q_p = Σ min(remaining, WR × depth)`` over its lane's flows there, drained at the
+rate the port serves that lane, then shares the port max-min.
 
-**Fabric.** DS 660B's prefill EP group, 2 PE nodes × 8 GPUs = EP16
-(:data:`~dualpath_emu.reproduce.common.DEPLOYMENTS`, paper-facts §2.1), and the 4 DE nodes of its 2P4D
-deployment. Ports as in :mod:`dualpath_emu.cluster.topology`: per GPU a compute NIC, one port each way
-(``n<i>.cnic<g>.tx``/``.rx``, 50 GB/s = 400 Gb/s, :data:`~dualpath_emu.cluster.catalog.TESTBED_NODE`,
-paper-facts §1), per DE node its host DRAM (``n<i>.dram``, 500 GB/s, the DE buffer). The IB fabric is
-non-blocking, so a transfer is limited by its two NICs (and the DRAM it touches).
+**Fabric and traffic.** DS 660B's prefill EP group (2 PE nodes × 8 GPUs) and the 4 DE nodes of its 2P4D
+deployment, ports named as in :mod:`dualpath_emu.cluster.topology` (a 50 GB/s compute NIC per GPU each way,
+500 GB/s DRAM per DE node; the fabric is non-blocking). The dispatch (DeepEP's normal layout, as
+``cluster/engines.py``): one transfer per GPU to its same-index peer of ``tokens × 7,392 B × (1 - (1 -
+1/2)^8)``; the main point is :data:`A5_TOKENS` = 128 tokens per GPU (0.94 MB, 19 µs idle), prefill batches of
+512 to 8,192 for context; its latency runs from submission to the last transfer's end. The KV background is
+DualPath's DE-read path (paper-facts §4): per PE GPU a Layer-Block stream from and a miss-KV stream to each DE
+node, :data:`KV_QPS_PER_PORT` per direction, throttled by a 20 GB/s port of their own so KV takes exactly
+:data:`KV_BYTES_PER_S` of each PE CNIC direction; they start :data:`WARMUP_NS` early and outlast the dispatch.
 
-**Dispatch (model traffic).** One MoE-layer dispatch of every PE GPU, DeepEP's normal-kernel layout as in the
-cluster's model (``cluster/engines.py``): a token crosses the network once to each remote node that hosts
-one of its ``k`` = 8 routed experts, to the GPU of the same index there. With 2 nodes, one transfer per GPU
-to its peer of ``tokens × 7,392 B × (1 - (1 - 1/2)^8)`` bytes (hidden 7,168 in FP8 plus one FP32 scale per
-128 channels: ``ModelSpec.a2a_dispatch_bytes_per_token_layer / k``). The main point is a decode-sized batch,
-:data:`A5_TOKENS` = 128 tokens per GPU (0.94 MB per peer, 19 µs on an idle NIC); prefill batches of 512,
-2,048 and 8,192 tokens (3.8 to 60 MB) for context. The latency is the time from the dispatch's submission
-to its last transfer's end.
+**Assumed, not from the paper** (``--queue-depth``, ``--kv-qps``): a KV sender keeps :data:`QUEUE_DEPTH` = 16
+WRs of one Layer Block (64 × 656 B for DS 660B) posted, drained at the KV rate (at line rate the wait would be
+2.5× shorter): without isolation the dispatch waits 4 × 16 × 41,984 B / 20 GB/s ≈ 134 µs, then moves at 30 GB/s.
 
-**Background (KV traffic).** DualPath's DE-read path (paper-facts §4, Fig. 4b): per PE GPU, one Layer-Block
-stream from each DE node (DE buffer → DE CNIC → PE CNIC → PE HBM) and one miss-KV stream back to each
-(PE HBM → PE CNIC → DE CNIC → DE buffer): :data:`KV_QPS_PER_PORT` = 4 sender QPs per PE CNIC direction.
-Each direction's streams pass a 20 GB/s port of their own (``n<i>.kv<g>.load`` / ``.store``: the KV
-traffic's offered load, not hardware), so KV takes exactly :data:`KV_BYTES_PER_S` = 20 GB/s of each PE
-CNIC direction, the DE side never binds, and the streams are sized to outlast the dispatch (a run fails if
-one ends first). They start :data:`WARMUP_NS` before it.
-
-**Assumed, not from the paper.** A KV sender's outstanding bytes are its WR size × queue depth: a WR moves
-one Layer Block (64 tokens × ``ModelSpec.kv_bytes_per_token_layer`` = 64 × 656 B = 41,984 B for DS 660B,
-paper-facts §2.2/§4) and :data:`QUEUE_DEPTH` = 16 WRs are posted per QP; 4 QPs per port (one per DE
-node). The FIFO drains at the rate the lane is served at (the KV senders' 20 GB/s when the dispatch
-arrives); a queue drained at the 50 GB/s line rate would make the wait 2.5× shorter. So without isolation
-the dispatch waits 4 × 16 × 41,984 B / 20 GB/s ≈ 134 µs, then moves at 30 GB/s. ``--queue-depth`` and
-``--kv-qps`` change the assumption.
-
-**Conditions** (the same transfers each time; only lanes and the submission change; ``Arbitration.paper()``,
-A.1's VL arbitration, on every CNIC):
-
-* ``unloaded``: the dispatch alone.
-* ``isolated``: KV on VL2 = :data:`~dualpath_emu.cluster.topology.KV_LANE` (low priority), the dispatch on
-  VL0 = :data:`~dualpath_emu.cluster.topology.MODEL_LANE` (high), latency-sensitive: its lane holds no KV
-  flow, so it waits for nothing, and saturated the KV lane keeps ≈0.1% of the port (paper-facts §6).
-* ``shared_lane``: no isolation, KV on the dispatch's VL0; latency-sensitive, so it waits out the FIFO.
-* ``shared_lane_fluid`` (context): the same, submitted as an ordinary transfer: the pure fluid model's
-  C / (C − B).
-
-Checks: ``isolated`` ≤ 1.10 × unloaded at every batch; ``shared_lane`` ≥ 2 × ``shared_lane_fluid`` at the
-main point (the FIFO is what makes sharing costly) and slower than it at every batch. ``--quick`` runs 128
-and 8,192 tokens.
+**Conditions** (A.1's VL arbitration on every CNIC): ``unloaded`` (the dispatch alone); ``isolated`` (KV on
+VL2 = :data:`~dualpath_emu.cluster.topology.KV_LANE`, the dispatch on VL0 =
+:data:`~dualpath_emu.cluster.topology.MODEL_LANE`: nothing to wait for); ``shared_lane`` (KV on VL0, the
+dispatch waits out the FIFO); ``shared_lane_fluid`` (the same as an ordinary transfer: C / (C − B)). Checks:
+``isolated`` ≤ 1.10 × unloaded at every batch; ``shared_lane`` ≥ 2 × ``shared_lane_fluid`` at the main point
+and slower than it at every batch. ``--quick`` runs 128 and 8,192 tokens.
 """
 
 from __future__ import annotations
@@ -79,6 +47,7 @@ from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.cluster.catalog import TESTBED_NODE, ModelSpec, model
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
+from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import DEPLOYMENTS, Comparison, Report, experiment_main, within
 from dualpath_emu.reproduce.plots import panels, save
 
@@ -324,49 +293,26 @@ def build(args: argparse.Namespace) -> Report:
     over_fluid = a5["shared_lane"] / a5["shared_lane_fluid"]
     kv_share = Arbitration.paper().saturated_shares(4096, [MODEL_LANE, KV_LANE])[KV_LANE]
     comparisons = [
-        within(
-            f"dispatch latency unloaded, {A5_TOKENS} tokens/GPU (µs; paper column: the bytes at C)",
-            a5_bytes / capacity * 1e6,
-            a5["unloaded"] / 1e3,
-            rel=0.01,
-        ),
+        within(f"dispatch latency unloaded, {A5_TOKENS} tokens/GPU (µs; paper column: the bytes at C)",
+               a5_bytes / capacity * 1e6, a5["unloaded"] / 1e3, rel=0.01),
         within("dispatch latency isolated / unloaded (worst batch)", 1.0, max(isolated), rel=ISOLATION_TOLERANCE),
-        within(
-            f"dispatch latency shared lane, fluid only / unloaded ({A5_TOKENS} tokens; paper column: C / (C − B))",
-            fluid_bound,
-            a5["shared_lane_fluid"] / a5["unloaded"],
-            rel=0.01,
-        ),
-        within(
-            f"dispatch latency shared lane, FIFO / unloaded ({A5_TOKENS} tokens; paper column: closed form)",
-            predicted_ns / a5["unloaded"],
-            a5["shared_lane"] / a5["unloaded"],
-            rel=0.01,
-        ),
-        Comparison(
-            f"dispatch latency shared lane, FIFO / fluid only ({A5_TOKENS} tokens)",
-            FIFO_OVER_FLUID,
-            over_fluid,
-            f">= {FIFO_OVER_FLUID:g}x",
-            over_fluid >= FIFO_OVER_FLUID,
-        ),
-        Comparison(
-            "KV lane's share of a saturated CNIC, A.1 arbitration",
-            1.0 - 0.999,
-            kv_share,
-            "context: paper ≈99.9% to the high VL",
-            None,
-        ),
-    ]
+        within(f"dispatch latency shared lane, fluid only / unloaded ({A5_TOKENS} tokens; paper column: C / (C − B))",
+               fluid_bound, a5["shared_lane_fluid"] / a5["unloaded"], rel=0.01),
+        within(f"dispatch latency shared lane, FIFO / unloaded ({A5_TOKENS} tokens; paper column: closed form)",
+               predicted_ns / a5["unloaded"], a5["shared_lane"] / a5["unloaded"], rel=0.01),
+        Comparison(f"dispatch latency shared lane, FIFO / fluid only ({A5_TOKENS} tokens)", FIFO_OVER_FLUID,
+                   over_fluid, f">= {FIFO_OVER_FLUID:g}x", over_fluid >= FIFO_OVER_FLUID),
+        Comparison("KV lane's share of a saturated CNIC, A.1 arbitration", 1.0 - 0.999, kv_share,
+                   "context: paper ≈99.9% to the high VL", None),
+    ]  # fmt: skip
     checks = {
-        f"isolation keeps the dispatch within {ISOLATION_TOLERANCE:.0%} of unloaded (every batch)": max(isolated)
-        <= 1.0 + ISOLATION_TOLERANCE,
-        f"without isolation the FIFO makes it >= {FIFO_OVER_FLUID:g}x the fluid bound ({A5_TOKENS} tokens)": over_fluid
-        >= FIFO_OVER_FLUID,
-        "without isolation it is slower than the fluid bound (every batch)": all(
-            latency[b, "shared_lane"] > latency[b, "shared_lane_fluid"] for b in batches
-        ),
-    }
+        f"isolation keeps the dispatch within {ISOLATION_TOLERANCE:.0%} of unloaded (every batch)":
+            max(isolated) <= 1.0 + ISOLATION_TOLERANCE,
+        f"without isolation the FIFO makes it >= {FIFO_OVER_FLUID:g}x the fluid bound ({A5_TOKENS} tokens)":
+            over_fluid >= FIFO_OVER_FLUID,
+        "without isolation it is slower than the fluid bound (every batch)":
+            all(latency[b, "shared_lane"] > latency[b, "shared_lane_fluid"] for b in batches),
+    }  # fmt: skip
     outstanding = outstanding_bytes(spec, depth)
     notes = [
         "The paper reports no latencies for this experiment (paper-facts §6); the 'paper' column holds targets "
@@ -411,16 +357,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``dualpath-emu reproduce isolation [--quick] [--out DIR] [--json] [--queue-depth N] [--kv-qps N]``;
-    returns the exit status."""
-    return experiment_main(
-        "isolation",
-        "EP16 MoE dispatch latency on CNICs carrying 20 GB/s of KV traffic, with and without virtual-lane "
-        "isolation, the dispatch queueing FIFO behind the KV work requests on its lane.",
-        build,
-        argv,
-        configure=_configure,
-    )
+    return experiment_main("isolation", help_description(__doc__), build, argv, configure=_configure)
 
 
 if __name__ == "__main__":

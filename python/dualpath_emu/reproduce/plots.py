@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 __all__ = ["SYSTEM_COLORS", "jct_panel", "panels", "save", "system_colours"]
 

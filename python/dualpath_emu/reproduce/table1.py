@@ -8,23 +8,13 @@ a context of ``L`` tokens::
 with both sides from the catalog (:mod:`dualpath_emu.cluster.catalog`, whose docstring gives the FLOP
 formulas): KV in FP8 for the DeepSeek models (V3.2's indexer key cache not counted), FP16 for Qwen2.5-32B;
 each new token is charged as attending over ``L`` keys (the ≤ 429 appended keys before it are ignored, as in
-paper-facts §2.3's reconstruction). Contexts: 16K, 32.7K (the trace's mean, 32,721), 48K and 64K, with
-K = 1,024.
+paper-facts §2.3's reconstruction). Contexts: 16K, 32.7K (the trace's mean), 48K and 64K, with K = 1,024.
 
-The paper prints only ranges over 16K→64K (Qwen2.5-32B 117-267, DeepSeek-V3.2 13-36; DS 27B is an internal
-model with no row). The emulator gives::
-
-    model      16K    32.7K  48K    64K
-    qwen32b    117.2  187.1  233.9  267.2
-    ds660b     12.1   21.4   28.9   34.9
-    ds27b      59.0   101.9  134.6  160.2
-
-paper-facts §2.3's public-config reconstruction gives V3.2 ≈ 12.2 / 21.6 / 35.1 and Qwen ≈ 115.8 … 265.4.
-The difference is the GEMM parameter count: the reconstruction takes the published totals (2 × 37 B,
-2 × 32.5 B); the catalog counts the parameters from the configs and leaves out the input embedding, a lookup
-(37.5 B with V3.2's indexer; 32.0 B for Qwen2.5-32B, whose model card's 32.5 B is itself below the 32.76 B
-the config gives). Qwen then lands on the paper's 117 and 267; V3.2's 16K end stays 7% under the paper's
-13, as the reconstruction's does (6%): the paper's exact FLOP accounting for V3.2 is not given.
+The paper prints only ranges over 16K→64K (Qwen2.5-32B 117-267, DeepSeek-V3.2 13-36; DS 27B, an internal
+model, has no row). paper-facts §2.3's reconstruction takes the published parameter totals (2 × 37 B,
+2 × 32.5 B); the catalog counts the GEMM parameters from the configs, without the input embedding (a
+lookup). Qwen then lands on the paper's 117 and 267; V3.2's 16K end stays 7% under the paper's 13, as the
+reconstruction's does (6%): the paper's FLOP accounting for V3.2 is not given.
 """
 
 from __future__ import annotations
@@ -97,7 +87,6 @@ class Table1Row:
         return None if errors is None else all(abs(e) <= TOLERANCE for e in errors)
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict."""
         return {
             "model": self.model,
             "description": self.description,
@@ -174,7 +163,6 @@ def plot(path: Path, table_rows: Sequence[Table1Row]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``dualpath-emu reproduce table1 [--out DIR] [--json]``; returns the exit status."""
     return experiment_main("table1", "Table 1: GB of KV to load per PFLOP of prefill compute.", build, argv)
 
 

@@ -77,10 +77,8 @@ def build(args: argparse.Namespace) -> Report:
     fig10.run_searches(searches, fig10.QUICK if args.quick else fig10.FULL, args.jobs, quiet=args.quiet,
                        cache=args.cache, dask=args.dask)  # fmt: skip
     for search in searches:
-        edge = f"{search.lo:g}" + (f" (< {search.hi:g})" if search.hi is not None else " (censored: >= cap)")
-        rows.append(
-            {**dict.fromkeys(rows[0], ""), "aps": "edge", "wait_mean_s": search.tool_wait.mean_s, "slo_edge_aps": edge}
-        )
+        rows.append({**dict.fromkeys(rows[0], ""), "aps": "edge", "wait_mean_s": search.tool_wait.mean_s,
+                     "slo_edge_aps": search.edge_text})  # fmt: skip
     checks: dict[str, bool] = {"DualPath has an SLO edge at every wait": all(s.lo > 0 for s in searches)}
     for rate in sorted({row["aps"] for row in rows if row["aps"] != "edge"}):
         peaks = [
@@ -109,14 +107,9 @@ def build(args: argparse.Namespace) -> Report:
 def edge_searches(quick: bool) -> list[fig10.Search]:
     """fig10's bracket search for DualPath's SLO edge, one per mean wait."""
     variant = fig10.QUICK if quick else fig10.FULL
-    key = ("ds660b", "dualpath")
-    return [
-        fig10.Search(*key, guess=variant.guess[key], cap=variant.cap[key], resolution=variant.resolution,
-                     growth=variant.growth, k=variant.rates_per_step, max_steps=variant.max_steps,
-                     refine_k=variant.refine_rates_per_step,
-                     tool_wait=ToolWait("lognormal", wait, SIGMA) if wait else ToolWait())
-        for wait in ((0.0, 30.0) if quick else WAITS_S)
-    ]  # fmt: skip
+    waits = (0.0, 30.0) if quick else WAITS_S
+    return [variant.search("ds660b", "dualpath", tool_wait=ToolWait("lognormal", w, SIGMA) if w else ToolWait())
+            for w in waits]  # fmt: skip
 
 
 def plot(path: Path, results: Sequence[CellResult]) -> None:
