@@ -216,9 +216,12 @@ def test_catalog_reads_a_catalog_file_and_refuses_a_bad_one(tmp_path: Path, caps
 
 
 def test_the_scenario_reference_documents_every_key_the_reader_asks_for_with_its_default() -> None:
-    from dualpath_emu.cluster.scenario_reference import check
+    import tomllib
+
+    from dualpath_emu.cluster.scenario_reference import EXAMPLE, check
 
     assert check() == []
+    assert tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))["kind"] == "cluster"  # the example is TOML
 
 
 def test_the_committed_scenario_reference_is_the_generated_one() -> None:
@@ -228,18 +231,16 @@ def test_the_committed_scenario_reference_is_the_generated_one() -> None:
     assert page.read_text(encoding="utf-8") == render(), "run `make docs` and commit docs/scenario-reference.md"
 
 
-def test_the_reference_check_sees_an_undocumented_key_and_a_wrong_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dualpath_emu.cluster import scenario as scenario_module
-    from dualpath_emu.cluster.scenario_reference import check
+def test_the_reference_check_sees_an_undocumented_key_and_a_wrong_default() -> None:
+    from dualpath_emu.cluster.scenario_reference import EXAMPLE, check
 
-    doc = scenario_module.__doc__ or ""
-    changed = doc.replace("    seed = 0 ", "    seed = 1 ").replace("    snics = 1 ", "    snacks = 1 ")
-    assert changed != doc
-    monkeypatch.setattr(scenario_module, "__doc__", changed)
-    problems = check()
-    assert "seed: the docstring says 1, the reader's default is 0" in problems
+    text = EXAMPLE.read_text(encoding="utf-8")
+    changed = text.replace("\nseed = 0 ", "\nseed = 1 ").replace("\nsnics = 1 ", "\nsnacks = 1 ")
+    assert changed.count("\n") == text.count("\n") and changed != text
+    problems = check(changed)
+    assert "seed: scenario_keys.toml says 1, the reader's default is 0" in problems
     assert any(p.startswith("hardware.snics: read by the scenario reader, missing") for p in problems)
-    assert any(p.startswith("hardware.snacks: in the docstring's example, not read") for p in problems)
+    assert any(p.startswith("hardware.snacks: in scenario_keys.toml, not read") for p in problems)
 
 
 @pytest.mark.processes

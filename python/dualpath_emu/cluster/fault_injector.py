@@ -1,12 +1,9 @@
 """The engine that makes a run's faults happen (:mod:`~dualpath_emu.cluster.faults` says what they are): a timer
-at each fault's start and end; each change goes to the data plane (``set_port_factor``/``set_port_latency``), the
-event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and the scheduler
+at each fault's start and end; each change goes to its data plane (``set_port_factor``/``set_port_latency``;
+the host backend's passes it on to the run's other processes), the event log
+(:class:`~dualpath_emu.cluster.observations.FaultChanged`) and the scheduler
 (:class:`~dualpath_emu.cluster.messages.Health`). It is in the cluster only when the plan has faults, so a run
-without any is unchanged, event for event.
-
-The data plane it tells is its own, whichever it is: the one core of the run (virtual time, a live one-process
-run, the data-plane service's), or on the host backend its process's plane, which passes each change on to the
-other processes of the run itself."""
+without any is unchanged, event for event."""
 
 from __future__ import annotations
 
@@ -47,9 +44,8 @@ def port_ids(topology: Topology) -> dict[str, int]:
 @dataclass
 class _Active:
     """The faults acting on one port now: (fault number, factor, latency ns) each. Its state (the lowest factor,
-    the largest latency) is kept in two heaps whose ended entries are dropped when they reach the top, so a
-    change costs O(log n) in the n faults acting, not a rescan of them (10,000 overlapping faults on one port
-    took 24 s of a 26 s run rescanned; see docs/faults.md)."""
+    the largest latency) is kept in two heaps whose ended entries are dropped when they reach the top: O(log n)
+    per change in the n faults acting."""
 
     faults: dict[int, tuple[float, int]] = field(default_factory=dict)
     _factors: list[tuple[float, int]] = field(default_factory=list)
@@ -87,8 +83,7 @@ class _Active:
 
 
 class FaultInjector(ClusterEngine):
-    """Makes a run's :class:`FaultPlan` happen: timers at each fault's start and end; each change goes to the data
-    plane, the event log and the scheduler."""
+    """Makes a run's :class:`FaultPlan` happen (see the module)."""
 
     def __init__(self, cluster: Cluster, out: Outbox, plane: DataPlane, seed: int) -> None:
         super().__init__("faults", cluster, out, plane)
@@ -151,7 +146,7 @@ class FaultInjector(ClusterEngine):
 
     def _draw(self, kind: Kind, node: int, rate: float, after_ns: int) -> None:
         """The next random ``kind`` fault on ``node``, after ``after_ns``; it draws the one after it when it
-        starts (so the stream is consumed in time order, whatever the run's length)."""
+        starts (the stream is consumed in time order)."""
         random = self.plan.random
         assert random is not None
         per_s = rate / 3600.0
@@ -251,8 +246,7 @@ class FaultInjector(ClusterEngine):
         if changed:
             health = Health(tuple(p for p, _ in changed), tuple(f for _, f in changed))
             self.out.send("scheduler", health)
-            # The engine group of a node whose storage NIC went down moves its reads to the other side (the
-            # second path as failover), or gives up those stalled too long; it hears when the NIC is back too.
+            # The engine group of a node whose storage NIC changed moves or gives up its reads (failover).
             nodes = {int(p[1 : p.index(".")]) for p, f in changed if p.endswith(".snic.rx")}
             groups = {self.cluster.group_name("pe" if n < self._pe_nodes else "de", n) for n in nodes}
             for group in sorted(groups):

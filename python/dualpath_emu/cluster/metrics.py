@@ -1,12 +1,9 @@
-"""Per-request timestamps of a cluster run, and the figures computed from them (paper §7: JCT, TTFT, TTST,
-TPOT and the TTFT breakdown of Fig. 12); the GPUs' busy time (:class:`BusyTime`) and the KV working set.
+"""Per-request timestamps of a cluster run and the figures computed from them (paper §7: JCT, TTFT, TTST,
+TPOT, Fig. 12's TTFT breakdown); the GPUs' busy time (:class:`BusyTime`) and the KV working set.
 
-Request ids are 0, 1, 2, … in arrival order, so every column is a flat array indexed by id (a run of 640,000
-turns keeps a few dozen MB, not an object per request). A time not reached yet is -1.
-
-Latencies per request (paper-facts §3.3): TTFT = first token − arrival; **TTST = second token − first
-token** (the PE → DE hand-off, the H2D copy into the DE's HBM and the first decode step; 0 would mean the
-first two tokens arrive together); TPOT = (last token − second token) / (tokens − 2).
+Request ids are 0, 1, 2, … in arrival order, so every column is a flat array indexed by id; a time not reached
+yet is -1. Latencies (paper-facts §3.3): TTFT = first token − arrival; **TTST = second token − first token**
+(the PE → DE hand-off, H2D and the first decode step); TPOT = (last token − second token) / (tokens − 2).
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ its prefill in another group): a merge keeps, as one process does, its last read
 
 
 def _column(typecode: str = "q") -> array[int]:
-    """A column: times in int64 nanoseconds; counts and ids in int32 (``"i"``), flags in int8 (``"b"``),
-    so a row costs 97 bytes, not 128 (the paper's largest run has 7.75 M turns)."""
+    """A column: times in int64 nanoseconds; counts and ids in int32 (``"i"``), flags in int8 (``"b"``)."""
     return array(typecode)
 
 
@@ -62,8 +58,7 @@ def percentiles(values: Sequence[float]) -> Percentiles:
 
 def quantile(values: Iterable[float], count: int, q: float) -> float:
     """The ``q``-quantile (nearest rank) of ``count`` values in [0, ∞), of which ``values`` are the ones
-    stored: the rest are zeros. Keeps only the top ``count × (1 − q)`` in memory (a p99 over 100,000
-    one-second samples holds 1,000)."""
+    stored (the rest are zeros), keeping only the top ``count × (1 − q)`` in memory."""
     if count <= 0:
         return 0.0
     rank = min(count, max(1, -(-int(q * count * 1000) // 1000)))  # as percentiles(): ceil(q·n), clamped
@@ -86,16 +81,10 @@ MIN_SAMPLES_PER_UNIT = 256
 
 
 class BusyTime:
-    """How long each unit (a GPU, by its global index) is busy, in total and per sampling interval, from
-    the intervals the actors report; with ``keep_spans`` also the intervals themselves, for the trace.
-
-    Prefill GPUs are busy inside the forward passes in which they have work; decode GPUs while they step a
-    non-empty batch. :meth:`utilisation` gives the run's mean and the ``q``-quantile of the per-interval
-    busy fractions over every (unit, interval), the same statistics as the ports' (``Core.utilisation_*``).
-
-    As the core does with its samples, the bins stay within :data:`SAMPLE_BUDGET` (shared by the units, each
-    between :data:`MIN_SAMPLES_PER_UNIT` and :data:`MAX_SAMPLES_PER_UNIT`): on a long run the interval doubles,
-    adjacent bins merging, as often as needed (``interval_ns`` is the one in use; totals stay exact)."""
+    """How long each unit (a GPU, by its global index) is busy, in total and per sampling interval (with
+    ``keep_spans`` also the intervals themselves, for the trace); :meth:`utilisation` gives the same statistics
+    as the ports' (``Core.utilisation_*``). As in the core, the bins stay within :data:`SAMPLE_BUDGET`: on a long
+    run the interval doubles, adjacent bins merging (``interval_ns`` is the one in use; totals stay exact)."""
 
     def __init__(self, interval_ns: int, keep_spans: bool = False) -> None:
         if interval_ns <= 0:
@@ -257,32 +246,27 @@ class Metrics:
         for column in self._columns().values():
             column.extend(itertools.repeat(_UNSET, rid + 1 - len(column)))
 
-    def scheduled_pe(self, rid: int, t_ns: int) -> None:
-        if rid >= len(self.scheduled_pe_ns):
+    def _set(self, column: array[int], rid: int, t_ns: int) -> None:
+        if rid >= len(column):
             self._grow(rid)
-        self.scheduled_pe_ns[rid] = t_ns
+        column[rid] = t_ns
+
+    def scheduled_pe(self, rid: int, t_ns: int) -> None:
+        self._set(self.scheduled_pe_ns, rid, t_ns)
 
     def scheduled_de(self, rid: int, t_ns: int, pe: int, de: int, read_on_de: bool) -> None:
-        if rid >= len(self.scheduled_de_ns):
-            self._grow(rid)
-        self.scheduled_de_ns[rid] = t_ns
+        self._set(self.scheduled_de_ns, rid, t_ns)
         self.pe[rid], self.de[rid], self.read_on_de[rid] = pe, de, int(read_on_de)
 
     def read_start(self, rid: int, t_ns: int) -> None:
-        if rid >= len(self.read_start_ns):
-            self._grow(rid)
-        self.read_start_ns[rid] = t_ns
+        self._set(self.read_start_ns, rid, t_ns)
 
     def read_done(self, rid: int, t_ns: int) -> None:
-        if rid >= len(self.read_done_ns):
-            self._grow(rid)
-        self.read_done_ns[rid] = t_ns
+        self._set(self.read_done_ns, rid, t_ns)
 
     def prefill_start(self, rid: int, t_ns: int) -> None:
-        if rid >= len(self.prefill_start_ns):
-            self._grow(rid)
-        if self.prefill_start_ns[rid] == _UNSET:
-            self.prefill_start_ns[rid] = t_ns
+        if rid >= len(self.prefill_start_ns) or self.prefill_start_ns[rid] == _UNSET:
+            self._set(self.prefill_start_ns, rid, t_ns)
 
     def first_token(self, rid: int, t_ns: int) -> None:
         self.first_token_ns[rid] = t_ns
@@ -297,8 +281,7 @@ class Metrics:
         self.turns_done += 1
 
     def ended(self, rid: int, first_ns: int, second_ns: int, done_ns: int) -> None:
-        """Request ``rid``'s token times: :meth:`first_token`, :meth:`second_token` (if it had one, ``second_ns``
-        ≥ 0) and :meth:`done` in one call (the client makes it per turn)."""
+        """Request ``rid``'s token times (``second_ns`` < 0: it had no second) and :meth:`done` in one call."""
         if self.done_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.first_token_ns[rid] = first_ns
@@ -348,10 +331,8 @@ class Metrics:
     _COLUMNS = ("agent", "prompt", "hit", "gen", "arrive_ns", "scheduled_pe_ns", "scheduled_de_ns", "read_start_ns",
                 "read_done_ns", "prefill_start_ns", "first_token_ns", "second_token_ns", "done_ns", "failed_ns",
                 "redispatches", "pe", "de", "read_on_de")  # fmt: skip
-    """The per-request columns. Each has one writer: the client the request's own (arrival, its tokens'
-    times, from :class:`~dualpath_emu.cluster.messages.TurnDone`), the scheduler where it placed it, the
-    engine groups its reads and prefill start; so the parts of a run split over processes merge without
-    conflict (:meth:`merge`)."""
+    """The per-request columns. Each has one writer (the client arrivals and token times, the scheduler the
+    placement, the engine groups reads and prefill start), so a run's parts merge without conflict."""
 
     def _columns(self) -> dict[str, array[int]]:
         return {name: getattr(self, name) for name in self._COLUMNS}
@@ -398,9 +379,9 @@ class Metrics:
 
     @classmethod
     def merge(cls, parts: Sequence[Metrics]) -> Metrics:
-        """The run's metrics from its processes' parts: per request, each time from the part that set it
-        (a time set differently by two parts is an error: every column has one writer); forward passes in
-        time order; GPU busy time summed per GPU."""
+        """The run's metrics from its processes' parts: per request, each time from the part that set it (set
+        differently by two parts: an error, but :data:`_ATTEMPT_COLUMNS`); forward passes in time order; GPU busy
+        time summed per GPU."""
         if not parts:
             return cls()
         interval = parts[0].gpu_busy["pe"].interval_ns
@@ -494,16 +475,11 @@ class Metrics:
 
     def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int, since_ns: int = 0) -> dict[str, float]:
         """The KV bytes of the live trajectories over [since_ns, end_ns] (no arrival before ``since_ns``):
-        time-weighted ``mean`` and ``max``.
-
-        A trajectory (agent) is live from its first turn's arrival to its last turn's end; its bytes are its
-        context's KV, which grows: at a turn's arrival to its prompt (hit + appended tokens), at the turn's
-        end to prompt + generated tokens (never shrinking; the storage holds all of it, §3.4)."""
-        # Three streams in time order, merged as they are read (a list of every change held 300 bytes per
-        # turn: 2.3 GB at 7.75 M turns): arrivals (ids are in arrival order), ends (sorted by index, in C),
+        time-weighted ``mean`` and ``max``. An agent is live from its first arrival to its last end; its context
+        grows at a turn's arrival to its prompt and at its end to prompt + generated tokens (§3.4)."""
+        # Three streams in time order, merged as they are read (not a list of every change): arrivals, ends,
         # then each agent's departure at its last end. At one instant growth comes before departures; among
-        # growths the order does not matter (a context only grows), nor for the time-weighted sum, which
-        # adds nothing within an instant.
+        # growths the order does not matter (a context only grows).
         arrive, done, agent_of, prompt, gen = self.arrive_ns, self.done_ns, self.agent, self.prompt, self.gen
         arrive_np, done_np = numpy.frombuffer(arrive, dtype=numpy.int64), numpy.frombuffer(done, dtype=numpy.int64)
         arrivals: Sequence[int] = range(len(arrive))

@@ -1,11 +1,7 @@
-"""What the cluster's engines observe as they decide, as typed records (TigerBeetle's checkers are fed values,
-not text).
-
-An engine hands each record to its outbox (``out.observe(Admitted(rid))``); the driver keeps it with the time
-and the engine's name. The event log writes it as one canonical line (:attr:`kind` and :meth:`summary`: the
-log's ``kind`` and ``summary`` fields), and the invariant checker
-(:class:`~dualpath_emu.cluster.invariants.EventLogChecker`) reads the fields themselves. A live run's processes
-write their logs as text; :func:`parse` turns a line's fields back into the record.
+"""What the cluster's engines observe as they decide, as typed records: an engine hands each to its outbox
+(``out.observe(Admitted(rid))``); the event log writes it as one canonical line (its ``kind`` and
+``summary()``), the invariant checker (:class:`~dualpath_emu.cluster.invariants.EventLogChecker`) reads the
+fields, and :func:`parse` turns a live run's text line back into the record.
 """
 
 from __future__ import annotations
@@ -13,21 +9,9 @@ from __future__ import annotations
 from typing import Final, NamedTuple, TypeAlias
 
 __all__ = [
-    "Admitted",
-    "Assigned",
-    "Ended",
-    "Failed",
-    "FaultChanged",
-    "Redispatched",
-    "HitRead",
-    "LINE_FORMATS",
-    "Observation",
-    "PoolCapacity",
-    "PoolGive",
-    "PoolTake",
-    "Prefilled",
-    "parse",
-]
+    "Admitted", "Assigned", "Ended", "Failed", "FaultChanged", "Redispatched", "HitRead", "LINE_FORMATS", "Observation",
+    "PoolCapacity", "PoolGive", "PoolTake", "Prefilled", "parse",
+]  # fmt: skip
 
 
 class Admitted(NamedTuple):
@@ -191,19 +175,8 @@ class FaultChanged(NamedTuple):
         return _format(self)
 
 
-Observation: TypeAlias = (
-    Admitted
-    | Assigned
-    | HitRead
-    | Prefilled
-    | Ended
-    | PoolCapacity
-    | PoolTake
-    | PoolGive
-    | FaultChanged
-    | Failed
-    | Redispatched
-)
+Observation: TypeAlias = (Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
+                          | FaultChanged | Failed | Redispatched)  # fmt: skip
 
 _FORMATS: Final[dict[type, tuple[str, str]]] = {
     Admitted: ("admit", "r%s"),

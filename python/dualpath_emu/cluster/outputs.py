@@ -1,21 +1,7 @@
-"""What ``dualpath-emu run`` writes: the summary (``--json``, ``summary.json``), ``requests.csv``, the plots.
-
-* :func:`summary` — ``scenario``, ``seed``, ``systems.<name>`` (:meth:`SystemResult.summary`: JCT, turns,
-  latency percentiles, utilisation of NICs, DRAM and GPUs with their 1-second p99, the KV working set, the
-  event log's SHA-256, wall time, events; whether it is ``complete``, its failures and the turns it never ran)
-  and ``speedup_vs_basic.<name>`` (Basic's JCT / the system's; null without a Basic run, or where either run
-  failed requests, with the reason in ``no_speedup_vs_basic.<name>``), plus the scenario's settings under
-  ``config`` and ``workload``.
-* :func:`write_requests_csv` — one row per request per system, from :class:`~dualpath_emu.cluster.metrics.Metrics`;
-  times in seconds since the run's start, empty where never reached; ``read_side`` is ``pe`` or ``de`` (the
-  node whose storage NIC read the hit KV), ``none`` without a hit or under Oracle (no reads); then each
-  request's ``ttft_s`` (first token − arrival), ``ttst_s`` (second token − first token) and ``tpot_s``, and
-  ``failed_s`` (when it ended as failed; empty if it did not) and ``redispatches`` (times it was lost and
-  dispatched again).
-* :func:`write_plots` — ``jct.png`` (JCT per system), ``utilisation.png`` (storage NICs, compute NICs each
-  direction, DRAM and GPUs over time, prefill vs decode nodes, a row per system) and ``latency-cdf.png``
-  (TTFT, TTST and TPOT distributions, a line per system), drawn with matplotlib's Agg backend (no display).
-* :func:`trace_file` — where :mod:`~dualpath_emu.cluster.trace` writes a system's Perfetto trace.
+"""What ``dualpath-emu run`` writes: the summary (``--json``, ``summary.json``: the scenario, each system's
+:meth:`SystemResult.summary`, ``speedup_vs_basic``), ``requests.csv`` (one row per request per system, times in
+seconds since the run's start, empty where never reached), the plots (``jct.png``, ``utilisation.png``,
+``latency-cdf.png``, with matplotlib's Agg backend) and where a system's Perfetto trace goes.
 """
 
 from __future__ import annotations
@@ -37,15 +23,9 @@ from dualpath_emu.cluster.systems import SYSTEMS, System, system_colours
 from dualpath_emu.errors import UsageError
 
 __all__ = [
-    "CSV_COLUMNS",
-    "make_output_folder",
-    "summary",
-    "trace_file",
-    "write_outputs",
-    "write_plots",
-    "write_requests",
+    "CSV_COLUMNS", "make_output_folder", "summary", "trace_file", "write_outputs", "write_plots", "write_requests",
     "write_requests_csv",
-]
+]  # fmt: skip
 
 CSV_COLUMNS: Final = (
     "system", "rid", "agent", "prompt", "hit", "gen", "arrive_s", "first_token_s", "second_token_s", "done_s",
@@ -247,9 +227,8 @@ MIN_FREE_BYTES: Final = 16 << 20
 
 
 def make_output_folder(out: Path, option: str) -> None:
-    """Create ``out`` (and its parents) for the files of a run; ``option`` names where it was given
-    (``--out``, ``out``, ``--run-dir``) in the one-line error. A folder that is a file, read-only or (nearly)
-    full is refused here, before the run, rather than failing in the middle of it."""
+    """Create ``out`` (and its parents) for the files of a run; ``option`` names where it was given in the
+    one-line error. A file, a read-only or (nearly) full folder is refused here, before the run."""
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{option} {out}: is a file, expected a folder")

@@ -50,8 +50,7 @@ class _PrefillItem:
     in_hbm: bool = False
     """Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk)."""
     attempt: int = 0
-    """Which read of its hit counts: a failover (a storage NIC down) moves the read to the other side and
-    makes the reads begun before it stale."""
+    """Which read of its hit counts: a failover or a drop makes the reads begun before it stale."""
     reading: bool = False
     """This side's current read has started (its buffer is held)."""
     started_elsewhere: bool = False
@@ -82,8 +81,7 @@ class PrefillGroup(EngineGroup):
         self.queues: dict[tuple[int, int], list[_PrefillItem]] = {key: [] for key in self.gpus}
         self.items: dict[int, tuple[tuple[int, int], _PrefillItem]] = {}
         self._early_hits: set[int] = set()
-        """Requests whose :class:`HitReady` came before their :class:`Prefill`: the decode group heard from the
-        scheduler first (in virtual time never; in real time the two senders race)."""
+        """Requests whose :class:`HitReady` came before their :class:`Prefill` (real time: the senders race)."""
         self._passing = False
         """A forward pass, or the pull wait after it, is in progress: the pass's end looks for work again."""
         self._kick_due = False
@@ -92,13 +90,10 @@ class PrefillGroup(EngineGroup):
         self._a2a = inter_node_a2a_bytes(d.model, len(nodes))
         buffer = cluster.config.dram_buffer_bytes
         self.buffers = {n: Pool(out, f"n{n}.buffer", buffer) for n in nodes}
-        # After a pass the group pulls before it batches again: the pass's PrefillDone frees its PEs' load
-        # (tok_e ≤ β again), the scheduler answers the group's fetch and the decode fetch that follows (each
-        # at most one fetch period later) with new requests, and only then is the next batch formed. Without
-        # this wait the next pass starts at the same instant with only the GPUs that still had queued work,
-        # and the refilled ones sit out a whole pass: measured on DS 660B 2P4D (Oracle, 32K, 2,048 agents),
-        # 7.6 of 16 GPUs busy per pass on average and a 24% longer JCT at 1,024 agents, against the
-        # balanced passes the paper measures (Fig. 13 right).
+        # After a pass the group pulls before it batches again (its PrefillDone frees its PEs' load, and the
+        # scheduler answers the prefill and decode fetches, each at most a fetch period later). Without this
+        # wait the next pass starts at once with only the GPUs that still had work, and the refilled ones sit
+        # out a whole pass (DS 660B 2P4D: 7.6 of 16 GPUs busy per pass, a 24% longer JCT; Fig. 13 right).
         self._pull_wait_ns = round((2 * cluster.config.fetch_period_s + 1e-6) * NS)
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
@@ -132,8 +127,7 @@ class PrefillGroup(EngineGroup):
 
     @on(Crash)
     def on_crash(self, now: int, msg: Crash, sender: str) -> None:
-        """This engine crashes: every request it holds, its buffers' contents and what its GPUs were doing are
-        gone; it is down until :class:`Restart`."""
+        """This engine crashes: every request it holds, its buffers and what its GPUs were doing are gone."""
         if self._down:
             return
         self._down = True
@@ -157,8 +151,7 @@ class PrefillGroup(EngineGroup):
         self._lose([self._drop(now, rid) for rid in msg.rids], "dropped")
 
     def _drop(self, now: int, rid: int) -> tuple[int, int, int]:
-        """Forget request ``rid`` here (its buffer freed, its read under way or the pass that has it ignored);
-        returns ``(rid, node, pending read tokens)`` for :meth:`_lose`."""
+        """Forget request ``rid`` here (its buffer freed, its read or pass ignored); returns its :meth:`_lose` entry."""
         self._early_hits.discard(rid)
         entry = self.items.pop(rid, None)
         if entry is None:
@@ -175,10 +168,8 @@ class PrefillGroup(EngineGroup):
         return lost
 
     def _add(self, now: int, msg: PrefillTask) -> None:
-        new = msg.prompt - msg.hit
-        item = _PrefillItem(
-            msg.rid, msg.hit, new, msg.context, de_node=msg.de_node, de_gpu=msg.de_gpu, read_on_de=msg.read_on_de
-        )
+        item = _PrefillItem(msg.rid, msg.hit, msg.prompt - msg.hit, msg.context, de_node=msg.de_node,
+                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)  # fmt: skip
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
@@ -223,9 +214,8 @@ class PrefillGroup(EngineGroup):
         self.plane.io(node, "read", KV_LANE, item.hit * self._kv, hit_extents(item.context, item.hit), finished)
 
     def _check_read(self, now: int, node: int, item: _PrefillItem, attempt: int) -> None:
-        """``read_timeout_s`` after a read started: if it is still stalled on a dead storage NIC, give it up:
-        its request leaves this group (``Lost``, "timeout") and the scheduler dispatches it again. A read on a
-        NIC that is up is slow, not lost: look again later."""
+        """``read_timeout_s`` after a read started: if it is still stalled on a dead storage NIC, give it up
+        (``Lost`` "timeout": the scheduler dispatches it again); on a NIC that is up, look again later."""
         if attempt != item.attempt or not item.reading:
             return  # done, moved or dropped
         if node not in self._snic_down:
@@ -240,10 +230,8 @@ class PrefillGroup(EngineGroup):
 
     @on(Health)
     def on_health(self, now: int, msg: Health, sender: str) -> None:
-        """A storage NIC of this group went down: its reads not yet done move to the DE side, each to its
-        request's decode group (the second path as failover), so none holds back the requests behind it for
-        as long as the NIC is down. Single-path systems have no other side: their reads wait, and are given up
-        after ``read_timeout_s`` (:meth:`_check_read`)."""
+        """A storage NIC of this group went down: its reads not yet done move to the DE side (the second path as
+        failover). Single-path systems' reads wait, and are given up after ``read_timeout_s``."""
         for port, factor in zip(msg.ports, msg.factors):
             for n in self.nodes:
                 if port == f"n{n}.snic.rx":
@@ -305,9 +293,8 @@ class PrefillGroup(EngineGroup):
     # --- batching (§6.4) -----------------------------------------------------------------------------
 
     def _batch(self, key: tuple[int, int]) -> list[tuple[_PrefillItem, int]]:
-        """FIFO packing of ready requests while the attention time stays within the quota; the
-        request that would exceed it is chunked to what fits (binary search on its new tokens). Attention
-        FLOPs and bytes add up over a batch, so each candidate costs one roofline evaluation."""
+        """FIFO packing of ready requests while the attention time stays within the quota; the request that would
+        exceed it is chunked to what fits (binary search on its new tokens)."""
         queue = self.queues[key]
         if not queue:
             return []  # every GPU of the group is asked at every kick

@@ -1,15 +1,9 @@
-"""Replicates: the same scenario on several seeds, each figure's mean with a 95% confidence interval (issue 25).
+"""Replicates: the same scenario on several seeds, each figure's mean with a 95% confidence interval.
 
-One seed is one sample: the workload, the online arrivals and the tool waits all come from it, and small runs'
-JCTs move by tens of percent from seed to seed. ``dualpath-emu run --seeds N`` runs every system on each of N
-seeds and reports, per system and figure, the mean over the seeds and a 95% confidence interval for it
-(Student's t, the seeds taken as independent samples), and the speedup over Basic the same way, paired: each
-seed's speedup is Basic's JCT over the system's on that seed's workload, so the workload's own variation
-cancels.
-
-``dualpath-emu compare OUT_A OUT_B`` reads two ``summary.json`` files (``run --out``, with or without
-``--seeds``) and prints each system's figures side by side with their difference and, where both have
-intervals, whether the intervals overlap.
+One seed is one sample (workload, arrivals and tool waits all come from it). ``dualpath-emu run --seeds N``
+reports per system and figure the mean over the seeds and its 95% interval (Student's t), and the speedup over
+Basic paired by seed, so the workload's own variation cancels. ``dualpath-emu compare OUT_A OUT_B`` prints two
+``summary.json`` files' figures side by side, with whether their intervals overlap.
 """
 
 from __future__ import annotations

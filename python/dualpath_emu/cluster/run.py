@@ -1,11 +1,7 @@
 """Running one system on one cluster configuration in virtual time, and its results (paper §7).
 
-:func:`run_system` builds the core (ports per :mod:`~dualpath_emu.cluster.topology`), the engines (client,
-scheduler, one prefill group per EP group, one decode group per node), runs until every agent's last turn is
-done, checks that every admitted request ended exactly once, and returns a :class:`SystemResult`: JCT,
-TTFT/TTST/TPOT percentiles, the utilisation of storage NICs, compute NICs (each direction), DRAM and GPUs
-on prefill vs decode nodes (run mean and the p99 of 1-second samples), the KV working set, the storage-NIC
-max/mean, the event log's SHA-256, wall time and event counts (the engines' and the core's).
+:func:`run_system` builds the core and the engines, runs until every agent's last turn is done, checks that
+every admitted request ended exactly once and the invariants held, and returns a :class:`SystemResult`.
 """
 
 from __future__ import annotations
@@ -43,26 +39,18 @@ from dualpath_emu.runtime.virtual import PLANES, DeadlockError, EventSink, Plane
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
-    "SAMPLE_INTERVAL_S",
-    "LostRequestsError",
-    "Progress",
-    "SystemResult",
-    "build_result",
-    "run_system",
-    "speedup",
-]
+    "SAMPLE_INTERVAL_S", "LostRequestsError", "Progress", "SystemResult", "build_result", "run_system", "speedup",
+]  # fmt: skip
 
 SAMPLE_INTERVAL_S = 1.0
-"""The core samples port utilisation, and the GPUs' busy time is binned, every emulated second: the p99s of
-:class:`SystemResult` are over these samples, and the plots of ``--out`` draw them."""
+"""Port utilisation is sampled, and GPU busy time binned, every emulated second (the p99s, the plots)."""
 
 Utilisation = dict[str, float]
 """``{"mean": fraction of capacity over the run, "p99": 99th percentile of the 1-second samples}``."""
 
 
 def _stuck_policy(system: str, cluster: Cluster, engines: Sequence[object], now_ns: int) -> PolicyError | None:
-    """Why a run that can go no further stopped, when its policy left requests waiting with nothing else to do
-    (``None``: nothing waits, so it is no policy's doing)."""
+    """Why a run that can go no further stopped, if its policy left requests waiting (``None``: none wait)."""
     for engine in engines:
         if isinstance(engine, Scheduler):
             prefill, decode = engine.waiting()
@@ -93,21 +81,18 @@ class Progress:
 
 @dataclass
 class SystemResult:
-    """One system's run. Utilisations are per role (``pe``: prefill nodes, ``de``: decode nodes), each a
-    :data:`Utilisation`: the run mean (bytes over capacity × JCT for ports, busy time over GPUs × JCT for
-    GPUs) and the p99 over every (port or GPU, 1-second sample) of the role, since KV loads are bursty and
-    a port 54% busy on average can be the bottleneck in its busiest seconds."""
+    """One system's run. Utilisations are per role (``pe``, ``de``), each a :data:`Utilisation`: the run mean
+    and the p99 over every (port or GPU, sample) of the role (KV loads are bursty: a port 54% busy on average
+    can be the bottleneck in its busiest seconds)."""
 
     system: str
     jct_s: float
-    """From the first arrival to the last request's end, done or failed (§7.3's JCT when the run is
-    :attr:`complete`; otherwise only how long the run took: see :attr:`incomplete`)."""
+    """From the first arrival to the last request's end, done or failed (§7.3's JCT when :attr:`complete`)."""
     turns: int
     """Requests admitted (a turn that was never submitted, its agent having failed, is not one)."""
     agents: int
     ttft_s: dict[str, float]
     ttst_s: dict[str, float]
-    """Second token − first token (the hand-off to the DE, its H2D copy and first decode step)."""
     tpot_s: dict[str, float]
     snic_read_bytes: dict[str, float]
     snic_util: dict[str, dict[str, Utilisation]]
@@ -117,8 +102,7 @@ class SystemResult:
     dram_util: dict[str, Utilisation]
     """Host DRAM (one port for both directions) per role."""
     gpu_util: dict[str, Utilisation]
-    """Busy fraction per role: prefill GPUs inside forward passes with work, decode GPUs stepping a
-    non-empty batch."""
+    """Busy fraction per role: prefill GPUs in forward passes with work, decode GPUs stepping a batch."""
     working_set_bytes: dict[str, float]
     """KV bytes of the live trajectories over the run: time-weighted ``mean`` and ``max``."""
     snic_max_over_mean: float
@@ -127,8 +111,7 @@ class SystemResult:
     events: int
     """Actor events (the event log's records)."""
     core_events: int
-    """Events the core handled (its queue's live events: transfer completions, timers, I/O starts, forward
-    steps)."""
+    """Events the core handled (its queue's live events)."""
     metrics: Metrics = field(repr=False)
     core_stats: dict[str, int] = field(default_factory=dict)
     """Every counter of ``Core.stats()``."""
@@ -140,7 +123,7 @@ class SystemResult:
     spec: System | None = field(default=None, repr=False)
     """The system that ran (set by :func:`run_system`)."""
     failed_requests: int = 0
-    """Requests that ended as failed (lost more often than the scheduler dispatches again, issue 26)."""
+    """Requests that ended as failed (lost more often than the scheduler dispatches again)."""
     redispatches: int = 0
     """Times a request was lost to an engine crash and dispatched again."""
     turns_planned: int = 0
@@ -162,8 +145,8 @@ class SystemResult:
 
     @property
     def incomplete(self) -> str | None:
-        """Why the run is not a whole result (``None`` when :attr:`complete`): its JCT and latencies cover
-        only the work that finished, so no figure of it may be set against a run that finished everything."""
+        """Why the run is not a whole result (``None`` when :attr:`complete`): its figures cover only the work
+        that finished."""
         if self.complete:
             return None
         return (
@@ -244,23 +227,15 @@ def run_system(
     plane: str = "core",
     planes: Mapping[str, PlaneFactory] = PLANES,
 ) -> SystemResult:
-    """Run ``trajectories`` on ``config`` with ``system`` in virtual time: a
-    :class:`~dualpath_emu.cluster.systems.System` (a user's, or a scenario's :meth:`~dualpath_emu.cluster.scenario.ClusterScenario.system`),
-    or the name of a built-in one.
+    """Run ``trajectories`` on ``config`` with ``system`` (a :class:`~dualpath_emu.cluster.systems.System` or a
+    built-in one's name) in virtual time.
 
-    The event log holds the engines' decisions and milestones (admission, scheduling, reads, first token,
-    end, buffer and HBM grants).
-
-    ``progress`` is called with a :class:`Progress` at most every ``progress_interval_s`` of wall time while
-    the run goes on (from the event sink, so it costs nothing in between), and once at the end.
-    ``sample_interval_s`` is how often port utilisation is sampled and GPU busy time binned (the p99s and
-    :attr:`SystemResult.timelines`; a second of emulated time costs a few bytes per port).
-    ``trace_path`` records every transfer as a span and writes a Perfetto trace there
-    (:mod:`~dualpath_emu.cluster.trace`; memory grows with the run). Neither changes the run's results
-    or its event log. ``probe_paths`` times every data movement by kind (``extra["paths"]``, from the core's
-    spans and :class:`~dualpath_emu.cluster.ledger.ProbingLedger`): the model's side of a host-backend
-    comparison. ``plane`` names the engines' data plane in ``planes`` (by default the in-process core,
-    :class:`~dualpath_emu.runtime.virtual.CoreDataPlane`).
+    ``progress`` is called with a :class:`Progress` at most every ``progress_interval_s`` of wall time, and at
+    the end. ``sample_interval_s``: how often port utilisation is sampled and GPU busy time binned.
+    ``trace_path``: write a Perfetto trace there (:mod:`~dualpath_emu.cluster.trace`; memory grows with the
+    run). ``probe_paths``: time every data movement by kind (``extra["paths"]``), the model's side of a
+    host-backend comparison. None of these changes the event log. ``plane`` names the engines' data plane
+    in ``planes`` (by default the in-process core).
     """
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
@@ -296,10 +271,8 @@ def run_system(
     driver.send("client", Start())
 
     started = time.perf_counter()
-    # A run allocates millions of short-lived objects and creates almost no cycles: what exists now
-    # (trajectories, topology, metrics arrays) is frozen out of the cyclic collector, the young generation
-    # is collected 140 times less often and the old one almost never (collections took 4% of a 4,096-agent
-    # run with asyncio's defaults, 3.4% of a 16P32D run at 20,000/10/10, and this saves 3% of 2P4D's CPU).
+    # A run allocates millions of short-lived objects and creates almost no cycles: what exists now is frozen
+    # out of the cyclic collector, and collections are rare (they took 3-4% of a run's CPU).
     gc.collect()
     gc.freeze()
     thresholds = gc.get_threshold()
@@ -360,10 +333,7 @@ def build_result(
     turns_planned: int,
 ) -> SystemResult:
     """A run's :class:`SystemResult` from the core's report and the engines' (merged) metrics; the run is
-    [``start_ns``, ``end_ns``]: from when the client started (0 in virtual time; a live run's clock starts
-    when its data plane does) to when the last request ended (the JCT's end). Utilisation means are over
-    that span; the p99s over the samples until its end. ``turns_planned``: the workload's turns, what a
-    complete run finishes."""
+    [``start_ns``, ``end_ns``] (from the client's start, 0 in virtual time, to the last request's end)."""
     end_s = (end_ns - start_ns) / 1e9 or 1e-9
     until_ns = min(end_ns, report.until_ns)
 
@@ -420,15 +390,8 @@ def build_result(
 class _Reporter:
     """Calls a progress callback from the event sink, at most every ``interval_s`` of wall time."""
 
-    def __init__(
-        self,
-        system: str,
-        callback: Callable[[Progress], None],
-        interval_s: float,
-        metrics: Metrics,
-        core: Core,
-        trajectories: Sequence[Trajectory],
-    ) -> None:
+    def __init__(self, system: str, callback: Callable[[Progress], None], interval_s: float, metrics: Metrics,
+                 core: Core, trajectories: Sequence[Trajectory]) -> None:  # fmt: skip
         self.system, self.callback, self.interval_s = system, callback, interval_s
         self.metrics, self.core = metrics, core
         self.total = sum(len(t) for t in trajectories)
@@ -447,5 +410,5 @@ class _Reporter:
         """Report now."""
         wall = time.perf_counter()
         self.next_s = wall + self.interval_s
-        turns_done = self.metrics.turns_done  # a count, not a scan: 7.75 M rows took 20 ms a look
+        turns_done = self.metrics.turns_done  # a count, not a scan
         self.callback(Progress(self.system, turns_done, self.total, self.core.now_ns / 1e9, wall - self.started))

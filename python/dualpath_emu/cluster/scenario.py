@@ -1,223 +1,29 @@
 """Cluster scenarios: a TOML file → the :class:`~dualpath_emu.cluster.config.ClusterConfig`, the systems to
 compare, the workload and the seed of one ``dualpath-emu run``.
 
-A cluster scenario says ``kind = "cluster"`` at the top; the runtime's run scenarios (``app = ...``, a live
-run's ``run.toml``, for ``dualpath-emu launch``) are a different format and are refused here
-with a pointer to ``launch``. Every key below is shown with its default (the defaults are those of the
-dataclasses the keys fill: :class:`ClusterConfig`, :class:`~dualpath_emu.cluster.catalog.NodeSpec`'s
-testbed node, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
-:class:`~dualpath_emu.cluster.roofline.RooflineParams`,
-:class:`~dualpath_emu.workload.generator.GeneratorParams`; their docstrings give each value's source)::
+A cluster scenario says ``kind = "cluster"`` at the top; the runtime's run scenarios (``app = ...``, for
+``dualpath-emu launch``) are refused here with a pointer to ``launch``. Every key, with its default and what it
+does, is in ``scenario_keys.toml`` beside this module (``docs/scenario-reference.md`` is generated from it); the
+defaults are those of the dataclasses the keys fill (:class:`ClusterConfig`,
+:class:`~dualpath_emu.cluster.catalog.NodeSpec`, :class:`~dualpath_emu.cluster.topology.StorageSpec`,
+:class:`~dualpath_emu.cluster.roofline.RooflineParams`, :class:`~dualpath_emu.workload.generator.GeneratorParams`),
+whose docstrings give each value's source.
 
-    kind = "cluster"                     # required: marks a cluster scenario
-    name = "<file name without .toml>"   # the run's name in tables and summary.json
-    seed = 0                             # the workload generator's and every actor's random streams
-    systems = ["basic", "dualpath", "oracle"]   # run in this order: built-in systems (basic, basic+layerwise,
-                                         # basic+layerwise+dualpath, dualpath, oracle) or the user's own,
-                                         # "file.py:Name" (relative to this file's folder) or "module:Name"
-                                         # (dualpath_emu.cluster.user_systems says what Name may be)
-    backend = "model"                    # "model": the core times every byte (virtual or real time);
-                                         # "host": real bytes in real time (files, sockets; `--backend host`)
-    catalog = []                         # catalog files (kind = "catalog") whose [models.NAME], [gpus.NAME]
-                                         # and [nics.NAME] entries this scenario may name, relative to this
-                                         # file's folder; a single file may be given as a string
-
-    [host]                               # the host backend (dualpath_emu.host)
-    byte_scale = 0.001                   # real bytes per modelled byte (and pacing rates × this); (0, 1]
-    storage_dir = ""                     # where the KV block files go (a shared mount across hosts);
-                                         # "" (default): the run directory's storage/, removed at the end
-    transfer_engine = "zmq"              # what carries KV between node processes: "zmq" (CURVE over tcp,
-                                         # private ipc on one host) or "mooncake" (Mooncake's Transfer
-                                         # Engine, its TCP transport; unauthenticated, all interfaces: private
-                                         # fabrics only)
-
-    [deployment]
-    model = "ds660b"                     # a catalog model: packaged (`dualpath-emu catalog`) or defined
-                                         # in [models.NAME] here or in an included catalog file
-    pe_nodes = 2                         # prefill nodes; pe_nodes + de_nodes <= 256
-    de_nodes = 4                         # decode nodes
-    prefill_ep_nodes = 2                 # nodes per prefill EP group; must divide pe_nodes, and the group's
-                                         # GPUs must hold the model's weights (DS 660B on 80 GiB GPUs: >= 2)
-    decode_ep_nodes = 4                  # nodes per decode EP group (sets the weights per DE GPU); divides de_nodes
-    dram_buffer_bytes = 80_000_000_000   # host DRAM per node for the PE/DE buffer (paper §7.1: 80 GB for the
-                                         # DeepSeek models, 320 GB for Qwen); <= 2^50
-
-    [hardware]                           # one node (paper §7.1) and its GPU
-    gpu = "h800"                         # a catalog GPU: packaged or defined in [gpus.NAME]; it needs
-                                         # tensor cores for the model's weight_dtype
-    gpus = 8                             # GPUs per node, each with its own compute NIC; 1..16
-    cnic_bytes_per_s = 50e9              # per compute NIC (400 Gb/s); 1e6..1e12 (1 MB/s..1 TB/s)
-    # cnic = "cx7-400g"                  # instead of cnic_bytes_per_s: a catalog NIC's rate
-    snic_bytes_per_s = 50e9              # per storage NIC (400 Gb/s); 1e6..1e12
-    # snic = "cx7-400g"                  # instead of snic_bytes_per_s: a catalog NIC's rate
-    snics = 1                            # storage NICs per node; 1..16
-    host_dram_bytes_per_s = 500e9        # host memory bandwidth (paper §4.2's M); 1e6..1e14
-    # (no PCIe key: PCIe is not modelled, every GPU byte crosses the GPU's slower compute NIC, topology.py)
-
-    [storage]                            # the 3FS-like storage cluster (the paper gives no numbers)
-    read_bytes_per_s = 0                 # aggregate read bandwidth; 0 (unset): every storage NIC together;
-                                         # else 1e6..1e16
-    write_bytes_per_s = 0                # aggregate write bandwidth; 0 (unset): every storage NIC together
-    read_latency_s = 0.0002              # per I/O; 0..10
-    write_latency_s = 0.0002             # 0..10
-    queue_depth = 64                     # I/Os one node keeps in flight; the rest wait in its read_q; <= 65536
-
-    [roofline]                           # compute model (dualpath_emu.cluster.roofline: each default's reason);
-                                         # keys here set prefill and decode alike, [roofline.prefill] and
-                                         # [roofline.decode] (the same keys) set one of them
-    gemm_efficiency = 0.6                # share of the GPU's peak (at the model's weight_dtype) that the
-                                         # weight GEMMs reach; in [0.001, 1]
-    attention_efficiency = 0.6           # share of the BF16 peak that attention reaches; in [0.001, 1]
-    memory_efficiency = 0.8              # share of HBM bandwidth that KV and weight reads reach; in [0.001, 1]
-    overhead_s_per_layer = 0.0           # fixed cost per layer (launches, DP sync); in [0, 1]
-    a2a_fixed_s = 87e-6                  # fixed latency of an MoE layer's dispatch + combine; in [0, 1]
-
-    [roofline.prefill]                   # the [roofline] keys, for the prefill engines only
-    [roofline.decode]                    # the [roofline] keys, for the decode engines only
-
-    [workload]
-    dataset = "64k"                      # 32k | 48k | 64k: the generator's Table 2 datasets (paper §7.2)
-    # trace = "file.jsonl"               # instead of dataset: a trajectory file or a Mooncake trace,
-                                         # relative to this file's folder
-    agents = 64                          # 1..100_000; with a trace: the first N of its trajectories (default
-                                         # all)
-    max_rounds = 0                       # > 0: keep only each agent's first N rounds (quick runs); 0: all
-    mode = "offline"                     # "offline": every agent starts at t = 0 (metric JCT);
-                                         # "online": Poisson agent arrivals (TTFT, TTST, TPOT)
-    arrival_rate = 0.1                   # online: agents per second (APS, §7.4); 0.001..1e6
-
-    [workload.tool_wait]                 # an agent's wait before its next turn (a tool call, thinking):
-                                         # drawn for each turn after its first, where the trajectory gives
-                                         # none, from (seed, agent, turn) alone: every system gives an
-                                         # agent the same waits (dualpath_emu.workload.waits)
-    dist = "none"                        # none | constant | exponential | lognormal | empirical
-    mean_s = 0.0                         # constant, exponential, lognormal: the mean wait; 0..86400
-    sigma = 1.0                          # lognormal: the standard deviation of ln(wait); 0..5
-    # file = "waits.txt"                 # empirical: one number of seconds per line, relative to this
-                                         # file's folder; each equally likely
-
-    [workload.generator]                 # the synthetic datasets (dualpath_emu.workload.generator)
-    base_trajectories = 500              # base trajectories per dataset (the paper's datasets have 500);
-                                         # 1..100_000
-    reading = "per-trajectory"           # or "per-turn": which reading of Table 2 to match
-    append_sigma = 1.0                   # each sigma in [0, 5]
-    gen_sigma = 0.6
-    first_round_sigma = 0.3
-    total_min_fraction = 0.1             # in (0, the dataset's mean total / MaxLen ≈ 0.85)
-    first_append = 1                     # tokens of an extra agent's synthetic first round; below the
-                                         # dataset's MaxLen
-
-    [scheduling]                         # paper §6, App. A.4
-    alpha_read_s = 3.0                   # α = tokens a node reads from storage in this many seconds;
-                                         # this and the next two in [0.001, 3600]
-    beta_compute_s = 5.0                 # β = tokens one GPU prefills in this many seconds
-    attention_quota_s = 0.3              # attention-time quota of a PE forward batch
-    attention_quota_per = "forward"      # what it bounds: "forward" (all layers of a pass) or "layer"
-    fetch_period_s = 0.005               # how often an engine group may fetch work; 1e-6..60
-    hit_block_aligned = true             # hits are whole 64-token Full Blocks
-    de_hbm_reserve_fraction = 0.1        # of a DE GPU's free HBM, kept for activations; in [0, 0.99]
-    pe_hbm_reserve_fraction = 0.1        # the same on a PE GPU
-    pipeline_stages = 8                  # layerwise pipeline stages per forward pass (0: one per layer); <= 1024
-    max_redispatches = 3                 # times a request lost to an engine crash or a given-up read is
-                                         # dispatched again before it fails; 0..100
-    read_timeout_s = 30.0                # a hit read stalled this long on a dead storage NIC is given up
-                                         # and its request dispatched again; 0.001..3600
-    stall_timeout_s = 3600.0             # a run whose requests in flight make no progress this long
-                                         # (emulated s) stops with an error (exit status 1); 60..1e7, or
-                                         # 0: never
-
-    [[faults]]                           # a fault (dualpath_emu.cluster.faults); none by default; repeat
-                                         # the table for more (`--faults FILE` adds a file's)
-    kind = "down"                        # required: "down", "degrade", "latency", "slow_storage" or
-                                         # "crash"
-    target = "n0.snic"                   # required: a port (n0.snic.rx, n3.cnic2.tx, 3fs.read), a NIC
-                                         # (n0.snic, n3.cnic2), a node (n1) or "storage"; for "crash" an
-                                         # engine (pe0: a prefill EP group, de2: a decode node's engines)
-    at_s = 0                             # required: when it starts, emulated seconds
-    # duration_s = 60                    # how long it lasts; not given: to the end of the run (not for
-                                         # "down", whose stalled transfers would wait for ever)
-    factor = 1.0                         # degrade, slow_storage: what is left of the rates, (0, 1]
-    latency_s = 0.0                      # latency, slow_storage: added per transfer or storage I/O, [0, 60]
-    # restart_s = 30                     # crash (required there): seconds until the engine is back, empty
-
-    [random_faults]                      # faults drawn from the run's seed on every node's NICs, as the
-                                         # run goes: one seed, one failure history
-    down_per_node_hour = 0.0             # faults per node-hour, each on the node's storage NIC or one of
-                                         # its compute NICs; [0, 3600]
-    degrade_per_node_hour = 0.0          # the same for degrade faults
-    latency_per_node_hour = 0.0          # the same for latency faults
-    crash_per_node_hour = 0.0            # the same for crashes of the engine hosting the node's GPUs
-    mean_duration_s = 60.0               # their durations are exponential with this mean
-    factor = 0.5                         # what a random degrade leaves of the rates
-    latency_s = 0.001                    # what a random latency fault adds
-    restart_s = 30.0                     # how long a randomly crashed engine is down
-
-    [models.NAME]                        # a model the scenario may name (dualpath_emu.cluster.catalog derives
-                                         # KV bytes, FLOPs and parameters from these, with the Hugging Face
-                                         # config's field names; keys of another kind of model are refused)
-    description = ""                     # one line, for tables
-    source = ""                          # where the numbers come from
-    attention = "gqa"                    # required: "mha", "gqa" or "mla"
-    hidden_size = 8192                   # required
-    num_hidden_layers = 80               # required
-    num_attention_heads = 64             # required: query heads
-    vocab_size = 128256                  # required
-    weight_dtype = "fp8"                 # required: weights and GEMMs, "bf16", "fp8" or "fp4" (NVFP4)
-    kv_dtype = "fp8"                     # required: "bf16", "fp16" or "fp8" (MLA in fp8: FlashMLA's layout)
-    tie_word_embeddings = false          # the output head shares the input embedding
-    num_key_value_heads = 8              # gqa: KV heads, a divisor of the query heads (mha: equal to them)
-    head_dim = 0                         # mha/gqa: the head dimension; 0: hidden_size / num_attention_heads
-    attention_bias = false               # mha/gqa: biases on the Q, K and V projections (Qwen2)
-    q_lora_rank = 0                      # mla: the query's low rank; 0: no Q compression
-    kv_lora_rank = 512                   # mla (required): the latent KV dimension
-    qk_nope_head_dim = 128               # mla (required)
-    qk_rope_head_dim = 64                # mla (required): the shared RoPE key's dimension
-    v_head_dim = 128                     # mla (required)
-    index_topk = 0                       # > 0: sparse attention (DeepSeek's DSA): keys attended at most
-    index_n_heads = 64                   # sparse (required): the lightning indexer's heads
-    index_head_dim = 128                 # sparse (required): and their dimension
-    intermediate_size = 28672            # the dense FFN's width (required for dense layers)
-    n_routed_experts = 0                 # > 0: an MoE model's routed experts per MoE layer
-    num_experts_per_tok = 8              # MoE (required): routed experts per token
-    n_shared_experts = 0                 # MoE: shared experts (always active, no all-to-all)
-    moe_intermediate_size = 2048         # MoE (required): one expert's width
-    first_k_dense_replace = 0            # MoE: the first layers with a dense FFN instead
-    total_params = 0                     # > 0: overrides the derived parameter count (weight bytes)
-    active_params = 0                    # > 0: overrides the derived active parameters (GEMM FLOPs)
-    kv_bytes_per_token_layer = 0         # > 0: overrides the derived KV bytes per token per layer
-
-    [gpus.NAME]                          # a GPU the scenario may name; dense (no 2:4 sparsity) peaks
-    description = ""                     # one line, for tables
-    source = ""                          # where the numbers come from
-    bf16_flops_per_s = 989.4e12          # required: dense BF16 tensor FLOP/s (attention runs at this peak)
-    fp8_flops_per_s = 0                  # dense FP8 tensor FLOP/s; 0: none
-    fp4_flops_per_s = 0                  # dense FP4 tensor FLOP/s; 0: none
-    hbm_gib = 80                         # required: HBM per GPU, GiB
-    hbm_bytes_per_s = 3.35e12            # required: HBM bandwidth
-    nvlink_bytes_per_s = 160e9           # required: what an MoE all-to-all reaches between a node's GPUs
-
-    [nics.NAME]                          # a NIC [hardware] cnic / snic may name
-    description = ""                     # one line, for tables
-    source = ""                          # where the number comes from
-    bytes_per_s = 50e9                   # required: line rate each way (400 Gb/s = 50e9)
-
-**Limits.** The ranges above (:data:`LIMITS` holds the numbers) keep every accepted scenario one that runs to
-its end in bounded memory: emulated times far below the core's 2^64 ns (at the slowest rates and latencies
-a run's clock stays within years, not centuries), at most 256 nodes of 16 GPUs (about 9,000 ports) and
-100,000 agents. They are wide: the paper's largest deployment has 144 nodes, its datasets 500 trajectories.
-A run whose emulated time would still pass 2^64 ns stops with an error saying so, never silently. Integers
-beyond 64 bits and numbers beyond the float range are refused like any other out-of-range value.
+**Limits.** The ranges of ``scenario_keys.toml`` (:data:`LIMITS` holds the numbers) keep every accepted
+scenario one that runs to its end in bounded memory: emulated times far below the core's 2^64 ns (at the
+slowest rates and latencies a run's clock stays within years), at most 256 nodes of 16 GPUs (about 9,000 ports)
+and 100,000 agents: wide, as the paper's largest deployment has 144 nodes, its datasets 500 trajectories. A run
+whose emulated time would still pass 2^64 ns stops with an error saying so. Integers beyond 64 bits and numbers
+beyond the float range are refused like any other out-of-range value.
 
 Checks beyond types and ranges, each an error naming the key: the model's weights must fit the GPUs of an
 EP group (prefill and decode); a DE GPU must have HBM for the KV of the longest request; a system without
 layerwise prefill (``basic``) needs a PE GPU to hold one request's whole KV; a node's DRAM buffer must hold
-one request's KV. Unknown keys, wrong types and impossible values are
-:class:`~dualpath_emu.config.ScenarioError`\\ s naming the file, the key and what was expected (the CLI:
-one line, exit status 2).
+one request's KV. Every error is a :class:`~dualpath_emu.config.ScenarioError` naming the file, the key and
+what was expected (the CLI: one line, exit status 2).
 
-:data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as
-the packaged ``ds660b-2p4d-offline.toml`` (a test keeps them equal).
-The scenario files ship in the package (:mod:`dualpath_emu.scenarios`) and run by name.
+:data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as the
+packaged ``ds660b-2p4d-offline.toml`` (a test keeps them equal).
 """
 
 from __future__ import annotations
@@ -271,9 +77,8 @@ KIND: Final = "cluster"
 BUILT_IN: Final = "<built-in>"
 DEFAULT_SYSTEMS: Final = ("basic", "dualpath", "oracle")
 DEFAULT_AGENTS: Final = 256
-"""Agents of the built-in scenario: as many as keep ``make run`` (three systems) under about a minute on this
-project's 2-core machine; the storage bottleneck already shows (Basic's prefill-node storage NICs carry every
-read, DualPath splits them)."""
+"""Agents of the built-in scenario: ``make run`` (three systems) in about a minute on 2 cores, the storage
+bottleneck already showing."""
 
 _MAX_SEED: Final = 2**63 - 1
 
@@ -335,10 +140,8 @@ class ClusterScenario:
     """Trajectories built in Python (:meth:`with_workload`), replayed instead of the dataset or ``trace``."""
 
     def with_workload(self, trajectories: Iterable[Trajectory]) -> ClusterScenario:
-        """A copy that replays ``trajectories`` (built in Python, e.g. with
-        :meth:`~dualpath_emu.workload.trajectory.Trajectory.from_rounds`) instead of its dataset or trace, one
-        agent each; checked as a trace file's are (an :class:`~dualpath_emu.errors.InvalidArgumentError` naming
-        what does not fit)."""
+        """A copy that replays ``trajectories`` (built in Python) instead of its dataset or trace, one agent each;
+        checked as a trace file's are (an :class:`~dualpath_emu.errors.InvalidArgumentError`)."""
         work = tuple(trajectories)
         for i, t in enumerate(work):
             if not isinstance(t, Trajectory):
@@ -416,9 +219,7 @@ class ClusterScenario:
         faults: str | Path | None = None,
     ) -> ClusterScenario:
         """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
-
-        ``systems``: built-in names, specs ``file.py:Name`` / ``module:Name`` (relative to the current folder),
-        the names of this scenario's own :attr:`custom_systems`, or :class:`System` objects. ``faults``: a file
+        ``systems``: names, specs (relative to the current folder) or :class:`System` objects. ``faults``: a file
         (``kind = "faults"``) whose faults join the scenario's (its ``[random_faults]`` replace the scenario's)."""
         out = self
         if systems is not None:
@@ -486,11 +287,9 @@ def load_cluster_scenario(
 ) -> ClusterScenario:
     """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong).
 
-    ``overrides`` sets keys before the checks, by dotted path (``{"workload.agents": 16, "deployment.pe_nodes":
-    2}``), as if the file said so; but a ``workload.trace`` given there replaces the file's dataset and its
-    agent count (meant for the dataset: the trace's trajectories are all replayed unless ``workload.agents``
-    is given too), and is relative to the current folder, not the file's; a ``workload.dataset`` replaces the
-    file's trace."""
+    ``overrides`` sets keys by dotted path before the checks (``{"workload.agents": 16}``), as if the file said
+    so; but a ``workload.trace`` there (relative to the current folder) replaces the file's dataset and agent
+    count, and a ``workload.dataset`` the file's trace."""
     top = load_toml(path)
     if overrides:
         overrides = dict(overrides)

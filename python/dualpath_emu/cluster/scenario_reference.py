@@ -4,7 +4,7 @@ Two sources meet here. The **schema** is what the reader really asks for: a clus
 recording :class:`~dualpath_emu.config.Table`, which notes every key's dotted path, default and what it
 accepts (type, range, choices) exactly as its error messages say; the packaged catalog's entries are read the
 same way for the ``[models.NAME]``, ``[gpus.NAME]`` and ``[nics.NAME]`` keys. The **descriptions** are the
-annotated example in :mod:`dualpath_emu.cluster.scenario`'s docstring (``key = default  # what it does``).
+annotated example :data:`EXAMPLE` (``key = default  # what it does``).
 :func:`check` says where the two disagree (a key one has and the other lacks, a default that differs); a
 test runs it and compares the committed page with :func:`render`, so a new key without a description, a
 changed default or a stale page fails the tests. ``make docs`` (or ``python -m
@@ -18,12 +18,17 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from dualpath_emu.cluster import scenario as scenario_module
 from dualpath_emu.cluster.catalog import PACKAGED_FILE, Catalog
 from dualpath_emu.config import REQUIRED, Table
 
-__all__ = ["Documented", "Key", "check", "documented", "render", "schema"]
+__all__ = ["EXAMPLE", "Documented", "Key", "check", "documented", "render", "schema"]
+
+EXAMPLE: Final = Path(__file__).with_name("scenario_keys.toml")
+"""Every key of a cluster scenario, with its default and what it does (a comment after it, and on the lines
+below it further to the right)."""
 
 _ENTRY_KINDS = ("models", "gpus", "nics")
 _SAME_KEYS = ("roofline.prefill.", "roofline.decode.")
@@ -85,23 +90,21 @@ def schema() -> list[Key]:
     return list(out.values())
 
 
-_EXAMPLE_START = '    kind = "cluster"'
-_KEY = re.compile(r"^    (# )?([a-z_0-9]+) = (.+?)(?:\s{2,}# ?(.*))?$")
-_TABLE = re.compile(r"^    \[\[?([a-zA-Z_.]+)\]\]?(?:\s+# ?(.*))?$")
+_EXAMPLE_START = 'kind = "cluster"'
+_KEY = re.compile(r"^(# )?([a-z_0-9]+) = (.+?)(?:\s{2,}# ?(.*))?$")
+_TABLE = re.compile(r"^\[\[?([a-zA-Z_.]+)\]\]?(?:\s+# ?(.*))?$")
 _MORE = re.compile(r"^\s{5,}# ?(.*)$")
 
 
-def documented() -> list[Documented]:
-    """The keys and tables of the annotated example in :mod:`~dualpath_emu.cluster.scenario`'s docstring."""
-    doc = scenario_module.__doc__ or ""
-    lines = doc[doc.index(_EXAMPLE_START) :].splitlines()
+def documented(example: str | None = None) -> list[Documented]:
+    """The keys and tables of the annotated example (:data:`EXAMPLE`'s text, or ``example``)."""
+    text = EXAMPLE.read_text(encoding="utf-8") if example is None else example
+    lines = text[text.index(_EXAMPLE_START) :].splitlines()
     out: list[Documented] = []
     table = ""
     for line in lines:
         if not line.strip():
             continue
-        if not line.startswith("    "):
-            break  # the end of the example
         if (m := _TABLE.match(line)) is not None:
             table = m[1]
             out.append(Documented(table, "", m[2] or "", table=True, array=line.lstrip().startswith("[[")))
@@ -117,18 +120,16 @@ def documented() -> list[Documented]:
             i = out.index(last)
             out[i] = Documented(last.path, "", f"{last.description} {note}".strip(), table=True, array=last.array)
         else:
-            raise ValueError(f"scenario docstring: cannot read the example's line {line!r}")
+            raise ValueError(f"{EXAMPLE.name}: cannot read the line {line!r}")
     return out
 
 
-def check() -> list[str]:
+def check(example: str | None = None) -> list[str]:
     """Where the schema and the annotated example disagree; empty when they agree."""
     keys = {k.path: k for k in schema()}
-    docs = {d.path: d for d in documented() if not d.table}
-    problems = [
-        f"{p}: read by the scenario reader, missing from the docstring's example" for p in keys if p not in docs
-    ]
-    problems += [f"{p}: in the docstring's example, not read by the scenario reader" for p in docs if p not in keys]
+    docs = {d.path: d for d in documented(example) if not d.table}
+    problems = [f"{p}: read by the scenario reader, missing from {EXAMPLE.name}" for p in keys if p not in docs]
+    problems += [f"{p}: in {EXAMPLE.name}, not read by the scenario reader" for p in docs if p not in keys]
     for path, doc in docs.items():
         key = keys.get(path)
         if key is None or not doc.default or key.default is REQUIRED:
@@ -140,7 +141,7 @@ def check() -> list[str]:
         if isinstance(value, str) and value.startswith("<"):
             continue  # a placeholder such as "<file name without .toml>"
         if value != key.default:
-            problems.append(f"{path}: the docstring says {doc.default}, the reader's default is {key.default!r}")
+            problems.append(f"{path}: {EXAMPLE.name} says {doc.default}, the reader's default is {key.default!r}")
     return problems
 
 
@@ -158,8 +159,8 @@ def render() -> str:
     out = [
         "# Scenario reference",
         "",
-        "<!-- Generated by `make docs` from the scenario reader and the annotated example in",
-        "     python/dualpath_emu/cluster/scenario.py; do not edit (a test compares it with the code). -->",
+        "<!-- Generated by `make docs` from the scenario reader and the annotated example",
+        "     python/dualpath_emu/cluster/scenario_keys.toml; do not edit (a test compares it with the code). -->",
         "",
         'Every key a cluster scenario (`kind = "cluster"`) may have: its default, what the reader accepts (as',
         "its error messages say it) and what it does. A key not given keeps its default; an unknown key, a wrong",
