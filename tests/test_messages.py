@@ -208,7 +208,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.just(Stop()),
     st.builds(Checked, st.integers(0, INT_MAX)),
 )
-envelopes = st.builds(Envelope, texts, texts, ints, st.none() | ints, messages)
+envelopes = st.builds(Envelope, texts, texts, ints, messages)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -243,9 +243,9 @@ def test_wire_format_is_pinned() -> None:
     assert FORMAT == 1
     assert CODEC.encode(PING) == bytes.fromhex("94 01 a4 50696e67 01 93 07 a2 6869 c4 01 00")
     assert CODEC.encode(Stop()) == bytes.fromhex("94 01 a4 53746f70 01 90")
-    envelope = Envelope("a", "b", 9, None, Stop())
-    # [1, "envelope", 1, ["a", "b", 9, nil, [1, "Stop", 1, []]]]
-    expected = "94 01 a8 656e76656c6f7065 01 95 a1 61 a1 62 09 c0 94 01 a4 53746f70 01 90"
+    envelope = Envelope("a", "b", 9, Stop())
+    # [1, "envelope", 2, ["a", "b", 9, [1, "Stop", 1, []]]]
+    expected = "94 01 a8 656e76656c6f7065 02 94 a1 61 a1 62 09 94 01 a4 53746f70 01 90"
     assert CODEC.encode_envelope(envelope) == bytes.fromhex(expected)
 
 
@@ -416,7 +416,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("the type's own check", frame(1, "Checked", 1, [-1]), "Checked v1: count must be >= 0, got -1"),
     (
         "an envelope",
-        frame(1, "envelope", 1, ["a", "b", 1, None, [1, "Stop", 1, []]]),
+        frame(1, "envelope", 2, ["a", "b", 1, [1, "Stop", 1, []]]),
         "got an envelope frame: decode it with decode_envelope",
     ),
     ("empty input", b"", "truncated or malformed msgpack"),
@@ -517,7 +517,7 @@ def test_every_truncation_of_a_valid_frame_is_refused(message: Message) -> None:
 
 
 def test_every_truncation_of_an_envelope_is_refused() -> None:
-    data = CODEC.encode_envelope(Envelope("sched", "pe-0", 3, 2, DEEP))
+    data = CODEC.encode_envelope(Envelope("sched", "pe-0", 3, DEEP))
     for end in range(len(data)):
         with pytest.raises(MessageError, match="^truncated or malformed msgpack"):
             CODEC.decode_envelope(data[:end])
@@ -661,46 +661,37 @@ def test_encoding_an_unregistered_type_is_refused() -> None:
 # Envelopes.
 
 
-def test_envelope_round_trip_carries_reply_to() -> None:
-    ask = Envelope("scheduler", "pe-0", 41, None, PING)
-    answer = Envelope("pe-0", "scheduler", 7, ask.msg_id, Outer("ok", PING, SCALARS))
-    for envelope in (ask, answer):
+def test_envelope_round_trip() -> None:
+    for envelope in (
+        Envelope("scheduler", "pe-0", 41, PING),
+        Envelope("pe-0", "scheduler", 7, Outer("ok", PING, SCALARS)),
+    ):
         assert CODEC.decode_envelope(CODEC.encode_envelope(envelope)) == envelope
-    assert CODEC.decode_envelope(CODEC.encode_envelope(answer)).reply_to == 41
 
 
 BODY = [1, "Stop", 1, []]
 MALFORMED_ENVELOPES: list[tuple[str, bytes, str]] = [
     ("a message frame", CODEC.encode(PING), "expected an envelope, got message 'Ping'"),
-    ("wrong version", frame(1, "envelope", 2, ["a", "b", 1, None, BODY]), r"envelope: version 2 not supported \(1\)"),
-    ("four fields", frame(1, "envelope", 1, ["a", "b", 1, BODY]), "expected 5 fields for envelope, got 4"),
-    ("sender not str", frame(1, "envelope", 1, [1, "b", 1, None, BODY]), "envelope v1 field 'sender': expected str"),
-    (
-        "msg_id str",
-        frame(1, "envelope", 1, ["a", "b", "1", None, BODY]),
-        "envelope v1 field 'msg_id': expected int, got str",
-    ),
-    (
-        "reply_to bool",
-        frame(1, "envelope", 1, ["a", "b", 1, False, BODY]),
-        "envelope v1 field 'reply_to': expected int \\| None, got bool",
-    ),
+    ("wrong version", frame(1, "envelope", 1, ["a", "b", 1, None, BODY]), r"envelope: version 1 not supported \(2\)"),
+    ("three fields", frame(1, "envelope", 2, ["a", "b", BODY]), "expected 4 fields for envelope, got 3"),
+    ("sender not str", frame(1, "envelope", 2, [1, "b", 1, BODY]), "envelope v2 field 'sender': expected str"),
+    ("msg_id str", frame(1, "envelope", 2, ["a", "b", "1", BODY]), "envelope v2 field 'msg_id': expected int, got str"),
     (
         "unknown body",
-        frame(1, "envelope", 1, ["a", "b", 1, None, [1, "Pong", 1, []]]),
-        "envelope v1 field 'body': unknown message type 'Pong'",
+        frame(1, "envelope", 2, ["a", "b", 1, [1, "Pong", 1, []]]),
+        "envelope v2 field 'body': unknown message type 'Pong'",
     ),
     (
         "bad body field",
-        frame(1, "envelope", 1, ["a", "b", 1, None, [1, "Ping", 1, ["x", "", b""]]]),
-        "envelope v1 field 'body': Ping v1 field 'seq': expected int, got str",
+        frame(1, "envelope", 2, ["a", "b", 1, [1, "Ping", 1, ["x", "", b""]]]),
+        "envelope v2 field 'body': Ping v1 field 'seq': expected int, got str",
     ),
     (
         "an envelope as body",
-        frame(1, "envelope", 1, ["a", "b", 1, None, [1, "envelope", 1, ["a", "b", 1, None, BODY]]]),
-        "envelope v1 field 'body': got an envelope frame",
+        frame(1, "envelope", 2, ["a", "b", 1, [1, "envelope", 1, ["a", "b", 1, None, BODY]]]),
+        "envelope v2 field 'body': got an envelope frame",
     ),
-    ("body not a frame", frame(1, "envelope", 1, ["a", "b", 1, None, 3]), "envelope v1 field 'body': expected a frame"),
+    ("body not a frame", frame(1, "envelope", 2, ["a", "b", 1, 3]), "envelope v2 field 'body': expected a frame"),
     ("garbage", b"\xc1", "truncated or malformed msgpack"),
 ]
 
@@ -716,13 +707,12 @@ def test_malformed_envelopes_are_refused_with_the_reason(data: bytes, error: str
 @pytest.mark.parametrize(
     ("envelope", "error"),
     [
-        (Envelope(1, "b", 1, None, PING), "envelope v1 field 'sender': expected str, got int"),  # type: ignore[arg-type]
-        (Envelope("a", "b", True, None, PING), "envelope v1 field 'msg_id': expected int, got bool"),
-        (Envelope("a", "b", 1, 2.0, PING), "envelope v1 field 'reply_to': expected int \\| None, got float"),  # type: ignore[arg-type]
-        (Envelope("a", "b", 1, None, "ping"), "envelope v1 field 'body': str is not a message type"),  # type: ignore[arg-type]
+        (Envelope(1, "b", 1, PING), "envelope v2 field 'sender': expected str, got int"),  # type: ignore[arg-type]
+        (Envelope("a", "b", True, PING), "envelope v2 field 'msg_id': expected int, got bool"),
+        (Envelope("a", "b", 1, "ping"), "envelope v2 field 'body': str is not a message type"),  # type: ignore[arg-type]
         (
-            Envelope("a", "b", 1, None, Ping("x", "", b"")),  # type: ignore[arg-type]
-            "envelope v1 field 'body': Ping v1 field 'seq': expected int, got str",
+            Envelope("a", "b", 1, Ping("x", "", b"")),  # type: ignore[arg-type]
+            "envelope v2 field 'body': Ping v1 field 'seq': expected int, got str",
         ),
     ],
 )

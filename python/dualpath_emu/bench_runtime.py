@@ -1,64 +1,25 @@
-"""`make bench`, actor runtime: message rates of the actor runtime, in process and over ZeroMQ.
+"""`make bench`, actor runtime: message rates of the actor runtime, in process and over ZeroMQ
+(docs/performance.md has the numbers).
 
 Run as ``python -m dualpath_emu.bench_runtime`` (``--help`` for the counts). Prints ``BENCH <name> <value>
-<unit>`` lines, most preceded by a human-readable line. Every rate is messages over wall-clock seconds
-measured with ``time.perf_counter`` on this machine (each process runs one asyncio loop in one thread;
-ZeroMQ adds its own I/O thread), and every run checks that each message arrived exactly once and in order;
-a failed check, or any other failure, prints ``bench_runtime: error: ...`` and exits with status 1.
+<unit>`` lines. Rates are messages per wall second (``time.perf_counter``); every run checks that each message
+arrived exactly once and in order, and any failure prints ``bench_runtime: error: ...`` and exits 1.
 
-In process, on an asyncio loop (``asyncio.run(system.run(main()))``), timed around that whole call (the loop's
-and actors' start and stop included; a ``gc.collect()`` before it, so that no earlier run's garbage is collected
-on this run's time); the **best of** ``--repeats`` (default 3) runs is reported:
-
-``actor_inproc_msgs_per_s``
-    Tells per second: the driver tells ``--tells`` (default 200,000) small messages (``Tick(seq, b"")``) to a
-    ``counter`` actor, in bursts of ``--burst`` (default 100) tells, yielding to the loop between bursts; the
-    delivery latency is 0, as in a live run. The counter counts each tick and checks that the seqs come 0, 1, 2,
-    … in order. One message = one tell sent, delivered and handled. Then the driver tells the counter a
-    ``Query``, which it answers with a tell of its :class:`Tally` to the ``collector`` (after every tick:
-    delivery is FIFO).
-``actor_inproc_tell_events_per_msg``
-    Events the system records (``ActorSystem.event_count``) per tell in that run, all included (the few
-    start/stop events make it a little above the per-message count: ``tell`` and ``deliver``).
-
-Over ZeroMQ on a real-time asyncio loop (``ZmqActorSystem``, ``ipc://`` endpoints in a temporary
-directory), ``--zmq`` (default 200,000) tells of ``Tick(seq, pad)``, the pad sized so the encoded
-envelope (``Codec.encode_envelope``) is about 100 bytes; one run each (``--zmq-repeats``):
-
-``zmq_ipc_msgs_per_s``
-    Between two OS processes: a child process (``python -m dualpath_emu.bench_runtime --serve ENDPOINT
-    --reply-to ENDPOINT``) binds a ``ZmqActorSystem`` hosting the ``counter``; the parent's ``ZmqActorSystem``
-    hosts the ``collector`` and first tells the counter a ``Query`` and waits for its tally (so it is bound and
-    connected both ways), then tells it every message (yielding to the loop every 1,000), then a ``Query``
-    again. Timed from the first tell to that tally. Sender and receiver run in parallel, so this is the rate of
-    the slower side (encoding and sending, or receiving, decoding and handling). The child is stopped with a
-    ``Stop`` (it tells its final tally), and terminated (then killed) if it does not exit.
-``zmq_ipc_one_process_msgs_per_s``
-    The same with both systems in this process, on one loop: the sum of both sides' costs per message.
-
-The data plane (:mod:`dualpath_emu.runtime.dataplane`), at time scale 1: a child process
-(``--serve-dataplane ENDPOINT``) runs a :class:`~dualpath_emu.runtime.dataplane.service.DataPlaneService` over a core
-with :data:`DATAPLANE_PORTS` fast ports (1 TB/s each); this process's
-:class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane` issues ``--dataplane`` (default 200,000) transfers
-of 1 kB, ``--dataplane-batch`` (default 100) per loop iteration -- one ``submit`` message each -- over the
-ports in turn, keeping at most ``--dataplane-window`` (default 2,000) in flight, and awaits every
-completion. Timed from the first request to the last completion; one run:
-
-``dataplane_requests_per_s``
-    Requests per wall second (each submitted, modelled and its completion delivered to its future). The
-    human line also gives the requesting process's CPU seconds over that time (the service runs in
-    parallel, so the rate is the slower side's).
-``dataplane_delivery_lag_p50_us``, ``dataplane_delivery_lag_p99_us``
-    The remote plane's delivery lag under that load (its clock at delivery minus each completion's modelled
-    end, microseconds), p50 and p99: at saturation mostly queueing (about window / rate).
-``dataplane_light_delivery_lag_p99_us``
-    The same with one batch of 10 in flight at a time (``--dataplane`` / 10 requests): the lag of a lightly
-    loaded data plane, one round trip and the two loops' wake-ups.
-``dataplane_submission_lag_p99_us``
-    The service's submission lag (its clock at submission minus the batch's first request), p99.
-``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``
-    The clock handshake's best round trip over ipc:// (that run) and over tcp:// loopback with the run's
-    CURVE keys (a second, idle service); the offset uncertainty is half of it.
+* ``actor_inproc_msgs_per_s``: the driver tells ``--tells`` ``Tick`` messages to a ``counter`` actor of the
+  same process in bursts of ``--burst``, latency 0; then a ``Query``, answered with the :class:`Tally`. Timed
+  around the whole ``asyncio.run`` (after a ``gc.collect()``), best of ``--repeats``.
+  ``actor_inproc_tell_events_per_msg``: the events recorded per tell.
+* ``zmq_ipc_msgs_per_s``: ``--zmq`` ticks of ~100-byte envelopes over ``ipc://`` to a child process
+  (``--serve ENDPOINT --reply-to ENDPOINT``) hosting the counter, timed from the first tell to the final
+  tally (the slower side's rate); ``zmq_ipc_one_process_msgs_per_s``: both systems on one loop (both sides'
+  costs).
+* The data plane, at time scale 1: a child (``--serve-dataplane ENDPOINT``) serves a core of
+  :data:`DATAPLANE_PORTS` fast ports; this process's remote plane issues ``--dataplane`` 1 kB transfers,
+  ``--dataplane-batch`` per loop iteration, at most ``--dataplane-window`` in flight.
+  ``dataplane_requests_per_s`` (and the requester's CPU seconds), ``dataplane_delivery_lag_p50_us`` and
+  ``_p99_us`` under that load, ``dataplane_light_delivery_lag_p99_us`` with one batch of 10 in flight,
+  ``dataplane_submission_lag_p99_us``, and the clock handshake's best round trip over ipc and over tcp with
+  CURVE keys (``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``).
 """
 
 from __future__ import annotations
@@ -298,13 +259,13 @@ def bench_inproc_tells(count: int = 200_000, burst: int = 100) -> Result:
 
 def tick_pad(count: int, envelope_bytes: int = ENVELOPE_BYTES) -> bytes:
     """A pad that makes the envelope of a tick from the middle of a run ``envelope_bytes`` long."""
-    bare = len(codec().encode_envelope(Envelope(MAIN, COUNTER, count // 2, None, Tick(count // 2, b""))))
+    bare = len(codec().encode_envelope(Envelope(MAIN, COUNTER, count // 2, Tick(count // 2, b""))))
     return b"x" * max(envelope_bytes - bare, 0)  # an empty and a short bin header are both 2 bytes
 
 
 def envelope_size(count: int, pad: bytes) -> int:
     """The encoded size of the envelope of a tick from the middle of a run."""
-    return len(codec().encode_envelope(Envelope(MAIN, COUNTER, count // 2, None, Tick(count // 2, pad))))
+    return len(codec().encode_envelope(Envelope(MAIN, COUNTER, count // 2, Tick(count // 2, pad))))
 
 
 @dataclass(frozen=True)

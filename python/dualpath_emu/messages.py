@@ -1,68 +1,32 @@
 """Typed messages between actors, and their versioned msgpack encoding.
 
-A message type is a frozen dataclass deriving from :class:`Message` that declares its wire name and version
-as class variables::
-
-    @dataclass(frozen=True, slots=True)
-    class Ping(Message):
-        WIRE_NAME: ClassVar[str] = "Ping"
-        VERSION: ClassVar[int] = 1
-
-        seq: int
-        note: str | None
-
-Types are registered in a :class:`MessageRegistry` that the caller creates and passes around (there is no
+A message type is a frozen dataclass deriving from :class:`Message` that declares ``WIRE_NAME`` and ``VERSION``
+as class variables. Types are registered in a :class:`MessageRegistry` the caller creates and passes around (no
 global registry); a :class:`Codec` over a registry turns messages into bytes and back. Actors exchange an
-:class:`Envelope` (sender, recipient, ``msg_id``, ``reply_to``, body).
+:class:`Envelope` (sender, recipient, ``msg_id``, body). Field types: ``int``, ``float``, ``str``, ``bool``,
+``bytes``; a message type registered earlier in the same registry (nested); ``tuple[T, ...]`` of those; and
+``X | None`` of any of these. Anything else is refused at registration with a ``TypeError`` naming the field.
 
-Field types: ``int``, ``float``, ``str``, ``bool``, ``bytes``; another message type registered earlier in the
-same registry (nested); ``tuple[T, ...]`` with ``T`` one of those (e.g. a batch of nested records); and
-``X | None`` of any of these.
-Anything else is refused at registration with a ``TypeError`` naming the class and the field.
+**Wire format** (``FORMAT = 1``). A message is one msgpack array ``[FORMAT, wire_name, version, [field values in
+declaration order]]``: an int as a msgpack int (−2**63 … 2**64−1), a float as float64, str as UTF-8, bytes as
+bin, None as nil, a tuple as an array, a nested message as the same four-element array. An envelope is
+``[FORMAT, "envelope", ENVELOPE_VERSION, [sender, recipient, msg_id, <body as a message array>]]`` (no message
+type may be called ``"envelope"``). Encoding is deterministic (an int in a float field is sent as a float;
+``-0.0`` stays distinct) and validates the message first, so a bad value is reported at the sender. Decoding
+validates everything (shape, format, known wire name, version, field count, each field's type; bool is not an
+int; an int is accepted for a float, never the reverse) and raises :class:`MessageError`, never another
+exception, for any bytes it cannot accept.
 
-Wire format (``FORMAT = 1``)
-----------------------------
-A message is one msgpack array of four elements::
-
-    [FORMAT, wire_name, version, [field values in declaration order]]
-
-``FORMAT`` is the int 1 (the framing's own version), ``wire_name`` a str, ``version`` an int. Field values:
-int as a msgpack int (−2**63 … 2**64−1), float as float64, str as UTF-8 str, bytes as bin, bool, None as
-nil, a tuple as an array, a nested message as the same four-element array. An envelope is::
-
-    [FORMAT, "envelope", 1, [sender, recipient, msg_id, reply_to, <body as a message array>]]
-
-(``"envelope"`` is reserved: no message type may use it.)
-
-Encoding is deterministic: the same field values give the same bytes, in any process (an int in a float
-field is sent as a float, so ``Ping(x=1)`` and ``Ping(x=1.0)`` encode alike; ``0.0`` and ``-0.0``, equal in
-Python, stay distinct on the wire). It validates the message first, so a bad value is reported
-at the sender. Decoding validates everything (frame shape, format, known wire name, version, field count,
-each field's type; bool is not an int and an int is not a bool; an int is accepted for a float, never the
-reverse) and raises :class:`MessageError`, never another exception, for any bytes it cannot accept.
-
-Limits
-------
-A frame holds at most ``max_frame_bytes`` (default 16 MiB) and an array at most ``max_array_len`` elements
-(default 2**20), both checked at the sender too. They are sized for the paper's largest run: a cluster
-``Submit`` of 49,152 turns (48P96D, every agent at t = 0) is a frame of at most 1.7 MB, so 16 MiB leaves
-ten times that. Every process of a run must use the same limits (the ZeroMQ transport drops a connection that
-carries a longer frame, see :mod:`dualpath_emu.runtime.zmq_transport`).
-
-A hostile frame cannot make the decoder allocate much more than its own length allows:
-
-* frames over ``max_frame_bytes`` are refused before parsing; maps and ext values anywhere, arrays over
-  ``max_array_len`` elements, are refused by msgpack while parsing;
-* msgpack builds each array as it opens it, sized by the length its header declares (msgpack >= 1.2 caps
-  that at 10,000 slots; older versions do not), up to 1,024 arrays deep. So that declared lengths cannot
-  outrun the frame, a frame of at most 1 KiB is parsed with arrays limited to 1,024 elements (no valid frame
-  of that size has a longer one), which bounds that preallocation to about 3 MB; a longer frame is first
-  walked by msgpack without building anything (``Unpacker.skip``), and is refused unless it is complete, so
-  every declared element is really there: its arrays then cost at most 8 bytes per frame byte.
-* What a complete frame decodes into is bounded by its length: at worst (chains of one-element arrays,
-  one tuple per byte) about 50 bytes of Python objects per frame byte, ~0.8 GiB for a 16 MiB frame, freed
-  as soon as the frame is refused; frames of real messages decode into about ten times their length (the
-  49,152-turn ``Submit``, 1.7 MB: a peak of 19 MB while it is decoded into messages).
+**Limits.** A frame holds at most ``max_frame_bytes`` (default 16 MiB) and an array at most ``max_array_len``
+elements (default 2**20), checked at the sender too: the paper's largest ``Submit`` (49,152 turns) is 1.7 MB.
+Every process of a run must use the same limits (the ZeroMQ transport drops a connection carrying a longer
+frame). A hostile frame cannot make the decoder allocate much more than its length allows: longer frames are
+refused unparsed, maps and ext values anywhere and arrays over ``max_array_len`` are refused by msgpack; since
+msgpack preallocates each array by its declared length (capped at 10,000 slots from msgpack 1.2), a frame of
+at most 1 KiB is parsed with arrays limited to 1,024 elements (about 3 MB of preallocation at most) and a
+longer one is first walked without building anything (``Unpacker.skip``) and refused unless complete, so
+every declared element is there (8 bytes per frame byte at most). A complete frame decodes into at worst about
+50 bytes of Python objects per frame byte; real messages into about ten times their length.
 
 A :class:`Codec` reuses one msgpack ``Packer``: use one codec per thread.
 """
@@ -96,7 +60,8 @@ FORMAT: Final = 1
 """The version of the framing ``[FORMAT, wire_name, version, fields]`` itself."""
 
 ENVELOPE_WIRE_NAME: Final = "envelope"
-ENVELOPE_VERSION: Final = 1
+ENVELOPE_VERSION: Final = 2
+"""2: no ``reply_to`` (issue 35: nothing asks)."""
 
 DEFAULT_MAX_FRAME_BYTES: Final = 16 << 20
 """Frames longer than this (16 MiB) are refused unparsed (see Limits in the module docstring)."""
@@ -165,15 +130,12 @@ def fast_frozen_init(cls: _C) -> _C:
 
 
 class Envelope(NamedTuple):
-    """What actors exchange: a message with its addressing. ``reply_to`` is the ``msg_id`` an answer answers.
-
-    A named tuple rather than a dataclass: one is made per message, and a tuple is the cheapest to make.
-    """
+    """What actors exchange: a message with its addressing (a named tuple: one is made per message, and a tuple
+    is the cheapest to make)."""
 
     sender: str
     recipient: str
     msg_id: int
-    reply_to: int | None
     body: Message
 
 
@@ -636,8 +598,8 @@ class Codec:
             body = self._from_wire(values[-1])
         except MessageError as error:
             raise MessageError(f"{_ENVELOPE_LABEL} field 'body': {error}") from None
-        sender, recipient, msg_id, reply_to = header
-        return Envelope(sender, recipient, msg_id, reply_to, body)
+        sender, recipient, msg_id = header
+        return Envelope(sender, recipient, msg_id, body)
 
     def _to_wire(self, message: Message) -> list[Any]:
         spec = self._registry._by_class.get(type(message))
@@ -687,9 +649,4 @@ class Codec:
 
 
 _ENVELOPE_LABEL: Final = f"{ENVELOPE_WIRE_NAME} v{ENVELOPE_VERSION}"
-_ENVELOPE_HEADER: Final = (
-    _Field("sender", _STR),
-    _Field("recipient", _STR),
-    _Field("msg_id", _INT),
-    _Field("reply_to", _optional(_INT)),
-)
+_ENVELOPE_HEADER: Final = (_Field("sender", _STR), _Field("recipient", _STR), _Field("msg_id", _INT))

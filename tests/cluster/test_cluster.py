@@ -212,7 +212,7 @@ def test_cluster_messages_have_a_wire_format() -> None:
         Submit((Turn(7, 33_000, 32_768, 176, 3),)),
         TurnDone((7, 8), (10, 11), (12, -1), 99),
     ):
-        envelope = Envelope("scheduler", "pe0", 1, None, body)
+        envelope = Envelope("scheduler", "pe0", 1, body)
         assert codec.decode_envelope(codec.encode_envelope(envelope)) == envelope
 
 

@@ -385,7 +385,7 @@ def test_a_process_without_the_runs_keys_cannot_reach_an_actor(private_dir: Path
                 for setup, seq in ((plain, 1), (own_key_pair, 2)):
                     raw = _raw_dealer(context, setup)
                     raw.connect(system.endpoint)
-                    tell = codec.encode_envelope(Envelope("intruder", "echo", seq, None, Ping(seq)))
+                    tell = codec.encode_envelope(Envelope("intruder", "echo", seq, Ping(seq)))
                     await raw.send_multipart([b"tell", tell])  # queued: the handshake never completes
                     await raw.send_multipart([b"junk"])
                     await asyncio.sleep(0.5)
@@ -399,7 +399,7 @@ def test_a_process_without_the_runs_keys_cannot_reach_an_actor(private_dir: Path
                 # The same from a process of the run gets through (so the above is not a broken socket).
                 raw = _raw_dealer(context, run_key)
                 raw.connect(system.endpoint)
-                await raw.send_multipart([b"tell", codec.encode_envelope(Envelope("main", "echo", 3, None, Ping(3)))])
+                await raw.send_multipart([b"tell", codec.encode_envelope(Envelope("main", "echo", 3, Ping(3)))])
                 await until(lambda: echo.seen == [Ping(3)])
                 raw.close(linger=0)
             finally:
@@ -505,7 +505,7 @@ def test_a_flood_of_junk_leaves_memory_and_the_log_bounded(private_dir: Path, ca
                 # The actor still hears a process of the run (here the flooder, reconnected; a tell it had queued
                 # behind the long frame may be lost with the connection: tell until one arrives).
                 for seq in range(1, 6):
-                    tell = codec.encode_envelope(Envelope("main", "echo", seq, None, Ping(seq)))
+                    tell = codec.encode_envelope(Envelope("main", "echo", seq, Ping(seq)))
                     await raw.send_multipart([b"tell", tell])
                     try:
                         await until(lambda: bool(echo.seen), 1.0)
@@ -540,10 +540,10 @@ def test_a_frame_of_exactly_the_limit_crosses_curve(private_dir: Path) -> None:
 
     sizing = codec()
     pad = "x" * (limit - 100)
-    while len(sizing.encode_envelope(Envelope("main", "echo", 1, None, Blob(pad)))) < limit:
+    while len(sizing.encode_envelope(Envelope("main", "echo", 1, Blob(pad)))) < limit:
         pad += "x"
     blob = Blob(pad)
-    assert len(sizing.encode_envelope(Envelope("main", "echo", 1, None, blob))) == limit
+    assert len(sizing.encode_envelope(Envelope("main", "echo", 1, blob))) == limit
 
     async def main() -> None:
         async with (

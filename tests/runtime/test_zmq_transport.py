@@ -260,13 +260,13 @@ def test_bad_frames_are_rejected_counted_and_the_actor_still_hears_what_follows(
     ipc_dir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     codec = Codec(registry())
-    good = codec.encode_envelope(Envelope("raw", "echo", 1, None, Note(1)))
+    good = codec.encode_envelope(Envelope("raw", "echo", 1, Note(1)))
     bad_frames: list[list[bytes]] = [
         [b"tell", b"\xc1\xff\x00garbage"],  # malformed msgpack (0xc1 is never used)
         [b"tell", good[: len(good) // 2]],  # a valid frame, truncated
-        [b"tell", msgpack.packb(_wire("envelope", 1, ["raw", "echo", 2, None, _wire("zt.Unknown", 1, [])]))],
-        [b"tell", msgpack.packb(_wire("envelope", 1, ["raw", "echo", 3, None, _wire("zt.Note", 2, [3])]))],
-        [b"tell", msgpack.packb(_wire("envelope", 9, ["raw", "echo", 4, None, _wire("zt.Note", 1, [4])]))],
+        [b"tell", msgpack.packb(_wire("envelope", 2, ["raw", "echo", 2, _wire("zt.Unknown", 1, [])]))],
+        [b"tell", msgpack.packb(_wire("envelope", 2, ["raw", "echo", 3, _wire("zt.Note", 2, [3])]))],
+        [b"tell", msgpack.packb(_wire("envelope", 9, ["raw", "echo", 4, _wire("zt.Note", 1, [4])]))],
         [b"tell", msgpack.packb(_wire("zt.Note", 1, [5]))],  # a message, not an envelope
         [b"ask", good],  # a kind that is no more (nothing is answered)
         [b"shout", good],  # an unknown frame kind
@@ -420,7 +420,7 @@ def cluster_codec() -> Codec:
 def test_the_largest_submit_encodes_and_decodes() -> None:
     codec = cluster_codec()
     submit = largest_submit()
-    envelope = Envelope("client", "scheduler", 1, None, submit)
+    envelope = Envelope("client", "scheduler", 1, submit)
     started = time.perf_counter()
     data = codec.encode_envelope(envelope)
     encoded = time.perf_counter()
@@ -465,7 +465,7 @@ def test_in_a_named_run_an_envelope_speaks_only_for_its_own_process(ipc_dir: str
     """Over ipc (no keys) a same-user process could connect and declare any sender. In a named run each DEALER
     connects as its process: an envelope naming another process's actor is rejected, whoever sends it."""
     codec = Codec(registry())
-    forged = codec.encode_envelope(Envelope("asker", "echo", 1, None, Note(99)))
+    forged = codec.encode_envelope(Envelope("asker", "echo", 1, Note(99)))
 
     async def main() -> None:
         a = ZmqActorSystem(Codec(registry()), bind=f"ipc://{ipc_dir}/a", name="a")
@@ -541,18 +541,14 @@ def test_a_process_sends_only_as_itself_and_only_processes_of_the_run_connect(
                 raw = _raw_process(context, b"a", keys)  # (context.destroy closes whatever a failure left open)
                 raw.connect(b.endpoint)
                 for sender, seq in as_a:
-                    await raw.send_multipart(
-                        [b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))]
-                    )
+                    await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, Note(seq)))])
                 await until(lambda: b.rejected == 6)
                 raw.close(linger=0)
                 assert echo.notes == [("asker", 1), ("main", 2)]
                 for routing_id, sender, seq in as_nobody:
                     raw = _raw_process(context, routing_id, keys)
                     raw.connect(b.endpoint)
-                    await raw.send_multipart(
-                        [b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, None, Note(seq)))]
-                    )
+                    await raw.send_multipart([b"tell", codec.encode_envelope(Envelope(sender, "echo", seq, Note(seq)))])
                     await until(lambda: b.rejected == 6 + 1 + as_nobody.index((routing_id, sender, seq)))
                     raw.close(linger=0)
             finally:
@@ -601,7 +597,7 @@ def test_what_comes_back_on_a_connection_a_process_opened_is_rejected(transport:
                 a.tell("echo", Ping(1), sender="asker")
                 identity, kind, data, *_ = await asyncio.wait_for(peer.recv_multipart(), WAIT_S)
                 assert kind == b"tell"
-                back = Envelope("echo", "asker", 50, None, Pong(1))
+                back = Envelope("echo", "asker", 50, Pong(1))
                 for frames in ([b"tell", codec.encode_envelope(back)], [b"reply", codec.encode_envelope(back)]):
                     await peer.send_multipart([identity, *frames])
                 await until(lambda: a.rejected == 2)

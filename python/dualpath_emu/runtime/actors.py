@@ -1,35 +1,26 @@
 """The live driver's actors: what carries an engine's inputs and outputs in a live process (issues 3, 35).
 
-An :class:`ActorSystem` owns the actors of one process (there is no global registry: pass the system in). An
-:class:`Actor` has a name and one method, :meth:`Actor.receive`, which its system calls with the time, each message
-addressed to it and its sender, as an engine's :meth:`~dualpath_emu.runtime.engine.Engine.receive` is called: the
-cluster's actors are :class:`~dualpath_emu.runtime.engine_actor.EngineActor`\\ s, whose ``receive`` is their
-engine's (which chooses the handler: :func:`~dualpath_emu.runtime.engine.on`). There is nothing else: no
-mailboxes, no tasks per actor, no replies. An engine's handler never waits (it only queues its outputs), so a
-message is handled the moment it arrives, and what the engines exchange are tells; whoever needs an answer is
-told one. This is SimPy's way with real time: the event loop is the clock (here asyncio's, on the data plane's
-clock: :mod:`dualpath_emu.runtime.realtime`), the actors are the same as in virtual time.
+An :class:`ActorSystem` owns the actors of one process (no global registry: pass the system in). An
+:class:`Actor` has a name and one method, :meth:`Actor.receive`, called with the time, each message addressed
+to it and its sender, as an engine's :meth:`~dualpath_emu.runtime.engine.Engine.receive` is (the cluster's
+actors are :class:`~dualpath_emu.runtime.engine_actor.EngineActor`\\ s). No mailboxes, no tasks per actor, no
+replies: an engine's handler never waits, so a message is handled the moment it arrives (SimPy's way with real
+time: the event loop is the clock, :mod:`dualpath_emu.runtime.realtime`).
 
 **Delivery.** :meth:`ActorSystem.tell` wraps the message in an :class:`~dualpath_emu.messages.Envelope` with a
-``msg_id`` from the system's counter (1, 2, 3, … in send order) and delivers it ``latency_s`` of loop time later
-(``call_soon`` when 0): in-process messages are passed as objects, never encoded. What is sent at one instant
-(without latency: before the previous batch arrives) travels as one batch with one loop callback (asyncio alone
-does not order equal timer deadlines), so deliveries are FIFO per system, so per sender. A message for an actor
-that has not started yet waits for its start. The ZeroMQ transport (:mod:`dualpath_emu.runtime.zmq_transport`)
-delivers what comes from other processes the same way.
+``msg_id`` from the system's counter and delivers it ``latency_s`` of loop time later, as an object, never
+encoded. What is sent at one instant travels as one batch with one loop callback (asyncio alone does not order
+equal deadlines), so deliveries are FIFO per system. A message for an actor not started yet waits for its start.
 
-**Failure.** An exception raised by :meth:`Actor.receive`, or handed to :meth:`ActorSystem.fail` (a data plane's
-callback), fails the whole run: the system records a ``failure`` event, stops every actor, and
-:meth:`ActorSystem.run` raises :class:`ActorFailure` with the actor's name, the exception and the last events
-(``system.failure`` holds it too). :meth:`Actor.stop` is immediate: messages to a stopped actor are dropped,
-counted (``system.dropped``) and recorded as ``drop``; they do not raise (a sender may race a shutdown). A name
-that was never registered is an error (:class:`UnknownActorError`). Code outside any actor sends as :data:`MAIN`
-(``"main"``, a name no actor may take). :meth:`ActorSystem.run` stops every actor when its ``main`` ends.
+**Failure.** An exception from :meth:`Actor.receive`, or handed to :meth:`ActorSystem.fail`, fails the run: a
+``failure`` event, every actor stopped, and :meth:`ActorSystem.run` raises :class:`ActorFailure` with the
+actor, the exception and the last events. Messages to a stopped actor are dropped, counted (``system.dropped``)
+and recorded as ``drop``. An unknown name is :class:`UnknownActorError`. Code outside any actor sends as
+:data:`MAIN`.
 
-**Events.** The system appends one ``(t_ns, seq, actor, kind, summary)`` tuple to :attr:`ActorSystem.events` for
-each start, stop, ``tell``, ``deliver`` (the message reached its actor), ``drop`` and ``failure``; actors add
-their own with :meth:`ActorSystem.record` (an engine's observations). ``seq`` counts events from 0; ``t_ns`` is
-the loop's clock in nanoseconds. Summaries hold names, message ids and type names, never an object's address.
+**Events.** One ``(t_ns, seq, actor, kind, summary)`` tuple per start, stop, ``tell``, ``deliver``, ``drop`` and
+``failure`` in :attr:`ActorSystem.events`, plus the actors' own (:meth:`ActorSystem.record`). Summaries hold
+names, message ids and type names, never an object's address.
 """
 
 from __future__ import annotations
@@ -304,7 +295,7 @@ class ActorSystem:
             raise UnknownActorError(recipient)
         msg_id = self._next_msg_id
         self._next_msg_id = msg_id + 1
-        envelope = _new_tuple(Envelope, (sender, recipient, msg_id, None, msg))
+        envelope = _new_tuple(Envelope, (sender, recipient, msg_id, msg))
         clock = self._clock
         now = clock() if clock is not None else self._bind()()
         summary = ""  # made only when it is recorded
@@ -346,7 +337,7 @@ class ActorSystem:
             if record:
                 log.append((now, len(log), envelope[1], "deliver", summary))
             try:
-                target.receive(now, envelope[4], envelope[0])
+                target.receive(now, envelope[3], envelope[0])
             except Exception as error:
                 self._fail(target, summary or _describe(envelope), error)
 

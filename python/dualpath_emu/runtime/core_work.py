@@ -2,34 +2,16 @@
 
 Actors move bytes by asking their data plane (handed to them, never looked up): :meth:`CoreWork.transfer`,
 :meth:`~CoreWork.forward`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with
-the :class:`Completion`. A data plane is not an event loop: it is bound to one (:meth:`CoreWork.bind`), whose
-clock it gives, and on which its futures resolve. Requests are batched and the batch is submitted at once: in
-virtual time when the loop is next idle, in real time at the loop's next iteration. So the FFI boundary (or,
-remotely, the wire) is crossed per batch, not per request, and one actor code base runs on any data plane. A
-forward pass (all its layers' loads, attention, shared phase, collectives and stores) is one request: the core
-expands it into its own events (docs/architecture.md). So are decode batches: :meth:`~CoreWork.decode_node`
-adds a node's decode GPUs, stepped by the core, :meth:`~CoreWork.decode_join` hands them requests, and the
-node's report (what ended, the GPUs' busy spans) is called from the loop.
-
-:class:`CoreWork` holds what every data plane shares -- tags, the pending lists, waiters, delivering
-completions and failing the futures of refused requests; a flavour says only how a batch is submitted
-(:meth:`CoreWork._submit_batch`) and feeds back what completed (:meth:`CoreWork._deliver`):
-
-* :class:`LocalCoreWork` drives a :class:`~dualpath_emu._core.Core` in this process (virtual time's, or a
-  live process's own wall-clock core, :class:`~dualpath_emu.runtime.realtime.WallClockCore`): one
-  ``submit_transfers``, one ``submit_forwards``, one ``submit_ios``, one ``add_timers`` and one
-  ``submit_decode_joins`` call per batch (in that order, new decode nodes before the joins);
-* :class:`~dualpath_emu.runtime.dataplane.RemoteDataPlane` sends the batch as one message to the data-plane
-  service of a real-time run, which owns the run's only core (docs/architecture.md);
-* the host backend (:class:`~dualpath_emu.host.plane.HostDataPlane`) moves real bytes.
-
-**Refused requests.** The core checks a whole batch before accepting any of it; when it refuses one, the
-batch is retried one request at a time (:func:`~dualpath_emu.runtime.virtual.submit_batch`) and each bad request's future fails with
-the core's error, the others go ahead. A bad *detached* request has no future: it fails the run.
-
-Tags come from a per-plane counter. Work submitted to a local core by other code must take its tag from
-:meth:`~CoreWork.new_tag` and register it with :meth:`~CoreWork.expect`; a completion with a tag the plane
-does not know is an error (:class:`UnexpectedCompletionError`).
+the :class:`Completion`; :meth:`~CoreWork.decode_node` adds decode GPUs stepped by the core. A data plane is
+bound to one loop (:meth:`CoreWork.bind`), whose clock it gives. Requests are batched and a batch submitted at
+the loop's next iteration, so the FFI boundary (or the wire) is crossed per batch. :class:`CoreWork` holds what
+every plane shares (tags, pending lists, waiters, delivery); a flavour says how a batch is submitted
+(:meth:`CoreWork._submit_batch`): :class:`LocalCoreWork` on a core in this process, the remote plane
+(:mod:`dualpath_emu.runtime.dataplane.remote`) as one message to the data-plane service, the host backend
+(:class:`~dualpath_emu.host.plane.HostDataPlane`) moving real bytes. A request the core refuses fails its own
+future (:func:`~dualpath_emu.runtime.virtual.submit_batch`); a bad *detached* one fails the run. Work submitted
+to a local core by other code takes its tag from :meth:`~CoreWork.new_tag` and registers it with
+:meth:`~CoreWork.expect`.
 """
 
 from __future__ import annotations

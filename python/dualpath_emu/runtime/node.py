@@ -1,55 +1,39 @@
 """Running one process of a live run (issues 3, 14, 35).
 
-:func:`serve_process` runs one process of a real-time run; the launcher
-(:mod:`dualpath_emu.runtime.launcher`) starts one per process with ``dualpath-emu node SCENARIO --process NAME
---run-dir DIR``, and on several hosts they can be started by hand (the same command). Everything else --
-endpoints, seed, time scale, the data plane's endpoint, where the keys live -- comes from the run description
-``DIR/run.json`` (:class:`~dualpath_emu.runtime.scenario.RunDescription`), so nothing secret or host-specific is
-on a command line. The application and the backend are the scenario's, by name, from the
-:class:`~dualpath_emu.runtime.app.Registry` the command line hands :func:`main`.
+:func:`serve_process` runs one process of a real-time run, started (by the launcher, or by hand on several
+hosts) as ``dualpath-emu node SCENARIO --process NAME --run-dir DIR``; everything else (endpoints, seed, time
+scale, the data plane's endpoint, where the keys live) comes from the run description ``DIR/run.json``, so
+nothing secret or host-specific is on a command line. The application and the backend are the scenario's, by
+name, from the :class:`~dualpath_emu.runtime.app.Registry` handed to :func:`main`.
 
-The processes of a real-time run:
+* **The data plane** (``--process dataplane``, in runs of more than one process) builds the run's only core and
+  serves it (:class:`~dualpath_emu.runtime.dataplane.service.DataPlaneService`) until every other process said
+  bye and the core is idle, then writes ``<run_dir>/dataplane.json`` and exits 0.
+* **An actor process** (each ``[[process]]``) gets its data plane from the backend (the model backend: a
+  :class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane`, or in a one-process run its own
+  :class:`~dualpath_emu.runtime.realtime.WallClockCore`), runs on a
+  :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on its clock, binds its endpoint, starts its actors and
+  writes ``<run_dir>/<name>.ready``. The driver's process waits for every other one's ready file (unless
+  ``--no-ready-wait``: then start it last), runs the application's driver and ends when it returns; any other
+  process runs until told to stop (the data plane relays the driver's bye), its standard input closes, or it
+  gets SIGTERM or SIGINT. Then it stops its actors, submits what they still asked for, says bye, and writes
+  ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters, the log's SHA-256, the data-plane
+  link's report and, for the driver, the run's summary).
 
-* **the data plane** (``--process dataplane``; only in runs of more than one process): builds the run's only
-  core (``Core(clock="wall", time_scale=s)``, the application's ``build_core``) and serves it
-  (:class:`~dualpath_emu.runtime.dataplane.service.DataPlaneService`) until every other process has said bye and the
-  core has no pending work; then writes ``<run_dir>/dataplane.json`` (its final port counters, core stats,
-  storage queues and lags) and exits 0;
-* **an actor process** (each ``[[process]]``): its actors' data plane is the backend's (:class:`~dualpath_emu.runtime.app.Backend`):
-  on the model backend (:data:`MODEL`) a :class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane` connected to the
-  data plane (whose ports it learns at connect, ``Application.use_layout``), in a one-process run its own core
-  (:class:`~dualpath_emu.runtime.realtime.WallClockCore`); they run on a
-  :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on its clock. It binds its endpoint, starts its actors and
-  writes ``<run_dir>/<name>.ready``. The driver's process waits until every other actor process is ready
-  (their ready files; ``--no-ready-wait`` skips this, for hosts without a shared run directory: start the
-  driver's process last), runs the application's driver and ends when it returns; any other process runs
-  until it is told to stop: the data plane says the driver's process completed the run (the driver's bye
-  says so), its standard input closes (the launcher closes it, or dies), or it gets SIGTERM or SIGINT. Either
-  way it then stops its actors, submits what they still asked for, says bye to the data
-  plane, and writes its event log ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters, the
-  log's SHA-256, the data-plane link's clock offset and lags and, for the driver, the run's summary).
+**A process started again** in place of one that died (``restart_crashed``; ``--incarnation N``): its files carry
+the suffix ``.N``, its transport and its hello say its incarnation, and the engines are told they replace a dead
+process (``engine.restarted = True``). In such a run every restartable process writes its event log as it goes,
+each observation before any message that follows it leaves, so a process that dies leaves what it observed.
 
-**A process started again** in place of one that died (the scenario's ``restart_crashed``; the launcher adds
-``--incarnation N``, N = 1, 2, …): its files carry the suffix ``.N`` (``de2.1.events``, ``de2.1.part``,
-``de2.1.json``, ``de2.1.out``), its transport says its incarnation (what was sent to the dead one is dropped:
-:mod:`~dualpath_emu.runtime.zmq_transport`, Incarnations), so does its hello to the data plane (which replaces
-the dead one), and the application's engine actors are told they replace a dead process before they start
-(``engine.restarted = True`` where the engine has that attribute: the cluster's engine groups). In a run with
-``restart_crashed`` every process that may be restarted writes its event log as it goes, each observation before
-any message that follows it leaves the process, so a process that dies leaves what it observed.
+Exit status 0 on success, 1 if an actor failed or the data plane was lost, 3 when stopped before the driver was
+done (the data plane: before it drained).
 
-Exit status 0 on success, 1 if an actor failed (the failure, the seed and the last events are printed) or
-the data plane was lost, 3 when stopped before the driver was done (the data plane: before it drained).
-
-Started by the launcher (it sets ``DUALPATH_EMU_LAUNCHER=<pid>:<fd>``), a process writes a line to that
-pipe every :data:`LAUNCHER_BEAT_S` wall seconds from a thread of its own (:class:`LauncherLink`): ``.`` while
-its asyncio loop comes round, ``busy <seconds> <where>`` while one piece of work has held the loop for
-:data:`BUSY_AFTER_S` or more (a large batch: busy, not hung), so the launcher tells a busy process from a
-stopped one (SIGSTOP: no thread beats) or a dead one. It also asks the kernel, on Linux, to send it SIGTERM if
-the launcher dies (``PR_SET_PDEATHSIG``), so a killed launcher leaves no orphans; its standard input closing
-does the same on any system. In an ipc run under a launcher (one host, every process watched by a launcher)
-the data-plane heartbeats allow a silence of the run's ``busy_timeout_s`` (:func:`data_plane_silence_s`): the
-launcher names a stopped or dead process long before, and a busy one is not taken for lost.
+Under a launcher (``DUALPATH_EMU_LAUNCHER=<pid>:<fd>``) a thread writes a line to that pipe every
+:data:`LAUNCHER_BEAT_S` (:class:`LauncherLink`): ``.`` while the loop comes round, ``busy <seconds> <where>``
+while one piece of work has held it for :data:`BUSY_AFTER_S` or more, so the launcher tells busy from stopped or
+dead. The process asks for SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``, Linux); its standard input
+closing does the same anywhere. In an ipc run under a launcher the data-plane heartbeats allow a silence of
+``busy_timeout_s`` (:func:`data_plane_silence_s`): the launcher names a stopped or dead process long before.
 """
 
 from __future__ import annotations

@@ -1,37 +1,20 @@
 """Who may talk to a run's actor systems over ZeroMQ: per-run CURVE keys, a ZAP handler, private ``ipc://``
 directories (issue 14).
 
-Keys
-----
-Every process of a real-time run has a CURVE key pair (ZeroMQ's elliptic-curve security, RFC 26). A run's
-keys live in one directory that only the user can use (``0700``), as pyzmq's certificate files
-(:func:`zmq.auth.create_certificates`): ``NAME.key`` holds process ``NAME``'s public key, ``NAME.key_secret``
-its public and secret keys (``0600``). :meth:`RunKeys.generate` writes them for a list of process names;
-:meth:`RunKeys.load` reads the secret key of one process and the public keys of all. ``dualpath-emu keys DIR
---process NAME ...`` does the former from the command line, for runs on several hosts: copy the directory to
-each host (every host then holds every process's secret: a run trusts all of its hosts alike).
+**Keys.** Every process of a real-time run has a CURVE key pair (RFC 26), kept in one directory of mode ``0700``
+as pyzmq's certificate files: ``NAME.key`` (public) and ``NAME.key_secret`` (``0600``). :meth:`RunKeys.generate`
+writes them (``dualpath-emu keys DIR --process NAME ...`` for runs on several hosts: copy the directory to each
+host, so a run trusts all of its hosts alike); :meth:`RunKeys.load` reads one process's secret key and every
+public key. With keys a ROUTER is a CURVE server (:meth:`RunKeys.make_server`) and each DEALER a client of its
+peer's public key (:meth:`RunKeys.make_client`): both ends authenticated, traffic encrypted. A ZAP handler (RFC
+27, :func:`start_authenticator`) admits the run's public keys only, counting denials and logging them
+boundedly (:class:`BoundedLog`). A peer without CURVE is dropped by libzmq in the handshake.
 
-With keys, a :class:`~dualpath_emu.runtime.ZmqActorSystem`'s ROUTER is a CURVE server (:meth:`RunKeys.make_server`)
-and each of its DEALERs a CURVE client that knows the public key of the process it connects to
-(:meth:`RunKeys.make_client`), so both ends are authenticated and the traffic is encrypted. The server side
-asks a ZAP handler (RFC 27, :func:`start_authenticator`) about every CURVE handshake: it admits the run's
-public keys and denies everything else, counting the denials and logging them boundedly (:class:`BoundedLog`).
-A peer without CURVE never gets that far: the mechanisms do not match, and libzmq drops the connection in the
-handshake, before any frame reaches Python.
-
-Without keys
-------------
-``tcp://`` and abstract ``ipc://@name`` endpoints are reachable by any local process (tcp, on a wildcard
-address, by any host), so :class:`~dualpath_emu.runtime.ZmqActorSystem` refuses them without keys unless told
-``insecure=True``. An ``ipc://path`` endpoint is checked by :func:`check_private_ipc`: the socket's directory
-must belong to the user and give the group and others no permission at all (``chmod 700``), and no directory
-above it may be writable by others unless it has the sticky bit (as ``/tmp`` has). The sticky bit does not
-make a directory private: others cannot remove or rename your files in ``/tmp``, but they can create a socket
-under the name yours is about to take, or connect to yours; hence "no permission for others" on the socket's
-own directory, whatever its sticky bit.
-
-:func:`is_wildcard` tells a bind on all interfaces (``0.0.0.0``, ``*``, ``::``), which the transport warns
-about.
+**Without keys** ``tcp://`` and abstract ``ipc://@name`` endpoints are refused unless ``insecure=True``. An
+``ipc://path`` endpoint is checked by :func:`check_private_ipc`: the socket's directory must be the user's and
+give others no permission at all, and no directory above it may be writable by others without the sticky bit.
+(The sticky bit does not make a directory private: others can still create a socket under the name yours is
+about to take, or connect to yours.) :func:`is_wildcard` tells a bind on all interfaces, which is warned about.
 """
 
 from __future__ import annotations

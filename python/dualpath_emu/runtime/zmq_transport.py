@@ -1,123 +1,51 @@
 """The ZeroMQ transport (issue 3): actors of several :class:`ActorSystem`\\ s talk over ``ipc://`` or ``tcp://``.
 
-A :class:`ZmqActorSystem` is an :class:`~dualpath_emu.runtime.actors.ActorSystem` for a real-time asyncio loop
-that also owns one ZeroMQ endpoint. Its own actors are reached in-process as usual; an actor of another system is
-reached through a static address book (actor name -> endpoint)::
+A :class:`ZmqActorSystem` is an :class:`~dualpath_emu.runtime.actors.ActorSystem` for a real-time loop that also
+owns one ZeroMQ endpoint; an actor of another system is reached through a static address book (actor name ->
+endpoint). ``bind`` defaults to ``tcp://127.0.0.1:*`` (:attr:`ZmqActorSystem.endpoint`: the address bound). Only
+tells travel; nothing is sent back over a connection.
 
-    registry = MessageRegistry(); registry.register(Ping); registry.register(Pong)
-    run = tempfile.mkdtemp()  # private (0700): ipc:// needs no keys there
-    async with ZmqActorSystem(Codec(registry), bind=f"ipc://{run}/a.sock",
-                              address_book={"echo": f"ipc://{run}/b.sock"}) as system:
-        system.tell("echo", Ping(1))
+**Security (issues 14, 26, 34).** With ``keys`` (:class:`~dualpath_emu.runtime.security.RunKeys`) and ``name``
+(this process's name in the run) the ROUTER is a CURVE server, each DEALER a CURVE client of its peer's key
+(``peers``: endpoint -> process name), and a ZAP handler admits only the run's keys. Without keys a ``tcp://`` or
+abstract ``ipc://@`` endpoint is refused (:class:`~dualpath_emu.errors.SecurityError`) unless ``insecure=True``,
+and an ``ipc://`` socket's directory must be private (:func:`~dualpath_emu.runtime.security.check_private_ipc`).
+A bind on all interfaces logs one WARNING. With ``name``, each DEALER connects under its process's name as
+routing id, a ROUTER refuses a second connection under a name in use, and a process may only speak as itself: a
+request is rejected when its connection's routing id is no process of the run, or its sender is neither
+:data:`~dualpath_emu.runtime.actors.MAIN` nor an actor of that process. An unnamed system checks no sender.
 
-    # over tcp: the run's keys (RunKeys.generate once, or `dualpath-emu keys DIR --process a --process b`)
-    keys = RunKeys.load(Path("run-keys"), "a")
-    async with ZmqActorSystem(Codec(registry), bind="tcp://10.0.0.1:5555", keys=keys, name="a",
-                              address_book={"echo": "tcp://10.0.0.2:5555"},
-                              peers={"tcp://10.0.0.2:5555": "b"}) as system:
-        ...
+**Bounds.** Each socket queues at most ``HWM`` messages per peer and refuses frames longer than the codec's
+``max_frame_bytes`` (``MAXMSGSIZE`` plus :data:`FRAME_OVERHEAD_BYTES`: libzmq closes that connection; every
+process of a run uses the same codec limits, so only a broken or hostile peer meets this). A connection's
+in-process backlog holds at most ``BACKLOG_MESSAGES`` messages and ``BACKLOG_BYTES`` beyond ZeroMQ's queue; when
+full a tell raises :class:`BacklogFullError`: nothing a tell accepted is ever dropped. A receiver takes at most
+``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` per wake-up. Rejections are all counted but only the
+first :data:`REJECTIONS_LOGGED` logged (:class:`~dualpath_emu.runtime.security.BoundedLog`).
 
-``bind`` defaults to ``tcp://127.0.0.1:*`` (loopback, a free port; :attr:`ZmqActorSystem.endpoint` is the
-address actually bound): nothing listens beyond the host unless the caller binds elsewhere. What travels is tells
-(:meth:`ZmqActorSystem.tell`); nothing is sent back over a connection.
+**Wire.** One ROUTER per system, one DEALER per remote endpoint (opened on first use). A message is
+``[b"tell", envelope]`` (:meth:`~dualpath_emu.messages.Codec.encode_envelope`), plus a third frame in a run with
+incarnations. Delivery is FIFO per pair of systems and exactly once while both ends live; ``tell`` never
+blocks (a full peer queue: an in-order backlog a task drains). A send ZeroMQ refuses is counted
+(``transport.send_failed``) and logged.
 
-Security (issue 14)
--------------------
-Secure by default: with ``keys`` (a :class:`~dualpath_emu.runtime.security.RunKeys`) and ``name`` (this
-process's name in the run), the ROUTER is a CURVE server, each DEALER a CURVE client of its peer's public key,
-and a ZAP handler admits only the run's keys (see :mod:`dualpath_emu.runtime.security`); a process without
-them cannot get a frame to an actor, nor even to the transport's rejection path. With keys, the transport
-must know which process each endpoint it connects to belongs to: ``peers`` maps endpoints to process names
-(``add_route(actor, endpoint, process)`` adds one). Without keys, a ``tcp://`` or abstract ``ipc://@``
-endpoint (bound or connected to) is refused with :class:`~dualpath_emu.errors.SecurityError` unless
-``insecure=True`` is given, and an ``ipc://`` socket's directory must be private to the user
-(:func:`~dualpath_emu.runtime.security.check_private_ipc`; ``insecure=True`` skips that check too). A bind
-on all interfaces (``tcp://0.0.0.0:...``, ``tcp://*:...``) logs one WARNING, "listening on all interfaces".
-With ``name`` (every process of a run has one), each DEALER connects under its process's name as ZeroMQ routing
-id and a ROUTER refuses a second connection under a name in use. A process may only speak as itself (issues 26,
-34), over ipc (where no keys authenticate a peer) as over tcp (where every host holds every key), so a request
-is rejected (counted, logged boundedly, recorded: see Rejection) when
+**Incarnations (issue 26).** In a run with ``restart_crashed`` every system has an ``incarnation`` (0 for a
+process's first) and tags each request with what its sender knows of the run's incarnations (a msgpack map,
+actor -> its process's incarnation, nonzero ones only). A system learns a newer incarnation of an actor when one
+of its actors *handles* a message carrying it. A request tagged with an older incarnation of its recipient than
+the receiving process's own was sent to the process that died (ZeroMQ hands what was queued for it to the new
+one, which binds the same endpoint): it is dropped (a ``drop`` event, ``transport.stale``), which is exactly what
+the scheduler counts as lost. A new incarnation's message ids start at ``incarnation ×``
+:data:`MSG_IDS_PER_INCARNATION`, so the event logs tell its messages from the dead one's.
 
-* it came over a connection whose routing id is no process of the run (the processes of ``peers`` and, with
-  keys, of ``keys``; not this one): a stranger's, or an unnamed DEALER's;
-* its sender is neither :data:`~dualpath_emu.runtime.actors.MAIN` (code outside any actor, in any process) nor
-  an actor of the connection's process (``address_book`` and ``peers``): another process's actor, this
-  process's own, a process's name, an empty or unknown name.
+**Durable event log.** A system with an event sink hands it its events before any message to another process
+leaves, whenever an actor observed something since: a process killed at any moment has written every
+observation a message it sent could have told another process about.
 
-An unnamed system (outside a run) checks no request's sender: its peers' connections carry no name. Whatever
-arrives on a connection this system opened (its DEALERs: nothing is ever sent back on them) is rejected.
-
-Bounds
-------
-Everything a peer can make this process hold is bounded:
-
-* each socket queues at most ``HWM`` messages per peer (ZeroMQ's high-water marks, both ways); a full queue
-  pushes back on the sender (over tcp, through TCP itself);
-* each socket refuses inbound frames longer than the codec's ``max_frame_bytes`` (``MAXMSGSIZE``, with
-  :data:`FRAME_OVERHEAD_BYTES` for CURVE's wrapping): libzmq
-  then closes that connection before allocating the frame (frames after it on the connection are lost, and
-  a DEALER reconnects). No process of the run ever sends such a frame -- its own codec refuses to encode it,
-  so every process of a run must use the same codec limits -- so only a broken or hostile peer meets this;
-* the in-process backlog of a connection whose peer does not keep up holds at most ``BACKLOG_MESSAGES``
-  messages and ``BACKLOG_BYTES`` bytes beyond ZeroMQ's queue. When it is full, a **tell** raises
-  :class:`BacklogFullError` (nothing is sent; in an actor's handler that fails the run, with the reason) --
-  nothing a tell accepted is ever dropped;
-* a receiver takes at most ``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` bytes per wake-up;
-* rejected frames (below) and denied handshakes are all counted, but only the first
-  :data:`REJECTIONS_LOGGED` are logged and recorded one by one; then one summary line per power of ten and at
-  most every 10 s (:class:`~dualpath_emu.runtime.security.BoundedLog`), and one at :meth:`~ZmqActorSystem.close`.
-
-Sockets and wire format
------------------------
-Each system binds one ``ROUTER`` socket and opens one ``DEALER`` per remote endpoint it sends to (lazily,
-on first use). Every ZeroMQ message (DEALER -> ROUTER) is two frames ``[b"tell", envelope]`` (a third in a run
-with incarnations: see Incarnations); ``envelope`` is :meth:`Codec.encode_envelope` of the
-:class:`~dualpath_emu.messages.Envelope`, with the sender's ``msg_id`` and ``reply_to = None``.
-
-Delivery is FIFO per (sending system, receiving system) pair -- one DEALER-ROUTER connection -- and
-exactly once while both ends live: nothing is retried. ``tell`` never blocks: a frame goes to the socket at
-once (non-blocking) or, when the peer's queue is full (``HWM`` messages), into an in-order backlog that a
-task drains (bounded: see Bounds). A send ZeroMQ refuses is counted (``transport.send_failed``) and logged
-rather than silently lost. A receiver takes up to ``RECEIVE_BATCH`` queued frames per wake-up and hands each
-message to its actor at once.
-
-Incarnations (issue 26)
------------------------
-In a live run whose processes may be started again in place of one that died (``restart_crashed``), every
-system is given ``incarnation`` (0 for a process's first, 1, 2, … for those started in its place) and tags every
-request it sends with a third frame: what its sender knows of the run's incarnations (a msgpack map, actor name
--> the incarnation of the actor's process, the nonzero ones only: ``b"\x80"`` while nobody was restarted). A
-restarted process's actor says its own incarnation in each request it sends; a system learns a newer
-incarnation of an actor when one of its actors *handles* a message that carries it (the new actor's own
-messages carry it first), and from then on tags everything with it. Knowledge is of actors, not processes: a
-restarted process of two engine groups is news of each only when that one speaks. A request tagged with an
-older incarnation of its recipient than the receiving process's own was sent before its sender knew of the
-restart -- to the process that died:
-ZeroMQ keeps what is queued for a peer that went away and hands it to the new one, which binds the same
-endpoint -- so it is dropped (recorded as a ``drop``, counted as ``transport.stale``): what the dead process
-was sent is lost with it, as the cluster's scheduler counts it (it learns of the restart by handling the new
-process's first message, so what it sent before that is exactly what it takes for lost). Knowledge travels
-causally, so a message about work given to the new process after the restart (from a sender that heard of it
-from whoever gave the work) is never dropped. A new incarnation's message ids start at ``incarnation ×``
-:data:`MSG_IDS_PER_INCARNATION`, so its messages are told apart from the dead one's in the event logs.
-
-**Durable event log.** A system with an event sink (:meth:`~dualpath_emu.runtime.actors.ActorSystem.set_event_sink`)
-hands the sink its events before any message it sends to another process leaves, whenever an actor recorded
-something (an observation) since the last time: a process killed at any moment has written every observation
-that a message it sent could have told another process about.
-
-Rejection
----------
-A frame the receiving side cannot accept -- not two frames, an unknown ``kind``, bytes
-:meth:`Codec.decode_envelope` refuses (malformed or truncated msgpack, unknown message type, wrong
-version, bad fields: any :class:`MessageError`), a request for an actor this system does not host, a request
-from a sender that may not send it (see Security), anything on a DEALER -- is dropped, counted
-(:attr:`ZmqActorSystem.rejected`, the ``transport.rejected`` counter of :attr:`~ZmqActorSystem.counters`), and,
-boundedly (see Bounds), logged (``logging`` at WARNING, logger ``dualpath_emu.runtime.zmq_transport``) and
-recorded as a ``rejected`` event of actor ``transport``. No actor is disturbed.
-
-Events: a remote send records ``tell`` like an in-process one; arrival records ``deliver``. Times are the real
-loop's clock, so (unlike in virtual time) the record is not reproducible run to run.
+**Rejection.** A frame the receiver cannot accept (not two or three frames, an unknown kind, an envelope the
+codec refuses, an actor this system does not host, a sender that may not send it, anything on a DEALER) is
+dropped, counted (:attr:`ZmqActorSystem.rejected`, ``transport.rejected``), logged boundedly and recorded as a
+``rejected`` event of actor ``transport``. No actor is disturbed. Events' times are the real loop's clock.
 """
 
 from __future__ import annotations
@@ -138,14 +66,8 @@ from dualpath_emu.errors import SecurityError
 from dualpath_emu.messages import Codec, Envelope, Message, MessageError
 from dualpath_emu.runtime.actors import MAIN, ActorError, ActorSystem, _describe
 from dualpath_emu.runtime.core_work import CoreWork
-from dualpath_emu.runtime.security import (
-    BoundedLog,
-    RunAuthenticator,
-    RunKeys,
-    check_private_ipc,
-    is_wildcard,
-    start_authenticator,
-)
+from dualpath_emu.runtime.security import BoundedLog, RunAuthenticator, RunKeys, check_private_ipc, is_wildcard
+from dualpath_emu.runtime.security import start_authenticator
 
 __all__ = ["BACKLOG_BYTES", "BACKLOG_MESSAGES", "DEFAULT_BIND", "HWM", "BacklogFullError", "ZmqActorSystem"]
 
@@ -162,20 +84,14 @@ SEND_FAILED_COUNTER: Final = "transport.send_failed"
 KIND_TELL: Final = b"tell"
 
 HWM: Final = 10_000
-"""The send and receive high-water marks (messages queued per peer) of every socket. 10,000 keeps what
-ZeroMQ queues small (the run's messages are ~100 bytes: ~1 MB per peer and direction; 100,000 was the
-value before) at no cost in throughput: ``bench_runtime``'s 200,000 tells ran at the same rate with
-100,000, 10,000 and 1,000 (~83,000/s on one loop, 95,000-130,000/s between two processes, within the
-noise), and the one-loop run's peak RSS fell from 530 MB to 195 MB."""
+"""The high-water marks (messages queued per peer) of every socket: ~1 MB per peer and direction, at no cost in
+throughput (``bench_runtime``'s tells ran as fast with 100,000 and 1,000)."""
 
 BACKLOG_MESSAGES: Final = 1_000_000
-"""The most messages a connection holds in this process beyond ZeroMQ's queue (see Bounds): enough for
-a burst of a million tells (one loop that tells 200,000 in a row to a peer it hosts itself backs up
-~150,000 of them), at ~150 bytes each beside the frames."""
+"""The most messages a connection holds in this process beyond ZeroMQ's queue (see Bounds)."""
 
 BACKLOG_BYTES: Final = 256 << 20
-"""The most frame bytes a connection holds in this process beyond ZeroMQ's queue (a message alone always
-fits)."""
+"""The most frame bytes a connection holds beyond ZeroMQ's queue (a message alone always fits)."""
 
 FRAME_OVERHEAD_BYTES: Final = 1024
 """``MAXMSGSIZE`` is the codec's ``max_frame_bytes`` plus this: libzmq applies it to the frames on the wire,
@@ -206,19 +122,13 @@ class BacklogFullError(ActorError):
 
 
 class ZmqActorSystem(ActorSystem):
-    """An actor system on a real-time loop that reaches the actors of other systems over ZeroMQ.
+    """An actor system on a real-time loop that reaches the actors of other systems over ZeroMQ (see the module).
 
-    ``codec`` encodes and decodes envelopes;
-    ``bind`` is the endpoint of this system's ROUTER (``ipc://path`` or ``tcp://host:port``, ``*`` for a free
-    port; default loopback); ``address_book`` maps the names of remote actors to their systems' endpoints
-    and ``peers`` those endpoints to the names of their processes (:meth:`add_route` adds both). ``keys``
-    and ``name`` secure the transport with the run's CURVE keys, as process ``name`` (see Security in the
-    module; ``name`` is required with keys, and ``keys`` may hold ``name``'s secret among others, as
-    :meth:`RunKeys.generate`'s do). Without keys, ``tcp://`` is refused unless ``insecure=True``. Use
-    ``async with`` (or :meth:`open` and :meth:`close`) inside the loop.
-
-    Raises :class:`~dualpath_emu.errors.SecurityError` for an endpoint the security rules refuse, an
-    endpoint whose process is unknown with keys, or keys without ``name``.
+    ``bind``: this system's ROUTER endpoint (``*`` for a free port); ``address_book``: remote actor -> endpoint;
+    ``peers``: endpoint -> process name (:meth:`add_route` adds both); ``keys`` and ``name``: the run's CURVE
+    keys, as process ``name`` (required with keys). Use ``async with`` (or :meth:`open` and :meth:`close`)
+    inside the loop. Raises :class:`~dualpath_emu.errors.SecurityError` for an endpoint the security rules
+    refuse, an endpoint whose process is unknown with keys, or keys without ``name``.
     """
 
     def __init__(
@@ -513,7 +423,7 @@ class ZmqActorSystem(ActorSystem):
         if not self._is_remote(recipient):
             super().tell(recipient, msg, sender=sender)
             return
-        envelope = Envelope(sender, recipient, self._new_msg_id(), None, msg)
+        envelope = Envelope(sender, recipient, self._new_msg_id(), msg)
         data = self.codec.encode_envelope(envelope)  # MessageError at the sender for an invalid message
         endpoint = self.address_book[recipient]
         dealer = self._dealer(endpoint)
@@ -579,9 +489,6 @@ class ZmqActorSystem(ActorSystem):
             envelope = self.codec.decode_envelope(rest[1])
         except MessageError as error:
             self._reject(str(error))
-            return
-        if envelope.reply_to is not None:
-            self._reject(f"a request with reply_to #{envelope.reply_to}")
             return
         if senders is not None and envelope.sender not in senders:
             # A process speaks only for itself: an actor of another process, of this one, or of none would have

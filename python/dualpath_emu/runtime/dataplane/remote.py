@@ -18,36 +18,13 @@ from dualpath_emu._core import UNREPORTED_TAG
 from dualpath_emu.runtime.core_work import CoreLayout, CoreWork
 from dualpath_emu.runtime.dataplane import protocol
 from dualpath_emu.runtime.dataplane.clock_sync import ClockCheck, ClockSync, handshake
-from dualpath_emu.runtime.dataplane.protocol import (
-    BYE_TIMEOUT_S,
-    CONNECT_TIMEOUT_S,
-    HEARTBEAT_INTERVAL_S,
-    HEARTBEAT_TIMEOUT_S,
-    KINDS_TO_REMOTE,
-    MAX_REQUESTS_PER_MESSAGE,
-    NOBLOCK,
-    PROTOCOL_VERSION,
-    RECEIVE_BATCH,
-    SYNC_ROUNDS,
-    U32_MAX,
-    Backlog,
-    DataPlaneError,
-    DataPlaneKeys,
-    DataPlaneLost,
-    DetachedRequestError,
-    FrameError,
-    RefusedError,
-    array,
-    bounded_str,
-    check_endpoint,
-    decode_frame,
-    error_from_service,
-    fd_of,
-    finite_float,
-    short,
-    socket_options,
-    uint,
-)
+from dualpath_emu.runtime.dataplane.protocol import BYE_TIMEOUT_S, CONNECT_TIMEOUT_S, HEARTBEAT_INTERVAL_S
+from dualpath_emu.runtime.dataplane.protocol import HEARTBEAT_TIMEOUT_S, KINDS_TO_REMOTE, MAX_REQUESTS_PER_MESSAGE
+from dualpath_emu.runtime.dataplane.protocol import NOBLOCK, PROTOCOL_VERSION, RECEIVE_BATCH, SYNC_ROUNDS, U32_MAX
+from dualpath_emu.runtime.dataplane.protocol import Backlog, DataPlaneError, DataPlaneKeys, DataPlaneLost
+from dualpath_emu.runtime.dataplane.protocol import DetachedRequestError, FrameError, RefusedError, array
+from dualpath_emu.runtime.dataplane.protocol import bounded_str, check_endpoint, decode_frame, error_from_service
+from dualpath_emu.runtime.dataplane.protocol import fd_of, finite_float, short, socket_options, uint
 from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.realtime import RealTimeLoop
 

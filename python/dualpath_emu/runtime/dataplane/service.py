@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -17,46 +17,16 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 import zmq
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
-from dualpath_emu.runtime.core_work import (
-    TAG_OF_DECODE_NODE,
-    TAG_OF_FORWARD,
-    TAG_OF_IO,
-    TAG_OF_TIMER,
-    TAG_OF_TRANSFER,
-    clear_faults,
-    core_layout,
-    core_state,
-)
-from dualpath_emu.runtime.dataplane.protocol import (
-    CONNECT_TIMEOUT_S,
-    DRAIN_CHECK_S,
-    HEARTBEAT_INTERVAL_S,
-    HEARTBEAT_TIMEOUT_S,
-    MAX_REQUESTS_PER_MESSAGE,
-    NOBLOCK,
-    PROTOCOL_VERSION,
-    RECEIVE_BATCH,
-    REJECTIONS_LOGGED,
-    SNDMORE_NOBLOCK,
-    U32_MAX,
-    Authenticator,
-    Backlog,
-    DataPlaneError,
-    DataPlaneKeys,
-    FrameError,
-    RequesterLost,
-    StartAuthenticator,
-    array,
-    bounded_str,
-    check_endpoint,
-    decode_frame,
-    decode_submit,
-    fd_of,
-    finite_float,
-    short,
-    socket_options,
-    uint,
-)
+from dualpath_emu.runtime.core_work import TAG_OF_DECODE_NODE, TAG_OF_FORWARD, TAG_OF_IO, TAG_OF_TIMER
+from dualpath_emu.runtime.core_work import TAG_OF_TRANSFER, clear_faults, core_layout, core_state
+from dualpath_emu.runtime.dataplane.protocol import CONNECT_TIMEOUT_S, DRAIN_CHECK_S, HEARTBEAT_INTERVAL_S
+from dualpath_emu.runtime.dataplane.protocol import HEARTBEAT_TIMEOUT_S, MAX_REQUESTS_PER_MESSAGE, NOBLOCK
+from dualpath_emu.runtime.dataplane.protocol import PROTOCOL_VERSION, RECEIVE_BATCH, REJECTIONS_LOGGED
+from dualpath_emu.runtime.dataplane.protocol import SNDMORE_NOBLOCK, U32_MAX, Authenticator, Backlog
+from dualpath_emu.runtime.dataplane.protocol import DataPlaneError, DataPlaneKeys, FrameError, RequesterLost
+from dualpath_emu.runtime.dataplane.protocol import StartAuthenticator, array, bounded_str, check_endpoint
+from dualpath_emu.runtime.dataplane.protocol import decode_frame, decode_submit, fd_of, finite_float, short
+from dualpath_emu.runtime.dataplane.protocol import socket_options, uint
 from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.realtime import WallClockCore
 from dualpath_emu.runtime.security import BoundedLog
