@@ -1,10 +1,6 @@
-"""The one place a cluster is put together, for every driver and placement (docs/architecture.md).
-
-:func:`engine_names` names the engines of a configuration; :func:`build_engine` builds one of them from its name,
-the process's :class:`~dualpath_emu.cluster.context.Cluster` and the outbox and data plane its driver hands it.
-The virtual-time run (:func:`~dualpath_emu.cluster.run.run_system`) builds them all in one process; a live run
-(:class:`~dualpath_emu.cluster.live.ClusterApplication`) builds each process's share inside its actors.
-"""
+"""The one place a cluster is put together, for every driver and placement: :func:`engine_names` names the
+engines of a configuration, :func:`build_engine` builds one from its name, the process's
+:class:`~dualpath_emu.cluster.context.Cluster` and the outbox and data plane its driver hands it."""
 
 from __future__ import annotations
 
@@ -39,14 +35,9 @@ def engine_names(config: ClusterConfig) -> list[str]:
 
 
 def build_engine(
-    name: str,
-    cluster: Cluster,
-    out: Outbox,
-    plane: DataPlane,
-    *,
-    trajectories: Callable[[], Sequence[Trajectory]],
+    name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *, trajectories: Callable[[], Sequence[Trajectory]],
     seed: int,
-) -> ClusterEngine:
+) -> ClusterEngine:  # fmt: skip
     """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the
     client's."""
     if name == "client":

@@ -24,13 +24,10 @@ class TurnObserver(Protocol):
 
 
 class Client(ClusterEngine):
-    """Replays trajectories. Agent trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals;
-    a turn is submitted when the previous one of its agent is done, after the agent's tool wait (the
-    trajectory's, else one drawn from the scenario's distribution for (seed, agent, turn), the same in every
-    system, :mod:`~dualpath_emu.workload.waits`; none by default: the paper's zero tool latency). Imported request traces with arrival times (Mooncake) are
-    replayed open loop: each turn at its own time. Hit lengths are the trajectory's (same-trajectory hits only
-    for agents, §3.4), rounded down to whole Full Blocks if configured. :attr:`finished` once every
-    trajectory's last turn is done."""
+    """Replays trajectories (§3.2): offline all agents at t = 0, online Poisson arrivals; a turn is submitted
+    when its agent's previous one is done, after the tool wait (the trajectory's, else drawn for (seed, agent,
+    turn): the same in every system; none by default). Traces with arrival times are replayed open loop. Hits
+    are the agent's context so far (§3.4), rounded down to whole Full Blocks if configured."""
 
     def __init__(
         self, cluster: Cluster, trajectories: Sequence[Trajectory], seed: int, out: Outbox, plane: DataPlane
@@ -49,8 +46,7 @@ class Client(ClusterEngine):
         """Turns of each trajectory not done yet."""
         self._context = [0] * len(trajectories)
         self._counted = [0] * len(trajectories)
-        """Per agent, the tokens of its first ``_counted`` turns: its next hit (its trajectory's ``hits()``,
-        kept as one number per agent rather than a tuple per trajectory: 36 bytes a turn at 7.75 M turns)."""
+        """Per agent, how many turns ``_context`` counts (its next hit is ``_context``)."""
         self._agent_of: dict[int, int] = {}
         self._next_rid = 0
         self._outbox: list[Turn] = []
@@ -171,8 +167,8 @@ class Client(ClusterEngine):
 
     @on(TurnFailed)
     def on_turn_failed(self, now: int, msg: TurnFailed, sender: str) -> None:
-        """These turns ended as failed (lost to too many engine crashes): an agent's next turns need this one's
-        output, so its trajectory ends here; a replayed trace's other turns come as timed."""
+        """These turns ended as failed: an agent's next turns need their output, so its trajectory ends here (a
+        replayed trace's other turns come as timed)."""
         metrics = self.cluster.metrics
         for rid in msg.rids:
             metrics.failed(rid, now)
@@ -193,8 +189,7 @@ class Client(ClusterEngine):
         metrics, done_ns = self.cluster.metrics, msg.done_ns
         for rid, first_ns, second_ns in zip(msg.rids, msg.first_token_ns, msg.second_token_ns, strict=True):
             if rid not in self._agent_of:
-                # Ended already: a decode group's process died as it told this, and the scheduler, which asked
-                # (WhichEnded) before this came, sent it again (issue 26). A turn ends once.
+                # Ended already: sent again by the scheduler after a decode group's process died. A turn ends once.
                 continue
             metrics.ended(rid, first_ns, second_ns, done_ns)
             if self.observer is not None:

@@ -63,11 +63,10 @@ class ClusterConfig:
     attention_quota_s: float = 0.3
     """Attention-time quota of a PE forward batch (A.4: 300 ms), per :attr:`attention_quota_per`."""
     attention_quota_per: Literal["forward", "layer"] = "forward"
-    """What the quota bounds: a forward pass's attention over all its layers, or each layer's. The paper does
-    not say (paper-facts §7.5). We read it per forward pass: measured on DS 660B 2P4D, 64K, 1,024 agents
-    (before calibration), per forward DualPath comes within 9% of Oracle and 1.84× Basic, as the paper's
-    ≈10% and 1.80×; per layer, passes run up to 18 s, a prompt holds its decode-side DRAM buffer through
-    them, the buffers bind and DualPath stays 38% behind Oracle at 1.4× Basic (EVALUATION.md)."""
+    """What the quota bounds: a forward pass's attention over all its layers, or each layer's (the paper does
+    not say, paper-facts §7.5). Per forward DualPath comes within 9% of Oracle and 1.84× Basic (DS 660B 2P4D,
+    64K, 1,024 agents), as the paper's ≈10% and 1.80×; per layer, passes run up to 18 s, the DRAM buffers
+    bind and DualPath stays 38% behind Oracle."""
     fetch_period_s: float = 0.005
     """How often an engine group may fetch work [not found in the paper]."""
     hit_block_aligned: bool = True
@@ -79,22 +78,18 @@ class ClusterConfig:
     pe_hbm_reserve_fraction: float = 0.1
     """The same on a PE GPU; without layerwise prefill a batch's whole KV must fit the rest [assumed]."""
     max_redispatches: int = 3
-    """Times a request may be lost (to an engine crash, or a hit read given up on a dead storage NIC) and
-    dispatched again; the next loss ends it as failed (issue 26)."""
+    """Times a request may be lost (an engine crash, a hit read given up) and dispatched again; the next loss
+    ends it as failed."""
     read_timeout_s: float = 30.0
-    """A hit read still stalled this long on a storage NIC that is down is given up, and its request
-    dispatched again (issue 26); a read on a NIC that is up, however slow, is never given up."""
+    """A hit read stalled this long on a storage NIC that is down is given up, its request dispatched again (a
+    read on a NIC that is up, however slow, is never given up)."""
     stall_timeout_s: float = 3600.0
-    """A run whose requests in flight make no progress (none admitted, read, prefilled, given a token or
-    ended, no transfer or I/O finished) for this long in emulated time is stopped with an error saying when
-    progress stopped and which faults acted (issue 34: a near-permanent partition otherwise ran on, its
-    records growing, with nothing said). 0: never [our choice: an hour, beyond any read_timeout_s]."""
+    """A run whose requests in flight make no progress for this long in emulated time is stopped with an error
+    (:mod:`~dualpath_emu.cluster.stall`). 0: never [our choice: an hour, beyond any read_timeout_s]."""
     pipeline_stages: int = 8
-    """Stages of the layerwise pipeline per forward pass: consecutive layers are grouped, each stage loads,
-    computes and stores its layers' KV as one step (0: one stage per layer, the paper's granularity). The
-    core's work per forward grows with the stages; measured on DS 660B 2P4D (DualPath), 8 stages instead of
-    61 change the offline JCT by +0.9% (1,024 agents × 10 rounds) and the online TTFT p50 by +2.5%, and run
-    1.8× faster [our choice]."""
+    """Stages of the layerwise pipeline per forward pass, each loading, computing and storing its layers' KV as
+    one step (0: one per layer, the paper's granularity). 8 instead of 61 change DS 660B 2P4D's offline JCT by
+    +0.9% and online TTFT p50 by +2.5%, and run 1.8× faster [our choice]."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +122,8 @@ def derived(config: ClusterConfig) -> Derived:
     kv = m.kv_bytes_per_token
     # α: a node's storage NIC(s) for alpha_read_s, in tokens of KV.
     alpha = int(config.alpha_read_s * config.node.snic_bytes_per_s * config.node.snics / kv)
-    # β: tokens one GPU prefills in beta_compute_s, at a typical batch (one request of the dataset's mean
-    # context with a 429-token append, the paper's Table 1 setting).
-    # The fixed per-layer costs are per pass, not per token: left out.
+    # β: tokens one GPU prefills in beta_compute_s, at a typical batch (Table 1's 32K context, 429-token append),
+    # without the fixed per-layer costs (per pass, not per token).
     typical = prefill.prefill([(32_768, 429)])
     per_token_s = (typical.total_s - typical.layers * prefill.fixed_s_per_layer) / 429
     beta = int(config.beta_compute_s / per_token_s)
@@ -140,15 +134,8 @@ def derived(config: ClusterConfig) -> Derived:
 
     stages = config.pipeline_stages or m.layers
     return Derived(
-        model=m,
-        gpu=g,
-        prefill=prefill,
-        decode=decode,
-        kv_bytes_per_token=kv,
-        alpha_tokens=alpha,
-        beta_tokens=beta,
+        model=m, gpu=g, prefill=prefill, decode=decode, kv_bytes_per_token=kv, alpha_tokens=alpha, beta_tokens=beta,
         pe_hbm_kv_bytes=kv_budget(prefill, config.pe_hbm_reserve_fraction),
-        de_hbm_kv_bytes=kv_budget(decode, config.de_hbm_reserve_fraction),
-        stages=min(stages, m.layers),
+        de_hbm_kv_bytes=kv_budget(decode, config.de_hbm_reserve_fraction), stages=min(stages, m.layers),
         layer_attention_quota_s=config.attention_quota_s / (m.layers if config.attention_quota_per == "forward" else 1),
-    )
+    )  # fmt: skip

@@ -1,9 +1,6 @@
-"""What a run's results need from the data-plane core, as plain data (:class:`CoreReport`).
-
-In virtual time the core is in the run's own process and the report is read from it when the run ends; in
-real time the core lives in the data-plane service's process, which writes the report when it has drained,
-and the launcher computes the results from it and the actors' merged metrics. Either way the figures of
-:class:`~dualpath_emu.cluster.run.SystemResult` are computed from the same report, by the same code.
+"""What a run's results need from the data-plane core, as plain data (:class:`CoreReport`): read from the run's
+own core in virtual time, written by the data-plane service's process in real time; either way the figures of
+:class:`~dualpath_emu.cluster.run.SystemResult` are computed from it by the same code.
 """
 
 from __future__ import annotations

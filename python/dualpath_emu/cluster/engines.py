@@ -45,8 +45,7 @@ class EngineGroup(ClusterEngine):
         self._down = False
         """Crashed and not restarted yet (issue 26): work that comes is lost."""
         self.restarted = False
-        """This engine is a new process in place of one that died during the run (a live run's
-        ``--restart-crashed``): it starts by telling the scheduler that what the dead one held is lost."""
+        """A new process in place of one that died (``--restart-crashed``): it starts by saying so."""
 
     def start(self, now_ns: int) -> None:
         if self.restarted:
@@ -71,12 +70,9 @@ class EngineGroup(ClusterEngine):
 
 def inter_node_a2a_bytes(model: ModelSpec, nodes: int) -> float:
     """MoE dispatch + combine bytes per token per layer (averaged over all layers) that cross the compute
-    network, for an EP group spread over ``nodes`` nodes.
-
-    As DeepEP does, a token goes once to each *remote node* that hosts one of its ``k`` experts and is spread
-    within the node over NVLink (which no port models); the combine comes back the same way. With experts
-    evenly over the nodes, a token reaches on average ``(nodes - 1) × (1 - (1 - 1/nodes)^k)`` remote nodes
-    [derived]. One node: no network traffic at all."""
+    network, for an EP group over ``nodes`` nodes. As DeepEP does, a token goes once to each remote node that
+    hosts one of its ``k`` experts (spread within it over NVLink): on average ``(nodes - 1) × (1 - (1 -
+    1/nodes)^k)`` remote nodes with experts evenly spread [derived]."""
     k = model.activated_experts
     if nodes <= 1 or k == 0:
         return 0.0

@@ -1,18 +1,9 @@
-"""Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's
-simulators do): from the engines' typed observations as they are made (:mod:`~dualpath_emu.cluster.observations`;
-a live run's, from its merged event logs), and from the core's byte counters at the end.
-
-From the observations (:class:`EventLogChecker`):
-
-* time never goes backwards and events are numbered 0, 1, 2, … without a gap;
-* every admitted request (:class:`Admitted`) ends exactly once (:class:`Ended`, or :class:`Failed` with its
-  reason), and nothing ends that was not admitted;
-* no pool -- a node's DRAM buffer, a GPU's HBM for KV -- is ever over its capacity or below zero
-  (:class:`PoolCapacity`, :class:`PoolTake`, :class:`PoolGive`), and every pool is empty at the end.
-
-From the core (:func:`check_core_bytes`): every byte accounted per port and lane -- the finished transfers'
-bytes equal, exactly, what the actors asked the core to move through that port on that lane, and what flowed
-matches them.
+"""Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's simulators
+do). From the engines' observations (:class:`EventLogChecker`; a live run's from its merged event logs): time
+never goes backwards and events are numbered without a gap; every admitted request ends exactly once (ended or
+failed), and nothing ends that was not admitted; no pool is ever over its capacity or below zero, and every
+pool is empty at the end. From the core's byte counters at the end (:func:`check_core_bytes`): every byte
+accounted per port and lane.
 """
 
 from __future__ import annotations
@@ -39,14 +30,12 @@ class EventLogChecker:
 
     def __init__(self) -> None:
         self.violations: list[str] = []
-        self.violation_count = 0
         self._last_t = 0
         self._next_seq = 0
         self._state = bytearray()
-        """Per request id: 0 unseen, 1 admitted, 2 ended. Ids are 0, 1, 2, … in admission order, so one
-        byte per request (two sets of ints took 100 bytes per turn); ids far beyond it go to ``_sparse``."""
+        """Per request id (0, 1, 2, … in admission order): 0 unseen, 1 admitted, 2 ended; ids far beyond it go to
+        ``_sparse``."""
         self._sparse: dict[int, int] = {}
-        self._admitted = 0
         self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
         self.events = 0
         self._handlers: dict[type, Callable[[int, Any], None]] = {
@@ -56,7 +45,6 @@ class EventLogChecker:
         """What each record type checks (the others only take their place in time and number)."""
 
     def _violate(self, text: str) -> None:
-        self.violation_count += 1
         if len(self.violations) < MAX_REPORTED:
             self.violations.append(text)
 
@@ -75,8 +63,7 @@ class EventLogChecker:
 
     def feed_observed(self, records: Iterable[tuple[int, str, Observed]], first_seq: int) -> None:
         """Check observations ``(t_ns, engine, record)`` in order, numbered from ``first_seq``: the first as
-        :meth:`_check` does, the others inline (their numbers follow by construction; a call per record was a
-        third of the checker's cost)."""
+        :meth:`_check` does, the others inline (their numbers follow by construction)."""
         events = iter(records)
         first = next(events, None)
         if first is None:
@@ -121,7 +108,6 @@ class EventLogChecker:
         if self._get(rid):
             self._violate(f"request {rid} admitted twice (event {seq})")
         else:
-            self._admitted += 1
             self._set(rid, _ADMITTED)
 
     def _ended(self, seq: int, record: Ended | Failed) -> None:
@@ -167,18 +153,13 @@ class EventLogChecker:
                 self._violate(f"{name} still holds {used} B at the end")
         return self.violations
 
-    @property
-    def admitted(self) -> int:
-        return self._admitted
-
 
 def check_core_bytes(
     report: CoreReport, booked: Mapping[tuple[int, int], int], transfers: Mapping[tuple[int, int], int]
 ) -> list[str]:
-    """Every byte accounted: per port and lane, the bytes of the transfers the core finished equal the bytes
-    the actors asked it to move (``booked`` by the cluster's ledgers, with ``transfers`` counted), exactly;
-    and what flowed (the integral of the rates) matches to within the nanosecond rounding of completion
-    times: each transfer may flow up to one nanosecond longer than its bytes need."""
+    """Every byte accounted: per port and lane, the bytes of the transfers the core finished equal, exactly, those
+    the engines asked it to move (``booked``, ``transfers`` counted); what flowed matches to within the
+    nanosecond rounding of completion times (each transfer may flow up to one nanosecond longer)."""
     out: list[str] = []
     for port, counters in enumerate(report.ports):
         for lane, (flowed, done) in enumerate(zip(counters.fluid_bytes, counters.completed_bytes)):

@@ -7,8 +7,7 @@ from typing import Any
 
 from dualpath_emu.host.paths import PathStats, io_kind, transfer_kind
 from dualpath_emu.cluster.topology import Topology
-from dualpath_emu.runtime.engine import forward_bytes
-from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Extents, Hop, Then
+from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Extents, Hop, Then, forward_bytes
 
 __all__ = ["Booking", "Hop", "Ledger", "ProbingLedger", "measure_spans"]
 
@@ -21,8 +20,7 @@ class Booking:
     def __init__(self, probe: bool = False) -> None:
         self.probe = probe
         self.by_path: dict[tuple[tuple[int, ...], int], list[int]] = {}
-        """``[bytes, transfers]`` per ``(path, lane)``: a run has few distinct paths, so booking costs one dict
-        update per transfer; the per-port totals are summed when asked for."""
+        """``[bytes, transfers]`` per ``(path, lane)`` (few distinct paths); per port summed when asked for."""
         self.measured: dict[str, PathStats] = {}
         """Probing: per kind of data movement (:mod:`~dualpath_emu.host.paths`), its count and times."""
         self._sources: list[Callable[[Booking], None]] = []
@@ -128,19 +126,15 @@ class Ledger:
 
 
 class ProbingLedger(Ledger):
-    """A :class:`Ledger` that also times every forward pass (``"forward pass"`` in the booking's measurements):
-    with the core's spans of every transfer and storage I/O (:func:`measure_spans`), the model's figures for
-    the kinds of work a host-backend run measures on real bytes. Timing changes nothing in the run."""
+    """A :class:`Ledger` that also times every forward pass (``"forward pass"`` in the booking's measurements),
+    for the model's side of a host-backend comparison. Timing changes nothing in the run."""
 
     def forward(
         self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
         collectives: Sequence[Hop], then: Then,
     ) -> None:  # fmt: skip
-        size, start, measured = (
-            forward_bytes(n_layers, ranks, collectives),
-            self._plane.clock_ns(),
-            self._booking.measured,
-        )
+        size, measured = forward_bytes(n_layers, ranks, collectives), self._booking.measured
+        start = self._plane.clock_ns()
 
         def done(now: int) -> None:
             measured.setdefault("forward pass", PathStats()).add(size, 0, (now - start) / 1e9)
@@ -158,9 +152,8 @@ def measure_spans(
     measured = booking.measured
     node_of = {n.storage_node: n.index for n in topology.nodes}
     for kind, path, storage_node, _lane, size, start, end in spans:
-        what = (
-            transfer_kind(topology, tuple(path))
-            if kind == "transfer"
-            else io_kind(topology, node_of[storage_node], kind)
-        )
+        if kind == "transfer":
+            what = transfer_kind(topology, tuple(path))
+        else:
+            what = io_kind(topology, node_of[storage_node], kind)
         measured.setdefault(what, PathStats()).add(size, 0, (end - start) / 1e9)

@@ -23,7 +23,7 @@ process. One turn:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Final
 
 from dualpath_emu.messages import Message, MessageRegistry
 
@@ -39,8 +39,6 @@ class Turn(Message):
     in storage, generating ``gen``; ``context`` names the token stream its KV belongs to (its agent): the
     hit is that stream's first ``hit`` tokens, and the blocks it writes back extend it."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Turn"
-    VERSION: ClassVar[int] = 2
     rid: int
     prompt: int
     hit: int
@@ -52,8 +50,6 @@ class Turn(Message):
 class Submit(Message):
     """New turns, in arrival order (those the client submits at one instant travel together)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Submit"
-    VERSION: ClassVar[int] = 2
     turns: tuple[Turn, ...]
 
 
@@ -62,8 +58,6 @@ class Fetch(Message):
     """A group's standing pull, sent once when it starts: fetch work for each of its ``nodes`` (the
     scheduler's groups are nodes, §6.1) whenever there is some, at most once per ``period_ns``."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Fetch"
-    VERSION: ClassVar[int] = 2
     nodes: tuple[int, ...]
     period_ns: int
 
@@ -73,8 +67,6 @@ class PrefillTask(Message):
     """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``;
     ``context`` as in :class:`Turn`."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.PrefillTask"
-    VERSION: ClassVar[int] = 2
     rid: int
     prompt: int
     hit: int
@@ -91,8 +83,6 @@ class PrefillTask(Message):
 class Prefill(Message):
     """To a prefill group: the tasks one decode fetch assigned to its GPUs, in assignment order."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Prefill"
-    VERSION: ClassVar[int] = 2
     tasks: tuple[PrefillTask, ...]
 
 
@@ -101,8 +91,6 @@ class DecodeTask(Message):
     """Request ``rid`` will decode on ``de_gpu`` of ``de_node``; read its hit KV there if ``read_on_de``;
     ``context`` as in :class:`Turn`."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.DecodeTask"
-    VERSION: ClassVar[int] = 2
     rid: int
     prompt: int
     hit: int
@@ -118,8 +106,6 @@ class DecodeTask(Message):
 class Expect(Message):
     """To a decode group: the tasks one decode fetch assigned to its GPUs, in assignment order."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Expect"
-    VERSION: ClassVar[int] = 2
     tasks: tuple[DecodeTask, ...]
 
 
@@ -128,8 +114,6 @@ class HitReady(Message):
     """To a prefill group, from a decode group: its buffer for ``rid`` is held (``read`` False: a PE-side read),
     or the hit KV is in it (``read`` True: it read the hit here)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.HitReady"
-    VERSION: ClassVar[int] = 2
     rid: int
     read: bool
 
@@ -139,8 +123,6 @@ class ReadHere(Message):
     """Between a request's prefill and decode groups: the sender's storage NIC went down before the hit KV was
     read there, read it on your side (failover). ``started``: the abandoned read had written its start."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.ReadHere"
-    VERSION: ClassVar[int] = 1
     rid: int
     started: bool
 
@@ -149,8 +131,6 @@ class ReadHere(Message):
 class ReadMoved(Message):
     """To the scheduler: a read of ``tokens`` moved from node ``from_node``'s queue to ``to_node``'s."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.ReadMoved"
-    VERSION: ClassVar[int] = 1
     from_node: int
     to_node: int
     tokens: int
@@ -158,8 +138,8 @@ class ReadMoved(Message):
 
 @dataclass(frozen=True, slots=True)
 class ReadDone(Message):
-    WIRE_NAME: ClassVar[str] = "cluster.ReadDone"
-    VERSION: ClassVar[int] = 1
+    """To the scheduler: a read of ``tokens`` on ``node`` ended (its read queue shrinks)."""
+
     node: int
     tokens: int
 
@@ -169,8 +149,6 @@ class KvReady(Message):
     """To a decode group: these requests' prompt KV is in its DE buffer (from one forward pass, whose end is
     their first token, at ``first_token_ns``)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.KvReady"
-    VERSION: ClassVar[int] = 3
     rids: tuple[int, ...]
     first_token_ns: int
 
@@ -179,8 +157,6 @@ class KvReady(Message):
 class PrefillDone(Message):
     """To the scheduler: these requests left their PEs (one forward pass)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.PrefillDone"
-    VERSION: ClassVar[int] = 2
     rids: tuple[int, ...]
 
 
@@ -189,8 +165,6 @@ class DecodeDone(Message):
     """To the scheduler: these requests left their DEs at ``done_ns``, with what their :class:`TurnDone` tells
     the client (should the decode group's process die before it left, the scheduler sends it instead)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.DecodeDone"
-    VERSION: ClassVar[int] = 3
     rids: tuple[int, ...]
     first_token_ns: tuple[int, ...] = ()
     second_token_ns: tuple[int, ...] = ()
@@ -202,8 +176,6 @@ class TurnDone(Message):
     """To the client: these turns are done (their last token at ``done_ns``), with each one's first and
     second token's time (``-1``: a turn of one token has no second)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.TurnDone"
-    VERSION: ClassVar[int] = 3
     rids: tuple[int, ...]
     first_token_ns: tuple[int, ...]
     second_token_ns: tuple[int, ...]
@@ -215,8 +187,6 @@ class Health(Message):
     """To the scheduler, from the fault injector: what faults now leave of port ``ports[i]``'s rates,
     ``factors[i]`` (1: as specified, 0: down)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Health"
-    VERSION: ClassVar[int] = 1
     ports: tuple[str, ...]
     factors: tuple[float, ...]
 
@@ -225,16 +195,10 @@ class Health(Message):
 class Crash(Message):
     """To an engine group, from the fault injector: you crash now (HBM and DRAM state gone) until :class:`Restart`."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Crash"
-    VERSION: ClassVar[int] = 1
-
 
 @dataclass(frozen=True, slots=True)
 class Restart(Message):
     """To a crashed engine group, from the fault injector: you are back, empty; fetch work again."""
-
-    WIRE_NAME: ClassVar[str] = "cluster.Restart"
-    VERSION: ClassVar[int] = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +209,6 @@ class Lost(Message):
     given up) or ``"restarted"`` (a new process in place of one that died). ``read_nodes[i]``/``read_tokens[i]``:
     reads counted in a node's read queue that will not end (no :class:`ReadDone` comes)."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Lost"
-    VERSION: ClassVar[int] = 2
     rids: tuple[int, ...]
     why: str
     read_nodes: tuple[int, ...] = ()
@@ -260,8 +222,6 @@ class Drop(Message):
     :class:`Lost` ``"dropped"``. With ``from_nodes`` (those prefill nodes' process was started again): forget
     every request expected from there whose KV has not come; answer ``"dropped from"``."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.Drop"
-    VERSION: ClassVar[int] = 2
     rids: tuple[int, ...]
     from_nodes: tuple[int, ...] = ()
 
@@ -271,8 +231,6 @@ class WhichEnded(Message):
     """To the client, from the scheduler, when a decode group's process was started again: which of these turns
     have you ended (its last :class:`DecodeDone` and :class:`TurnDone` may have been split)?"""
 
-    WIRE_NAME: ClassVar[str] = "cluster.WhichEnded"
-    VERSION: ClassVar[int] = 1
     rids: tuple[int, ...]
 
 
@@ -280,8 +238,6 @@ class WhichEnded(Message):
 class TurnsEnded(Message):
     """To the scheduler, from the client: of the turns ``asked`` (a :class:`WhichEnded`), these had ended."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.TurnsEnded"
-    VERSION: ClassVar[int] = 1
     asked: tuple[int, ...]
     ended: tuple[int, ...]
 
@@ -290,23 +246,29 @@ class TurnsEnded(Message):
 class TurnFailed(Message):
     """To the client, from the scheduler: these turns end as failed, ``reasons[i]`` why."""
 
-    WIRE_NAME: ClassVar[str] = "cluster.TurnFailed"
-    VERSION: ClassVar[int] = 1
     rids: tuple[int, ...]
     reasons: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Start(Message):
-    WIRE_NAME: ClassVar[str] = "cluster.Start"
-    VERSION: ClassVar[int] = 1
+    """To the client (and the fault injector): the run starts."""
+
+
+_VERSIONS: Final[dict[type[Message], int]] = {
+    Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 2, Prefill: 2, DecodeTask: 2, Expect: 2, HitReady: 2, ReadDone: 1,
+    KvReady: 3, PrefillDone: 2, DecodeDone: 3, TurnDone: 3, Health: 1, ReadHere: 1, ReadMoved: 1, Start: 1, Crash: 1,
+    Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1,
+}  # fmt: skip
+"""Every message type of the cluster and its wire version (bump it when its fields change); its wire name is
+``cluster.<class name>``."""
+for _cls, _version in _VERSIONS.items():
+    _cls.WIRE_NAME, _cls.VERSION = f"cluster.{_cls.__name__}", _version
 
 
 def cluster_registry() -> MessageRegistry:
     """Every message type of the cluster."""
     registry = MessageRegistry()
-    for cls in (Turn, Submit, Fetch, PrefillTask, Prefill, DecodeTask, Expect, HitReady, ReadDone,
-                KvReady, PrefillDone, DecodeDone, TurnDone, Health, ReadHere, ReadMoved, Start, Crash, Restart, Lost, Drop,
-                TurnFailed, WhichEnded, TurnsEnded):  # fmt: skip
+    for cls in _VERSIONS:
         registry.register(cls)
     return registry

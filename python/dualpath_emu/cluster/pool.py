@@ -11,13 +11,9 @@ __all__ = ["Pool"]
 
 
 class Pool:
-    """A capacity in bytes handed out in FIFO order (a node's DRAM buffer, a GPU's HBM for KV).
-
-    :meth:`acquire` calls ``then(now)`` once the bytes are granted (at once if they fit and nobody waits);
-    :meth:`release` returns them and grants waiters in order. Grants and returns are observed (:class:`PoolTake`,
-    :class:`PoolGive`) after the pool's :class:`PoolCapacity`, so the invariant checker can verify from the
-    observations alone that no pool is ever over its capacity.
-    """
+    """A capacity in bytes handed out in FIFO order: :meth:`acquire` calls ``then(now)`` once the bytes are
+    granted, :meth:`release` returns them. Grants and returns are observed after the pool's capacity, so the
+    invariant checker can verify from the observations alone that no pool is ever over its capacity."""
 
     def __init__(self, out: Outbox, name: str, capacity: int) -> None:
         self.out, self.name, self.capacity, self.free = out, name, capacity, capacity

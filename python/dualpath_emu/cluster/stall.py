@@ -1,12 +1,10 @@
-"""A run that stops making progress is stopped (issue 34): its clock may go on for ever (fault timers, random
-faults drawn as it goes, a partition that ends in 100 days), with nothing done and its records growing.
+"""A run that stops making progress is stopped (its clock may go on for ever: fault timers, random faults).
 
-Progress is what the requests in flight do: one admitted, its hit read, its prefill started, a token, an end
-(done or failed), or a transfer or storage I/O finished in the core (a long decode moves its write-backs). With
-requests in flight and none of that for ``[scheduling] stall_timeout_s`` (an hour by default) of emulated time,
-the run stops with :class:`~dualpath_emu.runtime.virtual.NoProgressError`, saying when progress stopped, how
-many requests were in flight and which faults acted. With none in flight (every agent in a tool call, or not yet
-arrived) nothing waits, and no time without progress counts."""
+Progress is what the requests in flight do: one admitted, its hit read, its prefill started, a token, an end,
+or a transfer or storage I/O finished in the core. With requests in flight and none of that for ``[scheduling]
+stall_timeout_s`` of emulated time, the run stops with :class:`~dualpath_emu.runtime.virtual.NoProgressError`,
+saying when progress stopped, how many requests were in flight and which faults acted. With none in flight
+(every agent in a tool call) no time without progress counts."""
 
 from __future__ import annotations
 

@@ -8,10 +8,8 @@ both directions: the bandwidth M of §4.2); per GPU ``g`` a compute NIC, each di
 virtual lanes (A.1: model traffic on VL0, KV traffic on VL2). The storage cluster is one aggregate port each
 way (``3fs.read``, ``3fs.write``) with a per-I/O latency, and one storage queue per node.
 
-The compute network itself (the IB fabric) is taken to be non-blocking: a transfer between nodes is limited by
-the sending and the receiving NIC, and by the memory it touches. PCIe is not a separate port either: under
-the CNIC-centric rule (§5.1) every GPU byte passes the GPU's own CNIC, whose 50 GB/s is below a PCIe Gen5 ×16
-link's 63 GB/s, so the CNIC port is the binding one.
+The compute fabric is taken to be non-blocking (a transfer is limited by its NICs and the memory it touches),
+and PCIe is no port: every GPU byte passes the GPU's own CNIC (§5.1), slower than a PCIe Gen5 ×16 link.
 """
 
 from __future__ import annotations
@@ -33,12 +31,9 @@ KV_LANE: Final = 2
 
 @dataclass(frozen=True)
 class StorageSpec:
-    """The 3FS-like storage cluster; the paper gives none of these numbers (paper-facts §10).
-
-    ``read_bytes_per_s``/``write_bytes_per_s`` None means "as much as every storage NIC together" (the SNICs,
-    not the storage cluster, are the bottleneck the paper describes). ``queue_depth`` is how many I/Os one
-    node keeps in flight; the rest wait in its read queue (``read_q``).
-    """
+    """The 3FS-like storage cluster; the paper gives none of these numbers (paper-facts §10). A bandwidth of
+    None: as much as every storage NIC together (the SNICs are the paper's bottleneck). ``queue_depth``: I/Os
+    one node keeps in flight; the rest wait in its read queue."""
 
     read_bytes_per_s: float | None = None
     write_bytes_per_s: float | None = None
@@ -113,12 +108,9 @@ def build_topology(core: Core, node: NodeSpec, pe_nodes: int, de_nodes: int, sto
     count = pe_nodes + de_nodes
     storage_read = core.add_port("3fs.read", storage.read_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
     storage_write = core.add_port("3fs.write", storage.write_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
-    core.configure_storage(
-        read_port=storage_read,
-        write_port=storage_write,
-        read_latency_ns=round(storage.read_latency_s * 1e9),
-        write_latency_ns=round(storage.write_latency_s * 1e9),
-    )
+    core.configure_storage(read_port=storage_read, write_port=storage_write,
+                           read_latency_ns=round(storage.read_latency_s * 1e9),
+                           write_latency_ns=round(storage.write_latency_s * 1e9))  # fmt: skip
     nodes: list[NodePorts] = []
     for i in range(count):
         role = "pe" if i < pe_nodes else "de"
@@ -132,11 +124,9 @@ def build_topology(core: Core, node: NodeSpec, pe_nodes: int, de_nodes: int, sto
         cnic_rx = tuple(
             core.add_port(f"{prefix}.cnic{g}.rx", node.cnic_bytes_per_s, arbitration=paper) for g in range(node.gpus)
         )
+        # The read path follows the storage cluster's own port (configure_storage).
         storage_node = core.add_storage_node(
-            prefix,
-            read_path=[snic_rx, dram],  # after the storage cluster's own port (configure_storage)
-            write_path=[dram, snic_tx],
-            queue_depth=storage.queue_depth,
+            prefix, read_path=[snic_rx, dram], write_path=[dram, snic_tx], queue_depth=storage.queue_depth
         )
         nodes.append(NodePorts(i, role, snic_rx, snic_tx, dram, cnic_tx, cnic_rx, storage_node))
     return Topology(tuple(nodes), storage_read, storage_write)

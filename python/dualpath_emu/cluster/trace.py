@@ -1,35 +1,23 @@
-"""The Perfetto trace of one cluster run (``trace-<system>.json`` of ``dualpath-emu run --out``; open it at
-ui.perfetto.dev).
+"""The Perfetto trace of one cluster run (``trace-<system>.json.gz`` of ``dualpath-emu run --out``; open it at
+ui.perfetto.dev): a Trace Event Format object with a process per node, one for the storage cluster and one for
+the requests.
 
-A ``{"traceEvents": [...]}`` object (the Trace Event Format) with one process per node, one for the storage
-cluster and one for the requests, each named (``process_name`` metadata):
-
-* **node** ``n<i> (prefill|decode)``: a thread per GPU (``gpu<g>``) whose complete slices (``X``) are what
-  the GPU was busy with: ``prefill pass`` (args: requests, tokens) or ``decode`` (a segment of continuous
-  batching at one batch size; args: batch, step_ns). A GPU does one thing at a time, so its slices never
-  overlap. Per port of the node (``n<i>.snic.rx``, ``n<i>.dram``, ``n<i>.cnic<g>.tx``, …) a counter track of
-  its utilisation per virtual lane, per second; and every transfer that leaves the node, as an async slice
-  named by its path (``n0.dram → n0.cnic0.tx → n0.cnic0.rx``) and every storage I/O of the node
-  (``read 3fs.read → n0.snic.rx → n0.dram``), args: bytes, lane.
+* **node** ``n<i> (prefill|decode)``: a thread per GPU whose slices are what it was busy with (``prefill pass``,
+  or ``decode`` at one batch size); per port a counter track of its utilisation per virtual lane; every
+  transfer that leaves the node and every storage I/O, as an async slice named by its path.
 * **storage (3fs)**: the utilisation of the storage cluster's own ports.
-* **requests**: per request async slices, each phase on its own track: ``request`` (arrival → last token;
-  args: rid, agent, prompt, hit, gen, pe, de, read side), ``waiting`` (arrival → prefill start:
-  scheduling, buffers, reading), ``read KV`` (the hit KV's storage read), ``prefill`` (prefill start →
-  first token), ``hand-off`` (first → second token: the TTST, KV to the DE, H2D, first decode step) and
-  ``decode`` (second → last token).
+* **requests**: per request async slices for its phases: ``request``, ``waiting``, ``read KV``, ``prefill``,
+  ``hand-off`` (first → second token) and ``decode``.
 
-Async slices (``b``/``e`` with an id) are used wherever slices overlap: Perfetto puts the async slices of
-one name in one process on one track and stacks the concurrent ones, while slices on a thread must nest
-(overlapping transfers on a thread, as the trace had before, are drawn wrongly). Each async slice has an
-id of its own, so no two share a stack and none can be mis-nested.
+Async slices (``b``/``e``, each with an id of its own) are used wherever slices overlap: Perfetto stacks them,
+while slices on a thread must nest.
 """
 
 from __future__ import annotations
 
 import gzip
-import shutil
-
 import json
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -60,20 +48,15 @@ def port_pids(topology: Topology, port_count: int) -> list[int]:
 
 
 def _us(t_ns: int) -> float:
-    """Nanoseconds as the format's microseconds. Perfetto truncates ``ts × 1000`` to whole nanoseconds, and
-    ``t_ns / 1e3 × 1000`` can fall a hair short of ``t_ns``: the half nanosecond added makes it land on
-    ``t_ns`` exactly, so back-to-back slices (a decode GPU's segments) touch and never overlap."""
+    """Nanoseconds as the format's microseconds, plus half a nanosecond: Perfetto truncates ``ts × 1000`` to whole
+    nanoseconds, so back-to-back slices (a decode GPU's segments) touch and never overlap."""
     return (t_ns + 0.5) / 1e3
 
 
 def trace_events(
-    config: ClusterConfig,
-    topology: Topology,
-    metrics: Metrics,
-    system: str,
-    faults: Sequence[Mapping[str, Any]] = (),
+    config: ClusterConfig, topology: Topology, metrics: Metrics, system: str, faults: Sequence[Mapping[str, Any]] = (),
     end_ns: int = 0,
-) -> Iterator[str]:
+) -> Iterator[str]:  # fmt: skip
     """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests, and
     ``faults`` (``SystemResult.extra["faults"]``; one lasting to the end is drawn to ``end_ns``)."""
 
@@ -127,15 +110,9 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
 
 
 def write_trace(
-    path: str | Path,
-    core: Core,
-    config: ClusterConfig,
-    topology: Topology,
-    metrics: Metrics,
-    system: str,
-    faults: Sequence[Mapping[str, Any]] = (),
-    end_ns: int = 0,
-) -> None:
+    path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
+    faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0,
+) -> None:  # fmt: skip
     """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans); gzip-compressed
     when ``path`` ends in ``.gz`` (Perfetto opens it as it is: traces shrink about tenfold)."""
     target = Path(path)
