@@ -1,6 +1,6 @@
 """The Python API: load a scenario, change what you like, run systems, look at the results.
 
-For notebooks and scripts; it does what ``dualpath-emu run`` does, and gives the results as Python objects::
+It does what ``dualpath-emu run`` does, for notebooks and scripts, and gives the results as Python objects::
 
     from dualpath_emu import api
 
@@ -11,24 +11,12 @@ For notebooks and scripts; it does what ``dualpath-emu run`` does, and gives the
     result.rows()[0]                  # requests.csv's rows as dicts
     result.to_pandas()                # the same rows as a pandas DataFrame (pandas installed separately)
 
-* A scenario is a packaged scenario's name (:func:`scenario_names` lists them), a TOML file, or ``None`` for the
-  built-in default (DS 660B 2P4D, offline). ``overrides`` sets any key of the file by its dotted path
-  (``"deployment.pe_nodes"``, ``"scheduling.alpha_read_s"``, ``"workload.mode"``; the keys and their defaults
-  are listed in :mod:`dualpath_emu.cluster.scenario`) before the file is checked, so a bad value is the
-  same one-line :class:`~dualpath_emu.config.ScenarioError` as in a file. ``agents``, ``seed`` and
-  ``systems`` are the command line's ``--agents``, ``--seed`` and ``--system``.
-* A system is a built-in one's name (``basic``, ``basic+layerwise``, ``basic+layerwise+dualpath``,
-  ``dualpath``, ``oracle``), your own as ``file.py:Name`` or ``module:Name``
-  (:mod:`dualpath_emu.cluster.user_systems`), or a :class:`~dualpath_emu.cluster.systems.System` object,
-  e.g. one defined in the notebook around a :class:`~dualpath_emu.cluster.scheduler.Policy` subclass.
-* A workload is the scenario's (a dataset or a trace file), or trajectories built in Python:
-  ``api.run(scenario, workload=[api.Trajectory.from_rounds("agent-1", [(2000, 300), (500, 200)], wait_s=[0, 12])])``
-  replays each as one agent (``wait_s``: the tool wait before each round, :mod:`dualpath_emu.workload.waits`).
-* Runs are in virtual time, deterministic: the same scenario, systems and seed give the same results (and the
-  same ``event_log_sha256``).
-
-Errors: a bad scenario, key or system is a :class:`~dualpath_emu.config.ScenarioError` (a
-:class:`~dualpath_emu.errors.UsageError`) with one line naming the file, the key and what was expected.
+A scenario is a packaged scenario's name (:func:`scenario_names`), a TOML file, or ``None`` (DS 660B 2P4D,
+offline); a system a built-in one's name, ``file.py:Name`` or ``module:Name``
+(:mod:`dualpath_emu.cluster.user_systems`), or a :class:`~dualpath_emu.cluster.systems.System` object; a
+workload the scenario's, or trajectories built in Python (:class:`Trajectory`). Runs are in virtual time and
+deterministic. A bad scenario, key or system is a :class:`~dualpath_emu.config.ScenarioError` with one line
+naming the file, the key and what was expected.
 """
 
 from __future__ import annotations
@@ -61,25 +49,10 @@ from dualpath_emu.scenarios import path as _packaged_path
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
-    "BUILT_IN_SYSTEMS",
-    "ClusterScenario",
-    "DecodeAssignment",
-    "DualPathPolicy",
-    "Engine",
-    "Policy",
-    "PrefillAssignment",
-    "Progress",
-    "Request",
-    "RoundRobinPolicy",
-    "RunResult",
-    "ScenarioError",
-    "System",
-    "SystemResult",
-    "Trajectory",
-    "load_scenario",
-    "run",
-    "scenario_names",
-]
+    "BUILT_IN_SYSTEMS", "ClusterScenario", "DecodeAssignment", "DualPathPolicy", "Engine", "Policy",
+    "PrefillAssignment", "Progress", "Request", "RoundRobinPolicy", "RunResult", "ScenarioError", "System",
+    "SystemResult", "Trajectory", "load_scenario", "run", "scenario_names",
+]  # fmt: skip
 
 BUILT_IN_SYSTEMS: Final[Mapping[str, System]] = SYSTEMS
 """The built-in systems by name (read-only)."""
@@ -93,47 +66,27 @@ def scenario_names() -> list[str]:
     return [name for name in _packaged_names() if "kind" in load_toml(_packaged_path(name))]
 
 
-def load_scenario(
-    scenario: str | Path | None = None,
-    *,
-    overrides: Mapping[str, object] | None = None,
-    agents: int | None = None,
-    seed: int | None = None,
-    systems: Sequence[str | System] | None = None,
-) -> ClusterScenario:
-    """A cluster scenario, checked: ``scenario`` is a packaged scenario's name, a TOML file, or ``None`` for
-    the built-in default.
-
-    ``overrides`` maps dotted keys of the scenario file to values (``{"workload.max_rounds": 20,
-    "hardware.snic_bytes_per_s": 25e9}``), set before the checks as if the file said so; ``agents``,
-    ``seed`` and ``systems`` then override like the command line's options (``systems``: names, specs
-    ``file.py:Name`` / ``module:Name`` relative to the current folder, or :class:`System` objects).
-    """
+def load_scenario(scenario: str | Path | None = None, *, overrides: Mapping[str, object] | None = None,
+                  agents: int | None = None, seed: int | None = None,
+                  systems: Sequence[str | System] | None = None) -> ClusterScenario:  # fmt: skip
+    """A cluster scenario, checked. ``overrides`` maps dotted keys of the scenario file to values
+    (``{"workload.max_rounds": 20}``), set before the checks as if the file said so; ``agents``, ``seed`` and
+    ``systems`` then override like the command line's options."""
     loaded = _load(scenario, dict(overrides) if overrides else None)
     return loaded.with_overrides(systems=systems, agents=agents, seed=seed)
 
 
-def run(
-    scenario: ClusterScenario | str | Path | None = None,
-    *,
-    systems: Sequence[str | System] | None = None,
-    agents: int | None = None,
-    seed: int | None = None,
-    progress: Callable[[Progress], None] | None = None,
-    out: str | Path | None = None,
-    workload: Iterable[Trajectory] | None = None,
-    trace: bool = False,
-) -> RunResult:
+def run(scenario: ClusterScenario | str | Path | None = None, *, systems: Sequence[str | System] | None = None,
+        agents: int | None = None, seed: int | None = None, progress: Callable[[Progress], None] | None = None,
+        out: str | Path | None = None, workload: Iterable[Trajectory] | None = None,
+        trace: bool = False) -> RunResult:  # fmt: skip
     """Run every system of ``scenario`` (a :class:`ClusterScenario`, or what :func:`load_scenario` takes) on
     the same workload, in virtual time, in this process; ``systems``, ``agents`` and ``seed`` override the
-    scenario's. ``workload``: trajectories built in Python (:class:`Trajectory`, e.g.
-    ``Trajectory.from_rounds("a", [(2000, 300), (500, 200)], wait_s=[0, 12])``), one agent each, replayed
-    instead of the scenario's dataset or trace (``agents``: only the first so many).
+    scenario's. ``workload``: trajectories (e.g. ``Trajectory.from_rounds("a", [(2000, 300), (500, 200)],
+    wait_s=[0, 12])``), one agent each, instead of the scenario's dataset or trace.
 
-    ``progress`` is called with a :class:`Progress` a few times per second of wall time during each run.
-    ``out`` writes what ``dualpath-emu run --out`` writes there: ``summary.json``, ``requests.csv``,
-    ``jct.png``, ``utilisation.png`` and ``latency-cdf.png``; with ``trace`` also a Perfetto trace per system,
-    ``trace-<system>.json.gz`` (the runs then record every transfer, which costs memory on long runs).
+    ``progress`` is called with a :class:`Progress` a few times per wall second. ``out`` writes what
+    ``dualpath-emu run --out`` writes; with ``trace`` also a Perfetto trace per system (costly on long runs).
     """
     if trace and out is None:
         raise ValueError("trace=True writes a Perfetto trace per system into out: give out=DIR too")
@@ -167,22 +120,21 @@ class RunResult:
 
     @property
     def systems(self) -> list[str]:
-        """The systems' names, in the order they ran."""
         return list(self.results)
 
     @property
     def summary(self) -> dict[str, Any]:
-        """The run's summary: what ``summary.json`` (and ``dualpath-emu run --json``) holds, JSON-able."""
+        """What ``summary.json`` (and ``dualpath-emu run --json``) holds."""
         return summary(self.scenario, self.results)
 
     @property
     def jct_s(self) -> dict[str, float]:
-        """Each system's job completion time (s): when the last agent's last turn ended."""
+        """Each system's job completion time (s)."""
         return {name: r.jct_s for name, r in self.results.items()}
 
     def speedup(self, baseline: str = "basic") -> dict[str, float | None]:
-        """Each system's speedup over ``baseline`` (baseline's JCT / the system's); ``None`` where either run
-        failed requests (:attr:`incomplete` says why): a run that gave up on work is not faster for it."""
+        """Each system's speedup over ``baseline``; ``None`` where either run failed requests (a run that gave
+        up on work is not faster for it)."""
         if baseline not in self.results:
             raise KeyError(f"no system {baseline!r} in this run (its systems: {', '.join(self.results)})")
         base = self.results[baseline]
@@ -199,8 +151,7 @@ class RunResult:
         return {name: r.incomplete for name, r in self.results.items() if r.incomplete is not None}
 
     def requests_csv(self) -> str:
-        """``requests.csv`` as text: one row per request per system (its columns:
-        :data:`~dualpath_emu.cluster.outputs.CSV_COLUMNS`)."""
+        """``requests.csv`` as text: one row per request per system."""
         if self._csv is None:
             text = io.StringIO(newline=None)  # "\n" line ends, as the file reads back in text mode
             write_requests(text, self.results)
@@ -208,14 +159,12 @@ class RunResult:
         return self._csv
 
     def rows(self) -> list[Row]:
-        """``requests.csv``'s rows as dicts, typed: integers, seconds as floats, ``read_side`` and
-        ``system`` as strings, ``None`` where the CSV cell is empty (a time never reached)."""
+        """``requests.csv``'s rows as typed dicts, ``None`` where the CSV cell is empty (a time never reached)."""
         reader = csv.DictReader(io.StringIO(self.requests_csv()))
         return [{key: _typed(key, value) for key, value in row.items()} for row in reader]
 
     def to_pandas(self) -> Any:
-        """The rows of :meth:`rows` as a ``pandas.DataFrame`` (empty cells as NaN). pandas is no dependency
-        of dualpath-emu: install it yourself (``pip install pandas``)."""
+        """The rows of :meth:`rows` as a ``pandas.DataFrame`` (pandas is no dependency: install it yourself)."""
         try:
             pandas = importlib.import_module("pandas")
         except ModuleNotFoundError:
@@ -234,11 +183,9 @@ def _typed(column: str, text: str | None) -> int | float | str | None:
         return text
     if text is None or text == "":
         return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text

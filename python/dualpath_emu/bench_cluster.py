@@ -1,32 +1,17 @@
-"""`make bench`, cluster: how fast the emulated cluster runs (issues 4 and 15).
+"""`make bench`, cluster: how fast the emulated cluster runs (issues 4, 15 and 24).
 
-Runs the DS 660B offline setting (ClusterConfig defaults: 2P4D) on the 64K dataset with ``--agents`` agents
-(default 256) replaying their first ``--rounds`` rounds (default 40; 0 = whole trajectories), ``--repeat``
-times per system (default 2; the fastest run counts: this shared machine's wall clock varies by ±25%), and
-prints per system::
+Runs DS 660B 2P4D offline on the 64K dataset, ``--agents`` agents replaying their first ``--rounds`` rounds
+(0: whole trajectories), ``--repeat`` times per system (the fastest run counts: this shared machine's wall
+clock varies by ±25%), and prints ``BENCH cluster<label>_<system>_<figure>`` lines: ``turns_per_s``,
+``emulated_s_per_wall_s``, ``wall_s``, ``cpu_us_per_turn``, ``turns_per_cpu_s`` and ``jct_s``, then
+``cluster<label>_peak_rss_mib``. ``--clusters 2P4D,16P32D`` runs each size at the same load per prefill node
+and prints each further size's CPU time per turn against the first's (``…_cost_ratio_<size>_vs_<first>``,
+issue 15: within 1.2×). Wall time is measured around :func:`~dualpath_emu.cluster.run.run_system` only.
+Goals and measured figures: docs/performance.md.
 
-    BENCH cluster<label>_<system>_turns_per_s <agent turns per wall second>
-    BENCH cluster<label>_<system>_emulated_s_per_wall_s <emulated seconds (JCT) per wall second>
-    BENCH cluster<label>_<system>_wall_s <wall seconds of the fastest run>
-    BENCH cluster<label>_<system>_cpu_us_per_turn <CPU microseconds per agent turn, that run>
-    BENCH cluster<label>_<system>_turns_per_cpu_s <agent turns per CPU second, that run>
-    BENCH cluster<label>_<system>_jct_s <the run's JCT, emulated seconds>
-
-and, at the end, ``BENCH cluster<label>_peak_rss_mib`` (the process's peak resident memory, all runs
-included). ``--clusters 2P4D,16P32D`` runs each cluster size in turn at the same load per node (``--agents``
-is the first size's; the others get as many per prefill node), names its lines ``cluster<label>_<size>_…``
-and prints, for each further size, the ratio of its CPU time per turn to the first's, measured in this one
-run: ``BENCH cluster<label>_cost_ratio_<size>_vs_<first> <ratio> x`` (issue 15: within 1.2×). Wall time is
-measured around :func:`~dualpath_emu.cluster.run.run_system` only (not the workload generation).
-
-Goals (issue 24): ≤ 60 µs of CPU per turn on 2P4D with 1,024 agents, whole trajectories (``--agents 1024
---rounds 0 --label _1024``, ≈164,000 turns); 16P32D with 8,192 agents within 1.2× of that; ``make bench-scale``
-(48P96D, 49,152 agents, whole trajectories: ≈7.75 M turns) in ≤ 10 minutes of CPU and ≤ 1.5 GiB. Measured
-figures and the side-by-side history: docs/architecture.md ("What a turn costs") and docs/performance.md.
-
-A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of CPU
-and reports how far it got instead (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
-``…_peak_rss_mib_so_far``), exiting with status 1: ``make bench-scale`` gives it 30 minutes, three times its goal.
+A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of
+CPU and reports how far it got (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
+``…_peak_rss_mib_so_far``), exiting with status 1.
 """
 
 from __future__ import annotations
@@ -58,8 +43,7 @@ class _OverBudget(Exception):
 
 
 class _Watch:
-    """A run's progress callback: a line on stderr every minute of wall time (a long run says how far it is);
-    raises :class:`_OverBudget` once the run has used ``budget_s`` of CPU."""
+    """A run's progress callback: a line on stderr every wall minute; :class:`_OverBudget` past ``budget_s`` of CPU."""
 
     def __init__(self, cpu_started: float, budget_s: float | None) -> None:
         self.cpu_started, self.budget_s = cpu_started, budget_s
@@ -76,7 +60,7 @@ class _Watch:
 
 
 def _report_unfinished(name: str, progress: Progress, cpu_s: float) -> None:
-    """How far a run got within its CPU budget (what its CPU per turn was so far, and its memory)."""
+    """How far a run got within its CPU budget."""
     done = max(1, progress.turns_done)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(f"{name}: stopped after {cpu_s:.0f} s of CPU (--cpu-budget-s) with {progress.turns_done:,} of "
@@ -96,12 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="inserted after 'cluster' in the BENCH names")
     parser.add_argument("--clusters", type=lambda v: [_cluster_size(c) for c in v.split(",")], default=None,
                         help="cluster sizes, e.g. 2P4D,16P32D (default: the configuration's, 2P4D, unnamed)")  # fmt: skip
-    parser.add_argument(
-        "--cpu-budget-s",
-        type=float,
-        default=None,
-        help="stop a run after this much CPU and report how far it got (default: no limit)",
-    )
+    parser.add_argument("--cpu-budget-s", type=float, default=None,
+                        help="stop a run after this much CPU and report how far it got (default: no limit)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.cpu_budget_s is not None and not args.cpu_budget_s > 0:
         parser.error(f"--cpu-budget-s: expected a number > 0, got {args.cpu_budget_s}")

@@ -1,11 +1,9 @@
 """Reading validated settings from TOML files: every error names the file, the key and what was expected.
 
-A :class:`Table` wraps one TOML table. Its typed getters (:meth:`~Table.get_int`, :meth:`~Table.get_float`,
-:meth:`~Table.get_str`, …) take a default (the documented default of the key) or none (the key is required),
-check type and range, and remember which keys were read; :meth:`~Table.finish` then refuses the keys
-nobody asked for, so a typo is an error, not a silently ignored setting. Errors are
-:class:`ScenarioError` (a :class:`~dualpath_emu.errors.UsageError`: the CLI reports it on one line and
-exits with status 2)::
+A :class:`Table` wraps one TOML table. Its typed getters take a default (the key's documented default) or none
+(the key is required), check type and range, and remember which keys were read; :meth:`~Table.finish` then
+refuses the keys nobody asked for, so a typo is an error, not a silently ignored setting. Errors are
+:class:`ScenarioError` (a :class:`~dualpath_emu.errors.UsageError`: one line, exit status 2)::
 
     run.toml: key 'process[1].actors': expected a list of strings, got 3
 """
@@ -45,12 +43,9 @@ class ScenarioError(UsageError):
 
 
 def load_toml(path: str | Path) -> Table:
-    """The top-level table of the TOML file ``path`` (a :class:`ScenarioError` if unreadable or invalid).
-
-    Only a regular file of at most :data:`~dualpath_emu.inputs.MAX_SCENARIO_BYTES` is read; bytes that are
-    not UTF-8, nesting too deep for the parser and integers too long to convert are errors naming the file
-    (and the line where known), like any other TOML mistake.
-    """
+    """The top-level table of the TOML file ``path``: a regular file of at most
+    :data:`~dualpath_emu.inputs.MAX_SCENARIO_BYTES`; anything unreadable or invalid is a :class:`ScenarioError`
+    naming the file (and the line where known)."""
     source = str(path)
     try:
         data = read_input(path, what="a scenario TOML file", limit_bytes=MAX_SCENARIO_BYTES)
@@ -103,8 +98,8 @@ class Table:
         self._overrides: Mapping[str, str] = overrides or {}
         """Dotted key path -> how it was set from outside the file (``--set``, ``override``): errors name that."""
         self._schema = schema
-        """If given, every key asked for is appended as (dotted path, default, what is expected): the schema
-        the scenario reference is generated from (:mod:`dualpath_emu.cluster.scenario_reference`)."""
+        """If given, each key asked for is appended as (dotted path, default, what is expected): the schema of
+        :mod:`dualpath_emu.cluster.scenario_reference`."""
 
     def _child(self, data: dict[str, Any], prefix: str, overrides: Mapping[str, str] | None = None) -> Table:
         return Table(data, self.source, prefix, self._overrides if overrides is None else overrides, self._schema)
@@ -129,7 +124,7 @@ class Table:
         return key in self._data
 
     def keys(self) -> list[str]:
-        """The table's keys in the file's order (each still to be read with a getter)."""
+        """The table's keys in the file's order."""
         return list(self._data)
 
     def _get(self, key: str, default: object, expected: str) -> object:
@@ -217,8 +212,7 @@ class Table:
 
     def overridden(self, values: Mapping[str, object], what: str = "override") -> Table:
         """A copy with ``values`` set, each under its dotted key path (``"workload.agents"``; tables on the
-        way are created). Checked as the file is, when read; a key whose path crosses a value that is no
-        table is a :class:`ScenarioError` naming ``what`` and the key."""
+        way are created), checked as the file is, when read; errors name ``what``."""
         data = copy.deepcopy(self._data)
         for dotted, value in values.items():
             parts = dotted.split(".")

@@ -10,18 +10,9 @@ import errno
 from dualpath_emu._core import ConfigError, CoreError, CoreIOError, InvalidArgumentError, StateError, UnknownNameError
 
 __all__ = [
-    "ConfigError",
-    "CoreError",
-    "CoreIOError",
-    "BackendUnavailable",
-    "InvalidArgumentError",
-    "NoProgressError",
-    "SecurityError",
-    "StateError",
-    "UnknownNameError",
-    "UsageError",
-    "disk_error",
-]
+    "ConfigError", "CoreError", "CoreIOError", "BackendUnavailable", "InvalidArgumentError", "NoProgressError",
+    "SecurityError", "StateError", "UnknownNameError", "UsageError", "disk_error",
+]  # fmt: skip
 
 
 class UsageError(Exception):

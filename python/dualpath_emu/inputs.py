@@ -1,15 +1,9 @@
 """Reading user-supplied files and echoing user-supplied values, within fixed bounds.
 
-Every file a user names (a scenario, a trace) is opened through :func:`open_input`: only a regular file is
-read (a FIFO, a device such as ``/dev/zero``, a directory or a socket is refused before a byte is read, so
-``dualpath-emu validate /dev/zero`` cannot read forever), and never more than a stated number of bytes.
-Error messages quote values through :func:`shorten`, so a 100,000-character value makes a one-line error,
-not a 100,000-character one.
-
-Limits (the errors say which was hit):
-
-* :data:`MAX_SCENARIO_BYTES` -- a scenario TOML file (ours are a few KB);
-* :data:`MAX_TRACE_BYTES` and :data:`MAX_LINE_BYTES` -- a trace file (JSON Lines) and one of its lines.
+Every file a user names is opened through :func:`open_input`: only a regular file is read (a FIFO, a device
+such as ``/dev/zero``, a directory or a socket is refused before a byte is read), and never more than a stated
+number of bytes (:data:`MAX_SCENARIO_BYTES`, :data:`MAX_TRACE_BYTES`, :data:`MAX_LINE_BYTES`). Error messages
+quote values through :func:`shorten`, so a 100,000-character value makes a one-line error.
 """
 
 from __future__ import annotations
@@ -24,23 +18,15 @@ from typing import BinaryIO, Final
 from dualpath_emu.errors import UsageError
 
 __all__ = [
-    "MAX_LINE_BYTES",
-    "MAX_SCENARIO_BYTES",
-    "MAX_TRACE_BYTES",
-    "open_input",
-    "read_input",
-    "short_repr",
-    "shorten",
+    "MAX_LINE_BYTES", "MAX_SCENARIO_BYTES", "MAX_TRACE_BYTES", "open_input", "read_input", "short_repr", "shorten",
     "too_long_number",
-]
+]  # fmt: skip
 
 MAX_SCENARIO_BYTES: Final = 1 << 20
-"""The largest scenario file read: 1 MiB."""
 MAX_TRACE_BYTES: Final = 256 << 20
-"""The largest trace file read: 256 MiB (a 4,096-agent trajectory file is about 10 MB, Mooncake's traces a
-few MB); what it holds is kept in memory."""
+"""The largest trace file read (a 4,096-agent trajectory file is about 10 MB); what it holds is kept in memory."""
 MAX_LINE_BYTES: Final = 16 << 20
-"""The longest line of a trace file: 16 MiB."""
+"""The longest line of a trace file."""
 
 _SHORT: Final = 60
 
@@ -71,12 +57,9 @@ def too_long_number(error: ValueError) -> str:
 
 
 def open_input(path: str | Path, *, what: str, limit_bytes: int) -> BinaryIO:
-    """``path`` opened for reading bytes, if it is a regular file of at most ``limit_bytes`` bytes.
-
-    Raises :class:`UsageError` (naming the file) for a missing or unreadable file, a directory, a FIFO, a
-    device or a socket, and a file over the limit. Opening does not block on a FIFO (``O_NONBLOCK``), and
-    the checks are on the opened descriptor, so what is checked is what is read.
-    """
+    """``path`` opened for reading bytes if it is a regular file of at most ``limit_bytes``, else a
+    :class:`UsageError` naming the file. Opening does not block on a FIFO (``O_NONBLOCK``), and the checks are
+    on the opened descriptor, so what is checked is what is read."""
     source = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

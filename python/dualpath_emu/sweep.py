@@ -48,16 +48,9 @@ from dualpath_emu.reproduce.common import (
 )
 
 __all__ = [
-    "SWEEP_RESULTS",
-    "SweepMismatchError",
-    "SweepResult",
-    "SweepRun",
-    "parse_grid",
-    "plan",
-    "run_point",
-    "split_values",
-    "sweep_command",
-]
+    "SWEEP_RESULTS", "SweepMismatchError", "SweepResult", "SweepRun", "parse_grid", "plan", "run_point",
+    "split_values", "sweep_command",
+]  # fmt: skip
 
 CSV_METRICS: Final = ("jct_s", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s",
                       "tpot_p99_s", "turns", "agents", "complete", "failed_requests", "snic_max_over_mean",
@@ -346,18 +339,11 @@ def _finite(value: Any) -> Any:
 def _document(scenario: ClusterScenario, args: argparse.Namespace, grid: Mapping[str, list[object]],
               runs: Sequence[SweepRun], results: Sequence[SweepResult]) -> dict[str, Any]:  # fmt: skip
     document: dict[str, Any] = {
-        "scenario": scenario.name,
-        "source": scenario.source,
-        "version": __version__,
-        "grid": dict(grid),
-        "systems": list(dict.fromkeys(run.system for run in runs)),
-        "agents": args.agents,
-        "seed": args.seed,
-        "runs": [
-            {"point": dict(run.overrides), "system": run.system, "summary": result.summary, "ran_by": result.ran_by}
-            for run, result in zip(runs, results)
-        ],
-    }
+        "scenario": scenario.name, "source": scenario.source, "version": __version__, "grid": dict(grid),
+        "systems": list(dict.fromkeys(run.system for run in runs)), "agents": args.agents, "seed": args.seed,
+        "runs": [{"point": dict(run.overrides), "system": run.system, "summary": result.summary,
+                  "ran_by": result.ran_by} for run, result in zip(runs, results)],
+    }  # fmt: skip
     return cast(dict[str, Any], _finite(document))
 
 

@@ -259,7 +259,3 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("calibrate", help_description(__doc__), build, argv, configure=_configure)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

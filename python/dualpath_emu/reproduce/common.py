@@ -44,23 +44,10 @@ from dualpath_emu.workload.generator import DATASETS, generate, scaled
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
-    "CACHE_FORMAT",
-    "CELL_RESULTS",
-    "Cell",
-    "CellResult",
-    "Codec",
-    "Comparison",
-    "Report",
-    "Task",
-    "check_dask_address",
-    "dataclass_codec",
-    "deployment",
-    "experiment_main",
-    "require_distributed",
-    "run_cells",
-    "run_parallel",
-    "within",
-]
+    "CACHE_FORMAT", "CELL_RESULTS", "Cell", "CellResult", "Codec", "Comparison", "Report", "Task",
+    "check_dask_address", "dataclass_codec", "deployment", "experiment_main", "require_distributed", "run_cells",
+    "run_parallel", "within",
+]  # fmt: skip
 
 SYSTEMS: Final = ("basic", "dualpath", "oracle")
 """The systems of the paper's figures."""

@@ -16,8 +16,7 @@ engine crashes, and under random fault schedules.
   (``[random_faults]``).
 
 Each row: JCT, p99 TTFT, turns admitted, whether the run finished every turn (``complete``: a run whose
-requests failed took at least its JCT, but did not do the whole work) and the requests failed (every admitted turn ended, done or failed: the run's checker
-proves it, or the run fails), requests dispatched again after a crash, the faults that
+requests failed did not do the whole work) and the requests failed, requests dispatched again, the faults that
 started and, for the outage and the crash, the turns finished per second before, during and after it.
 
 ``--quick``: the storage-bound miniature (quarter storage NICs), 96 agents of 20 rounds.
@@ -162,7 +161,3 @@ def _case(row: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("faults", help_description(__doc__), build, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -76,25 +76,10 @@ from dualpath_emu.reproduce.plots import SYSTEM_COLORS, save
 from dualpath_emu.workload.waits import ToolWait
 
 __all__ = [
-    "FULL",
-    "MODELS",
-    "PAPER_EDGE_APS",
-    "PAPER_RATIO",
-    "QUICK",
-    "SLO_TPOT_S",
-    "SLO_TTFT_S",
-    "SYSTEMS",
-    "POINTS",
-    "Point",
-    "Search",
-    "Variant",
-    "main",
-    "measure",
-    "measure_all",
-    "trajectory_s",
-    "window_bounds_ns",
+    "FULL", "MODELS", "PAPER_EDGE_APS", "PAPER_RATIO", "QUICK", "SLO_TPOT_S", "SLO_TTFT_S", "SYSTEMS", "POINTS",
+    "Point", "Search", "Variant", "main", "measure", "measure_all", "trajectory_s", "window_bounds_ns",
     "window_stats",
-]
+]  # fmt: skip
 
 Stats = dict[str, float]
 """p50, p90, p99 and mean."""
@@ -161,35 +146,19 @@ class Variant:
 
 
 FULL: Final = Variant(
-    arrival_s=MappingProxyType({"ds660b": 1500.0, "ds27b": 300.0}),
-    max_rounds=0,
-    quick_node=False,
+    arrival_s=MappingProxyType({"ds660b": 1500.0, "ds27b": 300.0}), max_rounds=0, quick_node=False,
     guess=_by_system({"ds660b": (0.2, 0.4, 0.6), "ds27b": (1.5, 2.5, 5.0)}),
     cap=_by_system({"ds660b": (1.0, 1.0, 0.6), "ds27b": (5.0, 5.0, 5.0)}),
-    resolution=0.15,
-    oracle_resolution=0.5,
-    growth=1.3,
-    rates_per_step=2,
-    refine_rates_per_step=1,
-    max_steps=5,
-    min_agents=16,
-    label="full",
-)
+    resolution=0.15, oracle_resolution=0.5, growth=1.3, rates_per_step=2, refine_rates_per_step=1, max_steps=5,
+    min_agents=16, label="full",
+)  # fmt: skip
 QUICK: Final = Variant(
-    arrival_s=MappingProxyType({"ds660b": 40.0, "ds27b": 30.0}),
-    max_rounds=12,
-    quick_node=True,
+    arrival_s=MappingProxyType({"ds660b": 40.0, "ds27b": 30.0}), max_rounds=12, quick_node=True,
     guess=_by_system({"ds660b": (6.0, 9.0, 10.0), "ds27b": (12.0, 20.0, 24.0)}),
     cap=_by_system({"ds660b": (12.0, 12.0, 10.0), "ds27b": (24.0, 24.0, 24.0)}),
-    resolution=0.35,
-    oracle_resolution=0.35,
-    growth=2.0,
-    rates_per_step=2,
-    refine_rates_per_step=2,
-    max_steps=3,
-    min_agents=8,
-    label="quick",
-)
+    resolution=0.35, oracle_resolution=0.35, growth=2.0, rates_per_step=2, refine_rates_per_step=2, max_steps=3,
+    min_agents=8, label="quick",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------- one run
@@ -281,24 +250,12 @@ def measure(cell: Cell) -> Point:
     start, end = window_bounds_ns(m)
     n, ttft, ttst, tpot = window_stats(m, start, end)
     return Point(
-        model=cell.labels["model"],
-        system=cell.system,
-        rate=cell.config.arrival_rate,
-        agents=cell.config.agents,
-        step=cell.labels["step"],
-        window_start_s=start / 1e9,
-        window_end_s=end / 1e9,
-        window_requests=n,
-        ttft_s=ttft,
-        ttst_s=ttst,
-        tpot_s=tpot,
-        run_ttft_s=result.ttft_s,
-        run_tpot_s=result.tpot_s,
-        turns=result.turns,
-        end_s=max(m.done_ns, default=0) / 1e9,
-        trajectory_s=trajectory_s(m, start, end),
+        model=cell.labels["model"], system=cell.system, rate=cell.config.arrival_rate, agents=cell.config.agents,
+        step=cell.labels["step"], window_start_s=start / 1e9, window_end_s=end / 1e9, window_requests=n,
+        ttft_s=ttft, ttst_s=ttst, tpot_s=tpot, run_ttft_s=result.ttft_s, run_tpot_s=result.tpot_s,
+        turns=result.turns, end_s=max(m.done_ns, default=0) / 1e9, trajectory_s=trajectory_s(m, start, end),
         wall_s=result.wall_s,
-    )
+    )  # fmt: skip
 
 
 POINTS: Final = dataclass_codec(Point)
@@ -450,41 +407,21 @@ def _stat_row(prefix: str, values: Mapping[str, float], scale: float = 1.0, digi
 
 def point_row(p: Point, stat: str) -> dict[str, Any]:
     return {
-        "kind": "run",
-        "model": p.model,
-        "system": p.system,
-        "rate_aps": p.rate,
-        "agents": p.agents,
-        "step": p.step,
-        "turns": p.turns,
-        "window_start_s": round(p.window_start_s, 1),
-        "window_end_s": round(p.window_end_s, 1),
-        "window_requests": p.window_requests,
-        **_stat_row("ttft_s", p.ttft_s),
-        **_stat_row("ttst_ms", p.ttst_s, 1e3, 3),
-        **_stat_row("tpot_ms", p.tpot_s, 1e3, 3),
-        "run_ttft_s_mean": round(p.run_ttft_s["mean"], 4),
-        "run_ttft_s_p99": round(p.run_ttft_s["p99"], 4),
-        "run_tpot_ms_mean": round(p.run_tpot_s["mean"] * 1e3, 3),
-        "meets_slo": p.meets_slo(stat),
-        "trajectory_s_mean": round(p.trajectory_s, 1),
-        "end_s": round(p.end_s, 1),
+        "kind": "run", "model": p.model, "system": p.system, "rate_aps": p.rate, "agents": p.agents,
+        "step": p.step, "turns": p.turns, "window_start_s": round(p.window_start_s, 1),
+        "window_end_s": round(p.window_end_s, 1), "window_requests": p.window_requests,
+        **_stat_row("ttft_s", p.ttft_s), **_stat_row("ttst_ms", p.ttst_s, 1e3, 3),
+        **_stat_row("tpot_ms", p.tpot_s, 1e3, 3), "run_ttft_s_mean": round(p.run_ttft_s["mean"], 4),
+        "run_ttft_s_p99": round(p.run_ttft_s["p99"], 4), "run_tpot_ms_mean": round(p.run_tpot_s["mean"] * 1e3, 3),
+        "meets_slo": p.meets_slo(stat), "trajectory_s_mean": round(p.trajectory_s, 1), "end_s": round(p.end_s, 1),
         "wall_s": round(p.wall_s, 2),
-    }
+    }  # fmt: skip
 
 
 def edge_row(s: Search) -> dict[str, Any]:
-    return {
-        "kind": "edge",
-        "model": s.model,
-        "system": s.system,
-        "edge_aps": s.lo,
-        "bracket_hi_aps": s.hi if s.hi is not None else "",
-        "censored": s.censored,
-        "runs": len(s.points),
-        "slo_stat": s.stat,
-        "criterion": s.criterion,
-    }
+    return {"kind": "edge", "model": s.model, "system": s.system, "edge_aps": s.lo,
+            "bracket_hi_aps": s.hi if s.hi is not None else "", "censored": s.censored, "runs": len(s.points),
+            "slo_stat": s.stat, "criterion": s.criterion}  # fmt: skip
 
 
 def _ratio(a: float, b: float) -> float:
@@ -595,15 +532,8 @@ def build(args: argparse.Namespace) -> Report:
     for model, p in extra_points.items():
         points[model, "dualpath"].append(p)
     edges = {key: s.lo for key, s in searches.items()}
-    return Report(
-        name="fig10",
-        title=f"online serving: TTFT/TTST/TPOT vs arrival rate and the SLO edge ({variant.label})",
-        rows=rows,
-        comparisons=comparisons,
-        notes=notes,
-        plot=lambda path: plot(path, models, points, edges, stat),
-        checks=checks,
-    )
+    return Report("fig10", f"online serving: TTFT/TTST/TPOT vs arrival rate and the SLO edge ({variant.label})", rows,
+                  comparisons, notes, lambda path: plot(path, models, points, edges, stat), checks)  # fmt: skip
 
 
 def plot(path: Path, models: Sequence[str], points: Mapping[tuple[str, str], Sequence[Point]],
@@ -680,7 +610,3 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("fig10", help_description(__doc__), build, argv, configure=_configure)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,8 +12,8 @@ read on either side and differ only in the scheduler: ``basic+layerwise+dualpath
   of the run. Paper: ≤ 1.06 for DualPath during the first 5% (target ≤ 1.1); later the group is under-loaded
   and the ratio means little (the paper does not show it).
 
-``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 256 agents, first 40 rounds; checks that round robin is less balanced than DualPath's scheduler
-(higher storage-NIC max/mean).
+``--quick`` (the storage-bound miniature): 256 agents, first 40 rounds; checks that round robin is less
+balanced than DualPath's scheduler (higher storage-NIC max/mean).
 """
 
 from __future__ import annotations
@@ -74,18 +74,11 @@ def build(args: argparse.Namespace) -> Report:
     by_system = {r.cell.system: r for r in results}
     less_balanced = (by_system["basic+layerwise+dualpath"].summary["snic_max_over_mean"]
                      > by_system["dualpath"].summary["snic_max_over_mean"])  # fmt: skip
-    return Report(
-        name="fig13",
-        title="storage-NIC and attention balance: round robin vs DualPath's scheduler",
-        rows=rows,
-        comparisons=comparisons,
-        checks={"round robin is less balanced than DualPath (storage-NIC max/mean)": less_balanced},
-        notes=[
-            "Storage-NIC max/mean here: every node's storage NIC over the whole run (paper: three machines, "
-            "a short window)."
-        ],
-        plot=lambda path: plot(path, results),
-    )
+    notes = ["Storage-NIC max/mean here: every node's storage NIC over the whole run (paper: three machines, a "
+             "short window)."]  # fmt: skip
+    return Report("fig13", "storage-NIC and attention balance: round robin vs DualPath's scheduler", rows,
+                  comparisons, notes, lambda path: plot(path, results),
+                  {"round robin is less balanced than DualPath (storage-NIC max/mean)": less_balanced})  # fmt: skip
 
 
 def plot(path: Path, results: Sequence[CellResult]) -> None:
@@ -113,7 +106,3 @@ def plot(path: Path, results: Sequence[CellResult]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("fig13", help_description(__doc__), build, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,15 +1,11 @@
 """Fig. 7 of the paper (§7.3): offline job completion time vs the number of agents, for each maximum context
 length, on the three models, Basic / DualPath / Oracle.
 
-Each point is one offline run: ``agents`` agents of the dataset start at once and replay their whole
-trajectories; JCT is from the first arrival to the last request's end. Deployments are the paper's (DS 660B
-2P4D, DS 27B 1P1D, Qwen2.5-32B 1P2D; :data:`~dualpath_emu.reproduce.common.DEPLOYMENTS`).
-
-The full experiment is 4 agent counts × 3 datasets × 3 systems per model (``--model`` picks models; all
-three by default): DS 660B alone is 7.6 M agent turns (27.5 minutes with two processes here). ``--quick`` runs, on the storage-bound miniature
-(:data:`~dualpath_emu.reproduce.common.QUICK_NODE`), DS 660B and DS 27B on the 64K
-dataset with 128 and 256 agents replaying their first 40 rounds, and checks the orderings
-Oracle ≤ DualPath ≤ Basic and that Basic's decode-node storage NICs read nothing.
+Each point is one offline run of the paper's deployment: ``agents`` agents start at once and replay their
+whole trajectories; JCT is from the first arrival to the last request's end. The full experiment is 4 agent
+counts × 3 datasets × 3 systems per model (``--model`` picks models): DS 660B alone is 7.6 M agent turns.
+``--quick`` runs DS 660B and DS 27B on the storage-bound miniature, 64K, 128 and 256 agents × 40 rounds, and
+checks Oracle ≤ DualPath ≤ Basic and that Basic's decode-node storage NICs read nothing.
 
 Compared with the paper (paper-facts §8.2; figure readings are approximate): DualPath/Basic speedup per agent
 count on DS 660B 64K (±15%), its best speedup 1.87× (±10%), DualPath within 15% of Oracle, DS 27B's best
@@ -62,16 +58,8 @@ def cells(quick: bool, models: Sequence[str] | None = None) -> list[Cell]:
     else:
         plan = [(m, d, a) for m in (models or MODELS) for d in DATASETS for a in AGENTS]
         rounds = 0
-    return [
-        Cell(
-            {"model": m, "dataset": d, "agents": a},
-            deployment(m, quick=quick, dataset=d, agents=a),
-            system,
-            max_rounds=rounds,
-        )
-        for m, d, a in plan
-        for system in SYSTEMS
-    ]
+    return [Cell({"model": m, "dataset": d, "agents": a}, deployment(m, quick=quick, dataset=d, agents=a), system,
+                 max_rounds=rounds) for m, d, a in plan for system in SYSTEMS]  # fmt: skip
 
 
 def compare(jct: dict[tuple[str, str, int], dict[str, float]], *, best: bool = True) -> list[Comparison]:
@@ -117,21 +105,12 @@ def build(args: argparse.Namespace) -> Report:
     basic_de_idle = all(r.summary["snic_read_bytes"]["de"] == 0 for r in results if r.cell.system == "basic")
     dualpath_both = all(r.summary["snic_read_bytes"]["de"] > 0 and r.summary["snic_read_bytes"]["pe"] > 0
                         for r in results if r.cell.system == "dualpath")  # fmt: skip
-    return Report(
-        name="fig7",
-        title="offline JCT vs agents (Basic / DualPath / Oracle)",
-        rows=rows,
-        comparisons=compare(jct, best=not args.quick),
-        checks={
-            "oracle <= dualpath <= basic (oracle within 2%)": ordered,
-            "basic's decode-node storage NICs read nothing": basic_de_idle,
-            "dualpath reads on both sides": dualpath_both,
-        },
-        notes=["Quick variant: 128/256 agents, first 40 rounds; the paper's points are 512-4,096 whole trajectories."]
-        if args.quick
-        else [],
-        plot=lambda path: plot(path, jct),
-    )
+    notes = ["Quick variant: 128/256 agents, first 40 rounds; the paper's points are 512-4,096 whole trajectories."]
+    checks = {"oracle <= dualpath <= basic (oracle within 2%)": ordered,
+              "basic's decode-node storage NICs read nothing": basic_de_idle,
+              "dualpath reads on both sides": dualpath_both}  # fmt: skip
+    return Report("fig7", "offline JCT vs agents (Basic / DualPath / Oracle)", rows, compare(jct, best=not args.quick),
+                  notes if args.quick else [], lambda path: plot(path, jct), checks)  # fmt: skip
 
 
 def plot(path: Path, jct: dict[tuple[str, str, int], dict[str, float]]) -> None:
@@ -154,7 +133,3 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("fig7", help_description(__doc__), build, argv, configure=_configure)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,7 +6,8 @@ DualPath ≈3,400 s), but not the agent counts or context of the figure's points
 dataset with 512, 1,024 and 2,048 agents per ratio (3 × 3 points × Basic / DualPath / Oracle), and compare
 the mean and best DualPath/Basic speedup (±15%).
 
-``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 128 and 256 agents × 40 rounds per ratio; checks Oracle ≤ DualPath ≤ Basic at every point.
+``--quick`` (the storage-bound miniature): 128 and 256 agents × 40 rounds per ratio; checks Oracle ≤ DualPath
+≤ Basic at every point.
 """
 
 from __future__ import annotations
@@ -38,17 +39,9 @@ PAPER_BEST_SPEEDUP: Final = 2.46  # [exact §7.3], at 1P2D
 
 def build(args: argparse.Namespace) -> Report:
     agents, rounds = ((128, 256), 40) if args.quick else ((512, 1024, 2048), 0)
-    cells = [
-        Cell(
-            {"ratio": ratio, "agents": a},
-            deployment("ds27b", quick=args.quick, pe_nodes=p, de_nodes=d, agents=a),
-            system,
-            max_rounds=rounds,
-        )
-        for ratio, (p, d) in RATIOS.items()
-        for a in agents
-        for system in SYSTEMS
-    ]
+    cells = [Cell({"ratio": ratio, "agents": a}, deployment("ds27b", quick=args.quick, pe_nodes=p, de_nodes=d,
+                                                            agents=a), system, max_rounds=rounds)
+             for ratio, (p, d) in RATIOS.items() for a in agents for system in SYSTEMS]  # fmt: skip
     results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     jct = jct_by(results, "ratio", "agents")
     speedups = {key: v["basic"] / v["dualpath"] for key, v in jct.items()}
@@ -62,15 +55,10 @@ def build(args: argparse.Namespace) -> Report:
         within("best DualPath/Basic speedup", PAPER_BEST_SPEEDUP, max(speedups.values()), rel=0.15),
     ]
     ordered = systems_ordered(jct)
-    return Report(
-        name="fig8",
-        title="P/D ratio on DS 27B (1P1D, 2P1D, 1P2D), offline JCT",
-        rows=rows,
-        comparisons=comparisons,
-        checks={"oracle <= dualpath <= basic at every point (oracle within 2%)": ordered},
-        notes=["Quick variant: small runs, the speedups are not the paper's."] if args.quick else [],
-        plot=lambda path: plot(path, jct),
-    )
+    notes = ["Quick variant: small runs, the speedups are not the paper's."] if args.quick else []
+    checks = {"oracle <= dualpath <= basic at every point (oracle within 2%)": ordered}
+    return Report("fig8", "P/D ratio on DS 27B (1P1D, 2P1D, 1P2D), offline JCT", rows, comparisons, notes,
+                  lambda path: plot(path, jct), checks)  # fmt: skip
 
 
 def plot(path: Path, jct: dict[tuple[str, int], dict[str, float]]) -> None:
@@ -85,7 +73,3 @@ def plot(path: Path, jct: dict[tuple[str, int], dict[str, float]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("fig8", help_description(__doc__), build, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,7 +8,8 @@ the append scales, paper 1.82–1.99× (each within ±15% of that range); the pa
 the Basic–Oracle gap shrinks as appends grow (more compute per byte read), and the JCT of every system falls
 with the scale (fewer turns).
 
-``--quick`` (on the storage-bound miniature, :data:`~dualpath_emu.reproduce.common.QUICK_NODE`): 192 agents × 40 rounds at scales 1 and 3 (appends only); checks Oracle ≤ DualPath ≤ Basic.
+``--quick`` (the storage-bound miniature): 192 agents × 40 rounds at scales 1 and 3 (appends only); checks
+Oracle ≤ DualPath ≤ Basic.
 """
 
 from __future__ import annotations
@@ -44,18 +45,9 @@ def build(args: argparse.Namespace) -> Report:
     if not args.quick:
         plan += [("gen", s) for s in SCALES[1:]]  # scale 1 is the append series' first point
     config = deployment("ds660b", quick=args.quick, agents=agents)
-    cells = [
-        Cell(
-            {"knob": knob, "scale": scale},
-            config,
-            system,
-            max_rounds=rounds,
-            append_factor=scale if knob == "append" else 1.0,
-            gen_factor=scale if knob == "gen" else 1.0,
-        )
-        for knob, scale in plan
-        for system in SYSTEMS
-    ]
+    cells = [Cell({"knob": knob, "scale": scale}, config, system, max_rounds=rounds,
+                  append_factor=scale if knob == "append" else 1.0, gen_factor=scale if knob == "gen" else 1.0)
+             for knob, scale in plan for system in SYSTEMS]  # fmt: skip
     results = run_cells(cells, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     jct: dict[tuple[str, float], dict[str, float]] = jct_by(results, "knob", "scale")
     if ("append", 1.0) in jct and not args.quick:
@@ -86,15 +78,9 @@ def build(args: argparse.Namespace) -> Report:
         checks["every system's JCT falls as appends grow (fewer turns)"] = all(
             b[s] <= a[s] * 1.02 for a, b in zip(append, append[1:]) for s in SYSTEMS
         )
-    return Report(
-        name="fig9",
-        title="append and generation scaling (DS 660B, 64K)",
-        rows=rows,
-        comparisons=comparisons if not args.quick else [],
-        checks=checks,
-        notes=[f"Basic/Oracle JCT over the append scales: {', '.join(f'{g:.2f}' for g in gaps)}"],
-        plot=lambda path: plot(path, jct),
-    )
+    notes = [f"Basic/Oracle JCT over the append scales: {', '.join(f'{g:.2f}' for g in gaps)}"]
+    return Report("fig9", "append and generation scaling (DS 660B, 64K)", rows, [] if args.quick else comparisons,
+                  notes, lambda path: plot(path, jct), checks)  # fmt: skip
 
 
 def plot(path: Path, jct: Mapping[tuple[str, float], Mapping[str, float]]) -> None:
@@ -110,7 +96,3 @@ def plot(path: Path, jct: Mapping[tuple[str, float], Mapping[str, float]]) -> No
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("fig9", help_description(__doc__), build, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

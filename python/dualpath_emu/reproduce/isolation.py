@@ -52,20 +52,9 @@ from dualpath_emu.reproduce.common import DEPLOYMENTS, Comparison, Report, exper
 from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = [
-    "A5_TOKENS",
-    "BATCH_TOKENS",
-    "CONDITIONS",
-    "KV_BYTES_PER_S",
-    "KV_QPS_PER_PORT",
-    "QUEUE_DEPTH",
-    "Condition",
-    "Point",
-    "dispatch_bytes_per_peer",
-    "fifo_wait_ns",
-    "main",
-    "measure",
-    "outstanding_bytes",
-]
+    "A5_TOKENS", "BATCH_TOKENS", "CONDITIONS", "KV_BYTES_PER_S", "KV_QPS_PER_PORT", "QUEUE_DEPTH", "Condition",
+    "Point", "dispatch_bytes_per_peer", "fifo_wait_ns", "main", "measure", "outstanding_bytes",
+]  # fmt: skip
 
 MODEL: Final = "ds660b"
 EP_NODES: Final[int] = DEPLOYMENTS[MODEL]["prefill_ep_nodes"]
@@ -331,15 +320,8 @@ def build(args: argparse.Namespace) -> Report:
         f"{a5['unloaded'] / 1e3:.1f} / {a5['isolated'] / 1e3:.1f} / {a5['shared_lane'] / 1e3:.1f} / "
         f"{a5['shared_lane_fluid'] / 1e3:.1f} µs.",
     ]
-    return Report(
-        name="isolation",
-        title="EP16 MoE dispatch latency under 20 GB/s of KV traffic, with and without VL isolation (§5)",
-        rows=rows,
-        comparisons=comparisons,
-        notes=notes,
-        plot=lambda path: _plot(path, points, unloaded),
-        checks=checks,
-    )
+    return Report("isolation", "EP16 MoE dispatch latency under 20 GB/s of KV traffic, with and without VL isolation "
+                  "(§5)", rows, comparisons, notes, lambda path: _plot(path, points, unloaded), checks)  # fmt: skip
 
 
 def _positive(text: str) -> int:
@@ -358,7 +340,3 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("isolation", help_description(__doc__), build, argv, configure=_configure)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

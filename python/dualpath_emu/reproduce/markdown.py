@@ -138,7 +138,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.into.write_text(document[: begin + len(BEGIN)] + "\n\n" + text + "\n" + document[end:])
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

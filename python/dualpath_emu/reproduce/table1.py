@@ -31,16 +31,9 @@ from dualpath_emu.reproduce.common import Report, experiment_main, within
 from dualpath_emu.reproduce.plots import panels, save
 
 __all__ = [
-    "APPEND_TOKENS",
-    "CONTEXTS",
-    "MODELS",
-    "PAPER_RANGES",
-    "TOLERANCE",
-    "Table1Row",
-    "cache_compute_ratio_gb_per_pflop",
-    "main",
-    "rows",
-]
+    "APPEND_TOKENS", "CONTEXTS", "MODELS", "PAPER_RANGES", "TOLERANCE", "Table1Row",
+    "cache_compute_ratio_gb_per_pflop", "main", "rows",
+]  # fmt: skip
 
 APPEND_TOKENS: Final = 429
 CONTEXTS: Final = (16_384, 32_721, 49_152, 65_536)
@@ -133,17 +126,12 @@ def build(args: argparse.Namespace) -> Report:
     ]  # fmt: skip
     notes.append(f"{APPEND_TOKENS}-token append; KV in FP8 for the DeepSeek models (V3.2's indexer cache excluded), "
                  "FP16 for Qwen; ds27b is the paper's internal down-scaled model.")  # fmt: skip
-    return Report(
-        name="table1",
-        title=f"cache-compute ratio (GB of KV per PFLOP of prefill), {APPEND_TOKENS}-token append",
-        rows=[{**row.to_json(), "contexts": list(CONTEXTS)} for row in table_rows],
-        comparisons=comparisons,
-        notes=notes,
-        checks={
-            "both ends of each paper range within ±10%": all(r.ends_within_tolerance is not False for r in table_rows)
-        },
-        plot=lambda path: plot(path, table_rows),
-    )
+    checks = {
+        "both ends of each paper range within ±10%": all(r.ends_within_tolerance is not False for r in table_rows)
+    }
+    return Report("table1", f"cache-compute ratio (GB of KV per PFLOP of prefill), {APPEND_TOKENS}-token append",
+                  [{**row.to_json(), "contexts": list(CONTEXTS)} for row in table_rows], comparisons, notes,
+                  lambda path: plot(path, table_rows), checks)  # fmt: skip
 
 
 def plot(path: Path, table_rows: Sequence[Table1Row]) -> None:
@@ -164,7 +152,3 @@ def plot(path: Path, table_rows: Sequence[Table1Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("table1", "Table 1: GB of KV to load per PFLOP of prefill compute.", build, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

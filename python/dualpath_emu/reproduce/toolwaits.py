@@ -1,22 +1,14 @@
 """Tool waits online (issue 25; the paper's §8.2 question): what an agent's wait between its turns does to the
 KV working set and the latency of DualPath on DS 660B 2P4D.
 
-The paper's runs send an agent's next turn the moment the previous one ends; it notes that real tool calls and
-thinking would grow the working set, the KV storage must keep for agents that are alive. Here agents arrive
-online (Poisson, 0.1 and 0.45 APS: the paper's Fig. 11 rates, 0.45 about DualPath's SLO edge) over 1,500
-emulated seconds (as in ``reproduce fig10``), each waits a lognormal time (sigma 1) of mean 0, 5 or 30 s
-before every turn after its first (:mod:`dualpath_emu.workload.waits`), and the run reports the working set
-(peak and time-weighted mean), TTFT and TPOT, and the JCT. The peak is the figure to read: it is what storage
-must hold, and it grows with the wait, as more agents are alive at once. The mean over the whole run falls,
-because the waits stretch the run's tail, when the last agents trickle out, far more than its busy middle.
-
-A wait is a function of the seed, the agent and the turn alone (common random numbers): agent i waits alike, in
-whatever order its turns end, in every run here with the same mean wait (both rates, every rate of the edge
-search), and with one sigma its waits of mean 30 s are those of mean 5 s times 6.
-
-The hit rate (the share of prompt tokens loaded from storage) is reported and does not move with the waits:
-hits come from the agent's own context and storage keeps everything (§3.4), so a wait never costs a hit. That
-changes once storage is bounded.
+The paper's runs send an agent's next turn the moment the previous one ends; real tool calls and thinking
+would grow the working set, the KV storage must keep for agents that are alive. Here agents arrive online
+(0.1 and 0.45 APS: the paper's Fig. 11 rates) over 1,500 emulated seconds (as in ``reproduce fig10``), each
+waits a lognormal time (sigma 1) of mean 0, 5 or 30 s before every turn after its first
+(:mod:`dualpath_emu.workload.waits`: common random numbers), and the run reports the working set (peak and
+time-weighted mean), TTFT, TPOT and the JCT. The peak is the figure to read: it is what storage must hold, and
+it grows with the wait; the whole-run mean falls, as the waits stretch the run's tail far more than its busy
+middle. The hit rate does not move: hits come from the agent's own context and storage keeps everything (§3.4).
 
 **The SLO edge** with waits: for each mean wait, :mod:`~dualpath_emu.reproduce.fig10`'s bracket search finds the
 largest arrival rate at which DualPath meets the SLO (mean TTFT ≤ 4 s and TPOT ≤ 50 ms over the steady
@@ -87,21 +79,15 @@ def build(args: argparse.Namespace) -> Report:
         checks[f"the peak working set grows with the wait at {rate:g} APS"] = all(
             b > a for a, b in zip(peaks, peaks[1:])
         )
-    return Report(
-        name="toolwaits",
-        title="tool waits online: working set and latency, DualPath on DS 660B 2P4D",
-        rows=rows,
-        comparisons=[],
-        checks=checks,
-        notes=[
-            "The paper runs with zero wait and gives no figure for waits; the rows are the emulator's own.",
-            "Read the peak working set: the whole-run mean falls as the waits stretch the run's tail.",
-            "Hit rates do not change: hits are the agent's own context and storage keeps everything (§3.4).",
-            "Rows 'edge': DualPath's SLO edge, the largest APS meeting mean TTFT <= 4 s and TPOT <= 50 ms "
-            "(fig10's search), and the next rate measured, which misses it.",
-        ],
-        plot=lambda path: plot(path, results),
-    )
+    notes = [
+        "The paper runs with zero wait and gives no figure for waits; the rows are the emulator's own.",
+        "Read the peak working set: the whole-run mean falls as the waits stretch the run's tail.",
+        "Hit rates do not change: hits are the agent's own context and storage keeps everything (§3.4).",
+        "Rows 'edge': DualPath's SLO edge, the largest APS meeting mean TTFT <= 4 s and TPOT <= 50 ms "
+        "(fig10's search), and the next rate measured, which misses it.",
+    ]
+    return Report("toolwaits", "tool waits online: working set and latency, DualPath on DS 660B 2P4D", rows, [],
+                  notes, lambda path: plot(path, results), checks)  # fmt: skip
 
 
 def edge_searches(quick: bool) -> list[fig10.Search]:
@@ -130,7 +116,3 @@ def plot(path: Path, results: Sequence[CellResult]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return experiment_main("toolwaits", help_description(__doc__), build, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,11 +1,6 @@
-"""Workloads: agent trajectories and request traces, their file format, a generator shaped like the paper's
-datasets, a Mooncake importer and statistics.
-
-* :mod:`~dualpath_emu.workload.trajectory` — the data model and the ``dualpath-emu-trajectories`` JSONL format;
-* :mod:`~dualpath_emu.workload.generator` — synthetic datasets matching Table 2 (32K / 48K / 64K);
-* :mod:`~dualpath_emu.workload.mooncake` — Mooncake request traces as explicit turns with prefix hits;
-* :mod:`~dualpath_emu.workload.stats` — Table 2 columns and per-turn length distributions.
-
+"""Workloads: agent trajectories and request traces (:mod:`~dualpath_emu.workload.trajectory`, with their
+file format), a generator shaped like the paper's datasets (:mod:`~dualpath_emu.workload.generator`), a
+Mooncake importer (:mod:`~dualpath_emu.workload.mooncake`) and statistics (:mod:`~dualpath_emu.workload.stats`).
 :func:`load_trace` reads either file type, telling them apart by the first line.
 """
 

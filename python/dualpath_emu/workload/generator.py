@@ -1,59 +1,40 @@
 """Synthetic agent trajectories shaped like the paper's three datasets (Table 2: MaxLen 32K, 48K, 64K).
 
-The paper's traces (500 trajectories each, from production agentic-RL coding agents) are not public; §7.2
-gives only the means in Table 2. This module draws trajectories whose Table 2 statistics match those means,
-deterministically from a seed, and extends a dataset to more agents the way §3.2 / A.3 does.
+The paper's traces (500 agentic-RL coding trajectories each) are not public; §7.2 gives only Table 2's
+means. This module draws trajectories that match them, deterministically from a seed, and extends a dataset
+to more agents the way §3.2 / A.3 does.
 
-Which columns are matched, and why
-----------------------------------
-Table 2's columns cannot all be per-turn means (paper-facts §3.1): the mean of a trajectory's total tokens
-is *identically* (mean turns) × (per-turn mean of append + gen), yet 157 × (429 + 176) = 94,985 exceeds both
-the Total column (55,958) and the 64K MaxLen itself. Under the only reading in which the columns agree, all
-five are matched **in expectation** (the *per-trajectory* reading, default):
+**Which reading of Table 2.** Its columns cannot all be per-turn means (paper-facts §3.1): 157 × (429 + 176)
+= 94,985 exceeds both the Total column (55,958) and the 64K MaxLen. In the only reading in which they agree
+(*per-trajectory*, the default) all five are matched in expectation: Turns, Total = means over trajectories;
+Append, Gen = means over trajectories of each one's mean per round; Context = the turn-weighted mean of a
+round's context. Trajectories with many rounds have short rounds (truncation at MaxLen), so per request the
+append is smaller than the Append column (≈ 253 vs 429 for 64K) and the token-weighted prefix-hit fraction
+≈ 99.2 % rather than the 98.7 % the paper derives. ``reading="per-turn"`` matches Append, Gen (per round),
+Total and Context and lets Turns fall to Total / (Append + Gen) (≈ 92 for 64K): 1.7× fewer requests and KV
+reads. :func:`~dualpath_emu.workload.stats.dataset_stats` computes both.
 
-* Turns: mean over trajectories of the number of rounds;
-* Append, Gen: mean over trajectories of the trajectory's mean append (gen) tokens per round;
-* Total: mean over trajectories of Σ(append + gen), the final context;
-* Context: mean over all rounds (turn-weighted) of the round's context (its hit, before the append).
+**The model** (the distributions are assumptions: the paper gives none, paper-facts §10). Per base trajectory,
+with M = MaxLen and s_A = Append / (Append + Gen):
 
-Append and Gen can exceed Total / Turns in this reading because trajectories with many rounds have short
-rounds (truncation at MaxLen makes turn count and round size anti-correlated), exactly as Jensen's inequality
-requires. The price: per *request* (turn-weighted) the append is smaller than the Append column (≈ 253 vs 429
-tokens for 64K), so the token-weighted prefix-hit fraction is ≈ 99.2 % rather than the 98.7 % the paper derives
-from the columns. The alternative *per-turn* reading (``reading="per-turn"``) matches Append, Gen (per round),
-Total and Context and lets Turns fall to Total / (Append + Gen) (≈ 92 for 64K instead of 157): same tokens
-computed and generated per trajectory, 1.7× fewer requests and so 1.7× less KV read from storage.
-:func:`~dualpath_emu.workload.stats.dataset_stats` computes both readings.
-
-The model (distributions are assumptions: the paper gives none, paper-facts §10)
----------------------------------------------------------------------------------
-For each base trajectory, with M = MaxLen and s_A = Append / (Append + Gen):
-
-1. Turn count T = round(exp(μ_T + σ_T·z)), z standard normal clamped to ±3 (no 1-round or 5,000-round
-   agents), with mean τ = Turns and σ_T solved so that E[T]·E[1/T] = Turns·(Append + Gen) / Total, which
-   makes E[Total / T] = Append + Gen (σ_T ≈ 0.68–0.74; without the clamp σ_T² would be the log of that
-   ratio). For 64K, T spans ≈ 13–1,080 rounds.
-2. Total tokens L = λ·M with λ = 1 - (1 - λ_min)·u^k, u uniform: most trajectories end near MaxLen (the
-   agent ran out of context), the rest end earlier (the task ended), down to λ_min·M (default 0.1·M); k is
-   set so that E[L] = Total. T and L are independent. L <= M, so no turn ever exceeds MaxLen.
+1. Turns T = round(exp(μ_T + σ_T·z)), z standard normal clamped to ±3, mean τ = Turns, σ_T solved so that
+   E[T]·E[1/T] = Turns·(Append + Gen) / Total, which makes E[Total / T] = Append + Gen (σ_T ≈ 0.7).
+2. Total tokens L = λ·M, λ = 1 - (1 - λ_min)·u^k, u uniform: most trajectories end near MaxLen, the rest
+   earlier, down to λ_min·M; k makes E[L] = Total. T and L are independent; L <= M.
 3. Appended tokens A_tot = round(s_A·L), generated G_tot = L - A_tot.
-4. First round (system prompt + task): A_1 = φ_j·L, φ_j lognormal around φ (σ 0.3), with φ solved in closed
-   form so the turn-weighted mean context equals Context (φ ≈ 0.18–0.23: A_1 ≈ 6K–10K tokens).
-5. The other appends (tool outputs) share A_tot - A_1 over rounds 2..T by i.i.d. lognormal weights (σ 1.0,
-   heavy-tailed); the gens share G_tot over rounds 1..T by lognormal weights (σ 0.6); each >= 1 token.
+4. First round A_1 = φ_j·L, φ_j lognormal around φ (σ 0.3), φ solved so that the turn-weighted mean context
+   is Context (φ ≈ 0.2).
+5. The other appends share A_tot - A_1 over rounds 2..T by lognormal weights (σ 1.0, heavy-tailed tool
+   output); the gens share G_tot over rounds 1..T (σ 0.6); each >= 1 token.
 
-T and λ are drawn by stratified sampling (one uniform per 1/n stratum, strata shuffled), so a 500-trajectory
-dataset lands close to the matched means for every seed, not only in expectation: over seeds 0–39, within
-±0.3 % (Turns, Total) and ±3 % (Append, Gen, Context) of Table 2.
+T and λ are drawn by stratified sampling, so a 500-trajectory dataset lands within ±0.3 % (Turns, Total) and
+±3 % (Append, Gen, Context) of Table 2 for every seed, not only in expectation.
 
-Extra agents (§3.2, A.3): beyond the base set, agent k copies a base trajectory drawn uniformly at random and
-prepends a synthetic first round of ``first_append`` random tokens with g_1 = 1, which gives it a unique
-prefix (no cross-agent sharing). The paper does not give that length; the default is 1 token (the SIGCOMM
-version speaks of "a random token"). If the prepended round pushes the last rounds past MaxLen they are cut.
-
-Determinism: each dataset draws from its own ``random.Random`` seeded by the string
-``"dualpath-emu/workload/<dataset>/<seed>/base"`` (``…/extra`` for extra agents), never the global generator;
-so the first 500 agents are the same whatever the agent count.
+**Extra agents** (§3.2, A.3): agent k beyond the base set copies a uniformly drawn base trajectory and
+prepends a first round of ``first_append`` tokens (default 1: the paper gives no length) with g_1 = 1, a
+unique prefix; rounds pushed past MaxLen are cut. Each dataset draws from its own ``random.Random`` seeded by
+``"dualpath-emu/workload/<dataset>/<seed>/base"`` (``…/extra`` for extra agents), so the first 500 agents are
+the same whatever the agent count.
 """
 
 from __future__ import annotations
@@ -68,29 +49,15 @@ from typing import Final, Literal
 from dualpath_emu.workload.trajectory import Trajectory, truncated
 
 __all__ = [
-    "DATASETS",
-    "MAX_AGENTS",
-    "MAX_BASE_TRAJECTORIES",
-    "MAX_SIGMA",
-    "READINGS",
-    "Dataset",
-    "GeneratorParams",
-    "Model",
-    "PaperRow",
-    "extend_agents",
-    "generate",
-    "generate_base",
-    "max_total_min_fraction",
-    "model",
-    "scaled",
-]
+    "DATASETS", "MAX_AGENTS", "MAX_BASE_TRAJECTORIES", "MAX_SIGMA", "READINGS", "Dataset", "GeneratorParams", "Model",
+    "PaperRow", "extend_agents", "generate", "generate_base", "max_total_min_fraction", "model", "scaled",
+]  # fmt: skip
 
 MAX_AGENTS: Final = 100_000
-"""The most agents :func:`generate` makes (memory grows with agents × rounds: ~250 MB at this many)."""
+"""The most agents :func:`generate` makes (~250 MB at this many)."""
 MAX_BASE_TRAJECTORIES: Final = 100_000
-"""The largest :attr:`GeneratorParams.n_base`."""
 MAX_SIGMA: Final = 5.0
-"""The largest σ of the generator's lognormal weights (beyond it a weight's e^(σ·z) leaves any sensible range)."""
+"""The largest σ of the generator's lognormal weights."""
 
 Reading = Literal["per-trajectory", "per-turn"]
 READINGS: Final[tuple[Reading, ...]] = ("per-trajectory", "per-turn")
@@ -126,22 +93,17 @@ DATASETS: Final[Mapping[str, Dataset]] = {
 
 @dataclass(frozen=True)
 class GeneratorParams:
-    """The generator's knobs, with their defaults (distributions: see the module docstring)."""
+    """The generator's knobs and their defaults (the module docstring's model): ``n_base`` base trajectories
+    (the paper's 500), the ``reading`` of Table 2, the σ of the lognormal weights of the appends, the gens
+    and the first round's share, λ_min (``total_min_fraction``) and the extra agents' ``first_append``."""
 
     n_base: int = 500
-    """Base trajectories per dataset (the paper's datasets have 500)."""
     reading: Reading = "per-trajectory"
-    """Which reading of Table 2 to match (module docstring)."""
     append_sigma: float = 1.0
-    """σ of the lognormal weights sharing a trajectory's appends over rounds 2..T (heavy tail: tool output)."""
     gen_sigma: float = 0.6
-    """σ of the lognormal weights sharing a trajectory's generated tokens over its rounds."""
     first_round_sigma: float = 0.3
-    """σ of the lognormal spread of the first round's share φ_j of a trajectory's tokens."""
     total_min_fraction: float = 0.1
-    """λ_min: the shortest trajectory's total tokens as a fraction of MaxLen."""
     first_append: int = 1
-    """Tokens A_1 of the synthetic first round of extra agents (its g_1 is 1): not in the paper."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_base <= MAX_BASE_TRAJECTORIES:
@@ -160,30 +122,22 @@ class GeneratorParams:
 
 @dataclass(frozen=True)
 class Model:
-    """The per-dataset parameters derived from Table 2 (module docstring, steps 1–4)."""
+    """The per-dataset parameters derived from Table 2 (module docstring, steps 1–4): τ, σ_T, k, s_A, φ."""
 
     turns_mean: float
-    """τ, the target mean turn count."""
     turns_sigma: float
-    """σ_T of the turn-count lognormal."""
     total_shape: float
-    """k in λ = 1 - (1 - λ_min)·u^k."""
     append_share: float
-    """s_A = Append / (Append + Gen): appended share of a trajectory's tokens."""
     first_share: float
-    """φ, the mean share of a trajectory's tokens in its first round."""
 
 
 def max_total_min_fraction(dataset: Dataset) -> float:
-    """The bound ``total_min_fraction`` must stay below for ``dataset``: its mean total / MaxLen (Table 2), or
-    no draw of total tokens can have the dataset's mean (step 2 of the module docstring)."""
+    """The bound ``total_min_fraction`` must stay below: the dataset's mean total / MaxLen (step 2)."""
     return dataset.paper.total / dataset.max_len
 
 
 def model(dataset: Dataset, params: GeneratorParams = GeneratorParams()) -> Model:
-    """Solve the model's parameters from the dataset's Table 2 row (closed forms; module docstring).
-
-    Raises ``ValueError`` if ``params.total_min_fraction`` is not below :func:`max_total_min_fraction`."""
+    """Solve the model's parameters from the dataset's Table 2 row (closed forms)."""
     row = dataset.paper
     bound = max_total_min_fraction(dataset)
     if not params.total_min_fraction < bound:
@@ -207,7 +161,7 @@ def model(dataset: Dataset, params: GeneratorParams = GeneratorParams()) -> Mode
 
 
 _Z_CLAMP: Final = 3.0
-"""Turn counts are exp(μ + σ·z) with the standard normal z clamped to ±3: no 1-round or 5,000-round agents."""
+"""z of the turn counts exp(μ + σ·z) is clamped to ±3: no 1-round or 5,000-round agents."""
 
 
 def _clamped_mean(sigma: float) -> float:
@@ -280,12 +234,8 @@ def generate_base(dataset: Dataset, seed: int = 0, params: GeneratorParams = Gen
 def extend_agents(
     base: Sequence[Trajectory], agents: int, rng: random.Random, *, first_append: int = 1, max_len: int, prefix: str
 ) -> list[Trajectory]:
-    """``base`` cut or extended to ``agents`` trajectories (§3.2, A.3).
-
-    With ``agents <= len(base)`` the first ``agents`` base trajectories. Otherwise all of them, then extra
-    agents ``<prefix>-<k>`` (k continuing the numbering): a uniformly drawn base trajectory with a synthetic
-    first round (``first_append`` tokens, g_1 = 1) prepended, cut to ``max_len``.
-    """
+    """``base`` cut or extended to ``agents`` trajectories (§3.2, A.3): extra agents ``<prefix>-<k>`` are
+    uniformly drawn base trajectories with a first round of ``first_append`` tokens (g_1 = 1) prepended."""
     if agents <= len(base):
         return list(base[:agents])
     if not base:

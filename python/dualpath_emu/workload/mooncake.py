@@ -4,30 +4,23 @@ Input: JSON Lines, one request a line, in arrival order::
 
     {"timestamp": 27, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, ...]}
 
-``timestamp`` is the arrival time in milliseconds from the start of the trace (non-decreasing);
-``input_length`` the prompt tokens (>= 1); ``output_length`` the generated tokens (>= 1); ``hash_ids`` the
-remapped hashes of the prompt's 512-token prefix blocks, ceil(input_length / 512) of them (the last block
-may be partial). Equal ids mean equal prefixes (a block's hash covers everything before it).
+``timestamp``: arrival in milliseconds (non-decreasing); ``input_length``, ``output_length``: prompt and
+generated tokens (>= 1); ``hash_ids``: the hashes of the prompt's 512-token prefix blocks, ceil(input_length
+/ 512) of them (equal ids mean equal prefixes: a block's hash covers everything before it).
 
-Hit rule (storage keeps everything, as for the agent traces, §3.4): a request reuses the longest prefix run of
-its hash_ids that are already stored, i.e. appeared in any earlier line; hit = run × 512 tokens, capped at
-input_length - 1 so that at least one token is computed. Then all of its blocks are stored. A request can
-therefore hit blocks written by *another* client (a shared system prompt, an earlier turn of the same
-conversation): the trace has no session ids.
+**Hits** (storage keeps everything, §3.4): a request reuses the longest run of leading blocks that appeared in
+any earlier line, × 512 tokens, capped at input_length - 1; then all its blocks are stored. A hit can come from
+*another* client (a shared system prompt): the trace has no session ids.
 
-Sessions: the trace has no session ids, but a conversation's next turn sends its whole context again, so its
-blocks extend the previous turn's. A request **joins the session** of the latest earlier request whose full
-blocks (all but a partial last one) are a prefix of its own, make up at least half of its prompt
-(:data:`SESSION_SHARE`: a shorter shared prefix, such as a system prompt, is no conversation) and whose prompt
-is shorter; the deepest such prefix wins. A session keeps its context alive between its turns (its working
-set), which single requests would not.
+**Sessions**: a conversation's next turn resends its whole context, so its blocks extend the previous turn's.
+A request joins the session of the latest earlier, shorter request whose full blocks are a prefix of its own
+and make up at least :data:`SESSION_SHARE` of its prompt (a shorter shared prefix, such as a system prompt, is
+no conversation); the deepest such prefix wins. A session keeps its context alive between its turns.
 
-Output: one trajectory per session, its requests as explicit turns ``[prompt, hit, gen, arrival_s]`` in
-arrival order, arrival_s = timestamp / 1000, ids ``<prefix>-<line index of its first request, from 0>``; with
-``sessions=False`` one single-turn trajectory per request. Turns are replayed at their arrival times either
-way: sessions change what is counted per agent, not when a request arrives or what it hits. Limits: lengths at most 10^9 tokens, timestamps at
-most 10^11 ms (the trajectory format's limits). Malformed lines are a
-:class:`~dualpath_emu.workload.trajectory.TraceError` naming the file and line.
+Output: one trajectory per session, its requests as turns ``[prompt, hit, gen, arrival_s]`` (arrival_s =
+timestamp / 1000), ids ``<prefix>-<line index of its first request>``; ``sessions=False``: one single-turn
+trajectory per request. Either way turns arrive at their times and hit the same: sessions change only what is
+counted per agent. Malformed lines are a :class:`~dualpath_emu.workload.trajectory.TraceError`.
 """
 
 from __future__ import annotations
@@ -47,14 +40,8 @@ from dualpath_emu.workload.trajectory import (
 )
 
 __all__ = [
-    "BLOCK_TOKENS",
-    "KEYS",
-    "SESSION_SHARE",
-    "hit_tokens",
-    "is_mooncake_record",
-    "read_mooncake",
-    "session_count",
-]
+    "BLOCK_TOKENS", "KEYS", "SESSION_SHARE", "hit_tokens", "is_mooncake_record", "read_mooncake", "session_count",
+]  # fmt: skip
 
 BLOCK_TOKENS: Final = 512
 """Tokens per hash block in the Mooncake traces."""
@@ -64,9 +51,8 @@ KEYS: Final = ("timestamp", "input_length", "output_length", "hash_ids")
 
 _MAX_TIMESTAMP_MS: Final = MAX_ARRIVAL_S * 1000  # 1e11, as the error message says
 SESSION_SHARE: Final = 0.5
-"""The least share of a request's prompt that an earlier request's full blocks must cover for it to join that
-request's session [our choice: a conversation's next turn resends the whole context, of which the new message
-and the last answer are usually the smaller part]."""
+"""The least share of a request's prompt an earlier request's full blocks must cover for it to join that
+session [our choice: the new message and the last answer are usually the smaller part of a context]."""
 
 
 def is_mooncake_record(record: dict[str, Any]) -> bool:
@@ -123,8 +109,7 @@ def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, 
 def read_mooncake(
     path: str | Path, *, block_tokens: int = BLOCK_TOKENS, prefix: str = "req", sessions: bool = True
 ) -> list[Trajectory]:
-    """The requests of the Mooncake trace ``path`` with explicit hits, as sessions (or, ``sessions=False``, one
-    single-turn trajectory per request): see the module docstring."""
+    """The requests of the Mooncake trace ``path`` with explicit hits, as sessions (module docstring)."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens: expected an integer >= 1, got {block_tokens}")
     stored: set[int] = set()

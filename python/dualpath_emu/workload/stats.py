@@ -1,14 +1,9 @@
 """Statistics of a workload: the Table 2 columns of a dataset, and per-turn length distributions of any trace.
 
-Definitions (tokens; means are arithmetic):
-
-* prompt, hit, append, gen: per turn (a turn of an agent trajectory has hit = its context, §3.2);
-* prefix-hit fraction: Σ hit / Σ prompt over all turns (token-weighted), the share of prompt KV read rather
-  than computed;
-* p50, p99: nearest-rank percentiles (the smallest value with at least 50 % / 99 % of the values <= it).
-
-:func:`dataset_stats` computes the paper's Table 2 columns in the per-trajectory reading that
-:mod:`~dualpath_emu.workload.generator` matches, and the per-turn (request-weighted) values beside them.
+Per turn: prompt, hit, append, gen (an agent turn's hit is its context, §3.2); the prefix-hit fraction is
+Σ hit / Σ prompt (token-weighted); p50 and p99 are nearest-rank percentiles. :func:`dataset_stats` computes
+Table 2's columns in the per-trajectory reading :mod:`~dualpath_emu.workload.generator` matches, and the
+per-turn values beside them.
 """
 
 from __future__ import annotations
@@ -49,14 +44,9 @@ def distribution(values: Sequence[float]) -> Distribution:
 
 @dataclass(frozen=True)
 class Table2Stats:
-    """Table 2's columns for a set of trajectories (§7.2), plus the per-turn view.
-
-    Per-trajectory reading: ``turns``, ``total`` are means over trajectories; ``append``, ``gen`` means over
-    trajectories of each one's mean per round; ``context`` the mean over all rounds of the round's hit;
-    ``hit_rate`` = context / (context + append) as the paper derives 98.7 %. Per-turn view: ``append_per_turn``,
-    ``gen_per_turn`` are means over all rounds; ``hit_fraction`` = Σ hit / Σ prompt. ``max_tokens`` is the
-    longest prompt + output of any round (must not exceed MaxLen).
-    """
+    """Table 2's columns (§7.2) in the per-trajectory reading (``hit_rate`` = context / (context + append), as
+    the paper derives 98.7 %), then the per-turn view (means over all rounds; ``hit_fraction`` = Σ hit /
+    Σ prompt) and the longest prompt + output of any round."""
 
     trajectories: int
     turns: float
@@ -86,18 +76,11 @@ def dataset_stats(trajectories: Sequence[Trajectory]) -> Table2Stats:
     context = hit_sum / turns
     append = math.fsum(sum(t.append) / len(t) for t in trajectories) / n
     return Table2Stats(
-        trajectories=n,
-        turns=turns / n,
-        append=append,
-        gen=math.fsum(sum(t.gen) / len(t) for t in trajectories) / n,
-        total=(append_sum + gen_sum) / n,
-        context=context,
-        hit_rate=context / (context + append),
-        append_per_turn=append_sum / turns,
-        gen_per_turn=gen_sum / turns,
-        hit_fraction=hit_sum / (hit_sum + append_sum),
-        max_tokens=max(t.max_tokens for t in trajectories),
-    )
+        trajectories=n, turns=turns / n, append=append, gen=math.fsum(sum(t.gen) / len(t) for t in trajectories) / n,
+        total=(append_sum + gen_sum) / n, context=context, hit_rate=context / (context + append),
+        append_per_turn=append_sum / turns, gen_per_turn=gen_sum / turns,
+        hit_fraction=hit_sum / (hit_sum + append_sum), max_tokens=max(t.max_tokens for t in trajectories),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -135,14 +118,10 @@ def trace_stats(trajectories: Sequence[Trajectory]) -> TraceStats:
     hit_sum = sum(hits)
     prompt_sum = sum(prompts)
     return TraceStats(
-        trajectories=len(trajectories),
-        agent_trajectories=sum(1 for t in trajectories if t.is_agent),
-        turns=len(prompts),
-        turns_per_trajectory=distribution([len(t) for t in trajectories]),
-        prompt=distribution(prompts),
-        hit=distribution(hits),
-        append=distribution(appends),
+        trajectories=len(trajectories), agent_trajectories=sum(1 for t in trajectories if t.is_agent),
+        turns=len(prompts), turns_per_trajectory=distribution([len(t) for t in trajectories]),
+        prompt=distribution(prompts), hit=distribution(hits), append=distribution(appends),
         gen=distribution([g for t in trajectories for g in t.gen]),
         hit_fraction=hit_sum / prompt_sum if prompt_sum else 0.0,
         duration_s=max(arrivals) - min(arrivals) if arrivals else None,
-    )
+    )  # fmt: skip

@@ -1,15 +1,6 @@
-"""``dualpath-emu trace``: summarise, generate and import workload traces.
-
-* ``trace stats FILE [--json]`` — a trajectory file or a Mooncake trace (told apart by the first line):
-  counts, per-turn prompt / hit / append / gen lengths (mean, p50, p99, max), the prefix-hit fraction
-  (hit tokens / prompt tokens) and, for agent trajectories, the paper's Table 2 columns;
-* ``trace gen --dataset 64k [--agents N] [--seed S] --out FILE`` — a synthetic dataset
-  (:mod:`~dualpath_emu.workload.generator`) in our format;
-* ``trace import FILE --out FILE [--no-sessions]`` — a Mooncake trace converted to our format
-  (:mod:`~dualpath_emu.workload.mooncake`), its requests grouped into the sessions their prefixes show.
-
-Bad input (a malformed line, an unknown dataset) is a :class:`~dualpath_emu.errors.UsageError`: one line,
-exit status 2.
+"""``dualpath-emu trace``: summarise (``stats``), generate (``gen``, :mod:`~dualpath_emu.workload.generator`)
+and import (``import``, Mooncake, :mod:`~dualpath_emu.workload.mooncake`) workload traces. Bad input is a
+:class:`~dualpath_emu.errors.UsageError`: one line, exit status 2.
 """
 
 from __future__ import annotations

@@ -1,34 +1,24 @@
 """Trajectories, the unit of workload, and their JSONL file format (``dualpath-emu-trajectories``, version 2).
 
-A **trajectory** is one client's sequence of turns (requests), issued one after another. Two kinds share one
-data model, :class:`Trajectory`:
+A **trajectory** is one client's turns (requests), issued one after another, in one data model,
+:class:`Trajectory`, for two kinds:
 
-* **Agent trajectories** (paper §3.2, A.3): round *i* has ``append`` tokens A_i and ``gen`` tokens g_i. The
-  context before round *i* is A_1, g_1, …, A_{i-1}, g_{i-1}; replaying round *i* sends prompt = context + A_i
-  and forces exactly g_i output tokens. The reused prefix (hit) of round *i* is its whole context, and hits
-  come only from the same trajectory (§3.4: the client computes hit lengths; storage never evicts). No hit is
-  stored: it is implied (``hit is None``). Round 1 has no hit.
-* **Request traces** (imported, e.g. Mooncake): each turn carries its own prompt length, hit (reused-prefix
-  tokens, which may come from *any* earlier request) and output length, and optionally an arrival time.
+* **Agent trajectories** (paper §3.2, A.3): round *i* appends A_i tokens and generates exactly g_i; its
+  prompt is its context A_1, g_1, …, A_{i-1}, g_{i-1} plus A_i, and its hit (reused prefix) is that context,
+  implied, never stored (``hit is None``): hits come only from the same trajectory and storage never evicts
+  (§3.4). Round 1 has no hit.
+* **Request traces** (imported, e.g. Mooncake): each turn carries its prompt, hit (from *any* earlier
+  request) and output length, and optionally an arrival time.
 
-All lengths are in tokens; times in seconds, relative to the start of the trace. Every turn computes at least
-one token (``append >= 1``) and generates at least one (``gen >= 1``).
+Lengths are in tokens, times in seconds from the start of the trace; every turn computes (``append >= 1``)
+and generates (``gen >= 1``) at least one token.
 
-File format, version 2
-======================
-
-UTF-8 JSON Lines; one JSON object per line; blank lines are ignored. The **first line is a header**::
-
-    {"format": "dualpath-emu-trajectories", "version": 2, "trajectories": 500, "meta": {...}}
-
-``format`` (required) is exactly that string; ``version`` (required) is the integer 2, or 1 for a file without
-tool waits (version 1 is version 2 without them; a reader refuses any other version: a new field or meaning
-makes a new version; the writer writes 1 when no trajectory has waits, so older readers still read those
-files); ``trajectories`` (optional) is the number of
-trajectory lines that follow (a reader checks it, so a truncated file is an error); ``meta`` (optional) is a
-free-form object (how the file was made: dataset, seed, source file, …). No other keys.
-
-Each **further line is one trajectory**, in one of two shapes (no other keys)::
+**File format, version 2.** UTF-8 JSON Lines, one object per line, blank lines ignored. The first line is a
+header ``{"format": "dualpath-emu-trajectories", "version": 2, "trajectories": 500, "meta": {...}}``:
+``format`` and ``version`` (2, or 1 for a file without tool waits: the writer writes 1 when no trajectory has
+waits, so older readers still read those files; any other version is refused) are required;
+``trajectories``, the number of trajectory lines that follow (checked: a truncated file is an error), and
+``meta``, a free-form object (how the file was made), are optional. Each further line is one trajectory::
 
     {"id": "64k-00042", "rounds": [[A_1, g_1], [A_2, g_2], ...]}
     {"id": "agent-7", "rounds": [[A_1, g_1, wait_1], [A_2, g_2, wait_2], ...]}
@@ -36,30 +26,21 @@ Each **further line is one trajectory**, in one of two shapes (no other keys)::
     {"id": "conv-00017", "turns": [[prompt, hit, gen, arrival_s], ...]}
 
 * ``id``: a non-empty string, unique in the file.
-* ``rounds`` (agent trajectory): a non-empty list of ``[append, gen]`` pairs of integers >= 1, or (version 2)
-  of ``[append, gen, wait_s]``: ``wait_s`` is the agent's tool wait before it sends that round, in seconds
-  after its previous round ended (for the first round: after the agent starts), a finite number in
-  [0, 86400]. Either every round of a trajectory has a wait or none does; a trajectory without waits takes
-  them from the scenario's distribution, if any (:mod:`~dualpath_emu.workload.waits`).
-* ``turns`` (explicit turns): a non-empty list of ``[prompt, hit, gen]`` integers with prompt >= 1,
-  0 <= hit <= prompt - 1, gen >= 1, optionally followed by ``arrival_s``, a finite number >= 0. Either every
-  turn of a trajectory has ``arrival_s`` or none does; arrivals do not decrease within a trajectory. A turn
-  with an arrival time is meant to be issued at that time (open loop); a trajectory without arrivals is
-  issued turn after turn (closed loop, zero think time: §8.2), its start chosen by the driver.
+* ``rounds``: ``[append, gen]`` integers >= 1, or (version 2) ``[append, gen, wait_s]``, ``wait_s`` the tool
+  wait before the round, in seconds after the previous round ended (the first: after the agent starts), in
+  [0, 86400]. Every round has a wait or none does; without, waits come from the scenario
+  (:mod:`~dualpath_emu.workload.waits`).
+* ``turns``: ``[prompt, hit, gen]`` integers with prompt >= 1, 0 <= hit <= prompt - 1, gen >= 1, optionally
+  followed by ``arrival_s`` (>= 0, not decreasing, on every turn or none). A turn with an arrival time is
+  issued then (open loop); without, turn after turn (closed loop, zero think time: §8.2).
 
-Limits, checked by the reader: token counts at most :data:`MAX_TOKENS` (10^9), arrival times at most
-:data:`MAX_ARRIVAL_S` (10^8 s, about 3 years: emulated time stays far from the core's 2^64 ns), at least one
-trajectory after the header; the file is read only if it is a regular file of at most 256 MiB with lines of
-at most 16 MiB (:mod:`dualpath_emu.inputs`).
-
-The reader reports every malformed line as a :class:`TraceError` (a
-:class:`~dualpath_emu.errors.UsageError`: the CLI prints it on one line, exit status 2) naming the file, the
-line number, the key and what was expected::
+Limits: token counts at most :data:`MAX_TOKENS`, arrival times at most :data:`MAX_ARRIVAL_S`, at least one
+trajectory, a regular file of at most 256 MiB with lines of at most 16 MiB (:mod:`dualpath_emu.inputs`).
+Every malformed line is a :class:`TraceError` naming the file, the line, the key and what was expected::
 
     trace.jsonl:7: 'rounds[2][0]' (append tokens): expected an integer >= 1, got -5
 
-Memory: a trajectory holds its numbers in flat tuples of ints (one per column), not an object per round, so
-4,096 agents × 157 rounds cost a few MB.
+A trajectory keeps its numbers in flat tuples (one per column), so 4,096 agents × 157 rounds cost a few MB.
 """
 
 from __future__ import annotations
@@ -77,32 +58,19 @@ from dualpath_emu.inputs import MAX_LINE_BYTES, MAX_TRACE_BYTES, open_input, sho
 from dualpath_emu.workload.waits import MAX_WAIT_S
 
 __all__ = [
-    "FORMAT",
-    "MAX_ARRIVAL_S",
-    "MAX_TOKENS",
-    "VERSION",
-    "TraceError",
-    "Trajectory",
-    "TrajectoryFile",
-    "Turn",
-    "read_trajectories",
-    "truncated",
-    "write_trajectories",
-]
+    "FORMAT", "MAX_ARRIVAL_S", "MAX_TOKENS", "VERSION", "TraceError", "Trajectory", "TrajectoryFile", "Turn",
+    "read_trajectories", "truncated", "write_trajectories",
+]  # fmt: skip
 
 FORMAT: Final = "dualpath-emu-trajectories"
-"""The header's ``format`` value."""
-
 VERSION: Final = 2
-"""The format version this module writes when trajectories have tool waits (it reads 1 and 2)."""
-
+"""The format version written when trajectories have tool waits (1 and 2 are read)."""
 _HEADER_KEYS: Final = frozenset({"format", "version", "trajectories", "meta"})
 
 MAX_TOKENS: Final = 10**9
 """The largest token count (prompt, hit, append, gen) and trajectory count a trace file may state."""
 MAX_ARRIVAL_S: Final = 1e8
-"""The latest arrival time (seconds) a trace file may state: about 3 years, far below the core's 2^64 ns
-(the reader's error message says 1e8)."""
+"""The latest arrival time (seconds) a trace file may state: about 3 years, far below the core's 2^64 ns."""
 
 
 class TraceError(UsageError, ValueError):
@@ -132,14 +100,9 @@ def _is_count(value: object, low: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Trajectory:
-    """One client's turns: an agent trajectory (``hit is None``: hits implied) or explicit turns.
-
-    ``append[i]`` are the tokens computed in turn *i* (A_i; for explicit turns prompt - hit), ``gen[i]`` the
-    tokens generated, ``hit[i]`` the explicit reused-prefix tokens, ``arrival_s[i]`` the explicit arrival time,
-    ``wait_s[i]`` the tool wait before turn *i* of a closed-loop trajectory (seconds after turn *i - 1* ended;
-    for the first, after the agent starts). Raises ``ValueError`` if the columns disagree in length or hold
-    out-of-range numbers.
-    """
+    """One client's turns, in columns: an agent trajectory (``hit is None``: hits implied) or explicit turns.
+    ``append`` holds the tokens computed per turn (prompt - hit); ``wait_s`` the tool wait before each turn of
+    a closed-loop trajectory. Raises ``ValueError`` for columns of other lengths or out-of-range numbers."""
 
     id: str
     append: tuple[int, ...]
@@ -213,7 +176,6 @@ class Trajectory:
         return self.hit is None
 
     def __len__(self) -> int:
-        """The number of turns (rounds)."""
         return len(self.append)
 
     def hits(self) -> tuple[int, ...]:
@@ -246,11 +208,8 @@ class Trajectory:
 
 
 def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
-    """``trajectory`` cut before the first round whose prompt + output would exceed ``max_len`` tokens.
-
-    The paper's datasets are truncated at their MaxLen (Table 2; re-truncated in the §7.3 append/gen scaling
-    runs). Raises ``ValueError`` if not even the first turn fits.
-    """
+    """``trajectory`` cut before the first round whose prompt + output would exceed ``max_len`` tokens, as the
+    paper's datasets are at their MaxLen (Table 2); a ``ValueError`` if not even the first turn fits."""
     keep = 0
     for turn in trajectory.turns():
         if turn.prompt + turn.gen > max_len:
@@ -276,7 +235,7 @@ def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
 
 @dataclass(frozen=True)
 class TrajectoryFile:
-    """The contents of a trajectory file: its header's ``meta`` object and the trajectories in file order."""
+    """A trajectory file's trajectories, in file order, and its header's ``meta``."""
 
     trajectories: tuple[Trajectory, ...]
     meta: Mapping[str, Any] = field(default_factory=dict)
@@ -306,11 +265,8 @@ def _record(trajectory: Trajectory) -> dict[str, Any]:
 def write_trajectories(
     path: str | Path, trajectories: Sequence[Trajectory], meta: Mapping[str, Any] | None = None
 ) -> None:
-    """Write ``trajectories`` to ``path`` (header with the count and ``meta``): format version 2 if some have tool
-    waits, else version 1 (which every reader reads).
-
-    Raises ``ValueError`` on duplicate ids (the file would be unreadable).
-    """
+    """Write ``trajectories`` to ``path``: format version 2 if some have tool waits, else version 1 (which every
+    reader reads). Raises ``ValueError`` on duplicate ids (the file would be unreadable)."""
     seen: set[str] = set()
     for trajectory in trajectories:
         if trajectory.id in seen:
@@ -483,11 +439,8 @@ def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
 
 
 def numbered_lines(path: str | Path) -> Generator[tuple[SourceLine, str], None, None]:
-    """The non-blank lines of ``path`` with their line numbers; unreadable files are a :class:`TraceError`.
-
-    Only a regular file of at most :data:`~dualpath_emu.inputs.MAX_TRACE_BYTES` is read, in lines of at most
-    :data:`~dualpath_emu.inputs.MAX_LINE_BYTES`.
-    """
+    """The non-blank lines of ``path`` with their line numbers (within the limits of :mod:`dualpath_emu.inputs`);
+    an unreadable file is a :class:`TraceError`."""
     source = str(path)
     try:
         file = open_input(path, what="a trace file (JSON Lines)", limit_bytes=MAX_TRACE_BYTES)

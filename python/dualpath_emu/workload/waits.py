@@ -1,18 +1,14 @@
 """Tool waits: the time an agent spends between two of its turns (a tool call, thinking), issue 25.
 
-In the paper's runs an agent sends its next turn the moment the previous one ends (§8.2: zero think time).
-Real agents wait: a tool runs, a user reads. The wait keeps the agent's context alive (its KV is stored and
-counted in the working set) while it sends nothing, so at a given arrival rate more agents are alive at once.
+In the paper's runs an agent sends its next turn the moment the previous one ends (§8.2). A wait keeps the
+agent's context alive (stored, in the working set) while it sends nothing. It comes from the trajectory file
+(``[append, gen, wait_s]``) or is drawn from the scenario's distribution (:class:`ToolWait`,
+``[workload.tool_wait]``) for every turn after an agent's first; no wait is no timer, so a run without waits
+is the run it always was, event for event.
 
-A wait comes from the trajectory file, per round (``[append, gen, wait_s]``,
-:mod:`~dualpath_emu.workload.trajectory`), or else is drawn from the scenario's distribution
-(:class:`ToolWait`, ``[workload.tool_wait]``) for every turn after an agent's first. No wait is no timer: a
-run without waits is the run it always was, event for event.
-
-A drawn wait is a function of (seed, agent, turn) alone (:class:`WaitDraws`, common random numbers): not of
-the order in which turns end, which differs between systems. So every system, driver and process (a live run's
-client is its own) gives an agent the same waits, and a comparison of systems sees only the systems'
-difference. The draw takes nothing from any other stream: the arrivals draw what they drew without waits.
+A drawn wait is a function of (seed, agent, turn) alone (:class:`WaitDraws`, common random numbers), not of
+the order in which turns end: every system, driver and process gives an agent the same waits, and the draw
+takes nothing from any other stream.
 """
 
 from __future__ import annotations
@@ -119,13 +115,12 @@ class ToolWait:
 
 
 class WaitDraws:
-    """The scenario's waits of a run with ``seed``, each a function of (seed, agent, turn) alone: the same in
-    every system, driver and process, whatever order the turns end in (common random numbers).
+    """The scenario's waits of a run with ``seed``, each a function of (seed, agent, turn) alone.
 
     ``WaitDraws(w, seed)(agent, turn)`` is :meth:`ToolWait.draw` of the two big-endian 8-byte halves of the
-    BLAKE2b digest (16 bytes) of ``agent`` and ``turn`` (two big-endian unsigned 8-byte integers), keyed with the
-    SHA-256 of ``"<seed>/client/tool-wait"``. Fixed functions of bytes, so no ``PYTHONHASHSEED`` or platform
-    enters; about 2 µs a draw. ``agent`` is the agent's index in the run's trajectories."""
+    16-byte BLAKE2b digest of ``agent`` and ``turn`` (big-endian unsigned 8-byte integers), keyed with the
+    SHA-256 of ``"<seed>/client/tool-wait"``: no ``PYTHONHASHSEED`` or platform enters; about 2 µs a draw.
+    ``agent`` is the agent's index in the run's trajectories."""
 
     __slots__ = ("_key", "_draw", "_constant", "tool_wait")
 
