@@ -418,7 +418,7 @@ def test_the_sweep_removes_a_killed_launchers_temporary_run_directory(
         (folder / "client.out").write_text("x")
     (orphan / OWNER_FILE).write_text(f"{host} {dead.pid}\n")
     (alive / OWNER_FILE).write_text(f"{host} {os.getpid()}\n")
-    assert main(["run", *SMALL, "--mode", "realtime"]) == 0
+    assert main(["run", *SMALL, "--mode", "realtime", "--timeout", "120"]) == 0
     capsys.readouterr()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, kept.name])
 

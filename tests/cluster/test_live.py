@@ -20,7 +20,7 @@ import pytest
 from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.catalog import TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
-from dualpath_emu.cluster.live import placement, run_live, system_from_wire, system_to_wire
+from dualpath_emu.cluster.live import LiveOptions, placement, run_live, system_from_wire, system_to_wire
 from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.runtime.launcher import LaunchError
@@ -31,6 +31,10 @@ pytestmark = pytest.mark.processes  # live runs: all but a few tests here start 
 
 TIME_SCALE = 4.0
 """Emulated seconds per wall second in these tests: a run of ~4.3 emulated seconds takes about one."""
+TIMEOUT_S = 120.0
+"""Every live run here takes seconds: one that hangs fails in two minutes ("did not complete within
+timeout_s"), not at run_live's default of a day."""
+LIVE = LiveOptions(time_scale=TIME_SCALE, timeout_s=TIMEOUT_S)
 
 
 def small_config() -> ClusterConfig:
@@ -50,7 +54,7 @@ def work(agents: int = 24, rounds: int = 6) -> list[Trajectory]:
 
 
 def live(tmp_path: Path, system: str = "dualpath", **options: object) -> SystemResult:
-    return run_live(small_config(), SYSTEMS[system], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE, **options)  # type: ignore[arg-type]
+    return run_live(small_config(), SYSTEMS[system], work(), run_dir=tmp_path / "run", options=LIVE, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +150,8 @@ def test_a_killed_or_stopped_process_ends_the_run_naming_it_and_leaves_none_behi
     threading.Thread(target=strike, daemon=True).start()
     begun = time.monotonic()
     with pytest.raises(LaunchError) as caught:
-        run_live(small_config(), SYSTEMS["basic"], work(), run_dir=tmp_path / "run", time_scale=1.0, on_start=on_start)
+        run_live(small_config(), SYSTEMS["basic"], work(), run_dir=tmp_path / "run", options=LIVE, time_scale=1.0,
+                 on_start=on_start)  # fmt: skip
     assert f"'{victim}'" in str(caught.value)
     assert ("killed by SIGKILL" if how == "kill" else "stopped answering") in str(caught.value)
     assert time.monotonic() - begun < 20
@@ -169,7 +174,7 @@ def test_live_metrics_are_served_while_the_run_goes_on(tmp_path: Path) -> None:
     thread = threading.Thread(target=scrape, daemon=True)
     thread.start()
     reports: list[Any] = []
-    result = run_live(small_config(), SYSTEMS["basic"], work(), run_dir=run_dir, time_scale=1.0, metrics_port=0,
+    result = run_live(small_config(), SYSTEMS["basic"], work(), run_dir=run_dir, options=LIVE, time_scale=1.0, metrics_port=0,
                       progress=reports.append)  # fmt: skip
     thread.join(10)
     # The launching side heard how far the run was, from the client's process, while it went on.
@@ -191,7 +196,7 @@ def test_run_mode_realtime_prints_the_live_summary(capsys: pytest.CaptureFixture
     from dualpath_emu.cli import main
 
     argv = ["run", "ds27b-1p1d-offline", "--mode", "realtime", "--agents", "4", "--set", "workload.max_rounds=2",
-            "--system", "dualpath", "--time-scale", "5", "--placement", "roles", "--json"]  # fmt: skip
+            "--system", "dualpath", "--time-scale", "5", "--placement", "roles", "--json", "--timeout", "120"]  # fmt: skip
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)["systems"]["dualpath"]
     assert summary["mode"] == "realtime" and summary["processes"] == 4 and summary["placement"] == "roles"
@@ -226,7 +231,7 @@ def test_a_run_started_by_hand_on_two_hosts_is_collected_from_their_files(
     from dualpath_emu.cluster.live import collect_dir, host_commands, prepare_live
 
     host_a, host_b = tmp_path / "a", tmp_path / "b"
-    commands = prepare_live(small_config(), SYSTEMS["dualpath"], work(), run_dir=host_a, time_scale=TIME_SCALE,
+    commands = prepare_live(small_config(), SYSTEMS["dualpath"], work(), run_dir=host_a, options=LIVE,
                             hosts=[("pe*", "127.0.0.2"), ("de*", "127.0.0.2")], port_base=47_300)  # fmt: skip
     assert [name for _, name, _ in commands][0] == "dataplane" and commands[-1][1] == "client"
     assert {name for host, name, _ in commands if host == "127.0.0.2"} == {"pe0", "de1", "de2"}
@@ -295,7 +300,7 @@ def test_a_fault_works_live_through_the_data_plane(tmp_path: Path, placement_kin
     from dualpath_emu.cluster.faults import Fault, FaultPlan
 
     config = dataclasses.replace(small_config(), faults=FaultPlan((Fault("down", "n0.snic", 0.5, 2.0),)))
-    result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE,
+    result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", options=LIVE,
                       placement_kind=placement_kind)  # fmt: skip
     assert result.turns == sum(len(t) for t in work()) and result.complete
     [fault] = result.extra["faults"]
@@ -315,7 +320,7 @@ def test_an_engine_crash_works_live(tmp_path: Path, placement_kind: str) -> None
     from dualpath_emu.cluster.faults import Fault, FaultPlan
 
     config = dataclasses.replace(small_config(), faults=FaultPlan((Fault("crash", "de1", 2.0, restart_s=1.0),)))
-    result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", time_scale=TIME_SCALE,
+    result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", options=LIVE,
                       placement_kind=placement_kind)  # fmt: skip
     assert result.turns == sum(len(t) for t in work()) and result.complete
     assert result.redispatches > 0 and result.failed_requests == 0

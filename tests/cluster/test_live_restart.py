@@ -104,7 +104,7 @@ def _run_cli_and_kill(tmp_path: Path, victim: str, *options: str) -> subprocess.
         sys.executable, "-m", "dualpath_emu.cli", "run", "ds27b-1p1d-offline", "--mode", "realtime",
         "--system", "basic",
         "--agents", "16", "--set", "workload.max_rounds=3", "--time-scale", "4",
-        "--run-dir", str(base), "--quiet", *options,
+        "--run-dir", str(base), "--quiet", "--timeout", "120", *options,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "python")}
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as cli:
@@ -139,7 +139,8 @@ def test_a_restart_is_advised_only_for_a_process_it_would_have_started_again(
     base = tmp_path / "runs"
     _die(monkeypatch, base / "basic", victim)
     status = main(["run", "ds27b-1p1d-offline", "--mode", "realtime", "--system", "basic", "--agents", "16",
-                   "--set", "workload.max_rounds=3", "--time-scale", "4", "--run-dir", str(base), "--quiet"])  # fmt: skip
+                   "--set", "workload.max_rounds=3", "--time-scale", "4", "--run-dir", str(base), "--quiet",
+                   "--timeout", "120"])  # fmt: skip
     err = capsys.readouterr().err
     assert status == 1 and f"process {victim!r}" in err and "was killed by SIGKILL" in err, err
     assert ("--restart-crashed would have started it again" in err) == advised
@@ -243,7 +244,7 @@ def test_a_prepared_run_records_the_option_and_launch_only_restarts_over_tcp_wit
 
     run_dir = tmp_path / "run"
     commands = prepare_live(small_config(), SYSTEMS["dualpath"], work(), run_dir=run_dir, time_scale=TIME_SCALE,
-                            port_base=47_400, restart_crashed=True)  # fmt: skip
+                            port_base=47_400, restart_crashed=True, timeout_s=120.0)  # fmt: skip
     assert load_run_scenario(run_dir / "run.toml", registry()).restart_crashed == ("pe0", "de1", "de2")
     names = ",".join(name for _, name, _ in commands)
     command = [sys.executable, "-m", "dualpath_emu.cli", "launch", str(run_dir / "run.toml"), "--run-dir", str(run_dir),

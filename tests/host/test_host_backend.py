@@ -207,17 +207,25 @@ def test_the_byte_channel_refuses_tcp_without_keys() -> None:
 
 def test_lanes_hold_on_real_bytes() -> None:
     # A 4 MiB collective on the model lane, 16 MiB of KV queued behind it on one real link paced at 100 MB/s:
-    # with the paper's lane arbitration it takes what it takes alone (within 10%); in one FIFO with the KV
-    # it waits for the queued KV bytes first (about 5x).
+    # with the paper's lane arbitration its bytes go first (the port lets through at most the KV chunks already
+    # granted); in one FIFO with the KV it waits for the queued KV bytes first (about 5x as long). Counted in
+    # bytes the port let through, which CPU load does not change; the wall-clock latencies are checked when
+    # the same run's unloaded collective kept the pace (a loaded machine, here at load average 7 on 2 cores,
+    # makes them measure the CPU instead: isolated/shared went from 0.2 to 0.9).
     from dualpath_emu.host.isolation import measure_isolation
 
-    result = measure_isolation(trials=8)
-    # On a quiet machine isolated is within 10% of unloaded and shared about 5x; on this 2-core VM on a noisy
-    # day (2026-12-02, the code before and after issue 24 alike) isolated/unloaded was 1.13-2.05 and
-    # shared/unloaded 3.2-5.0 over 4 runs of 8 trials: what lane isolation buys is checked against the FIFO.
-    assert result.isolated_s <= 0.6 * result.shared_s, result
-    assert result.shared_s >= 2.5 * result.unloaded_s, result
+    collective, kv, rate = 4 << 20, 4 << 20, 100e6
+    result = measure_isolation(trials=8, collective_bytes=collective, kv_bytes=kv, rate=rate)
+    ahead = result.kv_bytes_ahead
+    assert ahead["unloaded"] == [(0, 0)] * 8, result
+    # Isolated: KV was queued, and at most a chunk or two of it (granted in the same instant) went first.
+    assert sum(q for q, _ in ahead["isolated"]) >= kv and max(a for _, a in ahead["isolated"]) <= collective // 16
+    # Shared: one FIFO, so the collective waited for every KV byte queued before it.
+    assert sum(q for q, _ in ahead["shared"]) >= kv and all(a >= q for q, a in ahead["shared"]), result
     assert result.kv_bytes_moved["isolated"] > 0 and result.kv_bytes_moved["unloaded"] == 0
+    if result.unloaded_s <= 1.5 * collective / rate:
+        assert result.isolated_s <= 0.6 * result.shared_s, result
+        assert result.shared_s >= 2.5 * result.unloaded_s, result
 
 
 @pytest.mark.parametrize("system", ["basic", "dualpath"])

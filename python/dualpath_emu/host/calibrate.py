@@ -1,18 +1,9 @@
-"""``dualpath-emu calibrate-host``: this machine's disk and network, measured with the host backend's own I/O
-paths, written as a hardware table a cluster scenario can use (issue 16).
-
-* **Disk** (the storage path): ``--size-mib`` of Full-Block-sized blocks written and read back through a
-  :class:`~dualpath_emu.host.storage.BlockStore` in ``--dir`` (O_DIRECT where the file system allows, every
-  block verified), 16 I/Os in flight; and the median latency of single 4 KiB block reads.
-* **Network** (the KV path between node processes): ``--size-mib`` pushed through a
-  :class:`~dualpath_emu.host.transport.ByteChannel` between two endpoints on this host (a private ``ipc://``
-  socket), unpaced, 256 KiB chunks, every byte verified; and the median round trip of a 4 KiB push.
-
-The output (``--out``, else stdout) is TOML: ``[hardware]`` and ``[storage]`` keys with this host's rates
-(the storage NIC and the storage cluster stand for the disk path, the compute NIC for the byte channel),
-ready to paste into a scenario (``kind = "cluster"`` above them) to model nodes like this host, and, as a
-comment, the largest ``byte_scale`` at which a host-backend run of a given cluster keeps to its model's
-rates on this machine.
+"""``dualpath-emu calibrate-host``: this machine's disk and network, measured through the host backend's own I/O
+paths (a :class:`~dualpath_emu.host.storage.BlockStore` in ``--dir``, 16 I/Os in flight, and a
+:class:`~dualpath_emu.host.transport.ByteChannel` over private ``ipc://``, unpaced; every byte verified; plus the
+median latency of a 4 KiB read and round trip), written as TOML ``[hardware]`` and ``[storage]`` tables a
+cluster scenario can use, with, as a comment, the largest ``byte_scale`` at which a host run keeps to its
+model's rates here.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Lane isolation on real bytes (issue 16): a collective on the model lane with KV traffic behind it on one
-real link, with and without the virtual-lane arbitration.
-
-One sending port (a :class:`~dualpath_emu.host.pacing.Pacer` at ``rate`` real bytes per second, in chunks
-of ``chunk`` bytes) feeds one real link (a :class:`~dualpath_emu.host.transport.ByteChannel` over a private
-``ipc://`` socket) to a receiver that checks every byte and acknowledges each message. The KV background keeps
-``kv_outstanding`` messages of ``kv_bytes`` queued on the KV lane (VL2), as a NIC keeps work requests queued;
-the collective is a ``collective_bytes`` message on the model lane (VL0), sent again and again, and its
-latency is the time from its send to the receiver's acknowledgement. Three runs:
-
-* **unloaded**: the collective alone;
-* **isolated**: with the KV background, the port arbitrating lanes as the paper configures them (A.1,
-  ``Arbitration.paper()``): the collective's chunks go before the queued KV chunks;
-* **shared**: with the KV background, one FIFO for both lanes (no isolation): the collective waits behind
-  the KV bytes already queued.
-
-``python -m dualpath_emu.host.isolation`` prints the medians as ``BENCH`` lines (``make bench``).
+"""Lane isolation on real bytes: a collective on the model lane (VL0) with KV (VL2) queued behind it on one real
+link (a :class:`~dualpath_emu.host.pacing.Pacer` feeding a private ``ipc://``
+:class:`~dualpath_emu.host.transport.ByteChannel`), in three runs: **unloaded** (the collective alone),
+**isolated** (``kv_outstanding`` KV messages kept queued, the paper's arbitration, A.1) and **shared** (the same
+KV, one FIFO). The collective's latency is its send to the receiver's ack. ``python -m
+dualpath_emu.host.isolation`` prints the medians as ``BENCH`` lines (``make bench``).
 """
 
 from __future__ import annotations
@@ -47,17 +36,29 @@ class IsolationResult:
     shared_s: float
     samples: dict[str, list[float]]
     kv_bytes_moved: dict[str, int]
+    kv_bytes_ahead: dict[str, list[tuple[int, int]]]
+    """Per run and trial: the KV bytes queued at the port when the collective was sent, and those it let through
+    before the collective's last byte (what isolation is, whatever the CPU's load: the collective goes first)."""
 
 
 async def _run(folder: Path, *, isolated: bool, background: bool, rate: float, chunk: int, collective_bytes: int,
-               kv_bytes: int, kv_outstanding: int, trials: int) -> tuple[list[float], int]:  # fmt: skip
+               kv_bytes: int, kv_outstanding: int, trials: int) -> tuple[list[float], int, list[tuple[int, int]]]:  # fmt: skip
     ends = {"tx": f"ipc://{folder}/tx.sock", "rx": f"ipc://{folder}/rx.sock"}
     sender = ByteChannel("tx", ends["tx"], {"rx": ends["rx"]})
     receiver = ByteChannel("rx", ends["rx"], {"tx": ends["tx"]})
     jobs: dict[int, list[int | bool | str]] = {}  # pacer tag -> [dest, job, ack, offset]
+    ahead: list[tuple[int, int]] = []  # per trial: KV bytes queued at the collective's send, let through before it
+    collective: list[int] = []  # the tag of the collective in flight
+    kv_queued = 0
 
     def on_grants(grants: list[Grant]) -> None:
-        for tag, _lane, nbytes, last in grants:
+        nonlocal kv_queued
+        for tag, lane, nbytes, last in grants:
+            kv_queued -= nbytes if lane == KV_LANE else 0
+            if collective and lane == KV_LANE:
+                ahead[-1] = (ahead[-1][0], ahead[-1][1] + nbytes)
+            elif collective and tag == collective[0] and last:
+                collective.clear()
             dest, job, ack, offset = jobs[tag]
             sender.send_chunk(str(dest), int(job), int(offset), nbytes, last, bool(ack))
             jobs[tag][3] = int(offset) + nbytes
@@ -68,8 +69,13 @@ async def _run(folder: Path, *, isolated: bool, background: bool, rate: float, c
     tags = iter(range(1, 1 << 62))
 
     def send(dest: str, job: int, nbytes: int, lane: int, ack: bool, port: int) -> None:
+        nonlocal kv_queued
         tag = next(tags)
         jobs[tag] = [dest, job, ack, 0]
+        kv_queued += nbytes if lane == KV_LANE else 0
+        if lane == MODEL_LANE:
+            collective[:] = [tag]
+            ahead.append((kv_queued, 0))
         pacer.enqueue(lane, nbytes, tag)
 
     sender.send = send
@@ -104,7 +110,7 @@ async def _run(folder: Path, *, isolated: bool, background: bool, rate: float, c
         await receiver.close()
     if receiver.stats.mismatched_bytes:
         raise RuntimeError(f"{receiver.stats.mismatched_bytes} byte(s) arrived differing from what was sent")
-    return latencies, kv_done
+    return latencies, kv_done, ahead
 
 
 def measure_isolation(*, rate: float = 100e6, chunk: int = 16 << 10, collective_bytes: int = 4 << 20,
@@ -112,18 +118,19 @@ def measure_isolation(*, rate: float = 100e6, chunk: int = 16 << 10, collective_
     """Run the three runs of the module docstring; return the collective's median latencies."""
     samples: dict[str, list[float]] = {}
     moved: dict[str, int] = {}
+    ahead: dict[str, list[tuple[int, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="dualpath-emu-isolation-") as folder:  # 0700: ipc needs no keys
         for name, isolated, background in (
             ("unloaded", True, False),
             ("isolated", True, True),
             ("shared", False, True),
         ):
-            samples[name], moved[name] = asyncio.run(_run(
+            samples[name], moved[name], ahead[name] = asyncio.run(_run(
                 Path(folder), isolated=isolated, background=background, rate=rate, chunk=chunk,
                 collective_bytes=collective_bytes, kv_bytes=kv_bytes, kv_outstanding=kv_outstanding, trials=trials,
             ))  # fmt: skip
     median = {name: statistics.median(values) for name, values in samples.items()}
-    return IsolationResult(median["unloaded"], median["isolated"], median["shared"], samples, moved)
+    return IsolationResult(median["unloaded"], median["isolated"], median["shared"], samples, moved, ahead)
 
 
 def main(argv: list[str] | None = None) -> int:

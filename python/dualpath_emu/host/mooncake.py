@@ -1,23 +1,14 @@
-"""KV bytes through Mooncake's Transfer Engine (``[host] transfer_engine = "mooncake"``; issue 16).
+"""KV bytes through Mooncake's Transfer Engine (``[host] transfer_engine = "mooncake"``; docs/host-backend.md).
 
-The byte channel's chunks go as one-sided writes of the Transfer Engine (``transfer_sync_write``, over its
-TCP transport: its RDMA transport needs the NICs' device names, which this does not take yet) into a receive region the
-peer registered; the channel's ZeroMQ socket then carries only each chunk's header (which job, where in the
-region, how long), and the receiver checks the bytes in its region against the job's pattern as for a chunk
-that came inline. So the actors, the pacing and the checks are the same as with the default channel; only
-the bytes take the transfer engine.
+The byte channel's chunks go as one-sided writes (``transfer_sync_write``, over the engine's TCP transport) into
+a receive region the peer registered, a slot per sending peer (:data:`SLOTS` × :data:`SLOT_BYTES`, assigned in an
+``mc-hello`` handshake, written as a ring); the ZeroMQ socket carries only each chunk's header, and the receiver
+checks the bytes in its region as for an inline chunk.
 
-Each process registers one receive region of :data:`SLOTS` × :data:`SLOT_BYTES`, a slot per sending peer
-(assigned in a handshake over the channel: ``mc-hello``), written as a ring; and one send region holding the
-byte pattern chunks are cut from.
-
-**No authentication**: any peer that reaches the Transfer Engine's TCP transport or its handshake can read and
-write the registered regions. The engine binds both to ``0.0.0.0``/``[::]`` whatever host it is given, so
-:class:`MooncakeWire` redirects its libraries' wildcard ``bind`` calls to the run's address
-(:func:`confine_binds`), checks in ``/proc`` that every socket it opened listens there alone (else refuses to
-start), and says where (:attr:`MooncakeWire.listening`); only the processes that move KV start one. Use it on
-a cluster's private fabric; the default channel (ZeroMQ, CURVE over tcp, private ipc on one host) is the one
-for anything else.
+**No authentication**: any peer that reaches the engine's transport or handshake reads and writes the registered
+regions. The engine binds ``0.0.0.0``/``[::]`` whatever it is given, so :class:`MooncakeWire` redirects its
+libraries' wildcard ``bind`` calls to the run's address (:func:`confine_binds`), checks in ``/proc`` that it
+listens there alone (else refuses to start) and says where (:attr:`MooncakeWire.listening`).
 """
 
 from __future__ import annotations

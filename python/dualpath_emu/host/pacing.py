@@ -1,26 +1,14 @@
 """Real bytes at a port's rate, lane by lane: :class:`Pacer` drives a core :class:`~dualpath_emu._core.PacketPort`
-(token bucket + the virtual-lane packet arbiter) from an asyncio task (issue 16).
+(token bucket + the virtual-lane arbiter) from an asyncio task.
 
-Callers enqueue messages (``tag``, lane, bytes); the pacer wakes when the port's bucket allows the next chunk,
-asks the port for every chunk it grants at that instant (one core call per wake-up, never one per chunk) and
-hands them to ``on_grants`` in grant order: the caller moves those bytes for real (a socket send, a file
-read). So a high-lane chunk enqueued behind a backlog of low-lane chunks goes next, as on an InfiniBand port
-with VL arbitration; without an arbitration every lane shares one FIFO (no isolation).
-
-The pacer wakes as soon as the bucket allows a chunk, which the event loop's timers round up to about a
-millisecond (epoll waits in whole milliseconds), and each wake-up grants what the time since the last one
-earned. What it grants goes to the real link at once, past the arbiter: a high-lane chunk may wait behind
-about one wake-up's low-lane bytes (a real NIC's in-flight packets take microseconds). The bucket holds
-:data:`BURST_S` of the rate, and a wake-up that comes late grants, a bucket at a time, what wake-ups on time
-would have: lateness loses no rate (a plain grant at the late time lost about half of it to the bucket's
-cap), and an idle port gains no more than one bucket of credit, so a transfer never beats its rate by more
-than a millisecond's bytes.
-
-A fault changes the rate part way (:meth:`Pacer.set_rate`, issue 26): what was due at the old rate is granted
-first, then the port refills at the new one, keeping the tokens it had earned (``PacketPort.set_rate``), its
-bucket holding ``burst_s`` of the new rate (a degraded port's burst shrinks with it: a read after idle is not
-let through at the old rate's burst). Rate 0 pauses it: nothing is granted, what is queued (and what is
-enqueued meanwhile) waits, nothing is lost, and a rate above 0 resumes it.
+Callers enqueue messages (``tag``, lane, bytes); the pacer wakes when the bucket allows the next chunk (the
+loop's timers round that to about a millisecond), asks the port for every chunk granted at that instant (one
+core call per wake-up) and hands them to ``on_grants`` in grant order, for the caller to move. So a high-lane
+chunk enqueued behind low-lane ones goes next, as on an InfiniBand port with VL arbitration (without an
+arbitration, one FIFO). A late wake-up grants, a bucket (:data:`BURST_S` of the rate) at a time, what on-time
+ones would have: no rate is lost, and an idle port gains at most one bucket of credit.
+:meth:`Pacer.set_rate` (a fault) grants what was due at the old rate first, then refills at the new one; rate 0
+pauses it (what is queued waits, nothing is lost).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The kinds of data movement of DualPath (paper §4), named the same way for every backend, and what a run
-measures of each (:class:`PathStats`): so a host-backend run's real transfers sit next to the model's
-figures for the same kinds of transfer (issue 16, "measured vs modelled").
-
-Kinds: ``storage read (PE)`` and ``storage read (DE)`` (the two read paths), ``write-back`` (decode's Full
-Blocks to storage), ``PE→DE`` (a prefill's KV to the decode buffer), ``DE→PE`` (DE-read: the hit KV from the
-decode buffer into the PE, layer by layer), ``all-to-all`` (MoE dispatch/combine between nodes of a role),
-``H2D`` and ``D2H`` (inside a node, DRAM ↔ HBM through the GPU's compute NIC) and ``forward pass`` (a whole
-prefill pass, its layers' transfers and compute).
-
-They are named from a :class:`Layout`, plain port ids by node (the cluster's ``Topology`` is one), so the host
-backend needs nothing of the cluster's code: the cluster hands it its layout.
+"""The kinds of data movement of DualPath (paper §4), named alike for every backend, and what a run measures of
+each (:class:`PathStats`), so a host run's real transfers sit next to the model's figures: ``storage read
+(PE)``, ``storage read (DE)``, ``write-back``, ``PE→DE``, ``DE→PE``, ``all-to-all``, ``H2D``, ``D2H`` and
+``forward pass``. Named from a :class:`Layout` (the cluster's ``Topology`` is one), so the host backend needs
+nothing of the cluster's code.
 """
 
 from __future__ import annotations

@@ -1,60 +1,22 @@
-"""The host backend's data plane: the same ``data_plane`` interface the actors use everywhere, moving real
-bytes (issue 16).
+"""The host backend's data plane (docs/host-backend.md): the ``data_plane`` interface the actors use
+everywhere, moving real bytes.
 
-A :class:`HostDataPlane` is a process's own wall-clock core (:class:`~dualpath_emu.runtime.realtime.WallClockCore`)
-that hands out the work the host moves for real (``Core.set_external``: a transfer between nodes, every storage
-I/O) and models the rest. So everything the engines ask for runs by the core's one implementation of the rules
--- a forward pass's per-layer dependencies (``core/src/forward.rs``), the decode GPUs' stepping with their
-write-backs and all-to-all (``core/src/decode.rs``), a storage node's queue and latency, a latency fault's wait
--- and where the core would start a flow that leaves a node or reaches the storage, it announces the work
-instead (an ``"external"`` completion, :meth:`~dualpath_emu._core.Core.take_external` saying what), the plane
-moves its real bytes and tells the core it ended (``Core.complete_externals``, one call per batch of ends):
+A :class:`HostDataPlane` is a process's own wall-clock core that hands out the work the host moves for real
+(``Core.set_external``: every storage I/O, every transfer between nodes) and models the rest (compute, timers,
+H2D and D2H), so everything runs by the core's one implementation of the rules. The core announces such work
+(:meth:`~dualpath_emu._core.Core.take_external`); the plane moves its real bytes -- Full Blocks in files
+(:class:`~dualpath_emu.host.storage.BlockStore`, every read verified), KV between node processes
+(:class:`~dualpath_emu.host.transport.ByteChannel`) -- each paced by its port's
+:class:`~dualpath_emu.host.pacing.Pacer` with the paper's lane arbitration, and tells the core it ended
+(``Core.complete_externals``, one call per batch). Network bytes are scaled by ``byte_scale`` (round(S × scale)
+real bytes, at least one, at the port's rate × scale); storage pacers count modelled bytes at the modelled rate,
+a block per chunk. Everything moved for real is counted per (port, lane) in modelled bytes
+(:attr:`HostDataPlane.moved`), so the run's byte check is the model's.
 
-* **storage I/O**: the Full Blocks the request names (its extents; a decode write-back's come from the core)
-  are read from and written to real files (:class:`~dualpath_emu.host.storage.BlockStore`), every block read
-  verified; paced per node by its storage NIC's :class:`~dualpath_emu._core.PacketPort` (rx for reads, tx for
-  writes) one block per chunk, in modelled bytes at the modelled rate (the same times, and no real byte to
-  round up to);
-* **transfers between nodes** (a PE's layer KV to a DE buffer, a DE buffer's hit KV to a PE under DE-read,
-  the MoE all-to-all of prefill and decode): real bytes between the node processes
-  (:class:`~dualpath_emu.host.transport.ByteChannel`), paced by the sending GPU's compute-NIC port with the
-  paper's virtual-lane arbitration, so the model's lane pre-empts KV bytes;
-* **transfers inside a node** (H2D, D2H: DRAM ↔ HBM through the GPU's CNIC), compute and every **timer**: on
-  the process's own core, as in a real-time run (no GPU copies here: the summary says they are modelled).
-
-**Bytes are scaled** by ``byte_scale`` (e.g. 1/1000): a transfer of S modelled bytes moves round(S × scale)
-real bytes (at least one), and every network pacer runs at its port's rate × scale, so a transfer takes the
-time the model gives it unless the host cannot keep up -- which is what the run measures. A storage block's
-real size is the scaled Full Block (at least one byte) rounded up to O_DIRECT's unit (512 bytes or 4 KiB).
-
-Everything a process moved for real is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`;
-its core counts the modelled work), so the run's byte check is the same as the model's.
-
-**Faults** (issue 26): the fault injector sets a port's factor and latency on its own process's plane, as on
-every plane; this plane applies it and sends it over its byte channel to every other process of the run, whose
-plane applies it too. Each acts on real bytes where that process paces them:
-
-* a **storage NIC** port's pacer (``snic.rx`` for reads, ``snic.tx`` for write-backs) runs at the port's rate ×
-  its factor; the storage cluster's ports (``3fs.read``, ``3fs.write``: ``slow_storage``, target ``storage``)
-  belong to no node and act on every node's storage pacer of their direction the same way (the lower factor
-  holds where both have one); factor 0 pauses the pacer: queued I/Os wait, none is lost, they go on when it
-  is back;
-* and at factor 0 the node's storage is unreachable for real: each node reaches the storage through its own
-  views (:class:`~dualpath_emu.host.storage.StorageView`, one per direction of its storage NIC), and the view
-  of a port at 0 is taken away, so that every open of a block file through it fails with ENOENT from the
-  kernel, in that node's process alone. An I/O that starts meanwhile tries its storage until the view is back
-  (``BlockStore.reach``), one in flight waits for it and tries again; none fails, none reports a block read
-  back wrong, and a read the engine gives up (``read_timeout_s``) completes when the view is back, its
-  completion ignored. An I/O error where no fault holds the port down fails the run, saying so;
-* a **compute NIC**'s ``tx`` port: its sending pacer, the same way; its ``rx`` port: the chunks that arrive
-  through it are let in by a pacer of the receiving process at its rate × factor (paused at 0), and a transfer
-  completes when its last chunk is let in (the bytes themselves cross the socket as they are sent);
-* **latency**: the process's core waits it out before it hands work out (the model's rule: every transfer and
-  storage I/O that starts crossing the port, but a forward pass's own per-layer transfers);
-* the process's core gets each port's factor too (its modelled copies, H2D and D2H, slow as the model's).
-
-A ``n<i>.dram`` port's factor acts on the modelled copies only: real bytes are not paced by DRAM. At the end of
-a process's run every fault is cleared, so what they hold back drains (:meth:`HostDataPlane.finish`).
+Faults: a port's factor and latency set on one process's plane apply there and are sent to every other process
+(docs/host-backend.md, Faults); factor 0 pauses a pacer (nothing is lost) and, on a storage port, takes its
+node's :class:`~dualpath_emu.host.storage.StorageView` away. :meth:`HostDataPlane.finish` clears every fault,
+so what they held back drains.
 """
 
 from __future__ import annotations

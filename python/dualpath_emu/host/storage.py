@@ -1,71 +1,29 @@
-"""KV-cache blocks in real files (issue 16): written and read with O_DIRECT on a thread pool, every read verified.
+"""KV-cache Full Blocks in real files, the 3FS of the host backend (docs/host-backend.md): written and read
+with O_DIRECT on a thread pool, every read verified.
 
-The host backend runs the emulated cluster moving real bytes; this module is its storage, the 3FS of the
-DualPath paper. As there, the storage holds, reads and writes only **Full Blocks**: one block is 64 tokens of
-KV for all layers, the concatenation of the model's n_layers *Layer Blocks* (``[1, tokens, bytes]`` each; a
-Full Block is ``[layer, tokens, bytes]``). A Layer Block is thus one contiguous slice of a Full Block, and a
-Full Block holds n_layers × 64 × kv_bytes_per_token_layer bytes. The caller passes that size in bytes (scaled
-down for a laptop); this module knows nothing of layers or tokens.
+A Full Block is 64 tokens of KV for all layers (its Layer Blocks are contiguous slices); the caller gives its
+size in (scaled) bytes. A *context* (one agent's blocks 0, 1, 2…) is one file, ``root / f"ctx-{context:08d}.kv"``,
+its block *i* at offset *i* × ``stride`` (``block_bytes`` rounded up to the O_DIRECT unit: 512 bytes where the
+device's logical blocks are, probed; else 4096). A block is a 32-byte header (``DPKV``, format version, context,
+block, block_bytes: ``<4sIQQQ``) then a pattern of (context, block) alone: 64-bit words (word index × an odd
+constant) XOR a mix of context and block, the header standing in for the first four words; zeros up to the
+stride. So any process verifies any block without being told what was written: a misplaced, torn or stale one
+fails. Several processes share the directory, each with its own :class:`BlockStore`.
 
-Layout
-    Several OS processes (one per node) share one storage directory, as they would a 3FS or NFS mount, each
-    with its own :class:`BlockStore` on it. A *context* (one agent's token stream: blocks 0, 1, 2… of its KV)
-    is one file, ``root / f"ctx-{context:08d}.kv"``; its block *i* lies at offset *i* × ``stride``, where
-    ``stride`` is ``block_bytes`` rounded up to the O_DIRECT alignment (512 bytes where the device's logical
-    blocks are, probed; else 4096). A block is a 32-byte
-    header (magic ``DPKV``, format version, context, block, block_bytes: little-endian ``<4sIQQQ``), then a
-    pattern derived from (context, block) alone: 64-bit words (word index × an odd constant) XOR a 64-bit
-    mix of context and block, the header standing in for the first four words. The bytes from
-    ``block_bytes`` to ``stride`` are zero (a block of under 32 bytes holds a prefix of its header). Any
-    process can therefore verify any block without being told what was written, and a block that is
-    misplaced, torn or stale fails.
+O_DIRECT, so that reads hit the disk and not the page cache the writes filled; where the file system refuses
+it, buffered I/O, and ``stats()["direct_io_reason"]`` says why (probed once, on a file in ``root``). One
+``preadv``/``pwritev`` per chunk of a call's contiguous run (up to 8 MiB), in parallel. A block not there yet
+(past the end, or whole pages of zeros: another process's write-back in flight) is re-read with backoff (1 ms
+doubling to 8 ms, up to ``wait_s`` of sleep, not counted while ``held()`` says a fault holds write-backs back),
+then counts as mismatched; any other difference at once. A read of a block this store is still writing waits
+for the write.
 
-Why O_DIRECT
-    A read should hit the disk, not the page cache that the writes have just filled, so the files are opened
-    with O_DIRECT: the buffers come from a small pool of anonymous ``mmap`` buffers (page aligned) and every
-    I/O is a multiple of the stride. Where the file system refuses O_DIRECT (EINVAL at open or at the first
-    I/O, as tmpfs did before Linux 6.6), ``direct=None`` falls back to buffered I/O and says why
-    (``stats()["direct_io_reason"]``): the page cache may then serve reads, and the throughput measured is not
-    the disk's. (tmpfs accepts O_DIRECT since Linux 6.6, but is memory all the same.) The choice is made once,
-    when the store is made, on a probe file in ``root`` (``.probe-<pid>-<uuid>``, removed at once).
-
-I/O and verification
-    Reads and writes run on a thread pool through ``loop.run_in_executor`` (``os.preadv`` and ``os.pwritev``
-    release the GIL during the syscall; io_uring is not used): one syscall per chunk of a call's contiguous
-    run (up to 8 MiB, at least one block), the chunks in parallel. Each block read is compared with its
-    expected contents. One that is not there yet (beyond the end of the file, or with whole 4 KiB pages
-    reading back as zero: another process's write-back still in flight) is re-read with exponential backoff,
-    1 ms doubling up to 8 ms a step, up to ``wait_s`` of sleep in all, and counts as mismatched if it never verifies; any other
-    difference (a wrong header, a wrong byte of the pattern) counts as mismatched at once. While the caller's
-    ``held()`` says write-backs are held back (a fault on a storage write path: issue 26), the sleeps do not
-    count: a block whose write-back waits for a dead storage NIC is waited for until it can land.
-
-A read of blocks this store is still writing (a process reading its own write-back in flight) waits for
-the write instead of polling; another process's write-back is polled for as above.
-
-Views: a node's storage made unreachable (issue 26)
-    A node reaches the storage through its own :class:`StorageView` (one per node and direction: its storage
-    NIC's rx for reads, tx for write-backs): a file descriptor of ``root``, resolved once, that reads and writes
-    open their files relative to (``openat``: the same one syscall per chunk as opening by path, and no path
-    to walk). :meth:`BlockStore.take_away` turns the view, in place (``dup2``), into a descriptor of an empty
-    directory that was removed: every open through it then fails with a real ``ENOENT`` from the kernel, for
-    that view alone, while the others read on; :meth:`BlockStore.give_back` restores it. Nothing is on disk, so
-    a killed process leaves nothing behind, and each process's views are its own (root's reads are not
-    stopped by file permissions). What an I/O does while its view is away:
-
-    * a read or write whose file open fails so (its chunk in flight when the view went) waits for the view
-      and tries again, with backoff (1 ms doubling up to 50 ms, woken at once when the view is back): never a
-      block "not there yet" that runs out of patience (a false corruption), never an error;
-    * :meth:`BlockStore.reach` is what an I/O does before it starts on a view that is away: it tries its
-      file (a real open) the same way until the view is back;
-    * an ``ENOENT`` on a view that is not away is what it was (a block not written yet), and any other OS
-      error is raised as always; where the storage directory itself is gone, the error says so (a read does
-      not report the blocks as read back wrong).
-
-    ``stats()`` counts the opens the kernel failed so (``read_unreachable``, ``write_unreachable``), the calls
-    that met them and waited (``read_unreachable_waits``, ...), the seconds they waited (``read_unreachable_s``,
-    ``write_unreachable_s``; the longest one wait, ``unreachable_max_s``) and the views away now
-    (``views_away``).
+A node reaches the storage through its own :class:`StorageView` per direction (a descriptor of ``root`` that
+opens are relative to). :meth:`BlockStore.take_away` turns it, in place (``dup2``), into a removed directory's,
+so every open through it fails with a real ``ENOENT`` for that node alone; :meth:`BlockStore.give_back` restores
+it. Meanwhile an I/O waits for the view and tries again (1 ms doubling to 50 ms, woken when it is back;
+:meth:`BlockStore.reach` before one starts): never an error, never a false corruption. ``stats()`` counts the
+unreachable opens, the waits and their seconds, and the views away.
 """
 
 from __future__ import annotations

@@ -1,41 +1,28 @@
-"""Real bytes between the processes of a host-backend run: :class:`ByteChannel`, over ZeroMQ (issue 16).
+"""Real bytes between the processes of a host-backend run: :class:`ByteChannel`, over ZeroMQ.
 
-Every process of a host run binds one ROUTER socket for KV bytes (apart from its actors' transport, so bulk
-data never queues in front of the actors' messages) and connects a DEALER to each peer it sends to (every frame, acks included, travels from a DEALER to a ROUTER). A
-transfer is a **job** of ``nbytes`` moved by its source process in chunks, each chunk a real frame of
-pattern bytes that the receiver checks, so every byte that arrives is verified:
-
-* **push** (:meth:`ByteChannel.push`; the source wants to know when it landed, e.g. a PE's layer KV into a
-  DE's buffer): the source sends the chunks; the destination answers ``ack`` once the last one arrived,
-  and the source's job completes then;
-* **pull** (:meth:`ByteChannel.pull`; the destination wants the bytes, e.g. a PE's layer load from a DE's
-  buffer under DE-read): the destination sends ``pull``, the source pushes the chunks without an ack and the
-  destination's job completes when the last chunk arrived.
-
-The source paces its chunks (the caller's ``send`` hook: the host data plane runs them through the sending
-NIC's :class:`~dualpath_emu._core.PacketPort`, so lanes hold on real bytes); the channel only moves and
-checks them. A job may name the receiving NIC's port and its lane (``rx``): the destination then offers each
-chunk to its ``admit`` hook as it arrives, and a job whose chunk the hook keeps (the host data plane's, while
-a fault slows or stops that port: issue 26) completes -- its ``ack`` sent, its pull done -- only when the hook
-lets its last chunk in. Frames: a msgpack header ``[kind, job, ...]`` then, for ``data``, the payload.
+Each process binds one ROUTER for KV bytes (apart from the actors' transport, so bulk data never queues in front
+of their messages) and connects a DEALER to each peer it sends to. A transfer is a **job** of ``nbytes`` moved
+in chunks of pattern bytes that the receiver checks: a **push** (:meth:`ByteChannel.push`) completes at the
+source when the destination acks its last chunk; a **pull** (:meth:`ByteChannel.pull`) completes at the
+destination when the last chunk arrives. The caller's ``send`` hook paces the chunks (the host data plane's
+pacers); a job that names its receiving port and lane is offered chunk by chunk to the destination's ``admit``
+hook, and completes only when that lets its last chunk in (a fault slowing the port). Frames: a msgpack header
+``[kind, ...]`` then, for ``data``, the payload.
 
 ==========  ==============================================================================================
 kind        fields
 ==========  ==============================================================================================
-data        ``job, offset, last: bool, ack: bool[, rx, lane]`` + payload frame (``ack``: the sender waits for an
-            ack; ``rx``, ``lane``: a push's receiving port and lane, for the destination's ``admit``)
+data        ``job, offset, last: bool, ack: bool[, rx, lane]`` + payload frame
 ack         ``job, bytes_received, bytes_mismatched``
 pull        ``job, nbytes, lane, port`` (``port``: the source's sending port, for its pacer)
-stop        ``reason`` (the driver's process completed the run: stop the actors; :meth:`ByteChannel.stop_peers`)
+stop        ``reason`` (the run is complete: stop the actors; :meth:`ByteChannel.stop_peers`)
 factor      ``port, factor`` (a fault changed a port's rate: :meth:`ByteChannel.tell_peers`, to ``on_port``)
 latency     ``port, extra_ns`` (a fault changed a port's latency, the same way)
 ==========  ==============================================================================================
 
-Security, as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys
-(tcp://) the ROUTER is a CURVE server behind a ZAP handler admitting the run's keys only and each DEALER a
-CURVE client of its peer's key; without keys only private ``ipc://`` endpoints are allowed. A frame from a
-peer that fails its checks is dropped and counted (``rejected``), never acted on. High-water marks bound
-what a peer can queue here.
+Security as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys (tcp://)
+CURVE with a ZAP handler admitting the run's keys only; without, only private ``ipc://`` endpoints. A frame
+that fails its checks is dropped and counted (``rejected``). High-water marks bound what a peer can queue.
 """
 
 from __future__ import annotations
@@ -43,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -351,17 +339,14 @@ class ByteChannel:
         return socket
 
     def _post(self, peer: str, frames: list[Any]) -> None:
-        # Sends queue in ZeroMQ (bounded by the HWM); past it the send waits in a task, keeping the order
-        # per peer because the socket's own queue is FIFO and a waiting send blocks the ones after it.
-        socket = self._dealer(peer)
-        try:
-            socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self._tasks.append(asyncio.get_running_loop().create_task(self._send_later(socket, frames)))
+        # The asyncio socket sends at once, or, past the HWM, queues the send behind those waiting (in order).
+        # Never with NOBLOCK: its Future would hold zmq.Again and the frame be lost, unsaid.
+        sent = self._dealer(peer).send_multipart(frames, copy=False)
+        typing.cast("asyncio.Future[Any]", sent).add_done_callback(self._sent)
 
-    @staticmethod
-    async def _send_later(socket: zmq.asyncio.Socket, frames: list[Any]) -> None:
-        await socket.send_multipart(frames, copy=False)
+    def _sent(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None:  # (cancelled: the socket closed)
+            _log.warning("process %r: a byte frame was not sent: %s", self.name, future.exception())
 
     async def _receive(self) -> None:
         assert self._router is not None
