@@ -26,7 +26,7 @@ from dualpath_emu.cli import main as cli_main
 from dualpath_emu.cluster.live import write_run
 from dualpath_emu.cluster.systems import SYSTEMS
 from dualpath_emu.cluster.user_systems import SystemLoader
-from dualpath_emu.runtime.eventlog import parse_line
+from dualpath_emu.runtime.eventlog import parse_line, write_event_log
 from dualpath_emu.runtime.delivery import check_delivery
 from tests.cluster.test_live import small_config, work
 
@@ -81,6 +81,17 @@ def wait_until(condition: object, what: str, timeout: float = WAIT_S) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_the_delivery_check_counts_a_tell_after_its_recipient_stopped_as_dropped_not_lost(tmp_path: Path) -> None:
+    # The run's end races its last messages: a DecodeDone told once the scheduler had stopped, its process gone
+    # before it arrived, was reported lost (make test-processes, a loaded machine). One told before is lost.
+    scheduler, de = tmp_path / "scheduler.events", tmp_path / "de.events"
+    write_event_log([(100, 0, "scheduler", "stop", "scheduler")], scheduler)
+    late, early = "#7 DecodeDone de->scheduler", "#6 DecodeDone de->scheduler"
+    write_event_log([(90, 0, "de", "tell", early), (100, 1, "de", "tell", late)], de)
+    report = check_delivery([scheduler, de])
+    assert report.lost == [early] and report.to_stopped == 1 and report.sent == 2
 
 
 def test_a_run_over_tcp_delivers_every_message_once_with_the_runs_keys(tmp_path: Path) -> None:

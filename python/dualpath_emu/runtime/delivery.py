@@ -24,6 +24,9 @@ class DeliveryReport:
     lost_with_restart: int = 0
     """Messages to or from a process that died (and was started again) that were not delivered, or whose
     sending its event log did not keep: lost with it, not an error (:func:`check_delivery`)."""
+    to_stopped: int = 0
+    """Messages told after their recipient had stopped, whose process had gone before they arrived: dropped at
+    a stopped actor, as they would have been recorded had it still run (not an error)."""
 
     @property
     def ok(self) -> bool:
@@ -38,8 +41,10 @@ def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None)
     that died and were started again to their last incarnation: a message to one of them may be lost (it was
     queued at the dead one, or its arrival was in the tail of its event log that died with it), one sent by
     a dead incarnation (its id below the last incarnation's, :data:`MSG_IDS_PER_INCARNATION`) may be lost or
-    arrive without its sending on record, and one a restarted process sent after its recipient had stopped
-    (it came back as the run ended) may be lost; those are counted in ``lost_with_restart``, not reported.
+    arrive without its sending on record; those are counted in ``lost_with_restart``, not reported. A message
+    told after its recipient had stopped (the run's end races the last messages, e.g. a decode group's
+    ``DecodeDone`` and the driver's completion) may be lost with the recipient's process: counted in
+    ``to_stopped``. Event times are comparable across processes (one clock: the data plane's).
     """
     sent: Counter[str] = Counter()
     arrived: Counter[str] = Counter()
@@ -49,28 +54,31 @@ def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None)
         for event in read_events(log):
             if event.kind == "tell":
                 sent[event.summary] += 1
-                if restarted:
-                    sent_ns.setdefault(event.summary, event.t_ns)
+                sent_ns.setdefault(event.summary, event.t_ns)
             elif event.kind in ("deliver", "drop"):
                 arrived[event.summary] += 1
-            elif event.kind == "stop" and restarted:
+            elif event.kind == "stop":
                 stopped_ns.setdefault(event.actor, event.t_ns)
     report = DeliveryReport(sent=sum(sent.values()))
     restarted = restarted or {}
 
-    def with_restart(summary: str, lost: bool) -> bool:
+    def route(summary: str) -> tuple[str, str, str]:
         number, _, route = summary.partition(" ")
         sender, _, recipient = route.partition(" ")[2].partition("->")
+        return number, sender, recipient
+
+    def with_restart(summary: str, lost: bool) -> bool:
+        number, sender, recipient = route(summary)
         last = restarted.get(sender)
         by_dead = last is not None and number[1:].isdigit() and int(number[1:]) < last * MSG_IDS_PER_INCARNATION + 1
-        # A restarted process that came back as the run ended speaks to actors that had stopped (and gone).
-        late = last is not None and sent_ns.get(summary, -1) >= stopped_ns.get(recipient, 1 << 63)
-        return by_dead or (lost and (recipient in restarted or late))
+        return by_dead or (lost and recipient in restarted)
 
     for summary in sorted(sent.keys() | arrived.keys()):
         if arrived[summary] < sent[summary]:
             if with_restart(summary, lost=True):
                 report.lost_with_restart += sent[summary] - arrived[summary]
+            elif sent_ns[summary] >= stopped_ns.get(route(summary)[2], 1 << 63):
+                report.to_stopped += sent[summary] - arrived[summary]
             else:
                 report.lost.append(summary)
         elif arrived[summary] > sent[summary]:

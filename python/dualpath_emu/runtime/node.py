@@ -104,8 +104,8 @@ TEST_BUSY_ENV: Final = "DUALPATH_EMU_TEST_ONLY_BUSY"
 holds its loop (computing) for ``<wall seconds>`` once, ``<seconds>`` emulated seconds after its actors start."""
 QUIET_S: Final = 0.05
 """Once told to stop, a process keeps its actors until no message has come from another process for this
-long (wall seconds), at most :data:`QUIET_MAX_S`: the last turn's messages to others than the driver (a
-decode group's DecodeDone to the scheduler) race the stop that the driver's completion sets off."""
+long (wall seconds) since the stop, at most :data:`QUIET_MAX_S`: the last turn's messages to others than the
+driver (a decode group's DecodeDone to the scheduler) race the stop that the driver's completion sets off."""
 QUIET_MAX_S: Final = 2.0
 
 _T = TypeVar("_T")
@@ -335,10 +335,11 @@ def _test_only_busy(name: str, incarnation: int, run_dir: Path) -> None:
 async def _until_quiet(system: ZmqActorSystem, stop: asyncio.Event) -> None:
     """Wait for ``stop``, then until ``system`` has received nothing for :data:`QUIET_S` (see there)."""
     await stop.wait()
-    deadline = time.monotonic_ns() + round(QUIET_MAX_S * 1e9)
+    stopped_ns = time.monotonic_ns()  # quiet since the stop: a process idle before it still waits for stragglers
+    deadline = stopped_ns + round(QUIET_MAX_S * 1e9)
     quiet_ns = round(QUIET_S * 1e9)
     while (now := time.monotonic_ns()) < deadline:
-        idle_ns = now - system.last_delivery_ns
+        idle_ns = now - max(system.last_delivery_ns, stopped_ns)
         if idle_ns >= quiet_ns:
             return
         await asyncio.sleep((quiet_ns - idle_ns) / 1e9)
