@@ -1,21 +1,7 @@
-"""``dualpath-emu run`` and ``dualpath-emu validate``.
-
-``run [SCENARIO] [--system SPEC ...] [--agents N] [--seed S] [--set KEY=VALUE ...] [--out DIR] [--json]
-[--quiet]`` runs each system of a cluster scenario (:mod:`~dualpath_emu.cluster.scenario`: a file or the
-name of a packaged one, :mod:`dualpath_emu.scenarios`; without one, the built-in
-:data:`~dualpath_emu.cluster.scenario.DEFAULT`) on the same workload and prints one table, a row per
-system. A system is a built-in one's name or the user's own, ``file.py:Name`` or ``module:Name``
-(:mod:`~dualpath_emu.cluster.user_systems`); ``--set`` sets any key of the scenario by its dotted path, the
-value read as TOML (a bare word as a string). ``run --list`` lists the packaged scenarios. While it runs, a progress bar per system (turns done of all, emulated time) when stdout is a
-terminal, unless ``--quiet`` or ``--json``. ``--json`` prints the summary (:func:`~.outputs.summary`) and
-nothing else on stdout. ``--out DIR`` writes ``summary.json``, ``requests.csv``, ``jct.png``,
-``utilisation.png`` (NICs, DRAM and GPUs over time, from the utilisation samples: every emulated
-second, wider on very long runs) and ``latency-cdf.png``; with ``--trace`` also a Perfetto trace per system,
-``trace-<system>.json.gz`` (gzip-compressed; open it at ui.perfetto.dev; recording spans costs memory and time,
-hence only when asked for; :mod:`~dualpath_emu.cluster.trace`).
-
-``validate SCENARIO`` checks a scenario file or a packaged scenario -- a cluster scenario, or a run scenario
-for ``launch`` -- and prints one ``OK`` line; a bad file is a :class:`~dualpath_emu.config.ScenarioError` (one line, exit 2).
+"""The commands ``dualpath-emu run`` (each system of a cluster scenario on the same workload, in virtual time,
+live, or over several seeds; one table, a row per system; ``--json``, ``--out DIR``: docs/running.md),
+``compare``, ``collect`` (a live run started by hand) and ``validate`` (a cluster or run scenario: one ``OK``
+line, or a one-line :class:`~dualpath_emu.config.ScenarioError`).
 """
 
 from __future__ import annotations

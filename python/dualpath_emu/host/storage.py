@@ -228,32 +228,14 @@ class BlockStore:
         self._write_pool = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="blockstore-write")
         self._local = threading.local()  # each thread's scratch array of expected contents
         self._lock = threading.Lock()
-        self._totals: dict[str, int | float] = dict.fromkeys(
-            (
-                "bytes_read",
-                "bytes_written",
-                "reads",
-                "writes",
-                "blocks_read",
-                "blocks_written",
-                "verified_bytes",
-                "mismatched_blocks",
-                "retries",
-                "seeded_blocks",
-            ),
-            0,
-        )
-        self._totals.update(
-            read_wall_s=0.0,
-            write_wall_s=0.0,
-            read_unreachable=0,
-            write_unreachable=0,
-            read_unreachable_waits=0,
-            write_unreachable_waits=0,
-            read_unreachable_s=0.0,
-            write_unreachable_s=0.0,
-            unreachable_max_s=0.0,
-        )
+        counts = ("bytes_read bytes_written reads writes blocks_read blocks_written verified_bytes mismatched_blocks "
+                  "retries seeded_blocks read_unreachable write_unreachable read_unreachable_waits "
+                  "write_unreachable_waits")  # fmt: skip
+        seconds = "read_wall_s write_wall_s read_unreachable_s write_unreachable_s unreachable_max_s"
+        self._totals: dict[str, int | float] = {
+            **dict.fromkeys(counts.split(), 0),
+            **dict.fromkeys(seconds.split(), 0.0),
+        }
         self._closed = False
         self._root_fd: int | None = None  # the directory's descriptor, opened with the first view
         self._gone_fd: int | None = None  # a removed directory's, what a view away is

@@ -33,7 +33,7 @@ from dualpath_emu.runtime.lag import LagStats
 from dualpath_emu.runtime.launcher import RESTARTS_SUFFIX
 from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, incarnation_stem, load_run_scenario
 
-__all__ = ["collect", "collect_dir", "last_incarnation", "read_part"]
+__all__ = ["collect", "collect_dir", "describe", "last_incarnation", "read_part"]
 
 
 def read_part(path: Path) -> tuple[Metrics | None, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
@@ -241,10 +241,16 @@ def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
                             "*.events and *.json files here)")  # fmt: skip
     wall_s = max(json.loads((run_dir / f"{n}.json").read_text())["wall_s"] for n in stems)
     result, _ = collect(run, run_dir, wall_s)
-    service: dict[str, list[str]] = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
-    result.extra.update({"mode": "realtime", "time_scale": run.time_scale, "placement": "by hand",
-                         "backend": run.backend_name, "processes": len(names) + len(service),
-                         "process_actors": {**service, **{p.name: list(p.actors) for p in run.processes}}})  # fmt: skip
+    result.extra.update(describe(run, "by hand"))
     if run.backend_name == "host":  # the run is over: its KV blocks go (in the shared directory, only its files)
         remove_blocks(Path(app.storage_dir) if app.storage_dir else run_dir / STORAGE_DIR)
     return result, app
+
+
+def describe(run: RunScenario, placement: str, **more: str) -> dict[str, Any]:
+    """How a live run ran, for its result's ``extra``: its processes and their actors."""
+    service: dict[str, list[str]] = {DATAPLANE_PROCESS: []} if run.uses_dataplane else {}
+    return {"mode": "realtime", "time_scale": run.time_scale, "placement": placement, **more,
+            "backend": run.backend_name,
+            "processes": len(run.processes) + len(service),
+            "process_actors": {**service, **{p.name: list(p.actors) for p in run.processes}}}  # fmt: skip

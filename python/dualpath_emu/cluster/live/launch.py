@@ -29,7 +29,7 @@ from dualpath_emu.cluster.live.app import (
     ClusterApplication,
     registry,
 )
-from dualpath_emu.cluster.live.collect import collect
+from dualpath_emu.cluster.live.collect import collect, describe
 from dualpath_emu.cluster.live.host import compare_with_model
 from dualpath_emu.cluster.live.placement import check_restart, host_of, placement
 from dualpath_emu.cluster.live.wire import config_to_wire, system_to_wire, toml_text, write_private
@@ -253,16 +253,7 @@ def run_live(
             remove_blocks(blocks)
     if host:  # what the model says of the same run, kind by kind (measured vs modelled)
         compare_with_model(result, run_system(config, system, trajectories, seed=seed, probe_paths=True))
-    result.extra.update({
-        "mode": "realtime",
-        "time_scale": o.time_scale,
-        "placement": o.placement_kind,
-        "transport": o.transport,
-        "backend": o.backend,
-        "processes": len(run.processes) + (launched.dataplane is not None),
-        "process_actors": {**({DATAPLANE_PROCESS: []} if launched.dataplane is not None else {}),
-                           **{p.name: list(p.actors) for p in run.processes}},
-    })  # fmt: skip
+    result.extra.update(describe(run, o.placement_kind, transport=o.transport))
     result.wall_s = launched.wall_s
     return result
 

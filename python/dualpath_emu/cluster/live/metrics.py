@@ -1,21 +1,8 @@
-"""Live Prometheus metrics of a real-time cluster run (``dualpath-emu run --mode realtime --metrics-port P``).
-
-Served by the client's process on ``127.0.0.1:P`` (``prometheus-client``'s own HTTP server, a thread), on a
-registry of its own. Turns and their latencies are counted as the client learns of them (every
-:class:`~dualpath_emu.cluster.messages.TurnDone` carries its turns' token times); the ports and read queues
-come from the data plane, asked once per ``poll_s`` of wall time (the utilisation of a port is its bytes
-over that interval divided by its rate × the interval, in emulated time):
-
-=====================================  =========  ==================================================
-``dualpath_turns_admitted_total``      counter    turns the client submitted
-``dualpath_turns_done_total``          counter    turns whose last token is out
-``dualpath_ttft_seconds``              histogram  first token − arrival (emulated seconds)
-``dualpath_tpot_seconds``              histogram  (last − second token) / (tokens − 2), turns of ≥ 3 tokens
-``dualpath_emulated_seconds``          gauge      the run's clock
-``dualpath_port_utilisation{port}``    gauge      each port (e.g. ``n0.snic.rx``), over the last poll
-``dualpath_read_queue_bytes{node}``    gauge      bytes waiting in each node's storage read queue
-=====================================  =========  ==================================================
-"""
+"""Live Prometheus metrics of a live cluster run (``--metrics-port P``; the metrics: docs/live.md), served by
+the client's process on ``127.0.0.1:P`` (``prometheus-client``'s HTTP server, a thread) from a registry of its
+own. Turns and their latencies are counted as the client learns of them; the ports and read queues come from
+the data plane, asked once per poll (a port's utilisation: its bytes over the poll's interval / (its rate ×
+the interval), in emulated time)."""
 
 from __future__ import annotations
 
