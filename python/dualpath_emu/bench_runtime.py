@@ -50,18 +50,9 @@ from dualpath_emu.runtime.dataplane.service import DataPlaneService, ServiceCore
 from dualpath_emu.runtime.security import RunKeys
 
 __all__ = [
-    "BenchError",
-    "Result",
-    "Tally",
-    "DataPlaneResult",
-    "bench_dataplane",
-    "bench_dataplane_handshake",
-    "bench_inproc_tells",
-    "bench_zmq_one_process",
-    "bench_zmq_two_processes",
-    "check_tally",
-    "main",
-]
+    "BenchError", "Result", "Tally", "DataPlaneResult", "bench_dataplane", "bench_dataplane_handshake",
+    "bench_inproc_tells", "bench_zmq_one_process", "bench_zmq_two_processes", "check_tally", "main"
+]  # fmt: skip
 
 ENVELOPE_BYTES: Final = 100
 """The encoded envelope size the ZeroMQ benchmark aims its pad at."""
@@ -84,9 +75,6 @@ COLLECTOR: Final = "collector"
 DATAPLANE_PORTS: Final = 16
 """Ports of the data-plane benchmark's core (1 TB/s each): its transfers take nanoseconds."""
 DATAPLANE_REQUESTER: Final = "bench"
-
-
-# --- messages ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +124,6 @@ def codec() -> Codec:
     return Codec(registry)
 
 
-# --- actors --------------------------------------------------------------------------------------------
-
-
 class Counter(Actor):
     """Counts ticks (expecting seqs 0, 1, 2, … in order) and tells its tally to whoever queries it."""
 
@@ -184,9 +169,6 @@ class Collector(Actor):
                     raise
 
 
-# --- results -------------------------------------------------------------------------------------------
-
-
 class BenchError(RuntimeError):
     """A benchmark run failed or found messages lost, duplicated or reordered."""
 
@@ -226,9 +208,6 @@ def best_of(repeats: int, bench: Callable[[], Result]) -> Result:
     return min((bench() for _ in range(max(repeats, 1))), key=lambda result: result.wall_s)
 
 
-# --- in process ----------------------------------------------------------------------------------------
-
-
 def bench_inproc_tells(count: int = 200_000, burst: int = 100) -> Result:
     """One run of the in-process tell benchmark (see the module docstring)."""
     system = ActorSystem()
@@ -252,9 +231,6 @@ def bench_inproc_tells(count: int = 200_000, burst: int = 100) -> Result:
     wall_s = time.perf_counter() - start
     check_tally(tally, count, "in-process tells")
     return Result(count, wall_s, events=system.event_count)
-
-
-# --- over ZeroMQ, real time ----------------------------------------------------------------------------
 
 
 def tick_pad(count: int, envelope_bytes: int = ENVELOPE_BYTES) -> bytes:
@@ -342,10 +318,8 @@ def bench_zmq_two_processes(
         with log.open("wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve", endpoint, "--reply-to", driver],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         child = Child(process, log)
 
         async def drive(child: Child) -> float:
@@ -424,9 +398,6 @@ async def serve(endpoint: str, reply_to: str, lifetime_s: float) -> None:
         await asyncio.wait_for(counter.stop_requested.wait(), lifetime_s)
 
 
-# --- the data plane, real time -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class DataPlaneResult:
     """One data-plane run: ``requests`` in ``wall_s`` (``cpu_s`` of this process), the lags and the RTT."""
@@ -465,10 +436,8 @@ def _dataplane_child(endpoint: str, directory: Path, keys_dir: Path | None = Non
     with log.open("wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve-dataplane", endpoint, *keys],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     return Child(process, log)
 
 
@@ -555,9 +524,6 @@ def bench_dataplane_handshake() -> int:
         if child is not None:
             stop_child(child.process)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-# --- the command line ----------------------------------------------------------------------------------
 
 
 def report(name: str, result: Result, unit: str = "msgs/s", note: str = "") -> None:

@@ -43,18 +43,9 @@ from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 __all__ = [
-    "DEFAULT_MAX_ARRAY_LEN",
-    "DEFAULT_MAX_FRAME_BYTES",
-    "ENVELOPE_VERSION",
-    "ENVELOPE_WIRE_NAME",
-    "FORMAT",
-    "Codec",
-    "Envelope",
-    "Message",
-    "MessageError",
-    "MessageRegistry",
-    "fast_frozen_init",
-]
+    "DEFAULT_MAX_ARRAY_LEN", "DEFAULT_MAX_FRAME_BYTES", "ENVELOPE_VERSION", "ENVELOPE_WIRE_NAME", "FORMAT", "Codec",
+    "Envelope", "Message", "MessageError", "MessageRegistry", "fast_frozen_init"
+]  # fmt: skip
 
 FORMAT: Final = 1
 """The version of the framing ``[FORMAT, wire_name, version, fields]`` itself."""
@@ -220,12 +211,8 @@ _STR: Final = _Kind("str", _ignore_limit(_exact(str)), _exact(str))
 _BOOL: Final = _Kind("bool", _ignore_limit(_exact(bool)), _exact(bool))
 _BYTES: Final = _Kind("bytes", _ignore_limit(_exact(bytes)), _exact(bytes))
 _SCALAR_KINDS: Final[tuple[tuple[type, _Kind], ...]] = (
-    (int, _INT),
-    (float, _FLOAT),
-    (str, _STR),
-    (bool, _BOOL),
-    (bytes, _BYTES),
-)
+    (int, _INT), (float, _FLOAT), (str, _STR), (bool, _BOOL), (bytes, _BYTES),
+)  # fmt: skip
 
 
 def _scalar_kind(annotation: object) -> _Kind | None:
@@ -518,12 +505,9 @@ class Codec:
     """
 
     def __init__(
-        self,
-        registry: MessageRegistry,
-        *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        self, registry: MessageRegistry, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_array_len: int = DEFAULT_MAX_ARRAY_LEN,
-    ) -> None:
+    ) -> None:  # fmt: skip
         if max_frame_bytes < 1 or max_array_len < 5:  # an envelope's fields are an array of five
             raise ValueError(
                 f"max_frame_bytes must be >= 1 and max_array_len >= 5, got {max_frame_bytes} and {max_array_len}"

@@ -34,16 +34,8 @@ from dualpath_emu.runtime.core_work import Completion, CoreWork, ForwardRank, La
 from dualpath_emu.runtime.dataplane import protocol
 from dualpath_emu.runtime.dataplane import service as plane_service
 from dualpath_emu.runtime.dataplane.protocol import PROTOCOL_VERSION as V
-from dualpath_emu.runtime.dataplane.protocol import (
-    DataPlaneError,
-    DataPlaneLost,
-    DetachedRequestError,
-    FrameError,
-    RefusedError,
-    RequesterLost,
-    decode_frame,
-    decode_submit,
-)
+from dualpath_emu.runtime.dataplane.protocol import DataPlaneError, DataPlaneLost, DetachedRequestError, FrameError
+from dualpath_emu.runtime.dataplane.protocol import RefusedError, RequesterLost, decode_frame, decode_submit
 from dualpath_emu.runtime.dataplane.remote import RemoteDataPlane, run_remote
 from dualpath_emu.runtime.dataplane.service import DataPlaneService, ServiceCore
 from dualpath_emu.runtime.lag import LagStats

@@ -140,13 +140,9 @@ class ActorSystem:
     """
 
     def __init__(
-        self,
-        *,
-        latency_s: float = 0.0,
-        failure_events: int = DEFAULT_FAILURE_EVENTS,
-        record_messages: bool = True,
+        self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, record_messages: bool = True,
         data_plane: CoreWork | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         if not latency_s >= 0.0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self._latency_s = latency_s
@@ -178,8 +174,6 @@ class ActorSystem:
     def latency_s(self) -> float:
         """The delivery latency of every in-process message (fixed: FIFO delivery relies on it)."""
         return self._latency_s
-
-    # --- the loop and the record ---------------------------------------------------------------------
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -260,8 +254,6 @@ class ActorSystem:
         base = self._log_base
         return tuple(Event(t, seq + base, a, k, m) for t, seq, a, k, m in self._log[-n:]) if n > 0 else ()
 
-    # --- actors --------------------------------------------------------------------------------------
-
     def actor(self, name: str) -> Actor:
         """The actor called ``name``; :class:`UnknownActorError` if there is none."""
         try:
@@ -280,8 +272,6 @@ class ActorSystem:
         if actor.name in self._actors:
             raise ValueError(f"an actor named {actor.name!r} is already registered in this system")
         self._actors[actor.name] = actor
-
-    # --- sending and delivering ----------------------------------------------------------------------
 
     def _new_msg_id(self) -> int:
         msg_id = self._next_msg_id
@@ -361,8 +351,6 @@ class ActorSystem:
     def _drop(self, envelope: Envelope, summary: str) -> None:
         self.dropped += 1
         self.record(envelope.recipient, "drop", summary or _describe(envelope))
-
-    # --- failing and running -------------------------------------------------------------------------
 
     def fail(self, actor: Actor, error: Exception) -> None:
         """Fail the run as a failing handler does, from code of ``actor`` outside a handler (a callback)."""

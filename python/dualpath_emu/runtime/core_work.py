@@ -27,19 +27,9 @@ from dualpath_emu.runtime.engine import Extents, forward_bytes
 from dualpath_emu.runtime.virtual import submit_batch
 
 __all__ = [
-    "clear_faults",
-    "Completion",
-    "CoreLayout",
-    "CoreWork",
-    "Extents",
-    "ForwardRank",
-    "LayerTransfer",
-    "LocalCoreWork",
-    "UnexpectedCompletionError",
-    "core_layout",
-    "core_state",
-    "forward_bytes",
-]
+    "clear_faults", "Completion", "CoreLayout", "CoreWork", "Extents", "ForwardRank", "LayerTransfer",
+    "LocalCoreWork", "UnexpectedCompletionError", "core_layout", "core_state", "forward_bytes"
+]  # fmt: skip
 
 _T = TypeVar("_T")
 
@@ -197,8 +187,6 @@ class CoreWork:
         """The plane's clock in integer nanoseconds: the clock of the core the work runs on."""
         raise NotImplementedError
 
-    # --- a live process's life around its actors (what differs by data plane; the defaults: nothing) -------
-
     async def run(self, main: Awaitable[_T]) -> _T:
         """Run ``main`` (a process's actors) inside whatever the plane must set up and tear down around them
         (a remote plane: end it if the data plane is lost; the host backend: its byte channel and files)."""
@@ -284,14 +272,9 @@ class CoreWork:
         self._queue_transfer(path, lane, size_bytes, UNREPORTED_TAG)
 
     def forward(
-        self,
-        n_layers: int,
-        ranks: Iterable[_ForwardRankLike],
-        *,
-        ffn_ns: int = 0,
-        collectives: Iterable[_LayerTransferLike] = (),
-        load_window: int = 0,
-    ) -> asyncio.Future[Completion]:
+        self, n_layers: int, ranks: Iterable[_ForwardRankLike], *, ffn_ns: int = 0,
+        collectives: Iterable[_LayerTransferLike] = (), load_window: int = 0,
+    ) -> asyncio.Future[Completion]:  # fmt: skip
         """Start a forward pass of ``n_layers`` layers over the DP-attention ``ranks`` (:class:`ForwardRank`)
         now; the future resolves with its one ``"forward"`` completion (``size_bytes``: every byte it moved).
 

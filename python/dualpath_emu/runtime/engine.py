@@ -1,21 +1,13 @@
 """The engine contract: state machines fed inputs with the time, giving outputs (docs/architecture.md; the sans-I/O
 pattern of h11 and quinn-proto).
 
-An :class:`Engine` is stepped by a driver. Its inputs are a message (:meth:`Engine.receive`), the end of data-
-plane work or a timer (the ``then`` it gave with the request, called with the time), and :meth:`Engine.start`;
-every input comes with ``now_ns``, the current time. Its outputs go to the two things a driver hands it when it
-is built, and nowhere else:
-
-* an :class:`Outbox`: messages to other engines (by name) and typed observations (:class:`Observed`) for the
-  event log and the checkers outside the engines;
-* a :class:`DataPlane`: transfers, storage I/O, forward passes, timers and decode stepping, each with the
-  ``then`` to call when it ends (``None``: nobody waits, e.g. a write-back). Every plane does every one of them,
-  so an engine never asks which plane it has.
-
-Both only queue: nothing an engine asks for happens, and no other engine runs, before its handler returns. So an
-engine knows nothing of asyncio, processes, sockets or which data plane it has, and a test steps it by hand
-with a recording outbox and plane. The drivers: :mod:`dualpath_emu.runtime.virtual` (virtual time, no asyncio)
-and :mod:`dualpath_emu.runtime.engine_actor` (live: an asyncio actor around each engine).
+An :class:`Engine` is stepped by a driver. Its inputs (each with ``now_ns``) are a message (:meth:`Engine.receive`),
+the end of data-plane work or a timer (the ``then`` it gave with the request) and :meth:`Engine.start`. Its
+outputs go to an :class:`Outbox` (messages to other engines by name, typed observations :class:`Observed`) and a
+:class:`DataPlane` (transfers, storage I/O, forward passes, timers and decode stepping, each with its ``then``;
+``None``: nobody waits). Both only queue: nothing an engine asks for happens before its handler returns, so an
+engine knows nothing of asyncio, processes or which plane it has, and a test steps it by hand. The drivers:
+:mod:`dualpath_emu.runtime.virtual` and :mod:`dualpath_emu.runtime.engine_actor` (live).
 """
 
 from __future__ import annotations
@@ -28,19 +20,9 @@ from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar
 from dualpath_emu.messages import Message
 
 __all__ = [
-    "DataPlane",
-    "DecodeReport",
-    "Engine",
-    "Extents",
-    "Hop",
-    "Observed",
-    "Outbox",
-    "Then",
-    "UnhandledInputError",
-    "forward_bytes",
-    "on",
-    "seeded_random",
-]
+    "DataPlane", "DecodeReport", "Engine", "Extents", "Hop", "Observed", "Outbox", "Then", "UnhandledInputError",
+    "forward_bytes", "on", "seeded_random"
+]  # fmt: skip
 
 Then: TypeAlias = Callable[[int], None]
 """What to call, with the time in ns, when a request to the data plane ends (or a timer fires)."""

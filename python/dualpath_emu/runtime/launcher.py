@@ -56,14 +56,8 @@ from dualpath_emu.runtime.delivery import DeliveryReport, check_delivery
 from dualpath_emu.runtime.eventlog import EventLogWriter, read_events
 from dualpath_emu.runtime.node import LAUNCHER_ENV
 from dualpath_emu.runtime.run_setup import describe_run, make_keys, needs_keys, node_command, process_names
-from dualpath_emu.runtime.scenario import (
-    DATAPLANE_PROCESS,
-    INCARNATION_OPTION,
-    RUN_DESCRIPTION,
-    ProcessSpec,
-    RunScenario,
-    incarnation_stem,
-)
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, INCARNATION_OPTION, RUN_DESCRIPTION, ProcessSpec
+from dualpath_emu.runtime.scenario import RunScenario, incarnation_stem
 
 __all__ = ["LaunchError", "LaunchInterrupted", "LaunchResult", "launch", "launch_host", "mark_owner", "sweep_orphans"]
 
@@ -83,9 +77,8 @@ RESTARTS_SUFFIX: Final = ".restarts.json"
 
 class LaunchError(RuntimeError):
     """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss.
-    ``died`` names the process that died (exited non-zero or was killed) before the run was complete, if that
-    is why. ``full_disk`` says which folder was full when the run stopped (measured before its clean-up
-    frees space), if one was."""
+    ``died``: the process that died before the run was complete, if that is why; ``full_disk``: the folder that
+    was full when the run stopped, if one was."""
 
     def __init__(self, message: str, *, died: str | None = None) -> None:
         super().__init__(message)
@@ -272,22 +265,16 @@ def _finish(children: list[_Child], restart_dead: Callable[[], None] | None = No
 
 
 def launch(
-    scenario: RunScenario,
-    *,
-    run_dir: Path | None = None,
-    event_log: Path | None = None,
-    on_start: Callable[[str, int], None] | None = None,
-    keys: str | None = None,
+    scenario: RunScenario, *, run_dir: Path | None = None, event_log: Path | None = None,
+    on_start: Callable[[str, int], None] | None = None, keys: str | None = None,
     on_tick: Callable[[], None] | None = None,
-) -> LaunchResult:
+) -> LaunchResult:  # fmt: skip
     """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane); see the module.
 
-    ``run_dir`` keeps each process's output, event log and results and the run description (default: a
-    temporary directory, removed afterwards); ``event_log`` receives the concatenated event logs;
-    ``on_start(name, pid)`` is called as each child starts, ``on_tick()`` a few times a second while they run
-    (an application's progress line, say); ``keys`` is where the run's keys live (written
-    into the run description; each process loads its own, :mod:`dualpath_emu.runtime.security`). Raises
-    :class:`LaunchError` (or :class:`LaunchInterrupted`).
+    ``run_dir`` keeps the run's files (default: a temporary directory, removed afterwards); ``event_log``
+    receives the concatenated event logs; ``on_start(name, pid)`` is called as each child starts, ``on_tick()``
+    a few times a second; ``keys``: where the run's keys live. Raises :class:`LaunchError` (or
+    :class:`LaunchInterrupted`).
     """
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
@@ -379,12 +366,9 @@ def _alive(pid: int) -> bool:
 def launch_host(
     scenario: RunScenario, run_dir: Path, names: Sequence[str], *, on_start: Callable[[str, int], None] | None = None
 ) -> None:
-    """Start this host's share of a prepared run (:func:`prepare`: the description is in ``run_dir``, copied
-    to every host): the processes ``names``, the data plane first and the driver's process last (it starts
-    at once: no shared run directory for the others' ready files). Watch them as :func:`launch` does and
-    return when each has exited 0 (the run ended by messages); a crash, a hang (``hang_timeout_s``), Ctrl-C or
-    ``timeout_s`` stop the others here and raise :class:`LaunchError` (or :class:`LaunchInterrupted`). An
-    unknown process or a missing description is a :class:`UsageError`."""
+    """Start this host's share of a prepared run (its description in ``run_dir``): the processes ``names``, the
+    data plane first and the driver's process last (with ``--no-ready-wait``). Watch them as :func:`launch`
+    does; return when each has exited 0. An unknown process or a missing description is a :class:`UsageError`."""
     known = process_names(scenario)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
@@ -408,14 +392,9 @@ def launch_host(
 
 
 def _start_and_watch(
-    scenario: RunScenario,
-    children: list[_Child],
-    names: Sequence[str],
-    work: Path,
-    extra: Mapping[str, Sequence[str]],
-    watch: Callable[[], None],
-    on_start: Callable[[str, int], None] | None,
-) -> None:
+    scenario: RunScenario, children: list[_Child], names: Sequence[str], work: Path, extra: Mapping[str, Sequence[str]],
+    watch: Callable[[], None], on_start: Callable[[str, int], None] | None,
+) -> None:  # fmt: skip
     """Start processes ``names`` in order (each with its ``extra`` arguments) into ``children``, then
     ``watch()`` them; on Ctrl-C (:class:`LaunchInterrupted`) or any error, stop every one started first."""
     with _signals_raise():
@@ -561,13 +540,9 @@ def _driver_done(driver: _Child) -> bool:
 
 
 def _watch(
-    scenario: RunScenario,
-    children: list[_Child],
-    started: float,
-    on_tick: Callable[[], None] | None = None,
-    work: Path | None = None,
-    on_start: Callable[[str, int], None] | None = None,
-) -> None:
+    scenario: RunScenario, children: list[_Child], started: float, on_tick: Callable[[], None] | None = None,
+    work: Path | None = None, on_start: Callable[[str, int], None] | None = None,
+) -> None:  # fmt: skip
     """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending (a child
     of ``restart_crashed`` that dies is started again, :func:`_restart`). Calls ``on_tick()`` every
     :data:`TICK_S` meanwhile."""

@@ -63,15 +63,8 @@ from dualpath_emu.runtime.dataplane.remote import RemoteDataPlane
 from dualpath_emu.runtime.dataplane.service import DataPlaneService, ServiceCore
 from dualpath_emu.runtime.eventlog import EventLogWriter, write_event_log
 from dualpath_emu.runtime.realtime import WallClockCore
-from dualpath_emu.runtime.scenario import (
-    DATAPLANE_PROCESS,
-    INCARNATION_OPTION,
-    ProcessSpec,
-    RunDescription,
-    RunScenario,
-    incarnation_stem,
-    load_run_scenario,
-)
+from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, INCARNATION_OPTION, ProcessSpec, RunDescription
+from dualpath_emu.runtime.scenario import RunScenario, incarnation_stem, load_run_scenario
 from dualpath_emu.scenarios import find as find_scenario
 from dualpath_emu.runtime.security import RunKeys
 from dualpath_emu.runtime.zmq_transport import ZmqActorSystem
@@ -234,16 +227,9 @@ def _stop_event(watch_stdin: bool) -> asyncio.Event:
 
 
 async def _serve(
-    system: ZmqActorSystem,
-    plane: CoreWork,
-    scenario: RunScenario,
-    spec: ProcessSpec,
-    run_dir: Path,
-    watch_stdin: bool,
-    wait_ready: bool,
-    launcher: LauncherLink | None,
-    incarnation: int = 0,
-) -> dict[str, Any] | None:
+    system: ZmqActorSystem, plane: CoreWork, scenario: RunScenario, spec: ProcessSpec, run_dir: Path, watch_stdin: bool,
+    wait_ready: bool, launcher: LauncherLink | None, incarnation: int = 0,
+) -> dict[str, Any] | None:  # fmt: skip
     app = scenario.app
     stop = _stop_event(watch_stdin)
     # A plane shared with other processes (the model backend's remote one, the host backend's) hears from the
@@ -346,16 +332,9 @@ async def _until_quiet(system: ZmqActorSystem, stop: asyncio.Event) -> None:
 
 
 def serve_process(
-    scenario: RunScenario,
-    name: str,
-    description: RunDescription,
-    run_dir: Path,
-    *,
-    watch_stdin: bool = False,
-    wait_ready: bool = True,
-    launcher: LauncherLink | None = None,
-    incarnation: int = 0,
-) -> int:
+    scenario: RunScenario, name: str, description: RunDescription, run_dir: Path, *, watch_stdin: bool = False,
+    wait_ready: bool = True, launcher: LauncherLink | None = None, incarnation: int = 0,
+) -> int:  # fmt: skip
     """Run process ``name`` of a real-time run until it is done or told to stop; return its exit status.
     ``incarnation`` > 0: it is started in place of one that died (see the module)."""
     if name == DATAPLANE_PROCESS:
@@ -377,16 +356,11 @@ def serve_process(
     loop = plane.new_loop()
     others = [p for p in scenario.processes if p is not spec]
     system = ZmqActorSystem(
-        Codec(app.registry()),
-        bind=endpoints[spec.name],
+        Codec(app.registry()), bind=endpoints[spec.name],
         address_book={a: endpoints[p.name] for p in others for a in p.actors},
-        peers={endpoints[p.name]: p.name for p in others},
-        keys=keys,
-        name=spec.name,
-        latency_s=scenario.latency_s,
-        data_plane=plane,
-        incarnation=incarnation if scenario.restart_crashed else None,
-    )
+        peers={endpoints[p.name]: p.name for p in others}, keys=keys, name=spec.name, latency_s=scenario.latency_s,
+        data_plane=plane, incarnation=incarnation if scenario.restart_crashed else None,
+    )  # fmt: skip
     log: EventLogWriter | None = None
     if name in scenario.restart_crashed:  # it may die: its event log is written as it goes (see the module)
         log = EventLogWriter(run_dir / f"{stem}.events")
@@ -455,13 +429,9 @@ def serve_process(
 
 
 def _process_plane(
-    scenario: RunScenario,
-    name: str,
-    description: RunDescription,
-    keys: RunKeys | None,
-    run_dir: Path,
+    scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path,
     incarnation: int = 0,
-) -> WallClockCore | RemoteDataPlane:
+) -> WallClockCore | RemoteDataPlane:  # fmt: skip
     """The data plane of process ``name`` of a live run: its backend's (:data:`MODEL` unless the scenario names
     another)."""
     backend = scenario.backend if scenario.backend is not None else MODEL
@@ -477,15 +447,10 @@ def _model_plane(request: PlaneRequest) -> WallClockCore | RemoteDataPlane:
         app.build_core(core)
         return WallClockCore(core)
     plane = RemoteDataPlane(
-        description.dataplane_endpoint,
-        name,
-        time_scale=scenario.time_scale,
-        keys=request.keys,
-        peer_name=DATAPLANE_PROCESS,
-        connect_timeout_s=READY_TIMEOUT_S,
-        heartbeat_timeout_s=data_plane_silence_s(scenario, description),
-        incarnation=request.incarnation,
-    )
+        description.dataplane_endpoint, name, time_scale=scenario.time_scale, keys=request.keys,
+        peer_name=DATAPLANE_PROCESS, connect_timeout_s=READY_TIMEOUT_S,
+        heartbeat_timeout_s=data_plane_silence_s(scenario, description), incarnation=request.incarnation,
+    )  # fmt: skip
     try:
         app.use_layout(plane.layout)
     except BaseException:
@@ -505,13 +470,9 @@ a one-process run's own)."""
 
 
 def serve_dataplane(
-    scenario: RunScenario,
-    description: RunDescription,
-    run_dir: Path,
-    *,
-    watch_stdin: bool = False,
+    scenario: RunScenario, description: RunDescription, run_dir: Path, *, watch_stdin: bool = False,
     launcher: LauncherLink | None = None,
-) -> int:
+) -> int:  # fmt: skip
     """Run the data-plane process of a real-time run until it has drained (see the module); return its exit
     status. Writes ``<run_dir>/dataplane.json``."""
     if description.dataplane_endpoint is None:
@@ -524,16 +485,10 @@ def serve_dataplane(
     plane = ServiceCore(core)
     loop = plane.new_loop()
     service = DataPlaneService(
-        plane,
-        bind=description.dataplane_endpoint,
-        requesters=description.requesters,
-        name=DATAPLANE_PROCESS,
-        keys=keys,
-        heartbeat_timeout_s=data_plane_silence_s(scenario, description),
-        connect_timeout_s=READY_TIMEOUT_S,
-        replaceable=scenario.restart_crashed,
-        storage_paths=storage.paths(),
-    )
+        plane, bind=description.dataplane_endpoint, requesters=description.requesters, name=DATAPLANE_PROCESS,
+        keys=keys, heartbeat_timeout_s=data_plane_silence_s(scenario, description), connect_timeout_s=READY_TIMEOUT_S,
+        replaceable=scenario.restart_crashed, storage_paths=storage.paths(),
+    )  # fmt: skip
 
     async def main() -> str:
         stop = _stop_event(watch_stdin)
@@ -708,15 +663,10 @@ def main(argv: Sequence[str], registry: Registry) -> int:
         return 2
     try:
         return serve_process(
-            scenario,
-            args.process,
-            description,
-            args.run_dir,
-            watch_stdin=launcher is not None,
-            wait_ready=not args.no_ready_wait,
-            launcher=LauncherLink(launcher[1]) if launcher is not None else None,
+            scenario, args.process, description, args.run_dir, watch_stdin=launcher is not None,
+            wait_ready=not args.no_ready_wait, launcher=LauncherLink(launcher[1]) if launcher is not None else None,
             incarnation=args.incarnation,
-        )
+        )  # fmt: skip
     except OSError as error:
         full = disk_error(error)
         if full is None:

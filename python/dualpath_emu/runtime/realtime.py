@@ -1,20 +1,12 @@
 """Live time: an asyncio event loop on a data plane's clock, and a live process's own core (issues 3, 24).
 
-:class:`RealTimeLoop` is the one event loop of every live process: asyncio's own loop whose ``time()`` is a
-clock it is given -- a wall-clock core's (``Core(clock="wall", time_scale=s)``), or the data-plane service's
-as measured at connect -- optionally scaled: with ``time_scale`` 2.0 the emulated cluster runs twice as fast
-as real time, ``asyncio.sleep(1.0)`` takes half a wall second, and so does a transfer the model says takes
-1 s. Loop timers, actor event times and core completions are so on one clock. The loop knows nothing of data
-planes: a data plane is bound to it (:meth:`~dualpath_emu.runtime.core_work.CoreWork.bind`).
-
-:class:`WallClockCore` is the data plane of a process that owns a wall-clock core (a one-process run, the
-data-plane service, a host-backend process): the core's pacer thread sleeps until the next core event is due
-and then makes the core's ``wakeup_fd()`` readable; the plane watches it with ``add_reader`` and delivers
-what completed (``core.poll()``); nothing polls on a timer. Requests are submitted at the loop's next
-iteration, one call per kind for all requests made in the meantime (they start at the submission, a few
-microseconds of wall time after they were made).
-
-Unlike virtual time, runs do not repeat exactly: when things happen depends on the machine.
+:class:`RealTimeLoop` is the event loop of every live process: asyncio's loop whose ``time()`` is a clock it is
+given (a wall-clock core's, or the data-plane service's as measured at connect), scaled by ``time_scale`` (2.0:
+the cluster runs twice as fast as real time, ``asyncio.sleep(1.0)`` takes half a wall second). Loop timers,
+actor events and core completions are so on one clock. :class:`WallClockCore` is the data plane of a process
+that owns a wall-clock core: the core's pacer thread makes ``wakeup_fd()`` readable when an event is due, the
+plane watches it with ``add_reader`` and delivers what completed; requests are submitted at the loop's next
+iteration. Unlike virtual time, runs do not repeat exactly.
 """
 
 from __future__ import annotations

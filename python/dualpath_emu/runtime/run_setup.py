@@ -55,16 +55,11 @@ def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = Non
     )  # fmt: skip
     return RunDescription(
         scenario=str(Path(scenario.source).resolve()) if Path(scenario.source).exists() else scenario.source,
-        seed=scenario.seed,
-        time_scale=scenario.time_scale,
-        endpoints=endpoints,
-        dataplane_endpoint=dataplane,
+        seed=scenario.seed, time_scale=scenario.time_scale, endpoints=endpoints, dataplane_endpoint=dataplane,
         requesters=tuple(spec.name for spec in scenario.processes) if dataplane is not None else (),
-        heartbeat_timeout_s=scenario.heartbeat_timeout_s,
-        keys=keys,
-        data_endpoints=data,
+        heartbeat_timeout_s=scenario.heartbeat_timeout_s, keys=keys, data_endpoints=data,
         clock_origin_ns=time.time_ns() if not scenario.shares_core else None,
-    )
+    )  # fmt: skip
 
 
 def process_names(scenario: RunScenario) -> list[str]:

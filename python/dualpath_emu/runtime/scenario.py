@@ -60,18 +60,9 @@ from dualpath_emu.inputs import short_repr
 from dualpath_emu.runtime.app import Application, Backend, Registry
 
 __all__ = [
-    "DATAPLANE_PROCESS",
-    "MODES",
-    "RUN_DESCRIPTION",
-    "TRANSPORTS",
-    "INCARNATION_OPTION",
-    "check_overrides",
-    "ProcessSpec",
-    "RunDescription",
-    "RunScenario",
-    "incarnation_stem",
-    "load_run_scenario",
-]
+    "DATAPLANE_PROCESS", "MODES", "RUN_DESCRIPTION", "TRANSPORTS", "INCARNATION_OPTION", "check_overrides",
+    "ProcessSpec", "RunDescription", "RunScenario", "incarnation_stem", "load_run_scenario"
+]  # fmt: skip
 
 MODES: Final = ("realtime",)
 TRANSPORTS: Final = ("ipc", "tcp")

@@ -36,18 +36,9 @@ from zmq.utils import z85
 from dualpath_emu.errors import SecurityError
 
 __all__ = [
-    "PUBLIC_SUFFIX",
-    "SECRET_SUFFIX",
-    "ZAP_DOMAIN",
-    "BoundedLog",
-    "RunAuthenticator",
-    "RunKeys",
-    "SecurityError",
-    "check_private_ipc",
-    "check_process_name",
-    "is_wildcard",
-    "start_authenticator",
-]
+    "PUBLIC_SUFFIX", "SECRET_SUFFIX", "ZAP_DOMAIN", "BoundedLog", "RunAuthenticator", "RunKeys", "SecurityError",
+    "check_private_ipc", "check_process_name", "is_wildcard", "start_authenticator"
+]  # fmt: skip
 
 PUBLIC_SUFFIX: Final = ".key"
 """pyzmq's name for a public certificate file: ``NAME.key``."""
@@ -63,9 +54,6 @@ _KEY_Z85_BYTES: Final = 40  # a 32-byte key in Z85
 _log = logging.getLogger(__name__)
 
 
-# --- bounded logging -------------------------------------------------------------------------------------
-
-
 class BoundedLog:
     """Counts occurrences of one thing (a rejected frame, a denied handshake) and logs them boundedly.
 
@@ -77,15 +65,9 @@ class BoundedLog:
     """
 
     def __init__(
-        self,
-        logger: logging.Logger,
-        what: str,
-        *,
-        first: int = 100,
-        interval_s: float = 10.0,
-        detail_chars: int = 300,
+        self, logger: logging.Logger, what: str, *, first: int = 100, interval_s: float = 10.0, detail_chars: int = 300,
         clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.logger = logger
         self.what = what
         self.first = first
@@ -129,9 +111,6 @@ class BoundedLog:
         text = f"{self.count:,} {tail}"
         self.logger.warning("%s: %s", self.what, text)
         return text
-
-
-# --- keys ------------------------------------------------------------------------------------------------
 
 
 def check_process_name(name: object) -> str:
@@ -354,9 +333,6 @@ class RunKeys:
         socket.setsockopt(zmq.CURVE_SERVERKEY, server_key)
 
 
-# --- the ZAP handler -------------------------------------------------------------------------------------
-
-
 class RunAuthenticator(ThreadAuthenticator):
     """pyzmq's ZAP handler in a thread, admitting CURVE clients whose key is one of the run's only.
 
@@ -412,9 +388,6 @@ def start_authenticator(context: zmq.Context[Any], keys: RunKeys) -> RunAuthenti
     authenticator = RunAuthenticator(context, keys.public_keys(), f" for process {keys.own!r}")
     authenticator.start()
     return authenticator
-
-
-# --- endpoints -------------------------------------------------------------------------------------------
 
 
 def _host_of(host_or_endpoint: str) -> str:

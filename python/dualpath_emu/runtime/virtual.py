@@ -1,23 +1,14 @@
 """The virtual-time driver: engines stepped by a plain loop over the core's clock, no asyncio (docs/architecture.md).
 
-:class:`VirtualDriver` holds the engines of a run and one FIFO of inputs due now. It hands each engine an
-:class:`~dualpath_emu.runtime.engine.Outbox` (a message goes to the back of the FIFO, addressed to its
-recipient's :meth:`~dualpath_emu.runtime.engine.Engine.receive`) and the run's :class:`CoreDataPlane` (requests
-are queued and submitted to the core in one call per kind when the FIFO is empty). When nothing is due, the core
-runs to the next instant where something completes (its own events -- rate changes, the layers of a forward
-pass, timers nobody waits for -- never wake Python), and each completion's ``then`` joins the FIFO, in the
-core's order. So the order of inputs at one instant is fixed: what was due first runs first, and a run repeats
-byte for byte from its seed.
-
-The plane is chosen by name from a registry (:data:`PLANES`, passed in where a run is built; a
-:data:`PlaneFactory` makes one from the core and the driver's dispatch): the in-process core
-(:class:`CoreDataPlane`, ``"core"``) by default, or a user's own -- anything that does what
-:class:`VirtualPlane` says, e.g. one that wraps the core and records every call.
-
-A run with nothing due, nothing in the core and the driver's ``done`` still false is a deadlock: some request
-waits for something that can never happen (:class:`DeadlockError`), not a hang. A run whose clock goes on (timers,
-faults) while its requests make no progress for a long stretch of emulated time is stopped by its
-:class:`ProgressWatch` (:class:`NoProgressError`), rather than running for ever with memory growing.
+:class:`VirtualDriver` holds a run's engines and one FIFO of inputs due now. Each engine gets an
+:class:`~dualpath_emu.runtime.engine.Outbox` (a message joins the back of the FIFO) and the run's data plane
+(requests are submitted in one core call per kind when the FIFO is empty). When nothing is due, the core runs to
+the next instant where something completes (its own events never wake Python) and each completion's ``then``
+joins the FIFO in the core's order: the order of inputs at one instant is fixed, and a run repeats byte for byte
+from its seed. The plane is chosen by name from :data:`PLANES` (passed in; the in-process :class:`CoreDataPlane`
+by default, or anything that does what :class:`VirtualPlane` says). Nothing due, nothing in the core and the run
+not done is a deadlock (:class:`DeadlockError`); a clock that goes on while requests make no progress for long is
+stopped by a :class:`ProgressWatch` (:class:`NoProgressError`).
 """
 
 from __future__ import annotations

@@ -132,20 +132,11 @@ class ZmqActorSystem(ActorSystem):
     """
 
     def __init__(
-        self,
-        codec: Codec,
-        *,
-        bind: str = DEFAULT_BIND,
-        address_book: Mapping[str, str] | None = None,
-        peers: Mapping[str, str] | None = None,
-        keys: RunKeys | None = None,
-        name: str | None = None,
-        insecure: bool = False,
-        latency_s: float = 0.0,
-        failure_events: int = 20,
-        data_plane: CoreWork | None = None,
+        self, codec: Codec, *, bind: str = DEFAULT_BIND, address_book: Mapping[str, str] | None = None,
+        peers: Mapping[str, str] | None = None, keys: RunKeys | None = None, name: str | None = None,
+        insecure: bool = False, latency_s: float = 0.0, failure_events: int = 20, data_plane: CoreWork | None = None,
         incarnation: int | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         super().__init__(latency_s=latency_s, failure_events=failure_events, data_plane=data_plane)
         if incarnation is not None and (name is None or incarnation < 0):
             raise ValueError("incarnation= needs name= (this process's name in the run) and is 0, 1, 2, …")
@@ -194,8 +185,6 @@ class ZmqActorSystem(ActorSystem):
                 self._next_msg_id = incarnation * MSG_IDS_PER_INCARNATION + 1
         self._unsynced = False
         """An actor recorded something that the event sink has not been handed (see Durable event log)."""
-
-    # --- life ----------------------------------------------------------------------------------------
 
     @property
     def rejected(self) -> int:
@@ -409,8 +398,6 @@ class ZmqActorSystem(ActorSystem):
         socket.setsockopt(zmq.MAXMSGSIZE, self.codec.max_frame_bytes + FRAME_OVERHEAD_BYTES)
         return socket
 
-    # --- sending -------------------------------------------------------------------------------------
-
     def _is_remote(self, recipient: str) -> bool:
         return recipient not in self._actors and recipient in self.address_book
 
@@ -460,8 +447,6 @@ class ZmqActorSystem(ActorSystem):
     def _send_failed(self, error: zmq.ZMQError) -> None:
         self._counters[SEND_FAILED_COUNTER] += 1
         self._send_failures.note(str(error))
-
-    # --- receiving -----------------------------------------------------------------------------------
 
     def _reject(self, reason: str) -> None:
         self._counters[REJECTED_COUNTER] += 1

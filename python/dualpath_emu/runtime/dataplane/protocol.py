@@ -221,11 +221,9 @@ def _transfer(value: object, what: str) -> tuple[tuple[int, ...], int, int, int]
             return (tuple(path), lane, size, tag)
     path, lane, size, tag = array(value, what, 4, 4)  # else say what is wrong
     return (
-        _path(path, f"{what}.path"),
-        uint(lane, f"{what}.lane", U32_MAX),
-        uint(size, f"{what}.size_bytes"),
+        _path(path, f"{what}.path"), uint(lane, f"{what}.lane", U32_MAX), uint(size, f"{what}.size_bytes"),
         _tag(tag, f"{what}.tag", True),
-    )
+    )  # fmt: skip
 
 
 def _forward(value: object, what: str) -> tuple[int, tuple[Any, ...], int, tuple[Any, ...], int, int]:
@@ -243,13 +241,9 @@ def _forward(value: object, what: str) -> tuple[int, tuple[Any, ...], int, tuple
         for i, c in enumerate(array(collectives, f"{what}.collectives", MAX_RANKS))
     )
     return (
-        uint(n_layers, f"{what}.n_layers", U32_MAX),
-        tuple(checked_ranks),
-        uint(ffn_ns, f"{what}.ffn_ns"),
-        checked_collectives,
-        uint(load_window, f"{what}.load_window", U32_MAX),
-        _tag(tag, f"{what}.tag", False),
-    )
+        uint(n_layers, f"{what}.n_layers", U32_MAX), tuple(checked_ranks), uint(ffn_ns, f"{what}.ffn_ns"),
+        checked_collectives, uint(load_window, f"{what}.load_window", U32_MAX), _tag(tag, f"{what}.tag", False),
+    )  # fmt: skip
 
 
 def _io(value: object, what: str) -> tuple[int, str, int, int, int]:
@@ -265,12 +259,9 @@ def _io(value: object, what: str) -> tuple[int, str, int, int, int]:
     if kind not in ("read", "write") or type(kind) is not str:
         raise FrameError(f"{what}.kind: expected 'read' or 'write', got {short(kind)}")
     return (
-        uint(node, f"{what}.node", U32_MAX),
-        kind,
-        uint(lane, f"{what}.lane", U32_MAX),
-        uint(size, f"{what}.size_bytes"),
-        _tag(tag, f"{what}.tag", True),
-    )
+        uint(node, f"{what}.node", U32_MAX), kind, uint(lane, f"{what}.lane", U32_MAX),
+        uint(size, f"{what}.size_bytes"), _tag(tag, f"{what}.tag", True),
+    )  # fmt: skip
 
 
 def _timer(value: object, what: str) -> tuple[int, int]:
@@ -355,7 +346,7 @@ _CORE_ERRORS: Final[dict[str, type[Exception]]] = {
         _core.ConfigError,
         _core.StateError,
         _core.CoreIOError,
-    )
+    )  # fmt: skip
 }
 
 

@@ -61,20 +61,11 @@ class RemoteDataPlane(CoreWork):
     """
 
     def __init__(
-        self,
-        endpoint: str,
-        name: str,
-        *,
-        time_scale: float = 1.0,
-        keys: DataPlaneKeys | None = None,
-        peer_name: str = "dataplane",
-        insecure: bool = False,
-        connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
-        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        sync_rounds: int = SYNC_ROUNDS,
-        incarnation: int = 0,
-    ) -> None:
+        self, endpoint: str, name: str, *, time_scale: float = 1.0, keys: DataPlaneKeys | None = None,
+        peer_name: str = "dataplane", insecure: bool = False, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        sync_rounds: int = SYNC_ROUNDS, incarnation: int = 0,
+    ) -> None:  # fmt: skip
         self._heartbeat_handle: asyncio.TimerHandle | None = None
         self.incarnation = incarnation
         """Which incarnation of its process this is (said at hello: a later one replaces a dead one)."""
@@ -138,8 +129,6 @@ class RemoteDataPlane(CoreWork):
             loop.add_reader(self._fd, self._on_readable)
             self._heartbeat_handle = loop.call_later(self.heartbeat_interval_s * self._time_scale, self._heartbeat)
 
-    # --- the handshake -----------------------------------------------------------------------------
-
     def _handshake(self, timeout_s: float, rounds: int) -> tuple[ClockSync, CoreLayout]:
         socket = self._socket
         assert socket is not None
@@ -198,8 +187,6 @@ class RemoteDataPlane(CoreWork):
         self._seq = max(rounds, 1)
         return sync, layout
 
-    # --- the clock ---------------------------------------------------------------------------------
-
     @property
     def time_scale(self) -> float:
         """Emulated seconds per wall second (the service's)."""
@@ -212,8 +199,6 @@ class RemoteDataPlane(CoreWork):
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
         """What decode node ``node`` moved on its own, as its last report said (``None`` before one came)."""
         return self._decode_moved.get(node)
-
-    # --- submitting --------------------------------------------------------------------------------
 
     def set_port_factor(self, port: int, factor: float) -> None:
         """A fault: ``port``'s rates × ``factor`` from now on, in the service's core (after what was asked
@@ -304,8 +289,6 @@ class RemoteDataPlane(CoreWork):
             self.loop.call_later(0.001 * self._time_scale, self._drain_backlog)
             return False
         return True
-
-    # --- receiving ---------------------------------------------------------------------------------
 
     def _reject(self, reason: str) -> None:
         self.counters["rejected"] += 1
@@ -399,8 +382,6 @@ class RemoteDataPlane(CoreWork):
         future = self._replies.pop(seq, None)
         if future is not None and not future.done():
             future.set_result(value)
-
-    # --- heartbeats, failure and the end -------------------------------------------------------------
 
     def _heartbeat(self) -> None:
         self._heartbeat_handle = None

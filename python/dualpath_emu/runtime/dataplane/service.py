@@ -104,21 +104,13 @@ class DataPlaneService:
     """
 
     def __init__(
-        self,
-        plane: ServiceCore,
-        *,
-        bind: str,
-        requesters: Iterable[str] | None = None,
-        name: str = "dataplane",
-        keys: DataPlaneKeys | None = None,
-        start_authenticator: StartAuthenticator | None = None,
-        insecure: bool = False,
-        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
-        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        self, plane: ServiceCore, *, bind: str, requesters: Iterable[str] | None = None, name: str = "dataplane",
+        keys: DataPlaneKeys | None = None, start_authenticator: StartAuthenticator | None = None,
+        insecure: bool = False, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
         replaceable: Iterable[str] = (),
         storage_paths: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         if plane._service is not None:
             raise ValueError("this core already has a data-plane service")
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
@@ -172,8 +164,6 @@ class DataPlaneService:
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the service runs on (its plane's)."""
         return self.plane.loop
-
-    # --- life --------------------------------------------------------------------------------------
 
     @property
     def endpoint(self) -> str:
@@ -246,8 +236,6 @@ class DataPlaneService:
             if stopper is not None:
                 stopper.cancel()
             self.close()
-
-    # --- receiving ---------------------------------------------------------------------------------
 
     def _reject(self, reason: str, requester: _Requester | None = None) -> None:
         self.counters["rejected"] += 1
@@ -569,8 +557,6 @@ class DataPlaneService:
         requester.errors.append([tag, type(error).__name__, str(error)])
         self._touch(requester)
 
-    # --- sending -----------------------------------------------------------------------------------
-
     def _touch(self, requester: _Requester) -> None:
         if not requester.touched:
             requester.touched = True
@@ -678,8 +664,6 @@ class DataPlaneService:
     def _drain_backlog(self) -> None:
         self._backlog.drain(self._send_now)
 
-    # --- heartbeats and the end ----------------------------------------------------------------------
-
     def _schedule_heartbeat(self) -> None:
         self.loop.call_later(self.heartbeat_interval_s * self.plane.time_scale, self._heartbeat)
 
@@ -738,8 +722,6 @@ class DataPlaneService:
                 self._check_drained()
 
             self._drain_check = self.loop.call_later(DRAIN_CHECK_S * self.plane.time_scale, again)
-
-    # --- reports -----------------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
         """Everything the run's checks and metrics read: every port's counters (``Core.port_counters``, by
