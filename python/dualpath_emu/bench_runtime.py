@@ -312,15 +312,9 @@ def bench_zmq_two_processes(
     directory = Path(tempfile.mkdtemp(prefix="dpb"))  # short: ipc:// paths are limited to ~107 bytes
     endpoint = serve_endpoint if serve_endpoint is not None else f"ipc://{directory}/counter"
     driver = f"ipc://{directory}/driver"
-    log = directory / "child.log"
     child: Child | None = None
     try:
-        with log.open("wb") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve", endpoint, "--reply-to", driver],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        child = Child(process, log)
+        child = _spawn_child(["--serve", endpoint, "--reply-to", driver], directory / "child.log")
 
         async def drive(child: Child) -> float:
             async with ZmqActorSystem(codec(), bind=driver, address_book={COUNTER: endpoint}) as system:
@@ -339,12 +333,7 @@ def bench_zmq_two_processes(
                 return wall_s
 
         wall_s = asyncio.run(drive(child))
-        try:
-            status = process.wait(timeout=10.0)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"the serving child did not exit after Stop{child.output()}") from None
-        if status != 0:
-            raise BenchError(f"the serving child exited with status {status}{child.output()}")
+        _finish_child(child, "serving child", "Stop")
         return Result(count, wall_s, envelope_bytes=envelope_size(count, pad))
     finally:
         if child is not None:
@@ -430,24 +419,26 @@ def serve_dataplane(endpoint: str, lifetime_s: float, keys_dir: Path | None = No
         loop.close()
 
 
-def _dataplane_child(endpoint: str, directory: Path, keys_dir: Path | None = None) -> Child:
-    log = directory / "dataplane.log"
-    keys = ["--keys", str(keys_dir)] if keys_dir is not None else []
+def _spawn_child(args: list[str], log: Path) -> Child:
+    """``python -m dualpath_emu.bench_runtime ARGS``, its output into ``log``."""
     with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "dualpath_emu.bench_runtime", "--serve-dataplane", endpoint, *keys],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        process = subprocess.Popen([sys.executable, "-m", "dualpath_emu.bench_runtime", *args],
+                                   stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)  # fmt: skip
     return Child(process, log)
 
 
-def _finish_child(child: Child) -> None:
+def _dataplane_child(endpoint: str, directory: Path, keys_dir: Path | None = None) -> Child:
+    keys = ["--keys", str(keys_dir)] if keys_dir is not None else []
+    return _spawn_child(["--serve-dataplane", endpoint, *keys], directory / "dataplane.log")
+
+
+def _finish_child(child: Child, what: str = "data-plane child", after: str = "bye") -> None:
     try:
         status = child.process.wait(timeout=10.0)
     except subprocess.TimeoutExpired:
-        raise BenchError(f"the data-plane child did not exit after bye{child.output()}") from None
+        raise BenchError(f"the {what} did not exit after {after}{child.output()}") from None
     if status != 0:
-        raise BenchError(f"the data-plane child exited with status {status}{child.output()}")
+        raise BenchError(f"the {what} exited with status {status}{child.output()}")
 
 
 def bench_dataplane(requests: int = 200_000, batch: int = 100, window: int = 2_000) -> DataPlaneResult:

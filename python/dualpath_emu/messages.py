@@ -519,13 +519,9 @@ class Codec:
         self._packer = msgpack.Packer(use_bin_type=True, use_single_float=False, strict_types=False, autoreset=True)
         # Arrays as tuples (they fit tuple fields as they are); no map or ext is valid anywhere in a frame.
         self._unpack_options = {
-            "use_list": False,
-            "raw": False,
-            "strict_map_key": True,
-            "max_array_len": max_array_len,
-            "max_map_len": 0,
+            "use_list": False, "raw": False, "strict_map_key": True, "max_array_len": max_array_len, "max_map_len": 0,
             "max_ext_len": 0,
-        }
+        }  # fmt: skip
         # A frame of n bytes holds no array longer than n elements: small frames get that as their limit.
         self._small_unpack_options = {**self._unpack_options, "max_array_len": min(max_array_len, _SMALL_FRAME_BYTES)}
 

@@ -80,14 +80,10 @@ class LagStats:
     def summary(self) -> dict[str, int | float]:
         """``count``, ``p50_ns``, ``p99_ns``, ``max_ns``, ``min_ns``, ``mean_ns`` and ``negative``."""
         return {
-            "count": self.count,
-            "p50_ns": self.quantile(0.5),
-            "p99_ns": self.quantile(0.99),
-            "max_ns": self.max,
-            "min_ns": self.min,
-            "mean_ns": round(self.total / self.count, 1) if self.count else 0.0,
+            "count": self.count, "p50_ns": self.quantile(0.5), "p99_ns": self.quantile(0.99), "max_ns": self.max,
+            "min_ns": self.min, "mean_ns": round(self.total / self.count, 1) if self.count else 0.0,
             "negative": self.negative,
-        }
+        }  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         """Everything, histogram included, as msgpack/JSON-able data (:meth:`from_wire` rebuilds it)."""

@@ -92,17 +92,10 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
         print(f"dualpath-emu: error: {error}\nseed {scenario.seed}", file=sys.stderr)
         return EXIT_FAILED
     out: dict[str, Any] = {
-        "scenario": scenario.source,
-        "mode": "realtime",
-        "seed": scenario.seed,
-        "summary": result.summary,
-        "processes": result.processes,
-        "messages_sent": result.delivery.sent,
-        "events": result.events,
-        "wall_s": round(result.wall_s, 3),
-        "event_log_sha256": result.sha256,
-        "dataplane": dataplane_summary(result),
-    }
+        "scenario": scenario.source, "mode": "realtime", "seed": scenario.seed, "summary": result.summary,
+        "processes": result.processes, "messages_sent": result.delivery.sent, "events": result.events,
+        "wall_s": round(result.wall_s, 3), "event_log_sha256": result.sha256, "dataplane": dataplane_summary(result),
+    }  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -410,19 +410,11 @@ def serve_process(
         events = system.raw_events()
         sha256, count = write_event_log(events, run_dir / f"{stem}.events"), len(events)
     result = {
-        "process": name,
-        "incarnation": incarnation,
-        "status": status,
-        "events": count,
-        "sha256": sha256,
-        "wall_s": wall_s,
-        "cpu_s": round(time.process_time(), 3),
-        "counters": _counters(system),
-        "summary": summary,
-        "failure": str(failure) if failure is not None else None,
-        "dataplane": plane.report(),
+        "process": name, "incarnation": incarnation, "status": status, "events": count, "sha256": sha256,
+        "wall_s": wall_s, "cpu_s": round(time.process_time(), 3), "counters": _counters(system), "summary": summary,
+        "failure": str(failure) if failure is not None else None, "dataplane": plane.report(),
         "delivery_lag": plane.delivery_lag.to_wire(),
-    }
+    }  # fmt: skip
     (run_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     print(f"process {name}: {count} events, event log sha256 {sha256}", flush=True)
     return status
@@ -521,15 +513,10 @@ def serve_dataplane(
     if status == 0:
         _write_service_report(scenario.app, core, run_dir)
     result = {
-        "process": DATAPLANE_PROCESS,
-        "status": status,
-        "outcome": outcome,
-        "failure": failure,
-        "wall_s": time.perf_counter() - started,
-        "cpu_s": round(time.process_time(), 3),
-        "endpoint": description.dataplane_endpoint,
-        "report": report,
-    }
+        "process": DATAPLANE_PROCESS, "status": status, "outcome": outcome, "failure": failure,
+        "wall_s": time.perf_counter() - started, "cpu_s": round(time.process_time(), 3),
+        "endpoint": description.dataplane_endpoint, "report": report,
+    }  # fmt: skip
     (run_dir / f"{DATAPLANE_PROCESS}.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     counters = report["counters"]
     print(

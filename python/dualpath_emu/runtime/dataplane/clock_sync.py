@@ -75,9 +75,7 @@ class ClockCheck:
         """The samples' count, the largest and the last disagreement (emulated ns), the last sample's round
         trip (wall ns) and the drift rate it implies (ppm of emulated time; noise within the RTT included)."""
         return {
-            "samples": self.samples,
-            "max_abs_error_ns": self.max_abs_error_ns,
-            "last_error_ns": self.last_error_ns,
+            "samples": self.samples, "max_abs_error_ns": self.max_abs_error_ns, "last_error_ns": self.last_error_ns,
             "last_rtt_ns": self.last_rtt_ns,
             "drift_ppm": round(self.last_error_ns / self.last_after_ns * 1e6, 3) if self.last_after_ns else 0.0,
-        }
+        }  # fmt: skip

@@ -462,16 +462,12 @@ class RemoteDataPlane(CoreWork):
     def report(self) -> dict[str, Any]:
         """This process's side: the clock handshake, the later clock checks, delivery lags, counters."""
         return {
-            "endpoint": self.endpoint,
-            "rtt_ns": self.sync.rtt_ns,
-            "offset_uncertainty_ns": self.sync.offset_uncertainty_ns,
-            "sync_rounds": self.sync.rounds,
-            "clock_check": self._clock_check.summary(),
-            "delivery_lag_ns": self.delivery_lag.summary(),
-            "delivery_lag": self.delivery_lag.to_wire(),
-            "counters": dict(self.counters),
+            "endpoint": self.endpoint, "rtt_ns": self.sync.rtt_ns,
+            "offset_uncertainty_ns": self.sync.offset_uncertainty_ns, "sync_rounds": self.sync.rounds,
+            "clock_check": self._clock_check.summary(), "delivery_lag_ns": self.delivery_lag.summary(),
+            "delivery_lag": self.delivery_lag.to_wire(), "counters": dict(self.counters),
             "failure": str(self.failure) if self.failure is not None else None,
-        }
+        }  # fmt: skip
 
     def _close_socket(self) -> None:
         if self._socket is not None:

@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -43,6 +43,17 @@ def _default_start_authenticator() -> StartAuthenticator:
     module = importlib.import_module("dualpath_emu.runtime.security")
     start: StartAuthenticator = module.start_authenticator
     return start
+
+
+def _booker(tallies: dict[Any, list[int]]) -> Callable[[Any, int, int, int], None]:
+    """Adds ``[size, count]`` to ``tallies[(where, lane)]``."""
+
+    def book(where: Any, lane: int, size: int, count: int) -> None:
+        tally = tallies.setdefault((where, lane), [0, 0])
+        tally[0] += size
+        tally[1] += count
+
+    return book
 
 
 @dataclass
@@ -475,15 +486,7 @@ class DataPlaneService:
         ios: list[Any],
     ) -> None:  # fmt: skip
         """Book what a replaceable requester asked for as its ledger does (see Restarted processes)."""
-
-        def book(path: tuple[int, ...], lane: int, size: int, count: int) -> None:
-            tally = booked.get((path, lane))
-            if tally is None:
-                booked[(path, lane)] = [size, count]
-            else:
-                tally[0] += size
-                tally[1] += count
-
+        book = _booker(booked)
         for path, lane, size, _ in transfers:
             book(path, lane, size, 1)
         for n_layers, ranks, _, collectives, _, _ in forwards:
@@ -502,12 +505,7 @@ class DataPlaneService:
         """``requester``'s tally per port: ``[port, lane, bytes, transfers]``, its decode nodes' own traffic
         included (``Core.decode_bytes``, as its ledger books it)."""
         booked: dict[tuple[tuple[int, ...], int], list[int]] = {k: list(v) for k, v in (requester.booked or {}).items()}
-
-        def book(path: tuple[int, ...], lane: int, size: int, count: int) -> None:
-            tally = booked.setdefault((path, lane), [0, 0])
-            tally[0] += size
-            tally[1] += count
-
+        book = _booker(booked)
         for node, spec in requester.decode_specs.items():
             moved: dict[str, Any] = self.core.decode_bytes(node)
             for kind, paths, lane in (("d2h", spec.get("d2h_paths", ()), spec.get("kv_lane", 0)),
@@ -520,11 +518,10 @@ class DataPlaneService:
             if written_count and storage is not None and storage in self._storage_paths:
                 book(self._storage_paths[storage][1], spec.get("kv_lane", 0), written_bytes, written_count)
         ports: dict[tuple[int, int], list[int]] = {}
+        by_port = _booker(ports)
         for (path, lane), (size, count) in booked.items():
             for port in path:
-                tally = ports.setdefault((port, lane), [0, 0])
-                tally[0] += size
-                tally[1] += count
+                by_port(port, lane, size, count)
         return [[port, lane, size, count] for (port, lane), (size, count) in sorted(ports.items())]
 
     def _add_decode_node(self, requester: _Requester, tag: int, spec: dict[str, Any]) -> None:
@@ -582,7 +579,7 @@ class DataPlaneService:
             requester.inflight.discard(tag)
             requester.completed += 1
             requester.completions.append([raw[0], tag, raw[2], raw[3], raw[4], raw[5]])
-            if not requester.touched:
+            if not requester.touched:  # self._touch, inline: once per completion
                 requester.touched = True
                 self._touched.append(requester)
         self.counters["completions"] += len(completions) - len(rest)
@@ -743,9 +740,8 @@ class DataPlaneService:
                 r.name: {
                     "pid": r.pid, "batches": r.batches, "requests": r.requests, "completed": r.completed,
                     "refused": r.refused, "in_flight": len(r.inflight), "said_bye": r.said_bye,
-                    "incarnation": r.incarnation,
-                    "submission_lag_ns": r.submission_lag.summary(),
-                }
+                    "incarnation": r.incarnation, "submission_lag_ns": r.submission_lag.summary(),
+                }  # fmt: skip
                 for r in self._requesters.values()
             },
             "replaced": [
