@@ -44,28 +44,10 @@ from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.errors import InvalidArgumentError, UnknownNameError
 
 __all__ = [
-    "ATTENTIONS",
-    "DEFAULT_GPU",
-    "GPUS",
-    "KIND",
-    "MODELS",
-    "NICS",
-    "PACKAGED",
-    "PACKAGED_FILE",
-    "TESTBED_NODE",
-    "Attention",
-    "Catalog",
-    "GemmDtype",
-    "GpuSpec",
-    "ModelArch",
-    "ModelSpec",
-    "NicSpec",
-    "NodeSpec",
-    "ParamCounts",
-    "gpu",
-    "model",
-    "read_entries",
-]
+    "ATTENTIONS", "DEFAULT_GPU", "GPUS", "KIND", "MODELS", "NICS", "PACKAGED", "PACKAGED_FILE", "TESTBED_NODE",
+    "Attention", "Catalog", "GemmDtype", "GpuSpec", "ModelArch", "ModelSpec", "NicSpec", "NodeSpec", "ParamCounts",
+    "gpu", "model", "read_entries",
+]  # fmt: skip
 
 GemmDtype = Literal["bf16", "fp8", "fp4"]
 """The number format a model's weights are stored and its GEMMs run in (:meth:`GpuSpec.peak_flops_per_s`)."""
@@ -211,22 +193,17 @@ class ModelArch:
             qk_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
             q_in = self.q_lora_rank or h
             q = h * heads * qk_dim if not self.q_lora_rank else h * q_in + q_in * heads * qk_dim
-            attn = (
-                q
-                + h * (self.kv_lora_rank + self.qk_rope_head_dim)  # kv_a: latent + shared RoPE key
-                + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)  # kv_b
-                + heads * self.v_head_dim * h  # o_proj
-            )
+            attn = (q + h * (self.kv_lora_rank + self.qk_rope_head_dim)  # kv_a: latent + shared RoPE key
+                    + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)  # kv_b
+                    + heads * self.v_head_dim * h)  # o_proj  # fmt: skip
         else:
             q_in = h
             q_dim, kv_dim = heads * self.dims_per_head, self.kv_heads * self.dims_per_head
             bias = self.attention_bias
             attn = (h * q_dim + bias * q_dim) + 2 * (h * kv_dim + bias * kv_dim) + q_dim * h
-        indexer = (
-            q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim + h * self.index_n_heads
-            if self.index_topk
-            else 0
-        )
+        indexer = 0
+        if self.index_topk:
+            indexer = q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim + h * self.index_n_heads
         moe_layers = self.moe_layers
         dense_layers = layers - moe_layers
         expert = 3 * h * self.moe_intermediate_size
@@ -249,15 +226,9 @@ class ModelArch:
         return 2 * self.kv_heads * self.dims_per_head * (1 if self.kv_dtype == "fp8" else 2)
 
     def spec(
-        self,
-        name: str,
-        description: str = "",
-        source: str = "",
-        *,
-        total_params: float = 0.0,
-        active_params: float = 0.0,
-        kv_bytes_per_token_layer: int = 0,
-    ) -> ModelSpec:
+        self, name: str, description: str = "", source: str = "", *, total_params: float = 0.0,
+        active_params: float = 0.0, kv_bytes_per_token_layer: int = 0,
+    ) -> ModelSpec:  # fmt: skip
         """The :class:`ModelSpec` of this architecture (module docstring); a non-zero keyword overrides the
         derived number."""
         counts = self.param_counts()
@@ -267,32 +238,22 @@ class ModelArch:
         else:
             per_key = 2 * (2 * heads * self.dims_per_head)  # QK^T, and again for the weighted sum of V
         kv_dtype = "fp8 (latent) + bf16 (rope)" if self.attention == "mla" and self.kv_dtype == "fp8" else self.kv_dtype
+        sparse, moe = bool(self.index_topk), bool(self.n_routed_experts)
+        # The indexer's key cache: FP8 keys and one FP32 scale.
         return ModelSpec(
-            name=name,
-            description=description or name,
-            source=source,
-            layers=self.num_hidden_layers,
-            moe_layers=self.moe_layers,
-            hidden=self.hidden_size,
-            attention=self.attention,
-            attention_flops_per_key_layer=per_key,
-            sparse_top_k=self.index_topk or None,
-            indexer_flops_per_key_layer=2 * self.index_n_heads * self.index_head_dim if self.index_topk else 0,
-            kv_bytes_per_token_layer=kv_bytes_per_token_layer or self.kv_bytes_per_token_layer(),
-            kv_dtype=kv_dtype,
-            indexer_kv_bytes_per_token_layer=self.index_head_dim + 4 if self.index_topk else 0,  # FP8 + FP32 scale
-            active_params=active_params or float(counts.active),
-            total_params=total_params or float(counts.total),
+            name=name, description=description or name, source=source, layers=self.num_hidden_layers,
+            moe_layers=self.moe_layers, hidden=self.hidden_size, attention=self.attention,
+            attention_flops_per_key_layer=per_key, sparse_top_k=self.index_topk or None,
+            indexer_flops_per_key_layer=2 * self.index_n_heads * self.index_head_dim if sparse else 0,
+            kv_bytes_per_token_layer=kv_bytes_per_token_layer or self.kv_bytes_per_token_layer(), kv_dtype=kv_dtype,
+            indexer_kv_bytes_per_token_layer=self.index_head_dim + 4 if sparse else 0,
+            active_params=active_params or float(counts.active), total_params=total_params or float(counts.total),
             routed_expert_params=float(counts.routed_experts),
-            weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM[self.weight_dtype],
-            gemm_dtype=self.weight_dtype,
-            activated_experts=k if self.n_routed_experts else 0,
-            a2a_dispatch_bytes_per_token_layer=k * _fp8_with_scales_bytes(self.hidden_size)
-            if self.n_routed_experts
-            else 0,
-            a2a_combine_bytes_per_token_layer=k * 2 * self.hidden_size if self.n_routed_experts else 0,
-            arch=self,
-        )
+            weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM[self.weight_dtype], gemm_dtype=self.weight_dtype,
+            activated_experts=k if moe else 0,
+            a2a_dispatch_bytes_per_token_layer=k * _fp8_with_scales_bytes(self.hidden_size) if moe else 0,
+            a2a_combine_bytes_per_token_layer=k * 2 * self.hidden_size if moe else 0, arch=self,
+        )  # fmt: skip
 
 
 def _fp8_with_scales_bytes(channels: int) -> int:
@@ -486,16 +447,14 @@ def read_entries(top: Table) -> dict[str, dict[str, object]]:
 def _read_gpu(t: Table, name: str) -> GpuSpec:
     peak = (1e9, 1e18)
     return GpuSpec(
-        name=name,
-        description=t.get_str("description", ""),
-        source=t.get_str("source", ""),
+        name=name, description=t.get_str("description", ""), source=t.get_str("source", ""),
         bf16_flops_per_s=t.get_float("bf16_flops_per_s", min=peak[0], max=peak[1]),
         fp8_flops_per_s=_rate_or_zero(t, "fp8_flops_per_s", peak),
         fp4_flops_per_s=_rate_or_zero(t, "fp4_flops_per_s", peak),
         hbm_bytes=int(t.get_float("hbm_gib", min=0.0, max=1 << 20, min_exclusive=True) * _GIB),
         hbm_bytes_per_s=t.get_float("hbm_bytes_per_s", min=1e9, max=1e15),
         nvlink_bytes_per_s=t.get_float("nvlink_bytes_per_s", min=1e6, max=1e14),
-    )
+    )  # fmt: skip
 
 
 def _rate_or_zero(t: Table, key: str, bounds: tuple[float, float]) -> float:
@@ -508,11 +467,9 @@ def _rate_or_zero(t: Table, key: str, bounds: tuple[float, float]) -> float:
 
 def _read_nic(t: Table, name: str) -> NicSpec:
     return NicSpec(
-        name=name,
-        description=t.get_str("description", ""),
-        source=t.get_str("source", ""),
+        name=name, description=t.get_str("description", ""), source=t.get_str("source", ""),
         bytes_per_s=t.get_float("bytes_per_s", min=1e6, max=1e12),
-    )
+    )  # fmt: skip
 
 
 # The keys each attention kind or FFN kind uses; given for another kind, they are an error (not ignored).

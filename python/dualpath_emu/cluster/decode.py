@@ -23,20 +23,9 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
-    Crash,
-    DecodeDone,
-    DecodeTask,
-    Drop,
-    Expect,
-    Health,
-    HitReady,
-    KvReady,
-    Lost,
-    ReadDone,
-    ReadHere,
-    ReadMoved,
+    Crash, DecodeDone, DecodeTask, Drop, Expect, Health, HitReady, KvReady, Lost, ReadDone, ReadHere, ReadMoved,
     TurnDone,
-)
+)  # fmt: skip
 from dualpath_emu.cluster.observations import Ended, HitRead
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
@@ -103,22 +92,11 @@ class DecodeSteps:
     busy spans (``busy_span(gpu unit, start, end, batch size, step)``). What it moved is booked in ``booking``."""
 
     def __init__(
-        self,
-        node: int,
-        gpus: int,
-        *,
-        pricing: dict[str, float | int | bool | None],
-        together: bool,
-        kv_bytes_per_token: int,
-        a2a_bytes_per_token: float,
-        a2a_paths: Sequence[tuple[int, ...]],
-        d2h_paths: Sequence[tuple[int, ...]],
-        storage: tuple[int, tuple[int, ...]] | None,
-        plane: Ledger,
-        booking: Booking,
-        listener: DecodeListener,
-        busy_span: Callable[[int, int, int, int, int], None],
-    ) -> None:
+        self, node: int, gpus: int, *, pricing: dict[str, float | int | bool | None], together: bool,
+        kv_bytes_per_token: int, a2a_bytes_per_token: float, a2a_paths: Sequence[tuple[int, ...]],
+        d2h_paths: Sequence[tuple[int, ...]], storage: tuple[int, tuple[int, ...]] | None, plane: Ledger,
+        booking: Booking, listener: DecodeListener, busy_span: Callable[[int, int, int, int, int], None],
+    ) -> None:  # fmt: skip
         self.node = node
         self._kv = kv_bytes_per_token
         self._d2h_paths = list(d2h_paths)

@@ -15,14 +15,8 @@ from typing import Any, cast
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.faults import (
-    MAX_TIME_S,
-    Fault,
-    FaultRecords,
-    FaultWindow,
-    Kind,
-    engine_group_names,
-    target_ports,
-)
+    MAX_TIME_S, Fault, FaultRecords, FaultWindow, Kind, engine_group_names, target_ports,
+)  # fmt: skip
 from dualpath_emu.cluster.messages import Crash, Health, Restart, Start
 from dualpath_emu.cluster.observations import FaultChanged
 from dualpath_emu.cluster.topology import Topology

@@ -216,8 +216,8 @@ def read_fault_plan(
             raise t.error("duration_s", 'a duration for kind = "down" on this target (only a storage NIC may stay down '
                           "to the end of the run: reads stalled there are given up; what crosses another port would "
                           "wait for ever)")  # fmt: skip
-        factor = _factor(t, kind in ("degrade", "slow_storage"))
-        latency = _latency(t, kind in ("latency", "slow_storage"))
+        factor = _effect(t, "factor", kind in ("degrade", "slow_storage"), 1.0, 1.0, min_exclusive=True)
+        latency = _effect(t, "latency_s", kind in ("latency", "slow_storage"), 0.0, 60.0)
         if kind == "slow_storage" and factor == 1.0 and latency == 0.0:
             raise t.error("factor", 'a factor below 1 or a latency_s above 0 for kind = "slow_storage"', factor)
         t.finish()
@@ -248,20 +248,13 @@ def _rate(t: Table, key: str) -> float:
     return rate
 
 
-def _factor(t: Table, used: bool) -> float:
+def _effect(t: Table, key: str, used: bool, default: float, high: float, min_exclusive: bool = False) -> float:
+    """A fault's ``factor`` or ``latency_s`` in [0, ``high``]; refused on a kind that does not use it (0 then)."""
     if not used:
-        if "factor" in t:
-            raise ScenarioError(f"{t.where('factor')} is not used by this kind of fault; remove it")
+        if key in t:
+            raise ScenarioError(f"{t.where(key)} is not used by this kind of fault; remove it")
         return 0.0
-    return t.get_float("factor", 1.0, min=0.0, max=1.0, min_exclusive=True)
-
-
-def _latency(t: Table, used: bool) -> float:
-    if not used:
-        if "latency_s" in t:
-            raise ScenarioError(f"{t.where('latency_s')} is not used by this kind of fault; remove it")
-        return 0.0
-    return t.get_float("latency_s", 0.0, min=0.0, max=60.0)
+    return t.get_float(key, default, min=0.0, max=high, min_exclusive=min_exclusive)
 
 
 MAX_FAULT_WINDOWS: Final = 1000

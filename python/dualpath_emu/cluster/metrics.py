@@ -344,12 +344,10 @@ class Metrics:
                 for role, b in self.gpu_busy.items()}  # fmt: skip
         return {
             "columns": {name: column.tobytes() for name, column in self._columns().items()},
-            "forward_ns": self.forward_ns.tobytes(),
-            "redispatch_ns": self.redispatch_ns.tobytes(),
+            "forward_ns": self.forward_ns.tobytes(), "redispatch_ns": self.redispatch_ns.tobytes(),
             "read_moved_ns": self.read_moved_ns.tobytes(),
-            "forward_attention_balance": self.forward_attention_balance.tobytes(),
-            "gpu_busy": busy,
-        }
+            "forward_attention_balance": self.forward_attention_balance.tobytes(), "gpu_busy": busy,
+        }  # fmt: skip
 
     @classmethod
     def from_wire(cls, data: dict[str, object]) -> Metrics:

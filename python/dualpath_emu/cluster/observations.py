@@ -179,18 +179,11 @@ Observation: TypeAlias = (Admitted | Assigned | HitRead | Prefilled | Ended | Po
                           | FaultChanged | Failed | Redispatched)  # fmt: skip
 
 _FORMATS: Final[dict[type, tuple[str, str]]] = {
-    Admitted: ("admit", "r%s"),
-    Assigned: ("assign", "r%s pe%s de%s %s"),
-    HitRead: ("read", "r%s n%s"),
-    Prefilled: ("prefilled", "r%s"),
-    Ended: ("end", "r%s"),
-    PoolCapacity: ("capacity", "%s %s"),
-    PoolTake: ("take", "%s %s %s"),
-    PoolGive: ("give", "%s %s %s"),
-    FaultChanged: ("fault", "%s %s %s x%r +%sns"),
-    Failed: ("failed", "r%s %s"),
-    Redispatched: ("redispatch", "r%s %s %s"),
-}
+    Admitted: ("admit", "r%s"), Assigned: ("assign", "r%s pe%s de%s %s"), HitRead: ("read", "r%s n%s"),
+    Prefilled: ("prefilled", "r%s"), Ended: ("end", "r%s"), PoolCapacity: ("capacity", "%s %s"),
+    PoolTake: ("take", "%s %s %s"), PoolGive: ("give", "%s %s %s"), FaultChanged: ("fault", "%s %s %s x%r +%sns"),
+    Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"),
+}  # fmt: skip
 """Per record type, its log ``kind`` and the ``%`` format of its ``summary`` over its fields (:func:`parse` reads
 them back)."""
 

@@ -43,29 +43,20 @@ def summary(scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> d
         if why is not None:
             no_speedup[name] = why
     config = json.loads(json.dumps(dataclasses.asdict(scenario.config)))  # as JSON has it: reads back equal
+    given = scenario.workload_given is not None
+    workload = {
+        "dataset": None if scenario.trace is not None or given else scenario.config.dataset, "given_in_python": given,
+        "trace": None if scenario.trace is None else str(scenario.trace), "agents": scenario.config.agents,
+        "max_rounds": scenario.max_rounds, "mode": scenario.config.mode,
+        "generator": dataclasses.asdict(scenario.generator),
+    }  # fmt: skip
     return {
-        "scenario": scenario.name,
-        "source": scenario.source,
-        "description": scenario.describe(),
-        "seed": scenario.seed,
-        "version": __version__,
-        "config": config,
-        "workload": {
-            "dataset": None
-            if scenario.trace is not None or scenario.workload_given is not None
-            else scenario.config.dataset,
-            "given_in_python": scenario.workload_given is not None,
-            "trace": None if scenario.trace is None else str(scenario.trace),
-            "agents": scenario.config.agents,
-            "max_rounds": scenario.max_rounds,
-            "mode": scenario.config.mode,
-            "generator": dataclasses.asdict(scenario.generator),
-        },
+        "scenario": scenario.name, "source": scenario.source, "description": scenario.describe(),
+        "seed": scenario.seed, "version": __version__, "config": config, "workload": workload,
         "complete": all(result.complete for result in results.values()),
-        "systems": {name: result.summary() for name, result in results.items()},
-        "speedup_vs_basic": speedups,
+        "systems": {name: result.summary() for name, result in results.items()}, "speedup_vs_basic": speedups,
         "no_speedup_vs_basic": no_speedup,
-    }
+    }  # fmt: skip
 
 
 def _seconds(ns: int) -> str:

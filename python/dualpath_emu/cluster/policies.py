@@ -37,21 +37,9 @@ from dualpath_emu.inputs import short_repr
 from dualpath_emu.messages import fast_frozen_init
 
 __all__ = [
-    "DE_HIGH_TOKEN_FACTOR",
-    "PrefillDispatch",
-    "DecodeAssignment",
-    "DualPathPolicy",
-    "Engine",
-    "GroupLoads",
-    "Policy",
-    "PolicyError",
-    "PortHealth",
-    "PrefillAssignment",
-    "ReadSide",
-    "Request",
-    "RoundRobinPolicy",
-    "check_assignments",
-]
+    "DE_HIGH_TOKEN_FACTOR", "PrefillDispatch", "DecodeAssignment", "DualPathPolicy", "Engine", "GroupLoads", "Policy",
+    "PolicyError", "PortHealth", "PrefillAssignment", "ReadSide", "Request", "RoundRobinPolicy", "check_assignments",
+]  # fmt: skip
 
 DE_HIGH_TOKEN_FACTOR: Final = 1.05
 """The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper)."""
@@ -184,13 +172,9 @@ class Policy(ABC):
         order (node by node), each as its group's last report shows it; ``read_q`` maps node -> tokens."""
 
     def assign_decode(
-        self,
-        global_queue: deque[Request],
-        private_queues: dict[int, deque[Request]],
-        group_loads: dict[int, int],
-        group_id: int,
-        group: list[Engine],
-    ) -> list[DecodeAssignment]:
+        self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int],
+        group_id: int, group: list[Engine],
+    ) -> list[DecodeAssignment]:  # fmt: skip
         """Phase 1 (route the global queue to groups), then phase 2: assign group ``group_id``'s private
         queue to its DEs (:meth:`_assign_group`)."""
         self._drain_to_groups(global_queue, private_queues, group_loads)

@@ -10,19 +10,8 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import (
-    Crash,
-    Drop,
-    Health,
-    HitReady,
-    KvReady,
-    Lost,
-    Prefill,
-    PrefillDone,
-    PrefillTask,
-    ReadDone,
-    ReadHere,
-    ReadMoved,
-)
+    Crash, Drop, Health, HitReady, KvReady, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadHere, ReadMoved,
+)  # fmt: skip
 from dualpath_emu.cluster.observations import HitRead, Prefilled
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE

@@ -31,13 +31,10 @@ _T975: Final = (
 _T975_MORE: Final = ((40, 2.021), (60, 2.000), (120, 1.980))
 
 FIGURES: Final[Mapping[str, Callable[[Mapping[str, Any]], float]]] = {
-    "jct_s": lambda s: s["jct_s"],
-    "failed_requests": lambda s: s.get("failed_requests", 0),
-    "ttft_p50_s": lambda s: s["ttft_s"]["p50"],
-    "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
-    "tpot_p50_s": lambda s: s["tpot_s"]["p50"],
-    "working_set_mean_bytes": lambda s: s["working_set_bytes"]["mean"],
-}
+    "jct_s": lambda s: s["jct_s"], "failed_requests": lambda s: s.get("failed_requests", 0),
+    "ttft_p50_s": lambda s: s["ttft_s"]["p50"], "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
+    "tpot_p50_s": lambda s: s["tpot_s"]["p50"], "working_set_mean_bytes": lambda s: s["working_set_bytes"]["mean"],
+}  # fmt: skip
 """The figures a replicate run reports, read off a system's summary (``SystemResult.summary()``, or
 ``summary.json``'s ``systems.<name>``)."""
 
@@ -168,14 +165,10 @@ def _figures_of(summary: dict[str, Any], system: str) -> dict[str, Estimate]:
 
 
 _SHOWN: Final = {
-    "jct_s": ("JCT (s)", 1.0),
-    "failed_requests": ("failed requests", 1.0),
-    "speedup_vs_basic": ("vs basic (×)", 1.0),
-    "ttft_p50_s": ("TTFT p50 (s)", 1.0),
-    "ttft_p99_s": ("TTFT p99 (s)", 1.0),
-    "tpot_p50_s": ("TPOT p50 (ms)", 1e-3),
+    "jct_s": ("JCT (s)", 1.0), "failed_requests": ("failed requests", 1.0), "speedup_vs_basic": ("vs basic (×)", 1.0),
+    "ttft_p50_s": ("TTFT p50 (s)", 1.0), "ttft_p99_s": ("TTFT p99 (s)", 1.0), "tpot_p50_s": ("TPOT p50 (ms)", 1e-3),
     "working_set_mean_bytes": ("working set (GB)", 1e9),
-}
+}  # fmt: skip
 """How ``compare`` shows each figure: its label and unit."""
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.assemble import build_engine, engine_names
@@ -166,40 +166,19 @@ class SystemResult:
         return sum(self.metrics.hit) / prompt if prompt else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """The JSON-able summary (``summary.json``'s ``systems.<name>``)."""
-        return {
-            "jct_s": self.jct_s,
-            "complete": self.complete,
-            "incomplete": self.incomplete,
-            "turns": self.turns,
-            "turns_planned": self.turns_planned,
-            "turns_done": self.turns_done,
-            "turns_not_run": self.turns_not_run,
-            "agents": self.agents,
-            "failed_requests": self.failed_requests,
-            "failed_agents": self.failed_agents,
-            "redispatches": self.redispatches,
-            "hit_rate": self.hit_rate,
-            "ttft_s": self.ttft_s,
-            "ttst_s": self.ttst_s,
-            "tpot_s": self.tpot_s,
-            "snic_read_bytes": self.snic_read_bytes,
-            "snic_util": self.snic_util,
-            "cnic_util": self.cnic_util,
-            "dram_util": self.dram_util,
-            "gpu_util": self.gpu_util,
-            "working_set_bytes": self.working_set_bytes,
-            # The ports' sample width behind the p99s: 1 s, widened by the core on very long runs so that its
-            # samples stay within a fixed budget.
-            "utilisation_sample_s": self.sample_interval_s,
-            "snic_max_over_mean": self.snic_max_over_mean,
-            "event_log_sha256": self.event_log_sha256,
-            "wall_s": self.wall_s,
-            "events": self.events,
-            "core_events": self.core_events,
-            "core_stats": self.core_stats,
-            **self.extra,
-        }
+        """The JSON-able summary (``summary.json``'s ``systems.<name>``): :data:`_SUMMARY_KEYS`, then :attr:`extra`.
+        ``utilisation_sample_s`` is the ports' sample width behind the p99s (1 s, widened by the core on very
+        long runs so that its samples stay within a fixed budget)."""
+        attr = {"utilisation_sample_s": "sample_interval_s"}
+        return {**{key: getattr(self, attr.get(key, key)) for key in _SUMMARY_KEYS}, **self.extra}
+
+
+_SUMMARY_KEYS: Final = (
+    "jct_s", "complete", "incomplete", "turns", "turns_planned", "turns_done", "turns_not_run", "agents",
+    "failed_requests", "failed_agents", "redispatches", "hit_rate", "ttft_s", "ttst_s", "tpot_s", "snic_read_bytes",
+    "snic_util", "cnic_util", "dram_util", "gpu_util", "working_set_bytes", "utilisation_sample_s",
+    "snic_max_over_mean", "event_log_sha256", "wall_s", "events", "core_events", "core_stats",
+)  # fmt: skip
 
 
 def speedup(baseline: SystemResult, result: SystemResult) -> tuple[float | None, str | None]:
@@ -214,19 +193,11 @@ def speedup(baseline: SystemResult, result: SystemResult) -> tuple[float | None,
 
 
 def run_system(
-    config: ClusterConfig,
-    system: str | System,
-    trajectories: Sequence[Trajectory],
-    *,
-    seed: int = 0,
-    progress: Callable[[Progress], None] | None = None,
-    progress_interval_s: float = 0.25,
-    sample_interval_s: float = SAMPLE_INTERVAL_S,
-    trace_path: str | Path | None = None,
-    probe_paths: bool = False,
-    plane: str = "core",
-    planes: Mapping[str, PlaneFactory] = PLANES,
-) -> SystemResult:
+    config: ClusterConfig, system: str | System, trajectories: Sequence[Trajectory], *, seed: int = 0,
+    progress: Callable[[Progress], None] | None = None, progress_interval_s: float = 0.25,
+    sample_interval_s: float = SAMPLE_INTERVAL_S, trace_path: str | Path | None = None, probe_paths: bool = False,
+    plane: str = "core", planes: Mapping[str, PlaneFactory] = PLANES,
+) -> SystemResult:  # fmt: skip
     """Run ``trajectories`` on ``config`` with ``system`` (a :class:`~dualpath_emu.cluster.systems.System` or a
     built-in one's name) in virtual time.
 
@@ -318,20 +289,9 @@ def run_system(
 
 
 def build_result(
-    name: str,
-    report: CoreReport,
-    metrics: Metrics,
-    config: ClusterConfig,
-    topology: Topology,
-    agents: int,
-    sha256: str,
-    wall_s: float,
-    events: int,
-    end_ns: int,
-    start_ns: int = 0,
-    *,
-    turns_planned: int,
-) -> SystemResult:
+    name: str, report: CoreReport, metrics: Metrics, config: ClusterConfig, topology: Topology, agents: int,
+    sha256: str, wall_s: float, events: int, end_ns: int, start_ns: int = 0, *, turns_planned: int,
+) -> SystemResult:  # fmt: skip
     """A run's :class:`SystemResult` from the core's report and the engines' (merged) metrics; the run is
     [``start_ns``, ``end_ns``] (from the client's start, 0 in virtual time, to the last request's end)."""
     end_s = (end_ns - start_ns) / 1e9 or 1e-9
@@ -354,37 +314,20 @@ def build_result(
     every_snic = snic["pe"] + snic["de"]
     mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
     return SystemResult(
-        system=name,
-        jct_s=metrics.jct_s(),
-        turns=len(metrics),
-        agents=agents,
-        failed_requests=metrics.failed_count(),
-        failed_agents=metrics.failed_agents(),
-        turns_planned=turns_planned,
-        turns_done=metrics.done_count(),
-        redispatches=len(metrics.redispatch_ns),
-        ttft_s=percentiles(metrics.ttft_s()).as_dict(),
-        ttst_s=percentiles(metrics.ttst_s()).as_dict(),
-        tpot_s=percentiles(metrics.tpot_s()).as_dict(),
+        system=name, jct_s=metrics.jct_s(), turns=len(metrics), agents=agents, failed_requests=metrics.failed_count(),
+        failed_agents=metrics.failed_agents(), turns_planned=turns_planned, turns_done=metrics.done_count(),
+        redispatches=len(metrics.redispatch_ns), ttft_s=percentiles(metrics.ttft_s()).as_dict(),
+        ttst_s=percentiles(metrics.ttst_s()).as_dict(), tpot_s=percentiles(metrics.tpot_s()).as_dict(),
         snic_read_bytes={role: sum(v) for role, v in snic.items()},
         snic_util={role: {d: util(role, f"snic.{d}") for d in ("rx", "tx")} for role in ROLES},
         cnic_util={role: {d: util(role, f"cnic.{d}") for d in ("tx", "rx")} for role in ROLES},
         dram_util={role: util(role, "dram") for role in ROLES},
-        gpu_util={
-            role: metrics.gpu_busy[role].utilisation(gpu_units[role], until_ns, since_ns=start_ns) for role in ROLES
-        },
+        gpu_util={r: metrics.gpu_busy[r].utilisation(gpu_units[r], until_ns, since_ns=start_ns) for r in ROLES},
         working_set_bytes=metrics.working_set_bytes(derived(config).kv_bytes_per_token, end_ns, since_ns=start_ns),
-        snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0,
-        event_log_sha256=sha256,
-        wall_s=wall_s,
-        events=events,
-        core_events=report.stats["queue_events"],
-        core_stats=dict(report.stats),
-        metrics=metrics,
-        timelines=timelines,
-        # The core widens its interval on long runs so that samples stay bounded: report the one it used.
-        sample_interval_s=(report.sample_interval_ns or metrics.gpu_busy["pe"].interval_ns) / 1e9,
-    )
+        snic_max_over_mean=max(every_snic) / mean if mean > 0 else 0.0, event_log_sha256=sha256, wall_s=wall_s,
+        events=events, core_events=report.stats["queue_events"], core_stats=dict(report.stats), metrics=metrics,
+        timelines=timelines, sample_interval_s=(report.sample_interval_ns or metrics.gpu_busy["pe"].interval_ns) / 1e9,
+    )  # fmt: skip
 
 
 class _Reporter:

@@ -46,31 +46,16 @@ from dualpath_emu.errors import InvalidArgumentError, UsageError
 from dualpath_emu.inputs import short_repr
 from dualpath_emu.workload import load_trace
 from dualpath_emu.workload.generator import (
-    DATASETS,
-    MAX_AGENTS,
-    MAX_BASE_TRAJECTORIES,
-    MAX_SIGMA,
-    READINGS,
-    Dataset,
-    GeneratorParams,
-    Reading,
-    generate,
+    DATASETS, MAX_AGENTS, MAX_BASE_TRAJECTORIES, MAX_SIGMA, READINGS, Dataset, GeneratorParams, Reading, generate,
     max_total_min_fraction,
-)
+)  # fmt: skip
 from dualpath_emu.workload.trajectory import Trajectory
 from dualpath_emu.workload.waits import DISTRIBUTIONS, MAX_SIGMA, MAX_WAIT_S, Distribution, ToolWait, read_wait_samples
 
 __all__ = [
-    "BUILT_IN",
-    "DEFAULT",
-    "DEFAULT_AGENTS",
-    "DEFAULT_SYSTEMS",
-    "LIMITS",
-    "ClusterScenario",
-    "Limits",
-    "load_cluster_scenario",
-    "scenario_from_table",
-]
+    "BUILT_IN", "DEFAULT", "DEFAULT_AGENTS", "DEFAULT_SYSTEMS", "LIMITS", "ClusterScenario", "Limits",
+    "load_cluster_scenario", "scenario_from_table",
+]  # fmt: skip
 
 BACKENDS: Final = ("model", "host")
 KIND: Final = "cluster"
@@ -186,11 +171,9 @@ class ClusterScenario:
         """One line: model, GPU, deployment, workload, systems, seed."""
         c = self.config
         gpus = c.node.gpus
-        parallel = (
-            "DP only"
-            if c.model.moe_layers == 0  # a dense model has no experts to shard
-            else f"prefill EP{c.prefill_ep_nodes * gpus}, decode EP{c.decode_ep_nodes * gpus}"
-        )
+        parallel = f"prefill EP{c.prefill_ep_nodes * gpus}, decode EP{c.decode_ep_nodes * gpus}"
+        if c.model.moe_layers == 0:  # a dense model has no experts to shard
+            parallel = "DP only"
         return (
             f"{c.model.name} on {c.gpu.name}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
             f"systems {', '.join(self.systems)}; seed {self.seed}"
@@ -209,15 +192,9 @@ class ClusterScenario:
         return out
 
     def with_overrides(
-        self,
-        *,
-        systems: Sequence[str | System] | None = None,
-        agents: int | None = None,
-        seed: int | None = None,
-        backend: str | None = None,
-        byte_scale: float | None = None,
-        faults: str | Path | None = None,
-    ) -> ClusterScenario:
+        self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None,
+        backend: str | None = None, byte_scale: float | None = None, faults: str | Path | None = None,
+    ) -> ClusterScenario:  # fmt: skip
         """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
         ``systems``: names, specs (relative to the current folder) or :class:`System` objects. ``faults``: a file
         (``kind = "faults"``) whose faults join the scenario's (its ``[random_faults]`` replace the scenario's)."""
@@ -273,13 +250,10 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
 
     hit, arrival_s, wait_s = trajectory.hit, trajectory.arrival_s, trajectory.wait_s
     return dataclasses.replace(
-        trajectory,
-        append=trajectory.append[:rounds],
-        gen=trajectory.gen[:rounds],
-        hit=None if hit is None else hit[:rounds],
-        arrival_s=None if arrival_s is None else arrival_s[:rounds],
+        trajectory, append=trajectory.append[:rounds], gen=trajectory.gen[:rounds],
+        hit=None if hit is None else hit[:rounds], arrival_s=None if arrival_s is None else arrival_s[:rounds],
         wait_s=None if wait_s is None else wait_s[:rounds],
-    )
+    )  # fmt: skip
 
 
 def load_cluster_scenario(
@@ -587,12 +561,9 @@ def _tool_wait(t: Table, folder: Path) -> ToolWait:
 
 
 def _check_systems(
-    specs: Sequence[str | System],
-    key: str,
-    loader: SystemLoader,
-    table: Table | None = None,
+    specs: Sequence[str | System], key: str, loader: SystemLoader, table: Table | None = None,
     known: tuple[System, ...] = (),
-) -> tuple[tuple[str, ...], tuple[System, ...]]:
+) -> tuple[tuple[str, ...], tuple[System, ...]]:  # fmt: skip
     """The names of the systems ``specs`` give and those of them not built in (resolved with ``loader``;
     ``known``: user systems that may also be named by their name, those of the scenario being overridden)."""
     expected = f"names of systems ({', '.join(SYSTEMS)}) or module:Name, file.py:Name, each once"
@@ -614,18 +585,15 @@ def _check_systems(
             system = SYSTEMS[given]
         else:
             raise bad(given)
+        shown = given if isinstance(given, str) else system.name
         if SYSTEMS.get(system.name, system) != system:
             raise loader.error(
-                given if isinstance(given, str) else system.name,
-                f"the system is called {system.name!r}, a built-in system's name: give it another",
+                shown, f"the system is called {system.name!r}, a built-in system's name: give it another"
             )
         if system.name in names:
             if isinstance(given, str) and not is_user_spec(given):
                 raise bad(given)
-            raise loader.error(
-                given if isinstance(given, str) else system.name,
-                f"expected each system once: {system.name!r} is already in the list",
-            )
+            raise loader.error(shown, f"expected each system once: {system.name!r} is already in the list")
         names.append(system.name)
         if system.name not in SYSTEMS:
             custom.append(system)

@@ -9,39 +9,14 @@ from dataclasses import dataclass
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.messages import (
-    DecodeDone,
-    DecodeTask,
-    Drop,
-    Expect,
-    Fetch,
-    Health,
-    Lost,
-    Prefill,
-    PrefillDone,
-    PrefillTask,
-    ReadDone,
-    ReadMoved,
-    Submit,
-    TurnDone,
-    TurnFailed,
-    TurnsEnded,
-    WhichEnded,
-)
+    DecodeDone, DecodeTask, Drop, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
+    Submit, TurnDone, TurnFailed, TurnsEnded, WhichEnded,
+)  # fmt: skip
 from dualpath_emu.cluster.observations import Assigned, Failed, Redispatched
 from dualpath_emu.cluster.policies import (
-    DE_HIGH_TOKEN_FACTOR,
-    DecodeAssignment,
-    DualPathPolicy,
-    Engine,
-    GroupLoads,
-    Policy,
-    PrefillAssignment,
-    PrefillDispatch,
-    ReadSide,
-    Request,
-    RoundRobinPolicy,
-    check_assignments,
-)
+    DE_HIGH_TOKEN_FACTOR, DecodeAssignment, DualPathPolicy, Engine, GroupLoads, Policy, PrefillAssignment,
+    PrefillDispatch, ReadSide, Request, RoundRobinPolicy, check_assignments,
+)  # fmt: skip
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
 __all__ = [
@@ -93,10 +68,9 @@ class Scheduler(ClusterEngine):
         for node, engines in self.pe_engines.items():
             pe_groups.setdefault(cluster.group_name("pe", node), []).extend(engines)
         self.prefill = PrefillDispatch(self.policy, pe_groups)
+        hbm = cluster.derived.de_hbm_kv_bytes
         self.de_engines = {
-            n.index: [
-                Engine(n.index * gpus + g, n.index, free_hbm_bytes=cluster.derived.de_hbm_kv_bytes) for g in range(gpus)
-            ]
+            n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=hbm) for g in range(gpus)]
             for n in topo.de_nodes
         }
         self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}

@@ -1,11 +1,7 @@
-"""The systems compared (paper §7.2, §7.5; paper-facts §8.1): one registered bundle of policies each.
-
-A :class:`System` says which read paths are allowed, whether prefill is layerwise, which scheduler assigns
-engines, and whether I/O is modelled at all (Oracle bypasses it). Adding a built-in system is one entry in
-:data:`SYSTEMS`; a user's system is a :class:`System` in the user's own code, whose ``scheduler`` may be a
-:class:`~dualpath_emu.cluster.scheduler.Policy` subclass, named in a scenario or on the command line as
-``module:Name`` or ``file.py:Name`` (:mod:`dualpath_emu.cluster.user_systems`), and passed to
-:func:`~dualpath_emu.cluster.run.run_system` as the object: no registry is global.
+"""The systems compared (paper §7.2, §7.5; paper-facts §8.1): one bundle of policies each. Adding a built-in
+system is one entry in :data:`SYSTEMS`; a user's is a :class:`System` in the user's own code
+(:mod:`dualpath_emu.cluster.user_systems`), passed to :func:`~dualpath_emu.cluster.run.run_system` as the
+object: no registry is global.
 """
 
 from __future__ import annotations
@@ -28,13 +24,9 @@ NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 @dataclass(frozen=True)
 class System:
-    """A named bundle of policies: what one row of ``dualpath-emu run``'s table compares.
-
-    ``scheduler`` is ``"dualpath"`` (:class:`DualPathPolicy`), ``"round_robin"`` (:class:`RoundRobinPolicy`)
-    or a :class:`Policy` subclass of the user's: a fresh instance is made for every run (policies keep
-    state), with those of the keyword arguments ``read_both_sides`` (= ``dual_path``), ``alpha_tokens`` and
-    ``beta_tokens`` (α and β of the cluster, paper App. A.4) that its constructor accepts.
-    """
+    """A named bundle of policies: one row of ``dualpath-emu run``'s table. ``scheduler`` is ``"dualpath"``,
+    ``"round_robin"`` or a user's :class:`Policy` subclass, made afresh for every run with those of the keyword
+    arguments ``read_both_sides`` (= ``dual_path``), ``alpha_tokens`` and ``beta_tokens`` it accepts."""
 
     name: str
     description: str
@@ -119,9 +111,8 @@ _OTHER_COLORS: Final = ("tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:
 
 
 def system_colours(names: Iterable[str]) -> dict[str, str]:
-    """A colour for each system: a built-in one's own (:data:`SYSTEM_COLORS`); a user's from the rest, starting
-    where its name's hash points, so that a system keeps its colour from plot to plot, and distinct from the
-    others' in the same plot while the palette lasts."""
+    """A colour for each system: a built-in one's own; a user's from the rest, starting where its name's hash
+    points (the same from plot to plot), distinct from the others' while the palette lasts."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for name in names:

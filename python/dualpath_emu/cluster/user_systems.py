@@ -1,30 +1,13 @@
-"""Systems and policies from the user's own code: ``module:Name`` or ``path/to/file.py:Name``.
+"""Systems and policies from the user's own code: ``module:Name`` or ``path/to/file.py:Name`` (``docs/policies.md``).
 
-A scenario's ``systems = [...]`` and ``dualpath-emu run --system`` take *system specs*:
-
-* ``basic``, ``dualpath``, … (no colon): a built-in system (:data:`~dualpath_emu.cluster.systems.SYSTEMS`);
-* ``path/to/file.py:Name``: the file, run as a module (a relative path is relative to the scenario file's
-  folder in a scenario, to the current folder on the command line); a fresh copy of the module for every
-  scenario loaded, so that an edited file takes effect in a notebook;
-* ``package.module:Name``: a module Python can import (installed, or on ``PYTHONPATH``), imported once per
-  process as any import.
-
-``Name`` is looked up in that module:
-
-1. an attribute ``Name`` that is a :class:`~dualpath_emu.cluster.systems.System`: that system, under its
-   own ``name`` (``file.py:LEAST_LOADED`` may be called ``least-loaded``);
-2. an attribute ``Name`` that is a :class:`~dualpath_emu.cluster.scheduler.Policy` subclass: wrapped into a
-   system called ``Name`` with DualPath's data path (layerwise prefill, I/O modelled) and the policy's own
-   ``read_both_sides`` default (True for a :class:`~dualpath_emu.cluster.scheduler.DualPathPolicy`
-   subclass: both read paths);
-3. otherwise the module's ``SYSTEMS`` (a list or tuple of systems, or a mapping from names to systems): the
-   system whose ``name`` is ``Name``. This is how a system whose name is no Python identifier is named, as
-   in ``dualpath_emu.examples.custom_policy:least-loaded``.
-
-A system's name is what the table, ``summary.json`` and ``requests.csv`` call it; it may not be a built-in
-system's name. Whatever cannot be resolved -- no such file or module, no such name, an object that is no
-system, an error while the module runs -- is one :class:`~dualpath_emu.config.ScenarioError` line naming
-where the spec was given (file and key, or ``--system``), the spec, and what was expected.
+A file (relative to the scenario's folder, or the current one on the command line) is run afresh for every
+scenario loaded; a module is imported once. ``Name`` is, in that module: a
+:class:`~dualpath_emu.cluster.systems.System` (under its own ``name``); a
+:class:`~dualpath_emu.cluster.policies.Policy` subclass, wrapped into a system called ``Name`` with DualPath's
+data path and the policy's ``read_both_sides``; else the name of a system in the module's ``SYSTEMS`` (a list,
+tuple or mapping), for names that are no Python identifier. A system may not take a built-in system's name.
+Whatever cannot be resolved is one :class:`~dualpath_emu.config.ScenarioError` line naming where the spec was
+given, the spec and what was expected.
 """
 
 from __future__ import annotations
@@ -69,11 +52,8 @@ def system_specs(values: Sequence[str]) -> list[str]:
 
 
 class SystemLoader:
-    """Resolves system specs for one scenario; modules loaded from files are shared between its specs.
-
-    ``base`` is the folder relative file paths start from; ``where`` is how errors say where the specs
-    were given (``"s.toml: key 'systems'"``, ``"--system"``).
-    """
+    """Resolves system specs for one scenario (modules loaded from files shared between its specs): relative
+    paths start from ``base``; ``where`` says where the specs were given (``"s.toml: key 'systems'"``)."""
 
     def __init__(self, base: Path, where: str) -> None:
         self.base = base
