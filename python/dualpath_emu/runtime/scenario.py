@@ -53,7 +53,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
 from dualpath_emu.inputs import short_repr
@@ -194,11 +194,9 @@ def load_run_scenario(path: str | Path, registry: Registry) -> RunScenario:
     heartbeat_timeout_s = top.get_float("heartbeat_timeout_s", 5.0, min=low, max=high)
     hang_timeout_s = top.get_float("hang_timeout_s", 3.0, min=low, max=high)
     busy_timeout_s = top.get_float("busy_timeout_s", 600.0, min=1.0, max=MAX_TIMEOUT_S)
-    dataplane_endpoint = top.get_str("dataplane_endpoint", "") or None
+    dataplane_endpoint = _endpoint(top, "dataplane_endpoint")
     backend = registry.backend(top.get_str("backend", "model"), top.source)
     app = app_class(top.table(app_name))
-    if dataplane_endpoint is not None and not dataplane_endpoint.startswith(("ipc://", "tcp://")):
-        raise top.error("dataplane_endpoint", "an ipc:// or tcp:// address", dataplane_endpoint)
     processes = _processes(top, app)
     restart = top.get_str_list("restart_crashed", [])
     names = [p.name for p in processes]
@@ -212,6 +210,14 @@ def load_run_scenario(path: str | Path, registry: Registry) -> RunScenario:
         top.source, app, seed, mode, latency_s, time_scale, transport, host, timeout_s, processes,
         heartbeat_timeout_s, hang_timeout_s, dataplane_endpoint, backend, tuple(restart), busy_timeout_s,
     )  # fmt: skip
+
+
+def _endpoint(table: Table, key: str) -> str | None:
+    """The optional endpoint at ``key`` (``None`` if not given): an ipc:// or tcp:// address."""
+    endpoint = table.get_str(key, "") or None
+    if endpoint is not None and not endpoint.startswith(("ipc://", "tcp://")):
+        raise table.error(key, "an ipc:// or tcp:// address", endpoint)
+    return endpoint
 
 
 def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
@@ -236,12 +242,7 @@ def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
             if actor in placed:
                 raise table.error("actors", f"actors not already in process {placed[actor]!r}", actor)
             placed[actor] = name
-        endpoint = table.get_str("endpoint", "") or None
-        if endpoint is not None and not endpoint.startswith(("ipc://", "tcp://")):
-            raise table.error("endpoint", "an ipc:// or tcp:// address", endpoint)
-        data_endpoint = table.get_str("data_endpoint", "") or None
-        if data_endpoint is not None and not data_endpoint.startswith(("ipc://", "tcp://")):
-            raise table.error("data_endpoint", "an ipc:// or tcp:// address", data_endpoint)
+        endpoint, data_endpoint = _endpoint(table, "endpoint"), _endpoint(table, "data_endpoint")
         table.finish()
         specs.append(ProcessSpec(name, tuple(hosted), endpoint, data_endpoint))
     missing = [a for a in actors if a not in placed]
@@ -332,17 +333,10 @@ class RunDescription:
             raise bad("scenario", "a string")
         if type(seed) is not int or not 0 <= seed <= MAX_SEED:
             raise bad("seed", f"an integer in [0, {MAX_SEED}]")
-        if (
-            not isinstance(time_scale, (int, float))
-            or isinstance(time_scale, bool)
-            or not (TIME_SCALE[0] <= time_scale <= TIME_SCALE[1])
-        ):
+        if not _number_in(time_scale, *TIME_SCALE):
             raise bad("time_scale", "a number in [1e-6, 1e6]")
         endpoints = data.get("endpoints")
-        if not isinstance(endpoints, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://"))
-            for k, v in endpoints.items()
-        ):
+        if not _endpoint_map(endpoints):
             raise bad("endpoints", "an object of process name -> ipc:// or tcp:// endpoint")
         dataplane = data.get("dataplane")
         endpoint: str | None = None
@@ -357,23 +351,27 @@ class RunDescription:
                 raise bad("dataplane.requesters", "a list of process names")
             requesters = tuple(names)
         heartbeat = data.get("heartbeat_timeout_s")
-        if (
-            not isinstance(heartbeat, (int, float))
-            or isinstance(heartbeat, bool)
-            or not (WATCH_TIMEOUT_S[0] <= heartbeat <= WATCH_TIMEOUT_S[1])
-        ):
+        if not _number_in(heartbeat, *WATCH_TIMEOUT_S):
             raise bad("heartbeat_timeout_s", "a number in [0.1, 3600]")
         keys = data.get("keys")
         if keys is not None and not isinstance(keys, str):
             raise bad("keys", "a path or null")
         data_endpoints = data.get("data_endpoints", {})
-        if not isinstance(data_endpoints, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://"))
-            for k, v in data_endpoints.items()
-        ):
+        if not _endpoint_map(data_endpoints):
             raise bad("data_endpoints", "an object of process name -> ipc:// or tcp:// endpoint")
         origin = data.get("clock_origin_ns")
         if origin is not None and (type(origin) is not int or origin < 0):
             raise bad("clock_origin_ns", "a non-negative integer or null")
         return cls(scenario, seed, float(time_scale), dict(endpoints), endpoint, requesters, float(heartbeat), keys,
                    dict(data_endpoints), origin)  # fmt: skip
+
+
+def _number_in(value: object, low: float, high: float) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def _endpoint_map(value: object) -> TypeGuard[dict[str, str]]:
+    """Whether ``value`` is a JSON object of process name -> ipc:// or tcp:// endpoint."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) and v.startswith(("ipc://", "tcp://")) for k, v in value.items()
+    )
