@@ -149,13 +149,9 @@ class _Call(NamedTuple):
 
 
 class CoreWork:
-    """A data plane's side of the work: tags, pending requests, waiters; its futures and callbacks run on the
-    asyncio loop it is bound to (:meth:`bind`).
-
+    """A data plane's side of the work: tags, pending requests, waiters, on the loop it is bound to (:meth:`bind`).
     A flavour implements :meth:`_submit_batch` and :meth:`clock_ns`, and calls :meth:`_deliver` with what
-    completed and :meth:`_refused` for requests the core refused; :meth:`_work_requested` is called when a
-    request is queued into an empty batch, :meth:`_bound` when the plane is bound to its loop.
-    """
+    completed and :meth:`_refused` for requests the core refused."""
 
     loop: asyncio.AbstractEventLoop
     """The event loop the plane is bound to (:meth:`bind`)."""
@@ -281,9 +277,8 @@ class CoreWork:
         Per layer, each rank's attention waits for its load of that layer and for the previous layer to
         finish; the shared phase (``ffn_ns`` of compute and the ``collectives``, :class:`LayerTransfer`)
         starts when every rank's attention is done, and ends the layer; each rank's store follows its
-        attention, one at a time. Loads stream back to back, at most ``load_window`` layers ahead of the
-        layer being finished (0: no limit). The exact rules are in the core (``core/src/forward.rs``).
-        ``ranks`` and ``collectives`` are copied (shallowly) now and read when the batch is submitted.
+        attention. Loads stream at most ``load_window`` layers ahead (0: no limit); the exact rules are the
+        core's (``core/src/forward.rs``). ``ranks`` and ``collectives`` are copied (shallowly) now.
         """
         tag = self.new_tag()
         self._pending_forwards.append((n_layers, tuple(ranks), ffn_ns, tuple(collectives), load_window, tag))

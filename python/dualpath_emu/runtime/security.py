@@ -339,11 +339,8 @@ class RunAuthenticator(ThreadAuthenticator):
     Denials (another key, or a mechanism other than CURVE) are counted in :attr:`denied` and logged through a
     :class:`BoundedLog` (logger ``dualpath_emu.runtime.security``); admissions in :attr:`admitted`.
 
-    A thread rather than :class:`zmq.auth.asyncio.AsyncioAuthenticator`: libzmq's I/O thread holds each
-    handshake until the ZAP reply comes, so the handler must answer even while the event loop is busy (an
-    actor's long handler, a receive batch, a flood of handshakes would otherwise stall every new connection
-    and compete with the actors); in its own thread, with its own plain asyncio loop, it also does not depend
-    on our loops (the real-time loop's selector scales timeouts) nor on a running loop when it starts.
+    A thread, not :class:`zmq.auth.asyncio.AsyncioAuthenticator`: libzmq holds each handshake until the ZAP
+    reply, so the handler must answer while the event loop is busy, and must not depend on our loops.
     """
 
     def __init__(self, context: zmq.Context[Any], public_keys: Iterable[bytes], where: str = "") -> None:
@@ -423,11 +420,8 @@ def check_private_ipc(endpoint: str) -> None:
     """Refuse an ``ipc://`` endpoint that other users of the host could reach or take over (see the module):
     an abstract socket (``ipc://@name``), a socket whose directory is not the user's or gives the group or
     others any permission, or one below a directory others may write to without the sticky bit. Raises
-    :class:`SecurityError` naming the directory and the fix.
-
-    A directory that does not exist is not refused (a bind there fails anyway; a connection waits for its
-    peer to bind, which checks it then); so give every socket a directory that exists before the run, as the
-    launcher does (``tempfile.mkdtemp``), rather than one a peer is yet to create in a shared place."""
+    :class:`SecurityError` naming the directory and the fix. A directory that does not exist is not refused (the
+    peer that binds there checks it): give every socket a directory made before the run (``tempfile.mkdtemp``)."""
     if not endpoint.startswith("ipc://"):
         raise ValueError(f"not an ipc:// endpoint: {endpoint!r}")
     path = endpoint[len("ipc://") :]
