@@ -34,10 +34,8 @@ def engine_names(config: ClusterConfig) -> list[str]:
     return ["client", "scheduler", *pe, *(f"de{config.pe_nodes + i}" for i in range(config.de_nodes)), *faults]
 
 
-def build_engine(
-    name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *, trajectories: Callable[[], Sequence[Trajectory]],
-    seed: int,
-) -> ClusterEngine:  # fmt: skip
+def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
+                 trajectories: Callable[[], Sequence[Trajectory]], seed: int) -> ClusterEngine:  # fmt: skip
     """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the
     client's."""
     if name == "client":

@@ -225,10 +225,8 @@ class ModelArch:
             return 2 * (self.kv_lora_rank + self.qk_rope_head_dim)
         return 2 * self.kv_heads * self.dims_per_head * (1 if self.kv_dtype == "fp8" else 2)
 
-    def spec(
-        self, name: str, description: str = "", source: str = "", *, total_params: float = 0.0,
-        active_params: float = 0.0, kv_bytes_per_token_layer: int = 0,
-    ) -> ModelSpec:  # fmt: skip
+    def spec(self, name: str, description: str = "", source: str = "", *, total_params: float = 0.0,
+             active_params: float = 0.0, kv_bytes_per_token_layer: int = 0) -> ModelSpec:  # fmt: skip
         """The :class:`ModelSpec` of this architecture (module docstring); a non-zero keyword overrides the
         derived number."""
         counts = self.param_counts()
@@ -401,12 +399,10 @@ class Catalog:
                     )
                 merged[kind][name] = spec
                 origin[key] = top.source
-        return Catalog(
-            MappingProxyType(cast(dict[str, ModelSpec], merged["models"])),
-            MappingProxyType(cast(dict[str, GpuSpec], merged["gpus"])),
-            MappingProxyType(cast(dict[str, NicSpec], merged["nics"])),
-            MappingProxyType(origin),
-        )
+        return Catalog(MappingProxyType(cast(dict[str, ModelSpec], merged["models"])),
+                       MappingProxyType(cast(dict[str, GpuSpec], merged["gpus"])),
+                       MappingProxyType(cast(dict[str, NicSpec], merged["nics"])),
+                       MappingProxyType(origin))  # fmt: skip
 
     def with_file(self, path: str | Path) -> Catalog:
         """This catalog and the entries of the catalog file ``path`` (``kind = "catalog"``)."""

@@ -63,28 +63,6 @@ class DecodingRequest:
     """When its first decode step produced its second token (-1 until then)."""
 
 
-def _write_back(
-    plane: Ledger, node: int, d2h_path: tuple[int, ...], kv_bytes_per_token: int, written: list[tuple[int, int, int]]
-) -> None:
-    """Write back completed Full Blocks (``written``: which, as ``(context, first block, blocks)``): HBM → DRAM
-    through the GPU's CNIC, then DRAM → SNIC → storage (§4), once for all of them."""
-    size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * kv_bytes_per_token
-    plane.transfer(d2h_path, KV_LANE, size)
-    plane.io(node, "write", KV_LANE, size, tuple(written))
-
-
-def _end_at_once(
-    now: int, request: DecodingRequest, persist: Callable[[int, list[tuple[int, int, int]]], None],
-    listener: DecodeListener,
-) -> None:  # fmt: skip
-    """A request whose one token came from the prefill takes no step: its last Full Blocks are written back."""
-    full = (request.prompt + request.produced) // BLOCK_TOKENS
-    if full > request.stored_blocks:
-        persist(request.gpu, [(request.context, request.stored_blocks, full - request.stored_blocks)])
-    request.stored_blocks = full
-    listener.decoded(now, request)
-
-
 class DecodeSteps:
     """The decode GPUs of node ``node`` (``gpus`` of them, stepping together if ``together``), stepped by the data
     plane's core, which writes back (unless ``storage`` is None: the Oracle) and charges the all-to-all itself
@@ -119,8 +97,12 @@ class DecodeSteps:
     def join(self, now: int, request: DecodingRequest) -> None:
         """``request``'s prompt KV is in its GPU's HBM: it joins its GPU's batch at its group's next step
         boundary (at once if the group is idle); a request whose one token came from the prefill ends now."""
-        if request.produced >= request.gen:
-            _end_at_once(now, request, self._persist, self._listener)
+        if request.produced >= request.gen:  # no step: its last Full Blocks are written back, it ends
+            full = (request.prompt + request.produced) // BLOCK_TOKENS
+            if full > request.stored_blocks and self._storage is not None:
+                self._write_back(request.gpu, [(request.context, request.stored_blocks, full - request.stored_blocks)])
+            request.stored_blocks = full
+            self._listener.decoded(now, request)
             return
         self._requests[request.rid] = request
         self.plane.decode_join(self._id, request.gpu, request.rid, request.prompt, request.gen, request.produced,
@@ -146,9 +128,12 @@ class DecodeSteps:
             listener.decoded(now, request)
         listener.stepped(now)
 
-    def _persist(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
-        if written and self._storage is not None:
-            _write_back(self.plane, self.node, self._d2h_paths[gpu], self._kv, written)
+    def _write_back(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
+        """Write back completed Full Blocks (``written``: ``(context, first block, blocks)``): HBM → DRAM through the
+        GPU's CNIC, then DRAM → SNIC → storage (§4), once for all of them."""
+        size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
+        self.plane.transfer(self._d2h_paths[gpu], KV_LANE, size)
+        self.plane.io(self.node, "write", KV_LANE, size, tuple(written))
 
     def _book(self, booking: Booking) -> None:
         """Book what the core moved on its own since the last time."""

@@ -225,13 +225,11 @@ def read_fault_plan(
     random = None
     if r is not None:
         rates: dict[str, float] = {kind: _rate(r, f"{kind}_per_node_hour") for kind in RANDOM_KINDS}
-        random = RandomFaults(
-            rates,
-            r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
-            r.get_float("factor", 0.5, min=0.0, max=1.0, min_exclusive=True),
-            r.get_float("latency_s", 0.001, min=0.0, max=60.0, min_exclusive=True),
-            r.get_float("restart_s", 30.0, min=0.0, max=MAX_TIME_S, min_exclusive=True),
-        )
+        random = RandomFaults(rates,
+                              r.get_float("mean_duration_s", 60.0, min=0.001, max=MAX_TIME_S),
+                              r.get_float("factor", 0.5, min=0.0, max=1.0, min_exclusive=True),
+                              r.get_float("latency_s", 0.001, min=0.0, max=60.0, min_exclusive=True),
+                              r.get_float("restart_s", 30.0, min=0.0, max=MAX_TIME_S, min_exclusive=True))  # fmt: skip
         r.finish()
     return FaultPlan(tuple(faults), random)
 
@@ -397,10 +395,7 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
     rate before (None: not within the run, or nothing finished before), and, while it acted (both ends
     included), the reads moved to the other side, the requests dispatched again and those that failed."""
     done = sorted(t for t in done_ns if t >= 0)
-    redispatched, failed, moved = sorted(redispatch_ns), sorted(t for t in failed_ns if t >= 0), sorted(read_moved_ns)
-
-    def count(times: list[int], a: int, b: int) -> int:
-        return bisect.bisect_right(times, b) - bisect.bisect_left(times, a)
+    counts = sorted_counts(redispatch_ns, failed_ns, read_moved_ns)
 
     def rate(a: int, b: int) -> float:
         return (bisect.bisect_left(done, b) - bisect.bisect_left(done, a)) / ((b - a) / 1e9) if b > a else 0.0
@@ -421,11 +416,11 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
                     recovery = (t - stop_ns) / 1e9
                     break
                 t += max(window // 10, 10**8)
+        redispatched, failed, moved = (b - a for b, a in zip(counts(stop_ns, True), counts(start, False)))
         out.append({"kind": kind, "target": target, "start_s": start / 1e9, "end_s": None if stop is None else stop / 1e9,
                     "turns_per_s_before": before, "turns_per_s_during": rate(start, stop_ns),
-                    "turns_per_s_after": after, "recovery_s": recovery,
-                    "reads_moved": count(moved, start, stop_ns), "redispatched": count(redispatched, start, stop_ns),
-                    "failed": count(failed, start, stop_ns)})  # fmt: skip
+                    "turns_per_s_after": after, "recovery_s": recovery, "reads_moved": moved,
+                    "redispatched": redispatched, "failed": failed})  # fmt: skip
     return out
 
 

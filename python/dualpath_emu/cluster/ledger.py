@@ -81,10 +81,8 @@ class Ledger:
         self._book(self._topology.storage_io_path(node, kind), lane, size)
         self._plane.io(self._topology.nodes[node].storage_node, kind, lane, size, extents, then)
 
-    def forward(
-        self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
-        collectives: Sequence[Hop], then: Then,
-    ) -> None:  # fmt: skip
+    def forward(self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
+                collectives: Sequence[Hop], then: Then) -> None:  # fmt: skip
         for load, _, store in ranks:
             for hop in (load, store):
                 if hop is not None:
@@ -129,10 +127,8 @@ class ProbingLedger(Ledger):
     """A :class:`Ledger` that also times every forward pass (``"forward pass"`` in the booking's measurements),
     for the model's side of a host-backend comparison. Timing changes nothing in the run."""
 
-    def forward(
-        self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
-        collectives: Sequence[Hop], then: Then,
-    ) -> None:  # fmt: skip
+    def forward(self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
+                collectives: Sequence[Hop], then: Then) -> None:  # fmt: skip
         size, measured = forward_bytes(n_layers, ranks, collectives), self._booking.measured
         start = self._plane.clock_ns()
 

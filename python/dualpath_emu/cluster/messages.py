@@ -1,15 +1,13 @@
 """The messages the cluster's engines exchange, and the flow of one turn through them (paper §4, §6).
 
-The engines (client, scheduler, a prefill group per prefill EP group, a decode group per decode node) share
-no Python objects: everything one needs from another comes in these messages, so each can live in its own
-process. One turn:
+The engines share no Python objects: everything one needs from another comes in these messages, so each can
+live in its own process. One turn:
 
 1. client → scheduler: :class:`Submit`.
-2. Groups *pull* (§6.1): each sends once a standing :class:`Fetch` that the scheduler serves whenever there
-   is work for it, at most once per period (what polling would get, without a message per poll). A prefill
-   fetch runs Algorithm 1 over every PE of the cluster; the requests assigned are routed to a decode group
-   at once (phase 1 of §6.2), whose fetch runs phase 2 and picks the read side (§6.3); the scheduler tells
-   the prefill group :class:`Prefill` and the decode group :class:`Expect`.
+2. Groups *pull* (§6.1) with a standing :class:`Fetch`, served whenever there is work, at most once per
+   period. A prefill fetch runs Algorithm 1; the requests assigned are routed to a decode group (§6.2),
+   whose fetch assigns DEs and read sides (§6.3): :class:`Prefill` to the prefill group, :class:`Expect` to
+   the decode group.
 3. The reading side reads the hit KV from storage into its DRAM buffer; a DE-side read then tells the prefill
    group :class:`HitReady`. Either side tells the scheduler :class:`ReadDone`.
 4. The prefill group batches ready requests per GPU under the attention quota (§6.4) and runs one forward

@@ -1,7 +1,7 @@
 """Scheduling policies (paper §6, Algorithm 1; paper-facts §7): pure decisions, no actors, no clock.
 
-The scheduler keeps the queues and asks a :class:`Policy` what to do when an engine group fetches work (groups
-*pull*, §6.1). Deterministic: ties go to the lowest engine id, queues are FIFO, nothing iterates over a set.
+The scheduler keeps the queues and asks a :class:`Policy` what to do when an engine group fetches work (§6.1).
+Deterministic: ties go to the lowest engine id, queues are FIFO, nothing iterates over a set.
 
 **Prefill** (:meth:`Policy.assign_prefill`): over *every* PE of the cluster, each with its group's last report
 (:class:`PrefillDispatch`), whichever group pulls (over the fetching group alone, the first to pull took
@@ -523,10 +523,8 @@ class PolicyError(UsageError):
     the message names the policy, the method and the value."""
 
 
-def check_assignments(
-    policy: Policy, method: str, assigned: object, kind: type, waiting: set[int], queues: Iterable[deque[Request]],
-    engine_ids: set[int],
-) -> None:  # fmt: skip
+def check_assignments(policy: Policy, method: str, assigned: object, kind: type, waiting: set[int],
+                      queues: Iterable[deque[Request]], engine_ids: set[int]) -> None:  # fmt: skip
     """Refuse what a user's policy's ``method`` returned unless it is a list of ``kind``, each of a request that
     was ``waiting`` and has left every one of ``queues``, none twice, each to one of ``engine_ids``."""
     name = f"policy {type(policy).__name__}.{method}"

@@ -403,10 +403,8 @@ class PrefillGroup(EngineGroup):
         else:
             run_pass(now)
 
-    def _passed(
-        self, now: int, started: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]],
-        post: list[tuple[int, int, _PrefillItem, int]], epoch: int,
-    ) -> None:  # fmt: skip
+    def _passed(self, now: int, started: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]],
+                post: list[tuple[int, int, _PrefillItem, int]], epoch: int) -> None:  # fmt: skip
         if epoch != self._epoch:
             return  # the engine crashed during the pass: its results are gone
         gpus = self.cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)

@@ -88,10 +88,8 @@ class LayerTimes:
         return self.layers * self.per_layer_s
 
 
-def roofline_s(
-    flops: float, peak_flops_per_s: float, compute_efficiency: float, hbm_bytes: float, hbm_bytes_per_s: float,
-    memory_efficiency: float,
-) -> float:  # fmt: skip
+def roofline_s(flops: float, peak_flops_per_s: float, compute_efficiency: float, hbm_bytes: float,
+               hbm_bytes_per_s: float, memory_efficiency: float) -> float:  # fmt: skip
     """``max(flops / (peak × compute efficiency), bytes / (bandwidth × memory efficiency))``."""
     return max(flops / (peak_flops_per_s * compute_efficiency), hbm_bytes / (hbm_bytes_per_s * memory_efficiency))
 

@@ -174,10 +174,8 @@ class ClusterScenario:
         parallel = f"prefill EP{c.prefill_ep_nodes * gpus}, decode EP{c.decode_ep_nodes * gpus}"
         if c.model.moe_layers == 0:  # a dense model has no experts to shard
             parallel = "DP only"
-        return (
-            f"{c.model.name} on {c.gpu.name}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
-            f"systems {', '.join(self.systems)}; seed {self.seed}"
-        )
+        return (f"{c.model.name} on {c.gpu.name}, {c.pe_nodes}P{c.de_nodes}D ({parallel}), {self.workload()}; "
+                f"systems {', '.join(self.systems)}; seed {self.seed}")  # fmt: skip
 
     def trajectories(self) -> list[Trajectory]:
         """The workload: generated (deterministic in ``seed``), read from ``trace``, or given in Python."""
@@ -560,10 +558,8 @@ def _tool_wait(t: Table, folder: Path) -> ToolWait:
     return ToolWait(dist, mean_s, sigma, samples)
 
 
-def _check_systems(
-    specs: Sequence[str | System], key: str, loader: SystemLoader, table: Table | None = None,
-    known: tuple[System, ...] = (),
-) -> tuple[tuple[str, ...], tuple[System, ...]]:  # fmt: skip
+def _check_systems(specs: Sequence[str | System], key: str, loader: SystemLoader, table: Table | None = None,
+                   known: tuple[System, ...] = ()) -> tuple[tuple[str, ...], tuple[System, ...]]:  # fmt: skip
     """The names of the systems ``specs`` give and those of them not built in (resolved with ``loader``;
     ``known``: user systems that may also be named by their name, those of the scenario being overridden)."""
     expected = f"names of systems ({', '.join(SYSTEMS)}) or module:Name, file.py:Name, each once"

@@ -1,14 +1,9 @@
 """The scenario reference (``docs/scenario-reference.md``), generated so that it cannot drift from the code.
 
-Two sources meet here. The **schema** is what the reader really asks for: a cluster scenario is read with a
-recording :class:`~dualpath_emu.config.Table`, which notes every key's dotted path, default and what it
-accepts (type, range, choices) exactly as its error messages say; the packaged catalog's entries are read the
-same way for the ``[models.NAME]``, ``[gpus.NAME]`` and ``[nics.NAME]`` keys. The **descriptions** are the
-annotated example :data:`EXAMPLE` (``key = default  # what it does``).
-:func:`check` says where the two disagree (a key one has and the other lacks, a default that differs); a
-test runs it and compares the committed page with :func:`render`, so a new key without a description, a
-changed default or a stale page fails the tests. ``make docs`` (or ``python -m
-dualpath_emu.cluster.scenario_reference docs/scenario-reference.md``) writes the page.
+The **schema** is what the reader asks for (a scenario and the packaged catalog read with a recording
+:class:`~dualpath_emu.config.Table`: every key's path, default and what it accepts, as its errors say); the
+**descriptions** are the annotated example :data:`EXAMPLE`. :func:`check` says where the two disagree; a test
+runs it and compares the committed page with :func:`render`. ``make docs`` writes the page.
 """
 
 from __future__ import annotations

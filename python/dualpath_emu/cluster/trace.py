@@ -53,10 +53,8 @@ def _us(t_ns: int) -> float:
     return (t_ns + 0.5) / 1e3
 
 
-def trace_events(
-    config: ClusterConfig, topology: Topology, metrics: Metrics, system: str, faults: Sequence[Mapping[str, Any]] = (),
-    end_ns: int = 0,
-) -> Iterator[str]:  # fmt: skip
+def trace_events(config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
+                 faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0) -> Iterator[str]:  # fmt: skip
     """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests, and
     ``faults`` (``SystemResult.extra["faults"]``; one lasting to the end is drawn to ``end_ns``)."""
 
@@ -109,10 +107,8 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
             yield event(**common, ph="e", ts=_us(end))
 
 
-def write_trace(
-    path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
-    faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0,
-) -> None:  # fmt: skip
+def write_trace(path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
+                faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0) -> None:  # fmt: skip
     """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans); gzip-compressed
     when ``path`` ends in ``.gz`` (Perfetto opens it as it is: traces shrink about tenfold)."""
     target = Path(path)
