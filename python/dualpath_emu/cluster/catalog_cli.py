@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,8 @@ def catalog_json(catalog: Catalog) -> dict[str, Any]:
             out["kv_bytes_per_token"] = spec.kv_bytes_per_token
         return out
 
-    return {
-        "models": {n: entry("models", n, s) for n, s in catalog.models.items()},
-        "gpus": {n: entry("gpus", n, s) for n, s in catalog.gpus.items()},
-        "nics": {n: entry("nics", n, s) for n, s in catalog.nics.items()},
-    }
+    kinds: dict[str, Mapping[str, Any]] = {"models": catalog.models, "gpus": catalog.gpus, "nics": catalog.nics}
+    return {kind: {n: entry(kind, n, s) for n, s in entries.items()} for kind, entries in kinds.items()}
 
 
 def catalog_command(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents
+from dualpath_emu.cluster.engines import EngineGroup, hit_extents
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     Crash, DecodeDone, DecodeTask, Drop, Expect, Health, HitReady, KvReady, Lost, ReadDone, ReadHere, ReadMoved,
@@ -177,12 +177,8 @@ class DecodeGroup(EngineGroup):
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._in_hbm: dict[int, int] = {}
         """Requests whose KV is in (or on its way to) a GPU's HBM, until they end, and the prefill node of each."""
-        self._epoch = 0
-        """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._snic_down = False
         """This node's storage NIC cannot bring KV in (a fault has it down)."""
-        self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
-        """How long a read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
         self._kv = cluster.derived.kv_bytes_per_token
         self.buffer = Pool(out, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes

@@ -43,7 +43,11 @@ class EngineGroup(ClusterEngine):
         super().__init__(name, cluster, out, plane)
         self.nodes = list(nodes)
         self._down = False
-        """Crashed and not restarted yet (issue 26): work that comes is lost."""
+        """Crashed and not restarted yet: work that comes is lost."""
+        self._epoch = 0
+        """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
+        self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
+        """How long a hit read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
         self.restarted = False
         """A new process in place of one that died (``--restart-crashed``): it starts by saying so."""
 

@@ -84,12 +84,8 @@ class PrefillGroup(EngineGroup):
         # wait the next pass starts at once with only the GPUs that still had work, and the refilled ones sit
         # out a whole pass (DS 660B 2P4D: 7.6 of 16 GPUs busy per pass, a 24% longer JCT; Fig. 13 right).
         self._pull_wait_ns = round((2 * cluster.config.fetch_period_s + 1e-6) * NS)
-        self._epoch = 0
-        """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._snic_down: set[int] = set()
         """Nodes of this group whose storage NIC cannot bring KV in (a fault has it down)."""
-        self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
-        """How long a read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
 
     def pools(self) -> list[Pool]:
         return list(self.buffers.values())
