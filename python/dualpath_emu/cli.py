@@ -14,7 +14,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dualpath_emu import __version__
 from dualpath_emu.errors import CoreError, NoProgressError, UsageError
@@ -86,6 +86,14 @@ def _scenario_options(parser: argparse.ArgumentParser, default_systems: str) -> 
     parser.add_argument("--seed", type=int, metavar="S", help="override the scenario's seed")
 
 
+def _command(commands: Any, name: str, func: Callable[[argparse.Namespace], int], help: str,
+             description: str) -> argparse.ArgumentParser:  # fmt: skip
+    """A subcommand that runs ``func``."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; each subcommand sets ``func`` to the function that runs it."""
     parser = _ArgumentParser(
@@ -96,14 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = commands.add_parser(
-        "run",
-        help="run a cluster scenario (the built-in DS 660B 2P4D one by default) for each of its systems",
-        description="Run a cluster scenario in virtual time for each system (default: basic, dualpath, oracle) "
-        "and print a table: JCT, speedup vs basic, TTFT/TPOT, storage- and compute-NIC utilisation on prefill "
-        "vs decode nodes, wall time. --out DIR also writes summary.json, requests.csv, plots and traces. "
-        "--list shows the packaged scenarios.",
-    )
+    run = _command(commands, "run", _lazy("dualpath_emu.cluster.run_cli", "run_command"),
+                   "run a cluster scenario (the built-in DS 660B 2P4D one by default) for each of its systems",
+                   "Run a cluster scenario in virtual time for each system (default: basic, dualpath, oracle) and "
+                   "print a table: JCT, speedup vs basic, TTFT/TPOT, storage- and compute-NIC utilisation on "
+                   "prefill vs decode nodes, wall time. --out DIR also writes summary.json, requests.csv, plots "
+                   "and traces. --list shows the packaged scenarios.")  # fmt: skip
     _scenario_options(run, "the scenario's systems")
     run.add_argument("--seeds", metavar="N|LIST",
                      help="replicates: run every system on N seeds (the scenario's seed and the N - 1 after it) or "
@@ -164,16 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "that dies before the run is complete is started again in its place (at most 3 times "
                            "each) and the run goes on, its work dispatched again; recorded with --prepare. Without "
                            "it, or when the client, the scheduler or the data plane dies, the run ends")  # fmt: skip
-    run.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "run_command"))
 
-    sweep = commands.add_parser(
-        "sweep",
-        help="run a cluster scenario over a grid of settings (local processes or a Dask cluster), resumable",
-        description="Run a cluster scenario at every point of a grid (the cartesian product of the --set values) "
-        "for each system, in local processes (--jobs) or on a Dask cluster (--dask). Writes sweep.csv, sweep.json "
-        "and sweep.png into --out and prints a table; every run is kept in the run cache (JSON, safe to share), "
-        "so the same command again resumes and reuses the runs already done.",
-    )
+    sweep = _command(commands, "sweep", _lazy("dualpath_emu.sweep", "sweep_command"),
+                     "run a cluster scenario over a grid of settings (local processes or a Dask cluster), resumable",
+                     "Run a cluster scenario at every point of a grid (the cartesian product of the --set values) "
+                     "for each system, in local processes (--jobs) or on a Dask cluster (--dask). Writes "
+                     "sweep.csv, sweep.json and sweep.png into --out and prints a table; every run is kept in the "
+                     "run cache (JSON, safe to share), so the same command again resumes and reuses the runs "
+                     "already done.")  # fmt: skip
     _scenario_options(sweep, "the scenario's")
     sweep.add_argument("--set", action="append", metavar="KEY=V1,V2,...",
                        help="sweep a scenario key over these values (each read as TOML; commas inside brackets or "
@@ -194,55 +198,45 @@ def build_parser() -> argparse.ArgumentParser:
                             "from it")  # fmt: skip
     sweep.add_argument("--json", action="store_true", help="print sweep.json (and nothing else) on stdout")
     sweep.add_argument("--quiet", action="store_true", help="no header line, no progress lines")
-    sweep.set_defaults(func=_lazy("dualpath_emu.sweep", "sweep_command"))
 
-    collect = commands.add_parser(
-        "collect",
-        help="merge and check a live run started by hand (run --prepare) and print its results",
-        description="Merge the parts of a live run started by hand on one or several hosts (`run --mode realtime "
-        "--prepare DIR`): gather every host's *.part, *.events and *.json files into DIR first. Checks that every "
-        "admitted request ended exactly once and every byte is accounted, then prints the table (or --json).",
-    )
+    collect = _command(commands, "collect", _lazy("dualpath_emu.cluster.run_cli", "collect_command"),
+                       "merge and check a live run started by hand (run --prepare) and print its results",
+                       "Merge the parts of a live run started by hand on one or several hosts (`run --mode "
+                       "realtime --prepare DIR`): gather every host's *.part, *.events and *.json files into DIR "
+                       "first. Checks that every admitted request ended exactly once and every byte is accounted, "
+                       "then prints the table (or --json).")  # fmt: skip
     collect.add_argument("run_dir", metavar="DIR", type=Path, help="the prepared run directory, every part gathered")
     collect.add_argument("--json", action="store_true", help="print the summary as JSON")
     collect.add_argument("--out", type=Path, metavar="DIR", help="also write summary.json, requests.csv and plots here")
-    collect.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "collect_command"))
 
-    compare = commands.add_parser(
-        "compare",
-        help="print two runs' figures side by side (their summary.json files)",
-        description="Read two runs' summary.json (the folders of `run --out`, or the files) and print each "
-        "system's JCT, TTFT, TPOT, working set and speedup side by side with the difference and, where both "
-        "runs have replicates (--seeds), whether their 95%% intervals overlap.",
-    )
+    compare = _command(commands, "compare", _lazy("dualpath_emu.cluster.run_cli", "compare_command"),
+                       "print two runs' figures side by side (their summary.json files)",
+                       "Read two runs' summary.json (the folders of `run --out`, or the files) and print each "
+                       "system's JCT, TTFT, TPOT, working set and speedup side by side with the difference and, "
+                       "where both runs have replicates (--seeds), whether their 95%% intervals overlap.")  # fmt: skip
     compare.add_argument("first", metavar="A", type=Path, help="a run's --out folder or its summary.json")
     compare.add_argument("second", metavar="B", type=Path, help="another run's --out folder or its summary.json")
-    compare.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "compare_command"))
 
-    validate = commands.add_parser(
-        "validate",
-        help="check a scenario (cluster or run scenario)",
-        description="Check a scenario file, or a packaged scenario by name, without running it: one OK line, or "
-        "one line naming the file, the key and what was expected (exit status 2). The systems it names as "
-        "file.py:Name or module:Name are imported to be checked: that runs their code, as `run` would, so "
-        "validate only scenarios whose policy files you trust.",
-    )
+    validate = _command(commands, "validate", _lazy("dualpath_emu.cluster.run_cli", "validate_command"),
+                        "check a scenario (cluster or run scenario)",
+                        "Check a scenario file, or a packaged scenario by name, without running it: one OK line, "
+                        "or one line naming the file, the key and what was expected (exit status 2). The systems "
+                        "it names as file.py:Name or module:Name are imported to be checked: that runs their code, "
+                        "as `run` would, so validate only scenarios whose policy files you trust.")  # fmt: skip
     validate.add_argument("file", metavar="SCENARIO", help="scenario TOML file, or a packaged scenario's name")
-    validate.set_defaults(func=_lazy("dualpath_emu.cluster.run_cli", "validate_command"))
 
-    demo = commands.add_parser("demo", help="small demonstrations of the data plane",
-                               description="Small demonstrations of the data plane, printed as tables.")  # fmt: skip
+    demo = _command(commands, "demo", _lazy("dualpath_emu.demo", "main"),
+                    "small demonstrations of the data plane",
+                    "Small demonstrations of the data plane, printed as tables.")  # fmt: skip
     demo.add_argument("name", choices=("lanes",), help="lanes: virtual-lane isolation on one compute NIC")
-    demo.set_defaults(func=_lazy("dualpath_emu.demo", "main"))
 
-    launch = commands.add_parser(
-        "launch",
-        help="start a live run's processes from its run scenario (run.toml), one OS process per [[process]]",
-        description="Start a live run from its run scenario (the run.toml that `run --mode realtime --prepare DIR` "
-        "writes): each [[process]] is an OS process, over ZeroMQ, with the data-plane service beside them. "
-        "Prints the summary and, last, the SHA-256 of the event log; `collect DIR` merges and checks the "
-        "cluster's parts.",
-    )
+    launch = _command(commands, "launch", _cmd_launch,
+                      "start a live run's processes from its run scenario (run.toml), one OS process per "
+                      "[[process]]",
+                      "Start a live run from its run scenario (the run.toml that `run --mode realtime --prepare "
+                      "DIR` writes): each [[process]] is an OS process, over ZeroMQ, with the data-plane service "
+                      "beside them. Prints the summary and, last, the SHA-256 of the event log; `collect DIR` "
+                      "merges and checks the cluster's parts.")  # fmt: skip
     launch.add_argument("scenario", help="the run scenario's TOML file (a live run's run.toml)")
     launch.add_argument("--seed", type=int, help="override the scenario's seed")
     launch.add_argument("--time-scale", type=float, help="emulated seconds per wall second")
@@ -254,66 +248,55 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--prepare", action="store_true",
                         help="only write the run description (run.json) into --run-dir and print the command that "
                              "starts each process (for processes started by hand, e.g. on several hosts)")  # fmt: skip
-    launch.set_defaults(func=_cmd_launch)
 
     node = commands.add_parser("node", add_help=False, help="run one process of a real-time run (started by "
                                "`launch`, or by hand on another host)")  # fmt: skip
     node.add_argument("arguments", nargs="*", help="see `dualpath-emu node --help`")
 
-    keys = commands.add_parser(
-        "keys",
-        help="make the CURVE keys of a real-time run's processes (for runs on several hosts)",
-        description="Write a new CURVE key pair for each process of a real-time run into DIR (created, or "
-        "empty; made 0700, secret files 0600): the ZeroMQ transport admits only these keys. Copy DIR to every "
-        "host of the run.",
-    )
+    keys = _command(commands, "keys", _cmd_keys,
+                    "make the CURVE keys of a real-time run's processes (for runs on several hosts)",
+                    "Write a new CURVE key pair for each process of a real-time run into DIR (created, or empty; "
+                    "made 0700, secret files 0600): the ZeroMQ transport admits only these keys. Copy DIR to every "
+                    "host of the run.")  # fmt: skip
     keys.add_argument("directory", metavar="DIR", type=Path, help="the directory for the keys (new or empty)")
     keys.add_argument("--process", action="append", required=True, metavar="NAME",
                       help="a process of the run, as its [[process]] is named (repeat for each)")  # fmt: skip
-    keys.set_defaults(func=_cmd_keys)
 
     from dualpath_emu.reproduce import EXPERIMENTS  # names only; each experiment's module loads when it runs
 
-    reproduce = commands.add_parser(
-        "reproduce",
-        help="reproduce one of the paper's experiments",
-        description="Run one of the paper's experiments and print the paper's values beside the emulator's. "
-        "Options after NAME: --quick (the small variant), --out DIR (CSV, PNG, JSON), --jobs N (processes), "
-        "--json; `dualpath-emu reproduce NAME --help` lists them.",
-    )
+    reproduce = _command(commands, "reproduce", _cmd_reproduce,
+                         "reproduce one of the paper's experiments",
+                         "Run one of the paper's experiments and print the paper's values beside the emulator's. "
+                         "Options after NAME: --quick (the small variant), --out DIR (CSV, PNG, JSON), --jobs N "
+                         "(processes), --json; `dualpath-emu reproduce NAME --help` lists them.")  # fmt: skip
     names = tuple(EXPERIMENTS)
     reproduce.add_argument("name", metavar="NAME", nargs="?", choices=names, help=f"one of {', '.join(names)}")
     reproduce.add_argument("--list", action="store_true", help="list the experiments and exit")
     reproduce.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's options")
-    reproduce.set_defaults(func=_cmd_reproduce)
 
     calibrate = commands.add_parser("calibrate", add_help=False,  # --help goes to the experiment's own parser
                                     help="fit the hardware parameters the paper does not give on Basic and Oracle "
                                          "runs (= `reproduce calibrate`; --write saves the fit)")  # fmt: skip
     calibrate.add_argument("options", nargs="*", help="see `dualpath-emu calibrate --help`")
 
-    host = commands.add_parser(
-        "calibrate-host",
-        help="measure this machine's disk and network through the host backend's I/O paths; print them as a "
-        "hardware table for a scenario",
-        description="Measure this machine's disk (O_DIRECT block writes and verified reads) and its byte channel "
-        "between processes (unpaced, verified), and print them as [hardware] and [storage] tables with the largest "
-        "byte_scale a host-backend run of the paper's nodes keeps to its model here.",
-    )
+    host = _command(commands, "calibrate-host", _lazy("dualpath_emu.host.calibrate", "calibrate_command"),
+                    "measure this machine's disk and network through the host backend's I/O paths; print them as a "
+                    "hardware table for a scenario",
+                    "Measure this machine's disk (O_DIRECT block writes and verified reads) and its byte channel "
+                    "between processes (unpaced, verified), and print them as [hardware] and [storage] tables with "
+                    "the largest byte_scale a host-backend run of the paper's nodes keeps to its model "
+                    "here.")  # fmt: skip
     host.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), metavar="DIR",
                       help="where to measure the disk (default the temporary directory; give the mount the KV "
                            "blocks will live on)")  # fmt: skip
     host.add_argument("--size-mib", type=int, default=256, metavar="N", help="MiB written and read, and sent (256)")
     host.add_argument("--out", type=Path, metavar="FILE", help="write the tables here instead of printing them")
-    host.set_defaults(func=_lazy("dualpath_emu.host.calibrate", "calibrate_command"))
 
-    trace = commands.add_parser(
-        "trace",
-        help="workload traces: summarise, generate (Table 2 datasets), import Mooncake",
-        description="Workload traces: summarise a trajectory file or a Mooncake trace, generate trajectories "
-        "shaped like the paper's datasets (Table 2), or convert a Mooncake trace into a trajectory file.",
-    )
-    trace.set_defaults(func=_lazy("dualpath_emu.workload.trace_cli", "trace_command"))
+    trace = _command(commands, "trace", _lazy("dualpath_emu.workload.trace_cli", "trace_command"),
+                     "workload traces: summarise, generate (Table 2 datasets), import Mooncake",
+                     "Workload traces: summarise a trajectory file or a Mooncake trace, generate trajectories "
+                     "shaped like the paper's datasets (Table 2), or convert a Mooncake trace into a trajectory "
+                     "file.")  # fmt: skip
     traces = trace.add_subparsers(dest="trace_command", metavar="TRACE_COMMAND")
     stats = traces.add_parser("stats", help="summarise a trajectory file or a Mooncake trace",
                               description="Summarise a trajectory file or a Mooncake trace: counts, per-turn "
@@ -342,21 +325,20 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("--no-sessions", action="store_true",
                           help="one single-turn trajectory per request instead of sessions")  # fmt: skip
 
-    catalog = commands.add_parser(
-        "catalog",
-        help="list the models, GPUs and NICs a scenario can name",
-        description="List the models, GPUs and NICs a scenario can name (the packaged catalog, and with FILE "
-        "those a scenario or catalog file adds), with their derived numbers and sources. A scenario defines its "
-        "own in [models.NAME], [gpus.NAME] and [nics.NAME] tables or in catalog files it includes "
-        '(catalog = ["mine.toml"]); docs/scenario-reference.md lists every key.',
-    )
+    catalog = _command(commands, "catalog", _lazy("dualpath_emu.cluster.catalog_cli", "catalog_command"),
+                       "list the models, GPUs and NICs a scenario can name",
+                       "List the models, GPUs and NICs a scenario can name (the packaged catalog, and with FILE "
+                       "those a scenario or catalog file adds), with their derived numbers and sources. A scenario "
+                       "defines its own in [models.NAME], [gpus.NAME] and [nics.NAME] tables or in catalog files "
+                       'it includes (catalog = ["mine.toml"]); docs/scenario-reference.md lists every '
+                       "key.")  # fmt: skip
     catalog.add_argument("file", nargs="?", default=None, metavar="FILE",
                          help='a scenario (file or packaged name) or a catalog file (kind = "catalog")')  # fmt: skip
     catalog.add_argument("--json", action="store_true", help="print the entries as JSON")
-    catalog.set_defaults(func=_lazy("dualpath_emu.cluster.catalog_cli", "catalog_command"))
 
-    version = commands.add_parser("version", help="print the version", description="Print the version.")
-    version.set_defaults(func=_cmd_version)
+    version = _command(commands, "version", _cmd_version,
+                       "print the version",
+                       "Print the version.")  # fmt: skip
     return parser
 
 

@@ -91,6 +91,15 @@ def _bar(fraction: float, width: int = 20) -> str:
     return "█" * cells + "·" * (width - cells)
 
 
+def _table(title: str, *numbers: str) -> Table:
+    """A table of the runs: their arbitration, then columns of numbers."""
+    table = Table(title=title)
+    table.add_column("arbitration")
+    for header in numbers:
+        table.add_column(header, justify="right")
+    return table
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     """Run the demonstration and print its tables; returns the exit status."""
     console = Console()
@@ -103,37 +112,22 @@ def main(args: argparse.Namespace | None = None) -> int:
         f"[bold]dualpath-emu data plane[/]: one 400 Gb/s compute NIC; a {KV_BYTES / 1e9:g} GB KV transfer on "
         f"VL{KV_LANE} and {BURSTS} all-to-all bursts of {BURST_BYTES / 1e6:g} MB on VL{MODEL_LANE}.\n"
     )
-    shares = Table(title="Share of the port while both lanes are backlogged")
-    shares.add_column("arbitration")
-    shares.add_column(f"VL{MODEL_LANE}\nrate model", justify="right")
-    shares.add_column(f"VL{KV_LANE}\nrate model", justify="right")
-    shares.add_column(f"VL{KV_LANE}\npacket arbiter", justify="right")
-    shares.add_column(f"VL{KV_LANE} in the run\n(alone → in a burst)", justify="right")
+    shares = _table("Share of the port while both lanes are backlogged", f"VL{MODEL_LANE}\nrate model",
+                    f"VL{KV_LANE}\nrate model", f"VL{KV_LANE}\npacket arbiter",
+                    f"VL{KV_LANE} in the run\n(alone → in a burst)")  # fmt: skip
     for run, arbitration in zip(runs, (isolated, shared)):
         rate_model = arbitration.saturated_shares(MTU, [MODEL_LANE, KV_LANE])
         packets = packet_share(arbitration, [MODEL_LANE, KV_LANE])
-        shares.add_row(
-            run.name,
-            f"{rate_model[MODEL_LANE]:.2%}",
-            f"{rate_model[KV_LANE]:.2%}",
-            f"{packets[1]:.2%}",
-            f"{run.kv_share_alone:.0%} → {run.kv_share_during_bursts:.2%}",
-        )
+        shares.add_row(run.name, f"{rate_model[MODEL_LANE]:.2%}", f"{rate_model[KV_LANE]:.2%}", f"{packets[1]:.2%}",
+                       f"{run.kv_share_alone:.0%} → {run.kv_share_during_bursts:.2%}")  # fmt: skip
     console.print(shares)
 
-    latency = Table(title=f"All-to-all burst latency (idle port: {unloaded_ns / 1e6:.2f} ms)")
-    latency.add_column("arbitration")
-    latency.add_column("burst latency (ms)", justify="right")
-    latency.add_column("vs idle", justify="right")
-    latency.add_column("KV transfer done (ms)", justify="right")
+    latency = _table(f"All-to-all burst latency (idle port: {unloaded_ns / 1e6:.2f} ms)", "burst latency (ms)",
+                     "vs idle", "KV transfer done (ms)")  # fmt: skip
     for run in runs:
-        worst = max(run.burst_latency_ns)
-        latency.add_row(
-            run.name,
-            ", ".join(f"{ns / 1e6:.2f}" for ns in run.burst_latency_ns),
-            f"{worst / unloaded_ns:.2f}×",
-            f"{run.kv_done_ns / 1e6:.2f}",
-        )
+        bursts = ", ".join(f"{ns / 1e6:.2f}" for ns in run.burst_latency_ns)
+        worst = max(run.burst_latency_ns) / unloaded_ns
+        latency.add_row(run.name, bursts, f"{worst:.2f}×", f"{run.kv_done_ns / 1e6:.2f}")
     console.print(latency)
 
     timeline = Table(

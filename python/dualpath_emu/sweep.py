@@ -138,17 +138,14 @@ class SweepRun:
     overrides: tuple[tuple[str, Any], ...]
     """Every ``--set`` key's value at this point (fixed ones too)."""
     systems: tuple[str, ...] | None
-    """``--systems``/``--system`` (file paths made absolute), or None: the scenario's."""
     agents: int | None
     seed: int | None
     system: str
-    """The name of the system to run (one of the point's scenario's systems)."""
     fingerprint: str
     """What the run's result depends on (:func:`_fingerprint`)."""
     code: str
     """The client's :func:`~dualpath_emu.reproduce.common.code_fingerprint`."""
     cost: float = 1.0
-    """The point's agents."""
 
     def cache_key(self) -> str:
         return self.fingerprint
@@ -428,10 +425,10 @@ def _plot(
     values = [run.labels[x_key] if x_key else "all" for run in runs]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     xs = list(dict.fromkeys(_show(v) for v in values))
+    at = [float(v) if numeric else float(xs.index(_show(v))) for v in values]
     lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for run, result, value in zip(runs, results, values):
+    for run, result, x in zip(runs, results, at):
         rest = " ".join(f"{k}={_show(run.labels[k])}" for k in swept[1:])
-        x = float(value) if numeric else float(xs.index(_show(value)))
         lines.setdefault((run.system, rest), []).append((x, float(result.summary["jct_s"])))
     fig, (ax,) = panels(1, width=6.4, height=4.2)
     styles = ("o-", "s--", "^:", "D-.", "v-", "P--")
@@ -440,8 +437,7 @@ def _plot(
     for (system, rest), points in lines.items():
         label = f"{system} {rest}".strip()
         ax.plot(*zip(*sorted(points)), styles[others.index(rest) % len(styles)], color=colours[system], label=label)
-    partial = [(float(value) if numeric else float(xs.index(_show(value))), float(result.summary["jct_s"]))
-               for result, value in zip(results, values) if not _complete(result.summary)]  # fmt: skip
+    partial = [(x, float(r.summary["jct_s"])) for r, x in zip(results, at) if not _complete(r.summary)]
     if partial:  # a run that failed requests: its point is how long it ran, not a JCT of the whole workload
         ax.scatter(*zip(*partial), marker="x", s=80, color="tab:red", zorder=3, label="requests failed (partial)")
     if not numeric:

@@ -15,24 +15,6 @@ from typing import Final
 
 __all__ = ["EXPERIMENTS", "SUMMARIES", "help_description"]
 
-EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "table1": "dualpath_emu.reproduce.table1",  # cache-compute ratio (§3, Table 1)
-        "fig7": "dualpath_emu.reproduce.fig7",  # offline JCT vs agents × context, three models (§7.3)
-        "fig8": "dualpath_emu.reproduce.fig8",  # P/D ratio on DS 27B (§7.3)
-        "fig9": "dualpath_emu.reproduce.fig9",  # append and generation scaling (§7.3)
-        "fig10": "dualpath_emu.reproduce.fig10",  # online: the largest SLO-meeting arrival rate (§7.4)
-        "fig12": "dualpath_emu.reproduce.fig12",  # ablation ladder and TTFT breakdown (§7.4-7.5)
-        "fig13": "dualpath_emu.reproduce.fig13",  # storage-NIC and attention balance (§7.5)
-        "isolation": "dualpath_emu.reproduce.isolation",  # MoE collective latency with KV traffic, lanes (§5)
-        "toolwaits": "dualpath_emu.reproduce.toolwaits",  # tool waits online: working set and latency (§8.2)
-        "faults": "dualpath_emu.reproduce.faults",  # a storage NIC down and random fault schedules (issue 26)
-        "calibrate": "dualpath_emu.reproduce.calibrate",  # fit the unknown hardware parameters on Basic/Oracle
-        "markdown": "dualpath_emu.reproduce.markdown",  # reports (NAME.json) as Markdown for EVALUATION.md
-    }
-)
-
-
 SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
     {
         "table1": "cache-compute ratio of the three models (paper §3, Table 1)",
@@ -50,6 +32,9 @@ SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 """One line per experiment, for ``reproduce --list``."""
+
+EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType({name: f"{__name__}.{name}" for name in SUMMARIES})
+"""Each experiment's module, by name."""
 
 
 def help_description(doc: str | None) -> str:

@@ -209,9 +209,8 @@ def build(args: argparse.Namespace) -> Report:
         c = deployment("ds660b", quick=args.quick, calibrated=False, agents=agents[n])
         return apply(c, {**fitted, **values})
 
-    speed, overhead, jcts = _fit_prefill(
-        targets, fitted["prefill_speed"], fitted["prefill_overhead_s_per_layer"], config, rounds, args, history
-    )
+    start = (fitted["prefill_speed"], fitted["prefill_overhead_s_per_layer"])
+    speed, overhead, jcts = _fit_prefill(targets, *start, config, rounds, args, history)
     fitted.update(prefill_speed=speed, prefill_overhead_s_per_layer=overhead)
     snic, jcts["basic", 512] = _fit("snic_bytes_per_s", "basic", targets["basic", 512], line_rate,
                                     (line_rate / 16, line_rate), lambda x: config(512, snic_bytes_per_s=x), rounds,
@@ -225,12 +224,9 @@ def build(args: argparse.Namespace) -> Report:
         loose = at_line_rate and key == ("basic", 512)
         tolerance = LINE_RATE_TOLERANCE if loose else TOLERANCE
         text = f"±{TOLERANCE:.0%}" + (f", or over it at the line rate (±{LINE_RATE_TOLERANCE:.0%})" if loose else "")
+        met = abs(jcts[key] / target - 1) <= tolerance
         return Comparison(
-            f"{system.capitalize()} JCT, DS 660B 64K {agents[n]} agents (s)",
-            target,
-            jcts[key],
-            text,
-            abs(jcts[key] / target - 1) <= tolerance,
+            f"{system.capitalize()} JCT, DS 660B 64K {agents[n]} agents (s)", target, jcts[key], text, met
         )
 
     comparisons = [comparison(key, target) for key, target in targets.items()]

@@ -540,7 +540,6 @@ def _print_report(report: Report) -> None:
             table.add_column(column, justify="right")
         for row in report.rows:
             table.add_row(*(str(row.get(column, "")) for column in report.rows[0]))
-        console.print(table)
     else:
         for column, justify in (("what", "left"), ("paper", "right"), ("emulator", "right"), ("ratio", "right"),
                                 ("target", "left"), ("met", "left")):  # fmt: skip
@@ -548,7 +547,7 @@ def _print_report(report: Report) -> None:
         for c in report.comparisons:
             met = "-" if c.met is None else ("yes" if c.met else "NO")
             table.add_row(c.what, f"{c.paper:,.3g}", f"{c.emulator:,.3g}", f"{c.ratio:.2f}", c.target, met)
-        console.print(table)
+    console.print(table)
     for name, ok in report.checks.items():
         console.print(f"check {name}: {'ok' if ok else 'FAILED'}", highlight=False)
     for note in report.notes:

@@ -58,21 +58,17 @@ def build(args: argparse.Namespace) -> Report:
     agents, rounds = (96, 20) if args.quick else (1024, 0)
     base = deployment("ds660b", quick=args.quick, agents=agents)
     cells = {system: Cell({"case": "none", "rate": 0.0}, base, system, max_rounds=rounds) for system in SYSTEMS}
-    plain = dict(
-        zip(SYSTEMS, run_cells(list(cells.values()), args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask))
-    )
+    unfaulted = run_cells(list(cells.values()), args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
+    plain = dict(zip(SYSTEMS, unfaulted))
     faulted: list[Cell] = []
     for system in SYSTEMS:
         jct = plain[system].jct_s
         down = Fault("down", "n0.snic", round(OUTAGE[0] * jct, 3), round(OUTAGE[1] * jct, 3))
-        faulted.append(Cell({"case": "n0.snic down", "rate": 0.0},
-                            dataclasses.replace(base, faults=FaultPlan((down,))), system, max_rounds=rounds))  # fmt: skip
         crash = Fault("crash", f"de{base.pe_nodes}", round(CRASH_AT * jct, 3), restart_s=RESTART_S)
-        faulted.append(Cell({"case": "de crash", "rate": 0.0},
-                            dataclasses.replace(base, faults=FaultPlan((crash,))), system, max_rounds=rounds))  # fmt: skip
-        for rate in RATES:
-            faulted.append(Cell({"case": "random", "rate": rate}, dataclasses.replace(base, faults=_random(rate)),
-                                system, max_rounds=rounds))  # fmt: skip
+        plans = [("n0.snic down", 0.0, FaultPlan((down,))), ("de crash", 0.0, FaultPlan((crash,)))]
+        plans += [("random", rate, _random(rate)) for rate in RATES]
+        faulted += [Cell({"case": case, "rate": rate}, dataclasses.replace(base, faults=plan), system,
+                         max_rounds=rounds) for case, rate, plan in plans]  # fmt: skip
     results = list(plain.values()) + run_cells(faulted, args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     rows = [_row(r, plain[r.cell.system]) for r in results]
     by = {(row["case"], row["rate"], row["system"]): row for row in rows}
@@ -96,28 +92,21 @@ def build(args: argparse.Namespace) -> Report:
             > by[("n0.snic down", 0.0, "dualpath")]["ttft_p99_s"] / by[("none", 0.0, "dualpath")]["ttft_p99_s"]
         ),
     }  # fmt: skip
-    return Report(
-        name="faults",
-        title="faults: a prefill node's storage NIC down, a decode engine crash and random schedules, Basic vs "
-        "DualPath on DS 660B 2P4D",
-        rows=rows,
-        comparisons=[],
-        checks=checks,
-        notes=[
-            "The paper measures no faults; the rows are the emulator's own.",
-            f"JCT under the outage vs without faults: Basic {slowdown['basic']:.3f}x, DualPath {slowdown['dualpath']:.3f}x; "
-            f"Basic gave up {by[('n0.snic down', 0.0, 'basic')]['redispatched']} reads stalled on the dead NIC and "
-            f"{by[('n0.snic down', 0.0, 'basic')]['failed']} requests failed (their agents stop, so it admits fewer "
-            "turns).",
-            f"JCT after the decode engine crash vs without faults: Basic {crashed['basic']:.3f}x, DualPath "
-            f"{crashed['dualpath']:.3f}x; requests dispatched again: Basic {by[('de crash', 0.0, 'basic')]['redispatched']}, "
-            f"DualPath {by[('de crash', 0.0, 'dualpath')]['redispatched']}.",
-            "A transfer on a dead port stalls and resumes; a request fails only when lost (to an engine crash, or a "
-            f"read given up after {base.read_timeout_s:g} s on a dead storage NIC) more than {base.max_redispatches} "
-            "times.",
-        ],
-        plot=lambda path: plot(path, rows),
-    )
+    notes = [
+        "The paper measures no faults; the rows are the emulator's own.",
+        f"JCT under the outage vs without faults: Basic {slowdown['basic']:.3f}x, DualPath {slowdown['dualpath']:.3f}x; "
+        f"Basic gave up {by[('n0.snic down', 0.0, 'basic')]['redispatched']} reads stalled on the dead NIC and "
+        f"{by[('n0.snic down', 0.0, 'basic')]['failed']} requests failed (their agents stop, so it admits fewer "
+        "turns).",
+        f"JCT after the decode engine crash vs without faults: Basic {crashed['basic']:.3f}x, DualPath "
+        f"{crashed['dualpath']:.3f}x; requests dispatched again: Basic {by[('de crash', 0.0, 'basic')]['redispatched']}, "
+        f"DualPath {by[('de crash', 0.0, 'dualpath')]['redispatched']}.",
+        "A transfer on a dead port stalls and resumes; a request fails only when lost (to an engine crash, or a "
+        f"read given up after {base.read_timeout_s:g} s on a dead storage NIC) more than {base.max_redispatches} "
+        "times.",
+    ]
+    return Report("faults", "faults: a prefill node's storage NIC down, a decode engine crash and random schedules, "
+                  "Basic vs DualPath on DS 660B 2P4D", rows, [], notes, lambda path: plot(path, rows), checks)  # fmt: skip
 
 
 def _row(r: CellResult, plain: CellResult) -> dict[str, Any]:

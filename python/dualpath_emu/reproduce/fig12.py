@@ -40,41 +40,30 @@ COMPONENTS: Final = ("scheduling", "allocation", "reading", "prefill")
 
 def cells(quick: bool) -> tuple[list[Cell], list[Cell]]:
     agents, rounds = ((192,), 40) if quick else ((1024, 2048), 0)
-    ladder = [Cell({"part": "ablation", "agents": a}, deployment("ds660b", quick=quick, agents=a), system, max_rounds=rounds)
-              for a in agents for system in LADDER]  # fmt: skip
+    ladder = [Cell({"part": "ablation", "agents": a}, deployment("ds660b", quick=quick, agents=a), system,
+                   max_rounds=rounds) for a in agents for system in LADDER]  # fmt: skip
     online_rounds, rates = (20, (0.2, 0.5)) if quick else (0, RATES)
-
-    def online_agents(rate: float) -> int:
-        return 48 if quick else round(rate * FULL.arrival_s["ds660b"])
-
-    online = [
-        Cell(
-            {"part": "ttft", "rate": rate},
-            deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents(rate)),
-            system,
-            max_rounds=online_rounds,
-        )
-        for rate in rates
-        for system in ("basic", "dualpath")
-    ]
+    online_agents = {rate: 48 if quick else round(rate * FULL.arrival_s["ds660b"]) for rate in rates}
+    online = [Cell({"part": "ttft", "rate": rate},
+                   deployment("ds660b", mode="online", arrival_rate=rate, agents=online_agents[rate]), system,
+                   max_rounds=online_rounds) for rate in rates for system in ("basic", "dualpath")]  # fmt: skip
     return ladder, online
 
 
-def reductions(ladder: Sequence[CellResult]) -> dict[str, float]:
-    """Mean JCT reduction vs Basic per step, over the agent counts."""
+def _by_agents(ladder: Sequence[CellResult]) -> list[dict[str, float]]:
+    """Each agent count's JCT per step of the ladder."""
     by_agents: dict[int, dict[str, float]] = {}
     for r in ladder:
         by_agents.setdefault(r.cell.labels["agents"], {})[r.cell.system] = r.jct_s
-    return {
-        step: sum(1.0 - jct[step] / jct["basic"] for jct in by_agents.values()) / len(by_agents) for step in LADDER[1:]
-    }
+    return list(by_agents.values())
 
 
 def build(args: argparse.Namespace) -> Report:
     ladder_cells, online_cells = cells(args.quick)
     results = run_cells([*ladder_cells, *online_cells], args.jobs, quiet=args.quiet, cache=args.cache, dask=args.dask)
     ladder, online = results[: len(ladder_cells)], results[len(ladder_cells) :]
-    reduction = reductions(ladder)
+    jcts = _by_agents(ladder)
+    reduction = {step: sum(1.0 - jct[step] / jct["basic"] for jct in jcts) / len(jcts) for step in LADDER[1:]}
     rows: list[dict[str, Any]] = []
     for r in ladder:
         rows.append({"part": "ablation", "agents": r.cell.labels["agents"], "system": r.cell.system,
@@ -85,10 +74,7 @@ def build(args: argparse.Namespace) -> Report:
                      **{f"{c}_s": round(r.ttft_breakdown_s[c], 3) for c in COMPONENTS}})  # fmt: skip
     comparisons = [within(f"JCT reduction vs Basic: {step}", PAPER_REDUCTION[step], reduction[step], abs_=0.05)
                    for step in LADDER[1:]]  # fmt: skip
-    by_agents: dict[int, list[float]] = {}
-    for r in ladder:
-        by_agents.setdefault(r.cell.labels["agents"], []).append(r.jct_s)
-    monotone = all(all(b <= a * 1.02 for a, b in zip(jcts, jcts[1:])) for jcts in by_agents.values())
+    monotone = all(jct[b] <= jct[a] * 1.02 for jct in jcts for a, b in zip(LADDER, LADDER[1:]))
     notes = ["Quick variant: far smaller than the paper's runs; its reductions are not the paper's."]
     return Report("fig12", "ablation ladder (JCT reduction vs Basic) and TTFT breakdown vs arrival rate", rows,
                   comparisons, notes if args.quick else [], lambda path: plot(path, ladder, online, reduction),

@@ -91,15 +91,15 @@ def render(report: Mapping[str, Any], *, heading: int = 3, image: str | None = N
     return "\n".join(lines)
 
 
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dualpath-emu reproduce markdown", description=help_description(__doc__))
-    parser.add_argument(
-        "reports",
-        nargs="+",
-        type=Path,
-        metavar="FILE.json",
-        help="reports written by `dualpath-emu reproduce NAME --out DIR` (DIR/NAME.json)",
-    )
+    parser.add_argument("reports", nargs="+", type=Path, metavar="FILE.json",
+                        help="reports written by `dualpath-emu reproduce NAME --out DIR` (DIR/NAME.json)")  # fmt: skip
     parser.add_argument(
         "--image-dir", help="link STEM.png in this folder (relative to the Markdown) under each heading"
     )
@@ -115,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(read_input(path, what="a JSON report", limit_bytes=64 << 20).decode("utf-8"))
             report["experiment"], report["title"]
         except (UsageError, OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-            print(
-                f"error: {path}: not a report of dualpath-emu reproduce --out ({shorten(str(e), 200)})", file=sys.stderr
-            )
-            return 2
+            return _error(f"{path}: not a report of dualpath-emu reproduce --out ({shorten(str(e), 200)})")
         image = f"{args.image_dir.rstrip('/')}/{path.stem}.png" if args.image_dir else None
         if image is not None and not (path.parent / f"{path.stem}.png").exists():
             image = None  # an experiment without a figure
@@ -130,11 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         document = args.into.read_text()
     except OSError as e:
-        print(f"error: --into {args.into}: {e.strerror}", file=sys.stderr)
-        return 2
+        return _error(f"--into {args.into}: {e.strerror}")
     begin, end = document.find(BEGIN), document.find(END)
     if begin < 0 or end < begin:
-        print(f"error: --into {args.into}: expected a line {BEGIN} and, after it, a line {END}", file=sys.stderr)
-        return 2
+        return _error(f"--into {args.into}: expected a line {BEGIN} and, after it, a line {END}")
     args.into.write_text(document[: begin + len(BEGIN)] + "\n\n" + text + "\n" + document[end:])
     return 0

@@ -263,14 +263,8 @@ def generate(
         )
     base = generate_base(dataset, seed, params)
     rng = random.Random(f"dualpath-emu/workload/{name}/{seed}/extra")
-    return extend_agents(
-        base,
-        params.n_base if agents is None else agents,
-        rng,
-        first_append=params.first_append,
-        max_len=dataset.max_len,
-        prefix=name,
-    )
+    count = params.n_base if agents is None else agents
+    return extend_agents(base, count, rng, first_append=params.first_append, max_len=dataset.max_len, prefix=name)
 
 
 def scaled(trajectory: Trajectory, *, append_factor: float = 1.0, gen_factor: float = 1.0, max_len: int) -> Trajectory:

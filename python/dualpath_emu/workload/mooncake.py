@@ -84,13 +84,8 @@ def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, 
         raise line.error(f"unknown key {short_repr(unknown[0])} in a Mooncake request (known keys: {', '.join(KEYS)})")
     if "timestamp" not in record:
         raise line.error("missing key 'timestamp' (expected milliseconds >= 0)")
-    timestamp = record["timestamp"]
-    if (
-        isinstance(timestamp, bool)
-        or not isinstance(timestamp, (int, float))
-        or not 0 <= timestamp <= _MAX_TIMESTAMP_MS
-    ):
-        raise line.expected("timestamp", "a finite number of milliseconds in [0, 1e11]", timestamp)
+    timestamp = line.seconds("timestamp", record["timestamp"], _MAX_TIMESTAMP_MS,
+                             "a finite number of milliseconds in [0, 1e11]")  # fmt: skip
     input_length = _field_count(line, record, "input_length")
     output_length = _field_count(line, record, "output_length")
     if "hash_ids" not in record:
@@ -103,7 +98,7 @@ def _parse(line: SourceLine, text: str, block_tokens: int) -> tuple[float, int, 
         raise line.error(
             f"'hash_ids': expected ceil({input_length} / {block_tokens}) = {blocks} block hashes, got {len(hash_ids)}"
         )
-    return float(timestamp), input_length, output_length, hash_ids
+    return timestamp, input_length, output_length, hash_ids
 
 
 def read_mooncake(

@@ -319,6 +319,12 @@ class SourceLine:
             raise self.expected(key, f"an integer in [{low}, {high:,}]", value, what)
         return value
 
+    def seconds(self, key: str, value: object, high: float, expected: str, what: str = "") -> float:
+        """A number (no boolean) in [0, ``high``], else an error saying ``expected``."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+            raise self.expected(key, expected, value, what)
+        return float(value)
+
 
 def parse_json_object(line: SourceLine, text: str) -> dict[str, Any]:
     """``text`` as a JSON object, or a :class:`TraceError` naming the line."""
@@ -397,14 +403,9 @@ def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
             rows = _parse_rows(line, "rounds", record["rounds"], ("append", "gen"), optional_last=False)
         append = tuple(line.count(f"rounds[{i}][0]", row[0], 1, "append tokens") for i, row in enumerate(rows))
         gen = tuple(line.count(f"rounds[{i}][1]", row[1], 1, "gen tokens") for i, row in enumerate(rows))
-        waits: list[float] = []
-        for i, row in enumerate(rows):
-            if len(row) == 3:
-                w = row[2]
-                if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= MAX_WAIT_S:
-                    raise line.expected(f"rounds[{i}][2]", f"a number of seconds in [0, {MAX_WAIT_S:g}]", w, "wait_s")
-                waits.append(float(w))
-        return Trajectory(ident, append, gen, wait_s=tuple(waits) if waits else None)
+        waits = tuple(line.seconds(f"rounds[{i}][2]", row[2], MAX_WAIT_S, f"a number of seconds in [0, {MAX_WAIT_S:g}]",
+                                   "wait_s") for i, row in enumerate(rows) if len(row) == 3)  # fmt: skip
+        return Trajectory(ident, append, gen, wait_s=waits or None)
     rows = _parse_rows(line, "turns", record["turns"], ("prompt", "hit", "gen", "arrival_s"), optional_last=True)
     prompts: list[int] = []
     hits: list[int] = []
@@ -421,20 +422,14 @@ def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
         hits.append(hit)
         gens.append(line.count(f"turns[{i}][2]", row[2], 1, "gen tokens"))
         if len(row) == 4:
-            t = row[3]
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_ARRIVAL_S:
-                raise line.expected(f"turns[{i}][3]", "a finite number in [0, 1e8]", t, "arrival_s")
+            t = line.seconds(f"turns[{i}][3]", row[3], MAX_ARRIVAL_S, "a finite number in [0, 1e8]", "arrival_s")
             if arrivals and t < arrivals[-1]:
                 raise line.error(
-                    f"'turns[{i}][3]' (arrival_s): expected arrivals that do not decrease, got {t} after {arrivals[-1]}"
+                    f"'turns[{i}][3]' (arrival_s): expected arrivals that do not decrease, got {row[3]} after {arrivals[-1]}"
                 )
-            arrivals.append(float(t))
+            arrivals.append(t)
     return Trajectory(
-        ident,
-        tuple(p - h for p, h in zip(prompts, hits)),
-        tuple(gens),
-        tuple(hits),
-        tuple(arrivals) if arrivals else None,
+        ident, tuple(p - h for p, h in zip(prompts, hits)), tuple(gens), tuple(hits), tuple(arrivals) or None
     )
 
 
