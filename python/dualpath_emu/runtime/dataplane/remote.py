@@ -89,7 +89,7 @@ class RemoteDataPlane(CoreWork):
         self.delivery_lag = LagStats()
         self.counters: dict[str, int] = {"batches": 0, "requests": 0, "completions": 0, "refused": 0, "rejected": 0}
         self.failure: DataPlaneError | None = None
-        """Why the data plane was lost (then :meth:`guard` raises it)."""
+        """Why the data plane was lost (then :meth:`run` raises it)."""
         self._failed: asyncio.Future[None] | None = None
         self._clock_check = ClockCheck()
         self._seq = 0
