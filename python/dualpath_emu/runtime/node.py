@@ -347,10 +347,7 @@ def serve_process(
     stem = incarnation_stem(name, incarnation)
     try:
         plane = _process_plane(scenario, name, description, keys, run_dir, incarnation)
-    except DataPlaneError as error:
-        print(f"process {name!r}: {error}", file=sys.stderr)
-        return EXIT_FAILED
-    except (ScenarioError, LookupError) as error:  # another scenario than the data plane's
+    except (DataPlaneError, ScenarioError, LookupError) as error:  # lost, or another scenario than the data plane's
         print(f"process {name!r}: {error}", file=sys.stderr)
         return EXIT_FAILED
     loop = plane.new_loop()
