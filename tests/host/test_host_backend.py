@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -208,10 +209,10 @@ def test_the_byte_channel_refuses_tcp_without_keys() -> None:
 def test_lanes_hold_on_real_bytes() -> None:
     # A 4 MiB collective on the model lane, 16 MiB of KV queued behind it on one real link paced at 100 MB/s:
     # with the paper's lane arbitration its bytes go first (the port lets through at most the KV chunks already
-    # granted); in one FIFO with the KV it waits for the queued KV bytes first (about 5x as long). Counted in
+    # granted); in one FIFO with the KV it waits for the queued KV bytes first (up to 5x as long). Counted in
     # bytes the port let through, which CPU load does not change; the wall-clock latencies are checked when
-    # the same run's unloaded collective kept the pace (a loaded machine, here at load average 7 on 2 cores,
-    # makes them measure the CPU instead: isolated/shared went from 0.2 to 0.9).
+    # the runs kept the pace (a loaded machine, here at load average 7 on 2 cores, makes them measure the CPU
+    # instead: isolated/shared went from 0.2 to 0.9).
     from dualpath_emu.host.isolation import measure_isolation
 
     collective, kv, rate = 4 << 20, 4 << 20, 100e6
@@ -219,13 +220,19 @@ def test_lanes_hold_on_real_bytes() -> None:
     ahead = result.kv_bytes_ahead
     assert ahead["unloaded"] == [(0, 0)] * 8, result
     # Isolated: KV was queued, and at most a chunk or two of it (granted in the same instant) went first.
-    assert sum(q for q, _ in ahead["isolated"]) >= kv and max(a for _, a in ahead["isolated"]) <= collective // 16
+    assert sum(q for q, _ in ahead["isolated"]) >= kv and max(a for _, a in ahead["isolated"]) <= collective // 16, (
+        result
+    )
     # Shared: one FIFO, so the collective waited for every KV byte queued before it.
     assert sum(q for q, _ in ahead["shared"]) >= kv and all(a >= q for q, a in ahead["shared"]), result
     assert result.kv_bytes_moved["isolated"] > 0 and result.kv_bytes_moved["unloaded"] == 0
-    if result.unloaded_s <= 1.5 * collective / rate:
-        assert result.isolated_s <= 0.6 * result.shared_s, result
-        assert result.shared_s >= 2.5 * result.unloaded_s, result
+    # The latencies, where every run kept the pace (its median within 1.5x of the paced time of the collective
+    # and of what went before it): isolated about as fast as unloaded, shared as slow as the KV it waited for
+    # (how much was queued depends on the load: not always 16 MiB).
+    paced_s = {run: (collective + statistics.median(a for _, a in ahead[run])) / rate for run in ahead}
+    if all(statistics.median(result.samples[run]) <= 1.5 * paced_s[run] for run in ahead):
+        assert result.isolated_s <= 1.5 * result.unloaded_s, result
+        assert result.shared_s >= 0.8 * result.unloaded_s * paced_s["shared"] / paced_s["unloaded"], result
 
 
 @pytest.mark.parametrize("system", ["basic", "dualpath"])

@@ -46,11 +46,9 @@ def read_part(path: Path) -> tuple[Metrics | None, dict[tuple[int, int], int], d
 
 
 def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResult, Metrics]:
-    """Merge and check the parts of a finished real-time run ``run`` in ``run_dir``: the processes' metrics and
-    ledgers, their event logs (merged in time order: every admitted request ended exactly once across
-    processes, no pool over capacity) and the core's report (every byte booked by some process's ledger is
-    what the data plane moved, per port and lane). Raises :class:`LostRequestsError` or
-    :class:`InvariantError`; returns the run's :class:`SystemResult` and merged metrics."""
+    """Merge and check the parts of a finished live run: every admitted request ended exactly once across
+    processes, no pool over capacity (the event logs merged in time order), every byte a ledger booked is what
+    the data plane moved, per port and lane. Raises :class:`LostRequestsError` or :class:`InvariantError`."""
     app = run.app
     assert isinstance(app, ClusterApplication)
     processes = [p.name for p in run.processes]
