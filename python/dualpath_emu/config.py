@@ -83,14 +83,8 @@ def _type_name(value: object) -> str:
 class Table:
     """One TOML table of file ``source``; ``prefix`` is its dotted key path (empty at the top)."""
 
-    def __init__(
-        self,
-        data: dict[str, Any],
-        source: str,
-        prefix: str = "",
-        overrides: Mapping[str, str] | None = None,
-        schema: list[tuple[str, object, str]] | None = None,
-    ) -> None:
+    def __init__(self, data: dict[str, Any], source: str, prefix: str = "", overrides: Mapping[str, str] | None = None,
+                 schema: list[tuple[str, object, str]] | None = None) -> None:  # fmt: skip
         self._data = data
         self.source = source
         self.prefix = prefix
@@ -148,15 +142,8 @@ class Table:
             raise self.error(key, _range("an integer", min, _MAX_INT), value)
         return value
 
-    def get_float(
-        self,
-        key: str,
-        default: float | _Required = REQUIRED,
-        *,
-        min: float | None = None,
-        max: float | None = None,
-        min_exclusive: bool = False,
-    ) -> float:
+    def get_float(self, key: str, default: float | _Required = REQUIRED, *, min: float | None = None,
+                  max: float | None = None, min_exclusive: bool = False) -> float:  # fmt: skip
         expected = _range("a number", min, max, min_exclusive)
         value = self._get(key, default, expected)
         if not isinstance(value, (int, float)) or isinstance(value, bool):

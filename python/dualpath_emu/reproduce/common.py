@@ -518,15 +518,9 @@ class Report:
     wall_s: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "experiment": self.name,
-            "title": self.title,
-            "wall_s": self.wall_s,
-            "rows": self.rows,
-            "comparisons": [c.as_dict() for c in self.comparisons],
-            "checks": self.checks,
-            "notes": self.notes,
-        }
+        return {"experiment": self.name, "title": self.title, "wall_s": self.wall_s, "rows": self.rows,
+                "comparisons": [c.as_dict() for c in self.comparisons], "checks": self.checks,
+                "notes": self.notes}  # fmt: skip
 
 
 def _print_report(report: Report) -> None:
@@ -578,14 +572,9 @@ MAX_JOBS = 256
 """The most processes an experiment starts (each runs one cell at a time)."""
 
 
-def experiment_main(
-    name: str,
-    description: str,
-    build: Callable[[argparse.Namespace], Report],
-    argv: list[str] | None = None,
-    *,
-    configure: Callable[[argparse.ArgumentParser], None] | None = None,
-) -> int:
+def experiment_main(name: str, description: str, build: Callable[[argparse.Namespace], Report],
+                    argv: list[str] | None = None, *,
+                    configure: Callable[[argparse.ArgumentParser], None] | None = None) -> int:  # fmt: skip
     """The common command line (``--quick``, ``--out``, ``--jobs`` or ``--dask``, ``--cache``, ``--json``, and
     what ``configure`` adds); ``build(args)`` runs the experiment (``args.quiet``: print no progress) and
     passes ``args.jobs``, ``args.dask`` and ``args.cache`` on to :func:`run_cells` or :func:`run_parallel`."""

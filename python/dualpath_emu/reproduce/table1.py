@@ -96,15 +96,8 @@ def rows(models: Sequence[str] = MODELS) -> list[Table1Row]:
     out = []
     for name in models:
         spec = model(name)
-        out.append(
-            Table1Row(
-                model=name,
-                description=spec.description,
-                kv_bytes_per_token=spec.kv_bytes_per_token,
-                gb_per_pflop=tuple(cache_compute_ratio_gb_per_pflop(spec, ctx) for ctx in CONTEXTS),
-                paper_range=PAPER_RANGES.get(name),
-            )
-        )
+        ratios = tuple(cache_compute_ratio_gb_per_pflop(spec, ctx) for ctx in CONTEXTS)
+        out.append(Table1Row(name, spec.description, spec.kv_bytes_per_token, ratios, PAPER_RANGES.get(name)))
     return out
 
 

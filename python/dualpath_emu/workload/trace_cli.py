@@ -53,15 +53,9 @@ def _gen(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(f"trace gen: {shorten(str(error), 200)}") from None
     dataset = DATASETS[args.dataset]
-    meta = {
-        "generator": "dualpath_emu.workload.generator",
-        "dualpath_emu_version": __version__,
-        "dataset": dataset.name,
-        "max_len": dataset.max_len,
-        "seed": args.seed,
-        "agents": len(trajectories),
-        "params": asdict(params),
-    }
+    meta = {"generator": "dualpath_emu.workload.generator", "dualpath_emu_version": __version__,
+            "dataset": dataset.name, "max_len": dataset.max_len, "seed": args.seed, "agents": len(trajectories),
+            "params": asdict(params)}  # fmt: skip
     _write(args.out, trajectories, meta)
     print(f"wrote {len(trajectories):,} trajectories (dataset {dataset.name}, seed {args.seed}) to {args.out}")
     return 0
@@ -96,13 +90,8 @@ def _stats(args: argparse.Namespace) -> int:
     all_agents = stats.agent_trajectories == stats.trajectories
     table2 = dataset_stats(trace.trajectories) if all_agents else None
     if args.json:
-        out = {
-            "file": str(args.file),
-            "kind": trace.kind,
-            "meta": trace.meta,
-            "stats": stats.as_dict(),
-            "table2": None if table2 is None else table2.as_dict(),
-        }
+        out = {"file": str(args.file), "kind": trace.kind, "meta": trace.meta, "stats": stats.as_dict(),
+               "table2": None if table2 is None else table2.as_dict()}  # fmt: skip
         print(json.dumps(out, indent=1))
         return 0
     kind = "Mooncake request trace" if trace.kind == "mooncake" else "dualpath-emu trajectories"

@@ -223,14 +223,8 @@ def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
     def cut(column: tuple[Any, ...] | None) -> Any:
         return None if column is None else column[:keep]
 
-    return Trajectory(
-        trajectory.id,
-        trajectory.append[:keep],
-        trajectory.gen[:keep],
-        cut(trajectory.hit),
-        cut(trajectory.arrival_s),
-        cut(trajectory.wait_s),
-    )
+    t = trajectory
+    return Trajectory(t.id, t.append[:keep], t.gen[:keep], cut(t.hit), cut(t.arrival_s), cut(t.wait_s))
 
 
 @dataclass(frozen=True)
