@@ -5,8 +5,7 @@ Python actors (scheduler, prefill and decode engines, agents) make the decisions
 (:mod:`dualpath_emu._core`) owns time and every byte that moves. Errors raised by the core are classes of
 :mod:`dualpath_emu.errors`. The command line is ``dualpath-emu`` (:mod:`dualpath_emu.cli`); the Python API is
 :mod:`dualpath_emu.api`, whose main names are also here (``dualpath_emu.run``, ``dualpath_emu.load_scenario``,
-…), imported on first use so that ``import dualpath_emu`` stays light.
-"""
+…), imported on first use so that ``import dualpath_emu`` stays light."""
 
 from __future__ import annotations
 

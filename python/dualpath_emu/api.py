@@ -16,8 +16,7 @@ offline); a system a built-in one's name, ``file.py:Name`` or ``module:Name``
 (:mod:`dualpath_emu.cluster.user_systems`), or a :class:`~dualpath_emu.cluster.systems.System` object; a
 workload the scenario's, or trajectories built in Python (:class:`Trajectory`). Runs are in virtual time and
 deterministic. A bad scenario, key or system is a :class:`~dualpath_emu.config.ScenarioError` with one line
-naming the file, the key and what was expected.
-"""
+naming the file, the key and what was expected."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ __all__ = [
     "SystemResult", "Trajectory", "load_scenario", "run", "scenario_names",
 ]  # fmt: skip
 
-BUILT_IN_SYSTEMS: Final[Mapping[str, System]] = SYSTEMS
-"""The built-in systems by name (read-only)."""
+BUILT_IN_SYSTEMS: Final[Mapping[str, System]] = SYSTEMS  # The built-in systems by name (read-only).
 
 Row = dict[str, int | float | str | None]
 """One row of ``requests.csv``: column name -> value (``None`` where the CSV cell is empty)."""
@@ -86,8 +84,7 @@ def run(scenario: ClusterScenario | str | Path | None = None, *, systems: Sequen
     wait_s=[0, 12])``), one agent each, instead of the scenario's dataset or trace.
 
     ``progress`` is called with a :class:`Progress` a few times per wall second. ``out`` writes what
-    ``dualpath-emu run --out`` writes; with ``trace`` also a Perfetto trace per system (costly on long runs).
-    """
+    ``dualpath-emu run --out`` writes; with ``trace`` also a Perfetto trace per system (costly on long runs)."""
     if trace and out is None:
         raise ValueError("trace=True writes a Perfetto trace per system into out: give out=DIR too")
     if not isinstance(scenario, ClusterScenario):

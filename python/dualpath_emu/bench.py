@@ -3,8 +3,7 @@
 The same paper-scale mix as the Rust benchmark (core/examples/bench_core.rs): 6 nodes × 8 compute NICs with
 the paper's lanes, a storage NIC and DRAM per node, ~2,000 transfers in flight, closed loop. Each event
 batch crosses the FFI boundary once each way (one `step()`, one `submit_transfers()`), so the figure shows
-what the binding costs on top of the core. Prints `BENCH <name> <value> <unit>` lines.
-"""
+what the binding costs on top of the core. Prints `BENCH <name> <value> <unit>` lines."""
 
 from __future__ import annotations
 

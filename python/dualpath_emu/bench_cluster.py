@@ -11,8 +11,7 @@ Goals and measured figures: docs/performance.md.
 
 A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of
 CPU and reports how far it got (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
-``…_peak_rss_mib_so_far``), exiting with status 1.
-"""
+``…_peak_rss_mib_so_far``), exiting with status 1."""
 
 from __future__ import annotations
 

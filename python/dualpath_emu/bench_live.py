@@ -21,8 +21,7 @@ Two parts, each printing ``BENCH`` lines:
       BENCH live_capacity_largest_holding_x1 <deployment>_<agents>
 
 Both run real processes on this machine (2 cores: the data plane, the scheduler, the client and each group
-compete for them), so the numbers are this machine's.
-"""
+compete for them), so the numbers are this machine's."""
 
 from __future__ import annotations
 

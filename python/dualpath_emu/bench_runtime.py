@@ -19,8 +19,7 @@ arrived exactly once and in order, and any failure prints ``bench_runtime: error
   ``dataplane_requests_per_s`` (and the requester's CPU seconds), ``dataplane_delivery_lag_p50_us`` and
   ``_p99_us`` under that load, ``dataplane_light_delivery_lag_p99_us`` with one batch of 10 in flight,
   ``dataplane_submission_lag_p99_us``, and the clock handshake's best round trip over ipc and over tcp with
-  CURVE keys (``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``).
-"""
+  CURVE keys (``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``)."""
 
 from __future__ import annotations
 
@@ -54,14 +53,11 @@ __all__ = [
     "bench_inproc_tells", "bench_zmq_one_process", "bench_zmq_two_processes", "check_tally", "main"
 ]  # fmt: skip
 
-ENVELOPE_BYTES: Final = 100
-"""The encoded envelope size the ZeroMQ benchmark aims its pad at."""
+ENVELOPE_BYTES: Final = 100  # The encoded envelope size the ZeroMQ benchmark aims its pad at.
 
-YIELD_EVERY: Final = 1_000
-"""The ZeroMQ sender yields to the loop after this many tells."""
+YIELD_EVERY: Final = 1_000  # The ZeroMQ sender yields to the loop after this many tells.
 
-READY_TIMEOUT_S: Final = 30.0
-"""How long the parent waits for the child's counter to answer before giving up."""
+READY_TIMEOUT_S: Final = 30.0  # How long the parent waits for the child's counter to answer before giving up.
 
 TALLY_TIMEOUT_S: Final = 120.0
 """The bound on the wait for the final tally (every message must have been handled by then)."""
@@ -72,8 +68,7 @@ CHILD_LIFETIME_S: Final = 300.0
 COUNTER: Final = "counter"
 COLLECTOR: Final = "collector"
 
-DATAPLANE_PORTS: Final = 16
-"""Ports of the data-plane benchmark's core (1 TB/s each): its transfers take nanoseconds."""
+DATAPLANE_PORTS: Final = 16  # Ports of the data-plane benchmark's core (1 TB/s each): its transfers take nanoseconds.
 DATAPLANE_REQUESTER: Final = "bench"
 
 
@@ -179,10 +174,8 @@ class Result:
 
     messages: int
     wall_s: float
-    events: int = 0
-    """Events the sending system recorded in the run (in process: all of them)."""
-    envelope_bytes: int = 0
-    """The encoded envelope size of one message (ZeroMQ runs only)."""
+    events: int = 0  # Events the sending system recorded in the run (in process: all of them).
+    envelope_bytes: int = 0  # The encoded envelope size of one message (ZeroMQ runs only).
 
     @property
     def rate(self) -> float:
@@ -306,8 +299,7 @@ def bench_zmq_two_processes(
 ) -> Result:
     """One run of the two-process ZeroMQ benchmark (see the module docstring).
 
-    The child binds ``serve_endpoint`` (default: ``ipc://`` in a new temporary directory).
-    """
+    The child binds ``serve_endpoint`` (default: ``ipc://`` in a new temporary directory)."""
     pad = tick_pad(count, envelope_bytes)
     directory = Path(tempfile.mkdtemp(prefix="dpb"))  # short: ipc:// paths are limited to ~107 bytes
     endpoint = serve_endpoint if serve_endpoint is not None else f"ipc://{directory}/counter"

@@ -2,8 +2,7 @@
 
 Bad input (usage, scenario, core arguments) is reported on one line, ``dualpath-emu: error: ...`` (at most
 about 1,000 characters, whatever value it quotes), with exit status 2 and no traceback; anything else that
-escapes is a bug and keeps its traceback.
-"""
+escapes is a bug and keeps its traceback."""
 
 from __future__ import annotations
 

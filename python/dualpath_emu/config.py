@@ -5,8 +5,7 @@ A :class:`Table` wraps one TOML table. Its typed getters take a default (the key
 refuses the keys nobody asked for, so a typo is an error, not a silently ignored setting. Errors are
 :class:`ScenarioError` (a :class:`~dualpath_emu.errors.UsageError`: one line, exit status 2)::
 
-    run.toml: key 'process[1].actors': expected a list of strings, got 3
-"""
+    run.toml: key 'process[1].actors': expected a list of strings, got 3"""
 
 from __future__ import annotations
 
@@ -31,11 +30,9 @@ class _Required:
         return "REQUIRED"
 
 
-REQUIRED: Final = _Required()
-"""The default of a key that must be given."""
+REQUIRED: Final = _Required()  # The default of a key that must be given.
 
-_MAX_INT: Final = 2**63 - 1
-"""The largest integer :meth:`Table.get_int` accepts when the key states no maximum."""
+_MAX_INT: Final = 2**63 - 1  # The largest integer :meth:`Table.get_int` accepts when the key states no maximum.
 
 
 class ScenarioError(UsageError):

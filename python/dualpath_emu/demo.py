@@ -4,8 +4,7 @@ One compute NIC (400 Gb/s) carries a long KV-cache transfer on the low-priority 
 issues MoE all-to-all bursts on a high-priority lane (VL0), first with the paper's virtual-lane isolation
 (App. A.1: ``qos_high_limit 240``, VL2 weight 0 in the high table), then with none (all lanes equal). The
 demo prints each lane's share of the port, checked against the exact packet arbiter, the bursts' latency
-against an idle port, and a timeline of the port.
-"""
+against an idle port, and a timeline of the port."""
 
 from __future__ import annotations
 

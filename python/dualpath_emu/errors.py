@@ -2,8 +2,7 @@
 
 The core's errors are created in Rust (``dualpath_emu._core``) with ``__module__ == "dualpath_emu.errors"``
 and re-exported here, their stable home. Each subclass also derives from the built-in exception a caller
-would expect, so ``except ValueError`` catches a bad argument.
-"""
+would expect, so ``except ValueError`` catches a bad argument."""
 
 import errno
 

@@ -3,8 +3,7 @@
 Every file a user names is opened through :func:`open_input`: only a regular file is read (a FIFO, a device
 such as ``/dev/zero``, a directory or a socket is refused before a byte is read), and never more than a stated
 number of bytes (:data:`MAX_SCENARIO_BYTES`, :data:`MAX_TRACE_BYTES`, :data:`MAX_LINE_BYTES`). Error messages
-quote values through :func:`shorten`, so a 100,000-character value makes a one-line error.
-"""
+quote values through :func:`shorten`, so a 100,000-character value makes a one-line error."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ __all__ = [
 MAX_SCENARIO_BYTES: Final = 1 << 20
 MAX_TRACE_BYTES: Final = 256 << 20
 """The largest trace file read (a 4,096-agent trajectory file is about 10 MB); what it holds is kept in memory."""
-MAX_LINE_BYTES: Final = 16 << 20
-"""The longest line of a trace file."""
+MAX_LINE_BYTES: Final = 16 << 20  # The longest line of a trace file.
 
 _SHORT: Final = 60
 

@@ -1,35 +1,22 @@
 """Typed messages between actors, and their versioned msgpack encoding.
 
-A message type is a frozen dataclass deriving from :class:`Message` that declares ``WIRE_NAME`` and ``VERSION``
-as class variables. Types are registered in a :class:`MessageRegistry` the caller creates and passes around (no
-global registry); a :class:`Codec` over a registry turns messages into bytes and back. Actors exchange an
-:class:`Envelope` (sender, recipient, ``msg_id``, body). Field types: ``int``, ``float``, ``str``, ``bool``,
-``bytes``; a message type registered earlier in the same registry (nested); ``tuple[T, ...]`` of those; and
-``X | None`` of any of these. Anything else is refused at registration with a ``TypeError`` naming the field.
+A message type is a frozen dataclass deriving from :class:`Message` with class variables ``WIRE_NAME`` and
+``VERSION``, registered in a :class:`MessageRegistry` the caller passes around; a :class:`Codec` over it turns
+messages and :class:`Envelope`\\ s (sender, recipient, ``msg_id``, body) into bytes and back. Field types:
+``int``, ``float``, ``str``, ``bool``, ``bytes``, a message type registered earlier, ``tuple[T, ...]`` of those
+and ``X | None``; anything else is a ``TypeError`` at registration.
 
-**Wire format** (``FORMAT = 1``). A message is one msgpack array ``[FORMAT, wire_name, version, [field values in
-declaration order]]``: an int as a msgpack int (−2**63 … 2**64−1), a float as float64, str as UTF-8, bytes as
-bin, None as nil, a tuple as an array, a nested message as the same four-element array. An envelope is
-``[FORMAT, "envelope", ENVELOPE_VERSION, [sender, recipient, msg_id, <body as a message array>]]`` (no message
-type may be called ``"envelope"``). Encoding is deterministic (an int in a float field is sent as a float;
-``-0.0`` stays distinct) and validates the message first, so a bad value is reported at the sender. Decoding
-validates everything (shape, format, known wire name, version, field count, each field's type; bool is not an
-int; an int is accepted for a float, never the reverse) and raises :class:`MessageError`, never another
-exception, for any bytes it cannot accept.
+**Wire format** (``FORMAT = 1``): ``[FORMAT, wire_name, version, [fields in declaration order]]``; an envelope
+``[FORMAT, "envelope", ENVELOPE_VERSION, [sender, recipient, msg_id, <body>]]``. Encoding is deterministic and
+validates first, so a bad value is reported at the sender; decoding checks shape, format, name, version, field
+count and each field's type (bool is no int; an int is accepted for a float, never the reverse) and raises only
+:class:`MessageError`.
 
-**Limits.** A frame holds at most ``max_frame_bytes`` (default 16 MiB) and an array at most ``max_array_len``
-elements (default 2**20), checked at the sender too: the paper's largest ``Submit`` (49,152 turns) is 1.7 MB.
-Every process of a run must use the same limits (the ZeroMQ transport drops a connection carrying a longer
-frame). A hostile frame cannot make the decoder allocate much more than its length allows: longer frames are
-refused unparsed, maps and ext values anywhere and arrays over ``max_array_len`` are refused by msgpack; since
-msgpack preallocates each array by its declared length (capped at 10,000 slots from msgpack 1.2), a frame of
-at most 1 KiB is parsed with arrays limited to 1,024 elements (about 3 MB of preallocation at most) and a
-longer one is first walked without building anything (``Unpacker.skip``) and refused unless complete, so
-every declared element is there (8 bytes per frame byte at most). A complete frame decodes into at worst about
-50 bytes of Python objects per frame byte; real messages into about ten times their length.
-
-A :class:`Codec` reuses one msgpack ``Packer``: use one codec per thread.
-"""
+**Limits.** Frames of at most ``max_frame_bytes`` (default 16 MiB), arrays of at most ``max_array_len`` (default 2**20), checked
+at both ends (every process of a run uses the same). A hostile frame cannot make the decoder allocate much more
+than its length: maps and ext values are refused, a frame over 1 KiB is first walked without building anything
+(``Unpacker.skip``) and refused unless complete (msgpack preallocates arrays by their declared length), so a
+frame decodes into at worst about 50 bytes of Python objects per byte. One codec per thread (it reuses a Packer)."""
 
 from __future__ import annotations
 
@@ -47,12 +34,10 @@ __all__ = [
     "Envelope", "Message", "MessageError", "MessageRegistry", "fast_frozen_init"
 ]  # fmt: skip
 
-FORMAT: Final = 1
-"""The version of the framing ``[FORMAT, wire_name, version, fields]`` itself."""
+FORMAT: Final = 1  # The version of the framing ``[FORMAT, wire_name, version, fields]`` itself.
 
 ENVELOPE_WIRE_NAME: Final = "envelope"
-ENVELOPE_VERSION: Final = 2
-"""2: no ``reply_to`` (issue 35: nothing asks)."""
+ENVELOPE_VERSION: Final = 2  # 2: no ``reply_to`` (issue 35: nothing asks).
 
 DEFAULT_MAX_FRAME_BYTES: Final = 16 << 20
 """Frames longer than this (16 MiB) are refused unparsed (see Limits in the module docstring)."""
@@ -395,8 +380,7 @@ class MessageRegistry:
     """The message types one set of actors understands, by wire name. Create one and pass it in.
 
     ``register`` may be used as a decorator (``@registry.register``). A nested message type must be
-    registered before the types that contain it.
-    """
+    registered before the types that contain it."""
 
     def __init__(self) -> None:
         self._by_name: dict[str, _Spec] = {}
@@ -494,8 +478,7 @@ class Codec:
     """Encodes messages and envelopes of one registry to bytes and decodes them back, validating both ways.
 
     ``max_frame_bytes`` and ``max_array_len`` bound what a frame may hold (see the module docstring); the
-    encoder checks them too, so an oversized message is refused at the sender.
-    """
+    encoder checks them too, so an oversized message is refused at the sender."""
 
     def __init__(
         self, registry: MessageRegistry, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,

@@ -10,8 +10,7 @@ workers, which must run the same dualpath-emu (a worker checks both and refuses 
 Every result is kept in the run cache (``--cache``, default ``DIR/cache``: JSON, never unpickled), so the
 same command again resumes and reuses every finished run. ``--out DIR`` gets ``sweep.csv`` (a row per point ×
 system), ``sweep.json`` (the scenario, the grid, every run's summary and who ran it) and ``sweep.png`` (JCT
-against the first swept key).
-"""
+against the first swept key)."""
 
 from __future__ import annotations
 
@@ -131,20 +130,15 @@ class SweepRun:
     """One system at one point of the grid: how to load the run again in the worker, and what the client
     loaded (``fingerprint``, ``code``), which the worker checks and the cache keys on."""
 
-    labels: Mapping[str, Any]
-    """The point's values of the swept keys."""
-    scenario: str | None
-    """A packaged scenario's name, an absolute file path, or None (the built-in one)."""
-    overrides: tuple[tuple[str, Any], ...]
-    """Every ``--set`` key's value at this point (fixed ones too)."""
+    labels: Mapping[str, Any]  # The point's values of the swept keys.
+    scenario: str | None  # A packaged scenario's name, an absolute file path, or None (the built-in one).
+    overrides: tuple[tuple[str, Any], ...]  # Every ``--set`` key's value at this point (fixed ones too).
     systems: tuple[str, ...] | None
     agents: int | None
     seed: int | None
     system: str
-    fingerprint: str
-    """What the run's result depends on (:func:`_fingerprint`)."""
-    code: str
-    """The client's :func:`~dualpath_emu.reproduce.common.code_fingerprint`."""
+    fingerprint: str  # What the run's result depends on (:func:`_fingerprint`).
+    code: str  # The client's :func:`~dualpath_emu.reproduce.common.code_fingerprint`.
     cost: float = 1.0
 
     def cache_key(self) -> str:
@@ -164,8 +158,7 @@ class SweepResult:
     ran_by: str
 
 
-SWEEP_RESULTS: Final = dataclass_codec(SweepResult)
-"""How a sweep's results are cached (JSON)."""
+SWEEP_RESULTS: Final = dataclass_codec(SweepResult)  # How a sweep's results are cached (JSON).
 
 
 def _file_digest(path: Path) -> str:

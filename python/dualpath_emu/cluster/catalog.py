@@ -28,8 +28,7 @@ node (§7.1); :data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, De
   FP8 with one FP32 scale per 128 channels to each routed expert, combine returns BF16; upper bounds (copies
   to experts on the sender's own GPU or node do not cross the network: a caller applies its EP layout).
 * Weight bytes per GPU: every non-routed-expert weight plus a 1/EP share of the routed experts, at the
-  ``weight_dtype``'s bytes (FP8 1, BF16 2, FP4 0.5625: NVFP4's 4 bits plus an FP8 scale per 16 values).
-"""
+  ``weight_dtype``'s bytes (FP8 1, BF16 2, FP4 0.5625: NVFP4's 4 bits plus an FP8 scale per 16 values)."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ KvDtype = Literal["bf16", "fp16", "fp8"]
 KV_DTYPES: Final[tuple[KvDtype, ...]] = ("bf16", "fp16", "fp8")
 Attention = Literal["mha", "gqa", "mla"]
 ATTENTIONS: Final[tuple[Attention, ...]] = ("mha", "gqa", "mla")
-KIND: Final = "catalog"
-"""What a catalog file says at its top: ``kind = "catalog"``."""
+KIND: Final = "catalog"  # What a catalog file says at its top: ``kind = "catalog"``.
 
 _GIB: Final = 1 << 30
 _T = TypeVar("_T")
@@ -74,16 +72,13 @@ class GpuSpec:
     name: str
     description: str
     source: str
-    bf16_flops_per_s: float
-    """Dense BF16 tensor FLOP/s (no 2:4 sparsity); attention runs at this peak."""
-    fp8_flops_per_s: float
-    """Dense FP8 tensor FLOP/s; 0: no FP8 tensor cores."""
+    bf16_flops_per_s: float  # Dense BF16 tensor FLOP/s (no 2:4 sparsity); attention runs at this peak.
+    fp8_flops_per_s: float  # Dense FP8 tensor FLOP/s; 0: no FP8 tensor cores.
     hbm_bytes: int
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
     """What an MoE all-to-all reaches between the GPUs of one node (a decode step's intra-node part)."""
-    fp4_flops_per_s: float = 0.0
-    """Dense FP4 tensor FLOP/s; 0: no FP4 tensor cores."""
+    fp4_flops_per_s: float = 0.0  # Dense FP4 tensor FLOP/s; 0: no FP4 tensor cores.
 
     def peak_flops_per_s(self, dtype: GemmDtype) -> float:
         """The dense peak for ``dtype`` (0 if the GPU has none)."""
@@ -109,8 +104,7 @@ class NodeSpec:
     each way [derived] exceeds the 50 GB/s compute NIC every GPU byte crosses (§5.1), the binding port."""
 
     gpus: int
-    cnic_bytes_per_s: float
-    """Per compute NIC; there is one per GPU."""
+    cnic_bytes_per_s: float  # Per compute NIC; there is one per GPU.
     snic_bytes_per_s: float
     snics: int
     host_dram_bytes_per_s: float
@@ -149,8 +143,7 @@ class ModelArch:
     # MHA / GQA
     num_key_value_heads: int = 0
     head_dim: int = 0
-    attention_bias: bool = False
-    """Biases on the Q, K and V projections (Qwen2)."""
+    attention_bias: bool = False  # Biases on the Q, K and V projections (Qwen2).
     # MLA
     q_lora_rank: int = 0
     """0: no low-rank Q compression (ds27b, App. A.2), for the main attention and the indexer alike."""
@@ -159,8 +152,7 @@ class ModelArch:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     # sparse attention (DSA)
-    index_topk: int = 0
-    """Keys the main attention attends to at most; 0: dense attention."""
+    index_topk: int = 0  # Keys the main attention attends to at most; 0: dense attention.
     index_n_heads: int = 0
     index_head_dim: int = 0
     # FFN
@@ -264,11 +256,9 @@ class ParamCounts:
     """Parameter counts of one model, derived from its architecture."""
 
     total: int
-    active: int
-    """Per token, input embedding excluded (see :attr:`ModelSpec.active_params`)."""
+    active: int  # Per token, input embedding excluded (see :attr:`ModelSpec.active_params`).
     routed_experts: int
-    embedding: int
-    """One vocabulary × hidden table."""
+    embedding: int  # One vocabulary × hidden table.
 
 
 @dataclass(frozen=True)
@@ -279,34 +269,28 @@ class ModelSpec:
     description: str
     source: str
     layers: int
-    moe_layers: int
-    """Layers with an MoE FFN (the others are dense); 0 for a dense model."""
+    moe_layers: int  # Layers with an MoE FFN (the others are dense); 0 for a dense model.
     hidden: int
     attention: Attention
-    attention_flops_per_key_layer: int
-    """Main-attention FLOPs for one query token and one attended key, in one layer."""
-    sparse_top_k: int | None
-    """DSA: keys the main attention attends to at most; None for full attention."""
+    attention_flops_per_key_layer: int  # Main-attention FLOPs for one query token and one attended key, in one layer.
+    sparse_top_k: int | None  # DSA: keys the main attention attends to at most; None for full attention.
     indexer_flops_per_key_layer: int
     """DSA lightning indexer FLOPs per query token and scored key, in one layer; 0 without DSA."""
     kv_bytes_per_token_layer: int
     kv_dtype: str
     indexer_kv_bytes_per_token_layer: int
     """DSA indexer key cache per token per layer (not part of the KV above); 0 without DSA."""
-    active_params: float
-    """Weights one token multiplies through (input embedding excluded)."""
+    active_params: float  # Weights one token multiplies through (input embedding excluded).
     total_params: float
     routed_expert_params: float
     weight_bytes_per_param: float
     gemm_dtype: GemmDtype
-    activated_experts: int
-    """Routed experts per token (shared ones excluded); 0 for a dense model."""
+    activated_experts: int  # Routed experts per token (shared ones excluded); 0 for a dense model.
     a2a_dispatch_bytes_per_token_layer: int
     """MoE dispatch bytes per token per MoE layer, all its routed experts together (an upper bound)."""
     a2a_combine_bytes_per_token_layer: int
     """MoE combine bytes per token per MoE layer, all its routed experts together (an upper bound)."""
-    arch: ModelArch | None = None
-    """The architecture these numbers were derived from (None: given directly)."""
+    arch: ModelArch | None = None  # The architecture these numbers were derived from (None: given directly).
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -359,8 +343,7 @@ def _sum_capped(cached: int, new: int, cap: int | None) -> int:
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 _MAX_DIM: Final = 1 << 16
 """The largest head count, head dimension, rank or expert count accepted (far above any model's)."""
-_MAX_WIDTH: Final = 1 << 22
-"""The largest hidden or FFN width accepted."""
+_MAX_WIDTH: Final = 1 << 22  # The largest hidden or FFN width accepted.
 _MAX_PARAMS: Final = 1e16
 
 
@@ -552,13 +535,11 @@ def _read_model(t: Table, name: str) -> ModelSpec:
 
 
 PACKAGED_FILE: Final = Path(__file__).with_name("catalog.toml")
-PACKAGED: Final = Catalog().with_file(PACKAGED_FILE)
-"""The packaged catalog (``catalog.toml``)."""
+PACKAGED: Final = Catalog().with_file(PACKAGED_FILE)  # The packaged catalog (``catalog.toml``).
 MODELS: Final = PACKAGED.models
 GPUS: Final = PACKAGED.gpus
 NICS: Final = PACKAGED.nics
-DEFAULT_GPU: Final = "h800"
-"""The paper does not name its Hopper SKU (§7.1); DeepSeek runs H800s [assumed]."""
+DEFAULT_GPU: Final = "h800"  # The paper does not name its Hopper SKU (§7.1); DeepSeek runs H800s [assumed].
 
 
 def model(name: str) -> ModelSpec:

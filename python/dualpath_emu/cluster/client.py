@@ -42,8 +42,7 @@ class Client(ClusterEngine):
         self._waits = self._draw_wait is not None or any(t.wait_s is not None for t in trajectories)
         """Whether any turn may wait (else a turn is submitted without looking)."""
         self._next_turn = [0] * len(trajectories)
-        self._open = [len(t) for t in trajectories]
-        """Turns of each trajectory not done yet."""
+        self._open = [len(t) for t in trajectories]  # Turns of each trajectory not done yet.
         self._context = [0] * len(trajectories)
         self._counted = [0] * len(trajectories)
         """Per agent, how many turns ``_context`` counts (its next hit is ``_context``)."""

@@ -2,8 +2,7 @@
 open (paper-facts §10), each with a documented default.
 
 :class:`ClusterConfig` is plain data; :mod:`dualpath_emu.cluster.scenario` reads it from a TOML file and
-:func:`derived` turns it into the numbers the actors use (α, β, HBM budgets, the roofline).
-"""
+:func:`derived` turns it into the numbers the actors use (α, β, HBM budgets, the roofline)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from dualpath_emu.workload.waits import ToolWait
 
 __all__ = ["BLOCK_TOKENS", "ClusterConfig", "Derived", "derived"]
 
-BLOCK_TOKENS: Final = 64
-"""Tokens per Full Block (§4.1): storage reads and writes whole blocks."""
+BLOCK_TOKENS: Final = 64  # Tokens per Full Block (§4.1): storage reads and writes whole blocks.
 
 
 @dataclass(frozen=True)
@@ -48,18 +46,15 @@ class ClusterConfig:
     dataset: str = "64k"
     agents: int = 64
     mode: Literal["offline", "online"] = "offline"
-    arrival_rate: float = 0.1
-    """Online: agents per second (Poisson, §7.4)."""
+    arrival_rate: float = 0.1  # Online: agents per second (Poisson, §7.4).
     tool_wait: ToolWait = field(default_factory=ToolWait)
     """The wait before an agent's next turn (a tool call, thinking) where its trajectory gives none; none by
     default, as in the paper's runs (§8.2: zero think time)."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     """What fails when (:mod:`~dualpath_emu.cluster.faults`); none by default."""
     # --- scheduling (§6, A.4) ---
-    alpha_read_s: float = 3.0
-    """α = tokens a node reads from storage in this many seconds (A.4)."""
-    beta_compute_s: float = 5.0
-    """β = tokens one GPU prefills in this many seconds (A.4)."""
+    alpha_read_s: float = 3.0  # α = tokens a node reads from storage in this many seconds (A.4).
+    beta_compute_s: float = 5.0  # β = tokens one GPU prefills in this many seconds (A.4).
     attention_quota_s: float = 0.3
     """Attention-time quota of a PE forward batch (A.4: 300 ms), per :attr:`attention_quota_per`."""
     attention_quota_per: Literal["forward", "layer"] = "forward"
@@ -67,8 +62,7 @@ class ClusterConfig:
     not say, paper-facts §7.5). Per forward DualPath comes within 9% of Oracle and 1.84× Basic (DS 660B 2P4D,
     64K, 1,024 agents), as the paper's ≈10% and 1.80×; per layer, passes run up to 18 s, the DRAM buffers
     bind and DualPath stays 38% behind Oracle."""
-    fetch_period_s: float = 0.005
-    """How often an engine group may fetch work [not found in the paper]."""
+    fetch_period_s: float = 0.005  # How often an engine group may fetch work [not found in the paper].
     hit_block_aligned: bool = True
     """Hits are whole Full Blocks (storage holds Full Blocks): the partial last block is recomputed [not found]."""
     de_hbm_reserve_fraction: float = 0.1
@@ -103,10 +97,8 @@ class Derived:
     kv_bytes_per_token: int
     alpha_tokens: int
     beta_tokens: int
-    pe_hbm_kv_bytes: int
-    """HBM a PE GPU has for KV (non-layerwise batches)."""
-    de_hbm_kv_bytes: int
-    """HBM a DE GPU has for KV."""
+    pe_hbm_kv_bytes: int  # HBM a PE GPU has for KV (non-layerwise batches).
+    de_hbm_kv_bytes: int  # HBM a DE GPU has for KV.
     stages: int
     layer_attention_quota_s: float
     """The attention quota as one layer's share (the roofline gives one layer's attention time)."""

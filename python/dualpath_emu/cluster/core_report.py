@@ -1,7 +1,6 @@
 """What a run's results need from the data-plane core, as plain data (:class:`CoreReport`): read from the run's
 own core in virtual time, written by the data-plane service's process in real time; either way the figures of
-:class:`~dualpath_emu.cluster.run.SystemResult` are computed from it by the same code.
-"""
+:class:`~dualpath_emu.cluster.run.SystemResult` are computed from it by the same code."""
 
 from __future__ import annotations
 

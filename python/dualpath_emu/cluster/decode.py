@@ -7,8 +7,7 @@ plane). The GPUs that step together -- a node's DE GPUs for an MoE model (DP att
 parallelism), each GPU alone for a dense model -- form a *step group*, stepped as one event per *segment* (the
 step priced from every GPU's batch when one changes, ``Roofline.decode_pricing``), so a request costs a few
 events however many tokens it generates. The core starts the block write-backs and the all-to-all itself and
-reports only what a decision needs: a request has all its tokens, a segment's end is accounted.
-"""
+reports only what a decision needs: a request has all its tokens, a segment's end is accounted."""
 
 from __future__ import annotations
 
@@ -51,16 +50,11 @@ class DecodingRequest:
     prompt: int
     gen: int
     gpu: int
-    stored_blocks: int
-    """Full Blocks of this request's KV in storage (the hit's at first)."""
-    context: int
-    """The token stream its KV extends (see :class:`~dualpath_emu.cluster.messages.Turn`)."""
-    produced: int = 1
-    """Tokens out when it joins its GPU's batch: the first came from the prefill."""
-    first_token_ns: int = -1
-    """When the prefill produced its first token (from :class:`KvReady`)."""
-    second_token_ns: int = -1
-    """When its first decode step produced its second token (-1 until then)."""
+    stored_blocks: int  # Full Blocks of this request's KV in storage (the hit's at first).
+    context: int  # The token stream its KV extends (see :class:`~dualpath_emu.cluster.messages.Turn`).
+    produced: int = 1  # Tokens out when it joins its GPU's batch: the first came from the prefill.
+    first_token_ns: int = -1  # When the prefill produced its first token (from :class:`KvReady`).
+    second_token_ns: int = -1  # When its first decode step produced its second token (-1 until then).
 
 
 class DecodeSteps:
@@ -167,18 +161,15 @@ class DecodeGroup(EngineGroup):
         self._reading: dict[int, int] = {}
         """Requests whose hit is being read here now: the read's number (a read whose number is no longer
         here was moved, dropped or given up: its completion is ignored)."""
-        self._reads = 0
-        """Reads started here so far (their numbers)."""
-        self._read_done: set[int] = set()
-        """Requests whose hit was read here (until they leave)."""
+        self._reads = 0  # Reads started here so far (their numbers).
+        self._read_done: set[int] = set()  # Requests whose hit was read here (until they leave).
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time)."""
         self._done: list[DecodingRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._in_hbm: dict[int, int] = {}
         """Requests whose KV is in (or on its way to) a GPU's HBM, until they end, and the prefill node of each."""
-        self._snic_down = False
-        """This node's storage NIC cannot bring KV in (a fault has it down)."""
+        self._snic_down = False  # This node's storage NIC cannot bring KV in (a fault has it down).
         self._kv = cluster.derived.kv_bytes_per_token
         self.buffer = Pool(out, f"n{node}.buffer", cluster.config.dram_buffer_bytes)
         hbm = cluster.derived.de_hbm_kv_bytes

@@ -42,8 +42,7 @@ class EngineGroup(ClusterEngine):
     def __init__(self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
         super().__init__(name, cluster, out, plane)
         self.nodes = list(nodes)
-        self._down = False
-        """Crashed and not restarted yet: work that comes is lost."""
+        self._down = False  # Crashed and not restarted yet: work that comes is lost.
         self._epoch = 0
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0

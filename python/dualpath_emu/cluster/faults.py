@@ -10,8 +10,7 @@ stalls and resumes; only a storage NIC may stay down to the end, its stalled rea
 crossing), ``slow_storage`` (target ``storage``: both) and ``crash`` (an engine group, ``pe0``/``de3``, loses
 its HBM and DRAM state and is back empty ``restart_s`` later; its requests are dispatched again, up to
 ``max_redispatches`` times, then fail). Faults on one port at once combine: the lowest factor and the largest
-latency hold.
-"""
+latency hold."""
 
 from __future__ import annotations
 
@@ -32,10 +31,8 @@ __all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RA
 Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
 KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage", "crash")
 RANDOM_KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "crash")
-MAX_FAULTS: Final = 10_000
-"""Faults one plan may list (a schedule, not a trace: random ones are drawn as the run goes)."""
-MAX_TIME_S: Final = 1e7
-"""Latest start and longest duration of a fault (116 days: far beyond any run)."""
+MAX_FAULTS: Final = 10_000  # Faults one plan may list (a schedule, not a trace: random ones are drawn as the run goes).
+MAX_TIME_S: Final = 1e7  # Latest start and longest duration of a fault (116 days: far beyond any run).
 MAX_RATE_PER_NODE_HOUR: Final = 3600.0
 MIN_RATE_PER_NODE_HOUR: Final = 1e-6
 """A rate above 0 but below this is refused (one fault per 114 years of a node: none in any run)."""
@@ -49,12 +46,9 @@ class Fault:
     target: str
     at_s: float
     duration_s: float | None = None
-    factor: float = 0.0
-    """What is left of the rates (``degrade``, ``slow_storage``; ``down`` is 0)."""
-    latency_s: float = 0.0
-    """Added per operation (``latency``, ``slow_storage``)."""
-    restart_s: float = 0.0
-    """``crash``: how long the engine is down before it comes back empty."""
+    factor: float = 0.0  # What is left of the rates (``degrade``, ``slow_storage``; ``down`` is 0).
+    latency_s: float = 0.0  # Added per operation (``latency``, ``slow_storage``).
+    restart_s: float = 0.0  # ``crash``: how long the engine is down before it comes back empty.
 
     def describe(self) -> str:
         if self.kind == "crash":
@@ -71,12 +65,9 @@ class RandomFaults:
 
     per_node_hour: Mapping[str, float]
     mean_duration_s: float
-    factor: float = 0.5
-    """What a random ``degrade`` leaves of the rates."""
-    latency_s: float = 0.001
-    """What a random ``latency`` fault adds."""
-    restart_s: float = 30.0
-    """How long a randomly crashed engine is down."""
+    factor: float = 0.5  # What a random ``degrade`` leaves of the rates.
+    latency_s: float = 0.001  # What a random ``latency`` fault adds.
+    restart_s: float = 30.0  # How long a randomly crashed engine is down.
 
 
 @dataclass(frozen=True)
@@ -277,11 +268,9 @@ class FaultTotals:
     kind: str
     target: str
     windows: int = 0
-    acted_ns: int = 0
-    """How long the windows that ended acted, together (overlapping ones each count)."""
+    acted_ns: int = 0  # How long the windows that ended acted, together (overlapping ones each count).
     open: int = 0
-    open_starts_ns: int = 0
-    """How many have not ended, and the sum of their starts (each acts to the run's end)."""
+    open_starts_ns: int = 0  # How many have not ended, and the sum of their starts (each acts to the run's end).
     counted: list[int] = field(default_factory=lambda: [0, 0, 0])
     """Redispatched, failed and reads moved while the ended ones acted."""
     open_counts: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -450,8 +439,7 @@ def plan_from_wire(data: Mapping[str, Any]) -> FaultPlan:
     )  # fmt: skip
 
 
-KIND: Final = "faults"
-"""What a ``--faults`` file says at its top: ``kind = "faults"``."""
+KIND: Final = "faults"  # What a ``--faults`` file says at its top: ``kind = "faults"``.
 
 
 def load_fault_file(path: str | Path, nodes: int, gpus: int, engines: Sequence[str] = ()) -> FaultPlan:

@@ -15,8 +15,7 @@ live in its own process. One turn:
    decode group, :class:`PrefillDone` to the scheduler.
 5. The decode group copies the prompt KV into HBM and decodes it, persisting every completed block; at its
    last token :class:`DecodeDone` to the scheduler and :class:`TurnDone` to the client, which submits the
-   agent's next turn.
-"""
+   agent's next turn."""
 
 from __future__ import annotations
 

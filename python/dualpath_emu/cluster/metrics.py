@@ -3,8 +3,7 @@ TPOT, Fig. 12's TTFT breakdown); the GPUs' busy time (:class:`BusyTime`) and the
 
 Request ids are 0, 1, 2, … in arrival order, so every column is a flat array indexed by id; a time not reached
 yet is -1. Latencies (paper-facts §3.3): TTFT = first token − arrival; **TTST = second token − first token**
-(the PE → DE hand-off, H2D and the first decode step); TPOT = (last token − second token) / (tokens − 2).
-"""
+(the PE → DE hand-off, H2D and the first decode step); TPOT = (last token − second token) / (tokens − 2)."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ class BusyTime:
         """Busy nanoseconds per sampling interval, per unit (only units that were ever busy)."""
         self.spans: list[tuple[int, int, int, str, tuple[tuple[str, int], ...]]] | None = [] if keep_spans else None
         """``(unit, start_ns, end_ns, what, args)`` per interval, if kept."""
-        self._cap = MAX_SAMPLES_PER_UNIT
-        """Bins per unit at most, for the units there are now."""
+        self._cap = MAX_SAMPLES_PER_UNIT  # Bins per unit at most, for the units there are now.
 
     def _new_unit(self, unit: int) -> array[int]:
         self.busy_ns[unit] = array("q")
@@ -202,10 +200,8 @@ class Metrics:
         self.pe = _column("i")
         self.de = _column("i")
         self.read_on_de = _column("b")
-        self.forward_ns = _column()
-        """Start of each prefill forward pass (all groups, in start order)."""
-        self.redispatch_ns = _column()
-        """When each redispatch after an engine crash happened (:meth:`redispatched`)."""
+        self.forward_ns = _column()  # Start of each prefill forward pass (all groups, in start order).
+        self.redispatch_ns = _column()  # When each redispatch after an engine crash happened (:meth:`redispatched`).
         self.read_moved_ns = _column()
         """When each read moved to the other side, its storage NIC down (the second path as failover)."""
         self.forward_attention_balance: array[float] = array("d")
@@ -214,8 +210,7 @@ class Metrics:
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
         self.turns_done = 0
         """Requests ended in this process (:meth:`done`): how far a run is, without a scan of ``done_ns``."""
-        self.failures = 0
-        """Requests ended as failed in this process (:meth:`failed`), without a scan of ``failed_ns``."""
+        self.failures = 0  # Requests ended as failed in this process (:meth:`failed`), without a scan of ``failed_ns``.
         self._bind_columns()
 
     def _bind_columns(self) -> None:

@@ -1,8 +1,7 @@
 """What the cluster's engines observe as they decide, as typed records: an engine hands each to its outbox
 (``out.observe(Admitted(rid))``); the event log writes it as one canonical line (its ``kind`` and
 ``summary()``), the invariant checker (:class:`~dualpath_emu.cluster.invariants.EventLogChecker`) reads the
-fields, and :func:`parse` turns a live run's text line back into the record.
-"""
+fields, and :func:`parse` turns a live run's text line back into the record."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What ``dualpath-emu run`` writes: the summary (``--json``, ``summary.json``: the scenario, each system's
 :meth:`SystemResult.summary`, ``speedup_vs_basic``), ``requests.csv`` (one row per request per system, times in
 seconds since the run's start, empty where never reached), the plots (``jct.png``, ``utilisation.png``,
-``latency-cdf.png``, with matplotlib's Agg backend) and where a system's Perfetto trace goes.
-"""
+``latency-cdf.png``, with matplotlib's Agg backend) and where a system's Perfetto trace goes."""
 
 from __future__ import annotations
 

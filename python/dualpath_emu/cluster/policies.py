@@ -20,8 +20,7 @@ request to the group's next DE with room.
 
 **Read side** (:meth:`Policy.read_side`, §6.3): a request's whole hit is read on one side, for DualPath the
 node with the shorter read queue, which then grows by the hit tokens (so one fetch does not send everything to
-one side; the paper does not say whether it updates ``read_q`` within a fetch); PE-only systems read on the PE.
-"""
+one side; the paper does not say whether it updates ``read_q`` within a fetch); PE-only systems read on the PE."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ __all__ = [
     "PolicyError", "PortHealth", "PrefillAssignment", "ReadSide", "Request", "RoundRobinPolicy", "check_assignments",
 ]  # fmt: skip
 
-DE_HIGH_TOKEN_FACTOR: Final = 1.05
-"""The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper)."""
+DE_HIGH_TOKEN_FACTOR: Final = 1.05  # The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper).
 
 ReadSide = Literal["pe", "de"]
 
@@ -101,8 +99,7 @@ class PortHealth:
 
     def __init__(self) -> None:
         self._factors: dict[str, float] = {}
-        self.engines_down: set[str] = set()
-        """Engine groups down after a crash (``pe0``, ``de3``), until they are back."""
+        self.engines_down: set[str] = set()  # Engine groups down after a crash (``pe0``, ``de3``), until they are back.
 
     def set_engine(self, engine: str, up: bool) -> None:
         if up:

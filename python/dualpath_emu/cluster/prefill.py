@@ -27,25 +27,18 @@ class _PrefillItem:
     new: int
     context: int
     done_new: int = 0
-    pe_ready: bool = False
-    """The hit KV is where the PE reads it (PE buffer, or nothing to read)."""
-    de_ready: bool = False
-    """The DE side is ready: its buffer is allocated (and, DE-read, the hit KV is in it)."""
-    buffered: int = 0
-    """Bytes of the PE buffer this request holds."""
+    pe_ready: bool = False  # The hit KV is where the PE reads it (PE buffer, or nothing to read).
+    de_ready: bool = False  # The DE side is ready: its buffer is allocated (and, DE-read, the hit KV is in it).
+    buffered: int = 0  # Bytes of the PE buffer this request holds.
     de_node: int = 0
     de_gpu: int = 0
     read_on_de: bool = False
-    in_hbm: bool = False
-    """Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk)."""
-    attempt: int = 0
-    """Which read of its hit counts: a failover or a drop makes the reads begun before it stale."""
-    reading: bool = False
-    """This side's current read has started (its buffer is held)."""
+    in_hbm: bool = False  # Non-layerwise: the request's hit KV is in this GPU's HBM (copied before its first chunk).
+    attempt: int = 0  # Which read of its hit counts: a failover or a drop makes the reads begun before it stale.
+    reading: bool = False  # This side's current read has started (its buffer is held).
     started_elsewhere: bool = False
     """A read moved here had started on the decode side (which wrote its start in the metrics)."""
-    dropped: bool = False
-    """The scheduler dropped it (its decode engine crashed) while a forward pass had it."""
+    dropped: bool = False  # The scheduler dropped it (its decode engine crashed) while a forward pass had it.
 
     @property
     def ready(self) -> bool:

@@ -3,8 +3,7 @@
 One seed is one sample (workload, arrivals and tool waits all come from it). ``dualpath-emu run --seeds N``
 reports per system and figure the mean over the seeds and its 95% interval (Student's t), and the speedup over
 Basic paired by seed, so the workload's own variation cancels. ``dualpath-emu compare OUT_A OUT_B`` prints two
-``summary.json`` files' figures side by side, with whether their intervals overlap.
-"""
+``summary.json`` files' figures side by side, with whether their intervals overlap."""
 
 from __future__ import annotations
 

@@ -35,8 +35,7 @@ The :class:`RooflineParams` defaults, one set for prefill and one for decode, an
     prefill's (:mod:`dualpath_emu.reproduce.calibrate`); decode runs as CUDA graphs and keeps 0.
 ``a2a_fixed_s = 87e-6``
     One MoE layer's dispatch + combine latency (DeepEP, above; 0 for a dense model). Prefill's normal kernels
-    publish bandwidths only: we assume the same fixed part.
-"""
+    publish bandwidths only: we assume the same fixed part."""
 
 from __future__ import annotations
 
@@ -105,8 +104,7 @@ class Roofline:
     params: RooflineParams = field(default_factory=RooflineParams)
     gpus_per_node: int = 8
     """GPUs of one node: an EP group of ``ep_degree`` GPUs spans ``ep_degree / gpus_per_node`` nodes."""
-    cnic_bytes_per_s: float = 50e9
-    """Each GPU's compute NIC, which a decode step's all-to-all to other nodes crosses."""
+    cnic_bytes_per_s: float = 50e9  # Each GPU's compute NIC, which a decode step's all-to-all to other nodes crosses.
     _by_batch: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
     """Per decode batch size: one layer's weight GEMMs and one MoE layer's all-to-all."""
 

@@ -1,8 +1,7 @@
 """Running one system on one cluster configuration in virtual time, and its results (paper §7).
 
 :func:`run_system` builds the core and the engines, runs until every agent's last turn is done, checks that
-every admitted request ended exactly once and the invariants held, and returns a :class:`SystemResult`.
-"""
+every admitted request ended exactly once and the invariants held, and returns a :class:`SystemResult`."""
 
 from __future__ import annotations
 
@@ -86,10 +85,8 @@ class SystemResult:
     can be the bottleneck in its busiest seconds)."""
 
     system: str
-    jct_s: float
-    """From the first arrival to the last request's end, done or failed (§7.3's JCT when :attr:`complete`)."""
-    turns: int
-    """Requests admitted (a turn that was never submitted, its agent having failed, is not one)."""
+    jct_s: float  # From the first arrival to the last request's end, done or failed (§7.3's JCT when :attr:`complete`).
+    turns: int  # Requests admitted (a turn that was never submitted, its agent having failed, is not one).
     agents: int
     ttft_s: dict[str, float]
     ttst_s: dict[str, float]
@@ -99,8 +96,7 @@ class SystemResult:
     """Storage NICs per role and direction: ``rx`` reads (storage → node), ``tx`` writes (node → storage)."""
     cnic_util: dict[str, dict[str, Utilisation]]
     """Compute NICs per role and direction: ``tx`` reads host memory or HBM, ``rx`` writes them."""
-    dram_util: dict[str, Utilisation]
-    """Host DRAM (one port for both directions) per role."""
+    dram_util: dict[str, Utilisation]  # Host DRAM (one port for both directions) per role.
     gpu_util: dict[str, Utilisation]
     """Busy fraction per role: prefill GPUs in forward passes with work, decode GPUs stepping a batch."""
     working_set_bytes: dict[str, float]
@@ -108,28 +104,20 @@ class SystemResult:
     snic_max_over_mean: float
     event_log_sha256: str
     wall_s: float
-    events: int
-    """Actor events (the event log's records)."""
-    core_events: int
-    """Events the core handled (its queue's live events)."""
+    events: int  # Actor events (the event log's records).
+    core_events: int  # Events the core handled (its queue's live events).
     metrics: Metrics = field(repr=False)
-    core_stats: dict[str, int] = field(default_factory=dict)
-    """Every counter of ``Core.stats()``."""
+    core_stats: dict[str, int] = field(default_factory=dict)  # Every counter of ``Core.stats()``.
     extra: dict[str, Any] = field(default_factory=dict)
     timelines: dict[str, dict[str, list[float]]] = field(default_factory=dict, repr=False)
     """Mean utilisation per sample over the ports (or GPUs) of each role: ``snic.rx``, ``snic.tx``,
     ``cnic.tx``, ``cnic.rx``, ``dram``, ``gpu`` → ``{"pe": [...], "de": [...]}``."""
     sample_interval_s: float = SAMPLE_INTERVAL_S
-    spec: System | None = field(default=None, repr=False)
-    """The system that ran (set by :func:`run_system`)."""
-    failed_requests: int = 0
-    """Requests that ended as failed (lost more often than the scheduler dispatches again)."""
-    redispatches: int = 0
-    """Times a request was lost to an engine crash and dispatched again."""
-    turns_planned: int = 0
-    """The workload's turns (every trajectory's, whole): what a complete run finishes."""
-    turns_done: int = 0
-    """Requests that ended with their last token."""
+    spec: System | None = field(default=None, repr=False)  # The system that ran (set by :func:`run_system`).
+    failed_requests: int = 0  # Requests that ended as failed (lost more often than the scheduler dispatches again).
+    redispatches: int = 0  # Times a request was lost to an engine crash and dispatched again.
+    turns_planned: int = 0  # The workload's turns (every trajectory's, whole): what a complete run finishes.
+    turns_done: int = 0  # Requests that ended with their last token.
     failed_agents: int = 0
     """Agents with a failed request: a closed-loop agent's later turns need its output, so they never run."""
 
@@ -206,8 +194,7 @@ def run_system(
     ``trace_path``: write a Perfetto trace there (:mod:`~dualpath_emu.cluster.trace`; memory grows with the
     run). ``probe_paths``: time every data movement by kind (``extra["paths"]``), the model's side of a
     host-backend comparison. None of these changes the event log. ``plane`` names the engines' data plane
-    in ``planes`` (by default the in-process core).
-    """
+    in ``planes`` (by default the in-process core)."""
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
     if isinstance(system, str):

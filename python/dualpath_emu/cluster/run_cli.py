@@ -1,8 +1,7 @@
 """The commands ``dualpath-emu run`` (each system of a cluster scenario on the same workload, in virtual time,
 live, or over several seeds; one table, a row per system; ``--json``, ``--out DIR``: docs/running.md),
 ``compare``, ``collect`` (a live run started by hand) and ``validate`` (a cluster or run scenario: one ``OK``
-line, or a one-line :class:`~dualpath_emu.config.ScenarioError`).
-"""
+line, or a one-line :class:`~dualpath_emu.config.ScenarioError`)."""
 
 from __future__ import annotations
 
@@ -592,8 +591,7 @@ def _pair(a: float, b: float) -> str:
     return f"{100 * a:.0f}/{100 * b:.0f}"
 
 
-TABLE_COLUMNS_FULL = 100
-"""Terminals narrower than this get the compact table (the figures that fit 80 columns)."""
+TABLE_COLUMNS_FULL = 100  # Terminals narrower than this get the compact table (the figures that fit 80 columns).
 
 
 def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: int = TABLE_COLUMNS_FULL) -> Table:

@@ -23,8 +23,7 @@ one request's KV. Every error is a :class:`~dualpath_emu.config.ScenarioError` n
 what was expected (the CLI: one line, exit status 2).
 
 :data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as the
-packaged ``ds660b-2p4d-offline.toml`` (a test keeps them equal).
-"""
+packaged ``ds660b-2p4d-offline.toml`` (a test keeps them equal)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ _MAX_SEED: Final = 2**63 - 1
 class Limits:
     """The ranges a cluster scenario's keys must lie in (module docstring, "Limits")."""
 
-    max_nodes: int = 256
-    """pe_nodes + de_nodes (the paper's largest deployment: 144 nodes)."""
+    max_nodes: int = 256  # pe_nodes + de_nodes (the paper's largest deployment: 144 nodes).
     max_gpus: int = 16
     max_snics: int = 16
     nic_bytes_per_s: tuple[float, float] = (1e6, 1e12)
@@ -89,8 +87,7 @@ class Limits:
     arrival_rate: tuple[float, float] = (1e-3, 1e6)
     max_base_trajectories: int = MAX_BASE_TRAJECTORIES
     max_sigma: float = MAX_SIGMA
-    scheduling_s: tuple[float, float] = (1e-3, 3600.0)
-    """alpha_read_s, beta_compute_s, attention_quota_s."""
+    scheduling_s: tuple[float, float] = (1e-3, 3600.0)  # alpha_read_s, beta_compute_s, attention_quota_s.
     fetch_period_s: tuple[float, float] = (1e-6, 60.0)
     max_pipeline_stages: int = 1024
 
@@ -108,16 +105,13 @@ class ClusterScenario:
     config: ClusterConfig
     systems: tuple[str, ...] = DEFAULT_SYSTEMS
     seed: int = 0
-    trace: Path | None = None
-    """A trace file to replay instead of generating ``config.dataset``."""
-    max_rounds: int = 0
-    """> 0: keep only each agent's first ``max_rounds`` rounds."""
+    trace: Path | None = None  # A trace file to replay instead of generating ``config.dataset``.
+    max_rounds: int = 0  # > 0: keep only each agent's first ``max_rounds`` rounds.
     generator: GeneratorParams = field(default_factory=GeneratorParams)
     source: str = BUILT_IN
     custom_systems: tuple[System, ...] = ()
     """The systems of ``systems`` that are not built in (from the user's code), in order."""
-    backend: str = "model"
-    """``"model"`` or ``"host"`` (real bytes, :mod:`dualpath_emu.host`)."""
+    backend: str = "model"  # ``"model"`` or ``"host"`` (real bytes, :mod:`dualpath_emu.host`).
     byte_scale: float = 1e-3
     storage_dir: str = ""
     transfer_engine: str = "zmq"

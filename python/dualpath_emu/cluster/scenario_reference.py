@@ -3,8 +3,7 @@
 The **schema** is what the reader asks for (a scenario and the packaged catalog read with a recording
 :class:`~dualpath_emu.config.Table`: every key's path, default and what it accepts, as its errors say); the
 **descriptions** are the annotated example :data:`EXAMPLE`. :func:`check` says where the two disagree; a test
-runs it and compares the committed page with :func:`render`. ``make docs`` writes the page.
-"""
+runs it and compares the committed page with :func:`render`. ``make docs`` writes the page."""
 
 from __future__ import annotations
 
@@ -34,10 +33,8 @@ _SAME_KEYS = ("roofline.prefill.", "roofline.decode.")
 class Key:
     """One key as the reader asks for it."""
 
-    path: str
-    """Dotted, with ``NAME`` for a catalog entry's name: ``models.NAME.hidden_size``."""
-    default: object
-    """:data:`~dualpath_emu.config.REQUIRED` if the key must be given."""
+    path: str  # Dotted, with ``NAME`` for a catalog entry's name: ``models.NAME.hidden_size``.
+    default: object  # :data:`~dualpath_emu.config.REQUIRED` if the key must be given.
     expected: str
 
 
@@ -46,12 +43,10 @@ class Documented:
     """One key (or table) of the annotated example."""
 
     path: str
-    default: str
-    """As written (a TOML value), "" for a table or a key shown commented out (no default)."""
+    default: str  # As written (a TOML value), "" for a table or a key shown commented out (no default).
     description: str
     table: bool = False
-    array: bool = False
-    """An array of tables (``[[faults]]``)."""
+    array: bool = False  # An array of tables (``[[faults]]``).
 
 
 def schema() -> list[Key]:

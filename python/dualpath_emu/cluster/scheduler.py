@@ -24,8 +24,7 @@ __all__ = [
     "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "Scheduler",
 ]  # fmt: skip
 
-_LAST_DONE = 64
-"""DecodeDones kept per decode group: what a process killed could have sent without its TurnDones."""
+_LAST_DONE = 64  # DecodeDones kept per decode group: what a process killed could have sent without its TurnDones.
 
 
 @dataclass(slots=True)
@@ -34,11 +33,9 @@ class _Pull:
 
     nodes: tuple[int, ...]
     period_ns: int
-    prefill: bool
-    """Whether the group hosts PEs (a fetch then runs Algorithm 1 over every PE)."""
+    prefill: bool  # Whether the group hosts PEs (a fetch then runs Algorithm 1 over every PE).
     last_ns: int = -(10**18)
-    timer: bool = False
-    """Set while the next serving waits for the period to pass."""
+    timer: bool = False  # Set while the next serving waits for the period to pass.
 
 
 @dataclass(slots=True)
@@ -47,8 +44,7 @@ class _PrefillRestart:
     requests' KV they have (a KvReady may have left the dead process without its PrefillDone, or the reverse)."""
 
     group: str
-    waiting: set[str]
-    """Decode groups whose answer (Lost "dropped from") has not come."""
+    waiting: set[str]  # Decode groups whose answer (Lost "dropped from") has not come.
     held: list[tuple[int, int, int]]
     """``(rid, pe, attempt)``: the requests the scheduler had sent it, as they were then."""
     dropped: list[int]
@@ -83,8 +79,7 @@ class Scheduler(ClusterEngine):
         self._pulls: dict[str, _Pull] = {}
         self._wanted: set[str] = set()
         """Groups with work waiting whose standing fetch has not come yet (real time: it races the work)."""
-        self._decoded: set[int] = set()
-        """Requests whose DecodeDone came before their PrefillDone (real time only)."""
+        self._decoded: set[int] = set()  # Requests whose DecodeDone came before their PrefillDone (real time only).
         self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
         # The groups' names by node, looked up at every message to a group and every decode notification.
@@ -93,12 +88,10 @@ class Scheduler(ClusterEngine):
         self._check_policy = not isinstance(cluster.system.scheduler, str)
         """A user's policy: what it returns is checked (the built-in ones' is tested)."""
         # Engine crashes (issue 26).
-        self._down: set[str] = set()
-        """Engine groups that crashed and have not fetched since."""
+        self._down: set[str] = set()  # Engine groups that crashed and have not fetched since.
         self._recovering: dict[int, set[str]] = {}
         """Requests lost to a crash whose other engine has not yet confirmed it dropped them."""
-        self._attempts: dict[int, int] = {}
-        """Requests dispatched again after a crash: how many times."""
+        self._attempts: dict[int, int] = {}  # Requests dispatched again after a crash: how many times.
         self._causes: dict[int, str] = {}
         """Why a request being recovered was lost ("crash", "down" or "timeout"), until it is dispatched again."""
         self._all_pes = self.prefill.engines
@@ -113,8 +106,7 @@ class Scheduler(ClusterEngine):
         self._asked: dict[str, deque[int]] = {}
         """The prefill restarts each decode group was asked about (Drop naming their nodes), in order."""
         self._restarts = 0
-        self._asking: set[int] = set()
-        """Requests the client was asked about (WhichEnded) and has not answered yet."""
+        self._asking: set[int] = set()  # Requests the client was asked about (WhichEnded) and has not answered yet.
         self._parked: dict[int, str] = {}
         """Requests to dispatch again once the client says it has not ended them: who lost them."""
         self._client_ended: set[int] = set()

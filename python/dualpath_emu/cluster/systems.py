@@ -1,8 +1,7 @@
 """The systems compared (paper §7.2, §7.5; paper-facts §8.1): one bundle of policies each. Adding a built-in
 system is one entry in :data:`SYSTEMS`; a user's is a :class:`System` in the user's own code
 (:mod:`dualpath_emu.cluster.user_systems`), passed to :func:`~dualpath_emu.cluster.run.run_system` as the
-object: no registry is global.
-"""
+object: no registry is global."""
 
 from __future__ import annotations
 
@@ -33,11 +32,9 @@ class System:
     layerwise: bool
     """Layerwise prefill (§4): per-layer KV streamed into HBM during the forward pass; otherwise the whole hit
     KV is copied into HBM first and the request's KV must fit in the PE's HBM."""
-    dual_path: bool
-    """Reads may go through the decode node (storage → DE buffer → PE); otherwise PE-read only."""
+    dual_path: bool  # Reads may go through the decode node (storage → DE buffer → PE); otherwise PE-read only.
     scheduler: Literal["dualpath", "round_robin"] | type[Policy]
-    oracle: bool = False
-    """Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound."""
+    oracle: bool = False  # Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound.
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or NAME_PATTERN.fullmatch(self.name) is None:

@@ -8,8 +8,7 @@ traffic on VL0, KV on VL2). The storage cluster is one port each way (``3fs.read
 per-I/O latency, and a storage queue per node.
 
 The compute fabric is taken to be non-blocking (a transfer is limited by its NICs and the memory it touches),
-and PCIe is no port: every GPU byte passes the GPU's own CNIC (§5.1), slower than a PCIe Gen5 ×16 link.
-"""
+and PCIe is no port: every GPU byte passes the GPU's own CNIC (§5.1), slower than a PCIe Gen5 ×16 link."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ from dualpath_emu.cluster.catalog import NodeSpec
 
 __all__ = ["KV_LANE", "MODEL_LANE", "NodePorts", "StorageSpec", "Topology", "build_topology"]
 
-MODEL_LANE: Final = 0
-"""VL0: inference traffic (MoE dispatch/combine), high priority (paper A.1)."""
-KV_LANE: Final = 2
-"""VL2: KV-cache traffic, low priority (paper A.1)."""
+MODEL_LANE: Final = 0  # VL0: inference traffic (MoE dispatch/combine), high priority (paper A.1).
+KV_LANE: Final = 2  # VL2: KV-cache traffic, low priority (paper A.1).
 
 
 @dataclass(frozen=True)
@@ -44,8 +41,7 @@ class StorageSpec:
 @dataclass(frozen=True)
 class NodePorts:
     index: int
-    role: str
-    """``"pe"`` or ``"de"``."""
+    role: str  # ``"pe"`` or ``"de"``.
     snic_rx: int
     snic_tx: int
     dram: int

@@ -10,8 +10,7 @@ the requests.
   ``hand-off`` (first → second token) and ``decode``.
 
 Async slices (``b``/``e``, each with an id of its own) are used wherever slices overlap: Perfetto stacks them,
-while slices on a thread must nest.
-"""
+while slices on a thread must nest."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ scenario loaded; a module is imported once. ``Name`` is, in that module: a
 data path and the policy's ``read_both_sides``; else the name of a system in the module's ``SYSTEMS`` (a list,
 tuple or mapping), for names that are no Python identifier. A system may not take a built-in system's name.
 Whatever cannot be resolved is one :class:`~dualpath_emu.config.ScenarioError` line naming where the spec was
-given, the spec and what was expected.
-"""
+given, the spec and what was expected."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ once it holds over β tokens. Decode engines and the read side stay DualPath's (
     dualpath-emu run --system dualpath_emu.examples.custom_policy:least-loaded --agents 16
     dualpath-emu run ds27b-1p1d-offline --system dualpath --system path/to/your_copy.py:least-loaded
 
-The command line finds the system in ``SYSTEMS`` by its name (``...:LeastLoadedPolicy`` would wrap the class).
-"""
+The command line finds the system in ``SYSTEMS`` by its name (``...:LeastLoadedPolicy`` would wrap the class)."""
 
 from collections import deque
 from dataclasses import dataclass

@@ -3,8 +3,7 @@ paths (a :class:`~dualpath_emu.host.storage.BlockStore` in ``--dir``, 16 I/Os in
 :class:`~dualpath_emu.host.transport.ByteChannel` over private ``ipc://``, unpaced; every byte verified; plus the
 median latency of a 4 KiB read and round trip), written as TOML ``[hardware]`` and ``[storage]`` tables a
 cluster scenario can use, with, as a comment, the largest ``byte_scale`` at which a host run keeps to its
-model's rates here.
-"""
+model's rates here."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ link (a :class:`~dualpath_emu.host.pacing.Pacer` feeding a private ``ipc://``
 :class:`~dualpath_emu.host.transport.ByteChannel`), in three runs: **unloaded** (the collective alone),
 **isolated** (``kv_outstanding`` KV messages kept queued, the paper's arbitration, A.1) and **shared** (the same
 KV, one FIFO). The collective's latency is its send to the receiver's ack. ``python -m
-dualpath_emu.host.isolation`` prints the medians as ``BENCH`` lines (``make bench``).
-"""
+dualpath_emu.host.isolation`` prints the medians as ``BENCH`` lines (``make bench``)."""
 
 from __future__ import annotations
 

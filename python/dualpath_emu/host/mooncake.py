@@ -8,8 +8,7 @@ checks the bytes in its region as for an inline chunk.
 **No authentication**: any peer that reaches the engine's transport or handshake reads and writes the registered
 regions. The engine binds ``0.0.0.0``/``[::]`` whatever it is given, so :class:`MooncakeWire` redirects its
 libraries' wildcard ``bind`` calls to the run's address (:func:`confine_binds`), checks in ``/proc`` that it
-listens there alone (else refuses to start) and says where (:attr:`MooncakeWire.listening`).
-"""
+listens there alone (else refuses to start) and says where (:attr:`MooncakeWire.listening`)."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ __all__ = [
     "listening_sockets",
 ]
 
-SLOTS: Final = 8
-"""Sending peers a process can receive from."""
+SLOTS: Final = 8  # Sending peers a process can receive from.
 SLOT_BYTES: Final = 8 << 20
 """The ring each sending peer writes its chunks into (a chunk is checked long before the ring comes round)."""
 

@@ -8,8 +8,7 @@ chunk enqueued behind low-lane ones goes next, as on an InfiniBand port with VL 
 arbitration, one FIFO). A late wake-up grants, a bucket (:data:`BURST_S` of the rate) at a time, what on-time
 ones would have: no rate is lost, and an idle port gains at most one bucket of credit.
 :meth:`Pacer.set_rate` (a fault) grants what was due at the old rate first, then refills at the new one; rate 0
-pauses it (what is queued waits, nothing is lost).
-"""
+pauses it (what is queued waits, nothing is lost)."""
 
 from __future__ import annotations
 
@@ -20,11 +19,9 @@ from dualpath_emu._core import Arbitration, PacketPort
 
 __all__ = ["BURST_S", "Grant", "Pacer"]
 
-BURST_S = 1e-3
-"""How long of its rate a pacer's bucket holds."""
+BURST_S = 1e-3  # How long of its rate a pacer's bucket holds.
 
-Grant = tuple[int, int, int, bool]
-"""A chunk granted: ``(tag, lane, bytes, last chunk of its message)``."""
+Grant = tuple[int, int, int, bool]  # A chunk granted: ``(tag, lane, bytes, last chunk of its message)``.
 
 
 class Pacer:

@@ -2,8 +2,7 @@
 each (:class:`PathStats`), so a host run's real transfers sit next to the model's figures: ``storage read
 (PE)``, ``storage read (DE)``, ``write-back``, ``PE→DE``, ``DE→PE``, ``all-to-all``, ``H2D``, ``D2H`` and
 ``forward pass``. Named from a :class:`Layout` (the cluster's ``Topology`` is one), so the host backend needs
-nothing of the cluster's code.
-"""
+nothing of the cluster's code."""
 
 from __future__ import annotations
 

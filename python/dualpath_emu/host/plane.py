@@ -16,8 +16,7 @@ a block per chunk. Everything moved for real is counted per (port, lane) in mode
 Faults: a port's factor and latency set on one process's plane apply there and are sent to every other process
 (docs/host-backend.md, Faults); factor 0 pauses a pacer (nothing is lost) and, on a storage port, takes its
 node's :class:`~dualpath_emu.host.storage.StorageView` away. :meth:`HostDataPlane.finish` clears every fault,
-so what they held back drains.
-"""
+so what they held back drains."""
 
 from __future__ import annotations
 
@@ -81,11 +80,9 @@ class _StorageIo:
     """A storage I/O being paced: its blocks are issued as the SNIC port grants their chunks."""
 
     kind: str
-    extents: list[list[int]]
-    """The ``[context, first block, blocks]`` runs not issued yet."""
+    extents: list[list[int]]  # The ``[context, first block, blocks]`` runs not issued yet.
     done: asyncio.Future[None]
-    port: int
-    """Its node's storage NIC port (rx for a read, tx for a write-back)."""
+    port: int  # Its node's storage NIC port (rx for a read, tx for a write-back).
     view: StorageView | None = None
     """The way its node reaches the storage in that direction (taken away while the port is down)."""
     running: list[asyncio.Future[Any]] = field(default_factory=list)
@@ -122,10 +119,8 @@ class HostDataPlane(WallClockCore):
         self.failure: BaseException | None = None
         self._main: asyncio.Future[Any] | None = None
         # Faults (issue 26; see the module docstring).
-        self._factors: dict[int, float] = {}
-        """Ports a fault scales now: what it leaves of their rates (absent: 1)."""
-        self._latent: set[int] = set()
-        """Ports a fault adds latency to now (the core waits it out)."""
+        self._factors: dict[int, float] = {}  # Ports a fault scales now: what it leaves of their rates (absent: 1).
+        self._latent: set[int] = set()  # Ports a fault adds latency to now (the core waits it out).
         topology = plan.topology
         self._storage_of: dict[int, int] = {}
         """A storage NIC port -> the storage cluster's port of the same direction (their factors combine)."""

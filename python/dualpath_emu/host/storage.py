@@ -1,30 +1,18 @@
 """KV-cache Full Blocks in real files, the 3FS of the host backend (docs/host-backend.md): written and read
 with O_DIRECT on a thread pool, every read verified.
 
-A Full Block is 64 tokens of KV for all layers (its Layer Blocks are contiguous slices); the caller gives its
-size in (scaled) bytes. A *context* (one agent's blocks 0, 1, 2…) is one file, ``root / f"ctx-{context:08d}.kv"``,
-its block *i* at offset *i* × ``stride`` (``block_bytes`` rounded up to the O_DIRECT unit: 512 bytes where the
-device's logical blocks are, probed; else 4096). A block is a 32-byte header (``DPKV``, format version, context,
-block, block_bytes: ``<4sIQQQ``) then a pattern of (context, block) alone: 64-bit words (word index × an odd
-constant) XOR a mix of context and block, the header standing in for the first four words; zeros up to the
-stride. So any process verifies any block without being told what was written: a misplaced, torn or stale one
-fails. Several processes share the directory, each with its own :class:`BlockStore`.
+A context (one agent's blocks) is one file, ``ctx-{context:08d}.kv``, block *i* at *i* × ``stride``
+(``block_bytes`` rounded up to the O_DIRECT unit). A block is a 32-byte header (``DPKV``, version, context, block,
+block_bytes: ``<4sIQQQ``) then a pattern of (context, block) alone, so any process verifies any block unaided: a
+misplaced, torn or stale one fails. O_DIRECT so reads hit the disk, not the page cache (buffered where refused:
+``stats()["direct_io_reason"]``); one ``preadv``/``pwritev`` per chunk of up to 8 MiB, in parallel. A block not
+there yet (another process's write-back in flight) is re-read with backoff for up to ``wait_s`` (not counted
+while ``held()``), then counts as mismatched.
 
-O_DIRECT, so that reads hit the disk and not the page cache the writes filled; where the file system refuses
-it, buffered I/O, and ``stats()["direct_io_reason"]`` says why (probed once, on a file in ``root``). One
-``preadv``/``pwritev`` per chunk of a call's contiguous run (up to 8 MiB), in parallel. A block not there yet
-(past the end, or whole pages of zeros: another process's write-back in flight) is re-read with backoff (1 ms
-doubling to 8 ms, up to ``wait_s`` of sleep, not counted while ``held()`` says a fault holds write-backs back),
-then counts as mismatched; any other difference at once. A read of a block this store is still writing waits
-for the write.
-
-A node reaches the storage through its own :class:`StorageView` per direction (a descriptor of ``root`` that
-opens are relative to). :meth:`BlockStore.take_away` turns it, in place (``dup2``), into a removed directory's,
-so every open through it fails with a real ``ENOENT`` for that node alone; :meth:`BlockStore.give_back` restores
-it. Meanwhile an I/O waits for the view and tries again (1 ms doubling to 50 ms, woken when it is back;
-:meth:`BlockStore.reach` before one starts): never an error, never a false corruption. ``stats()`` counts the
-unreachable opens, the waits and their seconds, and the views away.
-"""
+A node reaches the storage through its own :class:`StorageView` (a directory descriptor opens are relative to):
+:meth:`BlockStore.take_away` swaps it in place for a removed directory's, so its opens fail with a real
+``ENOENT`` for that node alone, and I/O waits until :meth:`BlockStore.give_back` (never an error or a false
+corruption)."""
 
 from __future__ import annotations
 
@@ -74,8 +62,7 @@ _MASK64: Final = (1 << 64) - 1
 _MAX_INDEX: Final = (1 << 63) - 1  # contexts, and file offsets (off_t)
 _CHUNK_BYTES: Final = 8 << 20  # most bytes in one preadv/pwritev (at least one block)
 _FIRST_BACKOFF_S: Final = 0.001
-_MAX_BACKOFF_S: Final = 0.008
-"""The longest sleep between two reads of a block not there yet."""
+_MAX_BACKOFF_S: Final = 0.008  # The longest sleep between two reads of a block not there yet.
 _CTX_FILE: Final = re.compile(r"ctx-\d{8,}\.kv")
 _FIRST_REACH_S: Final = 0.001
 _MAX_REACH_S: Final = 0.05
@@ -100,8 +87,7 @@ class IoResult:
     """What one :meth:`BlockStore.read`, :meth:`~BlockStore.write` or :meth:`~BlockStore.seed` did.
 
     ``bytes`` are the bytes moved (``blocks`` × stride, re-reads not counted); ``verified_bytes`` is
-    ``verified_blocks`` × stride; ``retries`` counts block re-reads. A write verifies nothing (zeros).
-    """
+    ``verified_blocks`` × stride; ``retries`` counts block re-reads. A write verifies nothing (zeros)."""
 
     bytes: int
     blocks: int
@@ -110,10 +96,8 @@ class IoResult:
     mismatched_blocks: int = 0
     retries: int = 0
     wall_s: float = 0.0
-    unreachable: int = 0
-    """Opens the kernel failed with ENOENT, the view away (each one waited for it and tried again)."""
-    unreachable_s: float = 0.0
-    """Seconds spent waiting for the view to come back."""
+    unreachable: int = 0  # Opens the kernel failed with ENOENT, the view away (each one waited for it and tried again).
+    unreachable_s: float = 0.0  # Seconds spent waiting for the view to come back.
 
 
 class StorageView:
@@ -126,8 +110,7 @@ class StorageView:
     def __init__(self, name: str, fd: int) -> None:
         self.name: Final = name
         self.fd: Final = fd
-        self.away = False
-        """Whether it is taken away (every open through it fails with ENOENT)."""
+        self.away = False  # Whether it is taken away (every open through it fails with ENOENT).
         self._back: asyncio.Event | None = None
 
     async def wait_back(self, timeout_s: float) -> None:
@@ -203,8 +186,7 @@ class BlockStore:
 
     ``direct``: ``None`` uses O_DIRECT where the file system allows it and buffered I/O elsewhere, ``True``
     requires it (:class:`HostStorageError` where refused), ``False`` is buffered. ``threads`` is the size of
-    the I/O pool. A context manager: leaving it calls :meth:`close` (not :meth:`remove_all`).
-    """
+    the I/O pool. A context manager: leaving it calls :meth:`close` (not :meth:`remove_all`)."""
 
     def __init__(self, root: Path, block_bytes: int, *, threads: int = 4, direct: bool | None = None) -> None:
         self.block_bytes: Final = _check_int("block_bytes", block_bytes, 1)

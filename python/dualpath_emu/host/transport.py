@@ -22,8 +22,7 @@ latency     ``port, extra_ns`` (a fault changed a port's latency, the same way)
 
 Security as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys (tcp://)
 CURVE with a ZAP handler admitting the run's keys only; without, only private ``ipc://`` endpoints. A frame
-that fails its checks is dropped and counted (``rejected``). High-water marks bound what a peer can queue.
-"""
+that fails its checks is dropped and counted (``rejected``). High-water marks bound what a peer can queue."""
 
 from __future__ import annotations
 
@@ -50,12 +49,9 @@ ENGINES: Final = ("zmq", "mooncake")
 
 _log = logging.getLogger(__name__)
 
-HWM: Final = 1024
-"""Messages a socket queues per peer each way (then a sender waits)."""
-CLOSE_LINGER_MS: Final = 2000
-"""How long a closing channel keeps trying to deliver what it posted last."""
-PATTERN_BYTES: Final = 1 << 20
-"""The length of the byte pattern chunks are cut from (a chunk is at most this long)."""
+HWM: Final = 1024  # Messages a socket queues per peer each way (then a sender waits).
+CLOSE_LINGER_MS: Final = 2000  # How long a closing channel keeps trying to deliver what it posted last.
+PATTERN_BYTES: Final = 1 << 20  # The length of the byte pattern chunks are cut from (a chunk is at most this long).
 _PATTERN: Final = bytes((i * 131 + (i >> 8) * 7 + 17) & 0xFF for i in range(2 * PATTERN_BYTES))
 
 

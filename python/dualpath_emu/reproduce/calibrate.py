@@ -20,8 +20,7 @@ The decode engines are **not** fitted (roofline efficiencies, DeepEP all-to-all 
 stores the result in ``calibration.json`` in this package, which every experiment reads through
 :func:`~dualpath_emu.reproduce.common.deployment`; ``dualpath-emu calibrate`` reruns the fit. ``--quick``
 fits a storage-bound miniature (fewer agents, 40 rounds) to known parameters, to check the procedure, and
-never writes.
-"""
+never writes."""
 
 from __future__ import annotations
 
@@ -44,12 +43,10 @@ __all__ = ["CALIBRATION_FILE", "apply", "load", "main"]
 CALIBRATION_FILE: Final = Path(__file__).resolve().parent / "calibration.json"
 TOLERANCE: Final = 0.02
 MAX_ITERATIONS: Final = 8
-MIN_ELASTICITY: Final = 0.25
-"""|d ln JCT / d ln parameter| below which a fit stops and keeps its start value."""
+MIN_ELASTICITY: Final = 0.25  # |d ln JCT / d ln parameter| below which a fit stops and keeps its start value.
 TARGETS: Final = {("oracle", 512): 2000.0, ("oracle", 4096): 9400.0, ("basic", 512): 2900.0}
 """DS 660B 2P4D, 64K, JCT in seconds by (system, agents) [Fig. 7, fig~]."""
-QUICK_AGENTS: Final = {512: 96, 4096: 384}
-"""The miniature's agent counts standing for 512 and 4,096."""
+QUICK_AGENTS: Final = {512: 96, 4096: 384}  # The miniature's agent counts standing for 512 and 4,096.
 START: Final = {"prefill_speed": 0.44, "prefill_overhead_s_per_layer": 7e-3}
 """Where the prefill fit starts: near its last solution (saves Newton steps)."""
 FITTED: Final = ("prefill_speed", "prefill_overhead_s_per_layer", "snic_bytes_per_s")

@@ -12,8 +12,7 @@ the full key (the worker, the code's fingerprint, the run) and the result; a fil
 holds another version, key or shape, is ignored with a warning and the run computed again. Nothing in it is
 executed or unpickled, so a cache folder may be shared as safely as a CSV file: the worst a hostile file can
 do is give wrong numbers for its own key. (Dask's own wire does pickle tasks and results: reach its scheduler
-only over a network you trust, or over TLS.)
-"""
+only over a network you trust, or over TLS.)"""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ __all__ = [
     "run_parallel", "within",
 ]  # fmt: skip
 
-SYSTEMS: Final = ("basic", "dualpath", "oracle")
-"""The systems of the paper's figures."""
+SYSTEMS: Final = ("basic", "dualpath", "oracle")  # The systems of the paper's figures.
 
 DEPLOYMENTS: dict[str, dict[str, Any]] = {
     # The paper's default deployments (§7.1, paper-facts §2.1); the packaged scenarios hold the same.
@@ -90,8 +88,7 @@ class Cell:
     config: ClusterConfig
     system: str
     seed: int = 0
-    max_rounds: int = 0
-    """> 0: each agent replays only its first ``max_rounds`` rounds (quick variants)."""
+    max_rounds: int = 0  # > 0: each agent replays only its first ``max_rounds`` rounds (quick variants).
     append_factor: float = 1.0
     gen_factor: float = 1.0
 
@@ -272,8 +269,7 @@ def _cache_key(worker: Callable[[C], Any], task: C) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-MAX_CACHE_BYTES: Final = MAX_TRACE_BYTES
-"""The largest run cache file read (a result is a summary, a few KB to MB)."""
+MAX_CACHE_BYTES: Final = MAX_TRACE_BYTES  # The largest run cache file read (a result is a summary, a few KB to MB).
 
 
 def _cache_path(cache: Path, key: str) -> Path:
@@ -480,8 +476,7 @@ class Comparison:
     paper: float
     emulator: float
     target: str
-    met: bool | None
-    """Whether the target is met; None where the paper's number is only context (no target)."""
+    met: bool | None  # Whether the target is met; None where the paper's number is only context (no target).
 
     @property
     def ratio(self) -> float:
@@ -511,8 +506,7 @@ class Report:
     rows: list[dict[str, Any]]
     comparisons: list[Comparison]
     notes: list[str] = field(default_factory=list)
-    plot: Callable[[Path], None] | None = None
-    """Draw the figure into the given PNG path."""
+    plot: Callable[[Path], None] | None = None  # Draw the figure into the given PNG path.
     checks: dict[str, bool] = field(default_factory=dict)
     """Orderings the issue asks of the quick variant too (e.g. ``oracle <= dualpath <= basic``)."""
     wall_s: float = 0.0
@@ -568,8 +562,7 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-MAX_JOBS = 256
-"""The most processes an experiment starts (each runs one cell at a time)."""
+MAX_JOBS = 256  # The most processes an experiment starts (each runs one cell at a time).
 
 
 def experiment_main(name: str, description: str, build: Callable[[argparse.Namespace], Report],

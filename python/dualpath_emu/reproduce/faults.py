@@ -19,8 +19,7 @@ Each row: JCT, p99 TTFT, turns admitted, whether the run finished every turn (``
 requests failed did not do the whole work) and the requests failed, requests dispatched again, the faults that
 started and, for the outage and the crash, the turns finished per second before, during and after it.
 
-``--quick``: the storage-bound miniature (quarter storage NICs), 96 agents of 20 rounds.
-"""
+``--quick``: the storage-bound miniature (quarter storage NICs), 96 agents of 20 rounds."""
 
 from __future__ import annotations
 
@@ -38,14 +37,11 @@ from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
 __all__ = ["main"]
 
 SYSTEMS: Final = ("basic", "dualpath")
-RATES: Final = (1.0, 4.0)
-"""Random faults per node-hour (0 is the run without faults)."""
+RATES: Final = (1.0, 4.0)  # Random faults per node-hour (0 is the run without faults).
 OUTAGE: Final = (0.3, 0.2)
 """The storage NIC's outage: start and length, as fractions of the system's JCT without faults."""
-CRASH_AT: Final = 0.3
-"""When the decode engine crashes, as a fraction of the system's JCT without faults."""
-RESTART_S: Final = 60.0
-"""How long a crashed engine is down (loading a 660B model's weights again takes about that)."""
+CRASH_AT: Final = 0.3  # When the decode engine crashes, as a fraction of the system's JCT without faults.
+RESTART_S: Final = 60.0  # How long a crashed engine is down (loading a 660B model's weights again takes about that).
 
 
 def _random(rate: float) -> FaultPlan:

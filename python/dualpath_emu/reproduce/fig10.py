@@ -45,8 +45,7 @@ DualPath runs at Basic's edge rate, if not yet measured there, for the TPOT comp
 its checks are the orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, within one resolution step),
 positive edges, and DualPath's TPOT within 10% of Basic's at Basic's edge rate.
 
-Measured: EVALUATION.md (fig10), from ``docs/evaluation/fig10.json``.
-"""
+Measured: EVALUATION.md (fig10), from ``docs/evaluation/fig10.json``."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ __all__ = [
     "window_stats",
 ]  # fmt: skip
 
-Stats = dict[str, float]
-"""p50, p90, p99 and mean."""
+Stats = dict[str, float]  # p50, p90, p99 and mean.
 
 MODELS: Final = ("ds660b", "ds27b")
 SLO_TTFT_S: Final = 4.0
@@ -90,16 +88,14 @@ SLO_TPOT_S: Final = 0.050
 STATS: Final = ("mean", "p50", "p90", "p99")
 PAPER_RATIO: Final[Mapping[str, float]] = MappingProxyType({"ds660b": 2.25, "ds27b": 1.67})
 """Largest SLO-meeting APS, DualPath / Basic [exact §7.4]."""
-PAPER_MEAN_RATIO: Final = 1.96
-"""The arithmetic mean of the two ratios [derived]."""
+PAPER_MEAN_RATIO: Final = 1.96  # The arithmetic mean of the two ratios [derived].
 PAPER_EDGE_APS: Final[Mapping[tuple[str, str], float]] = MappingProxyType(
     {("ds660b", "basic"): 0.20, ("ds660b", "dualpath"): 0.45, ("ds27b", "basic"): 0.30, ("ds27b", "dualpath"): 0.50}
 )
 """APS at the SLO edge, read from Fig. 10 [fig~]."""
 RATIO_TOLERANCE: Final = 0.20
 TPOT_TOLERANCE: Final = 0.10
-WINDOW_FRACTION: Final = 0.5
-"""The window is the last half of the arrival period."""
+WINDOW_FRACTION: Final = 0.5  # The window is the last half of the arrival period.
 
 
 def _by_system(values: Mapping[str, tuple[float, float, float]]) -> Mapping[tuple[str, str], float]:
@@ -113,22 +109,16 @@ class Variant:
 
     arrival_s: Mapping[str, float]
     """Per model: D, the emulated seconds over which agents arrive (a run at rate λ admits round(λ·D) agents)."""
-    max_rounds: int
-    """> 0: each agent replays only its first rounds."""
+    max_rounds: int  # > 0: each agent replays only its first rounds.
     quick_node: bool
-    guess: Mapping[tuple[str, str], float]
-    """First guess of the edge per (model, system), from pilot runs."""
+    guess: Mapping[tuple[str, str], float]  # First guess of the edge per (model, system), from pilot runs.
     cap: Mapping[tuple[str, str], float]
     """Per (model, system): the largest rate a search measures; a guess at the cap is measured alone."""
-    resolution: float
-    """Relative width of the final bracket: stop when hi / lo - 1 <= resolution."""
+    resolution: float  # Relative width of the final bracket: stop when hi / lo - 1 <= resolution.
     oracle_resolution: float
-    growth: float
-    """Bracketing factor per rate (and the first step's spread, √growth around the guess)."""
-    rates_per_step: int
-    """Rates per search in the first and the bracketing steps."""
-    refine_rates_per_step: int
-    """Rates per search in the steps that split a bracket (1: bisection)."""
+    growth: float  # Bracketing factor per rate (and the first step's spread, √growth around the guess).
+    rates_per_step: int  # Rates per search in the first and the bracketing steps.
+    refine_rates_per_step: int  # Rates per search in the steps that split a bracket (1: bisection).
     max_steps: int
     min_agents: int
     label: str
@@ -178,15 +168,12 @@ class Point:
     window_end_s: float
     window_requests: int
     ttft_s: dict[str, float]
-    ttst_s: dict[str, float]
-    """Second token − first token."""
+    ttst_s: dict[str, float]  # Second token − first token.
     tpot_s: dict[str, float]
-    run_ttft_s: dict[str, float]
-    """Over the whole run (ramp and drain included)."""
+    run_ttft_s: dict[str, float]  # Over the whole run (ramp and drain included).
     run_tpot_s: dict[str, float]
     turns: int
-    end_s: float
-    """Emulated seconds until the last request ended."""
+    end_s: float  # Emulated seconds until the last request ended.
     trajectory_s: float
     """Mean time from an agent's arrival to its last turn's end, over the agents arriving in the window
     (Fig. 11's trajectory completion time)."""
@@ -258,8 +245,7 @@ def measure(cell: Cell) -> Point:
     )  # fmt: skip
 
 
-POINTS: Final = dataclass_codec(Point)
-"""How :func:`measure`'s points are cached (JSON)."""
+POINTS: Final = dataclass_codec(Point)  # How :func:`measure`'s points are cached (JSON).
 
 
 def measure_all(cells: Sequence[Cell], jobs: int, *, quiet: bool = False, stat: str = "mean",

@@ -14,8 +14,7 @@ DS 660B: ``rate × 1,500`` agents, whole trajectories), so the load at each rate
 over the whole run, ramp and drain included.
 
 ``--quick`` (the storage-bound miniature): 192 agents × 40 rounds for the ladder, 48 agents × 20 rounds
-online at two rates; checks that the ladder is monotone (each step's JCT at most the previous one's + 2%).
-"""
+online at two rates; checks that the ladder is monotone (each step's JCT at most the previous one's + 2%)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ read on either side and differ only in the scheduler: ``basic+layerwise+dualpath
   and the ratio means little (the paper does not show it).
 
 ``--quick`` (the storage-bound miniature): 256 agents, first 40 rounds; checks that round robin is less
-balanced than DualPath's scheduler (higher storage-NIC max/mean).
-"""
+balanced than DualPath's scheduler (higher storage-NIC max/mean)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ checks Oracle ≤ DualPath ≤ Basic and that Basic's decode-node storage NICs r
 
 Compared with the paper (paper-facts §8.2; figure readings are approximate): DualPath/Basic speedup per agent
 count on DS 660B 64K (±15%), its best speedup 1.87× (±10%), DualPath within 15% of Oracle, DS 27B's best
-speedup 1.78× (±10%); the paper's absolute JCTs are listed as context (calibration fits them, issue 5).
-"""
+speedup 1.78× (±10%); the paper's absolute JCTs are listed as context (calibration fits them, issue 5)."""
 
 from __future__ import annotations
 

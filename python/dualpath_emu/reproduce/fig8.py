@@ -7,8 +7,7 @@ dataset with 512, 1,024 and 2,048 agents per ratio (3 × 3 points × Basic / Dua
 the mean and best DualPath/Basic speedup (±15%).
 
 ``--quick`` (the storage-bound miniature): 128 and 256 agents × 40 rounds per ratio; checks Oracle ≤ DualPath
-≤ Basic at every point.
-"""
+≤ Basic at every point."""
 
 from __future__ import annotations
 

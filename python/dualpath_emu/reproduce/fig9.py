@@ -9,8 +9,7 @@ the Basic–Oracle gap shrinks as appends grow (more compute per byte read), and
 with the scale (fewer turns).
 
 ``--quick`` (the storage-bound miniature): 192 agents × 40 rounds at scales 1 and 3 (appends only); checks
-Oracle ≤ DualPath ≤ Basic.
-"""
+Oracle ≤ DualPath ≤ Basic."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ VL2 = :data:`~dualpath_emu.cluster.topology.KV_LANE`, the dispatch on VL0 =
 :data:`~dualpath_emu.cluster.topology.MODEL_LANE`: nothing to wait for); ``shared_lane`` (KV on VL0, the
 dispatch waits out the FIFO); ``shared_lane_fluid`` (the same as an ordinary transfer: C / (C − B)). Checks:
 ``isolated`` ≤ 1.10 × unloaded at every batch; ``shared_lane`` ≥ 2 × ``shared_lane_fluid`` at the main point
-and slower than it at every batch. ``--quick`` runs 128 and 8,192 tokens.
-"""
+and slower than it at every batch. ``--quick`` runs 128 and 8,192 tokens."""
 
 from __future__ import annotations
 
@@ -59,19 +58,15 @@ __all__ = [
 MODEL: Final = "ds660b"
 EP_NODES: Final[int] = DEPLOYMENTS[MODEL]["prefill_ep_nodes"]
 DE_NODES: Final[int] = DEPLOYMENTS[MODEL]["de_nodes"]
-A5_TOKENS: Final = 128
-"""Tokens per GPU of the main point: a decode-sized batch (the task's setup)."""
+A5_TOKENS: Final = 128  # Tokens per GPU of the main point: a decode-sized batch (the task's setup).
 BATCH_TOKENS: Final = (A5_TOKENS, 512, 2048, 8192)
 """Tokens per GPU in one dispatch (full run): the main point, then prefill batches for context."""
 QUICK_BATCH_TOKENS: Final = (A5_TOKENS, 8192)
-KV_BYTES_PER_S: Final = 20e9
-"""KV background per PE CNIC direction (the task's setup)."""
+KV_BYTES_PER_S: Final = 20e9  # KV background per PE CNIC direction (the task's setup).
 KV_QPS_PER_PORT: Final = DE_NODES
 """KV sender QPs per PE CNIC direction: one stream to or from each DE node (an assumption)."""
-QUEUE_DEPTH: Final = 16
-"""Work requests a KV sender keeps posted (an assumption, not a paper number)."""
-WARMUP_NS: Final = 50_000
-"""Background traffic runs alone this long first, so the dispatch meets it in steady state."""
+QUEUE_DEPTH: Final = 16  # Work requests a KV sender keeps posted (an assumption, not a paper number).
+WARMUP_NS: Final = 50_000  # Background traffic runs alone this long first, so the dispatch meets it in steady state.
 KV_FLOW_BYTES: Final = 4 << 30
 """Each KV stream's size: at 5 GB/s it lasts ≈0.9 s, far beyond the slowest dispatch (≈2 ms)."""
 ISOLATION_TOLERANCE: Final = 0.10
@@ -87,8 +82,7 @@ class Condition:
 
     name: str
     kv_lane: int | None
-    fifo: bool
-    """Submit the dispatch latency-sensitive (it queues FIFO behind its lane's KV WRs) or as a plain flow."""
+    fifo: bool  # Submit the dispatch latency-sensitive (it queues FIFO behind its lane's KV WRs) or as a plain flow.
     description: str
 
 

@@ -6,8 +6,7 @@ EVALUATION.md shows what was measured, not numbers copied by hand.
 ``.json`` (keep each PNG beside its JSON under the same name); ``--into FILE`` writes the sections into FILE
 between the lines ``<!-- reproduce:begin -->`` and ``<!-- reproduce:end -->`` (what ``make evaluation`` does
 to EVALUATION.md) instead of printing them;
-``--heading`` sets the heading level (default 3).
-"""
+``--heading`` sets the heading level (default 3)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@ The paper prints only ranges over 16K→64K (Qwen2.5-32B 117-267, DeepSeek-V3.2 
 model, has no row). paper-facts §2.3's reconstruction takes the published parameter totals (2 × 37 B,
 2 × 32.5 B); the catalog counts the GEMM parameters from the configs, without the input embedding (a
 lookup). Qwen then lands on the paper's 117 and 267; V3.2's 16K end stays 7% under the paper's 13, as the
-reconstruction's does (6%): the paper's FLOP accounting for V3.2 is not given.
-"""
+reconstruction's does (6%): the paper's FLOP accounting for V3.2 is not given."""
 
 from __future__ import annotations
 
@@ -38,13 +37,11 @@ __all__ = [
 APPEND_TOKENS: Final = 429
 CONTEXTS: Final = (16_384, 32_721, 49_152, 65_536)
 _CONTEXT_LABELS: Final = ("16K", "32.7K", "48K", "64K")
-MODELS: Final = ("qwen32b", "ds660b", "ds27b")
-"""In the paper's row order; ds27b has no row there."""
+MODELS: Final = ("qwen32b", "ds660b", "ds27b")  # In the paper's row order; ds27b has no row there.
 PAPER_RANGES: Final[Mapping[str, tuple[float, float]]] = MappingProxyType(
     {"qwen32b": (117.0, 267.0), "ds660b": (13.0, 36.0)}  # GB/PFLOP at 16K and 64K [paper Table 1]
 )
-TOLERANCE: Final = 0.10
-"""How far (relative) the emulator's 16K and 64K values may be from the paper's range ends."""
+TOLERANCE: Final = 0.10  # How far (relative) the emulator's 16K and 64K values may be from the paper's range ends.
 
 
 def cache_compute_ratio_gb_per_pflop(spec: ModelSpec, context_tokens: int, append_tokens: int = APPEND_TOKENS) -> float:
@@ -61,8 +58,7 @@ class Table1Row:
     model: str
     description: str
     kv_bytes_per_token: int
-    gb_per_pflop: tuple[float, ...]
-    """One value per context of :data:`CONTEXTS`."""
+    gb_per_pflop: tuple[float, ...]  # One value per context of :data:`CONTEXTS`.
     paper_range: tuple[float, float] | None
 
     @property

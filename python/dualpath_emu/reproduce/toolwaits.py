@@ -16,8 +16,7 @@ window), with fig10's full settings (its zero-wait edge is the paper's 0.45 APS 
 
 ``--quick``: DS 660B on the storage-bound miniature, 0.5 APS over 200 s, agents' first 20 rounds, waits of
 mean 0 and 30 s, and the edge searches of fig10's quick variant; checks that the peak working set grows with
-the wait.
-"""
+the wait."""
 
 from __future__ import annotations
 

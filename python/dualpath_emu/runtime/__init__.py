@@ -10,5 +10,4 @@ keys), :mod:`dualpath_emu.runtime.realtime` the event loop on a data plane's clo
 :mod:`dualpath_emu.runtime.core_work` the live data planes' common part, :mod:`dualpath_emu.runtime.dataplane`
 the data-plane service that owns a real-time run's only core and the :class:`RemoteDataPlane` that reaches it;
 :mod:`dualpath_emu.runtime.app` the applications and backends a run names, :mod:`dualpath_emu.runtime.launcher`
-and :mod:`dualpath_emu.runtime.node` what starts and runs a live run's processes.
-"""
+and :mod:`dualpath_emu.runtime.node` what starts and runs a live run's processes."""

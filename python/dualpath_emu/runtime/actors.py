@@ -1,27 +1,14 @@
-"""The live driver's actors: what carries an engine's inputs and outputs in a live process (issues 3, 35).
+"""The live driver's actors: what carries an engine's inputs and outputs in a live process.
 
-An :class:`ActorSystem` owns the actors of one process (no global registry: pass the system in). An
-:class:`Actor` has a name and one method, :meth:`Actor.receive`, called with the time, each message addressed
-to it and its sender, as an engine's :meth:`~dualpath_emu.runtime.engine.Engine.receive` is (the cluster's
-actors are :class:`~dualpath_emu.runtime.engine_actor.EngineActor`\\ s). No mailboxes, no tasks per actor, no
-replies: an engine's handler never waits, so a message is handled the moment it arrives (SimPy's way with real
-time: the event loop is the clock, :mod:`dualpath_emu.runtime.realtime`).
-
-**Delivery.** :meth:`ActorSystem.tell` wraps the message in an :class:`~dualpath_emu.messages.Envelope` with a
-``msg_id`` from the system's counter and delivers it ``latency_s`` of loop time later, as an object, never
-encoded. What is sent at one instant travels as one batch with one loop callback (asyncio alone does not order
-equal deadlines), so deliveries are FIFO per system. A message for an actor not started yet waits for its start.
-
-**Failure.** An exception from :meth:`Actor.receive`, or handed to :meth:`ActorSystem.fail`, fails the run: a
-``failure`` event, every actor stopped, and :meth:`ActorSystem.run` raises :class:`ActorFailure` with the
-actor, the exception and the last events. Messages to a stopped actor are dropped, counted (``system.dropped``)
-and recorded as ``drop``. An unknown name is :class:`UnknownActorError`. Code outside any actor sends as
-:data:`MAIN`.
-
-**Events.** One ``(t_ns, seq, actor, kind, summary)`` tuple per start, stop, ``tell``, ``deliver``, ``drop`` and
-``failure`` in :attr:`ActorSystem.events`, plus the actors' own (:meth:`ActorSystem.record`). Summaries hold
-names, message ids and type names, never an object's address.
-"""
+An :class:`ActorSystem` owns one process's actors (passed in, never global); an :class:`Actor` has a name and one
+method, :meth:`Actor.receive`, called with the time the moment a message arrives (no mailboxes, tasks or replies:
+an engine's handler never waits; SimPy's real-time mode). :meth:`ActorSystem.tell` delivers an
+:class:`~dualpath_emu.messages.Envelope` ``latency_s`` of loop time later, as an object; what is sent at one
+instant travels as one batch with one loop callback, so delivery is FIFO per system, and a message for an actor
+not started yet waits for its start. An exception from ``receive`` (or :meth:`ActorSystem.fail`) fails the run
+with :class:`ActorFailure`; messages to a stopped actor are dropped and counted. :attr:`ActorSystem.events`
+holds ``(t_ns, seq, actor, kind, summary)`` per start, stop, tell, deliver, drop, failure and the actors' own
+records, never an object's address. Code outside any actor sends as :data:`MAIN`."""
 
 from __future__ import annotations
 
@@ -36,11 +23,9 @@ from dualpath_emu.runtime.eventlog import Event
 
 __all__ = ["MAIN", "Actor", "ActorError", "ActorFailure", "ActorSystem", "Event", "UnknownActorError"]
 
-MAIN: Final = "main"
-"""The sender name of tells made by code outside any actor (``ActorSystem.tell``)."""
+MAIN: Final = "main"  # The sender name of tells made by code outside any actor (``ActorSystem.tell``).
 
-DEFAULT_FAILURE_EVENTS: Final = 20
-"""How many of the last events an :class:`ActorFailure` carries by default."""
+DEFAULT_FAILURE_EVENTS: Final = 20  # How many of the last events an :class:`ActorFailure` carries by default.
 
 _T = TypeVar("_T")
 
@@ -66,8 +51,7 @@ class ActorFailure(ActorError):
     """An actor raised while handling a message: the run is over. Carries what a report needs.
 
     ``actor`` is the failing actor's name, ``error`` the exception (also ``__cause__``), ``events`` the
-    last events up to and including the ``failure`` event.
-    """
+    last events up to and including the ``failure`` event."""
 
     def __init__(self, actor: str, error: BaseException, events: tuple[Event, ...]) -> None:
         lines = "\n".join(f"  {e.t_ns} {e.seq} {e.actor} {e.kind} {e.summary}" for e in events)
@@ -136,8 +120,7 @@ class ActorSystem:
     of the last events an :class:`ActorFailure` carries; ``record_messages`` whether every message's ``tell`` and
     ``deliver`` are recorded (off, only the actors' own events and the exceptional ones: a long run's log is a
     fraction of the size); ``data_plane`` what its actors move bytes through (:attr:`data_plane`). The system binds
-    to the running event loop when it is first used.
-    """
+    to the running event loop when it is first used."""
 
     def __init__(
         self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, record_messages: bool = True,
@@ -157,8 +140,7 @@ class ActorSystem:
         self._log_base = 0
         self._sink: Callable[[list[_RawEvent], int], None] | None = None
         self._sink_chunk = 0
-        self.dropped = 0
-        """Messages dropped because their recipient was stopped."""
+        self.dropped = 0  # Messages dropped because their recipient was stopped.
         self.failure: ActorFailure | None = None
         self._actors: dict[str, Actor] = {}
         self._next_msg_id = 1
@@ -372,8 +354,7 @@ class ActorSystem:
     async def run(self, main: Coroutine[Any, Any, _T]) -> _T:
         """Run ``main`` as the run's driver; stop every actor when it ends; return its result.
 
-        If an actor fails, ``main`` is cancelled and :class:`ActorFailure` raised.
-        """
+        If an actor fails, ``main`` is cancelled and :class:`ActorFailure` raised."""
         if self.failure is not None:
             main.close()
             raise self.failure

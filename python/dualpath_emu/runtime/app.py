@@ -6,8 +6,7 @@ process gets its data plane (the data-plane service's modelled core, or a plane 
 runtime knows neither its applications nor the backends beyond its own (``model``): a :class:`Registry` of both,
 by name, is handed to it by whoever starts it (the command line hands the cluster's,
 :func:`dualpath_emu.cluster.live.registry`). A scenario names its application (``app = "cluster"``, configured in
-the table of that name) and its backend (``backend = "model"``).
-"""
+the table of that name) and its backend (``backend = "model"``)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ data-plane process once drained, or by the one process of a one-process run)."""
 
 class Application(ABC):
     """A runnable set of actors. ``config`` is the scenario's table named after the application; the
-    constructor reads its keys (and calls ``config.finish()``) so that a bad value is reported up front.
-    """
+    constructor reads its keys (and calls ``config.finish()``) so that a bad value is reported up front."""
 
     name: ClassVar[str]
 
@@ -73,8 +71,7 @@ class Application(ABC):
 
         By default :meth:`build_core` runs on a scratch virtual core (so an application that keeps the ids it
         gets there works unchanged) and its layout must be the data plane's: a scenario that differs between
-        processes is an error, not a run over the wrong ports. Override it to look ids up by name instead.
-        """
+        processes is an error, not a run over the wrong ports. Override it to look ids up by name instead."""
         scratch = Core()
         self.build_core(scratch)
         mine = core_layout(scratch)

@@ -11,8 +11,7 @@ every plane shares (tags, pending lists, waiters, delivery); a flavour says how 
 (:class:`~dualpath_emu.host.plane.HostDataPlane`) moving real bytes. A request the core refuses fails its own
 future (:func:`~dualpath_emu.runtime.virtual.submit_batch`); a bad *detached* one fails the run. Work submitted
 to a local core by other code takes its tag from :meth:`~CoreWork.new_tag` and registers it with
-:meth:`~CoreWork.expect`.
-"""
+:meth:`~CoreWork.expect`."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class Completion(NamedTuple):
     """What the core reports when work ends: ``(kind, tag, start_ns, end_ns, size_bytes, lane)``.
 
     ``kind`` is ``"transfer"``, ``"read"``, ``"write"``, ``"timer"`` or ``"forward"``. A plain tuple
-    compares equal.
-    """
+    compares equal."""
 
     kind: str
     tag: int
@@ -153,8 +151,7 @@ class CoreWork:
     A flavour implements :meth:`_submit_batch` and :meth:`clock_ns`, and calls :meth:`_deliver` with what
     completed and :meth:`_refused` for requests the core refused."""
 
-    loop: asyncio.AbstractEventLoop
-    """The event loop the plane is bound to (:meth:`bind`)."""
+    loop: asyncio.AbstractEventLoop  # The event loop the plane is bound to (:meth:`bind`).
 
     def __init__(self) -> None:
         self._next_tag = 1
@@ -257,8 +254,7 @@ class CoreWork:
         """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now.
 
         The future resolves with its completion, or fails with the core's error for a bad argument.
-        Cancelling the future does not stop the transfer: the core has no cancellation.
-        """
+        Cancelling the future does not stop the transfer: the core has no cancellation."""
         return self.expect(self._queue_transfer(path, lane, size_bytes, self.new_tag()))
 
     def transfer_detached(self, path: Sequence[int], lane: int, size_bytes: int) -> None:
@@ -278,8 +274,7 @@ class CoreWork:
         finish; the shared phase (``ffn_ns`` of compute and the ``collectives``, :class:`LayerTransfer`)
         starts when every rank's attention is done, and ends the layer; each rank's store follows its
         attention. Loads stream at most ``load_window`` layers ahead (0: no limit); the exact rules are the
-        core's (``core/src/forward.rs``). ``ranks`` and ``collectives`` are copied (shallowly) now.
-        """
+        core's (``core/src/forward.rs``). ``ranks`` and ``collectives`` are copied (shallowly) now."""
         tag = self.new_tag()
         self._pending_forwards.append((n_layers, tuple(ranks), ffn_ns, tuple(collectives), load_window, tag))
         self._queued()
@@ -418,8 +413,7 @@ class LocalCoreWork(CoreWork):
     def __init__(self, core: Core) -> None:
         super().__init__()
         self._core = core
-        self._decode_ids: dict[int, int] = {}
-        """Decode node handle (tag) -> its id in the core."""
+        self._decode_ids: dict[int, int] = {}  # Decode node handle (tag) -> its id in the core.
 
     @property
     def core(self) -> Core:

@@ -44,8 +44,7 @@ def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None)
     arrive without its sending on record; those are counted in ``lost_with_restart``, not reported. A message
     told after its recipient had stopped (the run's end races the last messages, e.g. a decode group's
     ``DecodeDone`` and the driver's completion) may be lost with the recipient's process: counted in
-    ``to_stopped``. Event times are comparable across processes (one clock: the data plane's).
-    """
+    ``to_stopped``. Event times are comparable across processes (one clock: the data plane's)."""
     sent: Counter[str] = Counter()
     arrived: Counter[str] = Counter()
     sent_ns: dict[str, int] = {}

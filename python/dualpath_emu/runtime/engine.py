@@ -7,8 +7,7 @@ outputs go to an :class:`Outbox` (messages to other engines by name, typed obser
 :class:`DataPlane` (transfers, storage I/O, forward passes, timers and decode stepping, each with its ``then``;
 ``None``: nobody waits). Both only queue: nothing an engine asks for happens before its handler returns, so an
 engine knows nothing of asyncio, processes or which plane it has, and a test steps it by hand. The drivers:
-:mod:`dualpath_emu.runtime.virtual` and :mod:`dualpath_emu.runtime.engine_actor` (live).
-"""
+:mod:`dualpath_emu.runtime.virtual` and :mod:`dualpath_emu.runtime.engine_actor` (live)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ actor only translates: a message it is told becomes :meth:`~dualpath_emu.runtime
 loop's clock; the engine's outbox is the actor system's ``tell`` and ``record`` (an observation as its log
 line's fields); its data plane is the process's (:class:`LiveDataPlane` over the data-plane service's remote
 core, a one-process run's own core, or the host backend's real bytes), handed in. An exception in the engine
-fails the run as any actor's would.
-"""
+fails the run as any actor's would."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ Backslash, tab, carriage return and newline inside a field are written ``\\\\``,
 so every event is exactly one line and the log can be split back into events (:func:`parse_line`).
 The digest is the SHA-256 of these bytes, nothing else. An actor system's events hold no wall-clock time,
 object address or hash-ordered collection, so in virtual time the same scenario and seed give the same
-bytes and the same digest, whatever ``PYTHONHASHSEED`` is.
-"""
+bytes and the same digest, whatever ``PYTHONHASHSEED`` is."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-RawEvent = tuple[int, int, str, str, str]
-"""An event as a plain tuple (an :class:`Event` is one too)."""
+RawEvent = tuple[int, int, str, str, str]  # An event as a plain tuple (an :class:`Event` is one too).
 
 
 def event_line(event: RawEvent) -> str:

@@ -4,8 +4,7 @@ A real-time loop measures, for each completion it delivers, its clock at deliver
 modelled end (the *delivery lag*), and the data-plane service, for each batch, its clock when it submitted
 it minus the requester's clock when it was made (the *submission lag*); both in the run's (emulated)
 nanoseconds: divide by the time scale for wall time. Each process keeps its own; :meth:`LagStats.to_wire`
-and :meth:`LagStats.merge` combine them into the run's.
-"""
+and :meth:`LagStats.merge` combine them into the run's."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ class LagStats:
 
     Values are kept in a log-linear histogram (exact below 64 ns, then 32 buckets per power of two: a
     quantile is within 1.6 % of the true one; at most about 1,900 buckets however many values). Negative
-    values (possible within a clock's uncertainty) count in the first bucket and in ``negative``.
-    """
+    values (possible within a clock's uncertainty) count in the first bucket and in ``negative``."""
 
     __slots__ = ("count", "negative", "min", "max", "total", "_buckets")
 

@@ -1,36 +1,16 @@
-"""The real-time launcher: one command starts every process of a run and always stops them all (issues 3, 14).
+"""The real-time launcher: one command starts every process of a run and always stops them all.
 
-:func:`launch` writes the run description (:mod:`dualpath_emu.runtime.run_setup`) and starts one ``python -m
-dualpath_emu.cli node`` child per ``[[process]]`` of a scenario, first, in a run of more than one process, the
-data-plane service (``dataplane``). Each child runs in its own session (a terminal's Ctrl-C reaches only the
-launcher) with its output in ``<run_dir>/<name>.out``; ipc:// sockets live in a directory of mode 0700. Then
-the launcher watches them:
-
-* **completion**: the driver's process says so in its bye to the data plane, which tells the other processes
-  to stop; each stops its actors, says bye, writes its event log and results and exits 0; the data plane, once
-  drained, writes ``dataplane.json`` and exits 0. The launcher, seeing the driver's process exit 0, also closes
-  the others' standard input;
-* **a crashed child** (exits non-zero or is killed before that): the run has failed; the launcher stops the
-  others and raises :class:`LaunchError` naming the process, how it ended, and its last lines of output;
-* **a restarted child**: in a run whose scenario names it in ``restart_crashed``, a child that dies before the
-  run is complete is started again with ``--incarnation N`` (its files then carry the suffix ``.N``), at most
-  :data:`MAX_RESTARTS` times; each restart is said on standard error and recorded in
-  ``<run_dir>/<name>.restarts.json``;
-* **a stopped or hung child**: every child writes a heartbeat line to a pipe every 0.25 s from a thread, saying
-  whether its loop comes round or is held by one piece of work (busy: where, for how long;
-  :class:`~dualpath_emu.runtime.node.LauncherLink`). One silent for ``hang_timeout_s`` fails the run, named as
-  stopped (state ``T`` in ``/proc``) or hung (runs but neither beats nor uses CPU); one silent but using CPU is
-  busy in native code. Only one busy for ``busy_timeout_s`` fails the run (before its first beat a child has
-  :data:`STARTUP_TIMEOUT_S`);
-* **Ctrl-C / SIGTERM** to the launcher, or ``timeout_s`` passing: the same, with that reason
-  (:class:`LaunchInterrupted` for a signal).
-
-Stopping means: close standard input, then SIGTERM after a grace period, then SIGKILL (at once for a hung
-child), and always wait for the child, so no process outlives the launcher. A launcher killed with SIGKILL
-cannot; its children then get SIGTERM from the kernel (``PR_SET_PDEATHSIG``, Linux) and see their standard
-input close. After a complete run the launcher checks that every message was delivered exactly once
-(:mod:`dualpath_emu.runtime.delivery`). :func:`launch_host` starts one host's share of a run prepared by hand.
-"""
+:func:`launch` writes the run description (:mod:`~dualpath_emu.runtime.run_setup`) and starts one ``node`` child
+per ``[[process]]`` (the data-plane service first), each in its own session with its output in
+``<run_dir>/<name>.out``, then watches them: the driver's process exiting 0 completes the run; a child that
+crashes fails it (:class:`LaunchError`, naming it and its last output) unless ``restart_crashed`` names it (then
+it starts again with ``--incarnation N``, at most :data:`MAX_RESTARTS` times); a child whose heartbeat pipe
+(:class:`~dualpath_emu.runtime.node.LauncherLink`) is silent for ``hang_timeout_s`` fails it as stopped or hung,
+one busy for ``busy_timeout_s`` as busy; Ctrl-C, SIGTERM (:class:`LaunchInterrupted`) and ``timeout_s`` stop it.
+Stopping is: close standard input, SIGTERM after a grace period, SIGKILL, always waiting, so no process outlives
+the launcher (a SIGKILLed launcher's children get SIGTERM from the kernel). A complete run is then checked by
+:mod:`~dualpath_emu.runtime.delivery`. :func:`launch_host` starts one host's share of a run prepared by hand.
+docs/live.md ("Failure", "A process that dies") says what a user sees of each case."""
 
 from __future__ import annotations
 
@@ -61,13 +41,10 @@ from dualpath_emu.runtime.scenario import RunScenario, incarnation_stem
 
 __all__ = ["LaunchError", "LaunchInterrupted", "LaunchResult", "launch", "launch_host", "mark_owner", "sweep_orphans"]
 
-STOP_GRACE_S: Final = 10.0
-"""How long a child has to stop after its standard input is closed, and again after SIGTERM."""
-STARTUP_TIMEOUT_S: Final = 60.0
-"""How long a child may take to its first heartbeat (imports, connecting)."""
+STOP_GRACE_S: Final = 10.0  # How long a child has to stop after its standard input is closed, and again after SIGTERM.
+STARTUP_TIMEOUT_S: Final = 60.0  # How long a child may take to its first heartbeat (imports, connecting).
 POLL_S: Final = 0.02
-TICK_S: Final = 0.25
-"""How often (wall seconds) :func:`launch` calls its ``on_tick``."""
+TICK_S: Final = 0.25  # How often (wall seconds) :func:`launch` calls its ``on_tick``.
 OUTPUT_TAIL_LINES: Final = 30
 MAX_RESTARTS: Final = 3
 """How many times a process of ``restart_crashed`` is started again at most; one that dies once more ends the run."""
@@ -95,8 +72,7 @@ class LaunchResult:
     summary: dict[str, Any] | None
     processes: dict[str, dict[str, Any]]
     """Per process: its ``<name>.json`` (status, events, sha256, counters, wall_s) plus ``pid``."""
-    sha256: str
-    """SHA-256 of the processes' event logs concatenated in scenario order."""
+    sha256: str  # SHA-256 of the processes' event logs concatenated in scenario order.
     events: int
     delivery: DeliveryReport
     wall_s: float
@@ -108,27 +84,20 @@ class LaunchResult:
 @dataclass
 class _Child:
     name: str
-    spec: ProcessSpec | None
-    """``None`` for the data plane."""
+    spec: ProcessSpec | None  # ``None`` for the data plane.
     process: subprocess.Popen[bytes]
     output: Path
-    beats: int
-    """The read end of its heartbeat pipe (non-blocking)."""
+    beats: int  # The read end of its heartbeat pipe (non-blocking).
     last_beat_s: float = field(default_factory=time.monotonic)
     beating: bool = False
     hung: bool = False
     busy_since_s: float | None = None
     """When its loop was last seen to come round, while its beats say it is busy (else ``None``)."""
-    busy_where: str = ""
-    """Where its loop was held, as its last busy beat said."""
-    partial: bytes = b""
-    """A beat line not read whole yet."""
-    cpu_at_beat: float | None = None
-    """Its CPU seconds (``/proc``) at its last beat, measured once it went silent."""
-    incarnation: int = 0
-    """0, or N: started again in place of one that died, the N-th time (``--incarnation N``)."""
-    extra: tuple[str, ...] = ()
-    """The arguments it was started with beyond the node's own (a restart gets the same)."""
+    busy_where: str = ""  # Where its loop was held, as its last busy beat said.
+    partial: bytes = b""  # A beat line not read whole yet.
+    cpu_at_beat: float | None = None  # Its CPU seconds (``/proc``) at its last beat, measured once it went silent.
+    incarnation: int = 0  # 0, or N: started again in place of one that died, the N-th time (``--incarnation N``).
+    extra: tuple[str, ...] = ()  # The arguments it was started with beyond the node's own (a restart gets the same).
 
     def read_beats(self, now_s: float) -> None:
         data = b""
@@ -274,8 +243,7 @@ def launch(
     ``run_dir`` keeps the run's files (default: a temporary directory, removed afterwards); ``event_log``
     receives the concatenated event logs; ``on_start(name, pid)`` is called as each child starts, ``on_tick()``
     a few times a second; ``keys``: where the run's keys live. Raises :class:`LaunchError` (or
-    :class:`LaunchInterrupted`).
-    """
+    :class:`LaunchInterrupted`)."""
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
     work.mkdir(parents=True, exist_ok=True)

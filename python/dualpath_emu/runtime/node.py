@@ -1,40 +1,22 @@
-"""Running one process of a live run (issues 3, 14, 35).
+"""One process of a live run: ``dualpath-emu node SCENARIO --process NAME --run-dir DIR`` (:func:`serve_process`).
 
-:func:`serve_process` runs one process of a real-time run, started (by the launcher, or by hand on several
-hosts) as ``dualpath-emu node SCENARIO --process NAME --run-dir DIR``; everything else (endpoints, seed, time
-scale, the data plane's endpoint, where the keys live) comes from the run description ``DIR/run.json``, so
-nothing secret or host-specific is on a command line. The application and the backend are the scenario's, by
-name, from the :class:`~dualpath_emu.runtime.app.Registry` handed to :func:`main`.
+Everything but the process's name comes from the run description ``DIR/run.json``, so nothing secret or
+host-specific is on a command line; the application and backend are the scenario's, from the
+:class:`~dualpath_emu.runtime.app.Registry` handed to :func:`main`.
 
-* **The data plane** (``--process dataplane``, in runs of more than one process) builds the run's only core and
-  serves it (:class:`~dualpath_emu.runtime.dataplane.service.DataPlaneService`) until every other process said
-  bye and the core is idle, then writes ``<run_dir>/dataplane.json`` and exits 0.
-* **An actor process** (each ``[[process]]``) gets its data plane from the backend (the model backend: a
-  :class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane`, or in a one-process run its own
-  :class:`~dualpath_emu.runtime.realtime.WallClockCore`), runs on a
-  :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on its clock, binds its endpoint, starts its actors and
-  writes ``<run_dir>/<name>.ready``. The driver's process waits for every other one's ready file (unless
-  ``--no-ready-wait``: then start it last), runs the application's driver and ends when it returns; any other
-  process runs until told to stop (the data plane relays the driver's bye), its standard input closes, or it
-  gets SIGTERM or SIGINT. Then it stops its actors, submits what they still asked for, says bye, and writes
-  ``<run_dir>/<name>.events`` and ``<run_dir>/<name>.json`` (counters, the log's SHA-256, the data-plane
-  link's report and, for the driver, the run's summary).
+* **The data plane** (``dataplane``) serves the run's only core until every other process said bye and the core
+  is idle, then writes ``dataplane.json``.
+* **An actor process** gets its plane from the backend, runs on a
+  :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on the plane's clock, starts its actors and writes
+  ``<name>.ready``. The driver's process waits for the others' ready files (unless ``--no-ready-wait``) and ends
+  when the driver returns; the others run until told to stop, their standard input closes, or SIGTERM/SIGINT.
+  Then each stops its actors, says bye and writes ``<name>.events`` and ``<name>.json``.
 
-**A process started again** in place of one that died (``restart_crashed``; ``--incarnation N``): its files carry
-the suffix ``.N``, its transport and its hello say its incarnation, and the engines are told they replace a dead
-process (``engine.restarted = True``). In such a run every restartable process writes its event log as it goes,
-each observation before any message that follows it leaves, so a process that dies leaves what it observed.
-
-Exit status 0 on success, 1 if an actor failed or the data plane was lost, 3 when stopped before the driver was
-done (the data plane: before it drained).
-
-Under a launcher (``DUALPATH_EMU_LAUNCHER=<pid>:<fd>``) a thread writes a line to that pipe every
-:data:`LAUNCHER_BEAT_S` (:class:`LauncherLink`): ``.`` while the loop comes round, ``busy <seconds> <where>``
-while one piece of work has held it for :data:`BUSY_AFTER_S` or more, so the launcher tells busy from stopped or
-dead. The process asks for SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``, Linux); its standard input
-closing does the same anywhere. In an ipc run under a launcher the data-plane heartbeats allow a silence of
-``busy_timeout_s`` (:func:`data_plane_silence_s`): the launcher names a stopped or dead process long before.
-"""
+A process started again (``--incarnation N``) writes files suffixed ``.N`` and tells its engines they replace a
+dead process; a restartable process writes its event log as it goes. Exit status: 0, 1 (an actor failed or the
+data plane was lost), 3 (stopped before the driver was done). Under a launcher a thread beats on a pipe
+(:class:`LauncherLink`: ``.``, or ``busy <seconds> <where>`` once work has held the loop :data:`BUSY_AFTER_S`),
+and the process asks for SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``)."""
 
 from __future__ import annotations
 
@@ -90,8 +72,7 @@ LAUNCHER_BEAT_S: Final = 0.25
 """How often (wall seconds) a process started by the launcher writes a line to its heartbeat pipe."""
 BUSY_AFTER_S: Final = 1.0
 """A loop that has not come round for this long (wall seconds) is said busy in the beats (see the module)."""
-MAX_BEAT_BYTES: Final = 256
-"""The longest beat line: under PIPE_BUF, so each is written whole."""
+MAX_BEAT_BYTES: Final = 256  # The longest beat line: under PIPE_BUF, so each is written whole.
 TEST_BUSY_ENV: Final = "DUALPATH_EMU_TEST_ONLY_BUSY"
 """**Test-only.** ``<run dir>|<process>|<seconds>|<wall seconds>``: as :data:`TEST_DIE_ENV`, but the process
 holds its loop (computing) for ``<wall seconds>`` once, ``<seconds>`` emulated seconds after its actors start."""

@@ -6,8 +6,7 @@ the cluster runs twice as fast as real time, ``asyncio.sleep(1.0)`` takes half a
 actor events and core completions are so on one clock. :class:`WallClockCore` is the data plane of a process
 that owns a wall-clock core: the core's pacer thread makes ``wakeup_fd()`` readable when an event is due, the
 plane watches it with ``add_reader`` and delivers what completed; requests are submitted at the loop's next
-iteration. Unlike virtual time, runs do not repeat exactly.
-"""
+iteration. Unlike virtual time, runs do not repeat exactly."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ __all__ = ["DRAIN_POLL_S", "RealTimeLoop", "WallClockCore", "run_realtime"]
 
 _T = TypeVar("_T")
 
-DRAIN_POLL_S = 0.01
-"""How often (loop seconds) a process that owns its core looks whether the core has drained."""
+DRAIN_POLL_S = 0.01  # How often (loop seconds) a process that owns its core looks whether the core has drained.
 
 
 class _ScaledSelector(selectors.DefaultSelector):
@@ -73,10 +71,8 @@ class WallClockCore(LocalCoreWork):
         if scale is None:
             raise ValueError("a live process needs a wall-clock core: Core(clock='wall', time_scale=...)")
         super().__init__(core)
-        self.time_scale = scale
-        """Emulated seconds per wall second (the core's)."""
-        self.delivery_lag = LagStats()
-        """How late (core ns) each completion reaches its waiter after its modelled end."""
+        self.time_scale = scale  # Emulated seconds per wall second (the core's).
+        self.delivery_lag = LagStats()  # How late (core ns) each completion reaches its waiter after its modelled end.
         self._wakeup_fd: int | None = None
 
     def new_loop(self) -> RealTimeLoop:

@@ -44,8 +44,7 @@ take): it owns the run's only core (docs/architecture.md, :mod:`dualpath_emu.run
 **The run description.** The launcher writes ``<run_dir>/run.json`` (:class:`RunDescription`, mode 0600): the
 scenario file, seed, time scale, every process's endpoint, the data plane's endpoint and its expected
 requesters, the heartbeat timeout and where the run's keys live. Every process of the run reads it
-(``dualpath-emu node SCENARIO --process NAME --run-dir DIR``), so no endpoint is on a command line.
-"""
+(``dualpath-emu node SCENARIO --process NAME --run-dir DIR``), so no endpoint is on a command line."""
 
 from __future__ import annotations
 
@@ -68,15 +67,12 @@ MODES: Final = ("realtime",)
 TRANSPORTS: Final = ("ipc", "tcp")
 MAX_SEED: Final = 2**63 - 1
 MAX_LATENCY_S: Final = 10.0
-TIME_SCALE: Final = (1e-6, 1e6)
-"""The range of ``time_scale`` (the core's wall clock accepts the same)."""
+TIME_SCALE: Final = (1e-6, 1e6)  # The range of ``time_scale`` (the core's wall clock accepts the same).
 MAX_TIMEOUT_S: Final = 1e6
-WATCH_TIMEOUT_S: Final = (0.1, 3600.0)
-"""The range of ``heartbeat_timeout_s`` and ``hang_timeout_s``."""
+WATCH_TIMEOUT_S: Final = (0.1, 3600.0)  # The range of ``heartbeat_timeout_s`` and ``hang_timeout_s``.
 DATAPLANE_PROCESS: Final = "dataplane"
 """The name of a real-time run's data-plane process (no ``[[process]]`` may take it)."""
-RUN_DESCRIPTION: Final = "run.json"
-"""The run description's file name in the run directory."""
+RUN_DESCRIPTION: Final = "run.json"  # The run description's file name in the run directory.
 INCARNATION_OPTION: Final = "--incarnation"
 """The node's option that says which incarnation of its process it is: 0 (the first, the default) or, for a
 process started again in place of one that died (``restart_crashed``), 1, 2, … Its files then carry the
@@ -257,8 +253,7 @@ class RunDescription:
 
     ``endpoints`` maps each ``[[process]]`` to the endpoint its actors' transport binds;
     ``dataplane_endpoint`` is the data plane's (``None``: a one-process run, no data plane) and
-    ``requesters`` the processes it expects; ``keys`` where the run's keys live (``None``: none).
-    """
+    ``requesters`` the processes it expects; ``keys`` where the run's keys live (``None``: none)."""
 
     scenario: str
     seed: int

@@ -14,8 +14,7 @@ boundedly (:class:`BoundedLog`). A peer without CURVE is dropped by libzmq in th
 ``ipc://path`` endpoint is checked by :func:`check_private_ipc`: the socket's directory must be the user's and
 give others no permission at all, and no directory above it may be writable by others without the sticky bit.
 (The sticky bit does not make a directory private: others can still create a socket under the name yours is
-about to take, or connect to yours.) :func:`is_wildcard` tells a bind on all interfaces, which is warned about.
-"""
+about to take, or connect to yours.) :func:`is_wildcard` tells a bind on all interfaces, which is warned about."""
 
 from __future__ import annotations
 
@@ -40,13 +39,10 @@ __all__ = [
     "check_private_ipc", "check_process_name", "is_wildcard", "start_authenticator"
 ]  # fmt: skip
 
-PUBLIC_SUFFIX: Final = ".key"
-"""pyzmq's name for a public certificate file: ``NAME.key``."""
-SECRET_SUFFIX: Final = ".key_secret"
-"""pyzmq's name for a secret certificate file: ``NAME.key_secret``."""
+PUBLIC_SUFFIX: Final = ".key"  # pyzmq's name for a public certificate file: ``NAME.key``.
+SECRET_SUFFIX: Final = ".key_secret"  # pyzmq's name for a secret certificate file: ``NAME.key_secret``.
 
-ZAP_DOMAIN: Final = "dualpath-emu"
-"""The ZAP domain of a run's CURVE servers (:meth:`RunKeys.make_server`)."""
+ZAP_DOMAIN: Final = "dualpath-emu"  # The ZAP domain of a run's CURVE servers (:meth:`RunKeys.make_server`).
 
 _PRIVATE_BITS: Final = stat.S_IRWXG | stat.S_IRWXO  # 0o077: any permission for the group or others
 _KEY_Z85_BYTES: Final = 40  # a 32-byte key in Z85
@@ -61,8 +57,7 @@ class BoundedLog:
     summary line when the count reaches a power of ten (1,000, 10,000, ...) or ``interval_s`` after the last
     line; :meth:`flush` logs the final count if some were not logged. It keeps no list: memory stays constant
     under a flood. ``what`` begins each line (e.g. ``"rejected a frame at ipc:///x"``); details are cut to
-    ``detail_chars``.
-    """
+    ``detail_chars``."""
 
     def __init__(
         self, logger: logging.Logger, what: str, *, first: int = 100, interval_s: float = 10.0, detail_chars: int = 300,
@@ -192,8 +187,7 @@ class RunKeys:
 
     An instance is one process's view: :attr:`own` (the process it acts as), whose secret key it holds, and
     the public key of every process in :attr:`names`. Keys are Z85 text (40 bytes), as pyzmq's socket
-    options take them. The repr shows no key.
-    """
+    options take them. The repr shows no key."""
 
     __slots__ = ("directory", "own", "names", "_public", "_secrets")
 
@@ -221,8 +215,7 @@ class RunKeys:
         ``directory`` is created (with its parents) or must be empty: keys are never written over another
         run's, nor beside other files. It is made ``0700`` and each secret file ``0600`` (created inside the
         private directory first, so no other user can open it in between). Raises :class:`SecurityError`
-        for a bad or repeated name, a directory that is not empty or not the user's, or an OS error.
-        """
+        for a bad or repeated name, a directory that is not empty or not the user's, or an OS error."""
         directory = Path(directory)
         wanted = [check_process_name(name) for name in names]
         if not wanted:
@@ -264,8 +257,7 @@ class RunKeys:
         Checks before reading: the directory and the secret file belong to the user, the directory is
         ``0700`` and the secret file ``0600`` (no permission for the group or others), the secret file is a
         regular file (not a link), every key parses and ``own``'s public file matches its secret file.
-        Raises :class:`SecurityError` saying which file is missing, unreadable or too open.
-        """
+        Raises :class:`SecurityError` saying which file is missing, unreadable or too open."""
         directory = Path(directory)
         check_process_name(own)
         _private_directory(directory)
@@ -316,8 +308,7 @@ class RunKeys:
         """Make ``socket`` a CURVE server with this process's key pair (before it binds).
 
         ``ZAP_ENFORCE_DOMAIN`` is set too: were no ZAP handler running, libzmq would let any client key in;
-        with it, every handshake then fails instead.
-        """
+        with it, every handshake then fails instead."""
         socket.setsockopt(zmq.CURVE_SECRETKEY, self._secrets[self.own])
         socket.setsockopt(zmq.CURVE_PUBLICKEY, self._public[self.own])
         socket.setsockopt(zmq.CURVE_SERVER, 1)
@@ -340,8 +331,7 @@ class RunAuthenticator(ThreadAuthenticator):
     :class:`BoundedLog` (logger ``dualpath_emu.runtime.security``); admissions in :attr:`admitted`.
 
     A thread, not :class:`zmq.auth.asyncio.AsyncioAuthenticator`: libzmq holds each handshake until the ZAP
-    reply, so the handler must answer while the event loop is busy, and must not depend on our loops.
-    """
+    reply, so the handler must answer while the event loop is busy, and must not depend on our loops."""
 
     def __init__(self, context: zmq.Context[Any], public_keys: Iterable[bytes], where: str = "") -> None:
         super().__init__(context, log=logging.getLogger(f"{__name__}.zap"))

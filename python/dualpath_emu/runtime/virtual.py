@@ -8,8 +8,7 @@ joins the FIFO in the core's order: the order of inputs at one instant is fixed,
 from its seed. The plane is chosen by name from :data:`PLANES` (passed in; the in-process :class:`CoreDataPlane`
 by default, or anything that does what :class:`VirtualPlane` says). Nothing due, nothing in the core and the run
 not done is a deadlock (:class:`DeadlockError`); a clock that goes on while requests make no progress for long is
-stopped by a :class:`ProgressWatch` (:class:`NoProgressError`).
-"""
+stopped by a :class:`ProgressWatch` (:class:`NoProgressError`)."""
 
 from __future__ import annotations
 
@@ -102,8 +101,7 @@ class CoreDataPlane:
         self._dispatch = dispatch
         self._next_tag = 1
         self._waiters: dict[int, Then] = {}
-        self._standing: dict[int, Then] = {}
-        """Tags that complete again and again (a decode node's reports)."""
+        self._standing: dict[int, Then] = {}  # Tags that complete again and again (a decode node's reports).
         self._transfers: list[tuple[tuple[int, ...], int, int, int]] = []
         self._forwards: list[tuple[int, tuple[Any, ...], int, tuple[Hop, ...], int, int]] = []
         self._ios: list[tuple[int, str, int, int, int]] = []

@@ -1,52 +1,31 @@
-"""The ZeroMQ transport (issue 3): actors of several :class:`ActorSystem`\\ s talk over ``ipc://`` or ``tcp://``.
+"""The ZeroMQ transport: actors of several :class:`ActorSystem`\\ s talk over ``ipc://`` or ``tcp://``.
 
-A :class:`ZmqActorSystem` is an :class:`~dualpath_emu.runtime.actors.ActorSystem` for a real-time loop that also
-owns one ZeroMQ endpoint; an actor of another system is reached through a static address book (actor name ->
-endpoint). ``bind`` defaults to ``tcp://127.0.0.1:*`` (:attr:`ZmqActorSystem.endpoint`: the address bound). Only
-tells travel; nothing is sent back over a connection.
+A :class:`ZmqActorSystem` is an actor system on a real-time loop that owns one ZeroMQ endpoint (``bind``, by
+default ``tcp://127.0.0.1:*``); an actor of another system is reached through a static address book (actor ->
+endpoint). One ROUTER per system, one DEALER per remote endpoint; a message is ``[b"tell", envelope]`` (plus an
+incarnations frame, below); only tells travel, FIFO per pair of systems and exactly once while both ends live.
 
-**Security (issues 14, 26, 34).** With ``keys`` (:class:`~dualpath_emu.runtime.security.RunKeys`) and ``name``
-(this process's name in the run) the ROUTER is a CURVE server, each DEALER a CURVE client of its peer's key
-(``peers``: endpoint -> process name), and a ZAP handler admits only the run's keys. Without keys a ``tcp://`` or
-abstract ``ipc://@`` endpoint is refused (:class:`~dualpath_emu.errors.SecurityError`) unless ``insecure=True``,
-and an ``ipc://`` socket's directory must be private (:func:`~dualpath_emu.runtime.security.check_private_ipc`).
-A bind on all interfaces logs one WARNING. With ``name``, each DEALER connects under its process's name as
-routing id, a ROUTER refuses a second connection under a name in use, and a process may only speak as itself: a
-request is rejected when its connection's routing id is no process of the run, or its sender is neither
-:data:`~dualpath_emu.runtime.actors.MAIN` nor an actor of that process. An unnamed system checks no sender.
+**Security.** With ``keys`` (:class:`~dualpath_emu.runtime.security.RunKeys`) and ``name`` the ROUTER is a CURVE
+server, each DEALER a CURVE client, and a ZAP handler admits only the run's keys. Without keys ``tcp://`` and
+abstract ``ipc://@`` are refused unless ``insecure=True``; an ``ipc://`` socket's directory must be private. With
+``name`` a DEALER connects under its process's name, a name in use is refused, and a process speaks only as
+itself (a sender neither :data:`~dualpath_emu.runtime.actors.MAIN` nor an actor of that process is rejected).
 
-**Bounds.** Each socket queues at most ``HWM`` messages per peer and refuses frames longer than the codec's
-``max_frame_bytes`` (``MAXMSGSIZE`` plus :data:`FRAME_OVERHEAD_BYTES`: libzmq closes that connection; every
-process of a run uses the same codec limits, so only a broken or hostile peer meets this). A connection's
-in-process backlog holds at most ``BACKLOG_MESSAGES`` messages and ``BACKLOG_BYTES`` beyond ZeroMQ's queue; when
-full a tell raises :class:`BacklogFullError`: nothing a tell accepted is ever dropped. A receiver takes at most
-``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` per wake-up. Rejections are all counted but only the
-first :data:`REJECTIONS_LOGGED` logged (:class:`~dualpath_emu.runtime.security.BoundedLog`).
+**Bounds.** ``HWM`` messages per peer in ZeroMQ, frames up to the codec's ``max_frame_bytes`` plus
+:data:`FRAME_OVERHEAD_BYTES`; beyond ZeroMQ's queue a connection's backlog holds ``BACKLOG_MESSAGES`` and
+``BACKLOG_BYTES``, then a tell raises :class:`BacklogFullError`: nothing a tell accepted is dropped. A receiver
+takes ``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` per wake-up. A frame it cannot accept is dropped,
+counted (``transport.rejected``), logged boundedly (:data:`REJECTIONS_LOGGED`) and recorded as a ``rejected``
+event of actor ``transport``; no actor is disturbed.
 
-**Wire.** One ROUTER per system, one DEALER per remote endpoint (opened on first use). A message is
-``[b"tell", envelope]`` (:meth:`~dualpath_emu.messages.Codec.encode_envelope`), plus a third frame in a run with
-incarnations. Delivery is FIFO per pair of systems and exactly once while both ends live; ``tell`` never
-blocks (a full peer queue: an in-order backlog a task drains). A send ZeroMQ refuses is counted
-(``transport.send_failed``) and logged.
+**Incarnations.** With ``restart_crashed`` each request carries what its sender knows of the run's incarnations
+(actor -> nonzero incarnation). A request tagged with an older incarnation of its recipient than the receiver's
+own was meant for the process that died (ZeroMQ hands its queue to the new one on the same endpoint): it is
+dropped (``transport.stale``), which the scheduler counts as lost. Message ids start at ``incarnation ×``
+:data:`MSG_IDS_PER_INCARNATION`, so logs tell a new incarnation's messages from the dead one's.
 
-**Incarnations (issue 26).** In a run with ``restart_crashed`` every system has an ``incarnation`` (0 for a
-process's first) and tags each request with what its sender knows of the run's incarnations (a msgpack map,
-actor -> its process's incarnation, nonzero ones only). A system learns a newer incarnation of an actor when one
-of its actors *handles* a message carrying it. A request tagged with an older incarnation of its recipient than
-the receiving process's own was sent to the process that died (ZeroMQ hands what was queued for it to the new
-one, which binds the same endpoint): it is dropped (a ``drop`` event, ``transport.stale``), which is exactly what
-the scheduler counts as lost. A new incarnation's message ids start at ``incarnation ×``
-:data:`MSG_IDS_PER_INCARNATION`, so the event logs tell its messages from the dead one's.
-
-**Durable event log.** A system with an event sink hands it its events before any message to another process
-leaves, whenever an actor observed something since: a process killed at any moment has written every
-observation a message it sent could have told another process about.
-
-**Rejection.** A frame the receiver cannot accept (not two or three frames, an unknown kind, an envelope the
-codec refuses, an actor this system does not host, a sender that may not send it, anything on a DEALER) is
-dropped, counted (:attr:`ZmqActorSystem.rejected`, ``transport.rejected``), logged boundedly and recorded as a
-``rejected`` event of actor ``transport``. No actor is disturbed. Events' times are the real loop's clock.
-"""
+**Durable event log.** Events reach the sink before any message to another process leaves, so a process killed
+at any moment has written every observation a message it sent could have told another about."""
 
 from __future__ import annotations
 
@@ -74,8 +53,7 @@ __all__ = ["BACKLOG_BYTES", "BACKLOG_MESSAGES", "DEFAULT_BIND", "HWM", "BacklogF
 DEFAULT_BIND: Final = "tcp://127.0.0.1:*"
 """Where a :class:`ZmqActorSystem` binds unless told otherwise: loopback, a free port."""
 
-TRANSPORT_ACTOR: Final = "transport"
-"""The actor name of the transport's own events (``rejected``)."""
+TRANSPORT_ACTOR: Final = "transport"  # The actor name of the transport's own events (``rejected``).
 
 REJECTED_COUNTER: Final = "transport.rejected"
 DENIED_COUNTER: Final = "transport.denied"
@@ -97,14 +75,12 @@ FRAME_OVERHEAD_BYTES: Final = 1024
 """``MAXMSGSIZE`` is the codec's ``max_frame_bytes`` plus this: libzmq applies it to the frames on the wire,
 and CURVE wraps each frame in a ``MESSAGE`` command (33 bytes more)."""
 
-RECEIVE_BATCH: Final = 256
-"""At most this many messages are taken from a socket before the loop runs others."""
+RECEIVE_BATCH: Final = 256  # At most this many messages are taken from a socket before the loop runs others.
 
 RECEIVE_BATCH_BYTES: Final = 4 << 20
 """... and at most about this many bytes (a batch of long frames is held whole until it is handled)."""
 
-REJECTIONS_LOGGED: Final = 100
-"""Rejected frames and failed sends logged and recorded one by one before summaries."""
+REJECTIONS_LOGGED: Final = 100  # Rejected frames and failed sends logged and recorded one by one before summaries.
 
 STALE_COUNTER: Final = "transport.stale"
 MSG_IDS_PER_INCARNATION: Final = 10**12
@@ -128,8 +104,7 @@ class ZmqActorSystem(ActorSystem):
     ``peers``: endpoint -> process name (:meth:`add_route` adds both); ``keys`` and ``name``: the run's CURVE
     keys, as process ``name`` (required with keys). Use ``async with`` (or :meth:`open` and :meth:`close`)
     inside the loop. Raises :class:`~dualpath_emu.errors.SecurityError` for an endpoint the security rules
-    refuse, an endpoint whose process is unknown with keys, or keys without ``name``.
-    """
+    refuse, an endpoint whose process is unknown with keys, or keys without ``name``."""
 
     def __init__(
         self, codec: Codec, *, bind: str = DEFAULT_BIND, address_book: Mapping[str, str] | None = None,
@@ -405,8 +380,7 @@ class ZmqActorSystem(ActorSystem):
         """Send ``msg`` to a local or remote ``recipient`` and return at once.
 
         Raises :class:`BacklogFullError` (nothing sent) when the remote recipient's connection is backed up
-        beyond its bound (see Bounds in the module).
-        """
+        beyond its bound (see Bounds in the module)."""
         if not self._is_remote(recipient):
             super().tell(recipient, msg, sender=sender)
             return

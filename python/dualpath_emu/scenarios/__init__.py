@@ -2,8 +2,7 @@
 
 Each ``NAME.toml`` in this folder is a cluster scenario of ``dualpath-emu run`` (``kind = "cluster"``, format in
 :mod:`dualpath_emu.cluster.scenario`). Wherever a command takes a scenario file it also takes one of these names:
-:func:`find` says which file an argument means.
-"""
+:func:`find` says which file an argument means."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from dualpath_emu.config import ScenarioError
 
 __all__ = ["FOLDER", "find", "names", "path"]
 
-FOLDER: Final = Path(__file__).resolve().parent
-"""Where the packaged scenario files are."""
+FOLDER: Final = Path(__file__).resolve().parent  # Where the packaged scenario files are.
 
 
 def names() -> list[str]:
@@ -35,8 +33,7 @@ def find(argument: str | Path) -> Path:
     """The scenario file ``argument`` means: an existing file, else a packaged scenario's name.
 
     A name is a bare word (no folder, ``.toml`` optional); anything else that is no file is a
-    :class:`ScenarioError` that lists the packaged names.
-    """
+    :class:`ScenarioError` that lists the packaged names."""
     given = Path(argument)
     if given.exists():
         return given

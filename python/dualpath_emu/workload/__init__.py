@@ -1,8 +1,7 @@
 """Workloads: agent trajectories and request traces (:mod:`~dualpath_emu.workload.trajectory`, with their
 file format), a generator shaped like the paper's datasets (:mod:`~dualpath_emu.workload.generator`), a
 Mooncake importer (:mod:`~dualpath_emu.workload.mooncake`) and statistics (:mod:`~dualpath_emu.workload.stats`).
-:func:`load_trace` reads either file type, telling them apart by the first line.
-"""
+:func:`load_trace` reads either file type, telling them apart by the first line."""
 
 from __future__ import annotations
 

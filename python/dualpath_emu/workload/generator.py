@@ -34,8 +34,7 @@ T and λ are drawn by stratified sampling, so a 500-trajectory dataset lands wit
 prepends a first round of ``first_append`` tokens (default 1: the paper gives no length) with g_1 = 1, a
 unique prefix; rounds pushed past MaxLen are cut. Each dataset draws from its own ``random.Random`` seeded by
 ``"dualpath-emu/workload/<dataset>/<seed>/base"`` (``…/extra`` for extra agents), so the first 500 agents are
-the same whatever the agent count.
-"""
+the same whatever the agent count."""
 
 from __future__ import annotations
 
@@ -53,11 +52,9 @@ __all__ = [
     "PaperRow", "extend_agents", "generate", "generate_base", "max_total_min_fraction", "model", "scaled",
 ]  # fmt: skip
 
-MAX_AGENTS: Final = 100_000
-"""The most agents :func:`generate` makes (~250 MB at this many)."""
+MAX_AGENTS: Final = 100_000  # The most agents :func:`generate` makes (~250 MB at this many).
 MAX_BASE_TRAJECTORIES: Final = 100_000
-MAX_SIGMA: Final = 5.0
-"""The largest σ of the generator's lognormal weights."""
+MAX_SIGMA: Final = 5.0  # The largest σ of the generator's lognormal weights.
 
 Reading = Literal["per-trajectory", "per-turn"]
 READINGS: Final[tuple[Reading, ...]] = ("per-trajectory", "per-turn")
@@ -160,8 +157,7 @@ def model(dataset: Dataset, params: GeneratorParams = GeneratorParams()) -> Mode
     return Model(tau, turns_sigma, total_shape, s_a, first_share)
 
 
-_Z_CLAMP: Final = 3.0
-"""z of the turn counts exp(μ + σ·z) is clamped to ±3: no 1-round or 5,000-round agents."""
+_Z_CLAMP: Final = 3.0  # z of the turn counts exp(μ + σ·z) is clamped to ±3: no 1-round or 5,000-round agents.
 
 
 def _clamped_mean(sigma: float) -> float:

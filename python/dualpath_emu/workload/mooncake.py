@@ -20,8 +20,7 @@ no conversation); the deepest such prefix wins. A session keeps its context aliv
 Output: one trajectory per session, its requests as turns ``[prompt, hit, gen, arrival_s]`` (arrival_s =
 timestamp / 1000), ids ``<prefix>-<line index of its first request>``; ``sessions=False``: one single-turn
 trajectory per request. Either way turns arrive at their times and hit the same: sessions change only what is
-counted per agent. Malformed lines are a :class:`~dualpath_emu.workload.trajectory.TraceError`.
-"""
+counted per agent. Malformed lines are a :class:`~dualpath_emu.workload.trajectory.TraceError`."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ __all__ = [
     "BLOCK_TOKENS", "KEYS", "SESSION_SHARE", "hit_tokens", "is_mooncake_record", "read_mooncake", "session_count",
 ]  # fmt: skip
 
-BLOCK_TOKENS: Final = 512
-"""Tokens per hash block in the Mooncake traces."""
+BLOCK_TOKENS: Final = 512  # Tokens per hash block in the Mooncake traces.
 
 KEYS: Final = ("timestamp", "input_length", "output_length", "hash_ids")
 """The keys of a Mooncake request line (no others)."""

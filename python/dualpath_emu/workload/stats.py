@@ -3,8 +3,7 @@
 Per turn: prompt, hit, append, gen (an agent turn's hit is its context, §3.2); the prefix-hit fraction is
 Σ hit / Σ prompt (token-weighted); p50 and p99 are nearest-rank percentiles. :func:`dataset_stats` computes
 Table 2's columns in the per-trajectory reading :mod:`~dualpath_emu.workload.generator` matches, and the
-per-turn values beside them.
-"""
+per-turn values beside them."""
 
 from __future__ import annotations
 
@@ -96,8 +95,7 @@ class TraceStats:
     append: Distribution
     gen: Distribution
     hit_fraction: float
-    duration_s: float | None
-    """Last arrival minus first arrival, if turns carry arrival times."""
+    duration_s: float | None  # Last arrival minus first arrival, if turns carry arrival times.
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,7 +1,6 @@
 """``dualpath-emu trace``: summarise (``stats``), generate (``gen``, :mod:`~dualpath_emu.workload.generator`)
 and import (``import``, Mooncake, :mod:`~dualpath_emu.workload.mooncake`) workload traces. Bad input is a
-:class:`~dualpath_emu.errors.UsageError`: one line, exit status 2.
-"""
+:class:`~dualpath_emu.errors.UsageError`: one line, exit status 2."""
 
 from __future__ import annotations
 

@@ -40,8 +40,7 @@ Every malformed line is a :class:`TraceError` naming the file, the line, the key
 
     trace.jsonl:7: 'rounds[2][0]' (append tokens): expected an integer >= 1, got -5
 
-A trajectory keeps its numbers in flat tuples (one per column), so 4,096 agents × 157 rounds cost a few MB.
-"""
+A trajectory keeps its numbers in flat tuples (one per column), so 4,096 agents × 157 rounds cost a few MB."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ __all__ = [
 ]  # fmt: skip
 
 FORMAT: Final = "dualpath-emu-trajectories"
-VERSION: Final = 2
-"""The format version written when trajectories have tool waits (1 and 2 are read)."""
+VERSION: Final = 2  # The format version written when trajectories have tool waits (1 and 2 are read).
 _HEADER_KEYS: Final = frozenset({"format", "version", "trajectories", "meta"})
 
 MAX_TOKENS: Final = 10**9
@@ -80,16 +78,11 @@ class TraceError(UsageError, ValueError):
 class Turn(NamedTuple):
     """One request of a trajectory, as a driver replays it (tokens; seconds)."""
 
-    prompt: int
-    """Prompt tokens = hit + append."""
-    hit: int
-    """Reused-prefix tokens: KV-cache read from storage, not computed."""
-    append: int
-    """Tokens computed by prefill (the miss)."""
-    gen: int
-    """Output tokens (forced exactly)."""
-    arrival_s: float | None
-    """Arrival time (open loop), or None (issued when the previous turn finishes)."""
+    prompt: int  # Prompt tokens = hit + append.
+    hit: int  # Reused-prefix tokens: KV-cache read from storage, not computed.
+    append: int  # Tokens computed by prefill (the miss).
+    gen: int  # Output tokens (forced exactly).
+    arrival_s: float | None  # Arrival time (open loop), or None (issued when the previous turn finishes).
     wait_s: float | None = None
     """Closed loop: the tool wait before the turn is sent, after the previous one ended (None: none given)."""
 

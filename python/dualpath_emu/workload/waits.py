@@ -8,8 +8,7 @@ is the run it always was, event for event.
 
 A drawn wait is a function of (seed, agent, turn) alone (:class:`WaitDraws`, common random numbers), not of
 the order in which turns end: every system, driver and process gives an agent the same waits, and the draw
-takes nothing from any other stream.
-"""
+takes nothing from any other stream."""
 
 from __future__ import annotations
 
@@ -30,10 +29,8 @@ DISTRIBUTIONS: Final[tuple[Distribution, ...]] = ("none", "constant", "exponenti
 MAX_WAIT_S: Final = 86_400.0
 """The longest wait (a day) a scenario's distribution mean or a trajectory file's wait may state."""
 MAX_SIGMA: Final = 5.0
-MAX_SAMPLES: Final = 1_000_000
-"""The most waits an empirical distribution's file may hold."""
-WAIT_STREAM: Final = "client/tool-wait"
-"""The name the waits' key is derived from, with the seed (:class:`WaitDraws`)."""
+MAX_SAMPLES: Final = 1_000_000  # The most waits an empirical distribution's file may hold.
+WAIT_STREAM: Final = "client/tool-wait"  # The name the waits' key is derived from, with the seed (:class:`WaitDraws`).
 _TWO_WORDS: Final = struct.Struct(">QQ")
 _pack, _unpack, _blake2b = _TWO_WORDS.pack, _TWO_WORDS.unpack, hashlib.blake2b
 _UNIT: Final = 2.0**-52
@@ -48,8 +45,7 @@ class ToolWait:
     * ``"exponential"``: exponential with mean ``mean_s`` (a memoryless tool);
     * ``"lognormal"``: lognormal with mean ``mean_s`` and ``sigma`` the standard deviation of its logarithm
       (heavy-tailed, as measured tool latencies are: ``sigma`` 1 puts the p99 near 6× the median);
-    * ``"empirical"``: one of ``samples`` (seconds, e.g. measured), each equally likely.
-    """
+    * ``"empirical"``: one of ``samples`` (seconds, e.g. measured), each equally likely."""
 
     dist: Distribution = "none"
     mean_s: float = 0.0

@@ -52,8 +52,7 @@ METRICS_PORT_FILE: Final = "metrics.port"
 PROGRESS_FILE: Final = "progress.json"
 """Where the client's process says how far the run is, every :data:`PROGRESS_S` of wall time."""
 PROGRESS_S: Final = 0.5
-POLL_S: Final = 1.0
-"""How often (wall seconds) the live metrics ask the data plane for its ports and read queues."""
+POLL_S: Final = 1.0  # How often (wall seconds) the live metrics ask the data plane for its ports and read queues.
 
 
 class ClusterApplication(Application):
@@ -92,10 +91,8 @@ class ClusterApplication(Application):
         self._cluster: Cluster | None = None
         self._client: Client | None = None
         self._finished: asyncio.Event | None = None
-        self._plane: CoreWork | None = None
-        """This process's data plane: its engines'."""
-        self.host: HostDataPlane | None = None
-        """This process's host data plane (host backend only; :mod:`.host`)."""
+        self._plane: CoreWork | None = None  # This process's data plane: its engines'.
+        self.host: HostDataPlane | None = None  # This process's host data plane (host backend only; :mod:`.host`).
 
     def _build(self, core: Core) -> Topology:
         c = self.config

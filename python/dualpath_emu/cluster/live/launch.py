@@ -66,10 +66,8 @@ class LiveOptions:
     metrics_port: int = -1
     """≥ 0: live Prometheus metrics from the client's process on 127.0.0.1 (0: a free port, written to
     ``metrics.port`` in the run directory; :mod:`.metrics`)."""
-    backend: str = "model"
-    """``"host"`` moves real bytes (:mod:`dualpath_emu.host`)."""
-    byte_scale: float = DEFAULT_BYTE_SCALE
-    """Host backend: real bytes per modelled byte."""
+    backend: str = "model"  # ``"host"`` moves real bytes (:mod:`dualpath_emu.host`).
+    byte_scale: float = DEFAULT_BYTE_SCALE  # Host backend: real bytes per modelled byte.
     storage_dir: str = ""
     """Host backend: where the KV blocks go (default: the run directory's ``storage``, removed at the end)."""
     transfer_engine: str = "zmq"

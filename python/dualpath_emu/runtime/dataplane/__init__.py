@@ -35,5 +35,4 @@ rejected, and the run's end waits for the new one's bye. One the service cannot 
 dead at once; one silent for ``heartbeat_timeout_s`` is waited for ``connect_timeout_s`` more. What each
 replaceable requester asked the core to move is tallied per ``(port, lane)`` as its ledger books it, and the
 report's ``replaced`` gives each replaced incarnation's tally: the run's bytes check counts it for the ledger
-the dead process never wrote.
-"""
+the dead process never wrote."""

@@ -55,8 +55,7 @@ class ClockCheck:
         self.max_abs_error_ns = 0
         self.last_error_ns = 0
         self.last_rtt_ns = 0
-        self.last_after_ns = 0
-        """Emulated ns from the handshake to the last sample."""
+        self.last_after_ns = 0  # Emulated ns from the handshake to the last sample.
 
     def add(self, sync: ClockSync, t0: int, t1: int, clock_ns: int) -> None:
         """A ping sent at ``t0`` and answered at ``t1`` (monotonic ns) with the service's ``clock_ns``; kept when

@@ -45,8 +45,7 @@ to remote   fatal      ``reason: str`` (the service is failing)
 The receiver checks every field of every frame (types, ranges, lengths, known kinds, tags not already in
 flight, a hello first); a frame that fails is rejected whole (:class:`FrameError`: dropped, logged, counted) and
 never disturbs the receiver. Whether a request makes sense (the ports exist, the lane is configured) is the
-core's to say, per request.
-"""
+core's to say, per request."""
 
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ from dualpath_emu.runtime.security import check_private_ipc
 PROTOCOL_VERSION: Final = 2
 """2: decode nodes stepped by the service's core (``submit``'s ``decode_nodes`` and ``joins``, ``done``'s
 ``decoded``)."""
-HWM: Final = 100_000
-"""Send and receive high-water marks (messages queued per peer) of the data plane's sockets."""
+HWM: Final = 100_000  # Send and receive high-water marks (messages queued per peer) of the data plane's sockets.
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """``zmq.MAXMSGSIZE`` of the data plane's sockets: a larger frame is refused by ZeroMQ itself."""
 MAX_REQUESTS_PER_MESSAGE: Final = 65_536
@@ -76,8 +74,7 @@ MAX_REQUESTS_PER_MESSAGE: Final = 65_536
 MAX_PATH_PORTS: Final = 1_024
 MAX_RANKS: Final = 65_536
 MAX_NAME_CHARS: Final = 256
-RECEIVE_BATCH: Final = 1_024
-"""At most this many messages are taken from a socket before the loop runs others."""
+RECEIVE_BATCH: Final = 1_024  # At most this many messages are taken from a socket before the loop runs others.
 BACKLOG_MESSAGES: Final = 100_000
 """The most messages a process holds beyond ZeroMQ's queue for the data plane's socket (the service: towards
 all its requesters together; a remote plane: towards the service). Past it, or :data:`BACKLOG_BYTES`, the
@@ -85,8 +82,7 @@ run fails naming the peer that does not read: it is stuck, gone or far slower th
 BACKLOG_BYTES: Final = 256 << 20
 REJECTIONS_LOGGED: Final = 100
 """Rejected frames logged one by one by the service; then one summary line per power of ten (``BoundedLog``)."""
-SYNC_ROUNDS: Final = 8
-"""Ping rounds of the clock handshake; the one with the smallest round trip is kept."""
+SYNC_ROUNDS: Final = 8  # Ping rounds of the clock handshake; the one with the smallest round trip is kept.
 HEARTBEAT_INTERVAL_S: Final = 0.5
 HEARTBEAT_TIMEOUT_S: Final = 5.0
 CONNECT_TIMEOUT_S: Final = 60.0
@@ -304,8 +300,7 @@ def decode_frame(frame: bytes, kinds: Sequence[str] = _KINDS_TO_SERVICE) -> list
     """Unpack ``frame`` and check its envelope: ``[PROTOCOL_VERSION, kind, ...]`` with ``kind`` in ``kinds``.
 
     Raises :class:`FrameError` (never anything else) for bytes that are not one msgpack array of that form.
-    The fields after ``kind`` are checked by the receiver.
-    """
+    The fields after ``kind`` are checked by the receiver."""
     try:
         message = msgpack.unpackb(
             frame, raw=False, use_list=True, strict_map_key=True, max_ext_len=0, max_bin_len=0, timestamp=0

@@ -57,8 +57,7 @@ class RemoteDataPlane(CoreWork):
     ``tcp://``. Then bind it to a loop on its clock (:meth:`new_loop`), run the program through :meth:`run`
     so that a lost data plane ends it, and call :meth:`say_bye` when its actors are done. The heartbeat
     parameters are wall seconds. ``incarnation`` > 0: this process was started in place of one that died
-    (see Restarted processes in the package).
-    """
+    (see Restarted processes in the package)."""
 
     def __init__(
         self, endpoint: str, name: str, *, time_scale: float = 1.0, keys: DataPlaneKeys | None = None,
@@ -88,8 +87,7 @@ class RemoteDataPlane(CoreWork):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.delivery_lag = LagStats()
         self.counters: dict[str, int] = {"batches": 0, "requests": 0, "completions": 0, "refused": 0, "rejected": 0}
-        self.failure: DataPlaneError | None = None
-        """Why the data plane was lost (then :meth:`run` raises it)."""
+        self.failure: DataPlaneError | None = None  # Why the data plane was lost (then :meth:`run` raises it).
         self._failed: asyncio.Future[None] | None = None
         self._clock_check = ClockCheck()
         self._seq = 0

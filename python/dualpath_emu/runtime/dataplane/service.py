@@ -78,8 +78,7 @@ class _Requester:
     said_bye: bool = False
     touched: bool = False
     incarnation: int = 0
-    gone: bool = False
-    """It died (replaced, or unreachable): nothing more is sent to it."""
+    gone: bool = False  # It died (replaced, or unreachable): nothing more is sent to it.
     booked: dict[tuple[tuple[int, ...], int], list[int]] | None = None
     """A replaceable requester's tally: ``[bytes, transfers]`` per ``(path, lane)`` it asked the core to move."""
     decode_specs: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -111,8 +110,7 @@ class DataPlaneService:
     :mod:`dualpath_emu.runtime.security`) make it a CURVE server; without them ``insecure`` allows ``tcp://``
     (see the wire format). The heartbeat parameters are wall seconds. ``replaceable`` names the processes that
     may die and be replaced by a later incarnation, ``storage_paths`` every storage node's (core id) read and
-    write ports (for their tallies; see Restarted processes in the package).
-    """
+    write ports (for their tallies; see Restarted processes in the package)."""
 
     def __init__(
         self, plane: ServiceCore, *, bind: str, requesters: Iterable[str] | None = None, name: str = "dataplane",
@@ -141,8 +139,7 @@ class DataPlaneService:
             "frames": 0, "rejected": 0, "batches": 0, "requests": 0, "completions": 0, "refused": 0,
             "messages_sent": 0, "send_failures": 0, "completions_dropped": 0,
         }  # fmt: skip
-        self.rejections: deque[str] = deque(maxlen=_REJECTION_LOG)
-        """The reasons of the last rejected frames."""
+        self.rejections: deque[str] = deque(maxlen=_REJECTION_LOG)  # The reasons of the last rejected frames.
         self._rejection_log = BoundedLog(_log, "data plane: rejected a frame", first=REJECTIONS_LOGGED)
         self.submission_lag = LagStats()
         self._requesters: dict[bytes, _Requester] = {}
