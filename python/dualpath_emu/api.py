@@ -11,12 +11,11 @@ It does what ``dualpath-emu run`` does, for notebooks and scripts, and gives the
     result.rows()[0]                  # requests.csv's rows as dicts
     result.to_pandas()                # the same rows as a pandas DataFrame (pandas installed separately)
 
-A scenario is a packaged scenario's name (:func:`scenario_names`), a TOML file, or ``None`` (DS 660B 2P4D,
-offline); a system a built-in one's name, ``file.py:Name`` or ``module:Name``
-(:mod:`dualpath_emu.cluster.user_systems`), or a :class:`~dualpath_emu.cluster.systems.System` object; a
-workload the scenario's, or trajectories built in Python (:class:`Trajectory`). Runs are in virtual time and
-deterministic. A bad scenario, key or system is a :class:`~dualpath_emu.config.ScenarioError` with one line
-naming the file, the key and what was expected."""
+A scenario is a packaged scenario's name (:func:`scenario_names`), a TOML file, or ``None`` (DS 660B 2P4D, offline); a
+system a built-in one's name, ``file.py:Name`` or ``module:Name`` (:mod:`dualpath_emu.cluster.user_systems`), or a
+:class:`~dualpath_emu.cluster.systems.System` object; a workload the scenario's, or trajectories built in Python
+(:class:`Trajectory`). Runs are in virtual time and deterministic. A bad scenario, key or system is a
+:class:`~dualpath_emu.config.ScenarioError` with one line naming the file, the key and what was expected."""
 
 from __future__ import annotations
 

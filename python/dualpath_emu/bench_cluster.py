@@ -1,16 +1,15 @@
 """`make bench`, cluster: how fast the emulated cluster runs (issues 4, 15 and 24).
 
-Runs DS 660B 2P4D offline on the 64K dataset, ``--agents`` agents replaying their first ``--rounds`` rounds
-(0: whole trajectories), ``--repeat`` times per system (the fastest run counts: this shared machine's wall
-clock varies by ±25%), and prints ``BENCH cluster<label>_<system>_<figure>`` lines: ``turns_per_s``,
-``emulated_s_per_wall_s``, ``wall_s``, ``cpu_us_per_turn``, ``turns_per_cpu_s`` and ``jct_s``, then
-``cluster<label>_peak_rss_mib``. ``--clusters 2P4D,16P32D`` runs each size at the same load per prefill node
-and prints each further size's CPU time per turn against the first's (``…_cost_ratio_<size>_vs_<first>``,
-issue 15: within 1.2×). Wall time is measured around :func:`~dualpath_emu.cluster.run.run_system` only.
-Goals and measured figures: docs/performance.md.
+Runs DS 660B 2P4D offline on the 64K dataset, ``--agents`` agents replaying their first ``--rounds`` rounds (0: whole
+trajectories), ``--repeat`` times per system (the fastest run counts: this shared machine's wall clock varies by ±25%),
+and prints ``BENCH cluster<label>_<system>_<figure>`` lines: ``turns_per_s``, ``emulated_s_per_wall_s``, ``wall_s``,
+``cpu_us_per_turn``, ``turns_per_cpu_s`` and ``jct_s``, then ``cluster<label>_peak_rss_mib``. ``--clusters 2P4D,16P32D``
+runs each size at the same load per prefill node and prints each further size's CPU time per turn against the first's
+(``…_cost_ratio_<size>_vs_<first>``, issue 15: within 1.2×). Wall time is measured around
+:func:`~dualpath_emu.cluster.run.run_system` only. Goals and measured figures: docs/performance.md.
 
-A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of
-CPU and reports how far it got (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
+A long run prints how far it is on stderr every minute. ``--cpu-budget-s S`` stops a run after S seconds of CPU and
+reports how far it got (``BENCH …_finished 0``, ``…_turns_done``, ``…_cpu_us_per_turn_so_far``,
 ``…_peak_rss_mib_so_far``), exiting with status 1."""
 
 from __future__ import annotations

@@ -36,8 +36,7 @@ def engine_names(config: ClusterConfig) -> list[str]:
 
 def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
                  trajectories: Callable[[], Sequence[Trajectory]], seed: int) -> ClusterEngine:  # fmt: skip
-    """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the
-    client's."""
+    """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the client's."""
     if name == "client":
         return Client(cluster, trajectories(), seed, out, plane)
     if name == "scheduler":

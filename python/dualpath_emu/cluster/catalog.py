@@ -1,12 +1,11 @@
-"""The model, GPU and NIC catalog: every number the emulator uses of a model or a piece of hardware, and its
-source.
+"""The model, GPU and NIC catalog: every number the emulator uses of a model or a piece of hardware, and its source.
 
-The catalog is data: the packaged entries live in ``catalog.toml`` beside this module, each with its source; a
-scenario adds its own in the same form (``[models.<name>]``, ``[gpus.<name>]``, ``[nics.<name>]``, or catalog
-files it includes, ``kind = "catalog"``). A name is defined once: a user entry may not redefine a packaged one.
-Tags, as in ``paper-facts.md``: **[paper §x]**, **[datasheet]**, **[config]** (a Hugging Face ``config.json``),
-**[derived]**, **[assumed]** (our choice where no source says). The paper says only "8 NVIDIA Hopper GPUs" per
-node (§7.1); :data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, DeepSeek-V3 report §3.1].
+The catalog is data: the packaged entries live in ``catalog.toml`` beside this module, each with its source; a scenario
+adds its own in the same form (``[models.<name>]``, ``[gpus.<name>]``, ``[nics.<name>]``, or catalog files it includes,
+``kind = "catalog"``). A name is defined once: a user entry may not redefine a packaged one. Tags, as in
+``paper-facts.md``: **[paper §x]**, **[datasheet]**, **[config]** (a Hugging Face ``config.json``), **[derived]**,
+**[assumed]** (our choice where no source says). The paper says only "8 NVIDIA Hopper GPUs" per node (§7.1);
+:data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, DeepSeek-V3 report §3.1].
 
 :meth:`ModelArch.spec` derives the :class:`ModelSpec` the engines use from the config's fields:
 

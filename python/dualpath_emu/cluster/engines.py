@@ -1,6 +1,5 @@
-"""What the cluster's engines share: their settings and data plane (:class:`ClusterEngine`), the pull of work
-from the scheduler (:class:`EngineGroup`), the hit's Full Blocks and the MoE all-to-all volume that crosses the
-network."""
+"""What the cluster's engines share: their settings and data plane (:class:`ClusterEngine`), the pull of work from the
+scheduler (:class:`EngineGroup`), the hit's Full Blocks and the MoE all-to-all volume that crosses the network."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The engine that makes a run's faults happen (:mod:`~dualpath_emu.cluster.faults` says what they are): a timer
-at each fault's start and end; each change goes to its data plane (``set_port_factor``/``set_port_latency``;
-the host backend's passes it on to the run's other processes), the event log
-(:class:`~dualpath_emu.cluster.observations.FaultChanged`) and the scheduler
-(:class:`~dualpath_emu.cluster.messages.Health`). It is in the cluster only when the plan has faults, so a run
-without any is unchanged, event for event."""
+"""The engine that makes a run's faults happen (:mod:`~dualpath_emu.cluster.faults` says what they are): a timer at each
+fault's start and end; each change goes to its data plane (``set_port_factor``/``set_port_latency``; the host backend's
+passes it on to the run's other processes), the event log (:class:`~dualpath_emu.cluster.observations.FaultChanged`) and
+the scheduler (:class:`~dualpath_emu.cluster.messages.Health`). It is in the cluster only when the plan has faults, so a
+run without any is unchanged, event for event."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's simulators
-do). From the engines' observations (:class:`EventLogChecker`; a live run's from its merged event logs): time
-never goes backwards and events are numbered without a gap; every admitted request ends exactly once (ended or
-failed), and nothing ends that was not admitted; no pool is ever over its capacity or below zero, and every
-pool is empty at the end. From the core's byte counters at the end (:func:`check_core_bytes`): every byte
-accounted per port and lane."""
+"""Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's simulators do).
+From the engines' observations (:class:`EventLogChecker`; a live run's from its merged event logs): time never goes
+backwards and events are numbered without a gap; every admitted request ends exactly once (ended or failed), and nothing
+ends that was not admitted; no pool is ever over its capacity or below zero, and every pool is empty at the end. From
+the core's byte counters at the end (:func:`check_core_bytes`): every byte accounted per port and lane."""
 
 from __future__ import annotations
 

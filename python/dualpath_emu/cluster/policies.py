@@ -4,23 +4,22 @@ The scheduler keeps the queues and asks a :class:`Policy` what to do when an eng
 Deterministic: ties go to the lowest engine id, queues are FIFO, nothing iterates over a set.
 
 **Prefill** (:meth:`Policy.assign_prefill`): over *every* PE of the cluster, each with its group's last report
-(:class:`PrefillDispatch`), whichever group pulls (over the fetching group alone, the first to pull took
-nearly all the work). :class:`DualPathPolicy` runs Algorithm 1: PEs are classified by their load ``tok_e``
-and their node's read queue ``read_q`` (tokens) -- C1 overloaded (``tok_e > β``, given nothing), C2
-``read_q ≤ α``, C3 ``read_q > α`` -- and the head of the global FIFO goes to the least-loaded PE of C2, else
-of C3 (ties: the PE given work least recently), whose ``tok_e`` grows, until both classes are empty.
-:class:`RoundRobinPolicy` gives requests to the PEs in turn, with no load limit.
+(:class:`PrefillDispatch`), whichever group pulls (over the fetching group alone, the first to pull took nearly all the
+work). :class:`DualPathPolicy` runs Algorithm 1: PEs are classified by their load ``tok_e`` and their node's read queue
+``read_q`` (tokens) -- C1 overloaded (``tok_e > β``, given nothing), C2 ``read_q ≤ α``, C3 ``read_q > α`` -- and the
+head of the global FIFO goes to the least-loaded PE of C2, else of C3 (ties: the PE given work least recently), whose
+``tok_e`` grows, until both classes are empty. :class:`RoundRobinPolicy` gives requests to the PEs in turn, with no load
+limit.
 
-**Decode** (:meth:`Policy.assign_decode`, §6.2): phase 1 drains the global queue into per-group private
-queues, each request to the group with the smallest ``Σ tok_e``. Phase 2 finds the prefix ``R`` of the
-group's private queue that fits its free HBM, computes ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|`` and
-pops requests in order: among DEs with room, those staying at or below ``Z`` are preferred (fewest requests
-``seq_e``), else the least-loaded; the fetch ends when no DE has room for the head. Round robin gives each
-request to the group's next DE with room.
+**Decode** (:meth:`Policy.assign_decode`, §6.2): phase 1 drains the global queue into per-group private queues, each
+request to the group with the smallest ``Σ tok_e``. Phase 2 finds the prefix ``R`` of the group's private queue that
+fits its free HBM, computes ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|`` and pops requests in order: among DEs with
+room, those staying at or below ``Z`` are preferred (fewest requests ``seq_e``), else the least-loaded; the fetch ends
+when no DE has room for the head. Round robin gives each request to the group's next DE with room.
 
-**Read side** (:meth:`Policy.read_side`, §6.3): a request's whole hit is read on one side, for DualPath the
-node with the shorter read queue, which then grows by the hit tokens (so one fetch does not send everything to
-one side; the paper does not say whether it updates ``read_q`` within a fetch); PE-only systems read on the PE."""
+**Read side** (:meth:`Policy.read_side`, §6.3): a request's whole hit is read on one side, for DualPath the node with
+the shorter read queue, which then grows by the hit tokens (so one fetch does not send everything to one side; the paper
+does not say whether it updates ``read_q`` within a fetch); PE-only systems read on the PE."""
 
 from __future__ import annotations
 
@@ -197,10 +196,9 @@ class Policy(ABC):
         return DecodeAssignment(request, engine.id)
 
     def read_side(self, request: Request, pe_node: int, de_node: int, read_q: dict[int, int]) -> ReadSide:
-        """The side that reads the request's hit KV (§6.3: the node with the shorter read queue; on a tie
-        the DE, whose storage NIC a single-path system leaves idle [our choice: the paper names no tie rule;
-        breaking ties towards the PE piles light-load reads on the fewer prefill nodes]); adds its hit
-        tokens to that node's ``read_q``."""
+        """The side that reads the request's hit KV (§6.3: the node with the shorter read queue; on a tie the DE, whose
+        storage NIC a single-path system leaves idle [our choice: the paper names no tie rule; breaking ties towards the
+        PE piles light-load reads on the fewer prefill nodes]); adds its hit tokens to that node's ``read_q``."""
         side: ReadSide = "pe"
         if self.read_both_sides and read_q.get(de_node, 0) <= read_q.get(pe_node, 0):
             side = "de"
@@ -477,10 +475,9 @@ class _PrefillIndex:
 
 
 class PrefillDispatch:
-    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group. A
-    fetch from any group assigns over every PE; new work wakes one group, in turn (any fetch assigns for all);
-    a PE that finishes work wakes its own group while requests wait (the only event that makes room when every
-    PE is over β)."""
+    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group. A fetch from
+    any group assigns over every PE; new work wakes one group, in turn (any fetch assigns for all); a PE that finishes
+    work wakes its own group while requests wait (the only event that makes room when every PE is over β)."""
 
     def __init__(self, policy: Policy, groups: dict[str, list[Engine]]) -> None:
         self.policy = policy

@@ -421,9 +421,8 @@ def _live_options(args: argparse.Namespace, scenario: ClusterScenario) -> LiveOp
 
 
 def _restart_hint(args: argparse.Namespace, scenario: ClusterScenario, error: Exception) -> str:
-    """Advice to run with ``--restart-crashed``, only where it would have helped: a model-plane live run (the
-    host backend refuses the option) whose engine group's process died (not one that hung, not a failed
-    check)."""
+    """Advice to run with ``--restart-crashed``, only where it would have helped: a model-plane live run (the host
+    backend refuses the option) whose engine group's process died (not one that hung, not a failed check)."""
     from dualpath_emu.runtime.launcher import LaunchError
 
     if scenario.backend == "host" or getattr(args, "restart_crashed", False):

@@ -1,13 +1,12 @@
 """Systems and policies from the user's own code: ``module:Name`` or ``path/to/file.py:Name`` (``docs/policies.md``).
 
-A file (relative to the scenario's folder, or the current one on the command line) is run afresh for every
-scenario loaded; a module is imported once. ``Name`` is, in that module: a
-:class:`~dualpath_emu.cluster.systems.System` (under its own ``name``); a
-:class:`~dualpath_emu.cluster.policies.Policy` subclass, wrapped into a system called ``Name`` with DualPath's
-data path and the policy's ``read_both_sides``; else the name of a system in the module's ``SYSTEMS`` (a list,
-tuple or mapping), for names that are no Python identifier. A system may not take a built-in system's name.
-Whatever cannot be resolved is one :class:`~dualpath_emu.config.ScenarioError` line naming where the spec was
-given, the spec and what was expected."""
+A file (relative to the scenario's folder, or the current one on the command line) is run afresh for every scenario
+loaded; a module is imported once. ``Name`` is, in that module: a :class:`~dualpath_emu.cluster.systems.System` (under
+its own ``name``); a :class:`~dualpath_emu.cluster.policies.Policy` subclass, wrapped into a system called ``Name`` with
+DualPath's data path and the policy's ``read_both_sides``; else the name of a system in the module's ``SYSTEMS`` (a
+list, tuple or mapping), for names that are no Python identifier. A system may not take a built-in system's name.
+Whatever cannot be resolved is one :class:`~dualpath_emu.config.ScenarioError` line naming where the spec was given, the
+spec and what was expected."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""``dualpath-emu calibrate-host``: this machine's disk and network, measured through the host backend's own I/O
-paths (a :class:`~dualpath_emu.host.storage.BlockStore` in ``--dir``, 16 I/Os in flight, and a
-:class:`~dualpath_emu.host.transport.ByteChannel` over private ``ipc://``, unpaced; every byte verified; plus the
-median latency of a 4 KiB read and round trip), written as TOML ``[hardware]`` and ``[storage]`` tables a
-cluster scenario can use, with, as a comment, the largest ``byte_scale`` at which a host run keeps to its
-model's rates here."""
+"""``dualpath-emu calibrate-host``: this machine's disk and network, measured through the host backend's own I/O paths
+(a :class:`~dualpath_emu.host.storage.BlockStore` in ``--dir``, 16 I/Os in flight, and a
+:class:`~dualpath_emu.host.transport.ByteChannel` over private ``ipc://``, unpaced; every byte verified; plus the median
+latency of a 4 KiB read and round trip), written as TOML ``[hardware]`` and ``[storage]`` tables a cluster scenario can
+use, with, as a comment, the largest ``byte_scale`` at which a host run keeps to its model's rates here."""
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """Real bytes at a port's rate, lane by lane: :class:`Pacer` drives a core :class:`~dualpath_emu._core.PacketPort`
 (token bucket + the virtual-lane arbiter) from an asyncio task.
 
-Callers enqueue messages (``tag``, lane, bytes); the pacer wakes when the bucket allows the next chunk (the
-loop's timers round that to about a millisecond), asks the port for every chunk granted at that instant (one
-core call per wake-up) and hands them to ``on_grants`` in grant order, for the caller to move. So a high-lane
-chunk enqueued behind low-lane ones goes next, as on an InfiniBand port with VL arbitration (without an
-arbitration, one FIFO). A late wake-up grants, a bucket (:data:`BURST_S` of the rate) at a time, what on-time
-ones would have: no rate is lost, and an idle port gains at most one bucket of credit.
-:meth:`Pacer.set_rate` (a fault) grants what was due at the old rate first, then refills at the new one; rate 0
-pauses it (what is queued waits, nothing is lost)."""
+Callers enqueue messages (``tag``, lane, bytes); the pacer wakes when the bucket allows the next chunk (the loop's
+timers round that to about a millisecond), asks the port for every chunk granted at that instant (one core call per
+wake-up) and hands them to ``on_grants`` in grant order, for the caller to move. So a high-lane chunk enqueued behind
+low-lane ones goes next, as on an InfiniBand port with VL arbitration (without an arbitration, one FIFO). A late wake-up
+grants, a bucket (:data:`BURST_S` of the rate) at a time, what on-time ones would have: no rate is lost, and an idle
+port gains at most one bucket of credit. :meth:`Pacer.set_rate` (a fault) grants what was due at the old rate first,
+then refills at the new one; rate 0 pauses it (what is queued waits, nothing is lost)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The kinds of data movement of DualPath (paper §4), named alike for every backend, and what a run measures of
-each (:class:`PathStats`), so a host run's real transfers sit next to the model's figures: ``storage read
-(PE)``, ``storage read (DE)``, ``write-back``, ``PE→DE``, ``DE→PE``, ``all-to-all``, ``H2D``, ``D2H`` and
-``forward pass``. Named from a :class:`Layout` (the cluster's ``Topology`` is one), so the host backend needs
-nothing of the cluster's code."""
+"""The kinds of data movement of DualPath (paper §4), named alike for every backend, and what a run measures of each
+(:class:`PathStats`), so a host run's real transfers sit next to the model's figures: ``storage read (PE)``, ``storage
+read (DE)``, ``write-back``, ``PE→DE``, ``DE→PE``, ``all-to-all``, ``H2D``, ``D2H`` and ``forward pass``. Named from a
+:class:`Layout` (the cluster's ``Topology`` is one), so the host backend needs nothing of the cluster's code."""
 
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
-"""KV-cache Full Blocks in real files, the 3FS of the host backend (docs/host-backend.md): written and read
-with O_DIRECT on a thread pool, every read verified.
+"""KV-cache Full Blocks in real files, the 3FS of the host backend (docs/host-backend.md): written and read with
+O_DIRECT on a thread pool, every read verified.
 
-A context (one agent's blocks) is one file, ``ctx-{context:08d}.kv``, block *i* at *i* × ``stride``
-(``block_bytes`` rounded up to the O_DIRECT unit). A block is a 32-byte header (``DPKV``, version, context, block,
-block_bytes: ``<4sIQQQ``) then a pattern of (context, block) alone, so any process verifies any block unaided: a
-misplaced, torn or stale one fails. O_DIRECT so reads hit the disk, not the page cache (buffered where refused:
-``stats()["direct_io_reason"]``); one ``preadv``/``pwritev`` per chunk of up to 8 MiB, in parallel. A block not
-there yet (another process's write-back in flight) is re-read with backoff for up to ``wait_s`` (not counted
-while ``held()``), then counts as mismatched.
+A context (one agent's blocks) is one file, ``ctx-{context:08d}.kv``, block *i* at *i* × ``stride`` (``block_bytes``
+rounded up to the O_DIRECT unit). A block is a 32-byte header (``DPKV``, version, context, block, block_bytes:
+``<4sIQQQ``) then a pattern of (context, block) alone, so any process verifies any block unaided: a misplaced, torn or
+stale one fails. O_DIRECT so reads hit the disk, not the page cache (buffered where refused:
+``stats()["direct_io_reason"]``); one ``preadv``/``pwritev`` per chunk of up to 8 MiB, in parallel. A block not there
+yet (another process's write-back in flight) is re-read with backoff for up to ``wait_s`` (not counted while
+``held()``), then counts as mismatched.
 
 A node reaches the storage through its own :class:`StorageView` (a directory descriptor opens are relative to):
-:meth:`BlockStore.take_away` swaps it in place for a removed directory's, so its opens fail with a real
-``ENOENT`` for that node alone, and I/O waits until :meth:`BlockStore.give_back` (never an error or a false
-corruption)."""
+:meth:`BlockStore.take_away` swaps it in place for a removed directory's, so its opens fail with a real ``ENOENT`` for
+that node alone, and I/O waits until :meth:`BlockStore.give_back` (never an error or a false corruption)."""
 
 from __future__ import annotations
 
@@ -272,10 +271,9 @@ class BlockStore:
             back.set()
 
     async def reach(self, view: StorageView, context: int, kind: str = "read") -> float:
-        """What an I/O does before it starts on ``view`` (for a ``kind``, ``"read"`` or ``"write"``): while the
-        view is away, try to open ``context``'s file through it (the kernel says ENOENT), wait (backoff, or
-        until the view is back) and try again. Returns the seconds it waited (0, at once, if the view is
-        there)."""
+        """What an I/O does before it starts on ``view`` (for a ``kind``, ``"read"`` or ``"write"``): while the view is
+        away, try to open ``context``'s file through it (the kernel says ENOENT), wait (backoff, or until the view is
+        back) and try again. Returns the seconds it waited (0, at once, if the view is there)."""
         if kind not in ("read", "write"):
             raise HostStorageError(f"kind must be 'read' or 'write', not {kind!r}")
         if not view.away:
@@ -331,10 +329,9 @@ class BlockStore:
 
     async def read(self, context: int, first_block: int, n_blocks: int, *, wait_s: float = 2.0,
                    held: Callable[[], bool] | None = None, view: StorageView | None = None) -> IoResult:  # fmt: skip
-        """Read blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` and verify each; one
-        not there yet is re-read with backoff for up to ``wait_s`` seconds of sleep, not counting those
-        while ``held()`` is true; through ``view`` if given, waiting for it while it is away (see the
-        module)."""
+        """Read blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` and verify each; one not there
+        yet is re-read with backoff for up to ``wait_s`` seconds of sleep, not counting those while ``held()`` is true;
+        through ``view`` if given, waiting for it while it is away (see the module)."""
         self._check(context, first_block, n_blocks)
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) or wait_s < 0:
             raise HostStorageError(f"wait_s must be a finite number >= 0, not {wait_s!r}")

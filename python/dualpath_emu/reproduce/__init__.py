@@ -1,9 +1,8 @@
 """The paper's experiments, one module each, run by ``dualpath-emu reproduce NAME``.
 
-:data:`EXPERIMENTS` maps each name to its module; every such module exposes ``main(argv: list[str] | None)
--> int``, and every experiment accepts ``--json`` (``markdown`` is the tool that turns their reports into
-Markdown). This package imports nothing heavy: the command line reads the names here
-and imports an experiment's module only when it runs."""
+:data:`EXPERIMENTS` maps each name to its module; every such module exposes ``main(argv: list[str] | None) -> int``, and
+every experiment accepts ``--json`` (``markdown`` is the tool that turns their reports into Markdown). This package
+imports nothing heavy: the command line reads the names here and imports an experiment's module only when it runs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Calibration: fit the parameters the paper does not give on **Basic and Oracle runs only**, so that
-DualPath's results are predictions.
+"""Calibration: fit the parameters the paper does not give on **Basic and Oracle runs only**, so that DualPath's results
+are predictions.
 
-Three hardware parameters, shared by every model, fitted on DS 660B 2P4D, 64K, whole trajectories (the
-paper's Fig. 7 [fig~]):
+Three hardware parameters, shared by every model, fitted on DS 660B 2P4D, 64K, whole trajectories (the paper's Fig. 7
+[fig~]):
 
 1. ``prefill_speed``, one factor on the prefill engines' kernel efficiencies
    (:mod:`dualpath_emu.cluster.roofline`), so that **Oracle at 4,096 agents** takes the paper's ≈9,400 s
@@ -16,11 +16,10 @@ paper's Fig. 7 [fig~]):
    where it is slower even at the line rate, the rate stays the line rate.
 
 The decode engines are **not** fitted (roofline efficiencies, DeepEP all-to-all latencies,
-:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`): TPOT is a prediction too. ``--write``
-stores the result in ``calibration.json`` in this package, which every experiment reads through
-:func:`~dualpath_emu.reproduce.common.deployment`; ``dualpath-emu calibrate`` reruns the fit. ``--quick``
-fits a storage-bound miniature (fewer agents, 40 rounds) to known parameters, to check the procedure, and
-never writes."""
+:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`): TPOT is a prediction too. ``--write`` stores the
+result in ``calibration.json`` in this package, which every experiment reads through
+:func:`~dualpath_emu.reproduce.common.deployment`; ``dualpath-emu calibrate`` reruns the fit. ``--quick`` fits a
+storage-bound miniature (fewer agents, 40 rounds) to known parameters, to check the procedure, and never writes."""
 
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
-"""What every experiment of ``dualpath-emu reproduce`` shares: runs (cells) in parallel processes, the
-comparison with the paper, and the outputs (CSV, PNG, JSON, a printed table).
+"""What every experiment of ``dualpath-emu reproduce`` shares: runs (cells) in parallel processes, the comparison with
+the paper, and the outputs (CSV, PNG, JSON, a printed table).
 
-An experiment builds :class:`Cell` runs, runs them with :func:`run_cells`, and returns a :class:`Report` of CSV
-rows and :class:`Comparison` with the paper; :func:`experiment_main` gives it the common command line
-(``--quick``, ``--out DIR``, ``--jobs N`` or ``--dask ADDRESS``, ``--cache DIR``, ``--json``). Every run is
-deterministic from its seed, so the number of processes, or where they run, changes the wall time, never a
-figure. ``dualpath-emu sweep`` runs its grids through the same :func:`run_parallel`.
+An experiment builds :class:`Cell` runs, runs them with :func:`run_cells`, and returns a :class:`Report` of CSV rows and
+:class:`Comparison` with the paper; :func:`experiment_main` gives it the common command line (``--quick``, ``--out
+DIR``, ``--jobs N`` or ``--dask ADDRESS``, ``--cache DIR``, ``--json``). Every run is deterministic from its seed, so
+the number of processes, or where they run, changes the wall time, never a figure. ``dualpath-emu sweep`` runs its grids
+through the same :func:`run_parallel`.
 
-**The run cache holds data, never code.** Each result is one JSON file holding the cache's format version,
-the full key (the worker, the code's fingerprint, the run) and the result; a file that does not parse, or
-holds another version, key or shape, is ignored with a warning and the run computed again. Nothing in it is
-executed or unpickled, so a cache folder may be shared as safely as a CSV file: the worst a hostile file can
-do is give wrong numbers for its own key. (Dask's own wire does pickle tasks and results: reach its scheduler
-only over a network you trust, or over TLS.)"""
+**The run cache holds data, never code.** Each result is one JSON file holding the cache's format version, the full key
+(the worker, the code's fingerprint, the run) and the result; a file that does not parse, or holds another version, key
+or shape, is ignored with a warning and the run computed again. Nothing in it is executed or unpickled, so a cache
+folder may be shared as safely as a CSV file: the worst a hostile file can do is give wrong numbers for its own key.
+(Dask's own wire does pickle tasks and results: reach its scheduler only over a network you trust, or over TLS.)"""
 
 from __future__ import annotations
 

@@ -1,49 +1,47 @@
-"""Fig. 10 of the paper (§7.4): online serving. The largest agent arrival rate (APS, agents per second) each
-system sustains within the SLO (TTFT <= 4 s, TPOT <= 50 ms), and TTFT / TTST / TPOT against the rate. TTST is
-the paper's: the time from the first to the second token (the PE → DE hand-off, the H2D copy and the first
-decode step, paper-facts §3.3), not from arrival.
+"""Fig. 10 of the paper (§7.4): online serving. The largest agent arrival rate (APS, agents per second) each system
+sustains within the SLO (TTFT <= 4 s, TPOT <= 50 ms), and TTFT / TTST / TPOT against the rate. TTST is the paper's: the
+time from the first to the second token (the PE → DE hand-off, the H2D copy and the first decode step, paper-facts
+§3.3), not from arrival.
 
-**Setup.** Agents arrive as a Poisson process at rate APS; each replays its 64K trajectory from round 0 (zero
-tool latency, paper-facts §3.3; the paper does not say which trace it uses online). Basic, DualPath and Oracle
-on DS 660B 2P4D and DS 27B 1P1D (:func:`~dualpath_emu.reproduce.common.deployment`). Paper (paper-facts §8.3):
-largest SLO-meeting APS DualPath / Basic = **2.25×** (DS 660B) and **1.67×** (DS 27B), ±20%; edges read from
-the figure ≈ 0.20 / 0.45 APS (DS 660B Basic / DualPath) and ≈ 0.30 / 0.50 (DS 27B), at ±20% (our tolerance:
-absolute throughput rests on hardware figures the paper does not give, paper-facts §10); DualPath's TPOT and
-TTST within 10% of Basic's at Basic's edge rate ("DualPath ≈ Basic", no extra decode cost).
+**Setup.** Agents arrive as a Poisson process at rate APS; each replays its 64K trajectory from round 0 (zero tool
+latency, paper-facts §3.3; the paper does not say which trace it uses online). Basic, DualPath and Oracle on DS 660B
+2P4D and DS 27B 1P1D (:func:`~dualpath_emu.reproduce.common.deployment`). Paper (paper-facts §8.3):
+largest SLO-meeting APS DualPath / Basic = **2.25×** (DS 660B) and **1.67×** (DS 27B), ±20%; edges read from the figure
+≈ 0.20 / 0.45 APS (DS 660B Basic / DualPath) and ≈ 0.30 / 0.50 (DS 27B), at ±20% (our tolerance:
+absolute throughput rests on hardware figures the paper does not give, paper-facts §10); DualPath's TPOT and TTST within
+10% of Basic's at Basic's edge rate ("DualPath ≈ Basic", no extra decode cost).
 
-**The steady-state window** (our choice). A run at rate λ admits ``N = λ × D`` agents, so arrivals last ``D``
-emulated seconds whatever the rate (:attr:`Variant.arrival_s`); the statistics are over the requests that
-*arrive* in ``[D/2, D]``, after the ramp-up and before the drain (whole-run statistics are kept as
-``run_ttft_*``). That window is steady only if ``D/2`` exceeds a trajectory's duration (≈ 900-1,000 s for DS
-660B near its edge, 550-650 s for DS 27B: the ``trajectory_s_mean`` column). The full variant cannot afford
-that on a 2-core machine: ``D`` = 1,500 s (DS 660B) and 300 s (DS 27B) put its window in the late ramp, with
-fewer agents, more of them in their first (prefill-heavy, read-light) rounds, so edges are biased upward and
-DualPath's advantage, which grows with the share of reads, is if anything understated.
-``--duration-scale`` lengthens ``D`` at proportional cost.
+**The steady-state window** (our choice). A run at rate λ admits ``N = λ × D`` agents, so arrivals last ``D`` emulated
+seconds whatever the rate (:attr:`Variant.arrival_s`); the statistics are over the requests that *arrive* in ``[D/2,
+D]``, after the ramp-up and before the drain (whole-run statistics are kept as ``run_ttft_*``). That window is steady
+only if ``D/2`` exceeds a trajectory's duration (≈ 900-1,000 s for DS 660B near its edge, 550-650 s for DS 27B: the
+``trajectory_s_mean`` column). The full variant cannot afford that on a 2-core machine: ``D`` = 1,500 s (DS 660B) and
+300 s (DS 27B) put its window in the late ramp, with fewer agents, more of them in their first (prefill-heavy,
+read-light) rounds, so edges are biased upward and DualPath's advantage, which grows with the share of reads, is if
+anything understated. ``--duration-scale`` lengthens ``D`` at proportional cost.
 
-**The statistic** is the window's **mean** TTFT and TPOT (``--slo-stat``: p50/p90/p99 instead): the paper
-plots a central value of a time window and states no percentile. TPOT per request is (last token − second
-token) / (tokens − 2). DS 660B's TPOT is over 50 ms at every rate under the one-factor calibration
-(:mod:`~dualpath_emu.reproduce.calibrate`), so its SLO edges are 0; each DualPath and Basic search therefore
-has a twin on the **TTFT half alone**, reported beside the SLO's as what the prefill side sustains.
+**The statistic** is the window's **mean** TTFT and TPOT (``--slo-stat``: p50/p90/p99 instead): the paper plots a
+central value of a time window and states no percentile. TPOT per request is (last token − second token) / (tokens − 2).
+DS 660B's TPOT is over 50 ms at every rate under the one-factor calibration (:mod:`~dualpath_emu.reproduce.calibrate`),
+so its SLO edges are 0; each DualPath and Basic search therefore has a twin on the **TTFT half alone**, reported beside
+the SLO's as what the prefill side sustains.
 
-**The search** per (model, system) keeps a bracket: ``lo``, the largest rate measured to meet the SLO below
-``hi``, the smallest measured to miss it, on a geometric scale. The first step measures
-:attr:`Variant.rates_per_step` rates around a guess (from pilot runs), spread by ``√growth``; while nothing
-missed (met), the next step multiplies the largest met (divides the smallest missed) rate by ``growth``,
-``growth²`` …; once bracketed, each step splits ``[lo, hi]`` geometrically into
-:attr:`Variant.refine_rates_per_step` + 1 parts. It stops when ``hi / lo − 1 ≤ resolution``, when ``lo`` reaches
-the cap (a censored edge, "at least"), or after :attr:`Variant.max_steps`. The **edge** is ``lo``. Oracle only
-has to show it is at least DualPath's: it is measured once at its cap, and searches down (resolution 0.5) only
-if that misses. Runs are deterministic, but the outcome need not be monotone near the edge: a met rate above
-``hi`` is kept in the rows and ignored by the bracket. Each step's runs, of all searches, run in parallel
-through :func:`measure` (the window needs per-request timestamps, which stay in the worker); afterwards
-DualPath runs at Basic's edge rate, if not yet measured there, for the TPOT comparison.
+**The search** per (model, system) keeps a bracket: ``lo``, the largest rate measured to meet the SLO below ``hi``, the
+smallest measured to miss it, on a geometric scale. The first step measures :attr:`Variant.rates_per_step` rates around
+a guess (from pilot runs), spread by ``√growth``; while nothing missed (met), the next step multiplies the largest met
+(divides the smallest missed) rate by ``growth``, ``growth²`` …; once bracketed, each step splits ``[lo, hi]``
+geometrically into :attr:`Variant.refine_rates_per_step` + 1 parts. It stops when ``hi / lo − 1 ≤ resolution``, when
+``lo`` reaches the cap (a censored edge, "at least"), or after :attr:`Variant.max_steps`. The **edge** is ``lo``. Oracle
+only has to show it is at least DualPath's: it is measured once at its cap, and searches down (resolution 0.5) only if
+that misses. Runs are deterministic, but the outcome need not be monotone near the edge: a met rate above ``hi`` is kept
+in the rows and ignored by the bracket. Each step's runs, of all searches, run in parallel through :func:`measure` (the
+window needs per-request timestamps, which stay in the worker); afterwards DualPath runs at Basic's edge rate, if not
+yet measured there, for the TPOT comparison.
 
-``--quick``: the storage-bound miniature (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`, uncalibrated),
-12 rounds per agent, arrivals over 40 s (DS 660B) / 30 s (DS 27B), growth 2, resolution 0.35, at most 3 steps;
-its checks are the orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, within one resolution step),
-positive edges, and DualPath's TPOT within 10% of Basic's at Basic's edge rate.
+``--quick``: the storage-bound miniature (:data:`~dualpath_emu.reproduce.common.QUICK_NODE`, uncalibrated), 12 rounds
+per agent, arrivals over 40 s (DS 660B) / 30 s (DS 27B), growth 2, resolution 0.35, at most 3 steps; its checks are the
+orderings (DualPath's edge ≥ Basic's, Oracle's ≥ DualPath's, within one resolution step), positive edges, and DualPath's
+TPOT within 10% of Basic's at Basic's edge rate.
 
 Measured: EVALUATION.md (fig10), from ``docs/evaluation/fig10.json``."""
 

@@ -1,20 +1,18 @@
 """Fig. 12 of the paper: the ablation ladder (right, §7.5) and the TTFT breakdown vs arrival rate (left, §7.4).
 
-**Ablation** (offline, DS 660B 2P4D, 64K, 1,024 and 2,048 agents, averaged as in the paper): Basic →
-``basic+layerwise`` (layerwise prefill) → ``basic+layerwise+dualpath`` (both read paths, round-robin engine
-choice; the paper does not say how that step picks the read side, we take the shorter read queue as
-DualPath does) → ``dualpath`` (+ its scheduler). Reported: each step's JCT reduction vs Basic,
-``1 − JCT / JCT_basic``; paper 17.21% / 38.19% / 45.62% (±5 points).
+**Ablation** (offline, DS 660B 2P4D, 64K, 1,024 and 2,048 agents, averaged as in the paper): Basic → ``basic+layerwise``
+(layerwise prefill) → ``basic+layerwise+dualpath`` (both read paths, round-robin engine choice; the paper does not say
+how that step picks the read side, we take the shorter read queue as DualPath does) → ``dualpath`` (+ its scheduler).
+Reported: each step's JCT reduction vs Basic, ``1 − JCT / JCT_basic``; paper 17.21% / 38.19% / 45.62% (±5 points).
 
-**TTFT breakdown** (online, DS 660B, Basic and DualPath at several arrival rates): mean seconds of a turn's
-TTFT spent in scheduling (arrival → both engines assigned), allocation (→ its read starts: buffers
-granted), reading (the storage read) and prefill (→ first token); paper: DualPath's stays flat while Basic's
-queueing explodes with the rate (no numbers, so no targets). Agents arrive over fig10's period (1,500 s for
-DS 660B: ``rate × 1,500`` agents, whole trajectories), so the load at each rate is fig10's; the means are
-over the whole run, ramp and drain included.
+**TTFT breakdown** (online, DS 660B, Basic and DualPath at several arrival rates): mean seconds of a turn's TTFT spent
+in scheduling (arrival → both engines assigned), allocation (→ its read starts: buffers granted), reading (the storage
+read) and prefill (→ first token); paper: DualPath's stays flat while Basic's queueing explodes with the rate (no
+numbers, so no targets). Agents arrive over fig10's period (1,500 s for DS 660B: ``rate × 1,500`` agents, whole
+trajectories), so the load at each rate is fig10's; the means are over the whole run, ramp and drain included.
 
-``--quick`` (the storage-bound miniature): 192 agents × 40 rounds for the ladder, 48 agents × 20 rounds
-online at two rates; checks that the ladder is monotone (each step's JCT at most the previous one's + 2%)."""
+``--quick`` (the storage-bound miniature): 192 agents × 40 rounds for the ladder, 48 agents × 20 rounds online at two
+rates; checks that the ladder is monotone (each step's JCT at most the previous one's + 2%)."""
 
 from __future__ import annotations
 

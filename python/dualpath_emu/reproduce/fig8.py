@@ -1,13 +1,12 @@
 """Fig. 8 of the paper (§7.3): the prefill/decode ratio on DS 27B — 1P1D, 2P1D and 1P2D, offline.
 
-DS 27B fits one node per engine group (EP8), so the P/D ratio is the number of prefill and decode nodes.
-The paper gives the mean speedup over its points, 1.64×, and the best, 2.46× (1P2D: Basic ≈8,300 s vs
-DualPath ≈3,400 s), but not the agent counts or context of the figure's points [not found]: we run the 64K
-dataset with 512, 1,024 and 2,048 agents per ratio (3 × 3 points × Basic / DualPath / Oracle), and compare
-the mean and best DualPath/Basic speedup (±15%).
+DS 27B fits one node per engine group (EP8), so the P/D ratio is the number of prefill and decode nodes. The paper gives
+the mean speedup over its points, 1.64×, and the best, 2.46× (1P2D: Basic ≈8,300 s vs DualPath ≈3,400 s), but not the
+agent counts or context of the figure's points [not found]: we run the 64K dataset with 512, 1,024 and 2,048 agents per
+ratio (3 × 3 points × Basic / DualPath / Oracle), and compare the mean and best DualPath/Basic speedup (±15%).
 
-``--quick`` (the storage-bound miniature): 128 and 256 agents × 40 rounds per ratio; checks Oracle ≤ DualPath
-≤ Basic at every point."""
+``--quick`` (the storage-bound miniature): 128 and 256 agents × 40 rounds per ratio; checks Oracle ≤ DualPath ≤ Basic at
+every point."""
 
 from __future__ import annotations
 

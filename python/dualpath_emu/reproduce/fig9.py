@@ -1,15 +1,14 @@
-"""Fig. 9 of the paper (§7.3): scaling the append length and the generation length (DS 660B 2P4D, 64K,
-1,024 agents, offline).
+"""Fig. 9 of the paper (§7.3): scaling the append length and the generation length (DS 660B 2P4D, 64K, 1,024 agents,
+offline).
 
-Every trajectory's appends (or generated lengths) are multiplied by a scale and the trajectory is cut again
-at the dataset's maximum length (:func:`~dualpath_emu.workload.generator.scaled`), so longer appends mean
-fewer turns. Scales 1, 1.5, 2 and 3 (read off the figure [fig~]). Compared: DualPath/Basic speedup across
-the append scales, paper 1.82–1.99× (each within ±15% of that range); the paper's trends are checked too —
-the Basic–Oracle gap shrinks as appends grow (more compute per byte read), and the JCT of every system falls
-with the scale (fewer turns).
+Every trajectory's appends (or generated lengths) are multiplied by a scale and the trajectory is cut again at the
+dataset's maximum length (:func:`~dualpath_emu.workload.generator.scaled`), so longer appends mean fewer turns. Scales
+1, 1.5, 2 and 3 (read off the figure [fig~]). Compared: DualPath/Basic speedup across the append scales, paper
+1.82–1.99× (each within ±15% of that range); the paper's trends are checked too — the Basic–Oracle gap shrinks as
+appends grow (more compute per byte read), and the JCT of every system falls with the scale (fewer turns).
 
-``--quick`` (the storage-bound miniature): 192 agents × 40 rounds at scales 1 and 3 (appends only); checks
-Oracle ≤ DualPath ≤ Basic."""
+``--quick`` (the storage-bound miniature): 192 agents × 40 rounds at scales 1 and 3 (appends only); checks Oracle ≤
+DualPath ≤ Basic."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""``dualpath-emu reproduce markdown FILE.json...``: an experiment's report (the ``NAME.json`` that ``--out``
-writes) as a Markdown section — the side-by-side table, the checks, the notes and the wall time — so that
-EVALUATION.md shows what was measured, not numbers copied by hand.
+"""``dualpath-emu reproduce markdown FILE.json...``: an experiment's report (the ``NAME.json`` that ``--out`` writes) as
+a Markdown section — the side-by-side table, the checks, the notes and the wall time — so that EVALUATION.md shows what
+was measured, not numbers copied by hand.
 
-``--image-dir DIR`` links each report's figure as ``DIR/STEM.png``, STEM being the JSON file's name without
-``.json`` (keep each PNG beside its JSON under the same name); ``--into FILE`` writes the sections into FILE
-between the lines ``<!-- reproduce:begin -->`` and ``<!-- reproduce:end -->`` (what ``make evaluation`` does
-to EVALUATION.md) instead of printing them;
-``--heading`` sets the heading level (default 3)."""
+``--image-dir DIR`` links each report's figure as ``DIR/STEM.png``, STEM being the JSON file's name without ``.json``
+(keep each PNG beside its JSON under the same name); ``--into FILE`` writes the sections into FILE between the lines
+``<!-- reproduce:begin -->`` and ``<!-- reproduce:end -->`` (what ``make evaluation`` does to EVALUATION.md) instead of
+printing them; ``--heading`` sets the heading level (default 3)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,21 @@
-"""Tool waits online (issue 25; the paper's §8.2 question): what an agent's wait between its turns does to the
-KV working set and the latency of DualPath on DS 660B 2P4D.
+"""Tool waits online (issue 25; the paper's §8.2 question): what an agent's wait between its turns does to the KV
+working set and the latency of DualPath on DS 660B 2P4D.
 
-The paper's runs send an agent's next turn the moment the previous one ends; real tool calls and thinking
-would grow the working set, the KV storage must keep for agents that are alive. Here agents arrive online
-(0.1 and 0.45 APS: the paper's Fig. 11 rates) over 1,500 emulated seconds (as in ``reproduce fig10``), each
-waits a lognormal time (sigma 1) of mean 0, 5 or 30 s before every turn after its first
-(:mod:`dualpath_emu.workload.waits`: common random numbers), and the run reports the working set (peak and
-time-weighted mean), TTFT, TPOT and the JCT. The peak is the figure to read: it is what storage must hold, and
-it grows with the wait; the whole-run mean falls, as the waits stretch the run's tail far more than its busy
-middle. The hit rate does not move: hits come from the agent's own context and storage keeps everything (§3.4).
+The paper's runs send an agent's next turn the moment the previous one ends; real tool calls and thinking would grow the
+working set, the KV storage must keep for agents that are alive. Here agents arrive online (0.1 and 0.45 APS: the
+paper's Fig. 11 rates) over 1,500 emulated seconds (as in ``reproduce fig10``), each waits a lognormal time (sigma 1) of
+mean 0, 5 or 30 s before every turn after its first (:mod:`dualpath_emu.workload.waits`: common random numbers), and the
+run reports the working set (peak and time-weighted mean), TTFT, TPOT and the JCT. The peak is the figure to read: it is
+what storage must hold, and it grows with the wait; the whole-run mean falls, as the waits stretch the run's tail far
+more than its busy middle. The hit rate does not move: hits come from the agent's own context and storage keeps
+everything (§3.4).
 
-**The SLO edge** with waits: for each mean wait, :mod:`~dualpath_emu.reproduce.fig10`'s bracket search finds the
-largest arrival rate at which DualPath meets the SLO (mean TTFT ≤ 4 s and TPOT ≤ 50 ms over the steady
-window), with fig10's full settings (its zero-wait edge is the paper's 0.45 APS setting).
+**The SLO edge** with waits: for each mean wait, :mod:`~dualpath_emu.reproduce.fig10`'s bracket search finds the largest
+arrival rate at which DualPath meets the SLO (mean TTFT ≤ 4 s and TPOT ≤ 50 ms over the steady window), with fig10's
+full settings (its zero-wait edge is the paper's 0.45 APS setting).
 
-``--quick``: DS 660B on the storage-bound miniature, 0.5 APS over 200 s, agents' first 20 rounds, waits of
-mean 0 and 30 s, and the edge searches of fig10's quick variant; checks that the peak working set grows with
-the wait."""
+``--quick``: DS 660B on the storage-bound miniature, 0.5 APS over 200 s, agents' first 20 rounds, waits of mean 0 and 30
+s, and the edge searches of fig10's quick variant; checks that the peak working set grows with the wait."""
 
 from __future__ import annotations
 

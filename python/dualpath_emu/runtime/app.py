@@ -1,12 +1,11 @@
 """Applications and backends: what a run scenario runs, and how its processes get their data plane (issues 3, 35).
 
 An :class:`Application` is the unit the runners of :mod:`dualpath_emu.runtime.node` and
-:mod:`dualpath_emu.runtime.launcher` know how to start across processes. A :class:`Backend` says how a live
-process gets its data plane (the data-plane service's modelled core, or a plane that moves real bytes). The
-runtime knows neither its applications nor the backends beyond its own (``model``): a :class:`Registry` of both,
-by name, is handed to it by whoever starts it (the command line hands the cluster's,
-:func:`dualpath_emu.cluster.live.registry`). A scenario names its application (``app = "cluster"``, configured in
-the table of that name) and its backend (``backend = "model"``)."""
+:mod:`dualpath_emu.runtime.launcher` know how to start across processes. A :class:`Backend` says how a live process gets
+its data plane (the data-plane service's modelled core, or a plane that moves real bytes). The runtime knows neither its
+applications nor the backends beyond its own (``model``): a :class:`Registry` of both, by name, is handed to it by
+whoever starts it (the command line hands the cluster's, :func:`dualpath_emu.cluster.live.registry`). A scenario names
+its application (``app = "cluster"``, configured in the table of that name) and its backend (``backend = "model"``)."""
 
 from __future__ import annotations
 
@@ -82,14 +81,12 @@ class Application(ABC):
             )
 
     def core_options(self) -> dict[str, Any]:
-        """Keyword arguments for the run's ``Core`` beyond its clock (e.g. ``sample_interval_ns``); none by
-        default."""
+        """Keyword arguments for the run's ``Core`` beyond its clock (e.g. ``sample_interval_ns``); none by default."""
         return {}
 
     def service_report(self, core: Core) -> dict[str, Any] | None:
         """The application's report of the run's core once the run is over (JSON-able), written to
-        :data:`SERVICE_REPORT` in the run directory by the process that owns the core; ``None`` (the
-        default): none."""
+        :data:`SERVICE_REPORT` in the run directory by the process that owns the core; ``None`` (the default): none."""
         return None
 
     def write_part(self, path: Path) -> None:

@@ -1,17 +1,16 @@
 """Work on the core as asyncio futures: a live process's data plane, bound to its loop (issues 3, 14, 24).
 
 Actors move bytes by asking their data plane (handed to them, never looked up): :meth:`CoreWork.transfer`,
-:meth:`~CoreWork.forward`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with
-the :class:`Completion`; :meth:`~CoreWork.decode_node` adds decode GPUs stepped by the core. A data plane is
-bound to one loop (:meth:`CoreWork.bind`), whose clock it gives. Requests are batched and a batch submitted at
-the loop's next iteration, so the FFI boundary (or the wire) is crossed per batch. :class:`CoreWork` holds what
-every plane shares (tags, pending lists, waiters, delivery); a flavour says how a batch is submitted
-(:meth:`CoreWork._submit_batch`): :class:`LocalCoreWork` on a core in this process, the remote plane
-(:mod:`dualpath_emu.runtime.dataplane.remote`) as one message to the data-plane service, the host backend
-(:class:`~dualpath_emu.host.plane.HostDataPlane`) moving real bytes. A request the core refuses fails its own
-future (:func:`~dualpath_emu.runtime.virtual.submit_batch`); a bad *detached* one fails the run. Work submitted
-to a local core by other code takes its tag from :meth:`~CoreWork.new_tag` and registers it with
-:meth:`~CoreWork.expect`."""
+:meth:`~CoreWork.forward`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with the
+:class:`Completion`; :meth:`~CoreWork.decode_node` adds decode GPUs stepped by the core. A data plane is bound to one
+loop (:meth:`CoreWork.bind`), whose clock it gives. Requests are batched and a batch submitted at the loop's next
+iteration, so the FFI boundary (or the wire) is crossed per batch. :class:`CoreWork` holds what every plane shares
+(tags, pending lists, waiters, delivery); a flavour says how a batch is submitted (:meth:`CoreWork._submit_batch`):
+:class:`LocalCoreWork` on a core in this process, the remote plane (:mod:`dualpath_emu.runtime.dataplane.remote`) as one
+message to the data-plane service, the host backend (:class:`~dualpath_emu.host.plane.HostDataPlane`) moving real bytes.
+A request the core refuses fails its own future (:func:`~dualpath_emu.runtime.virtual.submit_batch`); a bad *detached*
+one fails the run. Work submitted to a local core by other code takes its tag from :meth:`~CoreWork.new_tag` and
+registers it with :meth:`~CoreWork.expect`."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ TAG_OF_DECODE_NODE: Callable[[_DecodeNode], int] = itemgetter(0)
 class Completion(NamedTuple):
     """What the core reports when work ends: ``(kind, tag, start_ns, end_ns, size_bytes, lane)``.
 
-    ``kind`` is ``"transfer"``, ``"read"``, ``"write"``, ``"timer"`` or ``"forward"``. A plain tuple
-    compares equal."""
+    ``kind`` is ``"transfer"``, ``"read"``, ``"write"``, ``"timer"`` or ``"forward"``. A plain tuple compares equal."""
 
     kind: str
     tag: int

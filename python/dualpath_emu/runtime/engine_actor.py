@@ -1,12 +1,11 @@
 """The live driver's shell: an asyncio actor around an engine (docs/architecture.md).
 
-In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its
-process's actor system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The
-actor only translates: a message it is told becomes :meth:`~dualpath_emu.runtime.engine.Engine.receive` with the
-loop's clock; the engine's outbox is the actor system's ``tell`` and ``record`` (an observation as its log
-line's fields); its data plane is the process's (:class:`LiveDataPlane` over the data-plane service's remote
-core, a one-process run's own core, or the host backend's real bytes), handed in. An exception in the engine
-fails the run as any actor's would."""
+In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its process's actor
+system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The actor only translates: a
+message it is told becomes :meth:`~dualpath_emu.runtime.engine.Engine.receive` with the loop's clock; the engine's
+outbox is the actor system's ``tell`` and ``record`` (an observation as its log line's fields); its data plane is the
+process's (:class:`LiveDataPlane` over the data-plane service's remote core, a one-process run's own core, or the host
+backend's real bytes), handed in. An exception in the engine fails the run as any actor's would."""
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
 """The canonical event log: one line per actor-system event, and its SHA-256 (issue 3).
 
-A line is the five fields of an :class:`Event` separated by tabs and ended by a
-newline, UTF-8::
+A line is the five fields of an :class:`Event` separated by tabs and ended by a newline, UTF-8::
 
     <t_ns>\\t<seq>\\t<actor>\\t<kind>\\t<summary>\\n
 
-Backslash, tab, carriage return and newline inside a field are written ``\\\\``, ``\\t``, ``\\r``, ``\\n``,
-so every event is exactly one line and the log can be split back into events (:func:`parse_line`).
-The digest is the SHA-256 of these bytes, nothing else. An actor system's events hold no wall-clock time,
-object address or hash-ordered collection, so in virtual time the same scenario and seed give the same
-bytes and the same digest, whatever ``PYTHONHASHSEED`` is."""
+Backslash, tab, carriage return and newline inside a field are written ``\\\\``, ``\\t``, ``\\r``, ``\\n``, so every
+event is exactly one line and the log can be split back into events (:func:`parse_line`). The digest is the SHA-256 of
+these bytes, nothing else. An actor system's events hold no wall-clock time, object address or hash-ordered collection,
+so in virtual time the same scenario and seed give the same bytes and the same digest, whatever ``PYTHONHASHSEED`` is.
+"""
 
 from __future__ import annotations
 

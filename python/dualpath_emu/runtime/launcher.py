@@ -218,10 +218,9 @@ def _restart_dead(
 
 
 def _finish(children: list[_Child], restart_dead: Callable[[], None] | None = None) -> None:
-    """The driver is done: the actor processes stop at the end of their input (and say bye to the data
-    plane), then the data plane, which exits by itself once drained. ``restart_dead()`` first: a restartable
-    process that died as the run ended is started again, to say bye and write its files (its actors do not
-    start: the run is complete)."""
+    """The driver is done: the actor processes stop at the end of their input (and say bye to the data plane), then the
+    data plane, which exits by itself once drained. ``restart_dead()`` first: a restartable process that died as the run
+    ended is started again, to say bye and write its files (its actors do not start: the run is complete)."""
     if restart_dead is not None:
         restart_dead()
     actors = [c for c in children if c.spec is not None]
@@ -240,10 +239,9 @@ def launch(
 ) -> LaunchResult:  # fmt: skip
     """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane); see the module.
 
-    ``run_dir`` keeps the run's files (default: a temporary directory, removed afterwards); ``event_log``
-    receives the concatenated event logs; ``on_start(name, pid)`` is called as each child starts, ``on_tick()``
-    a few times a second; ``keys``: where the run's keys live. Raises :class:`LaunchError` (or
-    :class:`LaunchInterrupted`)."""
+    ``run_dir`` keeps the run's files (default: a temporary directory, removed afterwards); ``event_log`` receives the
+    concatenated event logs; ``on_start(name, pid)`` is called as each child starts, ``on_tick()`` a few times a second;
+    ``keys``: where the run's keys live. Raises :class:`LaunchError` (or :class:`LaunchInterrupted`)."""
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -546,9 +546,8 @@ def _write_service_report(app: Application, core: Core, run_dir: Path) -> None:
 
 
 def _load_keys(description: RunDescription, process: str) -> RunKeys | None:
-    """The run's keys as ``process`` (its secret key, everyone's public keys), or ``None`` when the run has
-    none (:meth:`~dualpath_emu.runtime.security.RunKeys.load`: a :class:`SecurityError` if they are missing
-    or too open)."""
+    """The run's keys as ``process`` (its secret key, everyone's public keys), or ``None`` when the run has none
+    (:meth:`~dualpath_emu.runtime.security.RunKeys.load`: a :class:`SecurityError` if they are missing or too open)."""
     if description.keys is None:
         return None
     return RunKeys.load(Path(description.keys), process)

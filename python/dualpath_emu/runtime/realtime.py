@@ -63,8 +63,7 @@ class RealTimeLoop(asyncio.SelectorEventLoop):
 
 
 class WallClockCore(LocalCoreWork):
-    """The data plane of a process that owns a wall-clock ``core`` (see the module); a plain ``Core()`` is not
-    one."""
+    """The data plane of a process that owns a wall-clock ``core`` (see the module); a plain ``Core()`` is not one."""
 
     def __init__(self, core: Core) -> None:
         scale = core.time_scale

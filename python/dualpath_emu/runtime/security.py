@@ -53,11 +53,10 @@ _log = logging.getLogger(__name__)
 class BoundedLog:
     """Counts occurrences of one thing (a rejected frame, a denied handshake) and logs them boundedly.
 
-    :meth:`note` counts one; the first ``first`` are logged at WARNING one by one, later ones only as one
-    summary line when the count reaches a power of ten (1,000, 10,000, ...) or ``interval_s`` after the last
-    line; :meth:`flush` logs the final count if some were not logged. It keeps no list: memory stays constant
-    under a flood. ``what`` begins each line (e.g. ``"rejected a frame at ipc:///x"``); details are cut to
-    ``detail_chars``."""
+    :meth:`note` counts one; the first ``first`` are logged at WARNING one by one, later ones only as one summary line
+    when the count reaches a power of ten (1,000, 10,000, ...) or ``interval_s`` after the last line; :meth:`flush` logs
+    the final count if some were not logged. It keeps no list: memory stays constant under a flood. ``what`` begins each
+    line (e.g. ``"rejected a frame at ipc:///x"``); details are cut to ``detail_chars``."""
 
     def __init__(
         self, logger: logging.Logger, what: str, *, first: int = 100, interval_s: float = 10.0, detail_chars: int = 300,

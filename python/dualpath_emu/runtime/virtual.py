@@ -88,10 +88,9 @@ def submit_batch(
 
 
 class CoreDataPlane:
-    """The in-process core as an engine's :class:`~dualpath_emu.runtime.engine.DataPlane`: requests are queued
-    and submitted in one core call per kind (:meth:`flush`); completions are handed to ``dispatch`` with the
-    ``then`` each request gave. A request the core refuses raises out of :meth:`flush` (the run fails with the
-    core's error)."""
+    """The in-process core as an engine's :class:`~dualpath_emu.runtime.engine.DataPlane`: requests are queued and
+    submitted in one core call per kind (:meth:`flush`); completions are handed to ``dispatch`` with the ``then`` each
+    request gave. A request the core refuses raises out of :meth:`flush` (the run fails with the core's error)."""
 
     __slots__ = ("core", "_dispatch", "_next_tag", "_waiters", "_standing", "_transfers", "_forwards", "_ios",
                  "_timers", "_joins")  # fmt: skip
@@ -174,8 +173,7 @@ class CoreDataPlane:
         return len(self._waiters)
 
     def flush(self) -> None:
-        """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers, decode
-        joins)."""
+        """Submit what was queued (one call per kind, in the order transfers, forwards, I/O, timers, decode joins)."""
         transfers, forwards, ios, timers, joins = self._transfers, self._forwards, self._ios, self._timers, self._joins
         if transfers or forwards or ios or timers or joins:
             self._transfers, self._forwards, self._ios, self._timers, self._joins = [], [], [], [], []

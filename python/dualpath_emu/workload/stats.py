@@ -1,9 +1,8 @@
 """Statistics of a workload: the Table 2 columns of a dataset, and per-turn length distributions of any trace.
 
-Per turn: prompt, hit, append, gen (an agent turn's hit is its context, §3.2); the prefix-hit fraction is
-Σ hit / Σ prompt (token-weighted); p50 and p99 are nearest-rank percentiles. :func:`dataset_stats` computes
-Table 2's columns in the per-trajectory reading :mod:`~dualpath_emu.workload.generator` matches, and the
-per-turn values beside them."""
+Per turn: prompt, hit, append, gen (an agent turn's hit is its context, §3.2); the prefix-hit fraction is Σ hit / Σ
+prompt (token-weighted); p50 and p99 are nearest-rank percentiles. :func:`dataset_stats` computes Table 2's columns in
+the per-trajectory reading :mod:`~dualpath_emu.workload.generator` matches, and the per-turn values beside them."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""A live run of the cluster (``dualpath-emu run --mode realtime``; docs/live.md): the same actors as in virtual
-time, placed in OS processes (:mod:`.placement`), paced in wall-clock time.
+"""A live run of the cluster (``dualpath-emu run --mode realtime``; docs/live.md): the same actors as in virtual time,
+placed in OS processes (:mod:`.placement`), paced in wall-clock time.
 
-The run's directory holds all that its processes need (:mod:`.wire`): ``run.toml`` (the run scenario,
-``app = "cluster"``), ``cluster.json`` (the configuration, the system, the seed) and ``trajectories.jsonl``
-(the workload, read by the client's process alone); on several hosts, a copy of it. :mod:`.app` holds the
-application the processes run, :mod:`.launch` writes and starts a run, :mod:`.collect` merges and checks
-what its processes wrote, :mod:`.host` is the cluster's side of the host backend and :mod:`.metrics` the
-live Prometheus metrics."""
+The run's directory holds all that its processes need (:mod:`.wire`): ``run.toml`` (the run scenario, ``app =
+"cluster"``), ``cluster.json`` (the configuration, the system, the seed) and ``trajectories.jsonl`` (the workload, read
+by the client's process alone); on several hosts, a copy of it. :mod:`.app` holds the application the processes run,
+:mod:`.launch` writes and starts a run, :mod:`.collect` merges and checks what its processes wrote, :mod:`.host` is the
+cluster's side of the host backend and :mod:`.metrics` the live Prometheus metrics."""
 
 from dualpath_emu.cluster.live.app import ClusterApplication, registry
 from dualpath_emu.cluster.live.collect import collect, collect_dir

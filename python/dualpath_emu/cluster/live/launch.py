@@ -143,11 +143,10 @@ def prepare_live(
     config: ClusterConfig, system: System, trajectories: Sequence[Trajectory], *, run_dir: Path, seed: int = 0,
     options: LiveOptions | None = None, **settings: Any,
 ) -> list[tuple[str, str, str]]:  # fmt: skip
-    """Write a live run to be started by hand, on one host or several (docs/live.md, Several hosts): the run
-    scenario with every process's tcp endpoint (its host by :func:`~.placement.host_of`) and the run's CURVE
-    keys. Returns ``(host, process, command)`` in start order: the data plane first, the client's process last.
-    On the host backend each process also gets a byte channel endpoint, and ``storage_dir`` must be a directory
-    every host mounts."""
+    """Write a live run to be started by hand, on one host or several (docs/live.md, Several hosts): the run scenario
+    with every process's tcp endpoint (its host by :func:`~.placement.host_of`) and the run's CURVE keys. Returns
+    ``(host, process, command)`` in start order: the data plane first, the client's process last. On the host backend
+    each process also gets a byte channel endpoint, and ``storage_dir`` must be a directory every host mounts."""
     from dualpath_emu.runtime.run_setup import prepare
 
     o = _options(options, settings)

@@ -50,14 +50,13 @@ def _plain_forward(forward: tuple[Any, ...]) -> list[Any]:
 class RemoteDataPlane(CoreWork):
     """A data plane whose core work runs in the data-plane service at ``endpoint``, on the service's clock.
 
-    Connects (a DEALER socket), says hello as ``name`` and measures the clock offset on construction
-    (blocking, at most ``connect_timeout_s``: :class:`RefusedError`, :class:`DataPlaneLost`); ``layout`` is
-    then the service's ports and storage nodes by name. ``time_scale`` must be the service's. ``keys`` make
-    it a CURVE client of the process ``peer_name`` (the service's); without them ``insecure`` allows
-    ``tcp://``. Then bind it to a loop on its clock (:meth:`new_loop`), run the program through :meth:`run`
-    so that a lost data plane ends it, and call :meth:`say_bye` when its actors are done. The heartbeat
-    parameters are wall seconds. ``incarnation`` > 0: this process was started in place of one that died
-    (see Restarted processes in the package)."""
+    Connects (a DEALER socket), says hello as ``name`` and measures the clock offset on construction (blocking, at most
+    ``connect_timeout_s``: :class:`RefusedError`, :class:`DataPlaneLost`); ``layout`` is then the service's ports and
+    storage nodes by name. ``time_scale`` must be the service's. ``keys`` make it a CURVE client of the process
+    ``peer_name`` (the service's); without them ``insecure`` allows ``tcp://``. Then bind it to a loop on its clock
+    (:meth:`new_loop`), run the program through :meth:`run` so that a lost data plane ends it, and call :meth:`say_bye`
+    when its actors are done. The heartbeat parameters are wall seconds. ``incarnation`` > 0: this process was started
+    in place of one that died (see Restarted processes in the package)."""
 
     def __init__(
         self, endpoint: str, name: str, *, time_scale: float = 1.0, keys: DataPlaneKeys | None = None,
