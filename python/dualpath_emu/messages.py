@@ -1,21 +1,11 @@
-"""Typed messages between actors, and their versioned msgpack encoding.
+"""Typed messages between actors, and their versioned msgpack encoding (docs/wire.md, "Messages between actors").
 
-A message type is a frozen dataclass deriving from :class:`Message` with class variables ``WIRE_NAME`` and ``VERSION``,
-registered in a :class:`MessageRegistry` the caller passes around; a :class:`Codec` over it turns messages and
-:class:`Envelope`\\ s (sender, recipient, ``msg_id``, body) into bytes and back. Field types:
-``int``, ``float``, ``str``, ``bool``, ``bytes``, a message type registered earlier, ``tuple[T, ...]`` of those and ``X
-| None``; anything else is a ``TypeError`` at registration.
-
-**Wire format** (``FORMAT = 1``): ``[FORMAT, wire_name, version, [fields in declaration order]]``; an envelope
-``[FORMAT, "envelope", ENVELOPE_VERSION, [sender, recipient, msg_id, <body>]]``. Encoding is deterministic and validates
-first, so a bad value is reported at the sender; decoding checks shape, format, name, version, field count and each
-field's type (bool is no int; an int is accepted for a float, never the reverse) and raises only :class:`MessageError`.
-
-**Limits.** Frames of at most ``max_frame_bytes`` (default 16 MiB), arrays of at most ``max_array_len`` (default 2**20),
-checked at both ends (every process of a run uses the same). A hostile frame cannot make the decoder allocate much more
-than its length: maps and ext values are refused, a frame over 1 KiB is first walked without building anything
-(``Unpacker.skip``) and refused unless complete (msgpack preallocates arrays by their declared length), so a frame
-decodes into at worst about 50 bytes of Python objects per byte. One codec per thread (it reuses a Packer)."""
+A message type is a frozen dataclass deriving from :class:`Message` with class variables ``WIRE_NAME`` and
+``VERSION``, registered in a :class:`MessageRegistry` the caller passes around; a :class:`Codec` over it turns
+messages and :class:`Envelope`\\ s into bytes and back, deterministically, validating at both ends and raising only
+:class:`MessageError` on bytes it cannot accept. Frames of at most ``max_frame_bytes`` (default 16 MiB), arrays of
+at most ``max_array_len`` (default 2**20); a hostile frame cannot make the decoder allocate much more than its
+length. One codec per thread (it reuses a Packer)."""
 
 from __future__ import annotations
 

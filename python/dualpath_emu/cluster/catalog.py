@@ -1,33 +1,9 @@
 """The model, GPU and NIC catalog: every number the emulator uses of a model or a piece of hardware, and its source.
 
-The catalog is data: the packaged entries live in ``catalog.toml`` beside this module, each with its source; a scenario
-adds its own in the same form (``[models.<name>]``, ``[gpus.<name>]``, ``[nics.<name>]``, or catalog files it includes,
-``kind = "catalog"``). A name is defined once: a user entry may not redefine a packaged one. Tags, as in
-``paper-facts.md``: **[paper §x]**, **[datasheet]**, **[config]** (a Hugging Face ``config.json``), **[derived]**,
-**[assumed]** (our choice where no source says). The paper says only "8 NVIDIA Hopper GPUs" per node (§7.1);
-:data:`DEFAULT_GPU` is the H800 [assumed: DeepSeek's own fleet, DeepSeek-V3 report §3.1].
-
-:meth:`ModelArch.spec` derives the :class:`ModelSpec` the engines use from the config's fields:
-
-* KV bytes per token per layer. MLA in FP8: FlashMLA's layout, ``kv_lora_rank`` FP8 bytes + one FP32 scale
-  per 128 of them + ``qk_rope_head_dim`` BF16 values = 512 + 16 + 128 = **656 B** (V3.2); MLA in BF16/FP16:
-  2 B × (``kv_lora_rank`` + ``qk_rope_head_dim``). MHA/GQA: K and V × KV heads × head dim × the dtype's bytes
-  (Qwen2.5-32B in FP16: **4,096 B**). The DSA indexer's FP8 key cache (132 B for V3.2) is read by the indexer
-  but not counted in the KV bytes (paper-facts §2.2/§2.3).
-* Parameters, per projection (norms ignored). ``active_params`` is what one token multiplies through: every
-  attention, indexer, dense-FFN and activated-expert weight, the router and the output head, not the input
-  embedding (a lookup). V3.2: 37.5 B active (published "37B"), 671.9 B total (published 671 B, without MTP);
-  Qwen2.5-32B: 32.0 B of 32.76 B. ``total_params``/``active_params`` override the counts.
-* FLOPs per new token at context ``L`` = ``2 × active_params`` + ``layers ×`` attention FLOPs per layer. MLA
-  (weights absorbed): ``2 × heads × (kv_lora + rope) + 2 × heads × kv_lora`` per attended key (278,528 for
-  V3.2); MHA/GQA: ``2 × 2 × heads × head_dim`` (20,480 for Qwen2.5-32B). DSA attends ``min(L, index_topk)``
-  keys and its indexer scores all ``L`` at ``2 × index_n_heads × index_head_dim``. V3.2 at L = 32,721:
-  142.5 GFLOP, matching paper-facts §2.3's ≈142 G.
-* MoE all-to-all bytes per token per MoE layer [assumed, DeepEP's formats]: dispatch sends the hidden state in
-  FP8 with one FP32 scale per 128 channels to each routed expert, combine returns BF16; upper bounds (copies
-  to experts on the sender's own GPU or node do not cross the network: a caller applies its EP layout).
-* Weight bytes per GPU: every non-routed-expert weight plus a 1/EP share of the routed experts, at the
-  ``weight_dtype``'s bytes (FP8 1, BF16 2, FP4 0.5625: NVFP4's 4 bits plus an FP8 scale per 16 values)."""
+The packaged entries are data (``catalog.toml``), a scenario adds its own in the same form; :meth:`ModelArch.spec`
+derives the :class:`ModelSpec` the engines use (KV bytes per token, parameters, FLOPs per token, all-to-all bytes,
+weight bytes per GPU) from a Hugging Face config's fields. The formulas, their sources and checks against published
+figures: docs/compute-model.md."""
 
 from __future__ import annotations
 

@@ -1,41 +1,8 @@
-"""The roofline compute model: how long one GPU takes for a prefill forward pass or a decode step.
+"""The roofline compute model: how long one GPU takes for a prefill forward pass, and an EP group for a decode step.
 
-Each layer is two parts, each a roofline, ``max(FLOPs / (peak × compute efficiency), HBM bytes / (HBM
-bandwidth × memory efficiency))``: **attention** (main attention plus DSA's indexer, at the GPU's *BF16* peak,
-as FlashMLA and FlashAttention compute; V3.2's indexer runs in FP8, so this overstates it by up to 2×; bytes:
-the KV and indexer keys read) and **other** (the weight GEMMs, ``2 × active_params / layers`` FLOPs per token at
-the model's GEMM dtype peak; bytes: the GPU's weights at the engine's EP degree over the layers). A forward
-pass is ``layers × (attention + other)``; :class:`LayerTimes` keeps the parts so an engine can pipeline
-per-layer KV loads against compute, and the attention quota (§6.4) reads :meth:`Roofline.attention_s_per_layer`.
-A prefill layer's "other" also carries ``overhead_s_per_layer`` and an MoE layer's fixed all-to-all part.
-
-**A decode step of an EP group** (:meth:`Roofline.ep_decode_step_s`): every GPU steps together; per layer the
-slowest rank's attention, the GEMMs at the largest rank's batch and the overhead; per MoE layer a dispatch
-and combine, ``a2a_fixed_s`` plus the larger of the bytes to other nodes over the compute NIC and those to the
-node's other GPUs over NVLink. DeepEP's low-latency kernels send a token to each of its ``k`` experts (no node
-dedupe): ``b × (dispatch + combine bytes) × (ep_nodes − 1) / ep_nodes`` over the NIC. With 87 µs fixed this
-gives DeepEP's published H800/CX7 numbers (128 tokens, top-8, hidden 7,168: EP16 118 + 195 µs, EP32 155 + 273
-µs, EP8 77 + 114 µs) within 2% (EP16, EP32) and 12% (EP8). Not modelled: two-micro-batch overlap, expert
-imbalance beyond the largest batch, stragglers on other nodes.
-
-The :class:`RooflineParams` defaults, one set for prefill and one for decode, and why:
-
-``gemm_efficiency = 0.6``
-    DeepGEMM's FP8 GEMMs reach 1,350-1,550 TFLOP/s on an H800 (68-78% of the 1,979 dense peak) for large
-    shapes; uneven expert loads and element-wise work bring a whole layer lower. Assumed, not measured.
-``attention_efficiency = 0.6``
-    FlashMLA: 640 TFLOP/s sparse prefill, 660 dense decode on an H800 (65% of 989); FlashAttention-3 ~75% on
-    an H100; 0.6 leaves room for the indexer's top-k and short sequences.
-``memory_efficiency = 0.8``
-    FlashMLA decode streams KV at up to 3,000 of 3,350 GB/s; weight streaming in small GEMMs is lower.
-    Decode is memory-bound on weights + KV, so this sets TPOT.
-``overhead_s_per_layer = 0``
-    Launches, DP sync, norms. A pure roofline gains ~6% per-token throughput from batch 1 to 20 (V3.2, 30K
-    context + 300 new), the paper's Fig. 3 (right) ≈3×; ≈2 ms per layer would give it. The calibration fits
-    prefill's (:mod:`dualpath_emu.reproduce.calibrate`); decode runs as CUDA graphs and keeps 0.
-``a2a_fixed_s = 87e-6``
-    One MoE layer's dispatch + combine latency (DeepEP, above; 0 for a dense model). Prefill's normal kernels
-    publish bandwidths only: we assume the same fixed part."""
+Each layer is attention and the weight GEMMs, each ``max(FLOPs / (peak × efficiency), bytes / (HBM bandwidth ×
+memory efficiency))``; a decode step adds per MoE layer DeepEP's dispatch and combine. The model, the defaults of
+:class:`RooflineParams` and why: docs/compute-model.md."""
 
 from __future__ import annotations
 

@@ -1,28 +1,11 @@
 """Real bytes between the processes of a host-backend run: :class:`ByteChannel`, over ZeroMQ.
 
-Each process binds one ROUTER for KV bytes (apart from the actors' transport, so bulk data never queues in front
-of their messages) and connects a DEALER to each peer it sends to. A transfer is a **job** of ``nbytes`` moved
-in chunks of pattern bytes that the receiver checks: a **push** (:meth:`ByteChannel.push`) completes at the
-source when the destination acks its last chunk; a **pull** (:meth:`ByteChannel.pull`) completes at the
-destination when the last chunk arrives. The caller's ``send`` hook paces the chunks (the host data plane's
-pacers); a job that names its receiving port and lane is offered chunk by chunk to the destination's ``admit``
-hook, and completes only when that lets its last chunk in (a fault slowing the port). Frames: a msgpack header
-``[kind, ...]`` then, for ``data``, the payload.
-
-==========  ==============================================================================================
-kind        fields
-==========  ==============================================================================================
-data        ``job, offset, last: bool, ack: bool[, rx, lane]`` + payload frame
-ack         ``job, bytes_received, bytes_mismatched``
-pull        ``job, nbytes, lane, port`` (``port``: the source's sending port, for its pacer)
-stop        ``reason`` (the run is complete: stop the actors; :meth:`ByteChannel.stop_peers`)
-factor      ``port, factor`` (a fault changed a port's rate: :meth:`ByteChannel.tell_peers`, to ``on_port``)
-latency     ``port, extra_ns`` (a fault changed a port's latency, the same way)
-==========  ==============================================================================================
-
-Security as for the actors' transport (:mod:`dualpath_emu.runtime.zmq_transport`): with the run's keys (tcp://)
-CURVE with a ZAP handler admitting the run's keys only; without, only private ``ipc://`` endpoints. A frame
-that fails its checks is dropped and counted (``rejected``). High-water marks bound what a peer can queue."""
+Each process binds one ROUTER for KV bytes (apart from the actors' transport, so bulk data never queues in front of
+their messages) and connects a DEALER to each peer. A transfer is a job of pattern-byte chunks the receiver checks:
+a push completes at the source when its last chunk is acked, a pull at the destination when it arrives; the
+``send`` hook paces chunks and the ``admit`` hook lets a port's chunks in. The frames: docs/wire.md ("The host
+backend's byte channel"). Security as for the actors' transport; a frame that fails its checks is dropped and
+counted (``rejected``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ a context of ``L`` tokens::
 
     ratio [GB/PFLOP] = (L × KV bytes per token, all layers) / (429 × FLOPs per new token at context L)
 
-with both sides from the catalog (:mod:`dualpath_emu.cluster.catalog`, whose docstring gives the FLOP
+with both sides from the catalog (:mod:`dualpath_emu.cluster.catalog`; docs/compute-model.md gives the FLOP
 formulas): KV in FP8 for the DeepSeek models (V3.2's indexer key cache not counted), FP16 for Qwen2.5-32B;
 each new token is charged as attending over ``L`` keys (the ≤ 429 appended keys before it are ignored, as in
 paper-facts §2.3's reconstruction). Contexts: 16K, 32.7K (the trace's mean), 48K and 64K, with K = 1,024.

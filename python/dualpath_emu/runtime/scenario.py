@@ -1,50 +1,10 @@
 """Run scenarios: which application, which seed, which backend, and which actors live in which process.
 
-A run scenario is a TOML file that a live run is started from: ``dualpath-emu run --mode realtime`` writes one
-into its run directory (``run.toml``, with the cluster's description beside it; :mod:`dualpath_emu.cluster.live`)
-and starts it with the launcher; ``dualpath-emu launch run.toml`` starts one by hand::
-
-    app = "cluster"        # the application (by name, from the registry handed in: runtime.app.Registry)
-    seed = 1               # every random stream of the run derives from it
-    mode = "realtime"      # the only mode: wall clock, one OS process per [[process]], ZeroMQ between them
-                           # (virtual time is `dualpath-emu run`'s, without processes)
-    latency_s = 0.0002     # delivery latency of a message between actors of one process; 0..10
-    time_scale = 1.0       # emulated seconds per wall second; 1e-6..1e6
-    transport = "ipc"      # "ipc" (one host) or "tcp"
-    backend = "model"      # by name, from the registry: "model" (the data-plane service's core models every
-                           # byte) or "host" (each process moves real bytes: files, sockets)
-    host = "127.0.0.1"     # tcp: the address the processes bind (loopback unless told otherwise)
-    timeout_s = 120.0      # wall seconds after which the launcher gives up and stops everything; at most 1e6
-    heartbeat_timeout_s = 5.0   # a process that hears nothing from the data plane this long (wall seconds)
-                                # fails, and so does the data plane hearing nothing from a process; 0.1..3600
-    hang_timeout_s = 3.0   # the launcher ends the run when a process's loop has not ticked for this long
-                           # (stopped, hung); 0.1..3600, best below heartbeat_timeout_s so that the hung
-                           # process is the one named
-    busy_timeout_s = 600.0 # ... and when a process's loop has been held this long by one piece of work
-                           # while the process runs (busy, not stopped: its heartbeat thread says so); 1..1e6
-    dataplane_endpoint = "tcp://10.0.0.1:5550"  # optional: where the data plane binds (multi-host by hand)
-    restart_crashed = ["de1"]  # processes the launcher starts again if they die before the run is complete
-                               # (at most MAX_RESTARTS times each; not the driver's process); default none:
-                               # any process that dies ends the run
-
-    [cluster]              # the application's own keys
-    description = "cluster.json"
-
-    [[process]]            # each actor in exactly one process (default: all in one)
-    name = "scheduler"
-    actors = ["scheduler"]
-    endpoint = "tcp://10.0.0.2:5555"   # optional: where this process binds (multi-host by hand)
-    data_endpoint = "tcp://10.0.0.2:5556"  # optional, host backend: where its byte channel binds
-
-Every key has the default shown; unknown keys and bad values are :class:`~dualpath_emu.config.ScenarioError`\\ s
-naming the file and the key. A run of more than one process on a backend whose processes share a core (the
-model backend) gets one more, the data-plane service (process ``dataplane``, a name no ``[[process]]`` may
-take): it owns the run's only core (docs/architecture.md, :mod:`dualpath_emu.runtime.dataplane`).
-
-**The run description.** The launcher writes ``<run_dir>/run.json`` (:class:`RunDescription`, mode 0600): the
-scenario file, seed, time scale, every process's endpoint, the data plane's endpoint and its expected
-requesters, the heartbeat timeout and where the run's keys live. Every process of the run reads it
-(``dualpath-emu node SCENARIO --process NAME --run-dir DIR``), so no endpoint is on a command line."""
+A run scenario is the TOML file a live run is started from (``run.toml``; ``dualpath-emu launch run.toml``). Every
+key, its default and its range: docs/wire.md ("Run scenarios"); unknown keys and bad values are
+:class:`~dualpath_emu.config.ScenarioError`\\ s naming the file and the key. A run of more than one process on a
+backend whose processes share a core gets one more, the data-plane service (:data:`DATAPLANE_PROCESS`). The
+launcher writes the run description, ``run.json`` (:class:`RunDescription`), which every process reads."""
 
 from __future__ import annotations
 

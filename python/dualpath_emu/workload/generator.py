@@ -1,40 +1,6 @@
-"""Synthetic agent trajectories shaped like the paper's three datasets (Table 2: MaxLen 32K, 48K, 64K).
-
-The paper's traces (500 agentic-RL coding trajectories each) are not public; §7.2 gives only Table 2's
-means. This module draws trajectories that match them, deterministically from a seed, and extends a dataset
-to more agents the way §3.2 / A.3 does.
-
-**Which reading of Table 2.** Its columns cannot all be per-turn means (paper-facts §3.1): 157 × (429 + 176)
-= 94,985 exceeds both the Total column (55,958) and the 64K MaxLen. In the only reading in which they agree
-(*per-trajectory*, the default) all five are matched in expectation: Turns, Total = means over trajectories;
-Append, Gen = means over trajectories of each one's mean per round; Context = the turn-weighted mean of a
-round's context. Trajectories with many rounds have short rounds (truncation at MaxLen), so per request the
-append is smaller than the Append column (≈ 253 vs 429 for 64K) and the token-weighted prefix-hit fraction
-≈ 99.2 % rather than the 98.7 % the paper derives. ``reading="per-turn"`` matches Append, Gen (per round),
-Total and Context and lets Turns fall to Total / (Append + Gen) (≈ 92 for 64K): 1.7× fewer requests and KV
-reads. :func:`~dualpath_emu.workload.stats.dataset_stats` computes both.
-
-**The model** (the distributions are assumptions: the paper gives none, paper-facts §10). Per base trajectory,
-with M = MaxLen and s_A = Append / (Append + Gen):
-
-1. Turns T = round(exp(μ_T + σ_T·z)), z standard normal clamped to ±3, mean τ = Turns, σ_T solved so that
-   E[T]·E[1/T] = Turns·(Append + Gen) / Total, which makes E[Total / T] = Append + Gen (σ_T ≈ 0.7).
-2. Total tokens L = λ·M, λ = 1 - (1 - λ_min)·u^k, u uniform: most trajectories end near MaxLen, the rest
-   earlier, down to λ_min·M; k makes E[L] = Total. T and L are independent; L <= M.
-3. Appended tokens A_tot = round(s_A·L), generated G_tot = L - A_tot.
-4. First round A_1 = φ_j·L, φ_j lognormal around φ (σ 0.3), φ solved so that the turn-weighted mean context
-   is Context (φ ≈ 0.2).
-5. The other appends share A_tot - A_1 over rounds 2..T by lognormal weights (σ 1.0, heavy-tailed tool
-   output); the gens share G_tot over rounds 1..T (σ 0.6); each >= 1 token.
-
-T and λ are drawn by stratified sampling, so a 500-trajectory dataset lands within ±0.3 % (Turns, Total) and
-±3 % (Append, Gen, Context) of Table 2 for every seed, not only in expectation.
-
-**Extra agents** (§3.2, A.3): agent k beyond the base set copies a uniformly drawn base trajectory and
-prepends a first round of ``first_append`` tokens (default 1: the paper gives no length) with g_1 = 1, a
-unique prefix; rounds pushed past MaxLen are cut. Each dataset draws from its own ``random.Random`` seeded by
-``"dualpath-emu/workload/<dataset>/<seed>/base"`` (``…/extra`` for extra agents), so the first 500 agents are
-the same whatever the agent count."""
+"""Synthetic agent trajectories shaped like the paper's three datasets (Table 2: MaxLen 32K, 48K, 64K),
+deterministic from a seed, extended to more agents as §3.2 / A.3 does. Which reading of Table 2 is matched, the
+distributions and how their parameters are solved: docs/workloads.md ("The synthetic datasets")."""
 
 from __future__ import annotations
 

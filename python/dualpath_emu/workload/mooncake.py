@@ -1,26 +1,6 @@
-"""Import Mooncake request traces (kvcache-ai/Mooncake, ``FAST25-release/traces``) as explicit turns.
-
-Input: JSON Lines, one request a line, in arrival order::
-
-    {"timestamp": 27, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, ...]}
-
-``timestamp``: arrival in milliseconds (non-decreasing); ``input_length``, ``output_length``: prompt and
-generated tokens (>= 1); ``hash_ids``: the hashes of the prompt's 512-token prefix blocks, ceil(input_length
-/ 512) of them (equal ids mean equal prefixes: a block's hash covers everything before it).
-
-**Hits** (storage keeps everything, §3.4): a request reuses the longest run of leading blocks that appeared in
-any earlier line, × 512 tokens, capped at input_length - 1; then all its blocks are stored. A hit can come from
-*another* client (a shared system prompt): the trace has no session ids.
-
-**Sessions**: a conversation's next turn resends its whole context, so its blocks extend the previous turn's.
-A request joins the session of the latest earlier, shorter request whose full blocks are a prefix of its own
-and make up at least :data:`SESSION_SHARE` of its prompt (a shorter shared prefix, such as a system prompt, is
-no conversation); the deepest such prefix wins. A session keeps its context alive between its turns.
-
-Output: one trajectory per session, its requests as turns ``[prompt, hit, gen, arrival_s]`` (arrival_s =
-timestamp / 1000), ids ``<prefix>-<line index of its first request>``; ``sessions=False``: one single-turn
-trajectory per request. Either way turns arrive at their times and hit the same: sessions change only what is
-counted per agent. Malformed lines are a :class:`~dualpath_emu.workload.trajectory.TraceError`."""
+"""Import Mooncake request traces (kvcache-ai/Mooncake, ``FAST25-release/traces``) as explicit turns: hits from
+the prefix blocks any earlier request stored, requests regrouped into the sessions their blocks show. The input,
+the rules and the output: docs/workloads.md ("Importing a Mooncake trace")."""
 
 from __future__ import annotations
 

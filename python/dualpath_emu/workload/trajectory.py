@@ -1,46 +1,6 @@
-"""Trajectories, the unit of workload, and their JSONL file format (``dualpath-emu-trajectories``, version 2).
-
-A **trajectory** is one client's turns (requests), issued one after another, in one data model,
-:class:`Trajectory`, for two kinds:
-
-* **Agent trajectories** (paper §3.2, A.3): round *i* appends A_i tokens and generates exactly g_i; its
-  prompt is its context A_1, g_1, …, A_{i-1}, g_{i-1} plus A_i, and its hit (reused prefix) is that context,
-  implied, never stored (``hit is None``): hits come only from the same trajectory and storage never evicts
-  (§3.4). Round 1 has no hit.
-* **Request traces** (imported, e.g. Mooncake): each turn carries its prompt, hit (from *any* earlier
-  request) and output length, and optionally an arrival time.
-
-Lengths are in tokens, times in seconds from the start of the trace; every turn computes (``append >= 1``)
-and generates (``gen >= 1``) at least one token.
-
-**File format, version 2.** UTF-8 JSON Lines, one object per line, blank lines ignored. The first line is a
-header ``{"format": "dualpath-emu-trajectories", "version": 2, "trajectories": 500, "meta": {...}}``:
-``format`` and ``version`` (2, or 1 for a file without tool waits: the writer writes 1 when no trajectory has
-waits, so older readers still read those files; any other version is refused) are required;
-``trajectories``, the number of trajectory lines that follow (checked: a truncated file is an error), and
-``meta``, a free-form object (how the file was made), are optional. Each further line is one trajectory::
-
-    {"id": "64k-00042", "rounds": [[A_1, g_1], [A_2, g_2], ...]}
-    {"id": "agent-7", "rounds": [[A_1, g_1, wait_1], [A_2, g_2, wait_2], ...]}
-    {"id": "conv-00017", "turns": [[prompt, hit, gen], ...]}
-    {"id": "conv-00017", "turns": [[prompt, hit, gen, arrival_s], ...]}
-
-* ``id``: a non-empty string, unique in the file.
-* ``rounds``: ``[append, gen]`` integers >= 1, or (version 2) ``[append, gen, wait_s]``, ``wait_s`` the tool
-  wait before the round, in seconds after the previous round ended (the first: after the agent starts), in
-  [0, 86400]. Every round has a wait or none does; without, waits come from the scenario
-  (:mod:`~dualpath_emu.workload.waits`).
-* ``turns``: ``[prompt, hit, gen]`` integers with prompt >= 1, 0 <= hit <= prompt - 1, gen >= 1, optionally
-  followed by ``arrival_s`` (>= 0, not decreasing, on every turn or none). A turn with an arrival time is
-  issued then (open loop); without, turn after turn (closed loop, zero think time: §8.2).
-
-Limits: token counts at most :data:`MAX_TOKENS`, arrival times at most :data:`MAX_ARRIVAL_S`, at least one
-trajectory, a regular file of at most 256 MiB with lines of at most 16 MiB (:mod:`dualpath_emu.inputs`).
-Every malformed line is a :class:`TraceError` naming the file, the line, the key and what was expected::
-
-    trace.jsonl:7: 'rounds[2][0]' (append tokens): expected an integer >= 1, got -5
-
-A trajectory keeps its numbers in flat tuples (one per column), so 4,096 agents × 157 rounds cost a few MB."""
+"""Trajectories, the unit of workload (agent rounds or request turns), and their JSONL file format
+(``dualpath-emu-trajectories``, version 2): the format, its limits and its errors are in docs/workloads.md. Every
+malformed line is a :class:`TraceError` naming the file, the line, the key and what was expected."""
 
 from __future__ import annotations
 

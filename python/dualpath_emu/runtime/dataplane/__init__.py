@@ -1,36 +1,28 @@
-"""The data-plane service of a real-time run, and the data plane that reaches it from other processes (issue 14).
+"""The data-plane service of a real-time run, and the data plane that reaches it from other processes.
 
-In real time the rates of all transfers are one max-min solution over all ports, so one process, the **data-plane
-service** (:mod:`.service`), owns the run's only core (``Core(clock="wall")``, its plane a ``ServiceCore``) and every
-port; the actors of every other process reach it through the same data-plane interface
-(:class:`~dualpath_emu.runtime.core_work.CoreWork`) as a :class:`~.remote.RemoteDataPlane` (:mod:`.remote`). Actor code
-cannot tell which plane it has. The wire format is :mod:`.protocol`; the clock handshake :mod:`.clock_sync`. Nothing is
-imported here: import the module you need.
+All transfers' rates are one max-min solution over all ports, so one process, the **data-plane service**
+(:mod:`.service`), owns the run's only core and every port; every other process reaches it through the same
+interface (:class:`~dualpath_emu.runtime.core_work.CoreWork`) as a :class:`~.remote.RemoteDataPlane` (:mod:`.remote`).
+The wire format is :mod:`.protocol`, the clock handshake :mod:`.clock_sync`. Nothing is imported here.
 
-**Batches.** The remote plane sends everything requested in one loop iteration as one ``submit`` message; the service
-submits it to its core at once (one core call per kind, :func:`~dualpath_emu.runtime.virtual.submit_batch`: a refused
-request gets its own error back) and sends completions back batched, one ``done`` message per requester per wake-up.
-Detached work is never reported; a detached request the core refuses fails the requester's run
-(``DetachedRequestError``). Tags are per requester: the service maps ``(requester, tag)`` to its own core tags.
+**Batches.** What a remote plane requests in one loop iteration travels as one ``submit``; the service submits it at
+once (:func:`~dualpath_emu.runtime.virtual.submit_batch`: a refused request gets its own error) and sends completions
+back in one ``done`` per requester per wake-up. Tags are per requester. A detached request the core refuses fails the
+requester's run (``DetachedRequestError``).
 
-**One clock.** At connect the remote plane measures its offset to the service's clock NTP-style (the ping with the
-smallest round trip of ``SYNC_ROUNDS``); from then on its ``clock_ns()`` is the service's clock within ± RTT/2. On one
-host both are the same ``CLOCK_MONOTONIC``; across hosts the clocks' drift (some ppm) is **not corrected**, but every
-heartbeat is a fresh sample and ``clock_check`` in the remote's report measures it.
-
-**Lags.** The remote plane records each completion's *delivery lag* (its clock at delivery minus the modelled
-``end_ns``); the service each batch's *submission lag* (its clock at submission minus the requester's when the batch's
-first request was made). Both are :class:`~dualpath_emu.runtime.lag.LagStats`.
+**One clock.** At connect the remote plane measures its offset to the service's clock NTP-style (the best of
+``SYNC_ROUNDS`` pings): its ``clock_ns()`` is then the service's within ± RTT/2. Across hosts the clocks' drift is
+not corrected, but every heartbeat is a fresh sample and ``clock_check`` in the remote's report measures it. The
+remote records each completion's delivery lag, the service each batch's submission lag
+(:class:`~dualpath_emu.runtime.lag.LagStats`).
 
 **Heartbeats and the end.** Each side fails a peer silent for ``heartbeat_timeout_s`` (``DataPlaneLost``,
-``RequesterLost``). A requester whose actors are done says ``bye``; the driver's process says its run is complete, and
-the service tells every other requester to ``stop``; once every expected requester said bye and the core has no pending
-work, ``DataPlaneService.serve`` returns and the caller writes its report.
+``RequesterLost``). The driver's process says its run is complete and the service tells the others to ``stop``; once
+every expected requester said ``bye`` and the core is idle, ``DataPlaneService.serve`` returns.
 
-**Restarted processes (issue 26).** A service given ``replaceable`` names lets a process of such a name that died be
-replaced by a hello with a higher ``incarnation``. The dead one's decode nodes drop every request, what the core
-completes for it afterwards is dropped (``completions_dropped``), frames from its connection are rejected, and the run's
-end waits for the new one's bye. One the service cannot reach (``EHOSTUNREACH``) is dead at once; one silent for
-``heartbeat_timeout_s`` is waited for ``connect_timeout_s`` more. What each replaceable requester asked the core to move
-is tallied per ``(port, lane)`` as its ledger books it, and the report's ``replaced`` gives each replaced incarnation's
-tally: the run's bytes check counts it for the ledger the dead process never wrote."""
+**Restarted processes.** A ``replaceable`` process that died may be replaced by a hello with a higher
+``incarnation``: the dead one's decode nodes drop every request, what the core completes for it is dropped, and the
+end waits for the new one's bye. What each replaceable requester asked the core to move is tallied per
+``(port, lane)``; the report's ``replaced`` gives each dead incarnation's tally, which the run's bytes check counts
+for the ledger it never wrote.
+"""

@@ -1,51 +1,11 @@
 """The data plane's wire format: frame kinds, limits, the checks of every field, errors and socket options.
 
-Sockets: a ROUTER at the service, one DEALER per remote process (high-water marks :data:`HWM`, frames at most
-:data:`MAX_FRAME_BYTES`; what waits beyond ZeroMQ's queue is bounded by :data:`BACKLOG_MESSAGES` and
-:data:`BACKLOG_BYTES`; answers to a peer refused at hello are dropped instead). With a ``keys`` object
-(:class:`DataPlaneKeys`, e.g. :class:`~dualpath_emu.runtime.security.RunKeys`) the sockets use CURVE,
-authenticated and encrypted (the service runs a ZAP handler admitting the run's keys only); without keys a
-``tcp://`` endpoint is refused unless ``insecure=True`` and an ``ipc://`` socket's directory must be private
-(:func:`check_endpoint`). Every message is one frame, a msgpack array ``[version, kind, ...]``:
-
-==========  =========  =====================================================================================
-direction   kind       fields after ``kind``
-==========  =========  =====================================================================================
-to service  hello      ``name: str, pid: int, time_scale: float[, incarnation: int]`` (``incarnation``: 0 if
-                       left out; see Restarted processes in the package)
-to remote   welcome    ``service: str, clock_ns: int, time_scale: float, layout: {"ports": {name: id},
-                       "storage_nodes": {name: id}}, heartbeat_interval_s: float, heartbeat_timeout_s: float``
-to remote   refused    ``reason: str`` (unknown or duplicate name, other time scale)
-to service  ping       ``seq: int, t0: int`` (handshake rounds and heartbeats; ``t0`` the remote's own)
-to remote   pong       ``seq: int, t0: int, clock_ns: int``
-to service  submit     ``seq: int, requested_ns: int, transfers, forwards, ios, timers`` -- transfers
-                       ``[[path, lane, size_bytes, tag]]``, forwards ``[[n_layers, [[load, attn_ns, store]],
-                       ffn_ns, [[path, lane, size_bytes]], load_window, tag]]`` (``load``/``store``
-                       ``[path, lane, size_bytes]`` or nil), ios ``[[node, "read"|"write", lane, size_bytes,
-                       tag]]``, timers ``[[at_ns, tag]]``, decode_nodes ``[[tag, spec]]`` (``spec``:
-                       ``Core.add_decode_node``'s keywords but ``report_tag``), joins ``[[node_tag, gpu, rid,
-                       prompt, gen, produced, stored_blocks, context]]``; tag ``UNREPORTED_TAG`` (2^64 - 1):
-                       detached (a join is: a bad one is reported with that tag)
-to remote   done       ``sent_ns: int, completions: [[kind, tag, start_ns, end_ns, size_bytes, lane]],
-                       errors: [[tag, error_type: str, text: str]], decoded: [[node_tag, ended, spans,
-                       moved]]`` (``Core.take_decoded`` and ``Core.decode_bytes`` of the node, at its report)
-to service  fault      ``seq: int, port: int, "factor" | "latency", value`` -- a port fault from now on
-                       (``Core.set_port_factor``: a float in [0, 1]; ``Core.set_port_latency``: ns); or ``seq:
-                       int, nil, "decode_reset", node_tag: int`` -- an engine crash: the sender's decode node
-                       drops every request (``Core.decode_reset``; one it never added is refused, tag
-                       ``UNREPORTED_TAG``). Sent after the sender's earlier submissions, so it follows them
-to service  stats      ``seq: int``
-to remote   stats      ``seq: int, report: map`` (``DataPlaneService.report``)
-to service  bye        ``seq: int, run_complete: bool``
-to remote   bye        ``seq: int``
-to remote   stop       ``reason: str`` (the run is complete: stop the actors, then say bye)
-to remote   fatal      ``reason: str`` (the service is failing)
-==========  =========  =====================================================================================
-
-The receiver checks every field of every frame (types, ranges, lengths, known kinds, tags not already in
-flight, a hello first); a frame that fails is rejected whole (:class:`FrameError`: dropped, logged, counted) and
-never disturbs the receiver. Whether a request makes sense (the ports exist, the lane is configured) is the
-core's to say, per request."""
+Every message is one frame, a msgpack array ``[PROTOCOL_VERSION, kind, ...]``; the kinds and their fields are in
+docs/wire.md ("The data-plane protocol"). Sockets: a ROUTER at the service, one DEALER per remote process, bounded
+by :data:`HWM`, :data:`MAX_FRAME_BYTES`, :data:`BACKLOG_MESSAGES` and :data:`BACKLOG_BYTES`; CURVE with a
+:class:`DataPlaneKeys`, else only private ``ipc://`` or ``insecure=True`` (:func:`check_endpoint`). The receiver
+checks every field of every frame; a frame that fails is rejected whole (:class:`FrameError`: dropped, logged,
+counted) and never disturbs the receiver. Whether a request makes sense is the core's to say, per request."""
 
 from __future__ import annotations
 
