@@ -1,15 +1,4 @@
-"""The Python API: load a scenario, change what you like, run systems, look at the results.
-
-It does what ``dualpath-emu run`` does, for notebooks and scripts, and gives the results as Python objects::
-
-    from dualpath_emu import api
-
-    scenario = api.load_scenario("ds27b-1p1d-offline", agents=16, overrides={"workload.max_rounds": 20})
-    result = api.run(scenario, systems=["basic", "dualpath", "dualpath_emu.examples.custom_policy:least-loaded"])
-    result.jct_s                      # {"basic": ..., "dualpath": ..., "least-loaded": ...}
-    result.summary["systems"]         # what summary.json holds (dualpath-emu run --json)
-    result.rows()[0]                  # requests.csv's rows as dicts
-    result.to_pandas()                # the same rows as a pandas DataFrame (pandas installed separately)
+"""The Python API: load a scenario, change what you like, run systems, look at the results (README, "Python API").
 
 A scenario is a packaged scenario's name (:func:`scenario_names`), a TOML file, or ``None`` (DS 660B 2P4D, offline); a
 system a built-in one's name, ``file.py:Name`` or ``module:Name`` (:mod:`dualpath_emu.cluster.user_systems`), or a

@@ -1,27 +1,12 @@
-"""`make bench`, live cluster: how close a real-time run stays to virtual time, and what it holds (issue 14).
+"""`make bench`, live cluster: how close a real-time run stays to virtual time, and what it holds.
 
-Two parts, each printing ``BENCH`` lines:
-
-* ``--agreement`` (the check of issue 14): a storage-bound DS 27B 1P1D cluster (the packaged scenario,
-  ``--agents`` agents, whole trajectories: ≈ 90 s of emulated time for DualPath at 32 agents), each system
-  in virtual time and live at each ``--time-scales`` (default 1 and 10), default placement (a process per
-  engine group, the data plane, the scheduler, the client). Per (system, scale): JCT and TTFT p50 against
-  virtual time (their drift, %), and the delivery lag (p50/p99, wall ms)::
-
-      BENCH live_agreement_<system>_x<scale>_jct_drift_pct <%>
-      BENCH live_agreement_<system>_x<scale>_ttft_p50_drift_pct <%>
-      BENCH live_agreement_<system>_x<scale>_lag_p99_wall_ms <ms>
-
-* ``--capacity`` (default): DS 660B clusters at time scale 1 under load -- 2P4D with 256 and 1,024 agents,
-  then 4P8D with 2,048 -- each for its first ``--rounds`` rounds; a cluster *holds* time scale 1 when the
-  p99 of its delivery lag is at most 1 ms of wall time::
-
-      BENCH live_capacity_<deployment>_<agents>_lag_p99_wall_ms <ms>
-      BENCH live_capacity_<deployment>_<agents>_turns_per_wall_s <turns/s>
-      BENCH live_capacity_largest_holding_x1 <deployment>_<agents>
-
-Both run real processes on this machine (2 cores: the data plane, the scheduler, the client and each group
-compete for them), so the numbers are this machine's."""
+``--agreement``: a storage-bound DS 27B 1P1D cluster (``--agents`` agents, whole trajectories), each system in
+virtual time and live at each ``--time-scales`` in the default placement: ``BENCH
+live_agreement_<system>_x<scale>_{jct_drift_pct,ttft_p50_drift_pct,lag_p99_wall_ms}``. ``--capacity`` (default): DS
+660B 2P4D with 256 and 1,024 agents and 4P8D with 2,048, each for its first ``--rounds`` rounds at time scale 1; a
+cluster *holds* it when its delivery lag's p99 is at most 1 ms of wall time: ``BENCH
+live_capacity_<deployment>_<agents>_{lag_p99_wall_ms,turns_per_wall_s}`` and ``live_capacity_largest_holding_x1``.
+Real processes on this machine: the numbers are this machine's (docs/performance.md, docs/live.md)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,14 @@
-"""`make bench`, actor runtime: message rates of the actor runtime, in process and over ZeroMQ
-(docs/performance.md has the numbers).
+"""`make bench`, actor runtime: message rates of the actor runtime, in process and over ZeroMQ, and the data plane's
+request rate and lags (docs/performance.md has the numbers).
 
-Run as ``python -m dualpath_emu.bench_runtime`` (``--help`` for the counts). Prints ``BENCH <name> <value>
-<unit>`` lines. Rates are messages per wall second (``time.perf_counter``); every run checks that each message
-arrived exactly once and in order, and any failure prints ``bench_runtime: error: ...`` and exits 1.
-
-* ``actor_inproc_msgs_per_s``: the driver tells ``--tells`` ``Tick`` messages to a ``counter`` actor of the
-  same process in bursts of ``--burst``, latency 0; then a ``Query``, answered with the :class:`Tally`. Timed
-  around the whole ``asyncio.run`` (after a ``gc.collect()``), best of ``--repeats``.
-  ``actor_inproc_tell_events_per_msg``: the events recorded per tell.
-* ``zmq_ipc_msgs_per_s``: ``--zmq`` ticks of ~100-byte envelopes over ``ipc://`` to a child process
-  (``--serve ENDPOINT --reply-to ENDPOINT``) hosting the counter, timed from the first tell to the final
-  tally (the slower side's rate); ``zmq_ipc_one_process_msgs_per_s``: both systems on one loop (both sides'
-  costs).
-* The data plane, at time scale 1: a child (``--serve-dataplane ENDPOINT``) serves a core of
-  :data:`DATAPLANE_PORTS` fast ports; this process's remote plane issues ``--dataplane`` 1 kB transfers,
-  ``--dataplane-batch`` per loop iteration, at most ``--dataplane-window`` in flight.
-  ``dataplane_requests_per_s`` (and the requester's CPU seconds), ``dataplane_delivery_lag_p50_us`` and
-  ``_p99_us`` under that load, ``dataplane_light_delivery_lag_p99_us`` with one batch of 10 in flight,
-  ``dataplane_submission_lag_p99_us``, and the clock handshake's best round trip over ipc and over tcp with
-  CURVE keys (``dataplane_ipc_handshake_rtt_us``, ``dataplane_tcp_handshake_rtt_us``)."""
+``python -m dualpath_emu.bench_runtime`` (``--help`` for the counts) prints ``BENCH <name> <value> <unit>`` lines;
+rates are messages per wall second, every run checks that each message arrived exactly once and in order, and a
+failure prints ``bench_runtime: error: ...`` and exits 1. ``actor_inproc_msgs_per_s`` (and
+``actor_inproc_tell_events_per_msg``): tells to a ``counter`` actor of the same process in bursts, best of
+``--repeats``; ``zmq_ipc_msgs_per_s``: ~100-byte envelopes over ``ipc://`` to a child process (``--serve``), and
+``zmq_ipc_one_process_msgs_per_s`` with both systems on one loop; the data plane at time scale 1, a child
+(``--serve-dataplane``) serving :data:`DATAPLANE_PORTS` fast ports: ``dataplane_requests_per_s``, its delivery lags
+under load and light, its submission lag, and the clock handshake's round trip over ipc and tcp with CURVE."""
 
 from __future__ import annotations
 

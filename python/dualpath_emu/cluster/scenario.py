@@ -1,28 +1,13 @@
-"""Cluster scenarios: a TOML file → the :class:`~dualpath_emu.cluster.config.ClusterConfig`, the systems to compare, the
-workload and the seed of one ``dualpath-emu run``.
+"""Cluster scenarios: a TOML file (``kind = "cluster"``) → the :class:`~dualpath_emu.cluster.config.ClusterConfig`,
+the systems to compare, the workload and the seed of one ``dualpath-emu run``; run scenarios (``app = ...``) are
+refused with a pointer to ``launch``.
 
-A cluster scenario says ``kind = "cluster"`` at the top; the runtime's run scenarios (``app = ...``, for ``dualpath-emu
-launch``) are refused here with a pointer to ``launch``. Every key, with its default and what it does, is in
-``scenario_keys.toml`` beside this module (``docs/scenario-reference.md`` is generated from it); the defaults are those
-of the dataclasses the keys fill (:class:`ClusterConfig`, :class:`~dualpath_emu.cluster.catalog.NodeSpec`,
-:class:`~dualpath_emu.cluster.topology.StorageSpec`, :class:`~dualpath_emu.cluster.roofline.RooflineParams`,
-:class:`~dualpath_emu.workload.generator.GeneratorParams`), whose docstrings give each value's source.
-
-**Limits.** The ranges of ``scenario_keys.toml`` (:data:`LIMITS` holds the numbers) keep every accepted scenario one
-that runs to its end in bounded memory: emulated times far below the core's 2^64 ns (at the slowest rates and latencies
-a run's clock stays within years), at most 256 nodes of 16 GPUs (about 9,000 ports) and 100,000 agents: wide, as the
-paper's largest deployment has 144 nodes, its datasets 500 trajectories. A run whose emulated time would still pass 2^64
-ns stops with an error saying so. Integers beyond 64 bits and numbers beyond the float range are refused like any other
-out-of-range value.
-
-Checks beyond types and ranges, each an error naming the key: the model's weights must fit the GPUs of an EP group
-(prefill and decode); a DE GPU must have HBM for the KV of the longest request; a system without layerwise prefill
-(``basic``) needs a PE GPU to hold one request's whole KV; a node's DRAM buffer must hold one request's KV. Every error
-is a :class:`~dualpath_emu.config.ScenarioError` naming the file, the key and what was expected (the CLI: one line, exit
-status 2).
-
-:data:`DEFAULT` is the built-in scenario ``dualpath-emu run`` runs without a file: the same settings as the packaged
-``ds660b-2p4d-offline.toml`` (a test keeps them equal)."""
+Every key, with its default, range and meaning, is in ``scenario_keys.toml`` beside this module (generating
+docs/scenario-reference.md; :data:`LIMITS` holds the ranges' numbers, docs/limits.md says why they keep runs bounded). Checks beyond types and ranges, each an error naming the key: the model's weights fit an EP group's GPUs; a
+DE GPU has HBM for the longest request's KV; without layerwise prefill (``basic``) a PE GPU holds one request's whole
+KV; a node's DRAM buffer holds one request's KV. Every error is a :class:`~dualpath_emu.config.ScenarioError` naming
+the file, the key and what was expected. :data:`DEFAULT` is the built-in scenario (the same settings as the packaged
+``ds660b-2p4d-offline.toml``; a test keeps them equal)."""
 
 from __future__ import annotations
 

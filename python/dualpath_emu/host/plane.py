@@ -1,21 +1,14 @@
-"""The host backend's data plane (docs/host-backend.md): the ``data_plane`` interface the actors use everywhere, moving
-real bytes.
+"""The host backend's data plane (docs/host-backend.md): the engines' data-plane interface, moving real bytes.
 
 A :class:`HostDataPlane` is a process's own wall-clock core that hands out the work the host moves for real
-(``Core.set_external``: every storage I/O, every transfer between nodes) and models the rest (compute, timers, H2D and
-D2H), so everything runs by the core's one implementation of the rules. The core announces such work
-(:meth:`~dualpath_emu._core.Core.take_external`); the plane moves its real bytes -- Full Blocks in files
-(:class:`~dualpath_emu.host.storage.BlockStore`, every read verified), KV between node processes
-(:class:`~dualpath_emu.host.transport.ByteChannel`) -- each paced by its port's :class:`~dualpath_emu.host.pacing.Pacer`
-with the paper's lane arbitration, and tells the core it ended (``Core.complete_externals``, one call per batch).
-Network bytes are scaled by ``byte_scale`` (round(S × scale) real bytes, at least one, at the port's rate × scale);
-storage pacers count modelled bytes at the modelled rate, a block per chunk. Everything moved for real is counted per
-(port, lane) in modelled bytes (:attr:`HostDataPlane.moved`), so the run's byte check is the model's.
-
-Faults: a port's factor and latency set on one process's plane apply there and are sent to every other process
-(docs/host-backend.md, Faults); factor 0 pauses a pacer (nothing is lost) and, on a storage port, takes its node's
-:class:`~dualpath_emu.host.storage.StorageView` away. :meth:`HostDataPlane.finish` clears every fault, so what they held
-back drains."""
+(``Core.set_external``: every storage I/O, every transfer between nodes) and models the rest (compute, timers, H2D
+and D2H), so everything runs by the core's one set of rules. It moves the bytes -- Full Blocks in files
+(:class:`~dualpath_emu.host.storage.BlockStore`), KV between node processes
+(:class:`~dualpath_emu.host.transport.ByteChannel`) -- each paced by its port's
+:class:`~dualpath_emu.host.pacing.Pacer`, and tells the core when each ended (one call per batch). Network bytes are
+scaled by ``byte_scale``; everything moved is counted per (port, lane) in modelled bytes (:attr:`HostDataPlane.moved`),
+so the run's byte check is the model's. A port fault set on one process's plane is sent to every other; factor 0
+pauses a pacer and, on a storage port, takes its node's storage view away; :meth:`HostDataPlane.finish` clears them."""
 
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
 """Who may talk to a run's actor systems over ZeroMQ: per-run CURVE keys, a ZAP handler, private ``ipc://``
-directories (issue 14).
+directories (docs/live.md, "Security").
 
-**Keys.** Every process of a real-time run has a CURVE key pair (RFC 26), kept in one directory of mode ``0700``
-as pyzmq's certificate files: ``NAME.key`` (public) and ``NAME.key_secret`` (``0600``). :meth:`RunKeys.generate`
-writes them (``dualpath-emu keys DIR --process NAME ...`` for runs on several hosts: copy the directory to each
-host, so a run trusts all of its hosts alike); :meth:`RunKeys.load` reads one process's secret key and every
-public key. With keys a ROUTER is a CURVE server (:meth:`RunKeys.make_server`) and each DEALER a client of its
-peer's public key (:meth:`RunKeys.make_client`): both ends authenticated, traffic encrypted. A ZAP handler (RFC
-27, :func:`start_authenticator`) admits the run's public keys only, counting denials and logging them
-boundedly (:class:`BoundedLog`). A peer without CURVE is dropped by libzmq in the handshake.
-
-**Without keys** ``tcp://`` and abstract ``ipc://@name`` endpoints are refused unless ``insecure=True``. An
-``ipc://path`` endpoint is checked by :func:`check_private_ipc`: the socket's directory must be the user's and
-give others no permission at all, and no directory above it may be writable by others without the sticky bit.
-(The sticky bit does not make a directory private: others can still create a socket under the name yours is
-about to take, or connect to yours.) :func:`is_wildcard` tells a bind on all interfaces, which is warned about."""
+Every process of a run has a CURVE key pair (RFC 26) in one ``0700`` directory as pyzmq's certificate files
+(``NAME.key``, ``NAME.key_secret`` ``0600``): :meth:`RunKeys.generate` writes them, :meth:`RunKeys.load` reads one
+process's secret and every public key; a ROUTER is a CURVE server and each DEALER a client of its peer's key, and a
+ZAP handler (RFC 27, :func:`start_authenticator`) admits the run's keys only. Without keys ``tcp://`` and abstract
+``ipc://@`` endpoints are refused unless ``insecure=True``; :func:`check_private_ipc` refuses an ``ipc://`` socket
+whose directory others could reach (the sticky bit does not make a directory private: others could still take the
+socket's name or connect). :func:`is_wildcard` tells a bind on all interfaces, which is warned about."""
 
 from __future__ import annotations
 

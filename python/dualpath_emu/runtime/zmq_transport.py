@@ -1,31 +1,18 @@
 """The ZeroMQ transport: actors of several :class:`ActorSystem`\\ s talk over ``ipc://`` or ``tcp://``.
 
-A :class:`ZmqActorSystem` is an actor system on a real-time loop that owns one ZeroMQ endpoint (``bind``, by
-default ``tcp://127.0.0.1:*``); an actor of another system is reached through a static address book (actor ->
-endpoint). One ROUTER per system, one DEALER per remote endpoint; a message is ``[b"tell", envelope]`` (plus an
-incarnations frame, below); only tells travel, FIFO per pair of systems and exactly once while both ends live.
+A :class:`ZmqActorSystem` is an actor system on a real-time loop that owns one ROUTER endpoint (``bind``, by default
+``tcp://127.0.0.1:*``) and one DEALER per remote endpoint, reaching other systems' actors through a static address
+book. Only tells travel, FIFO per pair of systems, exactly once while both ends live (the frames: docs/wire.md).
 
-**Security.** With ``keys`` (:class:`~dualpath_emu.runtime.security.RunKeys`) and ``name`` the ROUTER is a CURVE
-server, each DEALER a CURVE client, and a ZAP handler admits only the run's keys. Without keys ``tcp://`` and
-abstract ``ipc://@`` are refused unless ``insecure=True``; an ``ipc://`` socket's directory must be private. With
-``name`` a DEALER connects under its process's name, a name in use is refused, and a process speaks only as
-itself (a sender neither :data:`~dualpath_emu.runtime.actors.MAIN` nor an actor of that process is rejected).
-
-**Bounds.** ``HWM`` messages per peer in ZeroMQ, frames up to the codec's ``max_frame_bytes`` plus
-:data:`FRAME_OVERHEAD_BYTES`; beyond ZeroMQ's queue a connection's backlog holds ``BACKLOG_MESSAGES`` and
-``BACKLOG_BYTES``, then a tell raises :class:`BacklogFullError`: nothing a tell accepted is dropped. A receiver
-takes ``RECEIVE_BATCH`` messages or ``RECEIVE_BATCH_BYTES`` per wake-up. A frame it cannot accept is dropped,
-counted (``transport.rejected``), logged boundedly (:data:`REJECTIONS_LOGGED`) and recorded as a ``rejected``
-event of actor ``transport``; no actor is disturbed.
-
-**Incarnations.** With ``restart_crashed`` each request carries what its sender knows of the run's incarnations
-(actor -> nonzero incarnation). A request tagged with an older incarnation of its recipient than the receiver's
-own was meant for the process that died (ZeroMQ hands its queue to the new one on the same endpoint): it is
-dropped (``transport.stale``), which the scheduler counts as lost. Message ids start at ``incarnation ×``
-:data:`MSG_IDS_PER_INCARNATION`, so logs tell a new incarnation's messages from the dead one's.
-
-**Durable event log.** Events reach the sink before any message to another process leaves, so a process killed
-at any moment has written every observation a message it sent could have told another about."""
+**Security** (docs/live.md): with ``keys`` and ``name`` CURVE both ways and a ZAP handler admitting the run's keys
+only; a process speaks only as itself (a sender neither :data:`~dualpath_emu.runtime.actors.MAIN` nor one of its
+actors is rejected); without keys only private ``ipc://`` unless ``insecure=True``. **Bounds**: ``HWM`` messages per
+peer, frames up to the codec's limit plus :data:`FRAME_OVERHEAD_BYTES`, then a backlog of ``BACKLOG_MESSAGES`` and
+``BACKLOG_BYTES`` beyond which a tell raises :class:`BacklogFullError` (nothing accepted is dropped). A frame the
+receiver cannot accept is dropped, counted (``transport.rejected``), logged boundedly and recorded as a ``rejected``
+event of actor ``transport``. **Incarnations**: with ``restart_crashed`` a request meant for a process that died is
+dropped (``transport.stale``). **Durable event log**: events reach the sink before any message to another process
+leaves, so a process killed at any moment has written every observation a message it sent could have told."""
 
 from __future__ import annotations
 
