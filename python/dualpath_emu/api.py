@@ -118,8 +118,7 @@ class RunResult:
         return {name: r.jct_s for name, r in self.results.items()}
 
     def speedup(self, baseline: str = "basic") -> dict[str, float | None]:
-        """Each system's speedup over ``baseline``; ``None`` where either run failed requests (a run that gave
-        up on work is not faster for it)."""
+        """Each system's speedup over ``baseline``; ``None`` where either run failed requests."""
         if baseline not in self.results:
             raise KeyError(f"no system {baseline!r} in this run (its systems: {', '.join(self.results)})")
         base = self.results[baseline]

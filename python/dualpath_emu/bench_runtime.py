@@ -248,8 +248,7 @@ class Child:
 
 
 async def wait_ready(system: ZmqActorSystem, collector: Collector, child: Child | None) -> None:
-    """Query the counter until it tells its tally (it is bound and connected both ways); fail if the child exits
-    meanwhile."""
+    """Query the counter until it tells its tally; fail if the child exits meanwhile."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         system.tell(COUNTER, Query(), sender=COLLECTOR)
@@ -360,8 +359,7 @@ def stop_child(child: subprocess.Popen[bytes]) -> None:
 
 
 async def serve(endpoint: str, reply_to: str, lifetime_s: float) -> None:
-    """The child's side: host the counter at ``endpoint`` until asked to stop (or ``lifetime_s`` passes); its
-    tallies go to the collector at ``reply_to``."""
+    """The child's side: host the counter at ``endpoint`` until told to stop or ``lifetime_s`` passes."""
     async with ZmqActorSystem(codec(), bind=endpoint, address_book={COLLECTOR: reply_to}) as system:
         counter = Counter(system, COUNTER)
         counter.start()

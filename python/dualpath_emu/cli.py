@@ -345,8 +345,7 @@ _MAX_ERROR_CHARS = 1_000
 
 
 def _one_line(message: str) -> str:
-    """An error message as one line of at most about 1,000 characters, whatever value it quotes (argparse, for
-    one, quotes a bad argument whole)."""
+    """An error message as one line of at most about 1,000 characters, whatever value it quotes."""
     line = " ".join(message.split("\n"))
     if len(line) <= _MAX_ERROR_CHARS:
         return line

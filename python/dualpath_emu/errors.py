@@ -19,8 +19,7 @@ class UsageError(Exception):
 
 
 class BackendUnavailable(UsageError):
-    """What a backend needs is missing here (the host backend's Mooncake Transfer Engine, say): one line
-    saying what to install, exit status 2, no traceback."""
+    """What a backend needs is missing here: one line saying what to install, exit status 2."""
 
 
 class SecurityError(UsageError):

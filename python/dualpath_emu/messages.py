@@ -49,8 +49,7 @@ class MessageError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """Base of every message type: a frozen dataclass (so a non-frozen subclass is refused) with a wire name and a
-    version."""
+    """Base of every message type: a frozen dataclass (a non-frozen subclass is refused), a wire name, a version."""
 
     WIRE_NAME: ClassVar[str]
     VERSION: ClassVar[int]
@@ -88,8 +87,7 @@ def fast_frozen_init(cls: _C) -> _C:
 
 
 class Envelope(NamedTuple):
-    """What actors exchange: a message with its addressing (a named tuple: one is made per message, and a tuple
-    is the cheapest to make)."""
+    """A message with its addressing (a named tuple: the cheapest to make, one per message)."""
 
     sender: str
     recipient: str

@@ -60,8 +60,7 @@ CSV_METRICS: Final = ("jct_s", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_
 
 
 def split_values(text: str) -> list[str]:
-    """``V1,V2,...`` split at the commas outside brackets, braces and quotes (``[1,2],3``: two values),
-    each stripped of surrounding spaces."""
+    """``V1,V2,...`` split at the commas outside brackets, braces and quotes, each value stripped."""
     values: list[str] = []
     depth, quote, start, i = 0, "", 0, 0
     while i < len(text):
@@ -120,8 +119,7 @@ def _show(value: object) -> str:
 
 
 class SweepMismatchError(UsageError):
-    """A worker would run something other than what the client asked for: another dualpath-emu, or another
-    scenario file, trace or user system at the same path."""
+    """A worker would run another dualpath-emu, or another scenario file, trace or system at the same path."""
 
 
 @dataclass(frozen=True)
@@ -165,8 +163,7 @@ def _file_digest(path: Path) -> str:
 
 
 def _fingerprint(scenario: ClusterScenario, system_name: str) -> str:
-    """Everything a run of ``system_name`` on ``scenario`` depends on besides dualpath-emu's code (a trace and a
-    user policy's file by their content)."""
+    """What a run depends on besides dualpath-emu's code (a trace and a user policy's file by their content)."""
     system = scenario.system(system_name)
     parts = [repr(scenario.config), repr(scenario.seed), repr(scenario.max_rounds), repr(scenario.generator),
              repr(system)]  # fmt: skip

@@ -194,8 +194,7 @@ class ModelArch:
 
     def spec(self, name: str, description: str = "", source: str = "", *, total_params: float = 0.0,
              active_params: float = 0.0, kv_bytes_per_token_layer: int = 0) -> ModelSpec:  # fmt: skip
-        """The :class:`ModelSpec` of this architecture (module docstring); a non-zero keyword overrides the
-        derived number."""
+        """The :class:`ModelSpec` of this architecture; a non-zero keyword overrides the derived number."""
         counts = self.param_counts()
         heads, k = self.num_attention_heads, self.num_experts_per_tok
         if self.attention == "mla":
@@ -297,8 +296,7 @@ class ModelSpec:
         return self.gemm_flops_per_token + self.attention_flops_per_token(context_tokens)
 
     def weight_bytes_per_gpu(self, ep_degree: int = 1) -> float:
-        """Weight bytes one GPU holds (and a decode step streams): everything but the routed experts, plus a
-        1/``ep_degree`` share of those."""
+        """Weight bytes one GPU holds (a decode step streams): all but the routed experts, plus a 1/EP share of them."""
         if ep_degree < 1:
             raise InvalidArgumentError(f"ep_degree must be >= 1, got {ep_degree}")
         shared = self.total_params - self.routed_expert_params

@@ -21,8 +21,7 @@ __all__ = ["catalog_command", "catalog_json", "load_any_catalog"]
 
 
 def load_any_catalog(path: str | Path) -> Catalog:
-    """The catalog a file makes: a catalog file's entries, or those a cluster scenario includes and defines,
-    with the packaged ones."""
+    """The catalog a file makes: its entries (or a cluster scenario's), with the packaged ones."""
     from dualpath_emu.cluster.scenario import scenario_catalog
     from dualpath_emu.scenarios import find
 

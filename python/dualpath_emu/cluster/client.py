@@ -166,8 +166,7 @@ class Client(ClusterEngine):
 
     @on(TurnFailed)
     def on_turn_failed(self, now: int, msg: TurnFailed, sender: str) -> None:
-        """These turns ended as failed: an agent's next turns need their output, so its trajectory ends here (a
-        replayed trace's other turns come as timed)."""
+        """These turns failed: each agent's trajectory ends here (a trace's other turns come as timed)."""
         metrics = self.cluster.metrics
         for rid in msg.rids:
             metrics.failed(rid, now)

@@ -34,8 +34,7 @@ def ports_of(topology: Topology, role: str, kind: str) -> list[int]:
 
 @dataclass(frozen=True)
 class PortReport:
-    """One port's totals: per lane the bytes that flowed (the integral of its rates) and the bytes of the
-    transfers that finished."""
+    """One port's totals: per lane the bytes that flowed (its rates' integral) and that finished."""
 
     name: str
     rate: float
@@ -46,8 +45,7 @@ class PortReport:
 
 @dataclass(frozen=True)
 class CoreReport:
-    """Every port's totals, the utilisation p99 and timeline per (port kind, role) up to ``until_ns``, the
-    core's counters, its clock and its sampling interval."""
+    """Every port's totals, utilisation p99 and timeline per (port kind, role), the core's counters and clock."""
 
     ports: list[PortReport]
     p99: dict[str, dict[str, float]]
@@ -59,8 +57,7 @@ class CoreReport:
 
     @classmethod
     def of(cls, core: Core, topology: Topology | None, until_ns: int) -> CoreReport:
-        """Read the report from ``core`` (its utilisation samples before ``until_ns``; per role of
-        ``topology``'s nodes, none without one)."""
+        """Read the report from ``core`` (utilisation samples before ``until_ns``, per role of ``topology``)."""
         ports = []
         for port in range(core.port_count):
             counters = core.port_counters(port)

@@ -145,8 +145,7 @@ class DecodeSteps:
 
 
 class DecodeGroup(EngineGroup):
-    """The DEs of one node (one per GPU): continuous batching, the DE buffer, H2D before decode, and the
-    persistence of every completed Full Block (§4)."""
+    """The DEs of one node: continuous batching, the DE buffer, H2D before decode, block persistence (§4)."""
 
     def __init__(self, cluster: Cluster, node: int, out: Outbox, plane: DataPlane) -> None:
         super().__init__(f"de{node}", cluster, [node], out, plane)
@@ -332,8 +331,7 @@ class DecodeGroup(EngineGroup):
                 self.out.send(self.cluster.group_name("pe", task.pe_node), HitReady(rid, False))
 
     def _read(self, now: int, msg: DecodeTask) -> None:
-        """DE-read (§4, Fig. 4b steps 1-2): the hit KV, storage → DE SNIC → DE DRAM buffer; then the PE
-        streams it layer by layer from there."""
+        """DE-read (§4, Fig. 4b steps 1-2): storage → DE SNIC → DE DRAM buffer, which the PE streams layer by layer."""
         metrics = self.cluster.metrics
         if msg.rid not in self._started_elsewhere:  # a moved read that had started wrote its start there
             metrics.read_start(msg.rid, now)

@@ -35,8 +35,7 @@ class ClusterEngine(Engine):
 
 
 class EngineGroup(ClusterEngine):
-    """An engine group's leader: pulls work from the scheduler at most once per fetch period (§6.1), through
-    the standing :class:`Fetch` it sends when it starts."""
+    """An engine group's leader: pulls work at most once per fetch period (§6.1) through its standing :class:`Fetch`."""
 
     def __init__(self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
         super().__init__(name, cluster, out, plane)

@@ -138,8 +138,7 @@ class FaultInjector(ClusterEngine):
                         self._draw(cast(Kind, kind), node, rate, now_ns)
 
     def _draw(self, kind: Kind, node: int, rate: float, after_ns: int) -> None:
-        """The next random ``kind`` fault on ``node``, after ``after_ns``; it draws the one after it when it
-        starts (the stream is consumed in time order)."""
+        """The next random ``kind`` fault on ``node`` after ``after_ns`` (drawn in time order)."""
         random = self.plan.random
         assert random is not None
         per_s = rate / 3600.0
@@ -190,8 +189,7 @@ class FaultInjector(ClusterEngine):
             self.plane.timer(now + max(1, round(fault.duration_s * NS)), lambda t: self._end(t, number, fault, window))
 
     def _crash(self, now: int, number: int, fault: Fault) -> None:
-        """Engine ``fault.target`` crashes now and is back ``restart_s`` later (later still if another crash
-        comes meanwhile)."""
+        """Engine ``fault.target`` crashes now and is back ``restart_s`` later (or after a later crash's)."""
         engine = fault.target
         window = self.records.start(fault.kind, engine, now)
         self._acting[number] = (fault, now)
@@ -217,8 +215,7 @@ class FaultInjector(ClusterEngine):
         self._apply(now, number, fault, None)
 
     def _apply(self, now: int, number: int, fault: Fault, effect: tuple[float, int] | None) -> None:
-        """Start (``effect``) or end (None) fault ``number`` on its ports; tell the plane and the scheduler of
-        every port whose state changed."""
+        """Start (``effect``) or end (None) fault ``number``; tell the plane and the scheduler what changed."""
         ports = target_ports(fault.target, self._nodes, self._gpus)
         assert ports is not None  # checked when the plan was read
         changed: list[tuple[str, float]] = []

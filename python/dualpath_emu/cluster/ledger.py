@@ -26,8 +26,7 @@ class Booking:
         self._sources: list[Callable[[Booking], None]] = []
 
     def add_source(self, source: Callable[[Booking], None]) -> None:
-        """``source(booking)`` books what was moved without a request through a ledger (the core's decode
-        stepping) whenever the totals are read."""
+        """``source(booking)`` books what moved without a request (the core's decode stepping) when totals are read."""
         self._sources.append(source)
 
     def book(self, path: tuple[int, ...], lane: int, size: int, count: int = 1) -> None:
@@ -70,14 +69,12 @@ class Ledger:
         self._book = booking.book
 
     def transfer(self, path: tuple[int, ...], lane: int, size: int, then: Then | None = None) -> None:
-        """Move ``size`` bytes on ``lane`` along ``path``; ``then(now)`` when done (``None``: a write-back or
-        all-to-all nobody waits for)."""
+        """Move ``size`` bytes on ``lane`` along ``path``; ``then(now)`` when done (``None``: nobody waits)."""
         self._book(path, lane, size)
         self._plane.transfer(path, lane, size, then)
 
     def io(self, node: int, kind: str, lane: int, size: int, extents: Extents = (), then: Then | None = None) -> None:
-        """A storage ``"read"`` or ``"write"`` of cluster node ``node`` (over its storage NIC); ``extents`` say
-        which Full Blocks it moves."""
+        """A storage ``"read"`` or ``"write"`` of cluster node ``node``; ``extents``: the Full Blocks it moves."""
         self._book(self._topology.storage_io_path(node, kind), lane, size)
         self._plane.io(self._topology.nodes[node].storage_node, kind, lane, size, extents, then)
 

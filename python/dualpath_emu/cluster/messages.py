@@ -61,8 +61,7 @@ class Fetch(Message):
 
 @dataclass(frozen=True, slots=True)
 class PrefillTask(Message):
-    """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``;
-    ``context`` as in :class:`Turn`."""
+    """Compute request ``rid`` on PE GPU ``pe_gpu`` of ``pe_node``; its KV goes to ``de_node``/``de_gpu``."""
 
     rid: int
     prompt: int
@@ -85,8 +84,7 @@ class Prefill(Message):
 
 @dataclass(frozen=True, slots=True)
 class DecodeTask(Message):
-    """Request ``rid`` will decode on ``de_gpu`` of ``de_node``; read its hit KV there if ``read_on_de``;
-    ``context`` as in :class:`Turn`."""
+    """Request ``rid`` decodes on ``de_gpu`` of ``de_node``, its hit KV read there if ``read_on_de``."""
 
     rid: int
     prompt: int
@@ -143,8 +141,7 @@ class ReadDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class KvReady(Message):
-    """To a decode group: these requests' prompt KV is in its DE buffer (from one forward pass, whose end is
-    their first token, at ``first_token_ns``)."""
+    """To a decode group: these requests' prompt KV is in its DE buffer, their first token at ``first_token_ns``."""
 
     rids: tuple[int, ...]
     first_token_ns: int
@@ -181,8 +178,7 @@ class TurnDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class Health(Message):
-    """To the scheduler, from the fault injector: what faults now leave of port ``ports[i]``'s rates,
-    ``factors[i]`` (1: as specified, 0: down)."""
+    """From the fault injector: what faults leave of port ``ports[i]``'s rates, ``factors[i]`` (0: down)."""
 
     ports: tuple[str, ...]
     factors: tuple[float, ...]

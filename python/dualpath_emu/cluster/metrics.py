@@ -214,8 +214,7 @@ class Metrics:
         self._bind_columns()
 
     def _bind_columns(self) -> None:
-        """Bind the appends of what :meth:`arrive` leaves unset in a new row (it is called per turn); again
-        whenever a column is replaced."""
+        """Bind the appends of what :meth:`arrive` leaves unset in a row; again when a column is replaced."""
         self._unset_appends = tuple(c.append for c in (
             self.scheduled_pe_ns, self.scheduled_de_ns, self.read_start_ns, self.read_done_ns, self.prefill_start_ns,
             self.first_token_ns, self.second_token_ns, self.done_ns, self.failed_ns, self.redispatches, self.pe, self.de,

@@ -27,8 +27,7 @@ class Admitted(NamedTuple):
 
 
 class Assigned(NamedTuple):
-    """The scheduler put request ``rid`` on PE ``pe`` and DE ``de``, its hit read on side ``side`` (``"pe"`` or
-    ``"de"``)."""
+    """The scheduler put request ``rid`` on PE ``pe`` and DE ``de``, its hit read on ``side``."""
 
     rid: int
     pe: int

@@ -233,8 +233,7 @@ def make_output_folder(out: Path, option: str) -> None:
 
 
 def write_outputs(out: Path, option: str, scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> list[str]:
-    """Write ``summary.json``, ``requests.csv`` and the plots into ``out`` (the traces are written by the runs);
-    returns the names of the files written."""
+    """Write ``summary.json``, ``requests.csv`` and the plots into ``out``; returns the files' names."""
     try:
         text = json.dumps(summary(scenario, results), indent=2, allow_nan=False) + "\n"
         (out / "summary.json").write_text(text, encoding="utf-8")

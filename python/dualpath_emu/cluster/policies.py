@@ -122,8 +122,7 @@ class PortHealth:
         return not self._factors
 
     def factor(self, port: str) -> float:
-        """What is left of ``port``'s rates (1 as specified, 0 down); ports are named as in the topology
-        (``n0.snic.rx``, ``n3.cnic2.tx``, ``3fs.read``)."""
+        """What is left of ``port``'s rates (1 as specified, 0 down), ports named as in the topology."""
         return self._factors.get(port, 1.0)
 
     def up(self, port: str) -> bool:
@@ -171,8 +170,7 @@ class Policy(ABC):
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int],
         group_id: int, group: list[Engine],
     ) -> list[DecodeAssignment]:  # fmt: skip
-        """Phase 1 (route the global queue to groups), then phase 2: assign group ``group_id``'s private
-        queue to its DEs (:meth:`_assign_group`)."""
+        """Phase 1 (route the global queue to groups), then phase 2 for group ``group_id`` (:meth:`_assign_group`)."""
         self._drain_to_groups(global_queue, private_queues, group_loads)
         return self._assign_group(private_queues[group_id], group_id, group)
 
@@ -226,9 +224,8 @@ class Policy(ABC):
     def _drain_to_groups(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
     ) -> None:
-        """Phase 1: each queued request to the group with the least ``Σ tok_e`` (ties: the group routed a request
-        least recently, then the lowest id); ``group_loads`` (its engines' Σ tok_e plus its private queue's) is
-        updated in place."""
+        """Phase 1: each queued request to the group with the least ``Σ tok_e`` (ties: routed to least recently,
+        then the lowest id), updating ``group_loads`` in place."""
         if isinstance(group_loads, GroupLoads):
             self._drain_by_heap(global_queue, private_queues, group_loads)
             return

@@ -49,8 +49,7 @@ class Pool:
             then(now)
 
     def cancel(self, now: int, rid: int) -> bool:
-        """Withdraw ``rid``'s waiting acquire (its request was dropped): whether one waited. Those behind it
-        may fit now."""
+        """Withdraw ``rid``'s waiting acquire (its request was dropped): whether one waited."""
         for index, (waiter, _, _) in enumerate(self._waiting):
             if waiter == rid:
                 del self._waiting[index]

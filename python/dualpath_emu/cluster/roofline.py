@@ -122,8 +122,7 @@ class Roofline:
 
     @functools.cached_property
     def fixed_s_per_layer(self) -> float:
-        """Per layer (averaged over the layers, as :class:`LayerTimes` has every layer alike): the overhead
-        and the fixed part of the MoE layers' all-to-all."""
+        """Per layer: the overhead and the fixed part of the MoE layers' all-to-all (averaged over layers)."""
         m, p = self.model, self.params
         a2a_s = p.a2a_fixed_s * m.moe_layers / m.layers if self.ep_degree > 1 else 0.0
         return p.overhead_s_per_layer + a2a_s
@@ -167,8 +166,7 @@ class Roofline:
 
     @functools.cached_property
     def _decode_attention_s(self) -> Callable[[int, int], float]:
-        """:meth:`decode_step`'s attention of one layer from precomputed constants: the same operations in the
-        same order, so the same float to the last bit."""
+        """:meth:`decode_step`'s attention of one layer from precomputed constants, the same float to the bit."""
         m, p, g = self.model, self.params, self.gpu
         top_k = m.sparse_top_k
         fk, ik = m.attention_flops_per_key_layer, m.indexer_flops_per_key_layer

@@ -133,8 +133,7 @@ class SystemResult:
 
     @property
     def incomplete(self) -> str | None:
-        """Why the run is not a whole result (``None`` when :attr:`complete`): its figures cover only the work
-        that finished."""
+        """Why the run is not a whole result (``None`` when :attr:`complete`): its figures cover what finished."""
         if self.complete:
             return None
         return (

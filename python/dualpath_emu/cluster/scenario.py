@@ -431,8 +431,7 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
 
 
 def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tuple[RooflineParams, RooflineParams]:
-    """The [roofline] table: its own keys set both engines' parameters, [roofline.prefill] and
-    [roofline.decode] then set one's."""
+    """The [roofline] table: its keys set both engines', [roofline.prefill] and [roofline.decode] one's."""
     low = LIMITS.min_efficiency
     high_s = LIMITS.max_overhead_s_per_layer
 

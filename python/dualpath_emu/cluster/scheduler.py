@@ -469,8 +469,7 @@ class Scheduler(ClusterEngine):
         del self.requests[rid]
 
     def _recover(self, now: int, rid: int, lost_by: str) -> None:
-        """Request ``rid`` was lost by ``lost_by``: take back its place on its engines; have the other group that
-        holds it drop it, then dispatch it again."""
+        """Request ``rid`` was lost by ``lost_by``: free its place, have the other group drop it, dispatch it again."""
         others = self._groups_of(rid) - {lost_by}
         self._unassign(rid)
         if others:
@@ -499,8 +498,7 @@ class Scheduler(ClusterEngine):
                     break
 
     def _free_de(self, request: Request, de: int) -> int:
-        """``request`` left DE ``de`` (it ended, or was taken back): its load, its slot and its HBM are free
-        again; returns the DE's node."""
+        """``request`` left DE ``de`` (ended, or taken back): its load, slot and HBM are free; returns the DE's node."""
         node, gpus = divmod(de, self._gpus)
         engine = self.de_engines[node][gpus]
         tokens = self.policy.decode_tokens(request)
@@ -512,8 +510,7 @@ class Scheduler(ClusterEngine):
         return node
 
     def _queued_at(self, group: str) -> list[int]:
-        """Requests assigned a PE of prefill group ``group`` and waiting in a decode queue: no group has heard
-        of them yet."""
+        """Requests assigned a PE of prefill group ``group``, waiting in a decode queue no group has heard of."""
         return [rid for rid, pe in self.pe_of.items()
                 if rid not in self.de_of and rid not in self._decoded and self.prefill.group_of(pe) == group]  # fmt: skip
 

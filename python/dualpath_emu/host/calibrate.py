@@ -114,8 +114,7 @@ def calibrate_host(folder: Path, size_bytes: int) -> HostRates:
 
 
 def hardware_table(rates: HostRates, *, snic_bytes_per_s: float = 50e9, cnic_bytes_per_s: float = 50e9) -> str:
-    """The TOML tables of ``rates``, and the byte scale a host run of a cluster with these NIC rates (the
-    paper's testbed by default) can use here."""
+    """The TOML tables of ``rates``, and the byte scale a host run of a cluster with these NIC rates can use."""
     low, high = 1e6, 1e12  # the scenario's range of NIC rates
     disk = min(rates.disk_read_bytes_per_s, rates.disk_write_bytes_per_s)
     scale = min(disk / snic_bytes_per_s, rates.network_bytes_per_s / cnic_bytes_per_s)

@@ -96,8 +96,7 @@ class MooncakeWire:
         return f"{self.host}:{self.engine.get_rpc_port()}"
 
     def write(self, target: str, remote: int, pattern_offset: int, nbytes: int) -> None:
-        """Write ``nbytes`` of the pattern (from ``pattern_offset``) to address ``remote`` of engine ``target``
-        (blocks: run it off the event loop)."""
+        """Write ``nbytes`` of the pattern to address ``remote`` of engine ``target`` (blocks: run it off the loop)."""
         status = self.engine.transfer_sync_write(target, self.send + pattern_offset, remote, nbytes)
         if status != 0:
             raise ConnectionError(f"Mooncake transfer of {nbytes} B to {target} failed (status {status})")
@@ -172,8 +171,7 @@ def confine_binds(host: str) -> str:
 
 
 def _bound_to_run(fd: int, addr: int | None, length: int) -> int:
-    """bind() for the engine's libraries: a wildcard address becomes the run's (IPv4 mapped on a dual-stack
-    IPv6 socket); anything else goes through as asked."""
+    """bind() for the engine's libraries: a wildcard address becomes the run's; anything else as asked."""
     real = _confined["real"]
     if not addr or length < 16:
         return int(real(fd, addr, length))
@@ -275,8 +273,7 @@ def _bind_slots(path: str) -> list[int]:
 
 
 def listening_sockets(pid: int | str = "self") -> dict[tuple[str, int], int]:
-    """The TCP sockets process ``pid`` listens on: ``(address, port)`` to socket inode, from ``/proc`` (an IPv4
-    address mapped in IPv6 is given as IPv4)."""
+    """The TCP sockets process ``pid`` listens on: ``(address, port)`` to socket inode, from ``/proc``."""
     inodes = set()
     fd_dir = f"/proc/{pid}/fd"
     for fd in os.listdir(fd_dir):

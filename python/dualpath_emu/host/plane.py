@@ -160,9 +160,7 @@ class HostDataPlane(WallClockCore):
             self._set_latency(port, int(value))
 
     def _set_factor(self, port: int, factor: float) -> None:
-        """``port``'s factor on this process's core (its modelled copies, and a check of the port) and on the
-        pacer of ``port`` here, if this process has one: what was due at the old rate is granted first, and
-        nothing queued is lost."""
+        """``port``'s factor on this process's core and its pacer here (nothing queued is lost)."""
         if not 0.0 <= factor <= 1.0:
             raise ValueError(f"factor: expected a number in [0, 1], got {factor}")
         if self._factors.get(port, 1.0) == factor:
@@ -221,8 +219,7 @@ class HostDataPlane(WallClockCore):
         return tag
 
     def _deliver(self, completions: list[tuple[str, int, int, int, int, int]]) -> None:
-        """What the core completed: work handed out starts here; a forward pass is measured; the rest is
-        delivered as on every core."""
+        """What the core completed: external work starts here, a forward pass is measured, the rest delivered."""
         rest = [c for c in completions if c[0] != "external"]
         if len(rest) != len(completions):
             for work in self._core.take_external():
@@ -234,9 +231,8 @@ class HostDataPlane(WallClockCore):
 
     def _start_external(self, ident: int, kind: str, path: list[int], lane: int, size: int, storage_node: int,
                         extents: list[tuple[int, int, int]], start: int) -> None:  # fmt: skip
-        """Move the real bytes of external work ``ident`` (see the module docstring); when they have moved, count
-        them on ``path``, measure them by kind (from ``start``, when it was asked for: the waits the core put
-        before it count, as in the model's own measurements) and tell the core."""
+        """Move the real bytes of external work ``ident``, then count them on ``path``, measure them by kind (from
+        ``start``, as the model measures) and tell the core."""
         topology, rate = self.plan.topology, min(self.plan.port_rate[p] for p in path)
         if kind == "transfer":
             work = self._network(tuple(path), lane, size)
@@ -277,8 +273,7 @@ class HostDataPlane(WallClockCore):
         task.add_done_callback(self._detached.discard)
 
     def _tell_ended(self) -> None:
-        """Tell the core which external work ended (one call for all since the last), and deliver what that
-        completed."""
+        """Tell the core which external work ended (one call for all since the last); deliver what that completed."""
         ended, self._ended = self._ended, []
         self._core.complete_externals(ended)
         self._deliver_timed(self._core.take_completions())
@@ -407,9 +402,8 @@ class HostDataPlane(WallClockCore):
         self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper(), self.plan.byte_scale).enqueue(lane, nbytes, ident)
 
     def _admit(self, rx: int, lane: int, nbytes: int, then: Callable[[], None] | None) -> bool:
-        """The channel's hook for a chunk arriving through compute NIC port ``rx``: False (let in now) unless a
-        fault slows or stops the port, or chunks held before are still waiting; then it waits its turn in the
-        port's pacer here, and ``then`` (a job's last chunk) runs when it is let in."""
+        """The channel's hook for a chunk arriving through port ``rx``: False (let in now) unless a fault slows the
+        port or earlier chunks wait; then it waits its turn in the port's pacer and ``then`` runs when let in."""
         pacer = self._admission.get(rx)
         if (pacer is None or not pacer.port.queued_messages()) and self._factors.get(rx, 1.0) == 1.0:
             return False

@@ -77,16 +77,13 @@ _Words = npt.NDArray[np.uint64]
 
 
 class HostStorageError(ValueError):
-    """A bad argument or root of a :class:`BlockStore`, an O_DIRECT it cannot have, or an I/O error (the file
-    and the operation named)."""
+    """A bad argument or root of a :class:`BlockStore`, a refused O_DIRECT, or an I/O error (file named)."""
 
 
 @dataclass(frozen=True, slots=True)
 class IoResult:
-    """What one :meth:`BlockStore.read`, :meth:`~BlockStore.write` or :meth:`~BlockStore.seed` did.
-
-    ``bytes`` are the bytes moved (``blocks`` × stride, re-reads not counted); ``verified_bytes`` is
-    ``verified_blocks`` × stride; ``retries`` counts block re-reads. A write verifies nothing (zeros)."""
+    """What one read, write or seed did: ``bytes`` moved (``blocks`` × stride, re-reads not counted), verified
+    (a write verifies nothing) and ``retries``, the block re-reads."""
 
     bytes: int
     blocks: int
@@ -100,9 +97,8 @@ class IoResult:
 
 
 class StorageView:
-    """One node's way to the storage (one direction of its storage NIC): a directory descriptor that reads and
-    writes open their files relative to; away, the descriptor of a removed directory (see the module).
-    Made by :meth:`BlockStore.view`; taken away and given back on the event loop's thread."""
+    """One node's way to the storage (a direction of its storage NIC): the directory descriptor its I/O opens
+    files relative to; away, a removed directory's (see the module). Taken and given back on the loop's thread."""
 
     __slots__ = ("_back", "away", "fd", "name")
 
@@ -181,11 +177,8 @@ def _unmap(buffer: mmap.mmap) -> None:
 
 
 class BlockStore:
-    """Full Blocks of KV cache in files under ``root``, shared with other processes (see the module).
-
-    ``direct``: ``None`` uses O_DIRECT where the file system allows it and buffered I/O elsewhere, ``True``
-    requires it (:class:`HostStorageError` where refused), ``False`` is buffered. ``threads`` is the size of
-    the I/O pool. A context manager: leaving it calls :meth:`close` (not :meth:`remove_all`)."""
+    """Full Blocks of KV cache in files under ``root``, shared with other processes (see the module). ``direct``:
+    ``None`` O_DIRECT where allowed, ``True`` required, ``False`` buffered; ``threads``: the I/O pool's size."""
 
     def __init__(self, root: Path, block_bytes: int, *, threads: int = 4, direct: bool | None = None) -> None:
         self.block_bytes: Final = _check_int("block_bytes", block_bytes, 1)
@@ -232,8 +225,7 @@ class BlockStore:
         return self.root / f"ctx-{_check_int('context', context, 0):08d}.kv"
 
     def view(self, name: str) -> StorageView:
-        """A new view of the storage (``name`` says whose, in errors and stats): ``root`` resolved once (see the
-        module)."""
+        """A new view of the storage (``name``: whose, in errors and stats), ``root`` resolved once."""
         if self._closed:
             raise HostStorageError("the BlockStore is closed")
         if self._root_fd is None:
@@ -271,9 +263,8 @@ class BlockStore:
             back.set()
 
     async def reach(self, view: StorageView, context: int, kind: str = "read") -> float:
-        """What an I/O does before it starts on ``view`` (for a ``kind``, ``"read"`` or ``"write"``): while the view is
-        away, try to open ``context``'s file through it (the kernel says ENOENT), wait (backoff, or until the view is
-        back) and try again. Returns the seconds it waited (0, at once, if the view is there)."""
+        """Before an I/O of ``kind`` on ``view``: while the view is away, try ``context``'s file through it (the
+        kernel says ENOENT), wait (backoff, or until it is back) and try again; returns the seconds waited."""
         if kind not in ("read", "write"):
             raise HostStorageError(f"kind must be 'read' or 'write', not {kind!r}")
         if not view.away:
@@ -329,9 +320,8 @@ class BlockStore:
 
     async def read(self, context: int, first_block: int, n_blocks: int, *, wait_s: float = 2.0,
                    held: Callable[[], bool] | None = None, view: StorageView | None = None) -> IoResult:  # fmt: skip
-        """Read blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` and verify each; one not there
-        yet is re-read with backoff for up to ``wait_s`` seconds of sleep, not counting those while ``held()`` is true;
-        through ``view`` if given, waiting for it while it is away (see the module)."""
+        """Read and verify blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (through ``view``
+        if given); one not there yet is re-read for up to ``wait_s`` of sleep, not counted while ``held()``."""
         self._check(context, first_block, n_blocks)
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) or wait_s < 0:
             raise HostStorageError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
@@ -424,8 +414,7 @@ class BlockStore:
         self._root_fd = self._gone_fd = None
 
     def remove_all(self) -> int:
-        """Delete every context file under ``root`` (whoever wrote it; the end of a run's clean-up); returns
-        how many this call deleted. Works after :meth:`close` too."""
+        """Delete every context file under ``root`` (whoever wrote it), even after :meth:`close`; returns how many."""
         removed = 0
         for entry in self.root.iterdir():
             if _CTX_FILE.fullmatch(entry.name):
@@ -556,8 +545,7 @@ class BlockStore:
         raise AssertionError("unreachable")
 
     def _unreachable(self, context: int, view: StorageView) -> bool:
-        """Try ``context``'s file through ``view`` (a pool thread; :meth:`reach`): whether the kernel failed the
-        open for the view being away. A file not written yet, the view there, is reachable."""
+        """Whether the kernel failed opening ``context``'s file through ``view`` for the view being away."""
         try:
             os.close(self._open(context, os.O_RDONLY, view))
         except FileNotFoundError:
@@ -567,8 +555,7 @@ class BlockStore:
         return False
 
     def _gone(self) -> str:
-        """Why nothing can be found in ``root`` any more (it was removed, or unmounted), or ``""``: said where
-        a file is not found."""
+        """Why nothing can be found in ``root`` any more (removed, unmounted), or ``""``."""
         try:
             if os.fstat(self._root_fd).st_nlink > 0 if self._root_fd is not None else self.root.is_dir():
                 return ""

@@ -60,8 +60,7 @@ class ChannelError(DataPlaneError):
 
 @dataclass
 class ChannelStats:
-    """What a channel moved: bytes sent and received (payload), verified and mismatched, and frames
-    rejected (malformed or unexpected)."""
+    """What a channel moved: bytes sent, received, verified and mismatched; frames rejected."""
 
     sent_bytes: int = 0
     received_bytes: int = 0

@@ -115,8 +115,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class CellResult:
-    """A cell's run: its summary (``SystemResult.summary()``) and figures computed in the worker from the
-    per-request metrics (only plain data crosses processes)."""
+    """A cell's run: its summary and figures computed in the worker (only plain data crosses processes)."""
 
     cell: Cell
     summary: dict[str, Any]
@@ -281,8 +280,7 @@ def _cache_warning(path: Path, problem: str) -> None:
 
 
 def _cache_read(cache: Path, key: str, codec: Codec[C, T], task: C) -> tuple[T] | None:
-    """The cached result of ``key`` (in a 1-tuple: a result may be None), or None; a file that is not one of
-    ours for this key is ignored with a warning."""
+    """The cached result of ``key`` (a 1-tuple: a result may be None), or None if absent or not ours."""
     path = _cache_path(cache, key)
     if not os.path.lexists(path):
         return None

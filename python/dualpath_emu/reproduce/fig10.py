@@ -200,8 +200,7 @@ def window_bounds_ns(m: Metrics, fraction: float = WINDOW_FRACTION) -> tuple[int
 
 
 def window_stats(m: Metrics, start_ns: int, end_ns: int) -> tuple[int, Stats, Stats, Stats]:
-    """Requests arriving in ``[start_ns, end_ns]``: their number and TTFT, TTST (second − first token),
-    TPOT percentiles."""
+    """Requests arriving in ``[start_ns, end_ns]``: their number and TTFT, TTST, TPOT percentiles."""
     ttft, ttst, tpot = [], [], []
     for a, f, s, d, g in zip(m.arrive_ns, m.first_token_ns, m.second_token_ns, m.done_ns, m.gen):
         if not start_ns <= a <= end_ns:

@@ -48,10 +48,8 @@ class UnknownActorError(ActorError, LookupError):
 
 
 class ActorFailure(ActorError):
-    """An actor raised while handling a message: the run is over. Carries what a report needs.
-
-    ``actor`` is the failing actor's name, ``error`` the exception (also ``__cause__``), ``events`` the
-    last events up to and including the ``failure`` event."""
+    """An actor raised while handling a message: the run is over. ``actor`` failed with ``error`` (also
+    ``__cause__``); ``events`` are the last events, up to the ``failure`` event."""
 
     def __init__(self, actor: str, error: BaseException, events: tuple[Event, ...]) -> None:
         lines = "\n".join(f"  {e.t_ns} {e.seq} {e.actor} {e.kind} {e.summary}" for e in events)
@@ -65,8 +63,7 @@ class ActorFailure(ActorError):
 
 
 class Actor:
-    """An actor: a name in one :class:`ActorSystem` and :meth:`receive`. Creating one registers it; messages to
-    it wait until :meth:`start`."""
+    """An actor: a name in one :class:`ActorSystem` and :meth:`receive`; messages to it wait for :meth:`start`."""
 
     def __init__(self, system: ActorSystem, name: str) -> None:
         self.system = system
@@ -82,8 +79,7 @@ class Actor:
         return self._stopped
 
     def receive(self, now_ns: int, msg: Message, sender: str) -> None:
-        """Handle ``msg`` from ``sender`` (an actor's name, or :data:`MAIN`) at ``now_ns``, the loop's clock; an
-        exception fails the run."""
+        """Handle ``msg`` from ``sender`` (an actor, or :data:`MAIN`) at ``now_ns``; an exception fails the run."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -114,13 +110,10 @@ class Actor:
 
 
 class ActorSystem:
-    """The actors of one process, their deliveries, message ids and event record.
-
-    ``latency_s`` is the delivery latency of every in-process message, in loop seconds; ``failure_events`` how many
-    of the last events an :class:`ActorFailure` carries; ``record_messages`` whether every message's ``tell`` and
-    ``deliver`` are recorded (off, only the actors' own events and the exceptional ones: a long run's log is a
-    fraction of the size); ``data_plane`` what its actors move bytes through (:attr:`data_plane`). The system binds
-    to the running event loop when it is first used."""
+    """The actors of one process, their deliveries, message ids and event record, bound to the running loop when
+    first used. ``latency_s``: every in-process message's delivery latency (loop seconds); ``failure_events``: the
+    last events an :class:`ActorFailure` carries; ``record_messages``: record every ``tell`` and ``deliver`` (off:
+    only the actors' own and exceptional events); ``data_plane``: what its actors move bytes through."""
 
     def __init__(
         self, *, latency_s: float = 0.0, failure_events: int = DEFAULT_FAILURE_EVENTS, record_messages: bool = True,
@@ -181,17 +174,14 @@ class ActorSystem:
 
     @property
     def data_plane(self) -> CoreWork:
-        """The data plane this system's actors move bytes through, handed to the system
-        (``ActorSystem(data_plane=...)``): a core in this process, the run's data-plane service, or a backend that
-        moves real bytes; actor code does not know which."""
+        """The data plane handed to the system, which its actors move bytes through (they do not know which)."""
         if self._data_plane is None:
             raise RuntimeError("this actor system was given no data plane (ActorSystem(data_plane=...))")
         return self._data_plane
 
     @property
     def events(self) -> list[Event]:
-        """Every event so far, oldest first (read it; :meth:`record` adds to it). With an event sink, only
-        the events not handed to the sink yet."""
+        """The events not handed to the event sink yet, oldest first (:meth:`record` adds to them)."""
         log, events, base = self._log, self._events, self._log_base
         if len(events) < len(log):
             events.extend(Event(t, seq + base, a, k, m) for t, seq, a, k, m in log[len(events) :])
@@ -203,8 +193,7 @@ class ActorSystem:
         return self._log_base + len(self._log)
 
     def raw_events(self) -> list[_RawEvent]:
-        """The events as plain ``(t_ns, seq, actor, kind, summary)`` tuples (no copy: do not modify); without
-        an event sink, every event."""
+        """The events as ``(t_ns, seq, actor, kind, summary)`` tuples (not copied: do not modify)."""
         if self._log_base:
             raise RuntimeError("the events went to the event sink; raw_events() holds only the rest")
         return self._log
@@ -352,9 +341,8 @@ class ActorSystem:
             actor.stop()
 
     async def run(self, main: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``main`` as the run's driver; stop every actor when it ends; return its result.
-
-        If an actor fails, ``main`` is cancelled and :class:`ActorFailure` raised."""
+        """Run ``main`` as the run's driver, stop every actor when it ends and return its result; if an actor
+        fails, ``main`` is cancelled and :class:`ActorFailure` raised."""
         if self.failure is not None:
             main.close()
             raise self.failure

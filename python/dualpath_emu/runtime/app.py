@@ -65,12 +65,9 @@ class Application(ABC):
         :meth:`use_layout`), a one-process run's own, each process's own on a backend that moves real bytes."""
 
     def use_layout(self, layout: CoreLayout) -> None:
-        """In a process of a real-time run without the core (the data plane has it), learn the ids of the
-        ports and storage nodes :meth:`build_core` made there, before any actor is created.
-
-        By default :meth:`build_core` runs on a scratch virtual core (so an application that keeps the ids it
-        gets there works unchanged) and its layout must be the data plane's: a scenario that differs between
-        processes is an error, not a run over the wrong ports. Override it to look ids up by name instead."""
+        """In a process without the core, learn the ids of the ports and storage nodes :meth:`build_core` made in
+        the data plane, before any actor is created. By default :meth:`build_core` runs on a scratch core and its
+        layout must equal the data plane's (a scenario that differs between processes is an error)."""
         scratch = Core()
         self.build_core(scratch)
         mine = core_layout(scratch)
@@ -95,9 +92,7 @@ class Application(ABC):
 
     @abstractmethod
     def create_actor(self, system: ActorSystem, name: str) -> Actor:
-        """Create (and so register) actor ``name`` in ``system``; it is started by the runner. Its data plane is
-        the system's (``system.data_plane``: the data-plane service, the process's own core or a backend that
-        moves real bytes)."""
+        """Create (and so register) actor ``name`` in ``system``, its data plane the system's; the runner starts it."""
 
     @abstractmethod
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
@@ -119,15 +114,10 @@ class PlaneRequest:
 
 @dataclass(frozen=True)
 class Backend:
-    """How a live process gets its data plane, by name (``backend = "model"`` in a run scenario).
-
-    ``plane(request)`` builds the process's plane: a core of its own (a
-    :class:`~dualpath_emu.runtime.realtime.WallClockCore`, or one that moves real bytes) or the data-plane
-    service's (:class:`~dualpath_emu.runtime.dataplane.remote.RemoteDataPlane`); its ``new_loop()`` is the process's
-    loop. ``shares_core``: the run's processes share one modelled core, the data-plane service's when there are
-    several (the ``model`` backend); otherwise each process drives a core of its own and moves real bytes between
-    processes: each gets a byte-channel endpoint in the run description, and every core starts at one clock
-    origin (the ``host`` backend)."""
+    """How a live process gets its data plane, by name (``backend = "model"`` in a run scenario): ``plane(request)``
+    builds it (its ``new_loop()`` is the process's loop). ``shares_core``: the processes share one modelled core,
+    the data-plane service's (``model``); otherwise each drives its own core from one clock origin and moves real
+    bytes to the others over a byte channel (``host``)."""
 
     name: str
     plane: Callable[[PlaneRequest], WallClockCore | RemoteDataPlane]

@@ -53,9 +53,7 @@ TAG_OF_DECODE_NODE: Callable[[_DecodeNode], int] = itemgetter(0)
 
 
 class Completion(NamedTuple):
-    """What the core reports when work ends: ``(kind, tag, start_ns, end_ns, size_bytes, lane)``.
-
-    ``kind`` is ``"transfer"``, ``"read"``, ``"write"``, ``"timer"`` or ``"forward"``. A plain tuple compares equal."""
+    """What the core reports when work ends (``kind``: transfer, read, write, timer or forward)."""
 
     kind: str
     tag: int
@@ -74,9 +72,8 @@ class LayerTransfer(NamedTuple):
 
 
 class ForwardRank(NamedTuple):
-    """One DP-attention rank (GPU) of a forward pass, per layer: an optional load before its attention
-    (e.g. hit KV into HBM over its CNIC), the attention time, and an optional store after it (e.g. the
-    layer's KV to the decode engine)."""
+    """One DP-attention rank (GPU) of a forward pass, per layer: an optional load before its attention (hit KV
+    into HBM), the attention time, and an optional store after it (the layer's KV to the decode engine)."""
 
     load: LayerTransfer | None = None
     attn_ns: int = 0
@@ -197,8 +194,7 @@ class CoreWork:
         return None
 
     async def stats(self) -> dict[str, Any]:
-        """The core's state now, at least ``clock_ns``, ``ports`` (each port's counters by name) and
-        ``storage`` (each storage node's queue by name), as the data-plane service reports it."""
+        """The core's state now (:func:`core_state`), as the data-plane service reports it."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -227,9 +223,8 @@ class CoreWork:
         return future
 
     def call_when_done(self, tag: int, done: Callable[[], None], failed: Callable[[Exception], None]) -> None:
-        """Call ``done()`` from the loop when ``tag`` completes (or ``failed(error)`` if the core refuses its
-        request): what a callback on :meth:`expect`'s future would do, at the same point of the loop,
-        without the future (engines wait so for every read and copy)."""
+        """Call ``done()`` from the loop when ``tag`` completes (``failed(error)`` if the core refuses it): a
+        callback on :meth:`expect`'s future without the future."""
         if tag in self._waiters:
             raise ValueError(f"tag {tag} is already awaited")
         self._waiters[tag] = _Call(done, failed)
@@ -249,30 +244,22 @@ class CoreWork:
         self.call_when_done(self._queue_io(node, kind, lane, size_bytes, self.new_tag(), extents), done, failed)
 
     def transfer(self, path: Sequence[int], lane: int, size_bytes: int) -> asyncio.Future[Completion]:
-        """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now.
-
-        The future resolves with its completion, or fails with the core's error for a bad argument.
-        Cancelling the future does not stop the transfer: the core has no cancellation."""
+        """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now: the future resolves with
+        its completion, or fails with the core's error (cancelling it does not stop the transfer)."""
         return self.expect(self._queue_transfer(path, lane, size_bytes, self.new_tag()))
 
     def transfer_detached(self, path: Sequence[int], lane: int, size_bytes: int) -> None:
-        """Start a transfer nobody waits for (a write-back, say): it moves its bytes and is counted like any
-        other, but its end is never reported, so the loop does not wake up for it. A bad argument fails
-        the run's next flush (the core refuses it)."""
+        """Start a transfer nobody waits for (a write-back): counted, its end never reported."""
         self._queue_transfer(path, lane, size_bytes, UNREPORTED_TAG)
 
     def forward(
         self, n_layers: int, ranks: Iterable[_ForwardRankLike], *, ffn_ns: int = 0,
         collectives: Iterable[_LayerTransferLike] = (), load_window: int = 0,
     ) -> asyncio.Future[Completion]:  # fmt: skip
-        """Start a forward pass of ``n_layers`` layers over the DP-attention ``ranks`` (:class:`ForwardRank`)
-        now; the future resolves with its one ``"forward"`` completion (``size_bytes``: every byte it moved).
-
-        Per layer, each rank's attention waits for its load of that layer and for the previous layer to
-        finish; the shared phase (``ffn_ns`` of compute and the ``collectives``, :class:`LayerTransfer`)
-        starts when every rank's attention is done, and ends the layer; each rank's store follows its
-        attention. Loads stream at most ``load_window`` layers ahead (0: no limit); the exact rules are the
-        core's (``core/src/forward.rs``). ``ranks`` and ``collectives`` are copied (shallowly) now."""
+        """Start a forward pass of ``n_layers`` layers over the DP-attention ``ranks`` (:class:`ForwardRank`) now,
+        with per layer ``ffn_ns`` of shared compute and the ``collectives`` (:class:`LayerTransfer`), loads at most
+        ``load_window`` layers ahead (0: no limit); the rules are the core's (docs/architecture.md, "Forward
+        passes"). The future resolves with its one ``"forward"`` completion (``size_bytes``: every byte moved)."""
         tag = self.new_tag()
         self._pending_forwards.append((n_layers, tuple(ranks), ffn_ns, tuple(collectives), load_window, tag))
         self._queued()
@@ -299,10 +286,9 @@ class CoreWork:
         return tag
 
     def decode_node(self, report: _Report, spec: Mapping[str, Any]) -> int:
-        """Add a node's decode GPUs, stepped by the core, with ``spec`` (``Core.add_decode_node``'s keywords but
-        ``report_tag``), submitted with the next batch; returns its handle (a tag of this loop).
-        ``report(ended, spans)`` is called from the loop whenever some of its requests ended (``ended``
-        ``[(rid, second_token_ns)]``, ``spans`` the GPUs' busy spans since the last call)."""
+        """Add a node's decode GPUs, stepped by the core (``spec``: ``Core.add_decode_node``'s keywords but
+        ``report_tag``), and return its handle; ``report(ended, spans)`` is called whenever some of its requests
+        ended (``[(rid, second_token_ns)]``, the GPUs' busy spans since the last call)."""
         tag = self.new_tag()
         self._decode_reports[tag] = report
         self._pending_decode_nodes.append((tag, dict(spec)))
@@ -317,14 +303,12 @@ class CoreWork:
         self._queued()
 
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
-        """What decode node ``node`` moved on its own (``Core.decode_bytes``), as of its last report where the
-        core is remote; ``None`` before anything is known."""
+        """What decode node ``node`` moved on its own (as of its last report where the core is remote)."""
         raise NotImplementedError
 
     def decode_reset(self, node: int) -> None:
-        """An engine crash: decode node ``node`` (a :meth:`decode_node` handle) drops every request now, after
-        what was asked for before (``Core.decode_reset``, in this process's core or the service's); the report
-        of the busy spans it closes is delivered as soon as the core has it."""
+        """An engine crash: decode node ``node`` drops every request now, after what was asked for before
+        (``Core.decode_reset``); the report of the busy spans it closes follows."""
         raise NotImplementedError
 
     def set_port_factor(self, port: int, factor: float) -> None:
@@ -359,13 +343,11 @@ class CoreWork:
         self, transfers: list[_Transfer], forwards: list[_Forward], ios: list[_Io], timers: list[_Timer],
         decode_nodes: list[_DecodeNode], joins: list[_Join],
     ) -> None:  # fmt: skip
-        """Submit one batch (some lists may be empty; decode nodes before the joins that name them): the one
-        thing a flavour must say."""
+        """Submit one batch (lists may be empty; decode nodes before the joins naming them)."""
         raise NotImplementedError
 
     def _local_decoded(self, tag: int) -> None:
-        """The core this loop drives says decode node ``tag`` has something to report (only a flavour with the
-        core at hand gets such a completion)."""
+        """The core this loop drives says decode node ``tag`` has something to report."""
         raise UnexpectedCompletionError(f"a decode report of node {tag} from a core this loop does not drive")
 
     def _decoded(self, tag: int, ended: list[Any], spans: list[Any]) -> None:
@@ -373,8 +355,7 @@ class CoreWork:
         self.loop.call_soon(self._decode_reports[tag], ended, spans)
 
     def _refused(self, tag: int, error: Exception) -> None:
-        """The core refused the request of ``tag``: fail its future with ``error`` (a detached request's
-        error is raised: nobody but the run can be told)."""
+        """The core refused ``tag``'s request: fail its future (a detached request's error is raised)."""
         if tag == UNREPORTED_TAG:
             raise error
         future = self._waiters.pop(tag, None)
@@ -405,8 +386,7 @@ class CoreWork:
 
 
 class LocalCoreWork(CoreWork):
-    """Core work on a :class:`~dualpath_emu._core.Core` in this process (virtual time's, or a live process's
-    own): a batch is one core call per kind."""
+    """Core work on a :class:`~dualpath_emu._core.Core` in this process: one core call per kind."""
 
     def __init__(self, core: Core) -> None:
         super().__init__()

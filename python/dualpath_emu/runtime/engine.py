@@ -44,10 +44,8 @@ _ON_ATTR = "__engine_inputs__"
 
 
 class DataPlane(Protocol):
-    """What moves bytes and keeps time for engines: the in-process core (:class:`~dualpath_emu.runtime.virtual.CoreDataPlane`),
-    the data-plane service of a live run or the host backend (:class:`~dualpath_emu.runtime.engine_actor.LiveDataPlane`
-    over the process's data plane). Requests are queued and submitted in batches; ``then(now_ns)`` is called by the
-    driver when the work ends. A request the plane refuses fails the run."""
+    """What moves bytes and keeps time for engines (docs/architecture.md, "One data-plane contract"): requests are
+    queued and submitted in batches, ``then(now_ns)`` is called when the work ends, a refused request fails the run."""
 
     def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
         """Move ``size_bytes`` on ``lane`` along ``path`` (port ids), starting now."""
@@ -86,14 +84,12 @@ class DataPlane(Protocol):
         """Request ``rid`` joins GPU ``gpu`` of decode node ``node`` (a handle) now."""
 
     def decode_bytes(self, node: int) -> dict[str, Any] | None:
-        """What decode node ``node`` moved on its own so far (``Core.decode_bytes``; as of its last report
-        where the core is remote, ``None`` before it)."""
+        """What decode node ``node`` moved on its own so far (as of its last report; ``None`` before)."""
         ...
 
     def decode_reset(self, node: int) -> None:
-        """An engine crash: decode node ``node`` (a handle) drops every request now, after what was asked for
-        before (``Core.decode_reset``); the GPUs' busy spans it closes come with the node's next report, the
-        requests that ended before it and were not reported never are."""
+        """An engine crash: decode node ``node`` drops every request now, after what was asked for before; the busy
+        spans it closes come with its next report (requests that ended unreported never are)."""
 
 
 class Observed(Protocol):
@@ -121,8 +117,7 @@ class UnhandledInputError(TypeError):
 
 
 def on(*message_types: type[Message]) -> Callable[[_F], _F]:
-    """Mark a method of an :class:`Engine` subclass as the handler of ``message_types``, called as
-    ``method(now_ns, msg, sender)``."""
+    """Mark an :class:`Engine` method as the handler of ``message_types``: ``method(now_ns, msg, sender)``."""
 
     def mark(method: _F) -> _F:
         setattr(method, _ON_ATTR, getattr(method, _ON_ATTR, ()) + message_types)
@@ -132,10 +127,8 @@ def on(*message_types: type[Message]) -> Callable[[_F], _F]:
 
 
 class Engine:
-    """Base of engines: a name, an :class:`Outbox`, handlers by message type (:func:`on`).
-
-    Subclasses get their inputs through :meth:`receive` (messages), :meth:`start` and the ``then`` callbacks
-    they give their data plane; they send through ``self.out``."""
+    """Base of engines: a name, an :class:`Outbox` (``self.out``), handlers by message type (:func:`on`); inputs come
+    through :meth:`receive`, :meth:`start` and the ``then`` callbacks given to the data plane."""
 
     _inputs: ClassVar[dict[type[Message], str]] = {}
 
@@ -182,7 +175,6 @@ def seeded_random(seed: int, stream: str) -> random.Random:
 def forward_bytes(
     n_layers: int, ranks: Iterable[tuple[_HopLike | None, int, _HopLike | None]], collectives: Iterable[_HopLike]
 ) -> int:
-    """Every byte a forward pass moves: each rank's load and store and each collective, in every layer (what
-    its completion's ``size_bytes`` says)."""
+    """Every byte a forward pass moves (each rank's loads and stores and the collectives, in every layer)."""
     size = sum(hop[2] for rank in ranks for hop in (rank[0], rank[2]) if hop is not None)
     return n_layers * (size + sum(c[2] for c in collectives))

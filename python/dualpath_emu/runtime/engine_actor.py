@@ -118,8 +118,7 @@ class _ActorOutbox:
 
 
 class EngineActor(Actor):
-    """The actor called ``name`` in ``system`` around the engine ``build(outbox, plane)`` makes, whose data plane
-    is the system's (see the module)."""
+    """The actor ``name`` in ``system`` around the engine ``build(outbox, plane)`` makes."""
 
     def __init__(self, system: ActorSystem, name: str, build: Callable[[Outbox, DataPlane], Engine]) -> None:
         super().__init__(system, name)

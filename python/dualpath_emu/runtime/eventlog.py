@@ -130,8 +130,7 @@ class EventLogWriter:
             self._write_text(text, n)
 
     def flush(self) -> None:
-        """Hand what was written so far to the kernel (a process killed after this keeps those lines; no fsync:
-        a machine that goes down may still lose them)."""
+        """Hand what was written so far to the kernel (no fsync: a process killed after keeps the lines)."""
         if self._file is not None:
             self._file.flush()
 

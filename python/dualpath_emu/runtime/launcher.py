@@ -237,11 +237,9 @@ def launch(
     on_start: Callable[[str, int], None] | None = None, keys: str | None = None,
     on_tick: Callable[[], None] | None = None,
 ) -> LaunchResult:  # fmt: skip
-    """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane); see the module.
-
-    ``run_dir`` keeps the run's files (default: a temporary directory, removed afterwards); ``event_log`` receives the
-    concatenated event logs; ``on_start(name, pid)`` is called as each child starts, ``on_tick()`` a few times a second;
-    ``keys``: where the run's keys live. Raises :class:`LaunchError` (or :class:`LaunchInterrupted`)."""
+    """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane): see the module.
+    ``run_dir``: the run's files (default: a temporary directory, removed after); ``event_log`` receives the
+    concatenated event logs; ``on_start(name, pid)`` as each child starts, ``on_tick()`` a few times a second."""
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -300,10 +298,8 @@ def mark_owner(folder: Path) -> None:
 
 
 def sweep_orphans(pattern: str, parent: Path | None = None) -> list[Path]:
-    """Remove the folders matching ``pattern`` in ``parent`` (the temporary directory by default) that this user
-    owns and whose owner file names a launcher of this host that is gone; returns them. A folder without an
-    owner file, another host's, or a live process's is left alone (a pid of this host that was reused keeps
-    its folder: safe, if untidy)."""
+    """Remove and return the folders matching ``pattern`` in ``parent`` that this user owns and whose owner file
+    names a launcher of this host that is gone (no owner file, another host's or a live pid's: left alone)."""
     removed = []
     for folder in (parent or Path(tempfile.gettempdir())).glob(pattern):
         try:
@@ -332,9 +328,8 @@ def _alive(pid: int) -> bool:
 def launch_host(
     scenario: RunScenario, run_dir: Path, names: Sequence[str], *, on_start: Callable[[str, int], None] | None = None
 ) -> None:
-    """Start this host's share of a prepared run (its description in ``run_dir``): the processes ``names``, the
-    data plane first and the driver's process last (with ``--no-ready-wait``). Watch them as :func:`launch`
-    does; return when each has exited 0. An unknown process or a missing description is a :class:`UsageError`."""
+    """Start this host's share ``names`` of a run prepared in ``run_dir`` (the data plane first, the driver's
+    process last, with ``--no-ready-wait``) and watch them as :func:`launch` does until each exited 0."""
     known = process_names(scenario)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
@@ -449,8 +444,7 @@ def _why_not_restarted(scenario: RunScenario, child: _Child) -> str:
 
 
 def _ended_anyway(scenario: RunScenario, child: _Child) -> bool:
-    """Whether ``child``, a process the run restarts, that died, had written its results first (status 0): it
-    was killed as it exited, and nothing is lost."""
+    """Whether ``child``, a restartable process that died, had written its results first (status 0)."""
     if child.name not in scenario.restart_crashed:
         return False
     results = child.output.parent / f"{incarnation_stem(child.name, child.incarnation)}.json"
@@ -464,8 +458,7 @@ def _restart(
     scenario: RunScenario, children: list[_Child], index: int, work: Path, started: float,
     on_start: Callable[[str, int], None] | None,
 ) -> bool:  # fmt: skip
-    """Start ``children[index]``, which died, again in its place if the run restarts it and it has restarts left
-    (see the module); whether it did."""
+    """Start ``children[index]``, which died, again if the run restarts it and it has restarts left; whether it did."""
     dead = children[index]
     if dead.name not in scenario.restart_crashed or dead.incarnation >= MAX_RESTARTS:
         return False
@@ -509,9 +502,7 @@ def _watch(
     scenario: RunScenario, children: list[_Child], started: float, on_tick: Callable[[], None] | None = None,
     work: Path | None = None, on_start: Callable[[str, int], None] | None = None,
 ) -> None:  # fmt: skip
-    """Return when the driver's process has exited 0; raise :class:`LaunchError` on any other ending (a child
-    of ``restart_crashed`` that dies is started again, :func:`_restart`). Calls ``on_tick()`` every
-    :data:`TICK_S` meanwhile."""
+    """Return when the driver's process exited 0; :class:`LaunchError` on any other ending."""
     driver = next(c for c in children if c.spec is scenario.driver_process)
     deadline = started + scenario.timeout_s
     next_tick = 0.0
@@ -554,9 +545,8 @@ def _proc_state(pid: int) -> tuple[str, float] | None:
 
 
 def _check_liveness(scenario: RunScenario, children: Sequence[_Child], now: float, deadline: float) -> None:
-    """Raise :class:`LaunchError` for a child that is stopped or hung (its heartbeat silent for ``hang_timeout_s``;
-    before its first beat :data:`STARTUP_TIMEOUT_S`) or busy for ``busy_timeout_s`` (see the module), or when
-    ``timeout_s`` has passed (``deadline``)."""
+    """:class:`LaunchError` for a child stopped, hung (silent for ``hang_timeout_s``, :data:`STARTUP_TIMEOUT_S`
+    before its first beat) or busy for ``busy_timeout_s``, or once ``deadline`` passed."""
     for child in children:
         silent = now - child.last_beat_s
         limit = scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S

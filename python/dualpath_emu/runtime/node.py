@@ -402,15 +402,13 @@ def _process_plane(
     scenario: RunScenario, name: str, description: RunDescription, keys: RunKeys | None, run_dir: Path,
     incarnation: int = 0,
 ) -> WallClockCore | RemoteDataPlane:  # fmt: skip
-    """The data plane of process ``name`` of a live run: its backend's (:data:`MODEL` unless the scenario names
-    another)."""
+    """The data plane of process ``name`` of a live run: its backend's (default :data:`MODEL`)."""
     backend = scenario.backend if scenario.backend is not None else MODEL
     return backend.plane(PlaneRequest(scenario.app, name, scenario, description, keys, run_dir, incarnation))
 
 
 def _model_plane(request: PlaneRequest) -> WallClockCore | RemoteDataPlane:
-    """The model backend's plane: the run's own core in a one-process run, or else the data-plane service's
-    (connected, clocks synchronised)."""
+    """The model backend's plane: a one-process run's own core, else the data-plane service's (connected, synced)."""
     app, scenario, description, name = request.app, request.scenario, request.description, request.process
     if description.dataplane_endpoint is None:
         core = Core(clock="wall", time_scale=scenario.time_scale, **app.core_options())
@@ -443,8 +441,7 @@ def serve_dataplane(
     scenario: RunScenario, description: RunDescription, run_dir: Path, *, watch_stdin: bool = False,
     launcher: LauncherLink | None = None,
 ) -> int:  # fmt: skip
-    """Run the data-plane process of a real-time run until it has drained (see the module); return its exit
-    status. Writes ``<run_dir>/dataplane.json``."""
+    """Run the data-plane process until drained, writing ``<run_dir>/dataplane.json``; returns its exit status."""
     if description.dataplane_endpoint is None:
         print(f"dualpath-emu node: error: {run_dir}/run.json: this run has no data plane", file=sys.stderr)
         return 2
@@ -575,8 +572,7 @@ def _launcher_from_env() -> tuple[int, int] | None:
 
 
 def main(argv: Sequence[str], registry: Registry) -> int:
-    """``dualpath-emu node``: one process of a real-time run (see the module), of an application and a backend of
-    ``registry``."""
+    """``dualpath-emu node``: one process of a real-time run, its application and backend from ``registry``."""
     parser = argparse.ArgumentParser(
         prog="dualpath-emu node",
         description="Run one process of a real-time run: `dualpath-emu launch` starts one per [[process]] (and the "

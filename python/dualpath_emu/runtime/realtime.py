@@ -41,8 +41,7 @@ class _ScaledSelector(selectors.DefaultSelector):
 
 
 class RealTimeLoop(asyncio.SelectorEventLoop):
-    """An asyncio event loop whose clock is ``clock_ns`` (integer nanoseconds) running ``time_scale`` times as
-    fast as the wall clock."""
+    """An asyncio event loop on clock ``clock_ns`` (integer ns), ``time_scale`` times the wall clock's pace."""
 
     def __init__(self, clock_ns: Callable[[], int], time_scale: float) -> None:
         super().__init__(_ScaledSelector(time_scale))  # first: a loop that raises below must close cleanly

@@ -47,8 +47,7 @@ def incarnation_stem(process: str, incarnation: int) -> str:
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One OS process of a real-time run: its name, its actors and, optionally, its fixed endpoint (and, on
-    the host backend, its byte channel's)."""
+    """One OS process of a real-time run: its name, actors and, optionally, fixed endpoints."""
 
     name: str
     actors: tuple[str, ...]
@@ -122,8 +121,7 @@ class RunScenario:
 
 
 def check_overrides(*, seed: int | None = None, time_scale: float | None = None) -> None:
-    """Refuse a command line's ``--seed`` or ``--time-scale`` out of range (a :class:`ScenarioError`), before any
-    file is read."""
+    """Refuse a command line's ``--seed`` or ``--time-scale`` out of range, before any file is read."""
     low, high = TIME_SCALE
     if time_scale is not None and not low <= time_scale <= high:
         raise ScenarioError(

@@ -44,12 +44,9 @@ _log = logging.getLogger(__name__)
 
 
 class BoundedLog:
-    """Counts occurrences of one thing (a rejected frame, a denied handshake) and logs them boundedly.
-
-    :meth:`note` counts one; the first ``first`` are logged at WARNING one by one, later ones only as one summary line
-    when the count reaches a power of ten (1,000, 10,000, ...) or ``interval_s`` after the last line; :meth:`flush` logs
-    the final count if some were not logged. It keeps no list: memory stays constant under a flood. ``what`` begins each
-    line (e.g. ``"rejected a frame at ipc:///x"``); details are cut to ``detail_chars``."""
+    """Counts occurrences of one thing (a rejected frame, a denied handshake) and logs them boundedly: the first
+    ``first`` at WARNING one by one, later ones as one summary line at each power of ten or ``interval_s`` after the
+    last line (:meth:`flush`: the final count). No list is kept: memory stays constant under a flood."""
 
     def __init__(
         self, logger: logging.Logger, what: str, *, first: int = 100, interval_s: float = 10.0, detail_chars: int = 300,
@@ -101,8 +98,7 @@ class BoundedLog:
 
 
 def check_process_name(name: object) -> str:
-    """``name`` if it is a valid process name (letters, digits, ``-`` and ``_``, as the run scenario requires;
-    it names files); else :class:`SecurityError`."""
+    """``name`` if it is a valid process name (letters, digits, ``-``, ``_``); else :class:`SecurityError`."""
     if not isinstance(name, str) or not name or not name.replace("-", "").replace("_", "").isalnum():
         raise SecurityError(f"process name {name!r}: expected a non-empty name of letters, digits, '-' and '_'")
     if name.startswith("-"):
@@ -201,13 +197,10 @@ class RunKeys:
 
     @classmethod
     def generate(cls, directory: Path, names: Iterable[str]) -> RunKeys:
-        """Write a new key pair for each of ``names`` into ``directory`` and return the keys, as the first
-        name's process (:meth:`as_process` gives another's view; :meth:`load` reads one back).
-
-        ``directory`` is created (with its parents) or must be empty: keys are never written over another
-        run's, nor beside other files. It is made ``0700`` and each secret file ``0600`` (created inside the
-        private directory first, so no other user can open it in between). Raises :class:`SecurityError`
-        for a bad or repeated name, a directory that is not empty or not the user's, or an OS error."""
+        """Write a new key pair for each of ``names`` into ``directory`` (created, or empty: never over another
+        run's keys) and return the keys as the first name's process. The directory is made ``0700`` before each
+        secret file (``0600``) is written in it. :class:`SecurityError` for a bad or repeated name, a directory
+        that is not empty or not the user's, or an OS error."""
         directory = Path(directory)
         wanted = [check_process_name(name) for name in names]
         if not wanted:
@@ -244,12 +237,9 @@ class RunKeys:
 
     @classmethod
     def load(cls, directory: Path, own: str) -> RunKeys:
-        """Process ``own``'s secret key and every process's public key from ``directory``.
-
-        Checks before reading: the directory and the secret file belong to the user, the directory is
-        ``0700`` and the secret file ``0600`` (no permission for the group or others), the secret file is a
-        regular file (not a link), every key parses and ``own``'s public file matches its secret file.
-        Raises :class:`SecurityError` saying which file is missing, unreadable or too open."""
+        """Process ``own``'s secret key and every process's public key from ``directory``, checked first: the
+        user's ``0700`` directory, a ``0600`` regular secret file, keys that parse, ``own``'s public key matching
+        its secret. :class:`SecurityError` says which file is missing, unreadable or too open."""
         directory = Path(directory)
         check_process_name(own)
         _private_directory(directory)
@@ -278,8 +268,7 @@ class RunKeys:
         return cls(directory, own, public, {own: secret})
 
     def as_process(self, name: str) -> RunKeys:
-        """The same run's keys as process ``name`` sees them (only if this instance holds its secret key, as
-        the one :meth:`generate` returns does)."""
+        """The same run's keys as process ``name`` sees them (if this instance holds its secret key)."""
         if name not in self._secrets:
             raise SecurityError(f"{self.directory}: the secret key of process {name!r} is not loaded here")
         return RunKeys(self.directory, name, self._public, {name: self._secrets[name]})
@@ -297,10 +286,8 @@ class RunKeys:
         return frozenset(self._public.values())
 
     def make_server(self, socket: zmq.Socket[Any]) -> None:
-        """Make ``socket`` a CURVE server with this process's key pair (before it binds).
-
-        ``ZAP_ENFORCE_DOMAIN`` is set too: were no ZAP handler running, libzmq would let any client key in;
-        with it, every handshake then fails instead."""
+        """Make ``socket`` a CURVE server with this process's key pair (before it binds), with
+        ``ZAP_ENFORCE_DOMAIN``: without a ZAP handler every handshake then fails instead of admitting any key."""
         socket.setsockopt(zmq.CURVE_SECRETKEY, self._secrets[self.own])
         socket.setsockopt(zmq.CURVE_PUBLICKEY, self._public[self.own])
         socket.setsockopt(zmq.CURVE_SERVER, 1)
@@ -308,8 +295,7 @@ class RunKeys:
         socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
 
     def make_client(self, socket: zmq.Socket[Any], peer: str) -> None:
-        """Make ``socket`` a CURVE client with this process's key pair that accepts only process ``peer`` as
-        the server (before it connects)."""
+        """Make ``socket`` a CURVE client of this process's keys that accepts only ``peer`` as the server."""
         server_key = self.public_key(peer)
         socket.setsockopt(zmq.CURVE_SECRETKEY, self._secrets[self.own])
         socket.setsockopt(zmq.CURVE_PUBLICKEY, self._public[self.own])
@@ -317,13 +303,9 @@ class RunKeys:
 
 
 class RunAuthenticator(ThreadAuthenticator):
-    """pyzmq's ZAP handler in a thread, admitting CURVE clients whose key is one of the run's only.
-
-    Denials (another key, or a mechanism other than CURVE) are counted in :attr:`denied` and logged through a
-    :class:`BoundedLog` (logger ``dualpath_emu.runtime.security``); admissions in :attr:`admitted`.
-
-    A thread, not :class:`zmq.auth.asyncio.AsyncioAuthenticator`: libzmq holds each handshake until the ZAP
-    reply, so the handler must answer while the event loop is busy, and must not depend on our loops."""
+    """pyzmq's ZAP handler in a thread, admitting only CURVE clients with one of the run's keys; denials are
+    counted (:attr:`denied`) and logged boundedly. A thread, not the asyncio authenticator: libzmq holds each
+    handshake until the ZAP reply, which must come while the event loop is busy."""
 
     def __init__(self, context: zmq.Context[Any], public_keys: Iterable[bytes], where: str = "") -> None:
         super().__init__(context, log=logging.getLogger(f"{__name__}.zap"))
@@ -385,8 +367,7 @@ def _host_of(host_or_endpoint: str) -> str:
 
 
 def is_wildcard(host_or_endpoint: str) -> bool:
-    """Whether a host (``0.0.0.0``, ``*``, ``::``, ``[::]``, ``""``) or a ``tcp://host:port`` endpoint means
-    every interface."""
+    """Whether a host (``0.0.0.0``, ``*``, ``::``, ``[::]``, ``""``) or tcp endpoint means every interface."""
     if "://" in host_or_endpoint and not host_or_endpoint.strip().startswith("tcp://"):
         return False
     host = _host_of(host_or_endpoint)
@@ -399,11 +380,10 @@ def is_wildcard(host_or_endpoint: str) -> bool:
 
 
 def check_private_ipc(endpoint: str) -> None:
-    """Refuse an ``ipc://`` endpoint that other users of the host could reach or take over (see the module):
-    an abstract socket (``ipc://@name``), a socket whose directory is not the user's or gives the group or
-    others any permission, or one below a directory others may write to without the sticky bit. Raises
-    :class:`SecurityError` naming the directory and the fix. A directory that does not exist is not refused (the
-    peer that binds there checks it): give every socket a directory made before the run (``tempfile.mkdtemp``)."""
+    """Refuse (:class:`SecurityError`, naming the directory and the fix) an ``ipc://`` endpoint other users could
+    reach or take over: an abstract socket, a directory not the user's or open to the group or others, or one below
+    a directory others may write to without the sticky bit. A directory that does not exist yet is the binder's to
+    check: give every socket a directory made before the run (``tempfile.mkdtemp``)."""
     if not endpoint.startswith("ipc://"):
         raise ValueError(f"not an ipc:// endpoint: {endpoint!r}")
     path = endpoint[len("ipc://") :]

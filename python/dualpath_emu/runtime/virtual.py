@@ -41,10 +41,8 @@ class DeadlockError(RuntimeError):
 
 @dataclass
 class ProgressWatch:
-    """Stops a run that makes no progress for ``limit_ns`` of emulated time (:class:`NoProgressError`). ``last_progress_ns()``: when the
-    run last made progress (None: nothing waits, e.g. every agent in a tool call: no stall); ``describe(now,
-    last)``: the message. Asked when the clock has moved ``every_ns`` since it was last asked (a step pays one
-    comparison otherwise); a clock that jumps past a stall in one step is asked once, after the jump."""
+    """Stops a run that makes no progress for ``limit_ns`` of emulated time (:class:`NoProgressError`):
+    ``last_progress_ns()`` (None: nothing waits) is asked each time the clock moved ``every_ns``."""
 
     limit_ns: int
     every_ns: int
@@ -56,11 +54,9 @@ def submit_batch(
     core: Core, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any], joins: list[Any],
     refused: Callable[[int, Exception], None] | None = None,
 ) -> None:  # fmt: skip
-    """Submit one batch of requests to a core in this process, one call per kind, in the order transfers,
-    forwards, I/O, timers, decode joins: every plane on a core submits so (:class:`CoreDataPlane`, a live
-    process's own core, the data-plane service). The core checks a kind's whole list before it accepts any of
-    it; without ``refused`` its error raises, with it the list is retried one request at a time and
-    ``refused(tag, error)`` is called for each it refuses (a join has no tag: ``UNREPORTED_TAG``)."""
+    """Submit one batch to a core in this process, one call per kind (transfers, forwards, I/O, timers, decode
+    joins), as every plane on a core does. The core checks a kind's whole list first; without ``refused`` its
+    error raises, with it the list is retried one by one and ``refused(tag, error)`` called for each refused."""
     if refused is None:  # the virtual driver's hot path: a call per kind and nothing else
         if transfers:
             core.submit_transfers(transfers)
@@ -192,8 +188,7 @@ class CoreDataPlane:
 
 
 class VirtualPlane(DataPlane, Protocol):
-    """A data plane the virtual driver can run: the engines' :class:`~dualpath_emu.runtime.engine.DataPlane`,
-    plus what the driver asks of it between inputs."""
+    """A data plane the virtual driver can run: a :class:`DataPlane` plus what the driver asks between inputs."""
 
     def flush(self) -> None:
         """Submit what was asked for to the core (the driver calls it when nothing is due)."""
@@ -242,12 +237,9 @@ class _Outbox:
 
 
 class VirtualDriver:
-    """Runs engines over ``core`` in virtual time (see the module). Build it, make each engine with
-    :meth:`outbox` and :attr:`plane`, :meth:`add` them in a fixed order, then :meth:`run`.
-
-    ``sink`` takes the observations in chunks of ``chunk`` (the event log writer and the invariant checker),
-    so memory does not grow with the run; without one they are kept in :attr:`events`. ``plane`` makes the
-    engines' data plane (:data:`PlaneFactory`; the in-process core by default)."""
+    """Runs engines over ``core`` in virtual time (see the module): make each engine with :meth:`outbox` and
+    :attr:`plane`, :meth:`add` them in a fixed order, then :meth:`run`. ``sink`` takes the observations in chunks
+    (else :attr:`events` keeps them); ``plane`` makes the engines' data plane (the in-process core by default)."""
 
     def __init__(
         self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane

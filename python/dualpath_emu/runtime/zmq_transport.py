@@ -173,8 +173,7 @@ class ZmqActorSystem(ActorSystem):
         return self._endpoint
 
     def add_route(self, actor: str, endpoint: str, process: str | None = None) -> None:
-        """Route messages for the remote ``actor`` to ``endpoint``, the endpoint of ``process`` (required with
-        keys unless ``peers`` already names it)."""
+        """Route messages for the remote ``actor`` to ``endpoint``, the endpoint of ``process``."""
         if process is not None:
             if self.keys is not None:
                 self.keys.public_key(process)
@@ -184,8 +183,7 @@ class ZmqActorSystem(ActorSystem):
         self._senders = None  # who may send as whom changed
 
     def _sender_sets(self) -> dict[bytes, frozenset[str]]:
-        """Each process of the run but this one (its routing id) -> the senders its requests may name: ``main``
-        and its actors (see Security in the module)."""
+        """Each other process of the run (its routing id) -> the senders it may name: ``main`` and its actors."""
         processes = set(self.peers.values()) | set(self.keys.names if self.keys is not None else ())
         processes.discard(self.name)  # this process's requests never come over the wire
         actors: dict[str, set[str]] = {process: {MAIN} for process in processes}
@@ -231,8 +229,7 @@ class ZmqActorSystem(ActorSystem):
         super().record(actor, kind, summary)
 
     def _sync_events(self) -> None:
-        """Before a message leaves for another process: hand the event sink what was recorded (see Durable
-        event log in the module)."""
+        """Before a message leaves for another process: hand the event sink what was recorded."""
         if self._unsynced and self._sink is not None:
             self._unsynced = False
             self.flush_events()

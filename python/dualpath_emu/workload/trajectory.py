@@ -381,8 +381,7 @@ def _parse_trajectory(line: SourceLine, text: str, version: int) -> Trajectory:
 
 
 def numbered_lines(path: str | Path) -> Generator[tuple[SourceLine, str], None, None]:
-    """The non-blank lines of ``path`` with their line numbers (within the limits of :mod:`dualpath_emu.inputs`);
-    an unreadable file is a :class:`TraceError`."""
+    """The non-blank lines of ``path`` with their numbers; an unreadable file is a :class:`TraceError`."""
     source = str(path)
     try:
         file = open_input(path, what="a trace file (JSON Lines)", limit_bytes=MAX_TRACE_BYTES)

@@ -170,8 +170,7 @@ class ClusterApplication(Application):
         return {"turns": len(self._context().metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
 
     async def _report_progress(self, system: ActorSystem, start_ns: int) -> None:
-        """Write how far the run is to :data:`PROGRESS_FILE` (turns done, of all, and emulated seconds), for the
-        launching command's progress line."""
+        """Write how far the run is to :data:`PROGRESS_FILE`, for the launching command's progress line."""
         metrics = self._context().metrics
         total = sum(len(t) for t in read_trajectories(self.trajectories_path).trajectories)
         every_s = PROGRESS_S * getattr(asyncio.get_running_loop(), "time_scale", 1.0)  # in loop seconds

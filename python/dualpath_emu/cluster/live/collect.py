@@ -225,8 +225,7 @@ def _merged_events(
 
 
 def collect_dir(run_dir: Path) -> tuple[SystemResult, ClusterApplication]:
-    """:func:`collect` for a run started by hand (:func:`prepare_live`) whose processes' files have been
-    gathered into ``run_dir``."""
+    """:func:`collect` for a run started by hand whose processes' files were gathered in ``run_dir``."""
     run = load_run_scenario(run_dir / RUN_SCENARIO, registry())
     app = run.app
     if not isinstance(app, ClusterApplication):

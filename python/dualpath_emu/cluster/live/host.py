@@ -86,8 +86,7 @@ def host_plan(app: ClusterApplication, scenario: RunScenario) -> HostPlan:
 
 
 def host_part(host: HostDataPlane, topology: Topology) -> dict[str, Any]:
-    """A host process's share of the run: its local core's report, the real work's bytes per (port, lane),
-    what its files and channel moved."""
+    """A host process's share of the run: its core's report, the real bytes per (port, lane), its files and channel."""
     host.core.poll()
     return {
         "core": CoreReport.of(host.core, topology, host.core.now_ns).to_wire(),

@@ -75,8 +75,7 @@ class LiveMetrics:
     def data_plane(
         self, now_ns: int, ports: Sequence[tuple[str, float, float]], read_queues: Sequence[tuple[str, int]]
     ) -> None:
-        """The data plane as it is at ``now_ns``: per port ``(name, rate, bytes moved so far)``, per node
-        ``(name, bytes in its read queue)``."""
+        """The data plane at ``now_ns``: per port ``(name, rate, bytes moved)``, per node its read queue's bytes."""
         self.clock.set(now_ns / 1e9)
         moved = [total for _, _, total in ports]
         if self._last is not None:

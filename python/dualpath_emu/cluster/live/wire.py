@@ -30,8 +30,7 @@ T = TypeVar("T")
 
 
 def to_wire(value: Any) -> Any:
-    """``value`` as plain data (dicts, lists, scalars): a dataclass by its fields, nested ones included; tuples
-    as lists; an enum by its value."""
+    """``value`` as plain data: a dataclass by its fields (nested too), tuples as lists, an enum by its value."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_wire(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, (tuple, list)):
@@ -111,8 +110,7 @@ def config_from_wire(data: Mapping[str, Any]) -> ClusterConfig:
 
 
 def system_to_wire(system: System) -> dict[str, Any]:
-    """A system as data; a user's policy class by its module (or file) and name, which every process of the
-    run must be able to load."""
+    """A system as data; a user's policy class by its module (or file) and name, loadable everywhere."""
     scheduler = system.scheduler
     policy: dict[str, str] | str
     if isinstance(scheduler, str):

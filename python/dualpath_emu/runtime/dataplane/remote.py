@@ -49,14 +49,11 @@ def _plain_forward(forward: tuple[Any, ...]) -> list[Any]:
 
 class RemoteDataPlane(CoreWork):
     """A data plane whose core work runs in the data-plane service at ``endpoint``, on the service's clock.
-
-    Connects (a DEALER socket), says hello as ``name`` and measures the clock offset on construction (blocking, at most
-    ``connect_timeout_s``: :class:`RefusedError`, :class:`DataPlaneLost`); ``layout`` is then the service's ports and
-    storage nodes by name. ``time_scale`` must be the service's. ``keys`` make it a CURVE client of the process
-    ``peer_name`` (the service's); without them ``insecure`` allows ``tcp://``. Then bind it to a loop on its clock
-    (:meth:`new_loop`), run the program through :meth:`run` so that a lost data plane ends it, and call :meth:`say_bye`
-    when its actors are done. The heartbeat parameters are wall seconds. ``incarnation`` > 0: this process was started
-    in place of one that died (see Restarted processes in the package)."""
+    Construction connects, says hello as ``name`` and measures the clock offset (blocking, at most
+    ``connect_timeout_s``: :class:`RefusedError`, :class:`DataPlaneLost`); ``layout`` is then the service's.
+    ``keys``: a CURVE client of ``peer_name`` (else ``insecure`` allows ``tcp://``); ``incarnation`` > 0: started in
+    place of a process that died. Bind it to a loop (:meth:`new_loop`), run the program through :meth:`run` (a lost
+    data plane ends it) and :meth:`say_bye` when its actors are done."""
 
     def __init__(
         self, endpoint: str, name: str, *, time_scale: float = 1.0, keys: DataPlaneKeys | None = None,
@@ -110,8 +107,7 @@ class RemoteDataPlane(CoreWork):
         self._last_heard_s = time.monotonic()
 
     def new_loop(self) -> RealTimeLoop:
-        """A :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on the service's clock, with this plane bound
-        to it."""
+        """A :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on the service's clock, this plane bound."""
         loop = RealTimeLoop(self.clock_ns, self._time_scale)
         self.bind(loop)
         return loop
@@ -198,8 +194,7 @@ class RemoteDataPlane(CoreWork):
         return self._decode_moved.get(node)
 
     def set_port_factor(self, port: int, factor: float) -> None:
-        """A fault: ``port``'s rates × ``factor`` from now on, in the service's core (after what was asked
-        for before it)."""
+        """A fault: ``port``'s rates × ``factor`` from now on, in the service's core, after earlier work."""
         self.flush()
         self._send(msgpack.packb([PROTOCOL_VERSION, "fault", self._next_seq(), port, "factor", float(factor)]))
 
@@ -266,8 +261,7 @@ class RemoteDataPlane(CoreWork):
             self.loop.call_soon(self._on_readable)
 
     def _keep(self, payload: bytes) -> None:
-        """Put ``payload`` at the end of the backlog; past its bounds the run fails and what this process asks
-        for from then on is dropped."""
+        """Put ``payload`` at the end of the backlog; past its bounds the run fails (later requests dropped)."""
         if not self._backlog.keep(payload, len(payload)):
             self._fatal(DataPlaneError(
                 f"{len(self._backlog):,} messages ({self._backlog.size_bytes:,} bytes) of {self.name!r} wait for the data "
@@ -403,8 +397,7 @@ class RemoteDataPlane(CoreWork):
                 self._failed.set_result(None)
 
     async def run(self, main: Awaitable[_T]) -> _T:
-        """``main``'s result; if the data plane is lost first, ``main`` is cancelled and the
-        :class:`DataPlaneError` raised."""
+        """``main``'s result; if the data plane is lost first, ``main`` is cancelled and the error raised."""
         assert self._failed is not None, "bind the plane to its loop first (new_loop)"
         task = asyncio.ensure_future(main)
         waiting: set[asyncio.Future[Any]] = {task, self._failed}
@@ -440,9 +433,7 @@ class RemoteDataPlane(CoreWork):
         return report
 
     async def say_bye(self, timeout_s: float = BYE_TIMEOUT_S, *, run_complete: bool = False) -> bool:
-        """Submit what is still queued and tell the service this process is done; True once it answered
-        (within ``timeout_s`` wall seconds). ``run_complete`` (the driver's process, its run done): the
-        service tells every other process to stop."""
+        """Submit what is queued and say bye (``run_complete``: others told to stop); True if answered in time."""
         self.flush()
         if self._socket is None or self.failure is not None:
             return False
@@ -487,8 +478,7 @@ class RemoteDataPlane(CoreWork):
 
 
 def run_remote(main: Awaitable[_T], plane: RemoteDataPlane) -> _T:
-    """Run ``main`` to completion on a new loop on ``plane``'s clock (guarded: a lost data plane raises); close
-    the plane and the loop after."""
+    """Run ``main`` on a new loop on ``plane``'s clock (a lost data plane raises); close both after."""
     loop = plane.new_loop()
     try:
         with asyncio.Runner(loop_factory=lambda: loop) as runner:

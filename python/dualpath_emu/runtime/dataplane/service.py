@@ -102,15 +102,10 @@ class ServiceCore(WallClockCore):
 
 
 class DataPlaneService:
-    """The data-plane service of ``plane``'s core (see the package), on the loop ``plane`` is bound to;
-    bound at ``bind`` by :meth:`serve`.
-
-    ``requesters`` names every process expected to connect (``None``: any name; the service is then drained
-    once every process that connected said bye). ``keys`` (with ``start_authenticator``, by default the one of
-    :mod:`dualpath_emu.runtime.security`) make it a CURVE server; without them ``insecure`` allows ``tcp://``
-    (see the wire format). The heartbeat parameters are wall seconds. ``replaceable`` names the processes that
-    may die and be replaced by a later incarnation, ``storage_paths`` every storage node's (core id) read and
-    write ports (for their tallies; see Restarted processes in the package)."""
+    """The data-plane service of ``plane``'s core (see the package) on its loop, bound at ``bind`` by :meth:`serve`.
+    ``requesters``: every process expected (``None``: any; drained once all that connected said bye); ``keys``: a
+    CURVE server (else ``insecure`` allows ``tcp://``); heartbeats in wall seconds; ``replaceable``: processes a
+    later incarnation may replace, ``storage_paths`` each storage node's read and write ports (for their tallies)."""
 
     def __init__(
         self, plane: ServiceCore, *, bind: str, requesters: Iterable[str] | None = None, name: str = "dataplane",
@@ -368,8 +363,7 @@ class DataPlaneService:
         _log.info("data plane: %r (pid %d) connected", name, pid)
 
     def _gone(self, requester: _Requester, why: str) -> None:
-        """Replaceable ``requester``'s process died: its decode nodes drop every request, nothing more is sent to
-        it (what the core completes for it is dropped)."""
+        """Replaceable ``requester``'s process died: its decode nodes drop every request; it is sent nothing more."""
         if requester.gone:
             return
         requester.gone = True
@@ -385,18 +379,15 @@ class DataPlaneService:
         )
 
     def _replace(self, old: _Requester, incarnation: int, pid: int) -> None:
-        """A new incarnation (pid ``pid``) of ``old``'s process said hello: ``old`` is dead (see Restarted
-        processes in the module)."""
+        """A new incarnation (pid ``pid``) of ``old``'s process said hello: ``old`` is dead."""
         self._gone(old, f"is replaced by incarnation {incarnation} (pid {pid})")
         self._requesters.pop(old.identity, None)  # its connection's frames are rejected from now on
         self._replaced.append(old)
         self.counters["replaced"] = self.counters.get("replaced", 0) + 1
 
     def _on_fault(self, requester: _Requester, message: list[Any]) -> None:
-        """``[version, "fault", seq, port, "factor" | "latency", value]``: a fault changes a port from now on
-        (:mod:`dualpath_emu.cluster.faults`; sent after the requester's earlier submissions, so it follows them);
-        ``[version, "fault", seq, nil, "decode_reset", node_tag]``: an engine crash, the requester's decode node
-        ``node_tag`` drops every request now (``Core.decode_reset``)."""
+        """A ``fault`` frame (docs/wire.md): a port's factor or latency from now on, or an engine crash (the
+        requester's decode node drops every request, ``Core.decode_reset``)."""
         array(message, "fault", 6, 6)
         uint(message[2], "fault.seq")
         what = bounded_str(message[4], "fault.what")
