@@ -383,8 +383,7 @@ class DataPlaneResult:
 
 
 def serve_dataplane(endpoint: str, lifetime_s: float, keys_dir: Path | None = None) -> None:
-    """The child's side: a data-plane service over :data:`DATAPLANE_PORTS` fast ports until its requester
-    says bye (or ``lifetime_s`` passes); with the run keys in ``keys_dir`` if given."""
+    """The child's side: a data-plane service until its requester says bye (or ``lifetime_s`` passes)."""
     core = Core(clock="wall", time_scale=1.0)
     for i in range(DATAPLANE_PORTS):
         core.add_port(f"p{i}", 1e12)
@@ -467,8 +466,7 @@ def bench_dataplane(requests: int = 200_000, batch: int = 100, window: int = 2_0
 
 
 def bench_dataplane_handshake() -> int:
-    """The clock handshake's best round trip (ns) to an idle data plane over tcp:// loopback (a free port),
-    with a run's CURVE keys as every tcp:// run has them."""
+    """The clock handshake's best round trip (ns) to an idle data plane over tcp:// loopback, with CURVE keys."""
     directory = Path(tempfile.mkdtemp(prefix="dpb"))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

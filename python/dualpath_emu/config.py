@@ -195,8 +195,7 @@ class Table:
         return [self._child(v, f"{self.key_path(key)}[{i}]") for i, v in enumerate(value)]
 
     def overridden(self, values: Mapping[str, object], what: str = "override") -> Table:
-        """A copy with ``values`` set, each under its dotted key path (``"workload.agents"``; tables on the
-        way are created), checked as the file is, when read; errors name ``what``."""
+        """A copy with ``values`` set under their dotted keys (tables created), checked as the file is."""
         data = copy.deepcopy(self._data)
         for dotted, value in values.items():
             parts = dotted.split(".")

@@ -37,8 +37,7 @@ _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 def disk_error(error: BaseException) -> UsageError | None:
-    """A full or read-only file system met while writing, as a one-line :class:`UsageError` (the environment,
-    not a bug); None for any other error, which keeps its traceback."""
+    """A full or read-only file system met while writing, as a one-line :class:`UsageError`; else None."""
     if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
         where = f"{error.filename}: " if error.filename else ""
         return UsageError(f"{where}cannot write: {error.strerror or error}")

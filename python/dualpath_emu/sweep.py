@@ -124,8 +124,7 @@ class SweepMismatchError(UsageError):
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One system at one point of the grid: how to load the run again in the worker, and what the client
-    loaded (``fingerprint``, ``code``), which the worker checks and the cache keys on."""
+    """One system at one grid point: how to load the run in the worker, and what the client loaded (checked)."""
 
     labels: Mapping[str, Any]  # The point's values of the swept keys.
     scenario: str | None  # A packaged scenario's name, an absolute file path, or None (the built-in one).
@@ -186,8 +185,7 @@ def _ran_by() -> str:
 
 
 def run_point(run: SweepRun) -> SweepResult:
-    """Run one point's system (the worker of :func:`run_parallel`), or raise :class:`SweepMismatchError` where
-    this process would run something else than the client loaded."""
+    """Run one point's system in a worker, or :class:`SweepMismatchError` if it would run something else."""
     from dualpath_emu.cluster.run import run_system  # the worker's import
 
     where = _ran_by()

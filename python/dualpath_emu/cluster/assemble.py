@@ -27,8 +27,7 @@ def prefill_groups(config: ClusterConfig) -> list[list[int]]:
 
 
 def engine_names(config: ClusterConfig) -> list[str]:
-    """The cluster's engines, in the order they start: the client, the scheduler, a prefill group per EP group
-    (named after its first node), a decode group per decode node."""
+    """The engines in start order: client, scheduler, a prefill group per EP group, a decode group per node."""
     pe = [f"pe{group[0]}" for group in prefill_groups(config)]
     faults = ["faults"] if config.faults.any else []  # the fault injector, only where there are faults
     return ["client", "scheduler", *pe, *(f"de{config.pe_nodes + i}" for i in range(config.de_nodes)), *faults]

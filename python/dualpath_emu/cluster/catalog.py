@@ -277,8 +277,7 @@ class ModelSpec:
         return 2.0 * self.active_params
 
     def attention_flops_per_layer(self, cached_tokens: int, new_tokens: int) -> int:
-        """Attention FLOPs (main + indexer) in one layer for ``new_tokens`` queries after ``cached_tokens``;
-        causal and exact: the i-th new token attends over ``cached + i`` keys."""
+        """Attention FLOPs in one layer for ``new_tokens`` after ``cached_tokens`` (token i attends ``cached + i``)."""
         if cached_tokens < 0 or new_tokens < 0:
             raise InvalidArgumentError(f"token counts must be >= 0, got ({cached_tokens}, {new_tokens})")
         all_keys = _sum_capped(cached_tokens, new_tokens, None)
@@ -377,8 +376,7 @@ def _lookup(entries: Mapping[str, _T], name: str, what: str) -> _T:
 
 
 def read_entries(top: Table) -> dict[str, dict[str, object]]:
-    """The catalog entries of ``top``'s ``[models.<name>]``, ``[gpus.<name>]`` and ``[nics.<name>]`` tables,
-    by kind and name, each checked (a :class:`ScenarioError` naming the file and key)."""
+    """The checked catalog entries of ``top``'s ``[models.*]``, ``[gpus.*]`` and ``[nics.*]`` tables."""
     out: dict[str, dict[str, object]] = {}
     for kind, read in (("models", _read_model), ("gpus", _read_gpu), ("nics", _read_nic)):
         tables = top.table(kind)

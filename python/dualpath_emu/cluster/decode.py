@@ -123,8 +123,7 @@ class DecodeSteps:
         listener.stepped(now)
 
     def _write_back(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
-        """Write back completed Full Blocks (``written``: ``(context, first block, blocks)``): HBM → DRAM through the
-        GPU's CNIC, then DRAM → SNIC → storage (§4), once for all of them."""
+        """Write back completed Full Blocks: HBM → DRAM through the GPU's CNIC, then DRAM → SNIC → storage (§4)."""
         size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
         self.plane.transfer(self._d2h_paths[gpu], KV_LANE, size)
         self.plane.io(self.node, "write", KV_LANE, size, tuple(written))

@@ -148,8 +148,7 @@ def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> t
 
 
 def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engines: Sequence[str]) -> str:
-    """``target`` if it names what ``kind`` acts on in this cluster, else a :class:`ScenarioError` naming the key
-    (with the spelling to use, where a loose reading finds one)."""
+    """``target`` if it names what ``kind`` acts on here, else a :class:`ScenarioError` (with a spelling hint)."""
     if kind == "crash":
         if target not in engines:
             hint = _did_you_mean(target, lambda g: g in engines)
@@ -170,8 +169,7 @@ def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engi
 
 
 def fault_tables(top: Table) -> tuple[list[Table], Table | None]:
-    """The ``[[faults]]`` and ``[random_faults]`` tables of ``top`` (a scenario or a ``--faults`` file), to be
-    read with :func:`read_fault_plan` once the cluster's size is known."""
+    """The ``[[faults]]`` and ``[random_faults]`` tables of ``top``, read by :func:`read_fault_plan` later."""
     entries = top.tables("faults")
     if len(entries) > MAX_FAULTS:
         raise top.error("faults", f"at most {MAX_FAULTS:,} faults", f"{len(entries):,} of them")

@@ -52,8 +52,7 @@ class Submit(Message):
 
 @dataclass(frozen=True, slots=True)
 class Fetch(Message):
-    """A group's standing pull, sent once when it starts: fetch work for each of its ``nodes`` (the
-    scheduler's groups are nodes, §6.1) whenever there is some, at most once per ``period_ns``."""
+    """A group's standing pull: work for each of its ``nodes`` whenever there is some, at most once per period."""
 
     nodes: tuple[int, ...]
     period_ns: int
@@ -106,8 +105,7 @@ class Expect(Message):
 
 @dataclass(frozen=True, slots=True)
 class HitReady(Message):
-    """To a prefill group, from a decode group: its buffer for ``rid`` is held (``read`` False: a PE-side read),
-    or the hit KV is in it (``read`` True: it read the hit here)."""
+    """To a prefill group: the DE buffer for ``rid`` is held (``read`` False) or holds the hit KV it read (True)."""
 
     rid: int
     read: bool
@@ -167,8 +165,7 @@ class DecodeDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class TurnDone(Message):
-    """To the client: these turns are done (their last token at ``done_ns``), with each one's first and
-    second token's time (``-1``: a turn of one token has no second)."""
+    """To the client: these turns are done at ``done_ns``, with their first and second tokens' times (-1: none)."""
 
     rids: tuple[int, ...]
     first_token_ns: tuple[int, ...]

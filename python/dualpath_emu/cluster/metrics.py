@@ -307,8 +307,7 @@ class Metrics:
     def prefill_pass(
         self, start_ns: int, end_ns: int, gpus: Iterable[tuple[int, Sequence[tuple[object, int]]]]
     ) -> None:
-        """A prefill forward pass ran over [start_ns, end_ns) on these GPUs: ``(gpu, batch)`` each (the GPUs
-        with work in it; a batch is ``(request, tokens computed)`` pairs)."""
+        """A prefill pass ran over [start_ns, end_ns) on these ``(gpu, batch)`` (a batch: ``(request, tokens)``)."""
         busy = self.gpu_busy["pe"]  # called per pass: the trace's args only when the trace is kept
         for gpu, batch in gpus:
             args = (("requests", len(batch)), ("tokens", sum(t for _, t in batch))) if busy.spans is not None else ()

@@ -156,8 +156,7 @@ class PoolGive(NamedTuple):
 
 
 class FaultChanged(NamedTuple):
-    """A fault of kind ``fault`` on ``target`` began (``phase`` ``"start"``) or ended (``"end"``); ``factor``
-    and ``latency_ns`` are what it does (an end: 1 and 0)."""
+    """A fault of kind ``fault`` on ``target`` began or ended (``phase``), doing ``factor`` and ``latency_ns``."""
 
     phase: str
     fault: str

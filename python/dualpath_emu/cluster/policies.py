@@ -135,8 +135,7 @@ class PortHealth:
 
 @dataclass
 class Policy(ABC):
-    """The decisions of one scheduler: subclasses choose the engines, the read side is chosen here.
-    ``read_both_sides`` False keeps every read on the PE side (single-path systems)."""
+    """One scheduler's decisions: subclasses choose engines, the read side is here (``read_both_sides``)."""
 
     read_both_sides: bool = False
     health: PortHealth = field(default_factory=PortHealth, repr=False, compare=False)
@@ -224,8 +223,7 @@ class Policy(ABC):
     def _drain_to_groups(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int]
     ) -> None:
-        """Phase 1: each queued request to the group with the least ``Σ tok_e`` (ties: routed to least recently,
-        then the lowest id), updating ``group_loads`` in place."""
+        """Phase 1: each queued request to the group with the least ``Σ tok_e``, updating ``group_loads``."""
         if isinstance(group_loads, GroupLoads):
             self._drain_by_heap(global_queue, private_queues, group_loads)
             return
@@ -510,8 +508,7 @@ class PrefillDispatch:
 
 
 class PolicyError(UsageError):
-    """A scheduling policy (a user's) answered what the scheduler cannot use, or never assigned waiting work:
-    the message names the policy, the method and the value."""
+    """A user's policy answered what the scheduler cannot use, or never assigned waiting work (named)."""
 
 
 def check_assignments(policy: Policy, method: str, assigned: object, kind: type, waiting: set[int],

@@ -59,8 +59,7 @@ class Pool:
         return False
 
     def reset(self, now: int) -> int:
-        """The engine holding this pool crashed: everything it held is gone and nobody waits any more.
-        Returns the bytes that were held (observed as one give, with request id -1)."""
+        """The engine holding this pool crashed: all it held is gone; returns the bytes (one give, request id -1)."""
         self._waiting.clear()
         held = self.capacity - self.free
         self.free = self.capacity

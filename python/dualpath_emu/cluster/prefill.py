@@ -262,8 +262,7 @@ class PrefillGroup(EngineGroup):
             self._work_ready(now)
 
     def _work_ready(self, now: int) -> None:
-        """A request became ready: batch once this instant's inputs are all in (a timer at ``now`` comes after
-        them), unless a pass is in progress (its end looks for work)."""
+        """A request became ready: batch once this instant's inputs are in, unless a pass runs."""
         if not self._passing and not self._kick_due:
             self._kick_due = True
             self.plane.timer(now, self._kick)
@@ -271,8 +270,7 @@ class PrefillGroup(EngineGroup):
     # --- batching (§6.4) -----------------------------------------------------------------------------
 
     def _batch(self, key: tuple[int, int]) -> list[tuple[_PrefillItem, int]]:
-        """FIFO packing of ready requests while the attention time stays within the quota; the request that would
-        exceed it is chunked to what fits (binary search on its new tokens)."""
+        """FIFO packing of ready requests within the quota; the one that would exceed it is chunked to fit."""
         queue = self.queues[key]
         if not queue:
             return []  # every GPU of the group is asked at every kick

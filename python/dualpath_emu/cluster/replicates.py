@@ -104,8 +104,7 @@ def parse_seeds(text: str, first: int) -> list[int]:
 
 
 def replicate_summary(seeds: Sequence[int], runs: Mapping[int, Mapping[str, SystemResult]]) -> dict[str, Any]:
-    """``summary.json``'s ``replicates``: per system and figure the mean and 95% interval over ``seeds``, and
-    each system's speedup over Basic, paired by seed (``None`` without a Basic run)."""
+    """``summary.json``'s ``replicates``: per system and figure the mean and 95% interval, and paired speedups."""
     systems = list(runs[seeds[0]])
     out: dict[str, Any] = {"seeds": list(seeds), "systems": {}, "speedup_vs_basic": {}, "no_speedup_vs_basic": {},
                            "incomplete_seeds": {}}  # fmt: skip
@@ -172,8 +171,7 @@ _SHOWN: Final = {
 
 
 def compare_summaries(a: Path, b: Path) -> list[list[str]]:
-    """The rows of ``dualpath-emu compare A B``: system, figure, A, B, the change from A to B, and whether
-    the intervals overlap (``-`` where either side has no interval)."""
+    """The rows of ``compare A B``: system, figure, A, B, the change and whether the intervals overlap."""
     first, second = _load_summary(a), _load_summary(b)
     common = [name for name in first["systems"] if name in second["systems"]]
     if not common:

@@ -97,8 +97,7 @@ class Roofline:
                           self.gpu.hbm_bytes_per_s, p.memory_efficiency)  # fmt: skip
 
     def attention_cost(self, cached_tokens: int, new_tokens: int) -> tuple[float, float]:
-        """One request's attention FLOPs and HBM bytes per layer; a batch's time is
-        :meth:`attention_s_from` of their sums (what :meth:`attention_s_per_layer` computes)."""
+        """One request's attention FLOPs and HBM bytes per layer (a batch's time: :meth:`attention_s_from` of sums)."""
         m = self.model
         bytes_per_key = m.kv_bytes_per_token_layer + m.indexer_kv_bytes_per_token_layer
         return m.attention_flops_per_layer(cached_tokens, new_tokens), (cached_tokens + new_tokens) * bytes_per_key

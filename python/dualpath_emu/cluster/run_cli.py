@@ -169,8 +169,7 @@ are not a whole workload's (``run``, ``run --seeds``, ``collect``, ``sweep``).""
 
 
 def warn_incomplete(results: Mapping[str, SystemResult], where: str = "") -> int:
-    """Say on stderr which systems failed requests (one warning each) and return the exit status:
-    :data:`EXIT_INCOMPLETE` if any did, else 0. A partial result must never pass for a whole one."""
+    """Warn of each system that failed requests; return :data:`EXIT_INCOMPLETE` if any did, else 0."""
     status = 0
     for result in results.values():
         if result.incomplete is not None:

@@ -396,8 +396,7 @@ class Scheduler(ClusterEngine):
             self._settle_prefill_restart(now, number)
 
     def _settle_prefill_restart(self, now: int, number: int) -> None:
-        """Every decode group answered: a request whose KV a decode group has (kept) goes on there, its prefill
-        done; one dropped, or that none has heard of, is dispatched again."""
+        """Every decode group answered: a request one kept goes on there; one dropped or unknown is dispatched again."""
         restart = self._prefill_restarts.pop(number)
         group = restart.group
         wake = None

@@ -87,8 +87,7 @@ class Topology:
         return (src.dram, src.cnic_tx[gpu], dst.cnic_rx[to_gpu])
 
     def storage_io_path(self, node: int, kind: str) -> tuple[int, ...]:
-        """The ports a storage I/O of ``node`` crosses (``kind`` ``"read"``: storage → SNIC → DRAM; a write the
-        other way), the storage cluster's aggregate port included."""
+        """The ports a storage I/O of ``node`` crosses (a read: storage → SNIC → DRAM; a write the other way)."""
         n = self.nodes[node]
         return (self.storage_read, n.snic_rx, n.dram) if kind == "read" else (n.dram, n.snic_tx, self.storage_write)
 

@@ -141,8 +141,7 @@ class HostDataPlane(WallClockCore):
     # --- faults ----------------------------------------------------------------------------------------
 
     def set_port_factor(self, port: int, factor: float) -> None:
-        """A fault: ``port``'s rates × ``factor`` from now on (1: as specified; 0: down), here and, through the
-        byte channel, in every other process of the run (see the module docstring)."""
+        """A fault: ``port``'s rates × ``factor`` from now on, here and in every other process (byte channel)."""
         self._set_factor(port, factor)
         self.channel.tell_peers(["factor", port, factor])
 
@@ -231,8 +230,7 @@ class HostDataPlane(WallClockCore):
 
     def _start_external(self, ident: int, kind: str, path: list[int], lane: int, size: int, storage_node: int,
                         extents: list[tuple[int, int, int]], start: int) -> None:  # fmt: skip
-        """Move the real bytes of external work ``ident``, then count them on ``path``, measure them by kind (from
-        ``start``, as the model measures) and tell the core."""
+        """Move the real bytes of external work ``ident``, count and measure them by kind, and tell the core."""
         topology, rate = self.plan.topology, min(self.plan.port_rate[p] for p in path)
         if kind == "transfer":
             work = self._network(tuple(path), lane, size)
@@ -279,8 +277,7 @@ class HostDataPlane(WallClockCore):
         self._deliver_timed(self._core.take_completions())
 
     async def run(self, main: Any) -> Any:
-        """Run ``main`` (the process's actors) with the byte channel open; then finish this process's real
-        work (write-backs) and keep answering peers until the channel has been quiet a while."""
+        """Run ``main`` with the byte channel open; then finish the real work and answer peers until quiet."""
         await self.channel.open()
         task = self._main = asyncio.ensure_future(main)
         try:
@@ -328,8 +325,7 @@ class HostDataPlane(WallClockCore):
     # --- running work ----------------------------------------------------------------------------------
 
     def _fail(self, error: BaseException) -> None:
-        """Real work failed (a read or write-back, a chunk a pacer could not send): end this process's run with
-        the error rather than let the actors wait for what will never come."""
+        """Real work failed: end this process's run with the error rather than let the actors wait for ever."""
         if self.failure is None:
             self.failure = error
         if self._main is not None and not self._main.done():

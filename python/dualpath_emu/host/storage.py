@@ -82,8 +82,7 @@ class HostStorageError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class IoResult:
-    """What one read, write or seed did: ``bytes`` moved (``blocks`` × stride, re-reads not counted), verified
-    (a write verifies nothing) and ``retries``, the block re-reads."""
+    """What one read, write or seed did: bytes moved and verified (not by a write), and block re-reads."""
 
     bytes: int
     blocks: int
@@ -285,8 +284,7 @@ class BlockStore:
     async def write(
         self, context: int, first_block: int, n_blocks: int, *, view: StorageView | None = None
     ) -> IoResult:
-        """Write blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (creating its file),
-        through ``view`` if given (waiting for it while it is away: see the module)."""
+        """Write blocks ``first_block`` … ``+ n_blocks - 1`` of ``context`` (through ``view``, waiting while away)."""
         self._check(context, first_block, n_blocks)
         start = time.perf_counter()
         loop = asyncio.get_running_loop()

@@ -269,8 +269,7 @@ class ByteChannel:
                 self._post(peer, [msgpack.packb(["stop", reason])])
 
     def tell_peers(self, change: list[Any]) -> None:
-        """Send a port's change (``["factor", port, factor]`` or ``["latency", port, ns]``) to every other
-        process of the run, in order with what this process sends them after it."""
+        """Send a port's change to every other process, in order with what this process sends them after."""
         for peer in self.peers:
             if peer != self.name:
                 self._post(peer, [msgpack.packb(change)])

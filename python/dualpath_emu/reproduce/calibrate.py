@@ -65,8 +65,7 @@ def load(path: Path = CALIBRATION_FILE) -> dict[str, float] | None:
 
 
 def apply(config: ClusterConfig, fitted: dict[str, float]) -> ClusterConfig:
-    """``config`` with the fitted parameters: prefill efficiencies × ``prefill_speed`` (capped at 1), the
-    prefill overhead, the SNIC rate. The decode engines keep theirs."""
+    """``config`` with the fitted prefill efficiencies (× ``prefill_speed``, ≤ 1), prefill overhead and SNIC rate."""
     base = RooflineParams()
     speed = fitted["prefill_speed"]
     prefill = dataclasses.replace(

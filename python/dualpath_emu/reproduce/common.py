@@ -366,8 +366,7 @@ def check_dask_address(address: str, option: str = "--dask") -> None:
 
 
 def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C]]) -> Iterator[tuple[int, T]]:
-    """Each task on the Dask cluster at ``address``, the first (largest) at the highest priority; TLS
-    settings from Dask's configuration, as Dask's tools take them."""
+    """Each task on the Dask cluster at ``address``, the largest first (TLS from Dask's configuration)."""
     check_dask_address(address)
     distributed = require_distributed()
     try:

@@ -154,8 +154,7 @@ QUICK: Final = Variant(
 
 @dataclass(frozen=True)
 class Point:
-    """One run's figures (plain data: it crosses processes). Latencies in seconds; each ``*_s`` dict has
-    ``p50``, ``p90``, ``p99`` and ``mean`` over the window's requests."""
+    """One run's figures (plain data), latencies in seconds: ``p50``, ``p90``, ``p99``, ``mean`` over the window."""
 
     model: str
     system: str

@@ -132,8 +132,7 @@ class _Fabric:
 
 
 def _build_fabric(core: Core) -> _Fabric:
-    """PE nodes 0 … EP_NODES-1, then DE nodes; CNIC ports per GPU (A.1 arbitration), DRAM per DE node
-    (topology.py's names), and per PE GPU the two 20 GB/s ports that set the KV load."""
+    """PE nodes, then DE nodes: CNIC ports per GPU (A.1), DRAM per DE node, two 20 GB/s KV ports per PE GPU."""
     node = TESTBED_NODE
     tx: dict[tuple[int, int], int] = {}
     rx: dict[tuple[int, int], int] = {}

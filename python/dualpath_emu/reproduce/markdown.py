@@ -39,8 +39,7 @@ _SYSTEMS = ("basic", "dualpath", "oracle")
 
 
 def _jct_table(rows: list[Mapping[str, Any]]) -> list[str]:
-    """fig7's rows, one line per (model, dataset, agents): each system's JCT and DualPath's ratios to the
-    others. Every measured JCT is there, whether or not the paper gives one."""
+    """fig7's rows, one per (model, dataset, agents): each system's JCT and DualPath's ratios to the others."""
     jct: dict[tuple[str, str, int], dict[str, float]] = {}
     for row in rows:
         jct.setdefault((str(row["model"]), row["dataset"], row["agents"]), {})[row["system"]] = row["jct_s"]

@@ -48,8 +48,7 @@ class UnknownActorError(ActorError, LookupError):
 
 
 class ActorFailure(ActorError):
-    """An actor raised while handling a message: the run is over. ``actor`` failed with ``error`` (also
-    ``__cause__``); ``events`` are the last events, up to the ``failure`` event."""
+    """An actor raised handling a message: the run is over (``actor``, ``error``, the last ``events``)."""
 
     def __init__(self, actor: str, error: BaseException, events: tuple[Event, ...]) -> None:
         lines = "\n".join(f"  {e.t_ns} {e.seq} {e.actor} {e.kind} {e.summary}" for e in events)

@@ -87,8 +87,7 @@ class Application(ABC):
         return None
 
     def write_part(self, path: Path) -> None:
-        """Write this process's share of a real-time run (its metrics, say) to ``path`` when it stops, for
-        the application to merge afterwards; nothing by default."""
+        """Write this process's share of a real-time run to ``path`` when it stops; nothing by default."""
 
     @abstractmethod
     def create_actor(self, system: ActorSystem, name: str) -> Actor:

@@ -94,8 +94,7 @@ def clear_faults(core: Core) -> None:
 
 @dataclass(frozen=True)
 class CoreLayout:
-    """The names and ids of a core's ports and storage nodes: what an actor process without the core (a
-    real-time run's remote processes) needs to name them in its requests."""
+    """The names and ids of a core's ports and storage nodes, for a process without the core to name them."""
 
     ports: Mapping[str, int]
     storage_nodes: Mapping[str, int]
@@ -181,12 +180,10 @@ class CoreWork:
         return await main
 
     def when_stop_requested(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(reason)`` from the loop when another process says the run is complete (a plane
-        shared by several processes hears it; a process's own core never does)."""
+        """Call ``callback(reason)`` from the loop when another process says the run is complete."""
 
     async def finish(self, run_complete: bool) -> None:
-        """The process's actors are done: submit what they still asked for (and, ``run_complete``, the
-        driver's process, let the others know or let the work left in the core end)."""
+        """The actors are done: submit what they still asked for (``run_complete``: the driver's process)."""
         self.flush()
 
     def report(self) -> dict[str, Any] | None:
@@ -223,8 +220,7 @@ class CoreWork:
         return future
 
     def call_when_done(self, tag: int, done: Callable[[], None], failed: Callable[[Exception], None]) -> None:
-        """Call ``done()`` from the loop when ``tag`` completes (``failed(error)`` if the core refuses it): a
-        callback on :meth:`expect`'s future without the future."""
+        """Call ``done()`` from the loop when ``tag`` completes (``failed(error)`` if refused), without a future."""
         if tag in self._waiters:
             raise ValueError(f"tag {tag} is already awaited")
         self._waiters[tag] = _Call(done, failed)
@@ -307,8 +303,7 @@ class CoreWork:
         raise NotImplementedError
 
     def decode_reset(self, node: int) -> None:
-        """An engine crash: decode node ``node`` drops every request now, after what was asked for before
-        (``Core.decode_reset``); the report of the busy spans it closes follows."""
+        """An engine crash: decode node ``node`` drops every request after earlier work; the spans' report follows."""
         raise NotImplementedError
 
     def set_port_factor(self, port: int, factor: float) -> None:
@@ -327,8 +322,7 @@ class CoreWork:
         return self.expect(tag)
 
     def flush(self) -> None:
-        """Submit the work requested so far (the loop does this itself; call it before reading the core's
-        state directly, e.g. ``in_flight`` or ``storage_queue``)."""
+        """Submit the work requested so far (the loop does; call it before reading the core's state directly)."""
         self._requested = False
         transfers, forwards, ios, timers = (
             self._pending_transfers, self._pending_forwards, self._pending_ios, self._pending_timers

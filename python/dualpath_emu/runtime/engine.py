@@ -93,8 +93,7 @@ class DataPlane(Protocol):
 
 
 class Observed(Protocol):
-    """A typed record of what an engine observed (e.g. :mod:`dualpath_emu.cluster.observations`): the event
-    log writes it as its ``kind`` and ``summary()``; checkers read its fields."""
+    """A typed record of what an engine observed: logged as ``kind`` and ``summary()``, its fields checked."""
 
     @property
     def kind(self) -> str: ...
@@ -166,8 +165,7 @@ class Engine:
 
 
 def seeded_random(seed: int, stream: str) -> random.Random:
-    """The random stream called ``stream`` of a run with ``seed``: the same sequence in every process and under
-    every ``PYTHONHASHSEED`` (SHA-256 of ``"<seed>/<stream>"``, not ``hash()``)."""
+    """The random stream ``stream`` of ``seed``: the same in every process (SHA-256 of ``"<seed>/<stream>"``)."""
     digest = hashlib.sha256(f"{seed}/{stream}".encode()).digest()
     return random.Random(int.from_bytes(digest[:16], "big"))
 

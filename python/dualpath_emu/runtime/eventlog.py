@@ -112,8 +112,7 @@ class EventLogWriter:
         self.lines += n
 
     def write_observed(self, records: list[tuple[int, str, Any]], first_seq: int) -> None:
-        """Write typed observations ``(t_ns, engine, record)`` (a record has ``kind`` and ``summary()``, see
-        :class:`~dualpath_emu.runtime.engine.Observed`), numbering them from ``first_seq``."""
+        """Write observations ``(t_ns, engine, record)`` as their ``kind`` and ``summary()``, from ``first_seq``."""
         formats = self._formats
         try:  # (t, seq, a) + r: a tuple concatenation is cheaper than unpacking r into a display
             text = "".join(

@@ -377,8 +377,7 @@ def _watch_host(
     scenario: RunScenario, children: list[_Child], started: float, work: Path,
     on_start: Callable[[str, int], None] | None = None,
 ) -> None:  # fmt: skip
-    """Return when every child has exited 0; raise :class:`LaunchError` on any other ending or a hang (a child
-    of ``restart_crashed`` that dies is started again, :func:`_restart`)."""
+    """Return when every child exited 0; :class:`LaunchError` on any other ending or a hang."""
     deadline = started + scenario.timeout_s
     while True:
         now = time.monotonic()

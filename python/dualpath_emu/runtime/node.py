@@ -139,8 +139,7 @@ class LauncherLink:
         self._thread: threading.Thread | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop, time_scale: float) -> None:
-        """Mark every LAUNCHER_BEAT_S wall seconds on ``loop`` (whose clock runs ``time_scale`` times faster
-        than the wall clock) that it came round, and beat from a thread."""
+        """Mark each LAUNCHER_BEAT_S wall seconds on ``loop`` that it came round, and beat from a thread."""
 
         def came_round() -> None:
             self._came_round = time.monotonic()
@@ -316,8 +315,7 @@ def serve_process(
     scenario: RunScenario, name: str, description: RunDescription, run_dir: Path, *, watch_stdin: bool = False,
     wait_ready: bool = True, launcher: LauncherLink | None = None, incarnation: int = 0,
 ) -> int:  # fmt: skip
-    """Run process ``name`` of a real-time run until it is done or told to stop; return its exit status.
-    ``incarnation`` > 0: it is started in place of one that died (see the module)."""
+    """Run process ``name`` until done or told to stop; return its exit status (``incarnation`` > 0: a restart)."""
     if name == DATAPLANE_PROCESS:
         return serve_dataplane(scenario, description, run_dir, watch_stdin=watch_stdin, launcher=launcher)
     spec = scenario.process(name)

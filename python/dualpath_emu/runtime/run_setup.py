@@ -41,8 +41,7 @@ def _endpoint(scenario: RunScenario, name: str, fixed: str | None, socket_dir: P
 
 
 def describe_run(scenario: RunScenario, socket_dir: Path, keys: str | None = None) -> RunDescription:
-    """The run description of a real-time run of ``scenario``: fixed endpoints where the scenario gives them,
-    else ipc:// sockets in ``socket_dir`` or free tcp:// ports on ``host``."""
+    """The run description of ``scenario``: its fixed endpoints, else ipc:// in ``socket_dir`` or tcp:// ports."""
     endpoints = {spec.name: _endpoint(scenario, spec.name, spec.endpoint, socket_dir) for spec in scenario.processes}
     dataplane = (
         _endpoint(scenario, DATAPLANE_PROCESS, scenario.dataplane_endpoint, socket_dir)

@@ -138,8 +138,7 @@ class CoreDataPlane:
         self.core.set_port_latency(port, extra_ns)
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
-        """Add a node's decode GPUs to the core (``Core.add_decode_node``'s keywords but ``report_tag``);
-        ``report(now, ended, spans)`` whenever some of its requests ended."""
+        """Add a node's decode GPUs to the core; ``report(now, ended, spans)`` whenever some of its requests ended."""
         core, tag = self.core, self._next_tag
         self._next_tag = tag + 1
         node = core.add_decode_node(report_tag=tag, **spec)
@@ -157,8 +156,7 @@ class CoreDataPlane:
         return self.core.decode_bytes(node)
 
     def decode_reset(self, node: int) -> None:
-        """Decode node ``node`` drops every request now (an engine crash), after what was asked for before;
-        its report of the busy spans this closes is due now, so it is handed over now."""
+        """An engine crash: decode node ``node`` drops every request now; the spans' report is handed over now."""
         self.flush()  # what was asked for before the crash happens before it
         self.core.decode_reset(node)
         self.deliver(self.core.take_completions())
@@ -338,8 +336,7 @@ class VirtualDriver:
         self.flush_events()
 
     def drain(self) -> None:
-        """After :meth:`run`: let the core finish what is left (write-backs nobody waits for), through the plane
-        (one that moves work itself still hears of it), without running the engines."""
+        """After :meth:`run`: let the core finish what is left (write-backs), through the plane, engines idle."""
         core, plane = self.core, self.plane
         while core.next_event_ns() is not None:
             completions = core.advance_until(_U64_MAX)

@@ -80,8 +80,7 @@ _log = logging.getLogger(__name__)
 
 
 class BacklogFullError(ActorError):
-    """A tell to a remote actor whose connection's backlog is full (see Bounds in the module): nothing was
-    sent. The peer is gone, stuck, or far slower than its senders."""
+    """A tell to a remote actor whose connection's backlog is full: nothing was sent (the peer is gone or stuck)."""
 
 
 class ZmqActorSystem(ActorSystem):
@@ -161,8 +160,7 @@ class ZmqActorSystem(ActorSystem):
 
     @property
     def counters(self) -> dict[str, int]:
-        """The transport's counters: ``transport.rejected``, ``transport.denied``, ``transport.send_failed`` (a send ZeroMQ refused, e.g. to a vanished
-        peer; logged boundedly)."""
+        """The counters ``transport.rejected``, ``transport.denied`` and ``transport.send_failed``."""
         return {**self._counters, DENIED_COUNTER: self.denied}
 
     @property
@@ -243,8 +241,7 @@ class ZmqActorSystem(ActorSystem):
                 ActorSystem.record(self, TRANSPORT_ACTOR, "incarnation", f"{actor} is incarnation {incarnation}")
 
     def _read_knowledge(self, frame: bytes | None) -> dict[str, int]:
-        """The knowledge a request's third frame carries (``None``: an untagged request, knows of nothing);
-        :class:`MessageError` if it is not a map of actor names to incarnations."""
+        """The knowledge a request's third frame carries (``None``: untagged); :class:`MessageError` if bad."""
         if frame is None or frame == _NO_KNOWLEDGE:
             return {}
         last = self._last_tag
@@ -264,8 +261,7 @@ class ZmqActorSystem(ActorSystem):
         return known
 
     def _frames(self, kind: bytes, data: bytes, sender: str) -> list[bytes]:
-        """A request's frames: with incarnations, what ``sender`` knows of them (what this process learnt, and
-        ``sender``'s own incarnation if it is not the first) as the third."""
+        """A request's frames, with incarnations what ``sender`` knows of them as the third."""
         incarnation = self.incarnation
         if incarnation is None:
             return [kind, data]

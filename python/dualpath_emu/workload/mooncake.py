@@ -39,8 +39,7 @@ def is_mooncake_record(record: dict[str, Any]) -> bool:
 
 
 def hit_tokens(hash_ids: list[int], input_length: int, stored: set[int], block_tokens: int = BLOCK_TOKENS) -> int:
-    """The reused-prefix tokens of a request: the run of leading ``hash_ids`` in ``stored`` × ``block_tokens``,
-    capped at ``input_length - 1``. Does not update ``stored``."""
+    """A request's reused-prefix tokens: its leading ``hash_ids`` in ``stored`` × ``block_tokens``, < its input."""
     run = 0
     for block in hash_ids:
         if block not in stored:

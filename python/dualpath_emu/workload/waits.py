@@ -139,8 +139,7 @@ class WaitDraws:
 
 
 def read_wait_samples(path: str | Path) -> tuple[float, ...]:
-    """The waits (seconds) in ``path``: one number per line; blank lines and ``#`` comments are skipped. Anything
-    else is a :class:`~dualpath_emu.errors.UsageError` naming the file and line."""
+    """The waits (seconds) in ``path``, one per line (``#`` comments); else a :class:`UsageError`."""
     with open_input(path, what="a file of tool waits (one number of seconds per line)", limit_bytes=64 << 20) as file:
         data = file.read()
     try:

@@ -140,8 +140,7 @@ def system_from_wire(data: Mapping[str, Any]) -> System:
 
 
 def toml_text(data: Mapping[str, Any]) -> str:
-    """``data`` as TOML: its scalars and lists of scalars, then its tables, then its lists of tables (one level
-    deep: a run scenario). Checked to read back as ``data``."""
+    """``data`` (a run scenario: one level of tables) as TOML, checked to read back as ``data``."""
     lines = [f"{k} = {_toml(v)}" for k, v in data.items() if not isinstance(v, Mapping) and not _tables(v)]
     for key, value in data.items():
         for table in [value] if isinstance(value, Mapping) else value if _tables(value) else []:

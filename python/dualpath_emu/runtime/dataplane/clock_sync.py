@@ -14,8 +14,7 @@ __all__ = ["ClockCheck", "ClockSync", "handshake"]
 
 @dataclass
 class ClockSync:
-    """The result of a clock handshake: the service's clock ``clock_ns`` read at the remote's monotonic
-    ``local_ns`` (the midpoint of the round trip ``rtt_ns``, wall ns) and the samples taken."""
+    """A clock handshake's result: the service's ``clock_ns`` at the local ``local_ns`` (mid round trip)."""
 
     clock_ns: int
     local_ns: int
@@ -58,8 +57,7 @@ class ClockCheck:
         self.last_after_ns = 0  # Emulated ns from the handshake to the last sample.
 
     def add(self, sync: ClockSync, t0: int, t1: int, clock_ns: int) -> None:
-        """A ping sent at ``t0`` and answered at ``t1`` (monotonic ns) with the service's ``clock_ns``; kept when
-        its round trip is at most twice the handshake's."""
+        """A ping sent at ``t0``, answered at ``t1`` with ``clock_ns``; kept if its round trip ≤ 2 × handshake's."""
         rtt = t1 - t0
         if not 0 <= rtt <= 2 * sync.rtt_ns + 50_000:
             return

@@ -80,8 +80,7 @@ class FrameError(ValueError):
 
 
 class DataPlaneKeys(Protocol):
-    """What the data plane needs of a run's keys (:class:`~dualpath_emu.runtime.security.RunKeys` has it):
-    configure a socket as server, or as client of the peer called ``peer_name``."""
+    """What the data plane needs of a run's keys: configure a socket as server, or client of ``peer_name``."""
 
     def make_server(self, socket: zmq.Socket[Any], /) -> None: ...
 
@@ -340,8 +339,7 @@ SNDMORE_NOBLOCK: Final = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 class Backlog(Generic[_T]):
-    """What a process holds for its data-plane socket beyond ZeroMQ's queue, bounded by :data:`BACKLOG_MESSAGES`
-    and :data:`BACKLOG_BYTES` (a message alone always fits)."""
+    """What a process holds for its socket beyond ZeroMQ's queue, within :data:`BACKLOG_MESSAGES` and bytes."""
 
     __slots__ = ("items", "size_bytes")
 

@@ -410,8 +410,7 @@ class RemoteDataPlane(CoreWork):
         raise self.failure
 
     def when_stop_requested(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(reason)`` (soon, in the loop) when the service says the run is complete: another
-        process's bye said so (see :meth:`say_bye`); at once if it has said so already."""
+        """Call ``callback(reason)`` in the loop when the service says the run is complete (at once if it did)."""
         self._stop_callbacks.append(callback)
         if self.stop_reason is not None:
             self.loop.call_soon(callback, self.stop_reason)

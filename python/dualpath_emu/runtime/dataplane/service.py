@@ -386,8 +386,7 @@ class DataPlaneService:
         self.counters["replaced"] = self.counters.get("replaced", 0) + 1
 
     def _on_fault(self, requester: _Requester, message: list[Any]) -> None:
-        """A ``fault`` frame (docs/wire.md): a port's factor or latency from now on, or an engine crash (the
-        requester's decode node drops every request, ``Core.decode_reset``)."""
+        """A ``fault`` frame: a port's factor or latency from now on, or a decode node's reset (an engine crash)."""
         array(message, "fault", 6, 6)
         uint(message[2], "fault.seq")
         what = bounded_str(message[4], "fault.what")
@@ -489,8 +488,7 @@ class DataPlaneService:
                 book(paths[0] if kind == "read" else paths[1], lane, size, 1)
 
     def _tallied(self, requester: _Requester) -> list[list[int]]:
-        """``requester``'s tally per port: ``[port, lane, bytes, transfers]``, its decode nodes' own traffic
-        included (``Core.decode_bytes``, as its ledger books it)."""
+        """``requester``'s tally: ``[port, lane, bytes, transfers]``, its decode nodes' own traffic included."""
         booked: dict[tuple[tuple[int, ...], int], list[int]] = {k: list(v) for k, v in (requester.booked or {}).items()}
         book = _booker(booked)
         for node, spec in requester.decode_specs.items():
