@@ -23,8 +23,7 @@ class BackendUnavailable(UsageError):
 
 
 class SecurityError(UsageError):
-    """A run's keys are missing, unreadable or too open, or a ZeroMQ endpoint would be open to others
-    (``dualpath_emu.runtime.security``); like any :class:`UsageError`, the CLI reports it on one line."""
+    """A run's keys are missing, unreadable or too open, or a ZeroMQ endpoint would be open to others."""
 
 
 class NoProgressError(RuntimeError):

@@ -104,8 +104,7 @@ TESTBED_NODE: Final = NodeSpec(
 
 @dataclass(frozen=True)
 class ModelArch:
-    """A transformer's architecture, with the Hugging Face config's field names; 0 where a field does not
-    apply (an MLA rank on a GQA model, experts on a dense one). :func:`read_entries` checks which apply."""
+    """A transformer's architecture, by the Hugging Face config's field names; 0 where one does not apply."""
 
     attention: Attention
     hidden_size: int
@@ -321,8 +320,7 @@ _MAX_PARAMS: Final = 1e16
 
 @dataclass(frozen=True)
 class Catalog:
-    """Models, GPUs and NICs by name, and where each was defined (``origin["models.x"]``: a file); a lookup of
-    an unknown name is an :class:`~dualpath_emu.errors.UnknownNameError` listing the known ones."""
+    """Models, GPUs and NICs by name, and where each was defined; an unknown name lists the known ones."""
 
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     gpus: Mapping[str, GpuSpec] = field(default_factory=dict)
@@ -339,8 +337,7 @@ class Catalog:
         return _lookup(self.nics, name, "NIC")
 
     def with_entries(self, top: Table) -> Catalog:
-        """This catalog and the entries of ``top``'s ``[models]``, ``[gpus]`` and ``[nics]`` tables (read and
-        checked by :func:`read_entries`); a name already defined is a :class:`ScenarioError`."""
+        """This catalog and ``top``'s own entries (:func:`read_entries`); a name defined twice is an error."""
         new = read_entries(top)
         merged: dict[str, dict[str, object]] = {"models": dict(self.models), "gpus": dict(self.gpus),
                                                 "nics": dict(self.nics)}  # fmt: skip

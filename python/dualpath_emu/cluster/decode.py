@@ -34,8 +34,7 @@ __all__ = ["DecodeGroup", "DecodeListener", "DecodeSteps", "DecodingRequest"]
 
 
 class DecodeListener(Protocol):
-    """What :class:`DecodeSteps` tells its decode group: a request has all its tokens (its ``second_token_ns``
-    set, if it had a second); a segment's end was accounted (what ended in it was told to :meth:`decoded`)."""
+    """What :class:`DecodeSteps` tells its group: a request has all its tokens; a segment's end was accounted."""
 
     def decoded(self, now: int, request: DecodingRequest) -> None: ...
 
@@ -89,8 +88,7 @@ class DecodeSteps:
         booking.add_source(self._book)
 
     def join(self, now: int, request: DecodingRequest) -> None:
-        """``request``'s prompt KV is in its GPU's HBM: it joins its GPU's batch at its group's next step
-        boundary (at once if the group is idle); a request whose one token came from the prefill ends now."""
+        """``request``'s prompt KV is in HBM: it joins its GPU's batch at the next step (one-token requests end now)."""
         if request.produced >= request.gen:  # no step: its last Full Blocks are written back, it ends
             full = (request.prompt + request.produced) // BLOCK_TOKENS
             if full > request.stored_blocks and self._storage is not None:
@@ -103,8 +101,7 @@ class DecodeSteps:
                                request.stored_blocks, request.context)  # fmt: skip
 
     def reset(self, now: int) -> int:
-        """The node's engine crashed: every request is dropped in the plane's core without a word to the listener
-        (the busy spans it closes come with the node's next report). Returns how many were dropped."""
+        """The node's engine crashed: every request is dropped in the core, unreported; returns how many."""
         self.plane.decode_reset(self._id)
         dropped = len(self._requests)
         self._requests.clear()
@@ -305,8 +302,7 @@ class DecodeGroup(EngineGroup):
 
     @on(Health)
     def on_health(self, now: int, msg: Health, sender: str) -> None:
-        """This node's storage NIC went down: the hits still to be read here move to the prefill side (the
-        second path as failover; the prefill group reads them and this buffer keeps waiting for the KV)."""
+        """This node's storage NIC went down: the hits still to read here move to the prefill side (failover)."""
         for port, factor in zip(msg.ports, msg.factors):
             if port == f"n{self.node}.snic.rx":
                 self._snic_down = factor == 0.0

@@ -18,15 +18,13 @@ NS = 1_000_000_000
 
 
 def hit_extents(context: int, hit: int) -> Extents:
-    """The Full Blocks of a hit of ``hit`` tokens of ``context``: its whole blocks (a hit that is not block
-    aligned ends in part of a block that was never written back: reads of it only move modelled bytes)."""
+    """The Full Blocks of a hit of ``hit`` tokens of ``context`` (its whole blocks)."""
     blocks = hit // BLOCK_TOKENS
     return ((context, 0, blocks),) if blocks else ()
 
 
 class ClusterEngine(Engine):
-    """What every engine of the cluster has: the run's settings (:class:`Cluster`) and its door to the data
-    plane, a :class:`~dualpath_emu.cluster.ledger.Ledger` over the plane its driver handed it."""
+    """What every engine has: the run's settings (:class:`Cluster`) and a :class:`Ledger` over its data plane."""
 
     def __init__(self, name: str, cluster: Cluster, out: Outbox, plane: DataPlane) -> None:
         super().__init__(name, out)

@@ -104,8 +104,7 @@ _STORAGE_NIC = re.compile(rf"n{_N}\.snic(\.rx|\.tx)?")
 
 
 def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
-    """The port names ``target`` stands for in a cluster of ``nodes`` nodes of ``gpus`` GPUs (None: no such
-    target; only the canonical spelling resolves, ``n1.cnic0.tx``, not ``n01.cnic0.tx``)."""
+    """The port names ``target`` stands for in this cluster (None: none; only the canonical spelling resolves)."""
     if target == "storage":
         return ("3fs.read", "3fs.write")
     if target in ("3fs.read", "3fs.write"):
@@ -141,8 +140,7 @@ def _did_you_mean(target: str, known: Callable[[str], bool]) -> str:
 
 
 def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> tuple[str, ...]:
-    """The engines a ``crash`` can take down: a prefill group per EP group (named after its first node), an
-    engine per decode node (as :func:`~dualpath_emu.cluster.assemble.engine_names` names them)."""
+    """The engines a ``crash`` can take down: a prefill group per EP group, an engine per decode node."""
     return (*(f"pe{n}" for n in range(0, pe_nodes, max(1, prefill_ep_nodes))),
             *(f"de{pe_nodes + i}" for i in range(de_nodes)))  # fmt: skip
 
@@ -180,8 +178,7 @@ def fault_tables(top: Table) -> tuple[list[Table], Table | None]:
 def read_fault_plan(
     tables: tuple[list[Table], Table | None], nodes: int, gpus: int, engines: Sequence[str] = ()
 ) -> FaultPlan:
-    """The faults of :func:`fault_tables`, checked against a cluster of ``nodes`` nodes of ``gpus`` GPUs whose
-    engines are ``engines`` (:func:`engine_group_names`; a :class:`ScenarioError` naming the key)."""
+    """The faults of :func:`fault_tables`, checked against this cluster's nodes, GPUs and ``engines``."""
     entries, r = tables
     faults = []
     for t in entries:
@@ -289,8 +286,7 @@ class _AddedUp:
 
 
 class FaultRecords:
-    """A run's fault windows as they start and end: the first ``cap`` kept one by one (:attr:`detailed`), the
-    rest added up per kind and target (:attr:`totals`, with what they saw, from ``counts``)."""
+    """A run's fault windows: the first ``cap`` one by one (:attr:`detailed`), the rest summed (:attr:`totals`)."""
 
     def __init__(self, counts: Counts, cap: int | None = None) -> None:
         self.detailed: list[FaultWindow] = []
@@ -411,8 +407,7 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
 
 
 def fault_windows(records: Iterable[tuple[int, Any]]) -> list[FaultWindow]:
-    """The windows of the ``(t_ns, FaultChanged)`` records of an event log (a live run's, where the injector
-    ran in another process), in order of start; an end closes the earliest open fault of its kind and target."""
+    """The fault windows of an event log's ``(t_ns, FaultChanged)`` records, in order of start."""
     out: list[FaultWindow] = []
     open_: dict[tuple[str, str], list[FaultWindow]] = {}
     for t_ns, record in records:

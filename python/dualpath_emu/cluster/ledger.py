@@ -101,8 +101,7 @@ class Ledger:
         self._plane.set_port_latency(port, extra_ns)
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
-        """Add a node's decode GPUs to the data plane (:meth:`~dualpath_emu.runtime.engine.DataPlane.decode_node`);
-        what it moves on its own is booked from :meth:`decode_bytes` (``Booking.add_source``)."""
+        """Add a node's decode GPUs to the data plane; what they move on their own is booked from the core."""
         return self._plane.decode_node(report, **spec)
 
     def decode_join(
@@ -121,8 +120,7 @@ class Ledger:
 
 
 class ProbingLedger(Ledger):
-    """A :class:`Ledger` that also times every forward pass (``"forward pass"`` in the booking's measurements),
-    for the model's side of a host-backend comparison. Timing changes nothing in the run."""
+    """A :class:`Ledger` that also times every forward pass (for a host-backend comparison); changes nothing."""
 
     def forward(self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
                 collectives: Sequence[Hop], then: Then) -> None:  # fmt: skip

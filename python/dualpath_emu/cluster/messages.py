@@ -113,8 +113,7 @@ class HitReady(Message):
 
 @dataclass(frozen=True, slots=True)
 class ReadHere(Message):
-    """Between a request's prefill and decode groups: the sender's storage NIC went down before the hit KV was
-    read there, read it on your side (failover). ``started``: the abandoned read had written its start."""
+    """The sender's storage NIC went down before the hit was read there: read it on your side (failover)."""
 
     rid: int
     started: bool
@@ -154,8 +153,7 @@ class PrefillDone(Message):
 
 @dataclass(frozen=True, slots=True)
 class DecodeDone(Message):
-    """To the scheduler: these requests left their DEs at ``done_ns``, with what their :class:`TurnDone` tells
-    the client (should the decode group's process die before it left, the scheduler sends it instead)."""
+    """To the scheduler: these requests left their DEs at ``done_ns``, with their :class:`TurnDone`'s content."""
 
     rids: tuple[int, ...]
     first_token_ns: tuple[int, ...] = ()
@@ -218,8 +216,7 @@ class Drop(Message):
 
 @dataclass(frozen=True, slots=True)
 class WhichEnded(Message):
-    """To the client, from the scheduler, when a decode group's process was started again: which of these turns
-    have you ended (its last :class:`DecodeDone` and :class:`TurnDone` may have been split)?"""
+    """To the client, when a decode group's process restarted: which of these turns have you ended?"""
 
     rids: tuple[int, ...]
 

@@ -159,8 +159,7 @@ class BusyTime:
         return [t / len(units) for t in total] if units else total
 
     def utilisation(self, units: Sequence[int], until_ns: int, q: float = 0.99, since_ns: int = 0) -> dict[str, float]:
-        """``{"mean": busy time / (units × (until_ns − since_ns)), "p99": the q-quantile over every (unit,
-        interval) from the one holding ``since_ns``}`` (a live run's clock starts before its first arrival)."""
+        """``{"mean": busy share over [since_ns, until_ns], "p99": over every (unit, interval)}``."""
         intervals = -(-until_ns // self.interval_ns)
         first = min(intervals, since_ns // self.interval_ns)
         busy = sum(sum(self.busy_ns.get(u, ())[first:intervals]) for u in units)
@@ -176,8 +175,7 @@ class BusyTime:
 
 
 class Metrics:
-    """Timestamps (ns) per request; filled by the actors as the request moves. ``gpu_busy`` holds the busy
-    time of the prefill (``pe``) and decode (``de``) GPUs, sampled every ``sample_interval_ns``."""
+    """Timestamps (ns) per request, filled as it moves; ``gpu_busy``: the PE and DE GPUs' busy time."""
 
     def __init__(self, sample_interval_ns: int = NS, keep_spans: bool = False) -> None:
         self.agent = _column("i")
@@ -459,8 +457,7 @@ class Metrics:
         return out
 
     def jct_s(self) -> float:
-        """Job completion time: from the first arrival to the last request's end (offline, §7.3), a failed
-        request's end counted too: a run that failed work took at least that long, and ends no sooner for it."""
+        """Job completion time: first arrival to the last request's end, failed requests' ends included."""
         last = max(max(self.done_ns, default=_UNSET), max(self.failed_ns, default=_UNSET))
         return (last - min(self.arrive_ns)) / 1e9 if last != _UNSET else 0.0
 

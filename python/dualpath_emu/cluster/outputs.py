@@ -217,8 +217,7 @@ MIN_FREE_BYTES: Final = 16 << 20
 
 
 def make_output_folder(out: Path, option: str) -> None:
-    """Create ``out`` (and its parents) for the files of a run; ``option`` names where it was given in the
-    one-line error. A file, a read-only or (nearly) full folder is refused here, before the run."""
+    """Create ``out`` for a run's files; a file, a read-only or full folder is refused before the run."""
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{option} {out}: is a file, expected a folder")

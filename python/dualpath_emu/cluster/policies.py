@@ -62,8 +62,7 @@ class Request:
 
 @dataclass(slots=True)
 class Engine:
-    """One engine as its last report shows it: ``tok`` (tok_e), ``seq`` (seq_e), its node, and for a DE its
-    free HBM in bytes. The policy updates ``tok``/``seq``/``free_hbm_bytes`` as it assigns within a fetch."""
+    """One engine as its last report shows it (``tok``, ``seq``, node, free HBM), updated within a fetch."""
 
     id: int
     node: int
@@ -91,8 +90,7 @@ class DecodeAssignment:
 
 
 class PortHealth:
-    """What faults leave of the cluster's ports and engines, as the scheduler last heard: a policy reads it to
-    react (:attr:`Policy.health`). (The scheduler offers a policy only the engines that are up.)"""
+    """What faults leave of the cluster's ports and engines, as the scheduler last heard (:attr:`Policy.health`)."""
 
     __slots__ = ("_factors", "engines_down")
 
@@ -162,8 +160,7 @@ class Policy(ABC):
     def assign_prefill(
         self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
     ) -> list[PrefillAssignment]:
-        """Assign queued requests (from the head, FIFO) to PEs: ``engines`` is every PE of the cluster, in id
-        order (node by node), each as its group's last report shows it; ``read_q`` maps node -> tokens."""
+        """Assign queued requests (FIFO) to PEs: ``engines`` every PE in id order; ``read_q`` node -> tokens."""
 
     def assign_decode(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: dict[int, int],
@@ -238,8 +235,7 @@ class Policy(ABC):
     def _drain_by_heap(
         self, global_queue: deque[Request], private_queues: dict[int, deque[Request]], group_loads: GroupLoads
     ) -> None:
-        """:meth:`_drain_to_groups` with the groups in a heap by ``(load, routed, id)``: the same choices in
-        O(log groups). An entry is current while the group's load and turn match it; a change pushes a new one."""
+        """:meth:`_drain_to_groups` with the groups in a heap by ``(load, routed, id)``: same choices, O(log n)."""
         heap = self._group_heap
         if self._group_heap_of is not group_loads:
             self._group_heap_of, heap = group_loads, []
@@ -414,8 +410,7 @@ class RoundRobinPolicy(Policy):
 
 
 class GroupLoads(dict[int, int]):
-    """The decode groups' loads for phase 1, remembering which changed since the policy last looked, so that
-    phase 1 can keep the groups in a heap (a plain dict works too, with a scan per request)."""
+    """The decode groups' loads for phase 1, noting which changed since the policy looked (for its heap)."""
 
     def __init__(self, loads: dict[int, int] | None = None) -> None:
         super().__init__(loads or {})
@@ -431,8 +426,7 @@ _Entry = tuple[int, int, int, Engine]
 
 
 class _PrefillIndex:
-    """The PEs by node, each node's in a heap by ``(tok_e, given, id)``; an entry is current while the engine's
-    ``tok``/``given`` match it (a change pushes a new one; stale entries are dropped as they surface)."""
+    """The PEs by node, each node's in a heap by ``(tok_e, given, id)`` (stale entries dropped)."""
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
@@ -513,8 +507,7 @@ class PolicyError(UsageError):
 
 def check_assignments(policy: Policy, method: str, assigned: object, kind: type, waiting: set[int],
                       queues: Iterable[deque[Request]], engine_ids: set[int]) -> None:  # fmt: skip
-    """Refuse what a user's policy's ``method`` returned unless it is a list of ``kind``, each of a request that
-    was ``waiting`` and has left every one of ``queues``, none twice, each to one of ``engine_ids``."""
+    """Refuse what a user's policy returned unless each item assigns a waiting request once, to a known engine."""
     name = f"policy {type(policy).__name__}.{method}"
     if not isinstance(assigned, list):
         raise PolicyError(

@@ -192,8 +192,7 @@ class PrefillGroup(EngineGroup):
         self.plane.io(node, "read", KV_LANE, item.hit * self._kv, hit_extents(item.context, item.hit), finished)
 
     def _check_read(self, now: int, node: int, item: _PrefillItem, attempt: int) -> None:
-        """``read_timeout_s`` after a read started: if it is still stalled on a dead storage NIC, give it up
-        (``Lost`` "timeout": the scheduler dispatches it again); on a NIC that is up, look again later."""
+        """``read_timeout_s`` after a read started: give it up if stalled on a dead storage NIC, else look later."""
         if attempt != item.attempt or not item.reading:
             return  # done, moved or dropped
         if node not in self._snic_down:
@@ -208,8 +207,7 @@ class PrefillGroup(EngineGroup):
 
     @on(Health)
     def on_health(self, now: int, msg: Health, sender: str) -> None:
-        """A storage NIC of this group went down: its reads not yet done move to the DE side (the second path as
-        failover). Single-path systems' reads wait, and are given up after ``read_timeout_s``."""
+        """A storage NIC of this group went down: its pending reads move to the DE side (single-path: wait)."""
         for port, factor in zip(msg.ports, msg.factors):
             for n in self.nodes:
                 if port == f"n{n}.snic.rx":

@@ -103,8 +103,7 @@ class Roofline:
         return m.attention_flops_per_layer(cached_tokens, new_tokens), (cached_tokens + new_tokens) * bytes_per_key
 
     def attention_s_per_layer(self, batch: Sequence[tuple[int, int]]) -> float:
-        """Attention time of one layer for a prefill batch of ``(cached_tokens, new_tokens)`` requests: each
-        one's ``cached + new`` KV and indexer keys read once (an upper bound for DSA; prefill is compute-bound)."""
+        """Attention time of one layer for a prefill batch of ``(cached_tokens, new_tokens)`` requests."""
         m = self.model
         bytes_per_key = m.kv_bytes_per_token_layer + m.indexer_kv_bytes_per_token_layer
         flops = sum(m.attention_flops_per_layer(cached, new) for cached, new in batch)
@@ -146,8 +145,7 @@ class Roofline:
         return self.params.a2a_fixed_s + max(remote / self.cnic_bytes_per_s, local / self.gpu.nvlink_bytes_per_s)
 
     def ep_decode_step_s(self, batches: Sequence[tuple[int, int]]) -> float:
-        """One decode step of GPUs that step together, given each one's ``(batch_size, context_tokens)`` (module
-        docstring). GPUs with an empty batch still step (DP ranks run the MoE layers together); none busy: 0."""
+        """One decode step of GPUs stepping together, given each one's ``(batch_size, context_tokens)``."""
         attention = self._decode_attention_s
         slowest, largest = 0.0, 0
         for size, context in batches:
@@ -181,8 +179,7 @@ class Roofline:
         return attention_s
 
     def decode_pricing(self) -> dict[str, float | int | bool | None]:
-        """The constants :meth:`ep_decode_step_s` prices a step from, for the core's decode stepping
-        (``core/src/decode.rs`` does the same operations in the same order: the same float to the bit)."""
+        """The constants :meth:`ep_decode_step_s` prices a step from, for the core (the same float to the bit)."""
         m, p, g = self.model, self.params, self.gpu
         return {
             "layers": m.layers, "moe_layers": m.moe_layers, "overhead_s_per_layer": p.overhead_s_per_layer,

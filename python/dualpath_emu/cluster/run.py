@@ -169,8 +169,7 @@ _SUMMARY_KEYS: Final = (
 
 
 def speedup(baseline: SystemResult, result: SystemResult) -> tuple[float | None, str | None]:
-    """``baseline``'s JCT over ``result``'s, or ``None`` and why there is none: a speedup compares two runs
-    that finished the same work, so neither may have failed any (a run that gave up early looks fast)."""
+    """``baseline``'s JCT over ``result``'s, or ``None`` and why: neither run may have failed work."""
     for run in (baseline, result):
         if run.incomplete is not None:
             return None, f"{run.incomplete}: its JCT is not the whole workload's"
@@ -277,8 +276,7 @@ def build_result(
     name: str, report: CoreReport, metrics: Metrics, config: ClusterConfig, topology: Topology, agents: int,
     sha256: str, wall_s: float, events: int, end_ns: int, start_ns: int = 0, *, turns_planned: int,
 ) -> SystemResult:  # fmt: skip
-    """A run's :class:`SystemResult` from the core's report and the engines' (merged) metrics; the run is
-    [``start_ns``, ``end_ns``] (from the client's start, 0 in virtual time, to the last request's end)."""
+    """A run's :class:`SystemResult` from the core's report and the metrics, over [``start_ns``, ``end_ns``]."""
     end_s = (end_ns - start_ns) / 1e9 or 1e-9
     until_ns = min(end_ns, report.until_ns)
 

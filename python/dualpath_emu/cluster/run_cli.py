@@ -43,8 +43,7 @@ __all__ = ["compare_command", "list_command", "load_scenario", "parse_settings",
 def load_scenario(
     scenario: str | Path | None, overrides: dict[str, object] | None = None, *, what: str = "override"
 ) -> ClusterScenario:
-    """The scenario in the file or of the packaged name ``scenario``, or the built-in one; ``overrides``:
-    keys set by dotted path before the checks (errors name a bad one as ``what``, e.g. ``--set``)."""
+    """The scenario of ``scenario`` (file, packaged name or built-in), with ``overrides`` set by dotted path."""
     if scenario is None:
         return load_cluster_scenario(packaged_scenario(DEFAULT.name), overrides, what=what) if overrides else DEFAULT
     return load_cluster_scenario(find_scenario(scenario), overrides, what=what)
@@ -280,8 +279,7 @@ class LiveRunFailed(RuntimeError):
 
 
 def _run_realtime(args: argparse.Namespace, scenario: ClusterScenario, console: Console) -> dict[str, SystemResult]:
-    """Each system live, one after the other (:func:`~dualpath_emu.cluster.live.run_live`), with a progress bar
-    (or, to a file or pipe, a progress line every 10 s) from what the client's process reports."""
+    """Each system live, one after the other, with a progress bar (to a file or pipe, a line every 10 s)."""
     from dualpath_emu.runtime.scenario import TIME_SCALE
 
     low, high = TIME_SCALE
@@ -593,8 +591,7 @@ TABLE_COLUMNS_FULL = 100  # Terminals narrower than this get the compact table (
 
 
 def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: int = TABLE_COLUMNS_FULL) -> Table:
-    """The results, a row per system; under :data:`TABLE_COLUMNS_FULL` columns without the compute NICs, wall
-    time and event rate (the caption says so), so that the table fits instead of being cut."""
+    """The results, a row per system; under :data:`TABLE_COLUMNS_FULL` columns, a compact table (captioned)."""
     compact = width < TABLE_COLUMNS_FULL
     # No vertical rules, one space between columns, utilisation in percent (run means): it fits 100 columns.
     table = Table(title=f"{scenario.name}: {scenario.workload()}", title_justify="left", box=box.SIMPLE_HEAD,

@@ -103,8 +103,7 @@ class ClusterScenario:
     """Trajectories built in Python (:meth:`with_workload`), replayed instead of the dataset or ``trace``."""
 
     def with_workload(self, trajectories: Iterable[Trajectory]) -> ClusterScenario:
-        """A copy that replays ``trajectories`` (built in Python) instead of its dataset or trace, one agent each;
-        checked as a trace file's are (an :class:`~dualpath_emu.errors.InvalidArgumentError`)."""
+        """A copy that replays ``trajectories`` (one agent each), checked as a trace file's are."""
         work = tuple(trajectories)
         for i, t in enumerate(work):
             if not isinstance(t, Trajectory):
@@ -362,8 +361,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
 
 
 def scenario_catalog(top: Table, folder: Path) -> Catalog:
-    """The packaged catalog, the catalog files ``top`` includes (key ``catalog``: a file or a list of files,
-    relative to ``folder``) and ``top``'s own ``[models]``, ``[gpus]`` and ``[nics]`` entries."""
+    """The packaged catalog, the catalog files ``top`` includes (relative to ``folder``) and its own entries."""
     files = top.get_str_list("catalog", [], single=True)
     catalog = PACKAGED
     for file in files:
@@ -537,8 +535,7 @@ def _tool_wait(t: Table, folder: Path) -> ToolWait:
 
 def _check_systems(specs: Sequence[str | System], key: str, loader: SystemLoader, table: Table | None = None,
                    known: tuple[System, ...] = ()) -> tuple[tuple[str, ...], tuple[System, ...]]:  # fmt: skip
-    """The names of the systems ``specs`` give and those of them not built in (resolved with ``loader``;
-    ``known``: user systems that may also be named by their name, those of the scenario being overridden)."""
+    """The names of the systems ``specs`` give, and those of them not built in (resolved with ``loader``)."""
     expected = f"names of systems ({', '.join(SYSTEMS)}) or module:Name, file.py:Name, each once"
 
     def bad(spec: str) -> ScenarioError:
@@ -587,8 +584,7 @@ def _check_weights_fit(t: Table, key: str, spec: ModelSpec, card: GpuSpec, gpus_
 
 
 def _check_memory(scenario: ClusterScenario, error: Callable[[str, str, str, object], Exception]) -> None:
-    """The longest request's KV must fit where the actors put it (they would fail mid-run otherwise).
-    ``error(table, key, expected, got)`` makes the error (``table``: ``"top"`` or ``"deployment"``)."""
+    """The longest request's KV must fit where the actors put it; ``error(table, key, expected, got)`` says not."""
     config = scenario.config
     d = derived(config)
     if scenario.workload_given is not None:

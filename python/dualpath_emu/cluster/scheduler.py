@@ -52,8 +52,7 @@ class _PrefillRestart:
 
 
 class Scheduler(ClusterEngine):
-    """The central request scheduler (§6): global queues, engine loads as the engines report them on every
-    fetch (here kept in step with assignments and completions), and the :class:`Policy` of the system."""
+    """The central request scheduler (§6): global queues, engine loads and the system's :class:`Policy`."""
 
     def __init__(self, cluster: Cluster, out: Outbox, plane: DataPlane) -> None:
         super().__init__("scheduler", cluster, out, plane)
@@ -428,8 +427,7 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _ask_client(self, group: str, held: list[int]) -> None:
-        """Decode group ``group``'s process died holding ``held``: ask the client which of these, and of the
-        group's last DecodeDones, it has ended (those are not dispatched again; missing TurnDones are sent)."""
+        """Decode group ``group``'s process died holding ``held``: ask the client which of these it has ended."""
         asked = list(held)
         for done in self._last_done.pop(group, ()):
             for rid, first, second in zip(done.rids, done.first_token_ns, done.second_token_ns, strict=True):
@@ -514,8 +512,7 @@ class Scheduler(ClusterEngine):
                 if rid not in self.de_of and rid not in self._decoded and self.prefill.group_of(pe) == group]  # fmt: skip
 
     def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
-        """Queue request ``rid`` again (ahead of what came after it), or end it as failed once it was lost
-        more than ``max_redispatches`` times. (Not before the client says it has not ended it, when asked.)"""
+        """Queue request ``rid`` again, ahead of what came after it, or fail it past ``max_redispatches``."""
         if rid in self._client_ended:
             self._client_ended.discard(rid)
             self._end(rid)

@@ -108,8 +108,7 @@ _OTHER_COLORS: Final = ("tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:
 
 
 def system_colours(names: Iterable[str]) -> dict[str, str]:
-    """A colour for each system: a built-in one's own; a user's from the rest, starting where its name's hash
-    points (the same from plot to plot), distinct from the others' while the palette lasts."""
+    """A colour per system: a built-in one's own; a user's from the rest, by its name's hash, distinct."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for name in names:

@@ -47,15 +47,13 @@ def port_pids(topology: Topology, port_count: int) -> list[int]:
 
 
 def _us(t_ns: int) -> float:
-    """Nanoseconds as the format's microseconds, plus half a nanosecond: Perfetto truncates ``ts × 1000`` to whole
-    nanoseconds, so back-to-back slices (a decode GPU's segments) touch and never overlap."""
+    """Nanoseconds as the format's microseconds plus half a ns, so back-to-back slices never overlap."""
     return (t_ns + 0.5) / 1e3
 
 
 def trace_events(config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
                  faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0) -> Iterator[str]:  # fmt: skip
-    """The run's own events (JSON texts): process and thread names, the GPUs' busy slices, the requests, and
-    ``faults`` (``SystemResult.extra["faults"]``; one lasting to the end is drawn to ``end_ns``)."""
+    """The run's own events: names, the GPUs' busy slices, the requests and the faults (JSON texts)."""
 
     def event(**fields: Any) -> str:
         return json.dumps(fields, separators=(",", ":"))
@@ -108,8 +106,7 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
 
 def write_trace(path: str | Path, core: Core, config: ClusterConfig, topology: Topology, metrics: Metrics, system: str,
                 faults: Sequence[Mapping[str, Any]] = (), end_ns: int = 0) -> None:  # fmt: skip
-    """Write the trace of a finished run (the core recorded spans; ``metrics`` kept the GPUs' spans); gzip-compressed
-    when ``path`` ends in ``.gz`` (Perfetto opens it as it is: traces shrink about tenfold)."""
+    """Write the trace of a finished run; gzip-compressed when ``path`` ends in ``.gz``."""
     target = Path(path)
     plain = target.with_suffix("") if target.suffix == ".gz" else target
     core.write_trace(str(plain), port_pids=port_pids(topology, core.port_count),

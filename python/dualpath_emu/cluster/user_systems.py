@@ -50,8 +50,7 @@ def system_specs(values: Sequence[str]) -> list[str]:
 
 
 class SystemLoader:
-    """Resolves system specs for one scenario (modules loaded from files shared between its specs): relative
-    paths start from ``base``; ``where`` says where the specs were given (``"s.toml: key 'systems'"``)."""
+    """Resolves system specs for one scenario: relative paths from ``base``; ``where``: where given."""
 
     def __init__(self, base: Path, where: str) -> None:
         self.base = base

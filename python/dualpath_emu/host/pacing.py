@@ -71,8 +71,7 @@ class Pacer:
             self._wake_at(at)
 
     def set_rate(self, rate_bytes_per_s: float) -> None:
-        """Pace at ``rate_bytes_per_s`` from now on (0: paused; see the module docstring). A wake-up that was
-        due by now grants first, at the old rate; the port keeps the tokens it earned until now."""
+        """Pace at ``rate_bytes_per_s`` from now on (0: paused); what was due grants first, earned tokens kept."""
         port = self.port
         if rate_bytes_per_s == port.rate_bytes_per_s:
             return

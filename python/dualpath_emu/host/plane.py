@@ -146,8 +146,7 @@ class HostDataPlane(WallClockCore):
         self.channel.tell_peers(["factor", port, factor])
 
     def set_port_latency(self, port: int, extra_ns: int) -> None:
-        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (0: none), here and in every
-        other process of the run; each process's core waits it out before it hands the work out."""
+        """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on, here and in every process."""
         self._set_latency(port, extra_ns)
         self.channel.tell_peers(["latency", port, extra_ns])
 
@@ -301,8 +300,7 @@ class HostDataPlane(WallClockCore):
         self.channel.on_stop = callback
 
     async def finish(self, run_complete: bool) -> None:
-        """This process's actors are done: its faults end (what they hold back drains); the driver's, its run
-        complete, tells every other process to stop (what the data-plane service does on the model backend)."""
+        """The actors are done: faults end; the driver's process, its run complete, tells the others to stop."""
         self.clear_faults()
         self.flush()
         if run_complete:

@@ -262,8 +262,7 @@ class BlockStore:
             back.set()
 
     async def reach(self, view: StorageView, context: int, kind: str = "read") -> float:
-        """Before an I/O of ``kind`` on ``view``: while the view is away, try ``context``'s file through it (the
-        kernel says ENOENT), wait (backoff, or until it is back) and try again; returns the seconds waited."""
+        """Before an I/O on ``view``: while it is away, try, wait and try again; returns the seconds waited."""
         if kind not in ("read", "write"):
             raise HostStorageError(f"kind must be 'read' or 'write', not {kind!r}")
         if not view.away:
@@ -436,8 +435,7 @@ class BlockStore:
     # --- the work -------------------------------------------------------------------------------------------
 
     def _probe(self, direct: bool | None) -> tuple[bool, str, int]:
-        """Whether to use O_DIRECT, the reason when not, and the alignment of I/O (:data:`ALIGN`, or
-        :data:`SMALL_ALIGN` where the device takes it); checks on the way that ``root`` is writable."""
+        """Whether to use O_DIRECT (else why not) and the I/O alignment; checks that ``root`` is writable."""
         probe = self.root / f".probe-{os.getpid()}-{uuid.uuid4().hex}"
         try:
             os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
@@ -596,8 +594,7 @@ class BlockStore:
         return words
 
     def _write_chunk(self, context: int, first_block: int, count: int, view: StorageView | None = None) -> bool:
-        """One pwritev of ``count`` blocks (on a pool thread, or the caller's for :meth:`seed`); False where the
-        file could not be opened, ``view`` away (nothing written: try again when it is back)."""
+        """One pwritev of ``count`` blocks; False if the file could not be opened, ``view`` away (retry later)."""
         size = count * self.stride
         offset = first_block * self.stride
         buffer = self._buffers.get()
@@ -685,14 +682,12 @@ class BlockStore:
 
 
 def run_storage(storage_dir: str) -> str:
-    """The run's own folder under a given ``storage_dir`` (``run-<random>``), so that runs sharing the
-    directory never read or delete each other's blocks; "" (the run directory's ``storage``) stays so."""
+    """The run's own folder under ``storage_dir`` (``run-<random>``), so runs sharing it never touch each other's."""
     return str(Path(storage_dir) / f"run-{secrets.token_hex(8)}") if storage_dir else ""
 
 
 def remove_blocks(folder: Path) -> None:
-    """Remove a host run's KV block files (and the folder, if that empties it): only the run's own folder's.
-    A folder that cannot be cleaned (read-only, gone) is said, not an error: the run's results stand."""
+    """Remove the run's own KV block folder; one that cannot be cleaned is said, not an error."""
     from dualpath_emu.runtime.launcher import OWNER_FILE
 
     try:

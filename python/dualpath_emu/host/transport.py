@@ -199,8 +199,7 @@ class ByteChannel:
     # --- jobs --------------------------------------------------------------------------------------------
 
     def push(self, dest: str, nbytes: int, lane: int, port: int, rx: int = -1) -> Awaitable[None]:
-        """Send ``nbytes`` to process ``dest`` through this process's ``port``: done when ``dest``
-        acknowledged all of them (``rx`` >= 0: the port they arrive through there, for its ``admit``)."""
+        """Send ``nbytes`` to process ``dest`` through ``port``, done when all are acked (``rx``: their port there)."""
         job = self._new_job()
         done = asyncio.get_running_loop().create_future()
         self._outbound[job] = done
@@ -210,8 +209,7 @@ class ByteChannel:
         return done
 
     def pull(self, source: str, nbytes: int, lane: int, port: int, rx: int = -1) -> Awaitable[None]:
-        """Have process ``source`` send ``nbytes`` here through its ``port``: done when the last of them
-        arrived (``rx`` >= 0: the port they arrive through here, and so were let in by ``admit``)."""
+        """Have process ``source`` send ``nbytes`` here through its ``port``, done when the last arrived."""
         job = self._new_job()
         done = asyncio.get_running_loop().create_future()
         self._pulls[job] = done

@@ -36,8 +36,7 @@ EXPERIMENTS: Final[Mapping[str, str]] = MappingProxyType({name: f"{__name__}.{na
 
 
 def help_description(doc: str | None) -> str:
-    """The first paragraph of a module's docstring as plain text, for its ``--help``: the lines joined,
-    reStructuredText roles and literals (``:func:`~a.b```, ````x````, ``**x**``) reduced to their words."""
+    """The first paragraph of a module's docstring as plain text (roles and literals reduced), for ``--help``."""
     paragraph = (doc or "").strip().split("\n\n")[0]
     text = " ".join(paragraph.split())
     text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)

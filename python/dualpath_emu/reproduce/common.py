@@ -179,8 +179,7 @@ C = TypeVar("C", bound=Task)
 
 @functools.cache
 def code_fingerprint(worker_module: str) -> str:
-    """A digest of the code a run's result depends on: the package outside ``reproduce/``, this module,
-    ``worker_module``'s file and the native core (editing an experiment's layout keeps the cache)."""
+    """A digest of the code a result depends on (the package outside ``reproduce/``, the worker, the core)."""
     package = Path(__file__).resolve().parent.parent
     worker_file = Path(importlib.import_module(worker_module).__file__ or "").resolve()
     paths = [p for p in package.rglob("*.py") if "reproduce" not in p.relative_to(package).parts[:-1]]

@@ -105,8 +105,7 @@ class Point:
 
 
 def dispatch_bytes_per_peer(spec: ModelSpec, tokens: int, ep_nodes: int) -> int:
-    """Bytes one GPU's MoE dispatch sends to its same-index GPU on one other node (DeepEP normal layout):
-    a token goes there once if any of its ``k`` experts is on that node, probability ``1 - (1 - 1/N)^k``."""
+    """Bytes one GPU's MoE dispatch sends to its same-index GPU on one other node (DeepEP normal layout)."""
     k = spec.activated_experts
     per_token = spec.a2a_dispatch_bytes_per_token_layer / k
     return round(tokens * per_token * (1.0 - (1.0 - 1.0 / ep_nodes) ** k))

@@ -38,8 +38,7 @@ data-plane process once drained, or by the one process of a one-process run)."""
 
 
 class Application(ABC):
-    """A runnable set of actors. ``config`` is the scenario's table named after the application; the
-    constructor reads its keys (and calls ``config.finish()``) so that a bad value is reported up front."""
+    """A runnable set of actors; the constructor reads ``config`` (its table) so a bad value is reported up front."""
 
     name: ClassVar[str]
 
@@ -61,8 +60,7 @@ class Application(ABC):
 
     @abstractmethod
     def build_core(self, core: Core) -> None:
-        """Add the ports and storage the actors use to a core: the data plane's across processes (the others get
-        :meth:`use_layout`), a one-process run's own, each process's own on a backend that moves real bytes."""
+        """Add the ports and storage the actors use to a core (the data plane's, or a process's own)."""
 
     def use_layout(self, layout: CoreLayout) -> None:
         """In a process without the core, learn the ids of the ports and storage nodes :meth:`build_core` made in
@@ -82,8 +80,7 @@ class Application(ABC):
         return {}
 
     def service_report(self, core: Core) -> dict[str, Any] | None:
-        """The application's report of the run's core once the run is over (JSON-able), written to
-        :data:`SERVICE_REPORT` in the run directory by the process that owns the core; ``None`` (the default): none."""
+        """The application's report of the core after the run (to :data:`SERVICE_REPORT`); ``None``: none."""
         return None
 
     def write_part(self, path: Path) -> None:

@@ -72,8 +72,7 @@ class LayerTransfer(NamedTuple):
 
 
 class ForwardRank(NamedTuple):
-    """One DP-attention rank (GPU) of a forward pass, per layer: an optional load before its attention (hit KV
-    into HBM), the attention time, and an optional store after it (the layer's KV to the decode engine)."""
+    """One DP-attention rank of a forward pass, per layer: an optional load, its attention, an optional store."""
 
     load: LayerTransfer | None = None
     attn_ns: int = 0
@@ -124,8 +123,7 @@ def core_layout(core: Core) -> CoreLayout:
 
 
 def core_state(core: Core) -> dict[str, Any]:
-    """A core's state now: ``clock_ns``, every port's counters (``ports``) and every storage node's queue
-    (``storage``), by name: what :meth:`CoreWork.stats` and the data-plane service's report give."""
+    """A core's state now: ``clock_ns``, each port's counters and each storage node's queue, by name."""
     return {
         "clock_ns": core.clock_ns(),
         "ports": {core.port_name(p): core.port_counters(p) for p in range(core.port_count)},
@@ -175,8 +173,7 @@ class CoreWork:
         raise NotImplementedError
 
     async def run(self, main: Awaitable[_T]) -> _T:
-        """Run ``main`` (a process's actors) inside whatever the plane must set up and tear down around them
-        (a remote plane: end it if the data plane is lost; the host backend: its byte channel and files)."""
+        """Run ``main`` (the actors) inside what the plane sets up and tears down around them."""
         return await main
 
     def when_stop_requested(self, callback: Callable[[str], None]) -> None:
@@ -240,8 +237,7 @@ class CoreWork:
         self.call_when_done(self._queue_io(node, kind, lane, size_bytes, self.new_tag(), extents), done, failed)
 
     def transfer(self, path: Sequence[int], lane: int, size_bytes: int) -> asyncio.Future[Completion]:
-        """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` (port ids) now: the future resolves with
-        its completion, or fails with the core's error (cancelling it does not stop the transfer)."""
+        """Start a transfer of ``size_bytes`` on ``lane`` along ``path`` now; the future resolves when it ends."""
         return self.expect(self._queue_transfer(path, lane, size_bytes, self.new_tag()))
 
     def transfer_detached(self, path: Sequence[int], lane: int, size_bytes: int) -> None:

@@ -88,8 +88,7 @@ class DataPlane(Protocol):
         ...
 
     def decode_reset(self, node: int) -> None:
-        """An engine crash: decode node ``node`` drops every request now, after what was asked for before; the busy
-        spans it closes come with its next report (requests that ended unreported never are)."""
+        """An engine crash: decode node ``node`` drops every request now; the spans it closes come with a report."""
 
 
 class Observed(Protocol):
@@ -126,8 +125,7 @@ def on(*message_types: type[Message]) -> Callable[[_F], _F]:
 
 
 class Engine:
-    """Base of engines: a name, an :class:`Outbox` (``self.out``), handlers by message type (:func:`on`); inputs come
-    through :meth:`receive`, :meth:`start` and the ``then`` callbacks given to the data plane."""
+    """Base of engines: a name, an :class:`Outbox` (``self.out``) and handlers by message type (:func:`on`)."""
 
     _inputs: ClassVar[dict[type[Message], str]] = {}
 

@@ -292,8 +292,7 @@ OWNER_FILE: Final = "owner"
 
 
 def mark_owner(folder: Path) -> None:
-    """Write ``folder``'s owner: this host and process, so a later launcher can tell the folder is left over
-    from one that was killed (SIGKILL ends a process without its clean-up) and remove it."""
+    """Write ``folder``'s owner (host, pid), so a later launcher can remove it if a killed one left it."""
     (folder / OWNER_FILE).write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
 
 
@@ -328,8 +327,7 @@ def _alive(pid: int) -> bool:
 def launch_host(
     scenario: RunScenario, run_dir: Path, names: Sequence[str], *, on_start: Callable[[str, int], None] | None = None
 ) -> None:
-    """Start this host's share ``names`` of a run prepared in ``run_dir`` (the data plane first, the driver's
-    process last, with ``--no-ready-wait``) and watch them as :func:`launch` does until each exited 0."""
+    """Start this host's share ``names`` of a run prepared in ``run_dir`` and watch them as :func:`launch`."""
     known = process_names(scenario)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
@@ -356,8 +354,7 @@ def _start_and_watch(
     scenario: RunScenario, children: list[_Child], names: Sequence[str], work: Path, extra: Mapping[str, Sequence[str]],
     watch: Callable[[], None], on_start: Callable[[str, int], None] | None,
 ) -> None:  # fmt: skip
-    """Start processes ``names`` in order (each with its ``extra`` arguments) into ``children``, then
-    ``watch()`` them; on Ctrl-C (:class:`LaunchInterrupted`) or any error, stop every one started first."""
+    """Start ``names`` in order, then ``watch()`` them; on Ctrl-C or any error, stop every one started."""
     with _signals_raise():
         try:
             for name in names:
@@ -544,8 +541,7 @@ def _proc_state(pid: int) -> tuple[str, float] | None:
 
 
 def _check_liveness(scenario: RunScenario, children: Sequence[_Child], now: float, deadline: float) -> None:
-    """:class:`LaunchError` for a child stopped, hung (silent for ``hang_timeout_s``, :data:`STARTUP_TIMEOUT_S`
-    before its first beat) or busy for ``busy_timeout_s``, or once ``deadline`` passed."""
+    """:class:`LaunchError` for a child stopped, hung or busy too long, or once ``deadline`` passed."""
     for child in children:
         silent = now - child.last_beat_s
         limit = scenario.hang_timeout_s if child.beating else STARTUP_TIMEOUT_S

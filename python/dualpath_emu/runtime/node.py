@@ -501,8 +501,7 @@ def serve_dataplane(
 
 
 class _StorageRecorder:
-    """A :class:`Core` as an application builds it, that also notes where its storage nodes' I/Os go (the
-    data-plane service tallies a process's storage I/Os by port, see ``DataPlaneService``)."""
+    """A :class:`Core` as an application builds it, noting where storage I/Os go (for the service's tallies)."""
 
     def __init__(self, core: Core) -> None:
         self._core = core

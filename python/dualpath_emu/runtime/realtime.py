@@ -122,8 +122,7 @@ class WallClockCore(LocalCoreWork):
 def run_realtime(
     main: Callable[[WallClockCore], Coroutine[Any, Any, _T]], core: Core | None = None, *, time_scale: float = 1.0
 ) -> _T:
-    """Run ``main(plane)`` to completion on a new :class:`RealTimeLoop` over ``core`` (by default a new
-    ``Core(clock="wall", time_scale=time_scale)``), ``plane`` its :class:`WallClockCore`; return its result."""
+    """Run ``main(plane)`` on a new :class:`RealTimeLoop` over ``core`` (its :class:`WallClockCore`)."""
     plane = WallClockCore(core if core is not None else Core(clock="wall", time_scale=time_scale))
     loop = plane.new_loop()
     try:

@@ -89,8 +89,7 @@ def node_command(scenario: RunScenario, name: str, run_dir: Path) -> list[str]:
 
 
 def prepare(scenario: RunScenario, run_dir: Path) -> list[str]:
-    """Write the run description into ``run_dir`` for processes started by hand; return the shell command of
-    each, in start order (the data plane first, the driver's process last, with ``--no-ready-wait``)."""
+    """Write the run description for processes started by hand; return each one's command, in start order."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     socket_dir = run_dir / "sockets"

@@ -66,8 +66,7 @@ class BoundedLog:
         self._logged_count = 0
 
     def note(self, detail: str) -> str | None:
-        """Count one; return the text to record as an event (the first ``first`` and the power-of-ten
-        summaries), or None when it is only counted (a time-based summary line is logged, not recorded)."""
+        """Count one; the text to record as an event, or None when it is only counted."""
         self.count += 1
         count = self.count
         if len(detail) > self.detail_chars:
@@ -286,8 +285,7 @@ class RunKeys:
         return frozenset(self._public.values())
 
     def make_server(self, socket: zmq.Socket[Any]) -> None:
-        """Make ``socket`` a CURVE server with this process's key pair (before it binds), with
-        ``ZAP_ENFORCE_DOMAIN``: without a ZAP handler every handshake then fails instead of admitting any key."""
+        """Make ``socket`` a CURVE server of this process's keys (before it binds), ZAP enforced."""
         socket.setsockopt(zmq.CURVE_SECRETKEY, self._secrets[self.own])
         socket.setsockopt(zmq.CURVE_PUBLICKEY, self._public[self.own])
         socket.setsockopt(zmq.CURVE_SERVER, 1)

@@ -41,8 +41,7 @@ class DeadlockError(RuntimeError):
 
 @dataclass
 class ProgressWatch:
-    """Stops a run that makes no progress for ``limit_ns`` of emulated time (:class:`NoProgressError`):
-    ``last_progress_ns()`` (None: nothing waits) is asked each time the clock moved ``every_ns``."""
+    """Stops a run without progress for ``limit_ns`` emulated (:class:`NoProgressError`), checked every ``every_ns``."""
 
     limit_ns: int
     every_ns: int

@@ -196,8 +196,7 @@ def generate_base(dataset: Dataset, seed: int = 0, params: GeneratorParams = Gen
 def extend_agents(
     base: Sequence[Trajectory], agents: int, rng: random.Random, *, first_append: int = 1, max_len: int, prefix: str
 ) -> list[Trajectory]:
-    """``base`` cut or extended to ``agents`` trajectories (§3.2, A.3): extra agents ``<prefix>-<k>`` are
-    uniformly drawn base trajectories with a first round of ``first_append`` tokens (g_1 = 1) prepended."""
+    """``base`` cut or extended to ``agents`` trajectories (§3.2, A.3; docs/workloads.md)."""
     if agents <= len(base):
         return list(base[:agents])
     if not base:
@@ -230,8 +229,7 @@ def generate(
 
 
 def scaled(trajectory: Trajectory, *, append_factor: float = 1.0, gen_factor: float = 1.0, max_len: int) -> Trajectory:
-    """An agent trajectory with every append (gen) length × ``append_factor`` (``gen_factor``), rounded, >= 1,
-    then re-truncated at ``max_len``: the append / generation scaling runs of §7.3 (Fig. 9)."""
+    """An agent trajectory with appends (gens) × ``append_factor`` (``gen_factor``), re-truncated (Fig. 9)."""
     if trajectory.hit is not None:
         raise ValueError(f"trajectory {trajectory.id!r}: scaling needs an agent trajectory (implied hits)")
     if not (append_factor > 0 and gen_factor > 0):

@@ -161,8 +161,7 @@ class Trajectory:
 
 
 def truncated(trajectory: Trajectory, max_len: int) -> Trajectory:
-    """``trajectory`` cut before the first round whose prompt + output would exceed ``max_len`` tokens, as the
-    paper's datasets are at their MaxLen (Table 2); a ``ValueError`` if not even the first turn fits."""
+    """``trajectory`` cut before the first round exceeding ``max_len`` tokens (ValueError if the first does)."""
     keep = 0
     for turn in trajectory.turns():
         if turn.prompt + turn.gen > max_len:
@@ -212,8 +211,7 @@ def _record(trajectory: Trajectory) -> dict[str, Any]:
 def write_trajectories(
     path: str | Path, trajectories: Sequence[Trajectory], meta: Mapping[str, Any] | None = None
 ) -> None:
-    """Write ``trajectories`` to ``path``: format version 2 if some have tool waits, else version 1 (which every
-    reader reads). Raises ``ValueError`` on duplicate ids (the file would be unreadable)."""
+    """Write ``trajectories`` to ``path`` (version 2 if some have waits, else 1); duplicate ids: ValueError."""
     seen: set[str] = set()
     for trajectory in trajectories:
         if trajectory.id in seen:

@@ -69,8 +69,7 @@ HOST: Final = Backend("host", host_plane, shares_core=False)
 
 
 def host_plan(app: ClusterApplication, scenario: RunScenario) -> HostPlan:
-    """Which process drives which node's I/O (the one hosting its engine group), every port's node and rate,
-    the Full Block size: what :class:`~dualpath_emu.host.plane.HostDataPlane` needs of the cluster."""
+    """What :class:`~dualpath_emu.host.plane.HostDataPlane` needs of the cluster, as plain data."""
     from dualpath_emu.host.plane import HostPlan
 
     process_of = {actor: spec.name for spec in scenario.processes for actor in spec.actors}
@@ -167,8 +166,7 @@ def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication
 
 
 def compare_with_model(result: SystemResult, model: SystemResult) -> None:
-    """Put the model's figures (a virtual-time run of the same cluster, system and workload, probed by kind)
-    next to a host run's measurements: its JCT, and per kind of data movement its count and mean seconds."""
+    """The model's figures (a virtual run, probed by kind) next to a host run's: JCT, count and mean per kind."""
     host = result.extra["host"]
     host["model_jct_s"] = model.jct_s
     modelled = model.extra.get("paths", {})

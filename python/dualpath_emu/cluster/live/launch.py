@@ -252,8 +252,7 @@ def run_live(
 
 
 def full_disk(run_dir: Path, blocks_dir: Path | None, message: str) -> str | None:
-    """Why a failed live run stopped, if a disk was full: its run directory or its KV storage directory with less
-    than :data:`FULL_DISK_BYTES` free, or a process whose output (in ``message``) says it found no space."""
+    """Why a failed live run stopped, if a disk was full (its run or KV directory, or a process said so)."""
     for what, folder in (("the run directory", run_dir), ("the KV storage directory", blocks_dir)):
         if folder is None:
             continue

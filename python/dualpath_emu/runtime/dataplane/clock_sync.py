@@ -44,8 +44,7 @@ def handshake(ping: Callable[[int, int], int], rounds: int, time_scale: float) -
 
 
 class ClockCheck:
-    """Later samples of the service's clock (heartbeats) against the remote's estimate of it: on one host the
-    disagreement stays within the round trip, across hosts its growth is the clocks' drift."""
+    """Later samples of the service's clock against the remote's estimate: across hosts, the drift."""
 
     __slots__ = ("samples", "max_abs_error_ns", "last_error_ns", "last_rtt_ns", "last_after_ns")
 
@@ -69,8 +68,7 @@ class ClockCheck:
         self.max_abs_error_ns = max(self.max_abs_error_ns, abs(self.last_error_ns))
 
     def summary(self) -> dict[str, int | float]:
-        """The samples' count, the largest and the last disagreement (emulated ns), the last sample's round
-        trip (wall ns) and the drift rate it implies (ppm of emulated time; noise within the RTT included)."""
+        """The samples' count, largest and last disagreement, last round trip and implied drift."""
         return {
             "samples": self.samples, "max_abs_error_ns": self.max_abs_error_ns, "last_error_ns": self.last_error_ns,
             "last_rtt_ns": self.last_rtt_ns,

@@ -305,8 +305,7 @@ _CORE_ERRORS: Final[dict[str, type[Exception]]] = {
 
 
 def error_from_service(type_name: str, text: str) -> Exception:
-    """The exception a refused request's ``(error_type, text)`` is rebuilt as: the core's error class of that
-    name, else the builtin exception of that name, else :class:`DataPlaneError` (``"Type: text"``)."""
+    """The exception a refused request's ``(error_type, text)`` is rebuilt as (a core or builtin class)."""
     cls = _CORE_ERRORS.get(type_name)
     if cls is None:
         builtin = getattr(builtins, type_name, None)

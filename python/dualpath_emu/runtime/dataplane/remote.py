@@ -204,8 +204,7 @@ class RemoteDataPlane(CoreWork):
         self._send(msgpack.packb([PROTOCOL_VERSION, "fault", self._next_seq(), port, "latency", int(extra_ns)]))
 
     def decode_reset(self, node: int) -> None:
-        """An engine crash: decode node ``node`` (this process's handle) drops every request now, in the
-        service's core (after what was asked for before it); the busy spans it closes come with a report."""
+        """An engine crash: decode node ``node`` drops every request in the service's core, after earlier work."""
         if node not in self._decode_reports:
             raise LookupError(f"decode_reset: decode node {node} was never added through this data plane")
         self.flush()

@@ -86,8 +86,7 @@ class _Requester:
 
 
 class ServiceCore(WallClockCore):
-    """The service's core: a :class:`~dualpath_emu.runtime.realtime.WallClockCore` whose completions for remote
-    requesters go to the :class:`DataPlaneService` attached to it (the rest to this plane's own waiters)."""
+    """The service's core: completions for remote requesters go to the attached :class:`DataPlaneService`."""
 
     def __init__(self, core: Core) -> None:
         super().__init__(core)
@@ -706,8 +705,7 @@ class DataPlaneService:
             self._drain_check = self.loop.call_later(DRAIN_CHECK_S * self.plane.time_scale, again)
 
     def report(self) -> dict[str, Any]:
-        """Everything the run's checks and metrics read: every port's counters (``Core.port_counters``, by
-        port name), ``Core.stats()``, every storage node's queue, the lags and the service's counters."""
+        """What the run's checks and metrics read: ports, core stats, storage queues, lags, counters."""
         core = self.core
         state = core_state(core)
         return {
