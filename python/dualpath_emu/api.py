@@ -55,9 +55,8 @@ def scenario_names() -> list[str]:
 def load_scenario(scenario: str | Path | None = None, *, overrides: Mapping[str, object] | None = None,
                   agents: int | None = None, seed: int | None = None,
                   systems: Sequence[str | System] | None = None) -> ClusterScenario:  # fmt: skip
-    """A cluster scenario, checked. ``overrides`` maps dotted keys of the scenario file to values
-    (``{"workload.max_rounds": 20}``), set before the checks as if the file said so; ``agents``, ``seed`` and
-    ``systems`` then override like the command line's options."""
+    """A cluster scenario, checked: ``overrides`` maps dotted keys to values (``{"workload.max_rounds": 20}``), set
+    before the checks; ``agents``, ``seed`` and ``systems`` then override as the CLI's."""
     loaded = _load(scenario, dict(overrides) if overrides else None)
     return loaded.with_overrides(systems=systems, agents=agents, seed=seed)
 

@@ -27,9 +27,8 @@ class SecurityError(UsageError):
 
 
 class NoProgressError(RuntimeError):
-    """A run whose clock went on while its requests made no progress for ``[scheduling] stall_timeout_s`` of
-    emulated time, stopped (``dualpath_emu.cluster.stall``): the CLI prints the message on one line and exits
-    with status 1 (the run failed; the input was not wrong)."""
+    """A run whose clock went on while its requests made no progress for ``[scheduling] stall_timeout_s`` of emulated
+    time, stopped: one line, exit status 1 (the run failed, not the input)."""
 
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

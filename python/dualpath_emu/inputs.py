@@ -55,9 +55,8 @@ def too_long_number(error: ValueError) -> str:
 
 
 def open_input(path: str | Path, *, what: str, limit_bytes: int) -> BinaryIO:
-    """``path`` opened for reading bytes if it is a regular file of at most ``limit_bytes``, else a
-    :class:`UsageError` naming the file. Opening does not block on a FIFO (``O_NONBLOCK``), and the checks are
-    on the opened descriptor, so what is checked is what is read."""
+    """``path`` opened for reading bytes if it is a regular file of at most ``limit_bytes``, else a :class:`UsageError`;
+    no blocking on a FIFO (``O_NONBLOCK``), checks on the opened descriptor."""
     source = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

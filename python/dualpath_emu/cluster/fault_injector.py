@@ -36,9 +36,8 @@ def port_ids(topology: Topology) -> dict[str, int]:
 
 @dataclass
 class _Active:
-    """The faults acting on one port now: (fault number, factor, latency ns) each. Its state (the lowest factor,
-    the largest latency) is kept in two heaps whose ended entries are dropped when they reach the top: O(log n)
-    per change in the n faults acting."""
+    """The faults acting on one port now: (number, factor, latency ns) each; the lowest factor and largest latency kept
+    in two heaps, ended entries dropped at the top (O(log n) per change)."""
 
     faults: dict[int, tuple[float, int]] = field(default_factory=dict)
     _factors: list[tuple[float, int]] = field(default_factory=list)

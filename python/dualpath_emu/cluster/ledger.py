@@ -58,9 +58,8 @@ class Booking:
 
 
 class Ledger:
-    """An engine's data plane, as the cluster uses it: books each request's bytes in the process's
-    :class:`Booking`, names storage by cluster node, and passes the request on to the driver's
-    :class:`~dualpath_emu.runtime.engine.DataPlane`."""
+    """An engine's data plane, as the cluster uses it: books each request's bytes in the process's :class:`Booking`,
+    names storage by cluster node, passes the request on to the driver's plane."""
 
     def __init__(self, plane: DataPlane, topology: Topology, booking: Booking) -> None:
         self._plane = plane
@@ -137,9 +136,8 @@ class ProbingLedger(Ledger):
 def measure_spans(
     booking: Booking, topology: Topology, spans: Sequence[tuple[str, list[int], int, int, int, int, int]]
 ) -> None:
-    """Add the core's spans (``Core.spans``: every transfer and storage I/O it modelled, the decode GPUs' own
-    write-backs and all-to-all among them; a forward pass's per-layer transfers are inside the pass) to
-    ``booking``'s measurements, by kind (:mod:`~dualpath_emu.host.paths`)."""
+    """Add the core's spans (every transfer and storage I/O it modelled, the decode GPUs' own among them; a forward
+    pass's transfers inside the pass) to ``booking``'s measurements, by kind."""
     measured = booking.measured
     node_of = {n.storage_node: n.index for n in topology.nodes}
     for kind, path, storage_node, _lane, size, start, end in spans:

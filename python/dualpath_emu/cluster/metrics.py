@@ -368,9 +368,8 @@ class Metrics:
 
     @classmethod
     def merge(cls, parts: Sequence[Metrics]) -> Metrics:
-        """The run's metrics from its processes' parts: per request, each time from the part that set it (set
-        differently by two parts: an error, but :data:`_ATTEMPT_COLUMNS`); forward passes in time order; GPU busy
-        time summed per GPU."""
+        """The run's metrics from its processes' parts: per request each time from the part that set it (two parts
+        differing is an error, but :data:`_ATTEMPT_COLUMNS`); passes in time order; GPU busy summed."""
         if not parts:
             return cls()
         interval = parts[0].gpu_busy["pe"].interval_ns

@@ -47,9 +47,8 @@ ReadSide = Literal["pe", "de"]
 @fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What the scheduler knows of a request: ``prompt_tokens`` = hit (read from storage) + new (computed by the
-    PE); ``hbm_bytes`` the DE HBM it takes; ``context`` the token stream (agent) whose first ``hit_tokens`` tokens
-    are its hit."""
+    """What the scheduler knows of a request: ``prompt_tokens`` = hit (read from storage) + new (computed by the PE);
+    ``hbm_bytes`` the DE HBM it takes; ``context`` its agent's token stream."""
 
     id: int
     prompt_tokens: int
@@ -345,9 +344,8 @@ class DualPathPolicy(Policy):
 
 @dataclass
 class RoundRobinPolicy(Policy):
-    """Round robin (the paper's Basic, Fig. 13): PEs and DEs in turn, no load limit but HBM. With
-    ``read_both_sides`` (ablation step ``basic+layerwise+dualpath``) the read side takes turns too [our choice:
-    choosing it by read queue is DualPath's scheduling, §6.3]."""
+    """Round robin (the paper's Basic, Fig. 13): PEs and DEs in turn, no load limit but HBM; with ``read_both_sides``
+    the read side takes turns too [our choice: by read queue is DualPath's, §6.3]."""
 
     _pe_turn: int = 0
     _next_de: dict[int, int] = field(default_factory=dict)

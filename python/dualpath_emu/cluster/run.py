@@ -80,9 +80,8 @@ class Progress:
 
 @dataclass
 class SystemResult:
-    """One system's run. Utilisations are per role (``pe``, ``de``), each a :data:`Utilisation`: the run mean
-    and the p99 over every (port or GPU, sample) of the role (KV loads are bursty: a port 54% busy on average
-    can be the bottleneck in its busiest seconds)."""
+    """One system's run. Utilisations are per role (``pe``, ``de``): the run mean and the p99 over every (port or GPU,
+    sample) of the role (a port 54% busy on average can be the bottleneck)."""
 
     system: str
     jct_s: float  # From the first arrival to the last request's end, done or failed (§7.3's JCT when :attr:`complete`).
@@ -153,9 +152,8 @@ class SystemResult:
         return sum(self.metrics.hit) / prompt if prompt else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """The JSON-able summary (``summary.json``'s ``systems.<name>``): :data:`_SUMMARY_KEYS`, then :attr:`extra`.
-        ``utilisation_sample_s`` is the ports' sample width behind the p99s (1 s, widened by the core on very
-        long runs so that its samples stay within a fixed budget)."""
+        """The JSON-able summary (``summary.json``'s ``systems.<name>``): :data:`_SUMMARY_KEYS`, then :attr:`extra`;
+        ``utilisation_sample_s`` is the ports' sample width behind the p99s."""
         attr = {"utilisation_sample_s": "sample_interval_s"}
         return {**{key: getattr(self, attr.get(key, key)) for key in _SUMMARY_KEYS}, **self.extra}
 

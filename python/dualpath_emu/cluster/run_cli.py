@@ -509,9 +509,8 @@ GATHERED: dict[str, str] = {".part": "msgpack", ".json": "json", ".events": "eve
 
 
 def _check_gathered(run_dir: Path) -> None:
-    """Every file of ``run_dir`` that ``collect`` may read is a regular file that parses as its kind, or a
-    one-line error naming it: files copied from other hosts can be anything (a FIFO would hang the reader,
-    a link to /dev/zero would fill memory)."""
+    """Every file of ``run_dir`` that ``collect`` may read is a regular file that parses as its kind, or a one-line
+    error naming it (copied files can be anything: a FIFO, a link to /dev/zero)."""
     import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
     from dualpath_emu.inputs import open_input

@@ -359,9 +359,8 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _ask_decode_groups(self, now: int, group: str, nodes: list[int], held: list[int]) -> None:
-        """Prefill group ``group``'s process died holding ``held``: ask every decode group that is up to drop what
-        it expects from ``nodes`` whose KV has not come; settle when all have answered. A request whose DecodeDone
-        came (its PrefillDone never will) is done."""
+        """Prefill group ``group``'s process died holding ``held``: ask every decode group up to drop what it expects
+        from ``nodes`` without KV; settle when all answered (a decoded request is done)."""
         wake = None
         for rid, pe in list(self.pe_of.items()):
             if rid in self._decoded and self.prefill.group_of(pe) == group:

@@ -27,9 +27,8 @@ KV_LANE: Final = 2  # VL2: KV-cache traffic, low priority (paper A.1).
 
 @dataclass(frozen=True)
 class StorageSpec:
-    """The 3FS-like storage cluster; the paper gives none of these numbers (paper-facts §10). A bandwidth of
-    None: as much as every storage NIC together (the SNICs are the paper's bottleneck). ``queue_depth``: I/Os
-    one node keeps in flight; the rest wait in its read queue."""
+    """The 3FS-like storage cluster (the paper gives none of these numbers). Bandwidth None: every storage NIC's
+    together; ``queue_depth``: I/Os one node keeps in flight, the rest queued."""
 
     read_bytes_per_s: float | None = None
     write_bytes_per_s: float | None = None

@@ -161,9 +161,8 @@ D = TypeVar("D")
 
 
 class Task(Protocol):
-    """What :func:`run_parallel` hands a worker (a :class:`Cell`, a sweep's run); it must pickle. ``labels``
-    name it in progress lines; ``cost`` is its relative run time (the largest start first); ``cache_key()`` is
-    everything its result depends on besides the worker and the code."""
+    """What :func:`run_parallel` hands a worker; it must pickle. ``labels`` name it in progress lines, ``cost`` orders
+    the start, ``cache_key()`` is all its result depends on but the code."""
 
     @property
     def labels(self) -> Mapping[str, Any]: ...

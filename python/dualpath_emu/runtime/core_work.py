@@ -139,9 +139,8 @@ class _Call(NamedTuple):
 
 
 class CoreWork:
-    """A data plane's side of the work: tags, pending requests, waiters, on the loop it is bound to (:meth:`bind`).
-    A flavour implements :meth:`_submit_batch` and :meth:`clock_ns`, and calls :meth:`_deliver` with what
-    completed and :meth:`_refused` for requests the core refused."""
+    """A data plane's side of the work on the loop it is bound to (:meth:`bind`); a flavour implements
+    :meth:`_submit_batch` and :meth:`clock_ns`, calling :meth:`_deliver` and :meth:`_refused`."""
 
     loop: asyncio.AbstractEventLoop  # The event loop the plane is bound to (:meth:`bind`).
 

@@ -96,9 +96,8 @@ class EventLogWriter:
             self.lines += 1
 
     def write_numbered(self, events: list[RawEvent], first_seq: int) -> None:
-        """Write ``events`` numbering them ``first_seq``, ``first_seq + 1``, … (their own seq is ignored):
-        the chunks an :meth:`ActorSystem.set_event_sink` sink receives. One string per chunk, escaped only
-        if some field needs it."""
+        """Write ``events`` numbered from ``first_seq`` (their own seq ignored): the chunks an event sink receives. One
+        string per chunk, escaped only if some field needs it."""
         text = "".join([f"{t}\t{first_seq + i}\t{a}\t{k}\t{m}\n" for i, (t, _, a, k, m) in enumerate(events)])
         n = len(events)
         if text.count("\t") != 4 * n or text.count("\n") != n or "\\" in text or "\r" in text:
@@ -157,9 +156,8 @@ def write_event_log(events: Iterable[RawEvent], path: Path | None) -> str:
 
 
 def read_events(path: Path) -> Iterator[Event]:
-    """The events of the event log in ``path``. A last line without its newline -- cut off by a process killed
-    while writing it (a live run's process that died, ``restart_crashed``) -- is not an event and is skipped;
-    any other line that is not one raises ``ValueError``."""
+    """The events of the event log in ``path``; a last line without its newline (a process killed while writing it) is
+    skipped, any other line that is not an event raises ``ValueError``."""
     with open(path, encoding="utf-8", newline="\n") as file:
         for line in file:
             if not line.endswith("\n"):

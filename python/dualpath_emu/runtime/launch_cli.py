@@ -129,9 +129,8 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
 
 
 def dataplane_summary(result: LaunchResult) -> dict[str, Any] | None:
-    """The data plane's part of a run's summary: per process the clock handshake's round trip and offset
-    uncertainty, the clock checks and the delivery lag; the submission lag; per port the bytes completed
-    and busy seconds; its counters. ``None`` for a run without a data plane."""
+    """The data plane's part of a run's summary (per process its clock handshake, checks and delivery lag; the
+    submission lag; per port bytes and busy seconds; counters), or ``None``."""
     if result.dataplane is None:
         return None
     report = result.dataplane["report"]

@@ -53,9 +53,8 @@ RESTARTS_SUFFIX: Final = ".restarts.json"
 
 
 class LaunchError(RuntimeError):
-    """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss.
-    ``died``: the process that died before the run was complete, if that is why; ``full_disk``: the folder that
-    was full when the run stopped, if one was."""
+    """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss; ``died``:
+    the process that died, ``full_disk``: the folder that was full, if so."""
 
     def __init__(self, message: str, *, died: str | None = None) -> None:
         super().__init__(message)

@@ -114,9 +114,8 @@ class RunScenario:
 
     @property
     def uses_dataplane(self) -> bool:
-        """Whether a real-time run of this scenario has a data-plane process: when its actors are in more
-        than one process (one process keeps its own core) and its processes share one core (on a backend
-        that moves real bytes every process drives its own)."""
+        """Whether a real-time run of this scenario has a data-plane process: its actors are in more than one process
+        and its processes share one core."""
         return len(self.processes) > 1 and self.shares_core
 
 

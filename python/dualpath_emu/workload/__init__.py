@@ -33,9 +33,8 @@ class LoadedTrace:
 
 
 def load_trace(path: str | Path) -> LoadedTrace:
-    """Read ``path``: a trajectory file (first line ``{"format": "dualpath-emu-trajectories", ...}``) or a
-    Mooncake request trace (first line a request with ``input_length`` and ``hash_ids``), holding at least one
-    trajectory or request."""
+    """Read ``path``: a trajectory file (first line ``{"format": "dualpath-emu-trajectories", ...}``) or a Mooncake
+    request trace (first line a request with ``input_length`` and ``hash_ids``)."""
     with closing(numbered_lines(path)) as lines:
         first = next(lines, None)
     if first is None:

@@ -42,9 +42,8 @@ def distribution(values: Sequence[float]) -> Distribution:
 
 @dataclass(frozen=True)
 class Table2Stats:
-    """Table 2's columns (§7.2) in the per-trajectory reading (``hit_rate`` = context / (context + append), as
-    the paper derives 98.7 %), then the per-turn view (means over all rounds; ``hit_fraction`` = Σ hit /
-    Σ prompt) and the longest prompt + output of any round."""
+    """Table 2's columns (§7.2) in the per-trajectory reading (``hit_rate`` = context / (context + append)), then the
+    per-turn view (``hit_fraction`` = Σ hit / Σ prompt) and the longest round."""
 
     trajectories: int
     turns: float

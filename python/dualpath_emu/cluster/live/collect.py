@@ -114,9 +114,8 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
 
 
 def last_incarnation(run_dir: Path, name: str) -> int:
-    """The last incarnation of process ``name`` whose files are in ``run_dir``: 0, or N when it was started
-    again N times in place of one that died (its files ``<name>.N.*``; every one that started left an event
-    log, its output or its results)."""
+    """The last incarnation of process ``name`` whose files are in ``run_dir``: 0, or N when it was started again N
+    times (its files ``<name>.N.*``)."""
     last = 0
     for n in range(1, 1 << 16):
         stem = incarnation_stem(name, n)
@@ -127,9 +126,8 @@ def last_incarnation(run_dir: Path, name: str) -> int:
 
 
 def _restarts(run_dir: Path, processes: Sequence[str], last: Mapping[str, int], start_ns: int) -> list[dict[str, Any]]:
-    """Which processes were started again in place of one that died, and when: the launcher's record (how the
-    dead one ended, wall seconds from the launch) with the emulated time, from the run's start, of the dead
-    one's last event and of the new one's first."""
+    """Which processes were started again in place of one that died, and when: the launcher's record with the emulated
+    time of the dead one's last event and the new one's first."""
     out = []
     for name in processes:
         if not last[name]:
@@ -154,9 +152,8 @@ def _events_of(path: Path) -> list[Any]:
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str], last: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """How close to its model the run kept: the delivery lag of every completion (all processes merged),
-    the data plane's submission lag, the clock handshakes' round trips and offset bounds, and each process's
-    CPU time (the one near its wall time is the run's bottleneck)."""
+    """How close to its model the run kept: the delivery lag of every completion, the submission lag, the clock
+    handshakes and each process's CPU time (the one near its wall time is the bottleneck)."""
 
     def seconds(stats: LagStats) -> dict[str, float]:
         return {"p50": stats.quantile(0.5) / 1e9, "p99": stats.quantile(0.99) / 1e9, "max": stats.max / 1e9,

@@ -34,9 +34,8 @@ MODELLED_ON_HOST: Final = ("H2D", "D2H")
 
 
 def host_plane(request: PlaneRequest) -> HostDataPlane:
-    """The host backend's plane of a process: its own wall-clock core, every process's core on one clock (the
-    launcher's origin on the hosts' real-time clock), driving the storage and NIC I/O of the nodes whose
-    engine groups it hosts, moving real bytes."""
+    """The host backend's plane of a process: its own wall-clock core (all on one clock origin) driving the storage and
+    NIC I/O of the nodes whose engine groups it hosts, moving real bytes."""
     from dualpath_emu.cluster.live.app import STORAGE_DIR, ClusterApplication
     from dualpath_emu.host.plane import HostDataPlane
     from dualpath_emu.host.storage import BlockStore

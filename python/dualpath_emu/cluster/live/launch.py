@@ -87,9 +87,8 @@ def run_scenario(
     options: LiveOptions, seed: int, processes: Sequence[tuple[str, Sequence[str]]], restart: Sequence[str] = (),
     endpoints: Mapping[str, str] | None = None, data_endpoints: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The run scenario of one live cluster run (:mod:`dualpath_emu.runtime.scenario`), as data; the cluster is
-    in :data:`~.app.DESCRIPTION`. ``endpoints`` fix where processes bind (by hand; by default the launcher
-    picks them), the data plane's under its name."""
+    """The run scenario of one live cluster run, as data (the cluster is in :data:`~.app.DESCRIPTION`); ``endpoints``
+    fix where processes bind (by hand), the data plane's under its name."""
     o, host = options, options.backend == "host"
     top: dict[str, Any] = {"app": "cluster", "seed": seed, "mode": "realtime", "latency_s": 0.0,
                            "time_scale": o.time_scale, "transport": o.transport, "host": o.host,
@@ -130,8 +129,7 @@ def write_run(
     options: LiveOptions | None = None, **settings: Any,
 ) -> Path:  # fmt: skip
     """Write a live run of the model backend into ``run_dir`` without starting it (``settings``: fields of
-    :class:`LiveOptions`), which ``dualpath-emu launch run.toml --run-dir DIR`` starts on this host and
-    ``dualpath-emu collect DIR`` then checks. Returns the run scenario's path."""
+    :class:`LiveOptions`) for ``dualpath-emu launch``; returns the run scenario's path."""
     o = _options(options, settings)
     processes = placement(engine_names(config), o.placement_kind)
     restart = check_restart(o.backend, processes) if o.restart_crashed else []
@@ -178,9 +176,8 @@ def prepare_live(
 
 
 def host_commands(run_dir: Path, commands: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
-    """One command per host for :func:`prepare_live`'s processes: ``dualpath-emu launch ... --only`` starts
-    and watches that host's share (:func:`~dualpath_emu.runtime.launcher.launch_host`). In start order: the
-    hosts without the data plane first, the client's host last."""
+    """One command per host for :func:`prepare_live`'s processes (``dualpath-emu launch ... --only``), in start order:
+    the hosts without the data plane first, the client's last."""
     by_host: dict[str, list[str]] = {}
     for host, name, _ in commands:
         by_host.setdefault(host, []).append(name)

@@ -32,9 +32,8 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
 
 
 def restartable(processes: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
-    """The processes that ``--restart-crashed`` starts again if they die: those hosting only engine groups
-    (``pe0``, ``de2``; ``prefill``, ``decode``). The client's, the scheduler's (with the fault injector) and the
-    data plane hold the run's state: their death ends the run."""
+    """The processes ``--restart-crashed`` starts again if they die: those hosting only engine groups (the client's, the
+    scheduler's and the data plane hold the run's state)."""
     return [name for name, actors in processes
             if actors and all(a.startswith(("pe", "de")) and a[2:].isdigit() for a in actors)]  # fmt: skip
 

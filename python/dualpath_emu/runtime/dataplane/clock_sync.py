@@ -29,9 +29,8 @@ class ClockSync:
 
 
 def handshake(ping: Callable[[int, int], int], rounds: int, time_scale: float) -> ClockSync:
-    """Ping ``rounds`` times (``ping(seq, t0)`` sends a ping and returns the service's clock in its answer) and
-    keep the sample with the smallest round trip, its clock reading taken to be the service's clock at the
-    round trip's midpoint."""
+    """Ping ``rounds`` times (``ping(seq, t0)`` returns the service's clock in its answer) and keep the sample with the
+    smallest round trip, its reading taken at the round trip's midpoint."""
     best: ClockSync | None = None
     for seq in range(1, max(rounds, 1) + 1):
         t0 = time.monotonic_ns()
