@@ -236,9 +236,8 @@ class DecodeGroup(EngineGroup):
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
-        """The scheduler drops these requests (their prefill engine crashed before their KV came): free what they
-        hold here. With ``from_nodes``: every request expected from there whose KV has not come; those whose KV
-        came are kept, and the scheduler told (their PrefillDone may not have left the dead process)."""
+        """The scheduler drops these requests (their prefill engine crashed): free what they hold here; with
+        ``from_nodes``, every one expected from there without KV (those with KV kept, and told)."""
         if msg.from_nodes:
             nodes = set(msg.from_nodes)
             rids = tuple(rid for rid, task in self.expected.items() if task.pe_node in nodes)

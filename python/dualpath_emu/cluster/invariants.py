@@ -47,9 +47,8 @@ class EventLogChecker:
             self.violations.append(text)
 
     def feed(self, events: Iterable[tuple[int, int, str, str, str]], first_seq: int | None = None) -> None:
-        """Check the event log's lines ``(t_ns, seq, engine, kind, summary)`` in order (a live run's merged logs);
-        with ``first_seq`` they are numbered from it (their own seq ignored). Lines of the actor runtime
-        (``start``, ``stop``, ...) are not the engines' observations: only their time and number are checked."""
+        """Check the event log's lines ``(t_ns, seq, engine, kind, summary)`` in order, numbered from ``first_seq`` if
+        given; the actor runtime's lines are checked for time and number only."""
         for index, (t_ns, seq, _, kind, summary) in enumerate(events):
             if first_seq is not None:
                 seq = first_seq + index
@@ -155,9 +154,8 @@ class EventLogChecker:
 def check_core_bytes(
     report: CoreReport, booked: Mapping[tuple[int, int], int], transfers: Mapping[tuple[int, int], int]
 ) -> list[str]:
-    """Every byte accounted: per port and lane, the bytes of the transfers the core finished equal, exactly, those
-    the engines asked it to move (``booked``, ``transfers`` counted); what flowed matches to within the
-    nanosecond rounding of completion times (each transfer may flow up to one nanosecond longer)."""
+    """Every byte accounted: per port and lane, the bytes of the finished transfers equal those the engines asked for,
+    exactly; what flowed matches within a ns per transfer."""
     out: list[str] = []
     for port, counters in enumerate(report.ports):
         for lane, (flowed, done) in enumerate(zip(counters.fluid_bytes, counters.completed_bytes)):

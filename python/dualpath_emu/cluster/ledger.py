@@ -13,9 +13,8 @@ __all__ = ["Booking", "Hop", "Ledger", "ProbingLedger", "measure_spans"]
 
 
 class Booking:
-    """What one process's engines asked the data plane to move, per ``(path, lane)``: the run checks that the
-    core moved exactly that (every byte accounted, :func:`~dualpath_emu.cluster.invariants.check_core_bytes`).
-    With ``probe``, every data movement is also timed by kind (:attr:`measured`)."""
+    """What one process's engines asked the data plane to move, per ``(path, lane)``, which the run checks the core
+    moved exactly; with ``probe``, every movement is timed by kind."""
 
     def __init__(self, probe: bool = False) -> None:
         self.probe = probe

@@ -32,9 +32,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Turn(Message):
-    """One agent turn as the scheduler sees it: request ``rid`` with ``prompt`` tokens of which ``hit`` are
-    in storage, generating ``gen``; ``context`` names the token stream its KV belongs to (its agent): the
-    hit is that stream's first ``hit`` tokens, and the blocks it writes back extend it."""
+    """One agent turn as the scheduler sees it: request ``rid`` of ``prompt`` tokens, ``hit`` of them in storage (the
+    first of stream ``context``, its agent's), generating ``gen``."""
 
     rid: int
     prompt: int
@@ -206,9 +205,8 @@ class Lost(Message):
 
 @dataclass(frozen=True, slots=True)
 class Drop(Message):
-    """To an engine group, from the scheduler: forget these requests (their other engine crashed); answer
-    :class:`Lost` ``"dropped"``. With ``from_nodes`` (those prefill nodes' process was started again): forget
-    every request expected from there whose KV has not come; answer ``"dropped from"``."""
+    """To an engine group: forget these requests (their other engine crashed), answer :class:`Lost` ``"dropped"``; with
+    ``from_nodes``, every request expected from there without KV (``"dropped from"``)."""
 
     rids: tuple[int, ...]
     from_nodes: tuple[int, ...] = ()

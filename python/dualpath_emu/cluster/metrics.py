@@ -461,9 +461,8 @@ class Metrics:
         return (last - min(self.arrive_ns)) / 1e9 if last != _UNSET else 0.0
 
     def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int, since_ns: int = 0) -> dict[str, float]:
-        """The KV bytes of the live trajectories over [since_ns, end_ns] (no arrival before ``since_ns``):
-        time-weighted ``mean`` and ``max``. An agent is live from its first arrival to its last end; its context
-        grows at a turn's arrival to its prompt and at its end to prompt + generated tokens (§3.4)."""
+        """The KV bytes of the live trajectories over [since_ns, end_ns]: time-weighted ``mean`` and ``max``; an agent
+        is live from its first arrival to its last end, its context growing (§3.4)."""
         # Three streams in time order, merged as they are read (not a list of every change): arrivals, ends,
         # then each agent's departure at its last end. At one instant growth comes before departures; among
         # growths the order does not matter (a context only grows).

@@ -462,9 +462,8 @@ class _PrefillIndex:
 
 
 class PrefillDispatch:
-    """The prefill side of the scheduler (§6.1–6.2): the global FIFO queue and every PE's load, by group. A fetch from
-    any group assigns over every PE; new work wakes one group, in turn (any fetch assigns for all); a PE that finishes
-    work wakes its own group while requests wait (the only event that makes room when every PE is over β)."""
+    """The prefill side of the scheduler (§6.1–6.2): the global FIFO and every PE's load; any group's fetch assigns over
+    every PE, new work wakes groups in turn, a finishing PE its own."""
 
     def __init__(self, policy: Policy, groups: dict[str, list[Engine]]) -> None:
         self.policy = policy

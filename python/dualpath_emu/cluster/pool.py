@@ -11,9 +11,8 @@ __all__ = ["Pool"]
 
 
 class Pool:
-    """A capacity in bytes handed out in FIFO order: :meth:`acquire` calls ``then(now)`` once the bytes are
-    granted, :meth:`release` returns them. Grants and returns are observed after the pool's capacity, so the
-    invariant checker can verify from the observations alone that no pool is ever over its capacity."""
+    """A capacity in bytes handed out in FIFO order (:meth:`acquire` calls ``then(now)`` once granted, :meth:`release`
+    returns), observed so a checker sees it never overfills."""
 
     def __init__(self, out: Outbox, name: str, capacity: int) -> None:
         self.out, self.name, self.capacity, self.free = out, name, capacity, capacity

@@ -205,9 +205,8 @@ class Roofline:
         return self.ep_decode_step_s(((batch_size, context_tokens),))
 
     def decode_step(self, batch_size: int, context_tokens: int) -> LayerTimes:
-        """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all (each
-        context with the token being decoded). With DSA the keys attended are ``min(context_tokens, batch_size ×
-        top_k)`` (exact when every context is at least ``top_k``, else an upper bound), plus every indexer key."""
+        """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all; with DSA
+        ``min(context_tokens, batch_size × top_k)`` keys (an upper bound) plus the indexer's."""
         if batch_size < 0 or context_tokens < batch_size:
             raise InvalidArgumentError(
                 f"need 0 <= batch_size <= context_tokens, got batch_size={batch_size}, context_tokens={context_tokens}"

@@ -170,9 +170,8 @@ class ClusterScenario:
         self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None,
         backend: str | None = None, byte_scale: float | None = None, faults: str | Path | None = None,
     ) -> ClusterScenario:  # fmt: skip
-        """A copy with command-line overrides (``None`` keeps the scenario's value), checked like the file.
-        ``systems``: names, specs (relative to the current folder) or :class:`System` objects. ``faults``: a file
-        (``kind = "faults"``) whose faults join the scenario's (its ``[random_faults]`` replace the scenario's)."""
+        """A copy with command-line overrides (``None``: as is), checked like the file; ``systems``: names, specs or
+        :class:`System` objects; ``faults``: a faults file joining the scenario's."""
         out = self
         if systems is not None:
             loader = SystemLoader(Path.cwd(), "--system")

@@ -23,9 +23,8 @@ NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 @dataclass(frozen=True)
 class System:
-    """A named bundle of policies: one row of ``dualpath-emu run``'s table. ``scheduler`` is ``"dualpath"``,
-    ``"round_robin"`` or a user's :class:`Policy` subclass, made afresh for every run with those of the keyword
-    arguments ``read_both_sides`` (= ``dual_path``), ``alpha_tokens`` and ``beta_tokens`` it accepts."""
+    """A named bundle of policies: one row of ``run``'s table. ``scheduler``: ``"dualpath"``, ``"round_robin"`` or a
+    user's :class:`Policy` subclass, made afresh each run with the keywords it accepts."""
 
     name: str
     description: str

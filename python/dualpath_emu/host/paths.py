@@ -79,9 +79,8 @@ def port_nodes(topology: Layout) -> dict[int, int]:
 
 @dataclass
 class PathStats:
-    """What a run measured of one kind of data movement: how many, modelled and real bytes, the seconds they
-    took (emulated time: in real time, wall × time scale) in total and at most, and the seconds the model
-    gives each alone on an idle path (its bytes over the slowest port's rate, storage latency not included)."""
+    """What a run measured of one kind of data movement: count, modelled and real bytes, seconds (emulated) in total and
+    at most, and the model's seconds for each alone on an idle path."""
 
     count: int = 0
     modelled_bytes: int = 0

@@ -41,9 +41,8 @@ NET_CHUNK_BYTES = 16 << 10
 
 @dataclass(frozen=True)
 class HostPlan:
-    """What a host process needs to know of the cluster, as plain data: its layout (every node's port ids: the
-    cluster's ``Topology`` is one), the process that drives each node's I/O, every port's modelled rate, and the
-    storage block size (modelled bytes of one Full Block). The host backend imports nothing of the cluster."""
+    """What a host process needs to know of the cluster, as plain data (its layout, who drives each node's I/O, every
+    port's rate, the block size): the host backend imports nothing of the cluster."""
 
     topology: Layout
     process_of_node: tuple[str, ...]
@@ -203,9 +202,8 @@ class HostDataPlane(WallClockCore):
                 store.give_back(view)
 
     def _writes_held(self) -> bool:
-        """Whether a fault acts on a storage write path now (a storage NIC's tx port, the storage cluster's
-        write port): a write-back of another process may then land late, and a read of its blocks waits for it
-        rather than give up after its usual patience (``BlockStore.read``'s ``held``)."""
+        """Whether a fault acts on a storage write path now: another process's write-back may land late, so a read of
+        its blocks waits for it (``BlockStore.read``'s ``held``)."""
         write = self.plan.topology.storage_write
         return any(p == write or p in self._write_ports for p in (*self._factors, *self._latent))
 

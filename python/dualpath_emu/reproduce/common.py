@@ -198,9 +198,8 @@ CACHE_FORMAT: Final = 1
 
 @dataclass(frozen=True)
 class Codec(Generic[C, T]):
-    """How a worker's result is kept in the cache as JSON: ``encode(result)`` gives JSON data,
-    ``decode(value, task)`` the result again (:class:`ValueError`, :class:`TypeError` or :class:`KeyError` for
-    a wrong shape); a result that holds its task takes the asking one, so the task need not be stored."""
+    """How a worker's result is cached as JSON: ``encode(result)``, ``decode(value, task)`` (ValueError, TypeError or
+    KeyError on a wrong shape); a result holding its task takes the asking one."""
 
     encode: Callable[[T], Any]
     decode: Callable[[Any, C], T]
@@ -242,9 +241,8 @@ def _check_typed(hint: Any, value: Any, where: str) -> Any:
 
 
 def dataclass_codec(cls: type[D], *, task_field: str | None = None) -> Codec[Any, D]:
-    """The :class:`Codec` of the dataclass ``cls`` whose fields are JSON-able (numbers, strings, dicts, lists,
-    tuples, ``Any``): its fields as a JSON object, each checked against its annotation when read back.
-    ``task_field``: the field that holds the task (not stored; the asking task's on the way back)."""
+    """The :class:`Codec` of dataclass ``cls`` with JSON-able fields, each checked against its annotation when read
+    back; ``task_field`` holds the task (not stored: the asking one's)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name != task_field]  # type: ignore[arg-type]
 
@@ -343,9 +341,8 @@ def _in_processes(worker: Callable[[C], T], todo: Sequence[tuple[int, C]], jobs:
 
 
 def check_dask_address(address: str, option: str = "--dask") -> None:
-    """A :class:`UsageError` unless ``distributed`` is installed and ``address`` is a scheduler's
-    ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``tls://HOST:PORT`` with Dask's TLS configured: checked before a
-    client is made, since a client that fails on such an address holds the process at exit."""
+    """A :class:`UsageError` unless ``distributed`` is installed and ``address`` is a scheduler's (``tcp://`` or
+    ``tls://`` with Dask's TLS), checked before a client could hang the exit."""
     distributed = require_distributed(option)
     from distributed.comm.addressing import parse_address
 
@@ -562,9 +559,8 @@ MAX_JOBS = 256  # The most processes an experiment starts (each runs one cell at
 def experiment_main(name: str, description: str, build: Callable[[argparse.Namespace], Report],
                     argv: list[str] | None = None, *,
                     configure: Callable[[argparse.ArgumentParser], None] | None = None) -> int:  # fmt: skip
-    """The common command line (``--quick``, ``--out``, ``--jobs`` or ``--dask``, ``--cache``, ``--json``, and
-    what ``configure`` adds); ``build(args)`` runs the experiment (``args.quiet``: print no progress) and
-    passes ``args.jobs``, ``args.dask`` and ``args.cache`` on to :func:`run_cells` or :func:`run_parallel`."""
+    """The common command line (``--quick``, ``--out``, ``--jobs`` or ``--dask``, ``--cache``, ``--json`` and
+    ``configure``'s); ``build(args)`` runs the experiment."""
     parser = argparse.ArgumentParser(prog=f"dualpath-emu reproduce {name}", description=description)
     parser.add_argument("--quick", action="store_true", help="the small variant (minutes, for CI)")
     parser.add_argument("--out", metavar="DIR", type=Path, help=f"write {name}.csv, {name}.png and {name}.json here")

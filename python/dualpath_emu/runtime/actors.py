@@ -199,8 +199,7 @@ class ActorSystem:
 
     def set_event_sink(self, sink: Callable[[list[_RawEvent], int], None], chunk: int = 1 << 16) -> None:
         """Hand the events to ``sink(events, first_seq)`` in chunks of about ``chunk`` instead of keeping them
-        all (a long run records millions); :meth:`flush_events` hands over the rest. The tuples' own ``seq``
-        counts from 0 within a chunk: ``first_seq + index`` is the event's number."""
+        (:meth:`flush_events`: the rest); ``first_seq + index`` is an event's number."""
         self._sink = sink
         self._sink_chunk = chunk
 

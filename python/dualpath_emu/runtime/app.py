@@ -63,9 +63,8 @@ class Application(ABC):
         """Add the ports and storage the actors use to a core (the data plane's, or a process's own)."""
 
     def use_layout(self, layout: CoreLayout) -> None:
-        """In a process without the core, learn the ids of the ports and storage nodes :meth:`build_core` made in
-        the data plane, before any actor is created. By default :meth:`build_core` runs on a scratch core and its
-        layout must equal the data plane's (a scenario that differs between processes is an error)."""
+        """In a process without the core, learn the ids of the ports and storage nodes :meth:`build_core` made in the
+        data plane (by default: built on a scratch core and checked equal)."""
         scratch = Core()
         self.build_core(scratch)
         mine = core_layout(scratch)

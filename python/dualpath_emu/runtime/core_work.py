@@ -278,8 +278,7 @@ class CoreWork:
 
     def decode_node(self, report: _Report, spec: Mapping[str, Any]) -> int:
         """Add a node's decode GPUs, stepped by the core (``spec``: ``Core.add_decode_node``'s keywords but
-        ``report_tag``), and return its handle; ``report(ended, spans)`` is called whenever some of its requests
-        ended (``[(rid, second_token_ns)]``, the GPUs' busy spans since the last call)."""
+        ``report_tag``); ``report(ended, spans)`` whenever some requests ended."""
         tag = self.new_tag()
         self._decode_reports[tag] = report
         self._pending_decode_nodes.append((tag, dict(spec)))

@@ -73,9 +73,8 @@ class DataPlane(Protocol):
         """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (``Core.set_port_latency``)."""
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
-        """Add a node's decode GPUs, stepped by the plane (``Core.add_decode_node``'s keywords but
-        ``report_tag``); returns its handle. ``report(now, ended, spans)`` whenever some of its requests
-        ended: ``ended`` ``[(rid, second_token_ns)]``, ``spans`` the GPUs' busy spans since the last report."""
+        """Add a node's decode GPUs, stepped by the plane (``Core.add_decode_node``'s keywords but ``report_tag``);
+        ``report(now, ended, spans)`` whenever some of its requests ended."""
         ...
 
     def decode_join(

@@ -217,9 +217,8 @@ def _restart_dead(
 
 
 def _finish(children: list[_Child], restart_dead: Callable[[], None] | None = None) -> None:
-    """The driver is done: the actor processes stop at the end of their input (and say bye to the data plane), then the
-    data plane, which exits by itself once drained. ``restart_dead()`` first: a restartable process that died as the run
-    ended is started again, to say bye and write its files (its actors do not start: the run is complete)."""
+    """The driver is done: the actor processes stop at the end of their input, then the data plane once drained;
+    ``restart_dead()`` first restarts a process that died as the run ended."""
     if restart_dead is not None:
         restart_dead()
     actors = [c for c in children if c.spec is not None]
@@ -236,9 +235,8 @@ def launch(
     on_start: Callable[[str, int], None] | None = None, keys: str | None = None,
     on_tick: Callable[[], None] | None = None,
 ) -> LaunchResult:  # fmt: skip
-    """Run ``scenario`` in real time, one OS process per ``[[process]]`` (and the data plane): see the module.
-    ``run_dir``: the run's files (default: a temporary directory, removed after); ``event_log`` receives the
-    concatenated event logs; ``on_start(name, pid)`` as each child starts, ``on_tick()`` a few times a second."""
+    """Run ``scenario`` in real time (see the module); ``run_dir``: its files (default: a temporary directory);
+    ``event_log``: the merged logs; ``on_start(name, pid)``, ``on_tick()``: hooks."""
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
     work.mkdir(parents=True, exist_ok=True)

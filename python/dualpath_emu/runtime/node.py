@@ -252,9 +252,8 @@ async def _serve(
 
 
 def data_plane_silence_s(scenario: RunScenario, description: RunDescription) -> float:
-    """How long the data plane and a process may not hear from each other (see the module): the run's
-    ``heartbeat_timeout_s``, or at least its ``busy_timeout_s`` in an ipc run under a launcher, whose beats tell a
-    busy loop from a stopped process (over tcp a process may be on a host no launcher here watches)."""
+    """How long the data plane and a process may not hear from each other: ``heartbeat_timeout_s``, or at least
+    ``busy_timeout_s`` in an ipc run whose launcher tells busy from stopped."""
     if LAUNCHER_ENV in os.environ and scenario.transport == "ipc":
         return max(description.heartbeat_timeout_s, scenario.busy_timeout_s)
     return description.heartbeat_timeout_s

@@ -45,8 +45,7 @@ _log = logging.getLogger(__name__)
 
 class BoundedLog:
     """Counts occurrences of one thing (a rejected frame, a denied handshake) and logs them boundedly: the first
-    ``first`` at WARNING one by one, later ones as one summary line at each power of ten or ``interval_s`` after the
-    last line (:meth:`flush`: the final count). No list is kept: memory stays constant under a flood."""
+    ``first`` one by one, then a summary per power of ten or ``interval_s``."""
 
     def __init__(
         self, logger: logging.Logger, what: str, *, first: int = 100, interval_s: float = 10.0, detail_chars: int = 300,
@@ -236,9 +235,8 @@ class RunKeys:
 
     @classmethod
     def load(cls, directory: Path, own: str) -> RunKeys:
-        """Process ``own``'s secret key and every process's public key from ``directory``, checked first: the
-        user's ``0700`` directory, a ``0600`` regular secret file, keys that parse, ``own``'s public key matching
-        its secret. :class:`SecurityError` says which file is missing, unreadable or too open."""
+        """Process ``own``'s secret key and every public key from ``directory``, checked first (the user's ``0700``
+        directory, a ``0600`` secret file, matching keys); :class:`SecurityError` says what."""
         directory = Path(directory)
         check_process_name(own)
         _private_directory(directory)
@@ -301,9 +299,8 @@ class RunKeys:
 
 
 class RunAuthenticator(ThreadAuthenticator):
-    """pyzmq's ZAP handler in a thread, admitting only CURVE clients with one of the run's keys; denials are
-    counted (:attr:`denied`) and logged boundedly. A thread, not the asyncio authenticator: libzmq holds each
-    handshake until the ZAP reply, which must come while the event loop is busy."""
+    """pyzmq's ZAP handler in a thread (libzmq holds each handshake until the reply, which must come while the loop is
+    busy), admitting only the run's CURVE keys; denials counted."""
 
     def __init__(self, context: zmq.Context[Any], public_keys: Iterable[bytes], where: str = "") -> None:
         super().__init__(context, log=logging.getLogger(f"{__name__}.zap"))
@@ -341,9 +338,8 @@ class RunAuthenticator(ThreadAuthenticator):
 
 
 def start_authenticator(context: zmq.Context[Any], keys: RunKeys) -> RunAuthenticator:
-    """Start a ZAP handler for ``context`` that admits the CURVE keys of ``keys``' run and denies anything else
-    (see :class:`RunAuthenticator`). Start it before a CURVE server socket of the context binds; ``.stop()``
-    it after the context's sockets are closed and before the context terminates."""
+    """Start a ZAP handler for ``context`` admitting only ``keys``' run's CURVE keys: before a CURVE server socket
+    binds; ``.stop()`` it after the sockets close, before the context terminates."""
     authenticator = RunAuthenticator(context, keys.public_keys(), f" for process {keys.own!r}")
     authenticator.start()
     return authenticator

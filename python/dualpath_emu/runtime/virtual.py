@@ -53,9 +53,8 @@ def submit_batch(
     core: Core, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any], joins: list[Any],
     refused: Callable[[int, Exception], None] | None = None,
 ) -> None:  # fmt: skip
-    """Submit one batch to a core in this process, one call per kind (transfers, forwards, I/O, timers, decode
-    joins), as every plane on a core does. The core checks a kind's whole list first; without ``refused`` its
-    error raises, with it the list is retried one by one and ``refused(tag, error)`` called for each refused."""
+    """Submit one batch to a core in this process, one call per kind, as every plane on a core does; without ``refused``
+    a refused list raises, with it each refused request is ``refused(tag, error)``."""
     if refused is None:  # the virtual driver's hot path: a call per kind and nothing else
         if transfers:
             core.submit_transfers(transfers)
@@ -83,9 +82,8 @@ def submit_batch(
 
 
 class CoreDataPlane:
-    """The in-process core as an engine's :class:`~dualpath_emu.runtime.engine.DataPlane`: requests are queued and
-    submitted in one core call per kind (:meth:`flush`); completions are handed to ``dispatch`` with the ``then`` each
-    request gave. A request the core refuses raises out of :meth:`flush` (the run fails with the core's error)."""
+    """The in-process core as an engine's data plane: requests queued and submitted in one core call per kind
+    (:meth:`flush`), completions handed to ``dispatch``; a refusal fails the run."""
 
     __slots__ = ("core", "_dispatch", "_next_tag", "_waiters", "_standing", "_transfers", "_forwards", "_ios",
                  "_timers", "_joins")  # fmt: skip
@@ -234,9 +232,8 @@ class _Outbox:
 
 
 class VirtualDriver:
-    """Runs engines over ``core`` in virtual time (see the module): make each engine with :meth:`outbox` and
-    :attr:`plane`, :meth:`add` them in a fixed order, then :meth:`run`. ``sink`` takes the observations in chunks
-    (else :attr:`events` keeps them); ``plane`` makes the engines' data plane (the in-process core by default)."""
+    """Runs engines over ``core`` in virtual time: make each engine with :meth:`outbox` and :attr:`plane`, :meth:`add`
+    them in order, :meth:`run`; ``sink`` takes the observations in chunks."""
 
     def __init__(
         self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane

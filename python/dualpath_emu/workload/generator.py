@@ -56,9 +56,8 @@ DATASETS: Final[Mapping[str, Dataset]] = {
 
 @dataclass(frozen=True)
 class GeneratorParams:
-    """The generator's knobs and their defaults (the module docstring's model): ``n_base`` base trajectories
-    (the paper's 500), the ``reading`` of Table 2, the σ of the lognormal weights of the appends, the gens
-    and the first round's share, λ_min (``total_min_fraction``) and the extra agents' ``first_append``."""
+    """The generator's knobs (docs/workloads.md): ``n_base`` base trajectories, the ``reading`` of Table 2, the
+    lognormal σs, λ_min (``total_min_fraction``) and ``first_append``."""
 
     n_base: int = 500
     reading: Reading = "per-trajectory"

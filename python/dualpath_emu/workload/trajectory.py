@@ -53,9 +53,8 @@ def _is_count(value: object, low: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Trajectory:
-    """One client's turns, in columns: an agent trajectory (``hit is None``: hits implied) or explicit turns.
-    ``append`` holds the tokens computed per turn (prompt - hit); ``wait_s`` the tool wait before each turn of
-    a closed-loop trajectory. Raises ``ValueError`` for columns of other lengths or out-of-range numbers."""
+    """One client's turns, in columns: an agent trajectory (``hit is None``) or explicit turns; ``append``: tokens
+    computed per turn, ``wait_s``: tool waits. ValueError for bad columns."""
 
     id: str
     append: tuple[int, ...]

@@ -46,9 +46,8 @@ def read_part(path: Path) -> tuple[Metrics | None, dict[tuple[int, int], int], d
 
 
 def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResult, Metrics]:
-    """Merge and check the parts of a finished live run: every admitted request ended exactly once across
-    processes, no pool over capacity (the event logs merged in time order), every byte a ledger booked is what
-    the data plane moved, per port and lane. Raises :class:`LostRequestsError` or :class:`InvariantError`."""
+    """Merge and check a finished live run's parts: every admitted request ended exactly once, no pool over capacity,
+    every booked byte moved; else :class:`LostRequestsError` or :class:`InvariantError`."""
     app = run.app
     assert isinstance(app, ClusterApplication)
     processes = [p.name for p in run.processes]

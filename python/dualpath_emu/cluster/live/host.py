@@ -98,9 +98,8 @@ def host_part(host: HostDataPlane, topology: Topology) -> dict[str, Any]:
 
 
 def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication) -> tuple[CoreReport, dict[str, Any]]:
-    """A host run's report: every process's local core (the modelled work: H2D, D2H, timers) plus the real work
-    it did, per port and lane; and what the real bytes were (read back verified, sent and received verified,
-    per kind), with the violations found (a mismatch, a failed write-back)."""
+    """A host run's report: every process's local core (the modelled work) plus the real work per port and lane, and the
+    real bytes by kind (verified), with any violation found."""
     reports, moved = [], Counter[tuple[int, int]]()
     store: Counter[str] = Counter()
     channel: Counter[str] = Counter()
