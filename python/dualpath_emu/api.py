@@ -65,13 +65,9 @@ def run(scenario: ClusterScenario | str | Path | None = None, *, systems: Sequen
         agents: int | None = None, seed: int | None = None, progress: Callable[[Progress], None] | None = None,
         out: str | Path | None = None, workload: Iterable[Trajectory] | None = None,
         trace: bool = False) -> RunResult:  # fmt: skip
-    """Run every system of ``scenario`` (a :class:`ClusterScenario`, or what :func:`load_scenario` takes) on
-    the same workload, in virtual time, in this process; ``systems``, ``agents`` and ``seed`` override the
-    scenario's. ``workload``: trajectories (e.g. ``Trajectory.from_rounds("a", [(2000, 300), (500, 200)],
-    wait_s=[0, 12])``), one agent each, instead of the scenario's dataset or trace.
-
-    ``progress`` is called with a :class:`Progress` a few times per wall second. ``out`` writes what
-    ``dualpath-emu run --out`` writes; with ``trace`` also a Perfetto trace per system (costly on long runs)."""
+    """Run every system of ``scenario`` on one workload in virtual time; ``systems``, ``agents`` and ``seed`` override
+    it, ``workload`` (trajectories, one agent each) replaces its dataset. ``progress`` gets a :class:`Progress` a few
+    times a second; ``out`` writes what ``run --out`` does, ``trace`` a Perfetto trace too."""
     if trace and out is None:
         raise ValueError("trace=True writes a Perfetto trace per system into out: give out=DIR too")
     if not isinstance(scenario, ClusterScenario):

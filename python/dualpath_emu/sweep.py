@@ -1,15 +1,8 @@
-"""``dualpath-emu sweep``: one cluster scenario over a grid of settings, every point × system one run.
-
-The grid is the cartesian product of the ``--set KEY=V1,V2,...`` values (values read as TOML, split at the commas
-outside brackets and quotes; a key with one value is a fixed override); each point's scenario is the one ``dualpath-emu
-run SCENARIO --set ...`` would run, and the whole grid is checked before anything runs.
-
-The runs go through :func:`~dualpath_emu.reproduce.common.run_parallel`: in ``--jobs`` local processes or on a Dask
-cluster (``--dask``), where the scenario file, traces and user systems must be at the same paths on the workers, which
-must run the same dualpath-emu (a worker checks both and refuses a run that would differ). Every result is kept in the
-run cache (``--cache``, default ``DIR/cache``: JSON, never unpickled), so the same command again resumes and reuses
-every finished run. ``--out DIR`` gets ``sweep.csv`` (a row per point × system), ``sweep.json`` (the scenario, the grid,
-every run's summary and who ran it) and ``sweep.png`` (JCT against the first swept key)."""
+"""``dualpath-emu sweep`` (docs/sweeps.md): one cluster scenario over the cartesian grid of ``--set KEY=V1,V2,...``
+values, every point × system one run of what ``dualpath-emu run SCENARIO --set ...`` would run, the whole grid
+checked first. Runs go through :func:`~dualpath_emu.reproduce.common.run_parallel` (local processes or Dask, a worker
+refusing a run that would differ from the client's) and its JSON run cache, so the same command resumes; ``--out``
+gets ``sweep.csv``, ``sweep.json`` and ``sweep.png``."""
 
 from __future__ import annotations
 

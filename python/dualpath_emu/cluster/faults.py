@@ -1,15 +1,8 @@
-"""Faults: what fails, when and how badly (``docs/faults.md``); the engine that makes it happen is
-:mod:`~dualpath_emu.cluster.fault_injector`.
-
-A run's :class:`FaultPlan` is a list of :class:`Fault` s (``[[faults]]``, ``--faults FILE``) and optionally
-:class:`RandomFaults` drawn from the run's seed as the run goes (``[random_faults]``: per node and kind a Poisson
-process on one of the node's NICs, exponential durations; a random ``crash`` takes the engine hosting the node's GPUs),
-so one seed replays one failure history. Kinds: ``down`` (a port's rates × 0: what crosses it stalls and resumes; only a
-storage NIC may stay down to the end, its stalled reads given up after ``read_timeout_s``), ``degrade`` (× ``factor``),
-``latency`` (+ ``latency_s`` per transfer or I/O that starts crossing), ``slow_storage`` (target ``storage``: both) and
-``crash`` (an engine group, ``pe0``/``de3``, loses its HBM and DRAM state and is back empty ``restart_s`` later; its
-requests are dispatched again, up to ``max_redispatches`` times, then fail). Faults on one port at once combine: the
-lowest factor and the largest latency hold."""
+"""Faults: what fails, when and how badly (docs/faults.md); :mod:`~dualpath_emu.cluster.fault_injector` makes them
+happen. A run's :class:`FaultPlan` is a list of :class:`Fault`\\ s (``[[faults]]``, ``--faults FILE``) and
+optionally :class:`RandomFaults` drawn from the run's seed as it goes (``[random_faults]``), so one seed replays one
+failure history. Kinds: ``down``, ``degrade``, ``latency``, ``slow_storage`` and ``crash``; faults on one port at
+once combine (the lowest factor and the largest latency hold)."""
 
 from __future__ import annotations
 

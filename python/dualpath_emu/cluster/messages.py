@@ -190,11 +190,9 @@ class Restart(Message):
 
 @dataclass(frozen=True, slots=True)
 class Lost(Message):
-    """To the scheduler, from an engine group: these requests are no longer here. ``why``: ``"crash"``,
-    ``"down"`` (work came while it was down), ``"dropped"`` (a :class:`Drop` done), ``"dropped from"`` (the answer
-    to a :class:`Drop` naming ``from_nodes``; ``kept``: those whose KV had come, kept), ``"timeout"`` (a read
-    given up) or ``"restarted"`` (a new process in place of one that died). ``read_nodes[i]``/``read_tokens[i]``:
-    reads counted in a node's read queue that will not end (no :class:`ReadDone` comes)."""
+    """To the scheduler: these requests are no longer here, ``why``: ``"crash"``, ``"down"``, ``"dropped"``, ``"dropped
+    from"`` (``kept``: those whose KV had come), ``"timeout"`` or ``"restarted"``; ``read_nodes``/``read_tokens``: reads
+    in a read queue that will never end."""
 
     rids: tuple[int, ...]
     why: str

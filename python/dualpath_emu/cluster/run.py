@@ -182,14 +182,10 @@ def run_system(
     sample_interval_s: float = SAMPLE_INTERVAL_S, trace_path: str | Path | None = None, probe_paths: bool = False,
     plane: str = "core", planes: Mapping[str, PlaneFactory] = PLANES,
 ) -> SystemResult:  # fmt: skip
-    """Run ``trajectories`` on ``config`` with ``system`` (a :class:`~dualpath_emu.cluster.systems.System` or a built-in
-    one's name) in virtual time.
-
-    ``progress`` is called with a :class:`Progress` at most every ``progress_interval_s`` of wall time, and at the end.
-    ``sample_interval_s``: how often port utilisation is sampled and GPU busy time binned. ``trace_path``: write a
-    Perfetto trace there (:mod:`~dualpath_emu.cluster.trace`; memory grows with the run). ``probe_paths``: time every
-    data movement by kind (``extra["paths"]``), the model's side of a host-backend comparison. None of these changes the
-    event log. ``plane`` names the engines' data plane in ``planes`` (by default the in-process core)."""
+    """Run ``trajectories`` on ``config`` with ``system`` (a :class:`System` or a built-in name) in virtual time.
+    ``progress`` gets a :class:`Progress` every ``progress_interval_s`` of wall time; ``sample_interval_s``: utilisation
+    sampling; ``trace_path``: a Perfetto trace; ``probe_paths``: time every movement by kind; ``plane``: the data plane
+    by name in ``planes``. None changes the event log."""
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
     if isinstance(system, str):

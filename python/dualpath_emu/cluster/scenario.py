@@ -233,11 +233,8 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
 def load_cluster_scenario(
     path: str | Path, overrides: Mapping[str, object] | None = None, *, what: str = "override"
 ) -> ClusterScenario:
-    """Read and check the cluster scenario in ``path`` (a :class:`ScenarioError` for anything wrong).
-
-    ``overrides`` sets keys by dotted path before the checks (``{"workload.agents": 16}``), as if the file said
-    so; but a ``workload.trace`` there (relative to the current folder) replaces the file's dataset and agent
-    count, and a ``workload.dataset`` the file's trace."""
+    """Read and check the cluster scenario in ``path``; ``overrides`` sets keys by dotted path before the checks (a
+    ``workload.trace`` replaces the file's dataset and agents, a ``workload.dataset`` its trace)."""
     top = load_toml(path)
     if overrides:
         overrides = dict(overrides)

@@ -326,11 +326,9 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _process_restarted(self, now: int, group: str) -> None:
-        """Engine group ``group`` is a new process in place of one that died (``--restart-crashed``): what the
-        scheduler sent it is lost, and every read on its nodes; what waited for its answer to a drop needs none.
-        The dead process may have sent one message of a handler and not the next (KvReady without PrefillDone,
-        DecodeDone without TurnDone, or the reverse): a prefill group's requests are settled with the decode
-        groups (:meth:`_ask_decode_groups`), a decode group's with the client (:meth:`_ask_client`)."""
+        """Engine group ``group`` is a new process in place of one that died: what was sent it is lost, and every read
+        on its nodes; the dead one may have sent one message of a pair and not the other, so a prefill group's requests
+        are settled with the decode groups, a decode group's with the client."""
         nodes = [n for n, name in (*self._pe_group.items(), *self._de_group.items()) if name == group]
         for node in nodes:
             self.read_q[node] = 0

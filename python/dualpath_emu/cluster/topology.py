@@ -1,14 +1,11 @@
-"""The cluster's data plane on the core: ports for every NIC, DRAM and the storage cluster, and the paths of
-every data movement of the paper's §4.
+"""The cluster's data plane on the core: ports for every NIC, DRAM and the storage cluster, and the paths of every
+data movement of the paper's §4 (docs/architecture.md, "The cluster model").
 
-Per node (prefill nodes first): a storage NIC, a port each way (``n<i>.snic.rx`` storage → node, ``.tx`` back);
-host DRAM (``n<i>.dram``, one port for both directions: §4.2's M); per GPU a compute NIC, a port each way
-(``n<i>.cnic<g>.tx`` reads host memory or HBM, ``.rx`` writes them) with the paper's virtual lanes (A.1: model
-traffic on VL0, KV on VL2). The storage cluster is one port each way (``3fs.read``, ``3fs.write``) with a
-per-I/O latency, and a storage queue per node.
-
-The compute fabric is taken to be non-blocking (a transfer is limited by its NICs and the memory it touches),
-and PCIe is no port: every GPU byte passes the GPU's own CNIC (§5.1), slower than a PCIe Gen5 ×16 link."""
+Per node (prefill nodes first): a storage NIC, a port each way (``n<i>.snic.rx``, ``.tx``); host DRAM (``n<i>.dram``,
+both directions: §4.2's M); per GPU a compute NIC each way (``n<i>.cnic<g>.tx`` reads host memory or HBM, ``.rx``
+writes them) with the paper's virtual lanes (A.1: model traffic on VL0, KV on VL2). The storage cluster is a port each
+way (``3fs.read``, ``3fs.write``) with a per-I/O latency and a queue per node. The compute fabric is non-blocking, and
+PCIe is no port: every GPU byte passes the GPU's own CNIC (§5.1), slower than a PCIe Gen5 ×16 link."""
 
 from __future__ import annotations
 

@@ -86,14 +86,10 @@ class _Inbound:
 
 @dataclass
 class ByteChannel:
-    """This process's end of the host run's byte network (see the module docstring).
-
-    ``name`` is this process, ``bind`` its data endpoint, ``peers`` every other process's data endpoint.
-    ``send(dest, job, nbytes, lane, ack, port)`` is the pacer the channel hands a job to send on ``port`` (a
-    port id of the caller's): it must call :meth:`send_chunk` for consecutive pieces of the job (the data
-    plane's NIC pacer). ``admit(rx, lane, nbytes, then)`` is offered each arriving chunk of a job that names
-    its receiving port ``rx``: False lets it in now; True keeps it, and the hook calls ``then()`` (given with a
-    job's last chunk, None with the others) when it lets that chunk in."""
+    """This process's end of the host run's byte network (``name``, its ``bind`` endpoint, ``peers``' endpoints).
+    ``send(dest, job, nbytes, lane, ack, port)`` paces a job's chunks through :meth:`send_chunk`; ``admit(rx, lane,
+    nbytes, then)`` is offered each arriving chunk of a job naming its port ``rx``: False lets it in, True keeps it
+    until ``then()``."""
 
     name: str
     bind: str

@@ -382,13 +382,9 @@ def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C
 def run_parallel(worker: Callable[[C], T], cells: Sequence[C], jobs: int = 1, *,
                  report: Callable[[C, T, int, float, bool], None] | None = None, cache: Path | None = None,
                  codec: Codec[C, T] | None = None, dask: str | None = None) -> list[T]:  # fmt: skip
-    """``worker(cell)`` for every cell (a :class:`Task`), in up to ``jobs`` local processes, or on the Dask
-    cluster whose scheduler is at ``dask``; largest runs first; results in the order of ``cells``.
-    ``report(cell, result, runs done, seconds so far, cached)`` after each.
-
-    With ``cache`` (a folder), each result is also kept there as JSON (``codec``; default: the result is JSON
-    data) and reused by a later call with the same worker, task and code: an interrupted experiment resumes,
-    and experiments that share runs compute them once."""
+    """``worker(cell)`` for every cell, in up to ``jobs`` local processes or on the Dask scheduler ``dask``, largest
+    first, results in order; ``report(...)`` after each. With ``cache`` (a folder) each result is kept as JSON
+    (``codec``) and reused for the same worker, task and code."""
     started = time.perf_counter()
     results: dict[int, T] = {}
     coding: Codec[C, T] = PLAIN_JSON if codec is None else codec

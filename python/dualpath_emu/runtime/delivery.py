@@ -34,17 +34,10 @@ class DeliveryReport:
 
 
 def check_delivery(logs: list[Path], restarted: Mapping[str, int] | None = None) -> DeliveryReport:
-    """Every ``tell`` event across ``logs`` must be matched by exactly one ``deliver`` or ``drop``.
-
-    Events are matched by their summary (``#id Type sender->recipient``; ids count per process and each
-    actor lives in one process, so a summary names one message). ``restarted`` maps the actors of processes
-    that died and were started again to their last incarnation: a message to one of them may be lost (it was
-    queued at the dead one, or its arrival was in the tail of its event log that died with it), one sent by
-    a dead incarnation (its id below the last incarnation's, :data:`MSG_IDS_PER_INCARNATION`) may be lost or
-    arrive without its sending on record; those are counted in ``lost_with_restart``, not reported. A message
-    told after its recipient had stopped (the run's end races the last messages, e.g. a decode group's
-    ``DecodeDone`` and the driver's completion) may be lost with the recipient's process: counted in
-    ``to_stopped``. Event times are comparable across processes (one clock: the data plane's)."""
+    """Every ``tell`` across ``logs`` must be matched by exactly one ``deliver`` or ``drop`` (matched by summary: ids
+    count per process). A message to or from a restarted process's actor (``restarted``: actor -> last incarnation) may
+    be lost with the dead one: counted in ``lost_with_restart``; one told after its recipient stopped (the run's end
+    racing its last messages) in ``to_stopped``."""
     sent: Counter[str] = Counter()
     arrived: Counter[str] = Counter()
     sent_ns: dict[str, int] = {}

@@ -18,11 +18,8 @@ _SUB: Final = 1 << _SUB_BITS  # 32 buckets per power of two above 64: at most 1/
 
 
 class LagStats:
-    """A stream of lags in nanoseconds: count, min, max, mean and quantiles in bounded memory.
-
-    Values are kept in a log-linear histogram (exact below 64 ns, then 32 buckets per power of two: a
-    quantile is within 1.6 % of the true one; at most about 1,900 buckets however many values). Negative
-    values (possible within a clock's uncertainty) count in the first bucket and in ``negative``."""
+    """A stream of lags in nanoseconds in bounded memory: a log-linear histogram (exact below 64 ns, then 32 buckets per
+    power of two: quantiles within 1.6%); negative values count in ``negative``."""
 
     __slots__ = ("count", "negative", "min", "max", "total", "_buckets")
 

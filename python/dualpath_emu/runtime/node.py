@@ -123,11 +123,8 @@ async def _wait_ready(run_dir: Path, others: Sequence[str], stop: asyncio.Event)
 
 
 class LauncherLink:
-    """A child's side of the launcher's watch (see the module). The beats come from a thread, so that a loop
-    held by a large batch is told from a stopped process: the thread beats while the process runs (Python
-    hands it the interpreter every few milliseconds), a SIGSTOPped or dead process sends nothing. The loop
-    only marks that it came round; the thread says ``.`` or, when the loop has not for :data:`BUSY_AFTER_S`,
-    ``busy <seconds> <where>`` (where: the innermost frames the loop's thread is in)."""
+    """A child's side of the launcher's watch: a thread beats (``.``, or ``busy <seconds> <where>`` when the loop has
+    not come round for :data:`BUSY_AFTER_S`), so a loop held by work is told from a stopped process."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

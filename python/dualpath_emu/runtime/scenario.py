@@ -206,11 +206,8 @@ def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
 
 @dataclass(frozen=True)
 class RunDescription:
-    """What every process of a real-time run reads from ``<run_dir>/run.json`` (see the module docstring).
-
-    ``endpoints`` maps each ``[[process]]`` to the endpoint its actors' transport binds;
-    ``dataplane_endpoint`` is the data plane's (``None``: a one-process run, no data plane) and
-    ``requesters`` the processes it expects; ``keys`` where the run's keys live (``None``: none)."""
+    """What every process of a real-time run reads from ``<run_dir>/run.json``: each process's ``endpoints``, the
+    ``dataplane_endpoint`` (``None``: one process) and its ``requesters``, and where the ``keys`` live."""
 
     scenario: str
     seed: int

@@ -1,14 +1,9 @@
 """The virtual-time driver: engines stepped by a plain loop over the core's clock, no asyncio (docs/architecture.md).
 
-:class:`VirtualDriver` holds a run's engines and one FIFO of inputs due now. Each engine gets an
-:class:`~dualpath_emu.runtime.engine.Outbox` (a message joins the back of the FIFO) and the run's data plane
-(requests are submitted in one core call per kind when the FIFO is empty). When nothing is due, the core runs to
-the next instant where something completes (its own events never wake Python) and each completion's ``then``
-joins the FIFO in the core's order: the order of inputs at one instant is fixed, and a run repeats byte for byte
-from its seed. The plane is chosen by name from :data:`PLANES` (passed in; the in-process :class:`CoreDataPlane`
-by default, or anything that does what :class:`VirtualPlane` says). Nothing due, nothing in the core and the run
-not done is a deadlock (:class:`DeadlockError`); a clock that goes on while requests make no progress for long is
-stopped by a :class:`ProgressWatch` (:class:`NoProgressError`)."""
+:class:`VirtualDriver` holds a run's engines and one FIFO of inputs due now; when it is empty, the queued requests go
+to the core in one call per kind and the core runs to the next completion, whose ``then`` joins the FIFO in the
+core's order: a run repeats byte for byte from its seed. The plane is chosen by name from :data:`PLANES`. Nothing due,
+nothing in the core and the run not done is a :class:`DeadlockError`; no progress for long, a :class:`NoProgressError`."""
 
 from __future__ import annotations
 

@@ -84,13 +84,9 @@ class BacklogFullError(ActorError):
 
 
 class ZmqActorSystem(ActorSystem):
-    """An actor system on a real-time loop that reaches the actors of other systems over ZeroMQ (see the module).
-
-    ``bind``: this system's ROUTER endpoint (``*`` for a free port); ``address_book``: remote actor -> endpoint;
-    ``peers``: endpoint -> process name (:meth:`add_route` adds both); ``keys`` and ``name``: the run's CURVE
-    keys, as process ``name`` (required with keys). Use ``async with`` (or :meth:`open` and :meth:`close`)
-    inside the loop. Raises :class:`~dualpath_emu.errors.SecurityError` for an endpoint the security rules
-    refuse, an endpoint whose process is unknown with keys, or keys without ``name``."""
+    """An actor system on a real-time loop reaching other systems' actors over ZeroMQ (see the module): ``bind`` its
+    ROUTER endpoint, ``address_book`` remote actor -> endpoint, ``peers`` endpoint -> process, ``keys`` as process
+    ``name``. Use ``async with`` inside the loop; :class:`SecurityError` for an endpoint the rules refuse."""
 
     def __init__(
         self, codec: Codec, *, bind: str = DEFAULT_BIND, address_book: Mapping[str, str] | None = None,
@@ -464,13 +460,9 @@ class ZmqActorSystem(ActorSystem):
 
 
 class _Channel:
-    """One socket of the transport. Sends keep their order without awaiting: at once while the socket takes
-    them, else into a bounded backlog that a task drains; receiving takes what is queued in batches (pyzmq's
-    per-message futures cost far more than the messages).
-
-    On the per-message paths, flags go to pyzmq as plain ints and frames one by one, as ``send_multipart``
-    and ``recv_multipart`` would: their flag-enum arithmetic (``zmq.SNDMORE | flags``) and ``RCVMORE``
-    look-ups (an enum conversion in every ``getsockopt``) cost more than the send or receive itself."""
+    """One socket of the transport: sends keep their order without awaiting (at once, else into a bounded backlog a task
+    drains); receives are taken in batches. Per message, flags go as plain ints and frames one by one: pyzmq's enum
+    arithmetic and look-ups cost more than the send."""
 
     __slots__ = ("socket", "sync", "backlog", "backlog_bytes", "drain", "recheck_due", "on_send_error")
 

@@ -1,13 +1,8 @@
-"""Tool waits: the time an agent spends between two of its turns (a tool call, thinking), issue 25.
-
-In the paper's runs an agent sends its next turn the moment the previous one ends (§8.2). A wait keeps the agent's
-context alive (stored, in the working set) while it sends nothing. It comes from the trajectory file (``[append, gen,
-wait_s]``) or is drawn from the scenario's distribution (:class:`ToolWait`, ``[workload.tool_wait]``) for every turn
-after an agent's first; no wait is no timer, so a run without waits is the run it always was, event for event.
-
-A drawn wait is a function of (seed, agent, turn) alone (:class:`WaitDraws`, common random numbers), not of the order in
-which turns end: every system, driver and process gives an agent the same waits, and the draw takes nothing from any
-other stream."""
+"""Tool waits: the time an agent spends between two of its turns (a tool call, thinking; §8.2), keeping its context
+alive while it sends nothing. A wait comes from the trajectory file or is drawn from the scenario's distribution
+(:class:`ToolWait`, ``[workload.tool_wait]``) for every turn after an agent's first; no wait is no timer. A drawn wait
+is a function of (seed, agent, turn) alone (:class:`WaitDraws`, common random numbers): every system, driver and
+process gives an agent the same waits."""
 
 from __future__ import annotations
 

@@ -192,11 +192,9 @@ def run_live(
     options: LiveOptions | None = None, on_start: Callable[[str, int], None] | None = None,
     progress: Callable[[Progress], None] | None = None, **settings: Any,
 ) -> SystemResult:  # fmt: skip
-    """Run ``system`` on ``config`` with ``trajectories`` live (``options``, or ``settings``: fields of
-    :class:`LiveOptions`): write the run into ``run_dir`` (user-only), start its processes, wait for them, then
-    merge and check their parts (:func:`~.collect.collect`). ``on_start(name, pid)`` is called as each process
-    starts; ``progress`` a few times a second with how far the run is (what the client's process last wrote).
-    Raises :class:`~dualpath_emu.runtime.launcher.LaunchError` if a process fails or stops answering."""
+    """Run ``system`` on ``config`` live (``options``, or ``settings``: :class:`LiveOptions` fields): write ``run_dir``,
+    start the processes, wait, then merge and check their parts; :class:`LaunchError` if a process fails or stops
+    answering."""
     from dualpath_emu.runtime.launcher import LaunchError, launch, mark_owner, sweep_orphans
 
     o = _options(options, settings)
