@@ -55,8 +55,7 @@ def scenario_names() -> list[str]:
 def load_scenario(scenario: str | Path | None = None, *, overrides: Mapping[str, object] | None = None,
                   agents: int | None = None, seed: int | None = None,
                   systems: Sequence[str | System] | None = None) -> ClusterScenario:  # fmt: skip
-    """A cluster scenario, checked: ``overrides`` maps dotted keys to values (``{"workload.max_rounds": 20}``), set
-    before the checks; ``agents``, ``seed`` and ``systems`` then override as the CLI's."""
+    """A cluster scenario, checked: ``overrides`` (dotted keys) set before the checks, then the CLI-like options."""
     loaded = _load(scenario, dict(overrides) if overrides else None)
     return loaded.with_overrides(systems=systems, agents=agents, seed=seed)
 
@@ -65,9 +64,8 @@ def run(scenario: ClusterScenario | str | Path | None = None, *, systems: Sequen
         agents: int | None = None, seed: int | None = None, progress: Callable[[Progress], None] | None = None,
         out: str | Path | None = None, workload: Iterable[Trajectory] | None = None,
         trace: bool = False) -> RunResult:  # fmt: skip
-    """Run every system of ``scenario`` on one workload in virtual time; ``systems``, ``agents`` and ``seed`` override
-    it, ``workload`` (trajectories, one agent each) replaces its dataset. ``progress`` gets a :class:`Progress` a few
-    times a second; ``out`` writes what ``run --out`` does, ``trace`` a Perfetto trace too."""
+    """Run every system of ``scenario`` on one workload in virtual time (``systems``, ``agents``, ``seed`` override it;
+    ``workload``: trajectories instead of its dataset); ``out``, ``trace``: as ``run``'s."""
     if trace and out is None:
         raise ValueError("trace=True writes a Perfetto trace per system into out: give out=DIR too")
     if not isinstance(scenario, ClusterScenario):

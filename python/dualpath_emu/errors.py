@@ -27,8 +27,7 @@ class SecurityError(UsageError):
 
 
 class NoProgressError(RuntimeError):
-    """A run whose clock went on while its requests made no progress for ``[scheduling] stall_timeout_s`` of emulated
-    time, stopped: one line, exit status 1 (the run failed, not the input)."""
+    """A run that made no progress for ``stall_timeout_s`` emulated, stopped: one line, exit status 1."""
 
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

@@ -55,8 +55,7 @@ def too_long_number(error: ValueError) -> str:
 
 
 def open_input(path: str | Path, *, what: str, limit_bytes: int) -> BinaryIO:
-    """``path`` opened for reading bytes if it is a regular file of at most ``limit_bytes``, else a :class:`UsageError`;
-    no blocking on a FIFO (``O_NONBLOCK``), checks on the opened descriptor."""
+    """``path`` opened if a regular file of at most ``limit_bytes`` (checked on the descriptor, no FIFO wait)."""
     source = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

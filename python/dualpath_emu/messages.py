@@ -35,8 +35,7 @@ DEFAULT_MAX_ARRAY_LEN: Final = 1 << 20
 """The longest array (so the longest tuple field) a codec encodes or decodes by default."""
 
 _SMALL_FRAME_BYTES: Final = 1024
-"""Frames up to this long are parsed at once, with arrays limited to this many elements; longer ones are
-checked complete first (see Limits in the module docstring)."""
+"""Frames up to this long are parsed at once with arrays this short; longer ones are checked complete first."""
 
 # msgpack's int range: what its packer can write and its unpacker can return.
 _INT_MIN: Final = -(1 << 63)

@@ -75,8 +75,7 @@ class NicSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of the testbed: GPUs, NICs, host memory bandwidth. No PCIe rate: a Gen5 ×16 link's 63 GB/s
-    each way [derived] exceeds the 50 GB/s compute NIC every GPU byte crosses (§5.1), the binding port."""
+    """One node of the testbed: GPUs, NICs, host memory bandwidth (no PCIe: the CNIC binds, §5.1)."""
 
     gpus: int
     cnic_bytes_per_s: float  # Per compute NIC; there is one per GPU.

@@ -31,15 +31,13 @@ class ClusterConfig:
     pe_nodes: int = 2
     de_nodes: int = 4
     prefill_ep_nodes: int = 2
-    """Nodes per prefill EP group: DP-attention ranks of one group run each layer in lock step (§6.4). DS 660B
-    needs EP16 (two nodes of 80 GiB GPUs) for its weights to fit [derived]."""
+    """Nodes per prefill EP group, whose DP-attention ranks run each layer in lock step (§6.4)."""
     decode_ep_nodes: int = 4
     """Nodes per decode EP group: sets the weights per DE GPU and the MoE all-to-all of a decode step; a
     node's DE GPUs step together (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`)."""
     storage: StorageSpec = field(default_factory=StorageSpec)
     prefill_roofline: RooflineParams = field(default_factory=RooflineParams)
-    """The prefill engines' compute (:mod:`dualpath_emu.cluster.roofline`; the calibration fits its speed and
-    overhead)."""
+    """The prefill engines' compute (:mod:`~dualpath_emu.cluster.roofline`; its speed and overhead calibrated)."""
     decode_roofline: RooflineParams = field(default_factory=RooflineParams)
     """The decode engines' compute (never fitted)."""
     # --- workload ---
@@ -48,8 +46,7 @@ class ClusterConfig:
     mode: Literal["offline", "online"] = "offline"
     arrival_rate: float = 0.1  # Online: agents per second (Poisson, §7.4).
     tool_wait: ToolWait = field(default_factory=ToolWait)
-    """The wait before an agent's next turn (a tool call, thinking) where its trajectory gives none; none by
-    default, as in the paper's runs (§8.2: zero think time)."""
+    """The wait before an agent's next turn where its trajectory gives none; none by default (§8.2)."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     """What fails when (:mod:`~dualpath_emu.cluster.faults`); none by default."""
     # --- scheduling (§6, A.4) ---
@@ -72,11 +69,9 @@ class ClusterConfig:
     pe_hbm_reserve_fraction: float = 0.1
     """The same on a PE GPU; without layerwise prefill a batch's whole KV must fit the rest [assumed]."""
     max_redispatches: int = 3
-    """Times a request may be lost (an engine crash, a hit read given up) and dispatched again; the next loss
-    ends it as failed."""
+    """Times a request may be lost (a crash, a read given up) and dispatched again; one loss more fails it."""
     read_timeout_s: float = 30.0
-    """A hit read stalled this long on a storage NIC that is down is given up, its request dispatched again (a
-    read on a NIC that is up, however slow, is never given up)."""
+    """A hit read stalled this long on a storage NIC that is down is given up and its request dispatched again."""
     stall_timeout_s: float = 3600.0
     """A run whose requests in flight make no progress for this long in emulated time is stopped with an error
     (:mod:`~dualpath_emu.cluster.stall`). 0: never [our choice: an hour, beyond any read_timeout_s]."""

@@ -154,8 +154,7 @@ class DecodeGroup(EngineGroup):
         self._started_elsewhere: set[int] = set()
         """Requests whose read moved here after it had started on the other side (which wrote its start)."""
         self._reading: dict[int, int] = {}
-        """Requests whose hit is being read here now: the read's number (a read whose number is no longer
-        here was moved, dropped or given up: its completion is ignored)."""
+        """Requests whose hit is being read here now: the read's number (another read's completion is ignored)."""
         self._reads = 0  # Reads started here so far (their numbers).
         self._read_done: set[int] = set()  # Requests whose hit was read here (until they leave).
         self._early_kv: dict[int, int] = {}
@@ -236,8 +235,7 @@ class DecodeGroup(EngineGroup):
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
-        """The scheduler drops these requests (their prefill engine crashed): free what they hold here; with
-        ``from_nodes``, every one expected from there without KV (those with KV kept, and told)."""
+        """The scheduler drops these requests (their prefill engine crashed): free what they hold here."""
         if msg.from_nodes:
             nodes = set(msg.from_nodes)
             rids = tuple(rid for rid, task in self.expected.items() if task.pe_node in nodes)
@@ -348,8 +346,7 @@ class DecodeGroup(EngineGroup):
         self.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv, hit_extents(msg.context, msg.hit), finished)
 
     def _check_read(self, now: int, rid: int, number: int) -> None:
-        """``read_timeout_s`` after a read started here: if it is still stalled on this node's dead storage NIC,
-        give it up (``Lost`` "timeout": the scheduler dispatches it again); on a NIC that is up, look again later."""
+        """``read_timeout_s`` after a read started here: give it up if stalled on a dead NIC, else look later."""
         if self._reading.get(rid) != number:
             return  # done, moved or dropped (or a later read of the request)
         if not self._snic_down:

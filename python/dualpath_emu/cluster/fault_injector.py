@@ -36,8 +36,7 @@ def port_ids(topology: Topology) -> dict[str, int]:
 
 @dataclass
 class _Active:
-    """The faults acting on one port now: (number, factor, latency ns) each; the lowest factor and largest latency kept
-    in two heaps, ended entries dropped at the top (O(log n) per change)."""
+    """The faults acting on one port now, the lowest factor and largest latency kept in two heaps."""
 
     faults: dict[int, tuple[float, int]] = field(default_factory=dict)
     _factors: list[tuple[float, int]] = field(default_factory=list)

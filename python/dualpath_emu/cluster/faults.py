@@ -120,8 +120,7 @@ def target_ports(target: str, nodes: int, gpus: int) -> tuple[str, ...] | None:
 
 
 def _loose(text: str) -> str:
-    """``text`` as someone may have meant it (for a hint only, never to resolve): NFKC-folded, any script's
-    digits as ASCII without leading zeros, lower case, no whitespace or dots around it."""
+    """``text`` as someone may have meant it (NFKC, ASCII digits, lower case), for a hint only."""
     folded = unicodedata.normalize("NFKC", text).strip().strip(".").strip().lower()
     return re.sub(r"\d{1,18}", lambda m: str(int(m[0])), folded)
 
@@ -234,8 +233,7 @@ def _effect(t: Table, key: str, used: bool, default: float, high: float, min_exc
 
 
 MAX_FAULT_WINDOWS: Final = 1000
-"""Fault windows a run reports one by one (``faults``); later ones are added up per kind and target
-(``faults_aggregated``), so a run's fault records are bounded by its size, not its emulated time."""
+"""Fault windows a run reports one by one; later ones are added up per kind and target (bounded)."""
 
 
 @dataclass

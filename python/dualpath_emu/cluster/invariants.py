@@ -31,8 +31,7 @@ class EventLogChecker:
         self._last_t = 0
         self._next_seq = 0
         self._state = bytearray()
-        """Per request id (0, 1, 2, … in admission order): 0 unseen, 1 admitted, 2 ended; ids far beyond it go to
-        ``_sparse``."""
+        """Per request id (in admission order): 0 unseen, 1 admitted, 2 ended; ids far beyond go to ``_sparse``."""
         self._sparse: dict[int, int] = {}
         self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
         self.events = 0
@@ -47,8 +46,7 @@ class EventLogChecker:
             self.violations.append(text)
 
     def feed(self, events: Iterable[tuple[int, int, str, str, str]], first_seq: int | None = None) -> None:
-        """Check the event log's lines ``(t_ns, seq, engine, kind, summary)`` in order, numbered from ``first_seq`` if
-        given; the actor runtime's lines are checked for time and number only."""
+        """Check the event log's lines in order (numbered from ``first_seq`` if given)."""
         for index, (t_ns, seq, _, kind, summary) in enumerate(events):
             if first_seq is not None:
                 seq = first_seq + index
@@ -59,8 +57,7 @@ class EventLogChecker:
             self._check(t_ns, seq, record)
 
     def feed_observed(self, records: Iterable[tuple[int, str, Observed]], first_seq: int) -> None:
-        """Check observations ``(t_ns, engine, record)`` in order, numbered from ``first_seq``: the first as
-        :meth:`_check` does, the others inline (their numbers follow by construction)."""
+        """Check observations ``(t_ns, engine, record)`` in order, numbered from ``first_seq``."""
         events = iter(records)
         first = next(events, None)
         if first is None:
@@ -154,8 +151,7 @@ class EventLogChecker:
 def check_core_bytes(
     report: CoreReport, booked: Mapping[tuple[int, int], int], transfers: Mapping[tuple[int, int], int]
 ) -> list[str]:
-    """Every byte accounted: per port and lane, the bytes of the finished transfers equal those the engines asked for,
-    exactly; what flowed matches within a ns per transfer."""
+    """Every byte accounted: per port and lane, finished transfers' bytes equal the engines' requests."""
     out: list[str] = []
     for port, counters in enumerate(report.ports):
         for lane, (flowed, done) in enumerate(zip(counters.fluid_bytes, counters.completed_bytes)):

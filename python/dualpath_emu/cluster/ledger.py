@@ -13,8 +13,7 @@ __all__ = ["Booking", "Hop", "Ledger", "ProbingLedger", "measure_spans"]
 
 
 class Booking:
-    """What one process's engines asked the data plane to move, per ``(path, lane)``, which the run checks the core
-    moved exactly; with ``probe``, every movement is timed by kind."""
+    """What one process's engines asked the data plane to move, per ``(path, lane)``; ``probe``: timed too."""
 
     def __init__(self, probe: bool = False) -> None:
         self.probe = probe
@@ -57,8 +56,7 @@ class Booking:
 
 
 class Ledger:
-    """An engine's data plane, as the cluster uses it: books each request's bytes in the process's :class:`Booking`,
-    names storage by cluster node, passes the request on to the driver's plane."""
+    """An engine's data plane as the cluster uses it: books every byte, names storage by cluster node."""
 
     def __init__(self, plane: DataPlane, topology: Topology, booking: Booking) -> None:
         self._plane = plane
@@ -135,8 +133,7 @@ class ProbingLedger(Ledger):
 def measure_spans(
     booking: Booking, topology: Topology, spans: Sequence[tuple[str, list[int], int, int, int, int, int]]
 ) -> None:
-    """Add the core's spans (every transfer and storage I/O it modelled, the decode GPUs' own among them; a forward
-    pass's transfers inside the pass) to ``booking``'s measurements, by kind."""
+    """Add the core's spans (every modelled transfer and storage I/O) to ``booking``'s measurements."""
     measured = booking.measured
     node_of = {n.storage_node: n.index for n in topology.nodes}
     for kind, path, storage_node, _lane, size, start, end in spans:

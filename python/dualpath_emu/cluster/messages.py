@@ -32,8 +32,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Turn(Message):
-    """One agent turn as the scheduler sees it: request ``rid`` of ``prompt`` tokens, ``hit`` of them in storage (the
-    first of stream ``context``, its agent's), generating ``gen``."""
+    """One agent turn: request ``rid`` of ``prompt`` tokens (``hit`` in storage, of ``context``), ``gen`` out."""
 
     rid: int
     prompt: int
@@ -190,9 +189,8 @@ class Restart(Message):
 
 @dataclass(frozen=True, slots=True)
 class Lost(Message):
-    """To the scheduler: these requests are no longer here, ``why``: ``"crash"``, ``"down"``, ``"dropped"``, ``"dropped
-    from"`` (``kept``: those whose KV had come), ``"timeout"`` or ``"restarted"``; ``read_nodes``/``read_tokens``: reads
-    in a read queue that will never end."""
+    """To the scheduler: these requests are no longer here, ``why`` (``"crash"``, ``"down"``, ``"dropped"``, ``"dropped
+    from"``, ``"timeout"``, ``"restarted"``); ``read_nodes``/``read_tokens``: reads that will never end."""
 
     rids: tuple[int, ...]
     why: str
@@ -203,8 +201,7 @@ class Lost(Message):
 
 @dataclass(frozen=True, slots=True)
 class Drop(Message):
-    """To an engine group: forget these requests (their other engine crashed), answer :class:`Lost` ``"dropped"``; with
-    ``from_nodes``, every request expected from there without KV (``"dropped from"``)."""
+    """To an engine group: forget these requests (their other engine crashed); answer :class:`Lost`."""
 
     rids: tuple[int, ...]
     from_nodes: tuple[int, ...] = ()
@@ -243,8 +240,7 @@ _VERSIONS: Final[dict[type[Message], int]] = {
     KvReady: 3, PrefillDone: 2, DecodeDone: 3, TurnDone: 3, Health: 1, ReadHere: 1, ReadMoved: 1, Start: 1, Crash: 1,
     Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1,
 }  # fmt: skip
-"""Every message type of the cluster and its wire version (bump it when its fields change); its wire name is
-``cluster.<class name>``."""
+"""Every cluster message type and its wire version (bump it when its fields change): ``cluster.<name>``."""
 for _cls, _version in _VERSIONS.items():
     _cls.WIRE_NAME, _cls.VERSION = f"cluster.{_cls.__name__}", _version
 

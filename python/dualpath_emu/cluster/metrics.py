@@ -56,8 +56,7 @@ def percentiles(values: Sequence[float]) -> Percentiles:
 
 
 def quantile(values: Iterable[float], count: int, q: float) -> float:
-    """The ``q``-quantile (nearest rank) of ``count`` values in [0, ∞), of which ``values`` are the ones
-    stored (the rest are zeros), keeping only the top ``count × (1 − q)`` in memory."""
+    """The ``q``-quantile of ``count`` values ≥ 0 (unstored ones zeros), keeping the top ``count × (1 − q)``."""
     if count <= 0:
         return 0.0
     rank = min(count, max(1, -(-int(q * count * 1000) // 1000)))  # as percentiles(): ceil(q·n), clamped
@@ -203,8 +202,7 @@ class Metrics:
         self.read_moved_ns = _column()
         """When each read moved to the other side, its storage NIC down (the second path as failover)."""
         self.forward_attention_balance: array[float] = array("d")
-        """Per forward pass: max/mean attention time over the GPUs of its group (an idle GPU counts 0; the
-        DP barrier makes every GPU wait for the slowest), Fig. 13 right."""
+        """Per forward pass: max/mean attention time over its group's GPUs (an idle GPU counts 0), Fig. 13."""
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
         self.turns_done = 0
         """Requests ended in this process (:meth:`done`): how far a run is, without a scan of ``done_ns``."""
@@ -368,8 +366,7 @@ class Metrics:
 
     @classmethod
     def merge(cls, parts: Sequence[Metrics]) -> Metrics:
-        """The run's metrics from its processes' parts: per request each time from the part that set it (two parts
-        differing is an error, but :data:`_ATTEMPT_COLUMNS`); passes in time order; GPU busy summed."""
+        """The run's metrics merged from its processes' parts."""
         if not parts:
             return cls()
         interval = parts[0].gpu_busy["pe"].interval_ns
@@ -461,8 +458,7 @@ class Metrics:
         return (last - min(self.arrive_ns)) / 1e9 if last != _UNSET else 0.0
 
     def working_set_bytes(self, kv_bytes_per_token: int, end_ns: int, since_ns: int = 0) -> dict[str, float]:
-        """The KV bytes of the live trajectories over [since_ns, end_ns]: time-weighted ``mean`` and ``max``; an agent
-        is live from its first arrival to its last end, its context growing (§3.4)."""
+        """The KV bytes of the live trajectories over [since_ns, end_ns]: time-weighted ``mean`` and ``max``."""
         # Three streams in time order, merged as they are read (not a list of every change): arrivals, ends,
         # then each agent's departure at its last end. At one instant growth comes before departures; among
         # growths the order does not matter (a context only grows).

@@ -181,8 +181,7 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     PoolTake: ("take", "%s %s %s"), PoolGive: ("give", "%s %s %s"), FaultChanged: ("fault", "%s %s %s x%r +%sns"),
     Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"),
 }  # fmt: skip
-"""Per record type, its log ``kind`` and the ``%`` format of its ``summary`` over its fields (:func:`parse` reads
-them back)."""
+"""Per record type, its log ``kind`` and the ``%`` format of its ``summary`` (:func:`parse` reads it)."""
 
 LINE_FORMATS: Final[dict[type, str]] = {
     cls: f"%d\t%d\t%s\t{kind}\t{summary}\n" for cls, (kind, summary) in _FORMATS.items()

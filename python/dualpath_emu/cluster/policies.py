@@ -47,8 +47,7 @@ ReadSide = Literal["pe", "de"]
 @fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What the scheduler knows of a request: ``prompt_tokens`` = hit (read from storage) + new (computed by the PE);
-    ``hbm_bytes`` the DE HBM it takes; ``context`` its agent's token stream."""
+    """What the scheduler knows of a request: hit + new tokens, its DE HBM, its agent's ``context``."""
 
     id: int
     prompt_tokens: int
@@ -263,8 +262,7 @@ class Policy(ABC):
 
 @dataclass
 class DualPathPolicy(Policy):
-    """DualPath's scheduler (§6). ``alpha_tokens`` (α: tokens a node reads from storage in 3 s) and
-    ``beta_tokens`` (β: tokens one GPU prefills in 5 s) come from the cluster's hardware (A.4)."""
+    """DualPath's scheduler (§6): ``alpha_tokens`` (α) and ``beta_tokens`` (β) from the hardware (A.4)."""
 
     alpha_tokens: int = 0
     beta_tokens: int = 0
@@ -344,8 +342,7 @@ class DualPathPolicy(Policy):
 
 @dataclass
 class RoundRobinPolicy(Policy):
-    """Round robin (the paper's Basic, Fig. 13): PEs and DEs in turn, no load limit but HBM; with ``read_both_sides``
-    the read side takes turns too [our choice: by read queue is DualPath's, §6.3]."""
+    """Round robin (the paper's Basic, Fig. 13): PEs and DEs in turn; ``read_both_sides``: read sides too."""
 
     _pe_turn: int = 0
     _next_de: dict[int, int] = field(default_factory=dict)
@@ -462,8 +459,7 @@ class _PrefillIndex:
 
 
 class PrefillDispatch:
-    """The prefill side of the scheduler (§6.1–6.2): the global FIFO and every PE's load; any group's fetch assigns over
-    every PE, new work wakes groups in turn, a finishing PE its own."""
+    """The prefill side of the scheduler (§6.1–6.2): the global FIFO and every PE's load, by group."""
 
     def __init__(self, policy: Policy, groups: dict[str, list[Engine]]) -> None:
         self.policy = policy

@@ -11,8 +11,7 @@ __all__ = ["Pool"]
 
 
 class Pool:
-    """A capacity in bytes handed out in FIFO order (:meth:`acquire` calls ``then(now)`` once granted, :meth:`release`
-    returns), observed so a checker sees it never overfills."""
+    """A capacity in bytes granted in FIFO order (:meth:`acquire`, :meth:`release`), every grant observed."""
 
     def __init__(self, out: Outbox, name: str, capacity: int) -> None:
         self.out, self.name, self.capacity, self.free = out, name, capacity, capacity

@@ -34,8 +34,7 @@ FIGURES: Final[Mapping[str, Callable[[Mapping[str, Any]], float]]] = {
     "ttft_p50_s": lambda s: s["ttft_s"]["p50"], "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
     "tpot_p50_s": lambda s: s["tpot_s"]["p50"], "working_set_mean_bytes": lambda s: s["working_set_bytes"]["mean"],
 }  # fmt: skip
-"""The figures a replicate run reports, read off a system's summary (``SystemResult.summary()``, or
-``summary.json``'s ``systems.<name>``)."""
+"""The figures a replicate run reports, read off a system's summary."""
 
 
 def _t975(df: int) -> float:

@@ -62,8 +62,7 @@ def roofline_s(flops: float, peak_flops_per_s: float, compute_efficiency: float,
 
 @dataclass(frozen=True)
 class Roofline:
-    """The compute model of one GPU of kind ``gpu`` running ``model`` in an engine with EP degree ``ep_degree``
-    (an :class:`~dualpath_emu.errors.InvalidArgumentError` if its share of the weights does not fit its HBM)."""
+    """The compute model of one ``gpu`` running ``model`` at EP degree ``ep_degree`` (weights must fit)."""
 
     gpu: GpuSpec
     model: ModelSpec
@@ -205,8 +204,7 @@ class Roofline:
         return self.ep_decode_step_s(((batch_size, context_tokens),))
 
     def decode_step(self, batch_size: int, context_tokens: int) -> LayerTimes:
-        """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all; with DSA
-        ``min(context_tokens, batch_size × top_k)`` keys (an upper bound) plus the indexer's."""
+        """Per-layer times of one decode step: ``batch_size`` requests, ``context_tokens`` keys in all."""
         if batch_size < 0 or context_tokens < batch_size:
             raise InvalidArgumentError(
                 f"need 0 <= batch_size <= context_tokens, got batch_size={batch_size}, context_tokens={context_tokens}"

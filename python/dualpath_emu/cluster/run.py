@@ -80,8 +80,7 @@ class Progress:
 
 @dataclass
 class SystemResult:
-    """One system's run. Utilisations are per role (``pe``, ``de``): the run mean and the p99 over every (port or GPU,
-    sample) of the role (a port 54% busy on average can be the bottleneck)."""
+    """One system's run; utilisations per role: the run mean and p99 over every (port or GPU, sample)."""
 
     system: str
     jct_s: float  # From the first arrival to the last request's end, done or failed (§7.3's JCT when :attr:`complete`).
@@ -109,8 +108,7 @@ class SystemResult:
     core_stats: dict[str, int] = field(default_factory=dict)  # Every counter of ``Core.stats()``.
     extra: dict[str, Any] = field(default_factory=dict)
     timelines: dict[str, dict[str, list[float]]] = field(default_factory=dict, repr=False)
-    """Mean utilisation per sample over the ports (or GPUs) of each role: ``snic.rx``, ``snic.tx``,
-    ``cnic.tx``, ``cnic.rx``, ``dram``, ``gpu`` → ``{"pe": [...], "de": [...]}``."""
+    """Mean utilisation per sample over each role's ports (or GPUs), by port kind → ``{"pe": [...], "de": [...]}``."""
     sample_interval_s: float = SAMPLE_INTERVAL_S
     spec: System | None = field(default=None, repr=False)  # The system that ran (set by :func:`run_system`).
     failed_requests: int = 0  # Requests that ended as failed (lost more often than the scheduler dispatches again).
@@ -152,8 +150,7 @@ class SystemResult:
         return sum(self.metrics.hit) / prompt if prompt else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """The JSON-able summary (``summary.json``'s ``systems.<name>``): :data:`_SUMMARY_KEYS`, then :attr:`extra`;
-        ``utilisation_sample_s`` is the ports' sample width behind the p99s."""
+        """The JSON-able summary (``summary.json``'s ``systems.<name>``): :data:`_SUMMARY_KEYS`, then :attr:`extra`."""
         attr = {"utilisation_sample_s": "sample_interval_s"}
         return {**{key: getattr(self, attr.get(key, key)) for key in _SUMMARY_KEYS}, **self.extra}
 

@@ -163,8 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 EXIT_INCOMPLETE = 3
-"""The exit status of a run that ended but whose requests failed: its results are printed and written, but
-are not a whole workload's (``run``, ``run --seeds``, ``collect``, ``sweep``)."""
+"""The exit status of a run that ended but whose requests failed (results shown, not whole)."""
 
 
 def warn_incomplete(results: Mapping[str, SystemResult], where: str = "") -> int:
@@ -418,8 +417,7 @@ def _live_options(args: argparse.Namespace, scenario: ClusterScenario) -> LiveOp
 
 
 def _restart_hint(args: argparse.Namespace, scenario: ClusterScenario, error: Exception) -> str:
-    """Advice to run with ``--restart-crashed``, only where it would have helped: a model-plane live run (the host
-    backend refuses the option) whose engine group's process died (not one that hung, not a failed check)."""
+    """Advice to run with ``--restart-crashed``, only where it would have helped."""
     from dualpath_emu.runtime.launcher import LaunchError
 
     if scenario.backend == "host" or getattr(args, "restart_crashed", False):
@@ -509,8 +507,7 @@ GATHERED: dict[str, str] = {".part": "msgpack", ".json": "json", ".events": "eve
 
 
 def _check_gathered(run_dir: Path) -> None:
-    """Every file of ``run_dir`` that ``collect`` may read is a regular file that parses as its kind, or a one-line
-    error naming it (copied files can be anything: a FIFO, a link to /dev/zero)."""
+    """Each file ``collect`` may read in ``run_dir`` is a regular file that parses, or a one-line error."""
     import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
     from dualpath_emu.inputs import open_input

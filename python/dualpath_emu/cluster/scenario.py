@@ -45,8 +45,7 @@ KIND: Final = "cluster"
 BUILT_IN: Final = "<built-in>"
 DEFAULT_SYSTEMS: Final = ("basic", "dualpath", "oracle")
 DEFAULT_AGENTS: Final = 256
-"""Agents of the built-in scenario: ``make run`` (three systems) in about a minute on 2 cores, the storage
-bottleneck already showing."""
+"""Agents of the built-in scenario: ``make run`` in about a minute on 2 cores, storage-bound already."""
 
 _MAX_SEED: Final = 2**63 - 1
 
@@ -170,8 +169,7 @@ class ClusterScenario:
         self, *, systems: Sequence[str | System] | None = None, agents: int | None = None, seed: int | None = None,
         backend: str | None = None, byte_scale: float | None = None, faults: str | Path | None = None,
     ) -> ClusterScenario:  # fmt: skip
-        """A copy with command-line overrides (``None``: as is), checked like the file; ``systems``: names, specs or
-        :class:`System` objects; ``faults``: a faults file joining the scenario's."""
+        """A copy with command-line overrides (``None``: as is), checked like the file."""
         out = self
         if systems is not None:
             loader = SystemLoader(Path.cwd(), "--system")
@@ -214,8 +212,7 @@ class ClusterScenario:
 
 
 DEFAULT: Final = ClusterScenario(name="ds660b-2p4d-offline", config=ClusterConfig(agents=DEFAULT_AGENTS))
-"""The built-in scenario: DS 660B, 2P4D, offline, 64K dataset, :data:`DEFAULT_AGENTS` agents, Basic /
-DualPath / Oracle (the packaged ``ds660b-2p4d-offline.toml`` holds the same)."""
+"""The built-in scenario: the packaged ``ds660b-2p4d-offline.toml``'s settings."""
 
 
 def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
@@ -233,8 +230,7 @@ def _first_rounds(trajectory: Trajectory, rounds: int) -> Trajectory:
 def load_cluster_scenario(
     path: str | Path, overrides: Mapping[str, object] | None = None, *, what: str = "override"
 ) -> ClusterScenario:
-    """Read and check the cluster scenario in ``path``; ``overrides`` sets keys by dotted path before the checks (a
-    ``workload.trace`` replaces the file's dataset and agents, a ``workload.dataset`` its trace)."""
+    """Read and check the cluster scenario in ``path``; ``overrides`` set by dotted path first."""
     top = load_toml(path)
     if overrides:
         overrides = dict(overrides)

@@ -21,8 +21,7 @@ from dualpath_emu.config import REQUIRED, Table
 __all__ = ["EXAMPLE", "Documented", "Key", "check", "documented", "render", "schema"]
 
 EXAMPLE: Final = Path(__file__).with_name("scenario_keys.toml")
-"""Every key of a cluster scenario, with its default and what it does (a comment after it, and on the lines
-below it further to the right)."""
+"""Every key of a cluster scenario, with its default and what it does (the comments after it)."""
 
 _ENTRY_KINDS = ("models", "gpus", "nics")
 _SAME_KEYS = ("roofline.prefill.", "roofline.decode.")

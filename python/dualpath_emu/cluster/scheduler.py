@@ -40,8 +40,7 @@ class _Pull:
 
 @dataclass(slots=True)
 class _PrefillRestart:
-    """A prefill group's process was started again: what it held, while the decode groups say which of those
-    requests' KV they have (a KvReady may have left the dead process without its PrefillDone, or the reverse)."""
+    """A prefill group's restarted process: what it held, while the decode groups say what they have."""
 
     group: str
     waiting: set[str]  # Decode groups whose answer (Lost "dropped from") has not come.
@@ -326,9 +325,8 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _process_restarted(self, now: int, group: str) -> None:
-        """Engine group ``group`` is a new process in place of one that died: what was sent it is lost, and every read
-        on its nodes; the dead one may have sent one message of a pair and not the other, so a prefill group's requests
-        are settled with the decode groups, a decode group's with the client."""
+        """Engine group ``group`` is a new process in place of one that died: what was sent it is lost; a prefill
+        group's requests are settled with the decode groups, a decode group's with the client."""
         nodes = [n for n, name in (*self._pe_group.items(), *self._de_group.items()) if name == group]
         for node in nodes:
             self.read_q[node] = 0
@@ -357,8 +355,7 @@ class Scheduler(ClusterEngine):
         self._wake_prefill(now)
 
     def _ask_decode_groups(self, now: int, group: str, nodes: list[int], held: list[int]) -> None:
-        """Prefill group ``group``'s process died holding ``held``: ask every decode group up to drop what it expects
-        from ``nodes`` without KV; settle when all answered (a decoded request is done)."""
+        """Prefill group ``group``'s process died holding ``held``: settle them with the decode groups."""
         wake = None
         for rid, pe in list(self.pe_of.items()):
             if rid in self._decoded and self.prefill.group_of(pe) == group:
@@ -541,8 +538,7 @@ class Scheduler(ClusterEngine):
                     return
 
     def _engine_down(self, now: int, group: str) -> None:
-        """Engine group ``group`` crashed: it fetches nothing until it is back, policies see it down, and
-        requests assigned to it but not yet sent there are taken back."""
+        """Group ``group`` crashed: no fetches until back, down to policies, its unsent requests taken back."""
         self._down.add(group)
         self._pulls.pop(group, None)
         self._wanted.discard(group)

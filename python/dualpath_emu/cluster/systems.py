@@ -23,14 +23,12 @@ NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 @dataclass(frozen=True)
 class System:
-    """A named bundle of policies: one row of ``run``'s table. ``scheduler``: ``"dualpath"``, ``"round_robin"`` or a
-    user's :class:`Policy` subclass, made afresh each run with the keywords it accepts."""
+    """A named bundle of policies: one row of ``run``'s table; ``scheduler`` a name or a :class:`Policy`."""
 
     name: str
     description: str
     layerwise: bool
-    """Layerwise prefill (§4): per-layer KV streamed into HBM during the forward pass; otherwise the whole hit
-    KV is copied into HBM first and the request's KV must fit in the PE's HBM."""
+    """Layerwise prefill (§4): per-layer KV streamed into HBM during the pass, not the whole hit first."""
     dual_path: bool  # Reads may go through the decode node (storage → DE buffer → PE); otherwise PE-read only.
     scheduler: Literal["dualpath", "round_robin"] | type[Policy]
     oracle: bool = False  # Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound.

@@ -24,8 +24,7 @@ KV_LANE: Final = 2  # VL2: KV-cache traffic, low priority (paper A.1).
 
 @dataclass(frozen=True)
 class StorageSpec:
-    """The 3FS-like storage cluster (the paper gives none of these numbers). Bandwidth None: every storage NIC's
-    together; ``queue_depth``: I/Os one node keeps in flight, the rest queued."""
+    """The 3FS-like storage cluster (bandwidth None: the storage NICs' together; per-node I/O queue depth)."""
 
     read_bytes_per_s: float | None = None
     write_bytes_per_s: float | None = None

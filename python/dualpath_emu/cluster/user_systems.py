@@ -36,8 +36,7 @@ def is_user_spec(spec: str) -> bool:
 
 
 def system_specs(values: Sequence[str]) -> list[str]:
-    """The systems of ``--system`` options, each repeated or comma-separated (``--system basic,dualpath``):
-    every spec, in order, a :class:`~dualpath_emu.errors.UsageError` for an empty one."""
+    """The systems of ``--system`` options (repeated or comma-separated), in order; empty: error."""
     specs: list[str] = []
     for value in values:
         parts = [part.strip() for part in value.split(",")]

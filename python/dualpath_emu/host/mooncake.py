@@ -130,8 +130,7 @@ _confined: dict[str, Any] = {}
 
 
 def confine_binds(host: str) -> str:
-    """Make the Transfer Engine's libraries bind ``host``'s address where they ask for every interface; returns
-    that address (numeric). Raises :class:`MooncakeUnavailable` where it cannot (the engine is not started)."""
+    """Make the Transfer Engine bind ``host``'s address where it asks for every interface; returns it."""
     try:
         address = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError) as error:

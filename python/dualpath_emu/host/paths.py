@@ -79,8 +79,7 @@ def port_nodes(topology: Layout) -> dict[int, int]:
 
 @dataclass
 class PathStats:
-    """What a run measured of one kind of data movement: count, modelled and real bytes, seconds (emulated) in total and
-    at most, and the model's seconds for each alone on an idle path."""
+    """What a run measured of one kind of data movement: count, bytes, seconds, and the model's idle time."""
 
     count: int = 0
     modelled_bytes: int = 0

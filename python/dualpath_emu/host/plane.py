@@ -41,8 +41,7 @@ NET_CHUNK_BYTES = 16 << 10
 
 @dataclass(frozen=True)
 class HostPlan:
-    """What a host process needs to know of the cluster, as plain data (its layout, who drives each node's I/O, every
-    port's rate, the block size): the host backend imports nothing of the cluster."""
+    """What a host process needs to know of the cluster, as plain data (the host imports no cluster)."""
 
     topology: Layout
     process_of_node: tuple[str, ...]
@@ -94,11 +93,9 @@ class HostDataPlane(WallClockCore):
         channel.on_port = self._peer_port
         self.store = store
         self.moved: dict[tuple[int, int], int] = {}
-        """Modelled bytes of the real work done, per (port, lane) (the local core counts the modelled work):
-        together, what the actors asked for, checked against their ledgers."""
+        """Modelled bytes of the real work done, per (port, lane), checked against the actors' ledgers."""
         self.measured: dict[str, PathStats] = {}
-        """Per kind of work (storage read per side, write-back, PE→DE, DE→PE, all-to-all, forward pass): what
-        it took, next to what the model gives the same work unloaded."""
+        """Per kind of work: what it took, next to what the model gives the same work unloaded."""
         self._pacers: dict[int, Pacer] = {}
         self._jobs: dict[int, _Job] = {}
         self._ios: dict[int, _StorageIo] = {}
@@ -202,8 +199,7 @@ class HostDataPlane(WallClockCore):
                 store.give_back(view)
 
     def _writes_held(self) -> bool:
-        """Whether a fault acts on a storage write path now: another process's write-back may land late, so a read of
-        its blocks waits for it (``BlockStore.read``'s ``held``)."""
+        """Whether a fault acts on a storage write path now (then a read waits for a late write-back)."""
         write = self.plan.topology.storage_write
         return any(p == write or p in self._write_ports for p in (*self._factors, *self._latent))
 
@@ -394,8 +390,7 @@ class HostDataPlane(WallClockCore):
         self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper(), self.plan.byte_scale).enqueue(lane, nbytes, ident)
 
     def _admit(self, rx: int, lane: int, nbytes: int, then: Callable[[], None] | None) -> bool:
-        """The channel's hook for a chunk arriving through port ``rx``: False (let in now) unless a fault slows the
-        port or earlier chunks wait; then it waits its turn in the port's pacer and ``then`` runs when let in."""
+        """The channel's hook for a chunk arriving through port ``rx``: False lets it in now (see the module)."""
         pacer = self._admission.get(rx)
         if (pacer is None or not pacer.port.queued_messages()) and self._factors.get(rx, 1.0) == 1.0:
             return False

@@ -51,8 +51,7 @@ __all__ = [
 
 ALIGN: Final = 4096  # O_DIRECT alignment of buffers, offsets and sizes where the device asks for pages
 SMALL_ALIGN: Final = 512
-"""The alignment where the device's logical blocks are 512 bytes (most disks; probed): a DS 27B Full Block at
-byte scale 0.001 (1,260 B) then takes 1,536 bytes on disk, not 4,096."""
+"""The alignment where the device's logical blocks are 512 bytes (most disks; probed)."""
 _HEADER: Final = struct.Struct("<4sIQQQ")  # magic, version, context, block, block_bytes: 32 bytes
 _MAGIC: Final = b"DPKV"
 _VERSION: Final = 1
@@ -96,8 +95,7 @@ class IoResult:
 
 
 class StorageView:
-    """One node's way to the storage (a direction of its storage NIC): the directory descriptor its I/O opens
-    files relative to; away, a removed directory's (see the module). Taken and given back on the loop's thread."""
+    """One node's way to the storage: the directory descriptor its I/O opens files relative to."""
 
     __slots__ = ("_back", "away", "fd", "name")
 
@@ -176,8 +174,7 @@ def _unmap(buffer: mmap.mmap) -> None:
 
 
 class BlockStore:
-    """Full Blocks of KV cache in files under ``root``, shared with other processes (see the module). ``direct``:
-    ``None`` O_DIRECT where allowed, ``True`` required, ``False`` buffered; ``threads``: the I/O pool's size."""
+    """Full Blocks of KV cache in files under ``root`` (``direct``: O_DIRECT or not; ``threads``: the pool)."""
 
     def __init__(self, root: Path, block_bytes: int, *, threads: int = 4, direct: bool | None = None) -> None:
         self.block_bytes: Final = _check_int("block_bytes", block_bytes, 1)
@@ -317,8 +314,7 @@ class BlockStore:
 
     async def read(self, context: int, first_block: int, n_blocks: int, *, wait_s: float = 2.0,
                    held: Callable[[], bool] | None = None, view: StorageView | None = None) -> IoResult:  # fmt: skip
-        """Read and verify blocks ``first_block`` … ``first_block + n_blocks - 1`` of ``context`` (through ``view``
-        if given); one not there yet is re-read for up to ``wait_s`` of sleep, not counted while ``held()``."""
+        """Read and verify blocks ``first_block`` … ``+ n_blocks - 1`` of ``context`` (re-read for ``wait_s``)."""
         self._check(context, first_block, n_blocks)
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not math.isfinite(wait_s) or wait_s < 0:
             raise HostStorageError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
@@ -372,8 +368,7 @@ class BlockStore:
         return result
 
     def seed(self, context: int, first_block: int, n_blocks: int) -> IoResult:
-        """Write blocks synchronously, in the calling thread: the blocks a trace says are cached but that this
-        run never wrote. Counted as ``seeded_blocks``, not as writes."""
+        """Write, in the calling thread, blocks a trace says are cached (counted as ``seeded_blocks``)."""
         self._check(context, first_block, n_blocks)
         start = time.perf_counter()
         for first, count in self._chunks(first_block, n_blocks):

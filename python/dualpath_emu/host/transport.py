@@ -113,8 +113,7 @@ class ByteChannel:
     _next_job: int = 1
     _authenticator: Any = None
     engine: str = "zmq"
-    """``"zmq"``: chunks travel in the channel's frames; ``"mooncake"``: by Mooncake's Transfer Engine, the
-    frames carry their headers (:mod:`dualpath_emu.host.mooncake`)."""
+    """``"zmq"``: chunks in the channel's frames; ``"mooncake"``: by Mooncake's Transfer Engine."""
     _wire: Any = None
     _targets: dict[str, asyncio.Future[tuple[str, int]]] = field(default_factory=dict)
     """Mooncake: each peer's engine and the address of our slot in its receive region."""

@@ -50,8 +50,7 @@ START: Final = {"prefill_speed": 0.44, "prefill_overhead_s_per_layer": 7e-3}
 """Where the prefill fit starts: near its last solution (saves Newton steps)."""
 FITTED: Final = ("prefill_speed", "prefill_overhead_s_per_layer", "snic_bytes_per_s")
 LINE_RATE_TOLERANCE: Final = 0.05
-"""Basic may be this much over its target when the storage NICs are already at their line rate: the fit
-has nothing left to give, and the rate stays the NIC's."""
+"""Basic may be this much over its target when the storage NICs already run at line rate."""
 
 
 def load(path: Path = CALIBRATION_FILE) -> dict[str, float] | None:

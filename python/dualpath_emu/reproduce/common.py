@@ -60,13 +60,11 @@ DEPLOYMENTS: dict[str, dict[str, Any]] = {
 
 
 QUICK_NODE: Final = dataclasses.replace(TESTBED_NODE, snic_bytes_per_s=TESTBED_NODE.snic_bytes_per_s / 4)
-"""The node of the ``--quick`` variants: storage NICs at a quarter of the testbed's, so that a few hundred
-agents' first rounds are storage-bound as the paper's thousands of whole trajectories are."""
+"""The ``--quick`` node: storage NICs at a quarter of the testbed's, so that small runs are storage-bound."""
 
 
 def deployment(model: str, *, quick: bool = False, calibrated: bool = True, **overrides: Any) -> ClusterConfig:
-    """The paper's deployment of ``model`` with ``overrides``; ``quick``: on :data:`QUICK_NODE`; ``calibrated``:
-    with the fitted parameters of :mod:`~dualpath_emu.reproduce.calibrate`, where there are some and not ``quick``."""
+    """The paper's deployment of ``model`` with ``overrides`` (``quick``: miniature; ``calibrated``: fitted)."""
     base = {**DEPLOYMENTS[model], **({"node": QUICK_NODE} if quick else {})}
     fields = {**base, **overrides}
     config = ClusterConfig(**{**fields, "model": MODELS[fields["model"]]})
@@ -122,8 +120,7 @@ class CellResult:
     ttft_breakdown_s: dict[str, float]
     """Mean seconds per TTFT component (Fig. 12 left): ``scheduling``, ``allocation``, ``reading``, ``prefill``."""
     attention_balance: list[tuple[float, float]]
-    """Per prefill forward pass: (start as a fraction of the JCT, max/mean attention time over the group's
-    GPUs), Fig. 13 right."""
+    """Per prefill pass: (start as a fraction of the JCT, max/mean attention over the group's GPUs), Fig. 13."""
 
     @property
     def jct_s(self) -> float:
@@ -161,8 +158,7 @@ D = TypeVar("D")
 
 
 class Task(Protocol):
-    """What :func:`run_parallel` hands a worker; it must pickle. ``labels`` name it in progress lines, ``cost`` orders
-    the start, ``cache_key()`` is all its result depends on but the code."""
+    """What :func:`run_parallel` hands a worker (picklable): labels, cost, ``cache_key()``."""
 
     @property
     def labels(self) -> Mapping[str, Any]: ...
@@ -198,8 +194,7 @@ CACHE_FORMAT: Final = 1
 
 @dataclass(frozen=True)
 class Codec(Generic[C, T]):
-    """How a worker's result is cached as JSON: ``encode(result)``, ``decode(value, task)`` (ValueError, TypeError or
-    KeyError on a wrong shape); a result holding its task takes the asking one."""
+    """How a worker's result is cached as JSON: ``encode(result)``, ``decode(value, task)``."""
 
     encode: Callable[[T], Any]
     decode: Callable[[Any, C], T]
@@ -241,8 +236,7 @@ def _check_typed(hint: Any, value: Any, where: str) -> Any:
 
 
 def dataclass_codec(cls: type[D], *, task_field: str | None = None) -> Codec[Any, D]:
-    """The :class:`Codec` of dataclass ``cls`` with JSON-able fields, each checked against its annotation when read
-    back; ``task_field`` holds the task (not stored: the asking one's)."""
+    """The :class:`Codec` of dataclass ``cls`` with JSON-able fields (checked when read back)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name != task_field]  # type: ignore[arg-type]
 
@@ -341,8 +335,7 @@ def _in_processes(worker: Callable[[C], T], todo: Sequence[tuple[int, C]], jobs:
 
 
 def check_dask_address(address: str, option: str = "--dask") -> None:
-    """A :class:`UsageError` unless ``distributed`` is installed and ``address`` is a scheduler's (``tcp://`` or
-    ``tls://`` with Dask's TLS), checked before a client could hang the exit."""
+    """A :class:`UsageError` unless Dask's ``distributed`` is installed and ``address`` a scheduler's."""
     distributed = require_distributed(option)
     from distributed.comm.addressing import parse_address
 
@@ -382,9 +375,8 @@ def _on_dask(address: str, worker: Callable[[C], T], todo: Sequence[tuple[int, C
 def run_parallel(worker: Callable[[C], T], cells: Sequence[C], jobs: int = 1, *,
                  report: Callable[[C, T, int, float, bool], None] | None = None, cache: Path | None = None,
                  codec: Codec[C, T] | None = None, dask: str | None = None) -> list[T]:  # fmt: skip
-    """``worker(cell)`` for every cell, in up to ``jobs`` local processes or on the Dask scheduler ``dask``, largest
-    first, results in order; ``report(...)`` after each. With ``cache`` (a folder) each result is kept as JSON
-    (``codec``) and reused for the same worker, task and code."""
+    """``worker(cell)`` for every cell in ``jobs`` local processes or on the Dask scheduler ``dask``, largest first,
+    results in order; with ``cache`` each result is kept as JSON and reused."""
     started = time.perf_counter()
     results: dict[int, T] = {}
     coding: Codec[C, T] = PLAIN_JSON if codec is None else codec
@@ -555,8 +547,7 @@ MAX_JOBS = 256  # The most processes an experiment starts (each runs one cell at
 def experiment_main(name: str, description: str, build: Callable[[argparse.Namespace], Report],
                     argv: list[str] | None = None, *,
                     configure: Callable[[argparse.ArgumentParser], None] | None = None) -> int:  # fmt: skip
-    """The common command line (``--quick``, ``--out``, ``--jobs`` or ``--dask``, ``--cache``, ``--json`` and
-    ``configure``'s); ``build(args)`` runs the experiment."""
+    """The common command line (``--quick``, ``--out``, ``--jobs``/``--dask``, ``--cache``, ``--json``)."""
     parser = argparse.ArgumentParser(prog=f"dualpath-emu reproduce {name}", description=description)
     parser.add_argument("--quick", action="store_true", help="the small variant (minutes, for CI)")
     parser.add_argument("--out", metavar="DIR", type=Path, help=f"write {name}.csv, {name}.png and {name}.json here")

@@ -172,8 +172,7 @@ class Point:
     turns: int
     end_s: float  # Emulated seconds until the last request ended.
     trajectory_s: float
-    """Mean time from an agent's arrival to its last turn's end, over the agents arriving in the window
-    (Fig. 11's trajectory completion time)."""
+    """Mean time from an agent's arrival to its last turn's end, over the window's agents (Fig. 11)."""
     wall_s: float
 
     def meets_slo(self, stat: str = "mean") -> bool:
@@ -359,8 +358,7 @@ def _cell(variant: Variant, model: str, system: str, rate: float, step: int, too
 
 def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, quiet: bool = False,
                  cache: Path | None = None, dask: str | None = None) -> None:  # fmt: skip
-    """Advance every search step by step; each step's runs, of all searches, in one parallel batch (a run
-    that two searches of one (model, system) ask for, e.g. by SLO and by TTFT alone, once)."""
+    """Advance every search step by step, each step's runs of all searches in one parallel batch."""
     step = 0
     while True:
         plan = [(s, rate) for s in searches for rate in s.next_rates()]

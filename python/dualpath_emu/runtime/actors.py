@@ -31,8 +31,7 @@ _T = TypeVar("_T")
 
 _RawEvent = tuple[int, int, str, str, str]
 _new_tuple: Final = tuple.__new__
-"""Makes an Envelope from a tuple of its fields in C (``Envelope(...)`` runs NamedTuple's Python-level
-``__new__``, once per message)."""
+"""Makes an Envelope from a tuple of its fields in C (NamedTuple's ``__new__`` is Python, once a message)."""
 
 
 class ActorError(Exception):
@@ -198,8 +197,7 @@ class ActorSystem:
         return self._log
 
     def set_event_sink(self, sink: Callable[[list[_RawEvent], int], None], chunk: int = 1 << 16) -> None:
-        """Hand the events to ``sink(events, first_seq)`` in chunks of about ``chunk`` instead of keeping them
-        (:meth:`flush_events`: the rest); ``first_seq + index`` is an event's number."""
+        """Hand the events to ``sink(events, first_seq)`` in chunks of about ``chunk`` instead of keeping them."""
         self._sink = sink
         self._sink_chunk = chunk
 
@@ -339,8 +337,7 @@ class ActorSystem:
             actor.stop()
 
     async def run(self, main: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``main`` as the run's driver, stop every actor when it ends and return its result; if an actor
-        fails, ``main`` is cancelled and :class:`ActorFailure` raised."""
+        """Run ``main`` as the driver, then stop every actor; an actor's failure cancels it."""
         if self.failure is not None:
             main.close()
             raise self.failure

@@ -33,8 +33,7 @@ __all__ = ["SERVICE_REPORT", "Application", "Backend", "PlaneRequest", "Registry
 _E = TypeVar("_E")
 
 SERVICE_REPORT: Final = "dataplane.report.json"
-"""The file of a real-time run's directory that :meth:`Application.service_report` goes to (written by the
-data-plane process once drained, or by the one process of a one-process run)."""
+"""The file of a real-time run's directory that :meth:`Application.service_report` goes to."""
 
 
 class Application(ABC):
@@ -63,8 +62,7 @@ class Application(ABC):
         """Add the ports and storage the actors use to a core (the data plane's, or a process's own)."""
 
     def use_layout(self, layout: CoreLayout) -> None:
-        """In a process without the core, learn the ids of the ports and storage nodes :meth:`build_core` made in the
-        data plane (by default: built on a scratch core and checked equal)."""
+        """In a process without the core, learn the ids of the ports and storage nodes of the data plane's."""
         scratch = Core()
         self.build_core(scratch)
         mine = core_layout(scratch)

@@ -1,16 +1,9 @@
-"""Work on the core as asyncio futures: a live process's data plane, bound to its loop (issues 3, 14, 24).
-
-Actors move bytes by asking their data plane (handed to them, never looked up): :meth:`CoreWork.transfer`,
-:meth:`~CoreWork.forward`, :meth:`~CoreWork.io` and :meth:`~CoreWork.core_timer` return futures resolved with the
-:class:`Completion`; :meth:`~CoreWork.decode_node` adds decode GPUs stepped by the core. A data plane is bound to one
-loop (:meth:`CoreWork.bind`), whose clock it gives. Requests are batched and a batch submitted at the loop's next
-iteration, so the FFI boundary (or the wire) is crossed per batch. :class:`CoreWork` holds what every plane shares
-(tags, pending lists, waiters, delivery); a flavour says how a batch is submitted (:meth:`CoreWork._submit_batch`):
-:class:`LocalCoreWork` on a core in this process, the remote plane (:mod:`dualpath_emu.runtime.dataplane.remote`) as one
-message to the data-plane service, the host backend (:class:`~dualpath_emu.host.plane.HostDataPlane`) moving real bytes.
-A request the core refuses fails its own future (:func:`~dualpath_emu.runtime.virtual.submit_batch`); a bad *detached*
-one fails the run. Work submitted to a local core by other code takes its tag from :meth:`~CoreWork.new_tag` and
-registers it with :meth:`~CoreWork.expect`."""
+"""Work on the core as asyncio futures: a live process's data plane, bound to its loop (:meth:`CoreWork.bind`), whose
+clock it gives. Requests are batched and a batch submitted at the loop's next iteration (the FFI boundary or the wire
+is crossed per batch); :class:`CoreWork` holds what every plane shares (tags, pending lists, waiters, delivery) and a
+flavour says how a batch is submitted: :class:`LocalCoreWork` on a core in this process, the remote plane to the
+data-plane service, the host backend moving real bytes. A refused request fails its own future; a detached one the
+run. Work submitted by other code takes its tag from :meth:`~CoreWork.new_tag` and registers it with ``expect``."""
 
 from __future__ import annotations
 
@@ -139,8 +132,7 @@ class _Call(NamedTuple):
 
 
 class CoreWork:
-    """A data plane's side of the work on the loop it is bound to (:meth:`bind`); a flavour implements
-    :meth:`_submit_batch` and :meth:`clock_ns`, calling :meth:`_deliver` and :meth:`_refused`."""
+    """A data plane's side of the work on its loop; a flavour implements :meth:`_submit_batch` and :meth:`clock_ns`."""
 
     loop: asyncio.AbstractEventLoop  # The event loop the plane is bound to (:meth:`bind`).
 
@@ -257,8 +249,7 @@ class CoreWork:
         return self.expect(tag)
 
     def io(self, node: int, kind: str, lane: int, size_bytes: int, extents: Extents = ()) -> asyncio.Future[Completion]:
-        """Queue a storage I/O (``kind`` ``"read"`` or ``"write"``) on storage node ``node`` now; ``extents``
-        (:data:`Extents`) are for data planes that move real bytes."""
+        """Queue a storage ``"read"`` or ``"write"`` on node ``node`` now (``extents``: for real bytes)."""
         return self.expect(self._queue_io(node, kind, lane, size_bytes, self.new_tag(), extents))
 
     def io_detached(self, node: int, kind: str, lane: int, size_bytes: int, extents: Extents = ()) -> None:
@@ -277,8 +268,7 @@ class CoreWork:
         return tag
 
     def decode_node(self, report: _Report, spec: Mapping[str, Any]) -> int:
-        """Add a node's decode GPUs, stepped by the core (``spec``: ``Core.add_decode_node``'s keywords but
-        ``report_tag``); ``report(ended, spans)`` whenever some requests ended."""
+        """Add a node's decode GPUs, stepped by the core; ``report(ended, spans)`` when some requests ended."""
         tag = self.new_tag()
         self._decode_reports[tag] = report
         self._pending_decode_nodes.append((tag, dict(spec)))

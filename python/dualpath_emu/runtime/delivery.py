@@ -22,11 +22,9 @@ class DeliveryReport:
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     lost_with_restart: int = 0
-    """Messages to or from a process that died (and was started again) that were not delivered, or whose
-    sending its event log did not keep: lost with it, not an error (:func:`check_delivery`)."""
+    """Messages to or from a restarted process's dead incarnation, not delivered or not on record: not an error."""
     to_stopped: int = 0
-    """Messages told after their recipient had stopped, whose process had gone before they arrived: dropped at
-    a stopped actor, as they would have been recorded had it still run (not an error)."""
+    """Messages told after their recipient had stopped and its process had gone: not an error."""
 
     @property
     def ok(self) -> bool:

@@ -44,8 +44,7 @@ _ON_ATTR = "__engine_inputs__"
 
 
 class DataPlane(Protocol):
-    """What moves bytes and keeps time for engines (docs/architecture.md, "One data-plane contract"): requests are
-    queued and submitted in batches, ``then(now_ns)`` is called when the work ends, a refused request fails the run."""
+    """What moves bytes and keeps time for engines (docs/architecture.md, "One data-plane contract")."""
 
     def transfer(self, path: tuple[int, ...], lane: int, size_bytes: int, then: Then | None) -> None:
         """Move ``size_bytes`` on ``lane`` along ``path`` (port ids), starting now."""
@@ -57,8 +56,7 @@ class DataPlane(Protocol):
         self, n_layers: int, ranks: Sequence[tuple[Hop | None, int, Hop | None]], ffn_ns: int,
         collectives: Sequence[Hop], then: Then,
     ) -> None:  # fmt: skip
-        """A forward pass of ``n_layers`` layers over DP-attention ``ranks`` ``(load, attn_ns, store)``, then a
-        shared phase of ``ffn_ns`` and ``collectives`` per layer (the core expands it: ``core/src/forward.rs``)."""
+        """A forward pass of ``n_layers`` layers over ``ranks``, expanded by the core (``core/src/forward.rs``)."""
 
     def timer(self, at_ns: int, then: Then) -> None:
         """Call ``then`` at ``at_ns`` (now, if that is past)."""
@@ -73,8 +71,7 @@ class DataPlane(Protocol):
         """A fault: ``extra_ns`` added to what starts crossing ``port`` from now on (``Core.set_port_latency``)."""
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
-        """Add a node's decode GPUs, stepped by the plane (``Core.add_decode_node``'s keywords but ``report_tag``);
-        ``report(now, ended, spans)`` whenever some of its requests ended."""
+        """Add a node's decode GPUs, stepped by the plane; ``report(now, ended, spans)`` when some requests ended."""
         ...
 
     def decode_join(
@@ -137,8 +134,7 @@ class Engine:
         self.name = name
         self.out = out
         self._bound: dict[type[Message], Callable[[int, Any, str], None]] = {}
-        """The handlers :meth:`receive` has looked up, by message type (the virtual driver calls them directly
-        for the types found here, when the class does not override :meth:`receive`)."""
+        """The handlers :meth:`receive` has looked up, by message type (the virtual driver calls them directly)."""
 
     def start(self, now_ns: int) -> None:
         """The run starts (engines are started in assembly order, before any message is delivered)."""

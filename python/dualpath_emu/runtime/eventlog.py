@@ -1,14 +1,7 @@
-"""The canonical event log: one line per actor-system event, and its SHA-256 (issue 3).
-
-A line is the five fields of an :class:`Event` separated by tabs and ended by a newline, UTF-8::
-
-    <t_ns>\\t<seq>\\t<actor>\\t<kind>\\t<summary>\\n
-
-Backslash, tab, carriage return and newline inside a field are written ``\\\\``, ``\\t``, ``\\r``, ``\\n``, so every
-event is exactly one line and the log can be split back into events (:func:`parse_line`). The digest is the SHA-256 of
-these bytes, nothing else. An actor system's events hold no wall-clock time, object address or hash-ordered collection,
-so in virtual time the same scenario and seed give the same bytes and the same digest, whatever ``PYTHONHASHSEED`` is.
-"""
+"""The canonical event log: one line per actor-system event, ``<t_ns>\\t<seq>\\t<actor>\\t<kind>\\t<summary>\\n`` (UTF-8;
+backslash, tab, CR and newline in a field escaped, so each event is one line: :func:`parse_line`), and its SHA-256.
+Events hold no wall-clock time, address or hash-ordered collection, so in virtual time the same scenario and seed give
+the same bytes whatever ``PYTHONHASHSEED`` is."""
 
 from __future__ import annotations
 
@@ -81,8 +74,7 @@ class EventLogWriter:
 
     def __init__(self, path: Path | None = None, formats: Mapping[type, str] | None = None) -> None:
         self._formats = dict(formats or {})
-        """Per record type, the ``%`` format of its whole line over ``(t_ns, seq, engine, *fields)`` (faster than
-        calling ``kind`` and ``summary()``; records of other types are written that way)."""
+        """Per record type, the ``%`` format of its whole line over ``(t_ns, seq, engine, *fields)``."""
         self._hash = hashlib.sha256()
         self._file = open(path, "w", encoding="utf-8", newline="\n") if path is not None else None  # noqa: SIM115
         self.lines = 0
@@ -96,8 +88,7 @@ class EventLogWriter:
             self.lines += 1
 
     def write_numbered(self, events: list[RawEvent], first_seq: int) -> None:
-        """Write ``events`` numbered from ``first_seq`` (their own seq ignored): the chunks an event sink receives. One
-        string per chunk, escaped only if some field needs it."""
+        """Write ``events`` numbered from ``first_seq``, one string per chunk (escaped only where needed)."""
         text = "".join([f"{t}\t{first_seq + i}\t{a}\t{k}\t{m}\n" for i, (t, _, a, k, m) in enumerate(events)])
         n = len(events)
         if text.count("\t") != 4 * n or text.count("\n") != n or "\\" in text or "\r" in text:
@@ -156,8 +147,7 @@ def write_event_log(events: Iterable[RawEvent], path: Path | None) -> str:
 
 
 def read_events(path: Path) -> Iterator[Event]:
-    """The events of the event log in ``path``; a last line without its newline (a process killed while writing it) is
-    skipped, any other line that is not an event raises ``ValueError``."""
+    """The events of the log in ``path`` (a cut last line is skipped; any other bad line: ValueError)."""
     with open(path, encoding="utf-8", newline="\n") as file:
         for line in file:
             if not line.endswith("\n"):

@@ -18,8 +18,7 @@ _SUB: Final = 1 << _SUB_BITS  # 32 buckets per power of two above 64: at most 1/
 
 
 class LagStats:
-    """A stream of lags in nanoseconds in bounded memory: a log-linear histogram (exact below 64 ns, then 32 buckets per
-    power of two: quantiles within 1.6%); negative values count in ``negative``."""
+    """A stream of lags (ns) in a log-linear histogram of bounded memory (quantiles within 1.6%)."""
 
     __slots__ = ("count", "negative", "min", "max", "total", "_buckets")
 

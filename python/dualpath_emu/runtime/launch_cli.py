@@ -129,8 +129,7 @@ def _launch_realtime(args: argparse.Namespace, scenario: RunScenario) -> int:
 
 
 def dataplane_summary(result: LaunchResult) -> dict[str, Any] | None:
-    """The data plane's part of a run's summary (per process its clock handshake, checks and delivery lag; the
-    submission lag; per port bytes and busy seconds; counters), or ``None``."""
+    """The data plane's part of a run's summary (clocks, lags, ports, counters), or ``None``."""
     if result.dataplane is None:
         return None
     report = result.dataplane["report"]

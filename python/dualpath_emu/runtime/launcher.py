@@ -53,8 +53,7 @@ RESTARTS_SUFFIX: Final = ".restarts.json"
 
 
 class LaunchError(RuntimeError):
-    """A real-time run failed: a child crashed or hung, the run timed out, or the delivery check found a loss; ``died``:
-    the process that died, ``full_disk``: the folder that was full, if so."""
+    """A real-time run failed (a child crashed or hung, a timeout, a lost message): ``died``, ``full_disk``."""
 
     def __init__(self, message: str, *, died: str | None = None) -> None:
         super().__init__(message)
@@ -217,8 +216,7 @@ def _restart_dead(
 
 
 def _finish(children: list[_Child], restart_dead: Callable[[], None] | None = None) -> None:
-    """The driver is done: the actor processes stop at the end of their input, then the data plane once drained;
-    ``restart_dead()`` first restarts a process that died as the run ended."""
+    """The driver is done: the actor processes stop at the end of their input, then the data plane."""
     if restart_dead is not None:
         restart_dead()
     actors = [c for c in children if c.spec is not None]
@@ -235,8 +233,7 @@ def launch(
     on_start: Callable[[str, int], None] | None = None, keys: str | None = None,
     on_tick: Callable[[], None] | None = None,
 ) -> LaunchResult:  # fmt: skip
-    """Run ``scenario`` in real time (see the module); ``run_dir``: its files (default: a temporary directory);
-    ``event_log``: the merged logs; ``on_start(name, pid)``, ``on_tick()``: hooks."""
+    """Run ``scenario`` in real time (see the module); ``run_dir`` holds its files (default: temporary)."""
     keep = run_dir is not None
     work = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="dualpath-emu-run-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -294,8 +291,7 @@ def mark_owner(folder: Path) -> None:
 
 
 def sweep_orphans(pattern: str, parent: Path | None = None) -> list[Path]:
-    """Remove and return the folders matching ``pattern`` in ``parent`` that this user owns and whose owner file
-    names a launcher of this host that is gone (no owner file, another host's or a live pid's: left alone)."""
+    """Remove and return the folders in ``parent`` left over by a launcher of this host that is gone."""
     removed = []
     for folder in (parent or Path(tempfile.gettempdir())).glob(pattern):
         try:

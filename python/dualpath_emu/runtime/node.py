@@ -1,22 +1,13 @@
 """One process of a live run: ``dualpath-emu node SCENARIO --process NAME --run-dir DIR`` (:func:`serve_process`).
 
-Everything but the process's name comes from the run description ``DIR/run.json``, so nothing secret or
-host-specific is on a command line; the application and backend are the scenario's, from the
-:class:`~dualpath_emu.runtime.app.Registry` handed to :func:`main`.
-
-* **The data plane** (``dataplane``) serves the run's only core until every other process said bye and the core
-  is idle, then writes ``dataplane.json``.
-* **An actor process** gets its plane from the backend, runs on a
-  :class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on the plane's clock, starts its actors and writes
-  ``<name>.ready``. The driver's process waits for the others' ready files (unless ``--no-ready-wait``) and ends
-  when the driver returns; the others run until told to stop, their standard input closes, or SIGTERM/SIGINT.
-  Then each stops its actors, says bye and writes ``<name>.events`` and ``<name>.json``.
-
-A process started again (``--incarnation N``) writes files suffixed ``.N`` and tells its engines they replace a
-dead process; a restartable process writes its event log as it goes. Exit status: 0, 1 (an actor failed or the
-data plane was lost), 3 (stopped before the driver was done). Under a launcher a thread beats on a pipe
-(:class:`LauncherLink`: ``.``, or ``busy <seconds> <where>`` once work has held the loop :data:`BUSY_AFTER_S`),
-and the process asks for SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``)."""
+Everything but the name comes from ``DIR/run.json``; the application and backend from the :class:`Registry` handed
+to :func:`main`. The data plane (``dataplane``) serves the run's only core until every process said bye and the core
+is idle. An actor process gets its plane from the backend, runs on a
+:class:`~dualpath_emu.runtime.realtime.RealTimeLoop` on its clock, starts its actors and writes ``<name>.ready``; the
+driver's process waits for the others' and ends with the driver, the others when told to stop, at the end of their
+input or on SIGTERM/SIGINT; each then writes ``<name>.events`` and ``<name>.json`` (``.N`` suffixed for incarnation
+``N``). Exit status 0, 1 (an actor failed or the data plane was lost), 3 (stopped before the driver was done). Under
+a launcher a thread beats on a pipe (:class:`LauncherLink`); the process asks for SIGTERM if the launcher dies."""
 
 from __future__ import annotations
 
@@ -56,8 +47,7 @@ __all__ = ["EXIT_FAILED", "EXIT_STOPPED", "LAUNCHER_ENV", "MODEL", "StoppedError
 EXIT_FAILED: Final = 1
 EXIT_STOPPED: Final = 3
 READY_TIMEOUT_S: Final = 60.0
-"""How long (wall seconds) the driver's process waits for the others to be ready, an actor process for the
-data plane's welcome, and the data plane for every expected process to connect."""
+"""How long (wall seconds) processes wait for each other: ready files, the welcome, every connection."""
 LAUNCHER_ENV: Final = "DUALPATH_EMU_LAUNCHER"
 """``<launcher pid>:<heartbeat pipe fd>``, set by the launcher for its children."""
 TEST_DIE_ENV: Final = "DUALPATH_EMU_TEST_ONLY_DIE"
@@ -123,8 +113,7 @@ async def _wait_ready(run_dir: Path, others: Sequence[str], stop: asyncio.Event)
 
 
 class LauncherLink:
-    """A child's side of the launcher's watch: a thread beats (``.``, or ``busy <seconds> <where>`` when the loop has
-    not come round for :data:`BUSY_AFTER_S`), so a loop held by work is told from a stopped process."""
+    """A child's side of the launcher's watch: a thread beats, so a busy loop is told from a stopped one."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -249,8 +238,7 @@ async def _serve(
 
 
 def data_plane_silence_s(scenario: RunScenario, description: RunDescription) -> float:
-    """How long the data plane and a process may not hear from each other: ``heartbeat_timeout_s``, or at least
-    ``busy_timeout_s`` in an ipc run whose launcher tells busy from stopped."""
+    """How long the data plane and a process may not hear from each other (heartbeat or busy timeout)."""
     if LAUNCHER_ENV in os.environ and scenario.transport == "ipc":
         return max(description.heartbeat_timeout_s, scenario.busy_timeout_s)
     return description.heartbeat_timeout_s
@@ -427,8 +415,7 @@ def _model_plane(request: PlaneRequest) -> WallClockCore | RemoteDataPlane:
 
 
 MODEL: Final = Backend("model", _model_plane)
-"""The model backend: no bytes move; every process's work is modelled by one core (the data-plane service's, or
-a one-process run's own)."""
+"""The model backend: no bytes move; one core models every process's work (the service's, or its own)."""
 
 
 def serve_dataplane(
@@ -536,8 +523,7 @@ def _write_service_report(app: Application, core: Core, run_dir: Path) -> None:
 
 
 def _load_keys(description: RunDescription, process: str) -> RunKeys | None:
-    """The run's keys as ``process`` (its secret key, everyone's public keys), or ``None`` when the run has none
-    (:meth:`~dualpath_emu.runtime.security.RunKeys.load`: a :class:`SecurityError` if they are missing or too open)."""
+    """The run's keys as ``process``, or ``None`` when the run has none."""
     if description.keys is None:
         return None
     return RunKeys.load(Path(description.keys), process)

@@ -102,8 +102,7 @@ class WallClockCore(LocalCoreWork):
             self._deliver(completions)
 
     async def finish(self, run_complete: bool) -> None:
-        """Submit what is queued; the run complete, wait until the core has no work left (detached write-backs end
-        before it reports, so every byte asked for is accounted)."""
+        """Submit what is queued; the run complete, wait until the core has no work left (all accounted)."""
         self.flush()
         if run_complete:
             clear_faults(self._core)  # the run is over, its faults with it

@@ -40,8 +40,7 @@ suffix ``.<n>`` (:func:`incarnation_stem`)."""
 
 
 def incarnation_stem(process: str, incarnation: int) -> str:
-    """The stem of incarnation ``incarnation`` of ``process``'s files in the run directory: ``de2`` (``de2.events``,
-    ``de2.part``, ``de2.json``, ``de2.out``) for the first, ``de2.1`` for the one started in its place, …"""
+    """The stem of incarnation ``incarnation`` of ``process``'s files: ``de2``, then ``de2.1``, …"""
     return process if incarnation == 0 else f"{process}.{incarnation}"
 
 
@@ -71,14 +70,11 @@ class RunScenario:
     hang_timeout_s: float = 3.0
     dataplane_endpoint: str | None = None
     backend: Backend | None = None
-    """How each process gets its data plane (from the registry; ``None``: the model backend, a process's own
-    core or the data-plane service's)."""
+    """How each process gets its data plane (from the registry; ``None``: the model backend)."""
     restart_crashed: tuple[str, ...] = ()
-    """The processes started again in their place if they die before the run is complete (``launch`` and
-    ``launch --only``; each new one is told its incarnation, :data:`INCARNATION_OPTION`)."""
+    """The processes started again in their place if they die before the run is complete."""
     busy_timeout_s: float = 600.0
-    """How long a process's loop may be held by one piece of work (busy, its process running) before the launcher
-    ends the run, naming it busy (issue 34; docs/live.md, Failure)."""
+    """How long one piece of work may hold a process's loop before the launcher ends the run (docs/live.md)."""
 
     def with_overrides(self, *, seed: int | None = None, time_scale: float | None = None) -> RunScenario:
         """A copy with command-line overrides applied (``None`` keeps the file's value; see :func:`check_overrides`)."""
@@ -114,8 +110,7 @@ class RunScenario:
 
     @property
     def uses_dataplane(self) -> bool:
-        """Whether a real-time run of this scenario has a data-plane process: its actors are in more than one process
-        and its processes share one core."""
+        """Whether a real-time run of this has a data-plane process (several processes sharing one core)."""
         return len(self.processes) > 1 and self.shares_core
 
 
@@ -206,8 +201,7 @@ def _processes(top: Table, app: Application) -> tuple[ProcessSpec, ...]:
 
 @dataclass(frozen=True)
 class RunDescription:
-    """What every process of a real-time run reads from ``<run_dir>/run.json``: each process's ``endpoints``, the
-    ``dataplane_endpoint`` (``None``: one process) and its ``requesters``, and where the ``keys`` live."""
+    """What every process of a real-time run reads from ``<run_dir>/run.json``."""
 
     scenario: str
     seed: int

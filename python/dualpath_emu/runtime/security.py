@@ -44,8 +44,7 @@ _log = logging.getLogger(__name__)
 
 
 class BoundedLog:
-    """Counts occurrences of one thing (a rejected frame, a denied handshake) and logs them boundedly: the first
-    ``first`` one by one, then a summary per power of ten or ``interval_s``."""
+    """Counts occurrences of one thing and logs them boundedly (the first ones, then summaries)."""
 
     def __init__(
         self, logger: logging.Logger, what: str, *, first: int = 100, interval_s: float = 10.0, detail_chars: int = 300,
@@ -235,8 +234,7 @@ class RunKeys:
 
     @classmethod
     def load(cls, directory: Path, own: str) -> RunKeys:
-        """Process ``own``'s secret key and every public key from ``directory``, checked first (the user's ``0700``
-        directory, a ``0600`` secret file, matching keys); :class:`SecurityError` says what."""
+        """Process ``own``'s secret key and every public key from ``directory``, checked first."""
         directory = Path(directory)
         check_process_name(own)
         _private_directory(directory)
@@ -299,8 +297,7 @@ class RunKeys:
 
 
 class RunAuthenticator(ThreadAuthenticator):
-    """pyzmq's ZAP handler in a thread (libzmq holds each handshake until the reply, which must come while the loop is
-    busy), admitting only the run's CURVE keys; denials counted."""
+    """pyzmq's ZAP handler in a thread (it must answer while the loop is busy), admitting the run's keys."""
 
     def __init__(self, context: zmq.Context[Any], public_keys: Iterable[bytes], where: str = "") -> None:
         super().__init__(context, log=logging.getLogger(f"{__name__}.zap"))
@@ -338,8 +335,7 @@ class RunAuthenticator(ThreadAuthenticator):
 
 
 def start_authenticator(context: zmq.Context[Any], keys: RunKeys) -> RunAuthenticator:
-    """Start a ZAP handler for ``context`` admitting only ``keys``' run's CURVE keys: before a CURVE server socket
-    binds; ``.stop()`` it after the sockets close, before the context terminates."""
+    """Start a ZAP handler admitting only ``keys``' run's keys, before a CURVE server binds (``.stop()`` it last)."""
     authenticator = RunAuthenticator(context, keys.public_keys(), f" for process {keys.own!r}")
     authenticator.start()
     return authenticator

@@ -48,8 +48,7 @@ def submit_batch(
     core: Core, transfers: list[Any], forwards: list[Any], ios: list[Any], timers: list[Any], joins: list[Any],
     refused: Callable[[int, Exception], None] | None = None,
 ) -> None:  # fmt: skip
-    """Submit one batch to a core in this process, one call per kind, as every plane on a core does; without ``refused``
-    a refused list raises, with it each refused request is ``refused(tag, error)``."""
+    """Submit one batch to a core here, one call per kind; ``refused(tag, error)`` for each refused, if given."""
     if refused is None:  # the virtual driver's hot path: a call per kind and nothing else
         if transfers:
             core.submit_transfers(transfers)
@@ -77,8 +76,7 @@ def submit_batch(
 
 
 class CoreDataPlane:
-    """The in-process core as an engine's data plane: requests queued and submitted in one core call per kind
-    (:meth:`flush`), completions handed to ``dispatch``; a refusal fails the run."""
+    """The in-process core as an engine's data plane: one core call per kind (:meth:`flush`)."""
 
     __slots__ = ("core", "_dispatch", "_next_tag", "_waiters", "_standing", "_transfers", "_forwards", "_ios",
                  "_timers", "_joins")  # fmt: skip
@@ -227,8 +225,7 @@ class _Outbox:
 
 
 class VirtualDriver:
-    """Runs engines over ``core`` in virtual time: make each engine with :meth:`outbox` and :attr:`plane`, :meth:`add`
-    them in order, :meth:`run`; ``sink`` takes the observations in chunks."""
+    """Runs engines over ``core`` in virtual time: :meth:`outbox`, :attr:`plane`, :meth:`add`, :meth:`run`."""
 
     def __init__(
         self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane
@@ -240,8 +237,7 @@ class VirtualDriver:
         self.engines: list[Engine] = []
         self._receivers: dict[str, Callable[[int, Message, str], None]] = {}
         self._handlers: dict[str, dict[type[Message], Callable[[int, Any, str], None]]] = {}
-        """Per engine, the handlers its :meth:`~Engine.receive` has bound, by message type: a message is queued
-        with its handler, which is what ``receive`` would call (a call less per message)."""
+        """Per engine, the handlers its :meth:`~Engine.receive` has bound, by message type (a call less a message)."""
         self._log: list[tuple[int, str, Observed]] = []
         self._sink = sink
         self._chunk = chunk

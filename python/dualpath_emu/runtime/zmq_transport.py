@@ -49,8 +49,7 @@ SEND_FAILED_COUNTER: Final = "transport.send_failed"
 KIND_TELL: Final = b"tell"
 
 HWM: Final = 10_000
-"""The high-water marks (messages queued per peer) of every socket: ~1 MB per peer and direction, at no cost in
-throughput (``bench_runtime``'s tells ran as fast with 100,000 and 1,000)."""
+"""The high-water marks (messages per peer) of every socket: ~1 MB per peer and direction."""
 
 BACKLOG_MESSAGES: Final = 1_000_000
 """The most messages a connection holds in this process beyond ZeroMQ's queue (see Bounds)."""
@@ -59,8 +58,7 @@ BACKLOG_BYTES: Final = 256 << 20
 """The most frame bytes a connection holds beyond ZeroMQ's queue (a message alone always fits)."""
 
 FRAME_OVERHEAD_BYTES: Final = 1024
-"""``MAXMSGSIZE`` is the codec's ``max_frame_bytes`` plus this: libzmq applies it to the frames on the wire,
-and CURVE wraps each frame in a ``MESSAGE`` command (33 bytes more)."""
+"""``MAXMSGSIZE`` is the codec's ``max_frame_bytes`` plus this (CURVE adds 33 bytes a frame)."""
 
 RECEIVE_BATCH: Final = 256  # At most this many messages are taken from a socket before the loop runs others.
 
@@ -461,8 +459,7 @@ class ZmqActorSystem(ActorSystem):
 
 class _Channel:
     """One socket of the transport: sends keep their order without awaiting (at once, else into a bounded backlog a task
-    drains); receives are taken in batches. Per message, flags go as plain ints and frames one by one: pyzmq's enum
-    arithmetic and look-ups cost more than the send."""
+    drains); receives come in batches; flags go as plain ints (pyzmq's enums cost more)."""
 
     __slots__ = ("socket", "sync", "backlog", "backlog_bytes", "drain", "recheck_due", "on_send_error")
 

@@ -33,8 +33,7 @@ class LoadedTrace:
 
 
 def load_trace(path: str | Path) -> LoadedTrace:
-    """Read ``path``: a trajectory file (first line ``{"format": "dualpath-emu-trajectories", ...}``) or a Mooncake
-    request trace (first line a request with ``input_length`` and ``hash_ids``)."""
+    """Read ``path``: a trajectory file or a Mooncake request trace, told apart by its first line."""
     with closing(numbered_lines(path)) as lines:
         first = next(lines, None)
     if first is None:

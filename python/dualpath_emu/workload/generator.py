@@ -56,8 +56,7 @@ DATASETS: Final[Mapping[str, Dataset]] = {
 
 @dataclass(frozen=True)
 class GeneratorParams:
-    """The generator's knobs (docs/workloads.md): ``n_base`` base trajectories, the ``reading`` of Table 2, the
-    lognormal σs, λ_min (``total_min_fraction``) and ``first_append``."""
+    """The generator's knobs (docs/workloads.md, "The synthetic datasets")."""
 
     n_base: int = 500
     reading: Reading = "per-trajectory"

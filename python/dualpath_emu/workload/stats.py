@@ -42,8 +42,7 @@ def distribution(values: Sequence[float]) -> Distribution:
 
 @dataclass(frozen=True)
 class Table2Stats:
-    """Table 2's columns (§7.2) in the per-trajectory reading (``hit_rate`` = context / (context + append)), then the
-    per-turn view (``hit_fraction`` = Σ hit / Σ prompt) and the longest round."""
+    """Table 2's columns (§7.2) in the per-trajectory reading, then the per-turn view and the longest round."""
 
     trajectories: int
     turns: float

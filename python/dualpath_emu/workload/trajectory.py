@@ -53,8 +53,7 @@ def _is_count(value: object, low: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Trajectory:
-    """One client's turns, in columns: an agent trajectory (``hit is None``) or explicit turns; ``append``: tokens
-    computed per turn, ``wait_s``: tool waits. ValueError for bad columns."""
+    """One client's turns, in columns: an agent trajectory (``hit is None``) or explicit turns."""
 
     id: str
     append: tuple[int, ...]

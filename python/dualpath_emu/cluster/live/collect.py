@@ -46,8 +46,7 @@ def read_part(path: Path) -> tuple[Metrics | None, dict[tuple[int, int], int], d
 
 
 def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResult, Metrics]:
-    """Merge and check a finished live run's parts: every admitted request ended exactly once, no pool over capacity,
-    every booked byte moved; else :class:`LostRequestsError` or :class:`InvariantError`."""
+    """Merge and check a finished live run's parts: requests end once, pools hold, every byte moved."""
     app = run.app
     assert isinstance(app, ClusterApplication)
     processes = [p.name for p in run.processes]
@@ -113,8 +112,7 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
 
 
 def last_incarnation(run_dir: Path, name: str) -> int:
-    """The last incarnation of process ``name`` whose files are in ``run_dir``: 0, or N when it was started again N
-    times (its files ``<name>.N.*``)."""
+    """The last incarnation of process ``name`` whose files are in ``run_dir`` (0: never restarted)."""
     last = 0
     for n in range(1, 1 << 16):
         stem = incarnation_stem(name, n)
@@ -125,8 +123,7 @@ def last_incarnation(run_dir: Path, name: str) -> int:
 
 
 def _restarts(run_dir: Path, processes: Sequence[str], last: Mapping[str, int], start_ns: int) -> list[dict[str, Any]]:
-    """Which processes were started again in place of one that died, and when: the launcher's record with the emulated
-    time of the dead one's last event and the new one's first."""
+    """Which processes were started again in place of one that died, and when (wall and emulated)."""
     out = []
     for name in processes:
         if not last[name]:
@@ -151,8 +148,7 @@ def _events_of(path: Path) -> list[Any]:
 
 
 def _timeliness(run_dir: Path, processes: Sequence[str], last: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """How close to its model the run kept: the delivery lag of every completion, the submission lag, the clock
-    handshakes and each process's CPU time (the one near its wall time is the bottleneck)."""
+    """How close to its model the run kept: lags, clock handshakes and each process's CPU time."""
 
     def seconds(stats: LagStats) -> dict[str, float]:
         return {"p50": stats.quantile(0.5) / 1e9, "p99": stats.quantile(0.99) / 1e9, "max": stats.max / 1e9,

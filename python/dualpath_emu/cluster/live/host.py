@@ -34,8 +34,7 @@ MODELLED_ON_HOST: Final = ("H2D", "D2H")
 
 
 def host_plane(request: PlaneRequest) -> HostDataPlane:
-    """The host backend's plane of a process: its own wall-clock core (all on one clock origin) driving the storage and
-    NIC I/O of the nodes whose engine groups it hosts, moving real bytes."""
+    """The host backend's plane of a process: its own core, moving its nodes' real bytes."""
     from dualpath_emu.cluster.live.app import STORAGE_DIR, ClusterApplication
     from dualpath_emu.host.plane import HostDataPlane
     from dualpath_emu.host.storage import BlockStore
@@ -98,8 +97,7 @@ def host_part(host: HostDataPlane, topology: Topology) -> dict[str, Any]:
 
 
 def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication) -> tuple[CoreReport, dict[str, Any]]:
-    """A host run's report: every process's local core (the modelled work) plus the real work per port and lane, and the
-    real bytes by kind (verified), with any violation found."""
+    """A host run's report: each process's core, the real work per port and lane, the real bytes by kind."""
     reports, moved = [], Counter[tuple[int, int]]()
     store: Counter[str] = Counter()
     channel: Counter[str] = Counter()

@@ -48,8 +48,7 @@ __all__ = [
 LIVE_TEMP_PREFIX: Final = "dualpath-emu-live-"
 """The temporary run directory of a live run given none (``dualpath-emu run --mode realtime``)."""
 FULL_DISK_BYTES: Final = 1 << 20
-"""A live run that failed with less than this free in its run directory (or its KV storage directory) is reported
-as a full disk."""
+"""A failed live run with less than this free in its run or KV directory is reported as a full disk."""
 _OUT_OF_SPACE: Final = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
 
@@ -64,8 +63,7 @@ class LiveOptions:
     """The address to bind; in a run prepared by hand, the host of a process no ``hosts`` pattern names."""
     timeout_s: float = 86_400.0
     metrics_port: int = -1
-    """≥ 0: live Prometheus metrics from the client's process on 127.0.0.1 (0: a free port, written to
-    ``metrics.port`` in the run directory; :mod:`.metrics`)."""
+    """≥ 0: live Prometheus metrics on 127.0.0.1 from the client's process (0: a free port; :mod:`.metrics`)."""
     backend: str = "model"  # ``"host"`` moves real bytes (:mod:`dualpath_emu.host`).
     byte_scale: float = DEFAULT_BYTE_SCALE  # Host backend: real bytes per modelled byte.
     storage_dir: str = ""
@@ -87,8 +85,7 @@ def run_scenario(
     options: LiveOptions, seed: int, processes: Sequence[tuple[str, Sequence[str]]], restart: Sequence[str] = (),
     endpoints: Mapping[str, str] | None = None, data_endpoints: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The run scenario of one live cluster run, as data (the cluster is in :data:`~.app.DESCRIPTION`); ``endpoints``
-    fix where processes bind (by hand), the data plane's under its name."""
+    """The run scenario of one live cluster run, as data; ``endpoints`` fix where processes bind."""
     o, host = options, options.backend == "host"
     top: dict[str, Any] = {"app": "cluster", "seed": seed, "mode": "realtime", "latency_s": 0.0,
                            "time_scale": o.time_scale, "transport": o.transport, "host": o.host,
@@ -128,8 +125,7 @@ def write_run(
     config: ClusterConfig, system: System, trajectories: Sequence[Trajectory], *, run_dir: Path, seed: int = 0,
     options: LiveOptions | None = None, **settings: Any,
 ) -> Path:  # fmt: skip
-    """Write a live run of the model backend into ``run_dir`` without starting it (``settings``: fields of
-    :class:`LiveOptions`) for ``dualpath-emu launch``; returns the run scenario's path."""
+    """Write a live run of the model backend into ``run_dir`` without starting it; returns ``run.toml``."""
     o = _options(options, settings)
     processes = placement(engine_names(config), o.placement_kind)
     restart = check_restart(o.backend, processes) if o.restart_crashed else []
@@ -176,8 +172,7 @@ def prepare_live(
 
 
 def host_commands(run_dir: Path, commands: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
-    """One command per host for :func:`prepare_live`'s processes (``dualpath-emu launch ... --only``), in start order:
-    the hosts without the data plane first, the client's last."""
+    """One command per host for :func:`prepare_live`'s processes, in start order (the client's host last)."""
     by_host: dict[str, list[str]] = {}
     for host, name, _ in commands:
         by_host.setdefault(host, []).append(name)
@@ -193,8 +188,7 @@ def run_live(
     progress: Callable[[Progress], None] | None = None, **settings: Any,
 ) -> SystemResult:  # fmt: skip
     """Run ``system`` on ``config`` live (``options``, or ``settings``: :class:`LiveOptions` fields): write ``run_dir``,
-    start the processes, wait, then merge and check their parts; :class:`LaunchError` if a process fails or stops
-    answering."""
+    start and await the processes, merge and check their parts."""
     from dualpath_emu.runtime.launcher import LaunchError, launch, mark_owner, sweep_orphans
 
     o = _options(options, settings)

@@ -32,8 +32,7 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
 
 
 def restartable(processes: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
-    """The processes ``--restart-crashed`` starts again if they die: those hosting only engine groups (the client's, the
-    scheduler's and the data plane hold the run's state)."""
+    """The processes ``--restart-crashed`` starts again if they die: those hosting only engine groups."""
     return [name for name, actors in processes
             if actors and all(a.startswith(("pe", "de")) and a[2:].isdigit() for a in actors)]  # fmt: skip
 

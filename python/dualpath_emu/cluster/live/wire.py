@@ -41,8 +41,7 @@ def to_wire(value: Any) -> Any:
 
 
 def from_wire(cls: type[T], data: Any) -> T:
-    """The inverse of :func:`to_wire` for dataclass ``cls``, each field read by its type hint (nested dataclasses,
-    tuples, mappings, literals, enums, optionals); :class:`ValueError` naming the field on data of another shape."""
+    """The inverse of :func:`to_wire` for dataclass ``cls``, by type hints; :class:`ValueError` on bad data."""
     return typing.cast(T, _decode(cls, data, cls.__name__))
 
 

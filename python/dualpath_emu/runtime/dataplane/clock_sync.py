@@ -29,8 +29,7 @@ class ClockSync:
 
 
 def handshake(ping: Callable[[int, int], int], rounds: int, time_scale: float) -> ClockSync:
-    """Ping ``rounds`` times (``ping(seq, t0)`` returns the service's clock in its answer) and keep the sample with the
-    smallest round trip, its reading taken at the round trip's midpoint."""
+    """Ping ``rounds`` times and keep the sample with the smallest round trip (read at its midpoint)."""
     best: ClockSync | None = None
     for seq in range(1, max(rounds, 1) + 1):
         t0 = time.monotonic_ns()

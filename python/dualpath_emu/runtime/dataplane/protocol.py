@@ -24,8 +24,7 @@ from dualpath_emu.errors import SecurityError
 from dualpath_emu.runtime.security import check_private_ipc
 
 PROTOCOL_VERSION: Final = 2
-"""2: decode nodes stepped by the service's core (``submit``'s ``decode_nodes`` and ``joins``, ``done``'s
-``decoded``)."""
+"""2: decode nodes stepped by the service's core (``submit``'s ``decode_nodes``, ``joins``; ``done``'s ``decoded``)."""
 HWM: Final = 100_000  # Send and receive high-water marks (messages queued per peer) of the data plane's sockets.
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """``zmq.MAXMSGSIZE`` of the data plane's sockets: a larger frame is refused by ZeroMQ itself."""
@@ -97,8 +96,7 @@ StartAuthenticator = Callable[[zmq.Context[Any], DataPlaneKeys], Authenticator]
 
 
 def check_endpoint(endpoint: str, keys: DataPlaneKeys | None, insecure: bool) -> None:
-    """Refuse what the transport's security rules refuse: without keys, ``tcp://`` (unless ``insecure``) and
-    an ``ipc://`` socket in a directory others may use (:func:`~dualpath_emu.runtime.security.check_private_ipc`)."""
+    """Refuse what the transport's security rules refuse (``tcp://`` without keys, public ipc)."""
     if keys is not None or insecure:
         return
     if endpoint.startswith("tcp://"):

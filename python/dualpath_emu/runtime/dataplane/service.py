@@ -221,8 +221,7 @@ class DataPlaneService:
         self._rejection_log.flush()
 
     async def serve(self, stop: asyncio.Event | None = None) -> str:
-        """Serve until drained (returns ``"drained"``), told to stop through ``stop`` (``"stopped"``), or failed (raises
-        :class:`DataPlaneError`, e.g. :class:`RequesterLost`). Opens the service if needed and closes it on return."""
+        """Serve until drained (``"drained"``), stopped (``"stopped"``) or failed (raises)."""
         if self._context is None:
             self.open()
         assert self._done is not None
