@@ -1,4 +1,4 @@
-"""The data-plane demonstration `dualpath-emu run` shows until the cluster exists.
+"""``dualpath-emu demo lanes``: the data plane's virtual-lane isolation on one compute NIC, as tables.
 
 One compute NIC (400 Gb/s) carries a long KV-cache transfer on the low-priority lane (VL2) while the model
 issues MoE all-to-all bursts on a high-priority lane (VL0), first with the paper's virtual-lane isolation
