@@ -90,7 +90,9 @@ for target in "${targets[@]}"; do
     corpus_size=$(find "$corpus" -type f | wc -l)
     artifact=$(sed -n "s/.*Test unit written to \(.*\)$/\1/p" "$log" | tail -n 1)
     if ((status == 0)); then
-        echo "fuzz: $target: ok, ${runs:-?} executions (at most ${per_target} s; ${rate:-?}/s), corpus $corpus_size inputs"
+        # libFuzzer's rate is executions over whole seconds: 0 when the run took less than one.
+        [[ "$rate" != 0 ]] && pace="${rate:-?}/s" || pace="in under a second"
+        echo "fuzz: $target: ok, ${runs:-?} executions (at most ${per_target} s; $pace), corpus $corpus_size inputs"
         continue
     fi
     failed+=("$target")

@@ -18,7 +18,7 @@ from dualpath_emu.config import ScenarioError, Table, load_toml
 
 __all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RANDOM_KINDS", "Counts", "Fault", "FaultPlan",
            "FaultRecords", "FaultTotals", "Kind", "RandomFaults", "FaultWindow", "fault_summary", "fault_tables", "fault_report",
-           "fault_windows", "load_fault_file", "plan_from_wire", "read_fault_plan", "sorted_counts", "target_ports"]  # fmt: skip
+           "fault_windows", "load_fault_file", "read_fault_plan", "sorted_counts", "target_ports"]  # fmt: skip
 
 Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
 KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage", "crash")
@@ -410,16 +410,6 @@ def fault_windows(records: Iterable[tuple[int, Any]]) -> list[FaultWindow]:
         elif open_.get(key):
             open_[key].pop(0).end_ns = t_ns
     return out
-
-
-def plan_from_wire(data: Mapping[str, Any]) -> FaultPlan:
-    """The inverse of ``dataclasses.asdict`` of a :class:`FaultPlan` (a live run's settings travel as data)."""
-    random = data.get("random")
-    return FaultPlan(
-        tuple(Fault(**f) for f in data.get("faults", ())),
-        None if random is None else RandomFaults(dict(random["per_node_hour"]), random["mean_duration_s"],
-                                                 random["factor"], random["latency_s"], random["restart_s"]),
-    )  # fmt: skip
 
 
 KIND: Final = "faults"  # What a ``--faults`` file says at its top: ``kind = "faults"``.
