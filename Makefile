@@ -67,6 +67,12 @@ test: build ## Rust tests (no libpython), stub check, pytest on PYTEST_WORKERS w
 test-processes: build ## The tests that start processes (live runs, the launcher, the host backend, pools); CI runs them after `make test`
 	$(PYTEST) -m processes
 
+.PHONY: test-orders
+test-orders: build ## The cluster tests again with shuffled same-instant delivery and delayed messages (seeds 1-3; CI runs it)
+	$(PYTEST) -m "not processes" tests/cluster tests/test_api.py --order-seed 1
+	$(PYTEST) -m "not processes" tests/cluster tests/test_api.py --order-seed 2
+	$(PYTEST) -m "not processes" tests/cluster tests/test_api.py --order-seed 3 --message-delay-ns 2000000
+
 .PHONY: test-all
 test-all: test test-processes ## Every test: `make test`, then `make test-processes`
 

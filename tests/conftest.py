@@ -1,4 +1,5 @@
-"""Shared test configuration: the Hypothesis profiles, and the check that a test starting a process is marked.
+"""Shared test configuration: the Hypothesis profiles, the check that a test starting a process is marked, and the
+delivery order of virtual-time runs.
 
 The depth of every property and stateful test is chosen by the environment variable
 ``DUALPATH_HYPOTHESIS_PROFILE`` (as pydantic-core does with ``HYPOTHESIS_PROFILE``):
@@ -16,6 +17,12 @@ The depth of every property and stateful test is chosen by the environment varia
 
 No profile has a deadline: the per-example cost of these tests varies with machine load, and a deadline
 would turn a slow CI runner into a flaky failure without finding a bug.
+
+``--order-seed N`` (and ``--message-delay-ns NS``, which needs it) makes every virtual-time run of the session
+deliver same-instant inputs in a seeded random order (and delay messages between engines), as ``VirtualDriver``'s
+``order_seed`` and ``message_delay_ns`` do: the defaults of those keywords of ``VirtualDriver`` and ``run_system``
+are patched for the session, so a test that passes its own keeps it. Golden event-log hashes differ under them
+by design. E.g. ``.venv/bin/pytest tests/cluster -m "not processes" --order-seed 3 --message-delay-ns 200000``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from collections.abc import Generator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+pytest_plugins = ("pytester",)  # tests/testing runs a user's test suite with dualpath_emu's plugin
 
 PROFILE_ENV = "DUALPATH_HYPOTHESIS_PROFILE"
 
@@ -49,6 +58,48 @@ def _profile_name() -> str:
 
 
 settings.load_profile(_profile_name())
+
+
+# ------------------------------------------------------------------------------------------------- delivery order
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("dualpath-emu")
+    group.addoption("--order-seed", type=int, default=None, metavar="N",
+                    help="virtual-time runs deliver same-instant inputs in an order seeded by N (VirtualDriver)")  # fmt: skip
+    group.addoption("--message-delay-ns", type=int, default=0, metavar="NS",
+                    help="with --order-seed: delay each message between engines by up to NS ns of virtual time")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--order-seed``, a test marked ``fifo_only`` (it compares with a reference run or exact times) is skipped."""
+    if config.getoption("--order-seed") is None:
+        return
+    skip = pytest.mark.skip(reason="fifo_only: holds in the default (FIFO) delivery order only")
+    for item in items:
+        if item.get_closest_marker("fifo_only"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _delivery_order(request: pytest.FixtureRequest) -> Generator[None, None, None]:
+    """With ``--order-seed``: ``VirtualDriver``'s and ``run_system``'s ``order_seed``/``message_delay_ns`` defaults."""
+    seed: int | None = request.config.getoption("--order-seed")
+    delay: int = request.config.getoption("--message-delay-ns")
+    if seed is None and not delay:
+        yield
+        return
+    if seed is None:
+        raise pytest.UsageError("--message-delay-ns needs --order-seed")
+    from dualpath_emu.cluster.run import run_system
+    from dualpath_emu.runtime.virtual import VirtualDriver
+
+    with pytest.MonkeyPatch.context() as patch:
+        for function in (VirtualDriver.__init__, run_system):
+            assert function.__kwdefaults__ is not None
+            patch.setitem(function.__kwdefaults__, "order_seed", seed)
+            patch.setitem(function.__kwdefaults__, "message_delay_ns", delay)
+        yield
 
 
 # ------------------------------------------------------------------------------------------------- markers

@@ -9,7 +9,6 @@ import io
 import json
 import subprocess
 import sys
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,14 +128,9 @@ def test_a_system_object_from_the_notebook() -> None:
     class FirstPE(api.DualPathPolicy):
         """Every request to the first PE."""
 
-        def assign_prefill(
-            self, queue: deque[api.Request], engines: list[api.Engine], read_q: dict[int, int]
-        ) -> list[api.PrefillAssignment]:
-            engine = min(engines, key=lambda e: e.id)
-            out = []
-            while queue:
-                out.append(api.PrefillAssignment(queue.popleft(), engine.id))
-            return out
+        def assign_prefill(self, view: api.PrefillView) -> list[api.PrefillAssignment]:
+            engine = min(e.id for e in view.engines)
+            return [api.PrefillAssignment(request, engine) for request in view.queue]
 
     mine = api.System("first-pe", "every request to PE 0", layerwise=True, dual_path=True, scheduler=FirstPE)
     done = api.run(
@@ -218,7 +212,12 @@ def test_the_readme_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_the_readme_policy_example_is_the_example_file(tmp_path: Path) -> None:
     (tmp_path / "readme_policy.py").write_text(_readme_block("Write your own policy"), encoding="utf-8")
-    scenario = api.load_scenario("ds27b-1p1d-offline", overrides=SMALL)
+    # The README's scenario, smaller: the policy visibly differs from DualPath's (its reads stay on the PE side).
+    scenario = api.load_scenario("ds660b-2p4d-offline", agents=48, overrides={"workload.max_rounds": 6})
     readme = api.run(scenario, systems=[f"{tmp_path / 'readme_policy.py'}:least-loaded"])
-    example = api.run(scenario, systems=[EXAMPLE_SPEC])
-    assert readme.results["least-loaded"].event_log_sha256 == example.results["least-loaded"].event_log_sha256
+    example = api.run(scenario, systems=[EXAMPLE_SPEC, "dualpath"])
+    mine, dualpath = example.results["least-loaded"], example.results["dualpath"]
+    assert readme.results["least-loaded"].event_log_sha256 == mine.event_log_sha256
+    assert mine.event_log_sha256 != dualpath.event_log_sha256
+    assert mine.snic_read_bytes["de"] < 0.5 * mine.snic_read_bytes["pe"]
+    assert dualpath.snic_read_bytes["de"] > dualpath.snic_read_bytes["pe"]

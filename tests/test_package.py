@@ -94,7 +94,9 @@ def test_runtime_dependencies_are_ranges_that_the_dev_pins_satisfy() -> None:
         if line and not line.startswith("#"):
             name, _, pinned = line.partition("==")
             pins[name.lower()] = pinned
-    assert {d.name for d in dependencies} == {"msgpack", "pyzmq", "rich", "matplotlib", "numpy", "prometheus-client"}
+    assert {d.name for d in dependencies} == {
+        "msgpack", "pyzmq", "rich", "matplotlib", "numpy", "prometheus-client", "hypothesis",
+    }  # fmt: skip
     for dependency in dependencies:
         operators = {spec.operator for spec in dependency.specifier}
         assert operators == {">=", "<"}, f"{dependency}: expected a range (>=, <), not a pin"

@@ -21,14 +21,9 @@ from dualpath_emu.cluster.run import Progress, SystemResult, run_system, speedup
 from dualpath_emu.cluster.run_cli import load_scenario as _load
 from dualpath_emu.cluster.scenario import ClusterScenario
 from dualpath_emu.cluster.policies import (
-    DecodeAssignment,
-    DualPathPolicy,
-    Engine,
-    Policy,
-    PrefillAssignment,
-    Request,
-    RoundRobinPolicy,
-)
+    DecodeAssignment, DecodeRoute, DecodeView, DualPathPolicy, EngineState, GroupState, Health, Policy,
+    PrefillAssignment, PrefillView, ReadSide, ReadView, Request, RoundRobinPolicy, RouteView,
+)  # fmt: skip
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError, load_toml
 from dualpath_emu.scenarios import names as _packaged_names
@@ -36,9 +31,10 @@ from dualpath_emu.scenarios import path as _packaged_path
 from dualpath_emu.workload.trajectory import Trajectory
 
 __all__ = [
-    "BUILT_IN_SYSTEMS", "ClusterScenario", "DecodeAssignment", "DualPathPolicy", "Engine", "Policy",
-    "PrefillAssignment", "Progress", "Request", "RoundRobinPolicy", "RunResult", "ScenarioError", "System",
-    "SystemResult", "Trajectory", "load_scenario", "run", "scenario_names",
+    "BUILT_IN_SYSTEMS", "ClusterScenario", "DecodeAssignment", "DecodeRoute", "DecodeView", "DualPathPolicy",
+    "EngineState", "GroupState", "Health", "Policy", "PrefillAssignment", "PrefillView", "Progress", "ReadSide",
+    "ReadView", "Request", "RoundRobinPolicy", "RouteView", "RunResult", "ScenarioError", "System", "SystemResult",
+    "Trajectory", "load_scenario", "run", "scenario_names",
 ]  # fmt: skip
 
 BUILT_IN_SYSTEMS: Final[Mapping[str, System]] = SYSTEMS  # The built-in systems by name (read-only).

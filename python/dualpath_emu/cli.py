@@ -198,6 +198,54 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--json", action="store_true", help="print sweep.json (and nothing else) on stdout")
     sweep.add_argument("--quiet", action="store_true", help="no header line, no progress lines")
 
+    check = _command(commands, "check", _lazy("dualpath_emu.testing.check", "check_command"),
+                     "property-test a scheduling policy: alone, then in whole small clusters with faults and "
+                     "delivery orders",
+                     "Check a system's policy against the invariants (docs/testing-your-scheduler.md): first the "
+                     "policy alone in a state machine of arrivals, fetches and completions, then whole small clusters "
+                     "in virtual time under random workloads with tool waits, fault schedules and delivery orders. "
+                     "Every decision is checked (the contract, the paper's rules the policy promises, liveness), and "
+                     "every run for conservation and determinism. On a failure: the invariant, the smallest case "
+                     "Hypothesis shrank it to, a scenario file beside the policy's file and the command that "
+                     "replays it; exit status 1. Loading the policy runs its code.")  # fmt: skip
+    check.add_argument("spec", metavar="SPEC",
+                       help="the system to check: a built-in one's name, or your own as file.py:Name or module:Name "
+                            "(a System, a Policy subclass, or a name in the module's SYSTEMS)")  # fmt: skip
+    check.add_argument(
+        "--budget",
+        default="60s",
+        metavar="TIME",
+        help="how long to search, e.g. 60s or 2m (default 60s; a quarter for the policy alone)",
+    )
+    check.add_argument(
+        "--examples", type=int, metavar="N", help="instead of --budget: N state-machine runs and N whole clusters"
+    )
+    check.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the search's seed (default 0): the same seed and budget or examples search the same cases",
+    )
+    check.add_argument(
+        "--phase",
+        choices=("all", "policy", "cluster"),
+        default="all",
+        help="policy: the policy alone only; cluster: whole clusters only (default: both)",
+    )
+    check.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE.toml",
+        help="run this scenario (one a failed check wrote) with every decision checked, and report",
+    )
+    check.add_argument(
+        "--reproduce",
+        metavar="VERSION:BLOB",
+        help="replay one failing run of the policy alone, as a failed check printed it",
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+
     collect = _command(commands, "collect", _lazy("dualpath_emu.cluster.run_cli", "collect_command"),
                        "merge and check a live run started by hand (run --prepare) and print its results",
                        "Merge the parts of a live run started by hand on one or several hosts (`run --mode "

@@ -300,6 +300,7 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_decode_gpus_are_busy_exactly_while_they_hold_requests(results: dict[str, SystemResult]) -> None:
     # A decode GPU steps a non-empty batch from a request's join (after the first token) to its last token:
     # its busy time lies between the union of its requests' [second token, end] and of [first token, end].

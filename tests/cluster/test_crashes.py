@@ -6,8 +6,7 @@ admitted request ended exactly once and every pool was emptied."""
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 from dualpath_emu.cluster.faults import Fault, RandomFaults
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.observations import Failed, Redispatched, parse
-from dualpath_emu.cluster.policies import DualPathPolicy, Engine, PrefillAssignment, Request
+from dualpath_emu.cluster.policies import DualPathPolicy, PrefillAssignment, PrefillView
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.cluster.scheduler import Scheduler
@@ -33,6 +32,7 @@ def held_at(metrics: Metrics, t_ns: int, node_of: str) -> int:
 
 
 @pytest.mark.parametrize("system", ["basic", "dualpath"])
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_a_decode_engine_crash_redispatches_what_it_held_and_the_run_ends(system: str) -> None:
     trajectories = work()
     plain = run_system(CONFIG, system, trajectories)
@@ -52,6 +52,7 @@ def test_a_decode_engine_crash_redispatches_what_it_held_and_the_run_ends(system
 
 
 @pytest.mark.parametrize("system", ["basic", "dualpath"])
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_a_prefill_engine_crash_drops_its_requests_at_their_decode_engine_and_redispatches_them(system: str) -> None:
     trajectories = work()
     plain = run_system(CONFIG, system, trajectories)
@@ -92,11 +93,9 @@ def test_a_users_policy_sees_which_engines_are_down() -> None:
 
     @dataclasses.dataclass
     class Watching(DualPathPolicy):
-        def assign_prefill(
-            self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]
-        ) -> list[PrefillAssignment]:
-            seen.append((len(queue), frozenset(self.health.engines_down), len(engines)))
-            return super().assign_prefill(queue, engines, read_q)
+        def assign_prefill(self, view: PrefillView) -> Sequence[PrefillAssignment]:
+            seen.append((len(view.queue), view.health.groups_down, len(view.engines)))
+            return super().assign_prefill(view)
 
     config = dataclasses.replace(CONFIG, pe_nodes=2, de_nodes=1)
     config = with_faults(Fault("crash", "pe1", 0.5, restart_s=2.0), config=config)

@@ -16,7 +16,7 @@ from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.faults import Fault, FaultPlan, FaultWindow, RandomFaults, fault_report, target_ports
 from dualpath_emu.cluster.observations import FaultChanged, parse
-from dualpath_emu.cluster.policies import DualPathPolicy
+from dualpath_emu.cluster.policies import DualPathPolicy, ReadSide, ReadView
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.cluster.systems import System
@@ -120,6 +120,7 @@ def test_a_fault_change_is_one_event_log_line_read_back_the_same() -> None:
 DOWN = Fault("down", "n0.snic", 5.0, 20.0)
 
 
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_dualpath_reads_on_the_decode_side_while_the_prefill_nodes_storage_nic_is_down_and_basic_waits() -> None:
     trajectories = work()
     plain = {s: run_system(CONFIG, s, trajectories) for s in ("basic", "dualpath")}
@@ -166,9 +167,9 @@ class _Watching(DualPathPolicy):
 
     seen: list[bool] = []
 
-    def read_side(self, request, pe_node, de_node, read_q):  # type: ignore[no-untyped-def]
-        _Watching.seen.append(self.health.can_read(pe_node))
-        return super().read_side(request, pe_node, de_node, read_q)
+    def read_side(self, view: ReadView) -> ReadSide:
+        _Watching.seen.append(view.health.can_read(view.pe_node))
+        return super().read_side(view)
 
 
 def test_a_users_policy_sees_the_ports_health() -> None:
@@ -223,6 +224,7 @@ def test_random_fault_schedules_lose_nothing_and_end(
         assert result.turns == sum(len(t) for t in trajectories) and result.redispatches == 0
 
 
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_faults_are_drawn_on_the_utilisation_plot_and_in_the_trace(tmp_path: Path) -> None:
     import gzip
     import json
@@ -240,6 +242,7 @@ def test_faults_are_drawn_on_the_utilisation_plot_and_in_the_trace(tmp_path: Pat
     assert (fault["ph"], round(fault["ts"]), round(fault["dur"])) == ("X", 1_000_000, 2_000_000)
 
 
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_a_read_in_flight_on_a_storage_nic_that_goes_down_moves_to_the_decode_side() -> None:
     # Find an instant with a PE-side read in flight, then take that node's storage NIC down there for 60 s:
     # DualPath's prefill group moves the read to the request's decode group (which reads it and tells the
@@ -262,6 +265,7 @@ def test_a_read_in_flight_on_a_storage_nic_that_goes_down_moves_to_the_decode_si
     assert dual.extra["faults"][0]["reads_moved"] >= len(moved) > 0 and basic.extra["faults"][0]["reads_moved"] == 0
 
 
+@pytest.mark.fifo_only  # compares with a reference run or exact times (docs/testing.md)
 def test_a_read_in_flight_on_a_decode_nodes_storage_nic_that_goes_down_moves_to_the_prefill_side() -> None:
     trajectories = work()
     plain = run_system(CONFIG, "dualpath", trajectories).metrics

@@ -117,6 +117,8 @@ EVERY_KEY = """\
 kind = "cluster"
 name = "every-key"
 seed = 9
+order_seed = 4
+message_delay_s = 0.001
 systems = ["dualpath"]
 [deployment]
 model = "ds27b"
@@ -209,7 +211,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
 
 BAD = [
     ('kind = "cluster"\nagent = 3\n',
-     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, models, name, nics, random_faults, roofline, scheduling, "
+     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, message_delay_s, models, name, nics, order_seed, random_faults, roofline, scheduling, "
      "seed, storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),

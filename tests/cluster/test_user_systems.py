@@ -9,7 +9,6 @@ import dataclasses
 import io
 import json
 import textwrap
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,10 @@ from dualpath_emu.cli import main
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.cluster.policies import (
-    DecodeAssignment,
-    DualPathPolicy,
-    Engine,
-    Policy,
-    PolicyError,
-    PrefillAssignment,
+    DecodeAssignment, DecodeView, DualPathPolicy, EngineState, Policy, PolicyError, PrefillAssignment, PrefillView,
     Request,
-)
+)  # fmt: skip
+from dualpath_emu.testing import check_prefill_call
 from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
 from tests.cluster.test_run_cli import TINY as RUN_CLI_TINY
@@ -42,10 +37,10 @@ TINY = RUN_CLI_TINY.replace("seed = 3\n", "seed = 3\nsystems = {systems}\n", 1)
 
 # Every request to the prefill engine with the highest id: a policy whose effect shows in requests.csv.
 LAST_PE = '''\
-from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
-from dualpath_emu.cluster.policies import DualPathPolicy, Engine, Policy, PrefillAssignment, Request
+from dualpath_emu.cluster.policies import DualPathPolicy, PrefillAssignment, PrefillView
 from dualpath_emu.cluster.systems import System
 
 
@@ -53,14 +48,11 @@ from dualpath_emu.cluster.systems import System
 class LastPE(DualPathPolicy):
     """Every request to the last prefill engine."""
 
-    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> list[PrefillAssignment]:
-        engine = max(engines, key=lambda e: e.id)
-        out = []
-        while queue:
-            request = queue.popleft()
-            engine.tok += self.prefill_tokens(request)
-            out.append(PrefillAssignment(request, engine.id))
-        return out
+    promises: ClassVar[frozenset[str]] = frozenset({"fifo"})
+
+    def assign_prefill(self, view: PrefillView) -> list[PrefillAssignment]:
+        engine = max(e.id for e in view.engines)
+        return [PrefillAssignment(request, engine) for request in view.queue]
 
 
 LAST = System("last-pe", "every request to the last PE", layerwise=True, dual_path=True, scheduler=LastPE)
@@ -114,15 +106,15 @@ def test_the_example_policy_balances_by_load_and_ignores_read_queues() -> None:
     namespace: dict[str, Any] = {}
     exec(compile(EXAMPLE.read_text(), str(EXAMPLE), "exec"), namespace)
     policy = namespace["LeastLoadedPolicy"](alpha_tokens=10, beta_tokens=1_000)
-    engines = [Engine(0, node=0, tok=500), Engine(1, node=0, tok=0), Engine(8, node=1, tok=100)]
-    queue = deque(Request(i, 300, 300, 0, 10, 1, i) for i in range(5))
+    engines = (EngineState(0, 0, tok=500, seq=1), EngineState(1, 0), EngineState(8, 1, tok=100, seq=1))
+    queue = tuple(Request(i, 300, 300, 0, 10, 1, i) for i in range(5))
     read_q = {0: 0, 1: 10**9}  # node 1's read queue is far over α: DualPath would avoid it, this policy does not
-    assigned = policy.assign_prefill(queue, engines, read_q)
+    view = PrefillView(queue, engines, read_q)
+    assigned = check_prefill_call(policy, view, policy.assign_prefill(view))
     # 1 (0 -> 300), 8 (100 -> 400), 1 (300 -> 600), 8 (400 -> 700), 0 (500 -> 800): least loaded each time.
-    assert [a.engine for a in assigned] == [1, 8, 1, 8, 0] and not queue
-    assert [e.tok for e in engines] == [800, 600, 700]
-    engines = [Engine(0, node=0, tok=1_001)]  # over β: nothing more
-    assert policy.assign_prefill(deque([Request(9, 1, 1, 0, 1, 1, 9)]), engines, {}) == []
+    assert [a.engine for a in assigned] == [1, 8, 1, 8, 0]
+    over = PrefillView((Request(9, 1, 1, 0, 1, 1, 9),), (EngineState(0, 0, tok=1_001, seq=1),), {})  # over β
+    assert policy.assign_prefill(over) == []
 
 
 # --------------------------------------------------------------------------------------------- resolution
@@ -182,12 +174,10 @@ def test_the_command_line_resolves_from_the_current_folder(tmp_path: Path, monke
 def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
     @dataclass
     class Plain(Policy):
-        def assign_prefill(
-            self, queue: deque[Request], group: list[Engine], read_q: dict[int, int]
-        ) -> list[PrefillAssignment]:
+        def assign_prefill(self, view: PrefillView) -> list[PrefillAssignment]:
             return []
 
-        def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> list[Any]:
+        def assign_decode(self, view: DecodeView) -> list[Any]:
             return []
 
     @dataclass
@@ -212,7 +202,7 @@ def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
         ({"name": "x" * 65}, f"System.name: expected 1-64 letters, digits and _.+- (not first), got '{'x' * 65}'"),
         ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin' or a Policy subclass, "
                                 "got 'fifo'"),
-        ({"scheduler": Policy}, "System 'x': scheduler Policy is abstract (define _assign_group, assign_prefill)"),
+        ({"scheduler": Policy}, "System 'x': scheduler Policy is abstract (define assign_decode, assign_prefill)"),
     ],
 )  # fmt: skip
 def test_a_bad_system_is_refused(arguments: dict[str, Any], message: str) -> None:
@@ -296,7 +286,7 @@ def test_a_file_is_loaded_afresh_for_every_scenario(tmp_path: Path) -> None:
 
 def test_the_example_file_explains_itself() -> None:
     text = textwrap.dedent(EXAMPLE.read_text())
-    assert "dualpath-emu run --system dualpath_emu.examples.custom_policy:least-loaded --agents 16" in text
+    assert "dualpath-emu check dualpath_emu.examples.custom_policy:least-loaded" in text
 
 
 # --- a policy that answers wrong, or never -------------------------------------------------------------------
@@ -304,32 +294,31 @@ def test_the_example_file_explains_itself() -> None:
 
 @dataclass
 class _ReturnsNone(DualPathPolicy):
-    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
-        queue.clear()
+    def assign_prefill(self, view: PrefillView) -> Any:
         return None
 
 
 @dataclass
-class _LeavesInQueue(DualPathPolicy):
-    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
-        return [PrefillAssignment(queue[0], engines[0].id)] if queue else []
+class _NotWaiting(DualPathPolicy):
+    def assign_prefill(self, view: PrefillView) -> Any:
+        return [PrefillAssignment(Request(10**6, 2, 1, 1, 1, 1, 0), view.engines[0].id)] if view.queue else []
 
 
 @dataclass
 class _NoSuchEngine(DualPathPolicy):
-    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
-        return [PrefillAssignment(queue.popleft(), 999)] if queue else []
+    def assign_prefill(self, view: PrefillView) -> Any:
+        return [PrefillAssignment(view.queue[0], 999)] if view.queue else []
 
 
 @dataclass
 class _OtherGroupsEngine(DualPathPolicy):
-    def _assign_group(self, queue: deque[Request], group_id: int, group: list[Engine]) -> Any:
-        return [DecodeAssignment(queue.popleft(), group[0].id + 1000)] if queue else []
+    def assign_decode(self, view: DecodeView) -> Any:
+        return [DecodeAssignment(view.queue[0], view.engines[0].id + 1000)] if view.queue else []
 
 
 @dataclass
 class _NeverAssigns(DualPathPolicy):
-    def assign_prefill(self, queue: deque[Request], engines: list[Engine], read_q: dict[int, int]) -> Any:
+    def assign_prefill(self, view: PrefillView) -> Any:
         return []
 
 
@@ -347,8 +336,8 @@ def _small_work() -> tuple[Any, list[Any]]:
     ("policy", "message"),
     [
         (_ReturnsNone, r"policy _ReturnsNone\.assign_prefill returned None; expected a list of PrefillAssignment"),
-        (_LeavesInQueue, r"_LeavesInQueue\.assign_prefill assigned request 0 but left it in the queue"),
-        (_NoSuchEngine, r"_NoSuchEngine\.assign_prefill assigned request 0 to engine 999, not one of the engines"),
+        (_NotWaiting, r"_NotWaiting\.assign_prefill assigned request 1000000, which was not waiting in the queue"),
+        (_NoSuchEngine, r"_NoSuchEngine\.assign_prefill assigned request 0 to engine 999, not one that is up"),
         (_OtherGroupsEngine, r"_OtherGroupsEngine\.assign_decode assigned request \d+ to engine 10\d\d"),
         (_NeverAssigns, r"system 'bad': policy _NeverAssigns left 3 request\(s\) waiting for a prefill engine"),
     ],
@@ -369,7 +358,7 @@ def test_the_command_line_reports_a_stuck_policy_in_one_line(tmp_path: Path) -> 
 
         @dataclass
         class Stuck(DualPathPolicy):
-            def assign_prefill(self, queue, engines, read_q):
+            def assign_prefill(self, view):
                 return []
         """)
     )

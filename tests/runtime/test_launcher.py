@@ -43,7 +43,7 @@ from dualpath_emu.cluster.policies import DualPathPolicy
 
 @dataclass
 class Failing(DualPathPolicy):
-    def assign_prefill(self, queue, engines, read_q):
+    def assign_prefill(self, view):
         raise RuntimeError("the policy fails on purpose")
 """
 

@@ -159,6 +159,8 @@ class DecodeGroup(EngineGroup):
         self._read_done: set[int] = set()  # Requests whose hit was read here (until they leave).
         self._early_kv: dict[int, int] = {}
         """First-token times of requests whose :class:`KvReady` came before their :class:`Expect` (real time)."""
+        self._early_read_here: dict[int, bool] = {}
+        """Requests whose :class:`ReadHere` came before their :class:`Expect` (its ``started``; real time)."""
         self._done: list[DecodingRequest] = []
         """Requests finished at this instant, reported together by :meth:`_report_done`."""
         self._in_hbm: dict[int, int] = {}
@@ -224,7 +226,7 @@ class DecodeGroup(EngineGroup):
         lost = [(rid, self._pending_read(task, rid in self._read_done)) for rid, task in self.expected.items()]
         lost += [(rid, 0) for rid in sorted(self._in_hbm)]
         lost += [(rid, 0) for rid in self._early_kv]
-        for state in (self.expected, self._early_kv):
+        for state in (self.expected, self._early_kv, self._early_read_here):
             state.clear()
         for ids in (self._buffered, self._started_elsewhere, self._reading, self._read_done, self._in_hbm):
             ids.clear()
@@ -248,6 +250,7 @@ class DecodeGroup(EngineGroup):
         lost = []
         for rid in rids:
             self._early_kv.pop(rid, None)
+            self._early_read_here.pop(rid, None)
             task = self.expected.pop(rid, None)
             if task is None:
                 lost.append((rid, 0))
@@ -263,6 +266,17 @@ class DecodeGroup(EngineGroup):
         return lost
 
     def _expect(self, now: int, msg: DecodeTask) -> None:
+        started = self._early_read_here.pop(msg.rid, None)
+        system = self.cluster.system
+        if started is not None and not msg.read_on_de:  # the prefill group moved the read here already
+            msg = dataclasses.replace(msg, read_on_de=True)
+            if started:
+                self._started_elsewhere.add(msg.rid)
+        elif msg.read_on_de and self._snic_down and system.dual_path and not system.oracle:
+            # Assigned here before the scheduler heard that this storage NIC is down: read on the prefill side.
+            msg = dataclasses.replace(msg, read_on_de=False)
+            self.out.send("scheduler", ReadMoved(self.node, msg.pe_node, msg.hit))
+            self.out.send(self.cluster.group_name("pe", msg.pe_node), ReadHere(msg.rid, False))
         self.expected[msg.rid] = msg
         early = self._early_kv.pop(msg.rid, None)
         if early is not None:  # Oracle: the prefill group was done before the scheduler's Expect came
@@ -289,8 +303,11 @@ class DecodeGroup(EngineGroup):
         if self._down:
             return  # the request was lost here (or will be, by the work that comes for it)
         task = self.expected.get(msg.rid)
-        if task is None or task.read_on_de:
-            return  # its KV is already on its way (a race in real time), or read here already
+        if task is None:
+            self._early_read_here[msg.rid] = msg.started  # its Expect is on its way (real time: they race)
+            return
+        if task.read_on_de:
+            return  # read here already
         task = self.expected[msg.rid] = dataclasses.replace(task, read_on_de=True)
         if msg.started:
             self._started_elsewhere.add(msg.rid)

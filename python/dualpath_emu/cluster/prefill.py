@@ -64,6 +64,9 @@ class PrefillGroup(EngineGroup):
         self.items: dict[int, tuple[tuple[int, int], _PrefillItem]] = {}
         self._early_hits: set[int] = set()
         """Requests whose :class:`HitReady` came before their :class:`Prefill` (real time: the senders race)."""
+        self._early_read_here: dict[int, bool] = {}
+        """Requests whose :class:`ReadHere` came before their :class:`Prefill` (its ``started``): the decode node's
+        storage NIC went down and the decode group moved the read here before the scheduler's task arrived."""
         self._passing = False
         """A forward pass, or the pull wait after it, is in progress: the pass's end looks for work again."""
         self._kick_due = False
@@ -118,6 +121,7 @@ class PrefillGroup(EngineGroup):
         for queue in self.queues.values():
             queue.clear()
         self._early_hits.clear()
+        self._early_read_here.clear()
         self._passing = self._kick_due = False
         for pool in self.pools():
             pool.reset(now)
@@ -131,6 +135,7 @@ class PrefillGroup(EngineGroup):
     def _drop(self, now: int, rid: int) -> tuple[int, int, int]:
         """Forget request ``rid`` here (its buffer freed, its read or pass ignored); returns its :meth:`_lose` entry."""
         self._early_hits.discard(rid)
+        self._early_read_here.pop(rid, None)
         entry = self.items.pop(rid, None)
         if entry is None:
             return rid, 0, 0
@@ -154,10 +159,21 @@ class PrefillGroup(EngineGroup):
         if msg.rid in self._early_hits:
             self._early_hits.discard(msg.rid)
             item.de_ready = True
-        if self.cluster.system.oracle:
+        started = self._early_read_here.pop(msg.rid, None)
+        if started is not None and item.read_on_de:  # the decode group moved the read here already
+            item.read_on_de, item.started_elsewhere, item.de_ready = False, started, False
+        system = self.cluster.system
+        if system.oracle:
             item.de_ready = True
             self._pe_ready(now, item)
-        elif msg.hit == 0 or msg.read_on_de:
+        elif msg.hit == 0 or item.read_on_de:
+            self._pe_ready(now, item)
+        elif msg.pe_node in self._snic_down and system.dual_path:
+            # Assigned here before the scheduler heard that this storage NIC is down (its Health and this
+            # task raced): the read goes to the decode side, as on_health moves the reads already here.
+            item.read_on_de = True
+            self.out.send("scheduler", ReadMoved(msg.pe_node, msg.de_node, msg.hit))
+            self.out.send(self.cluster.group_name("de", msg.de_node), ReadHere(msg.rid, False))
             self._pe_ready(now, item)
         else:
             self._read_here(now, msg.pe_node, item)
@@ -236,8 +252,11 @@ class PrefillGroup(EngineGroup):
         if self._down:
             return  # the request was lost here (or will be, by the work that comes for it)
         entry = self.items.get(msg.rid)
-        if entry is None or not entry[1].read_on_de:
-            return  # a race in real time: the request is gone, or reads here already
+        if entry is None:
+            self._early_read_here[msg.rid] = msg.started  # its Prefill is on its way (real time: they race)
+            return
+        if not entry[1].read_on_de:
+            return  # a race in real time: it reads here already
         (node, _), item = entry
         item.attempt += 1
         item.read_on_de, item.started_elsewhere = False, msg.started

@@ -177,14 +177,18 @@ def run_system(
     config: ClusterConfig, system: str | System, trajectories: Sequence[Trajectory], *, seed: int = 0,
     progress: Callable[[Progress], None] | None = None, progress_interval_s: float = 0.25,
     sample_interval_s: float = SAMPLE_INTERVAL_S, trace_path: str | Path | None = None, probe_paths: bool = False,
-    plane: str = "core", planes: Mapping[str, PlaneFactory] = PLANES,
+    plane: str = "core", planes: Mapping[str, PlaneFactory] = PLANES, order_seed: int | None = None,
+    message_delay_ns: int = 0,
 ) -> SystemResult:  # fmt: skip
     """Run ``trajectories`` on ``config`` with ``system`` (a :class:`System` or a built-in name) in virtual time.
     ``progress`` gets a :class:`Progress` every ``progress_interval_s`` of wall time; ``sample_interval_s``: utilisation
     sampling; ``trace_path``: a Perfetto trace; ``probe_paths``: time every movement by kind; ``plane``: the data plane
-    by name in ``planes``. None changes the event log."""
+    by name in ``planes``. None changes the event log. ``order_seed``, ``message_delay_ns``: :class:`VirtualDriver`'s
+    (other interleavings of one instant's inputs, messages delayed; other event logs)."""
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
+    if order_seed is None and config.order_seed is not None:  # the scenario's (order_seed, message_delay_s)
+        order_seed, message_delay_ns = config.order_seed, message_delay_ns or round(config.message_delay_s * 1e9)
     if isinstance(system, str):
         system = built_in(system)
     system_name = system.name
@@ -205,9 +209,14 @@ def run_system(
     report = None
     if progress is not None:  # smaller chunks: the sink is where progress is looked at
         report = _Reporter(system_name, progress, progress_interval_s, metrics, core, trajectories)
-        driver = VirtualDriver(core, sink=report.wrap(sink), chunk=4096, plane=planes[plane])
+        driver = VirtualDriver(
+            core, sink=report.wrap(sink), chunk=4096, plane=planes[plane], order_seed=order_seed,
+            message_delay_ns=message_delay_ns,
+        )  # fmt: skip
     else:
-        driver = VirtualDriver(core, sink=sink, plane=planes[plane])
+        driver = VirtualDriver(
+            core, sink=sink, plane=planes[plane], order_seed=order_seed, message_delay_ns=message_delay_ns
+        )
     for name in engine_names(config):
         driver.add(
             build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories, seed=seed)

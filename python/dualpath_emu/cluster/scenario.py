@@ -259,6 +259,12 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     if not name:
         raise top.error("name", "a non-empty string", name)
     seed = top.get_int("seed", 0, min=0, max=_MAX_SEED)
+    order_value = top.get_int("order_seed", 0, min=0, max=_MAX_SEED)
+    order_seed = order_value if "order_seed" in top else None  # not given: FIFO
+    message_delay_s = top.get_float("message_delay_s", 0.0, min=0.0, max=1.0)
+    if message_delay_s and order_seed is None:
+        raise top.error("message_delay_s", "0 unless order_seed is given (the delays are drawn from it)",
+                        message_delay_s)  # fmt: skip
     systems_table_value = top.get_str_list("systems", list(DEFAULT_SYSTEMS), non_empty=True)
     backend = top.get_str("backend", "model", choices=BACKENDS)
     host = top.table("host")
@@ -341,6 +347,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer, faults=fault_plan,
+        order_seed=order_seed, message_delay_s=message_delay_s,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)

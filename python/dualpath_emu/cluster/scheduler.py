@@ -1,10 +1,13 @@
-"""The central request scheduler (§6): keeps the global queues and the engines' loads, and runs the system's
-policy (:mod:`~dualpath_emu.cluster.policies`, whose names are re-exported here) when a group fetches work."""
+"""The central request scheduler (§6): keeps the global queues and the engines' loads, shows the system's policy
+(:mod:`~dualpath_emu.cluster.policies`) a read-only view when a group fetches work, and checks and applies what it
+decides."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
@@ -14,15 +17,13 @@ from dualpath_emu.cluster.messages import (
 )  # fmt: skip
 from dualpath_emu.cluster.observations import Assigned, Failed, Redispatched
 from dualpath_emu.cluster.policies import (
-    DE_HIGH_TOKEN_FACTOR, DecodeAssignment, DualPathPolicy, Engine, GroupLoads, Policy, PrefillAssignment,
-    PrefillDispatch, ReadSide, Request, RoundRobinPolicy, check_assignments,
+    DecodeView, EngineState, GroupState, PrefillView, QueueView, ReadView, Request, RouteView, check_decode,
+    check_prefill, check_read_side, check_routes,
 )  # fmt: skip
+from dualpath_emu.cluster.policies import Health as HealthView
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
-__all__ = [
-    "DE_HIGH_TOKEN_FACTOR", "DecodeAssignment", "DualPathPolicy", "Engine", "Policy", "PrefillAssignment",
-    "PrefillDispatch", "ReadSide", "Request", "RoundRobinPolicy", "Scheduler",
-]  # fmt: skip
+__all__ = ["Scheduler"]
 
 _LAST_DONE = 64  # DecodeDones kept per decode group: what a process killed could have sent without its TurnDones.
 
@@ -50,49 +51,71 @@ class _PrefillRestart:
     kept: set[int]
 
 
+def _take(queue: deque[Request], taken: Sequence[Request]) -> None:
+    """Remove ``taken`` (requests of ``queue``) from ``queue``: from its head when they are its head in order."""
+    n = 0
+    for request in taken:
+        if not queue or queue[0] is not request:
+            break
+        queue.popleft()
+        n += 1
+    if n < len(taken):
+        ids = {r.id for r in taken[n:]}
+        kept = [r for r in queue if r.id not in ids]
+        queue.clear()
+        queue.extend(kept)
+
+
 class Scheduler(ClusterEngine):
-    """The central request scheduler (§6): global queues, engine loads and the system's :class:`Policy`."""
+    """The central request scheduler (§6): global queues, engine loads and the system's policy."""
 
     def __init__(self, cluster: Cluster, out: Outbox, plane: DataPlane) -> None:
         super().__init__("scheduler", cluster, out, plane)
         self.policy = cluster.policy
         gpus, topo = cluster.config.node.gpus, cluster.topology
-        self.pe_engines = {n.index: [Engine(n.index * gpus + g, n.index) for g in range(gpus)] for n in topo.pe_nodes}
-        pe_groups: dict[str, list[Engine]] = {}
-        for node, engines in self.pe_engines.items():
-            pe_groups.setdefault(cluster.group_name("pe", node), []).extend(engines)
-        self.prefill = PrefillDispatch(self.policy, pe_groups)
+        self._gpus = gpus
         hbm = cluster.derived.de_hbm_kv_bytes
-        self.de_engines = {
-            n.index: [Engine(n.index * gpus + g, n.index, free_hbm_bytes=hbm) for g in range(gpus)]
+        # The engines' loads as the policy is shown them (frozen records, replaced when they change).
+        self._pe: dict[int, EngineState] = {
+            n.index * gpus + g: EngineState(n.index * gpus + g, n.index) for n in topo.pe_nodes for g in range(gpus)
+        }
+        self._de: dict[int, list[EngineState]] = {
+            n.index: [EngineState(n.index * gpus + g, n.index, free_hbm_bytes=hbm) for g in range(gpus)]
             for n in topo.de_nodes
         }
+        self._pe_group = {n.index: cluster.group_name("pe", n.index) for n in topo.pe_nodes}
+        self._de_group = {node: cluster.group_name("de", node) for node in self._de}
+        self._pe_group_of = {pe: self._pe_group[e.node] for pe, e in self._pe.items()}
+        self._prefill_groups = list(dict.fromkeys(self._pe_group.values()))  # node by node
+        self._wake_turn = 0
+        self._pe_up: list[int] = sorted(self._pe)  # The PEs of the groups that are up: what the policy is shown.
+        self.prefill_queue: deque[Request] = deque()
         self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
         self.decode_queue: deque[Request] = deque()
-        self.private: dict[int, deque[Request]] = {n: deque() for n in self.de_engines}
-        self.group_loads = GroupLoads({n: 0 for n in self.de_engines})
+        self.private: dict[int, deque[Request]] = {n: deque() for n in self._de}
+        """The private queues of the decode groups that are up (:attr:`_private_of` has every group's)."""
+        self.group_loads: dict[int, int] = {n: 0 for n in self._de}
+        self._group_given: dict[int, int] = {}
+        self._stamp = 0  # Assignments and routes so far (EngineState.given, GroupState.given).
         self.requests: dict[int, Request] = {}
         self.pe_of: dict[int, int] = {}
         self.de_of: dict[int, int] = {}
+        self._factors: dict[str, float] = {}
+        self._down: set[str] = set()  # Engine groups that crashed and have not fetched since.
+        self._health = HealthView._live(self._factors, self._down)
+        self._read_q_view = MappingProxyType(self.read_q)
+        self._dual_path = cluster.system.dual_path
         self._pulls: dict[str, _Pull] = {}
         self._wanted: set[str] = set()
         """Groups with work waiting whose standing fetch has not come yet (real time: it races the work)."""
         self._decoded: set[int] = set()  # Requests whose DecodeDone came before their PrefillDone (real time only).
-        self._gpus = gpus
         self._kv = cluster.derived.kv_bytes_per_token
-        # The groups' names by node, looked up at every message to a group and every decode notification.
-        self._pe_group = {node: cluster.group_name("pe", node) for node in self.pe_engines}
-        self._de_group = {node: cluster.group_name("de", node) for node in self.de_engines}
-        self._check_policy = not isinstance(cluster.system.scheduler, str)
-        """A user's policy: what it returns is checked (the built-in ones' is tested)."""
         # Engine crashes (issue 26).
-        self._down: set[str] = set()  # Engine groups that crashed and have not fetched since.
         self._recovering: dict[int, set[str]] = {}
         """Requests lost to a crash whose other engine has not yet confirmed it dropped them."""
         self._attempts: dict[int, int] = {}  # Requests dispatched again after a crash: how many times.
         self._causes: dict[int, str] = {}
         """Why a request being recovered was lost ("crash", "down" or "timeout"), until it is dispatched again."""
-        self._all_pes = self.prefill.engines
         self._private_of: dict[int, deque[Request]] = dict(self.private)
         """Every decode group's private queue, by node (``private`` lacks those of groups that are down)."""
         # Processes that died and were started again (a live run's --restart-crashed; issue 26): a process
@@ -114,7 +137,26 @@ class Scheduler(ClusterEngine):
 
     def waiting(self) -> tuple[int, int]:
         """Requests waiting for a PE, and for a DE (the global decode queue and every group's private one)."""
-        return len(self.prefill.queue), len(self.decode_queue) + sum(len(q) for q in self.private.values())
+        return len(self.prefill_queue), len(self.decode_queue) + sum(len(q) for q in self.private.values())
+
+    # --- the engines' loads ------------------------------------------------------------------------------
+
+    def _pe_load(self, pe: int, tokens: int, requests: int, given: int | None = None) -> None:
+        e = self._pe[pe]
+        self._pe[pe] = EngineState(
+            e.id, e.node, e.tok + tokens, e.seq + requests, 0, e.given if given is None else given
+        )
+
+    def _de_load(self, de: int, tokens: int, requests: int, hbm: int) -> None:
+        node, gpu = divmod(de, self._gpus)
+        engines = self._de[node]
+        e = engines[gpu]
+        engines[gpu] = EngineState(e.id, e.node, e.tok + tokens, e.seq + requests, e.free_hbm_bytes - hbm, e.given)
+
+    def _pe_done(self, request: Request, pe: int) -> str | None:
+        """``request`` left PE ``pe``; returns the group to wake if requests wait."""
+        self._pe_load(pe, -self.policy.prefill_tokens(request), -1)
+        return self._pe_group_of[pe] if self.prefill_queue else None
 
     def _notify_decode(self, now: int) -> None:
         """Make the fetch of every decode group with a non-empty private queue due."""
@@ -141,19 +183,20 @@ class Scheduler(ClusterEngine):
     @on(Submit)
     def on_submit(self, now: int, msg: Submit, sender: str) -> None:
         capacity = self.cluster.derived.de_hbm_kv_bytes
-        requests = []
         for turn in msg.turns:
             hbm = (turn.prompt + turn.gen) * self._kv
             request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm, turn.context)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
             self.requests[turn.rid] = request
-            requests.append(request)
-        self._notify_group(now, self.prefill.submit(requests))
+            self.prefill_queue.append(request)
+        group = self._prefill_groups[self._wake_turn]  # one prefill group in turn is told that work waits
+        self._wake_turn = (self._wake_turn + 1) % len(self._prefill_groups)
+        self._notify_group(now, group)
 
     @on(Fetch)
     def on_fetch(self, now: int, msg: Fetch, sender: str) -> None:
-        self._pulls[sender] = _Pull(msg.nodes, msg.period_ns, any(node in self.pe_engines for node in msg.nodes))
+        self._pulls[sender] = _Pull(msg.nodes, msg.period_ns, any(node in self._pe_group for node in msg.nodes))
         if sender in self._down:  # back after a crash
             self._engine_up(now, sender)
         if sender in self._wanted:
@@ -161,7 +204,10 @@ class Scheduler(ClusterEngine):
             self._notify_group(now, sender)
 
     def _serve_later(self, now: int, name: str) -> None:
-        self._pulls[name].timer = False
+        pull = self._pulls.get(name)
+        if pull is None:
+            return  # the group crashed while its fetch waited for its period: it fetches again when it is back
+        pull.timer = False
         self._serve(now, name)
 
     def _serve(self, now: int, name: str) -> None:
@@ -172,54 +218,90 @@ class Scheduler(ClusterEngine):
         if pull.prefill:
             self._fetch_prefill(now)  # over every PE: what is left waits until a PE finishes (PrefillDone)
         for node in pull.nodes:
-            if node not in self.pe_engines:
+            if node not in self._pe_group:
                 assigned, more = self._fetch_decode(now, node)
                 again = again or bool(assigned and more)
         if again:
             self._notify_group(now, name)
 
     def _fetch_prefill(self, now: int) -> None:
-        waiting = {r.id for r in self.prefill.queue} if self._check_policy else None
-        assigned = self.prefill.fetch(self.read_q)
-        if waiting is not None:
-            check_assignments(self.policy, "assign_prefill", assigned, PrefillAssignment, waiting, [self.prefill.queue],
-                              {e.id for e in self.prefill.engines})  # fmt: skip
+        """Algorithm 1 over every PE that is up (the policy's rule), applied."""
+        queue = self.prefill_queue
+        if not queue:
+            return
+        pe = self._pe
+        view = PrefillView(QueueView(queue), tuple(pe[i] for i in self._pe_up), self._read_q_view, self._health,
+                           self._stamp)  # fmt: skip
+        assigned = check_prefill(self.policy, self.policy.assign_prefill(view), view)
         if not assigned:
             return
-        pe_of, queue, scheduled_pe = self.pe_of, self.decode_queue, self.cluster.metrics.scheduled_pe
+        _take(queue, [a.request for a in assigned])
+        pe_of, decode_queue, scheduled_pe = self.pe_of, self.decode_queue, self.cluster.metrics.scheduled_pe
+        prefill_tokens = self.policy.prefill_tokens
         for a in assigned:
-            request = a.request
+            request = self.requests[a.request.id]
+            self._stamp += 1
+            self._pe_load(a.engine, prefill_tokens(request), 1, self._stamp)
             pe_of[request.id] = a.engine
-            queue.append(request)
+            decode_queue.append(request)
             scheduled_pe(request.id, now)
-        if self.private:  # (every decode group crashed: the queue waits for one to be back)
-            self.policy.route_decode(queue, self.private, self.group_loads)
+        self._route(now)
+
+    def _route(self, now: int) -> None:
+        """Phase 1, then the decode groups with work are told."""
+        self._route_only()
         self._notify_decode(now)
 
+    def _route_only(self) -> None:
+        """Phase 1 of the DE selection: the global decode queue to the decode groups that are up (the policy's rule)."""
+        queue = self.decode_queue
+        if queue and self.private:  # (every decode group crashed: the queue waits for one to be back)
+            given, loads = self._group_given, self.group_loads
+            groups = tuple(GroupState(node, load, given.get(node, 0)) for node, load in loads.items())
+            view = RouteView(QueueView(queue), groups, self._health, self._stamp)
+            routes = check_routes(self.policy, self.policy.route_decode(view), view)
+            _take(queue, [r.request for r in routes])
+            decode_tokens = self.policy.decode_tokens
+            for route in routes:
+                request = self.requests[route.request.id]
+                self.private[route.group].append(request)
+                loads[route.group] += decode_tokens(request)
+                self._stamp += 1
+                given[route.group] = self._stamp
+
     def _fetch_decode(self, now: int, node: int) -> tuple[int, bool]:
-        waiting = {r.id for q in (self.decode_queue, self.private[node]) for r in q} if self._check_policy else None
-        assigned = self.policy.assign_decode(
-            self.decode_queue, self.private, self.group_loads, node, self.de_engines[node]
-        )
-        if waiting is not None:
-            check_assignments(self.policy, "assign_decode", assigned, DecodeAssignment, waiting,
-                              [self.decode_queue, *self.private.values()], {e.id for e in self.de_engines[node]})  # fmt: skip
+        self._route_only()
+        queue = self.private[node]
+        if not queue:
+            return 0, False
+        view = DecodeView(node, QueueView(queue), tuple(self._de[node]), self._health)
+        policy = self.policy
+        assigned = check_decode(policy, policy.assign_decode(view), view)
         if not assigned:
-            return 0, bool(self.private[node])
-        gpus, oracle = self._gpus, self.cluster.system.oracle
-        policy, read_q, pe_of, de_of, pe_group = self.policy, self.read_q, self.pe_of, self.de_of, self._pe_group
-        scheduled_de, observe = self.cluster.metrics.scheduled_de, self.out.observe
+            return 0, bool(queue)
+        _take(queue, [a.request for a in assigned])
+        gpus, oracle, read_q, pe_of, de_of, pe_group = (
+            self._gpus, self.cluster.system.oracle, self.read_q, self.pe_of, self.de_of, self._pe_group,
+        )  # fmt: skip
+        scheduled_de, observe, decode_tokens = self.cluster.metrics.scheduled_de, self.out.observe, policy.decode_tokens
         prefill: dict[str, list[PrefillTask]] = {}
         expect: list[DecodeTask] = []
         for a in assigned:
-            r, de = a.request, a.engine
+            de = a.engine
+            r = self.requests[a.request.id]
             rid = r.id
+            self._de_load(de, decode_tokens(r), 1, r.hbm_bytes)
             pe = pe_of[rid]
             pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, de % gpus
             de_of[rid] = de
             read_on_de = False
             if not oracle and r.hit_tokens > 0:
-                read_on_de = policy.read_side(r, pe_node, node, read_q) == "de"
+                read = ReadView(r, pe_node, node, self._read_q_view, self._health)
+                side = policy.read_side(read)
+                check_read_side(policy, side, read, self._dual_path)
+                read_on_de = side == "de"
+                read_node = node if read_on_de else pe_node
+                read_q[read_node] = read_q.get(read_node, 0) + r.hit_tokens
             scheduled_de(rid, now, pe, de, read_on_de)
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
@@ -229,13 +311,16 @@ class Scheduler(ClusterEngine):
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))
-        return len(assigned), bool(self.private[node])
+        return len(assigned), bool(queue)
 
     @on(Health)
     def on_health(self, now: int, msg: Health, sender: str) -> None:
         """Faults changed some ports (:mod:`~dualpath_emu.cluster.faults`): the policy sees it from now on."""
         for port, factor in zip(msg.ports, msg.factors):
-            self.policy.health.set(port, factor)
+            if factor == 1.0:
+                self._factors.pop(port, None)
+            else:
+                self._factors[port] = factor
 
     @on(ReadMoved)
     def on_read_moved(self, now: int, msg: ReadMoved, sender: str) -> None:
@@ -255,7 +340,7 @@ class Scheduler(ClusterEngine):
             pe = self.pe_of.pop(rid, None)
             if pe is None:
                 continue  # lost to a crash of its decode engine while its last pass ran: dispatched again
-            wake = self.prefill.done(self.requests[rid], pe) or wake
+            wake = self._pe_done(self.requests[rid], pe) or wake
             if rid in self._decoded:  # its DecodeDone came first (see on_decode_done)
                 self._decoded.discard(rid)
                 del self.requests[rid]
@@ -291,7 +376,7 @@ class Scheduler(ClusterEngine):
         groups = set()
         pe = self.pe_of.get(rid)
         if pe is not None and rid in self.de_of:  # before its decode fetch, no group has heard of it
-            groups.add(self.prefill.group_of(pe))
+            groups.add(self._pe_group_of[pe])
         de = self.de_of.get(rid)
         if de is not None:
             groups.add(self._de_group[de // self._gpus])
@@ -358,9 +443,9 @@ class Scheduler(ClusterEngine):
         """Prefill group ``group``'s process died holding ``held``: settle them with the decode groups."""
         wake = None
         for rid, pe in list(self.pe_of.items()):
-            if rid in self._decoded and self.prefill.group_of(pe) == group:
+            if rid in self._decoded and self._pe_group_of[pe] == group:
                 del self.pe_of[rid]
-                wake = self.prefill.done(self.requests.pop(rid), pe) or wake
+                wake = self._pe_done(self.requests.pop(rid), pe) or wake
                 self._decoded.discard(rid)
         if wake is not None:
             self._notify_group(now, wake)
@@ -399,13 +484,13 @@ class Scheduler(ClusterEngine):
                 continue  # settled since (a PrefillDone cannot come from the dead process; a crash can)
             if rid in self._decoded:  # its DecodeDone came meanwhile: done
                 del self.pe_of[rid]
-                wake = self.prefill.done(self.requests.pop(rid), pe) or wake
+                wake = self._pe_done(self.requests.pop(rid), pe) or wake
                 self._decoded.discard(rid)
             elif rid not in self.de_of:
                 continue
             elif rid in restart.kept:
                 del self.pe_of[rid]
-                wake = self.prefill.done(self.requests[rid], pe) or wake
+                wake = self._pe_done(self.requests[rid], pe) or wake
             else:
                 again.append(rid)
         held = {rid for rid, _, _ in restart.held}
@@ -475,7 +560,7 @@ class Scheduler(ClusterEngine):
         request = self.requests[rid]
         pe = self.pe_of.pop(rid, None)
         if pe is not None:
-            self.prefill.done(request, pe)
+            self._pe_done(request, pe)
         de = self.de_of.pop(rid, None)
         if de is not None:
             self._free_de(request, de)
@@ -490,12 +575,9 @@ class Scheduler(ClusterEngine):
 
     def _free_de(self, request: Request, de: int) -> int:
         """``request`` left DE ``de`` (ended, or taken back): its load, slot and HBM are free; returns the DE's node."""
-        node, gpus = divmod(de, self._gpus)
-        engine = self.de_engines[node][gpus]
+        node = de // self._gpus
         tokens = self.policy.decode_tokens(request)
-        engine.tok -= tokens
-        engine.seq -= 1
-        engine.free_hbm_bytes += request.hbm_bytes
+        self._de_load(de, -tokens, -1, -request.hbm_bytes)
         if node in self.group_loads:  # (not while its group is down)
             self.group_loads[node] -= tokens
         return node
@@ -503,7 +585,7 @@ class Scheduler(ClusterEngine):
     def _queued_at(self, group: str) -> list[int]:
         """Requests assigned a PE of prefill group ``group``, waiting in a decode queue no group has heard of."""
         return [rid for rid, pe in self.pe_of.items()
-                if rid not in self.de_of and rid not in self._decoded and self.prefill.group_of(pe) == group]  # fmt: skip
+                if rid not in self.de_of and rid not in self._decoded and self._pe_group_of[pe] == group]  # fmt: skip
 
     def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
         """Queue request ``rid`` again, ahead of what came after it, or fail it past ``max_redispatches``."""
@@ -527,11 +609,11 @@ class Scheduler(ClusterEngine):
         self._attempts[rid] = attempt
         self.out.observe(Redispatched(rid, attempt, lost_by))
         self.cluster.metrics.redispatched(rid, now)
-        self.prefill.queue.appendleft(self.requests[rid])
+        self.prefill_queue.appendleft(self.requests[rid])
 
     def _wake_prefill(self, now: int) -> None:
         """Requests wait for a PE: serve the fetch of a prefill group that is up."""
-        if self.prefill.queue:
+        if self.prefill_queue:
             for name in self._pe_group.values():
                 if name not in self._down:
                     self._notify_group(now, name)
@@ -542,7 +624,6 @@ class Scheduler(ClusterEngine):
         self._down.add(group)
         self._pulls.pop(group, None)
         self._wanted.discard(group)
-        self.policy.health.set_engine(group, False)
         if group.startswith("pe"):
             for rid in self._queued_at(group):  # in a decode queue, its PE gone: dispatched again
                 self._unassign(rid)
@@ -550,7 +631,7 @@ class Scheduler(ClusterEngine):
         else:
             node = int(group[2:])
             queue = self.private.pop(node)
-            self.group_loads = GroupLoads({n: load for n, load in self.group_loads.items() if n != node})
+            del self.group_loads[node]
             self.decode_queue.extendleft(reversed(queue))  # not sent there yet: routed again
             queue.clear()
         self._route_engines()
@@ -558,20 +639,19 @@ class Scheduler(ClusterEngine):
     def _engine_up(self, now: int, group: str) -> None:
         """Engine group ``group`` is back, empty."""
         self._down.discard(group)
-        self.policy.health.set_engine(group, True)
         self._route_engines()
         if group.startswith("de"):
             node = int(group[2:])
             self.private[node] = self._private_of[node]
             loads = dict(self.group_loads)
-            loads[node] = sum(e.tok for e in self.de_engines[node])
-            self.group_loads = GroupLoads(dict(sorted(loads.items())))
-            self.policy.route_decode(self.decode_queue, self.private, self.group_loads)
-            self._notify_decode(now)
+            loads[node] = sum(e.tok for e in self._de[node])
+            self.group_loads.clear()
+            self.group_loads.update(sorted(loads.items()))
+            self._route(now)
         else:
             self._wake_prefill(now)
 
     def _route_engines(self) -> None:
         """What the policy is offered: the PEs of the groups that are up."""
-        down = self._down
-        self.prefill.engines = [e for e in self._all_pes if self.prefill.group_of(e.id) not in down]
+        down, group_of = self._down, self._pe_group_of
+        self._pe_up = [pe for pe in sorted(self._pe) if group_of[pe] not in down]

@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from dualpath_emu.cluster.policies import DualPathPolicy, Policy, RoundRobinPolicy
+from dualpath_emu.cluster.policies import POLICIES, Policy
 
 __all__ = ["NAME_PATTERN", "SYSTEMS", "SYSTEM_COLORS", "System", "built_in", "system_colours"]
 
@@ -30,7 +30,8 @@ class System:
     layerwise: bool
     """Layerwise prefill (§4): per-layer KV streamed into HBM during the pass, not the whole hit first."""
     dual_path: bool  # Reads may go through the decode node (storage → DE buffer → PE); otherwise PE-read only.
-    scheduler: Literal["dualpath", "round_robin"] | type[Policy]
+    scheduler: str | type[Policy]
+    """A built-in policy's name (:data:`~dualpath_emu.cluster.policies.POLICIES`) or a :class:`Policy` subclass."""
     oracle: bool = False  # Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound.
 
     def __post_init__(self) -> None:
@@ -41,21 +42,16 @@ class System:
             if inspect.isabstract(scheduler):
                 missing = ", ".join(sorted(getattr(scheduler, "__abstractmethods__", ())))
                 raise ValueError(f"System {self.name!r}: scheduler {scheduler.__name__} is abstract (define {missing})")
-        elif scheduler not in ("dualpath", "round_robin"):
+        elif not isinstance(scheduler, str) or scheduler not in POLICIES:
             raise ValueError(
-                f"System {self.name!r}: scheduler: expected 'dualpath', 'round_robin' or a Policy subclass, "
+                f"System {self.name!r}: scheduler: expected {', '.join(map(repr, POLICIES))} or a Policy subclass, "
                 f"got {scheduler!r}"
             )
 
     def policy(self, alpha_tokens: int, beta_tokens: int) -> Policy:
         """This system's scheduling policy (a fresh one per run)."""
-        if not isinstance(self.scheduler, str):
-            return _make_policy(
-                self.scheduler, read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens
-            )
-        if self.scheduler == "dualpath":
-            return DualPathPolicy(read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
-        return RoundRobinPolicy(read_both_sides=self.dual_path)
+        cls = POLICIES[self.scheduler] if isinstance(self.scheduler, str) else self.scheduler
+        return _make_policy(cls, read_both_sides=self.dual_path, alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
 
 
 SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(

@@ -3,13 +3,18 @@
 :class:`VirtualDriver` holds a run's engines and one FIFO of inputs due now; when it is empty, the queued requests go
 to the core in one call per kind and the core runs to the next completion, whose ``then`` joins the FIFO in the
 core's order: a run repeats byte for byte from its seed. The plane is chosen by name from :data:`PLANES`. Nothing due,
-nothing in the core and the run not done is a :class:`DeadlockError`; no progress for long, a :class:`NoProgressError`."""
+nothing in the core and the run not done is a :class:`DeadlockError`; no progress for long, a :class:`NoProgressError`.
+Off by default, ``order_seed`` delivers the inputs due at one instant in a seeded random order and ``message_delay_ns``
+delays each message between engines by up to that much, as a live run may (each keeps every sender-recipient pair's
+FIFO): interleavings the fixed order never reaches."""
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Protocol
 
 from dualpath_emu._core import UNREPORTED_TAG, Core
@@ -197,6 +202,16 @@ PLANES: Mapping[str, PlaneFactory] = {"core": CoreDataPlane}
 """The virtual driver's planes by name (a run passes the registry in: a user's plane is one more entry)."""
 
 
+def _handler(driver: VirtualDriver, sender: str, recipient: str, msg: Message) -> Callable[[int, Any, str], None]:
+    try:
+        handler = driver._handlers[recipient].get(type(msg))
+    except KeyError:
+        raise LookupError(f"engine {sender!r} sent {type(msg).__qualname__} to {recipient!r}, which is not an engine "
+                          f"of this run") from None  # fmt: skip
+    # None: the first of its type: receive binds the handler (or raises UnhandledInputError)
+    return driver._receivers[recipient] if handler is None else handler
+
+
 class _Outbox:
     """One engine's outbox in virtual time."""
 
@@ -224,12 +239,49 @@ class _Outbox:
             driver.flush_events()
 
 
+class _ChannelOutbox(_Outbox):
+    """An outbox whose messages name their recipient too (``order_seed``), and may be delayed (``message_delay_ns``)."""
+
+    __slots__ = ()
+
+    def send(self, recipient: str, msg: Message) -> None:
+        driver = self._driver
+        driver._post((_handler(driver, self._name, recipient, msg), msg, self._name, recipient))
+
+
+def _check_progress(watch: ProgressWatch | None, now: int) -> int:
+    """Raise :class:`NoProgressError` if ``watch`` saw no progress for its limit; the next time to look."""
+    assert watch is not None
+    last = watch.last_progress_ns()
+    if last is not None and now - last >= watch.limit_ns:
+        raise NoProgressError(watch.describe(now, last))
+    return now + watch.every_ns
+
+
 class VirtualDriver:
-    """Runs engines over ``core`` in virtual time: :meth:`outbox`, :attr:`plane`, :meth:`add`, :meth:`run`."""
+    """Runs engines over ``core`` in virtual time: :meth:`outbox`, :attr:`plane`, :meth:`add`, :meth:`run`.
+
+    ``order_seed``: the inputs due at one instant are delivered in an order drawn from ``random.Random(order_seed)``
+    (this driver's own), not first in first out, yet each sender's messages to one recipient in the order sent (as
+    ZeroMQ keeps them; :meth:`send`'s sender is ``"main"``); each data-plane completion is a channel of its own.
+    ``message_delay_ns`` (only with ``order_seed``, from the same stream): each message between engines arrives
+    after a delay drawn uniformly from ``[0, message_delay_ns]`` ns, never before an earlier one of its pair (a core
+    timer carries it; the run is done only once none is in flight)."""
 
     def __init__(
-        self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane
-    ) -> None:
+        self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane,
+        order_seed: int | None = None, message_delay_ns: int = 0,
+    ) -> None:  # fmt: skip
+        if message_delay_ns < 0 or (message_delay_ns and order_seed is None):
+            raise ValueError(f"message_delay_ns: expected 0, or a number of ns >= 0 with an order_seed, got "
+                             f"{message_delay_ns} (order_seed={order_seed})")  # fmt: skip
+        self._rng = None if order_seed is None else random.Random(order_seed)
+        self._delay_ns = message_delay_ns
+        self._flight: dict[tuple[str, str], deque[tuple[Any, ...]]] = {}
+        """Per (sender, recipient), the delayed messages not yet due, in the order sent."""
+        self._last_at: dict[tuple[str, str], int] = {}
+        """Per (sender, recipient), when its last delayed message is due."""
+        self._in_flight = 0
         self.core = core
         self.now_ns = core.now_ns
         self._due: deque[Any] = deque()
@@ -245,7 +297,7 @@ class VirtualDriver:
 
     def outbox(self, name: str) -> _Outbox:
         """The outbox of the engine called ``name``."""
-        return _Outbox(self, name)
+        return _Outbox(self, name) if self._rng is None else _ChannelOutbox(self, name)
 
     def add(self, engine: Engine) -> None:
         """Add ``engine`` (started, in the order added, when the run starts)."""
@@ -259,7 +311,26 @@ class VirtualDriver:
     def send(self, recipient: str, msg: Message, sender: str = "main") -> None:
         """Send ``msg`` to an engine from outside the engines (e.g. the run's start)."""
         handler = self._handlers[recipient].get(type(msg)) or self._receivers[recipient]
-        self._due.append((handler, msg, sender))
+        self._due.append((handler, msg, sender, recipient))
+
+    def _post(self, item: tuple[Any, ...]) -> None:
+        """Queue message ``item`` ``(handler, msg, sender, recipient)`` from an engine, now or after its delay."""
+        if not self._delay_ns:
+            self._due.append(item)
+            return
+        assert self._rng is not None
+        key = (item[2], item[3])
+        at = max(self.now_ns + self._rng.randint(0, self._delay_ns), self._last_at.get(key, 0))
+        self._last_at[key] = at
+        self._flight.setdefault(key, deque()).append(item)
+        self._in_flight += 1
+        self.plane.timer(at, partial(self._arrive, key))
+
+    def _arrive(self, key: tuple[str, str], now: int) -> None:
+        """A timer of pair ``key`` fired: its first message in flight is due (its timers fire in time order, so the
+        k-th to fire is the k-th message's, whatever the order of those due at one instant)."""
+        self._due.append(self._flight[key].popleft())
+        self._in_flight -= 1
 
     @property
     def event_count(self) -> int:
@@ -283,6 +354,9 @@ class VirtualDriver:
         """Start the engines, then step until ``done()`` is true once nothing is due (or ``watch`` stops it)."""
         for engine in self.engines:
             engine.start(self.now_ns)
+        if self._rng is not None:
+            self._run_channels(done, watch)
+            return
         core, due, plane = self.core, self._due, self.plane
         popleft = due.popleft
         stalls = 0
@@ -290,11 +364,7 @@ class VirtualDriver:
         while True:
             now = self.now_ns
             if now >= check_ns:
-                assert watch is not None
-                last = watch.last_progress_ns()
-                if last is not None and now - last >= watch.limit_ns:
-                    raise NoProgressError(watch.describe(now, last))
-                check_ns = now + watch.every_ns
+                check_ns = _check_progress(watch, now)
             while due:
                 item = popleft()
                 if type(item) is tuple:
@@ -311,16 +381,85 @@ class VirtualDriver:
                 plane.deliver(completions)
                 continue
             if core.next_event_ns() is None:
-                raise DeadlockError(
-                    f"deadlock at virtual time {core.now_ns} ns: nothing is due and the core has no event, yet the "
-                    f"run is not done ({plane.waiting} request(s) to the data plane still awaited)"
-                )
+                raise self._deadlock()
             stalls += 1
             if stalls > _MAX_STALLS:
                 raise RuntimeError(f"the core reports an event at {core.now_ns} ns but handles none there")
             self.now_ns = core.now_ns
         plane.flush()  # what the last instant asked for (block write-backs) reaches the core
         self.flush_events()
+
+    def _deadlock(self) -> DeadlockError:
+        return DeadlockError(
+            f"deadlock at virtual time {self.core.now_ns} ns: nothing is due and the core has no event, yet the run "
+            f"is not done ({self.plane.waiting} request(s) to the data plane still awaited)"
+        )
+
+    def _run_channels(self, done: Callable[[], bool], watch: ProgressWatch | None) -> None:
+        """:meth:`run`'s loop with ``order_seed``: each instant's inputs in a random order (:meth:`_deliver_shuffled`),
+        and the run done only once no message is in flight."""
+        core, plane = self.core, self.plane
+        stalls = 0
+        check_ns = _U64_MAX if watch is None else self.now_ns + watch.every_ns
+        while True:
+            now = self.now_ns
+            if now >= check_ns:
+                check_ns = _check_progress(watch, now)
+            self._deliver_shuffled(now)
+            if not self._in_flight and done():
+                break
+            plane.flush()
+            completions = core.advance_until(_U64_MAX)
+            if completions:
+                stalls = 0
+                self.now_ns = core.now_ns
+                plane.deliver(completions)
+                continue
+            if core.next_event_ns() is None:
+                raise self._deadlock()
+            stalls += 1
+            if stalls > _MAX_STALLS:
+                raise RuntimeError(f"the core reports an event at {core.now_ns} ns but handles none there")
+            self.now_ns = core.now_ns
+        plane.flush()
+        self.flush_events()
+
+    def _deliver_shuffled(self, now: int) -> None:
+        """Deliver what is due at ``now``, and what that makes due, in a random order that keeps each channel's:
+        messages of one (sender, recipient) pair are one channel, each completion one of its own."""
+        due, rng = self._due, self._rng
+        assert rng is not None
+        channels: dict[tuple[str, str], deque[tuple[Any, ...]]] = {}
+        ready: list[Any] = []  # the channels with something due: a pair (its queue in channels), or a completion
+        while True:
+            while due:
+                item = due.popleft()
+                if type(item) is tuple:
+                    key = (item[2], item[3])
+                    queue = channels.get(key)
+                    if queue is None:
+                        channels[key] = deque((item,))
+                        ready.append(key)
+                    else:
+                        queue.append(item)
+                else:
+                    ready.append(item)
+            if not ready:
+                return
+            i = rng.randrange(len(ready))
+            entry = ready[i]
+            if type(entry) is tuple:
+                queue = channels[entry]
+                item = queue.popleft()
+                if not queue:
+                    del channels[entry]
+                    ready[i] = ready[-1]
+                    ready.pop()
+                item[0](now, item[1], item[2])
+            else:
+                ready[i] = ready[-1]
+                ready.pop()
+                entry(now)
 
     def drain(self) -> None:
         """After :meth:`run`: let the core finish what is left (write-backs), through the plane, engines idle."""

@@ -1,0 +1,112 @@
+"""DualPath's scheduler (paper §6, Algorithm 1; paper-facts §7).
+
+**Prefill** (§6.1): over every PE that is up, whichever group fetches (over the fetching group alone, the first to
+pull took nearly all the work). PEs are classified by their load ``tok_e`` and their node's read queue ``read_q``
+(tokens) -- C1 overloaded (``tok_e > β``, given nothing), C2 ``read_q ≤ α``, C3 ``read_q > α`` -- and the head of the
+global FIFO goes to the least-loaded PE of C2, else of C3 (ties: the PE given work least recently [our choice: with
+ties to the lowest id, a lightly loaded cluster sent nearly every request, and its read, to the first node]), whose
+``tok_e`` grows, until both classes are empty.
+
+**Decode** (§6.2): phase 1 routes each request to the group with the smallest ``Σ tok_e``
+(:meth:`~dualpath_emu.cluster.policies.base.Policy.route_decode`). Phase 2 finds the prefix ``R`` of the group's
+private queue that fits its free HBM, computes ``Z = 1.05 × (Σ_{r∈R} len_r + Σ_e tok_e) / |E|`` and takes requests in
+order: among DEs with room, those staying at or below ``Z`` are preferred (fewest requests ``seq_e``), else the
+least-loaded; the fetch ends when no DE has room for the head.
+
+**Read side** (§6.3): the node with the shorter read queue, whose queue the scheduler then grows by the hit tokens
+(so one fetch does not send everything to one side; the paper does not say whether it updates ``read_q`` within a
+fetch)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from dualpath_emu.cluster.policies.base import Policy
+from dualpath_emu.cluster.policies.view import DecodeAssignment, DecodeView, PrefillAssignment, PrefillView
+
+__all__ = ["DE_HIGH_TOKEN_FACTOR", "DualPathPolicy"]
+
+DE_HIGH_TOKEN_FACTOR: Final = 1.05  # The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper).
+
+
+@dataclass
+class DualPathPolicy(Policy):
+    """DualPath's scheduler (§6): ``alpha_tokens`` (α) and ``beta_tokens`` (β) from the hardware (A.4)."""
+
+    alpha_tokens: int = 0
+    beta_tokens: int = 0
+    read_both_sides: bool = True
+    high_token_factor: float = DE_HIGH_TOKEN_FACTOR
+    promises: ClassVar[frozenset[str]] = frozenset({"fifo", "overload", "read_side", "high_water"})
+
+    def assign_prefill(self, view: PrefillView) -> Sequence[PrefillAssignment]:
+        # Algorithm 1 picks the least (tok_e, given, id) over C2, else over C3; a node's PEs share its read queue, so
+        # that is the least of the qualifying nodes' least PEs: a heap per node, O(nodes + log PEs) per request.
+        nodes: dict[int, list[tuple[int, int, int]]] = {}
+        for e in view.engines:
+            nodes.setdefault(e.node, []).append((e.tok, e.given, e.id))
+        heaps = list(nodes.items())
+        for _, heap in heaps:
+            heapq.heapify(heap)
+        alpha, beta, read_q, stamp = self.alpha_tokens, self.beta_tokens, view.read_q, view.stamp
+        out: list[PrefillAssignment] = []
+        for request in view.queue:
+            best = best_c3 = None
+            for node, heap in heaps:
+                head = heap[0]
+                if head[0] > beta:
+                    continue  # C1: every PE of the node is overloaded
+                if read_q.get(node, 0) <= alpha:
+                    if best is None or head < best[0]:
+                        best = (head, heap)
+                elif best_c3 is None or head < best_c3[0]:
+                    best_c3 = (head, heap)
+            chosen = best if best is not None else best_c3
+            if chosen is None:
+                break  # every PE is overloaded: the rest waits until one finishes work
+            (tok, _, engine), heap = chosen
+            stamp += 1
+            heapq.heapreplace(heap, (tok + self.prefill_tokens(request), stamp, engine))
+            out.append(PrefillAssignment(request, engine))
+        return out
+
+    def assign_decode(self, view: DecodeView) -> Sequence[DecodeAssignment]:
+        engines = view.engines
+        if not view.queue or not engines:
+            return []
+        # Z from the prefix R of the queue that fits in the group's free HBM (no fragmentation assumed).
+        free = sum(e.free_hbm_bytes for e in engines)
+        fitting_tokens = 0
+        for request in view.queue:
+            if request.hbm_bytes > free:
+                break
+            free -= request.hbm_bytes
+            fitting_tokens += self.decode_tokens(request)
+        z = self.high_token_factor * (fitting_tokens + sum(e.tok for e in engines)) / len(engines)
+        # (tok, seq, free HBM, id) of each DE as this call's assignments leave it.
+        state = [[e.tok, e.seq, e.free_hbm_bytes, e.id] for e in engines]
+        out: list[DecodeAssignment] = []
+        for request in view.queue:
+            tokens, need = self.decode_tokens(request), request.hbm_bytes
+            # Among the DEs with room, the least (seq, tok, id) of those staying at or below Z, else the least
+            # (tok, id) of all: one pass (the keys end in the unique id, so the choice is that of min).
+            low: list[int] | None = None
+            least: list[int] | None = None
+            for e in state:
+                if e[2] < need:
+                    continue
+                if least is None or (e[0], e[3]) < (least[0], least[3]):
+                    least = e
+                if e[0] + tokens <= z and (low is None or (e[1], e[0], e[3]) < (low[1], low[0], low[3])):
+                    low = e
+            if least is None:
+                break  # no DE of the group has room for the head
+            chosen = low if low is not None else least
+            chosen[0] += tokens
+            chosen[1] += 1
+            chosen[2] -= need
+            out.append(DecodeAssignment(request, chosen[3]))
+        return out
