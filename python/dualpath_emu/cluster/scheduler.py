@@ -88,7 +88,9 @@ class Scheduler(ClusterEngine):
         self._pe_group_of = {pe: self._pe_group[e.node] for pe, e in self._pe.items()}
         self._prefill_groups = list(dict.fromkeys(self._pe_group.values()))  # node by node
         self._wake_turn = 0
-        self._pe_up: list[int] = sorted(self._pe)  # The PEs of the groups that are up: what the policy is shown.
+        self._pe_up: list[EngineState] = [self._pe[i] for i in sorted(self._pe)]
+        """The PEs of the groups that are up, in id order: what the policy is shown (kept with :attr:`_pe`)."""
+        self._pe_at: dict[int, int] = {e.id: i for i, e in enumerate(self._pe_up)}  # PE -> its place there
         self.prefill_queue: deque[Request] = deque()
         self.read_q: dict[int, int] = {n.index: 0 for n in topo.nodes}
         self.decode_queue: deque[Request] = deque()
@@ -143,9 +145,12 @@ class Scheduler(ClusterEngine):
 
     def _pe_load(self, pe: int, tokens: int, requests: int, given: int | None = None) -> None:
         e = self._pe[pe]
-        self._pe[pe] = EngineState(
+        self._pe[pe] = e = EngineState(
             e.id, e.node, e.tok + tokens, e.seq + requests, 0, e.given if given is None else given
         )
+        at = self._pe_at.get(pe)
+        if at is not None:
+            self._pe_up[at] = e
 
     def _de_load(self, de: int, tokens: int, requests: int, hbm: int) -> None:
         node, gpu = divmod(de, self._gpus)
@@ -229,8 +234,7 @@ class Scheduler(ClusterEngine):
         queue = self.prefill_queue
         if not queue:
             return
-        pe = self._pe
-        view = PrefillView(QueueView(queue), tuple(pe[i] for i in self._pe_up), self._read_q_view, self._health,
+        view = PrefillView(QueueView(queue), tuple(self._pe_up), self._read_q_view, self._health,
                            self._stamp)  # fmt: skip
         assigned = check_prefill(self.policy, self.policy.assign_prefill(view), view)
         if not assigned:
@@ -654,4 +658,5 @@ class Scheduler(ClusterEngine):
     def _route_engines(self) -> None:
         """What the policy is offered: the PEs of the groups that are up."""
         down, group_of = self._down, self._pe_group_of
-        self._pe_up = [pe for pe in sorted(self._pe) if group_of[pe] not in down]
+        self._pe_up = [self._pe[pe] for pe in sorted(self._pe) if group_of[pe] not in down]
+        self._pe_at = {e.id: i for i, e in enumerate(self._pe_up)}

@@ -5,6 +5,7 @@ order it must decide the same (no clock, no global random numbers), so a seed re
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,13 +45,16 @@ class Policy(ABC):
     def route_decode(self, view: RouteView) -> Sequence[DecodeRoute]:
         """Phase 1 (§6.2): each waiting request, in order, to the group with the least load (ties: the group routed
         to least recently, then the lowest node)."""
-        loads = {g.node: (g.load, g.given) for g in view.groups}
+        if not view.queue or not view.groups:
+            return []
+        heap = [(g.load, g.given, g.node) for g in view.groups]  # the least (load, given, node) at the top
+        heapq.heapify(heap)
         stamp = view.stamp
         out: list[DecodeRoute] = []
         for request in view.queue:
-            target = min(loads, key=lambda g: (*loads[g], g))
+            load, _, target = heap[0]
             stamp += 1
-            loads[target] = (loads[target][0] + self.decode_tokens(request), stamp)
+            heapq.heapreplace(heap, (load + self.decode_tokens(request), stamp, target))
             out.append(DecodeRoute(request, target))
         return out
 

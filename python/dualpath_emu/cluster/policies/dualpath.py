@@ -22,6 +22,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 from typing import ClassVar, Final
 
 from dualpath_emu.cluster.policies.base import Policy
@@ -30,6 +32,18 @@ from dualpath_emu.cluster.policies.view import DecodeAssignment, DecodeView, Pre
 __all__ = ["DE_HIGH_TOKEN_FACTOR", "DualPathPolicy"]
 
 DE_HIGH_TOKEN_FACTOR: Final = 1.05  # The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper).
+
+
+_NODE = attrgetter("node")
+
+
+def _least(heaps: list[list[tuple[int, int, int]]], beta: int) -> list[tuple[int, int, int]] | None:
+    """The heap whose least PE is the least of all, if it is at or below ``beta`` (C1 PEs take nothing)."""
+    best = None
+    for heap in heaps:
+        if heap[0][0] <= beta and (best is None or heap[0] < best[0]):
+            best = heap
+    return best
 
 
 @dataclass
@@ -43,31 +57,30 @@ class DualPathPolicy(Policy):
     promises: ClassVar[frozenset[str]] = frozenset({"fifo", "overload", "read_side", "high_water"})
 
     def assign_prefill(self, view: PrefillView) -> Sequence[PrefillAssignment]:
-        # Algorithm 1 picks the least (tok_e, given, id) over C2, else over C3; a node's PEs share its read queue, so
-        # that is the least of the qualifying nodes' least PEs: a heap per node, O(nodes + log PEs) per request.
-        nodes: dict[int, list[tuple[int, int, int]]] = {}
-        for e in view.engines:
-            nodes.setdefault(e.node, []).append((e.tok, e.given, e.id))
-        heaps = list(nodes.items())
-        for _, heap in heaps:
-            heapq.heapify(heap)
+        # Algorithm 1 picks the least (tok_e, given, id) over C2, else over C3. A node's PEs share its read queue, and
+        # no read queue changes within a fetch, so each node is C2 or C3 for the whole call: the pick is the least of
+        # the qualifying nodes' least PEs, a heap per node (O(PEs) per call, O(nodes + log PEs) per request).
+        if not view.queue:
+            return []
         alpha, beta, read_q, stamp = self.alpha_tokens, self.beta_tokens, view.read_q, view.stamp
+        c2: list[list[tuple[int, int, int]]] = []
+        c3: list[list[tuple[int, int, int]]] = []
+        by_node: dict[int, list[tuple[int, int, int]]] = {}
+        for node, engines in groupby(view.engines, _NODE):  # the scheduler shows them node by node
+            heap = [(e.tok, e.given, e.id) for e in engines]
+            if node in by_node:
+                by_node[node] += heap
+                heapq.heapify(by_node[node])
+                continue
+            heapq.heapify(heap)
+            by_node[node] = heap
+            (c2 if read_q.get(node, 0) <= alpha else c3).append(heap)
         out: list[PrefillAssignment] = []
         for request in view.queue:
-            best = best_c3 = None
-            for node, heap in heaps:
-                head = heap[0]
-                if head[0] > beta:
-                    continue  # C1: every PE of the node is overloaded
-                if read_q.get(node, 0) <= alpha:
-                    if best is None or head < best[0]:
-                        best = (head, heap)
-                elif best_c3 is None or head < best_c3[0]:
-                    best_c3 = (head, heap)
-            chosen = best if best is not None else best_c3
-            if chosen is None:
+            heap = _least(c2, beta) or _least(c3, beta)
+            if heap is None:
                 break  # every PE is overloaded: the rest waits until one finishes work
-            (tok, _, engine), heap = chosen
+            tok, _, engine = heap[0]
             stamp += 1
             heapq.heapreplace(heap, (tok + self.prefill_tokens(request), stamp, engine))
             out.append(PrefillAssignment(request, engine))
