@@ -18,7 +18,7 @@ from dualpath_emu.cluster.observations import Failed, Redispatched, parse
 from dualpath_emu.cluster.policies import DualPathPolicy, PrefillAssignment, PrefillView
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
-from dualpath_emu.cluster.scheduler import Scheduler
+from dualpath_emu.cluster.recovery import CrashRecovery
 from dualpath_emu.cluster.systems import System
 
 from tests.cluster.test_faults import CONFIG, scenario, with_faults, work
@@ -278,15 +278,15 @@ def _killed_between_sends(
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, handler: str) -> list[Any]:
-    """The messages the scheduler's ``handler`` is given, as it handles them."""
+    """The messages the scheduler's crash recovery's ``handler`` is given, as it handles them."""
     seen: list[Any] = []
-    original = getattr(Scheduler, handler)
+    original = getattr(CrashRecovery, handler)
 
-    def spy(self: Scheduler, now: int, msg: Any, sender: str) -> None:
+    def spy(self: CrashRecovery, now: int, msg: Any, sender: str) -> None:
         seen.append(msg)
         original(self, now, msg, sender)
 
-    monkeypatch.setattr(Scheduler, handler, spy)
+    monkeypatch.setattr(CrashRecovery, handler, spy)
     return seen
 
 
@@ -337,7 +337,7 @@ def test_a_decode_process_killed_between_its_decode_done_and_its_turn_done_ends_
     trajectories = work()
     plain = run_system(CONFIG, system, trajectories)
     fired = _killed_between_sends(monkeypatch, DecodeGroup, "_report_done", getattr(messages, lost), NS)
-    answers: list[messages.TurnsEnded] = _spy(monkeypatch, "on_turns_ended")
+    answers: list[messages.TurnsEnded] = _spy(monkeypatch, "turns_ended")
     result = run_system(CONFIG, system, trajectories)
     [message] = fired
     split = set(message.rids)  # type: ignore[attr-defined]

@@ -12,20 +12,19 @@ from types import MappingProxyType
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.messages import (
-    DecodeDone, DecodeTask, Drop, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
-    Submit, TurnDone, TurnFailed, TurnsEnded, WhichEnded,
+    DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
+    Submit, TurnsEnded,
 )  # fmt: skip
-from dualpath_emu.cluster.observations import Assigned, Failed, Redispatched
+from dualpath_emu.cluster.observations import Assigned
 from dualpath_emu.cluster.policies import (
     DecodeView, EngineState, GroupState, PrefillView, QueueView, ReadView, Request, RouteView, check_decode,
     check_prefill, check_read_side, check_routes,
 )  # fmt: skip
 from dualpath_emu.cluster.policies import Health as HealthView
+from dualpath_emu.cluster.recovery import CrashRecovery
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
 __all__ = ["Scheduler"]
-
-_LAST_DONE = 64  # DecodeDones kept per decode group: what a process killed could have sent without its TurnDones.
 
 
 @dataclass(slots=True)
@@ -37,18 +36,6 @@ class _Pull:
     prefill: bool  # Whether the group hosts PEs (a fetch then runs Algorithm 1 over every PE).
     last_ns: int = -(10**18)
     timer: bool = False  # Set while the next serving waits for the period to pass.
-
-
-@dataclass(slots=True)
-class _PrefillRestart:
-    """A prefill group's restarted process: what it held, while the decode groups say what they have."""
-
-    group: str
-    waiting: set[str]  # Decode groups whose answer (Lost "dropped from") has not come.
-    held: list[tuple[int, int, int]]
-    """``(rid, pe, attempt)``: the requests the scheduler had sent it, as they were then."""
-    dropped: list[int]
-    kept: set[int]
 
 
 def _take(queue: deque[Request], taken: Sequence[Request]) -> None:
@@ -112,30 +99,10 @@ class Scheduler(ClusterEngine):
         """Groups with work waiting whose standing fetch has not come yet (real time: it races the work)."""
         self._decoded: set[int] = set()  # Requests whose DecodeDone came before their PrefillDone (real time only).
         self._kv = cluster.derived.kv_bytes_per_token
-        # Engine crashes (issue 26).
-        self._recovering: dict[int, set[str]] = {}
-        """Requests lost to a crash whose other engine has not yet confirmed it dropped them."""
-        self._attempts: dict[int, int] = {}  # Requests dispatched again after a crash: how many times.
-        self._causes: dict[int, str] = {}
-        """Why a request being recovered was lost ("crash", "down" or "timeout"), until it is dispatched again."""
         self._private_of: dict[int, deque[Request]] = dict(self.private)
         """Every decode group's private queue, by node (``private`` lacks those of groups that are down)."""
-        # Processes that died and were started again (a live run's --restart-crashed; issue 26): a process
-        # killed between two sends of one handler may have sent one and not the other.
-        self._last_done: dict[str, deque[DecodeDone]] = {}
-        """Each decode group's last DecodeDones (what its TurnDones told the client, should they not have left)."""
-        self._prefill_restarts: dict[int, _PrefillRestart] = {}
-        """By number (a group's process may die again before the answers about the last death came)."""
-        self._asked: dict[str, deque[int]] = {}
-        """The prefill restarts each decode group was asked about (Drop naming their nodes), in order."""
-        self._restarts = 0
-        self._asking: set[int] = set()  # Requests the client was asked about (WhichEnded) and has not answered yet.
-        self._parked: dict[int, str] = {}
-        """Requests to dispatch again once the client says it has not ended them: who lost them."""
-        self._client_ended: set[int] = set()
-        """Requests the client ended whose recovery is still waiting for a drop: they end when it comes."""
-        self._resend: dict[int, tuple[int, int, int]] = {}
-        """Requests a dead decode group reported done, asked about: their TurnDone's times."""
+        self.recovery = CrashRecovery(self)
+        """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
 
     def waiting(self) -> tuple[int, int]:
         """Requests waiting for a PE, and for a DE (the global decode queue and every group's private one)."""
@@ -203,7 +170,7 @@ class Scheduler(ClusterEngine):
     def on_fetch(self, now: int, msg: Fetch, sender: str) -> None:
         self._pulls[sender] = _Pull(msg.nodes, msg.period_ns, any(node in self._pe_group for node in msg.nodes))
         if sender in self._down:  # back after a crash
-            self._engine_up(now, sender)
+            self.recovery.engine_up(now, sender)
         if sender in self._wanted:
             self._wanted.discard(sender)
             self._notify_group(now, sender)
@@ -353,10 +320,7 @@ class Scheduler(ClusterEngine):
 
     @on(DecodeDone)
     def on_decode_done(self, now: int, msg: DecodeDone, sender: str) -> None:
-        last = self._last_done.get(sender)
-        if last is None:
-            last = self._last_done[sender] = deque(maxlen=_LAST_DONE)
-        last.append(msg)
+        self.recovery.decode_done(sender, msg)
         nodes = set()
         for rid in msg.rids:
             if rid not in self.de_of:
@@ -373,209 +337,17 @@ class Scheduler(ClusterEngine):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
 
-    # --- engine crashes (issue 26) -----------------------------------------------------------------------
-
-    def _groups_of(self, rid: int) -> set[str]:
-        """The engine groups that hold request ``rid`` now (its PE's until its prefill is done, its DE's)."""
-        groups = set()
-        pe = self.pe_of.get(rid)
-        if pe is not None and rid in self.de_of:  # before its decode fetch, no group has heard of it
-            groups.add(self._pe_group_of[pe])
-        de = self.de_of.get(rid)
-        if de is not None:
-            groups.add(self._de_group[de // self._gpus])
-        return groups
+    # --- engine crashes (issue 26): the recovery component's ---------------------------------------------
 
     @on(Lost)
     def on_lost(self, now: int, msg: Lost, sender: str) -> None:
         """Engine group ``sender`` no longer holds these requests (:class:`Lost` says why)."""
-        if msg.why == "restarted":
-            self._process_restarted(now, sender)
-            return
-        for node, tokens in zip(msg.read_nodes, msg.read_tokens, strict=True):
-            self.read_q[node] -= tokens  # reads that will not end
-        if msg.why == "dropped from":
-            self._dropped_from(now, msg, sender)
-            return
-        if msg.why == "crash":
-            self._engine_down(now, sender)
-        for rid in msg.rids:
-            waiting = self._recovering.get(rid)
-            if waiting is not None:
-                waiting.discard(sender)
-                if not waiting:
-                    del self._recovering[rid]
-                    self._dispatch_again(now, rid, sender)
-                continue
-            if msg.why == "dropped" or rid not in self.requests or sender not in self._groups_of(rid):
-                continue  # stale: it was lost here before, and is dispatched again already
-            self._causes[rid] = msg.why
-            self._recover(now, rid, sender)
-        self._wake_prefill(now)
-
-    def _process_restarted(self, now: int, group: str) -> None:
-        """Engine group ``group`` is a new process in place of one that died: what was sent it is lost; a prefill
-        group's requests are settled with the decode groups, a decode group's with the client."""
-        nodes = [n for n, name in (*self._pe_group.items(), *self._de_group.items()) if name == group]
-        for node in nodes:
-            self.read_q[node] = 0
-        for rid, waiting in list(self._recovering.items()):
-            if group in waiting:
-                waiting.discard(group)
-                if not waiting:
-                    del self._recovering[rid]
-                    self._dispatch_again(now, rid, group)
-        for number, restart in list(self._prefill_restarts.items()):  # a decode group that was asked: no answer comes
-            if group in restart.waiting:
-                restart.waiting.discard(group)
-                if not restart.waiting:
-                    self._settle_prefill_restart(now, number)
-        self._asked.pop(group, None)
-        prefill = group in self._pe_group.values()
-        held = [rid for rid in self.requests if rid not in self._recovering and group in self._groups_of(rid)]
-        if prefill:
-            self._ask_decode_groups(now, group, nodes, held)
-            held = self._queued_at(group)  # not sent yet
-        else:
-            self._ask_client(group, held)
-        for rid in held:
-            self._causes[rid] = "crash"
-            self._recover(now, rid, group)
-        self._wake_prefill(now)
-
-    def _ask_decode_groups(self, now: int, group: str, nodes: list[int], held: list[int]) -> None:
-        """Prefill group ``group``'s process died holding ``held``: settle them with the decode groups."""
-        wake = None
-        for rid, pe in list(self.pe_of.items()):
-            if rid in self._decoded and self._pe_group_of[pe] == group:
-                del self.pe_of[rid]
-                wake = self._pe_done(self.requests.pop(rid), pe) or wake
-                self._decoded.discard(rid)
-        if wake is not None:
-            self._notify_group(now, wake)
-        waiting = {name for name in self._de_group.values() if name not in self._down}
-        number = self._restarts = self._restarts + 1
-        self._prefill_restarts[number] = _PrefillRestart(
-            group, waiting, [(rid, self.pe_of[rid], self._attempts.get(rid, 0)) for rid in held], [], set()
-        )
-        for name in sorted(waiting):
-            self._asked.setdefault(name, deque()).append(number)
-            self.out.send(name, Drop((), tuple(nodes)))
-        if not waiting:
-            self._settle_prefill_restart(now, number)
-
-    def _dropped_from(self, now: int, msg: Lost, sender: str) -> None:
-        """A decode group's answer to a Drop naming a restarted prefill group's nodes."""
-        queue = self._asked.get(sender)
-        if not queue:
-            return  # asked before it died itself: settled without it
-        number = queue.popleft()
-        restart = self._prefill_restarts[number]
-        restart.dropped.extend(msg.rids)
-        restart.kept.update(msg.kept)
-        restart.waiting.discard(sender)
-        if not restart.waiting:
-            self._settle_prefill_restart(now, number)
-
-    def _settle_prefill_restart(self, now: int, number: int) -> None:
-        """Every decode group answered: a request one kept goes on there; one dropped or unknown is dispatched again."""
-        restart = self._prefill_restarts.pop(number)
-        group = restart.group
-        wake = None
-        again: list[int] = []
-        for rid, pe, attempt in restart.held:
-            if self.pe_of.get(rid) != pe or rid in self._recovering or self._attempts.get(rid, 0) != attempt:
-                continue  # settled since (a PrefillDone cannot come from the dead process; a crash can)
-            if rid in self._decoded:  # its DecodeDone came meanwhile: done
-                del self.pe_of[rid]
-                wake = self._pe_done(self.requests.pop(rid), pe) or wake
-                self._decoded.discard(rid)
-            elif rid not in self.de_of:
-                continue
-            elif rid in restart.kept:
-                del self.pe_of[rid]
-                wake = self._pe_done(self.requests[rid], pe) or wake
-            else:
-                again.append(rid)
-        held = {rid for rid, _, _ in restart.held}
-        # Dropped although its PrefillDone came: its KvReady never left the dead process.
-        again += [rid for rid in restart.dropped if rid not in held and rid in self.de_of and rid not in self.pe_of
-                  and rid not in self._recovering]  # fmt: skip
-        for rid in again:
-            self._causes[rid] = "crash"
-            self._unassign(rid)
-            self._dispatch_again(now, rid, group)
-        if wake is not None:
-            self._notify_group(now, wake)
-        self._wake_prefill(now)
-
-    def _ask_client(self, group: str, held: list[int]) -> None:
-        """Decode group ``group``'s process died holding ``held``: ask the client which of these it has ended."""
-        asked = list(held)
-        for done in self._last_done.pop(group, ()):
-            for rid, first, second in zip(done.rids, done.first_token_ns, done.second_token_ns, strict=True):
-                self._resend[rid] = (first, second, done.done_ns)
-                asked.append(rid)
-        if asked:
-            self._asking.update(asked)
-            self.out.send("client", WhichEnded(tuple(asked)))
+        self.recovery.lost(now, msg, sender)
 
     @on(TurnsEnded)
     def on_turns_ended(self, now: int, msg: TurnsEnded, sender: str) -> None:
-        """The client's answer: what it ended is done; what it did not is dispatched again, or told done."""
-        ended = set(msg.ended)
-        for rid in msg.asked:
-            self._asking.discard(rid)
-            times = self._resend.pop(rid, None)
-            if times is not None:
-                if rid not in ended:  # its TurnDone never left the dead process
-                    self.out.send("client", TurnDone((rid,), (times[0],), (times[1],), times[2]))
-                continue
-            lost_by = self._parked.pop(rid, None)
-            if rid in ended:
-                if lost_by is not None:
-                    self._end(rid)
-                elif rid in self.requests:
-                    self._client_ended.add(rid)  # its recovery waits for a drop still
-            elif lost_by is not None:
-                self._dispatch_again(now, rid, lost_by)
-        self._wake_prefill(now)
-
-    def _end(self, rid: int) -> None:
-        """Request ``rid``, taken back from its engines, had ended (its DecodeDone never came)."""
-        self._causes.pop(rid, None)
-        self._attempts.pop(rid, None)
-        self._decoded.discard(rid)
-        del self.requests[rid]
-
-    def _recover(self, now: int, rid: int, lost_by: str) -> None:
-        """Request ``rid`` was lost by ``lost_by``: free its place, have the other group drop it, dispatch it again."""
-        others = self._groups_of(rid) - {lost_by}
-        self._unassign(rid)
-        if others:
-            self._recovering[rid] = others
-            for group in sorted(others):
-                self.out.send(group, Drop((rid,)))
-        else:
-            self._dispatch_again(now, rid, lost_by)
-
-    def _unassign(self, rid: int) -> None:
-        """Undo request ``rid``'s assignment in the engines' loads (and its place in a decode queue)."""
-        request = self.requests[rid]
-        pe = self.pe_of.pop(rid, None)
-        if pe is not None:
-            self._pe_done(request, pe)
-        de = self.de_of.pop(rid, None)
-        if de is not None:
-            self._free_de(request, de)
-        elif pe is not None:  # assigned a PE only: it waits in a decode queue
-            for queue in (self.decode_queue, *self.private.values()):
-                if request in queue:
-                    queue.remove(request)
-                    routed = next((n for n, q in self.private.items() if q is queue), None)
-                    if routed is not None:
-                        self.group_loads[routed] -= self.policy.decode_tokens(request)
-                    break
+        """The client's answer about requests a dead decode group held."""
+        self.recovery.turns_ended(now, msg, sender)
 
     def _free_de(self, request: Request, de: int) -> int:
         """``request`` left DE ``de`` (ended, or taken back): its load, slot and HBM are free; returns the DE's node."""
@@ -586,35 +358,6 @@ class Scheduler(ClusterEngine):
             self.group_loads[node] -= tokens
         return node
 
-    def _queued_at(self, group: str) -> list[int]:
-        """Requests assigned a PE of prefill group ``group``, waiting in a decode queue no group has heard of."""
-        return [rid for rid, pe in self.pe_of.items()
-                if rid not in self.de_of and rid not in self._decoded and self._pe_group_of[pe] == group]  # fmt: skip
-
-    def _dispatch_again(self, now: int, rid: int, lost_by: str) -> None:
-        """Queue request ``rid`` again, ahead of what came after it, or fail it past ``max_redispatches``."""
-        if rid in self._client_ended:
-            self._client_ended.discard(rid)
-            self._end(rid)
-            return
-        if rid in self._asking:
-            self._parked[rid] = lost_by
-            return
-        attempt = self._attempts.get(rid, 0) + 1
-        cause = self._causes.pop(rid, "crash")
-        if attempt > self.cluster.config.max_redispatches:
-            self._attempts.pop(rid, None)
-            del self.requests[rid]
-            what = f"engine {lost_by} crashed" if cause == "crash" else f"its hit KV read on {lost_by} timed out"
-            reason = f"lost {attempt} times, the last: {what}"
-            self.out.observe(Failed(rid, reason))
-            self.out.send("client", TurnFailed((rid,), (reason,)))
-            return
-        self._attempts[rid] = attempt
-        self.out.observe(Redispatched(rid, attempt, lost_by))
-        self.cluster.metrics.redispatched(rid, now)
-        self.prefill_queue.appendleft(self.requests[rid])
-
     def _wake_prefill(self, now: int) -> None:
         """Requests wait for a PE: serve the fetch of a prefill group that is up."""
         if self.prefill_queue:
@@ -622,38 +365,6 @@ class Scheduler(ClusterEngine):
                 if name not in self._down:
                     self._notify_group(now, name)
                     return
-
-    def _engine_down(self, now: int, group: str) -> None:
-        """Group ``group`` crashed: no fetches until back, down to policies, its unsent requests taken back."""
-        self._down.add(group)
-        self._pulls.pop(group, None)
-        self._wanted.discard(group)
-        if group.startswith("pe"):
-            for rid in self._queued_at(group):  # in a decode queue, its PE gone: dispatched again
-                self._unassign(rid)
-                self._dispatch_again(now, rid, group)
-        else:
-            node = int(group[2:])
-            queue = self.private.pop(node)
-            del self.group_loads[node]
-            self.decode_queue.extendleft(reversed(queue))  # not sent there yet: routed again
-            queue.clear()
-        self._route_engines()
-
-    def _engine_up(self, now: int, group: str) -> None:
-        """Engine group ``group`` is back, empty."""
-        self._down.discard(group)
-        self._route_engines()
-        if group.startswith("de"):
-            node = int(group[2:])
-            self.private[node] = self._private_of[node]
-            loads = dict(self.group_loads)
-            loads[node] = sum(e.tok for e in self._de[node])
-            self.group_loads.clear()
-            self.group_loads.update(sorted(loads.items()))
-            self._route(now)
-        else:
-            self._wake_prefill(now)
 
     def _route_engines(self) -> None:
         """What the policy is offered: the PEs of the groups that are up."""

@@ -77,12 +77,12 @@ class DualPathPolicy(Policy):
             (c2 if read_q.get(node, 0) <= alpha else c3).append(heap)
         out: list[PrefillAssignment] = []
         for request in view.queue:
-            heap = _least(c2, beta) or _least(c3, beta)
-            if heap is None:
+            chosen = _least(c2, beta) or _least(c3, beta)
+            if chosen is None:
                 break  # every PE is overloaded: the rest waits until one finishes work
-            tok, _, engine = heap[0]
+            tok, _, engine = chosen[0]
             stamp += 1
-            heapq.heapreplace(heap, (tok + self.prefill_tokens(request), stamp, engine))
+            heapq.heapreplace(chosen, (tok + self.prefill_tokens(request), stamp, engine))
             out.append(PrefillAssignment(request, engine))
         return out
 
