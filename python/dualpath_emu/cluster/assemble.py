@@ -12,6 +12,7 @@ from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.decode import DecodeGroup
 from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.fault_injector import FaultInjector
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.runtime.engine import DataPlane, Outbox
@@ -28,9 +29,10 @@ def prefill_groups(config: ClusterConfig) -> list[list[int]]:
 
 def engine_names(config: ClusterConfig) -> list[str]:
     """The engines in start order: client, scheduler, a prefill group per EP group, a decode group per node."""
-    pe = [f"pe{group[0]}" for group in prefill_groups(config)]
+    pe = [GroupId("pe", group[0]).name for group in prefill_groups(config)]
     faults = ["faults"] if config.faults.any else []  # the fault injector, only where there are faults
-    return ["client", "scheduler", *pe, *(f"de{config.pe_nodes + i}" for i in range(config.de_nodes)), *faults]
+    de = [GroupId("de", config.pe_nodes + i).name for i in range(config.de_nodes)]
+    return ["client", "scheduler", *pe, *de, *faults]
 
 
 def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
@@ -42,11 +44,11 @@ def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
         return Scheduler(cluster, out, plane)
     if name == "faults" and cluster.config.faults.any:
         return FaultInjector(cluster, out, plane, seed)
-    for group in prefill_groups(cluster.config):
-        if name == f"pe{group[0]}":
-            return PrefillGroup(cluster, group, out, plane)
-    if name.startswith("de") and name[2:].isdigit() and int(name[2:]) >= cluster.config.pe_nodes:
-        node = int(name[2:])
-        if node < cluster.config.pe_nodes + cluster.config.de_nodes:
-            return DecodeGroup(cluster, node, out, plane)
+    group_id, config = GroupId.parse(name), cluster.config
+    if group_id is not None and group_id.prefill:
+        for group in prefill_groups(config):
+            if group_id.node == group[0]:
+                return PrefillGroup(cluster, group, out, plane)
+    elif group_id is not None and config.pe_nodes <= group_id.node < config.pe_nodes + config.de_nodes:
+        return DecodeGroup(cluster, group_id.node, out, plane)
     raise KeyError(f"the cluster has no engine {name!r}")

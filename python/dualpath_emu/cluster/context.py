@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dualpath_emu.cluster.config import ClusterConfig, Derived
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger, ProbingLedger
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.policies import Policy
@@ -41,6 +42,7 @@ class Cluster:
         try:
             return self._group_names[(role, node)]  # asked for at every message to a group
         except KeyError:
-            name = f"pe{node - node % self.config.prefill_ep_nodes}" if role == "pe" else f"de{node}"
+            group = GroupId("pe", node - node % self.config.prefill_ep_nodes) if role == "pe" else GroupId("de", node)
+            name = group.name
             self._group_names[(role, node)] = name
             return name

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import EngineGroup, hit_extents
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     Crash, DecodeDone, DecodeTask, Drop, Expect, Health, HitReady, KvReady, Lost, ReadDone, ReadHere, ReadMoved,
@@ -144,7 +145,7 @@ class DecodeGroup(EngineGroup):
     """The DEs of one node: continuous batching, the DE buffer, H2D before decode, block persistence (§4)."""
 
     def __init__(self, cluster: Cluster, node: int, out: Outbox, plane: DataPlane) -> None:
-        super().__init__(f"de{node}", cluster, [node], out, plane)
+        super().__init__(GroupId("de", node).name, cluster, [node], out, plane)
         self.node = node
         gpus = cluster.config.node.gpus
         d, topo = cluster.derived, cluster.topology

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
 __all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RANDOM_KINDS", "Counts", "Fault", "FaultPlan",
@@ -133,8 +134,8 @@ def _did_you_mean(target: str, known: Callable[[str], bool]) -> str:
 
 def engine_group_names(pe_nodes: int, de_nodes: int, prefill_ep_nodes: int) -> tuple[str, ...]:
     """The engines a ``crash`` can take down: a prefill group per EP group, an engine per decode node."""
-    return (*(f"pe{n}" for n in range(0, pe_nodes, max(1, prefill_ep_nodes))),
-            *(f"de{pe_nodes + i}" for i in range(de_nodes)))  # fmt: skip
+    return (*(GroupId("pe", n).name for n in range(0, pe_nodes, max(1, prefill_ep_nodes))),
+            *(GroupId("de", pe_nodes + i).name for i in range(de_nodes)))  # fmt: skip
 
 
 def _check_target(t: Table, kind: Kind, target: str, nodes: int, gpus: int, engines: Sequence[str]) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import (
     Crash, Drop, Health, HitReady, KvReady, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadHere, ReadMoved,
@@ -57,7 +58,7 @@ class PrefillGroup(EngineGroup):
     """The PEs of one EP group (one or more nodes; one PE per GPU, DP attention, §6.4)."""
 
     def __init__(self, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
-        super().__init__(f"pe{nodes[0]}", cluster, nodes, out, plane)
+        super().__init__(GroupId("pe", nodes[0]).name, cluster, nodes, out, plane)
         gpus = cluster.config.node.gpus
         self.gpus = [(n, g) for n in nodes for g in range(gpus)]
         self.queues: dict[tuple[int, int], list[_PrefillItem]] = {key: [] for key in self.gpus}

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.messages import DecodeDone, Drop, Lost, TurnDone, TurnFailed, TurnsEnded, WhichEnded
 from dualpath_emu.cluster.observations import Failed, Redispatched
 
@@ -35,6 +36,13 @@ class _PrefillRestart:
     """``(rid, pe, attempt)``: the requests the scheduler had sent it, as they were then."""
     dropped: list[int]
     kept: set[int]
+
+
+def _group_id(name: str) -> GroupId:
+    group = GroupId.parse(name)
+    if group is None:
+        raise ValueError(f"{name!r} is no engine group's name")
+    return group
 
 
 class CrashRecovery:
@@ -305,12 +313,13 @@ class CrashRecovery:
         self.s._down.add(group)
         self.s._pulls.pop(group, None)
         self.s._wanted.discard(group)
-        if group.startswith("pe"):
+        group_id = _group_id(group)
+        if group_id.prefill:
             for rid in self._queued_at(group):  # in a decode queue, its PE gone: dispatched again
                 self._unassign(rid)
                 self._dispatch_again(now, rid, group)
         else:
-            node = int(group[2:])
+            node = group_id.node
             queue = self.s.private.pop(node)
             del self.s.group_loads[node]
             self.s.decode_queue.extendleft(reversed(queue))  # not sent there yet: routed again
@@ -321,8 +330,9 @@ class CrashRecovery:
         """Engine group ``group`` is back, empty."""
         self.s._down.discard(group)
         self.s._route_engines()
-        if group.startswith("de"):
-            node = int(group[2:])
+        group_id = _group_id(group)
+        if not group_id.prefill:
+            node = group_id.node
             self.s.private[node] = self.s._private_of[node]
             loads = dict(self.s.group_loads)
             loads[node] = sum(e.tok for e in self.s._de[node])

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dualpath_emu.cluster.faults import Fault, FaultPlan, RandomFaults
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells
 from dualpath_emu.reproduce.plots import SYSTEM_COLORS, panels, save
@@ -60,7 +61,7 @@ def build(args: argparse.Namespace) -> Report:
     for system in SYSTEMS:
         jct = plain[system].jct_s
         down = Fault("down", "n0.snic", round(OUTAGE[0] * jct, 3), round(OUTAGE[1] * jct, 3))
-        crash = Fault("crash", f"de{base.pe_nodes}", round(CRASH_AT * jct, 3), restart_s=RESTART_S)
+        crash = Fault("crash", GroupId("de", base.pe_nodes).name, round(CRASH_AT * jct, 3), restart_s=RESTART_S)
         plans = [("n0.snic down", 0.0, FaultPlan((down,))), ("de crash", 0.0, FaultPlan((crash,)))]
         plans += [("random", rate, _random(rate)) for rate in RATES]
         faulted += [Cell({"case": case, "rate": rate}, dataclasses.replace(base, faults=plan), system,

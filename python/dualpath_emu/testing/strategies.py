@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from dualpath_emu.cluster.faults import engine_group_names
 from dualpath_emu.cluster.policies import (
     DecodeView, EngineState, GroupState, Health, PrefillView, ReadView, Request, RouteView,
 )  # fmt: skip
@@ -155,9 +156,7 @@ def fault_schedules(draw: st.DrawFn, pe_nodes: int, de_nodes: int, max_faults: i
             node = draw(st.integers(0, pe_nodes + de_nodes - 1))
             faults.append(FaultCase("down", f"n{node}.snic", at, draw(st.sampled_from([0.5, 2.0]))))
         else:
-            group = draw(
-                st.sampled_from([f"pe{n}" for n in range(pe_nodes)] + [f"de{pe_nodes + n}" for n in range(de_nodes)])
-            )
+            group = draw(st.sampled_from(engine_group_names(pe_nodes, de_nodes, 1)))
             faults.append(FaultCase("crash", group, at, draw(st.sampled_from([0.2, 1.0]))))
     return tuple(faults)
 

@@ -16,6 +16,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.core_report import CoreReport
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.run import SystemResult
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.config import ScenarioError
@@ -74,9 +75,9 @@ def host_plan(app: ClusterApplication, scenario: RunScenario) -> HostPlan:
     group_of: dict[int, str] = {}
     for group in app.prefill_groups():
         for node in group:
-            group_of[node] = f"pe{group[0]}"
+            group_of[node] = GroupId("pe", group[0]).name
     for n in app.topology.de_nodes:
-        group_of[n.index] = f"de{n.index}"
+        group_of[n.index] = GroupId("de", n.index).name
     rates = {p: app.scratch.port_rate(p) for p in range(app.scratch.port_count)}
     owners = tuple(process_of[group_of[n.index]] for n in app.topology.nodes)
     return HostPlan(app.topology, owners, rates, BLOCK_TOKENS * app.derived.kv_bytes_per_token, app.byte_scale)

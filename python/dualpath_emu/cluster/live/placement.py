@@ -7,6 +7,7 @@ import fnmatch
 from collections.abc import Sequence
 from typing import Final
 
+from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.errors import UsageError
 
 __all__ = ["PLACEMENTS", "check_restart", "host_of", "placement", "restartable"]
@@ -19,8 +20,9 @@ group in another) and ``single`` (every actor in one process, on its own core: n
 
 def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]]]:
     """The processes of placement ``kind``: ``(process name, its actors)`` each."""
-    pe = [a for a in app_actors if a.startswith("pe")]
-    de = [a for a in app_actors if a.startswith("de")]
+    groups = {a: GroupId.parse(a) for a in app_actors}
+    pe = [a for a, group in groups.items() if group is not None and group.prefill]
+    de = [a for a, group in groups.items() if group is not None and not group.prefill]
     faults = [a for a in app_actors if a == "faults"]  # the fault injector, beside the scheduler it tells
     if kind == "groups":
         return [("scheduler", ["scheduler", *faults]), ("client", ["client"]), *((a, [a]) for a in pe + de)]
