@@ -133,10 +133,16 @@ class RemembersEngines(DualPathPolicy):
         (CoinFlip, "determinism", "cluster"), (RemembersEngines, "contract", "cluster"),
     ],
 )  # fmt: skip
-def test_check_catches_a_policy_built_to_break_each_invariant(policy: type, invariant: str, phase: str) -> None:
-    report = check(system(policy), policy.__name__, budget_s=None, examples=200, phases=(phase,), shrink_s=2.0)
+def test_check_catches_a_policy_built_to_break_each_invariant(
+    policy: type, invariant: str, phase: str, tmp_path: Path
+) -> None:
+    report = check(system(policy), policy.__name__, budget_s=None, examples=200, phases=(phase,), shrink_s=2.0,
+                   beside=tmp_path)  # fmt: skip
     assert broken(report) == invariant, report.failure
     assert report.failure is not None and policy.__name__ in report.failure.message or invariant == "determinism"
+    if phase == "cluster" and report.failure is not None:  # the shrunk case, written where it was told
+        assert report.failure.scenario == tmp_path / f"{policy.__name__}.check-failure.toml"
+        assert report.failure.scenario.is_file()
 
 
 def test_the_policy_that_raised_is_named_not_the_emulator() -> None:
