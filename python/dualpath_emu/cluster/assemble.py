@@ -36,8 +36,10 @@ def engine_names(config: ClusterConfig) -> list[str]:
 
 
 def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
-                 trajectories: Callable[[], Sequence[Trajectory]], seed: int) -> ClusterEngine:  # fmt: skip
-    """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the client's."""
+                 trajectories: Callable[[], Sequence[Trajectory]], seed: int,
+                 restarted: bool = False) -> ClusterEngine:  # fmt: skip
+    """The engine called ``name`` (one of :func:`engine_names`); ``trajectories`` is asked for only by the client's;
+    ``restarted``: an engine group's new process in place of one that died (it starts by saying so)."""
     if name == "client":
         return Client(cluster, trajectories(), seed, out, plane)
     if name == "scheduler":
@@ -48,7 +50,7 @@ def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
     if group_id is not None and group_id.prefill:
         for group in prefill_groups(config):
             if group_id.node == group[0]:
-                return PrefillGroup(cluster, group, out, plane)
+                return PrefillGroup(cluster, group, out, plane, restarted=restarted)
     elif group_id is not None and config.pe_nodes <= group_id.node < config.pe_nodes + config.de_nodes:
-        return DecodeGroup(cluster, group_id.node, out, plane)
+        return DecodeGroup(cluster, group_id.node, out, plane, restarted=restarted)
     raise KeyError(f"the cluster has no engine {name!r}")

@@ -144,8 +144,8 @@ class DecodeSteps:
 class DecodeGroup(EngineGroup):
     """The DEs of one node: continuous batching, the DE buffer, H2D before decode, block persistence (§4)."""
 
-    def __init__(self, cluster: Cluster, node: int, out: Outbox, plane: DataPlane) -> None:
-        super().__init__(GroupId("de", node).name, cluster, [node], out, plane)
+    def __init__(self, cluster: Cluster, node: int, out: Outbox, plane: DataPlane, restarted: bool = False) -> None:
+        super().__init__(GroupId("de", node).name, cluster, [node], out, plane, restarted)
         self.node = node
         gpus = cluster.config.node.gpus
         d, topo = cluster.derived, cluster.topology

@@ -35,7 +35,9 @@ class ClusterEngine(Engine):
 class EngineGroup(ClusterEngine):
     """An engine group's leader: pulls work at most once per fetch period (§6.1) through its standing :class:`Fetch`."""
 
-    def __init__(self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
+    def __init__(
+        self, name: str, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane, restarted: bool = False
+    ) -> None:
         super().__init__(name, cluster, out, plane)
         self.nodes = list(nodes)
         self._down = False  # Crashed and not restarted yet: work that comes is lost.
@@ -43,7 +45,7 @@ class EngineGroup(ClusterEngine):
         """Crashes so far: what the data plane completes for an earlier epoch belongs to a crashed engine."""
         self._timeout_ns = round(cluster.config.read_timeout_s * NS) if cluster.config.faults.any else 0
         """How long a hit read may stall on a dead storage NIC before it is given up (0: no faults, no timers)."""
-        self.restarted = False
+        self.restarted = restarted
         """A new process in place of one that died (``--restart-crashed``): it starts by saying so."""
 
     def start(self, now_ns: int) -> None:

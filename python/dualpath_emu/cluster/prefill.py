@@ -57,8 +57,10 @@ class _PrefillItem:
 class PrefillGroup(EngineGroup):
     """The PEs of one EP group (one or more nodes; one PE per GPU, DP attention, §6.4)."""
 
-    def __init__(self, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane) -> None:
-        super().__init__(GroupId("pe", nodes[0]).name, cluster, nodes, out, plane)
+    def __init__(
+        self, cluster: Cluster, nodes: Sequence[int], out: Outbox, plane: DataPlane, restarted: bool = False
+    ) -> None:
+        super().__init__(GroupId("pe", nodes[0]).name, cluster, nodes, out, plane, restarted)
         gpus = cluster.config.node.gpus
         self.gpus = [(n, g) for n in nodes for g in range(gpus)]
         self.queues: dict[tuple[int, int], list[_PrefillItem]] = {key: [] for key in self.gpus}

@@ -84,8 +84,9 @@ class Application(ABC):
         """Write this process's share of a real-time run to ``path`` when it stops; nothing by default."""
 
     @abstractmethod
-    def create_actor(self, system: ActorSystem, name: str) -> Actor:
-        """Create (and so register) actor ``name`` in ``system``, its data plane the system's; the runner starts it."""
+    def create_actor(self, system: ActorSystem, name: str, *, restarted: bool = False) -> Actor:
+        """Create (and so register) actor ``name`` in ``system``, its data plane the system's; the runner starts it.
+        ``restarted``: it is a new process's, in place of one that died (``--restart-crashed``)."""
 
     @abstractmethod
     async def drive(self, system: ActorSystem) -> dict[str, Any]:

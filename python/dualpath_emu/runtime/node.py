@@ -332,10 +332,7 @@ def serve_process(
 
         system.set_event_sink(sink)
     for actor in spec.actors:
-        created = app.create_actor(system, actor)
-        engine: Any = getattr(created, "engine", None)
-        if incarnation > 0 and hasattr(engine, "restarted"):
-            engine.restarted = True  # it starts by saying so (the cluster's engine groups: Lost "restarted")
+        app.create_actor(system, actor, restarted=incarnation > 0)  # (the cluster's groups start by saying so)
     if incarnation > 0:
         print(f"process {name}: incarnation {incarnation}, in place of one that died", flush=True)
     status: int = 0

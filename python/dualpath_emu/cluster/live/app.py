@@ -126,13 +126,13 @@ class ClusterApplication(Application):
             self._cluster = Cluster(self.config, self.system, self.derived, self.topology, metrics, policy)
         return self._cluster
 
-    def create_actor(self, system: ActorSystem, name: str) -> Actor:
-        """The actor around engine ``name``, whose data plane is the process's."""
+    def create_actor(self, system: ActorSystem, name: str, *, restarted: bool = False) -> Actor:
+        """The actor around engine ``name``, whose data plane is the process's (``restarted``: see the base)."""
         cluster = self._context()
         self._plane = system.data_plane
         actor = EngineActor(system, name, lambda out, plane: build_engine(
             name, cluster, out, plane, trajectories=lambda: read_trajectories(self.trajectories_path).trajectories,
-            seed=self.seed))  # fmt: skip
+            seed=self.seed, restarted=restarted))  # fmt: skip
         if isinstance(actor.engine, Client):
             self._client = actor.engine
             self._finished = finished = asyncio.Event()
