@@ -114,13 +114,14 @@ class FaultInjector(ClusterEngine):
         return self.records.detailed
 
     def acting(self) -> list[str]:
-        """The faults acting now, in words, in order of start."""
+        """The faults acting now, in words, in order of start (faults of one start in the order of their words: one
+        order, whichever order their instant's inputs came in, ``order_seed``)."""
         out = []
-        for fault, start in sorted(self._acting.values(), key=lambda a: a[1]):
+        for fault, start in self._acting.values():
             span = f"back {fault.restart_s:g} s later" if fault.kind == "crash" else (
                 "to the end" if fault.duration_s is None else f"for {fault.duration_s:g} s")  # fmt: skip
-            out.append(f"{fault.kind} {fault.target} since {(start - self._origin) / NS:,.3f} s, {span}")
-        return out
+            out.append((start, f"{fault.kind} {fault.target} since {(start - self._origin) / NS:,.3f} s, {span}"))
+        return [text for _, text in sorted(out)]
 
     @on(Start)
     def on_start(self, now_ns: int, msg: Start, sender: str) -> None:

@@ -9,7 +9,6 @@ saying when progress stopped, how many requests were in flight and which faults 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import groupby
 from typing import Any
 
 from dualpath_emu._core import Core
@@ -51,7 +50,7 @@ def progress_watch(cluster: Cluster, core: Core, engines: Sequence[Any], name: s
         return max(seen_ns[0], last_request_ns())
 
     def describe(now_ns: int, last_ns: int) -> str:
-        acting = _by_start_then_text(injector.acting()) if injector is not None else []
+        acting = injector.acting() if injector is not None else []
         faults = (
             f"faults acting: {'; '.join(acting[:5])}{' …' if len(acting) > 5 else ''}" if acting else "no fault acting"
         )
@@ -62,10 +61,3 @@ def progress_watch(cluster: Cluster, core: Core, engines: Sequence[Any], name: s
 
     limit_ns = round(limit_s * NS)
     return ProgressWatch(limit_ns, max(1, limit_ns // 8), last_progress_ns, describe)
-
-
-def _by_start_then_text(acting: list[str]) -> list[str]:
-    """The faults acting (``FaultInjector.acting``: in order of start), those that started at one time in the order
-    of their text: one order, whatever order their instant's inputs were delivered in (``order_seed``)."""
-    return [line for _, same in groupby(acting, lambda line: line.partition(" since ")[2].partition(" s, ")[0])
-            for line in sorted(same)]  # fmt: skip

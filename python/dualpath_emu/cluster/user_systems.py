@@ -25,7 +25,7 @@ from dualpath_emu.cluster.systems import SYSTEMS, System
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.errors import UsageError
 
-__all__ = ["EXPECTED", "SystemLoader", "is_user_spec", "system_specs"]
+__all__ = ["EXPECTED", "SystemLoader", "is_user_spec", "policy_system", "system_specs"]
 
 EXPECTED: Final = "a System, a Policy subclass, or the name of a system in the module's SYSTEMS"
 
@@ -119,9 +119,7 @@ class SystemLoader:
                 return value
             if isinstance(value, type) and issubclass(value, Policy):
                 try:
-                    return System(name, value.__doc__.strip().split("\n")[0] if value.__doc__ else name,
-                                  layerwise=True, dual_path=bool(getattr(value, "read_both_sides", False)),
-                                  scheduler=value)  # fmt: skip
+                    return policy_system(value, name)
                 except ValueError as error:
                     raise self.error(spec, str(error)) from None
             if isinstance(value, Policy):
@@ -144,6 +142,14 @@ class SystemLoader:
         raise self.error(
             spec, f"{source} has no attribute {name!r} and no system of that name in its SYSTEMS (it has: {known})"
         )
+
+
+def policy_system(cls: type[Policy], name: str | None = None) -> System:
+    """A policy class as a system called ``name`` (its class name by default): layerwise, reads on both sides as its
+    ``read_both_sides`` default says, its docstring's first line as the description."""
+    name = name or cls.__name__
+    description = cls.__doc__.strip().split("\n")[0] if cls.__doc__ else name
+    return System(name, description, layerwise=True, dual_path=bool(cls.read_both_sides), scheduler=cls)
 
 
 def _describe(value: object) -> str:

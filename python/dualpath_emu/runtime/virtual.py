@@ -351,53 +351,11 @@ class VirtualDriver:
             self._flushed += len(log)
 
     def run(self, done: Callable[[], bool], watch: ProgressWatch | None = None) -> None:
-        """Start the engines, then step until ``done()`` is true once nothing is due (or ``watch`` stops it)."""
+        """Start the engines, then step until ``done()`` is true once nothing is due or in flight (or ``watch`` stops
+        it). Each instant's inputs go FIFO, or with ``order_seed`` in a drawn order (:meth:`_deliver_shuffled`)."""
         for engine in self.engines:
             engine.start(self.now_ns)
-        if self._rng is not None:
-            self._run_channels(done, watch)
-            return
-        core, due, plane = self.core, self._due, self.plane
-        popleft = due.popleft
-        stalls = 0
-        check_ns = _U64_MAX if watch is None else self.now_ns + watch.every_ns
-        while True:
-            now = self.now_ns
-            if now >= check_ns:
-                check_ns = _check_progress(watch, now)
-            while due:
-                item = popleft()
-                if type(item) is tuple:
-                    item[0](now, item[1], item[2])
-                else:
-                    item(now)
-            if done():
-                break
-            plane.flush()
-            completions = core.advance_until(_U64_MAX)
-            if completions:
-                stalls = 0
-                self.now_ns = core.now_ns
-                plane.deliver(completions)
-                continue
-            if core.next_event_ns() is None:
-                raise self._deadlock()
-            stalls += 1
-            if stalls > _MAX_STALLS:
-                raise RuntimeError(f"the core reports an event at {core.now_ns} ns but handles none there")
-            self.now_ns = core.now_ns
-        plane.flush()  # what the last instant asked for (block write-backs) reaches the core
-        self.flush_events()
-
-    def _deadlock(self) -> DeadlockError:
-        return DeadlockError(
-            f"deadlock at virtual time {self.core.now_ns} ns: nothing is due and the core has no event, yet the run "
-            f"is not done ({self.plane.waiting} request(s) to the data plane still awaited)"
-        )
-
-    def _run_channels(self, done: Callable[[], bool], watch: ProgressWatch | None) -> None:
-        """:meth:`run`'s loop with ``order_seed``: each instant's inputs in a random order (:meth:`_deliver_shuffled`),
-        and the run done only once no message is in flight."""
+        deliver = self._deliver_fifo if self._rng is None else self._deliver_shuffled
         core, plane = self.core, self.plane
         stalls = 0
         check_ns = _U64_MAX if watch is None else self.now_ns + watch.every_ns
@@ -405,8 +363,8 @@ class VirtualDriver:
             now = self.now_ns
             if now >= check_ns:
                 check_ns = _check_progress(watch, now)
-            self._deliver_shuffled(now)
-            if not self._in_flight and done():
+            deliver(now)
+            if not self._in_flight and done():  # (delayed messages: none without message_delay_ns)
                 break
             plane.flush()
             completions = core.advance_until(_U64_MAX)
@@ -416,13 +374,27 @@ class VirtualDriver:
                 plane.deliver(completions)
                 continue
             if core.next_event_ns() is None:
-                raise self._deadlock()
+                raise DeadlockError(
+                    f"deadlock at virtual time {core.now_ns} ns: nothing is due and the core has no event, yet the "
+                    f"run is not done ({plane.waiting} request(s) to the data plane still awaited)"
+                )
             stalls += 1
             if stalls > _MAX_STALLS:
                 raise RuntimeError(f"the core reports an event at {core.now_ns} ns but handles none there")
             self.now_ns = core.now_ns
-        plane.flush()
+        plane.flush()  # what the last instant asked for (block write-backs) reaches the core
         self.flush_events()
+
+    def _deliver_fifo(self, now: int) -> None:
+        """Deliver what is due at ``now``, and what that makes due, in the order it became due."""
+        due = self._due
+        popleft = due.popleft
+        while due:
+            item = popleft()
+            if type(item) is tuple:
+                item[0](now, item[1], item[2])
+            else:
+                item(now)
 
     def _deliver_shuffled(self, now: int) -> None:
         """Deliver what is due at ``now``, and what that makes due, in a random order that keeps each channel's:

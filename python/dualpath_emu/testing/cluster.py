@@ -62,8 +62,8 @@ def case_config(case: ClusterCase) -> ClusterConfig:
 def case_fits(case: ClusterCase) -> bool:
     """Whether each agent's whole context (its last turn's KV, the longest) fits a DE GPU's HBM for KV."""
     longest = max(sum(a + g for a, g in rounds) for rounds in case.rounds)
-    config = case_config(case)
-    return longest * derived(config).kv_bytes_per_token <= derived(config).de_hbm_kv_bytes
+    d = derived(case_config(case))
+    return longest * d.kv_bytes_per_token <= d.de_hbm_kv_bytes
 
 
 def case_trajectories(case: ClusterCase) -> list[Trajectory]:

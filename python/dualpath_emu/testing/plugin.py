@@ -29,11 +29,10 @@ def system_of(target: str | System | type[Policy], base: Path | None = None) -> 
     """A system from a spec (``file.py:Name``, ``module:Name``, a built-in name), a system, or a policy class."""
     if isinstance(target, System):
         return target
+    from dualpath_emu.cluster.user_systems import SystemLoader, policy_system
+
     if isinstance(target, type) and issubclass(target, Policy):
-        # As `dualpath-emu run` wraps a policy class: layerwise, read paths as its read_both_sides default says.
-        return System(target.__name__, target.__name__, layerwise=True, dual_path=bool(target.read_both_sides),
-                      scheduler=target)  # fmt: skip
-    from dualpath_emu.cluster.user_systems import SystemLoader
+        return policy_system(target)  # as `dualpath-emu run` wraps a policy class
 
     return SystemLoader(base or Path.cwd(), "check_policy").load(target)
 
