@@ -249,7 +249,12 @@ def _replayable(failure: Failure, spec: str, beside: Path | None) -> Failure:
     folder = beside if beside is not None else Path.cwd()
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.rpartition(":")[2] or "policy").strip("-") or "policy"
     path = folder / f"{stem}.check-failure.toml"
-    write_case(failure.case, spec, path)
+    try:
+        write_case(failure.case, spec, path)
+    except OSError as error:  # a read-only or full folder: the failure still stands, found again from its seed
+        failure.replay = (f"dualpath-emu check {spec} --phase cluster --seed {failure.seed} --examples "
+                          f"{failure.examples} (the case could not be written to {path}: {error.strerror or error})")  # fmt: skip
+        return failure
     failure.scenario = path
     failure.replay = f"dualpath-emu check {spec} --replay {path}"
     return failure
@@ -293,8 +298,9 @@ def _print(report: CheckReport, out: Any) -> None:
         print("  smallest case:", file=out)
         for line in describe_case(failure.case):
             print(f"    {line}", file=out)
-        print(f"  scenario: {failure.scenario} (and its trajectories, {failure.scenario.with_suffix('.jsonl').name})"
-              if failure.scenario else "", file=out)  # fmt: skip
+        if failure.scenario is not None:
+            trajectories = failure.scenario.with_suffix(".jsonl").name
+            print(f"  scenario: {failure.scenario} (and its trajectories, {trajectories})", file=out)
     print(f"replay: {failure.replay}", file=out)
 
 
@@ -352,7 +358,10 @@ def check_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--seed {args.seed}: expected an integer >= 0")
     if args.replay is not None:
         if not args.replay.is_file():
-            raise UsageError(f"--replay {args.replay}: no such file")
+            what = (
+                "a folder" if args.replay.is_dir() else "not a regular file" if args.replay.exists() else "no such file"
+            )
+            raise UsageError(f"--replay {args.replay}: {what}; expected the scenario file a failed check wrote")
         report = replay(system, spec, args.replay)
     elif args.reproduce is not None:
         report = reproduce(system, spec, args.reproduce)
