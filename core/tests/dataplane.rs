@@ -454,8 +454,10 @@ proptest! {
             for j in i + 1..=s.len() {
                 let w = (j - i) as f64 * 1e-3;
                 let bytes = prefix[j] - prefix[i];
-                // Event times are rounded up to the nanosecond: allow a nanosecond at peak per window edge.
-                prop_assert!(bytes <= GB * w + burst + 8.0, "window {i}..{j}: {bytes} > {}", GB * w + burst);
+                // Event times are rounded up to the nanosecond: allow a nanosecond at peak (4 B) per window edge
+                // and per transfer's start and end inside it (a case with 8 transfers went 8.7 B over 8 B).
+                let slack = 4.0 * (2.0 + 2.0 * sizes.len() as f64);
+                prop_assert!(bytes <= GB * w + burst + slack, "window {i}..{j}: {bytes} > {}", GB * w + burst);
             }
         }
         prop_assert_eq!(k.completed_bytes[0], sizes.iter().sum::<u64>());
