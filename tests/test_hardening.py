@@ -196,15 +196,14 @@ def test_busy_bins_widen_within_their_budget_and_keep_totals() -> None:
     assert sum(map(len, busy.busy_ns.values())) <= 1 << 20 and sum(busy.busy_ns[0]) == 1_000
 
 
-def test_parts_binned_at_different_widths_merge_at_the_widest() -> None:
+def test_decode_segments_far_apart_in_time_widen_the_bins_and_keep_the_totals() -> None:
     from dualpath_emu.cluster.metrics import Metrics
+    from dualpath_emu.cluster.observations import DecodeSegment
 
-    short, long = Metrics(sample_interval_ns=1_000), Metrics(sample_interval_ns=1_000)
-    short.decode_segment(3, 0, 2_500, 1, 10)
-    long.decode_segment(4, 10**10 - 500, 10**10, 1, 10)
-    merged = Metrics.merge([Metrics.from_wire(short.to_wire()), Metrics.from_wire(long.to_wire())])
-    busy = merged.gpu_busy["de"]
-    assert busy.interval_ns == long.gpu_busy["de"].interval_ns > 1_000
+    metrics = Metrics.replay([(2_500, DecodeSegment(3, 0, 2_500, 1, 10)),
+                              (10**10, DecodeSegment(4, 10**10 - 500, 10**10, 1, 10))], sample_interval_ns=1_000)  # fmt: skip
+    busy = metrics.gpu_busy["de"]
+    assert busy.interval_ns > 1_000 and sum(map(len, busy.busy_ns.values())) <= 1 << 20
     assert list(busy.busy_ns[3][:1]) == [2_500] and sum(busy.busy_ns[4]) == 500
 
 

@@ -37,7 +37,7 @@ from dualpath_emu.cluster.messages import (
     Turn,
     TurnDone,
 )
-from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.observations import MEASUREMENTS, Completion, WorkloadEnded
 from dualpath_emu.cluster.prefill import PrefillGroup
 from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import built_in
@@ -53,13 +53,17 @@ class Outbox:
     def __init__(self) -> None:
         self.sent: list[tuple[str, Message]] = []
         self.records: list[tuple[str, str]] = []
-        """Observations as the event log's ``(kind, summary)``."""
+        """Observations the event log keeps, as its ``(kind, summary)``."""
+        self.observed: list[Observed] = []
+        """Every observation, measurements too."""
 
     def send(self, recipient: str, msg: Message) -> None:
         self.sent.append((recipient, msg))
 
     def observe(self, record: Observed) -> None:
-        self.records.append((record.kind, record.summary()))
+        self.observed.append(record)
+        if type(record) not in MEASUREMENTS:
+            self.records.append((record.kind, record.summary()))
 
     def take(self) -> list[tuple[str, Message]]:
         sent, self.sent = self.sent, []
@@ -123,7 +127,7 @@ def cluster(system: str = "dualpath") -> Cluster:
     d = derived(config)
     spec = built_in(system)
     topology = build_topology(Core(), config.node, config.pe_nodes, config.de_nodes, config.storage)
-    return Cluster(config, spec, d, topology, Metrics(), spec.policy(d.alpha_tokens, d.beta_tokens))
+    return Cluster(config, spec, d, topology, spec.policy(d.alpha_tokens, d.beta_tokens))
 
 
 def test_the_scheduler_assigns_a_submitted_turn_to_both_groups_when_they_have_pulled() -> None:
@@ -134,7 +138,6 @@ def test_the_scheduler_assigns_a_submitted_turn_to_both_groups_when_they_have_pu
     scheduler.receive(0, Fetch((0,), period), "pe0")
     scheduler.receive(0, Fetch((1,), period), "de1")
     assert out.take() == [] and plane.requests == []  # nothing to do yet
-    c.metrics.arrive(0, 0, 0, 5000, 4096, 30)
     scheduler.receive(5, Submit((Turn(0, 5000, 4096, 30, 0),)), "client")
     sent = out.take()
     assert [(to, type(m)) for to, m in sent] == [("pe0", Prefill), ("de1", Expect)]
@@ -153,8 +156,6 @@ def test_a_group_that_pulled_recently_is_served_when_its_period_has_passed() -> 
     period = round(c.config.fetch_period_s * 1e9)
     scheduler.receive(0, Fetch((0,), period), "pe0")
     scheduler.receive(0, Fetch((1,), period), "de1")
-    for rid in range(2):
-        c.metrics.arrive(rid, rid, 0, 500, 0, 3)
     scheduler.receive(10, Submit((Turn(0, 500, 0, 3, 0),)), "client")
     assert [to for to, _ in out.take()] == ["pe0", "de1"]
     scheduler.receive(20, Submit((Turn(1, 500, 0, 3, 1),)), "client")
@@ -231,11 +232,11 @@ def test_the_client_submits_an_agents_next_turn_when_its_last_is_done_and_then_f
     client.receive(5 * MS, TurnDone((0,), (2 * MS,), (3 * MS,), 5 * MS), "de1")
     # The second turn's prompt is the whole context so far; its hit, the part in Full Blocks.
     assert out.take() == [("scheduler", Submit((Turn(1, 1204, 1004 // 64 * 64, 3, 0),)))]
-    assert not client.finished
+    assert WorkloadEnded() not in out.observed
     client.receive(9 * MS, TurnDone((1,), (7 * MS,), (8 * MS,), 9 * MS), "de1")
-    assert out.take() == [] and client.finished
+    assert out.take() == [] and out.observed[-1] == WorkloadEnded()
     assert [r for r in out.records if r[0] == "admit"] == [("admit", "r0"), ("admit", "r1")]
-    assert c.metrics.done_ns.tolist() == [5 * MS, 9 * MS]
+    assert [r.done_ns for r in out.observed if isinstance(r, Completion)] == [5 * MS, 9 * MS]
 
 
 def test_an_engine_refuses_a_message_it_does_not_handle() -> None:

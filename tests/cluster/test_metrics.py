@@ -3,11 +3,17 @@ the GPUs' busy time per interval, the KV working set; on hand-made timestamps an
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpath_emu.cluster.metrics import BusyTime, Metrics, quantile
+from dualpath_emu.cluster.observations import (
+    Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitRead, PrefillChosen, PrefillPass,
+    PrefillStarted, ReadRerouted, ReadStarted, Redispatched, from_wire, to_wire,
+)  # fmt: skip
 
 S = 1_000_000_000
 
@@ -15,10 +21,9 @@ S = 1_000_000_000
 def test_ttst_is_second_token_minus_first_not_from_arrival() -> None:
     m = Metrics()
     m.arrive(0, 0, 0, 100, 0, 5)
-    m.first_token(0, 2 * S)  # TTFT 2 s
-    m.second_token(0, 2 * S + 30_000_000)  # 30 ms later
+    m.ended(0, 2 * S, 2 * S + 30_000_000, 3 * S)  # TTFT 2 s; the second token 30 ms later
     m.arrive(1, 1, S, 100, 0, 1)  # one token: no second token, no TTST
-    m.first_token(1, 3 * S)
+    m.ended(1, 3 * S, -1, 3 * S)
     assert m.ttft_s() == [2.0, 2.0]
     assert m.ttst_s() == pytest.approx([0.03])
 
@@ -61,7 +66,7 @@ def test_working_set_holds_each_trajectory_from_its_first_arrival_to_its_last_en
         [(0, 0, 100, 20, 2), (1, 1, 50, 50, 3), (0, 2, 150, 10, 4)]
     ):
         m.arrive(rid, agent, arrive * S, prompt, prompt - 30 if prompt > 100 else 0, gen)
-        m.done(rid, done * S)
+        m.ended(rid, done * S, -1, done * S)
     ws = m.working_set_bytes(kv, 5 * S)
     # Live tokens: [0,1) 100; [1,2) 100 + 50; [2,3) 150 (agent 0's context grows to 120, then its next prompt
     # is 150) + 50; [3,4) 150 (agent 1's last turn ended); [4,5) 0 (so did agent 0's).
@@ -122,61 +127,65 @@ def test_the_streamed_working_set_is_the_sorted_one_to_the_bit(
     for rid, (agent, arrive, prompt, gen, done) in enumerate(turns):
         m.arrive(rid, agent, arrive, prompt, 0, gen)
         if done >= 0:
-            m.done(rid, max(arrive, done))
+            m.ended(rid, max(arrive, done), -1, max(arrive, done))
     since = min(m.arrive_ns, default=0)
     assert m.working_set_bytes(7, end, since_ns=since) == _working_set_by_sorting_every_change(m, 7, end, since)
 
 
-def test_the_parts_of_a_run_split_over_processes_merge_into_its_metrics() -> None:
-    # The client's process admits and ends requests; the scheduler's places them; an engine group's reads
-    # and busy time: each part sets only its own columns, and the merge is what one process would have.
+def _run_observed() -> list[tuple[str, int, Any]]:
+    """A small run's observations ``(process, t_ns, record)``: the client's, the scheduler's and an engine
+    group's, request 1 dispatched again after a crash (its read and prefill twice)."""
+    out: list[tuple[str, int, Any]] = []
+    for rid in range(3):
+        out.append(("client", rid * S, Arrival(rid, rid % 2, 100, 64, 5)))
+    out += [
+        ("scheduler", S + 1, PrefillChosen(1)), ("scheduler", S + 2, Assigned(1, 3, 9, "de")),
+        ("engine", S + 3, ReadStarted(1)), ("engine", S + 4, HitRead(1, 1)), ("engine", S + 5, PrefillStarted(1)),
+        ("engine", S + 5, ForwardPass((1.0, 3.0))), ("engine", S + 8, PrefillPass(S + 5, S + 8, ((3, 1, 16),))),
+        ("scheduler", S + 9, Redispatched(1, 1, "pe0")), ("scheduler", S + 10, PrefillChosen(1)),
+        ("scheduler", S + 11, Assigned(1, 2, 8, "pe")), ("engine", S + 20, ReadStarted(1)),
+        ("engine", S + 25, HitRead(1, 0)), ("engine", S + 26, PrefillStarted(1)),
+        ("engine", S + 40, DecodeSegment(8, S + 30, S + 40, 2, 5)), ("scheduler", 2 * S + 1, Failed(2, "lost")),
+        ("scheduler", 2 * S + 2, ReadRerouted(0, 1, 64)),
+    ]  # fmt: skip
+    for rid in (0, 1):
+        out.append(("client", rid * S + 90 + S, Completion(rid, rid * S + 10 + S, rid * S + 20 + S, rid * S + 90 + S)))
+    return sorted(out, key=lambda o: o[1])
+
+
+def test_the_metrics_are_derived_from_what_the_engines_observe() -> None:
+    m = Metrics()
+    callbacks = m.watch().callbacks
+    for _, t_ns, record in _run_observed():
+        callbacks[type(record)](t_ns, record)
+    assert list(m.arrive_ns) == [0, S, 2 * S]
+    # Request 1: placed again after its redispatch, its last read and its first prefill start kept.
+    assert (m.scheduled_pe_ns[1], m.scheduled_de_ns[1], m.pe[1], m.de[1], m.read_on_de[1]) == (S + 10, S + 11, 2, 8, 0)
+    read, prefill = (m.read_start_ns[1], m.read_done_ns[1]), m.prefill_start_ns[1]
+    assert (read, prefill, m.redispatches[1]) == ((S + 20, S + 25), S + 5, 1)
+    assert (m.done_ns[1], m.failed_ns[2], m.turns_done, m.failures) == (2 * S + 90, 2 * S + 1, 2, 1)
+    assert list(m.forward_attention_balance) == [1.5] and list(m.read_moved_ns) == [2 * S + 2]
+    assert m.gpu_busy["pe"].busy_ns[3][1] == 3 and m.gpu_busy["de"].busy_ns[8][1] == 10
+    assert m.waiting() == (0, 0) and m.unfinished() == []
+
+
+def test_a_live_runs_processes_tapes_replay_into_the_metrics_one_process_would_have() -> None:
+    # Each process keeps what it observed (its tape, sent as msgpack); the collector replays them all, whatever
+    # order the parts come in and however far the processes' clocks are apart (arrivals first).
     import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
-    client, scheduler, engine = Metrics(), Metrics(), Metrics()
-    whole = Metrics()
-    for rid in range(3):
-        for m in (client, whole):
-            m.arrive(rid, rid % 2, rid * S, 100, 64, 5)
-            m.first_token(rid, rid * S + 10)
-            m.second_token(rid, rid * S + 20)
-            m.done(rid, rid * S + 90)
-    for m in (scheduler, whole):
-        m.scheduled_pe(2, 2 * S + 1)  # only request 2: rows 0 and 1 stay unset there
-        m.scheduled_de(2, 2 * S + 2, pe=3, de=9, read_on_de=True)
-    for m in (engine, whole):
-        m.read_start(1, S + 3)
-        m.read_done(1, S + 4)
-        m.prefill_start(1, S + 5)
-        m.forward(S + 5, [1.0, 3.0])
-        m.prefill_pass(S + 5, S + 8, [(3, [(1, 16)])])
-    parts = [Metrics.from_wire(msgpack.unpackb(msgpack.packb(p.to_wire()), strict_map_key=False))
-             for p in (client, scheduler, engine)]  # fmt: skip
-    merged = Metrics.merge(parts)
-    for name in Metrics._COLUMNS:
-        assert list(getattr(merged, name)) == list(getattr(whole, name)), name
-    assert list(merged.forward_ns) == list(whole.forward_ns)
-    assert list(merged.forward_attention_balance) == list(whole.forward_attention_balance)
-    assert merged.gpu_busy["pe"].busy_ns == whole.gpu_busy["pe"].busy_ns
-    assert merged.ttft_s() == whole.ttft_s() and merged.jct_s() == whole.jct_s()
-
-
-def test_two_parts_that_disagree_on_a_time_are_refused() -> None:
-    a, b = Metrics(), Metrics()
-    a.scheduled_pe(0, 5)
-    b.scheduled_pe(0, 6)
-    with pytest.raises(ValueError, match="request 0: scheduled_pe_ns"):
-        Metrics.merge([a, b])
-
-
-def test_a_request_dispatched_again_keeps_its_last_read_and_first_prefill_across_processes() -> None:
-    # Lost to a crash, a request may read its hit on another node's group and prefill in another group: the
-    # merge keeps what one process keeps (the last read, the first prefill start).
-    a, b = Metrics(), Metrics()
-    a.read_start(0, 5)
-    a.read_done(0, 7)
-    a.prefill_start(0, 8)
-    b.read_start(0, 20)
-    b.read_done(0, 25)
-    b.prefill_start(0, 26)
-    merged = Metrics.merge([a, b])
-    assert (merged.read_start_ns[0], merged.read_done_ns[0], merged.prefill_start_ns[0]) == (20, 25, 8)
+    observed = _run_observed()
+    whole = Metrics.replay([(t, r) for _, t, r in observed])
+    for order in (("engine", "scheduler", "client"), ("client", "engine", "scheduler")):
+        tapes = [[to_wire(t, r) for p, t, r in observed if p == process] for process in order]
+        parts = [from_wire(item) for tape in tapes for item in msgpack.unpackb(msgpack.packb(tape))]
+        merged = Metrics.replay(parts)
+        for name in ("arrive_ns", "scheduled_pe_ns", "scheduled_de_ns", "read_start_ns", "read_done_ns",
+                     "prefill_start_ns", "first_token_ns", "second_token_ns", "done_ns", "failed_ns", "redispatches",
+                     "pe", "de", "read_on_de", "forward_ns", "redispatch_ns", "read_moved_ns"):  # fmt: skip
+            assert list(getattr(merged, name)) == list(getattr(whole, name)), name
+        assert merged.gpu_busy["pe"].busy_ns == whole.gpu_busy["pe"].busy_ns
+        assert merged.ttft_s() == whole.ttft_s() and merged.jct_s() == whole.jct_s()
+    skewed = [(t - 5 * S if type(r) is not Arrival else t, r) for _, t, r in observed]  # an engine's clock behind
+    behind = Metrics.replay(skewed)
+    assert list(behind.done_ns) == [S + 90, 2 * S + 90, -1] and behind.read_start_ns[1] == S + 20 - 5 * S

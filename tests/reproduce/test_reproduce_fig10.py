@@ -75,13 +75,13 @@ def test_the_window_is_the_last_half_of_the_agents_arrival_period() -> None:
     # agent, arrival (s), first token after (s); agents 0..2 arrive at 0, 10, 20 s; agent 0 has a second turn.
     for rid, (agent, t, ttft) in enumerate([(0, 0, 1.0), (1, 10, 2.0), (0, 12, 3.0), (2, 20, 4.0), (1, 25, 9.0)]):
         m.arrive(rid, agent, int(t * 1e9), 100, 0, 1)
-        m.first_token(rid, int((t + ttft) * 1e9))
+        m.first_token_ns[rid] = int((t + ttft) * 1e9)
     start, end = window_bounds_ns(m)
     assert (start, end) == (10_000_000_000, 20_000_000_000)
     n, ttft_s, _, _ = window_stats(m, start, end)
     assert n == 3 and ttft_s["mean"] == pytest.approx(3.0)
     for rid in range(len(m)):
-        m.done(rid, m.first_token_ns[rid] + 1_000_000_000)
+        m.done_ns[rid] = m.first_token_ns[rid] + 1_000_000_000
     # agents 1 and 2 arrive in the window: 10 → 35 s and 20 → 25 s
     assert trajectory_s(m, start, end) == pytest.approx((25.0 + 5.0) / 2)
 
@@ -91,8 +91,7 @@ def test_window_ttst_is_second_token_minus_first() -> None:
     # Arrival, first and second token (s): TTST 0.05 s and 0.01 s, whatever the TTFT (1 s and 3 s).
     for rid, (t, first, second) in enumerate([(0.0, 1.0, 1.05), (5.0, 8.0, 8.01)]):
         m.arrive(rid, rid, int(t * 1e9), 100, 0, 4)
-        m.first_token(rid, int(first * 1e9))
-        m.second_token(rid, int(second * 1e9))
+        m.first_token_ns[rid], m.second_token_ns[rid] = int(first * 1e9), int(second * 1e9)
     _, ttft, ttst, _ = window_stats(m, 0, 10_000_000_000)
     assert ttft["mean"] == pytest.approx(2.0)
     assert ttst["mean"] == pytest.approx(0.03) and ttst["p99"] == pytest.approx(0.05)

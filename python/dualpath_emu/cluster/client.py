@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone, TurnFailed, TurnsEnded, WhichEnded
-from dualpath_emu.cluster.observations import Admitted
+from dualpath_emu.cluster.observations import Admitted, Arrival, Completion, WorkloadEnded
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 from dualpath_emu.workload.trajectory import Trajectory
 from dualpath_emu.workload.waits import WaitDraws
 
-__all__ = ["Client", "TurnObserver"]
-
-
-class TurnObserver(Protocol):
-    def turn_admitted(self) -> None: ...
-
-    def turn_done(self, arrive_ns: int, first_ns: int, second_ns: int, done_ns: int, gen: int) -> None: ...
+__all__ = ["Client"]
 
 
 class Client(ClusterEngine):
@@ -50,21 +43,14 @@ class Client(ClusterEngine):
         self._next_rid = 0
         self._outbox: list[Turn] = []
         """Turns submitted at this instant, sent as one :class:`Submit` by :meth:`_send_turns`."""
-        self.remaining = len(trajectories)
-        self.finished = False
-        self.on_finished: Callable[[], None] | None = None
-        """Called once when :attr:`finished` becomes true (a live driver's wake-up)."""
-        self.observer: TurnObserver | None = None
-        """Told of every turn admitted and done (the live metrics of a real-time run), if set."""
+        self._remaining = len(trajectories)  # Agents with turns to come (the workload ends at 0).
         self._arrivals: list[int] = []
         self._replayed: list[tuple[int, int, int]] = []
         self._next_replayed = 0
         self._start_ns = 0
 
     def _finish(self) -> None:
-        self.finished = True
-        if self.on_finished is not None:
-            self.on_finished()
+        self.out.observe(WorkloadEnded())  # where a driver stops
 
     @on(Start)
     def on_start(self, now: int, msg: Start, sender: str) -> None:
@@ -153,10 +139,8 @@ class Client(ClusterEngine):
         rid = self._next_rid
         self._next_rid += 1
         self._agent_of[rid] = agent
-        self.cluster.metrics.arrive(rid, agent, now, prompt, hit, gen)
         self.out.observe(Admitted(rid))
-        if self.observer is not None:
-            self.observer.turn_admitted()
+        self.out.observe(Arrival(rid, agent, prompt, hit, gen))
         self._outbox.append(Turn(rid, prompt, hit, gen, agent))
 
     def _send_turns(self) -> None:
@@ -167,9 +151,7 @@ class Client(ClusterEngine):
     @on(TurnFailed)
     def on_turn_failed(self, now: int, msg: TurnFailed, sender: str) -> None:
         """These turns failed: each agent's trajectory ends here (a trace's other turns come as timed)."""
-        metrics = self.cluster.metrics
         for rid in msg.rids:
-            metrics.failed(rid, now)
             agent = self._agent_of.pop(rid)
             trajectory = self.trajectories[agent]
             if trajectory.arrival_s is None:
@@ -178,28 +160,26 @@ class Client(ClusterEngine):
             else:
                 self._open[agent] -= 1
             if self._open[agent] == 0:
-                self.remaining -= 1
-                if self.remaining == 0:
+                self._remaining -= 1
+                if self._remaining == 0:
                     self._finish()
 
     @on(TurnDone)
     def on_turn_done(self, now: int, msg: TurnDone, sender: str) -> None:
-        metrics, done_ns = self.cluster.metrics, msg.done_ns
+        done_ns, observe = msg.done_ns, self.out.observe
         for rid, first_ns, second_ns in zip(msg.rids, msg.first_token_ns, msg.second_token_ns, strict=True):
             if rid not in self._agent_of:
                 # Ended already: sent again by the scheduler after a decode group's process died. A turn ends once.
                 continue
-            metrics.ended(rid, first_ns, second_ns, done_ns)
-            if self.observer is not None:
-                self.observer.turn_done(metrics.arrive_ns[rid], first_ns, second_ns, done_ns, metrics.gen[rid])
+            observe(Completion(rid, first_ns, second_ns, done_ns))
             agent = self._agent_of.pop(rid)
             self._open[agent] -= 1
             trajectory = self.trajectories[agent]
             if trajectory.arrival_s is None and self._next_turn[agent] < len(trajectory):
                 self._submit_next(now, agent)
             elif self._open[agent] == 0:
-                self.remaining -= 1
-                if self.remaining == 0:
+                self._remaining -= 1
+                if self._remaining == 0:
                     self._finish()
         self._send_turns()
 

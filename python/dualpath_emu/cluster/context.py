@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from dualpath_emu.cluster.config import ClusterConfig, Derived
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger, ProbingLedger
-from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.policies import Policy
 from dualpath_emu.cluster.systems import System
 from dualpath_emu.cluster.topology import Topology
@@ -19,15 +18,14 @@ __all__ = ["Cluster"]
 @dataclass
 class Cluster:
     """What the engines of one process are built with: the run's settings (read only, the same in every
-    process) and this process's own observers -- metrics and the booking of every byte asked for. No engine
-    learns another's state through it: that comes in messages (:mod:`~dualpath_emu.cluster.messages`), so any
-    engine can be placed in any process."""
+    process) and this process's booking of every byte asked for. What engines measure they observe through their
+    outbox (:mod:`~dualpath_emu.cluster.observations`), not here. No engine learns another's state through it:
+    that comes in messages (:mod:`~dualpath_emu.cluster.messages`), so any engine can be placed in any process."""
 
     config: ClusterConfig
     system: System
     derived: Derived
     topology: Topology
-    metrics: Metrics
     policy: Policy
     booking: Booking = field(default_factory=Booking)
     _group_names: dict[tuple[str, int], str] = field(default_factory=dict, repr=False, compare=False)

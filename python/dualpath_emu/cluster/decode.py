@@ -26,7 +26,7 @@ from dualpath_emu.cluster.messages import (
     Crash, DecodeDone, DecodeTask, Drop, Expect, Health, HitReady, KvReady, Lost, ReadDone, ReadHere, ReadMoved,
     TurnDone,
 )  # fmt: skip
-from dualpath_emu.cluster.observations import Ended, HitRead
+from dualpath_emu.cluster.observations import DecodeSegment, Ended, HitRead, ReadStarted
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
@@ -189,7 +189,7 @@ class DecodeGroup(EngineGroup):
             node, gpus, pricing=d.decode.decode_pricing(), together=together, kv_bytes_per_token=self._kv,
             a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths,
             storage=write if not cluster.system.oracle else None, plane=self.plane, booking=cluster.booking,
-            listener=self, busy_span=cluster.metrics.decode_segment,
+            listener=self, busy_span=lambda *span: out.observe(DecodeSegment(*span)),
         )  # fmt: skip
 
     def pools(self) -> list[Pool]:
@@ -342,9 +342,8 @@ class DecodeGroup(EngineGroup):
 
     def _read(self, now: int, msg: DecodeTask) -> None:
         """DE-read (§4, Fig. 4b steps 1-2): storage → DE SNIC → DE DRAM buffer, which the PE streams layer by layer."""
-        metrics = self.cluster.metrics
-        if msg.rid not in self._started_elsewhere:  # a moved read that had started wrote its start there
-            metrics.read_start(msg.rid, now)
+        if msg.rid not in self._started_elsewhere:  # a moved read that had started observed its start there
+            self.out.observe(ReadStarted(msg.rid))
         self._started_elsewhere.discard(msg.rid)
         self._reads += 1
         number = self._reading[msg.rid] = self._reads
@@ -356,7 +355,6 @@ class DecodeGroup(EngineGroup):
                 return  # moved, dropped or given up meanwhile, or the engine crashed: the late bytes are dropped
             del self._reading[msg.rid]
             self._read_done.add(msg.rid)
-            metrics.read_done(msg.rid, now)
             self.out.observe(HitRead(msg.rid, self.node))
             self.out.send("scheduler", ReadDone(self.node, msg.hit))
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))

@@ -9,15 +9,13 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
-from dualpath_emu.cluster.faults import (
-    MAX_TIME_S, Fault, FaultRecords, FaultWindow, Kind, engine_group_names, target_ports,
-)  # fmt: skip
+from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, Kind, engine_group_names, target_ports
 from dualpath_emu.cluster.messages import Crash, Health, Restart, Start
-from dualpath_emu.cluster.observations import FaultChanged
+from dualpath_emu.cluster.observations import FaultChanged, FaultPlanned
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 
@@ -100,28 +98,6 @@ class FaultInjector(ClusterEngine):
         self._origin = 0
         self._crashes: dict[str, int] = {}
         """Crashes acting on each engine now (one that overlaps another keeps the engine down longer)."""
-        metrics = cluster.metrics
-        self.records = FaultRecords(
-            lambda _t, _end: (len(metrics.redispatch_ns), metrics.failures, len(metrics.read_moved_ns))
-        )
-        """Each fault that started, in order, up to a cap; the rest added up (for the run's report)."""
-        self._acting: dict[int, tuple[Fault, int]] = {}
-        """The faults acting now, by number: each with its start (what a stalled run's error names)."""
-
-    @property
-    def windows(self) -> list[FaultWindow]:
-        """The faults reported one by one (:attr:`records`: the rest are added up)."""
-        return self.records.detailed
-
-    def acting(self) -> list[str]:
-        """The faults acting now, in words, in order of start (faults of one start in the order of their words: one
-        order, whichever order their instant's inputs came in, ``order_seed``)."""
-        out = []
-        for fault, start in self._acting.values():
-            span = f"back {fault.restart_s:g} s later" if fault.kind == "crash" else (
-                "to the end" if fault.duration_s is None else f"for {fault.duration_s:g} s")  # fmt: skip
-            out.append((start, f"{fault.kind} {fault.target} since {(start - self._origin) / NS:,.3f} s, {span}"))
-        return [text for _, text in sorted(out)]
 
     @on(Start)
     def on_start(self, now_ns: int, msg: Start, sender: str) -> None:
@@ -180,36 +156,32 @@ class FaultInjector(ClusterEngine):
             return
         factor = 0.0 if fault.kind == "down" else (fault.factor if fault.kind in ("degrade", "slow_storage") else 1.0)
         latency_ns = round(fault.latency_s * NS)
-        window = self.records.start(fault.kind, fault.target, now)
-        self._acting[number] = (fault, now)
+        duration_ns = -1 if fault.duration_s is None else max(1, round(fault.duration_s * NS))
+        self.out.observe(FaultPlanned(fault.kind, fault.target, duration_ns))
         self.out.observe(FaultChanged("start", fault.kind, fault.target, factor, latency_ns))
         self._apply(now, number, fault, (factor, latency_ns))
         if fault.duration_s is not None:
-            self.plane.timer(now + max(1, round(fault.duration_s * NS)), lambda t: self._end(t, number, fault, window))
+            self.plane.timer(now + duration_ns, lambda t: self._end(t, number, fault))
 
     def _crash(self, now: int, number: int, fault: Fault) -> None:
         """Engine ``fault.target`` crashes now and is back ``restart_s`` later (or after a later crash's)."""
         engine = fault.target
-        window = self.records.start(fault.kind, engine, now)
-        self._acting[number] = (fault, now)
+        restart_ns = max(1, round(fault.restart_s * NS))
+        self.out.observe(FaultPlanned(fault.kind, engine, restart_ns))
         self.out.observe(FaultChanged("start", "crash", engine, 0.0, 0))
         self._crashes[engine] = self._crashes.get(engine, 0) + 1
         if self._crashes[engine] == 1:
             self.out.send(engine, Crash())
 
         def restart(now: int) -> None:
-            self.records.end(window, now)
-            del self._acting[number]
             self.out.observe(FaultChanged("end", "crash", engine, 1.0, 0))
             self._crashes[engine] -= 1
             if self._crashes[engine] == 0:
                 self.out.send(engine, Restart())
 
-        self.plane.timer(now + max(1, round(fault.restart_s * NS)), restart)
+        self.plane.timer(now + restart_ns, restart)
 
-    def _end(self, now: int, number: int, fault: Fault, window: FaultWindow | Any) -> None:
-        self.records.end(window, now)
-        del self._acting[number]
+    def _end(self, now: int, number: int, fault: Fault) -> None:
         self.out.observe(FaultChanged("end", fault.kind, fault.target, 1.0, 0))
         self._apply(now, number, fault, None)
 

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, cast
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.config import ScenarioError, Table, load_toml
 
-__all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RANDOM_KINDS", "Counts", "Fault", "FaultPlan",
+__all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RANDOM_KINDS", "Counts", "Fault", "FaultPlan", "FaultWatch",
            "FaultRecords", "FaultTotals", "Kind", "RandomFaults", "FaultWindow", "fault_summary", "fault_tables", "fault_report",
            "fault_windows", "load_fault_file", "read_fault_plan", "sorted_counts", "target_ports"]  # fmt: skip
 
@@ -312,6 +312,48 @@ class FaultRecords:
         now = self._counts(t_ns, True)
         totals.counted = [c + n - a for c, n, a in zip(totals.counted, now, window.at)]
         totals.open_counts = [o - a for o, a in zip(totals.open_counts, window.at)]
+
+
+class FaultWatch:
+    """A virtual run's faults as its engines observe them (:class:`~.observations.FaultChanged`, each start after
+    its :class:`~.observations.FaultPlanned`): their windows in :attr:`records` (each with the redispatches,
+    failures and moved reads ``counts`` has then) and those acting now (:meth:`acting`, what a stalled run's error
+    names). Memory: the windows up to :data:`MAX_FAULT_WINDOWS`, then the faults acting."""
+
+    def __init__(self, counts: Counts) -> None:
+        self.records = FaultRecords(counts)
+        self._open: dict[tuple[str, str], list[tuple[FaultWindow | _AddedUp, int, int]]] = {}
+        self._planned = -1
+
+    def planned(self, now_ns: int, record: Any) -> None:
+        """A :class:`~.observations.FaultPlanned`: how long the fault that starts next lasts."""
+        self._planned = record.duration_ns
+
+    def changed(self, now_ns: int, record: Any) -> None:
+        """A :class:`~.observations.FaultChanged` at ``now_ns``: a window opens, or the oldest open one of its
+        kind and target closes."""
+        key = (record.fault, record.target)
+        if record.phase == "start":
+            window = self.records.start(record.fault, record.target, now_ns)
+            self._open.setdefault(key, []).append((window, now_ns, self._planned))
+            self._planned = -1
+            return
+        open_ = self._open.get(key)
+        if open_:
+            self.records.end(open_.pop(0)[0], now_ns)
+            if not open_:
+                del self._open[key]
+
+    def acting(self) -> list[str]:
+        """The faults acting now, in words, in order of start (then of their words: one order, whichever order an
+        instant's inputs came in, ``order_seed``)."""
+        out = []
+        for (kind, target), windows in self._open.items():
+            for _, start, duration_ns in windows:
+                span = ("to the end" if duration_ns < 0 else f"back {duration_ns / 1e9:g} s later" if kind == "crash"
+                        else f"for {duration_ns / 1e9:g} s")  # fmt: skip
+                out.append((start, f"{kind} {target} since {start / 1e9:,.3f} s, {span}"))
+        return [text for _, text in sorted(out)]
 
 
 def sorted_counts(

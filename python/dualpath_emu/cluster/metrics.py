@@ -12,18 +12,21 @@ import itertools
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy
+
+from dualpath_emu.cluster.observations import (
+    MEASUREMENTS, Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitRead, PrefillChosen,
+    PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
+)  # fmt: skip
+from dualpath_emu.runtime.engine import Watch
 
 __all__ = ["BusyTime", "Metrics", "Percentiles", "percentiles", "quantile"]
 
 NS = 1_000_000_000
 
 _UNSET = -1
-_ATTEMPT_COLUMNS: Final = {"read_start_ns": max, "read_done_ns": max, "prefill_start_ns": min}
-"""Columns a request dispatched again after a crash may have set in two processes (its reads on another node,
-its prefill in another group): a merge keeps, as one process does, its last read and its first prefill."""
 
 
 def _column(typecode: str = "q") -> array[int]:
@@ -205,12 +208,9 @@ class Metrics:
         """Per forward pass: max/mean attention time over its group's GPUs (an idle GPU counts 0), Fig. 13."""
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
         self.turns_done = 0
-        """Requests ended in this process (:meth:`done`): how far a run is, without a scan of ``done_ns``."""
-        self.failures = 0  # Requests ended as failed in this process (:meth:`failed`), without a scan of ``failed_ns``.
-        self._bind_columns()
-
-    def _bind_columns(self) -> None:
-        """Bind the appends of what :meth:`arrive` leaves unset in a row; again when a column is replaced."""
+        """Requests ended (:meth:`ended`): how far a run is, without a scan of ``done_ns``."""
+        self.failures = 0  # Requests ended as failed (:meth:`failed`), without a scan of ``failed_ns``.
+        # the appends of what :meth:`arrive` leaves unset in a row
         self._unset_appends = tuple(c.append for c in (
             self.scheduled_pe_ns, self.scheduled_de_ns, self.read_start_ns, self.read_done_ns, self.prefill_start_ns,
             self.first_token_ns, self.second_token_ns, self.done_ns, self.failed_ns, self.redispatches, self.pe, self.de,
@@ -231,47 +231,95 @@ class Metrics:
         for append in self._unset_appends:
             append(_UNSET)
 
-    def _grow(self, rid: int) -> None:
-        """Make room for request ``rid`` in a process that did not admit it (rows of unset times)."""
-        for column in self._columns().values():
-            column.extend(itertools.repeat(_UNSET, rid + 1 - len(column)))
+    # --- derived from the engines' observations (the run's Watch) ----------------------------------------
 
-    def _set(self, column: array[int], rid: int, t_ns: int) -> None:
-        if rid >= len(column):
-            self._grow(rid)
-        column[rid] = t_ns
+    @classmethod
+    def observed(cls) -> tuple[type, ...]:
+        """The observation types the metrics are derived from (:meth:`watch`'s)."""
+        return tuple(cls().watch().callbacks)
 
-    def scheduled_pe(self, rid: int, t_ns: int) -> None:
-        self._set(self.scheduled_pe_ns, rid, t_ns)
+    @classmethod
+    def replay(cls, observed: Iterable[tuple[int, Any]], sample_interval_ns: int = NS) -> Metrics:
+        """The metrics of ``observed`` ``(t_ns, record)`` (several processes' observations: arrivals first, in the
+        order given, then the rest in time order, so that each request's come after its arrival whatever the
+        processes' clocks)."""
+        metrics = cls(sample_interval_ns=sample_interval_ns)
+        callbacks = metrics.watch().callbacks
+        records = list(observed)
+        for t_ns, record in [r for r in records if type(r[1]) is Arrival]:
+            callbacks[Arrival](t_ns, record)
+        for t_ns, record in sorted((r for r in records if type(r[1]) is not Arrival), key=lambda r: r[0]):
+            callbacks[type(record)](t_ns, record)
+        return metrics
 
-    def scheduled_de(self, rid: int, t_ns: int, pe: int, de: int, read_on_de: bool) -> None:
-        self._set(self.scheduled_de_ns, rid, t_ns)
-        self.pe[rid], self.de[rid], self.read_on_de[rid] = pe, de, int(read_on_de)
+    def watch(self) -> Watch:
+        """What these metrics are derived from: per observation type, the column it fills (the measurements and
+        a few of the event log's records). A driver holding it tells the metrics as the engines observe."""
+        return Watch({
+            Arrival: self._arrival, PrefillChosen: self._prefill_chosen, Assigned: self._assigned,
+            ReadStarted: self._read_started, HitRead: self._hit_read, PrefillStarted: self._prefill_started,
+            Completion: self._completion, Failed: self._failed, Redispatched: self._redispatched,
+            ReadRerouted: self._read_rerouted, ForwardPass: self._forward_pass, PrefillPass: self._prefill_pass,
+            DecodeSegment: self._decode_segment,
+        }, MEASUREMENTS)  # fmt: skip
 
-    def read_start(self, rid: int, t_ns: int) -> None:
-        self._set(self.read_start_ns, rid, t_ns)
+    def _arrival(self, t_ns: int, r: Arrival) -> None:
+        self.arrive(r.rid, r.agent, t_ns, r.prompt, r.hit, r.gen)
 
-    def read_done(self, rid: int, t_ns: int) -> None:
-        self._set(self.read_done_ns, rid, t_ns)
+    def _prefill_chosen(self, t_ns: int, r: PrefillChosen) -> None:
+        self.scheduled_pe_ns[r.rid] = t_ns
 
-    def prefill_start(self, rid: int, t_ns: int) -> None:
-        if rid >= len(self.prefill_start_ns) or self.prefill_start_ns[rid] == _UNSET:
-            self._set(self.prefill_start_ns, rid, t_ns)
+    def _assigned(self, t_ns: int, r: Assigned) -> None:
+        rid = r.rid
+        self.scheduled_de_ns[rid] = t_ns
+        self.pe[rid], self.de[rid], self.read_on_de[rid] = r.pe, r.de, int(r.side == "de")
 
-    def first_token(self, rid: int, t_ns: int) -> None:
-        self.first_token_ns[rid] = t_ns
+    def _read_started(self, t_ns: int, r: ReadStarted) -> None:
+        self.read_start_ns[r.rid] = t_ns
 
-    def second_token(self, rid: int, t_ns: int) -> None:
-        self.second_token_ns[rid] = t_ns
+    def _hit_read(self, t_ns: int, r: HitRead) -> None:
+        self.read_done_ns[r.rid] = t_ns
 
-    def done(self, rid: int, t_ns: int) -> None:
-        if self.done_ns[rid] != _UNSET:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.done_ns[rid] = t_ns
-        self.turns_done += 1
+    def _prefill_started(self, t_ns: int, r: PrefillStarted) -> None:
+        rid = r.rid
+        if self.prefill_start_ns[rid] == _UNSET:  # its first ever (not a redispatched request's later one)
+            self.prefill_start_ns[rid] = t_ns
+
+    def _completion(self, t_ns: int, r: Completion) -> None:
+        self.ended(r.rid, r.first_ns, r.second_ns, r.done_ns)
+
+    def _failed(self, t_ns: int, r: Failed) -> None:
+        self.failed(r.rid, t_ns)
+
+    def _redispatched(self, t_ns: int, r: Redispatched) -> None:
+        """Queued again after an engine crash: counted, and waiting for engines again (its placement unset)."""
+        rid = r.rid
+        self.redispatches[rid] = max(self.redispatches[rid], 0) + 1
+        self.redispatch_ns.append(t_ns)
+        self.scheduled_pe_ns[rid] = self.scheduled_de_ns[rid] = _UNSET
+
+    def _read_rerouted(self, t_ns: int, r: ReadRerouted) -> None:
+        self.read_moved_ns.append(t_ns)
+
+    def _forward_pass(self, t_ns: int, r: ForwardPass) -> None:
+        attention_s = r.attention_s
+        mean = sum(attention_s) / len(attention_s)
+        self.forward_ns.append(t_ns)
+        self.forward_attention_balance.append(max(attention_s) / mean if mean > 0 else 1.0)
+
+    def _prefill_pass(self, t_ns: int, r: PrefillPass) -> None:
+        busy, start, end = self.gpu_busy["pe"], r.start_ns, r.end_ns
+        for gpu, requests, tokens in r.gpus:
+            args = (("requests", requests), ("tokens", tokens)) if busy.spans is not None else ()
+            busy.add(gpu, start, end, "prefill pass", args)
+
+    def _decode_segment(self, t_ns: int, r: DecodeSegment) -> None:
+        busy = self.gpu_busy["de"]
+        args = (("batch", r.batch), ("step_ns", r.step_ns)) if busy.spans is not None else ()
+        busy.add(r.gpu, r.start_ns, r.end_ns, "decode", args)
 
     def ended(self, rid: int, first_ns: int, second_ns: int, done_ns: int) -> None:
-        """Request ``rid``'s token times (``second_ns`` < 0: it had no second) and :meth:`done` in one call."""
+        """Request ``rid``'s token times (``second_ns`` < 0: it had no second); it is done."""
         if self.done_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.first_token_ns[rid] = first_ns
@@ -280,143 +328,27 @@ class Metrics:
         self.done_ns[rid] = done_ns
         self.turns_done += 1
 
-    def redispatched(self, rid: int, t_ns: int) -> None:
-        """Request ``rid`` was lost to an engine crash and queued again at ``t_ns`` (the scheduler's column)."""
-        if rid >= len(self.redispatches):
-            self._grow(rid)
-        self.redispatches[rid] = max(self.redispatches[rid], 0) + 1
-        self.redispatch_ns.append(t_ns)
-
     def failed(self, rid: int, t_ns: int) -> None:
-        """Request ``rid`` ended as failed at ``t_ns`` (the client's column, as :meth:`ended`)."""
+        """Request ``rid`` ended as failed at ``t_ns``."""
         if self.done_ns[rid] != _UNSET or self.failed_ns[rid] != _UNSET:
             raise RuntimeError(f"request {rid} ended twice")
         self.failed_ns[rid] = t_ns
         self.failures += 1
 
-    def forward(self, t_ns: int, attention_s: Sequence[float]) -> None:
-        """A prefill forward pass started with these per-GPU attention times (one per GPU of the group)."""
-        mean = sum(attention_s) / len(attention_s)
-        self.forward_ns.append(t_ns)
-        self.forward_attention_balance.append(max(attention_s) / mean if mean > 0 else 1.0)
-
-    def prefill_pass(
-        self, start_ns: int, end_ns: int, gpus: Iterable[tuple[int, Sequence[tuple[object, int]]]]
-    ) -> None:
-        """A prefill pass ran over [start_ns, end_ns) on these ``(gpu, batch)`` (a batch: ``(request, tokens)``)."""
-        busy = self.gpu_busy["pe"]  # called per pass: the trace's args only when the trace is kept
-        for gpu, batch in gpus:
-            args = (("requests", len(batch)), ("tokens", sum(t for _, t in batch))) if busy.spans is not None else ()
-            busy.add(gpu, start_ns, end_ns, "prefill pass", args)
-
-    def decode_segment(self, gpu: int, start_ns: int, end_ns: int, batch: int, step_ns: int) -> None:
-        """Decode GPU ``gpu`` stepped a batch of ``batch`` requests, ``step_ns`` a step, over [start_ns, end_ns)."""
-        busy = self.gpu_busy["de"]  # called per segment: the trace's args only when the trace is kept
-        args = (("batch", batch), ("step_ns", step_ns)) if busy.spans is not None else ()
-        busy.add(gpu, start_ns, end_ns, "decode", args)
-
-    # --- one process's part, and the whole run's ------------------------------------------------------
-
-    _COLUMNS = ("agent", "prompt", "hit", "gen", "arrive_ns", "scheduled_pe_ns", "scheduled_de_ns", "read_start_ns",
-                "read_done_ns", "prefill_start_ns", "first_token_ns", "second_token_ns", "done_ns", "failed_ns",
-                "redispatches", "pe", "de", "read_on_de")  # fmt: skip
-    """The per-request columns. Each has one writer (the client arrivals and token times, the scheduler the
-    placement, the engine groups reads and prefill start), so a run's parts merge without conflict."""
-
-    def _columns(self) -> dict[str, array[int]]:
-        return {name: getattr(self, name) for name in self._COLUMNS}
-
-    def to_wire(self) -> dict[str, object]:
-        """This process's part as msgpack-able data (:meth:`from_wire` rebuilds it)."""
-        busy = {role: {"interval_ns": b.interval_ns, "units": {u: bins.tobytes() for u, bins in b.busy_ns.items()},
-                       "spans": b.spans}
-                for role, b in self.gpu_busy.items()}  # fmt: skip
-        return {
-            "columns": {name: column.tobytes() for name, column in self._columns().items()},
-            "forward_ns": self.forward_ns.tobytes(), "redispatch_ns": self.redispatch_ns.tobytes(),
-            "read_moved_ns": self.read_moved_ns.tobytes(),
-            "forward_attention_balance": self.forward_attention_balance.tobytes(), "gpu_busy": busy,
-        }  # fmt: skip
-
-    @classmethod
-    def from_wire(cls, data: dict[str, object]) -> Metrics:
-        busy_data = data["gpu_busy"]
-        assert isinstance(busy_data, dict)
-        interval = min(b["interval_ns"] for b in busy_data.values())  # the base: a role's may have widened
-        metrics = cls(sample_interval_ns=interval, keep_spans=any(b["spans"] is not None for b in busy_data.values()))
-        columns = data["columns"]
-        assert isinstance(columns, dict)
-        for name, raw in columns.items():
-            getattr(metrics, name).frombytes(raw)
-        metrics.turns_done = len(metrics.done_ns) - metrics.done_ns.count(_UNSET)
-        metrics.forward_ns.frombytes(data["forward_ns"])  # type: ignore[arg-type]
-        metrics.redispatch_ns.frombytes(data.get("redispatch_ns", b""))  # type: ignore[arg-type]
-        metrics.read_moved_ns.frombytes(data.get("read_moved_ns", b""))  # type: ignore[arg-type]
-        metrics.forward_attention_balance.frombytes(data["forward_attention_balance"])  # type: ignore[arg-type]
-        for role, b in busy_data.items():
-            target = metrics.gpu_busy[role]
-            target.interval_ns = b["interval_ns"]
-            for unit, raw in b["units"].items():
-                bins = target.busy_ns[int(unit)] = array("q")
-                bins.frombytes(raw)
-            target._rebalance()
-            if target.spans is not None and b["spans"] is not None:
-                target.spans.extend(tuple(span) for span in b["spans"])
-        return metrics
-
-    @classmethod
-    def merge(cls, parts: Sequence[Metrics]) -> Metrics:
-        """The run's metrics merged from its processes' parts."""
-        if not parts:
-            return cls()
-        interval = parts[0].gpu_busy["pe"].interval_ns
-        merged = cls(sample_interval_ns=interval, keep_spans=any(p.gpu_busy["pe"].spans is not None for p in parts))
-        rows = max(len(p.arrive_ns) for p in parts) if parts else 0
-        rows = max([rows, *(len(p.scheduled_pe_ns) for p in parts)])
-        for name in cls._COLUMNS:
-            out = array(getattr(merged, name).typecode, itertools.repeat(_UNSET, rows))
-            for part in parts:
-                column = getattr(part, name)
-                for rid, value in enumerate(column):
-                    if value == _UNSET:
-                        continue
-                    if out[rid] != _UNSET and out[rid] != value:
-                        keep = _ATTEMPT_COLUMNS.get(name)
-                        if keep is None:
-                            raise ValueError(
-                                f"request {rid}: {name} is {out[rid]} in one process and {value} in another"
-                            )
-                        value = keep(out[rid], value)
-                    out[rid] = value
-            setattr(merged, name, out)
-        merged._bind_columns()
-        merged.turns_done = len(merged.done_ns) - merged.done_ns.count(_UNSET)
-        passes = sorted((t, b) for p in parts for t, b in zip(p.forward_ns, p.forward_attention_balance, strict=True))
-        merged.forward_ns.extend(t for t, _ in passes)
-        merged.redispatch_ns.extend(sorted(t for p in parts for t in p.redispatch_ns))
-        merged.read_moved_ns.extend(sorted(t for p in parts for t in p.read_moved_ns))
-        merged.forward_attention_balance.extend(b for _, b in passes)
-        for role, target in merged.gpu_busy.items():
-            # Parts that widened their bins differently are summed at the widest interval (a power-of-2 multiple).
-            target.interval_ns = max(p.gpu_busy[role].interval_ns for p in parts)
-            for part in parts:
-                source = part.gpu_busy[role]
-                factor = target.interval_ns // source.interval_ns
-                for unit, bins in source.busy_ns.items():
-                    into = target.busy_ns.setdefault(unit, array("q"))
-                    width = -(-len(bins) // factor)
-                    if len(into) < width:
-                        into.extend(itertools.repeat(0, width - len(into)))
-                    for k, busy in enumerate(bins):
-                        into[k // factor] += busy
-                if target.spans is not None and source.spans is not None:
-                    target.spans.extend(source.spans)
-            target._rebalance()
-            if target.spans is not None:
-                target.spans.sort()
-        return merged
-
     # --- figures -------------------------------------------------------------------------------------
+
+    def waiting(self) -> tuple[int, int]:
+        """Requests open and waiting for a prefill engine, and those with one waiting for a decode engine."""
+        prefill = decode = 0
+        failed = self.failed_ns
+        for rid, (pe_ns, de_ns, done) in enumerate(zip(self.scheduled_pe_ns, self.scheduled_de_ns, self.done_ns)):
+            if done != _UNSET or (rid < len(failed) and failed[rid] != _UNSET):
+                continue
+            if pe_ns == _UNSET:
+                prefill += 1
+            elif de_ns == _UNSET:
+                decode += 1
+        return prefill, decode
 
     def unfinished(self) -> list[int]:
         """Requests admitted but not ended (done or failed)."""

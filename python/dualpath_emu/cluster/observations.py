@@ -5,11 +5,14 @@ fields, and :func:`parse` turns a live run's text line back into the record."""
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple, TypeAlias
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple, TypeAlias
 
 __all__ = [
-    "Admitted", "Assigned", "Ended", "Failed", "FaultChanged", "Redispatched", "HitRead", "LINE_FORMATS", "Observation",
-    "PoolCapacity", "PoolGive", "PoolTake", "Prefilled", "parse",
+    "Admitted", "Arrival", "Assigned", "Completion", "DecodeSegment", "Ended", "Failed", "FaultChanged", "FaultPlanned", "ForwardPass",
+    "HitRead", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
+    "PrefillChosen", "PrefillPass", "PrefillStarted", "Prefilled", "ReadRerouted", "ReadStarted", "Redispatched",
+    "WorkloadEnded", "from_wire", "parse", "to_wire",
 ]  # fmt: skip
 
 
@@ -172,8 +175,178 @@ class FaultChanged(NamedTuple):
         return _format(self)
 
 
+# --- measurements: what the metrics are derived from, never in the event log (its lines and hashes stay) ---
+
+
+class Arrival(NamedTuple):
+    """The client admitted request ``rid`` of agent ``agent``: ``prompt`` tokens, ``hit`` of them cached, ``gen``
+    to generate (a measurement: with :class:`Admitted`, which the event log keeps)."""
+
+    rid: int
+    agent: int
+    prompt: int
+    hit: int
+    gen: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class Completion(NamedTuple):
+    """Request ``rid`` ended, as its client saw it: its token times (``second_ns`` < 0: it had no second)."""
+
+    rid: int
+    first_ns: int
+    second_ns: int
+    done_ns: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class PrefillChosen(NamedTuple):
+    """The scheduler gave request ``rid`` a prefill engine (its decode engine comes with :class:`Assigned`)."""
+
+    rid: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class ReadStarted(NamedTuple):
+    """Request ``rid``'s hit KV began to be read from storage (it ends with :class:`HitRead`)."""
+
+    rid: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class ReadRerouted(NamedTuple):
+    """A read of ``tokens`` moved from node ``from_node`` to ``to_node``, the other side, its storage NIC down (the
+    second path as failover), as the scheduler learnt."""
+
+    from_node: int
+    to_node: int
+    tokens: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class PrefillStarted(NamedTuple):
+    """Request ``rid``'s first prefill chunk went into a forward pass."""
+
+    rid: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class ForwardPass(NamedTuple):
+    """A prefill forward pass started, with these attention times per GPU of its group (Fig. 13's balance)."""
+
+    attention_s: tuple[float, ...]
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _FORMATS[type(self)][1] % (len(self.attention_s),)
+
+
+class PrefillPass(NamedTuple):
+    """A prefill pass ran over [``start_ns``, ``end_ns``) (its engine's times: a live process observes it a little
+    later); ``gpus``: ``(gpu, requests, tokens)`` of each GPU with work in it (global GPU index)."""
+
+    start_ns: int
+    end_ns: int
+    gpus: tuple[tuple[int, int, int], ...]
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _FORMATS[type(self)][1] % (self.start_ns, self.end_ns, len(self.gpus))
+
+
+class DecodeSegment(NamedTuple):
+    """Decode GPU ``gpu`` (global index) stepped a batch of ``batch`` requests, ``step_ns`` a step, over
+    [``start_ns``, ``end_ns``)."""
+
+    gpu: int
+    start_ns: int
+    end_ns: int
+    batch: int
+    step_ns: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class FaultPlanned(NamedTuple):
+    """The next :class:`FaultChanged` start of ``fault`` on ``target`` lasts ``duration_ns`` (-1: to the run's end;
+    a crash: until its engine is back), as planned (what a stalled run's error says of the faults acting)."""
+
+    fault: str
+    target: str
+    duration_ns: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class WorkloadEnded(NamedTuple):
+    """The client has nothing more to submit and no request open: the run is over (a driver stops here)."""
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return ""
+
+
 Observation: TypeAlias = (Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
                           | FaultChanged | Failed | Redispatched)  # fmt: skip
+"""What the event log keeps."""
+Measurement: TypeAlias = (Arrival | Completion | PrefillChosen | ReadStarted | ReadRerouted | PrefillStarted
+                          | ForwardPass | PrefillPass | DecodeSegment | FaultPlanned | WorkloadEnded)  # fmt: skip
+"""What only the run's watchers see (the metrics, the end of the run): never written to the event log."""
 
 _FORMATS: Final[dict[type, tuple[str, str]]] = {
     Admitted: ("admit", "r%s"), Assigned: ("assign", "r%s pe%s de%s %s"), HitRead: ("read", "r%s n%s"),
@@ -181,16 +354,48 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     PoolTake: ("take", "%s %s %s"), PoolGive: ("give", "%s %s %s"), FaultChanged: ("fault", "%s %s %s x%r +%sns"),
     Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"),
 }  # fmt: skip
+_FORMATS.update({
+    Arrival: ("arrival", "r%s a%s %s %s %s"), Completion: ("completion", "r%s %s %s %s"),
+    PrefillChosen: ("prefill_chosen", "r%s"), ReadStarted: ("read_start", "r%s"), ReadRerouted: ("read_rerouted", "n%s n%s %s"),
+    PrefillStarted: ("prefill_start", "r%s"), ForwardPass: ("forward", "%s gpus"),
+    PrefillPass: ("prefill_pass", "%s-%s, %s gpus"), DecodeSegment: ("decode_segment", "gpu%s %s-%s b%s %sns"),
+    FaultPlanned: ("fault_planned", "%s %s %sns"), WorkloadEnded: ("workload_end", ""),
+})  # fmt: skip
+
+MEASUREMENTS: Final[frozenset[type]] = frozenset(
+    (Arrival, Completion, PrefillChosen, ReadStarted, ReadRerouted, PrefillStarted, ForwardPass, PrefillPass,
+     DecodeSegment, FaultPlanned, WorkloadEnded)
+)  # fmt: skip
+"""The :data:`Measurement` record types: a driver hands them to the run's watchers only, never to the event log."""
 """Per record type, its log ``kind`` and the ``%`` format of its ``summary`` (:func:`parse` reads it)."""
 
 LINE_FORMATS: Final[dict[type, str]] = {
-    cls: f"%d\t%d\t%s\t{kind}\t{summary}\n" for cls, (kind, summary) in _FORMATS.items()
+    cls: f"%d\t%d\t%s\t{kind}\t{summary}\n" for cls, (kind, summary) in _FORMATS.items() if cls not in MEASUREMENTS
 }
 """Per record type, the ``%`` format of its whole event-log line over ``(t_ns, seq, engine, *fields)``: one
 formatting per record in :meth:`~dualpath_emu.runtime.eventlog.EventLogWriter.write_observed`."""
 
 
-def _format(record: Observation) -> str:
+_BY_KIND: Final[dict[str, type]] = {kind: cls for cls, (kind, _) in _FORMATS.items()}
+
+
+def to_wire(t_ns: int, record: Observation | Measurement) -> list[object]:
+    """``record`` observed at ``t_ns`` as msgpack-able data: ``[kind, t_ns, *fields]`` (:func:`from_wire`)."""
+    return [record.kind, t_ns, *record]
+
+
+def from_wire(data: Sequence[Any]) -> tuple[int, Observation | Measurement]:
+    """The ``(t_ns, record)`` :func:`to_wire` made (msgpack's lists back to the records' tuples)."""
+    kind, t_ns, *fields = data
+    record: Observation | Measurement = _BY_KIND[kind](*(_tuples(f) for f in fields))
+    return int(t_ns), record
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _format(record: Observation | Measurement) -> str:
     return _FORMATS[type(record)][1] % record
 
 

@@ -13,7 +13,7 @@ from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import (
     Crash, Drop, Health, HitReady, KvReady, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadHere, ReadMoved,
 )  # fmt: skip
-from dualpath_emu.cluster.observations import HitRead, Prefilled
+from dualpath_emu.cluster.observations import ForwardPass, HitRead, PrefillPass, PrefillStarted, Prefilled, ReadStarted
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
 from dualpath_emu.runtime.engine import DataPlane, Outbox, Then, on
@@ -38,7 +38,7 @@ class _PrefillItem:
     attempt: int = 0  # Which read of its hit counts: a failover or a drop makes the reads begun before it stale.
     reading: bool = False  # This side's current read has started (its buffer is held).
     started_elsewhere: bool = False
-    """A read moved here had started on the decode side (which wrote its start in the metrics)."""
+    """A read moved here had started on the decode side (which observed its start)."""
     dropped: bool = False  # The scheduler dropped it (its decode engine crashed) while a forward pass had it.
 
     @property
@@ -193,9 +193,8 @@ class PrefillGroup(EngineGroup):
             self.buffers[node].release(now, item.rid, size)
             return
         item.reading = True
-        metrics = self.cluster.metrics
         if not item.started_elsewhere:
-            metrics.read_start(item.rid, now)
+            self.out.observe(ReadStarted(item.rid))
         if self._timeout_ns:
             self.plane.timer(now + self._timeout_ns, lambda now: self._check_read(now, node, item, attempt))
 
@@ -203,7 +202,6 @@ class PrefillGroup(EngineGroup):
             if attempt != item.attempt:  # the port came back: the late bytes are dropped (buffer freed at the move)
                 return
             item.reading = False
-            metrics.read_done(item.rid, now)
             self.out.observe(HitRead(item.rid, node))
             self.out.send("scheduler", ReadDone(node, item.hit))
             self._pe_ready(now, item)
@@ -342,7 +340,7 @@ class PrefillGroup(EngineGroup):
 
     def _forward(self, now: int, batches: dict[tuple[int, int], list[tuple[_PrefillItem, int]]]) -> None:
         cluster = self.cluster
-        system, d, topo, metrics = cluster.system, cluster.derived, cluster.topology, cluster.metrics
+        system, d, topo, observe = cluster.system, cluster.derived, cluster.topology, self.out.observe
         plane = self.plane
         stages = d.stages
         layers = d.model.layers
@@ -364,7 +362,8 @@ class PrefillGroup(EngineGroup):
             ffn_s = max(ffn_s, times.other_s)
             tokens = sum(chunk for _, chunk in batch)
             for item, chunk in batch:
-                metrics.prefill_start(item.rid, now)
+                if item.done_new == 0:
+                    observe(PrefillStarted(item.rid))
                 miss_bytes = chunk * self._kv
                 if system.oracle:
                     ranks.append((None, attn_ns, None))
@@ -392,7 +391,7 @@ class PrefillGroup(EngineGroup):
                 peer_gpu = gpu
                 collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), MODEL_LANE,
                                     int(self._a2a * tokens * layers / stages)))  # fmt: skip
-        metrics.forward(now, attention_s)
+        observe(ForwardPass(tuple(attention_s)))
         ffn_ns = round(ffn_s * layers / stages * NS)
 
         epoch = self._epoch
@@ -415,7 +414,8 @@ class PrefillGroup(EngineGroup):
         if epoch != self._epoch:
             return  # the engine crashed during the pass: its results are gone
         gpus = self.cluster.config.node.gpus  # the GPUs with work in this pass were busy for it (gpu_util)
-        self.cluster.metrics.prefill_pass(started, now, [(n * gpus + g, b) for (n, g), b in batches.items() if b])
+        work = tuple((n * gpus + g, len(b), sum(t for _, t in b)) for (n, g), b in batches.items() if b)
+        self.out.observe(PrefillPass(started, now, work))
         if post:  # without layerwise prefill, the whole prompt KV goes to the DE buffer after the pass
             topo = self.cluster.topology
             join = _join(len(post), lambda now: self._finish(now, batches) if epoch == self._epoch else None)

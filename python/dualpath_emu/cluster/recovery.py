@@ -305,7 +305,6 @@ class CrashRecovery:
             return
         self._attempts[rid] = attempt
         self.s.out.observe(Redispatched(rid, attempt, lost_by))
-        self.s.cluster.metrics.redispatched(rid, now)
         self.s.prefill_queue.appendleft(self.s.requests[rid])
 
     def engine_down(self, now: int, group: str) -> None:

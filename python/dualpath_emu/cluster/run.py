@@ -14,7 +14,6 @@ from typing import Any, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.assemble import build_engine, engine_names
-from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.ledger import Booking, measure_spans
 from dualpath_emu.cluster.messages import Start
@@ -22,18 +21,16 @@ from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.metrics import Metrics, percentiles
-from dualpath_emu.cluster.observations import LINE_FORMATS
+from dualpath_emu.cluster.observations import LINE_FORMATS, FaultChanged, FaultPlanned, WorkloadEnded
 from dualpath_emu.cluster.policies import PolicyError
-from dualpath_emu.cluster.scheduler import Scheduler
 from dualpath_emu.cluster.systems import System, built_in
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
-from dualpath_emu.cluster.fault_injector import FaultInjector
-from dualpath_emu.cluster.faults import fault_summary
+from dualpath_emu.cluster.faults import FaultWatch, fault_summary
 from dualpath_emu.cluster.stall import progress_watch
 from dualpath_emu.runtime.core_work import clear_faults
 from dualpath_emu.runtime.eventlog import EventLogWriter
-from dualpath_emu.runtime.engine import Observed
+from dualpath_emu.runtime.engine import Observed, Watch, watching
 from dualpath_emu.runtime.virtual import PLANES, DeadlockError, EventSink, PlaneFactory, VirtualDriver
 from dualpath_emu.workload.trajectory import Trajectory
 
@@ -48,18 +45,16 @@ Utilisation = dict[str, float]
 """``{"mean": fraction of capacity over the run, "p99": 99th percentile of the 1-second samples}``."""
 
 
-def _stuck_policy(system: str, cluster: Cluster, engines: Sequence[object], now_ns: int) -> PolicyError | None:
+def _stuck_policy(system: str, policy: object, metrics: Metrics, now_ns: int) -> PolicyError | None:
     """Why a run that can go no further stopped, if its policy left requests waiting (``None``: none wait)."""
-    for engine in engines:
-        if isinstance(engine, Scheduler):
-            prefill, decode = engine.waiting()
-            if prefill or decode:
-                return PolicyError(
-                    f"system {system!r}: policy {type(cluster.policy).__name__} left {prefill} request(s) waiting for a "
-                    f"prefill engine and {decode} for a decode engine at t = {now_ns / 1e9:.3f} s with nothing else "
-                    "in flight: it assigned them to no engine, so the run cannot go on (assign_prefill and "
-                    "assign_decode must assign work whenever an engine has room)"
-                )
+    prefill, decode = metrics.waiting()
+    if prefill or decode:
+        return PolicyError(
+            f"system {system!r}: policy {type(policy).__name__} left {prefill} request(s) waiting for a prefill "
+            f"engine and {decode} for a decode engine at t = {now_ns / 1e9:.3f} s with nothing else in flight: it "
+            "assigned them to no engine, so the run cannot go on (assign_prefill and assign_decode must assign work "
+            "whenever an engine has room)"
+        )
     return None
 
 
@@ -198,7 +193,13 @@ def run_system(
     topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     booking = Booking(probe=probe_paths)
-    cluster = Cluster(config, system, d, topology, metrics, system.policy(d.alpha_tokens, d.beta_tokens), booking)
+    cluster = Cluster(config, system, d, topology, system.policy(d.alpha_tokens, d.beta_tokens), booking)
+    # What the run reports is derived from what the engines observe: the metrics, the faults' windows (with what
+    # the metrics count at each window's edges) and the workload's end, where the driver stops.
+    faults = FaultWatch(lambda _t, _end: (len(metrics.redispatch_ns), metrics.failures, len(metrics.read_moved_ns)))
+    ended: list[int] = []
+    watch = watching(metrics.watch(), Watch({WorkloadEnded: lambda now, _: ended.append(now)}),
+                     Watch({FaultChanged: faults.changed, FaultPlanned: faults.planned}))  # fmt: skip
     writer = EventLogWriter(formats=LINE_FORMATS)
     checker = EventLogChecker()
 
@@ -211,18 +212,17 @@ def run_system(
         report = _Reporter(system_name, progress, progress_interval_s, metrics, core, trajectories)
         driver = VirtualDriver(
             core, sink=report.wrap(sink), chunk=4096, plane=planes[plane], order_seed=order_seed,
-            message_delay_ns=message_delay_ns,
+            message_delay_ns=message_delay_ns, watch=watch,
         )  # fmt: skip
     else:
         driver = VirtualDriver(
-            core, sink=sink, plane=planes[plane], order_seed=order_seed, message_delay_ns=message_delay_ns
-        )
+            core, sink=sink, plane=planes[plane], order_seed=order_seed, message_delay_ns=message_delay_ns,
+            watch=watch,
+        )  # fmt: skip
     for name in engine_names(config):
         driver.add(
             build_engine(name, cluster, driver.outbox(name), driver.plane, trajectories=lambda: trajectories, seed=seed)
         )
-    client = driver.engines[0]
-    assert isinstance(client, Client)
     driver.send("client", Start())
 
     started = time.perf_counter()
@@ -233,9 +233,9 @@ def run_system(
     thresholds = gc.get_threshold()
     gc.set_threshold(100_000, 50, 1000)
     try:
-        driver.run(lambda: client.finished, progress_watch(cluster, core, driver.engines, system_name))
+        driver.run(lambda: bool(ended), progress_watch(config, metrics, core, faults, system_name))
     except DeadlockError:
-        stuck = _stuck_policy(system_name, cluster, driver.engines, core.now_ns)
+        stuck = _stuck_policy(system_name, cluster.policy, metrics, core.now_ns)
         if stuck is None:
             raise
         raise stuck from None
@@ -260,10 +260,9 @@ def run_system(
                           wall_s, driver.event_count, end_ns, turns_planned=sum(len(t) for t in trajectories))  # fmt: skip
     result.spec = system
     result.extra.update({"mode": "virtual", "processes": 1})
-    for engine in driver.engines:
-        if isinstance(engine, FaultInjector):
-            result.extra.update(fault_summary(engine.records, metrics.done_ns, end_ns, metrics.redispatch_ns,
-                                              metrics.failed_ns, metrics.read_moved_ns))  # fmt: skip
+    if config.faults.any:
+        result.extra.update(fault_summary(faults.records, metrics.done_ns, end_ns, metrics.redispatch_ns,
+                                          metrics.failed_ns, metrics.read_moved_ns))  # fmt: skip
     if probe_paths:
         measure_spans(booking, topology, core.spans())
         result.extra["paths"] = {kind: stats.summary() for kind, stats in sorted(booking.measured.items())}

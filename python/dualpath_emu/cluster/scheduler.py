@@ -15,7 +15,7 @@ from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
     Submit, TurnsEnded,
 )  # fmt: skip
-from dualpath_emu.cluster.observations import Assigned
+from dualpath_emu.cluster.observations import Assigned, PrefillChosen, ReadRerouted
 from dualpath_emu.cluster.policies import (
     DecodeView, EngineState, GroupState, PrefillView, QueueView, ReadView, Request, RouteView, check_decode,
     check_prefill, check_read_side, check_routes,
@@ -103,10 +103,6 @@ class Scheduler(ClusterEngine):
         """Every decode group's private queue, by node (``private`` lacks those of groups that are down)."""
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
-
-    def waiting(self) -> tuple[int, int]:
-        """Requests waiting for a PE, and for a DE (the global decode queue and every group's private one)."""
-        return len(self.prefill_queue), len(self.decode_queue) + sum(len(q) for q in self.private.values())
 
     # --- the engines' loads ------------------------------------------------------------------------------
 
@@ -207,7 +203,7 @@ class Scheduler(ClusterEngine):
         if not assigned:
             return
         _take(queue, [a.request for a in assigned])
-        pe_of, decode_queue, scheduled_pe = self.pe_of, self.decode_queue, self.cluster.metrics.scheduled_pe
+        pe_of, decode_queue, observe = self.pe_of, self.decode_queue, self.out.observe
         prefill_tokens = self.policy.prefill_tokens
         for a in assigned:
             request = self.requests[a.request.id]
@@ -215,7 +211,7 @@ class Scheduler(ClusterEngine):
             self._pe_load(a.engine, prefill_tokens(request), 1, self._stamp)
             pe_of[request.id] = a.engine
             decode_queue.append(request)
-            scheduled_pe(request.id, now)
+            observe(PrefillChosen(request.id))
         self._route(now)
 
     def _route(self, now: int) -> None:
@@ -254,7 +250,7 @@ class Scheduler(ClusterEngine):
         gpus, oracle, read_q, pe_of, de_of, pe_group = (
             self._gpus, self.cluster.system.oracle, self.read_q, self.pe_of, self.de_of, self._pe_group,
         )  # fmt: skip
-        scheduled_de, observe, decode_tokens = self.cluster.metrics.scheduled_de, self.out.observe, policy.decode_tokens
+        observe, decode_tokens = self.out.observe, policy.decode_tokens
         prefill: dict[str, list[PrefillTask]] = {}
         expect: list[DecodeTask] = []
         for a in assigned:
@@ -273,7 +269,6 @@ class Scheduler(ClusterEngine):
                 read_on_de = side == "de"
                 read_node = node if read_on_de else pe_node
                 read_q[read_node] = read_q.get(read_node, 0) + r.hit_tokens
-            scheduled_de(rid, now, pe, de, read_on_de)
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
             task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context)
@@ -298,7 +293,7 @@ class Scheduler(ClusterEngine):
         """A read moved to the other side (failover): its tokens leave one read queue for the other."""
         self.read_q[msg.from_node] -= msg.tokens
         self.read_q[msg.to_node] += msg.tokens
-        self.cluster.metrics.read_moved_ns.append(now)
+        self.out.observe(ReadRerouted(msg.from_node, msg.to_node, msg.tokens))
 
     @on(ReadDone)
     def on_read_done(self, now: int, msg: ReadDone, sender: str) -> None:

@@ -8,25 +8,24 @@ saying when progress stopped, how many requests were in flight and which faults 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from dualpath_emu._core import Core
-from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.engines import NS
-from dualpath_emu.cluster.fault_injector import FaultInjector
+from dualpath_emu.cluster.faults import FaultWatch
+from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.runtime.virtual import ProgressWatch
 
 __all__ = ["progress_watch"]
 
 
-def progress_watch(cluster: Cluster, core: Core, engines: Sequence[Any], name: str) -> ProgressWatch | None:
-    """The watch for a virtual run of ``cluster`` on ``core`` (None: ``stall_timeout_s`` is 0)."""
-    limit_s = cluster.config.stall_timeout_s
+def progress_watch(
+    config: ClusterConfig, metrics: Metrics, core: Core, faults: FaultWatch | None, name: str
+) -> ProgressWatch | None:
+    """The watch for a virtual run of ``config`` on ``core``, its progress in ``metrics`` and the faults acting in
+    ``faults`` (both derived from the engines' observations; None: ``stall_timeout_s`` is 0)."""
+    limit_s = config.stall_timeout_s
     if limit_s <= 0:
         return None
-    metrics = cluster.metrics
-    injector = next((e for e in engines if isinstance(e, FaultInjector)), None)
     seen_key: list[tuple[int, int, int]] = [(0, 0, 0)]  # (admitted, done, transfers and I/Os finished) when last asked
     seen_ns = [0]  # when they last grew
 
@@ -50,14 +49,14 @@ def progress_watch(cluster: Cluster, core: Core, engines: Sequence[Any], name: s
         return max(seen_ns[0], last_request_ns())
 
     def describe(now_ns: int, last_ns: int) -> str:
-        acting = injector.acting() if injector is not None else []
-        faults = (
+        acting = faults.acting() if faults is not None else []
+        said = (
             f"faults acting: {'; '.join(acting[:5])}{' …' if len(acting) > 5 else ''}" if acting else "no fault acting"
         )
         return (f"{name}: no progress for over {limit_s:g} s of emulated time (stall_timeout_s): {in_flight():,} "
                 f"request(s) in flight; none admitted, read, prefilled, given a token or ended since "
                 f"{last_request_ns() / NS:,.3f} s, and no transfer or I/O finished since {last_ns / NS:,.0f} s or "
-                f"before; {faults}; stopped at {now_ns / NS:,.3f} s")  # fmt: skip
+                f"before; {said}; stopped at {now_ns / NS:,.3f} s")  # fmt: skip
 
     limit_ns = round(limit_s * NS)
     return ProgressWatch(limit_ns, max(1, limit_ns // 8), last_progress_ns, describe)

@@ -19,6 +19,7 @@ from typing import Any, Final, TypeVar
 
 from dualpath_emu.messages import Envelope, Message
 from dualpath_emu.runtime.core_work import CoreWork
+from dualpath_emu.runtime.engine import Watch
 from dualpath_emu.runtime.eventlog import Event
 
 __all__ = ["MAIN", "Actor", "ActorError", "ActorFailure", "ActorSystem", "Event", "UnknownActorError"]
@@ -132,6 +133,9 @@ class ActorSystem:
         self._sink: Callable[[list[_RawEvent], int], None] | None = None
         self._sink_chunk = 0
         self.dropped = 0  # Messages dropped because their recipient was stopped.
+        self.watch = Watch()
+        """Who, beside the event record, is told of the engines' observations (:class:`~.engine.Watch`): set by
+        the application before its actors start (a process's metrics part, the end of the workload)."""
         self.failure: ActorFailure | None = None
         self._actors: dict[str, Actor] = {}
         self._next_msg_id = 1

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar
 
 from dualpath_emu.messages import Message
 
 __all__ = [
     "DataPlane", "DecodeReport", "Engine", "Extents", "Hop", "Observed", "Outbox", "Then", "UnhandledInputError",
-    "forward_bytes", "on", "seeded_random"
+    "Watch", "forward_bytes", "on", "seeded_random", "watching",
 ]  # fmt: skip
 
 Then: TypeAlias = Callable[[int], None]
@@ -96,6 +98,37 @@ class Observed(Protocol):
     def summary(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class Watch:
+    """Who, beside the event log, is told of an engine's observations as they are made: per record type a
+    ``callback(now_ns, record)`` (a run's metrics, the end of its workload); the types in ``unlogged`` (the
+    measurements) never go into the event log, watched or not, so the log and its hash are the decisions'.
+    A driver holds one; :func:`watching` joins several."""
+
+    callbacks: Mapping[type, Callable[[int, Any], None]] = field(default_factory=dict)
+    unlogged: AbstractSet[type] = frozenset()
+
+
+def watching(*watches: Watch) -> Watch:
+    """One :class:`Watch` that tells each of ``watches`` of what it watches, in the order given."""
+    callbacks: dict[type, list[Callable[[int, Any], None]]] = {}
+    for watch in watches:
+        for kind, callback in watch.callbacks.items():
+            callbacks.setdefault(kind, []).append(callback)
+
+    def chain(each: list[Callable[[int, Any], None]]) -> Callable[[int, Any], None]:
+        if len(each) == 1:
+            return each[0]
+
+        def tell(now_ns: int, record: Any) -> None:
+            for callback in each:
+                callback(now_ns, record)
+
+        return tell
+
+    return Watch({k: chain(v) for k, v in callbacks.items()}, frozenset().union(*(w.unlogged for w in watches)))
+
+
 class Outbox(Protocol):
     """Where an engine's messages and observations go (one per engine: it knows the sender's name)."""
 
@@ -103,7 +136,8 @@ class Outbox(Protocol):
         """Send ``msg`` to the engine called ``recipient``; delivered after the current input is handled."""
 
     def observe(self, record: Observed) -> None:
-        """Add ``record`` to the run's observations (the event log), at the current time."""
+        """Add ``record`` to the run's observations at the current time: the event log, and the driver's
+        :class:`Watch` (a measurement only there)."""
 
 
 class UnhandledInputError(TypeError):

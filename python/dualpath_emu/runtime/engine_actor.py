@@ -3,7 +3,8 @@
 In a live run (``--mode realtime``, the host backend) each engine runs in an :class:`EngineActor` of its process's actor
 system (:mod:`~dualpath_emu.runtime.zmq_transport` carries its messages between processes). The actor only translates: a
 message it is told becomes :meth:`~dualpath_emu.runtime.engine.Engine.receive` with the loop's clock; the engine's
-outbox is the actor system's ``tell`` and ``record`` (an observation as its log line's fields); its data plane is the
+outbox is the actor system's ``tell`` and ``record`` (an observation as its log line's fields) and its ``watch``
+(told the time of the input being handled, as in virtual time); its data plane is the
 process's (:class:`LiveDataPlane` over the data-plane service's remote core, a one-process run's own core, or the host
 backend's real bytes), handed in. An exception in the engine fails the run as any actor's would."""
 
@@ -27,16 +28,18 @@ class LiveDataPlane:
     callback with the plane's clock; an error in it, or a request the core refuses, goes to ``fail``. Timers
     are the loop's own (a round trip to a remote data plane per timer would only add lag)."""
 
-    def __init__(self, plane: CoreWork, fail: Callable[[Exception], None]) -> None:
+    def __init__(self, plane: CoreWork, fail: Callable[[Exception], None], input_at: _InputTime | None = None) -> None:
         self.plane = plane
         self._fail = fail
+        self._input = input_at if input_at is not None else _InputTime()
 
     def _guard(self, then: Then) -> Callable[[], None]:
-        clock, fail = self.plane.clock_ns, self._fail
+        clock, fail, input_at = self.plane.clock_ns, self._fail, self._input
 
         def done() -> None:
             try:
-                then(clock())
+                now = input_at.now_ns = clock()
+                then(now)
             except Exception as error:
                 fail(error)
 
@@ -82,11 +85,12 @@ class LiveDataPlane:
         self.plane.set_port_latency(port, extra_ns)
 
     def decode_node(self, report: DecodeReport, **spec: Any) -> int:
-        clock, fail = self.plane.clock_ns, self._fail
+        clock, fail, input_at = self.plane.clock_ns, self._fail, self._input
 
         def reported(ended: list[tuple[int, int]], spans: list[tuple[int, int, int, int, int]]) -> None:
             try:
-                report(clock(), ended, spans)
+                now = input_at.now_ns = clock()
+                report(now, ended, spans)
             except Exception as error:
                 fail(error)
 
@@ -104,17 +108,34 @@ class LiveDataPlane:
         self.plane.decode_reset(node)
 
 
-class _ActorOutbox:
-    __slots__ = ("_system", "_name")
+class _InputTime:
+    """The time of the input an engine is handling (a message's, a completion's, a timer's): what its observations
+    are measured at, as in virtual time, not the loop's clock a moment later when the handler observes."""
 
-    def __init__(self, system: ActorSystem, name: str) -> None:
-        self._system, self._name = system, name
+    __slots__ = ("now_ns",)
+
+    def __init__(self) -> None:
+        self.now_ns = 0
+
+
+class _ActorOutbox:
+    __slots__ = ("_system", "_name", "_input")
+
+    def __init__(self, system: ActorSystem, name: str, input_at: _InputTime) -> None:
+        self._system, self._name, self._input = system, name, input_at
 
     def send(self, recipient: str, msg: Message) -> None:
         self._system.tell(recipient, msg, sender=self._name)
 
     def observe(self, record: Observed) -> None:
-        self._system.record(self._name, record.kind, record.summary())
+        system = self._system
+        watch = system.watch
+        callback = watch.callbacks.get(type(record))
+        if callback is not None:
+            callback(self._input.now_ns, record)
+        if type(record) in watch.unlogged:
+            return
+        system.record(self._name, record.kind, record.summary())
 
 
 class EngineActor(Actor):
@@ -122,12 +143,17 @@ class EngineActor(Actor):
 
     def __init__(self, system: ActorSystem, name: str, build: Callable[[Outbox, DataPlane], Engine]) -> None:
         super().__init__(system, name)
-        self.data_plane = LiveDataPlane(system.data_plane, self._fail)
-        self.engine = build(_ActorOutbox(system, name), self.data_plane)
-        self.receive = self.engine.receive  # type: ignore[method-assign]  # the actor's receive is its engine's
+        self._input = _InputTime()
+        self.data_plane = LiveDataPlane(system.data_plane, self._fail, self._input)
+        self.engine = build(_ActorOutbox(system, name, self._input), self.data_plane)
+
+    def receive(self, now_ns: int, msg: Message, sender: str) -> None:
+        self._input.now_ns = now_ns
+        self.engine.receive(now_ns, msg, sender)
 
     def _fail(self, error: Exception) -> None:
         self.system.fail(self, error)
 
     def started(self) -> None:
-        self.engine.start(self.system.now_ns())
+        now = self._input.now_ns = self.system.now_ns()
+        self.engine.start(now)

@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 from dualpath_emu._core import UNREPORTED_TAG, Core
 from dualpath_emu.errors import NoProgressError
 from dualpath_emu.messages import Message
-from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Engine, Extents, Hop, Observed, Then
+from dualpath_emu.runtime.engine import DataPlane, DecodeReport, Engine, Extents, Hop, Observed, Then, Watch
 
 __all__ = [
     "CoreDataPlane", "DeadlockError", "EventSink", "NoProgressError", "PLANES", "PlaneFactory", "ProgressWatch",
@@ -233,6 +233,11 @@ class _Outbox:
 
     def observe(self, record: Observed) -> None:
         driver = self._driver
+        callback = driver._callbacks.get(type(record))
+        if callback is not None:
+            callback(driver.now_ns, record)
+        if type(record) in driver._unlogged:
+            return
         log = driver._log
         log.append((driver.now_ns, self._name, record))
         if len(log) >= driver._chunk and driver._sink is not None:
@@ -266,11 +271,12 @@ class VirtualDriver:
     ZeroMQ keeps them; :meth:`send`'s sender is ``"main"``); each data-plane completion is a channel of its own.
     ``message_delay_ns`` (only with ``order_seed``, from the same stream): each message between engines arrives
     after a delay drawn uniformly from ``[0, message_delay_ns]`` ns, never before an earlier one of its pair (a core
-    timer carries it; the run is done only once none is in flight)."""
+    timer carries it; the run is done only once none is in flight). ``watch``: who else is told of the engines'
+    observations as they are made (:class:`~dualpath_emu.runtime.engine.Watch`: a run's metrics)."""
 
     def __init__(
         self, core: Core, *, sink: EventSink | None = None, chunk: int = 65_536, plane: PlaneFactory = CoreDataPlane,
-        order_seed: int | None = None, message_delay_ns: int = 0,
+        order_seed: int | None = None, message_delay_ns: int = 0, watch: Watch = Watch(),
     ) -> None:  # fmt: skip
         if message_delay_ns < 0 or (message_delay_ns and order_seed is None):
             raise ValueError(f"message_delay_ns: expected 0, or a number of ns >= 0 with an order_seed, got "
@@ -293,6 +299,7 @@ class VirtualDriver:
         self._log: list[tuple[int, str, Observed]] = []
         self._sink = sink
         self._chunk = chunk
+        self._callbacks, self._unlogged = dict(watch.callbacks), watch.unlogged
         self._flushed = 0
 
     def outbox(self, name: str) -> _Outbox:

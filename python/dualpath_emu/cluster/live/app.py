@@ -1,7 +1,7 @@
 """The cluster as an application of the real-time runtime: the same actors as in virtual time, placed in OS
 processes, paced by the data-plane service's core in wall-clock time. Every process builds the same
-configuration from the run's description (:data:`DESCRIPTION`); each keeps its own metrics, ledger and event
-log, written when it stops (:meth:`ClusterApplication.write_part`)."""
+configuration from the run's description (:data:`DESCRIPTION`); each keeps its own ledger, event log and tape
+of the observations the run's metrics are derived from, written when it stops (:meth:`ClusterApplication.write_part`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type informat
 
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.assemble import build_engine, engine_names, prefill_groups
-from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.config import derived
@@ -24,6 +23,7 @@ from dualpath_emu.cluster.live.metrics import LiveMetrics
 from dualpath_emu.cluster.live.wire import config_from_wire, system_from_wire, write_private
 from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.observations import MEASUREMENTS, Arrival, Completion, WorkloadEnded, to_wire
 from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S
 from dualpath_emu.cluster.topology import Topology, build_topology
 from dualpath_emu.config import ScenarioError, Table
@@ -31,6 +31,7 @@ from dualpath_emu.messages import MessageRegistry
 from dualpath_emu.runtime.actors import Actor, ActorSystem
 from dualpath_emu.runtime.app import Application, Registry
 from dualpath_emu.runtime.core_work import CoreWork
+from dualpath_emu.runtime.engine import Watch, watching
 from dualpath_emu.runtime.engine_actor import EngineActor
 from dualpath_emu.runtime.node import MODEL
 from dualpath_emu.workload.trajectory import read_trajectories
@@ -89,8 +90,11 @@ class ClusterApplication(Application):
         self.scratch = Core()
         self.topology = self._build(self.scratch)
         self._cluster: Cluster | None = None
-        self._client: Client | None = None
-        self._finished: asyncio.Event | None = None
+        self._tape: list[tuple[int, Any]] = []
+        """What this process's engines observed that the run's metrics are derived from, ``(t_ns, record)`` in the
+        order observed: its part (:meth:`write_part`); the collector replays every process's into one
+        :class:`Metrics`."""
+        self._watched: set[int] = set()  # The actor systems (by id) whose watch keeps the tape.
         self._plane: CoreWork | None = None  # This process's data plane: its engines'.
         self.host: HostDataPlane | None = None  # This process's host data plane (host backend only; :mod:`.host`).
 
@@ -121,29 +125,34 @@ class ClusterApplication(Application):
 
     def _context(self) -> Cluster:
         if self._cluster is None:
-            metrics = Metrics(sample_interval_ns=self.sample_interval_ns)
             policy = self.system.policy(self.derived.alpha_tokens, self.derived.beta_tokens)
-            self._cluster = Cluster(self.config, self.system, self.derived, self.topology, metrics, policy)
+            self._cluster = Cluster(self.config, self.system, self.derived, self.topology, policy)
         return self._cluster
 
     def create_actor(self, system: ActorSystem, name: str, *, restarted: bool = False) -> Actor:
         """The actor around engine ``name``, whose data plane is the process's (``restarted``: see the base)."""
         cluster = self._context()
         self._plane = system.data_plane
-        actor = EngineActor(system, name, lambda out, plane: build_engine(
+        if id(system) not in self._watched:  # the process's observations the metrics need go on its tape
+            self._watched.add(id(system))
+            keep = self._tape.append
+            system.watch = watching(system.watch, Watch(
+                {kind: lambda now, record: keep((now, record)) for kind in Metrics.observed()}, MEASUREMENTS
+            ))  # fmt: skip
+        return EngineActor(system, name, lambda out, plane: build_engine(
             name, cluster, out, plane, trajectories=lambda: read_trajectories(self.trajectories_path).trajectories,
             seed=self.seed, restarted=restarted))  # fmt: skip
-        if isinstance(actor.engine, Client):
-            self._client = actor.engine
-            self._finished = finished = asyncio.Event()
-            actor.engine.on_finished = finished.set
-        return actor
 
     async def drive(self, system: ActorSystem) -> dict[str, Any]:
-        client, finished, plane = self._client, self._finished, self._plane
-        assert client is not None and finished is not None and plane is not None, (
-            "the driver runs in the client's process"
-        )
+        plane = self._plane
+        assert plane is not None, "the driver runs in the client's process"
+        finished = asyncio.Event()
+        counts = {Arrival: 0, Completion: 0}
+
+        def count(_now: int, record: Any) -> None:
+            counts[type(record)] += 1
+
+        watches = [Watch({WorkloadEnded: lambda _now, _record: finished.set(), Arrival: count, Completion: count})]
         tasks: list[asyncio.Task[None]] = []
         live: LiveMetrics | None = None
         loop = asyncio.get_running_loop()
@@ -152,10 +161,11 @@ class ClusterApplication(Application):
             port = live.serve(self.metrics_port)
             write_private(self.run_dir / METRICS_PORT_FILE, f"{port}\n".encode())
             print(f"live metrics: http://127.0.0.1:{port}/metrics", flush=True)
-            client.observer = live
+            watches.append(live.watch())
             tasks.append(loop.create_task(self._poll(plane, live), name="live-metrics"))
+        system.watch = watching(system.watch, *watches)  # the client's observations: where the run is
         start_ns = system.now_ns()
-        tasks.append(loop.create_task(self._report_progress(system, start_ns), name="progress"))
+        tasks.append(loop.create_task(self._report_progress(system, start_ns, counts), name="progress"))
         try:
             system.tell("client", Start())
             await finished.wait()
@@ -167,16 +177,15 @@ class ClusterApplication(Application):
                 live.close()
         plane.flush()  # the last instant's work (block write-backs) goes to the data plane
         await asyncio.sleep(0)
-        return {"turns": len(self._context().metrics), "start_ns": start_ns, "end_ns": system.now_ns()}
+        return {"turns": counts[Arrival], "start_ns": start_ns, "end_ns": system.now_ns()}
 
-    async def _report_progress(self, system: ActorSystem, start_ns: int) -> None:
+    async def _report_progress(self, system: ActorSystem, start_ns: int, counts: dict[type, int]) -> None:
         """Write how far the run is to :data:`PROGRESS_FILE`, for the launching command's progress line."""
-        metrics = self._context().metrics
         total = sum(len(t) for t in read_trajectories(self.trajectories_path).trajectories)
         every_s = PROGRESS_S * getattr(asyncio.get_running_loop(), "time_scale", 1.0)  # in loop seconds
         temporary = self.run_dir / f"{PROGRESS_FILE}.tmp"
         while True:
-            report = {"turns_done": metrics.turns_done, "turns_total": total,
+            report = {"turns_done": counts[Completion], "turns_total": total,
                       "emulated_s": (system.now_ns() - start_ns) / 1e9}  # fmt: skip
             write_private(temporary, json.dumps(report).encode())
             os.replace(temporary, self.run_dir / PROGRESS_FILE)  # whole, never half written
@@ -196,17 +205,16 @@ class ClusterApplication(Application):
             await asyncio.sleep(every_s)
 
     def write_part(self, path: Path) -> None:
-        """This process's share of the run: its metrics and what its ledger booked (msgpack, user-only)."""
+        """This process's share of the run: what its engines observed for the metrics (its tape) and what its ledger
+        booked (msgpack, user-only)."""
         cluster = self._cluster
         booked: list[tuple[int, int, int, int]] = []
-        metrics: dict[str, Any] | None = None
         if cluster is not None:
             transfers = cluster.booking.transfers
             booked = [
                 (port, lane, size, transfers[(port, lane)]) for (port, lane), size in cluster.booking.bytes.items()
             ]
-            metrics = cluster.metrics.to_wire()
-        part: dict[str, Any] = {"metrics": metrics, "booked": booked}
+        part: dict[str, Any] = {"observed": [to_wire(now, record) for now, record in self._tape], "booked": booked}
         if self.host is not None:
             part["host"] = host_part(self.host, self.topology)
         write_private(path, msgpack.packb(part))

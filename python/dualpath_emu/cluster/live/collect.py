@@ -1,9 +1,9 @@
-"""Collecting a finished live run: every process's part (metrics, ledger, event log; every incarnation of a
-process started again in place of a dead one) merged and checked, with how close to its model the run kept
-(timeliness) and which processes were restarted.
+"""Collecting a finished live run: every process's part (its observations for the metrics, ledger, event log;
+every incarnation of a process started again in place of a dead one) merged and checked, with how close to its
+model the run kept (timeliness) and which processes were restarted.
 
 An end a dead incarnation observed but never told anyone of (it died between the two) is void when the
-scheduler dispatched the request again afterwards. The dead one's metrics and ledger died with it, so the
+scheduler dispatched the request again afterwards. The dead one's tape and ledger died with it, so the
 bytes check counts, for it, what the data-plane service tallied it asked for (``replaced`` in its report)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dualpath_emu.cluster.live.app import RUN_SCENARIO, STORAGE_DIR, ClusterAppl
 from dualpath_emu.cluster.live.host import host_report
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.observations import Ended, Redispatched
+from dualpath_emu.cluster.observations import from_wire as observation_from_wire
 from dualpath_emu.cluster.observations import parse as parse_observation
 from dualpath_emu.cluster.run import LostRequestsError, SystemResult, build_result
 from dualpath_emu.config import ScenarioError
@@ -36,13 +37,14 @@ from dualpath_emu.runtime.scenario import DATAPLANE_PROCESS, RunScenario, incarn
 __all__ = ["collect", "collect_dir", "describe", "last_incarnation", "read_part"]
 
 
-def read_part(path: Path) -> tuple[Metrics | None, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
-    """A process's share (:meth:`~.app.ClusterApplication.write_part`): metrics, bytes and transfers booked."""
+def read_part(path: Path) -> tuple[list[tuple[int, Any]], dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """A process's share (:meth:`~.app.ClusterApplication.write_part`): what its engines observed for the metrics
+    ``(t_ns, record)``, bytes and transfers booked."""
     data = msgpack.unpackb(path.read_bytes(), strict_map_key=False)
-    metrics = Metrics.from_wire(data["metrics"]) if data["metrics"] is not None else None
+    observed = [observation_from_wire(item) for item in data["observed"]]
     booked = {(port, lane): size for port, lane, size, _ in data["booked"]}
     transfers = {(port, lane): count for port, lane, _, count in data["booked"]}
-    return metrics, booked, transfers
+    return observed, booked, transfers
 
 
 def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResult, Metrics]:
@@ -51,11 +53,11 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
     assert isinstance(app, ClusterApplication)
     processes = [p.name for p in run.processes]
     last = {name: last_incarnation(run_dir, name) for name in processes}
-    parts, booked, transfers = [], Counter[tuple[int, int]](), Counter[tuple[int, int]]()
+    observed: list[tuple[int, Any]] = []
+    booked, transfers = Counter[tuple[int, int]](), Counter[tuple[int, int]]()
     for name in processes:
-        metrics, by_port, counts = read_part(run_dir / f"{incarnation_stem(name, last[name])}.part")
-        if metrics is not None:
-            parts.append(metrics)
+        records, by_port, counts = read_part(run_dir / f"{incarnation_stem(name, last[name])}.part")
+        observed += records
         booked.update(by_port)
         transfers.update(counts)
     if any(last.values()):  # what each dead incarnation asked the core to move, as the data plane tallied it
@@ -64,7 +66,7 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
             for port, lane, size, count in replaced["booked"]:
                 booked[(port, lane)] += size
                 transfers[(port, lane)] += count
-    merged = Metrics.merge(parts)
+    merged = Metrics.replay(observed, app.sample_interval_ns)  # derived from what every process observed
     host: dict[str, Any] | None = None
     if run.backend_name == "host":
         report, host = host_report(run_dir, processes, app)

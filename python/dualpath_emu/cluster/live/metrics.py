@@ -1,6 +1,6 @@
 """Live Prometheus metrics of a live cluster run (``--metrics-port P``; the metrics: docs/live.md), served by
 the client's process on ``127.0.0.1:P`` (``prometheus-client``'s HTTP server, a thread) from a registry of its
-own. Turns and their latencies are counted as the client learns of them; the ports and read queues come from
+own. Turns and their latencies are counted as the client observes them (:meth:`LiveMetrics.watch`); the ports and read queues come from
 the data plane, asked once per poll (a port's utilisation: its bytes over the poll's interval / (its rate ×
 the interval), in emulated time)."""
 
@@ -11,7 +11,9 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from dualpath_emu.cluster.observations import Arrival, Completion
 from dualpath_emu.errors import UsageError
+from dualpath_emu.runtime.engine import Watch
 
 __all__ = ["LiveMetrics"]
 
@@ -39,6 +41,8 @@ class LiveMetrics:
         self.read_queue = Gauge(
             "dualpath_read_queue_bytes", "Bytes waiting in a node's storage read queue", ["node"], registry=r
         )
+        self._open: dict[int, tuple[int, int]] = {}
+        """Per turn admitted and not ended, its arrival time and tokens to generate (for its TTFT and TPOT)."""
         self._last: tuple[int, list[float]] | None = None
         self._server: object | None = None
         self.port: int | None = None
@@ -62,15 +66,21 @@ class LiveMetrics:
             server.shutdown()  # type: ignore[attr-defined]
             server.server_close()  # type: ignore[attr-defined]
 
-    def turn_admitted(self) -> None:
-        self.admitted.inc()
+    def watch(self) -> Watch:
+        """The client's observations these metrics follow: each turn admitted and ended."""
+        return Watch({Arrival: self._admitted, Completion: self._done})
 
-    def turn_done(self, arrive_ns: int, first_ns: int, second_ns: int, done_ns: int, gen: int) -> None:
+    def _admitted(self, now_ns: int, record: Arrival) -> None:
+        self.admitted.inc()
+        self._open[record.rid] = (now_ns, record.gen)
+
+    def _done(self, now_ns: int, record: Completion) -> None:
+        arrive_ns, gen = self._open.pop(record.rid)
         self.done.inc()
-        if first_ns >= 0:
-            self.ttft.observe((first_ns - arrive_ns) / 1e9)
-        if second_ns >= 0 and gen > 2:
-            self.tpot.observe((done_ns - second_ns) / (gen - 2) / 1e9)
+        if record.first_ns >= 0:
+            self.ttft.observe((record.first_ns - arrive_ns) / 1e9)
+        if record.second_ns >= 0 and gen > 2:
+            self.tpot.observe((record.done_ns - record.second_ns) / (gen - 2) / 1e9)
 
     def data_plane(
         self, now_ns: int, ports: Sequence[tuple[str, float, float]], read_queues: Sequence[tuple[str, int]]
