@@ -3,6 +3,7 @@ the GPUs' busy time per interval, the KV working set; on hand-made timestamps an
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import pytest
@@ -189,3 +190,30 @@ def test_a_live_runs_processes_tapes_replay_into_the_metrics_one_process_would_h
     skewed = [(t - 5 * S if type(r) is not Arrival else t, r) for _, t, r in observed]  # an engine's clock behind
     behind = Metrics.replay(skewed)
     assert list(behind.done_ns) == [S + 90, 2 * S + 90, -1] and behind.read_start_ns[1] == S + 20 - 5 * S
+
+
+def test_a_checker_of_ones_own_watches_every_observation_of_a_run() -> None:
+    # A run's metrics come from the observations alone: a watch of one's own sees the same records, so it can
+    # rebuild the metrics (or check anything else) with no other channel, and the event log never holds a
+    # measurement.
+    from tests.cluster.test_faults import CONFIG, with_faults, work
+
+    from dualpath_emu.cluster.faults import Fault
+    from dualpath_emu.cluster.observations import MEASUREMENTS, FaultChanged, Observation, WorkloadEnded
+    from dualpath_emu.cluster.run import run_system
+    from dualpath_emu.runtime.engine import Watch
+
+    seen: list[tuple[int, Any]] = []
+    keep = lambda now, record: seen.append((now, record))  # noqa: E731
+    kinds = (*typing.get_args(Observation), *MEASUREMENTS)  # everything the engines observe
+    config = with_faults(Fault("crash", "de1", 1.0, restart_s=2.0))
+    result = run_system(config, "dualpath", work(), watch=Watch({kind: keep for kind in kinds}))
+    rebuilt = Metrics.replay([(t, r) for t, r in seen if type(r) in Metrics.observed()])
+    m = result.metrics
+    for name in ("arrive_ns", "first_token_ns", "done_ns", "failed_ns", "read_start_ns", "prefill_start_ns", "de"):
+        assert list(getattr(rebuilt, name)) == list(getattr(m, name)), name
+    assert rebuilt.gpu_busy["pe"].busy_ns == m.gpu_busy["pe"].busy_ns and rebuilt.jct_s() == m.jct_s()
+    assert sum(type(r) is Redispatched for _, r in seen) == result.redispatches > 0
+    assert [type(r) for _, r in seen if type(r) is FaultChanged] == [FaultChanged, FaultChanged]
+    assert type(seen[-1][1]) is WorkloadEnded and sum(type(r) is WorkloadEnded for _, r in seen) == 1
+    assert result.events == sum(type(r) not in MEASUREMENTS for _, r in seen)

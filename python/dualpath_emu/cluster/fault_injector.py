@@ -157,7 +157,7 @@ class FaultInjector(ClusterEngine):
         factor = 0.0 if fault.kind == "down" else (fault.factor if fault.kind in ("degrade", "slow_storage") else 1.0)
         latency_ns = round(fault.latency_s * NS)
         duration_ns = -1 if fault.duration_s is None else max(1, round(fault.duration_s * NS))
-        self.out.observe(FaultPlanned(fault.kind, fault.target, duration_ns))
+        self.out.observe(FaultPlanned(fault.kind, fault.target, now - self._origin, duration_ns))
         self.out.observe(FaultChanged("start", fault.kind, fault.target, factor, latency_ns))
         self._apply(now, number, fault, (factor, latency_ns))
         if fault.duration_s is not None:
@@ -167,7 +167,7 @@ class FaultInjector(ClusterEngine):
         """Engine ``fault.target`` crashes now and is back ``restart_s`` later (or after a later crash's)."""
         engine = fault.target
         restart_ns = max(1, round(fault.restart_s * NS))
-        self.out.observe(FaultPlanned(fault.kind, engine, restart_ns))
+        self.out.observe(FaultPlanned(fault.kind, engine, now - self._origin, restart_ns))
         self.out.observe(FaultChanged("start", "crash", engine, 0.0, 0))
         self._crashes[engine] = self._crashes.get(engine, 0) + 1
         if self._crashes[engine] == 1:

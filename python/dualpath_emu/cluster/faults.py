@@ -323,11 +323,11 @@ class FaultWatch:
     def __init__(self, counts: Counts) -> None:
         self.records = FaultRecords(counts)
         self._open: dict[tuple[str, str], list[tuple[FaultWindow | _AddedUp, int, int]]] = {}
-        self._planned = -1
+        self._planned: tuple[int, int] | None = None
 
     def planned(self, now_ns: int, record: Any) -> None:
-        """A :class:`~.observations.FaultPlanned`: how long the fault that starts next lasts."""
-        self._planned = record.duration_ns
+        """A :class:`~.observations.FaultPlanned`: when the fault that starts next was planned, and for how long."""
+        self._planned = (record.at_ns, record.duration_ns)
 
     def changed(self, now_ns: int, record: Any) -> None:
         """A :class:`~.observations.FaultChanged` at ``now_ns``: a window opens, or the oldest open one of its
@@ -335,8 +335,9 @@ class FaultWatch:
         key = (record.fault, record.target)
         if record.phase == "start":
             window = self.records.start(record.fault, record.target, now_ns)
-            self._open.setdefault(key, []).append((window, now_ns, self._planned))
-            self._planned = -1
+            at_ns, duration_ns = self._planned if self._planned is not None else (now_ns, -1)
+            self._open.setdefault(key, []).append((window, at_ns, duration_ns))
+            self._planned = None
             return
         open_ = self._open.get(key)
         if open_:
@@ -349,7 +350,7 @@ class FaultWatch:
         instant's inputs came in, ``order_seed``)."""
         out = []
         for (kind, target), windows in self._open.items():
-            for _, start, duration_ns in windows:
+            for _, start, duration_ns in windows:  # (start: the schedule's time, from the run's start)
                 span = ("to the end" if duration_ns < 0 else f"back {duration_ns / 1e9:g} s later" if kind == "crash"
                         else f"for {duration_ns / 1e9:g} s")  # fmt: skip
                 out.append((start, f"{kind} {target} since {start / 1e9:,.3f} s, {span}"))

@@ -315,11 +315,13 @@ class DecodeSegment(NamedTuple):
 
 
 class FaultPlanned(NamedTuple):
-    """The next :class:`FaultChanged` start of ``fault`` on ``target`` lasts ``duration_ns`` (-1: to the run's end;
-    a crash: until its engine is back), as planned (what a stalled run's error says of the faults acting)."""
+    """The next :class:`FaultChanged` start, of ``fault`` on ``target``, is the fault planned ``at_ns`` after the
+    run's start (its schedule's time) to last ``duration_ns`` (-1: to the run's end; a crash: until its engine is
+    back): what a stalled run's error says of the faults acting."""
 
     fault: str
     target: str
+    at_ns: int
     duration_ns: int
 
     @property
@@ -359,7 +361,7 @@ _FORMATS.update({
     PrefillChosen: ("prefill_chosen", "r%s"), ReadStarted: ("read_start", "r%s"), ReadRerouted: ("read_rerouted", "n%s n%s %s"),
     PrefillStarted: ("prefill_start", "r%s"), ForwardPass: ("forward", "%s gpus"),
     PrefillPass: ("prefill_pass", "%s-%s, %s gpus"), DecodeSegment: ("decode_segment", "gpu%s %s-%s b%s %sns"),
-    FaultPlanned: ("fault_planned", "%s %s %sns"), WorkloadEnded: ("workload_end", ""),
+    FaultPlanned: ("fault_planned", "%s %s at %sns for %sns"), WorkloadEnded: ("workload_end", ""),
 })  # fmt: skip
 
 MEASUREMENTS: Final[frozenset[type]] = frozenset(

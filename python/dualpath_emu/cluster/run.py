@@ -173,13 +173,15 @@ def run_system(
     progress: Callable[[Progress], None] | None = None, progress_interval_s: float = 0.25,
     sample_interval_s: float = SAMPLE_INTERVAL_S, trace_path: str | Path | None = None, probe_paths: bool = False,
     plane: str = "core", planes: Mapping[str, PlaneFactory] = PLANES, order_seed: int | None = None,
-    message_delay_ns: int = 0,
+    message_delay_ns: int = 0, watch: Watch | None = None,
 ) -> SystemResult:  # fmt: skip
     """Run ``trajectories`` on ``config`` with ``system`` (a :class:`System` or a built-in name) in virtual time.
     ``progress`` gets a :class:`Progress` every ``progress_interval_s`` of wall time; ``sample_interval_s``: utilisation
     sampling; ``trace_path``: a Perfetto trace; ``probe_paths``: time every movement by kind; ``plane``: the data plane
     by name in ``planes``. None changes the event log. ``order_seed``, ``message_delay_ns``: :class:`VirtualDriver`'s
-    (other interleavings of one instant's inputs, messages delayed; other event logs)."""
+    (other interleavings of one instant's inputs, messages delayed; other event logs). ``watch``: told of the engines'
+    observations as they are made (:mod:`~dualpath_emu.cluster.observations`: a checker of one's own), after the
+    run's metrics."""
     if not sample_interval_s > 0:
         raise ValueError(f"sample_interval_s: expected a number > 0, got {sample_interval_s}")
     if order_seed is None and config.order_seed is not None:  # the scenario's (order_seed, message_delay_s)
@@ -199,7 +201,8 @@ def run_system(
     faults = FaultWatch(lambda _t, _end: (len(metrics.redispatch_ns), metrics.failures, len(metrics.read_moved_ns)))
     ended: list[int] = []
     watch = watching(metrics.watch(), Watch({WorkloadEnded: lambda now, _: ended.append(now)}),
-                     Watch({FaultChanged: faults.changed, FaultPlanned: faults.planned}))  # fmt: skip
+                     Watch({FaultChanged: faults.changed, FaultPlanned: faults.planned}),
+                     *([] if watch is None else [watch]))  # fmt: skip
     writer = EventLogWriter(formats=LINE_FORMATS)
     checker = EventLogChecker()
 
