@@ -228,10 +228,10 @@ def test_the_client_submits_an_agents_next_turn_when_its_last_is_done_and_then_f
     )
     assert isinstance(client, Client)
     client.receive(0, Start(), "main")
-    assert out.take() == [("scheduler", Submit((Turn(0, 1000, 0, 4, 0),)))]
+    assert out.take() == [("scheduler", Submit((Turn(0, 1000, 0, 4, 0, False),)))]
     client.receive(5 * MS, TurnDone((0,), (2 * MS,), (3 * MS,), 5 * MS), "de1")
     # The second turn's prompt is the whole context so far; its hit, the part in Full Blocks.
-    assert out.take() == [("scheduler", Submit((Turn(1, 1204, 1004 // 64 * 64, 3, 0),)))]
+    assert out.take() == [("scheduler", Submit((Turn(1, 1204, 1004 // 64 * 64, 3, 0, True),)))]
     assert WorkloadEnded() not in out.observed
     client.receive(9 * MS, TurnDone((1,), (7 * MS,), (8 * MS,), 9 * MS), "de1")
     assert out.take() == [] and out.observed[-1] == WorkloadEnded()

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.catalog import TESTBED_NODE
-from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.config import ClusterConfig, KvTierSpec
 from dualpath_emu.cluster.outputs import CSV_COLUMNS
 from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.run import Progress, run_system
@@ -140,6 +140,10 @@ write_bytes_per_s = 5e10
 read_latency_s = 0.001
 write_latency_s = 0.002
 queue_depth = 8
+[kv.store]
+capacity_bytes = 1_000_000_000_000
+eviction = "ttl"
+ttl_s = 300.0
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4
@@ -194,7 +198,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
     default = ClusterConfig()
     for f in dataclasses.fields(ClusterConfig):
         value, base = getattr(scenario.config, f.name), getattr(default, f.name)
-        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams)):
+        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec)):
             for sub in dataclasses.fields(base):
                 assert getattr(value, sub.name) != getattr(base, sub.name), f"{f.name}.{sub.name} has no key"
         else:
@@ -211,7 +215,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
 
 BAD = [
     ('kind = "cluster"\nagent = 3\n',
-     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, message_delay_s, models, name, nics, order_seed, random_faults, roofline, scheduling, "
+     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, kv, message_delay_s, models, name, nics, order_seed, random_faults, roofline, scheduling, "
      "seed, storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),

@@ -141,7 +141,7 @@ class Client(ClusterEngine):
         self._agent_of[rid] = agent
         self.out.observe(Admitted(rid))
         self.out.observe(Arrival(rid, agent, prompt, hit, gen))
-        self._outbox.append(Turn(rid, prompt, hit, gen, agent))
+        self._outbox.append(Turn(rid, prompt, hit, gen, agent, turn == len(trajectory) - 1))
 
     def _send_turns(self) -> None:
         if self._outbox:

@@ -21,6 +21,21 @@ BLOCK_TOKENS: Final = 64  # Tokens per Full Block (§4.1): storage reads and wri
 
 
 @dataclass(frozen=True)
+class KvTierSpec:
+    """A KV tier's size and eviction (:mod:`~dualpath_emu.cluster.kv_cache`): ``capacity_bytes`` 0 is unbounded
+    (the paper's storage, which never fills); ``eviction`` a name in ``kv_cache.EVICTIONS``; ``ttl_s`` how long
+    ``"ttl"`` keeps an idle context."""
+
+    capacity_bytes: int = 0
+    eviction: str = "lru"
+    ttl_s: float = 0.0
+
+    @property
+    def bounded(self) -> bool:
+        return self.capacity_bytes > 0
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """One deployment and workload. Defaults: the paper's DS 660B 2P4D offline setting on the 64K dataset."""
 
@@ -36,6 +51,8 @@ class ClusterConfig:
     """Nodes per decode EP group: sets the weights per DE GPU and the MoE all-to-all of a decode step; a
     node's DE GPUs step together (:meth:`~dualpath_emu.cluster.roofline.Roofline.ep_decode_step_s`)."""
     storage: StorageSpec = field(default_factory=StorageSpec)
+    kv_store: KvTierSpec = field(default_factory=KvTierSpec)
+    """The storage cluster as a KV tier: unbounded by default (the paper's), else evicting (``[kv.store]``)."""
     prefill_roofline: RooflineParams = field(default_factory=RooflineParams)
     """The prefill engines' compute (:mod:`~dualpath_emu.cluster.roofline`; its speed and overhead calibrated)."""
     decode_roofline: RooflineParams = field(default_factory=RooflineParams)

@@ -1,8 +1,10 @@
 """Invariants of a cluster run, checked from outside the system (as FoundationDB's and TigerBeetle's simulators do).
 From the engines' observations (:class:`EventLogChecker`; a live run's from its merged event logs): time never goes
 backwards and events are numbered without a gap; every admitted request ends exactly once (ended or failed), and nothing
-ends that was not admitted; no pool is ever over its capacity or below zero, and every pool is empty at the end. From
-the core's byte counters at the end (:func:`check_core_bytes`): every byte accounted per port and lane."""
+ends that was not admitted; no pool is ever over its capacity or below zero, and every pool is empty at the end; a KV
+tier holds each context's blocks as a prefix, stored and evicted at its ends, never more than its capacity, and no hit
+is found in it beyond what it holds. From the core's byte counters at the end (:func:`check_core_bytes`): every byte
+accounted per port and lane."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.observations import Admitted, Ended, Failed, PoolCapacity, PoolGive, PoolTake, parse
+from dualpath_emu.cluster.config import BLOCK_TOKENS
+from dualpath_emu.cluster.observations import (
+    Admitted, Ended, Failed, HitFound, KvEvicted, KvStored, KvTier, PoolCapacity, PoolGive, PoolTake, parse,
+)  # fmt: skip
 from dualpath_emu.runtime.engine import Observed
 
 __all__ = ["EventLogChecker", "InvariantError", "check_core_bytes"]
@@ -35,9 +40,12 @@ class EventLogChecker:
         self._sparse: dict[int, int] = {}
         self._pools: dict[str, list[int]] = {}  # name -> [capacity, used]
         self.events = 0
+        self._tiers: dict[str, list[int]] = {}  # name -> [capacity in blocks, blocks held]
+        self._held: dict[tuple[str, int], int] = {}  # (tier, context) -> its blocks [0, n) held
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             PoolTake: self._pool, PoolGive: self._pool, Admitted: self._admit, Ended: self._ended, Failed: self._ended,
-            PoolCapacity: self._capacity,
+            PoolCapacity: self._capacity, KvTier: self._kv_tier, KvStored: self._kv_stored,
+            KvEvicted: self._kv_evicted, HitFound: self._hit_found,
         }  # fmt: skip
         """What each record type checks (the others only take their place in time and number)."""
 
@@ -116,6 +124,44 @@ class EventLogChecker:
 
     def _capacity(self, seq: int, record: PoolCapacity) -> None:
         self._pools[record.pool] = [record.size, 0]
+
+    def _kv_tier(self, seq: int, record: KvTier) -> None:
+        self._tiers[record.tier] = [record.capacity // record.block_bytes, 0]
+
+    def _kv_stored(self, seq: int, record: KvStored) -> None:
+        tier = self._tiers.get(record.tier)
+        if tier is None:
+            self._violate(f"blocks stored in KV tier {record.tier} before its capacity was given (event {seq})")
+            return
+        key = (record.tier, record.context)
+        held = self._held.get(key, 0)
+        if record.first != held or record.blocks <= 0:
+            self._violate(f"{record.tier}: context {record.context} stored blocks {record.first}+{record.blocks} "
+                          f"after holding [0, {held}) (event {seq}): a context's blocks are a prefix")  # fmt: skip
+        self._held[key] = record.first + record.blocks
+        tier[1] += record.blocks
+        if tier[1] > tier[0]:
+            self._violate(f"KV tier {record.tier} over capacity: {tier[1]} > {tier[0]} blocks (event {seq})")
+
+    def _kv_evicted(self, seq: int, record: KvEvicted) -> None:
+        key = (record.tier, record.context)
+        held = self._held.get(key, 0)
+        if record.first + record.blocks != held or record.blocks <= 0 or record.first < 0:
+            self._violate(f"{record.tier}: context {record.context} evicted blocks {record.first}+{record.blocks} "
+                          f"while holding [0, {held}) (event {seq}): only a tail it holds can go")  # fmt: skip
+        if record.first > 0:
+            self._held[key] = record.first
+        else:
+            self._held.pop(key, None)
+        tier = self._tiers.get(record.tier)
+        if tier is not None:
+            tier[1] -= record.blocks
+
+    def _hit_found(self, seq: int, record: HitFound) -> None:
+        held = self._held.get((record.tier, record.context), 0)
+        if record.tokens // BLOCK_TOKENS > held or record.tokens < 0 or record.recomputed < 0:
+            self._violate(f"request {record.rid} found {record.tokens} hit tokens of context {record.context} in "
+                          f"{record.tier}, which holds {held} blocks of it (event {seq})")  # fmt: skip
 
     def _get(self, rid: int) -> int:
         state = self._state

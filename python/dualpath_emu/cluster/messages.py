@@ -32,13 +32,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Turn(Message):
-    """One agent turn: request ``rid`` of ``prompt`` tokens (``hit`` in storage, of ``context``), ``gen`` out."""
+    """One agent turn: request ``rid`` of ``prompt`` tokens (``hit`` of them its ``context``'s so far), ``gen`` out;
+    ``last``: its agent's last (its context is not needed again)."""
 
     rid: int
     prompt: int
     hit: int
     gen: int
     context: int
+    last: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,12 +17,12 @@ from typing import Any, Final
 import numpy
 
 from dualpath_emu.cluster.observations import (
-    MEASUREMENTS, Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitRead, PrefillChosen,
-    PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
+    MEASUREMENTS, Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitFound, HitRead, KvEvicted,
+    KvStored, KvTier, PrefillChosen, PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
 )  # fmt: skip
 from dualpath_emu.runtime.engine import Watch
 
-__all__ = ["BusyTime", "Metrics", "Percentiles", "percentiles", "quantile"]
+__all__ = ["BusyTime", "KvTierStats", "Metrics", "Percentiles", "percentiles", "quantile"]
 
 NS = 1_000_000_000
 
@@ -176,6 +176,33 @@ class BusyTime:
         return max(1, min(self.interval_ns, until_ns - k * self.interval_ns))
 
 
+@dataclass
+class KvTierStats:
+    """What a bounded KV tier held and dropped over a run (:mod:`~dualpath_emu.cluster.kv_cache`), in blocks."""
+
+    capacity_bytes: int
+    block_bytes: int
+    held_blocks: int = 0
+    peak_blocks: int = 0
+    stored_blocks: int = 0
+    evicted_blocks: int = 0
+    evictions: int = 0
+    asked_tokens: int = 0
+    """Hit tokens requests asked of it (their context so far) and, of those, ``found_tokens``; the rest recomputed."""
+    found_tokens: int = 0
+
+    def summary(self) -> dict[str, float | int]:
+        """``summary.json``'s ``kv.<tier>``: bytes, counts and the share of asked hit tokens found."""
+        b = self.block_bytes
+        return {
+            "capacity_bytes": self.capacity_bytes, "peak_bytes": self.peak_blocks * b, "end_bytes": self.held_blocks * b,
+            "stored_bytes": self.stored_blocks * b, "evicted_bytes": self.evicted_blocks * b,
+            "evictions": self.evictions, "hit_tokens_asked": self.asked_tokens, "hit_tokens_found": self.found_tokens,
+            "recomputed_tokens": self.asked_tokens - self.found_tokens,
+            "found_rate": self.found_tokens / self.asked_tokens if self.asked_tokens else 1.0,
+        }  # fmt: skip
+
+
 class Metrics:
     """Timestamps (ns) per request, filled as it moves; ``gpu_busy``: the PE and DE GPUs' busy time."""
 
@@ -207,6 +234,11 @@ class Metrics:
         self.forward_attention_balance: array[float] = array("d")
         """Per forward pass: max/mean attention time over its group's GPUs (an idle GPU counts 0), Fig. 13."""
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
+        self.recomputed = _column("i")
+        """Per request, hit tokens a bounded KV tier no longer held at dispatch (computed again; ``hit`` is what
+        was found)."""
+        self.kv: dict[str, KvTierStats] = {}
+        """Per bounded KV tier, what it held and dropped (none: every tier unbounded, as in the paper)."""
         self.turns_done = 0
         """Requests ended (:meth:`ended`): how far a run is, without a scan of ``done_ns``."""
         self.failures = 0  # Requests ended as failed (:meth:`failed`), without a scan of ``failed_ns``.
@@ -228,6 +260,7 @@ class Metrics:
         self.hit.append(hit)
         self.gen.append(gen)
         self.arrive_ns.append(t_ns)
+        self.recomputed.append(0)
         for append in self._unset_appends:
             append(_UNSET)
 
@@ -260,7 +293,8 @@ class Metrics:
             ReadStarted: self._read_started, HitRead: self._hit_read, PrefillStarted: self._prefill_started,
             Completion: self._completion, Failed: self._failed, Redispatched: self._redispatched,
             ReadRerouted: self._read_rerouted, ForwardPass: self._forward_pass, PrefillPass: self._prefill_pass,
-            DecodeSegment: self._decode_segment,
+            DecodeSegment: self._decode_segment, KvTier: self._kv_tier, KvStored: self._kv_stored,
+            KvEvicted: self._kv_evicted, HitFound: self._hit_found,
         }, MEASUREMENTS)  # fmt: skip
 
     def _arrival(self, t_ns: int, r: Arrival) -> None:
@@ -317,6 +351,27 @@ class Metrics:
         busy = self.gpu_busy["de"]
         args = (("batch", r.batch), ("step_ns", r.step_ns)) if busy.spans is not None else ()
         busy.add(r.gpu, r.start_ns, r.end_ns, "decode", args)
+
+    def _kv_tier(self, t_ns: int, r: KvTier) -> None:
+        self.kv[r.tier] = KvTierStats(r.capacity, r.block_bytes)
+
+    def _kv_stored(self, t_ns: int, r: KvStored) -> None:
+        tier = self.kv[r.tier]
+        tier.held_blocks += r.blocks
+        tier.stored_blocks += r.blocks
+        tier.peak_blocks = max(tier.peak_blocks, tier.held_blocks)
+
+    def _kv_evicted(self, t_ns: int, r: KvEvicted) -> None:
+        tier = self.kv[r.tier]
+        tier.held_blocks -= r.blocks
+        tier.evicted_blocks += r.blocks
+        tier.evictions += 1
+
+    def _hit_found(self, t_ns: int, r: HitFound) -> None:
+        tier = self.kv[r.tier]
+        tier.asked_tokens += r.tokens + r.recomputed
+        tier.found_tokens += r.tokens
+        self.hit[r.rid], self.recomputed[r.rid] = r.tokens, r.recomputed
 
     def ended(self, rid: int, first_ns: int, second_ns: int, done_ns: int) -> None:
         """Request ``rid``'s token times (``second_ns`` < 0: it had no second); it is done."""

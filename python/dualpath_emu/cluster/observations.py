@@ -10,7 +10,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 
 __all__ = [
     "Admitted", "Arrival", "Assigned", "Completion", "DecodeSegment", "Ended", "Failed", "FaultChanged", "FaultPlanned", "ForwardPass",
-    "HitRead", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
+    "HitFound", "HitRead", "KvEvicted", "KvStored", "KvTier", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
     "PrefillChosen", "PrefillPass", "PrefillStarted", "Prefilled", "ReadRerouted", "ReadStarted", "Redispatched",
     "WorkloadEnded", "from_wire", "parse", "to_wire",
 ]  # fmt: skip
@@ -149,6 +149,72 @@ class PoolGive(NamedTuple):
     pool: str
     rid: int
     size: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class KvTier(NamedTuple):
+    """KV tier ``tier`` holds up to ``capacity`` bytes of Full Blocks of ``block_bytes`` each; said before its first
+    block (only for a bounded tier: an unbounded one is the paper's storage, and says nothing)."""
+
+    tier: str
+    capacity: int
+    block_bytes: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class KvStored(NamedTuple):
+    """Tier ``tier`` now holds blocks ``[first, first + blocks)`` of ``context`` too (after its ``[0, first)``)."""
+
+    tier: str
+    context: int
+    first: int
+    blocks: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class KvEvicted(NamedTuple):
+    """Tier ``tier`` dropped blocks ``[first, first + blocks)`` of ``context``, its tail (it keeps ``[0, first)``)."""
+
+    tier: str
+    context: int
+    first: int
+    blocks: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class HitFound(NamedTuple):
+    """Request ``rid`` of ``context`` found ``tokens`` of its hit in tier ``tier`` at dispatch; ``recomputed`` more
+    were its context's but were not there: its prefill computes them again."""
+
+    rid: int
+    context: int
+    tier: str
+    tokens: int
+    recomputed: int
 
     @property
     def kind(self) -> str:
@@ -344,7 +410,7 @@ class WorkloadEnded(NamedTuple):
 
 
 Observation: TypeAlias = (Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
-                          | FaultChanged | Failed | Redispatched)  # fmt: skip
+                          | FaultChanged | Failed | Redispatched | KvTier | KvStored | KvEvicted | HitFound)  # fmt: skip
 """What the event log keeps."""
 Measurement: TypeAlias = (Arrival | Completion | PrefillChosen | ReadStarted | ReadRerouted | PrefillStarted
                           | ForwardPass | PrefillPass | DecodeSegment | FaultPlanned | WorkloadEnded)  # fmt: skip
@@ -354,7 +420,9 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     Admitted: ("admit", "r%s"), Assigned: ("assign", "r%s pe%s de%s %s"), HitRead: ("read", "r%s n%s"),
     Prefilled: ("prefilled", "r%s"), Ended: ("end", "r%s"), PoolCapacity: ("capacity", "%s %s"),
     PoolTake: ("take", "%s %s %s"), PoolGive: ("give", "%s %s %s"), FaultChanged: ("fault", "%s %s %s x%r +%sns"),
-    Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"),
+    Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"), KvTier: ("kv_tier", "%s %s %s"),
+    KvStored: ("kv_store", "%s c%s %s+%s"), KvEvicted: ("kv_evict", "%s c%s %s+%s"),
+    HitFound: ("hit", "r%s c%s %s %s -%s"),
 }  # fmt: skip
 _FORMATS.update({
     Arrival: ("arrival", "r%s a%s %s %s %s"), Completion: ("completion", "r%s %s %s %s"),
@@ -430,6 +498,13 @@ def parse(kind: str, summary: str) -> Observation:
             return Failed(_rid(words[0]), summary[len(words[0]) + 1 :])
         if kind == "redispatch" and len(words) == 3:
             return Redispatched(_rid(words[0]), int(words[1]), words[2])
+        if kind == "kv_tier" and len(words) == 3:
+            return KvTier(words[0], int(words[1]), int(words[2]))
+        if kind in ("kv_store", "kv_evict") and len(words) == 3 and words[1].startswith("c") and "+" in words[2]:
+            first, blocks = words[2].split("+")
+            return (KvStored if kind == "kv_store" else KvEvicted)(words[0], int(words[1][1:]), int(first), int(blocks))
+        if kind == "hit" and len(words) == 5 and words[1].startswith("c") and words[4].startswith("-"):
+            return HitFound(_rid(words[0]), int(words[1][1:]), words[2], int(words[3]), int(words[4][1:]))
         if kind in ("take", "give"):
             pool, rid, size = summary.rsplit(" ", 2)
             return (PoolTake if kind == "take" else PoolGive)(pool, int(rid), int(size))

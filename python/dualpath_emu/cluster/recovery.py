@@ -236,19 +236,19 @@ class CrashRecovery:
             lost_by = self._parked.pop(rid, None)
             if rid in ended:
                 if lost_by is not None:
-                    self._end(rid)
+                    self._end(now, rid)
                 elif rid in self.s.requests:
                     self._client_ended.add(rid)  # its recovery waits for a drop still
             elif lost_by is not None:
                 self._dispatch_again(now, rid, lost_by)
         self.s._wake_prefill(now)
 
-    def _end(self, rid: int) -> None:
+    def _end(self, now: int, rid: int) -> None:
         """Request ``rid``, taken back from its engines, had ended (its DecodeDone never came)."""
         self._causes.pop(rid, None)
         self._attempts.pop(rid, None)
         self.s._decoded.discard(rid)
-        del self.s.requests[rid]
+        self.s._kv_ended(now, self.s.requests.pop(rid), done=True)
 
     def _recover(self, now: int, rid: int, lost_by: str) -> None:
         """Request ``rid`` was lost by ``lost_by``: free its place, have the other group drop it, dispatch it again."""
@@ -288,7 +288,7 @@ class CrashRecovery:
         """Queue request ``rid`` again, ahead of what came after it, or fail it past ``max_redispatches``."""
         if rid in self._client_ended:
             self._client_ended.discard(rid)
-            self._end(rid)
+            self._end(now, rid)
             return
         if rid in self._asking:
             self._parked[rid] = lost_by
@@ -297,7 +297,7 @@ class CrashRecovery:
         cause = self._causes.pop(rid, "crash")
         if attempt > self.s.cluster.config.max_redispatches:
             self._attempts.pop(rid, None)
-            del self.s.requests[rid]
+            self.s._kv_ended(now, self.s.requests.pop(rid), done=False)
             what = f"engine {lost_by} crashed" if cause == "crash" else f"its hit KV read on {lost_by} timed out"
             reason = f"lost {attempt} times, the last: {what}"
             self.s.out.observe(Failed(rid, reason))

@@ -298,7 +298,7 @@ def build_result(
     snic = {role: [report.kv_bytes(p, KV_LANE) for p in ports_of(topology, role, "snic.rx")] for role in ROLES}
     every_snic = snic["pe"] + snic["de"]
     mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
-    return SystemResult(
+    result = SystemResult(
         system=name, jct_s=metrics.jct_s(), turns=len(metrics), agents=agents, failed_requests=metrics.failed_count(),
         failed_agents=metrics.failed_agents(), turns_planned=turns_planned, turns_done=metrics.done_count(),
         redispatches=len(metrics.redispatch_ns), ttft_s=percentiles(metrics.ttft_s()).as_dict(),
@@ -313,6 +313,9 @@ def build_result(
         events=events, core_events=report.stats["queue_events"], core_stats=dict(report.stats), metrics=metrics,
         timelines=timelines, sample_interval_s=(report.sample_interval_ns or metrics.gpu_busy["pe"].interval_ns) / 1e9,
     )  # fmt: skip
+    if metrics.kv:  # a bounded KV tier: what it held, dropped and found
+        result.extra["kv"] = {tier: stats.summary() for tier, stats in metrics.kv.items()}
+    return result
 
 
 class _Reporter:

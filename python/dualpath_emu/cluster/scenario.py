@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
-from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.config import ClusterConfig, KvTierSpec, derived
+from dualpath_emu.cluster.kv_cache import EVICTIONS
 from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS, System
@@ -63,6 +64,8 @@ class Limits:
     max_latency_s: float = 10.0
     max_queue_depth: int = 65_536
     max_dram_buffer_bytes: int = 2**50
+    max_kv_tier_bytes: int = 2**60  # A KV tier's capacity (an exabyte).
+    max_ttl_s: float = 30 * 86_400.0  # A KV tier's time to live (a month).
     min_efficiency: float = 1e-3
     max_overhead_s_per_layer: float = 1.0
     max_agents: int = MAX_AGENTS
@@ -281,6 +284,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     roofline_table = top.table("roofline")
     workload = top.table("workload")
     scheduling = top.table("scheduling")
+    kv_table = top.table("kv")
     top.finish()
 
     base = ClusterConfig()
@@ -311,6 +315,8 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         faults, pe_nodes + de_nodes, node.gpus, engine_group_names(pe_nodes, de_nodes, prefill_ep)
     )
     storage = _storage(storage_table, base.storage)
+    kv_store = _kv_tier(kv_table.table("store"), base.kv_store)
+    kv_table.finish()
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
 
@@ -347,7 +353,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer, faults=fault_plan,
-        order_seed=order_seed, message_delay_s=message_delay_s,
+        order_seed=order_seed, message_delay_s=message_delay_s, kv_store=kv_store,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
@@ -425,6 +431,17 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
     )
     t.finish()
     return out
+
+
+def _kv_tier(t: Table, base: KvTierSpec) -> KvTierSpec:
+    """A KV tier's table (``[kv.store]``): its capacity in bytes (0: unbounded), eviction and time to live."""
+    capacity = t.get_int("capacity_bytes", base.capacity_bytes, min=0, max=LIMITS.max_kv_tier_bytes)
+    eviction = t.get_str("eviction", base.eviction, choices=tuple(EVICTIONS))
+    ttl_s = t.get_float("ttl_s", base.ttl_s, min=0.0, max=LIMITS.max_ttl_s)
+    if eviction == "ttl" and not ttl_s > 0:
+        raise t.error("ttl_s", "a time to live > 0 s with eviction = 'ttl'", ttl_s)
+    t.finish()
+    return KvTierSpec(capacity, eviction, ttl_s)
 
 
 def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tuple[RooflineParams, RooflineParams]:

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
+from dualpath_emu.cluster.kv_cache import STORE, KvIndex
 from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
     Submit, TurnsEnded,
@@ -101,6 +103,10 @@ class Scheduler(ClusterEngine):
         self._kv = cluster.derived.kv_bytes_per_token
         self._private_of: dict[int, deque[Request]] = dict(self.private)
         """Every decode group's private queue, by node (``private`` lacks those of groups that are down)."""
+        kv = cluster.config.kv_store
+        self.kv = KvIndex(STORE, kv, BLOCK_TOKENS * self._kv, out.observe) if kv.bounded else None
+        """Which Full Blocks of each context the storage tier holds, if it is bounded (:mod:`.kv_cache`)."""
+        self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
 
@@ -151,9 +157,16 @@ class Scheduler(ClusterEngine):
     @on(Submit)
     def on_submit(self, now: int, msg: Submit, sender: str) -> None:
         capacity = self.cluster.derived.de_hbm_kv_bytes
+        kv = self.kv
         for turn in msg.turns:
             hbm = (turn.prompt + turn.gen) * self._kv
-            request = Request(turn.rid, turn.prompt, turn.prompt - turn.hit, turn.hit, turn.gen, hbm, turn.context)
+            hit = turn.hit
+            if kv is not None:  # the hit is what the store still holds; the rest is computed again
+                hit = kv.find(turn.rid, turn.context, hit, now)
+                kv.pin(turn.context)
+                if turn.last:
+                    self._last.add(turn.rid)
+            request = Request(turn.rid, turn.prompt, turn.prompt - hit, hit, turn.gen, hbm, turn.context)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
             self.requests[turn.rid] = request
@@ -327,10 +340,32 @@ class Scheduler(ClusterEngine):
                 self._decoded.add(rid)
             else:
                 request = self.requests.pop(rid)
+            self._kv_ended(now, request, done=True)
             nodes.add(self._free_de(request, self.de_of.pop(rid)))
         for node in sorted(nodes):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
+
+    # --- where the KV lives (a bounded store) --------------------------------------------------------------
+
+    def start(self, now_ns: int) -> None:
+        if self.kv is not None:
+            self.kv.start()
+
+    def _kv_ended(self, now: int, request: Request, done: bool) -> None:
+        """``request`` ended (``done``: with all its tokens, its context's KV complete: held as the store can)."""
+        kv = self.kv
+        if kv is None:
+            return
+        context = request.context
+        kv.unpin(context)
+        last = request.id in self._last
+        self._last.discard(request.id)
+        if done:
+            kv.store(context, (request.prompt_tokens + request.gen_tokens) // BLOCK_TOKENS, now, last)
+        expiry = kv.next_expiry_ns(context)
+        if expiry is not None:
+            self.plane.timer(expiry, lambda at: kv.expire(context, at))
 
     # --- engine crashes (issue 26): the recovery component's ---------------------------------------------
 

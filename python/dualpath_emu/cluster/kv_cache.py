@@ -1,0 +1,246 @@
+"""Where the KV lives: a tier's index of the Full Blocks it holds, by context (an agent's token stream), with a
+capacity and an eviction policy (docs/kv-cache.md).
+
+A tier holds, per context, a prefix of its blocks: ``[0, blocks)`` (a context's KV only grows, and a later turn's
+hit is a prefix of it). A full tier drops a context's blocks from the tail, the context chosen by its
+:class:`Eviction` policy; a context with a request in flight is pinned (its blocks are being read or written) and
+never chosen. A request's hit is what the tier holds of it when it is dispatched: the tokens beyond are computed
+again by the prefill engine. The index belongs to the scheduler, which dispatches (engine state, as in a live run);
+it tells the run what happens through its observations (:class:`~dualpath_emu.cluster.observations.KvTier`,
+``KvStored``, ``KvEvicted``, ``HitFound``), which the invariant checker follows block by block.
+
+Bookkeeping is per context and per block count, never per token: a lookup, a store and an eviction are O(1)
+but for the policy's choice (LRU: the least recently used context that is not pinned)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Container, Mapping
+from typing import ClassVar, Final
+
+from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
+from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
+from dualpath_emu.runtime.engine import Observed
+
+__all__ = ["EVICTIONS", "STORE", "Eviction", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction"]
+
+STORE: Final = "store"
+"""The storage cluster's tier (3FS)."""
+
+
+class Eviction(ABC):
+    """Which context a full tier drops blocks of. The index tells it each use of a context (a lookup, a store),
+    each context whose agent has no turn to come and each context it no longer holds, and asks it for a victim,
+    giving what it may not choose (the pinned contexts); it checks the answer (a context it holds, not pinned)."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def used(self, context: int, now_ns: int) -> None:
+        """``context`` was looked up or stored at ``now_ns`` (the index holds blocks of it)."""
+
+    def finished(self, context: int) -> None:
+        """``context``'s agent has no turn to come."""
+
+    @abstractmethod
+    def dropped(self, context: int) -> None:
+        """The index holds no block of ``context`` any more."""
+
+    @abstractmethod
+    def victim(self, pinned: Container[int]) -> int | None:
+        """The context to drop blocks of next, not one of ``pinned`` (None: none can go)."""
+
+    def expires_ns(self, last_use_ns: int) -> int | None:
+        """When a context last used at ``last_use_ns`` goes whatever the pressure (None: never)."""
+        return None
+
+
+class LruEviction(Eviction):
+    """The least recently used context first (a lookup or a store is a use)."""
+
+    name = "lru"
+
+    def __init__(self, spec: KvTierSpec) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def used(self, context: int, now_ns: int) -> None:
+        self._order[context] = None
+        self._order.move_to_end(context)
+
+    def dropped(self, context: int) -> None:
+        self._order.pop(context, None)
+
+    def victim(self, pinned: Container[int]) -> int | None:
+        # Pinned contexts were used when their request was submitted: they gather at the recent end.
+        return next((c for c in self._order if c not in pinned), None)
+
+
+class TtlEviction(LruEviction):
+    """A context idle for ``ttl_s`` goes, full or not (a time to live, as an API's prompt cache keeps a prefix
+    for minutes); under pressure before that, the least recently used."""
+
+    name = "ttl"
+
+    def __init__(self, spec: KvTierSpec) -> None:
+        super().__init__(spec)
+        if not spec.ttl_s > 0:
+            raise ValueError(f"eviction 'ttl' needs ttl_s > 0, got {spec.ttl_s}")
+        self._ttl_ns = max(1, round(spec.ttl_s * 1e9))
+
+    def expires_ns(self, last_use_ns: int) -> int | None:
+        return last_use_ns + self._ttl_ns
+
+
+class ToolWaitEviction(Eviction):
+    """Keep the contexts of agents that will come back (waiting for a tool): a done agent's context goes first,
+    the least recently used of those; only then a waiting agent's (as a time to live that pins KV through tool
+    calls would, without its clock)."""
+
+    name = "tool_wait"
+
+    def __init__(self, spec: KvTierSpec) -> None:
+        self._done: OrderedDict[int, None] = OrderedDict()
+        self._waiting: OrderedDict[int, None] = OrderedDict()
+
+    def used(self, context: int, now_ns: int) -> None:
+        order = self._done if context in self._done else self._waiting
+        order[context] = None
+        order.move_to_end(context)
+
+    def finished(self, context: int) -> None:
+        if self._waiting.pop(context, 0) is None:
+            self._done[context] = None
+
+    def dropped(self, context: int) -> None:
+        self._done.pop(context, None)
+        self._waiting.pop(context, None)
+
+    def victim(self, pinned: Container[int]) -> int | None:
+        for order in (self._done, self._waiting):
+            for context in order:
+                if context not in pinned:
+                    return context
+        return None
+
+
+EVICTIONS: Final[Mapping[str, Callable[[KvTierSpec], Eviction]]] = {
+    LruEviction.name: LruEviction, TtlEviction.name: TtlEviction, ToolWaitEviction.name: ToolWaitEviction,
+}  # fmt: skip
+"""The eviction policies by name (a scenario's ``eviction``)."""
+
+
+class KvIndex:
+    """One tier's index (see the module): ``find`` at dispatch, ``pin`` while a request is in flight, ``store``
+    as its KV is complete, ``expire`` when a time to live may have run out."""
+
+    def __init__(
+        self, tier: str, spec: KvTierSpec, block_bytes: int, observe: Callable[[Observed], None],
+        eviction: Eviction | None = None,
+    ) -> None:  # fmt: skip
+        self.tier = tier
+        self.capacity = spec.capacity_bytes
+        self.block_bytes = block_bytes
+        self.eviction = eviction if eviction is not None else EVICTIONS[spec.eviction](spec)
+        self._observe = observe
+        self.blocks: dict[int, int] = {}
+        """Per context, the blocks ``[0, n)`` held."""
+        self.used_bytes = 0
+        self._pins: Counter[int] = Counter()
+        self._last_use: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Say the tier's capacity (before its first block)."""
+        self._observe(KvTier(self.tier, self.capacity, self.block_bytes))
+
+    def find(self, rid: int, context: int, hit: int, now_ns: int) -> int:
+        """The tokens of request ``rid``'s hit of ``hit`` tokens of ``context`` held here (the rest is computed
+        again); a use of the context."""
+        held = self.blocks.get(context, 0)
+        found = hit if held >= hit // BLOCK_TOKENS else held * BLOCK_TOKENS  # a whole context: its partial block too
+        if held:
+            self._use(context, now_ns)
+        if hit:
+            self._observe(HitFound(rid, context, self.tier, found, hit - found))
+        return found
+
+    def pin(self, context: int) -> None:
+        """A request of ``context`` is in flight: its blocks stay."""
+        self._pins[context] += 1
+
+    def unpin(self, context: int) -> None:
+        pins = self._pins
+        pins[context] -= 1
+        if pins[context] <= 0:
+            del pins[context]
+
+    def store(self, context: int, blocks: int, now_ns: int, last: bool = False) -> None:
+        """``context``'s KV now has ``blocks`` Full Blocks (written through as they were made): hold them,
+        evicting others' as the capacity needs (what does not fit is not held); ``last``: its agent is done."""
+        held = self.blocks.get(context, 0)
+        if blocks > held:
+            room = (self.capacity - self.used_bytes) // self.block_bytes
+            while room < blocks - held and self._evict(context, blocks - held - room):
+                room = (self.capacity - self.used_bytes) // self.block_bytes
+            kept = min(blocks - held, room)
+            if kept > 0:
+                self.blocks[context] = held + kept
+                self.used_bytes += kept * self.block_bytes
+                self._observe(KvStored(self.tier, context, held, kept))
+        if self.blocks.get(context):
+            self._use(context, now_ns)
+            if last:
+                self.eviction.finished(context)
+
+    def expire(self, context: int, now_ns: int) -> None:
+        """A time to live of ``context`` may have run out at ``now_ns``: drop it if so (and not pinned)."""
+        last = self._last_use.get(context)
+        expiry = None if last is None else self.eviction.expires_ns(last)
+        if expiry is not None and expiry <= now_ns and context not in self._pins and self.blocks.get(context):
+            self._drop(context, self.blocks[context])
+
+    def next_expiry_ns(self, context: int) -> int | None:
+        """When ``context`` expires if not used again (None: never)."""
+        last = self._last_use.get(context)
+        return None if last is None else self.eviction.expires_ns(last)
+
+    def _use(self, context: int, now_ns: int) -> None:
+        self._last_use[context] = now_ns
+        self.eviction.used(context, now_ns)
+
+    def _evict(self, storing: int, need: int) -> bool:
+        """Drop up to ``need`` blocks from the tail of the policy's victim (never ``storing`` or a pinned context);
+        False: none can go."""
+        pinned = _Pinned(self._pins, storing)
+        victim = self.eviction.victim(pinned)
+        if victim is None:
+            return False
+        if victim in pinned or not self.blocks.get(victim):
+            raise ValueError(f"eviction {self.eviction.name!r} chose context {victim}, which the {self.tier} tier "
+                             f"{'holds no block of' if not self.blocks.get(victim) else 'may not drop (in use)'}")  # fmt: skip
+        self._drop(victim, min(need, self.blocks[victim]))
+        return True
+
+    def _drop(self, context: int, blocks: int) -> None:
+        held = self.blocks[context]
+        left = held - blocks
+        self.used_bytes -= blocks * self.block_bytes
+        self._observe(KvEvicted(self.tier, context, left, blocks))
+        if left:
+            self.blocks[context] = left
+        else:
+            del self.blocks[context]
+            self._last_use.pop(context, None)
+            self.eviction.dropped(context)
+
+
+class _Pinned:
+    """What an eviction may not choose: the pinned contexts and the one being stored."""
+
+    __slots__ = ("_pins", "_storing")
+
+    def __init__(self, pins: Counter[int], storing: int) -> None:
+        self._pins, self._storing = pins, storing
+
+    def __contains__(self, context: object) -> bool:
+        return context == self._storing or context in self._pins

@@ -1,0 +1,196 @@
+"""Where the KV lives (:mod:`dualpath_emu.cluster.kv_cache`): a bounded store's index and eviction policies alone,
+then whole runs whose store is smaller than their working set (they evict, compute the lost hits again, lose no
+request and pass every invariant), under random capacities, policies and faults."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dualpath_emu.cli import main
+from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
+from dualpath_emu.cluster.faults import Fault
+from dualpath_emu.cluster.invariants import EventLogChecker
+from dualpath_emu.cluster.kv_cache import KvIndex, LruEviction
+from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
+from dualpath_emu.cluster.run import run_system
+from dualpath_emu.runtime.engine import Watch
+from tests.cluster.test_faults import CONFIG, with_faults, work
+
+BLOCK = 1000  # bytes a block, in the index's unit tests
+
+
+def index(capacity_blocks: int, eviction: str = "lru", ttl_s: float = 0.0) -> tuple[KvIndex, list[Any]]:
+    seen: list[Any] = []
+    kv = KvIndex("store", KvTierSpec(capacity_blocks * BLOCK, eviction, ttl_s), BLOCK, seen.append)
+    kv.start()
+    return kv, seen
+
+
+def checked(seen: list[Any]) -> list[str]:
+    checker = EventLogChecker()
+    checker.feed_observed([(0, "scheduler", r) for r in seen], 0)
+    return checker.violations
+
+
+def test_a_full_store_drops_the_tail_of_the_least_recently_used_context() -> None:
+    kv, seen = index(10)
+    kv.store(1, 4, now_ns=1)
+    kv.store(2, 4, now_ns=2)
+    assert kv.find(0, 1, 4 * BLOCK_TOKENS, now_ns=3) == 4 * BLOCK_TOKENS  # a use: context 1 is now the recent one
+    kv.store(3, 5, now_ns=4)  # 3 blocks must go: context 2's last three
+    assert kv.blocks == {1: 4, 2: 1, 3: 5} and kv.used_bytes == 10 * BLOCK
+    assert KvEvicted("store", 2, 1, 3) in seen
+    # Context 2's hit of 4 blocks: one is left, the rest is computed again.
+    assert kv.find(1, 2, 4 * BLOCK_TOKENS, now_ns=5) == BLOCK_TOKENS
+    assert seen[-1] == HitFound(1, 2, "store", BLOCK_TOKENS, 3 * BLOCK_TOKENS)
+    assert seen[0] == KvTier("store", 10 * BLOCK, BLOCK) and checked(seen) == []
+
+
+def test_a_whole_context_is_found_with_its_partial_last_block() -> None:
+    kv, _ = index(10)
+    kv.store(1, 2, now_ns=1)
+    assert kv.find(0, 1, 2 * BLOCK_TOKENS + 10, now_ns=2) == 2 * BLOCK_TOKENS + 10
+    assert kv.find(1, 7, 300, now_ns=2) == 0  # never stored
+
+
+def test_a_pinned_context_is_never_evicted_and_what_does_not_fit_is_not_held() -> None:
+    kv, seen = index(6)
+    kv.store(1, 4, now_ns=1)
+    kv.pin(1)  # a request of context 1 is in flight
+    kv.store(2, 5, now_ns=2)  # only 2 blocks fit
+    assert kv.blocks == {1: 4, 2: 2}
+    kv.unpin(1)
+    kv.store(2, 5, now_ns=3)  # now context 1 can give 3 blocks
+    assert kv.blocks == {1: 1, 2: 5} and checked(seen) == []
+
+
+def test_tool_wait_drops_done_agents_contexts_before_waiting_ones() -> None:
+    kv, _ = index(8, "tool_wait")
+    kv.store(1, 4, now_ns=1)  # waiting for its tool
+    kv.store(2, 4, now_ns=2, last=True)  # done: the more recent, yet it goes first
+    kv.store(3, 4, now_ns=3)
+    assert kv.blocks == {1: 4, 3: 4}
+    lru, _ = index(8)
+    lru.store(1, 4, now_ns=1)
+    lru.store(2, 4, now_ns=2, last=True)
+    lru.store(3, 4, now_ns=3)
+    assert lru.blocks == {2: 4, 3: 4}
+
+
+def test_ttl_drops_an_idle_context_when_its_time_runs_out_unless_used_or_pinned() -> None:
+    kv, seen = index(100, "ttl", ttl_s=1.0)
+    kv.store(1, 4, now_ns=0)
+    kv.store(2, 4, now_ns=0)
+    assert kv.next_expiry_ns(1) == 1_000_000_000
+    kv.find(0, 2, 64, now_ns=500_000_000)  # used: its time starts again
+    kv.pin(2)
+    kv.expire(1, 999_999_999)  # too early
+    assert kv.blocks == {1: 4, 2: 4}
+    kv.expire(1, 1_000_000_000)
+    kv.expire(2, 2_000_000_000)  # pinned: stays
+    assert kv.blocks == {2: 4} and KvEvicted("store", 1, 0, 4) in seen and checked(seen) == []
+    with pytest.raises(ValueError, match="ttl_s > 0"):
+        index(10, "ttl")
+
+
+def test_an_eviction_policy_that_names_a_pinned_context_is_refused() -> None:
+    class Careless(LruEviction):
+        def victim(self, pinned: Any) -> int | None:
+            return 1
+
+    seen: list[Any] = []
+    kv = KvIndex("store", KvTierSpec(4 * BLOCK), BLOCK, seen.append, Careless(KvTierSpec()))
+    kv.store(1, 4, now_ns=0)
+    kv.pin(1)
+    with pytest.raises(ValueError, match="chose context 1, which the store tier may not drop"):
+        kv.store(2, 2, now_ns=1)
+
+
+def test_the_checker_catches_a_tier_over_capacity_a_gap_and_a_hit_beyond_what_is_held() -> None:
+    seen = [KvTier("store", 4 * BLOCK, BLOCK), KvStored("store", 1, 0, 3), KvStored("store", 2, 0, 2),
+            KvStored("store", 1, 5, 1), KvEvicted("store", 2, 0, 1), HitFound(0, 2, "store", 2 * BLOCK_TOKENS, 0),
+            HitFound(1, 1, "store", 6 * BLOCK_TOKENS + 7, 0)]  # fmt: skip
+    violations = checked(seen)
+    assert any("over capacity: 5 > 4 blocks" in v for v in violations)
+    assert any("stored blocks 5+1 after holding [0, 3)" in v for v in violations)
+    assert any("evicted blocks 0+1 while holding [0, 2)" in v for v in violations)
+    assert any("request 0 found 128 hit tokens of context 2 in store, which holds 0 blocks" in v for v in violations)
+    assert not any("request 1" in v for v in violations)  # context 1's 6 blocks and a partial one: all there
+
+
+# --- whole runs ----------------------------------------------------------------------------------------------
+
+
+def bounded(capacity: int, eviction: str = "lru", ttl_s: float = 0.0, config: Any = CONFIG) -> Any:
+    return dataclasses.replace(config, kv_store=KvTierSpec(capacity, eviction, ttl_s))
+
+
+def test_a_store_smaller_than_the_working_set_evicts_recomputes_and_loses_nothing() -> None:
+    trajectories = work(16, 5)
+    plain = run_system(CONFIG, "dualpath", trajectories)
+    ample = run_system(bounded(10**13), "dualpath", trajectories)
+    # Room for everything: the same run, event for event, but for the store's own records.
+    assert ample.jct_s == plain.jct_s and ample.extra["kv"]["store"]["evictions"] == 0
+    assert ample.extra["kv"]["store"]["found_rate"] == 1.0 and ample.hit_rate == plain.hit_rate
+    tight = run_system(bounded(int(plain.working_set_bytes["max"] / 4)), "dualpath", trajectories)
+    kv = tight.extra["kv"]["store"]
+    assert tight.complete and tight.turns_done == plain.turns_done  # every request ended, none failed
+    assert kv["evictions"] > 0 and kv["peak_bytes"] <= kv["capacity_bytes"]
+    assert 0 < kv["recomputed_tokens"] == sum(tight.metrics.recomputed) and kv["found_rate"] < 1.0
+    assert tight.hit_rate < plain.hit_rate and tight.jct_s > plain.jct_s
+    # What was not found was prefilled: the prompt is hit plus new tokens either way.
+    m = tight.metrics
+    assert sum(m.hit) + kv["recomputed_tokens"] == sum(plain.metrics.hit)
+
+
+def test_the_default_store_says_nothing_and_a_user_watch_sees_the_stores_records() -> None:
+    seen: list[Any] = []
+    keep = Watch({kind: lambda _t, r: seen.append(r) for kind in (KvTier, KvStored, KvEvicted, HitFound)})
+    run_system(CONFIG, "dualpath", work(4, 3), watch=keep)
+    assert seen == []
+    run_system(bounded(10**8), "dualpath", work(4, 3), watch=keep)
+    assert type(seen[0]) is KvTier and any(type(r) is KvEvicted for r in seen)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capacity_blocks=st.integers(1, 3_000), eviction=st.sampled_from(["lru", "ttl", "tool_wait"]),
+    ttl_s=st.floats(0.5, 60.0), system=st.sampled_from(["basic", "dualpath"]), crash=st.booleans(),
+)  # fmt: skip
+def test_any_store_size_policy_and_crash_loses_no_request_and_holds_every_invariant(
+    capacity_blocks: int, eviction: str, ttl_s: float, system: str, crash: bool
+) -> None:
+    block_bytes = BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token
+    config = bounded(capacity_blocks * block_bytes, eviction, ttl_s if eviction == "ttl" else 0.0)
+    if crash:
+        config = with_faults(Fault("crash", "de1", 1.0, restart_s=2.0), config=config)
+    result = run_system(config, system, work(8, 4))  # raises on a lost request or a broken invariant
+    kv = result.extra["kv"]["store"]
+    assert result.turns_done + result.failed_requests == result.turns
+    assert kv["peak_bytes"] <= kv["capacity_bytes"]
+    assert kv["stored_bytes"] - kv["evicted_bytes"] == kv["end_bytes"]
+    assert kv["hit_tokens_found"] + kv["recomputed_tokens"] == kv["hit_tokens_asked"]
+
+
+def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "cluster"\n[deployment]\nmodel = "ds27b"\npe_nodes = 1\nde_nodes = 1\nprefill_ep_nodes = 1\n'
+                    'decode_ep_nodes = 1\n[workload]\nagents = 8\nmax_rounds = 3\n'
+                    '[kv.store]\ncapacity_bytes = 2_000_000_000\neviction = "tool_wait"\n')  # fmt: skip
+    assert main(["run", str(path), "--json", "--system", "dualpath"]) == 0
+    assert '"kv"' in capsys.readouterr().out
+    path.write_text('kind = "cluster"\n[kv.store]\ncapacity_bytes = 1000\neviction = "ttl"\n')
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "key 'kv.store.ttl_s': expected a time to live > 0 s with eviction = 'ttl'" in err and err.count("\n") == 1
+    path.write_text('kind = "cluster"\n[kv.store]\neviction = "fifo"\n')
+    assert main(["run", str(path)]) == 2
+    assert "key 'kv.store.eviction': expected one of 'lru', 'ttl', 'tool_wait'" in capsys.readouterr().err
