@@ -194,3 +194,18 @@ def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
     path.write_text('kind = "cluster"\n[kv.store]\neviction = "fifo"\n')
     assert main(["run", str(path)]) == 2
     assert "key 'kv.store.eviction': expected one of 'lru', 'ttl', 'tool_wait'" in capsys.readouterr().err
+
+
+def test_check_draws_bounded_stores_and_writes_them_into_the_scenarios_it_replays(tmp_path: Path) -> None:
+    from dualpath_emu.cluster.scenario import load_cluster_scenario
+    from dualpath_emu.testing import ClusterCase, write_case
+    from dualpath_emu.testing.cluster import case_config
+
+    case = ClusterCase(1, 1, 2, 0.1, (((3_000, 10), (500, 10)),), ((0.0, 0.5),), store_blocks=40, eviction="ttl",
+                       ttl_s=1.0)  # fmt: skip
+    scenario, _ = write_case(case, "dualpath", tmp_path / "case.toml")
+    assert (
+        load_cluster_scenario(scenario).config.kv_store
+        == case_config(case).kv_store
+        == KvTierSpec(40 * BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token, "ttl", 1.0)
+    )

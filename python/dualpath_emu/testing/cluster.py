@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
-from dualpath_emu.cluster.config import ClusterConfig, derived
+from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, KvTierSpec, derived
 from dualpath_emu.cluster.faults import Fault, FaultPlan
 from dualpath_emu.cluster.invariants import InvariantError
 from dualpath_emu.cluster.policies import POLICIES, Policy, PolicyError
@@ -55,7 +55,8 @@ def case_config(case: ClusterCase) -> ClusterConfig:
         model=MODELS[MODEL], node=dataclasses.replace(TESTBED_NODE, gpus=case.gpus), pe_nodes=case.pe_nodes,
         de_nodes=case.de_nodes, prefill_ep_nodes=1, decode_ep_nodes=1, agents=len(case.rounds),
         de_hbm_reserve_fraction=case.de_hbm_reserve_fraction, faults=FaultPlan(faults), stall_timeout_s=_STALL_S,
-        order_seed=case.order_seed, message_delay_s=case.message_delay_s,
+        order_seed=case.order_seed, message_delay_s=case.message_delay_s, kv_store=KvTierSpec(
+            case.store_blocks * BLOCK_TOKENS * MODELS[MODEL].kv_bytes_per_token, case.eviction, case.ttl_s),
     )  # fmt: skip
 
 
@@ -126,6 +127,11 @@ def write_case(case: ClusterCase, spec: str, path: Path) -> tuple[Path, Path]:
         "[scheduling]", f"de_hbm_reserve_fraction = {case.de_hbm_reserve_fraction!r}", f"stall_timeout_s = {_STALL_S}",
         "", "[workload]", f"trace = {json.dumps(trace.name)}", f"agents = {len(case.rounds)}",
     ]  # fmt: skip
+    if case.store_blocks:
+        lines += ["", "[kv.store]", f"capacity_bytes = {case_config(case).kv_store.capacity_bytes}",
+                  f'eviction = "{case.eviction}"']  # fmt: skip
+        if case.eviction == "ttl":
+            lines.append(f"ttl_s = {case.ttl_s!r}")
     for fault in case.faults:
         lines += ["", "[[faults]]", f'kind = "{fault.kind}"', f'target = "{fault.target}"', f"at_s = {fault.at_s!r}"]
         lines.append(

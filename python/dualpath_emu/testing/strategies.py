@@ -126,6 +126,10 @@ class ClusterCase:
     seed: int = 0
     order_seed: int | None = None
     message_delay_s: float = 0.0
+    store_blocks: int = 0
+    """The store's capacity as a KV tier, in Full Blocks (0: unbounded, the paper's)."""
+    eviction: str = "lru"
+    ttl_s: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -163,9 +167,10 @@ def fault_schedules(draw: st.DrawFn, pe_nodes: int, de_nodes: int, max_faults: i
 
 @st.composite
 def cluster_cases(draw: st.DrawFn, faults: bool = True, orders: bool = True, tool_waits: bool = True,
-                  max_agents: int = 6) -> ClusterCase:  # fmt: skip
+                  max_agents: int = 6, stores: bool = True) -> ClusterCase:  # fmt: skip
     """A small cluster (1..2 prefill and decode nodes of 1..4 GPUs, DE HBM from roomy to one request per GPU), a
-    workload, a fault schedule and a delivery order."""
+    workload, a fault schedule, a delivery order and (``stores``) a store that is unbounded half the time, else
+    from a few blocks to ample, with an eviction policy."""
     pe_nodes, de_nodes = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     gpus = draw(st.integers(1, 4))
     reserve = draw(st.sampled_from([0.1, 0.9, 0.98, 0.99]))
@@ -173,8 +178,11 @@ def cluster_cases(draw: st.DrawFn, faults: bool = True, orders: bool = True, too
     schedule = draw(fault_schedules(pe_nodes, de_nodes)) if faults else ()
     order_seed = draw(st.none() | st.integers(1, 2**16)) if orders else None
     delay = draw(st.sampled_from([0.0, 0.0001, 0.002])) if order_seed is not None else 0.0
+    store_blocks = draw(st.sampled_from([0, 0, 0, 3, 40, 400, 4_000])) if stores else 0
+    eviction = draw(st.sampled_from(["lru", "ttl", "tool_wait"])) if store_blocks else "lru"
+    ttl_s = draw(st.sampled_from([0.1, 1.0, 30.0])) if eviction == "ttl" else 0.0
     case = ClusterCase(pe_nodes, de_nodes, gpus, reserve, rounds, waits, schedule, draw(st.integers(0, 3)),
-                       order_seed, delay)  # fmt: skip
+                       order_seed, delay, store_blocks, eviction, ttl_s)  # fmt: skip
     from dualpath_emu.testing.cluster import case_fits  # (the cluster model, imported when a case is drawn)
 
     assume(case_fits(case))  # as a scenario is refused whose longest request's KV fits no DE GPU
