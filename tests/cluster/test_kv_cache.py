@@ -9,9 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
 from dualpath_emu.cluster.faults import Fault
@@ -20,6 +17,9 @@ from dualpath_emu.cluster.kv_cache import KvIndex, LruEviction
 from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.runtime.engine import Watch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.cluster.test_faults import CONFIG, with_faults, work
 
 BLOCK = 1000  # bytes a block, in the index's unit tests

@@ -327,3 +327,21 @@ def test_an_engine_crash_works_live(tmp_path: Path, placement_kind: str) -> None
     [fault] = result.extra["faults"]
     assert (fault["kind"], fault["target"]) == ("crash", "de1") and fault["redispatched"] == result.redispatches
     assert fault["end_s"] - fault["start_s"] == pytest.approx(1.0, abs=0.2)
+
+
+def test_a_bounded_store_evicts_and_recomputes_live_as_in_virtual_time(tmp_path: Path) -> None:
+    # The store's index is the scheduler's state, its figures replayed from the processes' observations: a live
+    # run of a store a quarter of the working set evicts, computes the lost hits again and ends every request.
+    from dualpath_emu.cluster.config import KvTierSpec
+
+    config = small_config()
+    plain = run_system(config, "dualpath", work())
+    config = dataclasses.replace(config, kv_store=KvTierSpec(int(plain.working_set_bytes["max"] / 4), "tool_wait"))
+    expected = run_system(config, "dualpath", work()).extra["kv"]["store"]
+    result = run_live(config, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", options=LIVE)
+    kv = result.extra["kv"]["store"]
+    assert result.complete and result.turns_done == plain.turns_done
+    assert kv["evictions"] > 0 and 0 < kv["recomputed_tokens"] and kv["peak_bytes"] <= kv["capacity_bytes"]
+    assert kv["stored_bytes"] - kv["evicted_bytes"] == kv["end_bytes"]
+    assert kv["hit_tokens_asked"] == expected["hit_tokens_asked"]  # the same turns asked for the same contexts
+    assert abs(kv["found_rate"] - expected["found_rate"]) < 0.1, (kv, expected)
