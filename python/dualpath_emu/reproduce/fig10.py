@@ -56,6 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
+from dualpath_emu.cluster.config import KvTierSpec
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.reproduce import help_description
 from dualpath_emu.reproduce.common import (
@@ -285,6 +286,8 @@ class Search:
     """"slo": TTFT and TPOT; "ttft": the TTFT half alone (where decoding alone misses the SLO at every rate)."""
     tool_wait: ToolWait = field(default_factory=ToolWait)
     """The agents' wait before each turn after their first (none in the paper's runs; ``reproduce toolwaits``)."""
+    kv_store: KvTierSpec = field(default_factory=KvTierSpec)
+    """The store as a KV tier (unbounded in the paper's runs; ``reproduce kvstore``)."""
     points: list[Point] = field(default_factory=list)
     steps: int = 0
 
@@ -350,9 +353,10 @@ class Search:
         return next((p for p in self.points if p.rate == rate), None)
 
 
-def _cell(variant: Variant, model: str, system: str, rate: float, step: int, tool_wait: ToolWait = ToolWait()) -> Cell:
+def _cell(variant: Variant, model: str, system: str, rate: float, step: int, tool_wait: ToolWait = ToolWait(),
+          kv_store: KvTierSpec = KvTierSpec()) -> Cell:  # fmt: skip
     config = deployment(model, quick=variant.quick_node, mode="online", arrival_rate=rate,
-                        agents=variant.agents(model, rate), dataset="64k", tool_wait=tool_wait)  # fmt: skip
+                        agents=variant.agents(model, rate), dataset="64k", tool_wait=tool_wait, kv_store=kv_store)  # fmt: skip
     return Cell({"model": model, "step": step}, config, system, max_rounds=variant.max_rounds)
 
 
@@ -364,15 +368,15 @@ def run_searches(searches: Sequence[Search], variant: Variant, jobs: int, *, qui
         plan = [(s, rate) for s in searches for rate in s.next_rates()]
         if not plan:
             return
-        runs = list(dict.fromkeys((s.model, s.system, s.tool_wait, rate) for s, rate in plan))
+        runs = list(dict.fromkeys((s.model, s.system, s.tool_wait, s.kv_store, rate) for s, rate in plan))
         if not quiet:
             print(f"step {step + 1}: {len(runs)} runs", file=sys.stderr, flush=True)
-        cells = [_cell(variant, model, system, rate, step, wait) for model, system, wait, rate in runs]
+        cells = [_cell(variant, model, system, rate, step, wait, kv) for model, system, wait, kv, rate in runs]
         stat = searches[0].stat if searches else "mean"
         measured = measure_all(cells, jobs, quiet=quiet, stat=stat, cache=cache, dask=dask)
         by_run = dict(zip(runs, measured))
         for s in searches:
-            mine = [by_run[s.model, s.system, s.tool_wait, rate] for owner, rate in plan if owner is s]
+            mine = [by_run[s.model, s.system, s.tool_wait, s.kv_store, rate] for owner, rate in plan if owner is s]
             if mine:
                 s.add(mine)
         step += 1
