@@ -5,6 +5,7 @@ request and pass every invariant), under random capacities, policies and faults.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,32 @@ def test_check_draws_bounded_stores_and_writes_them_into_the_scenarios_it_replay
         == case_config(case).kv_store
         == KvTierSpec(40 * BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token, "ttl", 1.0)
     )
+
+
+def test_a_users_eviction_policy_is_named_by_its_file_and_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.py").write_text(
+        "from dualpath_emu.cluster.kv_cache import LruEviction\n\n"
+        "class Newest(LruEviction):\n"
+        '    """The most recently used context first (a stack: the opposite of LRU)."""\n\n'
+        '    name = "newest"\n\n'
+        "    def victim(self, pinned):\n"
+        "        return next((c for c in reversed(self._order) if c not in pinned), None)\n\n"
+        "class NotOne:\n    pass\n"
+    )  # fmt: skip
+    head = ('kind = "cluster"\n[deployment]\nmodel = "ds27b"\npe_nodes = 1\nde_nodes = 1\nprefill_ep_nodes = 1\n'
+            'decode_ep_nodes = 1\n[workload]\nagents = 8\nmax_rounds = 4\n[workload.tool_wait]\ndist = "exponential"\n'
+            'mean_s = 5.0\n[kv.store]\ncapacity_bytes = 600_000_000\n')  # fmt: skip
+    path = tmp_path / "s.toml"
+    results = {}
+    for eviction in ("lru", "mine.py:Newest"):
+        path.write_text(head + f'eviction = "{eviction}"\n')
+        assert main(["run", str(path), "--json", "--system", "dualpath"]) == 0
+        results[eviction] = json.loads(capsys.readouterr().out)["systems"]["dualpath"]["kv"]["store"]
+    assert results["lru"]["evictions"] > 0 and results["mine.py:Newest"] != results["lru"]
+    path.write_text(head + 'eviction = "mine.py:NotOne"\n')
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "key 'kv.store.eviction'" in err and "expected a subclass of Eviction called 'NotOne'" in err
+    assert err.count("\n") == 1

@@ -17,13 +17,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Container, Mapping
+from pathlib import Path
 from typing import ClassVar, Final
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
 from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
 from dualpath_emu.runtime.engine import Observed
 
-__all__ = ["EVICTIONS", "STORE", "Eviction", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction"]
+__all__ = [
+    "EVICTIONS", "STORE", "Eviction", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
+]  # fmt: skip
 
 STORE: Final = "store"
 """The storage cluster's tier (3FS)."""
@@ -35,6 +38,10 @@ class Eviction(ABC):
     giving what it may not choose (the pinned contexts); it checks the answer (a context it holds, not pinned)."""
 
     name: ClassVar[str]
+
+    def __init__(self, spec: KvTierSpec) -> None:
+        """Made with its tier's settings (``spec.ttl_s`` and the like)."""
+        self.spec = spec
 
     @abstractmethod
     def used(self, context: int, now_ns: int) -> None:
@@ -62,6 +69,7 @@ class LruEviction(Eviction):
     name = "lru"
 
     def __init__(self, spec: KvTierSpec) -> None:
+        super().__init__(spec)
         self._order: OrderedDict[int, None] = OrderedDict()
 
     def used(self, context: int, now_ns: int) -> None:
@@ -100,6 +108,7 @@ class ToolWaitEviction(Eviction):
     name = "tool_wait"
 
     def __init__(self, spec: KvTierSpec) -> None:
+        super().__init__(spec)
         self._done: OrderedDict[int, None] = OrderedDict()
         self._waiting: OrderedDict[int, None] = OrderedDict()
 
@@ -130,6 +139,21 @@ EVICTIONS: Final[Mapping[str, Callable[[KvTierSpec], Eviction]]] = {
 """The eviction policies by name (a scenario's ``eviction``)."""
 
 
+def make_eviction(spec: KvTierSpec) -> Eviction:
+    """The eviction policy ``spec`` names: a built-in one (:data:`EVICTIONS`) or a user's class by ``module:Name``
+    or ``/absolute/file.py:Name`` (a scenario resolves a relative file against its folder), made with ``spec``."""
+    name = spec.eviction
+    if name in EVICTIONS:
+        return EVICTIONS[name](spec)
+    from dualpath_emu.cluster.user_systems import SystemLoader  # (user code: only when named)
+
+    cls = SystemLoader(Path("/"), "kv eviction").load_class(name, Eviction)
+    made = cls(spec)
+    if not isinstance(made, Eviction):
+        raise TypeError(f"kv eviction {name!r}: expected an Eviction, got {type(made).__name__}")
+    return made
+
+
 class KvIndex:
     """One tier's index (see the module): ``find`` at dispatch, ``pin`` while a request is in flight, ``store``
     as its KV is complete, ``expire`` when a time to live may have run out."""
@@ -141,7 +165,7 @@ class KvIndex:
         self.tier = tier
         self.capacity = spec.capacity_bytes
         self.block_bytes = block_bytes
-        self.eviction = eviction if eviction is not None else EVICTIONS[spec.eviction](spec)
+        self.eviction = eviction if eviction is not None else make_eviction(spec)
         self._observe = observe
         self.blocks: dict[int, int] = {}
         """Per context, the blocks ``[0, n)`` held."""

@@ -19,7 +19,7 @@ from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
 from dualpath_emu.cluster.config import ClusterConfig, KvTierSpec, derived
-from dualpath_emu.cluster.kv_cache import EVICTIONS
+from dualpath_emu.cluster.kv_cache import EVICTIONS, Eviction
 from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.systems import SYSTEMS, System
@@ -315,7 +315,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         faults, pe_nodes + de_nodes, node.gpus, engine_group_names(pe_nodes, de_nodes, prefill_ep)
     )
     storage = _storage(storage_table, base.storage)
-    kv_store = _kv_tier(kv_table.table("store"), base.kv_store)
+    kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
     kv_table.finish()
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
@@ -433,10 +433,20 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
     return out
 
 
-def _kv_tier(t: Table, base: KvTierSpec) -> KvTierSpec:
-    """A KV tier's table (``[kv.store]``): its capacity in bytes (0: unbounded), eviction and time to live."""
+def _kv_tier(t: Table, base: KvTierSpec, folder: Path) -> KvTierSpec:
+    """A KV tier's table (``[kv.store]``): its capacity in bytes (0: unbounded), eviction and time to live. A
+    user's eviction (``module:Name``, ``file.py:Name`` relative to the scenario) is loaded here to check it, and
+    kept with its file's absolute path, so that every process finds it."""
     capacity = t.get_int("capacity_bytes", base.capacity_bytes, min=0, max=LIMITS.max_kv_tier_bytes)
-    eviction = t.get_str("eviction", base.eviction, choices=tuple(EVICTIONS))
+    eviction = t.get_str("eviction", base.eviction)
+    if is_user_spec(eviction):
+        target, _, name = eviction.rpartition(":")
+        if target.endswith(".py"):
+            eviction = f"{(folder / target).resolve()}:{name}"
+        SystemLoader(folder, t.where("eviction")).load_class(eviction, Eviction)
+    elif eviction not in EVICTIONS:
+        raise t.error("eviction", f"one of {', '.join(map(repr, EVICTIONS))}, or a user's module:Name or "
+                      "file.py:Name", eviction)  # fmt: skip
     ttl_s = t.get_float("ttl_s", base.ttl_s, min=0.0, max=LIMITS.max_ttl_s)
     if eviction == "ttl" and not ttl_s > 0:
         raise t.error("ttl_s", "a time to live > 0 s with eviction = 'ttl'", ttl_s)

@@ -75,6 +75,19 @@ class SystemLoader:
         module = self._file(spec, target) if target.endswith(".py") else self._module(spec, target)
         return self._find(spec, module, name)
 
+    def load_class(self, spec: str, base: type) -> type:
+        """The subclass of ``base`` that user spec ``spec`` (``module:Name``, ``file.py:Name``) names."""
+        target, _, name = spec.rpartition(":")
+        if not target or not name:
+            raise self.error(spec, "expected module:Name or path/to/file.py:Name")
+        module = self._file(spec, target) if target.endswith(".py") else self._module(spec, target)
+        value = getattr(module, name, None) if name.isidentifier() else None
+        if not (isinstance(value, type) and issubclass(value, base)):
+            source = getattr(module, "__file__", None) or module.__name__
+            found = "nothing" if value is None else _describe(value)
+            raise self.error(spec, f"expected a subclass of {base.__name__} called {name!r} in {source}, got {found}")
+        return value
+
     def _file(self, spec: str, target: str) -> ModuleType:
         path = (self.base / target).resolve()
         if path in self._files:
