@@ -113,6 +113,9 @@ class Plane:
     def decode_reset(self, node: int) -> None:
         self.requests.append(("decode_reset", (node,), None))
 
+    def discard(self, extents: Any) -> None:
+        self.requests.append(("discard", (extents,), None))
+
     def take(self, kind: str) -> list[tuple[tuple[Any, ...], Then | None]]:
         mine = [(args, then) for k, args, then in self.requests if k == kind]
         self.requests = [r for r in self.requests if r[0] != kind]

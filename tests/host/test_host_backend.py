@@ -417,3 +417,22 @@ def test_a_host_run_started_by_hand_on_two_hosts_shares_only_its_storage(tmp_pat
     assert host["verified_read_bytes"] > 0 and host["mismatched_blocks"] == 0
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0
     assert not list(shared.glob("ctx-*.kv"))  # collect removed the run's blocks
+
+
+@pytest.mark.processes
+def test_a_bounded_store_on_the_host_backend_cuts_the_real_block_files(tmp_path: Path) -> None:
+    # The scheduler's process evicts: the contexts' block files are cut after the blocks kept, and every block a
+    # later turn reads is still there and verified (none read back differs, none is waited for in vain).
+    import dataclasses
+
+    from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
+
+    plain = run_system(config(), "dualpath", work())
+    bounded = dataclasses.replace(config(), kv_store=KvTierSpec(int(plain.working_set_bytes["max"] / 3), "lru"))
+    result = run_live(bounded, SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run", backend="host",
+                      byte_scale=SCALE, timeout_s=120.0)  # fmt: skip
+    host, kv = result.extra["host"], result.extra["kv"]["store"]
+    assert result.complete and result.turns == 24 and kv["evictions"] > 0 and kv["recomputed_tokens"] > 0
+    evicted_blocks = kv["evicted_bytes"] // (BLOCK_TOKENS * MODELS["ds27b"].kv_bytes_per_token)
+    assert 0 < host["discarded_blocks"] <= evicted_blocks  # (a block evicted before its write-back landed: none)
+    assert host["mismatched_blocks"] == 0 and host["bytes_read"] == host["verified_read_bytes"] > 0

@@ -457,3 +457,17 @@ def test_a_read_of_blocks_this_store_is_still_writing_waits_for_the_write(tmp_pa
         result = asyncio.run(go())
         assert (result.verified_blocks, result.mismatched_blocks, result.retries) == (32, 0, 0)
         assert store._writing == {}
+
+
+def test_discarding_a_contexts_tail_cuts_its_file_and_keeps_its_head(tmp_path: Path) -> None:
+    # A bounded store evicted blocks 4-9 of context 3: its file keeps blocks 0-3, which still read back verified.
+    with BlockStore(tmp_path, 8 * KIB) as store:
+        asyncio.run(store.write(3, 0, 10))
+        assert store.discard([(3, 4, 6), (7, 0, 2)]) == 6  # context 7 was never written: nothing to cut
+        assert store.path(3).stat().st_size == 4 * store.stride
+        head = asyncio.run(store.read(3, 0, 4))
+        assert (head.verified_blocks, head.mismatched_blocks) == (4, 0)
+        assert store.discard([(3, 4, 1)]) == 0  # already gone
+        assert store.stats()["discarded_blocks"] == 6
+        with pytest.raises(HostStorageError, match="n_blocks"):
+            store.discard([(3, 1, 0)])

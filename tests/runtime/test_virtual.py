@@ -74,6 +74,10 @@ class LoggingPlane:
         self.calls["decode_reset"] += 1
         self.inner.decode_reset(node)
 
+    def discard(self, extents: Extents) -> None:
+        self.calls["discard"] += 1
+        self.inner.discard(extents)
+
     def flush(self) -> None:
         self.inner.flush()
 

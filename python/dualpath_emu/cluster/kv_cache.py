@@ -22,7 +22,7 @@ from typing import ClassVar, Final
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
 from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
-from dualpath_emu.runtime.engine import Observed
+from dualpath_emu.runtime.engine import Extents, Observed
 
 __all__ = [
     "EVICTIONS", "STORE", "Eviction", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
@@ -160,13 +160,15 @@ class KvIndex:
 
     def __init__(
         self, tier: str, spec: KvTierSpec, block_bytes: int, observe: Callable[[Observed], None],
-        eviction: Eviction | None = None,
+        eviction: Eviction | None = None, discard: Callable[[Extents], None] | None = None,
     ) -> None:  # fmt: skip
         self.tier = tier
         self.capacity = spec.capacity_bytes
         self.block_bytes = block_bytes
         self.eviction = eviction if eviction is not None else make_eviction(spec)
         self._observe = observe
+        self._discard = discard
+        """Where evicted blocks go: the data plane, which drops them if it holds real ones (the host backend)."""
         self.blocks: dict[int, int] = {}
         """Per context, the blocks ``[0, n)`` held."""
         self.used_bytes = 0
@@ -250,6 +252,8 @@ class KvIndex:
         left = held - blocks
         self.used_bytes -= blocks * self.block_bytes
         self._observe(KvEvicted(self.tier, context, left, blocks))
+        if self._discard is not None:
+            self._discard(((context, left, blocks),))
         if left:
             self.blocks[context] = left
         else:

@@ -114,6 +114,10 @@ class Ledger:
         """Decode node ``node`` drops every request now: an engine crash (no bytes to book)."""
         self._plane.decode_reset(node)
 
+    def discard(self, extents: Extents) -> None:
+        """Stored blocks a bounded store evicted (no bytes move: none to book)."""
+        self._plane.discard(extents)
+
 
 class ProbingLedger(Ledger):
     """A :class:`Ledger` that also times every forward pass (for a host-backend comparison); changes nothing."""

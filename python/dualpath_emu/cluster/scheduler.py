@@ -104,7 +104,8 @@ class Scheduler(ClusterEngine):
         self._private_of: dict[int, deque[Request]] = dict(self.private)
         """Every decode group's private queue, by node (``private`` lacks those of groups that are down)."""
         kv = cluster.config.kv_store
-        self.kv = KvIndex(STORE, kv, BLOCK_TOKENS * self._kv, out.observe) if kv.bounded else None
+        self.kv = (KvIndex(STORE, kv, BLOCK_TOKENS * self._kv, out.observe, discard=self.plane.discard)
+                   if kv.bounded else None)  # fmt: skip
         """Which Full Blocks of each context the storage tier holds, if it is bounded (:mod:`.kv_cache`)."""
         self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
         self.recovery = CrashRecovery(self)

@@ -418,6 +418,12 @@ class HostDataPlane(WallClockCore):
 
     # --- storage ---------------------------------------------------------------------------------------
 
+    def discard(self, extents: Extents) -> None:
+        """A bounded store evicted these blocks: their bytes leave the block files now (:meth:`BlockStore.discard`)."""
+        if self.store is None:
+            raise RuntimeError(f"process {self.process!r} has no block store to discard blocks from")
+        self.store.discard(extents)
+
     async def _storage(self, port: int, kind: str, lane: int, size: int, extents: Sequence[Sequence[int]]) -> None:
         if self.store is None:
             raise RuntimeError(f"process {self.process!r} has no block store for its storage I/O")

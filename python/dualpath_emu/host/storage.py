@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +198,8 @@ class BlockStore:
         self._write_pool = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="blockstore-write")
         self._local = threading.local()  # each thread's scratch array of expected contents
         self._lock = threading.Lock()
-        counts = ("bytes_read bytes_written reads writes blocks_read blocks_written verified_bytes mismatched_blocks "
+        counts = ("bytes_read bytes_written reads writes blocks_read blocks_written discarded_blocks verified_bytes "
+                  "mismatched_blocks "
                   "retries seeded_blocks read_unreachable write_unreachable read_unreachable_waits "
                   "write_unreachable_waits")  # fmt: skip
         seconds = "read_wall_s write_wall_s read_unreachable_s write_unreachable_s unreachable_max_s"
@@ -376,6 +377,29 @@ class BlockStore:
         with self._lock:
             self._totals["seeded_blocks"] += n_blocks
         return IoResult(bytes=n_blocks * self.stride, blocks=n_blocks, wall_s=time.perf_counter() - start)
+
+    def discard(self, extents: Iterable[Sequence[int]]) -> int:
+        """Drop the blocks of each ``(context, first, blocks)`` run, a context's tail that a bounded store evicted:
+        its file is cut after its first ``first`` blocks (counted as ``discarded_blocks``). Returns how many of
+        them the file held. A write of a later block still in flight lands after the cut, past a hole, and is
+        read by nobody before its block is written again."""
+        dropped = 0
+        for context, first, n_blocks in extents:
+            self._check(context, first, n_blocks)
+            path = self.path(context)
+            try:
+                size = path.stat().st_size
+                keep = first * self.stride
+                if size > keep:
+                    os.truncate(path, keep)
+                    dropped += min(n_blocks, -(-(size - keep) // self.stride))
+            except FileNotFoundError:  # never written here (a context whose blocks were never persisted)
+                continue
+            except OSError as err:
+                raise HostStorageError(f"discard blocks {first}+ of {path}: {err.strerror or err}") from err
+        with self._lock:
+            self._totals["discarded_blocks"] += dropped
+        return dropped
 
     def stats(self) -> dict[str, int | float | bool | str]:
         """Totals since creation (wall times are sums over calls, which may overlap), and the settings."""

@@ -290,6 +290,10 @@ class CoreWork:
         """An engine crash: decode node ``node`` drops every request after earlier work; the spans' report follows."""
         raise NotImplementedError
 
+    def discard(self, extents: Extents) -> None:
+        """Stored blocks no longer kept: nothing to drop where the core models the bytes (the host backend
+        overrides this)."""
+
     def set_port_factor(self, port: int, factor: float) -> None:
         """A fault: ``port``'s rates × ``factor`` from now on (in this process's core or the service's)."""
         raise NotImplementedError

@@ -88,6 +88,10 @@ class DataPlane(Protocol):
     def decode_reset(self, node: int) -> None:
         """An engine crash: decode node ``node`` drops every request now; the spans it closes come with a report."""
 
+    def discard(self, extents: Extents) -> None:
+        """The stored blocks of ``extents`` are no longer kept (a bounded store evicted them): a plane that holds
+        real blocks drops them now; one that models the bytes has nothing to drop."""
+
 
 class Observed(Protocol):
     """A typed record of what an engine observed: logged as ``kind`` and ``summary()``, its fields checked."""

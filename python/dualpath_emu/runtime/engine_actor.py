@@ -107,6 +107,9 @@ class LiveDataPlane:
     def decode_reset(self, node: int) -> None:
         self.plane.decode_reset(node)
 
+    def discard(self, extents: Extents) -> None:
+        self.plane.discard(extents)
+
 
 class _InputTime:
     """The time of the input an engine is handling (a message's, a completion's, a timer's): what its observations

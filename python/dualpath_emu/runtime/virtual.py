@@ -156,6 +156,9 @@ class CoreDataPlane:
         self.core.decode_reset(node)
         self.deliver(self.core.take_completions())
 
+    def discard(self, extents: Extents) -> None:
+        """Nothing to drop: the core models bytes, it stores none."""
+
     @property
     def waiting(self) -> int:
         """Requests whose end someone waits for."""

@@ -52,7 +52,8 @@ def host_plane(request: PlaneRequest) -> HostDataPlane:
     folder = Path(app.storage_dir) if app.storage_dir else Path(request.run_dir) / STORAGE_DIR
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     drives = request.process in plan.process_of_node
-    store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale))) if drives else None
+    # Every process has the store: its nodes' reads and writes, or the scheduler's evictions (a bounded store).
+    store = BlockStore(folder, max(1, round(plan.block_bytes * plan.byte_scale)))
     peers = dict(description.data_endpoints)  # itself too: its nodes may send to each other (one process)
     # Mooncake's engine has no authentication: only processes whose nodes move KV start one (not the
     # scheduler's or the client's, whose channel carries the end-of-run stop alone).
@@ -153,6 +154,7 @@ def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication
         "bytes_written": store["bytes_written"], "bytes_read": store["bytes_read"],
         "verified_read_bytes": store["verified_bytes"], "mismatched_blocks": store["mismatched_blocks"],
         "read_retries": store["retries"], "seeded_blocks": store["seeded_blocks"],
+        "discarded_blocks": store["discarded_blocks"],
         "network_bytes_sent": channel["sent_bytes"], "network_bytes_verified": channel["verified_bytes"],
         "network_bytes_mismatched": channel["mismatched_bytes"], "rejected_frames": channel["rejected"],
         "real_bytes_by_kind": real_bytes_by_kind(measured),
