@@ -188,6 +188,8 @@ def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
                     '[kv.store]\ncapacity_bytes = 2_000_000_000\neviction = "tool_wait"\n')  # fmt: skip
     assert main(["run", str(path), "--json", "--system", "dualpath"]) == 0
     assert '"kv"' in capsys.readouterr().out
+    assert main(["run", str(path), "--system", "dualpath"]) == 0  # the table, then a line on the store
+    assert "dualpath: store of 2.0 GB (peak " in capsys.readouterr().out
     path.write_text('kind = "cluster"\n[kv.store]\ncapacity_bytes = 1000\neviction = "ttl"\n')
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err

@@ -153,6 +153,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(json.dumps(summary(scenario, results), indent=2, allow_nan=False))
         return warn_incomplete(results)
     console.print(_table(scenario, results, console.width))
+    for line in kv_lines(results):
+        console.print(line, highlight=False)
     for name, result in results.items():
         if "host" in result.extra:
             console.print(_host_table(name, result))
@@ -636,6 +638,19 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: i
             cells.append(_lag(r))
         table.add_row(*cells)
     return table
+
+
+def kv_lines(results: dict[str, SystemResult]) -> list[str]:
+    """Per system with a bounded KV tier, one line: what its store held and dropped, and the hits it lacked."""
+    lines = []
+    for name, result in results.items():
+        for tier, kv in result.extra.get("kv", {}).items():
+            lines.append(
+                f"{name}: {tier} of {kv['capacity_bytes'] / 1e9:,.1f} GB (peak {kv['peak_bytes'] / 1e9:,.1f}): found "
+                f"{kv['found_rate']:.1%} of the hit tokens asked, {kv['recomputed_tokens']:,} computed again; "
+                f"{kv['evictions']:,} evictions ({kv['evicted_bytes'] / 1e9:,.1f} GB)"
+            )
+    return lines
 
 
 def _host_table(name: str, r: SystemResult) -> Table:
