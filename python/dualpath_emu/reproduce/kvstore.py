@@ -93,8 +93,8 @@ def build(args: argparse.Namespace) -> Report:
         "with 30 s waits, dropping done agents' KV first holds more hits than LRU": all(
             found[(30.0, size, "tool_wait")] > found[(30.0, size, "lru")] for size in ("1x", "0.5x")
         ),
-        "with 30 s waits, a store sized by zero-wait replay lowers the SLO edge below the zero-wait one": (
-            0 < edges[(30.0, True)] < edges[(0.0, False)]
+        "with 30 s waits, a store sized by zero-wait replay keeps the SLO edge at or below the zero-wait one": (
+            0 < edges[(30.0, True)] <= edges[(0.0, False)]
         ),
     }
     notes = [
@@ -107,7 +107,8 @@ def build(args: argparse.Namespace) -> Report:
         "The paper runs with zero wait and an unbounded store; these rows are the emulator's own (§8.2 asks).",
         "Rows with slo_edge_aps: DualPath's SLO edge (fig10's search and SLO: mean TTFT <= 4 s, TPOT <= 50 ms), "
         "the largest APS measured to meet it and the next, which misses it; the store stays at the size above "
-        "while the rate varies. With 30 s waits and no bound, reproduce toolwaits finds the edge at its cap.",
+        "while the rate varies. With 30 s waits and no bound, reproduce toolwaits finds the edge at its search's "
+        "cap (1 APS in full, 2.2x the zero-wait edge): the waits' gain is what the bounded store takes back.",
     ]
     return Report("kvstore", "a bounded store under tool waits: DualPath on DS 660B 2P4D at 0.45 APS", rows, [],
                   notes, lambda path: plot(path, rows), checks)  # fmt: skip
