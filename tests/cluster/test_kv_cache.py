@@ -71,6 +71,20 @@ def test_a_pinned_context_is_never_evicted_and_what_does_not_fit_is_not_held() -
     assert kv.blocks == {1: 1, 2: 5} and checked(seen) == []
 
 
+def test_a_turn_whose_end_the_scheduler_has_not_heard_of_yet_has_written_its_blocks_through() -> None:
+    # Live (or with shuffled delivery), the client can submit an agent's next turn before the scheduler hears that
+    # the last one ended: the last one's blocks were written through as made, so the next finds them.
+    kv, seen = index(100)
+    kv.pin(1, blocks=6)  # turn 0 of context 1: 6 blocks when it ends
+    assert kv.find(1, 1, 6 * BLOCK_TOKENS, now_ns=5) == 6 * BLOCK_TOKENS  # turn 1, before turn 0's end is heard of
+    kv.pin(1, blocks=9)
+    kv.unpin(1)  # turn 0's end arrives
+    kv.store(1, 6, now_ns=6)  # nothing new
+    kv.unpin(1)
+    kv.store(1, 9, now_ns=7)
+    assert kv.blocks == {1: 9} and checked(seen) == []
+
+
 def test_tool_wait_drops_done_agents_contexts_before_waiting_ones() -> None:
     kv, _ = index(8, "tool_wait")
     kv.store(1, 4, now_ns=1)  # waiting for its tool

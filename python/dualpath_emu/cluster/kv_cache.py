@@ -173,6 +173,8 @@ class KvIndex:
         """Per context, the blocks ``[0, n)`` held."""
         self.used_bytes = 0
         self._pins: Counter[int] = Counter()
+        self._promised: dict[int, int] = {}
+        """Per pinned context, the blocks its requests in flight will have when they end (written through as made)."""
         self._last_use: dict[int, int] = {}
 
     def start(self) -> None:
@@ -181,7 +183,11 @@ class KvIndex:
 
     def find(self, rid: int, context: int, hit: int, now_ns: int) -> int:
         """The tokens of request ``rid``'s hit of ``hit`` tokens of ``context`` held here (the rest is computed
-        again); a use of the context."""
+        again); a use of the context. A request of the context still in flight here has written its blocks through
+        as it made them (its end may not have reached the scheduler yet, as in a live run): they are held first."""
+        promised = self._promised.get(context, 0)
+        if promised > self.blocks.get(context, 0):
+            self.store(context, promised, now_ns)
         held = self.blocks.get(context, 0)
         found = hit if held >= hit // BLOCK_TOKENS else held * BLOCK_TOKENS  # a whole context: its partial block too
         if held:
@@ -190,15 +196,18 @@ class KvIndex:
             self._observe(HitFound(rid, context, self.tier, found, hit - found))
         return found
 
-    def pin(self, context: int) -> None:
-        """A request of ``context`` is in flight: its blocks stay."""
+    def pin(self, context: int, blocks: int = 0) -> None:
+        """A request of ``context`` is in flight, to end with ``blocks`` Full Blocks of it: its blocks stay."""
         self._pins[context] += 1
+        if blocks > self._promised.get(context, 0):
+            self._promised[context] = blocks
 
     def unpin(self, context: int) -> None:
         pins = self._pins
         pins[context] -= 1
         if pins[context] <= 0:
             del pins[context]
+            self._promised.pop(context, None)
 
     def store(self, context: int, blocks: int, now_ns: int, last: bool = False) -> None:
         """``context``'s KV now has ``blocks`` Full Blocks (written through as they were made): hold them,

@@ -164,7 +164,7 @@ class Scheduler(ClusterEngine):
             hit = turn.hit
             if kv is not None:  # the hit is what the store still holds; the rest is computed again
                 hit = kv.find(turn.rid, turn.context, hit, now)
-                kv.pin(turn.context)
+                kv.pin(turn.context, (turn.prompt + turn.gen) // BLOCK_TOKENS)
                 if turn.last:
                     self._last.add(turn.rid)
             request = Request(turn.rid, turn.prompt, turn.prompt - hit, hit, turn.gen, hbm, turn.context)
