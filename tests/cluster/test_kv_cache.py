@@ -4,6 +4,7 @@ request and pass every invariant), under random capacities, policies and faults.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -199,11 +200,15 @@ def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
     path = tmp_path / "s.toml"
     path.write_text('kind = "cluster"\n[deployment]\nmodel = "ds27b"\npe_nodes = 1\nde_nodes = 1\nprefill_ep_nodes = 1\n'
                     'decode_ep_nodes = 1\n[workload]\nagents = 8\nmax_rounds = 3\n'
-                    '[kv.store]\ncapacity_bytes = 2_000_000_000\neviction = "tool_wait"\n')  # fmt: skip
+                    '[kv.store]\ncapacity_bytes = 300_000_000\neviction = "tool_wait"\n')  # fmt: skip
     assert main(["run", str(path), "--json", "--system", "dualpath"]) == 0
     assert '"kv"' in capsys.readouterr().out
-    assert main(["run", str(path), "--system", "dualpath"]) == 0  # the table, then a line on the store
-    assert "dualpath: store of 2.0 GB (peak " in capsys.readouterr().out
+    assert main(["run", str(path), "--system", "dualpath", "--out", str(tmp_path / "out")]) == 0
+    assert "dualpath: store of 0.3 GB (peak " in capsys.readouterr().out  # the table, then a line on the store
+    kv = json.loads((tmp_path / "out" / "summary.json").read_text())["systems"]["dualpath"]["kv"]["store"]
+    with (tmp_path / "out" / "requests.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert sum(int(row["recomputed"]) for row in rows) == kv["recomputed_tokens"] > 0
     path.write_text('kind = "cluster"\n[kv.store]\ncapacity_bytes = 1000\neviction = "ttl"\n')
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err

@@ -28,7 +28,7 @@ __all__ = [
 
 CSV_COLUMNS: Final = (
     "system", "rid", "agent", "prompt", "hit", "gen", "arrive_s", "first_token_s", "second_token_s", "done_s",
-    "read_side", "pe", "de", "ttft_s", "ttst_s", "tpot_s", "failed_s", "redispatches",
+    "read_side", "pe", "de", "ttft_s", "ttst_s", "tpot_s", "failed_s", "redispatches", "recomputed",
 )  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def write_requests(file: TextIO, results: Mapping[str, SystemResult]) -> int:
                 _between(m.arrive_ns[rid], m.first_token_ns[rid]),
                 _between(m.first_token_ns[rid], m.second_token_ns[rid]),
                 _between(m.second_token_ns[rid], m.done_ns[rid], m.gen[rid] - 2) if m.gen[rid] > 2 else "",
-                _seconds(m.failed_ns[rid]), max(0, m.redispatches[rid]),
+                _seconds(m.failed_ns[rid]), max(0, m.redispatches[rid]), m.recomputed[rid],
             ))  # fmt: skip
             rows += 1
     return rows
