@@ -19,7 +19,7 @@ from dualpath_emu.config import ScenarioError, Table, load_toml
 
 __all__ = ["KINDS", "engine_group_names", "MAX_FAULT_WINDOWS", "MAX_TIME_S", "RANDOM_KINDS", "Counts", "Fault", "FaultPlan", "FaultWatch",
            "FaultRecords", "FaultTotals", "Kind", "RandomFaults", "FaultWindow", "fault_summary", "fault_tables", "fault_report",
-           "fault_windows", "load_fault_file", "read_fault_plan", "sorted_counts", "target_ports"]  # fmt: skip
+           "load_fault_file", "read_fault_plan", "sorted_counts", "target_ports"]  # fmt: skip
 
 Kind = Literal["down", "degrade", "latency", "slow_storage", "crash"]
 KINDS: Final[tuple[Kind, ...]] = ("down", "degrade", "latency", "slow_storage", "crash")
@@ -438,21 +438,6 @@ def fault_report(windows: Iterable[FaultWindow], done_ns: Sequence[int], end_ns:
                     "turns_per_s_before": before, "turns_per_s_during": rate(start, stop_ns),
                     "turns_per_s_after": after, "recovery_s": recovery, "reads_moved": moved,
                     "redispatched": redispatched, "failed": failed})  # fmt: skip
-    return out
-
-
-def fault_windows(records: Iterable[tuple[int, Any]]) -> list[FaultWindow]:
-    """The fault windows of an event log's ``(t_ns, FaultChanged)`` records, in order of start."""
-    out: list[FaultWindow] = []
-    open_: dict[tuple[str, str], list[FaultWindow]] = {}
-    for t_ns, record in records:
-        key = (record.fault, record.target)
-        if record.phase == "start":
-            window = FaultWindow(record.fault, record.target, t_ns)
-            out.append(window)
-            open_.setdefault(key, []).append(window)
-        elif open_.get(key):
-            open_[key].pop(0).end_ns = t_ns
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type information
 
 from dualpath_emu.cluster.core_report import CoreReport
-from dualpath_emu.cluster.faults import fault_summary, fault_windows
+from dualpath_emu.cluster.faults import FaultWatch, fault_summary, sorted_counts
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
 from dualpath_emu.cluster.live.app import RUN_SCENARIO, STORAGE_DIR, ClusterApplication, registry
 from dualpath_emu.cluster.live.host import host_report
@@ -100,14 +100,15 @@ def collect(run: RunScenario, run_dir: Path, wall_s: float) -> tuple[SystemResul
         result.extra["restarts"] = _restarts(run_dir, processes, last, start_ns)
         result.extra["ends_lost_with_restart"] = voided
     if app.config.faults.any:
-        windows = fault_windows(
-            [(t - start_ns, parse_observation(kind, summary)) for t, _, _, kind, summary in events if kind == "fault"]
-        )
         done = [t - start_ns if t >= 0 else t for t in merged.done_ns]
-        result.extra.update(fault_summary(windows, done, end_ns - start_ns,  # (past 1,000 windows: added up)
-                                          [t - start_ns for t in merged.redispatch_ns],
-                                          [t - start_ns if t >= 0 else t for t in merged.failed_ns],
-                                          [t - start_ns for t in merged.read_moved_ns]))  # fmt: skip
+        redispatch = [t - start_ns for t in merged.redispatch_ns]
+        failed = [t - start_ns if t >= 0 else t for t in merged.failed_ns]
+        moved = [t - start_ns for t in merged.read_moved_ns]
+        faults = FaultWatch(sorted_counts(redispatch, failed, moved))  # the windows, as a virtual run builds them
+        for t, _, _, kind, summary in events:
+            if kind == "fault":
+                faults.changed(t - start_ns, parse_observation(kind, summary))
+        result.extra.update(fault_summary(faults.records, done, end_ns - start_ns, redispatch, failed, moved))
     if host is not None:
         result.extra["host"] = host
     return result, merged
