@@ -255,6 +255,14 @@ def test_a_users_eviction_policy_is_named_by_its_file_and_checked(
         assert main(["run", str(path), "--json", "--system", "dualpath"]) == 0
         results[eviction] = json.loads(capsys.readouterr().out)["systems"]["dualpath"]["kv"]["store"]
     assert results["lru"]["evictions"] > 0 and results["mine.py:Newest"] != results["lru"]
+    (tmp_path / "bad.py").write_text(
+        "from dualpath_emu.cluster.kv_cache import LruEviction\n\n"
+        "class Raises(LruEviction):\n    def victim(self, pinned):\n        raise RuntimeError('oops')\n"
+    )  # fmt: skip
+    path.write_text(head + 'eviction = "bad.py:Raises"\n')
+    assert main(["run", str(path), "--system", "dualpath"]) == 2  # a user's eviction that raises: one line, named
+    err = capsys.readouterr().err
+    assert "bad.py:Raises': victim() raised RuntimeError: oops" in err and "Traceback" not in err
     path.write_text(head + 'eviction = "mine.py:NotOne"\n')
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err

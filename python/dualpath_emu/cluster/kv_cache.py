@@ -22,14 +22,19 @@ from typing import ClassVar, Final
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
 from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
+from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.engine import Extents, Observed
 
 __all__ = [
-    "EVICTIONS", "STORE", "Eviction", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
+    "EVICTIONS", "STORE", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
 ]  # fmt: skip
 
 STORE: Final = "store"
 """The storage cluster's tier (3FS)."""
+
+
+class EvictionError(UsageError, ValueError):
+    """An eviction policy answered what the index cannot use, or raised: one line naming it (exit 2)."""
 
 
 class Eviction(ABC):
@@ -148,10 +153,43 @@ def make_eviction(spec: KvTierSpec) -> Eviction:
     from dualpath_emu.cluster.user_systems import SystemLoader  # (user code: only when named)
 
     cls = SystemLoader(Path("/"), "kv eviction").load_class(name, Eviction)
-    made = cls(spec)
-    if not isinstance(made, Eviction):
-        raise TypeError(f"kv eviction {name!r}: expected an Eviction, got {type(made).__name__}")
-    return made
+    try:
+        made = cls(spec)
+    except Exception as error:  # the user's code: say whose, in one line
+        raise EvictionError(f"kv eviction {name!r}: making it raised {type(error).__name__}: {error}") from None
+    return _Guarded(made, name)
+
+
+class _Guarded(Eviction):
+    """A user's eviction policy, each call's exception turned into an :class:`EvictionError` naming it (the
+    built-in ones are called directly)."""
+
+    def __init__(self, inner: Eviction, spec: str) -> None:
+        super().__init__(inner.spec)
+        self.inner, self.name = inner, spec  # type: ignore[misc]  # (a ClassVar elsewhere: this instance's)
+
+    def _call(self, method: str, *args: object) -> object:
+        try:
+            return getattr(self.inner, method)(*args)
+        except Exception as error:
+            raise EvictionError(
+                f"kv eviction {self.name!r}: {method}() raised {type(error).__name__}: {error}"
+            ) from None
+
+    def used(self, context: int, now_ns: int) -> None:
+        self._call("used", context, now_ns)
+
+    def finished(self, context: int) -> None:
+        self._call("finished", context)
+
+    def dropped(self, context: int) -> None:
+        self._call("dropped", context)
+
+    def victim(self, pinned: Container[int]) -> int | None:
+        return self._call("victim", pinned)  # type: ignore[return-value]  # checked by the index
+
+    def expires_ns(self, last_use_ns: int) -> int | None:
+        return self._call("expires_ns", last_use_ns)  # type: ignore[return-value]
 
 
 class KvIndex:
@@ -250,9 +288,10 @@ class KvIndex:
         victim = self.eviction.victim(pinned)
         if victim is None:
             return False
-        if victim in pinned or not self.blocks.get(victim):
-            raise ValueError(f"eviction {self.eviction.name!r} chose context {victim}, which the {self.tier} tier "
-                             f"{'holds no block of' if not self.blocks.get(victim) else 'may not drop (in use)'}")  # fmt: skip
+        if type(victim) is not int or victim in pinned or not self.blocks.get(victim):
+            held = type(victim) is int and self.blocks.get(victim)
+            raise EvictionError(f"eviction {self.eviction.name!r} chose context {victim!r}, which the {self.tier} "
+                                f"tier {'may not drop (in use)' if held else 'holds no block of'}")  # fmt: skip
         self._drop(victim, min(need, self.blocks[victim]))
         return True
 
