@@ -61,7 +61,8 @@ class Message:
 def fast_frozen_init(cls: _C) -> _C:
     """Give a frozen slotted dataclass an ``__init__`` that sets each field through its slot's own setter, not
     ``object.__setattr__`` by name: half the cost of making a message (0.75 → 0.39 µs for 9 fields). Same
-    signature and result; a class with defaults or ``__post_init__`` keeps the generated one. Every
+    signature and result (plain defaults too); a class with a default factory or ``__post_init__`` keeps the
+    generated one. Every
     :class:`Message` gets it; other records made per turn may use it as a decorator."""
     fields = cls.__dict__.get("__dataclass_fields__")
     slots = cls.__dict__.get("__slots__")
@@ -69,14 +70,14 @@ def fast_frozen_init(cls: _C) -> _C:
         return cls
     own = [f for f in fields.values() if f._field_type is dataclasses._FIELD]  # type: ignore[attr-defined]  # not ClassVars
     names = [f.name for f in own]
-    if any(
-        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING or not f.init for f in own
-    ) or not set(names) <= set(slots):
+    if any(f.default_factory is not dataclasses.MISSING or not f.init for f in own) or not set(names) <= set(slots):
         return cls
     setters = {f"_set_{name}": cls.__dict__[name].__set__ for name in names}
+    defaults = {f"_default_{f.name}": f.default for f in own if f.default is not dataclasses.MISSING}
+    params = ", ".join(f"{name}=_default_{name}" if f"_default_{name}" in defaults else name for name in names)
     body = "".join(f"    _set_{name}(self, {name})\n" for name in names) or "    pass\n"
-    namespace: dict[str, Any] = dict(setters)
-    exec(f"def __init__(self, {', '.join(names)}):\n{body}", namespace)  # noqa: S102  # our own field names
+    namespace: dict[str, Any] = {**setters, **defaults}
+    exec(f"def __init__(self, {params}):\n{body}", namespace)  # noqa: S102  # our own field names
     init = namespace["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__dict__["__init__"].__doc__

@@ -15,7 +15,7 @@ from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.workload.waits import ToolWait
 
-__all__ = ["BLOCK_TOKENS", "ClusterConfig", "Derived", "derived"]
+__all__ = ["BLOCK_TOKENS", "POOL_BYTES_PER_NODE", "ClusterConfig", "Derived", "KvPoolSpec", "KvTierSpec", "derived"]
 
 BLOCK_TOKENS: Final = 64  # Tokens per Full Block (§4.1): storage reads and writes whole blocks.
 
@@ -33,6 +33,26 @@ class KvTierSpec:
     @property
     def bounded(self) -> bool:
         return self.capacity_bytes > 0
+
+
+POOL_BYTES_PER_NODE: Final = 1_500_000_000_000
+"""SGL(MC)'s Mooncake DRAM pool per node in the paper's runs (§7.1: 1.5 TB)."""
+
+
+@dataclass(frozen=True)
+class KvPoolSpec:
+    """The DRAM pool (``[kv.pool]``, :mod:`~dualpath_emu.cluster.kv_cache`): every node's ``bytes_per_node`` of host
+    DRAM together, a Mooncake-store pool reachable over the compute network, used by the systems that keep KV in
+    it (``System.pool``, as ``sglmc``) and by those named in ``systems``."""
+
+    bytes_per_node: int = POOL_BYTES_PER_NODE
+    eviction: str = "lru"
+    ttl_s: float = 0.0
+    systems: tuple[str, ...] = ()
+
+    def tier(self, nodes: int) -> KvTierSpec:
+        """The pool as one tier of ``nodes`` nodes' DRAM."""
+        return KvTierSpec(self.bytes_per_node * nodes, self.eviction, self.ttl_s)
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,8 @@ class ClusterConfig:
     storage: StorageSpec = field(default_factory=StorageSpec)
     kv_store: KvTierSpec = field(default_factory=KvTierSpec)
     """The storage cluster as a KV tier: unbounded by default (the paper's), else evicting (``[kv.store]``)."""
+    kv_pool: KvPoolSpec = field(default_factory=KvPoolSpec)
+    """The DRAM pool of the systems that keep KV in one (``[kv.pool]``; none by default)."""
     prefill_roofline: RooflineParams = field(default_factory=RooflineParams)
     """The prefill engines' compute (:mod:`~dualpath_emu.cluster.roofline`; its speed and overhead calibrated)."""
     decode_roofline: RooflineParams = field(default_factory=RooflineParams)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import EngineGroup, hit_extents
+from dualpath_emu.cluster.engines import EngineGroup, read_hit
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
@@ -207,7 +207,7 @@ class DecodeGroup(EngineGroup):
 
     def _pending_read(self, task: DecodeTask, done: bool) -> int:
         """Hit tokens counted in this node's read queue whose read has not ended."""
-        return task.hit if task.hit > 0 and task.read_on_de and not done and not self.cluster.system.oracle else 0
+        return _stored(task) if task.hit > 0 and task.read_on_de and not done and not self.cluster.system.oracle else 0
 
     def _lose(self, lost: list[tuple[int, int]], why: str, kept: tuple[int, ...] = ()) -> None:
         """Tell the scheduler these ``(rid, pending read tokens)`` are no longer here (and these are ``kept``)."""
@@ -276,7 +276,7 @@ class DecodeGroup(EngineGroup):
         elif msg.read_on_de and self._snic_down and system.dual_path and not system.oracle:
             # Assigned here before the scheduler heard that this storage NIC is down: read on the prefill side.
             msg = dataclasses.replace(msg, read_on_de=False)
-            self.out.send("scheduler", ReadMoved(self.node, msg.pe_node, msg.hit))
+            self.out.send("scheduler", ReadMoved(self.node, msg.pe_node, _stored(msg)))
             self.out.send(self.cluster.group_name("pe", msg.pe_node), ReadHere(msg.rid, False))
         self.expected[msg.rid] = msg
         early = self._early_kv.pop(msg.rid, None)
@@ -332,7 +332,7 @@ class DecodeGroup(EngineGroup):
             if started:
                 del self._reading[rid]  # its completion is ignored
             self.expected[rid] = dataclasses.replace(task, read_on_de=False)
-            self.out.send("scheduler", ReadMoved(self.node, task.pe_node, task.hit))
+            self.out.send("scheduler", ReadMoved(self.node, task.pe_node, _stored(task)))
             self.out.send(
                 self.cluster.group_name("pe", task.pe_node), ReadHere(rid, started or rid in self._started_elsewhere)
             )
@@ -356,10 +356,11 @@ class DecodeGroup(EngineGroup):
             del self._reading[msg.rid]
             self._read_done.add(msg.rid)
             self.out.observe(HitRead(msg.rid, self.node))
-            self.out.send("scheduler", ReadDone(self.node, msg.hit))
+            self.out.send("scheduler", ReadDone(self.node, _stored(msg)))
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))
 
-        self.plane.io(self.node, "read", KV_LANE, msg.hit * self._kv, hit_extents(msg.context, msg.hit), finished)
+        read_hit(self.plane, self.cluster.topology, now, self.node, msg.de_gpu, msg.context, msg.hit, msg.pooled,
+                 self._kv, finished)  # fmt: skip
 
     def _check_read(self, now: int, rid: int, number: int) -> None:
         """``read_timeout_s`` after a read started here: give it up if stalled on a dead NIC, else look later."""
@@ -431,3 +432,8 @@ class DecodeGroup(EngineGroup):
             first, second = tuple(r.first_token_ns for r in done), tuple(r.second_token_ns for r in done)
             self.out.send("scheduler", DecodeDone(rids, first, second, now))
             self.out.send("client", TurnDone(rids, first, second, now))
+
+
+def _stored(task: DecodeTask) -> int:
+    """Hit tokens of ``task`` read from storage (a read queue's count): those the DRAM pool does not hold."""
+    return task.hit - sum(task.pooled[1::2]) if task.pooled else task.hit

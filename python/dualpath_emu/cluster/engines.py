@@ -8,19 +8,59 @@ from collections.abc import Sequence
 from dualpath_emu.cluster.catalog import ModelSpec
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
+from dualpath_emu.cluster.ledger import Ledger
 from dualpath_emu.cluster.messages import Fetch, Lost, Restart
 from dualpath_emu.cluster.pool import Pool
-from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox, on
+from dualpath_emu.cluster.topology import KV_LANE, Topology
+from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox, Then, on
 
-__all__ = ["NS", "ClusterEngine", "EngineGroup", "hit_extents", "inter_node_a2a_bytes"]
+__all__ = ["NS", "ClusterEngine", "EngineGroup", "hit_extents", "inter_node_a2a_bytes", "join", "read_hit"]
 
 NS = 1_000_000_000
 
 
-def hit_extents(context: int, hit: int) -> Extents:
-    """The Full Blocks of a hit of ``hit`` tokens of ``context`` (its whole blocks)."""
-    blocks = hit // BLOCK_TOKENS
-    return ((context, 0, blocks),) if blocks else ()
+def hit_extents(context: int, hit: int, first: int = 0) -> Extents:
+    """The Full Blocks of a hit of ``hit`` tokens of ``context`` (its whole blocks), from block ``first`` on."""
+    blocks = hit // BLOCK_TOKENS - first
+    return ((context, first, blocks),) if blocks > 0 else ()
+
+
+def read_hit(plane: Ledger, topology: Topology, now: int, node: int, gpu: int, context: int, hit: int,
+             pooled: Sequence[int], kv_bytes: int, then: Then) -> None:  # fmt: skip
+    """Bring a hit of ``hit`` tokens of ``context`` into ``node``'s DRAM (its PE or DE buffer), then ``then``: the
+    runs the DRAM pool holds (``pooled``: ``node, tokens`` pairs, flat) from the nodes holding them, over the
+    compute network through GPU ``gpu``'s CNICs at both ends (a run on ``node`` itself is there already), and the
+    rest from storage through ``node``'s storage NIC (§4, Fig. 4 steps 1-2)."""
+    moves: list[tuple[tuple[int, ...], int]] = []
+    start = 0
+    for i in range(0, len(pooled), 2):
+        source, tokens = pooled[i], pooled[i + 1]
+        if source != node:
+            moves.append((topology.buffer_to_buffer(source, gpu, node, gpu), tokens * kv_bytes))
+        start += tokens
+    stored = hit - start
+    if not moves and stored <= 0:
+        plane.timer(now, then)  # the pool on this node holds it all
+        return
+    done = join(len(moves) + (stored > 0), then)
+    for path, size in moves:
+        plane.transfer(path, KV_LANE, size, done)
+    if stored > 0:
+        plane.io(node, "read", KV_LANE, stored * kv_bytes, hit_extents(context, hit, start // BLOCK_TOKENS), done)
+
+
+def join(count: int, then: Then) -> Then:
+    """A ``then`` for each of ``count`` pieces of work that calls ``then`` when the last of them is done."""
+    if count == 1:
+        return then
+    left = [count]
+
+    def one(now: int) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            then(now)
+
+    return one
 
 
 class ClusterEngine(Engine):

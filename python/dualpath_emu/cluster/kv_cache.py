@@ -26,11 +26,13 @@ from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.engine import Extents, Observed
 
 __all__ = [
-    "EVICTIONS", "STORE", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
+    "EVICTIONS", "POOL", "STORE", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
 ]  # fmt: skip
 
 STORE: Final = "store"
 """The storage cluster's tier (3FS)."""
+POOL: Final = "pool"
+"""The nodes' DRAM pool (a Mooncake store): blocks live on the node that wrote them, read over the compute network."""
 
 
 class EvictionError(UsageError, ValueError):
@@ -198,7 +200,7 @@ class KvIndex:
 
     def __init__(
         self, tier: str, spec: KvTierSpec, block_bytes: int, observe: Callable[[Observed], None],
-        eviction: Eviction | None = None, discard: Callable[[Extents], None] | None = None,
+        eviction: Eviction | None = None, discard: Callable[[Extents], None] | None = None, placed: bool = False,
     ) -> None:  # fmt: skip
         self.tier = tier
         self.capacity = spec.capacity_bytes
@@ -214,6 +216,9 @@ class KvIndex:
         self._promised: dict[int, int] = {}
         """Per pinned context, the blocks its requests in flight will have when they end (written through as made)."""
         self._last_use: dict[int, int] = {}
+        self._runs: dict[int, list[list[int]]] | None = {} if placed else None
+        """``placed``: per context, where its blocks are, as ``[end block, node]`` runs in block order (a store
+        places what it adds on the node that wrote it)."""
 
     def start(self) -> None:
         """Say the tier's capacity (before its first block)."""
@@ -247,9 +252,30 @@ class KvIndex:
             del pins[context]
             self._promised.pop(context, None)
 
-    def store(self, context: int, blocks: int, now_ns: int, last: bool = False) -> None:
-        """``context``'s KV now has ``blocks`` Full Blocks (written through as they were made): hold them,
-        evicting others' as the capacity needs (what does not fit is not held); ``last``: its agent is done."""
+    def where(self, context: int, tokens: int) -> tuple[tuple[int, int], ...]:
+        """Where the first ``tokens`` tokens of ``context`` (what :meth:`find` found) are: ``(node, tokens)`` per
+        node holding some, in the order of their first block (a partial last block counts with the last block's
+        node); empty for an index that does not place."""
+        runs = self._runs.get(context) if self._runs is not None else None
+        if not runs or tokens <= 0:
+            return ()
+        per_node: dict[int, int] = {}
+        start = 0
+        last = runs[0][1]
+        for end, node in runs:
+            part = min(end * BLOCK_TOKENS, tokens) - start
+            if part <= 0:
+                break
+            per_node[node] = per_node.get(node, 0) + part
+            start, last = start + part, node
+        if start < tokens:  # the partial block of a context held whole
+            per_node[last] += tokens - start
+        return tuple(per_node.items())
+
+    def store(self, context: int, blocks: int, now_ns: int, last: bool = False, node: int = -1) -> None:
+        """``context``'s KV now has ``blocks`` Full Blocks (written through as they were made, the new ones by
+        ``node``): hold them, evicting others' as the capacity needs (what does not fit is not held); ``last``:
+        its agent is done."""
         held = self.blocks.get(context, 0)
         if blocks > held:
             room = (self.capacity - self.used_bytes) // self.block_bytes
@@ -259,6 +285,12 @@ class KvIndex:
             if kept > 0:
                 self.blocks[context] = held + kept
                 self.used_bytes += kept * self.block_bytes
+                if self._runs is not None:
+                    runs = self._runs.setdefault(context, [])
+                    if runs and runs[-1][1] == node:
+                        runs[-1][0] = held + kept
+                    else:
+                        runs.append([held + kept, node])
                 self._observe(KvStored(self.tier, context, held, kept))
         if self.blocks.get(context):
             self._use(context, now_ns)
@@ -302,9 +334,16 @@ class KvIndex:
         self._observe(KvEvicted(self.tier, context, left, blocks))
         if self._discard is not None:
             self._discard(((context, left, blocks),))
+        if self._runs is not None:
+            runs = self._runs[context]
+            while len(runs) > 1 and runs[-2][0] >= left:
+                runs.pop()
+            runs[-1][0] = left
         if left:
             self.blocks[context] = left
         else:
+            if self._runs is not None:
+                del self._runs[context]
             del self.blocks[context]
             self._last_use.pop(context, None)
             self.eviction.dropped(context)

@@ -72,6 +72,8 @@ class PrefillTask(Message):
     de_gpu: int
     read_on_de: bool
     context: int
+    pooled: tuple[int, ...] = ()
+    """Where the DRAM pool holds the hit's start: ``node, tokens`` pairs, flat (:attr:`Request.pooled`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,8 @@ class DecodeTask(Message):
     pe_node: int
     read_on_de: bool
     context: int
+    pooled: tuple[int, ...] = ()
+    """As :attr:`PrefillTask.pooled`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +242,7 @@ class Start(Message):
 
 
 _VERSIONS: Final[dict[type[Message], int]] = {
-    Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 2, Prefill: 2, DecodeTask: 2, Expect: 2, HitReady: 2, ReadDone: 1,
+    Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 3, Prefill: 2, DecodeTask: 3, Expect: 2, HitReady: 2, ReadDone: 1,
     KvReady: 3, PrefillDone: 2, DecodeDone: 3, TurnDone: 3, Health: 1, ReadHere: 1, ReadMoved: 1, Start: 1, Crash: 1,
     Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1,
 }  # fmt: skip

@@ -20,6 +20,8 @@ from dualpath_emu.cluster.observations import (
     MEASUREMENTS, Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitFound, HitRead, KvEvicted,
     KvStored, KvTier, PrefillChosen, PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
 )  # fmt: skip
+from dualpath_emu.cluster.config import BLOCK_TOKENS
+from dualpath_emu.cluster.kv_cache import POOL, STORE
 from dualpath_emu.runtime.engine import Watch
 
 __all__ = ["BusyTime", "KvTierStats", "Metrics", "Percentiles", "percentiles", "quantile"]
@@ -190,15 +192,18 @@ class KvTierStats:
     asked_tokens: int = 0
     """Hit tokens requests asked of it (their context so far) and, of those, ``found_tokens``; the rest recomputed."""
     found_tokens: int = 0
+    tier: str = STORE
 
     def summary(self) -> dict[str, float | int]:
-        """``summary.json``'s ``kv.<tier>``: bytes, counts and the share of asked hit tokens found."""
+        """``summary.json``'s ``kv.<tier>``: bytes, counts and the share of asked hit tokens found. What the store
+        lacks is computed again; what the DRAM pool lacks is read from storage (``missed_tokens``)."""
         b = self.block_bytes
+        missed = "recomputed_tokens" if self.tier == STORE else "missed_tokens"
         return {
             "capacity_bytes": self.capacity_bytes, "peak_bytes": self.peak_blocks * b, "end_bytes": self.held_blocks * b,
             "stored_bytes": self.stored_blocks * b, "evicted_bytes": self.evicted_blocks * b,
             "evictions": self.evictions, "hit_tokens_asked": self.asked_tokens, "hit_tokens_found": self.found_tokens,
-            "recomputed_tokens": self.asked_tokens - self.found_tokens,
+            "found_bytes": self.found_tokens * b // BLOCK_TOKENS, missed: self.asked_tokens - self.found_tokens,
             "found_rate": self.found_tokens / self.asked_tokens if self.asked_tokens else 1.0,
         }  # fmt: skip
 
@@ -353,7 +358,7 @@ class Metrics:
         busy.add(r.gpu, r.start_ns, r.end_ns, "decode", args)
 
     def _kv_tier(self, t_ns: int, r: KvTier) -> None:
-        self.kv[r.tier] = KvTierStats(r.capacity, r.block_bytes)
+        self.kv[r.tier] = KvTierStats(r.capacity, r.block_bytes, tier=r.tier)
 
     def _kv_stored(self, t_ns: int, r: KvStored) -> None:
         tier = self.kv[r.tier]
@@ -371,7 +376,14 @@ class Metrics:
         tier = self.kv[r.tier]
         tier.asked_tokens += r.tokens + r.recomputed
         tier.found_tokens += r.tokens
-        self.hit[r.rid], self.recomputed[r.rid] = r.tokens, r.recomputed
+        rid = r.rid
+        if r.tier != STORE:  # the DRAM pool, asked first: an unbounded store holds what it lacks
+            if STORE in self.kv:
+                self.hit[rid], self.recomputed[rid] = r.tokens, r.recomputed
+        elif POOL in self.kv:  # a bounded store after the pool: the hit is what either holds
+            self.hit[rid], self.recomputed[rid] = max(self.hit[rid], r.tokens), min(self.recomputed[rid], r.recomputed)
+        else:
+            self.hit[rid], self.recomputed[rid] = r.tokens, r.recomputed
 
     def ended(self, rid: int, first_ns: int, second_ns: int, done_ns: int) -> None:
         """Request ``rid``'s token times (``second_ns`` < 0: it had no second); it is done."""

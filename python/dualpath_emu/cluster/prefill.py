@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, hit_extents, inter_node_a2a_bytes
+from dualpath_emu.cluster.engines import NS, EngineGroup, inter_node_a2a_bytes, join, read_hit
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import (
@@ -40,6 +40,12 @@ class _PrefillItem:
     started_elsewhere: bool = False
     """A read moved here had started on the decode side (which observed its start)."""
     dropped: bool = False  # The scheduler dropped it (its decode engine crashed) while a forward pass had it.
+    pooled: tuple[int, ...] = ()  # Where the DRAM pool holds the hit's start (PrefillTask.pooled).
+
+    @property
+    def stored(self) -> int:
+        """Hit tokens read from storage (a read queue's count): those the DRAM pool does not hold."""
+        return self.hit - sum(self.pooled[1::2]) if self.pooled else self.hit
 
     @property
     def ready(self) -> bool:
@@ -92,7 +98,8 @@ class PrefillGroup(EngineGroup):
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
         if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
-            self._lose([(t.rid, t.pe_node, self._pending_read(t.hit, t.read_on_de, False)) for t in msg.tasks], "down")
+            self._lose([(t.rid, t.pe_node, self._pending_read(t.hit - sum(t.pooled[1::2]), t.read_on_de, False))
+                        for t in msg.tasks], "down")  # fmt: skip
             return
         for task in msg.tasks:
             self._add(now, task)
@@ -119,7 +126,7 @@ class PrefillGroup(EngineGroup):
         lost = []
         for rid, ((node, _), item) in self.items.items():
             item.attempt += 1  # its read under way, if any, is stale
-            lost.append((rid, node, self._pending_read(item.hit, item.read_on_de, item.pe_ready)))
+            lost.append((rid, node, self._pending_read(item.stored, item.read_on_de, item.pe_ready)))
         self.items.clear()
         for queue in self.queues.values():
             queue.clear()
@@ -144,7 +151,7 @@ class PrefillGroup(EngineGroup):
             return rid, 0, 0
         (node, gpu), item = entry
         self.queues[(node, gpu)].remove(item)
-        lost = (rid, node, self._pending_read(item.hit, item.read_on_de, item.pe_ready))
+        lost = (rid, node, self._pending_read(item.stored, item.read_on_de, item.pe_ready))
         item.attempt += 1
         item.dropped, item.reading = True, False
         if item.buffered:
@@ -155,7 +162,7 @@ class PrefillGroup(EngineGroup):
 
     def _add(self, now: int, msg: PrefillTask) -> None:
         item = _PrefillItem(msg.rid, msg.hit, msg.prompt - msg.hit, msg.context, de_node=msg.de_node,
-                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de)  # fmt: skip
+                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de, pooled=msg.pooled)  # fmt: skip
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
@@ -175,7 +182,7 @@ class PrefillGroup(EngineGroup):
             # Assigned here before the scheduler heard that this storage NIC is down (its Health and this
             # task raced): the read goes to the decode side, as on_health moves the reads already here.
             item.read_on_de = True
-            self.out.send("scheduler", ReadMoved(msg.pe_node, msg.de_node, msg.hit))
+            self.out.send("scheduler", ReadMoved(msg.pe_node, msg.de_node, item.stored))
             self.out.send(self.cluster.group_name("de", msg.de_node), ReadHere(msg.rid, False))
             self._pe_ready(now, item)
         else:
@@ -203,10 +210,12 @@ class PrefillGroup(EngineGroup):
                 return
             item.reading = False
             self.out.observe(HitRead(item.rid, node))
-            self.out.send("scheduler", ReadDone(node, item.hit))
+            self.out.send("scheduler", ReadDone(node, item.stored))
             self._pe_ready(now, item)
 
-        self.plane.io(node, "read", KV_LANE, item.hit * self._kv, hit_extents(item.context, item.hit), finished)
+        key = self.items[item.rid][0]
+        read_hit(self.plane, self.cluster.topology, now, node, key[1], item.context, item.hit, item.pooled, self._kv,
+                 finished)  # fmt: skip
 
     def _check_read(self, now: int, node: int, item: _PrefillItem, attempt: int) -> None:
         """``read_timeout_s`` after a read started: give it up if stalled on a dead storage NIC, else look later."""
@@ -243,7 +252,7 @@ class PrefillGroup(EngineGroup):
                     self.buffers[node].release(now, item.rid, item.buffered)
                 item.reading, item.buffered = False, 0
                 item.de_ready = False  # until the decode group has read it
-                self.out.send("scheduler", ReadMoved(node, item.de_node, item.hit))
+                self.out.send("scheduler", ReadMoved(node, item.de_node, item.stored))
                 self.out.send(self.cluster.group_name("de", item.de_node), ReadHere(item.rid, started))
                 self._pe_ready(now, item)
 
@@ -403,9 +412,9 @@ class PrefillGroup(EngineGroup):
                 )
 
         if pre:  # without layerwise prefill, the hit KV is copied into HBM before the pass
-            join = _join(len(pre), run_pass)
+            done = join(len(pre), run_pass)
             for path, size in pre:
-                plane.transfer(path, KV_LANE, size, join)
+                plane.transfer(path, KV_LANE, size, done)
         else:
             run_pass(now)
 
@@ -418,9 +427,9 @@ class PrefillGroup(EngineGroup):
         self.out.observe(PrefillPass(started, now, work))
         if post:  # without layerwise prefill, the whole prompt KV goes to the DE buffer after the pass
             topo = self.cluster.topology
-            join = _join(len(post), lambda now: self._finish(now, batches) if epoch == self._epoch else None)
+            done = join(len(post), lambda now: self._finish(now, batches) if epoch == self._epoch else None)
             for node, gpu, item, size in post:
-                self.plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size, join)
+                self.plane.transfer(topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, size, done)
         else:
             self._finish(now, batches)
 
@@ -453,15 +462,3 @@ class PrefillGroup(EngineGroup):
     def _pulled(self, now: int) -> None:
         self._passing = False
         self._kick(now)
-
-
-def _join(count: int, then: Then) -> Then:
-    """A ``then`` for each of ``count`` requests that calls ``then`` when the last of them is done."""
-    left = [count]
-
-    def one(now: int) -> None:
-        left[0] -= 1
-        if left[0] == 0:
-            then(now)
-
-    return one

@@ -641,13 +641,16 @@ def _table(scenario: ClusterScenario, results: dict[str, SystemResult], width: i
 
 
 def kv_lines(results: dict[str, SystemResult]) -> list[str]:
-    """Per system with a bounded KV tier, one line: what its store held and dropped, and the hits it lacked."""
+    """Per system and bounded KV tier, one line: what it held and dropped, and the hits it lacked (the DRAM pool's
+    were read from storage; the store's computed again)."""
     lines = []
     for name, result in results.items():
         for tier, kv in result.extra.get("kv", {}).items():
+            lacked = (f"{kv['recomputed_tokens']:,} computed again" if "recomputed_tokens" in kv
+                      else f"{kv['missed_tokens']:,} read from storage")  # fmt: skip
             lines.append(
                 f"{name}: {tier} of {kv['capacity_bytes'] / 1e9:,.1f} GB (peak {kv['peak_bytes'] / 1e9:,.1f}): found "
-                f"{kv['found_rate']:.1%} of the hit tokens asked, {kv['recomputed_tokens']:,} computed again; "
+                f"{kv['found_rate']:.1%} of the hit tokens asked, {lacked}; "
                 f"{kv['evictions']:,} evictions ({kv['evicted_bytes'] / 1e9:,.1f} GB)"
             )
     return lines

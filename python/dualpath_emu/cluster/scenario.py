@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
-from dualpath_emu.cluster.config import ClusterConfig, KvTierSpec, derived
+from dualpath_emu.cluster.config import ClusterConfig, KvPoolSpec, KvTierSpec, derived
 from dualpath_emu.cluster.kv_cache import EVICTIONS, Eviction
 from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
-from dualpath_emu.cluster.systems import SYSTEMS, System
+from dualpath_emu.cluster.systems import NAME_PATTERN, SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.cluster.user_systems import SystemLoader, is_user_spec
 from dualpath_emu.config import ScenarioError, Table, format_bound, load_toml
@@ -316,6 +316,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     )
     storage = _storage(storage_table, base.storage)
     kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
+    kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent)
     kv_table.finish()
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
@@ -353,7 +354,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer, faults=fault_plan,
-        order_seed=order_seed, message_delay_s=message_delay_s, kv_store=kv_store,
+        order_seed=order_seed, message_delay_s=message_delay_s, kv_store=kv_store, kv_pool=kv_pool,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
@@ -434,11 +435,30 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
 
 
 def _kv_tier(t: Table, base: KvTierSpec, folder: Path) -> KvTierSpec:
-    """A KV tier's table (``[kv.store]``): its capacity in bytes (0: unbounded), eviction and time to live. A
-    user's eviction (``module:Name``, ``file.py:Name`` relative to the scenario) is loaded here to check it, and
-    kept with its file's absolute path, so that every process finds it."""
+    """A KV tier's table (``[kv.store]``): its capacity in bytes (0: unbounded), eviction and time to live."""
     capacity = t.get_int("capacity_bytes", base.capacity_bytes, min=0, max=LIMITS.max_kv_tier_bytes)
-    eviction = t.get_str("eviction", base.eviction)
+    eviction, ttl_s = _eviction(t, base.eviction, base.ttl_s, folder)
+    t.finish()
+    return KvTierSpec(capacity, eviction, ttl_s)
+
+
+def _kv_pool(t: Table, base: KvPoolSpec, folder: Path) -> KvPoolSpec:
+    """The DRAM pool's table (``[kv.pool]``): bytes per node, eviction, time to live, and the systems given it
+    besides those that always keep KV in one."""
+    per_node = t.get_int("bytes_per_node", base.bytes_per_node, min=1, max=LIMITS.max_kv_tier_bytes // LIMITS.max_nodes)
+    eviction, ttl_s = _eviction(t, base.eviction, base.ttl_s, folder)
+    systems = t.get_str_list("systems", list(base.systems))
+    for name in systems:
+        if NAME_PATTERN.fullmatch(name) is None:
+            raise t.error("systems", "system names (1-64 letters, digits and _.+-)", name)
+    t.finish()
+    return KvPoolSpec(per_node, eviction, ttl_s, tuple(systems))
+
+
+def _eviction(t: Table, eviction: str, ttl_s: float, folder: Path) -> tuple[str, float]:
+    """A tier's ``eviction`` and ``ttl_s``. A user's eviction (``module:Name``, ``file.py:Name`` relative to the
+    scenario) is loaded here to check it, and kept with its file's absolute path, so that every process finds it."""
+    eviction = t.get_str("eviction", eviction)
     if is_user_spec(eviction):
         target, _, name = eviction.rpartition(":")
         if target.endswith(".py"):
@@ -447,11 +467,10 @@ def _kv_tier(t: Table, base: KvTierSpec, folder: Path) -> KvTierSpec:
     elif eviction not in EVICTIONS:
         raise t.error("eviction", f"one of {', '.join(map(repr, EVICTIONS))}, or a user's module:Name or "
                       "file.py:Name", eviction)  # fmt: skip
-    ttl_s = t.get_float("ttl_s", base.ttl_s, min=0.0, max=LIMITS.max_ttl_s)
+    ttl_s = t.get_float("ttl_s", ttl_s, min=0.0, max=LIMITS.max_ttl_s)
     if eviction == "ttl" and not ttl_s > 0:
         raise t.error("ttl_s", "a time to live > 0 s with eviction = 'ttl'", ttl_s)
-    t.finish()
-    return KvTierSpec(capacity, eviction, ttl_s)
+    return eviction, ttl_s
 
 
 def _rooflines(t: Table, prefill: RooflineParams, decode: RooflineParams) -> tuple[RooflineParams, RooflineParams]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
-from dualpath_emu.cluster.kv_cache import STORE, KvIndex
+from dualpath_emu.cluster.kv_cache import POOL, STORE, KvIndex
 from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
     Submit, TurnsEnded,
@@ -107,6 +108,10 @@ class Scheduler(ClusterEngine):
         self.kv = (KvIndex(STORE, kv, BLOCK_TOKENS * self._kv, out.observe, discard=self.plane.discard)
                    if kv.bounded else None)  # fmt: skip
         """Which Full Blocks of each context the storage tier holds, if it is bounded (:mod:`.kv_cache`)."""
+        pool, system = cluster.config.kv_pool, cluster.system
+        self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True)
+                     if system.pool or system.name in pool.systems else None)  # fmt: skip
+        """Which Full Blocks of each context the nodes' DRAM pool holds, and where, if the system keeps KV in one."""
         self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
@@ -158,16 +163,25 @@ class Scheduler(ClusterEngine):
     @on(Submit)
     def on_submit(self, now: int, msg: Submit, sender: str) -> None:
         capacity = self.cluster.derived.de_hbm_kv_bytes
-        kv = self.kv
+        kv, pool = self.kv, self.pool
         for turn in msg.turns:
             hbm = (turn.prompt + turn.gen) * self._kv
             hit = turn.hit
-            if kv is not None:  # the hit is what the store still holds; the rest is computed again
-                hit = kv.find(turn.rid, turn.context, hit, now)
-                kv.pin(turn.context, (turn.prompt + turn.gen) // BLOCK_TOKENS)
+            pooled: tuple[tuple[int, int], ...] = ()
+            if kv is not None or pool is not None:  # the hit is what a tier still holds; the rest is computed again
+                context, blocks = turn.context, (turn.prompt + turn.gen) // BLOCK_TOKENS
+                in_pool = 0
+                if pool is not None:  # the nearest tier first: its blocks are read from the nodes holding them
+                    in_pool = pool.find(turn.rid, context, hit, now)
+                    pool.pin(context, blocks)
+                if kv is not None:
+                    hit = max(in_pool, kv.find(turn.rid, context, hit, now))
+                    kv.pin(context, blocks)
+                if pool is not None:
+                    pooled = pool.where(context, in_pool)
                 if turn.last:
                     self._last.add(turn.rid)
-            request = Request(turn.rid, turn.prompt, turn.prompt - hit, hit, turn.gen, hbm, turn.context)
+            request = Request(turn.rid, turn.prompt, turn.prompt - hit, hit, turn.gen, hbm, turn.context, pooled)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
             self.requests[turn.rid] = request
@@ -282,12 +296,17 @@ class Scheduler(ClusterEngine):
                 check_read_side(policy, side, read, self._dual_path)
                 read_on_de = side == "de"
                 read_node = node if read_on_de else pe_node
-                read_q[read_node] = read_q.get(read_node, 0) + r.hit_tokens
+                read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
-            task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context)
+            if r.pooled:
+                pooled = tuple(x for run in r.pooled for x in run)
+                task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled)
+                expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, pooled))
+            else:
+                task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context)
+                expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context))
             prefill.setdefault(pe_group[pe_node], []).append(task)
-            expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context))
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))
@@ -341,8 +360,9 @@ class Scheduler(ClusterEngine):
                 self._decoded.add(rid)
             else:
                 request = self.requests.pop(rid)
-            self._kv_ended(now, request, done=True)
-            nodes.add(self._free_de(request, self.de_of.pop(rid)))
+            de = self.de_of.pop(rid)
+            self._kv_ended(now, request, done=True, node=de // self._gpus)
+            nodes.add(self._free_de(request, de))
         for node in sorted(nodes):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
@@ -350,23 +370,28 @@ class Scheduler(ClusterEngine):
     # --- where the KV lives (a bounded store) --------------------------------------------------------------
 
     def start(self, now_ns: int) -> None:
-        if self.kv is not None:
-            self.kv.start()
+        for tier in (self.pool, self.kv):
+            if tier is not None:
+                tier.start()
 
-    def _kv_ended(self, now: int, request: Request, done: bool) -> None:
-        """``request`` ended (``done``: with all its tokens, its context's KV complete: held as the store can)."""
-        kv = self.kv
-        if kv is None:
+    def _kv_ended(self, now: int, request: Request, done: bool, node: int = -1) -> None:
+        """``request`` ended (``done``: with all its tokens, its context's KV complete: held as the tiers can; the
+        DRAM pool's on ``node``, the decode node that wrote it, if known)."""
+        if self.kv is None and self.pool is None:
             return
         context = request.context
-        kv.unpin(context)
         last = request.id in self._last
         self._last.discard(request.id)
-        if done:
-            kv.store(context, (request.prompt_tokens + request.gen_tokens) // BLOCK_TOKENS, now, last)
-        expiry = kv.next_expiry_ns(context)
-        if expiry is not None:
-            self.plane.timer(expiry, lambda at: kv.expire(context, at))
+        blocks = (request.prompt_tokens + request.gen_tokens) // BLOCK_TOKENS
+        for tier in (self.pool, self.kv):
+            if tier is None:
+                continue
+            tier.unpin(context)
+            if done and (tier is self.kv or node >= 0):
+                tier.store(context, blocks, now, last, node)
+            expiry = tier.next_expiry_ns(context)
+            if expiry is not None:
+                self.plane.timer(expiry, partial(tier.expire, context))
 
     # --- engine crashes (issue 26): the recovery component's ---------------------------------------------
 

@@ -33,6 +33,9 @@ class System:
     scheduler: str | type[Policy]
     """A built-in policy's name (:data:`~dualpath_emu.cluster.policies.POLICIES`) or a :class:`Policy` subclass."""
     oracle: bool = False  # Disk reads, H2D/D2H and PE→DE transfers bypassed (§7.2): the zero-I/O bound.
+    pool: bool = False
+    """KV is kept in the nodes' DRAM pool (``[kv.pool]``, docs/kv-cache.md) as well as in storage, and a hit is read
+    from the pool where it holds it (SGL(MC)'s Mooncake store, §7.1)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or NAME_PATTERN.fullmatch(self.name) is None:
@@ -66,6 +69,8 @@ SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
             System("dualpath", "layerwise prefill, dual-path loading, DualPath's scheduler", True, True, "dualpath"),
             System("oracle", "DualPath with every disk read and KV copy bypassed (zero-I/O bound)", True, True,
                    "dualpath", oracle=True),
+            System("sglmc", "SGL(MC): a Mooncake DRAM pool over storage, PE-read only, layerwise, round-robin (§7.1)",
+                   True, False, "round_robin", pool=True),
         )
     }
 )  # fmt: skip
@@ -94,6 +99,7 @@ SYSTEM_COLORS: Final[Mapping[str, str]] = MappingProxyType({
     "basic+layerwise+dualpath": "tab:orange",
     "dualpath": "tab:red",
     "oracle": "tab:gray",
+    "sglmc": "tab:green",
 })  # fmt: skip
 """The built-in systems' colours in every plot (``run --out``, ``sweep``, ``reproduce``)."""
 

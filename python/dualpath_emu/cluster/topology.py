@@ -81,6 +81,11 @@ class Topology:
         src, dst = self.nodes[node], self.nodes[to_node]
         return (src.dram, src.cnic_tx[gpu], dst.cnic_rx[to_gpu])
 
+    def buffer_to_buffer(self, node: int, gpu: int, to_node: int, to_gpu: int) -> tuple[int, ...]:
+        """A node's DRAM → another node's DRAM, through the two GPUs' CNICs (a DRAM pool's blocks to a buffer)."""
+        src, dst = self.nodes[node], self.nodes[to_node]
+        return (src.dram, src.cnic_tx[gpu], dst.cnic_rx[to_gpu], dst.dram)
+
     def storage_io_path(self, node: int, kind: str) -> tuple[int, ...]:
         """The ports a storage I/O of ``node`` crosses (a read: storage → SNIC → DRAM; a write the other way)."""
         n = self.nodes[node]

@@ -53,6 +53,8 @@ def transfer_kind(topology: Layout, path: tuple[int, ...]) -> str:
         return "other"
     if first == last:
         return "H2D" if path[0] == topology.nodes[first].dram else "D2H"
+    if path[0] == topology.nodes[first].dram and path[-1] == topology.nodes[last].dram:
+        return "pool read"
     roles = topology.nodes[first].role, topology.nodes[last].role
     return "all-to-all" if roles[0] == roles[1] else f"{roles[0].upper()}→{roles[1].upper()}"
 

@@ -28,7 +28,9 @@ ReadSide = Literal["pe", "de"]
 @dataclass(frozen=True, slots=True)
 class Request:
     """A request waiting for an engine: hit + new tokens (``prompt_tokens``), the tokens it will generate, the DE HBM
-    its KV takes while it decodes, and ``context``, the agent whose token stream its hit begins."""
+    its KV takes while it decodes, ``context``, the agent whose token stream its hit begins, and where its hit is:
+    ``pooled``, the ``(node, tokens)`` runs of it that the nodes' DRAM pool holds, in order from its start (read from
+    those nodes over the compute network; empty without a pool); the rest, ``stored_tokens``, is read from storage."""
 
     id: int
     prompt_tokens: int
@@ -37,6 +39,17 @@ class Request:
     gen_tokens: int
     hbm_bytes: int
     context: int
+    pooled: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def pooled_tokens(self) -> int:
+        """Hit tokens the DRAM pool holds."""
+        return sum(tokens for _, tokens in self.pooled) if self.pooled else 0
+
+    @property
+    def stored_tokens(self) -> int:
+        """Hit tokens read from storage (over a storage NIC: what a read queue counts)."""
+        return self.hit_tokens - self.pooled_tokens if self.pooled else self.hit_tokens
 
 
 @fast_frozen_init
