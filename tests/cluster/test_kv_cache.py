@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from dualpath_emu.cli import main
-from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
+from dualpath_emu.cluster.config import BLOCK_TOKENS, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.faults import Fault
 from dualpath_emu.cluster.invariants import EventLogChecker
 from dualpath_emu.cluster.kv_cache import KvIndex, LruEviction
@@ -145,6 +145,83 @@ def test_the_checker_catches_a_tier_over_capacity_a_gap_and_a_hit_beyond_what_is
 
 def bounded(capacity: int, eviction: str = "lru", ttl_s: float = 0.0, config: Any = CONFIG) -> Any:
     return dataclasses.replace(config, kv_store=KvTierSpec(capacity, eviction, ttl_s))
+
+
+def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_tail() -> None:
+    seen: list[Any] = []
+    pool = KvIndex("pool", KvTierSpec(10 * BLOCK), BLOCK, seen.append, placed=True)
+    pool.start()
+    pool.store(1, 3, now_ns=1, node=4)  # a first turn decoded on node 4
+    pool.store(1, 5, now_ns=2, node=5)  # the next on node 5: blocks 3-4 are there
+    pool.store(1, 6, now_ns=3, node=4)
+    assert pool.where(1, 6 * BLOCK_TOKENS) == ((4, 4 * BLOCK_TOKENS), (5, 2 * BLOCK_TOKENS))
+    assert pool.where(1, 4 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS), (5, BLOCK_TOKENS))
+    assert pool.where(1, 6 * BLOCK_TOKENS + 7) == ((4, 4 * BLOCK_TOKENS + 7), (5, 2 * BLOCK_TOKENS))  # partial block
+    pool.store(2, 7, now_ns=4, node=0)  # 3 blocks must go: context 1's tail, blocks 3-5
+    assert pool.blocks == {1: 3, 2: 7} and pool.where(1, 3 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS),)
+    assert KvIndex("store", KvTierSpec(10 * BLOCK), BLOCK, seen.append).where(1, 64) == ()  # a tier that does not place
+    assert checked(seen) == []
+
+
+def pooled(config: Any = CONFIG, bytes_per_node: int = 10**13, **pool: Any) -> Any:
+    return dataclasses.replace(config, kv_pool=KvPoolSpec(bytes_per_node, **pool))
+
+
+def test_sglmc_reads_its_hits_from_the_pool_and_from_storage_what_a_small_pool_lacks() -> None:
+    trajectories = work(16, 5)
+    basic = run_system(CONFIG, "basic", trajectories)
+    ample = run_system(pooled(), "sglmc", trajectories)
+    kv = ample.extra["kv"]["pool"]
+    # Every hit is in the pool: nothing is read from storage, and no other tier is there to say anything.
+    assert set(ample.extra["kv"]) == {"pool"} and kv["found_rate"] == 1.0 and kv["evictions"] == 0
+    assert ample.snic_read_bytes == {"pe": 0, "de": 0} and basic.snic_read_bytes["pe"] > 0
+    assert ample.hit_rate == basic.hit_rate and sum(ample.metrics.recomputed) == 0
+    assert kv["found_bytes"] == kv["hit_tokens_found"] * CONFIG.model.kv_bytes_per_token
+    small = run_system(pooled(bytes_per_node=int(basic.working_set_bytes["max"] / 8)), "sglmc", trajectories)
+    kv = small.extra["kv"]["pool"]
+    assert small.complete and small.turns_done == basic.turns_done
+    assert kv["evictions"] > 0 and kv["peak_bytes"] <= kv["capacity_bytes"] and 0 < kv["found_rate"] < 1
+    # What the pool lacks comes from storage (unbounded: nothing is computed again), on the prefill side only.
+    assert small.hit_rate == basic.hit_rate and sum(small.metrics.recomputed) == 0
+    stored = kv["missed_tokens"] * CONFIG.model.kv_bytes_per_token
+    assert small.snic_read_bytes == pytest.approx({"pe": stored, "de": 0}, rel=0.01)
+    # The pool's capacity is every node's together.
+    assert kv["capacity_bytes"] == 2 * int(basic.working_set_bytes["max"] / 8)
+
+
+def test_a_pool_over_a_bounded_store_finds_what_either_holds_and_recomputes_the_rest() -> None:
+    trajectories = work(16, 5)
+    plain = run_system(CONFIG, "dualpath", trajectories)
+    cap = int(plain.working_set_bytes["max"] / 5)
+    config = pooled(bounded(cap), bytes_per_node=cap // 4, systems=("dualpath",))
+    result = run_system(config, "dualpath", trajectories)
+    pool, store = result.extra["kv"]["pool"], result.extra["kv"]["store"]
+    assert pool["hit_tokens_asked"] == store["hit_tokens_asked"] == sum(plain.metrics.hit)
+    recomputed = sum(result.metrics.recomputed)
+    assert 0 < recomputed <= min(pool["missed_tokens"], store["recomputed_tokens"])
+    assert sum(result.metrics.hit) + recomputed == sum(plain.metrics.hit)
+    assert run_system(config, "basic", trajectories).extra["kv"].keys() == {"store"}  # not given the pool
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pool_blocks=st.integers(1, 3_000), store_blocks=st.integers(0, 3_000),
+    eviction=st.sampled_from(["lru", "ttl", "tool_wait"]), system=st.sampled_from(["sglmc", "dualpath"]),
+    crash=st.booleans(),
+)  # fmt: skip
+def test_any_pool_size_store_and_crash_loses_no_request_and_holds_every_invariant(
+    pool_blocks: int, store_blocks: int, eviction: str, system: str, crash: bool
+) -> None:
+    block_bytes = BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token
+    config = pooled(bounded(store_blocks * block_bytes), pool_blocks * block_bytes // 2, eviction=eviction,
+                    ttl_s=5.0 if eviction == "ttl" else 0.0, systems=("dualpath",))  # fmt: skip
+    if crash:
+        config = with_faults(Fault("crash", "de1", 1.0, restart_s=2.0), config=config)
+    result = run_system(config, system, work(8, 4))  # raises on a lost request or a broken invariant
+    kv = result.extra["kv"]["pool"]
+    assert result.turns_done + result.failed_requests == result.turns
+    assert kv["peak_bytes"] <= kv["capacity_bytes"] and kv["stored_bytes"] - kv["evicted_bytes"] == kv["end_bytes"]
+    assert kv["hit_tokens_found"] + kv["missed_tokens"] == kv["hit_tokens_asked"]
 
 
 def test_a_store_smaller_than_the_working_set_evicts_recomputes_and_loses_nothing() -> None:

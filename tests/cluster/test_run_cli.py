@@ -19,7 +19,7 @@ from rich.console import Console
 
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.catalog import TESTBED_NODE
-from dualpath_emu.cluster.config import ClusterConfig, KvTierSpec
+from dualpath_emu.cluster.config import ClusterConfig, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.outputs import CSV_COLUMNS
 from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.run import Progress, run_system
@@ -144,6 +144,11 @@ queue_depth = 8
 capacity_bytes = 1_000_000_000_000
 eviction = "ttl"
 ttl_s = 300.0
+[kv.pool]
+bytes_per_node = 2_000_000_000
+eviction = "ttl"
+ttl_s = 30.0
+systems = ["dualpath"]
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4
@@ -198,7 +203,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
     default = ClusterConfig()
     for f in dataclasses.fields(ClusterConfig):
         value, base = getattr(scenario.config, f.name), getattr(default, f.name)
-        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec)):
+        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec, KvPoolSpec)):
             for sub in dataclasses.fields(base):
                 assert getattr(value, sub.name) != getattr(base, sub.name), f"{f.name}.{sub.name} has no key"
         else:
@@ -236,7 +241,7 @@ BAD = [
      "key 'hardware.gpu': expected one of 'h800', 'h100', 'h200', 'h20', got the string 'b200'"),
     ('kind = "cluster"\nsystems = ["basic", "fast"]\n',
      "key 'systems': expected names of systems (basic, basic+layerwise, basic+layerwise+dualpath, dualpath, "
-     "oracle) or module:Name, file.py:Name, each once, got the string 'fast'"),
+     "oracle, sglmc) or module:Name, file.py:Name, each once, got the string 'fast'"),
     ('kind = "cluster"\n[workload]\ndataset = "128k"\n',
      "key 'workload.dataset': expected one of '32k', '48k', '64k', got the string '128k'"),
     ('kind = "cluster"\n[workload]\nmode = "batch"\n',
@@ -445,7 +450,7 @@ def test_system_selection_and_seed_override(
     ("argv", "message"),
     [
         (["--system", "fast"], "--system: expected names of systems (basic, basic+layerwise, "
-                               "basic+layerwise+dualpath, dualpath, oracle) or module:Name, file.py:Name, each "
+                               "basic+layerwise+dualpath, dualpath, oracle, sglmc) or module:Name, file.py:Name, each "
                                "once, got 'fast'"),
         (["--agents", "0"], "--agents: expected an integer in [1, 100000], got 0"),
         (["--seed", "-1"], "--seed: expected an integer in [0, 9223372036854775807], got -1"),

@@ -270,7 +270,7 @@ def test_a_system_twice_and_a_bad_spec_on_the_command_line(tmp_path: Path, monke
 
 
 def test_the_built_in_systems_are_unchanged() -> None:
-    assert list(SYSTEMS) == ["basic", "basic+layerwise", "basic+layerwise+dualpath", "dualpath", "oracle"]
+    assert list(SYSTEMS) == ["basic", "basic+layerwise", "basic+layerwise+dualpath", "dualpath", "oracle", "sglmc"]
     with pytest.raises(TypeError):
         SYSTEMS["mine"] = SYSTEMS["basic"]  # type: ignore[index]
 
