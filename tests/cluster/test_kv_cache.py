@@ -295,19 +295,20 @@ def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
     assert "key 'kv.store.eviction': expected one of 'lru', 'ttl', 'tool_wait'" in capsys.readouterr().err
 
 
-def test_check_draws_bounded_stores_and_writes_them_into_the_scenarios_it_replays(tmp_path: Path) -> None:
+def test_check_draws_bounded_stores_and_pools_and_writes_them_into_the_scenarios_it_replays(tmp_path: Path) -> None:
     from dualpath_emu.cluster.scenario import load_cluster_scenario
     from dualpath_emu.testing import ClusterCase, write_case
+    from dualpath_emu.testing.check import describe_case
     from dualpath_emu.testing.cluster import case_config
 
     case = ClusterCase(1, 1, 2, 0.1, (((3_000, 10), (500, 10)),), ((0.0, 0.5),), store_blocks=40, eviction="ttl",
-                       ttl_s=1.0)  # fmt: skip
-    scenario, _ = write_case(case, "dualpath", tmp_path / "case.toml")
-    assert (
-        load_cluster_scenario(scenario).config.kv_store
-        == case_config(case).kv_store
-        == KvTierSpec(40 * BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token, "ttl", 1.0)
-    )
+                       ttl_s=1.0, pool_blocks=7)  # fmt: skip
+    scenario, _ = write_case(case, "dualpath", tmp_path / "case.toml", "dualpath")
+    config = load_cluster_scenario(scenario).config
+    block_bytes = BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token
+    assert config.kv_store == case_config(case).kv_store == KvTierSpec(40 * block_bytes, "ttl", 1.0)
+    assert config.kv_pool == case_config(case, "dualpath").kv_pool == KvPoolSpec(7 * block_bytes, systems=("dualpath",))
+    assert describe_case(case)[-1] == "kv: store of 40 blocks (ttl), DRAM pool of 7 blocks per node"
 
 
 def test_a_users_eviction_policy_is_named_by_its_file_and_checked(

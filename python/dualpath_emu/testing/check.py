@@ -231,14 +231,14 @@ def check(
             chunk += 1
             say(f"{phase}: {done} examples, {time.monotonic() - start:.0f} s")
             if failure is not None:
-                report.failure = _replayable(failure, spec, beside)
+                report.failure = _replayable(failure, spec, beside, system.name)
                 report.wall_s = time.monotonic() - start
                 return report
     report.wall_s = time.monotonic() - start
     return report
 
 
-def _replayable(failure: Failure, spec: str, beside: Path | None) -> Failure:
+def _replayable(failure: Failure, spec: str, beside: Path | None, name: str = "") -> Failure:
     if failure.case is None:
         if failure.blob is not None:
             failure.replay = f"dualpath-emu check {spec} --reproduce {failure.blob}"
@@ -250,7 +250,7 @@ def _replayable(failure: Failure, spec: str, beside: Path | None) -> Failure:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.rpartition(":")[2] or "policy").strip("-") or "policy"
     path = folder / f"{stem}.check-failure.toml"
     try:
-        write_case(failure.case, spec, path)
+        write_case(failure.case, spec, path, name)
     except OSError as error:  # a read-only or full folder: the failure still stands, found again from its seed
         failure.replay = (f"dualpath-emu check {spec} --phase cluster --seed {failure.seed} --examples "
                           f"{failure.examples} (the case could not be written to {path}: {error.strerror or error})")  # fmt: skip
@@ -276,6 +276,10 @@ def describe_case(case: ClusterCase) -> list[str]:
     order = "FIFO" if case.order_seed is None else f"order seed {case.order_seed}"
     delay = f", messages delayed up to {case.message_delay_s * 1e3:g} ms" if case.message_delay_s else ""
     lines.append(f"delivery: {order}{delay}; workload seed {case.seed}")
+    tiers = [f"store of {case.store_blocks} blocks ({case.eviction})" if case.store_blocks else "unbounded store"]
+    if case.pool_blocks:
+        tiers.append(f"DRAM pool of {case.pool_blocks} blocks per node")
+    lines.append("kv: " + ", ".join(tiers))
     return lines
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
-from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, KvTierSpec, derived
+from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig, KvPoolSpec, KvTierSpec, derived
 from dualpath_emu.cluster.faults import Fault, FaultPlan
 from dualpath_emu.cluster.invariants import InvariantError
 from dualpath_emu.cluster.policies import POLICIES, Policy, PolicyError
@@ -44,8 +44,8 @@ def policy_class(system: System) -> type[Policy]:
     return POLICIES[system.scheduler] if isinstance(system.scheduler, str) else system.scheduler
 
 
-def case_config(case: ClusterCase) -> ClusterConfig:
-    """The deployment and fault plan of ``case`` (DS 27B, one node per EP group)."""
+def case_config(case: ClusterCase, system: str = "") -> ClusterConfig:
+    """The deployment and fault plan of ``case`` (DS 27B, one node per EP group); its DRAM pool for ``system``."""
     faults = tuple(
         Fault("crash", f.target, f.at_s, restart_s=f.duration_s) if f.kind == "crash"
         else Fault(f.kind, f.target, f.at_s, f.duration_s)  # type: ignore[arg-type]
@@ -57,6 +57,8 @@ def case_config(case: ClusterCase) -> ClusterConfig:
         de_hbm_reserve_fraction=case.de_hbm_reserve_fraction, faults=FaultPlan(faults), stall_timeout_s=_STALL_S,
         order_seed=case.order_seed, message_delay_s=case.message_delay_s, kv_store=KvTierSpec(
             case.store_blocks * BLOCK_TOKENS * MODELS[MODEL].kv_bytes_per_token, case.eviction, case.ttl_s),
+        kv_pool=KvPoolSpec(case.pool_blocks * BLOCK_TOKENS * MODELS[MODEL].kv_bytes_per_token, systems=(system,))
+        if case.pool_blocks else KvPoolSpec(),
     )  # fmt: skip
 
 
@@ -106,11 +108,12 @@ def run_checked(config: ClusterConfig, system: System, trajectories: Sequence[Tr
 
 def run_case(case: ClusterCase, system: System, determinism: bool = True) -> SystemResult:
     """:func:`run_checked` on ``case``."""
-    return run_checked(case_config(case), system, case_trajectories(case), case.seed, determinism)
+    return run_checked(case_config(case, system.name), system, case_trajectories(case), case.seed, determinism)
 
 
-def write_case(case: ClusterCase, spec: str, path: Path) -> tuple[Path, Path]:
-    """Write ``case`` as a scenario ``path`` (``.toml``) that runs ``spec`` and a trajectory file beside it."""
+def write_case(case: ClusterCase, spec: str, path: Path, name: str = "") -> tuple[Path, Path]:
+    """Write ``case`` as a scenario ``path`` (``.toml``) that runs ``spec`` (a system called ``name``, which its DRAM
+    pool is for) and a trajectory file beside it."""
     trace = path.with_suffix(".jsonl")
     write_trajectories(trace, case_trajectories(case))
     lines = [
@@ -132,6 +135,9 @@ def write_case(case: ClusterCase, spec: str, path: Path) -> tuple[Path, Path]:
                   f'eviction = "{case.eviction}"']  # fmt: skip
         if case.eviction == "ttl":
             lines.append(f"ttl_s = {case.ttl_s!r}")
+    if case.pool_blocks:
+        lines += ["", "[kv.pool]", f"bytes_per_node = {case_config(case).kv_pool.bytes_per_node}",
+                  f"systems = [{json.dumps(name)}]"]  # fmt: skip
     for fault in case.faults:
         lines += ["", "[[faults]]", f'kind = "{fault.kind}"', f'target = "{fault.target}"', f"at_s = {fault.at_s!r}"]
         lines.append(
