@@ -345,3 +345,23 @@ def test_a_bounded_store_evicts_and_recomputes_live_as_in_virtual_time(tmp_path:
     assert kv["stored_bytes"] - kv["evicted_bytes"] == kv["end_bytes"]
     assert kv["hit_tokens_asked"] == expected["hit_tokens_asked"]  # the same turns asked for the same contexts
     assert abs(kv["found_rate"] - expected["found_rate"]) < 0.1, (kv, expected)
+
+
+def test_sglmc_reads_its_pool_live_as_in_virtual_time(tmp_path: Path) -> None:
+    # The DRAM pool's index is the scheduler's state too, and its hits cross from the decode nodes that hold them
+    # to the prefill node over the compute network: a pool a quarter of the working set evicts and reads the rest
+    # from storage, as in virtual time.
+    from dualpath_emu.cluster.config import KvPoolSpec
+
+    config = small_config()
+    plain = run_system(config, "sglmc", work())
+    pool = int(plain.working_set_bytes["max"] / 4 / 3)  # three nodes' DRAM together
+    config = dataclasses.replace(config, kv_pool=KvPoolSpec(pool))
+    expected = run_system(config, "sglmc", work()).extra["kv"]["pool"]
+    result = run_live(config, SYSTEMS["sglmc"], work(), run_dir=tmp_path / "run", options=LIVE)
+    kv = result.extra["kv"]["pool"]
+    assert result.complete and result.turns_done == plain.turns_done and set(result.extra["kv"]) == {"pool"}
+    assert kv["evictions"] > 0 and kv["missed_tokens"] > 0 and kv["peak_bytes"] <= kv["capacity_bytes"]
+    assert kv["hit_tokens_asked"] == expected["hit_tokens_asked"]
+    assert abs(kv["found_rate"] - expected["found_rate"]) < 0.1, (kv, expected)
+    assert result.snic_read_bytes["pe"] > 0 and result.snic_read_bytes["de"] == 0

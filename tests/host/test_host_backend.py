@@ -436,3 +436,22 @@ def test_a_bounded_store_on_the_host_backend_cuts_the_real_block_files(tmp_path:
     evicted_blocks = kv["evicted_bytes"] // (BLOCK_TOKENS * MODELS["ds27b"].kv_bytes_per_token)
     assert 0 < host["discarded_blocks"] <= evicted_blocks  # (a block evicted before its write-back landed: none)
     assert host["mismatched_blocks"] == 0 and host["bytes_read"] == host["verified_read_bytes"] > 0
+
+
+@pytest.mark.processes
+def test_sglmc_reads_its_pool_over_the_byte_channel_and_storage_for_what_the_pool_lacks(tmp_path: Path) -> None:
+    # A pool's hits cross from the decode node that holds them to the prefill node as real bytes, verified on
+    # arrival; what a small pool lacks is read from the block files.
+    import dataclasses
+
+    from dualpath_emu.cluster.config import KvPoolSpec
+
+    plain = run_system(config(), "sglmc", work())
+    small = dataclasses.replace(config(), kv_pool=KvPoolSpec(int(plain.working_set_bytes["max"] / 6)))
+    result = run_live(small, SYSTEMS["sglmc"], work(), run_dir=tmp_path / "run", backend="host",
+                      byte_scale=SCALE, timeout_s=120.0)  # fmt: skip
+    host, kv = result.extra["host"], result.extra["kv"]["pool"]
+    assert result.complete and result.turns == 24 and kv["evictions"] > 0 and 0 < kv["found_rate"] < 1
+    kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
+    assert {"pool read", "storage read (PE)"} <= kinds and "storage read (DE)" not in kinds
+    assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
