@@ -25,6 +25,7 @@ SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
         "isolation": "MoE collective latency with KV traffic, with and without virtual lanes (§5)",
         "toolwaits": "tool waits online: the working set and latency as agents wait between turns (§8.2)",
         "kvstore": "a bounded KV store under tool waits: hits found, recomputation and latency (§8.2)",
+        "sglmc": "SGL(MC)'s DRAM pool against Basic and DualPath, at the paper's size and smaller (§7.1)",
         "faults": "a prefill node's storage NIC down and random fault schedules, Basic vs DualPath (the paper has none)",
         "calibrate": "fit the hardware parameters the paper does not give, on Basic and Oracle runs",
         "markdown": "the reports (NAME.json) as Markdown, for EVALUATION.md",
