@@ -5,6 +5,7 @@ request and pass every invariant), under random capacities, policies and faults.
 from __future__ import annotations
 
 import csv
+import gzip
 import dataclasses
 import json
 from pathlib import Path
@@ -280,8 +281,13 @@ def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
                     '[kv.store]\ncapacity_bytes = 300_000_000\neviction = "tool_wait"\n')  # fmt: skip
     assert main(["run", str(path), "--json", "--system", "dualpath"]) == 0
     assert '"kv"' in capsys.readouterr().out
-    assert main(["run", str(path), "--system", "dualpath", "--out", str(tmp_path / "out")]) == 0
+    assert main(["run", str(path), "--system", "dualpath", "--out", str(tmp_path / "out"), "--trace"]) == 0
     assert "dualpath: store of 0.3 GB (peak " in capsys.readouterr().out  # the table, then a line on the store
+    assert (tmp_path / "out" / "kv.png").stat().st_size > 0  # what the store held over time
+    with gzip.open(tmp_path / "out" / "trace-dualpath.json.gz") as file:
+        events = json.load(file)["traceEvents"]
+    held = [e["args"]["GB"] for e in events if e.get("ph") == "C" and e["name"] == "kv store held (GB)"]
+    assert 0 < max(held) <= 0.3
     kv = json.loads((tmp_path / "out" / "summary.json").read_text())["systems"]["dualpath"]["kv"]["store"]
     with (tmp_path / "out" / "requests.csv").open() as file:
         rows = list(csv.DictReader(file))

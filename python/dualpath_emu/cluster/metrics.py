@@ -11,7 +11,7 @@ import heapq
 import itertools
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy
@@ -193,6 +193,17 @@ class KvTierStats:
     """Hit tokens requests asked of it (their context so far) and, of those, ``found_tokens``; the rest recomputed."""
     found_tokens: int = 0
     tier: str = STORE
+    interval_ns: int = NS
+    fill: array[int] = field(default_factory=lambda: array("q"))
+    """Per ``interval_ns`` of the run, the most blocks held in it (the working set the tier kept over time)."""
+
+    def held(self, t_ns: int, blocks: int) -> None:
+        """The tier holds ``blocks`` more (fewer, negative) blocks from ``t_ns`` on."""
+        self.held_blocks += blocks
+        k, fill = t_ns // self.interval_ns, self.fill
+        if len(fill) <= k:
+            fill.extend([self.held_blocks - blocks] * (k + 1 - len(fill)))
+        fill[k] = max(fill[k], self.held_blocks)
 
     def summary(self) -> dict[str, float | int]:
         """``summary.json``'s ``kv.<tier>``: bytes, counts and the share of asked hit tokens found. What the store
@@ -239,6 +250,7 @@ class Metrics:
         self.forward_attention_balance: array[float] = array("d")
         """Per forward pass: max/mean attention time over its group's GPUs (an idle GPU counts 0), Fig. 13."""
         self.gpu_busy = {role: BusyTime(sample_interval_ns, keep_spans) for role in ("pe", "de")}
+        self._interval_ns = sample_interval_ns
         self.recomputed = _column("i")
         """Per request, hit tokens a bounded KV tier no longer held at dispatch (computed again; ``hit`` is what
         was found)."""
@@ -358,17 +370,17 @@ class Metrics:
         busy.add(r.gpu, r.start_ns, r.end_ns, "decode", args)
 
     def _kv_tier(self, t_ns: int, r: KvTier) -> None:
-        self.kv[r.tier] = KvTierStats(r.capacity, r.block_bytes, tier=r.tier)
+        self.kv[r.tier] = KvTierStats(r.capacity, r.block_bytes, tier=r.tier, interval_ns=self._interval_ns)
 
     def _kv_stored(self, t_ns: int, r: KvStored) -> None:
         tier = self.kv[r.tier]
-        tier.held_blocks += r.blocks
+        tier.held(t_ns, r.blocks)
         tier.stored_blocks += r.blocks
         tier.peak_blocks = max(tier.peak_blocks, tier.held_blocks)
 
     def _kv_evicted(self, t_ns: int, r: KvEvicted) -> None:
         tier = self.kv[r.tier]
-        tier.held_blocks -= r.blocks
+        tier.held(t_ns, -r.blocks)
         tier.evicted_blocks += r.blocks
         tier.evictions += 1
 

@@ -99,7 +99,8 @@ def write_requests(file: TextIO, results: Mapping[str, SystemResult]) -> int:
 
 
 def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str, SystemResult]) -> list[Path]:
-    """Write ``jct.png``, ``utilisation.png`` and ``latency-cdf.png``; returns the paths."""
+    """Write ``jct.png``, ``utilisation.png``, ``latency-cdf.png`` and, for a run with a bounded KV tier,
+    ``kv.png``; returns the paths."""
     # The object API with an explicit Agg canvas: no pyplot global state, no display needed.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -204,6 +205,28 @@ def write_plots(directory: Path, scenario: ClusterScenario, results: Mapping[str
     path = directory / "latency-cdf.png"
     figure.savefig(path, dpi=120)
     written.append(path)
+
+    tiers = [(name, tier, stats) for name in names for tier, stats in sorted(results[name].metrics.kv.items())]
+    if tiers:  # What each bounded KV tier held over time, against its capacity.
+        figure = Figure(figsize=(6.4, 3.4), layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = figure.subplots()
+        for name, tier, stats in tiers:
+            step_s = stats.interval_ns / 1e9
+            axes.step([k * step_s for k in range(len(stats.fill))], [b * stats.block_bytes / 1e9 for b in stats.fill],
+                      where="post", color=colours[name], linestyle="-" if tier == "store" else "--",
+                      label=f"{name}: {tier}", linewidth=1)  # fmt: skip
+        for capacity in sorted({stats.capacity_bytes for _, _, stats in tiers}):
+            axes.axhline(capacity / 1e9, color="grey", linewidth=0.8, linestyle=":")
+        axes.set_xlabel("emulated time (s)")
+        axes.set_ylabel("KV held (GB; dotted: capacity)")
+        axes.set_ylim(bottom=0)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+        figure.suptitle(f"{scenario.name}: what each bounded KV tier held (most per second)", fontsize=10)
+        path = directory / "kv.png"
+        figure.savefig(path, dpi=110)
+        written.append(path)
     return written
 
 

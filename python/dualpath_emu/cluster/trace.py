@@ -5,7 +5,8 @@ the requests.
 * **node** ``n<i> (prefill|decode)``: a thread per GPU whose slices are what it was busy with (``prefill pass``,
   or ``decode`` at one batch size); per port a counter track of its utilisation per virtual lane; every
   transfer that leaves the node and every storage I/O, as an async slice named by its path.
-* **storage (3fs)**: the utilisation of the storage cluster's own ports.
+* **storage (3fs)**: the utilisation of the storage cluster's own ports, and per bounded KV tier (the store, the
+  DRAM pool) a counter of what it held, the most per sample interval.
 * **requests**: per request async slices for its phases: ``request``, ``waiting``, ``read KV``, ``prefill``,
   ``hand-off`` (first → second token) and ``decode``.
 
@@ -80,6 +81,13 @@ def trace_events(config: ClusterConfig, topology: Topology, metrics: Metrics, sy
         end = end_ns if f["end_s"] is None else round(f["end_s"] * 1e9)
         yield event(name=f"{f['kind']} {f['target']}", ph="X", pid=REQUESTS_PID, tid=1, ts=_us(start),
                     dur=_us(max(0, end - start)), args={"kind": f["kind"], "target": f["target"]})  # fmt: skip
+    for tier, stats in sorted(metrics.kv.items()):  # a counter track per bounded KV tier: what it held
+        step_ns, last = stats.interval_ns, -1
+        for k, blocks in enumerate(stats.fill):
+            if blocks != last:
+                yield event(name=f"kv {tier} held (GB)", ph="C", pid=STORAGE_PID, ts=_us(k * step_ns),
+                            args={"GB": round(blocks * stats.block_bytes / 1e9, 3)})  # fmt: skip
+                last = blocks
     yield from _requests(metrics, event)
 
 
