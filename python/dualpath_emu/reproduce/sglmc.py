@@ -88,8 +88,8 @@ def build(args: argparse.Namespace) -> Report:
         f"Pool sizes: the paper's 1.5 TB per node (9 TB on 2P4D), then fractions of the unbounded Basic run's peak "
         f"working set ({peak / 1e9:,.1f} GB), every node's DRAM together.",
         "pool_found: the share of the hit tokens (each turn's context so far) the pool held at dispatch; the rest was "
-        "read from storage (unbounded, as the paper's 3FS). pool_served_gb: the KV the pool sent to the prefill "
-        "nodes (over the compute network from the decode node that wrote it, or from the prefill node's own DRAM).",
+        "read from storage (unbounded, as the paper's 3FS). pool_served_gb: the KV the pool sent to the reading "
+        "side, over the compute network from the decode node that wrote it (none when it is that node itself).",
         "storage_read_gb: bytes read through the storage NICs, prefill side (PE) and decode side (DE).",
         f"JCT against SGL(MC) with the paper's pool: Basic {basic['jct_s'] / paper['jct_s']:.2f}, DualPath "
         f"{dual['jct_s'] / paper['jct_s']:.2f}, DualPath with the same pool {dual_pool['jct_s'] / paper['jct_s']:.2f}.",
@@ -131,8 +131,10 @@ def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     for row in rows:
         if row["system"] != "sglmc":
             color = "tab:blue" if row["system"] == "basic" else "tab:red"
-            left.axhline(row["jct_s"], color=color, linestyle="--", label=row["system"])
-            right.axhline(row["storage_read_gb"], color=color, linestyle="--", label=row["system"])
+            pooled = row["pool"] != "-"
+            style, label = (":", f"{row['system']} + the paper's pool") if pooled else ("--", row["system"])
+            left.axhline(row["jct_s"], color=color, linestyle=style, label=label)
+            right.axhline(row["storage_read_gb"], color=color, linestyle=style, label=label)
     left.set_xlabel("SGL(MC) pool (of the peak working set)")
     left.set_ylabel("JCT (s)")
     left.set_ylim(bottom=0)
