@@ -16,8 +16,8 @@ from dualpath_emu.cli import main
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.faults import Fault
 from dualpath_emu.cluster.invariants import EventLogChecker
-from dualpath_emu.cluster.kv_cache import KvIndex, LruEviction
-from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
+from dualpath_emu.cluster.kv_cache import HbmRetention, KvIndex, LruEviction
+from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.runtime.engine import Watch
 from hypothesis import HealthCheck, given, settings
@@ -161,7 +161,75 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
     pool.store(2, 7, now_ns=4, node=0)  # 3 blocks must go: context 1's tail, blocks 3-5
     assert pool.blocks == {1: 3, 2: 7} and pool.where(1, 3 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS),)
     assert KvIndex("store", KvTierSpec(10 * BLOCK), BLOCK, seen.append).where(1, 64) == ()  # a tier that does not place
+    # A turn still in flight when the next one is found (its end not heard yet): the store holds the blocks it wrote
+    # through, the pool only once the turn's end says which node holds them (found by dualpath-emu check).
+    pool.pin(2, blocks=9)
+    assert pool.find(5, 2, 9 * BLOCK_TOKENS, now_ns=5) == 7 * BLOCK_TOKENS and pool.blocks[2] == 7
+    with pytest.raises(ValueError, match="without the node"):
+        pool.store(2, 9, now_ns=6)
     assert checked(seen) == []
+
+
+def test_decode_hbm_keeps_a_context_until_its_room_is_needed_and_hands_it_to_the_next_turn_on_that_gpu() -> None:
+    seen: list[Any] = []
+    hbm = HbmRetention(engines=4, gpus=2, hbm_bytes=10 * BLOCK, block_bytes=BLOCK, observe=seen.append)
+    hbm.start()
+    hbm.keep(1, 3 * BLOCK_TOKENS + 5, de=2, room_bytes=10 * BLOCK)  # 4 blocks (the partial one too)
+    hbm.keep(2, 3 * BLOCK_TOKENS, de=2, room_bytes=10 * BLOCK)
+    assert dict(hbm.on_view) == {1: 2, 2: 2} and dict(hbm.node_view) == {1: 1, 2: 1}
+    hbm.make_room(2, 5 * BLOCK)  # running requests need DE 2's HBM: the least recently kept goes first
+    assert dict(hbm.on_view) == {2: 2} and KvEvicted("hbm", 1, 0, 4) in seen
+    hbm.keep(3, 2 * BLOCK_TOKENS, de=3, room_bytes=BLOCK)  # no room at all: nothing kept
+    assert 3 not in hbm.on_view
+    assert hbm.take(7, 2, 3 * BLOCK_TOKENS, de=2)  # the next turn on the same DE takes it over
+    assert seen[-2:] == [HitFound(7, 2, "hbm", 3 * BLOCK_TOKENS, 0), KvTaken("hbm", 2, 3)] and not hbm.on_view
+    hbm.keep(2, 4 * BLOCK_TOKENS, de=2, room_bytes=10 * BLOCK)
+    assert not hbm.take(8, 2, 4 * BLOCK_TOKENS, de=3)  # given another DE: the kept copy is dropped
+    assert seen[-2:] == [KvEvicted("hbm", 2, 0, 4), HitFound(8, 2, "hbm", 0, 4 * BLOCK_TOKENS)]
+    hbm.keep(5, BLOCK_TOKENS, de=1, room_bytes=10 * BLOCK)
+    hbm.drop_engines(range(0, 2))  # node 0's engines crashed
+    assert not hbm.on_view and checked(seen) == []
+
+
+def test_retention_with_affinity_loads_kept_hits_from_decode_hbm_and_reads_less_from_storage() -> None:
+    trajectories = work(16, 5)
+    plain = run_system(CONFIG, "dualpath", trajectories)
+    kept = run_system(CONFIG, "dualpath+retention", trajectories)
+    hbm = kept.extra["kv"]["hbm"]
+    assert kept.complete and kept.turns_done == plain.turns_done and set(kept.extra["kv"]) == {"hbm"}
+    # Zero waits and room to spare: every later turn finds its KV on its DE, and nothing is read from storage.
+    assert hbm["found_rate"] == 1.0 and hbm["taken_bytes"] > 0 and sum(kept.snic_read_bytes.values()) == 0
+    assert kept.hit_rate == plain.hit_rate and sum(plain.snic_read_bytes.values()) > 0
+    # Little HBM to spare (most of it reserved, more agents): contexts are dropped for running requests and their
+    # next turns read their hits as DualPath does.
+    tight, more = dataclasses.replace(CONFIG, de_hbm_reserve_fraction=0.99), work(48, 5)
+    squeezed = run_system(tight, "dualpath+retention", more)
+    hbm = squeezed.extra["kv"]["hbm"]
+    assert squeezed.complete and hbm["evictions"] > 0 and 0 < hbm["found_rate"] < 1
+    read = sum(run_system(tight, "dualpath", more).snic_read_bytes.values())
+    assert 0 < sum(squeezed.snic_read_bytes.values()) < read
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reserve=st.sampled_from([0.1, 0.99]), wait_s=st.sampled_from([0.0, 2.0]),
+    store_blocks=st.sampled_from([0, 300, 3_000]), crash=st.sampled_from(["", "de1", "pe0"]),
+)  # fmt: skip
+def test_any_retention_headroom_wait_store_and_crash_loses_no_request_and_holds_every_invariant(
+    reserve: float, wait_s: float, store_blocks: int, crash: str
+) -> None:
+    from dualpath_emu.workload.waits import ToolWait
+
+    block_bytes = BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token
+    config = dataclasses.replace(bounded(store_blocks * block_bytes), de_hbm_reserve_fraction=reserve,
+                                 tool_wait=ToolWait("exponential", wait_s) if wait_s else ToolWait())  # fmt: skip
+    if crash:
+        config = with_faults(Fault("crash", crash, 1.0, restart_s=2.0), config=config)
+    result = run_system(config, "dualpath+retention", work(24, 4))  # raises on a lost request or a broken invariant
+    kv = result.extra["kv"]["hbm"]
+    assert result.turns_done + result.failed_requests == result.turns
+    assert kv["stored_bytes"] - kv["evicted_bytes"] - kv["taken_bytes"] == kv["end_bytes"]
+    assert kv["hit_tokens_found"] + kv["missed_tokens"] == kv["hit_tokens_asked"]
 
 
 def pooled(config: Any = CONFIG, bytes_per_node: int = 10**13, **pool: Any) -> Any:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpath_emu.cluster.policies import (
-    POLICIES, DecodeAssignment, DecodeView, DualPathPolicy, EngineState, GroupState, Health, Policy, PolicyError, PrefillAssignment,
+    POLICIES, AffinityPolicy, DecodeAssignment, DecodeView, DualPathPolicy, EngineState, GroupState, Health, Policy, PolicyError, PrefillAssignment,
     PrefillView, ReadView, Request, RoundRobinPolicy, RouteView, check_decode, check_prefill, check_read_side,
 )  # fmt: skip
 from dualpath_emu.testing import (
@@ -127,9 +127,30 @@ def test_round_robin_takes_turns() -> None:
     assert [e for _, e in prefill(policy, [req(5)], engines, {})] == [2]
 
 
+def test_affinity_sends_a_request_to_the_group_and_the_de_that_keep_its_kv() -> None:
+    policy = AffinityPolicy()
+    queue = (req(1, new=0, hit=900, gen=100, hbm=10), req(2, new=0, hit=900, gen=100, hbm=10), req(3, hbm=10))
+    groups = (GroupState(0, 5000), GroupState(1, 1000))
+    # Context 1 is kept on node 0 (the busier group), context 3 on a node that is down: DualPath's rule for it.
+    route = RouteView(queue, groups, kept={1: 0, 3: 7})
+    assert [(r.request.id, r.group) for r in check_route_call(policy, route, policy.route_decode(route))] == [
+        (1, 0), (2, 1), (3, 1),
+    ]  # fmt: skip
+    assert [r.group for r in DualPathPolicy().route_decode(route)] == [1, 1, 1]  # no affinity: kept is ignored
+    engines = (EngineState(10, 2, 0, 0, 100), EngineState(11, 2, 9000, 5, 15))
+    view = DecodeView(1, queue, engines, kept={1: 11, 2: 11})
+    # Request 1 goes to DE 11, which keeps it, though DualPath would choose 10; DE 11 has no room left for
+    # request 2 (15 - 10 < 10), which goes where DualPath sends it.
+    assert [(a.request.id, a.engine) for a in check_decode_call(policy, view, policy.assign_decode(view))] == [
+        (1, 11), (2, 10), (3, 10),
+    ]  # fmt: skip
+
+
 def test_the_registry_names_the_built_in_policies() -> None:
-    assert POLICIES == {"dualpath": DualPathPolicy, "round_robin": RoundRobinPolicy}
+    assert POLICIES == {"dualpath": DualPathPolicy, "round_robin": RoundRobinPolicy,
+                        "dualpath_affinity": AffinityPolicy}  # fmt: skip
     assert DualPathPolicy.promises == {"fifo", "overload", "read_side", "high_water"}
+    assert AffinityPolicy.promises == {"fifo", "overload", "read_side"}
     assert RoundRobinPolicy.promises == {"fifo"} and Policy.promises == frozenset()
 
 
@@ -167,8 +188,8 @@ def test_an_impossible_answer_is_a_policy_error_naming_the_policy_the_method_and
 def test_built_in_policies_keep_their_promises_on_any_view(name: str, data: st.DataObject) -> None:
     policy = POLICIES[name](read_both_sides=True)
     if isinstance(policy, DualPathPolicy):
-        policy = DualPathPolicy(alpha_tokens=data.draw(st.integers(0, 100_000)),
-                                beta_tokens=data.draw(st.integers(1, 100_000)))  # fmt: skip
+        policy = type(policy)(alpha_tokens=data.draw(st.integers(0, 100_000)),
+                              beta_tokens=data.draw(st.integers(1, 100_000)))  # fmt: skip
     view = data.draw(prefill_views())
     check_prefill_call(policy, view, policy.assign_prefill(view))
     route = data.draw(route_views())
@@ -184,6 +205,11 @@ class DualPathMachine(PolicyMachine):
         return DualPathPolicy(alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
 
 
+class AffinityMachine(PolicyMachine):
+    def make_policy(self, alpha_tokens: int, beta_tokens: int) -> Policy:
+        return AffinityPolicy(alpha_tokens=alpha_tokens, beta_tokens=beta_tokens)
+
+
 class RoundRobinMachine(PolicyMachine):
     def make_policy(self, alpha_tokens: int, beta_tokens: int) -> Policy:
         return RoundRobinPolicy(read_both_sides=alpha_tokens % 2 == 0)
@@ -191,3 +217,4 @@ class RoundRobinMachine(PolicyMachine):
 
 TestDualPathScheduler = DualPathMachine.TestCase
 TestRoundRobinScheduler = RoundRobinMachine.TestCase
+TestAffinityScheduler = AffinityMachine.TestCase

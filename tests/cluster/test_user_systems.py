@@ -200,7 +200,7 @@ def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
         ({"name": "a/b"}, "System.name: expected 1-64 letters, digits and _.+- (not first), got 'a/b'"),
         ({"name": ""}, "System.name: expected 1-64 letters, digits and _.+- (not first), got ''"),
         ({"name": "x" * 65}, f"System.name: expected 1-64 letters, digits and _.+- (not first), got '{'x' * 65}'"),
-        ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin' or a Policy subclass, "
+        ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin', 'dualpath_affinity' or a Policy subclass, "
                                 "got 'fifo'"),
         ({"scheduler": Policy}, "System 'x': scheduler Policy is abstract (define assign_decode, assign_prefill)"),
     ],
@@ -270,7 +270,15 @@ def test_a_system_twice_and_a_bad_spec_on_the_command_line(tmp_path: Path, monke
 
 
 def test_the_built_in_systems_are_unchanged() -> None:
-    assert list(SYSTEMS) == ["basic", "basic+layerwise", "basic+layerwise+dualpath", "dualpath", "oracle", "sglmc"]
+    assert list(SYSTEMS) == [
+        "basic",
+        "basic+layerwise",
+        "basic+layerwise+dualpath",
+        "dualpath",
+        "oracle",
+        "sglmc",
+        "dualpath+retention",
+    ]
     with pytest.raises(TypeError):
         SYSTEMS["mine"] = SYSTEMS["basic"]  # type: ignore[index]
 

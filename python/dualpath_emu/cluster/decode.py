@@ -258,7 +258,7 @@ class DecodeGroup(EngineGroup):
                 continue
             lost.append((rid, self._pending_read(task, rid in self._read_done)))
             if rid in self._buffered:
-                self.buffer.release(now, rid, task.prompt * self._kv)
+                self.buffer.release(now, rid, _buffered(task) * self._kv)
             else:
                 self.buffer.cancel(now, rid)
             self._reading.pop(rid, None)  # its completion, if under way, is ignored
@@ -273,7 +273,7 @@ class DecodeGroup(EngineGroup):
             msg = dataclasses.replace(msg, read_on_de=True)
             if started:
                 self._started_elsewhere.add(msg.rid)
-        elif msg.read_on_de and self._snic_down and system.dual_path and not system.oracle:
+        elif msg.read_on_de and not msg.kept and self._snic_down and system.dual_path and not system.oracle:
             # Assigned here before the scheduler heard that this storage NIC is down: read on the prefill side.
             msg = dataclasses.replace(msg, read_on_de=False)
             self.out.send("scheduler", ReadMoved(self.node, msg.pe_node, _stored(msg)))
@@ -287,13 +287,16 @@ class DecodeGroup(EngineGroup):
         if self.cluster.system.oracle:
             return
         # The DE buffer holds the whole prompt KV until it goes to HBM (§4): hit (read here or sent by the
-        # PE) and miss (sent by the PE layer by layer).
-        self.buffer.acquire(now, msg.rid, msg.prompt * self._kv, lambda now: self._buffer_ready(now, msg.rid))
+        # PE) and miss (sent by the PE layer by layer); a hit kept in HBM stays there.
+        self.buffer.acquire(now, msg.rid, _buffered(msg) * self._kv, lambda now: self._buffer_ready(now, msg.rid))
 
     def _buffer_ready(self, now: int, rid: int) -> None:
         msg = self.expected[rid]  # as it is now: a failover may have moved its read here meanwhile
         self._buffered.add(rid)
-        if msg.read_on_de:
+        if msg.kept:  # the hit is in this DE's HBM: the PE may load it now
+            self._read_done.add(rid)
+            self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))
+        elif msg.read_on_de:
             self._read(now, msg)
         else:
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, False))
@@ -326,7 +329,7 @@ class DecodeGroup(EngineGroup):
         ):
             return
         for rid, task in list(self.expected.items()):
-            if not task.read_on_de or rid in self._read_done:
+            if not task.read_on_de or task.kept or rid in self._read_done:
                 continue
             started = rid in self._reading
             if started:
@@ -393,14 +396,14 @@ class DecodeGroup(EngineGroup):
         )
         # HBM for the whole sequence (prompt + output), held until the request ends; the scheduler only
         # assigns requests that fit (§6.2), so this never waits.
-        self.hbm[task.de_gpu].acquire(now, rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request))
+        size = _buffered(task) * self._kv
+        self.hbm[task.de_gpu].acquire(now, rid, (task.prompt + task.gen) * self._kv, partial(self._h2d, request, size))
 
-    def _h2d(self, request: DecodingRequest, now: int) -> None:
+    def _h2d(self, request: DecodingRequest, size: int, now: int) -> None:
         if self.cluster.system.oracle:
             self.steps.join(now, request)
             return
         # The prompt KV: DE buffer → HBM (one H2D, §4); then the buffer is free.
-        size = request.prompt * self._kv
         epoch = self._epoch
 
         def copied(now: int) -> None:
@@ -435,5 +438,13 @@ class DecodeGroup(EngineGroup):
 
 
 def _stored(task: DecodeTask) -> int:
-    """Hit tokens of ``task`` read from storage (a read queue's count): those the DRAM pool does not hold."""
+    """Hit tokens of ``task`` read from storage (a read queue's count): those the DRAM pool does not hold (none for
+    a hit kept in HBM)."""
+    if task.kept:
+        return 0
     return task.hit - sum(task.pooled[1::2]) if task.pooled else task.hit
+
+
+def _buffered(task: DecodeTask) -> int:
+    """Tokens of ``task``'s KV that pass through the DE buffer: its prompt's, but for a hit kept in HBM."""
+    return task.prompt - task.hit if task.kept else task.prompt

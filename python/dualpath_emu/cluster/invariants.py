@@ -14,7 +14,7 @@ from typing import Any, Final
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.observations import (
-    Admitted, Ended, Failed, HitFound, KvEvicted, KvStored, KvTier, PoolCapacity, PoolGive, PoolTake, parse,
+    Admitted, Ended, Failed, HitFound, KvEvicted, KvStored, KvTaken, KvTier, PoolCapacity, PoolGive, PoolTake, parse,
 )  # fmt: skip
 from dualpath_emu.runtime.engine import Observed
 
@@ -45,7 +45,7 @@ class EventLogChecker:
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             PoolTake: self._pool, PoolGive: self._pool, Admitted: self._admit, Ended: self._ended, Failed: self._ended,
             PoolCapacity: self._capacity, KvTier: self._kv_tier, KvStored: self._kv_stored,
-            KvEvicted: self._kv_evicted, HitFound: self._hit_found,
+            KvEvicted: self._kv_evicted, KvTaken: self._kv_taken, HitFound: self._hit_found,
         }  # fmt: skip
         """What each record type checks (the others only take their place in time and number)."""
 
@@ -156,6 +156,16 @@ class EventLogChecker:
         tier = self._tiers.get(record.tier)
         if tier is not None:
             tier[1] -= record.blocks
+
+    def _kv_taken(self, seq: int, record: KvTaken) -> None:
+        key = (record.tier, record.context)
+        held = self._held.pop(key, 0)
+        if record.blocks != held or held <= 0:
+            self._violate(f"{record.tier}: context {record.context}'s {record.blocks} blocks taken by a request while "
+                          f"it held [0, {held}) (event {seq}): a tier hands over what it holds, whole")  # fmt: skip
+        tier = self._tiers.get(record.tier)
+        if tier is not None:
+            tier[1] -= held
 
     def _hit_found(self, seq: int, record: HitFound) -> None:
         held = self._held.get((record.tier, record.context), 0)

@@ -16,21 +16,24 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar, Final
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
-from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTier
+from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier
 from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.engine import Extents, Observed
 
 __all__ = [
-    "EVICTIONS", "POOL", "STORE", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
+    "EVICTIONS", "HBM", "POOL", "STORE", "HbmRetention", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
 ]  # fmt: skip
 
 STORE: Final = "store"
 """The storage cluster's tier (3FS)."""
+HBM: Final = "hbm"
+"""The decode GPUs' HBM, kept across turns (:class:`HbmRetention`)."""
 POOL: Final = "pool"
 """The nodes' DRAM pool (a Mooncake store): blocks live on the node that wrote them, read over the compute network."""
 
@@ -227,9 +230,11 @@ class KvIndex:
     def find(self, rid: int, context: int, hit: int, now_ns: int) -> int:
         """The tokens of request ``rid``'s hit of ``hit`` tokens of ``context`` held here (the rest is computed
         again); a use of the context. A request of the context still in flight here has written its blocks through
-        as it made them (its end may not have reached the scheduler yet, as in a live run): they are held first."""
+        as it made them (its end may not have reached the scheduler yet, as in a live run): they are held first,
+        except by an index that places blocks (the DRAM pool holds a turn's blocks on its decode node once the
+        turn has ended; until then the store has them)."""
         promised = self._promised.get(context, 0)
-        if promised > self.blocks.get(context, 0):
+        if promised > self.blocks.get(context, 0) and self._runs is None:  # (a pool places blocks as turns end)
             self.store(context, promised, now_ns)
         held = self.blocks.get(context, 0)
         found = hit if held >= hit // BLOCK_TOKENS else held * BLOCK_TOKENS  # a whole context: its partial block too
@@ -274,8 +279,10 @@ class KvIndex:
 
     def store(self, context: int, blocks: int, now_ns: int, last: bool = False, node: int = -1) -> None:
         """``context``'s KV now has ``blocks`` Full Blocks (written through as they were made, the new ones by
-        ``node``): hold them, evicting others' as the capacity needs (what does not fit is not held); ``last``:
-        its agent is done."""
+        ``node``, which an index that places blocks must be told): hold them, evicting others' as the capacity
+        needs (what does not fit is not held); ``last``: its agent is done."""
+        if node < 0 and self._runs is not None:
+            raise ValueError(f"{self.tier}: blocks of context {context} stored without the node that holds them")
         held = self.blocks.get(context, 0)
         if blocks > held:
             room = (self.capacity - self.used_bytes) // self.block_bytes
@@ -359,3 +366,102 @@ class _Pinned:
 
     def __contains__(self, context: object) -> bool:
         return context == self._storing or context in self._pins
+
+
+class HbmRetention:
+    """Decode GPUs keeping a context's KV in HBM after its turn (the scheduler's state, like the other tiers).
+
+    When a turn ends, its context's KV (prompt and output, whole blocks) stays on the DE GPU that decoded it, in HBM
+    the GPU's running requests do not need; when they need it, the least recently kept context goes first. A later
+    turn of the context given that DE takes the KV over: its hit is already in that GPU's HBM, so nothing is read
+    and only the new tokens' KV comes from the prefill engine. Given another DE, the kept copy is dropped (the hit is
+    read as usual; storage has it, written through). A kept copy is never read from elsewhere, and nothing is kept
+    for an agent's last turn. Observed as the tier ``hbm``: :class:`KvStored` when kept, :class:`KvEvicted` when
+    dropped, :class:`KvTaken` when taken over, :class:`HitFound` at each assignment of a request with a hit."""
+
+    def __init__(self, engines: int, gpus: int, hbm_bytes: int, block_bytes: int,
+                 observe: Callable[[Observed], None]) -> None:  # fmt: skip
+        self.block_bytes = block_bytes
+        self.capacity = engines * hbm_bytes
+        self._observe = observe
+        self.kept: dict[int, OrderedDict[int, int]] = {}
+        """Per DE, the contexts it keeps and their blocks, least recently kept first."""
+        self.on: dict[int, int] = {}
+        """Per kept context, its DE (what a policy's ``DecodeView.kept`` shows, read-only)."""
+        self.on_view: Mapping[int, int] = MappingProxyType(self.on)
+        self.node_view: Mapping[int, int] = _NodeOf(self.on, gpus)
+        """Per kept context, its DE's node (``RouteView.kept``)."""
+        self.kept_bytes: Counter[int] = Counter()
+
+    def start(self) -> None:
+        self._observe(KvTier(HBM, self.capacity, self.block_bytes))
+
+    def keep(self, context: int, tokens: int, de: int, room_bytes: int) -> None:
+        """A turn of ``context`` of ``tokens`` tokens ended on DE ``de``, which has ``room_bytes`` of HBM no running
+        request holds: keep its KV there if it fits, dropping that DE's least recently kept contexts as needed."""
+        self.drop(context)
+        blocks = -(-tokens // BLOCK_TOKENS)
+        size = blocks * self.block_bytes
+        if blocks == 0 or size > room_bytes:
+            return
+        self.make_room(de, room_bytes - size)
+        self.kept.setdefault(de, OrderedDict())[context] = blocks
+        self.on[context] = de
+        self.kept_bytes[de] += size
+        self._observe(KvStored(HBM, context, 0, blocks))
+
+    def make_room(self, de: int, room_bytes: int) -> None:
+        """DE ``de`` may keep no more than ``room_bytes``: drop its least recently kept contexts until it does."""
+        kept = self.kept.get(de)
+        while kept and self.kept_bytes[de] > room_bytes:
+            self.drop(next(iter(kept)))
+
+    def take(self, rid: int, context: int, hit: int, de: int) -> bool:
+        """Request ``rid`` (``hit`` tokens of ``context``) goes to DE ``de``: True if ``de`` keeps its context, which
+        it takes over; a copy on another DE is dropped."""
+        where = self.on.get(context)
+        if where == de and hit <= self.kept[de][context] * BLOCK_TOKENS:
+            if hit:
+                self._observe(HitFound(rid, context, HBM, hit, 0))
+            blocks = self.kept[de].pop(context)
+            del self.on[context]
+            self.kept_bytes[de] -= blocks * self.block_bytes
+            self._observe(KvTaken(HBM, context, blocks))
+            return True
+        if where is not None:
+            self.drop(context)
+        if hit:
+            self._observe(HitFound(rid, context, HBM, 0, hit))
+        return False
+
+    def drop(self, context: int) -> None:
+        """Drop ``context``'s kept KV, if any DE keeps it."""
+        de = self.on.pop(context, None)
+        if de is not None:
+            blocks = self.kept[de].pop(context)
+            self.kept_bytes[de] -= blocks * self.block_bytes
+            self._observe(KvEvicted(HBM, context, 0, blocks))
+
+    def drop_engines(self, engines: Container[int]) -> None:
+        """These DEs lost their HBM (their engine crashed or was started again): what they kept is gone."""
+        for de in [de for de in self.kept if de in engines]:
+            for context in list(self.kept[de]):
+                self.drop(context)
+
+
+class _NodeOf(Mapping[int, int]):
+    """A read-only view of a context -> DE mapping as context -> the DE's node."""
+
+    __slots__ = ("_on", "_gpus")
+
+    def __init__(self, on: Mapping[int, int], gpus: int) -> None:
+        self._on, self._gpus = on, gpus
+
+    def __getitem__(self, context: int) -> int:
+        return self._on[context] // self._gpus
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._on)
+
+    def __len__(self) -> int:
+        return len(self._on)

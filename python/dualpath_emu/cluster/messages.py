@@ -74,6 +74,8 @@ class PrefillTask(Message):
     context: int
     pooled: tuple[int, ...] = ()
     """Where the DRAM pool holds the hit's start: ``node, tokens`` pairs, flat (:attr:`Request.pooled`)."""
+    kept: bool = False
+    """The hit is in the DE's HBM, kept from the context's last turn: the PE loads it from there, nothing is read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,8 @@ class DecodeTask(Message):
     context: int
     pooled: tuple[int, ...] = ()
     """As :attr:`PrefillTask.pooled`."""
+    kept: bool = False
+    """As :attr:`PrefillTask.kept`: the DE's buffer and H2D carry the new tokens' KV only."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,10 @@ import numpy
 
 from dualpath_emu.cluster.observations import (
     MEASUREMENTS, Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitFound, HitRead, KvEvicted,
-    KvStored, KvTier, PrefillChosen, PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
+    KvStored, KvTaken, KvTier, PrefillChosen, PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
 )  # fmt: skip
 from dualpath_emu.cluster.config import BLOCK_TOKENS
-from dualpath_emu.cluster.kv_cache import POOL, STORE
+from dualpath_emu.cluster.kv_cache import HBM, POOL, STORE
 from dualpath_emu.runtime.engine import Watch
 
 __all__ = ["BusyTime", "KvTierStats", "Metrics", "Percentiles", "percentiles", "quantile"]
@@ -189,6 +189,8 @@ class KvTierStats:
     stored_blocks: int = 0
     evicted_blocks: int = 0
     evictions: int = 0
+    taken_blocks: int = 0
+    """Blocks handed over to a running request (decode HBM kept across turns: the next turn on the same GPU)."""
     asked_tokens: int = 0
     """Hit tokens requests asked of it (their context so far) and, of those, ``found_tokens``; the rest recomputed."""
     found_tokens: int = 0
@@ -210,7 +212,8 @@ class KvTierStats:
         lacks is computed again; what the DRAM pool lacks is read from storage (``missed_tokens``)."""
         b = self.block_bytes
         missed = "recomputed_tokens" if self.tier == STORE else "missed_tokens"
-        return {
+        taken = {"taken_bytes": self.taken_blocks * b} if self.tier == HBM else {}
+        return {**taken,
             "capacity_bytes": self.capacity_bytes, "peak_bytes": self.peak_blocks * b, "end_bytes": self.held_blocks * b,
             "stored_bytes": self.stored_blocks * b, "evicted_bytes": self.evicted_blocks * b,
             "evictions": self.evictions, "hit_tokens_asked": self.asked_tokens, "hit_tokens_found": self.found_tokens,
@@ -311,7 +314,7 @@ class Metrics:
             Completion: self._completion, Failed: self._failed, Redispatched: self._redispatched,
             ReadRerouted: self._read_rerouted, ForwardPass: self._forward_pass, PrefillPass: self._prefill_pass,
             DecodeSegment: self._decode_segment, KvTier: self._kv_tier, KvStored: self._kv_stored,
-            KvEvicted: self._kv_evicted, HitFound: self._hit_found,
+            KvEvicted: self._kv_evicted, KvTaken: self._kv_taken, HitFound: self._hit_found,
         }, MEASUREMENTS)  # fmt: skip
 
     def _arrival(self, t_ns: int, r: Arrival) -> None:
@@ -384,11 +387,18 @@ class Metrics:
         tier.evicted_blocks += r.blocks
         tier.evictions += 1
 
+    def _kv_taken(self, t_ns: int, r: KvTaken) -> None:
+        tier = self.kv[r.tier]
+        tier.held(t_ns, -r.blocks)
+        tier.taken_blocks += r.blocks
+
     def _hit_found(self, t_ns: int, r: HitFound) -> None:
         tier = self.kv[r.tier]
         tier.asked_tokens += r.tokens + r.recomputed
         tier.found_tokens += r.tokens
         rid = r.rid
+        if r.tier == HBM:  # decode HBM kept across turns: where a hit was loaded from, not whether it was found
+            return
         if r.tier != STORE:  # the DRAM pool, asked first: an unbounded store holds what it lacks
             if STORE in self.kv:
                 self.hit[rid], self.recomputed[rid] = r.tokens, r.recomputed

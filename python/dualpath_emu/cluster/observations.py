@@ -10,7 +10,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 
 __all__ = [
     "Admitted", "Arrival", "Assigned", "Completion", "DecodeSegment", "Ended", "Failed", "FaultChanged", "FaultPlanned", "ForwardPass",
-    "HitFound", "HitRead", "KvEvicted", "KvStored", "KvTier", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
+    "HitFound", "HitRead", "KvEvicted", "KvStored", "KvTaken", "KvTier", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
     "PrefillChosen", "PrefillPass", "PrefillStarted", "Prefilled", "ReadRerouted", "ReadStarted", "Redispatched",
     "WorkloadEnded", "from_wire", "parse", "to_wire",
 ]  # fmt: skip
@@ -196,6 +196,22 @@ class KvEvicted(NamedTuple):
     tier: str
     context: int
     first: int
+    blocks: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class KvTaken(NamedTuple):
+    """Tier ``tier``'s ``blocks`` blocks of ``context`` became a running request's KV (decode HBM kept across turns,
+    taken over by the context's next turn on the same GPU): the tier holds none of it any more."""
+
+    tier: str
+    context: int
     blocks: int
 
     @property
@@ -410,7 +426,7 @@ class WorkloadEnded(NamedTuple):
 
 
 Observation: TypeAlias = (Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
-                          | FaultChanged | Failed | Redispatched | KvTier | KvStored | KvEvicted | HitFound)  # fmt: skip
+                          | FaultChanged | Failed | Redispatched | KvTier | KvStored | KvEvicted | KvTaken | HitFound)  # fmt: skip
 """What the event log keeps."""
 Measurement: TypeAlias = (Arrival | Completion | PrefillChosen | ReadStarted | ReadRerouted | PrefillStarted
                           | ForwardPass | PrefillPass | DecodeSegment | FaultPlanned | WorkloadEnded)  # fmt: skip
@@ -421,7 +437,7 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     Prefilled: ("prefilled", "r%s"), Ended: ("end", "r%s"), PoolCapacity: ("capacity", "%s %s"),
     PoolTake: ("take", "%s %s %s"), PoolGive: ("give", "%s %s %s"), FaultChanged: ("fault", "%s %s %s x%r +%sns"),
     Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"), KvTier: ("kv_tier", "%s %s %s"),
-    KvStored: ("kv_store", "%s c%s %s+%s"), KvEvicted: ("kv_evict", "%s c%s %s+%s"),
+    KvStored: ("kv_store", "%s c%s %s+%s"), KvEvicted: ("kv_evict", "%s c%s %s+%s"), KvTaken: ("kv_take", "%s c%s %s"),
     HitFound: ("hit", "r%s c%s %s %s -%s"),
 }  # fmt: skip
 _FORMATS.update({
@@ -503,6 +519,8 @@ def parse(kind: str, summary: str) -> Observation:
         if kind in ("kv_store", "kv_evict") and len(words) == 3 and words[1].startswith("c") and "+" in words[2]:
             first, blocks = words[2].split("+")
             return (KvStored if kind == "kv_store" else KvEvicted)(words[0], int(words[1][1:]), int(first), int(blocks))
+        if kind == "kv_take" and len(words) == 3 and words[1].startswith("c"):
+            return KvTaken(words[0], int(words[1][1:]), int(words[2]))
         if kind == "hit" and len(words) == 5 and words[1].startswith("c") and words[4].startswith("-"):
             return HitFound(_rid(words[0]), int(words[1][1:]), words[2], int(words[3]), int(words[4][1:]))
         if kind in ("take", "give"):

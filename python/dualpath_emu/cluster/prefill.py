@@ -41,10 +41,13 @@ class _PrefillItem:
     """A read moved here had started on the decode side (which observed its start)."""
     dropped: bool = False  # The scheduler dropped it (its decode engine crashed) while a forward pass had it.
     pooled: tuple[int, ...] = ()  # Where the DRAM pool holds the hit's start (PrefillTask.pooled).
+    kept: bool = False  # The hit is in the DE's HBM, kept from the last turn: loaded from there (PrefillTask.kept).
 
     @property
     def stored(self) -> int:
-        """Hit tokens read from storage (a read queue's count): those the DRAM pool does not hold."""
+        """Hit tokens read from storage (a read queue's count): those the DRAM pool does not hold (none when kept)."""
+        if self.kept:
+            return 0
         return self.hit - sum(self.pooled[1::2]) if self.pooled else self.hit
 
     @property
@@ -98,8 +101,8 @@ class PrefillGroup(EngineGroup):
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
         if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
-            self._lose([(t.rid, t.pe_node, self._pending_read(t.hit - sum(t.pooled[1::2]), t.read_on_de, False))
-                        for t in msg.tasks], "down")  # fmt: skip
+            self._lose([(t.rid, t.pe_node, self._pending_read(0 if t.kept else t.hit - sum(t.pooled[1::2]),
+                                                              t.read_on_de, False)) for t in msg.tasks], "down")  # fmt: skip
             return
         for task in msg.tasks:
             self._add(now, task)
@@ -162,7 +165,7 @@ class PrefillGroup(EngineGroup):
 
     def _add(self, now: int, msg: PrefillTask) -> None:
         item = _PrefillItem(msg.rid, msg.hit, msg.prompt - msg.hit, msg.context, de_node=msg.de_node,
-                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de, pooled=msg.pooled)  # fmt: skip
+                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de, pooled=msg.pooled, kept=msg.kept)  # fmt: skip
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
@@ -380,7 +383,8 @@ class PrefillGroup(EngineGroup):
                 if system.layerwise:
                     load = None
                     if item.done_new == 0 and item.hit > 0:  # the hit KV streams in with the first chunk
-                        path = (topo.buffer_to_gpu(item.de_node, item.de_gpu, node, gpu) if item.read_on_de
+                        path = (topo.gpu_to_gpu(item.de_node, item.de_gpu, node, gpu) if item.kept
+                                else topo.buffer_to_gpu(item.de_node, item.de_gpu, node, gpu) if item.read_on_de
                                 else topo.h2d(node, gpu))  # fmt: skip
                         load = (path, KV_LANE, item.hit * self._kv // stages)
                     # The DE needs the full KV (PE-read) or the miss only (DE-read, it holds the hit).

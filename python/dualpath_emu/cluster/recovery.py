@@ -122,6 +122,8 @@ class CrashRecovery:
         nodes = [n for n, name in (*self.s._pe_group.items(), *self.s._de_group.items()) if name == group]
         for node in nodes:
             self.s.read_q[node] = 0
+            if node in self.s._de:
+                self._hbm_lost(node)
         for rid, waiting in list(self._recovering.items()):
             if group in waiting:
                 waiting.discard(group)
@@ -307,6 +309,12 @@ class CrashRecovery:
         self.s.out.observe(Redispatched(rid, attempt, lost_by))
         self.s.prefill_queue.appendleft(self.s.requests[rid])
 
+    def _hbm_lost(self, node: int) -> None:
+        """Decode node ``node``'s engines lost their HBM: what they kept across turns is gone."""
+        retention, gpus = self.s.retention, self.s._gpus
+        if retention is not None:
+            retention.drop_engines(range(node * gpus, (node + 1) * gpus))
+
     def engine_down(self, now: int, group: str) -> None:
         """Group ``group`` crashed: no fetches until back, down to policies, its unsent requests taken back."""
         self.s._down.add(group)
@@ -319,6 +327,7 @@ class CrashRecovery:
                 self._dispatch_again(now, rid, group)
         else:
             node = group_id.node
+            self._hbm_lost(node)
             queue = self.s.private.pop(node)
             del self.s.group_loads[node]
             self.s.decode_queue.extendleft(reversed(queue))  # not sent there yet: routed again

@@ -647,7 +647,8 @@ def kv_lines(results: dict[str, SystemResult]) -> list[str]:
     for name, result in results.items():
         for tier, kv in result.extra.get("kv", {}).items():
             lacked = (f"{kv['recomputed_tokens']:,} computed again" if "recomputed_tokens" in kv
-                      else f"{kv['missed_tokens']:,} read from storage")  # fmt: skip
+                      else f"{kv['missed_tokens']:,} read from storage" if tier == "pool"
+                      else f"{kv['missed_tokens']:,} read from the pool or storage")  # fmt: skip
             lines.append(
                 f"{name}: {tier} of {kv['capacity_bytes'] / 1e9:,.1f} GB (peak {kv['peak_bytes'] / 1e9:,.1f}): found "
                 f"{kv['found_rate']:.1%} of the hit tokens asked, {lacked}; "

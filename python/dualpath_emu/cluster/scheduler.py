@@ -5,7 +5,7 @@ decides."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -13,7 +13,7 @@ from types import MappingProxyType
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
-from dualpath_emu.cluster.kv_cache import POOL, STORE, KvIndex
+from dualpath_emu.cluster.kv_cache import POOL, STORE, HbmRetention, KvIndex
 from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
     Submit, TurnsEnded,
@@ -28,6 +28,8 @@ from dualpath_emu.cluster.recovery import CrashRecovery
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on
 
 __all__ = ["Scheduler"]
+
+_NONE: Mapping[int, int] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -112,6 +114,9 @@ class Scheduler(ClusterEngine):
         self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True)
                      if system.pool or system.name in pool.systems else None)  # fmt: skip
         """Which Full Blocks of each context the nodes' DRAM pool holds, and where, if the system keeps KV in one."""
+        self.retention = (HbmRetention(sum(len(e) for e in self._de.values()), gpus, hbm, BLOCK_TOKENS * self._kv,
+                                       out.observe) if system.retain else None)  # fmt: skip
+        """Which contexts the decode GPUs keep in HBM across turns, if the system retains KV."""
         self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
@@ -168,6 +173,8 @@ class Scheduler(ClusterEngine):
             hbm = (turn.prompt + turn.gen) * self._kv
             hit = turn.hit
             pooled: tuple[tuple[int, int], ...] = ()
+            if turn.last and self.retention is not None:
+                self._last.add(turn.rid)
             if kv is not None or pool is not None:  # the hit is what a tier still holds; the rest is computed again
                 context, blocks = turn.context, (turn.prompt + turn.gen) // BLOCK_TOKENS
                 in_pool = 0
@@ -253,7 +260,8 @@ class Scheduler(ClusterEngine):
         if queue and self.private:  # (every decode group crashed: the queue waits for one to be back)
             given, loads = self._group_given, self.group_loads
             groups = tuple(GroupState(node, load, given.get(node, 0)) for node, load in loads.items())
-            view = RouteView(QueueView(queue), groups, self._health, self._stamp)
+            kept = self.retention.node_view if self.retention is not None else _NONE
+            view = RouteView(QueueView(queue), groups, self._health, self._stamp, kept)
             routes = check_routes(self.policy, self.policy.route_decode(view), view)
             _take(queue, [r.request for r in routes])
             decode_tokens = self.policy.decode_tokens
@@ -269,7 +277,9 @@ class Scheduler(ClusterEngine):
         queue = self.private[node]
         if not queue:
             return 0, False
-        view = DecodeView(node, QueueView(queue), tuple(self._de[node]), self._health)
+        retention = self.retention
+        view = DecodeView(node, QueueView(queue), tuple(self._de[node]), self._health,
+                          retention.on_view if retention is not None else _NONE)  # fmt: skip
         policy = self.policy
         assigned = check_decode(policy, policy.assign_decode(view), view)
         if not assigned:
@@ -285,12 +295,18 @@ class Scheduler(ClusterEngine):
             de = a.engine
             r = self.requests[a.request.id]
             rid = r.id
+            # (a hit a bounded store lost whole is computed again even if the DE kept it: its tokens are new now)
+            kept = retention is not None and retention.take(rid, r.context, r.hit_tokens, de) and r.hit_tokens > 0
             self._de_load(de, decode_tokens(r), 1, r.hbm_bytes)
             pe = pe_of[rid]
             pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, de % gpus
+            if retention is not None:  # what it keeps must leave the running requests their HBM
+                retention.make_room(de, self._de[node][de_gpu].free_hbm_bytes)
             de_of[rid] = de
             read_on_de = False
-            if not oracle and r.hit_tokens > 0:
+            if kept:
+                read_on_de = True  # its hit is in the DE's HBM: nothing to read
+            elif not oracle and r.hit_tokens > 0:
                 read = ReadView(r, pe_node, node, self._read_q_view, self._health)
                 side = policy.read_side(read)
                 check_read_side(policy, side, read, self._dual_path)
@@ -299,7 +315,12 @@ class Scheduler(ClusterEngine):
                 read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
-            if r.pooled:
+            if kept:
+                task = PrefillTask(
+                    rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, (), True
+                )
+                expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, (), True))
+            elif r.pooled:
                 pooled = tuple(x for run in r.pooled for x in run)
                 task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled)
                 expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, pooled))
@@ -361,8 +382,13 @@ class Scheduler(ClusterEngine):
             else:
                 request = self.requests.pop(rid)
             de = self.de_of.pop(rid)
+            last = rid in self._last
             self._kv_ended(now, request, done=True, node=de // self._gpus)
             nodes.add(self._free_de(request, de))
+            if self.retention is not None and not last:  # its KV stays in the DE's HBM while there is room
+                node, gpu = divmod(de, self._gpus)
+                tokens = request.prompt_tokens + request.gen_tokens
+                self.retention.keep(request.context, tokens, de, self._de[node][gpu].free_hbm_bytes)
         for node in sorted(nodes):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
@@ -370,18 +396,18 @@ class Scheduler(ClusterEngine):
     # --- where the KV lives (a bounded store) --------------------------------------------------------------
 
     def start(self, now_ns: int) -> None:
-        for tier in (self.pool, self.kv):
+        for tier in (self.retention, self.pool, self.kv):
             if tier is not None:
                 tier.start()
 
     def _kv_ended(self, now: int, request: Request, done: bool, node: int = -1) -> None:
         """``request`` ended (``done``: with all its tokens, its context's KV complete: held as the tiers can; the
         DRAM pool's on ``node``, the decode node that wrote it, if known)."""
+        last = request.id in self._last
+        self._last.discard(request.id)
         if self.kv is None and self.pool is None:
             return
         context = request.context
-        last = request.id in self._last
-        self._last.discard(request.id)
         blocks = (request.prompt_tokens + request.gen_tokens) // BLOCK_TOKENS
         for tier in (self.pool, self.kv):
             if tier is None:

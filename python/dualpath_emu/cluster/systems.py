@@ -36,10 +36,16 @@ class System:
     pool: bool = False
     """KV is kept in the nodes' DRAM pool (``[kv.pool]``, docs/kv-cache.md) as well as in storage, and a hit is read
     from the pool where it holds it (SGL(MC)'s Mooncake store, §7.1)."""
+    retain: bool = False
+    """Decode GPUs keep a context's KV in HBM after its turn while their running requests do not need the room; the
+    context's next turn given the same DE loads its hit from there (docs/kv-cache.md). Needs ``layerwise``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or NAME_PATTERN.fullmatch(self.name) is None:
             raise ValueError(f"System.name: expected 1-64 letters, digits and _.+- (not first), got {self.name!r:.80}")
+        if self.retain and not self.layerwise:
+            raise ValueError(f"System {self.name!r}: retain needs layerwise (the prefill loads a kept hit layer by "
+                             "layer from the decode GPU's HBM)")  # fmt: skip
         scheduler = self.scheduler
         if isinstance(scheduler, type) and issubclass(scheduler, Policy):
             if inspect.isabstract(scheduler):
@@ -71,6 +77,8 @@ SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
                    "dualpath", oracle=True),
             System("sglmc", "SGL(MC): a Mooncake DRAM pool over storage, PE-read only, layerwise, round-robin (§7.1)",
                    True, False, "round_robin", pool=True),
+            System("dualpath+retention", "DualPath whose decode GPUs keep a session's KV in HBM across turns, its "
+                   "next turn sent there (session affinity)", True, True, "dualpath_affinity", retain=True),
         )
     }
 )  # fmt: skip
@@ -100,10 +108,11 @@ SYSTEM_COLORS: Final[Mapping[str, str]] = MappingProxyType({
     "dualpath": "tab:red",
     "oracle": "tab:gray",
     "sglmc": "tab:green",
+    "dualpath+retention": "tab:brown",
 })  # fmt: skip
 """The built-in systems' colours in every plot (``run --out``, ``sweep``, ``reproduce``)."""
 
-_OTHER_COLORS: Final = ("tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "gold", "navy", "teal")
+_OTHER_COLORS: Final = ("tab:pink", "tab:olive", "tab:cyan", "gold", "navy", "teal", "darkviolet", "lime")
 
 
 def system_colours(names: Iterable[str]) -> dict[str, str]:

@@ -74,19 +74,24 @@ def prefill_views(draw: st.DrawFn, max_queue: int = 12, max_nodes: int = 3, max_
 
 @st.composite
 def route_views(draw: st.DrawFn, max_queue: int = 12, max_groups: int = 4) -> RouteView:
-    """Phase 1: requests that have a PE, and the decode groups (nodes 10, 11, ...) with their loads."""
+    """Phase 1: requests that have a PE, and the decode groups (nodes 10, 11, ...) with their loads; some requests'
+    contexts kept in HBM on a group's node (or on a node that is down)."""
     groups = tuple(GroupState(10 + g, draw(st.integers(0, 500_000)), draw(st.integers(0, 50)))
                    for g in range(draw(st.integers(1, max_groups))))  # fmt: skip
-    return RouteView(_queue(draw, max_queue), groups, Health(), max(g.given for g in groups))
+    queue = _queue(draw, max_queue)
+    kept = {r.context: draw(st.integers(10, 10 + len(groups))) for r in queue if draw(st.booleans())}
+    return RouteView(queue, groups, Health(), max(g.given for g in groups), kept)
 
 
 @st.composite
 def decode_views(draw: st.DrawFn, max_queue: int = 8, max_gpus: int = 4) -> DecodeView:
-    """Phase 2: a decode group's private queue and its DEs (node 10), HBM often tight."""
+    """Phase 2: a decode group's private queue and its DEs (node 10), HBM often tight; some requests' contexts
+    kept in HBM on one of them (or on a DE of another group)."""
     gpus = draw(st.integers(1, max_gpus))
-    return DecodeView(
-        10, _queue(draw, max_queue), tuple(draw(engine_states(80 + g, 10, decode=True)) for g in range(gpus))
-    )
+    queue = _queue(draw, max_queue)
+    kept = {r.context: draw(st.integers(80, 80 + gpus)) for r in queue if draw(st.booleans())}
+    return DecodeView(10, queue, tuple(draw(engine_states(80 + g, 10, decode=True)) for g in range(gpus)),
+                      Health(), kept)  # fmt: skip
 
 
 @st.composite

@@ -12,7 +12,7 @@ from typing import Final
 
 from dualpath_emu.cluster.policies.base import Policy
 from dualpath_emu.cluster.policies.checks import PolicyError, check_decode, check_prefill, check_read_side, check_routes
-from dualpath_emu.cluster.policies.dualpath import DE_HIGH_TOKEN_FACTOR, DualPathPolicy
+from dualpath_emu.cluster.policies.dualpath import DE_HIGH_TOKEN_FACTOR, AffinityPolicy, DualPathPolicy
 from dualpath_emu.cluster.policies.round_robin import RoundRobinPolicy
 from dualpath_emu.cluster.policies.view import (
     DecodeAssignment, DecodeRoute, DecodeView, EngineState, GroupState, Health, PrefillAssignment, PrefillView,
@@ -20,13 +20,13 @@ from dualpath_emu.cluster.policies.view import (
 )  # fmt: skip
 
 __all__ = [
-    "DE_HIGH_TOKEN_FACTOR", "POLICIES", "DecodeAssignment", "DecodeRoute", "DecodeView", "DualPathPolicy",
+    "DE_HIGH_TOKEN_FACTOR", "POLICIES", "AffinityPolicy", "DecodeAssignment", "DecodeRoute", "DecodeView", "DualPathPolicy",
     "EngineState", "GroupState", "Health", "Policy", "PolicyError", "PrefillAssignment", "PrefillView", "QueueView",
     "ReadSide", "ReadView", "Request", "RoundRobinPolicy", "RouteView", "check_decode", "check_prefill",
     "check_read_side", "check_routes",
 ]  # fmt: skip
 
 POLICIES: Final[Mapping[str, type[Policy]]] = MappingProxyType(
-    {"dualpath": DualPathPolicy, "round_robin": RoundRobinPolicy}
+    {"dualpath": DualPathPolicy, "round_robin": RoundRobinPolicy, "dualpath_affinity": AffinityPolicy}
 )
 """The built-in policies by the name a :class:`~dualpath_emu.cluster.systems.System`'s ``scheduler`` gives."""

@@ -27,9 +27,11 @@ from operator import attrgetter
 from typing import ClassVar, Final
 
 from dualpath_emu.cluster.policies.base import Policy
-from dualpath_emu.cluster.policies.view import DecodeAssignment, DecodeView, PrefillAssignment, PrefillView
+from dualpath_emu.cluster.policies.view import (
+    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, RouteView,
+)  # fmt: skip
 
-__all__ = ["DE_HIGH_TOKEN_FACTOR", "DualPathPolicy"]
+__all__ = ["DE_HIGH_TOKEN_FACTOR", "AffinityPolicy", "DualPathPolicy"]
 
 DE_HIGH_TOKEN_FACTOR: Final = 1.05  # The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper).
 
@@ -54,6 +56,9 @@ class DualPathPolicy(Policy):
     beta_tokens: int = 0
     read_both_sides: bool = True
     high_token_factor: float = DE_HIGH_TOKEN_FACTOR
+    affinity: bool = False
+    """Session affinity: a request whose context a decode GPU keeps in HBM goes to that GPU's group and, if it has
+    room, to that GPU (:class:`AffinityPolicy`)."""
     promises: ClassVar[frozenset[str]] = frozenset({"fifo", "overload", "read_side", "high_water"})
 
     def assign_prefill(self, view: PrefillView) -> Sequence[PrefillAssignment]:
@@ -101,9 +106,19 @@ class DualPathPolicy(Policy):
         z = self.high_token_factor * (fitting_tokens + sum(e.tok for e in engines)) / len(engines)
         # (tok, seq, free HBM, id) of each DE as this call's assignments leave it.
         state = [[e.tok, e.seq, e.free_hbm_bytes, e.id] for e in engines]
+        kept = view.kept if self.affinity else None
+        by_id = {e[3]: e for e in state} if kept else {}
         out: list[DecodeAssignment] = []
         for request in view.queue:
             tokens, need = self.decode_tokens(request), request.hbm_bytes
+            if kept:  # the DE that keeps its KV, if it has room
+                mine = by_id.get(kept.get(request.context, -1))
+                if mine is not None and mine[2] >= need:
+                    mine[0] += tokens
+                    mine[1] += 1
+                    mine[2] -= need
+                    out.append(DecodeAssignment(request, mine[3]))
+                    continue
             # Among the DEs with room, the least (seq, tok, id) of those staying at or below Z, else the least
             # (tok, id) of all: one pass (the keys end in the unique id, so the choice is that of min).
             low: list[int] | None = None
@@ -122,4 +137,30 @@ class DualPathPolicy(Policy):
             chosen[1] += 1
             chosen[2] -= need
             out.append(DecodeAssignment(request, chosen[3]))
+        return out
+
+
+@dataclass
+class AffinityPolicy(DualPathPolicy):
+    """DualPath's scheduler with session affinity (decode-side retention, ``dualpath+retention``): a request whose
+    context a decode GPU keeps in HBM is routed to that GPU's group and given that GPU when it has room, whatever the
+    loads (so the high-water rule is not promised); the rest as DualPath's."""
+
+    affinity: bool = True
+    promises: ClassVar[frozenset[str]] = frozenset({"fifo", "overload", "read_side"})
+
+    def route_decode(self, view: RouteView) -> Sequence[DecodeRoute]:
+        if not view.kept:
+            return super().route_decode(view)
+        loads = {g.node: [g.load, g.given] for g in view.groups}  # the least (load, given, node) for the rest
+        stamp, kept = view.stamp, view.kept
+        out: list[DecodeRoute] = []
+        for request in view.queue:
+            target = kept.get(request.context, -1)
+            if target not in loads:
+                target = min(loads, key=lambda node: (loads[node][0], loads[node][1], node))
+            stamp += 1
+            loads[target][0] += self.decode_tokens(request)
+            loads[target][1] = stamp
+            out.append(DecodeRoute(request, target))
         return out

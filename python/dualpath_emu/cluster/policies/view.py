@@ -153,6 +153,7 @@ class QueueView(Sequence[Request]):
 
 
 _NO_HEALTH = Health()
+_NONE_KEPT: Mapping[int, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,22 +172,27 @@ class PrefillView:
 @dataclass(frozen=True, slots=True)
 class RouteView:
     """Phase 1 of the DE selection (§6.2): requests that have a PE and wait for a decode group, oldest first, and the
-    decode groups that are up (node order)."""
+    decode groups that are up (node order); ``kept``: per context whose KV a decode GPU keeps in HBM across turns,
+    that GPU's node (empty unless the system retains KV)."""
 
     queue: Sequence[Request]
     groups: Sequence[GroupState]
     health: Health = field(default=_NO_HEALTH)
     stamp: int = 0
+    kept: Mapping[int, int] = field(default_factory=lambda: _NONE_KEPT)
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeView:
-    """Phase 2 for decode group ``group`` (a decode node): its private queue, oldest first, and its DEs."""
+    """Phase 2 for decode group ``group`` (a decode node): its private queue, oldest first, and its DEs; ``kept``: per
+    context whose KV a decode GPU keeps in HBM across turns, that DE's id (a request given it loads its hit from
+    there)."""
 
     group: int
     queue: Sequence[Request]
     engines: Sequence[EngineState]
     health: Health = field(default=_NO_HEALTH)
+    kept: Mapping[int, int] = field(default_factory=lambda: _NONE_KEPT)
 
 
 @dataclass(frozen=True, slots=True)
