@@ -365,3 +365,15 @@ def test_sglmc_reads_its_pool_live_as_in_virtual_time(tmp_path: Path) -> None:
     assert kv["hit_tokens_asked"] == expected["hit_tokens_asked"]
     assert abs(kv["found_rate"] - expected["found_rate"]) < 0.1, (kv, expected)
     assert result.snic_read_bytes["pe"] > 0 and result.snic_read_bytes["de"] == 0
+
+
+def test_retention_keeps_kv_in_decode_hbm_live_as_in_virtual_time(tmp_path: Path) -> None:
+    # What the decode GPUs keep is the scheduler's state; a kept hit crosses from the decode GPU's HBM to the
+    # prefill GPU layer by layer, and nothing is read from storage for it.
+    expected = run_system(small_config(), "dualpath+retention", work()).extra["kv"]["hbm"]
+    result = run_live(small_config(), SYSTEMS["dualpath+retention"], work(), run_dir=tmp_path / "run", options=LIVE)
+    kv = result.extra["kv"]["hbm"]
+    assert result.complete and result.turns == sum(len(t) for t in work())
+    assert kv["hit_tokens_asked"] == expected["hit_tokens_asked"] and kv["taken_bytes"] > 0
+    assert abs(kv["found_rate"] - expected["found_rate"]) < 0.1, (kv, expected)
+    assert sum(result.snic_read_bytes.values()) < (1 - kv["found_rate"] + 0.1) * kv["hit_tokens_asked"] * 19680

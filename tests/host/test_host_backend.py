@@ -455,3 +455,14 @@ def test_sglmc_reads_its_pool_over_the_byte_channel_and_storage_for_what_the_poo
     kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
     assert {"pool read", "storage read (PE)"} <= kinds and "storage read (DE)" not in kinds
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
+
+
+@pytest.mark.processes
+def test_retention_on_the_host_backend_moves_kept_hits_from_the_decode_process_as_real_bytes(tmp_path: Path) -> None:
+    virtual = run_system(config(), "dualpath+retention", work())
+    result = host_run(tmp_path, "dualpath+retention")
+    host, kv = result.extra["host"], result.extra["kv"]["hbm"]
+    assert result.complete and result.turns == virtual.turns and kv["taken_bytes"] > 0 and kv["found_rate"] > 0.5
+    assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
+    kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
+    assert "DE→PE" in kinds  # the kept hits, from the decode GPU's HBM into the prefill GPU's, layer by layer
