@@ -26,6 +26,7 @@ SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
         "toolwaits": "tool waits online: the working set and latency as agents wait between turns (§8.2)",
         "kvstore": "a bounded KV store under tool waits: hits found, recomputation and latency (§8.2)",
         "sglmc": "SGL(MC)'s DRAM pool against Basic and DualPath, at the paper's size and smaller (§7.1)",
+        "retention": "decode-side retention with session affinity against DualPath, over HBM headroom and tool waits",
         "faults": "a prefill node's storage NIC down and random fault schedules, Basic vs DualPath (the paper has none)",
         "calibrate": "fit the hardware parameters the paper does not give, on Basic and Oracle runs",
         "markdown": "the reports (NAME.json) as Markdown, for EVALUATION.md",
