@@ -5,10 +5,11 @@ The paper's runs send an agent's next turn the moment the previous one ends, and
 calls keep more agents alive at once, so their contexts must be kept for longer: the working set grows (``reproduce
 toolwaits``), and a store sized for the zero-wait working set drops KV that agents still come back for, whose tokens
 their next prefill computes again. Here DualPath on DS 660B 2P4D runs online at the paper's 0.45 APS for 1,500 emulated
-seconds (675 agents, each waiting a lognormal time of mean 0 or 30 s, sigma 1, before every turn after its first), first
-with an unbounded store, then with a store of 1× and 0.5× the zero-wait run's peak working set, evicting the least
-recently used context (``lru``) or a done agent's first (``tool_wait``). Reported: the peak working set, the share of
-the hit tokens the store still held at dispatch, the tokens computed again, the bytes evicted, TTFT, TPOT and the JCT.
+seconds (675 agents, each waiting a lognormal time of mean 0, 5 or 30 s, sigma 1, before every turn after its first),
+first with an unbounded store, then with a store of 1× and 0.5× the zero-wait run's peak working set, evicting the
+least recently used context (``lru``) or a done agent's first (``tool_wait``); and SGL(MC) with a DRAM pool of the same
+sizes over an unbounded store. Reported: the peak working set, the share of the hit tokens the store (or pool) still
+held at dispatch, the tokens computed again, the bytes evicted and read from storage, TTFT, TPOT and the JCT.
 
 ``--quick``: DS 660B on the storage-bound miniature, 0.5 APS over 200 s, agents' first 20 rounds."""
 
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from dualpath_emu.cluster.config import ClusterConfig, KvTierSpec
+from dualpath_emu.cluster.config import ClusterConfig, KvPoolSpec, KvTierSpec
 from dualpath_emu.reproduce import fig10, help_description
 from dualpath_emu.reproduce.common import Cell, CellResult, Report, deployment, experiment_main, run_cells
 from dualpath_emu.reproduce.plots import panels, save
@@ -28,7 +29,7 @@ from dualpath_emu.workload.waits import ToolWait
 
 __all__ = ["main"]
 
-WAITS_S: Final = (0.0, 30.0)
+WAITS_S: Final = (0.0, 5.0, 30.0)
 SIZES: Final = (1.0, 0.5)
 """Store capacities as fractions of the zero-wait, unbounded run's peak working set."""
 EVICTIONS: Final = ("lru", "tool_wait")
@@ -63,11 +64,24 @@ def bounded_cells(quick: bool, peak_bytes: float) -> list[Cell]:
     return out
 
 
+def pool_cells(quick: bool, peak_bytes: float) -> list[Cell]:
+    """SGL(MC) with a DRAM pool of :data:`SIZES` of ``peak_bytes`` (every node's together) over an unbounded store."""
+    out = []
+    for wait in WAITS_S:
+        config, rounds = base(quick, wait)
+        nodes = config.pe_nodes + config.de_nodes
+        for size in SIZES:
+            pool = KvPoolSpec(max(1, int(size * peak_bytes / nodes)))
+            out.append(Cell({"wait_s": wait, "store": f"pool {size:g}x", "eviction": "lru"},
+                            dataclasses.replace(config, kv_pool=pool), "sglmc", max_rounds=rounds))  # fmt: skip
+    return out
+
+
 def build(args: argparse.Namespace) -> Report:
     options = {"quiet": args.quiet, "cache": args.cache, "dask": args.dask}
     unbounded = run_cells(unbounded_cells(args.quick), args.jobs, **options)
     peak = next(r for r in unbounded if r.cell.labels["wait_s"] == 0.0).summary["working_set_bytes"]["max"]
-    bounded = run_cells(bounded_cells(args.quick, peak), args.jobs, **options)
+    bounded = run_cells(bounded_cells(args.quick, peak) + pool_cells(args.quick, peak), args.jobs, **options)
     results = unbounded + bounded
     rows = [_row(r) for r in results]
     found = {(r["wait_mean_s"], r["store"], r["eviction"]): r["hit_found"] for r in rows}
@@ -96,6 +110,13 @@ def build(args: argparse.Namespace) -> Report:
         "with 30 s waits, a store sized by zero-wait replay keeps the SLO edge at or below the zero-wait one": (
             0 < edges[(30.0, True)] <= edges[(0.0, False)]
         ),
+        "a DRAM pool sized by zero-wait replay holds fewer hits as agents wait longer": all(
+            found[(b, f"pool {size:g}x", "lru")] <= found[(a, f"pool {size:g}x", "lru")]
+            for size in SIZES for a, b in zip(WAITS_S, WAITS_S[1:])
+        ),
+        "a smaller pool holds fewer hits": all(
+            found[(w, "pool 0.5x", "lru")] <= found[(w, "pool 1x", "lru")] for w in WAITS_S
+        ),
     }
     notes = [
         f"Store sizes are fractions of the zero-wait unbounded run's peak working set ({peak / 1e9:,.1f} GB).",
@@ -104,6 +125,8 @@ def build(args: argparse.Namespace) -> Report:
         "over all prompt tokens.",
         "A store also holds done agents' contexts until it needs their room: 'lru' drops the least recently used "
         "context's tail, 'tool_wait' a done agent's first.",
+        "Rows 'pool Nx': SGL(MC) (sglmc) with a DRAM pool of that size (every node's together) over an unbounded "
+        "store; hit_found is the share of the hit tokens the pool held, the rest read from storage (storage_read_gb).",
         "The paper runs with zero wait and an unbounded store; these rows are the emulator's own (§8.2 asks).",
         "Rows with slo_edge_aps: DualPath's SLO edge (fig10's search and SLO: mean TTFT <= 4 s, TPOT <= 50 ms), "
         "the largest APS measured to meet it and the next, which misses it; the store stays at the size above "
@@ -125,14 +148,16 @@ def edge_searches(quick: bool, peak_bytes: float) -> list[fig10.Search]:
 
 def _row(r: CellResult) -> dict[str, Any]:
     s, labels = r.summary, r.cell.labels
-    kv = s.get("kv", {}).get("store")
-    recomputed = kv["recomputed_tokens"] if kv else 0
+    kv = s.get("kv", {}).get("store") or s.get("kv", {}).get("pool")
+    recomputed = kv.get("recomputed_tokens", 0) if kv else 0
+    read = s["snic_read_bytes"]
     return {
         "wait_mean_s": labels["wait_s"], "store": labels["store"], "eviction": labels["eviction"],
         "store_gb": round(kv["capacity_bytes"] / 1e9, 1) if kv else "",
         "working_set_max_gb": round(s["working_set_bytes"]["max"] / 1e9, 1),
         "hit_found": round(kv["found_rate"], 4) if kv else 1.0, "hit_rate": round(s["hit_rate"], 4),
         "recomputed_mtok": round(recomputed / 1e6, 2), "evicted_gb": round(kv["evicted_bytes"] / 1e9, 1) if kv else 0.0,
+        "storage_read_gb": round((read["pe"] + read["de"]) / 1e9, 1),
         "ttft_p50_s": round(s["ttft_s"]["p50"], 3), "ttft_p99_s": round(s["ttft_s"]["p99"], 3),
         "tpot_p50_ms": round(1e3 * s["tpot_s"]["p50"], 1), "jct_s": round(r.jct_s, 1), "slo_edge_aps": "",
     }  # fmt: skip
@@ -151,8 +176,12 @@ def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             label = f"{eviction}, wait {wait:g} s"
             left.plot(xs, [mine[size]["hit_found"] for size in sizes if size in mine], "o-", label=label)
             right.plot(xs, [mine[size]["ttft_p99_s"] for size in sizes if size in mine], "o-", label=label)
-    left.set_xlabel("store size (of the zero-wait peak)")
-    left.set_ylabel("hit tokens found in the store")
+    for wait in WAITS_S:  # SGL(MC)'s pool at the same sizes, over an unbounded store
+        pools = [row for row in rows if row["wait_mean_s"] == wait and row["store"].startswith("pool ")]
+        left.plot([row["store"][5:] for row in pools], [row["hit_found"] for row in pools], "s--",
+                  label=f"sglmc pool, wait {wait:g} s")  # fmt: skip
+    left.set_xlabel("store (or pool) size (of the zero-wait peak)")
+    left.set_ylabel("hit tokens found in the store (or pool)")
     right.set_xlabel("store size (of the zero-wait peak)")
     right.set_ylabel("TTFT p99 (s)")
     right.set_yscale("log")
