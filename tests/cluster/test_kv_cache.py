@@ -167,6 +167,9 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
     assert pool.find(5, 2, 9 * BLOCK_TOKENS, now_ns=5) == 7 * BLOCK_TOKENS and pool.blocks[2] == 7
     with pytest.raises(ValueError, match="without the node"):
         pool.store(2, 9, now_ns=6)
+    pool.placed(2, node=3)  # its decode engine is known: the blocks it writes are on node 3
+    assert pool.find(6, 2, 9 * BLOCK_TOKENS, now_ns=7) == 9 * BLOCK_TOKENS
+    assert pool.where(2, 9 * BLOCK_TOKENS) == ((0, 7 * BLOCK_TOKENS), (3, 2 * BLOCK_TOKENS))
     assert checked(seen) == []
 
 
@@ -191,7 +194,8 @@ def test_decode_hbm_keeps_a_context_until_its_room_is_needed_and_hands_it_to_the
     assert not hbm.on_view and checked(seen) == []
 
 
-def test_retention_with_affinity_loads_kept_hits_from_decode_hbm_and_reads_less_from_storage() -> None:
+@pytest.mark.fifo_only  # every later turn finds its KV only if its Submit never overtakes its last turn's end
+def test_retention_with_affinity_loads_every_kept_hit_from_decode_hbm_and_reads_nothing() -> None:
     trajectories = work(16, 5)
     plain = run_system(CONFIG, "dualpath", trajectories)
     kept = run_system(CONFIG, "dualpath+retention", trajectories)
@@ -200,8 +204,11 @@ def test_retention_with_affinity_loads_kept_hits_from_decode_hbm_and_reads_less_
     # Zero waits and room to spare: every later turn finds its KV on its DE, and nothing is read from storage.
     assert hbm["found_rate"] == 1.0 and hbm["taken_bytes"] > 0 and sum(kept.snic_read_bytes.values()) == 0
     assert kept.hit_rate == plain.hit_rate and sum(plain.snic_read_bytes.values()) > 0
-    # Little HBM to spare (most of it reserved, more agents): contexts are dropped for running requests and their
-    # next turns read their hits as DualPath does.
+
+
+def test_retention_with_little_hbm_to_spare_drops_kept_kv_and_reads_the_rest() -> None:
+    # Most of the HBM reserved, more agents: contexts are dropped for running requests and their next turns read
+    # their hits as DualPath does.
     tight, more = dataclasses.replace(CONFIG, de_hbm_reserve_fraction=0.99), work(48, 5)
     squeezed = run_system(tight, "dualpath+retention", more)
     hbm = squeezed.extra["kv"]["hbm"]

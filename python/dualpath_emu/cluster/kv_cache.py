@@ -218,6 +218,8 @@ class KvIndex:
         self._pins: Counter[int] = Counter()
         self._promised: dict[int, int] = {}
         """Per pinned context, the blocks its requests in flight will have when they end (written through as made)."""
+        self._promised_node: dict[int, int] = {}
+        """Per pinned context, the node its request in flight writes its blocks on, once known (:meth:`placed`)."""
         self._last_use: dict[int, int] = {}
         self._runs: dict[int, list[list[int]]] | None = {} if placed else None
         """``placed``: per context, where its blocks are, as ``[end block, node]`` runs in block order (a store
@@ -230,12 +232,13 @@ class KvIndex:
     def find(self, rid: int, context: int, hit: int, now_ns: int) -> int:
         """The tokens of request ``rid``'s hit of ``hit`` tokens of ``context`` held here (the rest is computed
         again); a use of the context. A request of the context still in flight here has written its blocks through
-        as it made them (its end may not have reached the scheduler yet, as in a live run): they are held first,
-        except by an index that places blocks (the DRAM pool holds a turn's blocks on its decode node once the
-        turn has ended; until then the store has them)."""
+        as it made them (its end may not have reached the scheduler yet, as in a live run): they are held first (by
+        an index that places blocks, once :meth:`placed` named their node)."""
         promised = self._promised.get(context, 0)
-        if promised > self.blocks.get(context, 0) and self._runs is None:  # (a pool places blocks as turns end)
-            self.store(context, promised, now_ns)
+        if promised > self.blocks.get(context, 0):
+            node = self._promised_node.get(context, -1)
+            if self._runs is None or node >= 0:  # (a pool holds them once it knows their node)
+                self.store(context, promised, now_ns, node=node)
         held = self.blocks.get(context, 0)
         found = hit if held >= hit // BLOCK_TOKENS else held * BLOCK_TOKENS  # a whole context: its partial block too
         if held:
@@ -250,12 +253,18 @@ class KvIndex:
         if blocks > self._promised.get(context, 0):
             self._promised[context] = blocks
 
+    def placed(self, context: int, node: int) -> None:
+        """The request of pinned ``context`` in flight writes its blocks on ``node`` (its decode node)."""
+        if context in self._pins:
+            self._promised_node[context] = node
+
     def unpin(self, context: int) -> None:
         pins = self._pins
         pins[context] -= 1
         if pins[context] <= 0:
             del pins[context]
             self._promised.pop(context, None)
+            self._promised_node.pop(context, None)
 
     def where(self, context: int, tokens: int) -> tuple[tuple[int, int], ...]:
         """Where the first ``tokens`` tokens of ``context`` (what :meth:`find` found) are: ``(node, tokens)`` per

@@ -300,6 +300,8 @@ class Scheduler(ClusterEngine):
             self._de_load(de, decode_tokens(r), 1, r.hbm_bytes)
             pe = pe_of[rid]
             pe_node, pe_gpu, de_gpu = pe // gpus, pe % gpus, de % gpus
+            if self.pool is not None:  # where this turn's blocks will be, should the next turn come first
+                self.pool.placed(r.context, node)
             if retention is not None:  # what it keeps must leave the running requests their HBM
                 retention.make_room(de, self._de[node][de_gpu].free_hbm_bytes)
             de_of[rid] = de

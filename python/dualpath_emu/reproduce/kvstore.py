@@ -112,7 +112,8 @@ def build(args: argparse.Namespace) -> Report:
         ),
         "a DRAM pool sized by zero-wait replay holds fewer hits as agents wait longer": all(
             found[(b, f"pool {size:g}x", "lru")] <= found[(a, f"pool {size:g}x", "lru")]
-            for size in SIZES for a, b in zip(WAITS_S, WAITS_S[1:])
+            for size in SIZES
+            for a, b in zip(WAITS_S, WAITS_S[1:])
         ),
         "a smaller pool holds fewer hits": all(
             found[(w, "pool 0.5x", "lru")] <= found[(w, "pool 1x", "lru")] for w in WAITS_S
