@@ -239,6 +239,28 @@ def test_any_retention_headroom_wait_store_and_crash_loses_no_request_and_holds_
     assert kv["hit_tokens_found"] + kv["missed_tokens"] == kv["hit_tokens_asked"]
 
 
+def test_a_scenario_gives_any_layerwise_system_decode_retention(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "cluster"\n[deployment]\nmodel = "ds27b"\npe_nodes = 1\nde_nodes = 1\nprefill_ep_nodes = 1\n'
+                    'decode_ep_nodes = 1\n[workload]\nagents = 8\nmax_rounds = 3\n[kv.hbm]\nsystems = ["dualpath"]\n')  # fmt: skip
+    assert main(["run", str(path), "--json", "--system", "dualpath,basic+layerwise+dualpath"]) == 0
+    systems = json.loads(capsys.readouterr().out)["systems"]
+    assert systems["dualpath"]["kv"]["hbm"]["found_rate"] > 0 and "kv" not in systems["basic+layerwise+dualpath"]
+    assert main(["run", str(path), "--system", "basic"]) == 0  # not named: nothing to check
+    capsys.readouterr()
+    path.write_text(path.read_text().replace('["dualpath"]', '["basic"]'))  # basic is one of the default systems
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "s.toml: key 'kv.hbm.systems': expected systems with layerwise prefill" in err and err.count("\n") == 1
+    path.write_text('systems = ["dualpath"]\n' + path.read_text())
+    assert main(["run", str(path), "--system", "basic"]) == 2
+    err = capsys.readouterr().err
+    assert "--system 'basic': it has no layerwise prefill, which keeping KV in decode HBM" in err
+    assert err.count("\n") == 1
+
+
 def pooled(config: Any = CONFIG, bytes_per_node: int = 10**13, **pool: Any) -> Any:
     return dataclasses.replace(config, kv_pool=KvPoolSpec(bytes_per_node, **pool))
 

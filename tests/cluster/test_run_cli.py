@@ -19,7 +19,7 @@ from rich.console import Console
 
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.catalog import TESTBED_NODE
-from dualpath_emu.cluster.config import ClusterConfig, KvPoolSpec, KvTierSpec
+from dualpath_emu.cluster.config import ClusterConfig, KvHbmSpec, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.outputs import CSV_COLUMNS
 from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.run import Progress, run_system
@@ -149,6 +149,8 @@ bytes_per_node = 2_000_000_000
 eviction = "ttl"
 ttl_s = 30.0
 systems = ["dualpath"]
+[kv.hbm]
+systems = ["dualpath"]
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4
@@ -203,7 +205,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
     default = ClusterConfig()
     for f in dataclasses.fields(ClusterConfig):
         value, base = getattr(scenario.config, f.name), getattr(default, f.name)
-        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec, KvPoolSpec)):
+        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec, KvPoolSpec, KvHbmSpec)):
             for sub in dataclasses.fields(base):
                 assert getattr(value, sub.name) != getattr(base, sub.name), f"{f.name}.{sub.name} has no key"
         else:

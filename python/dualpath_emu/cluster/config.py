@@ -15,7 +15,16 @@ from dualpath_emu.cluster.roofline import Roofline, RooflineParams
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.workload.waits import ToolWait
 
-__all__ = ["BLOCK_TOKENS", "POOL_BYTES_PER_NODE", "ClusterConfig", "Derived", "KvPoolSpec", "KvTierSpec", "derived"]
+__all__ = [
+    "BLOCK_TOKENS",
+    "POOL_BYTES_PER_NODE",
+    "ClusterConfig",
+    "Derived",
+    "KvHbmSpec",
+    "KvPoolSpec",
+    "KvTierSpec",
+    "derived",
+]
 
 BLOCK_TOKENS: Final = 64  # Tokens per Full Block (§4.1): storage reads and writes whole blocks.
 
@@ -56,6 +65,14 @@ class KvPoolSpec:
 
 
 @dataclass(frozen=True)
+class KvHbmSpec:
+    """Decode HBM kept across turns (``[kv.hbm]``): ``systems`` whose decode GPUs keep KV besides those that always
+    do (``System.retain``, as ``dualpath+retention``)."""
+
+    systems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """One deployment and workload. Defaults: the paper's DS 660B 2P4D offline setting on the 64K dataset."""
 
@@ -75,6 +92,8 @@ class ClusterConfig:
     """The storage cluster as a KV tier: unbounded by default (the paper's), else evicting (``[kv.store]``)."""
     kv_pool: KvPoolSpec = field(default_factory=KvPoolSpec)
     """The DRAM pool of the systems that keep KV in one (``[kv.pool]``; none by default)."""
+    kv_hbm: KvHbmSpec = field(default_factory=KvHbmSpec)
+    """Which systems' decode GPUs keep KV in HBM across turns besides those that always do (``[kv.hbm]``)."""
     prefill_roofline: RooflineParams = field(default_factory=RooflineParams)
     """The prefill engines' compute (:mod:`~dualpath_emu.cluster.roofline`; its speed and overhead calibrated)."""
     decode_roofline: RooflineParams = field(default_factory=RooflineParams)

@@ -23,7 +23,7 @@ from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, che
 from dualpath_emu.cluster.metrics import Metrics, percentiles
 from dualpath_emu.cluster.observations import LINE_FORMATS, FaultChanged, FaultPlanned, WorkloadEnded
 from dualpath_emu.cluster.policies import PolicyError
-from dualpath_emu.cluster.systems import System, built_in
+from dualpath_emu.cluster.systems import System, built_in, with_tiers
 from dualpath_emu.cluster.topology import KV_LANE, Topology, build_topology
 from dualpath_emu.cluster.trace import write_trace
 from dualpath_emu.cluster.faults import FaultWatch, fault_summary
@@ -188,6 +188,7 @@ def run_system(
         order_seed, message_delay_ns = config.order_seed, message_delay_ns or round(config.message_delay_s * 1e9)
     if isinstance(system, str):
         system = built_in(system)
+    system = with_tiers(system, config)
     system_name = system.name
     d = derived(config)
     interval_ns = max(1, round(sample_interval_s * 1e9))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
-from dualpath_emu.cluster.config import ClusterConfig, KvPoolSpec, KvTierSpec, derived
+from dualpath_emu.cluster.config import ClusterConfig, KvHbmSpec, KvPoolSpec, KvTierSpec, derived
 from dualpath_emu.cluster.kv_cache import EVICTIONS, Eviction
 from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
@@ -178,6 +178,9 @@ class ClusterScenario:
             loader = SystemLoader(Path.cwd(), "--system")
             names, custom = _check_systems(list(systems), "--system", loader, known=out.custom_systems)
             out = dataclasses.replace(out, systems=names, custom_systems=custom)
+            _check_retention(out, lambda name: ScenarioError(
+                f"--system {name!r}: it has no layerwise prefill, which keeping KV in decode HBM ([kv.hbm] systems) "
+                "needs"))  # fmt: skip
         if agents is not None:
             if not 1 <= agents <= LIMITS.max_agents:
                 raise ScenarioError(
@@ -317,6 +320,9 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     storage = _storage(storage_table, base.storage)
     kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
     kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent)
+    hbm_table = kv_table.table("hbm")
+    kv_hbm = KvHbmSpec(_system_names(hbm_table, "systems", base.kv_hbm.systems))
+    hbm_table.finish()
     kv_table.finish()
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)
     base = _scheduling(scheduling, base)
@@ -354,12 +360,18 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         decode_ep_nodes=decode_ep, storage=storage, prefill_roofline=prefill_roofline,
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer, faults=fault_plan,
-        order_seed=order_seed, message_delay_s=message_delay_s, kv_store=kv_store, kv_pool=kv_pool,
+        order_seed=order_seed, message_delay_s=message_delay_s, kv_store=kv_store, kv_pool=kv_pool, kv_hbm=kv_hbm,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
     scenario = ClusterScenario(name, config, systems, seed, trace, max_rounds, generator, top.source, custom, backend,
                                byte_scale, storage_dir, transfer_engine)  # fmt: skip
+    _check_retention(
+        scenario,
+        lambda name: hbm_table.error(
+            "systems", f"systems with layerwise prefill, which keeping KV in decode HBM needs ({name!r} has none)", name
+        ),
+    )
     _check_memory(
         scenario, lambda table, key, expected, got: (top if table == "top" else deployment).error(key, expected, got)
     )
@@ -447,12 +459,26 @@ def _kv_pool(t: Table, base: KvPoolSpec, folder: Path) -> KvPoolSpec:
     besides those that always keep KV in one."""
     per_node = t.get_int("bytes_per_node", base.bytes_per_node, min=1, max=LIMITS.max_kv_tier_bytes // LIMITS.max_nodes)
     eviction, ttl_s = _eviction(t, base.eviction, base.ttl_s, folder)
-    systems = t.get_str_list("systems", list(base.systems))
-    for name in systems:
-        if NAME_PATTERN.fullmatch(name) is None:
-            raise t.error("systems", "system names (1-64 letters, digits and _.+-)", name)
+    systems = _system_names(t, "systems", base.systems)
     t.finish()
-    return KvPoolSpec(per_node, eviction, ttl_s, tuple(systems))
+    return KvPoolSpec(per_node, eviction, ttl_s, systems)
+
+
+def _system_names(t: Table, key: str, default: Sequence[str]) -> tuple[str, ...]:
+    """A list of system names (``[kv.pool] systems``, ``[kv.hbm] systems``)."""
+    names = t.get_str_list(key, list(default))
+    for name in names:
+        if NAME_PATTERN.fullmatch(name) is None:
+            raise t.error(key, "system names (1-64 letters, digits and _.+-)", name)
+    return tuple(names)
+
+
+def _check_retention(scenario: ClusterScenario, error: Callable[[str], Exception]) -> None:
+    """Every system of ``scenario`` that keeps KV in decode HBM has layerwise prefill (:func:`with_tiers`)."""
+    for name in scenario.systems:
+        system = scenario.system(name)
+        if not system.layerwise and (system.retain or name in scenario.config.kv_hbm.systems):
+            raise error(name)
 
 
 def _eviction(t: Table, eviction: str, ttl_s: float, folder: Path) -> tuple[str, float]:

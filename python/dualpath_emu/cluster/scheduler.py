@@ -112,7 +112,7 @@ class Scheduler(ClusterEngine):
         """Which Full Blocks of each context the storage tier holds, if it is bounded (:mod:`.kv_cache`)."""
         pool, system = cluster.config.kv_pool, cluster.system
         self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True)
-                     if system.pool or system.name in pool.systems else None)  # fmt: skip
+                     if system.pool else None)  # fmt: skip
         """Which Full Blocks of each context the nodes' DRAM pool holds, and where, if the system keeps KV in one."""
         self.retention = (HbmRetention(sum(len(e) for e in self._de.values()), gpus, hbm, BLOCK_TOKENS * self._kv,
                                        out.observe) if system.retain else None)  # fmt: skip

@@ -5,17 +5,21 @@ object: no registry is global."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from dualpath_emu.cluster.policies import POLICIES, Policy
 
-__all__ = ["NAME_PATTERN", "SYSTEMS", "SYSTEM_COLORS", "System", "built_in", "system_colours"]
+if TYPE_CHECKING:
+    from dualpath_emu.cluster.config import ClusterConfig
+
+__all__ = ["NAME_PATTERN", "SYSTEMS", "SYSTEM_COLORS", "System", "built_in", "system_colours", "with_tiers"]
 
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 """What a system's name may be: it keys ``summary.json`` and names files (``trace-<name>.json``)."""
@@ -82,6 +86,16 @@ SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
         )
     }
 )  # fmt: skip
+
+
+def with_tiers(system: System, config: ClusterConfig) -> System:
+    """``system`` as ``config`` runs it: keeping KV in the DRAM pool, or in decode HBM across turns, if the scenario
+    names it in ``[kv.pool] systems`` or ``[kv.hbm] systems`` (a ``ValueError`` if it cannot retain)."""
+    pool = system.pool or system.name in config.kv_pool.systems
+    retain = system.retain or system.name in config.kv_hbm.systems
+    if (pool, retain) == (system.pool, system.retain):
+        return system
+    return dataclasses.replace(system, pool=pool, retain=retain)
 
 
 def built_in(name: str) -> System:

@@ -25,6 +25,7 @@ from dualpath_emu.cluster.messages import Start, cluster_registry
 from dualpath_emu.cluster.metrics import Metrics
 from dualpath_emu.cluster.observations import MEASUREMENTS, Arrival, Completion, WorkloadEnded, to_wire
 from dualpath_emu.cluster.run import SAMPLE_INTERVAL_S
+from dualpath_emu.cluster.systems import with_tiers
 from dualpath_emu.cluster.topology import Topology, build_topology
 from dualpath_emu.config import ScenarioError, Table
 from dualpath_emu.messages import MessageRegistry
@@ -126,7 +127,8 @@ class ClusterApplication(Application):
     def _context(self) -> Cluster:
         if self._cluster is None:
             policy = self.system.policy(self.derived.alpha_tokens, self.derived.beta_tokens)
-            self._cluster = Cluster(self.config, self.system, self.derived, self.topology, policy)
+            system = with_tiers(self.system, self.config)
+            self._cluster = Cluster(self.config, system, self.derived, self.topology, policy)
         return self._cluster
 
     def create_actor(self, system: ActorSystem, name: str, *, restarted: bool = False) -> Actor:
