@@ -191,6 +191,13 @@ def test_decode_hbm_keeps_a_context_until_its_room_is_needed_and_hands_it_to_the
     assert seen[-2:] == [KvEvicted("hbm", 2, 0, 4), HitFound(8, 2, "hbm", 0, 4 * BLOCK_TOKENS)]
     hbm.keep(5, BLOCK_TOKENS, de=1, room_bytes=10 * BLOCK)
     hbm.drop_engines(range(0, 2))  # node 0's engines crashed
+    assert not hbm.on_view
+    # A time to live drops a copy not taken over in time, not a later copy of the same context.
+    assert hbm.keep(6, BLOCK_TOKENS, de=2, room_bytes=10 * BLOCK, now_ns=100)
+    assert hbm.keep(6, 2 * BLOCK_TOKENS, de=3, room_bytes=10 * BLOCK, now_ns=200)
+    hbm.expire(6, kept_ns=100, now_ns=150)
+    assert dict(hbm.on_view) == {6: 3}
+    hbm.expire(6, kept_ns=200, now_ns=250)
     assert not hbm.on_view and checked(seen) == []
 
 
@@ -237,6 +244,18 @@ def test_any_retention_headroom_wait_store_and_crash_loses_no_request_and_holds_
     assert result.turns_done + result.failed_requests == result.turns
     assert kv["stored_bytes"] - kv["evicted_bytes"] - kv["taken_bytes"] == kv["end_bytes"]
     assert kv["hit_tokens_found"] + kv["missed_tokens"] == kv["hit_tokens_asked"]
+
+
+def test_a_time_to_live_shorter_than_the_tool_waits_drops_kept_kv_before_its_next_turn() -> None:
+    from dualpath_emu.cluster.config import KvHbmSpec
+    from dualpath_emu.workload.waits import ToolWait
+
+    config = dataclasses.replace(CONFIG, tool_wait=ToolWait("constant", 5.0))
+    kept = run_system(config, "dualpath+retention", work(16, 4)).extra["kv"]["hbm"]
+    short = run_system(dataclasses.replace(config, kv_hbm=KvHbmSpec(ttl_s=1.0)), "dualpath+retention", work(16, 4))
+    hbm = short.extra["kv"]["hbm"]
+    assert kept["found_rate"] == 1.0 and hbm["found_rate"] == 0.0 and hbm["evictions"] > 0
+    assert short.complete and sum(short.snic_read_bytes.values()) > 0
 
 
 def test_a_scenario_gives_any_layerwise_system_decode_retention(

@@ -151,6 +151,7 @@ ttl_s = 30.0
 systems = ["dualpath"]
 [kv.hbm]
 systems = ["dualpath"]
+ttl_s = 60.0
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4

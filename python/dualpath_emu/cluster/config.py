@@ -67,9 +67,11 @@ class KvPoolSpec:
 @dataclass(frozen=True)
 class KvHbmSpec:
     """Decode HBM kept across turns (``[kv.hbm]``): ``systems`` whose decode GPUs keep KV besides those that always
-    do (``System.retain``, as ``dualpath+retention``)."""
+    do (``System.retain``, as ``dualpath+retention``); ``ttl_s``: kept KV not taken over within this long is dropped
+    (0: kept until its room is needed)."""
 
     systems: tuple[str, ...] = ()
+    ttl_s: float = 0.0
 
 
 @dataclass(frozen=True)

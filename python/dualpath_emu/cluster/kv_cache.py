@@ -401,23 +401,32 @@ class HbmRetention:
         self.node_view: Mapping[int, int] = _NodeOf(self.on, gpus)
         """Per kept context, its DE's node (``RouteView.kept``)."""
         self.kept_bytes: Counter[int] = Counter()
+        self._kept_at: dict[int, int] = {}  # Per kept context, when it was kept (its time to live's start).
 
     def start(self) -> None:
         self._observe(KvTier(HBM, self.capacity, self.block_bytes))
 
-    def keep(self, context: int, tokens: int, de: int, room_bytes: int) -> None:
-        """A turn of ``context`` of ``tokens`` tokens ended on DE ``de``, which has ``room_bytes`` of HBM no running
-        request holds: keep its KV there if it fits, dropping that DE's least recently kept contexts as needed."""
+    def keep(self, context: int, tokens: int, de: int, room_bytes: int, now_ns: int = 0) -> bool:
+        """A turn of ``context`` of ``tokens`` tokens ended on DE ``de`` at ``now_ns``, which has ``room_bytes`` of HBM
+        no running request holds: keep its KV there if it fits, dropping that DE's least recently kept contexts as
+        needed; True if kept."""
         self.drop(context)
         blocks = -(-tokens // BLOCK_TOKENS)
         size = blocks * self.block_bytes
         if blocks == 0 or size > room_bytes:
-            return
+            return False
         self.make_room(de, room_bytes - size)
         self.kept.setdefault(de, OrderedDict())[context] = blocks
         self.on[context] = de
+        self._kept_at[context] = now_ns
         self.kept_bytes[de] += size
         self._observe(KvStored(HBM, context, 0, blocks))
+        return True
+
+    def expire(self, context: int, kept_ns: int, now_ns: int) -> None:
+        """A time to live of ``context``'s KV kept at ``kept_ns`` ran out at ``now_ns``: drop it if it is that copy."""
+        if self._kept_at.get(context) == kept_ns:
+            self.drop(context)
 
     def make_room(self, de: int, room_bytes: int) -> None:
         """DE ``de`` may keep no more than ``room_bytes``: drop its least recently kept contexts until it does."""
@@ -434,6 +443,7 @@ class HbmRetention:
                 self._observe(HitFound(rid, context, HBM, hit, 0))
             blocks = self.kept[de].pop(context)
             del self.on[context]
+            del self._kept_at[context]
             self.kept_bytes[de] -= blocks * self.block_bytes
             self._observe(KvTaken(HBM, context, blocks))
             return True
@@ -447,6 +457,7 @@ class HbmRetention:
         """Drop ``context``'s kept KV, if any DE keeps it."""
         de = self.on.pop(context, None)
         if de is not None:
+            del self._kept_at[context]
             blocks = self.kept[de].pop(context)
             self.kept_bytes[de] -= blocks * self.block_bytes
             self._observe(KvEvicted(HBM, context, 0, blocks))

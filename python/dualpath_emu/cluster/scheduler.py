@@ -117,6 +117,7 @@ class Scheduler(ClusterEngine):
         self.retention = (HbmRetention(sum(len(e) for e in self._de.values()), gpus, hbm, BLOCK_TOKENS * self._kv,
                                        out.observe) if system.retain else None)  # fmt: skip
         """Which contexts the decode GPUs keep in HBM across turns, if the system retains KV."""
+        self._hbm_ttl_ns = round(cluster.config.kv_hbm.ttl_s * 1e9)
         self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
@@ -390,7 +391,9 @@ class Scheduler(ClusterEngine):
             if self.retention is not None and not last:  # its KV stays in the DE's HBM while there is room
                 node, gpu = divmod(de, self._gpus)
                 tokens = request.prompt_tokens + request.gen_tokens
-                self.retention.keep(request.context, tokens, de, self._de[node][gpu].free_hbm_bytes)
+                kept = self.retention.keep(request.context, tokens, de, self._de[node][gpu].free_hbm_bytes, now)
+                if kept and self._hbm_ttl_ns:  # a time to live: dropped then unless taken over
+                    self.plane.timer(now + self._hbm_ttl_ns, partial(self.retention.expire, request.context, now))
         for node in sorted(nodes):
             if self.private[node]:
                 self._notify_group(now, self._de_group[node])
