@@ -16,7 +16,7 @@ from dualpath_emu.cli import main
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.faults import Fault
 from dualpath_emu.cluster.invariants import EventLogChecker
-from dualpath_emu.cluster.kv_cache import HbmRetention, KvIndex, LruEviction
+from dualpath_emu.cluster.kv_cache import EvictionError, HbmRetention, KvIndex, LruEviction
 from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.runtime.engine import Watch
@@ -244,6 +244,26 @@ def test_any_retention_headroom_wait_store_and_crash_loses_no_request_and_holds_
     assert result.turns_done + result.failed_requests == result.turns
     assert kv["stored_bytes"] - kv["evicted_bytes"] - kv["taken_bytes"] == kv["end_bytes"]
     assert kv["hit_tokens_found"] + kv["missed_tokens"] == kv["hit_tokens_asked"]
+
+
+def test_decode_hbm_drops_what_its_eviction_policy_chooses_a_users_too(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(
+        "from dualpath_emu.cluster.kv_cache import LruEviction\n\n"
+        "class Newest(LruEviction):\n    name = 'newest'\n\n"
+        "    def victim(self, pinned):\n        return next((c for c in reversed(self._order) if c not in pinned), None)\n\n"
+        "class Stranger(LruEviction):\n    name = 'stranger'\n\n    def victim(self, pinned):\n        return 999\n"
+    )  # fmt: skip
+    seen: list[Any] = []
+    hbm = HbmRetention(4, 2, 10 * BLOCK, BLOCK, seen.append, KvTierSpec(0, f"{tmp_path}/mine.py:Newest"))
+    hbm.start()
+    for context in (1, 2, 3):
+        hbm.keep(context, 3 * BLOCK_TOKENS, de=0, room_bytes=10 * BLOCK)
+    hbm.make_room(0, 6 * BLOCK)  # the newest goes first, not the least recently kept
+    assert dict(hbm.on_view) == {1: 0, 2: 0} and checked(seen) == []
+    odd = HbmRetention(4, 2, 10 * BLOCK, BLOCK, seen.append, KvTierSpec(0, f"{tmp_path}/mine.py:Stranger"))
+    odd.keep(1, BLOCK_TOKENS, de=0, room_bytes=10 * BLOCK)
+    with pytest.raises(EvictionError, match="chose context 999, which DE 0 does not keep"):
+        odd.make_room(0, 0)
 
 
 def test_a_time_to_live_shorter_than_the_tool_waits_drops_kept_kv_before_its_next_turn() -> None:

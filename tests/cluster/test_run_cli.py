@@ -152,6 +152,7 @@ systems = ["dualpath"]
 [kv.hbm]
 systems = ["dualpath"]
 ttl_s = 60.0
+eviction = "ttl"
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4

@@ -67,11 +67,13 @@ class KvPoolSpec:
 @dataclass(frozen=True)
 class KvHbmSpec:
     """Decode HBM kept across turns (``[kv.hbm]``): ``systems`` whose decode GPUs keep KV besides those that always
-    do (``System.retain``, as ``dualpath+retention``); ``ttl_s``: kept KV not taken over within this long is dropped
-    (0: kept until its room is needed)."""
+    do (``System.retain``, as ``dualpath+retention``); ``eviction``: which kept context a decode GPU drops when its
+    running requests need the room (``kv_cache`` policies, a user's too); ``ttl_s``: kept KV not taken over within
+    this long is dropped (0: kept until its room is needed)."""
 
     systems: tuple[str, ...] = ()
     ttl_s: float = 0.0
+    eviction: str = "lru"
 
 
 @dataclass(frozen=True)

@@ -381,7 +381,8 @@ class HbmRetention:
     """Decode GPUs keeping a context's KV in HBM after its turn (the scheduler's state, like the other tiers).
 
     When a turn ends, its context's KV (prompt and output, whole blocks) stays on the DE GPU that decoded it, in HBM
-    the GPU's running requests do not need; when they need it, the least recently kept context goes first. A later
+    the GPU's running requests do not need; when they need it, the GPU's :class:`Eviction` policy (``spec``'s: LRU by
+    default, the least recently kept first) chooses what goes. A later
     turn of the context given that DE takes the KV over: its hit is already in that GPU's HBM, so nothing is read
     and only the new tokens' KV comes from the prefill engine. Given another DE, the kept copy is dropped (the hit is
     read as usual; storage has it, written through). A kept copy is never read from elsewhere, and nothing is kept
@@ -389,7 +390,10 @@ class HbmRetention:
     dropped, :class:`KvTaken` when taken over, :class:`HitFound` at each assignment of a request with a hit."""
 
     def __init__(self, engines: int, gpus: int, hbm_bytes: int, block_bytes: int,
-                 observe: Callable[[Observed], None]) -> None:  # fmt: skip
+                 observe: Callable[[Observed], None], spec: KvTierSpec | None = None) -> None:  # fmt: skip
+        self.spec = spec if spec is not None else KvTierSpec()
+        self._evictions: dict[int, Eviction] = {}
+        """Per DE, its eviction policy (one each: a GPU's HBM is its own)."""
         self.block_bytes = block_bytes
         self.capacity = engines * hbm_bytes
         self._observe = observe
@@ -420,8 +424,15 @@ class HbmRetention:
         self.on[context] = de
         self._kept_at[context] = now_ns
         self.kept_bytes[de] += size
+        self._eviction(de).used(context, now_ns)
         self._observe(KvStored(HBM, context, 0, blocks))
         return True
+
+    def _eviction(self, de: int) -> Eviction:
+        eviction = self._evictions.get(de)
+        if eviction is None:
+            eviction = self._evictions[de] = make_eviction(self.spec)
+        return eviction
 
     def expire(self, context: int, kept_ns: int, now_ns: int) -> None:
         """A time to live of ``context``'s KV kept at ``kept_ns`` ran out at ``now_ns``: drop it if it is that copy."""
@@ -429,10 +440,15 @@ class HbmRetention:
             self.drop(context)
 
     def make_room(self, de: int, room_bytes: int) -> None:
-        """DE ``de`` may keep no more than ``room_bytes``: drop its least recently kept contexts until it does."""
+        """DE ``de`` may keep no more than ``room_bytes``: drop what its eviction policy chooses until it does."""
         kept = self.kept.get(de)
         while kept and self.kept_bytes[de] > room_bytes:
-            self.drop(next(iter(kept)))
+            eviction = self._eviction(de)
+            victim = eviction.victim(())
+            if type(victim) is not int or victim not in kept:
+                raise EvictionError(f"eviction {eviction.name!r} chose context {victim!r}, which DE {de} does not "
+                                    "keep in HBM")  # fmt: skip
+            self.drop(victim)
 
     def take(self, rid: int, context: int, hit: int, de: int) -> bool:
         """Request ``rid`` (``hit`` tokens of ``context``) goes to DE ``de``: True if ``de`` keeps its context, which
@@ -445,6 +461,7 @@ class HbmRetention:
             del self.on[context]
             del self._kept_at[context]
             self.kept_bytes[de] -= blocks * self.block_bytes
+            self._eviction(de).dropped(context)
             self._observe(KvTaken(HBM, context, blocks))
             return True
         if where is not None:
@@ -460,6 +477,7 @@ class HbmRetention:
             del self._kept_at[context]
             blocks = self.kept[de].pop(context)
             self.kept_bytes[de] -= blocks * self.block_bytes
+            self._eviction(de).dropped(context)
             self._observe(KvEvicted(HBM, context, 0, blocks))
 
     def drop_engines(self, engines: Container[int]) -> None:

@@ -321,8 +321,8 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
     kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent)
     hbm_table = kv_table.table("hbm")
-    kv_hbm = KvHbmSpec(_system_names(hbm_table, "systems", base.kv_hbm.systems),
-                       hbm_table.get_float("ttl_s", base.kv_hbm.ttl_s, min=0.0, max=LIMITS.max_ttl_s))  # fmt: skip
+    hbm_eviction, hbm_ttl_s = _eviction(hbm_table, base.kv_hbm.eviction, base.kv_hbm.ttl_s, path.parent)
+    kv_hbm = KvHbmSpec(_system_names(hbm_table, "systems", base.kv_hbm.systems), hbm_ttl_s, hbm_eviction)
     hbm_table.finish()
     kv_table.finish()
     prefill_roofline, decode_roofline = _rooflines(roofline_table, base.prefill_roofline, base.decode_roofline)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
 
-from dualpath_emu.cluster.config import BLOCK_TOKENS
+from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.kv_cache import POOL, STORE, HbmRetention, KvIndex
@@ -114,8 +114,10 @@ class Scheduler(ClusterEngine):
         self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True)
                      if system.pool else None)  # fmt: skip
         """Which Full Blocks of each context the nodes' DRAM pool holds, and where, if the system keeps KV in one."""
+        kept = cluster.config.kv_hbm
         self.retention = (HbmRetention(sum(len(e) for e in self._de.values()), gpus, hbm, BLOCK_TOKENS * self._kv,
-                                       out.observe) if system.retain else None)  # fmt: skip
+                                       out.observe, KvTierSpec(0, kept.eviction, kept.ttl_s))
+                          if system.retain else None)  # fmt: skip
         """Which contexts the decode GPUs keep in HBM across turns, if the system retains KV."""
         self._hbm_ttl_ns = round(cluster.config.kv_hbm.ttl_s * 1e9)
         self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
