@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import EngineGroup, read_hit
+from dualpath_emu.cluster.engines import EngineGroup, read_hit, stored_tokens
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
@@ -438,11 +438,8 @@ class DecodeGroup(EngineGroup):
 
 
 def _stored(task: DecodeTask) -> int:
-    """Hit tokens of ``task`` read from storage (a read queue's count): those the DRAM pool does not hold (none for
-    a hit kept in HBM)."""
-    if task.kept:
-        return 0
-    return task.hit - sum(task.pooled[1::2]) if task.pooled else task.hit
+    """Hit tokens of ``task`` read from storage (a read queue's count): :func:`stored_tokens`."""
+    return stored_tokens(task.hit, task.pooled, task.kept)
 
 
 def _buffered(task: DecodeTask) -> int:

@@ -14,7 +14,16 @@ from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, Topology
 from dualpath_emu.runtime.engine import DataPlane, Engine, Extents, Outbox, Then, on
 
-__all__ = ["NS", "ClusterEngine", "EngineGroup", "hit_extents", "inter_node_a2a_bytes", "join", "read_hit"]
+__all__ = [
+    "NS",
+    "ClusterEngine",
+    "EngineGroup",
+    "hit_extents",
+    "inter_node_a2a_bytes",
+    "join",
+    "read_hit",
+    "stored_tokens",
+]
 
 NS = 1_000_000_000
 
@@ -23,6 +32,14 @@ def hit_extents(context: int, hit: int, first: int = 0) -> Extents:
     """The Full Blocks of a hit of ``hit`` tokens of ``context`` (its whole blocks), from block ``first`` on."""
     blocks = hit // BLOCK_TOKENS - first
     return ((context, first, blocks),) if blocks > 0 else ()
+
+
+def stored_tokens(hit: int, pooled: Sequence[int], kept: bool) -> int:
+    """Of a hit of ``hit`` tokens, those read from storage (what a read queue counts): none if kept in the decode
+    GPU's HBM, else those the DRAM pool does not hold (``pooled``: ``node, tokens`` pairs, flat)."""
+    if kept:
+        return 0
+    return hit - sum(pooled[1::2]) if pooled else hit
 
 
 def read_hit(plane: Ledger, topology: Topology, now: int, node: int, gpu: int, context: int, hit: int,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath_emu.cluster.context import Cluster
-from dualpath_emu.cluster.engines import NS, EngineGroup, inter_node_a2a_bytes, join, read_hit
+from dualpath_emu.cluster.engines import NS, EngineGroup, inter_node_a2a_bytes, join, read_hit, stored_tokens
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Hop
 from dualpath_emu.cluster.messages import (
@@ -45,10 +45,8 @@ class _PrefillItem:
 
     @property
     def stored(self) -> int:
-        """Hit tokens read from storage (a read queue's count): those the DRAM pool does not hold (none when kept)."""
-        if self.kept:
-            return 0
-        return self.hit - sum(self.pooled[1::2]) if self.pooled else self.hit
+        """Hit tokens read from storage (a read queue's count): :func:`stored_tokens`."""
+        return stored_tokens(self.hit, self.pooled, self.kept)
 
     @property
     def ready(self) -> bool:
@@ -101,8 +99,8 @@ class PrefillGroup(EngineGroup):
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
         if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
-            self._lose([(t.rid, t.pe_node, self._pending_read(0 if t.kept else t.hit - sum(t.pooled[1::2]),
-                                                              t.read_on_de, False)) for t in msg.tasks], "down")  # fmt: skip
+            self._lose([(t.rid, t.pe_node, self._pending_read(stored_tokens(t.hit, t.pooled, t.kept), t.read_on_de,
+                                                              False)) for t in msg.tasks], "down")  # fmt: skip
             return
         for task in msg.tasks:
             self._add(now, task)

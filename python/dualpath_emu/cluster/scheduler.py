@@ -119,8 +119,12 @@ class Scheduler(ClusterEngine):
                                        out.observe, KvTierSpec(0, kept.eviction, kept.ttl_s))
                           if system.retain else None)  # fmt: skip
         """Which contexts the decode GPUs keep in HBM across turns, if the system retains KV."""
-        self._hbm_ttl_ns = round(cluster.config.kv_hbm.ttl_s * 1e9)
-        self._last: set[int] = set()  # Requests that are their agent's last turn (a bounded store's eviction).
+        self._hbm_ttl_ns = round(kept.ttl_s * 1e9)
+        self._kept_nodes = self.retention.node_view if self.retention is not None else _NONE
+        self._kept_des = self.retention.on_view if self.retention is not None else _NONE
+        """What the policy's views show as kept in decode HBM (nothing without retention)."""
+        self._tiered = self.kv is not None or self.pool is not None or self.retention is not None
+        self._last: set[int] = set()  # Requests that are their agent's last turn (eviction; nothing kept after).
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
 
@@ -176,7 +180,7 @@ class Scheduler(ClusterEngine):
             hbm = (turn.prompt + turn.gen) * self._kv
             hit = turn.hit
             pooled: tuple[tuple[int, int], ...] = ()
-            if turn.last and self.retention is not None:
+            if turn.last and self._tiered:  # (its end is the agent's: nothing of it is kept for later)
                 self._last.add(turn.rid)
             if kv is not None or pool is not None:  # the hit is what a tier still holds; the rest is computed again
                 context, blocks = turn.context, (turn.prompt + turn.gen) // BLOCK_TOKENS
@@ -189,8 +193,6 @@ class Scheduler(ClusterEngine):
                     kv.pin(context, blocks)
                 if pool is not None:
                     pooled = pool.where(context, in_pool)
-                if turn.last:
-                    self._last.add(turn.rid)
             request = Request(turn.rid, turn.prompt, turn.prompt - hit, hit, turn.gen, hbm, turn.context, pooled)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
@@ -263,8 +265,7 @@ class Scheduler(ClusterEngine):
         if queue and self.private:  # (every decode group crashed: the queue waits for one to be back)
             given, loads = self._group_given, self.group_loads
             groups = tuple(GroupState(node, load, given.get(node, 0)) for node, load in loads.items())
-            kept = self.retention.node_view if self.retention is not None else _NONE
-            view = RouteView(QueueView(queue), groups, self._health, self._stamp, kept)
+            view = RouteView(QueueView(queue), groups, self._health, self._stamp, self._kept_nodes)
             routes = check_routes(self.policy, self.policy.route_decode(view), view)
             _take(queue, [r.request for r in routes])
             decode_tokens = self.policy.decode_tokens
@@ -281,8 +282,7 @@ class Scheduler(ClusterEngine):
         if not queue:
             return 0, False
         retention = self.retention
-        view = DecodeView(node, QueueView(queue), tuple(self._de[node]), self._health,
-                          retention.on_view if retention is not None else _NONE)  # fmt: skip
+        view = DecodeView(node, QueueView(queue), tuple(self._de[node]), self._health, self._kept_des)
         policy = self.policy
         assigned = check_decode(policy, policy.assign_decode(view), view)
         if not assigned:
@@ -320,19 +320,12 @@ class Scheduler(ClusterEngine):
                 read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
-            if kept:
-                task = PrefillTask(
-                    rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, (), True
-                )
-                expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, (), True))
-            elif r.pooled:
-                pooled = tuple(x for run in r.pooled for x in run)
-                task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled)
-                expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, pooled))
-            else:
-                task = PrefillTask(rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context)
-                expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context))
+            pooled = tuple(x for run in r.pooled for x in run) if r.pooled and not kept else ()
+            task = PrefillTask(
+                rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled, kept
+            )
             prefill.setdefault(pe_group[pe_node], []).append(task)
+            expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, pooled, kept))
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))
