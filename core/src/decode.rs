@@ -131,6 +131,9 @@ pub struct DecodeNodeSpec {
     pub d2h_paths: Vec<Vec<PortId>>,
     pub storage_node: Option<NodeId>,
     pub kv_lane: Lane,
+    /// Whether completed blocks go on from the node's DRAM to storage at once (write-through); false: they stop
+    /// in DRAM (a DRAM pool written back on eviction, which the engines ask for), the HBM → DRAM copy alone.
+    pub write_through: bool,
     /// The first GPU's number in busy spans (the node's index × GPUs per node).
     pub first_unit: u64,
     /// The tag of the completion that says requests of this node ended.
@@ -530,13 +533,16 @@ impl DecodeNode {
         let d2h = &mut self.bytes.d2h[i];
         d2h.0 += size;
         d2h.1 += 1;
-        self.bytes.written.0 += size;
-        self.bytes.written.1 += 1;
         out.push(DecodeAction::Transfer {
             path: self.spec.d2h_paths[i].clone(),
             lane: self.spec.kv_lane,
             size_bytes: size,
         });
+        if !self.spec.write_through {
+            return;
+        }
+        self.bytes.written.0 += size;
+        self.bytes.written.1 += 1;
         let extents = written.iter().map(|&(c, first, n)| (c, first as u64, n as u64)).collect();
         out.push(DecodeAction::Write { node, lane: self.spec.kv_lane, size_bytes: size, extents });
     }

@@ -798,9 +798,10 @@ impl PyCore {
     }
 
     /// Add one node's decode GPUs, stepped by the core (`decode.rs`); returns the node's id. `pricing` is a
-    /// dict of the step-pricing constants (`DecodePricing`'s fields), `storage_node` None for no write-backs.
+    /// dict of the step-pricing constants (`DecodePricing`'s fields), `storage_node` None for no write-backs,
+    /// `write_through` False for blocks that stop in the node's DRAM (a pool written back on eviction).
     #[pyo3(signature = (*, gpus, together, pricing, kv_bytes_per_token, a2a_bytes_per_token, a2a_paths, a2a_lane,
-                        d2h_paths, storage_node, kv_lane, first_unit, report_tag))]
+                        d2h_paths, storage_node, kv_lane, first_unit, report_tag, write_through=true))]
     #[allow(clippy::too_many_arguments)]
     fn add_decode_node(
         &mut self,
@@ -816,6 +817,7 @@ impl PyCore {
         kv_lane: &Bound<'_, PyAny>,
         first_unit: &Bound<'_, PyAny>,
         report_tag: &Bound<'_, PyAny>,
+        write_through: bool,
     ) -> PyResult<u32> {
         let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
             pricing.get_item(key)?.ok_or_else(|| invalid(&format!("pricing.{key}"), "a value (missing)"))
@@ -870,6 +872,7 @@ impl PyCore {
             kv_lane: lane_of(kv_lane, "kv_lane")?,
             first_unit: int_in(first_unit, "first_unit", u32::MAX as u64)?,
             report_tag: int_in(report_tag, "report_tag", u64::MAX)?,
+            write_through,
         };
         if !(spec.a2a_bytes_per_token.is_finite() && spec.a2a_bytes_per_token >= 0.0) {
             return Err(invalid("a2a_bytes_per_token", "a finite number >= 0"));

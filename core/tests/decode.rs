@@ -65,6 +65,10 @@ fn a_step_is_priced_as_the_python_roofline_prices_it_to_the_bit() {
 /// A node of two GPUs (stepping together or each alone) priced by a model whose only cost is a fixed overhead
 /// of one layer: every step takes 1 ms.
 fn node(c: &mut Core, together: bool) -> u32 {
+    node_writing(c, together, true)
+}
+
+fn node_writing(c: &mut Core, together: bool, write_through: bool) -> u32 {
     let cluster = c.add_port(PortSpec::plain("storage", 1e9)).unwrap();
     c.configure_storage(StorageSpec {
         read_port: cluster,
@@ -111,6 +115,7 @@ fn node(c: &mut Core, together: bool) -> u32 {
         storage_node: Some(store),
         kv_lane: 1,
         first_unit: 8,
+        write_through,
         report_tag: 77,
     })
     .unwrap()
@@ -153,6 +158,19 @@ fn requests_join_at_step_boundaries_and_end_in_join_order_with_their_blocks_writ
     assert_eq!(bytes.a2a[0], (200, 2)); // the 2 steps of request 1
     assert_eq!(bytes.a2a[1], (400, 2)); // the 4 steps of request 2
     c.run_until_idle().unwrap();
+    assert_eq!(c.pending(), 0);
+}
+
+#[test]
+fn without_write_through_completed_blocks_stop_in_dram() {
+    // A DRAM pool written back on eviction: the HBM → DRAM copy as before, nothing written to storage.
+    let mut c = Core::new(CoreConfig::default()).unwrap();
+    let n = node_writing(&mut c, true, false);
+    c.submit_decode_joins(&[(n, join(0, 1, 126, 3, 1))]).unwrap();
+    c.run_until_idle().unwrap();
+    let bytes = c.decode_bytes(n).unwrap();
+    assert_eq!(bytes.d2h[0], (640, 1));
+    assert_eq!(bytes.written, (0, 0));
     assert_eq!(c.pending(), 0);
 }
 

@@ -214,8 +214,10 @@ class Core:
         kv_lane: int,
         first_unit: int,
         report_tag: int,
+        write_through: bool = True,
     ) -> int:
-        """Add one node's decode GPUs, stepped by the core; returns its id (see ``core/src/decode.rs``)."""
+        """Add one node's decode GPUs, stepped by the core; returns its id (see ``core/src/decode.rs``;
+        ``write_through`` False: completed blocks stop in the node's DRAM)."""
     def submit_decode_joins(self, joins: Iterable[tuple[int, int, int, int, int, int, int, int]]) -> int:
         """Requests join their decode GPUs' batches now: ``(node, gpu, rid, prompt, gen, produced,
         stored_blocks, context)`` each."""

@@ -17,7 +17,7 @@ from dualpath_emu.cluster.config import BLOCK_TOKENS, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.faults import Fault
 from dualpath_emu.cluster.invariants import EventLogChecker
 from dualpath_emu.cluster.kv_cache import EvictionError, HbmRetention, KvIndex, LruEviction
-from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier
+from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier, KvWritePolicy, KvWritten
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.runtime.engine import Watch
 from hypothesis import HealthCheck, given, settings
@@ -173,6 +173,45 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
     assert checked(seen) == []
 
 
+def test_a_pool_that_writes_back_writes_its_dirty_blocks_from_their_node_when_it_drops_them_or_has_no_room() -> None:
+    seen: list[Any] = []
+    written: list[tuple[int, Any]] = []
+    pool = KvIndex("pool", KvTierSpec(10 * BLOCK), BLOCK, seen.append, placed=True,
+                   write_back=lambda node, extents: written.append((node, extents)))  # fmt: skip
+    pool.start()
+    pool.store(1, 4, now_ns=1, node=4)  # a first turn, decoded on node 4: the blocks it made are dirty
+    pool.store(1, 6, now_ns=2, node=5, clean=5)  # the next, on node 5: read block 4 from storage (clean), made 5
+    pool.store(2, 3, now_ns=3, node=0, clean=2)  # read blocks 0-1 from storage, made block 2
+    assert written == []  # nothing has left the pool: nothing is written
+    pool.store(3, 5, now_ns=4, node=1)  # 4 blocks must go: context 1's tail (blocks 2-5), the least recently used
+    assert pool.blocks == {1: 2, 2: 3, 3: 5}
+    assert written == [(4, ((1, 2, 2),)), (5, ((1, 5, 1),))]  # block 4 was clean: not written again
+    # 6 more: context 1 goes (2 dirty blocks on node 4), then context 2 (block 2 dirty on node 0, blocks 0-1
+    # clean), then one block of context 3.
+    pool.store(4, 6, now_ns=5, node=2, clean=1)
+    assert written[2:] == [(4, ((1, 0, 2),)), (0, ((2, 2, 1),)), (1, ((3, 4, 1),))]
+    # A pinned context of 20 blocks, 2 of them read from storage: every other block goes, and the 10 that do not
+    # fit are written from its node at once.
+    pool.pin(5, blocks=20)
+    pool.store(5, 20, now_ns=6, node=3, clean=2)
+    assert pool.blocks == {5: 10}
+    assert written[5:] == [(1, ((3, 0, 4),)), (2, ((4, 1, 5),)), (3, ((5, 10, 10),))]
+    assert [r for r in seen if isinstance(r, KvWritePolicy)] == [KvWritePolicy("pool", "back")]
+    assert [(r.node, ((r.context, r.first, r.blocks),)) for r in seen if isinstance(r, KvWritten)] == written
+    assert checked(seen) == []
+    with pytest.raises(ValueError, match="must place"):
+        KvIndex("store", KvTierSpec(BLOCK), BLOCK, seen.append, write_back=lambda node, extents: None)
+
+
+def test_the_checker_catches_a_hit_read_from_storage_that_a_pool_writing_back_never_wrote() -> None:
+    seen = [KvTier("pool", 10 * BLOCK, BLOCK), KvWritePolicy("pool", "back"), KvStored("pool", 1, 0, 4),
+            KvEvicted("pool", 1, 1, 3), KvWritten("pool", 0, 1, 1, 2),  # block 3 dropped, never written
+            HitFound(0, 1, "pool", BLOCK_TOKENS, 2 * BLOCK_TOKENS), HitFound(1, 1, "pool", BLOCK_TOKENS, 3 * BLOCK_TOKENS)]  # fmt: skip
+    violations = checked(seen)
+    assert len(violations) == 1 and "request 1 reads blocks 1-3 of context 1 from storage" in violations[0]
+    assert "never given blocks 3-3" in violations[0]
+
+
 def test_decode_hbm_keeps_a_context_until_its_room_is_needed_and_hands_it_to_the_next_turn_on_that_gpu() -> None:
     seen: list[Any] = []
     hbm = HbmRetention(engines=4, gpus=2, hbm_bytes=10 * BLOCK, block_bytes=BLOCK, observe=seen.append)
@@ -326,6 +365,28 @@ def test_sglmc_reads_its_hits_from_the_pool_and_from_storage_what_a_small_pool_l
     assert kv["capacity_bytes"] == 2 * int(basic.working_set_bytes["max"] / 8)
 
 
+def test_a_pool_that_writes_back_writes_to_storage_only_what_it_drops_and_reads_it_back_from_there() -> None:
+    trajectories = work(16, 5)
+    through = run_system(pooled(), "sglmc", trajectories)
+    ample = run_system(pooled(write="back"), "sglmc", trajectories)
+    # A pool that never drops anything writes nothing to storage; written through, every turn's blocks go there.
+    assert through.snic_write_bytes["de"] > 0 and ample.snic_write_bytes == {"pe": 0, "de": 0}
+    assert ample.extra["kv"]["pool"]["written_back_bytes"] == 0 and ample.extra["kv"]["pool"]["found_rate"] == 1.0
+    assert "written_back_bytes" not in through.extra["kv"]["pool"]
+    small = pooled(bytes_per_node=int(through.working_set_bytes["max"] / 8))
+    through = run_system(small, "sglmc", trajectories)
+    back = run_system(dataclasses.replace(small, kv_pool=dataclasses.replace(small.kv_pool, write="back")), "sglmc",
+                      trajectories)  # fmt: skip
+    kv = back.extra["kv"]["pool"]
+    # A small pool drops blocks; those it made go to storage then, from the decode node holding them, and the hits
+    # it lacks are read from there (the checker follows every block: none is read that was not written).
+    assert back.complete and back.hit_rate == through.hit_rate and sum(back.metrics.recomputed) == 0
+    assert kv["written_back_bytes"] > 0 and kv["write_backs"] > 0 and 0 < kv["found_rate"] < 1
+    assert back.snic_write_bytes == pytest.approx({"pe": 0, "de": kv["written_back_bytes"]}, rel=1e-6)
+    assert back.snic_write_bytes["de"] < through.snic_write_bytes["de"]  # the blocks read back were not written again
+    assert back.snic_read_bytes["pe"] == pytest.approx(kv["missed_tokens"] * CONFIG.model.kv_bytes_per_token, rel=0.01)
+
+
 def test_a_pool_over_a_bounded_store_finds_what_either_holds_and_recomputes_the_rest() -> None:
     trajectories = work(16, 5)
     plain = run_system(CONFIG, "dualpath", trajectories)
@@ -344,14 +405,16 @@ def test_a_pool_over_a_bounded_store_finds_what_either_holds_and_recomputes_the_
 @given(
     pool_blocks=st.integers(1, 3_000), store_blocks=st.integers(0, 3_000),
     eviction=st.sampled_from(["lru", "ttl", "tool_wait"]), system=st.sampled_from(["sglmc", "dualpath"]),
-    crash=st.booleans(),
+    crash=st.booleans(), write=st.sampled_from(["through", "back"]),
 )  # fmt: skip
 def test_any_pool_size_store_and_crash_loses_no_request_and_holds_every_invariant(
-    pool_blocks: int, store_blocks: int, eviction: str, system: str, crash: bool
+    pool_blocks: int, store_blocks: int, eviction: str, system: str, crash: bool, write: str
 ) -> None:
     block_bytes = BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token
+    if write == "back":
+        store_blocks = 0  # (a bounded store takes no write-backs)
     config = pooled(bounded(store_blocks * block_bytes), pool_blocks * block_bytes // 2, eviction=eviction,
-                    ttl_s=5.0 if eviction == "ttl" else 0.0, systems=("dualpath",))  # fmt: skip
+                    ttl_s=5.0 if eviction == "ttl" else 0.0, systems=("dualpath",), write=write)  # fmt: skip
     if crash:
         config = with_faults(Fault("crash", "de1", 1.0, restart_s=2.0), config=config)
     result = run_system(config, system, work(8, 4))  # raises on a lost request or a broken invariant
@@ -432,6 +495,14 @@ def test_a_scenario_sizes_the_store_and_a_bad_key_is_one_line(
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert "key 'kv.store.ttl_s': expected a time to live > 0 s with eviction = 'ttl'" in err and err.count("\n") == 1
+    path.write_text('kind = "cluster"\n[kv.store]\ncapacity_bytes = 1000000000000\n[kv.pool]\nwrite = "back"\n')
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "key 'kv.pool.write': expected 'through' with a bounded [kv.store]" in err and err.count("\n") == 1
+    path.write_text('kind = "cluster"\n[kv.pool]\nwrite = "around"\n')
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "kv.pool.write" in err and err.count("\n") == 1
     path.write_text('kind = "cluster"\n[kv.store]\neviction = "fifo"\n')
     assert main(["run", str(path)]) == 2
     assert "key 'kv.store.eviction': expected one of 'lru', 'ttl', 'tool_wait'" in capsys.readouterr().err
@@ -450,7 +521,7 @@ def test_check_draws_bounded_stores_and_pools_and_writes_them_into_the_scenarios
     block_bytes = BLOCK_TOKENS * CONFIG.model.kv_bytes_per_token
     assert config.kv_store == case_config(case).kv_store == KvTierSpec(40 * block_bytes, "ttl", 1.0)
     assert config.kv_pool == case_config(case, "dualpath").kv_pool == KvPoolSpec(7 * block_bytes, systems=("dualpath",))
-    assert describe_case(case)[-1] == "kv: store of 40 blocks (ttl), DRAM pool of 7 blocks per node"
+    assert describe_case(case)[-1] == "kv: store of 40 blocks (ttl), DRAM pool of 7 blocks per node, write-through"
 
 
 def test_a_users_eviction_policy_is_named_by_its_file_and_checked(

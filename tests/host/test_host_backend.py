@@ -439,15 +439,19 @@ def test_a_bounded_store_on_the_host_backend_cuts_the_real_block_files(tmp_path:
 
 
 @pytest.mark.processes
-def test_sglmc_reads_its_pool_over_the_byte_channel_and_storage_for_what_the_pool_lacks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("write", ["through", "back"])
+def test_sglmc_reads_its_pool_over_the_byte_channel_and_storage_for_what_the_pool_lacks(
+    tmp_path: Path, write: str
+) -> None:
     # A pool's hits cross from the decode node that holds them to the prefill node as real bytes, verified on
-    # arrival; what a small pool lacks is read from the block files.
+    # arrival; what a small pool lacks is read from the block files. Written back, the blocks a later turn reads
+    # from the files were written there by the decode node when the pool dropped them, and every read verifies.
     import dataclasses
 
     from dualpath_emu.cluster.config import KvPoolSpec
 
     plain = run_system(config(), "sglmc", work())
-    small = dataclasses.replace(config(), kv_pool=KvPoolSpec(int(plain.working_set_bytes["max"] / 6)))
+    small = dataclasses.replace(config(), kv_pool=KvPoolSpec(int(plain.working_set_bytes["max"] / 6), write=write))
     result = run_live(small, SYSTEMS["sglmc"], work(), run_dir=tmp_path / "run", backend="host",
                       byte_scale=SCALE, timeout_s=120.0)  # fmt: skip
     host, kv = result.extra["host"], result.extra["kv"]["pool"]
@@ -455,6 +459,11 @@ def test_sglmc_reads_its_pool_over_the_byte_channel_and_storage_for_what_the_poo
     kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
     assert {"pool read", "storage read (PE)"} <= kinds and "storage read (DE)" not in kinds
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
+    assert host["bytes_read"] == host["verified_read_bytes"] > 0
+    if write == "back":  # every storage write is a write-back of blocks the pool dropped
+        assert kv["write_backs"] > 0 and result.snic_write_bytes["de"] == pytest.approx(kv["written_back_bytes"])
+        row = host["paths"]["write-back"]
+        assert row["count"] * row["mean_modelled_bytes"] == pytest.approx(kv["written_back_bytes"])
 
 
 @pytest.mark.processes

@@ -23,6 +23,8 @@ __all__ = [
     "KvHbmSpec",
     "KvPoolSpec",
     "KvTierSpec",
+    "WRITE_BACK",
+    "WRITE_POLICIES",
     "derived",
 ]
 
@@ -48,20 +50,32 @@ POOL_BYTES_PER_NODE: Final = 1_500_000_000_000
 """SGL(MC)'s Mooncake DRAM pool per node in the paper's runs (§7.1: 1.5 TB)."""
 
 
+WRITE_POLICIES: Final = ("through", "back")
+"""A DRAM pool's write policy (``[kv.pool] write``)."""
+WRITE_BACK: Final = "back"
+
+
 @dataclass(frozen=True)
 class KvPoolSpec:
     """The DRAM pool (``[kv.pool]``, :mod:`~dualpath_emu.cluster.kv_cache`): every node's ``bytes_per_node`` of host
     DRAM together, a Mooncake-store pool reachable over the compute network, used by the systems that keep KV in
-    it (``System.pool``, as ``sglmc``) and by those named in ``systems``."""
+    it (``System.pool``, as ``sglmc``) and by those named in ``systems``. ``write``: ``"through"``, a turn's blocks go
+    on to storage as they are made (as without a pool); ``"back"``, they stay in the pool and reach storage only
+    when it evicts them (or has no room for them)."""
 
     bytes_per_node: int = POOL_BYTES_PER_NODE
     eviction: str = "lru"
     ttl_s: float = 0.0
     systems: tuple[str, ...] = ()
+    write: str = "through"
 
     def tier(self, nodes: int) -> KvTierSpec:
         """The pool as one tier of ``nodes`` nodes' DRAM."""
         return KvTierSpec(self.bytes_per_node * nodes, self.eviction, self.ttl_s)
+
+    @property
+    def write_back(self) -> bool:
+        return self.write == WRITE_BACK
 
 
 @dataclass(frozen=True)

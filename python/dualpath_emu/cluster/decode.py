@@ -24,7 +24,7 @@ from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     Crash, DecodeDone, DecodeTask, Drop, Expect, Health, HitReady, KvReady, Lost, ReadDone, ReadHere, ReadMoved,
-    TurnDone,
+    TurnDone, WriteBack,
 )  # fmt: skip
 from dualpath_emu.cluster.observations import DecodeSegment, Ended, HitRead, ReadStarted
 from dualpath_emu.cluster.pool import Pool
@@ -59,7 +59,8 @@ class DecodingRequest:
 
 class DecodeSteps:
     """The decode GPUs of node ``node`` (``gpus`` of them, stepping together if ``together``), stepped by the data
-    plane's core, which writes back (unless ``storage`` is None: the Oracle) and charges the all-to-all itself
+    plane's core, which writes back (unless ``storage`` is None: the Oracle; to the node's DRAM alone unless
+    ``write_through``: a DRAM pool that writes back on eviction) and charges the all-to-all itself
     (``a2a_bytes_per_token`` over ``a2a_paths[gpu]``), and reports the requests that ended, with their GPUs'
     busy spans (``busy_span(gpu unit, start, end, batch size, step)``). What it moved is booked in ``booking``."""
 
@@ -68,8 +69,10 @@ class DecodeSteps:
         kv_bytes_per_token: int, a2a_bytes_per_token: float, a2a_paths: Sequence[tuple[int, ...]],
         d2h_paths: Sequence[tuple[int, ...]], storage: tuple[int, tuple[int, ...]] | None, plane: Ledger,
         booking: Booking, listener: DecodeListener, busy_span: Callable[[int, int, int, int, int], None],
+        write_through: bool = True,
     ) -> None:  # fmt: skip
         self.node = node
+        self._write_through = write_through
         self._kv = kv_bytes_per_token
         self._d2h_paths = list(d2h_paths)
         self._a2a_paths = list(a2a_paths)
@@ -84,7 +87,7 @@ class DecodeSteps:
             self._report, gpus=gpus, together=together, pricing=pricing, kv_bytes_per_token=kv_bytes_per_token,
             a2a_bytes_per_token=a2a_bytes_per_token, a2a_paths=self._a2a_paths, a2a_lane=MODEL_LANE,
             d2h_paths=self._d2h_paths, storage_node=storage[0] if storage is not None else None, kv_lane=KV_LANE,
-            first_unit=node * gpus,
+            first_unit=node * gpus, **({} if write_through else {"write_through": False}),
         )  # fmt: skip
         booking.add_source(self._book)
 
@@ -121,10 +124,12 @@ class DecodeSteps:
         listener.stepped(now)
 
     def _write_back(self, gpu: int, written: list[tuple[int, int, int]]) -> None:
-        """Write back completed Full Blocks: HBM → DRAM through the GPU's CNIC, then DRAM → SNIC → storage (§4)."""
+        """Write back completed Full Blocks: HBM → DRAM through the GPU's CNIC, then DRAM → SNIC → storage (§4; a
+        DRAM pool that writes back keeps them in DRAM)."""
         size = sum(blocks for _, _, blocks in written) * BLOCK_TOKENS * self._kv
         self.plane.transfer(self._d2h_paths[gpu], KV_LANE, size)
-        self.plane.io(self.node, "write", KV_LANE, size, tuple(written))
+        if self._write_through:
+            self.plane.io(self.node, "write", KV_LANE, size, tuple(written))
 
     def _book(self, booking: Booking) -> None:
         """Book what the core moved on its own since the last time."""
@@ -190,6 +195,7 @@ class DecodeGroup(EngineGroup):
             a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths,
             storage=write if not cluster.system.oracle else None, plane=self.plane, booking=cluster.booking,
             listener=self, busy_span=lambda *span: out.observe(DecodeSegment(*span)),
+            write_through=not (cluster.system.pool and cluster.config.kv_pool.write_back),
         )  # fmt: skip
 
     def pools(self) -> list[Pool]:
@@ -235,6 +241,16 @@ class DecodeGroup(EngineGroup):
         for pool in self.pools():
             pool.reset(now)
         self._lose(lost, "crash")
+
+    @on(WriteBack)
+    def on_write_back(self, now: int, msg: WriteBack, sender: str) -> None:
+        """The DRAM pool writes these blocks of this node's DRAM to storage (it drops them, or had no room): DRAM →
+        SNIC → storage. The pool is not the engine's (a Mooncake store runs beside it): a crash loses none of it,
+        and a crashed engine's node writes back all the same."""
+        flat = msg.extents
+        extents = tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
+        size = sum(blocks for _, _, blocks in extents) * BLOCK_TOKENS * self._kv
+        self.plane.io(self.node, "write", KV_LANE, size, extents)
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:

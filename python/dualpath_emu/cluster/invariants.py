@@ -3,7 +3,8 @@ From the engines' observations (:class:`EventLogChecker`; a live run's from its 
 backwards and events are numbered without a gap; every admitted request ends exactly once (ended or failed), and nothing
 ends that was not admitted; no pool is ever over its capacity or below zero, and every pool is empty at the end; a KV
 tier holds each context's blocks as a prefix, stored and evicted at its ends, never more than its capacity, and no hit
-is found in it beyond what it holds. From the core's byte counters at the end (:func:`check_core_bytes`): every byte
+is found in it beyond what it holds; what a DRAM pool that writes back lacks of a hit was written back to storage
+before. From the core's byte counters at the end (:func:`check_core_bytes`): every byte
 accounted per port and lane."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Final
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.observations import (
-    Admitted, Ended, Failed, HitFound, KvEvicted, KvStored, KvTaken, KvTier, PoolCapacity, PoolGive, PoolTake, parse,
+    Admitted, Ended, Failed, HitFound, KvEvicted, KvStored, KvTaken, KvTier, KvWritePolicy, KvWritten, PoolCapacity,
+    PoolGive, PoolTake, parse,
 )  # fmt: skip
 from dualpath_emu.runtime.engine import Observed
 
@@ -42,10 +44,14 @@ class EventLogChecker:
         self.events = 0
         self._tiers: dict[str, list[int]] = {}  # name -> [capacity in blocks, blocks held]
         self._held: dict[tuple[str, int], int] = {}  # (tier, context) -> its blocks [0, n) held
+        self._writes_back: set[str] = set()  # Tiers whose blocks reach storage only as they write them back.
+        self._in_storage: dict[int, list[list[int]]] = {}
+        """Per context, the blocks written back to storage, as sorted disjoint ``[first, end)`` runs."""
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             PoolTake: self._pool, PoolGive: self._pool, Admitted: self._admit, Ended: self._ended, Failed: self._ended,
             PoolCapacity: self._capacity, KvTier: self._kv_tier, KvStored: self._kv_stored,
             KvEvicted: self._kv_evicted, KvTaken: self._kv_taken, HitFound: self._hit_found,
+            KvWritePolicy: self._kv_write_policy, KvWritten: self._kv_written,
         }  # fmt: skip
         """What each record type checks (the others only take their place in time and number)."""
 
@@ -172,6 +178,33 @@ class EventLogChecker:
         if record.tokens // BLOCK_TOKENS > held or record.tokens < 0 or record.recomputed < 0:
             self._violate(f"request {record.rid} found {record.tokens} hit tokens of context {record.context} in "
                           f"{record.tier}, which holds {held} blocks of it (event {seq})")  # fmt: skip
+        if record.tier in self._writes_back and record.recomputed > 0:
+            # What a tier that writes back lacks is read from storage: it must have been written back there.
+            first, end = record.tokens // BLOCK_TOKENS, (record.tokens + record.recomputed) // BLOCK_TOKENS
+            covered = next((hi for lo, hi in self._in_storage.get(record.context, ()) if lo <= first < hi), first)
+            if covered < end:
+                self._violate(f"request {record.rid} reads blocks {first}-{end - 1} of context {record.context} from "
+                              f"storage, which was never given blocks {covered}-{end - 1} of it (event {seq}): "
+                              f"{record.tier} dropped them without writing them back")  # fmt: skip
+
+    def _kv_write_policy(self, seq: int, record: KvWritePolicy) -> None:
+        if record.write == "back":
+            self._writes_back.add(record.tier)
+
+    def _kv_written(self, seq: int, record: KvWritten) -> None:
+        if record.tier not in self._writes_back or record.blocks <= 0 or record.first < 0:
+            self._violate(f"{record.tier} wrote back blocks {record.first}+{record.blocks} of context {record.context} "
+                          f"(event {seq}), {'a tier that writes through' if record.tier not in self._writes_back else 'no blocks'}")  # fmt: skip
+            return
+        runs = self._in_storage.setdefault(record.context, [])
+        lo, hi = record.first, record.first + record.blocks
+        kept = [r for r in runs if r[1] < lo or r[0] > hi]  # the runs it neither overlaps nor touches
+        for r in runs:
+            if not (r[1] < lo or r[0] > hi):
+                lo, hi = min(lo, r[0]), max(hi, r[1])
+        kept.append([lo, hi])
+        kept.sort()
+        self._in_storage[record.context] = kept
 
     def _get(self, rid: int) -> int:
         state = self._state

@@ -5,7 +5,9 @@ A tier holds, per context, a prefix of its blocks: ``[0, blocks)`` (a context's 
 hit is a prefix of it). A full tier drops a context's blocks from the tail, the context chosen by its
 :class:`Eviction` policy; a context with a request in flight is pinned (its blocks are being read or written) and
 never chosen. A request's hit is what the tier holds of it when it is dispatched: the tokens beyond are computed
-again by the prefill engine. The index belongs to the scheduler, which dispatches (engine state, as in a live run);
+again by the prefill engine. A DRAM pool may write back (``[kv.pool] write = "back"``): the blocks a turn made stay
+in the pool, *dirty*, and go to storage only when the pool drops them or has no room for them (``write_back``), so
+storage holds every block the pool lacks. The index belongs to the scheduler, which dispatches (engine state, as in a live run);
 it tells the run what happens through its observations (:class:`~dualpath_emu.cluster.observations.KvTier`,
 ``KvStored``, ``KvEvicted``, ``HitFound``), which the invariant checker follows block by block.
 
@@ -22,7 +24,7 @@ from types import MappingProxyType
 from typing import ClassVar, Final
 
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
-from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier
+from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier, KvWritePolicy, KvWritten
 from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.engine import Extents, Observed
 
@@ -199,12 +201,16 @@ class _Guarded(Eviction):
 
 class KvIndex:
     """One tier's index (see the module): ``find`` at dispatch, ``pin`` while a request is in flight, ``store``
-    as its KV is complete, ``expire`` when a time to live may have run out."""
+    as its KV is complete, ``expire`` when a time to live may have run out. ``write_back(node, extents)``, for an
+    index that places blocks: the tier writes back, and these dirty blocks held on ``node`` must go to storage now."""
 
     def __init__(
         self, tier: str, spec: KvTierSpec, block_bytes: int, observe: Callable[[Observed], None],
         eviction: Eviction | None = None, discard: Callable[[Extents], None] | None = None, placed: bool = False,
+        write_back: Callable[[int, Extents], None] | None = None,
     ) -> None:  # fmt: skip
+        if write_back is not None and not placed:
+            raise ValueError(f"{tier}: a tier that writes back must place its blocks (it writes them from their node)")
         self.tier = tier
         self.capacity = spec.capacity_bytes
         self.block_bytes = block_bytes
@@ -222,12 +228,17 @@ class KvIndex:
         """Per pinned context, the node its request in flight writes its blocks on, once known (:meth:`placed`)."""
         self._last_use: dict[int, int] = {}
         self._runs: dict[int, list[list[int]]] | None = {} if placed else None
-        """``placed``: per context, where its blocks are, as ``[end block, node]`` runs in block order (a store
-        places what it adds on the node that wrote it)."""
+        """``placed``: per context, where its blocks are, as ``[end block, node, dirty]`` runs in block order (a
+        store places what it adds on the node that wrote it; ``dirty`` 1: not in storage, written back when dropped)."""
+        self._write_back = write_back
+        self._promised_clean: dict[int, int] = {}
+        """Per pinned context, the blocks below which its request in flight found its KV in storage (read, not made)."""
 
     def start(self) -> None:
-        """Say the tier's capacity (before its first block)."""
+        """Say the tier's capacity (before its first block), and that it writes back if it does."""
         self._observe(KvTier(self.tier, self.capacity, self.block_bytes))
+        if self._write_back is not None:
+            self._observe(KvWritePolicy(self.tier, "back"))
 
     def find(self, rid: int, context: int, hit: int, now_ns: int) -> int:
         """The tokens of request ``rid``'s hit of ``hit`` tokens of ``context`` held here (the rest is computed
@@ -238,7 +249,7 @@ class KvIndex:
         if promised > self.blocks.get(context, 0):
             node = self._promised_node.get(context, -1)
             if self._runs is None or node >= 0:  # (a pool holds them once it knows their node)
-                self.store(context, promised, now_ns, node=node)
+                self.store(context, promised, now_ns, node=node, clean=self._promised_clean.get(context, 0))
         held = self.blocks.get(context, 0)
         found = hit if held >= hit // BLOCK_TOKENS else held * BLOCK_TOKENS  # a whole context: its partial block too
         if held:
@@ -247,11 +258,14 @@ class KvIndex:
             self._observe(HitFound(rid, context, self.tier, found, hit - found))
         return found
 
-    def pin(self, context: int, blocks: int = 0) -> None:
-        """A request of ``context`` is in flight, to end with ``blocks`` Full Blocks of it: its blocks stay."""
+    def pin(self, context: int, blocks: int = 0, clean: int = 0) -> None:
+        """A request of ``context`` is in flight, to end with ``blocks`` Full Blocks of it, the first ``clean`` of
+        them found in storage: its blocks stay."""
         self._pins[context] += 1
         if blocks > self._promised.get(context, 0):
             self._promised[context] = blocks
+        # (two in flight: the fewer, so that no block made by either counts as in storage)
+        self._promised_clean[context] = min(clean, self._promised_clean.get(context, clean))
 
     def placed(self, context: int, node: int) -> None:
         """The request of pinned ``context`` in flight writes its blocks on ``node`` (its decode node)."""
@@ -265,6 +279,7 @@ class KvIndex:
             del pins[context]
             self._promised.pop(context, None)
             self._promised_node.pop(context, None)
+            self._promised_clean.pop(context, None)
 
     def where(self, context: int, tokens: int) -> tuple[tuple[int, int], ...]:
         """Where the first ``tokens`` tokens of ``context`` (what :meth:`find` found) are: ``(node, tokens)`` per
@@ -276,7 +291,7 @@ class KvIndex:
         per_node: dict[int, int] = {}
         start = 0
         last = runs[0][1]
-        for end, node in runs:
+        for end, node, _ in runs:
             part = min(end * BLOCK_TOKENS, tokens) - start
             if part <= 0:
                 break
@@ -286,10 +301,11 @@ class KvIndex:
             per_node[last] += tokens - start
         return tuple(per_node.items())
 
-    def store(self, context: int, blocks: int, now_ns: int, last: bool = False, node: int = -1) -> None:
-        """``context``'s KV now has ``blocks`` Full Blocks (written through as they were made, the new ones by
-        ``node``, which an index that places blocks must be told): hold them, evicting others' as the capacity
-        needs (what does not fit is not held); ``last``: its agent is done."""
+    def store(self, context: int, blocks: int, now_ns: int, last: bool = False, node: int = -1, clean: int = 0) -> None:
+        """``context``'s KV now has ``blocks`` Full Blocks (the new ones made by ``node``, which an index that places
+        blocks must be told; written through as they were made, or, by a tier that writes back, only the first
+        ``clean`` in storage): hold them, evicting others' as the capacity needs (what does not fit is not held, and
+        written back if dirty); ``last``: its agent is done."""
         if node < 0 and self._runs is not None:
             raise ValueError(f"{self.tier}: blocks of context {context} stored without the node that holds them")
         held = self.blocks.get(context, 0)
@@ -297,21 +313,38 @@ class KvIndex:
             room = (self.capacity - self.used_bytes) // self.block_bytes
             while room < blocks - held and self._evict(context, blocks - held - room):
                 room = (self.capacity - self.used_bytes) // self.block_bytes
-            kept = min(blocks - held, room)
+            kept = max(0, min(blocks - held, room))
             if kept > 0:
                 self.blocks[context] = held + kept
                 self.used_bytes += kept * self.block_bytes
                 if self._runs is not None:
                     runs = self._runs.setdefault(context, [])
-                    if runs and runs[-1][1] == node:
-                        runs[-1][0] = held + kept
-                    else:
-                        runs.append([held + kept, node])
+                    self._place(runs, held, held + kept, node, clean)
                 self._observe(KvStored(self.tier, context, held, kept))
+            first_dirty = max(held + kept, clean)
+            if self._write_back is not None and blocks > first_dirty:  # made here, and no room: to storage now
+                self._written(node, context, first_dirty, blocks - first_dirty)
         if self.blocks.get(context):
             self._use(context, now_ns)
             if last:
                 self.eviction.finished(context)
+
+    def _place(self, runs: list[list[int]], start: int, end: int, node: int, clean: int) -> None:
+        """Add blocks ``[start, end)`` on ``node`` to a context's ``runs``, those from ``clean`` on dirty if the
+        tier writes back."""
+        dirty_from = clean if self._write_back is not None else end
+        for lo, hi, dirty in ((start, min(end, dirty_from), 0), (max(start, dirty_from), end, 1)):
+            if hi <= lo:
+                continue
+            if runs and runs[-1][1] == node and runs[-1][2] == dirty:
+                runs[-1][0] = hi
+            else:
+                runs.append([hi, node, dirty])
+
+    def _written(self, node: int, context: int, first: int, blocks: int) -> None:
+        assert self._write_back is not None
+        self._observe(KvWritten(self.tier, node, context, first, blocks))
+        self._write_back(node, ((context, first, blocks),))
 
     def expire(self, context: int, now_ns: int) -> None:
         """A time to live of ``context`` may have run out at ``now_ns``: drop it if so (and not pinned)."""
@@ -352,6 +385,13 @@ class KvIndex:
             self._discard(((context, left, blocks),))
         if self._runs is not None:
             runs = self._runs[context]
+            if self._write_back is not None:  # its dirty blocks go to storage from the nodes holding them
+                start = 0
+                for end, node, dirty in runs:
+                    lo = max(start, left)
+                    if dirty and end > lo:
+                        self._written(node, context, lo, end - lo)
+                    start = end
             while len(runs) > 1 and runs[-2][0] >= left:
                 runs.pop()
             runs[-1][0] = left

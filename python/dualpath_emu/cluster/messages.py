@@ -25,7 +25,7 @@ from typing import Final
 from dualpath_emu.messages import Message, MessageRegistry
 
 __all__ = [
-    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "TurnsEnded", "WhichEnded", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
+    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "TurnsEnded", "WhichEnded", "WriteBack", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
     "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
 ]  # fmt: skip
 
@@ -218,6 +218,15 @@ class Drop(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class WriteBack(Message):
+    """To a decode group: write these Full Blocks of its node's DRAM pool to storage, ``extents`` flat ``(context,
+    first block, blocks)`` triples, the pool dropping them or having no room for them (``[kv.pool] write =
+    "back"``)."""
+
+    extents: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class WhichEnded(Message):
     """To the client, when a decode group's process restarted: which of these turns have you ended?"""
 
@@ -248,7 +257,7 @@ class Start(Message):
 _VERSIONS: Final[dict[type[Message], int]] = {
     Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 3, Prefill: 2, DecodeTask: 3, Expect: 2, HitReady: 2, ReadDone: 1,
     KvReady: 3, PrefillDone: 2, DecodeDone: 3, TurnDone: 3, Health: 1, ReadHere: 1, ReadMoved: 1, Start: 1, Crash: 1,
-    Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1,
+    Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1, WriteBack: 1,
 }  # fmt: skip
 """Every cluster message type and its wire version (bump it when its fields change): ``cluster.<name>``."""
 for _cls, _version in _VERSIONS.items():

@@ -18,7 +18,8 @@ import numpy
 
 from dualpath_emu.cluster.observations import (
     MEASUREMENTS, Arrival, Assigned, Completion, DecodeSegment, Failed, ForwardPass, HitFound, HitRead, KvEvicted,
-    KvStored, KvTaken, KvTier, PrefillChosen, PrefillPass, PrefillStarted, ReadRerouted, ReadStarted, Redispatched,
+    KvStored, KvTaken, KvTier, KvWritePolicy, KvWritten, PrefillChosen, PrefillPass, PrefillStarted, ReadRerouted,
+    ReadStarted, Redispatched,
 )  # fmt: skip
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.kv_cache import HBM, POOL, STORE
@@ -191,6 +192,11 @@ class KvTierStats:
     evictions: int = 0
     taken_blocks: int = 0
     """Blocks handed over to a running request (decode HBM kept across turns: the next turn on the same GPU)."""
+    write_back: bool = False
+    """The tier writes blocks to storage only when it drops them or has no room (a DRAM pool, ``write = "back"``)."""
+    written_blocks: int = 0
+    written_backs: int = 0
+    """Blocks it wrote back to storage, in how many writes."""
     asked_tokens: int = 0
     """Hit tokens requests asked of it (their context so far) and, of those, ``found_tokens``; the rest recomputed."""
     found_tokens: int = 0
@@ -213,6 +219,8 @@ class KvTierStats:
         b = self.block_bytes
         missed = "recomputed_tokens" if self.tier == STORE else "missed_tokens"
         taken = {"taken_bytes": self.taken_blocks * b} if self.tier == HBM else {}
+        if self.write_back:
+            taken = {"written_back_bytes": self.written_blocks * b, "write_backs": self.written_backs}
         return {**taken,
             "capacity_bytes": self.capacity_bytes, "peak_bytes": self.peak_blocks * b, "end_bytes": self.held_blocks * b,
             "stored_bytes": self.stored_blocks * b, "evicted_bytes": self.evicted_blocks * b,
@@ -315,6 +323,7 @@ class Metrics:
             ReadRerouted: self._read_rerouted, ForwardPass: self._forward_pass, PrefillPass: self._prefill_pass,
             DecodeSegment: self._decode_segment, KvTier: self._kv_tier, KvStored: self._kv_stored,
             KvEvicted: self._kv_evicted, KvTaken: self._kv_taken, HitFound: self._hit_found,
+            KvWritePolicy: self._kv_write_policy, KvWritten: self._kv_written,
         }, MEASUREMENTS)  # fmt: skip
 
     def _arrival(self, t_ns: int, r: Arrival) -> None:
@@ -386,6 +395,14 @@ class Metrics:
         tier.held(t_ns, -r.blocks)
         tier.evicted_blocks += r.blocks
         tier.evictions += 1
+
+    def _kv_write_policy(self, t_ns: int, r: KvWritePolicy) -> None:
+        self.kv[r.tier].write_back = r.write == "back"
+
+    def _kv_written(self, t_ns: int, r: KvWritten) -> None:
+        tier = self.kv[r.tier]
+        tier.written_blocks += r.blocks
+        tier.written_backs += 1
 
     def _kv_taken(self, t_ns: int, r: KvTaken) -> None:
         tier = self.kv[r.tier]

@@ -10,7 +10,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 
 __all__ = [
     "Admitted", "Arrival", "Assigned", "Completion", "DecodeSegment", "Ended", "Failed", "FaultChanged", "FaultPlanned", "ForwardPass",
-    "HitFound", "HitRead", "KvEvicted", "KvStored", "KvTaken", "KvTier", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
+    "HitFound", "HitRead", "KvEvicted", "KvStored", "KvTaken", "KvTier", "KvWritePolicy", "KvWritten", "LINE_FORMATS", "MEASUREMENTS", "Measurement", "Observation", "PoolCapacity", "PoolGive", "PoolTake",
     "PrefillChosen", "PrefillPass", "PrefillStarted", "Prefilled", "ReadRerouted", "ReadStarted", "Redispatched",
     "WorkloadEnded", "from_wire", "parse", "to_wire",
 ]  # fmt: skip
@@ -194,6 +194,39 @@ class KvEvicted(NamedTuple):
     """Tier ``tier`` dropped blocks ``[first, first + blocks)`` of ``context``, its tail (it keeps ``[0, first)``)."""
 
     tier: str
+    context: int
+    first: int
+    blocks: int
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class KvWritePolicy(NamedTuple):
+    """Tier ``tier`` writes its blocks to storage as ``write`` says (said after its :class:`KvTier`, only for a
+    DRAM pool that writes back: ``"back"``, blocks reach storage when it evicts them, :class:`KvWritten`)."""
+
+    tier: str
+    write: str
+
+    @property
+    def kind(self) -> str:
+        return _FORMATS[type(self)][0]
+
+    def summary(self) -> str:
+        return _format(self)
+
+
+class KvWritten(NamedTuple):
+    """Tier ``tier`` wrote blocks ``[first, first + blocks)`` of ``context``, held on node ``node``, to storage (a
+    write-back: it dropped them, or had no room for them), where later reads find them."""
+
+    tier: str
+    node: int
     context: int
     first: int
     blocks: int
@@ -426,7 +459,8 @@ class WorkloadEnded(NamedTuple):
 
 
 Observation: TypeAlias = (Admitted | Assigned | HitRead | Prefilled | Ended | PoolCapacity | PoolTake | PoolGive
-                          | FaultChanged | Failed | Redispatched | KvTier | KvStored | KvEvicted | KvTaken | HitFound)  # fmt: skip
+                          | FaultChanged | Failed | Redispatched | KvTier | KvStored | KvEvicted | KvTaken | HitFound
+                          | KvWritePolicy | KvWritten)  # fmt: skip
 """What the event log keeps."""
 Measurement: TypeAlias = (Arrival | Completion | PrefillChosen | ReadStarted | ReadRerouted | PrefillStarted
                           | ForwardPass | PrefillPass | DecodeSegment | FaultPlanned | WorkloadEnded)  # fmt: skip
@@ -438,7 +472,8 @@ _FORMATS: Final[dict[type, tuple[str, str]]] = {
     PoolTake: ("take", "%s %s %s"), PoolGive: ("give", "%s %s %s"), FaultChanged: ("fault", "%s %s %s x%r +%sns"),
     Failed: ("failed", "r%s %s"), Redispatched: ("redispatch", "r%s %s %s"), KvTier: ("kv_tier", "%s %s %s"),
     KvStored: ("kv_store", "%s c%s %s+%s"), KvEvicted: ("kv_evict", "%s c%s %s+%s"), KvTaken: ("kv_take", "%s c%s %s"),
-    HitFound: ("hit", "r%s c%s %s %s -%s"),
+    HitFound: ("hit", "r%s c%s %s %s -%s"), KvWritePolicy: ("kv_write_policy", "%s %s"),
+    KvWritten: ("kv_write", "%s n%s c%s %s+%s"),
 }  # fmt: skip
 _FORMATS.update({
     Arrival: ("arrival", "r%s a%s %s %s %s"), Completion: ("completion", "r%s %s %s %s"),
@@ -519,6 +554,11 @@ def parse(kind: str, summary: str) -> Observation:
         if kind in ("kv_store", "kv_evict") and len(words) == 3 and words[1].startswith("c") and "+" in words[2]:
             first, blocks = words[2].split("+")
             return (KvStored if kind == "kv_store" else KvEvicted)(words[0], int(words[1][1:]), int(first), int(blocks))
+        if kind == "kv_write_policy" and len(words) == 2:
+            return KvWritePolicy(words[0], words[1])
+        if kind == "kv_write" and len(words) == 4 and words[1].startswith("n") and words[2].startswith("c"):
+            first, blocks = words[3].split("+")
+            return KvWritten(words[0], int(words[1][1:]), int(words[2][1:]), int(first), int(blocks))
         if kind == "kv_take" and len(words) == 3 and words[1].startswith("c"):
             return KvTaken(words[0], int(words[1][1:]), int(words[2]))
         if kind == "hit" and len(words) == 5 and words[1].startswith("c") and words[4].startswith("-"):

@@ -112,6 +112,8 @@ class SystemResult:
     turns_done: int = 0  # Requests that ended with their last token.
     failed_agents: int = 0
     """Agents with a failed request: a closed-loop agent's later turns need its output, so they never run."""
+    snic_write_bytes: dict[str, float] = field(default_factory=dict)
+    """KV bytes written to storage through each role's storage NICs (the decode nodes' write-backs)."""
 
     @property
     def turns_not_run(self) -> int:
@@ -153,8 +155,8 @@ class SystemResult:
 _SUMMARY_KEYS: Final = (
     "jct_s", "complete", "incomplete", "turns", "turns_planned", "turns_done", "turns_not_run", "agents",
     "failed_requests", "failed_agents", "redispatches", "hit_rate", "ttft_s", "ttst_s", "tpot_s", "snic_read_bytes",
-    "snic_util", "cnic_util", "dram_util", "gpu_util", "working_set_bytes", "utilisation_sample_s",
-    "snic_max_over_mean", "event_log_sha256", "wall_s", "events", "core_events", "core_stats",
+    "snic_write_bytes", "snic_util", "cnic_util", "dram_util", "gpu_util", "working_set_bytes",
+    "utilisation_sample_s", "snic_max_over_mean", "event_log_sha256", "wall_s", "events", "core_events", "core_stats",
 )  # fmt: skip
 
 
@@ -305,6 +307,8 @@ def build_result(
         redispatches=len(metrics.redispatch_ns), ttft_s=percentiles(metrics.ttft_s()).as_dict(),
         ttst_s=percentiles(metrics.ttst_s()).as_dict(), tpot_s=percentiles(metrics.tpot_s()).as_dict(),
         snic_read_bytes={role: sum(v) for role, v in snic.items()},
+        snic_write_bytes={role: sum(report.kv_bytes(p, KV_LANE) for p in ports_of(topology, role, "snic.tx"))
+                          for role in ROLES},
         snic_util={role: {d: util(role, f"snic.{d}") for d in ("rx", "tx")} for role in ROLES},
         cnic_util={role: {d: util(role, f"cnic.{d}") for d in ("tx", "rx")} for role in ROLES},
         dram_util={role: util(role, "dram") for role in ROLES},

@@ -653,6 +653,7 @@ def kv_lines(results: dict[str, SystemResult]) -> list[str]:
                 f"{name}: {tier} of {kv['capacity_bytes'] / 1e9:,.1f} GB (peak {kv['peak_bytes'] / 1e9:,.1f}): found "
                 f"{kv['found_rate']:.1%} of the hit tokens asked, {lacked}; "
                 f"{kv['evictions']:,} evictions ({kv['evicted_bytes'] / 1e9:,.1f} GB)"
+                + (f"; wrote back {kv['written_back_bytes'] / 1e9:,.1f} GB to storage" if "write_backs" in kv else "")
             )
     return lines
 

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Final, Literal, cast
 
 from dualpath_emu.cluster.catalog import PACKAGED, Catalog, GpuSpec, ModelSpec, NodeSpec
-from dualpath_emu.cluster.config import ClusterConfig, KvHbmSpec, KvPoolSpec, KvTierSpec, derived
+from dualpath_emu.cluster.config import (
+    WRITE_BACK,
+    WRITE_POLICIES,
+    ClusterConfig,
+    KvHbmSpec,
+    KvPoolSpec,
+    KvTierSpec,
+    derived,
+)
 from dualpath_emu.cluster.kv_cache import EVICTIONS, Eviction
 from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
@@ -319,7 +327,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     )
     storage = _storage(storage_table, base.storage)
     kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
-    kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent)
+    kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent, kv_store.bounded)
     hbm_table = kv_table.table("hbm")
     hbm_eviction, hbm_ttl_s = _eviction(hbm_table, base.kv_hbm.eviction, base.kv_hbm.ttl_s, path.parent)
     kv_hbm = KvHbmSpec(_system_names(hbm_table, "systems", base.kv_hbm.systems), hbm_ttl_s, hbm_eviction)
@@ -455,14 +463,18 @@ def _kv_tier(t: Table, base: KvTierSpec, folder: Path) -> KvTierSpec:
     return KvTierSpec(capacity, eviction, ttl_s)
 
 
-def _kv_pool(t: Table, base: KvPoolSpec, folder: Path) -> KvPoolSpec:
-    """The DRAM pool's table (``[kv.pool]``): bytes per node, eviction, time to live, and the systems given it
-    besides those that always keep KV in one."""
+def _kv_pool(t: Table, base: KvPoolSpec, folder: Path, store_bounded: bool) -> KvPoolSpec:
+    """The DRAM pool's table (``[kv.pool]``): bytes per node, eviction, time to live, the systems given it besides
+    those that always keep KV in one, and its write policy."""
     per_node = t.get_int("bytes_per_node", base.bytes_per_node, min=1, max=LIMITS.max_kv_tier_bytes // LIMITS.max_nodes)
     eviction, ttl_s = _eviction(t, base.eviction, base.ttl_s, folder)
     systems = _system_names(t, "systems", base.systems)
+    write = t.get_str("write", base.write, choices=WRITE_POLICIES)
+    if write == WRITE_BACK and store_bounded:
+        raise t.error("write", "'through' with a bounded [kv.store] (a store that evicts takes no write-backs: not "
+                      "modelled)", write)  # fmt: skip
     t.finish()
-    return KvPoolSpec(per_node, eviction, ttl_s, systems)
+    return KvPoolSpec(per_node, eviction, ttl_s, systems, write)
 
 
 def _system_names(t: Table, key: str, default: Sequence[str]) -> tuple[str, ...]:

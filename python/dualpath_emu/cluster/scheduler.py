@@ -16,7 +16,7 @@ from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.kv_cache import POOL, STORE, HbmRetention, KvIndex
 from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
-    Submit, TurnsEnded,
+    Submit, TurnsEnded, WriteBack,
 )  # fmt: skip
 from dualpath_emu.cluster.observations import Assigned, PrefillChosen, ReadRerouted
 from dualpath_emu.cluster.policies import (
@@ -25,7 +25,7 @@ from dualpath_emu.cluster.policies import (
 )  # fmt: skip
 from dualpath_emu.cluster.policies import Health as HealthView
 from dualpath_emu.cluster.recovery import CrashRecovery
-from dualpath_emu.runtime.engine import DataPlane, Outbox, on
+from dualpath_emu.runtime.engine import DataPlane, Extents, Outbox, on
 
 __all__ = ["Scheduler"]
 
@@ -111,8 +111,12 @@ class Scheduler(ClusterEngine):
                    if kv.bounded else None)  # fmt: skip
         """Which Full Blocks of each context the storage tier holds, if it is bounded (:mod:`.kv_cache`)."""
         pool, system = cluster.config.kv_pool, cluster.system
-        self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True)
-                     if system.pool else None)  # fmt: skip
+        if kv.bounded and pool.write_back and system.pool:
+            raise ValueError("[kv.pool] write = 'back' with a bounded [kv.store]: a store that evicts takes no "
+                             "write-backs (not modelled)")  # fmt: skip
+        write_back = self._write_back if pool.write_back else None
+        self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True,
+                             write_back=write_back) if system.pool else None)  # fmt: skip
         """Which Full Blocks of each context the nodes' DRAM pool holds, and where, if the system keeps KV in one."""
         kept = cluster.config.kv_hbm
         self.retention = (HbmRetention(sum(len(e) for e in self._de.values()), gpus, hbm, BLOCK_TOKENS * self._kv,
@@ -187,7 +191,7 @@ class Scheduler(ClusterEngine):
                 in_pool = 0
                 if pool is not None:  # the nearest tier first: its blocks are read from the nodes holding them
                     in_pool = pool.find(turn.rid, context, hit, now)
-                    pool.pin(context, blocks)
+                    pool.pin(context, blocks, hit // BLOCK_TOKENS)
                 if kv is not None:
                     hit = max(in_pool, kv.find(turn.rid, context, hit, now))
                     kv.pin(context, blocks)
@@ -414,10 +418,14 @@ class Scheduler(ClusterEngine):
                 continue
             tier.unpin(context)
             if done and (tier is self.kv or node >= 0):
-                tier.store(context, blocks, now, last, node)
+                tier.store(context, blocks, now, last, node, request.hit_tokens // BLOCK_TOKENS)
             expiry = tier.next_expiry_ns(context)
             if expiry is not None:
                 self.plane.timer(expiry, partial(tier.expire, context))
+
+    def _write_back(self, node: int, extents: Extents) -> None:
+        """The DRAM pool writes back: decode node ``node`` writes these blocks of its DRAM to storage."""
+        self.out.send(self._de_group[node], WriteBack(tuple(x for extent in extents for x in extent)))
 
     # --- engine crashes (issue 26): the recovery component's ---------------------------------------------
 

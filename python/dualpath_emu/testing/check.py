@@ -278,7 +278,7 @@ def describe_case(case: ClusterCase) -> list[str]:
     lines.append(f"delivery: {order}{delay}; workload seed {case.seed}")
     tiers = [f"store of {case.store_blocks} blocks ({case.eviction})" if case.store_blocks else "unbounded store"]
     if case.pool_blocks:
-        tiers.append(f"DRAM pool of {case.pool_blocks} blocks per node")
+        tiers.append(f"DRAM pool of {case.pool_blocks} blocks per node, write-{case.pool_write}")
     lines.append("kv: " + ", ".join(tiers))
     return lines
 

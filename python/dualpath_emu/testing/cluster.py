@@ -57,8 +57,8 @@ def case_config(case: ClusterCase, system: str = "") -> ClusterConfig:
         de_hbm_reserve_fraction=case.de_hbm_reserve_fraction, faults=FaultPlan(faults), stall_timeout_s=_STALL_S,
         order_seed=case.order_seed, message_delay_s=case.message_delay_s, kv_store=KvTierSpec(
             case.store_blocks * BLOCK_TOKENS * MODELS[MODEL].kv_bytes_per_token, case.eviction, case.ttl_s),
-        kv_pool=KvPoolSpec(case.pool_blocks * BLOCK_TOKENS * MODELS[MODEL].kv_bytes_per_token, systems=(system,))
-        if case.pool_blocks else KvPoolSpec(),
+        kv_pool=KvPoolSpec(case.pool_blocks * BLOCK_TOKENS * MODELS[MODEL].kv_bytes_per_token, systems=(system,),
+                           write=case.pool_write) if case.pool_blocks else KvPoolSpec(),
     )  # fmt: skip
 
 
@@ -137,7 +137,7 @@ def write_case(case: ClusterCase, spec: str, path: Path, name: str = "") -> tupl
             lines.append(f"ttl_s = {case.ttl_s!r}")
     if case.pool_blocks:
         lines += ["", "[kv.pool]", f"bytes_per_node = {case_config(case).kv_pool.bytes_per_node}",
-                  f"systems = [{json.dumps(name)}]"]  # fmt: skip
+                  f"systems = [{json.dumps(name)}]", f'write = "{case.pool_write}"']  # fmt: skip
     for fault in case.faults:
         lines += ["", "[[faults]]", f'kind = "{fault.kind}"', f'target = "{fault.target}"', f"at_s = {fault.at_s!r}"]
         lines.append(

@@ -137,6 +137,8 @@ class ClusterCase:
     ttl_s: float = 0.0
     pool_blocks: int = 0
     """A DRAM pool per node, in Full Blocks, that the checked system keeps KV in (0: none but a system's own)."""
+    pool_write: str = "through"
+    """The pool's write policy (``"back"`` only over an unbounded store)."""
 
     @property
     def requests(self) -> int:
@@ -177,7 +179,8 @@ def cluster_cases(draw: st.DrawFn, faults: bool = True, orders: bool = True, too
                   max_agents: int = 6, stores: bool = True) -> ClusterCase:  # fmt: skip
     """A small cluster (1..2 prefill and decode nodes of 1..4 GPUs, DE HBM from roomy to one request per GPU), a
     workload, a fault schedule, a delivery order and (``stores``) a store that is unbounded half the time, else
-    from a few blocks to ample, with an eviction policy, and a DRAM pool half the time."""
+    from a few blocks to ample, with an eviction policy, and a DRAM pool half the time (writing back half the time
+    over an unbounded store)."""
     pe_nodes, de_nodes = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     gpus = draw(st.integers(1, 4))
     reserve = draw(st.sampled_from([0.1, 0.9, 0.98, 0.99]))
@@ -189,8 +192,9 @@ def cluster_cases(draw: st.DrawFn, faults: bool = True, orders: bool = True, too
     eviction = draw(st.sampled_from(["lru", "ttl", "tool_wait"])) if store_blocks else "lru"
     ttl_s = draw(st.sampled_from([0.1, 1.0, 30.0])) if eviction == "ttl" else 0.0
     pool_blocks = draw(st.sampled_from([0, 0, 0, 2, 20, 200, 2_000])) if stores else 0
+    pool_write = draw(st.sampled_from(["through", "back"])) if pool_blocks and not store_blocks else "through"
     case = ClusterCase(pe_nodes, de_nodes, gpus, reserve, rounds, waits, schedule, draw(st.integers(0, 3)),
-                       order_seed, delay, store_blocks, eviction, ttl_s, pool_blocks)  # fmt: skip
+                       order_seed, delay, store_blocks, eviction, ttl_s, pool_blocks, pool_write)  # fmt: skip
     from dualpath_emu.testing.cluster import case_fits  # (the cluster model, imported when a case is drawn)
 
     assume(case_fits(case))  # as a scenario is refused whose longest request's KV fits no DE GPU

@@ -228,7 +228,7 @@ def _timer(value: object, what: str) -> tuple[int, int]:
 
 _DECODE_SPEC_KEYS: Final = frozenset({
     "gpus", "together", "pricing", "kv_bytes_per_token", "a2a_bytes_per_token", "a2a_paths", "a2a_lane", "d2h_paths",
-    "storage_node", "kv_lane", "first_unit",
+    "storage_node", "kv_lane", "first_unit", "write_through",
 })  # fmt: skip
 """The keywords of ``Core.add_decode_node`` a decode node's ``spec`` may give (its values are the core's to check)."""
 
