@@ -5,8 +5,9 @@ The paper's SGLang baseline, SGL(MC), holds KV in a Mooncake store of 1.5 TB of 
 pool holds is read from the node that holds it over the compute network, the rest from storage on the prefill side
 (it has no second path). Here each system runs DS 660B 2P4D offline on the 64K dataset (512 agents, their whole
 trajectories), SGL(MC) with the paper's pool (9 TB over six nodes) and with pools of 0.5×, 0.25× and 0.1× the peak
-working set of the unbounded run. Reported: the JCT, the share of hit tokens the pool held, the bytes read from
-storage on each side, the bytes the pool served, TTFT and TPOT.
+working set of the unbounded run, each written through to storage (the paper's) and written back on eviction.
+Reported: the JCT, the share of hit tokens the pool held, the bytes read from storage on each side and written to
+it, the bytes the pool served, TTFT and TPOT.
 
 Caveat, as the paper's: the stacks differ. The paper judged a comparison with SGL(MC) unfair (another engine, its own
 scheduler and kernels) and shows none for DeepSeek. Here SGL(MC) is the emulator's own engines with SGL(MC)'s data
@@ -51,11 +52,14 @@ def first_cells(quick: bool) -> list[Cell]:
 
 
 def smaller_cells(quick: bool, peak_bytes: float) -> list[Cell]:
-    """SGL(MC) with pools of :data:`FRACTIONS` of ``peak_bytes``."""
+    """SGL(MC) with pools of :data:`FRACTIONS` of ``peak_bytes`` written through, then every SGL(MC) pool (the
+    paper's too) written back."""
     config, rounds = base(quick)
     nodes = config.pe_nodes + config.de_nodes
-    return [Cell({"pool": f"{f:g}x"}, dataclasses.replace(config, kv_pool=KvPoolSpec(max(1, int(f * peak_bytes / nodes)))),
-                 "sglmc", max_rounds=rounds) for f in FRACTIONS]  # fmt: skip
+    sizes = [(PAPER, KvPoolSpec())] + [(f"{f:g}x", KvPoolSpec(max(1, int(f * peak_bytes / nodes)))) for f in FRACTIONS]
+    return [Cell({"pool": label, "write": write}, dataclasses.replace(config, kv_pool=dataclasses.replace(pool, write=write)),
+                 "sglmc", max_rounds=rounds)
+            for write in ("through", "back") for label, pool in sizes if (write, label) != ("through", PAPER)]  # fmt: skip
 
 
 def build(args: argparse.Namespace) -> Report:
@@ -64,7 +68,8 @@ def build(args: argparse.Namespace) -> Report:
     peak = next(r for r in first if r.cell.system == "basic").summary["working_set_bytes"]["max"]
     results = first + run_cells(smaller_cells(args.quick, peak), args.jobs, **options)
     rows = [_row(r) for r in results]
-    by = {(row["system"], row["pool"]): row for row in rows}
+    by = {(row["system"], row["pool"]): row for row in rows if row["write"] != "back"}
+    back = {row["pool"]: row for row in rows if row["write"] == "back"}
     basic, dual, paper = by[("basic", "-")], by[("dualpath", "-")], by[("sglmc", PAPER)]
     dual_pool = by[("dualpath", PAPER)]
     sizes = [by[("sglmc", f"{f:g}x")] for f in FRACTIONS]
@@ -83,6 +88,13 @@ def build(args: argparse.Namespace) -> Report:
             dual_pool["pool_found"] == 1.0 and dual_pool["storage_read_gb"] == 0.0
         ),
         "every request ended in every run": all(row["failed"] == 0 for row in rows),
+        "written back, the paper's pool writes nothing to storage": back[PAPER]["storage_write_gb"] == 0.0,
+        "written back, every pool writes less to storage than written through": all(
+            back[row["pool"]]["storage_write_gb"] < row["storage_write_gb"] for row in ladder
+        ),
+        "written back, every storage write is a write-back of what the pool dropped": all(
+            abs(row["storage_write_gb"] - row["written_back_gb"]) <= 0.1 for row in back.values()
+        ),
     }
     notes = [
         f"Pool sizes: the paper's 1.5 TB per node (9 TB on 2P4D), then fractions of the unbounded Basic run's peak "
@@ -90,7 +102,11 @@ def build(args: argparse.Namespace) -> Report:
         "pool_found: the share of the hit tokens (each turn's context so far) the pool held at dispatch; the rest was "
         "read from storage (unbounded, as the paper's 3FS). pool_served_gb: the KV the pool sent to the reading "
         "side, over the compute network from the decode node that wrote it (none when it is that node itself).",
-        "storage_read_gb: bytes read through the storage NICs, prefill side (PE) and decode side (DE).",
+        "storage_read_gb: bytes read through the storage NICs, prefill side (PE) and decode side (DE); "
+        "storage_write_gb: bytes written to storage (the decode nodes' write-backs).",
+        "write: 'through', every turn's Full Blocks go on to storage as they are made (the paper's SGL(MC), Mooncake "
+        "over 3FS); 'back', they stay in the pool and reach storage only when it drops them or has no room for them "
+        "(written_back_gb).",
         f"JCT against SGL(MC) with the paper's pool: Basic {basic['jct_s'] / paper['jct_s']:.2f}, DualPath "
         f"{dual['jct_s'] / paper['jct_s']:.2f}, DualPath with the same pool {dual_pool['jct_s'] / paper['jct_s']:.2f}.",
         "A pool's hits cross the prefill GPU's compute NIC twice, into the PE buffer and then into HBM (H2D goes "
@@ -107,14 +123,17 @@ def _row(r: CellResult) -> dict[str, Any]:
     s = r.summary
     pool = s.get("kv", {}).get("pool")
     read = s["snic_read_bytes"]
+    written = s["snic_write_bytes"]
     return {
-        "system": r.cell.system, "pool": r.cell.labels["pool"],
+        "system": r.cell.system, "pool": r.cell.labels["pool"], "write": r.cell.labels.get("write", "through"),
         "pool_gb": round(pool["capacity_bytes"] / 1e9, 1) if pool else 0.0,
         "working_set_max_gb": round(s["working_set_bytes"]["max"] / 1e9, 1),
         "pool_found": round(pool["found_rate"], 4) if pool else 0.0,
         "pool_served_gb": round(pool["found_bytes"] / 1e9, 1) if pool else 0.0,
         "storage_read_gb": round((read["pe"] + read["de"]) / 1e9, 1),
         "snic_read_de_gb": round(read["de"] / 1e9, 1), "evicted_gb": round(pool["evicted_bytes"] / 1e9, 1) if pool else 0.0,
+        "storage_write_gb": round((written["pe"] + written["de"]) / 1e9, 1),
+        "written_back_gb": round(pool.get("written_back_bytes", 0) / 1e9, 1) if pool else 0.0,
         "ttft_p50_s": round(s["ttft_s"]["p50"], 3), "ttft_p99_s": round(s["ttft_s"]["p99"], 3),
         "tpot_p50_ms": round(1e3 * s["tpot_s"]["p50"], 1), "failed": s.get("failed_requests", 0),
         "jct_s": round(r.jct_s, 1),
@@ -124,10 +143,13 @@ def _row(r: CellResult) -> dict[str, Any]:
 def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """JCT and bytes read from storage against SGL(MC)'s pool size, Basic and DualPath as lines."""
     fig, (left, right) = panels(2, width=4.6, height=3.4)
-    pools = [row for row in rows if row["system"] == "sglmc"]
-    xs = [row["pool"] for row in pools]
-    left.plot(xs, [row["jct_s"] for row in pools], "o-", color="tab:green", label="sglmc")
-    right.plot(xs, [row["storage_read_gb"] for row in pools], "o-", color="tab:green", label="sglmc")
+    for write, style in (("through", "o-"), ("back", "s--")):
+        pools = [row for row in rows if row["system"] == "sglmc" and row["write"] == write]
+        xs = [row["pool"] for row in pools]
+        label = f"sglmc, written {write}"
+        left.plot(xs, [row["jct_s"] for row in pools], style, color="tab:green", label=label)
+        right.plot(xs, [row["storage_read_gb"] for row in pools], style, color="tab:green", label=f"{label}: read")
+        right.plot(xs, [row["storage_write_gb"] for row in pools], style, color="tab:olive", label=f"{label}: written")
     for row in rows:
         if row["system"] != "sglmc":
             color = "tab:blue" if row["system"] == "basic" else "tab:red"
@@ -139,7 +161,8 @@ def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     left.set_ylabel("JCT (s)")
     left.set_ylim(bottom=0)
     right.set_xlabel("SGL(MC) pool (of the peak working set)")
-    right.set_ylabel("read from storage (GB)")
+    right.set_ylabel("storage (GB)")
+    right.legend(fontsize=6)
     right.set_ylim(bottom=0)
     left.legend(fontsize=7)
     save(fig, path)
