@@ -116,6 +116,9 @@ class Plane:
     def discard(self, extents: Any) -> None:
         self.requests.append(("discard", (extents,), None))
 
+    def pool(self, node: int, op: str, extents: Any) -> None:
+        self.requests.append(("pool", (node, op, extents), None))
+
     def take(self, kind: str) -> list[tuple[tuple[Any, ...], Then | None]]:
         mine = [(args, then) for k, args, then in self.requests if k == kind]
         self.requests = [r for r in self.requests if r[0] != kind]

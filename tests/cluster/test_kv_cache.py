@@ -158,6 +158,9 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
     assert pool.where(1, 6 * BLOCK_TOKENS) == ((4, 4 * BLOCK_TOKENS), (5, 2 * BLOCK_TOKENS))
     assert pool.where(1, 4 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS), (5, BLOCK_TOKENS))
     assert pool.where(1, 6 * BLOCK_TOKENS + 7) == ((4, 4 * BLOCK_TOKENS + 7), (5, 2 * BLOCK_TOKENS))  # partial block
+    # Run by run, in block order (what a reading engine takes from each node).
+    runs = ((4, 3 * BLOCK_TOKENS), (5, 2 * BLOCK_TOKENS), (4, BLOCK_TOKENS + 7))
+    assert pool.where(1, 6 * BLOCK_TOKENS + 7, runs=True) == runs
     pool.store(2, 7, now_ns=4, node=0)  # 3 blocks must go: context 1's tail, blocks 3-5
     assert pool.blocks == {1: 3, 2: 7} and pool.where(1, 3 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS),)
     assert KvIndex("store", KvTierSpec(10 * BLOCK), BLOCK, seen.append).where(1, 64) == ()  # a tier that does not place
@@ -176,8 +179,20 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
 def test_a_pool_that_writes_back_writes_its_dirty_blocks_from_their_node_when_it_drops_them_or_has_no_room() -> None:
     seen: list[Any] = []
     written: list[tuple[int, Any]] = []
-    pool = KvIndex("pool", KvTierSpec(10 * BLOCK), BLOCK, seen.append, placed=True,
-                   write_back=lambda node, extents: written.append((node, extents)))  # fmt: skip
+    held: dict[int, set[tuple[int, int]]] = {}  # what each node's DRAM holds, as the pool tells it
+
+    def on_node(node: int, put: Any, drop: Any, write: Any) -> None:
+        mine = held.setdefault(node, set())
+        for context, first, count in drop:
+            assert {(context, b) for b in range(first, first + count)} <= mine  # a node drops only what it holds
+            mine -= {(context, b) for b in range(first, first + count)}
+        for context, first, count in put:
+            mine |= {(context, b) for b in range(first, first + count)}
+        if write:
+            written.append((node, write))
+
+    pool = KvIndex("pool", KvTierSpec(10 * BLOCK), BLOCK, seen.append, placed=True, on_node=on_node,
+                   write_back=True)  # fmt: skip
     pool.start()
     pool.store(1, 4, now_ns=1, node=4)  # a first turn, decoded on node 4: the blocks it made are dirty
     pool.store(1, 6, now_ns=2, node=5, clean=5)  # the next, on node 5: read block 4 from storage (clean), made 5
@@ -196,11 +211,15 @@ def test_a_pool_that_writes_back_writes_its_dirty_blocks_from_their_node_when_it
     pool.store(5, 20, now_ns=6, node=3, clean=2)
     assert pool.blocks == {5: 10}
     assert written[5:] == [(1, ((3, 0, 4),)), (2, ((4, 1, 5),)), (3, ((5, 10, 10),))]
+    assert {n: h for n, h in held.items() if h} == {3: {(5, b) for b in range(10)}}  # the nodes hold what it does
+    assert pool.where(5, 10 * BLOCK_TOKENS, runs=True) == ((3, 10 * BLOCK_TOKENS),)
     assert [r for r in seen if isinstance(r, KvWritePolicy)] == [KvWritePolicy("pool", "back")]
     assert [(r.node, ((r.context, r.first, r.blocks),)) for r in seen if isinstance(r, KvWritten)] == written
     assert checked(seen) == []
     with pytest.raises(ValueError, match="must place"):
-        KvIndex("store", KvTierSpec(BLOCK), BLOCK, seen.append, write_back=lambda node, extents: None)
+        KvIndex("store", KvTierSpec(BLOCK), BLOCK, seen.append, write_back=True)
+    with pytest.raises(ValueError, match="needs on_node"):
+        KvIndex("pool", KvTierSpec(BLOCK), BLOCK, seen.append, placed=True, write_back=True)
 
 
 def test_the_checker_catches_a_hit_read_from_storage_that_a_pool_writing_back_never_wrote() -> None:

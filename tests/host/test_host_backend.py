@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from dualpath_emu.cluster.catalog import MODELS
-from dualpath_emu.cluster.config import ClusterConfig
+from dualpath_emu.cluster.config import BLOCK_TOKENS, ClusterConfig
 from dualpath_emu.cluster.live import run_live
 from dualpath_emu.cluster.run import SystemResult, run_system
 from dualpath_emu.cluster.systems import SYSTEMS
@@ -169,6 +169,8 @@ def test_the_byte_channel_pushes_and_pulls_verified_bytes(tmp_path: Path) -> Non
 def test_the_byte_channel_rejects_bad_frames_and_counts_wrong_bytes(tmp_path: Path) -> None:
     async def main() -> None:
         a, b = _channels(tmp_path)
+        reads: list[tuple[int, list[int]]] = []
+        b.on_pool = lambda node, flat: reads.append((node, flat))
         await b.open()
         context = zmq.Context()
         raw = context.socket(zmq.DEALER)
@@ -180,15 +182,17 @@ def test_the_byte_channel_rejects_bad_frames_and_counts_wrong_bytes(tmp_path: Pa
             raw.send_multipart([msgpack.packb(["data", 7, 0, True, False]), b"x" * 10])  # nobody pulled it
             # A chunk whose bytes are not the job's pattern: counted as mismatched, then acknowledged.
             raw.send_multipart([msgpack.packb(["data", 8, 0, True, True]), b"\0" * 100])
+            raw.send_multipart([msgpack.packb(["pool", 2, [1, 0]])])  # a pool read's blocks are triples
+            raw.send_multipart([msgpack.packb(["pool", 2, [1, 0, 4]])])
             for _ in range(200):
                 await asyncio.sleep(0.01)
-                if b.stats.rejected >= 3 and b.stats.mismatched_bytes:
+                if b.stats.rejected >= 4 and b.stats.mismatched_bytes and reads:
                     break
         finally:
             raw.close(linger=0)
             context.term()
             await b.close()
-        assert b.stats.rejected == 3
+        assert b.stats.rejected == 4 and reads == [(2, [1, 0, 4])]
         assert b.stats.mismatched_bytes == 100 and b.stats.verified_bytes == 0
 
     asyncio.run(main())
@@ -460,6 +464,13 @@ def test_sglmc_reads_its_pool_over_the_byte_channel_and_storage_for_what_the_poo
     assert {"pool read", "storage read (PE)"} <= kinds and "storage read (DE)" not in kinds
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
     assert host["bytes_read"] == host["verified_read_bytes"] > 0
+    # The pool is real memory in the decode nodes' processes: every block it was given, dropped and read is there,
+    # intact; it never held more than its capacity.
+    pool = host["dram_pool"]
+    block = BLOCK_TOKENS * MODELS["ds27b"].kv_bytes_per_token
+    assert pool["mismatched_blocks"] == 0 and pool["blocks_dropped"] == kv["evicted_bytes"] // block > 0
+    assert pool["blocks_put"] == kv["stored_bytes"] // block and pool["blocks_held_at_end"] == kv["end_bytes"] // block
+    assert pool["blocks_read_checked"] * block >= kv["found_bytes"] * 0.9 > 0
     if write == "back":  # every storage write is a write-back of blocks the pool dropped
         assert kv["write_backs"] > 0 and result.snic_write_bytes["de"] == pytest.approx(kv["written_back_bytes"])
         row = host["paths"]["write-back"]

@@ -78,6 +78,10 @@ class LoggingPlane:
         self.calls["discard"] += 1
         self.inner.discard(extents)
 
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        self.calls["pool"] += 1
+        self.inner.pool(node, op, extents)
+
     def flush(self) -> None:
         self.inner.flush()
 

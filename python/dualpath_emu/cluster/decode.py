@@ -24,12 +24,12 @@ from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.ledger import Booking, Ledger
 from dualpath_emu.cluster.messages import (
     Crash, DecodeDone, DecodeTask, Drop, Expect, Health, HitReady, KvReady, Lost, ReadDone, ReadHere, ReadMoved,
-    TurnDone, WriteBack,
+    PoolChange, TurnDone,
 )  # fmt: skip
 from dualpath_emu.cluster.observations import DecodeSegment, Ended, HitRead, ReadStarted
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
-from dualpath_emu.runtime.engine import DataPlane, Outbox, on
+from dualpath_emu.runtime.engine import DataPlane, Extents, Outbox, on
 
 __all__ = ["DecodeGroup", "DecodeListener", "DecodeSteps", "DecodingRequest"]
 
@@ -242,15 +242,19 @@ class DecodeGroup(EngineGroup):
             pool.reset(now)
         self._lose(lost, "crash")
 
-    @on(WriteBack)
-    def on_write_back(self, now: int, msg: WriteBack, sender: str) -> None:
-        """The DRAM pool writes these blocks of this node's DRAM to storage (it drops them, or had no room): DRAM →
-        SNIC → storage. The pool is not the engine's (a Mooncake store runs beside it): a crash loses none of it,
-        and a crashed engine's node writes back all the same."""
-        flat = msg.extents
-        extents = tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
-        size = sum(blocks for _, _, blocks in extents) * BLOCK_TOKENS * self._kv
-        self.plane.io(self.node, "write", KV_LANE, size, extents)
+    @on(PoolChange)
+    def on_pool_change(self, now: int, msg: PoolChange, sender: str) -> None:
+        """The DRAM pool's blocks on this node changed: what it dropped leaves its DRAM (its dirty blocks written to
+        storage first, DRAM → SNIC → storage), what it holds now is there. The pool is not the engine's (a Mooncake
+        store runs beside it): a crash loses none of it, and a crashed engine's node goes on writing back."""
+        if msg.drop:
+            self.plane.pool(self.node, "drop", _extents(msg.drop))
+        if msg.write:
+            extents = _extents(msg.write)
+            size = sum(blocks for _, _, blocks in extents) * BLOCK_TOKENS * self._kv
+            self.plane.io(self.node, "write", KV_LANE, size, extents)
+        if msg.put:
+            self.plane.pool(self.node, "put", _extents(msg.put))
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
@@ -456,6 +460,11 @@ class DecodeGroup(EngineGroup):
 def _stored(task: DecodeTask) -> int:
     """Hit tokens of ``task`` read from storage (a read queue's count): :func:`stored_tokens`."""
     return stored_tokens(task.hit, task.pooled, task.kept)
+
+
+def _extents(flat: tuple[int, ...]) -> Extents:
+    """Flat ``(context, first, blocks)`` triples (:class:`PoolChange`) as extents."""
+    return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
 
 
 def _buffered(task: DecodeTask) -> int:

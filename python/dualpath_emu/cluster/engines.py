@@ -45,16 +45,24 @@ def stored_tokens(hit: int, pooled: Sequence[int], kept: bool) -> int:
 def read_hit(plane: Ledger, topology: Topology, now: int, node: int, gpu: int, context: int, hit: int,
              pooled: Sequence[int], kv_bytes: int, then: Then) -> None:  # fmt: skip
     """Bring a hit of ``hit`` tokens of ``context`` into ``node``'s DRAM (its PE or DE buffer), then ``then``: the
-    runs the DRAM pool holds (``pooled``: ``node, tokens`` pairs, flat) from the nodes holding them, over the
-    compute network through GPU ``gpu``'s CNICs at both ends (a run on ``node`` itself is there already), and the
-    rest from storage through ``node``'s storage NIC (§4, Fig. 4 steps 1-2)."""
-    moves: list[tuple[tuple[int, ...], int]] = []
+    runs the DRAM pool holds (``pooled``: ``node, tokens`` pairs, flat, one per run of blocks in block order) from
+    the nodes holding them, one transfer per node over the compute network through GPU ``gpu``'s CNICs at both ends
+    (a run on ``node`` itself is there already; the pool serves each node's blocks), and the rest from storage
+    through ``node``'s storage NIC (§4, Fig. 4 steps 1-2)."""
+    per_node: dict[int, list[tuple[int, int, int]]] = {}  # source -> its runs' Full Blocks, and its tokens
     start = 0
     for i in range(0, len(pooled), 2):
         source, tokens = pooled[i], pooled[i + 1]
-        if source != node:
-            moves.append((topology.buffer_to_buffer(source, gpu, node, gpu), tokens * kv_bytes))
+        runs = per_node.setdefault(source, [])
+        first, end = start // BLOCK_TOKENS, (start + tokens) // BLOCK_TOKENS
+        runs.append((context, first, end - first))
         start += tokens
+    moves: list[tuple[tuple[int, ...], int]] = []
+    for source, runs in per_node.items():
+        plane.pool(source, "read", tuple(run for run in runs if run[2] > 0))
+        if source != node:
+            tokens = sum(pooled[i + 1] for i in range(0, len(pooled), 2) if pooled[i] == source)
+            moves.append((topology.buffer_to_buffer(source, gpu, node, gpu), tokens * kv_bytes))
     stored = hit - start
     if not moves and stored <= 0:
         plane.timer(now, then)  # the pool on this node holds it all

@@ -6,8 +6,10 @@ hit is a prefix of it). A full tier drops a context's blocks from the tail, the 
 :class:`Eviction` policy; a context with a request in flight is pinned (its blocks are being read or written) and
 never chosen. A request's hit is what the tier holds of it when it is dispatched: the tokens beyond are computed
 again by the prefill engine. A DRAM pool may write back (``[kv.pool] write = "back"``): the blocks a turn made stay
-in the pool, *dirty*, and go to storage only when the pool drops them or has no room for them (``write_back``), so
-storage holds every block the pool lacks. The index belongs to the scheduler, which dispatches (engine state, as in a live run);
+in the pool, *dirty*, and go to storage only when the pool drops them or has no room for them, so storage holds
+every block the pool lacks. An index that places blocks tells the nodes what they hold (``on_node``): the blocks
+each node's DRAM now holds, those it drops and those it writes back, which its decode engine's data plane applies
+(real memory on the host backend). The index belongs to the scheduler, which dispatches (engine state, as in a live run);
 it tells the run what happens through its observations (:class:`~dualpath_emu.cluster.observations.KvTier`,
 ``KvStored``, ``KvEvicted``, ``HitFound``), which the invariant checker follows block by block.
 
@@ -201,16 +203,19 @@ class _Guarded(Eviction):
 
 class KvIndex:
     """One tier's index (see the module): ``find`` at dispatch, ``pin`` while a request is in flight, ``store``
-    as its KV is complete, ``expire`` when a time to live may have run out. ``write_back(node, extents)``, for an
-    index that places blocks: the tier writes back, and these dirty blocks held on ``node`` must go to storage now."""
+    as its KV is complete, ``expire`` when a time to live may have run out. For an index that places blocks,
+    ``on_node(node, put, drop, write)`` says what changed on ``node``: the blocks it holds now, those it no longer
+    holds, and (``write_back``: the tier writes back) the dirty ones it must write to storage now."""
 
     def __init__(
         self, tier: str, spec: KvTierSpec, block_bytes: int, observe: Callable[[Observed], None],
         eviction: Eviction | None = None, discard: Callable[[Extents], None] | None = None, placed: bool = False,
-        write_back: Callable[[int, Extents], None] | None = None,
+        on_node: Callable[[int, Extents, Extents, Extents], None] | None = None, write_back: bool = False,
     ) -> None:  # fmt: skip
-        if write_back is not None and not placed:
+        if (write_back or on_node is not None) and not placed:
             raise ValueError(f"{tier}: a tier that writes back must place its blocks (it writes them from their node)")
+        if write_back and on_node is None:
+            raise ValueError(f"{tier}: a tier that writes back needs on_node (who writes its blocks)")
         self.tier = tier
         self.capacity = spec.capacity_bytes
         self.block_bytes = block_bytes
@@ -231,13 +236,14 @@ class KvIndex:
         """``placed``: per context, where its blocks are, as ``[end block, node, dirty]`` runs in block order (a
         store places what it adds on the node that wrote it; ``dirty`` 1: not in storage, written back when dropped)."""
         self._write_back = write_back
+        self._on_node = on_node
         self._promised_clean: dict[int, int] = {}
         """Per pinned context, the blocks below which its request in flight found its KV in storage (read, not made)."""
 
     def start(self) -> None:
         """Say the tier's capacity (before its first block), and that it writes back if it does."""
         self._observe(KvTier(self.tier, self.capacity, self.block_bytes))
-        if self._write_back is not None:
+        if self._write_back:
             self._observe(KvWritePolicy(self.tier, "back"))
 
     def find(self, rid: int, context: int, hit: int, now_ns: int) -> int:
@@ -281,25 +287,33 @@ class KvIndex:
             self._promised_node.pop(context, None)
             self._promised_clean.pop(context, None)
 
-    def where(self, context: int, tokens: int) -> tuple[tuple[int, int], ...]:
+    def where(self, context: int, tokens: int, runs: bool = False) -> tuple[tuple[int, int], ...]:
         """Where the first ``tokens`` tokens of ``context`` (what :meth:`find` found) are: ``(node, tokens)`` per
-        node holding some, in the order of their first block (a partial last block counts with the last block's
-        node); empty for an index that does not place."""
-        runs = self._runs.get(context) if self._runs is not None else None
-        if not runs or tokens <= 0:
+        node holding some, in the order of their first block, or (``runs``) per run of blocks on one node, in block
+        order (a partial last block counts with the last block's node); empty for an index that does not place."""
+        held = self._runs.get(context) if self._runs is not None else None
+        if not held or tokens <= 0:
             return ()
-        per_node: dict[int, int] = {}
+        out: dict[int, int] | list[list[int]] = [] if runs else {}
         start = 0
-        last = runs[0][1]
-        for end, node, _ in runs:
+        for end, node, _ in held:
             part = min(end * BLOCK_TOKENS, tokens) - start
             if part <= 0:
                 break
-            per_node[node] = per_node.get(node, 0) + part
-            start, last = start + part, node
+            if isinstance(out, dict):
+                out[node] = out.get(node, 0) + part
+            elif out and out[-1][0] == node:
+                out[-1][1] += part
+            else:
+                out.append([node, part])
+            start += part
+            last = node
         if start < tokens:  # the partial block of a context held whole
-            per_node[last] += tokens - start
-        return tuple(per_node.items())
+            if isinstance(out, dict):
+                out[last] += tokens - start
+            else:
+                out[-1][1] += tokens - start
+        return tuple(out.items()) if isinstance(out, dict) else tuple((n, t) for n, t in out)
 
     def store(self, context: int, blocks: int, now_ns: int, last: bool = False, node: int = -1, clean: int = 0) -> None:
         """``context``'s KV now has ``blocks`` Full Blocks (the new ones made by ``node``, which an index that places
@@ -322,8 +336,11 @@ class KvIndex:
                     self._place(runs, held, held + kept, node, clean)
                 self._observe(KvStored(self.tier, context, held, kept))
             first_dirty = max(held + kept, clean)
-            if self._write_back is not None and blocks > first_dirty:  # made here, and no room: to storage now
-                self._written(node, context, first_dirty, blocks - first_dirty)
+            write: Extents = ()
+            if self._write_back and blocks > first_dirty:  # made here, and no room: to storage now
+                write = self._written(node, context, first_dirty, blocks - first_dirty)
+            if self._on_node is not None and (kept > 0 or write):
+                self._on_node(node, ((context, held, kept),) if kept > 0 else (), (), write)
         if self.blocks.get(context):
             self._use(context, now_ns)
             if last:
@@ -332,7 +349,7 @@ class KvIndex:
     def _place(self, runs: list[list[int]], start: int, end: int, node: int, clean: int) -> None:
         """Add blocks ``[start, end)`` on ``node`` to a context's ``runs``, those from ``clean`` on dirty if the
         tier writes back."""
-        dirty_from = clean if self._write_back is not None else end
+        dirty_from = clean if self._write_back else end
         for lo, hi, dirty in ((start, min(end, dirty_from), 0), (max(start, dirty_from), end, 1)):
             if hi <= lo:
                 continue
@@ -341,10 +358,10 @@ class KvIndex:
             else:
                 runs.append([hi, node, dirty])
 
-    def _written(self, node: int, context: int, first: int, blocks: int) -> None:
-        assert self._write_back is not None
+    def _written(self, node: int, context: int, first: int, blocks: int) -> Extents:
+        """Dirty blocks written back from ``node``: observed, and the extent to write."""
         self._observe(KvWritten(self.tier, node, context, first, blocks))
-        self._write_back(node, ((context, first, blocks),))
+        return ((context, first, blocks),)
 
     def expire(self, context: int, now_ns: int) -> None:
         """A time to live of ``context`` may have run out at ``now_ns``: drop it if so (and not pinned)."""
@@ -385,12 +402,13 @@ class KvIndex:
             self._discard(((context, left, blocks),))
         if self._runs is not None:
             runs = self._runs[context]
-            if self._write_back is not None:  # its dirty blocks go to storage from the nodes holding them
+            if self._on_node is not None:  # each node drops its part, writing its dirty blocks to storage first
                 start = 0
                 for end, node, dirty in runs:
                     lo = max(start, left)
-                    if dirty and end > lo:
-                        self._written(node, context, lo, end - lo)
+                    if end > lo:
+                        written = self._written(node, context, lo, end - lo) if dirty else ()
+                        self._on_node(node, (), ((context, lo, end - lo),), written)
                     start = end
             while len(runs) > 1 and runs[-2][0] >= left:
                 runs.pop()

@@ -118,6 +118,10 @@ class Ledger:
         """Stored blocks a bounded store evicted (no bytes move: none to book)."""
         self._plane.discard(extents)
 
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        """A node's DRAM pool holds, drops or serves these blocks (the bytes a read moves are its transfer's)."""
+        self._plane.pool(node, op, extents)
+
 
 class ProbingLedger(Ledger):
     """A :class:`Ledger` that also times every forward pass (for a host-backend comparison); changes nothing."""

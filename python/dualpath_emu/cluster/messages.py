@@ -25,7 +25,7 @@ from typing import Final
 from dualpath_emu.messages import Message, MessageRegistry
 
 __all__ = [
-    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "TurnsEnded", "WhichEnded", "WriteBack", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
+    "Crash", "DecodeDone", "DecodeTask", "Drop", "Expect", "Lost", "Restart", "TurnFailed", "TurnsEnded", "WhichEnded", "PoolChange", "Fetch", "HitReady", "KvReady", "Prefill", "PrefillDone", "PrefillTask",
     "ReadDone", "Start", "Submit", "Turn", "TurnDone", "cluster_registry",
 ]  # fmt: skip
 
@@ -218,12 +218,14 @@ class Drop(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class WriteBack(Message):
-    """To a decode group: write these Full Blocks of its node's DRAM pool to storage, ``extents`` flat ``(context,
-    first block, blocks)`` triples, the pool dropping them or having no room for them (``[kv.pool] write =
-    "back"``)."""
+class PoolChange(Message):
+    """To a decode group, from the DRAM pool's index: its node's DRAM now holds the Full Blocks ``put``, no longer
+    holds those in ``drop``, and writes those in ``write`` to storage (a pool that writes back: dirty blocks it
+    drops or has no room for). Each a flat run of ``(context, first block, blocks)`` triples."""
 
-    extents: tuple[int, ...]
+    put: tuple[int, ...] = ()
+    drop: tuple[int, ...] = ()
+    write: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +259,7 @@ class Start(Message):
 _VERSIONS: Final[dict[type[Message], int]] = {
     Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 3, Prefill: 2, DecodeTask: 3, Expect: 2, HitReady: 2, ReadDone: 1,
     KvReady: 3, PrefillDone: 2, DecodeDone: 3, TurnDone: 3, Health: 1, ReadHere: 1, ReadMoved: 1, Start: 1, Crash: 1,
-    Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1, WriteBack: 1,
+    Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1, PoolChange: 1,
 }  # fmt: skip
 """Every cluster message type and its wire version (bump it when its fields change): ``cluster.<name>``."""
 for _cls, _version in _VERSIONS.items():

@@ -667,6 +667,10 @@ def _host_table(name: str, r: SystemResult) -> Table:
              f"read {host['verified_read_bytes'] / mib:,.1f} MiB verified, {host['mismatched_blocks']} bad block(s); "
              f"written {host['bytes_written'] / mib:,.1f} MiB; network {host['network_bytes_verified'] / mib:,.1f} MiB "
              "verified")  # fmt: skip
+    if (pool := host.get("dram_pool")) is not None:  # the DRAM pool, real memory in the decode nodes' processes
+        title += (f"; DRAM pool {pool['blocks_put']:,} blocks in, {pool['blocks_read_checked']:,} read and "
+                  f"{pool['blocks_dropped']:,} dropped, checked ({pool['mismatched_blocks']} bad), at most "
+                  f"{pool['peak_block_bytes'] / mib:,.1f} MiB held")  # fmt: skip
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
     if host.get("transfer_engine_unauthenticated"):  # never hidden: who else could reach the KV's memory
         bound = sorted({a for addresses in host.get("transfer_engine_listening", {}).values() for a in addresses})

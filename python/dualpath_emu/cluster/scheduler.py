@@ -16,7 +16,7 @@ from dualpath_emu.cluster.engines import ClusterEngine
 from dualpath_emu.cluster.kv_cache import POOL, STORE, HbmRetention, KvIndex
 from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
-    Submit, TurnsEnded, WriteBack,
+    PoolChange, Submit, TurnsEnded,
 )  # fmt: skip
 from dualpath_emu.cluster.observations import Assigned, PrefillChosen, ReadRerouted
 from dualpath_emu.cluster.policies import (
@@ -41,6 +41,11 @@ class _Pull:
     prefill: bool  # Whether the group hosts PEs (a fetch then runs Algorithm 1 over every PE).
     last_ns: int = -(10**18)
     timer: bool = False  # Set while the next serving waits for the period to pass.
+
+
+def _flat(extents: Extents) -> tuple[int, ...]:
+    """``(context, first, blocks)`` extents as one flat tuple (a message's field)."""
+    return tuple(x for extent in extents for x in extent)
 
 
 def _take(queue: deque[Request], taken: Sequence[Request]) -> None:
@@ -114,9 +119,8 @@ class Scheduler(ClusterEngine):
         if kv.bounded and pool.write_back and system.pool:
             raise ValueError("[kv.pool] write = 'back' with a bounded [kv.store]: a store that evicts takes no "
                              "write-backs (not modelled)")  # fmt: skip
-        write_back = self._write_back if pool.write_back else None
         self.pool = (KvIndex(POOL, pool.tier(len(topo.nodes)), BLOCK_TOKENS * self._kv, out.observe, placed=True,
-                             write_back=write_back) if system.pool else None)  # fmt: skip
+                             on_node=self._pool_changed, write_back=pool.write_back) if system.pool else None)  # fmt: skip
         """Which Full Blocks of each context the nodes' DRAM pool holds, and where, if the system keeps KV in one."""
         kept = cluster.config.kv_hbm
         self.retention = (HbmRetention(sum(len(e) for e in self._de.values()), gpus, hbm, BLOCK_TOKENS * self._kv,
@@ -324,7 +328,11 @@ class Scheduler(ClusterEngine):
                 read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
-            pooled = tuple(x for run in r.pooled for x in run) if r.pooled and not kept else ()
+            pooled: tuple[
+                int, ...
+            ] = ()  # the runs of blocks the pool holds, node by node in block order (whose blocks each reads)
+            if r.pooled and not kept and self.pool is not None:
+                pooled = tuple(x for run in self.pool.where(r.context, r.pooled_tokens, runs=True) for x in run)
             task = PrefillTask(
                 rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled, kept
             )
@@ -423,9 +431,9 @@ class Scheduler(ClusterEngine):
             if expiry is not None:
                 self.plane.timer(expiry, partial(tier.expire, context))
 
-    def _write_back(self, node: int, extents: Extents) -> None:
-        """The DRAM pool writes back: decode node ``node`` writes these blocks of its DRAM to storage."""
-        self.out.send(self._de_group[node], WriteBack(tuple(x for extent in extents for x in extent)))
+    def _pool_changed(self, node: int, put: Extents, drop: Extents, write: Extents) -> None:
+        """The DRAM pool's blocks on decode node ``node`` changed: its decode group applies it (and writes back)."""
+        self.out.send(self._de_group[node], PoolChange(_flat(put), _flat(drop), _flat(write)))
 
     # --- engine crashes (issue 26): the recovery component's ---------------------------------------------
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath_emu._core import Arbitration, Core
+from dualpath_emu.host.dram_pool import DramPool, DramPoolError
 from dualpath_emu.host.pacing import BURST_S, Grant, Pacer
 from dualpath_emu.host.paths import Layout, PathStats, io_kind, port_nodes, transfer_kind
 from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
@@ -35,6 +36,9 @@ STORAGE_BURST_S = 5e-3
 DRAIN_QUIET_S = 0.2
 """At the end, a process stops once its own work is done and no peer's bytes came for this long (wall)."""
 DRAIN_MAX_S = 10.0
+POOL_WAIT_S = 5.0
+"""How long a pool read waits for blocks its node was not told of yet (the index's put and the read come by two
+routes) before they count as missing."""
 NET_CHUNK_BYTES = 16 << 10
 """Real bytes per network chunk: a model-lane chunk waits behind at most one KV chunk being granted."""
 
@@ -48,6 +52,8 @@ class HostPlan:
     port_rate: Mapping[int, float]
     block_bytes: int
     byte_scale: float
+    pool_blocks: int = 0
+    """The DRAM pool's capacity in Full Blocks, every node's together (0: the system keeps no KV in one)."""
 
     @property
     def port_node(self) -> Mapping[int, int]:
@@ -91,7 +97,11 @@ class HostDataPlane(WallClockCore):
         channel.send = self._send_job
         channel.admit = self._admit
         channel.on_port = self._peer_port
+        channel.on_pool = self._pool_read_here
         self.store = store
+        self.dram_pool = (DramPool(store.contents, store.stride, plan.pool_blocks)
+                          if store is not None and plan.pool_blocks else None)  # fmt: skip
+        """The blocks this process's nodes hold in the DRAM pool, in real memory (a system with a pool)."""
         self.moved: dict[tuple[int, int], int] = {}
         """Modelled bytes of the real work done, per (port, lane), checked against the actors' ledgers."""
         self.measured: dict[str, PathStats] = {}
@@ -415,6 +425,56 @@ class HostDataPlane(WallClockCore):
                 then = self._admitting.pop(tag, None)
                 if then is not None:
                     then()
+
+    # --- the DRAM pool ---------------------------------------------------------------------------------
+
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        """Node ``node``'s share of the DRAM pool holds, drops or serves these blocks (:class:`DramPool`): here if it
+        is this process's node; a read of another's is checked by the process holding it (over the byte channel)."""
+        extents = tuple(e for e in extents if e[2] > 0)
+        if not extents:
+            return
+        if node not in self.own_nodes:
+            if op != "read":
+                self._fail(ValueError(f"process {self.process!r} was asked to {op} blocks of node {node}'s DRAM pool, "
+                                      "not one of its nodes'"))  # fmt: skip
+                return
+            self.channel.send_pool(self.plan.process_of_node[node], node, [x for e in extents for x in e])
+            return
+        pool = self.dram_pool
+        if pool is None:
+            self._fail(HostDataError(f"process {self.process!r} holds no DRAM pool (the system keeps no KV in one)"))
+            return
+        try:
+            if op == "put":
+                pool.put(node, extents)
+            elif op == "drop":
+                if bad := pool.drop(node, extents):
+                    self._fail(HostDataError(f"process {self.process!r}: {bad} block(s) node {node}'s DRAM pool "
+                                             "dropped were missing or wrong"))  # fmt: skip
+            elif op == "read":
+                self._pool_read(node, extents, time.perf_counter() + POOL_WAIT_S)
+            else:
+                raise ValueError(f"unknown DRAM pool operation {op!r}")
+        except (DramPoolError, ValueError) as error:
+            self._fail(HostDataError(f"process {self.process!r}: node {node}'s DRAM pool: {error}"))
+
+    def _pool_read_here(self, node: int, flat: Sequence[int]) -> None:
+        """A peer's engine reads these blocks (flat triples) from this process's node ``node``."""
+        if node not in self.own_nodes:
+            raise ValueError(f"a pool read of node {node}, not one of process {self.process!r}'s")
+        self.pool(node, "read", tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3)))
+
+    def _pool_read(self, node: int, extents: Extents, deadline: float) -> None:
+        """Check the blocks a read takes from ``node``; those not put there yet are waited for until ``deadline``."""
+        pool = self.dram_pool
+        assert pool is not None
+        if pool.missing(node, extents) and time.perf_counter() < deadline:
+            self.loop.call_later(0.005, self._pool_read, node, extents, deadline)
+            return
+        if bad := pool.read(node, extents):
+            self._fail(HostDataError(f"process {self.process!r}: {bad} block(s) read from node {node}'s DRAM pool "
+                                     "were missing or wrong"))  # fmt: skip
 
     # --- storage ---------------------------------------------------------------------------------------
 

@@ -596,6 +596,13 @@ class BlockStore:
         )
         return [status for chunk in found for status in chunk]
 
+    def contents(self, context: int, first_block: int, count: int) -> npt.NDArray[np.uint8]:
+        """The bytes of blocks ``first_block`` … ``first_block + count - 1`` of ``context`` as the files hold them
+        (``count`` × :attr:`stride`; what a DRAM pool keeps of them too)."""
+        words: _Words = np.empty((count, self._words), dtype=np.uint64)
+        self._expected(words, context, first_block)
+        return words.view(np.uint8)
+
     def _expected(self, out: _Words, context: int, first_block: int) -> None:
         """Fill ``out`` (blocks × words) with the contents of blocks ``first_block`` … of ``context``."""
         count = out.shape[0]

@@ -125,6 +125,8 @@ class ByteChannel:
     """Called with the reason when a peer says the run is complete (``stop``)."""
     on_port: Callable[[str, int, float], None] | None = None
     """Called with ``("factor" | "latency", port, value)`` when a peer's fault changed a port."""
+    on_pool: Callable[[int, list[int]], None] | None = None
+    """Called with ``(node, flat (context, first, blocks) triples)`` when a peer's engine reads our node's pool."""
     last_activity_s: float = field(default_factory=time.perf_counter)
     """When a frame last arrived (perf_counter seconds)."""
 
@@ -267,6 +269,10 @@ class ByteChannel:
             if peer != self.name:
                 self._post(peer, [msgpack.packb(change)])
 
+    def send_pool(self, peer: str, node: int, flat: list[int]) -> None:
+        """Tell ``peer`` that an engine here reads these blocks (flat triples) from its node ``node``'s DRAM pool."""
+        self._post(peer, [msgpack.packb(["pool", node, flat])])
+
     def _new_job(self) -> int:
         job, self._next_job = self._next_job, self._next_job + 1
         return job
@@ -354,6 +360,13 @@ class ByteChannel:
                 raise ValueError(f"bad port change {header!r}")
             if self.on_port is not None:
                 self.on_port(kind, port, value)
+        elif kind == "pool" and len(header) == 3:
+            node, flat = header[1], header[2]
+            if (not isinstance(node, int) or isinstance(node, bool) or not isinstance(flat, list) or len(flat) % 3
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in flat)):  # fmt: skip
+                raise ValueError(f"bad pool read {header!r}")
+            if self.on_pool is not None:
+                self.on_pool(node, flat)
         elif kind == "mc-hello" and len(header) == 2 and self._wire is not None:
             from dualpath_emu.host.mooncake import SLOT_BYTES, SLOTS
 

@@ -294,6 +294,10 @@ class CoreWork:
         """Stored blocks no longer kept: nothing to drop where the core models the bytes (the host backend
         overrides this)."""
 
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        """A node's DRAM pool changed or serves a read: nothing to keep where the core models the bytes (the host
+        backend overrides this)."""
+
     def set_port_factor(self, port: int, factor: float) -> None:
         """A fault: ``port``'s rates × ``factor`` from now on (in this process's core or the service's)."""
         raise NotImplementedError

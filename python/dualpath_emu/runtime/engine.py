@@ -92,6 +92,12 @@ class DataPlane(Protocol):
         """The stored blocks of ``extents`` are no longer kept (a bounded store evicted them): a plane that holds
         real blocks drops them now; one that models the bytes has nothing to drop."""
 
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        """The DRAM pool on node ``node`` now holds (``"put"``), no longer holds (``"drop"``) or serves (``"read"``)
+        the Full Blocks of ``extents``: a plane that holds real blocks keeps them in that node's memory and checks
+        them as they are dropped or read; one that models the bytes has nothing to keep (the bytes a read moves
+        are a transfer's)."""
+
 
 class Observed(Protocol):
     """A typed record of what an engine observed: logged as ``kind`` and ``summary()``, its fields checked."""

@@ -110,6 +110,9 @@ class LiveDataPlane:
     def discard(self, extents: Extents) -> None:
         self.plane.discard(extents)
 
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        self.plane.pool(node, op, extents)
+
 
 class _InputTime:
     """The time of the input an engine is handling (a message's, a completion's, a timer's): what its observations

@@ -159,6 +159,9 @@ class CoreDataPlane:
     def discard(self, extents: Extents) -> None:
         """Nothing to drop: the core models bytes, it stores none."""
 
+    def pool(self, node: int, op: str, extents: Extents) -> None:
+        """Nothing to keep: the core models bytes, it stores none."""
+
     @property
     def waiting(self) -> int:
         """Requests whose end someone waits for."""

@@ -18,6 +18,7 @@ from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.core_report import CoreReport
 from dualpath_emu.cluster.identity import GroupId
 from dualpath_emu.cluster.run import SystemResult
+from dualpath_emu.cluster.systems import with_tiers
 from dualpath_emu.cluster.topology import Topology
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.host.paths import PathStats, real_bytes_by_kind
@@ -81,7 +82,10 @@ def host_plan(app: ClusterApplication, scenario: RunScenario) -> HostPlan:
         group_of[n.index] = GroupId("de", n.index).name
     rates = {p: app.scratch.port_rate(p) for p in range(app.scratch.port_count)}
     owners = tuple(process_of[group_of[n.index]] for n in app.topology.nodes)
-    return HostPlan(app.topology, owners, rates, BLOCK_TOKENS * app.derived.kv_bytes_per_token, app.byte_scale)
+    block_bytes = BLOCK_TOKENS * app.derived.kv_bytes_per_token
+    pooled = with_tiers(app.system, app.config).pool
+    pool_blocks = app.config.kv_pool.tier(len(app.topology.nodes)).capacity_bytes // block_bytes if pooled else 0
+    return HostPlan(app.topology, owners, rates, block_bytes, app.byte_scale, pool_blocks)
 
 
 def host_part(host: HostDataPlane, topology: Topology) -> dict[str, Any]:
@@ -91,6 +95,7 @@ def host_part(host: HostDataPlane, topology: Topology) -> dict[str, Any]:
         "core": CoreReport.of(host.core, topology, host.core.now_ns).to_wire(),
         "moved": [[port, lane, size] for (port, lane), size in host.moved.items()],
         "store": host.store.stats() if host.store is not None else None,
+        "pool": host.dram_pool.stats() if host.dram_pool is not None else None,
         "channel": host.channel.stats.to_wire(),
         "measured": {what: stats.to_wire() for what, stats in host.measured.items()},
         "failure": repr(host.failure) if host.failure is not None else None,
@@ -103,6 +108,8 @@ def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication
     reports, moved = [], Counter[tuple[int, int]]()
     store: Counter[str] = Counter()
     channel: Counter[str] = Counter()
+    pool: Counter[str] = Counter()
+    pool_peaks: list[int] = []
     violations: list[str] = []
     direct: set[str] = set()
     strides: set[int] = set()
@@ -125,10 +132,17 @@ def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication
             direct.add("O_DIRECT" if stats["direct_io"] else f"buffered ({stats['direct_io_reason']})")
             strides.add(int(stats["stride"]))
             store.update({k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)})
+        if part.get("pool") is not None:
+            pool.update({k: v for k, v in part["pool"].items() if k not in ("peak_blocks", "stride")})
+            pool_peaks.append(int(part["pool"]["peak_blocks"]) * int(part["pool"]["stride"]))
         if part["failure"]:
             violations.append(f"process {name!r}: real work failed: {part['failure']}")
     if store["mismatched_blocks"]:
         violations.append(f"{store['mismatched_blocks']} block(s) read back differed from what was written")
+    if pool["mismatched_blocks"]:
+        violations.append(
+            f"{pool['mismatched_blocks']} block(s) dropped or read from the DRAM pool were missing or wrong"
+        )
     if channel["mismatched_bytes"]:
         violations.append(f"{channel['mismatched_bytes']} byte(s) arrived differing from what was sent")
     first = reports[0]
@@ -158,6 +172,12 @@ def host_report(run_dir: Path, processes: Sequence[str], app: ClusterApplication
         "network_bytes_sent": channel["sent_bytes"], "network_bytes_verified": channel["verified_bytes"],
         "network_bytes_mismatched": channel["mismatched_bytes"], "rejected_frames": channel["rejected"],
         "real_bytes_by_kind": real_bytes_by_kind(measured),
+        **({"dram_pool": {
+            "blocks_put": pool["put_blocks"], "blocks_dropped": pool["dropped_blocks"],
+            "blocks_read_checked": pool["read_blocks"], "mismatched_blocks": pool["mismatched_blocks"],
+            "blocks_held_at_end": pool["held_blocks"], "peak_block_bytes": sum(pool_peaks),
+            "memory_bytes": pool["peak_memory_bytes"],
+        }} if pool_peaks else {}),
         "paths": {what: stats.summary() for what, stats in sorted(measured.items())},
         "violations": violations,
     }  # fmt: skip
