@@ -114,6 +114,13 @@ def test_ttl_drops_an_idle_context_when_its_time_runs_out_unless_used_or_pinned(
     assert kv.blocks == {2: 4} and KvEvicted("store", 1, 0, 4) in seen and checked(seen) == []
     with pytest.raises(ValueError, match="ttl_s > 0"):
         index(10, "ttl")
+    # A time to live holds with any policy (as decode HBM's does): tool_wait's context idle for 2 s goes.
+    kv, seen = index(100, "tool_wait", ttl_s=2.0)
+    kv.store(1, 4, now_ns=0)
+    assert kv.next_expiry_ns(1) == 2_000_000_000
+    kv.expire(1, 2_000_000_000)
+    assert kv.blocks == {} and KvEvicted("store", 1, 0, 4) in seen
+    assert index(100, "lru")[0].next_expiry_ns(1) is None  # none given: kept until its room is needed
 
 
 def test_an_eviction_policy_that_names_a_pinned_context_is_refused() -> None:

@@ -237,6 +237,8 @@ class KvIndex:
         store places what it adds on the node that wrote it; ``dirty`` 1: not in storage, written back when dropped)."""
         self._write_back = write_back
         self._on_node = on_node
+        self._ttl_ns = max(1, round(spec.ttl_s * 1e9)) if spec.ttl_s > 0 else 0
+        """A time to live whatever the eviction policy (``ttl_s`` > 0): an idle context goes when it runs out."""
         self._promised_clean: dict[int, int] = {}
         """Per pinned context, the blocks below which its request in flight found its KV in storage (read, not made)."""
 
@@ -365,15 +367,21 @@ class KvIndex:
 
     def expire(self, context: int, now_ns: int) -> None:
         """A time to live of ``context`` may have run out at ``now_ns``: drop it if so (and not pinned)."""
-        last = self._last_use.get(context)
-        expiry = None if last is None else self.eviction.expires_ns(last)
+        expiry = self.next_expiry_ns(context)
         if expiry is not None and expiry <= now_ns and context not in self._pins and self.blocks.get(context):
             self._drop(context, self.blocks[context])
 
     def next_expiry_ns(self, context: int) -> int | None:
-        """When ``context`` expires if not used again (None: never)."""
+        """When ``context`` expires if not used again (None: never): its tier's ``ttl_s`` or its eviction policy's
+        time to live, whichever comes first."""
         last = self._last_use.get(context)
-        return None if last is None else self.eviction.expires_ns(last)
+        if last is None:
+            return None
+        expiry = self.eviction.expires_ns(last)
+        if self._ttl_ns:
+            own = last + self._ttl_ns
+            expiry = own if expiry is None else min(expiry, own)
+        return expiry
 
     def _use(self, context: int, now_ns: int) -> None:
         self._last_use[context] = now_ns
