@@ -16,7 +16,7 @@ from dualpath_emu.cli import main
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvPoolSpec, KvTierSpec
 from dualpath_emu.cluster.faults import Fault
 from dualpath_emu.cluster.invariants import EventLogChecker
-from dualpath_emu.cluster.kv_cache import EvictionError, HbmRetention, KvIndex, LruEviction
+from dualpath_emu.cluster.kv_cache import EvictionError, HbmRetention, KvIndex, LruEviction, per_node
 from dualpath_emu.cluster.observations import HitFound, KvEvicted, KvStored, KvTaken, KvTier, KvWritePolicy, KvWritten
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.runtime.engine import Watch
@@ -162,14 +162,14 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
     pool.store(1, 3, now_ns=1, node=4)  # a first turn decoded on node 4
     pool.store(1, 5, now_ns=2, node=5)  # the next on node 5: blocks 3-4 are there
     pool.store(1, 6, now_ns=3, node=4)
-    assert pool.where(1, 6 * BLOCK_TOKENS) == ((4, 4 * BLOCK_TOKENS), (5, 2 * BLOCK_TOKENS))
-    assert pool.where(1, 4 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS), (5, BLOCK_TOKENS))
-    assert pool.where(1, 6 * BLOCK_TOKENS + 7) == ((4, 4 * BLOCK_TOKENS + 7), (5, 2 * BLOCK_TOKENS))  # partial block
+    assert per_node(pool.where(1, 6 * BLOCK_TOKENS)) == ((4, 4 * BLOCK_TOKENS), (5, 2 * BLOCK_TOKENS))
+    assert per_node(pool.where(1, 4 * BLOCK_TOKENS)) == ((4, 3 * BLOCK_TOKENS), (5, BLOCK_TOKENS))
+    partial = per_node(pool.where(1, 6 * BLOCK_TOKENS + 7))  # a partial last block: with the last block's node
+    assert partial == ((4, 4 * BLOCK_TOKENS + 7), (5, 2 * BLOCK_TOKENS))
     # Run by run, in block order (what a reading engine takes from each node).
-    runs = ((4, 3 * BLOCK_TOKENS), (5, 2 * BLOCK_TOKENS), (4, BLOCK_TOKENS + 7))
-    assert pool.where(1, 6 * BLOCK_TOKENS + 7, runs=True) == runs
+    assert pool.where(1, 6 * BLOCK_TOKENS + 7) == (4, 3 * BLOCK_TOKENS, 5, 2 * BLOCK_TOKENS, 4, BLOCK_TOKENS + 7)
     pool.store(2, 7, now_ns=4, node=0)  # 3 blocks must go: context 1's tail, blocks 3-5
-    assert pool.blocks == {1: 3, 2: 7} and pool.where(1, 3 * BLOCK_TOKENS) == ((4, 3 * BLOCK_TOKENS),)
+    assert pool.blocks == {1: 3, 2: 7} and pool.where(1, 3 * BLOCK_TOKENS) == (4, 3 * BLOCK_TOKENS)
     assert KvIndex("store", KvTierSpec(10 * BLOCK), BLOCK, seen.append).where(1, 64) == ()  # a tier that does not place
     # A turn still in flight when the next one is found (its end not heard yet): the store holds the blocks it wrote
     # through, the pool only once the turn's end says which node holds them (found by dualpath-emu check).
@@ -179,7 +179,7 @@ def test_the_pool_places_blocks_on_the_node_that_wrote_them_and_evicts_from_the_
         pool.store(2, 9, now_ns=6)
     pool.placed(2, node=3)  # its decode engine is known: the blocks it writes are on node 3
     assert pool.find(6, 2, 9 * BLOCK_TOKENS, now_ns=7) == 9 * BLOCK_TOKENS
-    assert pool.where(2, 9 * BLOCK_TOKENS) == ((0, 7 * BLOCK_TOKENS), (3, 2 * BLOCK_TOKENS))
+    assert pool.where(2, 9 * BLOCK_TOKENS) == (0, 7 * BLOCK_TOKENS, 3, 2 * BLOCK_TOKENS)
     assert checked(seen) == []
 
 
@@ -219,7 +219,7 @@ def test_a_pool_that_writes_back_writes_its_dirty_blocks_from_their_node_when_it
     assert pool.blocks == {5: 10}
     assert written[5:] == [(1, ((3, 0, 4),)), (2, ((4, 1, 5),)), (3, ((5, 10, 10),))]
     assert {n: h for n, h in held.items() if h} == {3: {(5, b) for b in range(10)}}  # the nodes hold what it does
-    assert pool.where(5, 10 * BLOCK_TOKENS, runs=True) == ((3, 10 * BLOCK_TOKENS),)
+    assert pool.where(5, 10 * BLOCK_TOKENS) == (3, 10 * BLOCK_TOKENS)
     assert [r for r in seen if isinstance(r, KvWritePolicy)] == [KvWritePolicy("pool", "back")]
     assert [(r.node, ((r.context, r.first, r.blocks),)) for r in seen if isinstance(r, KvWritten)] == written
     assert checked(seen) == []

@@ -49,19 +49,21 @@ def read_hit(plane: Ledger, topology: Topology, now: int, node: int, gpu: int, c
     the nodes holding them, one transfer per node over the compute network through GPU ``gpu``'s CNICs at both ends
     (a run on ``node`` itself is there already; the pool serves each node's blocks), and the rest from storage
     through ``node``'s storage NIC (§4, Fig. 4 steps 1-2)."""
-    per_node: dict[int, list[tuple[int, int, int]]] = {}  # source -> its runs' Full Blocks, and its tokens
-    start = 0
+    tokens_of: dict[int, int] = {}  # source -> its tokens, in the order of its first run
+    blocks_of: dict[int, list[tuple[int, int, int]]] = {}  # source -> its runs' Full Blocks
+    start = first = 0
     for i in range(0, len(pooled), 2):
-        source, tokens = pooled[i], pooled[i + 1]
-        runs = per_node.setdefault(source, [])
-        first, end = start // BLOCK_TOKENS, (start + tokens) // BLOCK_TOKENS
-        runs.append((context, first, end - first))
-        start += tokens
+        source, end = pooled[i], start + pooled[i + 1]
+        tokens_of[source] = tokens_of.get(source, 0) + pooled[i + 1]
+        last = end // BLOCK_TOKENS
+        if last > first:
+            blocks_of.setdefault(source, []).append((context, first, last - first))
+        start, first = end, last
     moves: list[tuple[tuple[int, ...], int]] = []
-    for source, runs in per_node.items():
-        plane.pool(source, "read", tuple(run for run in runs if run[2] > 0))
+    for source, tokens in tokens_of.items():
+        if source in blocks_of:
+            plane.pool(source, "read", tuple(blocks_of[source]))
         if source != node:
-            tokens = sum(pooled[i + 1] for i in range(0, len(pooled), 2) if pooled[i] == source)
             moves.append((topology.buffer_to_buffer(source, gpu, node, gpu), tokens * kv_bytes))
     stored = hit - start
     if not moves and stored <= 0:

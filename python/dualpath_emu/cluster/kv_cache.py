@@ -31,7 +31,7 @@ from dualpath_emu.errors import UsageError
 from dualpath_emu.runtime.engine import Extents, Observed
 
 __all__ = [
-    "EVICTIONS", "HBM", "POOL", "STORE", "HbmRetention", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction",
+    "EVICTIONS", "HBM", "POOL", "STORE", "HbmRetention", "Eviction", "EvictionError", "KvIndex", "LruEviction", "ToolWaitEviction", "TtlEviction", "make_eviction", "per_node",
 ]  # fmt: skip
 
 STORE: Final = "store"
@@ -289,33 +289,27 @@ class KvIndex:
             self._promised_node.pop(context, None)
             self._promised_clean.pop(context, None)
 
-    def where(self, context: int, tokens: int, runs: bool = False) -> tuple[tuple[int, int], ...]:
-        """Where the first ``tokens`` tokens of ``context`` (what :meth:`find` found) are: ``(node, tokens)`` per
-        node holding some, in the order of their first block, or (``runs``) per run of blocks on one node, in block
-        order (a partial last block counts with the last block's node); empty for an index that does not place."""
+    def where(self, context: int, tokens: int) -> tuple[int, ...]:
+        """Where the first ``tokens`` tokens of ``context`` (what :meth:`find` found) are: ``node, tokens`` pairs,
+        flat, one per run of blocks on one node, in block order (a partial last block counts with the last block's
+        node; :func:`per_node` adds them up by node); empty for an index that does not place."""
         held = self._runs.get(context) if self._runs is not None else None
         if not held or tokens <= 0:
             return ()
-        out: dict[int, int] | list[list[int]] = [] if runs else {}
+        out: list[int] = []
         start = 0
         for end, node, _ in held:
-            part = min(end * BLOCK_TOKENS, tokens) - start
-            if part <= 0:
+            stop = min(end * BLOCK_TOKENS, tokens)
+            if stop <= start:
                 break
-            if isinstance(out, dict):
-                out[node] = out.get(node, 0) + part
-            elif out and out[-1][0] == node:
-                out[-1][1] += part
+            if out and out[-2] == node:
+                out[-1] += stop - start
             else:
-                out.append([node, part])
-            start += part
-            last = node
+                out += (node, stop - start)
+            start = stop
         if start < tokens:  # the partial block of a context held whole
-            if isinstance(out, dict):
-                out[last] += tokens - start
-            else:
-                out[-1][1] += tokens - start
-        return tuple(out.items()) if isinstance(out, dict) else tuple((n, t) for n, t in out)
+            out[-1] += tokens - start
+        return tuple(out)
 
     def store(self, context: int, blocks: int, now_ns: int, last: bool = False, node: int = -1, clean: int = 0) -> None:
         """``context``'s KV now has ``blocks`` Full Blocks (the new ones made by ``node``, which an index that places
@@ -429,6 +423,14 @@ class KvIndex:
             del self.blocks[context]
             self._last_use.pop(context, None)
             self.eviction.dropped(context)
+
+
+def per_node(runs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:meth:`KvIndex.where`'s runs as ``(node, tokens)`` per node, in the order of each node's first block."""
+    out: dict[int, int] = {}
+    for i in range(0, len(runs), 2):
+        out[runs[i]] = out.get(runs[i], 0) + runs[i + 1]
+    return tuple(out.items())
 
 
 class _Pinned:

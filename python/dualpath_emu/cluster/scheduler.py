@@ -13,7 +13,7 @@ from types import MappingProxyType
 from dualpath_emu.cluster.config import BLOCK_TOKENS, KvTierSpec
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import ClusterEngine
-from dualpath_emu.cluster.kv_cache import POOL, STORE, HbmRetention, KvIndex
+from dualpath_emu.cluster.kv_cache import POOL, STORE, HbmRetention, KvIndex, per_node
 from dualpath_emu.cluster.messages import (
     DecodeDone, DecodeTask, Expect, Fetch, Health, Lost, Prefill, PrefillDone, PrefillTask, ReadDone, ReadMoved,
     PoolChange, Submit, TurnsEnded,
@@ -133,6 +133,8 @@ class Scheduler(ClusterEngine):
         """What the policy's views show as kept in decode HBM (nothing without retention)."""
         self._tiered = self.kv is not None or self.pool is not None or self.retention is not None
         self._last: set[int] = set()  # Requests that are their agent's last turn (eviction; nothing kept after).
+        self._pool_runs: dict[int, tuple[int, ...]] = {}
+        """Per request in flight with a pooled hit, the pool's runs of it (:meth:`KvIndex.where`), for its tasks."""
         self.recovery = CrashRecovery(self)
         """Engine crashes (issue 26): requests taken back from a group that crashed and dispatched again."""
 
@@ -199,8 +201,10 @@ class Scheduler(ClusterEngine):
                 if kv is not None:
                     hit = max(in_pool, kv.find(turn.rid, context, hit, now))
                     kv.pin(context, blocks)
-                if pool is not None:
-                    pooled = pool.where(context, in_pool)
+                if pool is not None and in_pool:
+                    runs = pool.where(context, in_pool)
+                    self._pool_runs[turn.rid] = runs  # (what its reads take from each node: the tasks carry it)
+                    pooled = per_node(runs)
             request = Request(turn.rid, turn.prompt, turn.prompt - hit, hit, turn.gen, hbm, turn.context, pooled)
             if hbm > capacity:
                 raise ValueError(f"request {turn.rid} needs {hbm} B of DE HBM, more than a DE GPU has for KV")
@@ -328,11 +332,7 @@ class Scheduler(ClusterEngine):
                 read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
             observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
-            pooled: tuple[
-                int, ...
-            ] = ()  # the runs of blocks the pool holds, node by node in block order (whose blocks each reads)
-            if r.pooled and not kept and self.pool is not None:
-                pooled = tuple(x for run in self.pool.where(r.context, r.pooled_tokens, runs=True) for x in run)
+            pooled = self._pool_runs.get(rid, ()) if not kept else ()  # the pool's runs, node by node in block order
             task = PrefillTask(
                 rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled, kept
             )
@@ -417,6 +417,7 @@ class Scheduler(ClusterEngine):
         DRAM pool's on ``node``, the decode node that wrote it, if known)."""
         last = request.id in self._last
         self._last.discard(request.id)
+        self._pool_runs.pop(request.id, None)
         if self.kv is None and self.pool is None:
             return
         context = request.context
