@@ -198,6 +198,9 @@ class EventLogChecker:
             return
         runs = self._in_storage.setdefault(record.context, [])
         lo, hi = record.first, record.first + record.blocks
+        if any(r[0] < hi and lo < r[1] for r in runs):  # a block's KV never changes: one write is all it needs
+            self._violate(f"{record.tier} wrote back blocks {lo}+{record.blocks} of context {record.context} "
+                          f"(event {seq}), some of which storage held already")  # fmt: skip
         kept = [r for r in runs if r[1] < lo or r[0] > hi]  # the runs it neither overlaps nor touches
         for r in runs:
             if not (r[1] < lo or r[0] > hi):

@@ -239,6 +239,9 @@ class KvIndex:
         self._on_node = on_node
         self._ttl_ns = max(1, round(spec.ttl_s * 1e9)) if spec.ttl_s > 0 else 0
         """A time to live whatever the eviction policy (``ttl_s`` > 0): an idle context goes when it runs out."""
+        self._in_storage_to: dict[int, int] = {}
+        """A tier that writes back: per context, the block below which every block it does not hold is in storage
+        (written back when dropped, or when there was no room for it): stored again, such a block is clean."""
         self._promised_clean: dict[int, int] = {}
         """Per pinned context, the blocks below which its request in flight found its KV in storage (read, not made)."""
 
@@ -320,6 +323,8 @@ class KvIndex:
             raise ValueError(f"{self.tier}: blocks of context {context} stored without the node that holds them")
         held = self.blocks.get(context, 0)
         if blocks > held:
+            if self._write_back:
+                clean = max(clean, self._in_storage_to.get(context, 0))
             room = (self.capacity - self.used_bytes) // self.block_bytes
             while room < blocks - held and self._evict(context, blocks - held - room):
                 room = (self.capacity - self.used_bytes) // self.block_bytes
@@ -335,6 +340,7 @@ class KvIndex:
             write: Extents = ()
             if self._write_back and blocks > first_dirty:  # made here, and no room: to storage now
                 write = self._written(node, context, first_dirty, blocks - first_dirty)
+                self._in_storage_to[context] = blocks
             if self._on_node is not None and (kept > 0 or write):
                 self._on_node(node, ((context, held, kept),) if kept > 0 else (), (), write)
         if self.blocks.get(context):
@@ -404,6 +410,8 @@ class KvIndex:
             self._discard(((context, left, blocks),))
         if self._runs is not None:
             runs = self._runs[context]
+            if self._write_back:  # what it drops is in storage from now on, written back here if it was dirty
+                self._in_storage_to[context] = max(held, self._in_storage_to.get(context, 0))
             if self._on_node is not None:  # each node drops its part, writing its dirty blocks to storage first
                 start = 0
                 for end, node, dirty in runs:
