@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.config import ClusterConfig
-from dualpath_emu.cluster.fault_injector import port_ids
 from dualpath_emu.cluster.faults import Fault, FaultPlan, engine_group_names, target_ports
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
@@ -149,7 +148,7 @@ def test_every_accepted_spelling_resolves_and_runs(tmp_path: Path, kind: str, ta
 
 def port_ids_of_config() -> dict[str, int]:
     from dualpath_emu._core import Core
-    from dualpath_emu.cluster.topology import build_topology
+    from dualpath_emu.cluster.topology import build_topology, port_names
 
     core = Core()
-    return port_ids(build_topology(core, CONFIG.node, CONFIG.pe_nodes, CONFIG.de_nodes, CONFIG.storage))
+    return port_names(build_topology(core, CONFIG.node, CONFIG.pe_nodes, CONFIG.de_nodes, CONFIG.storage))

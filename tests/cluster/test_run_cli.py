@@ -25,7 +25,7 @@ from dualpath_emu.cluster.roofline import RooflineParams
 from dualpath_emu.cluster.run import Progress, run_system
 from dualpath_emu.cluster.run_cli import _progress_bars
 from dualpath_emu.cluster.scenario import BUILT_IN, DEFAULT, DEFAULT_SYSTEMS, load_cluster_scenario
-from dualpath_emu.cluster.topology import StorageSpec
+from dualpath_emu.cluster.topology import NetworkSpec, StorageSpec
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.scenarios import FOLDER
 from dualpath_emu.workload.generator import GeneratorParams
@@ -153,6 +153,21 @@ systems = ["dualpath"]
 systems = ["dualpath"]
 ttl_s = 60.0
 eviction = "ttl"
+[network]
+isolation = false
+[network.cnic_vl]
+max_vls = 4
+high_limit = 0
+vlarb_high = ""
+vlarb_low = "0:1,2:1"
+[[network.background]]
+ports = ["de.snic.rx"]
+rate_bytes_per_s = 1e9
+at_s = 5.0
+duration_s = 10.0
+period_s = 2.0
+on_s = 1.0
+lane = 3
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4
@@ -207,7 +222,8 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
     default = ClusterConfig()
     for f in dataclasses.fields(ClusterConfig):
         value, base = getattr(scenario.config, f.name), getattr(default, f.name)
-        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec, KvPoolSpec, KvHbmSpec)):
+        if isinstance(base, (type(TESTBED_NODE), StorageSpec, RooflineParams, KvTierSpec, KvPoolSpec, KvHbmSpec,
+                             NetworkSpec)):  # fmt: skip
             for sub in dataclasses.fields(base):
                 if (f.name, sub.name) == ("kv_pool", "write"):
                     continue  # a pool over a bounded store (above) writes through: its own file below
@@ -228,7 +244,7 @@ def test_every_config_field_has_a_key(tmp_path: Path) -> None:
 
 BAD = [
     ('kind = "cluster"\nagent = 3\n',
-     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, kv, message_delay_s, models, name, nics, order_seed, random_faults, roofline, scheduling, "
+     "unknown key 'agent' (known keys here: backend, catalog, deployment, faults, gpus, hardware, host, kind, kv, message_delay_s, models, name, network, nics, order_seed, random_faults, roofline, scheduling, "
      "seed, storage, systems, workload)"),
     ('kind = "cluster"\n[workload]\nagents = "many"\n',
      "key 'workload.agents': expected an integer in [1, 100000], got the string 'many'"),

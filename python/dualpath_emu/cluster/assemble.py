@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dualpath_emu.cluster.background import BACKGROUND, BackgroundLoad
 from dualpath_emu.cluster.client import Client
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.context import Cluster
@@ -31,8 +32,9 @@ def engine_names(config: ClusterConfig) -> list[str]:
     """The engines in start order: client, scheduler, a prefill group per EP group, a decode group per node."""
     pe = [GroupId("pe", group[0]).name for group in prefill_groups(config)]
     faults = ["faults"] if config.faults.any else []  # the fault injector, only where there are faults
+    background = [BACKGROUND] if config.network.background else []  # only where there is background traffic
     de = [GroupId("de", config.pe_nodes + i).name for i in range(config.de_nodes)]
-    return ["client", "scheduler", *pe, *de, *faults]
+    return ["client", "scheduler", *pe, *de, *faults, *background]
 
 
 def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
@@ -46,6 +48,8 @@ def build_engine(name: str, cluster: Cluster, out: Outbox, plane: DataPlane, *,
         return Scheduler(cluster, out, plane)
     if name == "faults" and cluster.config.faults.any:
         return FaultInjector(cluster, out, plane, seed)
+    if name == BACKGROUND and cluster.config.network.background:
+        return BackgroundLoad(cluster, out, plane)
     group_id, config = GroupId.parse(name), cluster.config
     if group_id is not None and group_id.prefill:
         for group in prefill_groups(config):

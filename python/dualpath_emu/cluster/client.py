@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.context import Cluster
 from dualpath_emu.cluster.engines import NS, ClusterEngine
+from dualpath_emu.cluster.background import BACKGROUND
 from dualpath_emu.cluster.messages import Start, Submit, Turn, TurnDone, TurnFailed, TurnsEnded, WhichEnded
 from dualpath_emu.cluster.observations import Admitted, Arrival, Completion, WorkloadEnded
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
@@ -56,6 +57,8 @@ class Client(ClusterEngine):
     def on_start(self, now: int, msg: Start, sender: str) -> None:
         if self.cluster.config.faults.any:  # the fault schedule's times count from the run's start, as the agents'
             self.out.send("faults", Start())
+        if self.cluster.config.network.background:  # so does the background traffic's
+            self.out.send(BACKGROUND, Start())
         if not self.trajectories:
             self._finish()
             return

@@ -12,7 +12,7 @@ from typing import Final, Literal
 from dualpath_emu.cluster.catalog import DEFAULT_GPU, GPUS, MODELS, TESTBED_NODE, GpuSpec, ModelSpec, NodeSpec
 from dualpath_emu.cluster.faults import FaultPlan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
-from dualpath_emu.cluster.topology import StorageSpec
+from dualpath_emu.cluster.topology import NetworkSpec, StorageSpec
 from dualpath_emu.workload.waits import ToolWait
 
 __all__ = [
@@ -112,6 +112,8 @@ class ClusterConfig:
     """The DRAM pool of the systems that keep KV in one (``[kv.pool]``; none by default)."""
     kv_hbm: KvHbmSpec = field(default_factory=KvHbmSpec)
     """Which systems' decode GPUs keep KV in HBM across turns besides those that always do (``[kv.hbm]``)."""
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    """The compute NICs' lanes and other traffic (``[network]``; the paper's isolation, nothing else, by default)."""
     prefill_roofline: RooflineParams = field(default_factory=RooflineParams)
     """The prefill engines' compute (:mod:`~dualpath_emu.cluster.roofline`; its speed and overhead calibrated)."""
     decode_roofline: RooflineParams = field(default_factory=RooflineParams)

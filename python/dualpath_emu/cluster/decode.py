@@ -69,10 +69,11 @@ class DecodeSteps:
         kv_bytes_per_token: int, a2a_bytes_per_token: float, a2a_paths: Sequence[tuple[int, ...]],
         d2h_paths: Sequence[tuple[int, ...]], storage: tuple[int, tuple[int, ...]] | None, plane: Ledger,
         booking: Booking, listener: DecodeListener, busy_span: Callable[[int, int, int, int, int], None],
-        write_through: bool = True,
+        write_through: bool = True, model_lane: int = MODEL_LANE,
     ) -> None:  # fmt: skip
         self.node = node
         self._write_through = write_through
+        self._model_lane = model_lane
         self._kv = kv_bytes_per_token
         self._d2h_paths = list(d2h_paths)
         self._a2a_paths = list(a2a_paths)
@@ -85,7 +86,7 @@ class DecodeSteps:
         """What :meth:`_book` booked so far: ``Core.decode_bytes`` as it was then."""
         self._id = plane.decode_node(
             self._report, gpus=gpus, together=together, pricing=pricing, kv_bytes_per_token=kv_bytes_per_token,
-            a2a_bytes_per_token=a2a_bytes_per_token, a2a_paths=self._a2a_paths, a2a_lane=MODEL_LANE,
+            a2a_bytes_per_token=a2a_bytes_per_token, a2a_paths=self._a2a_paths, a2a_lane=model_lane,
             d2h_paths=self._d2h_paths, storage_node=storage[0] if storage is not None else None, kv_lane=KV_LANE,
             first_unit=node * gpus, **({} if write_through else {"write_through": False}),
         )  # fmt: skip
@@ -136,7 +137,7 @@ class DecodeSteps:
         moved, last = self.plane.decode_bytes(self._id), self._booked
         if moved is None:
             return  # nothing known yet
-        for kind, paths, lane in (("d2h", self._d2h_paths, KV_LANE), ("a2a", self._a2a_paths, MODEL_LANE)):
+        for kind, paths, lane in (("d2h", self._d2h_paths, KV_LANE), ("a2a", self._a2a_paths, self._model_lane)):
             for path, (size, count), (old_size, old_count) in zip(paths, moved[kind], last[kind], strict=True):
                 if count > old_count:
                     booking.book(path, lane, size - old_size, count - old_count)
@@ -195,7 +196,7 @@ class DecodeGroup(EngineGroup):
             a2a_bytes_per_token=a2a, a2a_paths=a2a_paths, d2h_paths=d2h_paths,
             storage=write if not cluster.system.oracle else None, plane=self.plane, booking=cluster.booking,
             listener=self, busy_span=lambda *span: out.observe(DecodeSegment(*span)),
-            write_through=not (cluster.system.pool and cluster.config.kv_pool.write_back),
+            write_through=not (cluster.system.pool and cluster.config.kv_pool.write_back), model_lane=topo.model_lane,
         )  # fmt: skip
 
     def pools(self) -> list[Pool]:

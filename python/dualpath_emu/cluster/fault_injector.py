@@ -16,20 +16,10 @@ from dualpath_emu.cluster.engines import NS, ClusterEngine
 from dualpath_emu.cluster.faults import MAX_TIME_S, Fault, Kind, engine_group_names, target_ports
 from dualpath_emu.cluster.messages import Crash, Health, Restart, Start
 from dualpath_emu.cluster.observations import FaultChanged, FaultPlanned
-from dualpath_emu.cluster.topology import Topology
+from dualpath_emu.cluster.topology import Topology, port_names
 from dualpath_emu.runtime.engine import DataPlane, Outbox, on, seeded_random
 
-__all__ = ["FaultInjector", "port_ids"]
-
-
-def port_ids(topology: Topology) -> dict[str, int]:
-    """Every port of ``topology`` by its name (``topology.build_topology`` names them)."""
-    out = {"3fs.read": topology.storage_read, "3fs.write": topology.storage_write}
-    for n in topology.nodes:
-        out.update({f"n{n.index}.snic.rx": n.snic_rx, f"n{n.index}.snic.tx": n.snic_tx, f"n{n.index}.dram": n.dram})
-        for g, (tx, rx) in enumerate(zip(n.cnic_tx, n.cnic_rx)):
-            out.update({f"n{n.index}.cnic{g}.tx": tx, f"n{n.index}.cnic{g}.rx": rx})
-    return out
+__all__ = ["FaultInjector"]
 
 
 @dataclass
@@ -81,7 +71,7 @@ class FaultInjector(ClusterEngine):
         self._gpus = cluster.config.node.gpus
         self._nodes = len(topology.nodes)
         self._pe_nodes = cluster.config.pe_nodes
-        self._port_ids = port_ids(topology)
+        self._port_ids = port_names(topology)
         c = cluster.config
         engines = engine_group_names(c.pe_nodes, c.de_nodes, c.prefill_ep_nodes)
         for i, fault in enumerate(self.plan.faults):  # a plan built in Python skipped the reader's check

@@ -15,7 +15,7 @@ from dualpath_emu.cluster.messages import (
 )  # fmt: skip
 from dualpath_emu.cluster.observations import ForwardPass, HitRead, PrefillPass, PrefillStarted, Prefilled, ReadStarted
 from dualpath_emu.cluster.pool import Pool
-from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
+from dualpath_emu.cluster.topology import KV_LANE
 from dualpath_emu.runtime.engine import DataPlane, Outbox, Then, on
 
 __all__ = ["PrefillGroup"]
@@ -400,7 +400,7 @@ class PrefillGroup(EngineGroup):
             if self._a2a:  # model traffic: Oracle has it too. To the same GPU of the next node of the group.
                 peer_node = self.nodes[(self.nodes.index(node) + 1) % len(self.nodes)]
                 peer_gpu = gpu
-                collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), MODEL_LANE,
+                collectives.append((topo.gpu_to_gpu(node, gpu, peer_node, peer_gpu), topo.model_lane,
                                     int(self._a2a * tokens * layers / stages)))  # fmt: skip
         observe(ForwardPass(tuple(attention_s)))
         ffn_ns = round(ffn_s * layers / stages * NS)

@@ -195,7 +195,7 @@ def run_system(
     d = derived(config)
     interval_ns = max(1, round(sample_interval_s * 1e9))
     core = Core(sample_interval_ns=interval_ns, record_spans=trace_path is not None or probe_paths)
-    topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage)
+    topology = build_topology(core, config.node, config.pe_nodes, config.de_nodes, config.storage, config.network)
     metrics = Metrics(sample_interval_ns=interval_ns, keep_spans=trace_path is not None)
     booking = Booking(probe=probe_paths)
     cluster = Cluster(config, system, d, topology, system.policy(d.alpha_tokens, d.beta_tokens), booking)
@@ -298,7 +298,12 @@ def build_result(
     }
     timelines = {kind: dict(by_role) for kind, by_role in report.timelines.items()}
     timelines["gpu"] = {role: metrics.gpu_busy[role].timeline(gpu_units[role], until_ns) for role in ROLES}
-    snic = {role: [report.kv_bytes(p, KV_LANE) for p in ports_of(topology, role, "snic.rx")] for role in ROLES}
+    other: dict[int, float] = {}  # background traffic's bytes through each port it targets (not the engines' KV)
+    for pairs in topology.background:
+        for source, target in pairs:
+            other[target] = other.get(target, 0.0) + report.kv_bytes(source, KV_LANE)
+    snic = {role: [report.kv_bytes(p, KV_LANE) - other.get(p, 0.0) for p in ports_of(topology, role, "snic.rx")]
+            for role in ROLES}  # fmt: skip
     every_snic = snic["pe"] + snic["de"]
     mean = sum(every_snic) / len(every_snic) if every_snic else 0.0
     result = SystemResult(
@@ -307,7 +312,7 @@ def build_result(
         redispatches=len(metrics.redispatch_ns), ttft_s=percentiles(metrics.ttft_s()).as_dict(),
         ttst_s=percentiles(metrics.ttst_s()).as_dict(), tpot_s=percentiles(metrics.tpot_s()).as_dict(),
         snic_read_bytes={role: sum(v) for role, v in snic.items()},
-        snic_write_bytes={role: sum(report.kv_bytes(p, KV_LANE) for p in ports_of(topology, role, "snic.tx"))
+        snic_write_bytes={role: sum(report.kv_bytes(p, KV_LANE) - other.get(p, 0.0) for p in ports_of(topology, role, "snic.tx"))
                           for role in ROLES},
         snic_util={role: {d: util(role, f"snic.{d}") for d in ("rx", "tx")} for role in ROLES},
         cnic_util={role: {d: util(role, f"cnic.{d}") for d in ("tx", "rx")} for role in ROLES},

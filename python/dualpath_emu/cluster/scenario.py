@@ -28,8 +28,9 @@ from dualpath_emu.cluster.config import (
     derived,
 )
 from dualpath_emu.cluster.kv_cache import EVICTIONS, Eviction
-from dualpath_emu.cluster.faults import engine_group_names, fault_tables, load_fault_file, read_fault_plan
+from dualpath_emu.cluster.faults import MAX_TIME_S, engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
+from dualpath_emu.cluster.topology import KV_LANE, BackgroundTraffic, NetworkSpec, VlTables
 from dualpath_emu.cluster.systems import NAME_PATTERN, SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.cluster.user_systems import SystemLoader, is_user_spec
@@ -213,6 +214,8 @@ class ClusterScenario:
             if backend not in BACKENDS:
                 raise ScenarioError(f"--backend: expected one of {', '.join(BACKENDS)}, got {short_repr(backend)}")
             out = dataclasses.replace(out, backend=backend)
+            if backend == "host" and out.config.network.background:
+                raise ScenarioError(f"--backend host: {NO_HOST_BACKGROUND}")
         if faults is not None:
             config = out.config
             engines = engine_group_names(config.pe_nodes, config.de_nodes, config.prefill_ep_nodes)
@@ -281,6 +284,8 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
                         message_delay_s)  # fmt: skip
     systems_table_value = top.get_str_list("systems", list(DEFAULT_SYSTEMS), non_empty=True)
     backend = top.get_str("backend", "model", choices=BACKENDS)
+    if backend == "host" and top.table("network").tables("background"):
+        raise top.error("backend", f'"model" with [[network.background]] ({NO_HOST_BACKGROUND})', backend)
     host = top.table("host")
     byte_scale = host.get_float("byte_scale", 1e-3, min=0.0, max=1.0, min_exclusive=True)
     storage_dir = host.get_str("storage_dir", "")
@@ -296,6 +301,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     workload = top.table("workload")
     scheduling = top.table("scheduling")
     kv_table = top.table("kv")
+    network_table = top.table("network")
     top.finish()
 
     base = ClusterConfig()
@@ -326,6 +332,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         faults, pe_nodes + de_nodes, node.gpus, engine_group_names(pe_nodes, de_nodes, prefill_ep)
     )
     storage = _storage(storage_table, base.storage)
+    network = _network(network_table, base.network, pe_nodes, de_nodes, node.gpus)
     kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
     kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent, kv_store.bounded)
     hbm_table = kv_table.table("hbm")
@@ -370,6 +377,7 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
         decode_roofline=decode_roofline, dataset=dataset, agents=agents, mode=mode,
         arrival_rate=arrival_rate, tool_wait=tool_wait, dram_buffer_bytes=dram_buffer, faults=fault_plan,
         order_seed=order_seed, message_delay_s=message_delay_s, kv_store=kv_store, kv_pool=kv_pool, kv_hbm=kv_hbm,
+        network=network,
     )  # fmt: skip
     loader = SystemLoader(path.parent, f"{top.source}: key 'systems'")
     systems, custom = _check_systems(systems_table_value, "systems", loader, top)
@@ -453,6 +461,81 @@ def _storage(t: Table, base: StorageSpec) -> StorageSpec:
     )
     t.finish()
     return out
+
+
+NO_HOST_BACKGROUND: Final = (
+    "background traffic is modelled only: the host backend has no process to move its "
+    "bytes (run it on the model backend, in virtual time or live)"
+)
+MAX_BACKGROUND: Final = 64
+"""Background traffics a scenario may give (each a transfer per target port and burst)."""
+MAX_BURSTS: Final = 10_000
+"""Bursts one background traffic may have (its duration over its period)."""
+
+
+def _network(t: Table, base: NetworkSpec, pe_nodes: int, de_nodes: int, gpus: int) -> NetworkSpec:
+    """The network's table (``[network]``): isolation, the compute NICs' VL tables, background traffic."""
+    isolation = t.get_bool("isolation", base.isolation)
+    cnic_vl = base.cnic_vl
+    if "cnic_vl" in t:
+        vl = t.table("cnic_vl")
+        cnic_vl = VlTables(vl.get_int("max_vls", min=1, max=15), vl.get_int("high_limit", min=0, max=255),
+                           vl.get_str("vlarb_high"), vl.get_str("vlarb_low"))  # fmt: skip
+        try:
+            cnic_vl.arbitration()
+        except ValueError as error:
+            raise ScenarioError(f"{vl.where('vlarb_low')}: not a VL arbitration the core takes: {error}") from None
+        vl.finish()
+    entries = t.tables("background")
+    if len(entries) > MAX_BACKGROUND:
+        raise t.error("background", f"at most {MAX_BACKGROUND} background traffics", f"{len(entries)} of them")
+    background = list(base.background) if not entries else []
+    for b in entries:
+        ports = tuple(p for spec in b.get_str_list("ports") for p in _ports(b, spec, pe_nodes, de_nodes, gpus))
+        if not ports:
+            raise b.error("ports", "at least one port", [])
+        if len(set(ports)) != len(ports):
+            raise b.error("ports", "each port once", ports)
+        rate = b.get_float("rate_bytes_per_s", min=1.0, max=LIMITS.storage_bytes_per_s[1])
+        at_s = b.get_float("at_s", 0.0, min=0.0, max=MAX_TIME_S)
+        duration_s = b.get_float("duration_s", min=0.0, max=MAX_TIME_S, min_exclusive=True)
+        period_s = b.get_float("period_s", 0.0, min=0.0, max=MAX_TIME_S)
+        on_s = (b.get_float("on_s", 0.0, min=0.0, max=period_s) or period_s) if period_s > 0 else 0.0
+        if period_s > 0 and duration_s / period_s > MAX_BURSTS:
+            raise b.error("period_s", f"at most {MAX_BURSTS:,} bursts over duration_s = {duration_s:g}", period_s)
+        lane = b.get_int("lane", KV_LANE, min=0, max=14)
+        b.finish()
+        background.append(BackgroundTraffic(ports, rate, at_s, duration_s, period_s, on_s, lane))
+    t.finish()
+    return NetworkSpec(isolation, cnic_vl, tuple(background))
+
+
+def _ports(t: Table, spec: str, pe_nodes: int, de_nodes: int, gpus: int) -> list[str]:
+    """The port names ``spec`` names: one port (``n3.snic.rx``, ``3fs.write``, ``n0.cnic2.tx``), or one kind of port
+    on every node of a role (``de.snic.rx``, ``pe.cnic.tx``: every GPU's; ``all.dram``)."""
+    nodes = {"pe": range(pe_nodes), "de": range(pe_nodes, pe_nodes + de_nodes), "all": range(pe_nodes + de_nodes)}
+    kinds = ("snic.rx", "snic.tx", "dram", "cnic.tx", "cnic.rx")
+    if spec in ("3fs.read", "3fs.write"):
+        return [spec]
+    head, _, kind = spec.partition(".")
+    if head in nodes and kind in kinds:
+        chosen = [f"n{n}" for n in nodes[head]]
+    elif head[:1] == "n" and head[1:].isdigit() and int(head[1:]) < pe_nodes + de_nodes:
+        chosen = [head]
+    else:
+        chosen = []
+    if kind in ("cnic.tx", "cnic.rx"):
+        return [f"{n}.cnic{g}.{kind[-2:]}" for n in chosen for g in range(gpus)]
+    if kind in kinds[:3] or (kind[:4] == "cnic" and kind[4:-3].isdigit() and int(kind[4:-3]) < gpus
+                             and kind[-3:] in (".tx", ".rx")):  # fmt: skip
+        return [f"{n}.{kind}" for n in chosen] or _no_port(t, spec, pe_nodes + de_nodes, gpus)
+    return _no_port(t, spec, pe_nodes + de_nodes, gpus)
+
+
+def _no_port(t: Table, spec: str, nodes: int, gpus: int) -> list[str]:
+    raise t.error("ports", f"port names of this cluster ({nodes} nodes of {gpus} GPUs): n<i>.snic.rx, n<i>.snic.tx, "
+                  "n<i>.dram, n<i>.cnic<g>.tx or .rx, 3fs.read, 3fs.write, or pe., de. or all. before a kind "
+                  "(de.snic.rx, pe.cnic.tx: every GPU's)", spec)  # fmt: skip
 
 
 def _kv_tier(t: Table, base: KvTierSpec, folder: Path) -> KvTierSpec:

@@ -101,7 +101,7 @@ class ClusterApplication(Application):
 
     def _build(self, core: Core) -> Topology:
         c = self.config
-        return build_topology(core, c.node, c.pe_nodes, c.de_nodes, c.storage)
+        return build_topology(core, c.node, c.pe_nodes, c.de_nodes, c.storage, c.network)
 
     # --- the Application interface -------------------------------------------------------------------
 

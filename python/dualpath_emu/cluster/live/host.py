@@ -45,6 +45,10 @@ def host_plane(request: PlaneRequest) -> HostDataPlane:
     app, scenario, description = request.app, request.scenario, request.description
     if not isinstance(app, ClusterApplication):
         raise ScenarioError(f'application {app.name!r} has no host backend (backend = "host")')
+    if app.config.network.background:
+        from dualpath_emu.cluster.scenario import NO_HOST_BACKGROUND
+
+        raise ScenarioError(f"[[network.background]]: {NO_HOST_BACKGROUND}")
     origin = description.clock_origin_ns if description.clock_origin_ns is not None else time.time_ns()
     elapsed = max(0, time.time_ns() - origin)
     core = Core(clock="wall", time_scale=scenario.time_scale, wall_elapsed_ns=elapsed, **app.core_options())

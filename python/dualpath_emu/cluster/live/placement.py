@@ -23,7 +23,8 @@ def placement(app_actors: Sequence[str], kind: str) -> list[tuple[str, list[str]
     groups = {a: GroupId.parse(a) for a in app_actors}
     pe = [a for a, group in groups.items() if group is not None and group.prefill]
     de = [a for a, group in groups.items() if group is not None and not group.prefill]
-    faults = [a for a in app_actors if a == "faults"]  # the fault injector, beside the scheduler it tells
+    # The fault injector beside the scheduler it tells, and the background traffic's engine with them.
+    faults = [a for a in app_actors if a in ("faults", "background")]
     if kind == "groups":
         return [("scheduler", ["scheduler", *faults]), ("client", ["client"]), *((a, [a]) for a in pe + de)]
     if kind == "roles":
