@@ -28,6 +28,7 @@ SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
         "sglmc": "SGL(MC)'s DRAM pool against Basic and DualPath, at the paper's size and smaller (§7.1)",
         "retention": "decode-side retention with session affinity against DualPath, over HBM headroom and tool waits",
         "faults": "a prefill node's storage NIC down and random fault schedules, Basic vs DualPath (the paper has none)",
+        "network": "virtual-lane isolation on and off at cluster scale, and a checkpoint load on the decode storage NICs",
         "calibrate": "fit the hardware parameters the paper does not give, on Basic and Oracle runs",
         "markdown": "the reports (NAME.json) as Markdown, for EVALUATION.md",
     }
