@@ -4,8 +4,9 @@ other traffic on the decode nodes' storage NICs.
 1. **Isolation** (App. A.5 asks it of one NIC; ``reproduce isolation`` answers there): DualPath on DS 660B 2P4D
    offline, 64K, 512 agents, with the paper's VL tables (model traffic on VL0 strictly before KV on VL2), with the two
    lanes weighted equally (``[network.cnic_vl]``), and with isolation off (``[network] isolation = false``: the
-   collectives and the all-to-all in the KV's lane). Reported: JCT, TTFT (and its prefill part, which waits for the
-   prefill's collectives), TPOT, and the compute NICs' load.
+   collectives and the all-to-all in the KV's lane); then each again with the prefill nodes' compute NICs loaded by
+   other KV-lane traffic (a bulk copy at 80% of each NIC). Reported: JCT, TTFT (and its prefill part, which waits for
+   the prefill's collectives), TPOT, and the compute NICs' load.
 2. **A checkpoint load on the decode nodes' storage NICs** (model weights read through them while the cluster
    serves, ``[[network.background]]``): Basic and DualPath under a load of 0, 25% and 50% of each decode node's
    storage NIC for the whole run, and 50% in bursts (15 s of each minute). DualPath chooses the read side by read
@@ -34,6 +35,8 @@ LANES: Final = {
     "isolation off": NetworkSpec(isolation=False),
 }
 """The compute NICs' lanes: App. A.1's tables, the two lanes weighted equally, one lane for everything."""
+CNIC_LOAD: Final = 0.8
+"""The other traffic on the prefill nodes' compute NICs in the loaded lane rows, as a share of each NIC."""
 LOADS: Final = (0.0, 0.25, 0.5)
 """Background load on each decode node's storage NIC, as a share of its bandwidth."""
 BURST: Final = (60.0, 15.0)
@@ -49,8 +52,15 @@ def base(quick: bool) -> tuple[Any, int]:
 
 def lane_cells(quick: bool) -> list[Cell]:
     config, rounds = base(quick)
-    return [Cell({"part": "lanes", "network": name, "load": ""}, dataclasses.replace(config, network=network),
-                 "dualpath", max_rounds=rounds) for name, network in LANES.items()]  # fmt: skip
+    pe_cnics = tuple(f"n{n}.cnic{g}.tx" for n in range(config.pe_nodes) for g in range(config.node.gpus))
+    copy = BackgroundTraffic(pe_cnics, CNIC_LOAD * config.node.cnic_bytes_per_s, 0.0, 20_000.0)
+    out = []
+    for loaded in (False, True):
+        for name, network in LANES.items():
+            network = dataclasses.replace(network, background=(copy,)) if loaded else network
+            out.append(Cell({"part": "lanes", "network": name, "load": f"{CNIC_LOAD:.0%} PE CNIC" if loaded else ""},
+                            dataclasses.replace(config, network=network), "dualpath", max_rounds=rounds))  # fmt: skip
+    return out
 
 
 def load_cells(quick: bool) -> list[Cell]:
@@ -81,7 +91,8 @@ def build(args: argparse.Namespace) -> Report:
     options = {"quiet": args.quiet, "cache": args.cache, "dask": args.dask}
     results = run_cells(lane_cells(args.quick) + load_cells(args.quick), args.jobs, **options)
     rows = [_row(r) for r in results]
-    lanes = {row["network"]: row for row in rows if row["part"] == "lanes"}
+    lanes = {row["network"]: row for row in rows if row["part"] == "lanes" and not row["load"]}
+    loaded = {row["network"]: row for row in rows if row["part"] == "lanes" and row["load"]}
     load = {(row["system"], row["load"]): row for row in rows if row["part"] == "load"}
     full = f"{LOADS[-1]:.0%}"
     checks = {
@@ -93,8 +104,13 @@ def build(args: argparse.Namespace) -> Report:
             for (system, label) in load
             if system == "basic"
         ),
-        "it slows DualPath, more as it grows": (
-            load[("dualpath", "0%")]["jct_s"] < load[("dualpath", "25%")]["jct_s"] < load[("dualpath", full)]["jct_s"]
+        "with the compute NICs loaded, isolation keeps the prefill's part of TTFT below isolation off's": (
+            loaded["paper VLs"]["ttft_prefill_s"] < loaded["isolation off"]["ttft_prefill_s"]
+        ),
+        "as the decode side's storage NICs are loaded, DualPath reads more on the prefill side": (
+            load[("dualpath", "0%")]["read_de_share"]
+            > load[("dualpath", "25%")]["read_de_share"]
+            > load[("dualpath", full)]["read_de_share"]
         ),
         "every request ended in every run": all(row["failed"] == 0 for row in rows),
     }
