@@ -13,7 +13,7 @@ from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
-from dualpath_emu.cluster.topology import BackgroundTraffic, NetworkSpec, VlTables
+from dualpath_emu.cluster.topology import BackgroundTraffic, NetworkSpec, TokenBucket, VlTables
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
@@ -75,6 +75,22 @@ def test_background_traffic_on_the_decode_nodes_storage_nics_slows_dualpath_and_
     assert utilisation[0] == pytest.approx(utilisation[1], rel=1e-9) and utilisation[0] > 0
 
 
+def test_a_token_bucket_lets_a_port_run_at_its_own_rate_for_its_burst_then_at_the_sustained_rate() -> None:
+    trajectories = work()
+    config = dataclasses.replace(CONFIG, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
+    rate = NODE.snic_bytes_per_s * NODE.snics
+    plain = run_system(config, "basic", trajectories)  # storage-bound: Basic reads on n0's storage NIC alone
+
+    def bucket(burst: float) -> float:
+        net = NetworkSpec(buckets=(TokenBucket(("n0.snic.rx",), rate / 2, burst),))
+        return run_system(dataclasses.replace(config, network=net), "basic", trajectories).jct_s
+
+    # A burst larger than everything read changes nothing; a small one halves the port: the JCT nearly doubles.
+    assert bucket(1e13) == plain.jct_s
+    assert 1.6 * plain.jct_s < bucket(1e6) < 1.9 * plain.jct_s
+    assert plain.jct_s < bucket(1e9) < bucket(1e6)
+
+
 def test_a_scenario_writes_the_network_and_a_bad_key_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,6 +111,12 @@ def test_a_scenario_writes_the_network_and_a_bad_key_is_one_line(
         ('[[network.background]]\nports = ["n7.snic.rx"]\nrate_bytes_per_s = 1e9\nduration_s = 1\n', "ports"),
         ('[[network.background]]\nports = ["n1.dram"]\nrate_bytes_per_s = 1e9\n', "duration_s"),
         ('[network.cnic_vl]\nmax_vls = 4\nhigh_limit = 0\nvlarb_high = ""\nvlarb_low = "9:x"\n', "vlarb_low"),
+        ('[[network.bucket]]\nports = ["n0.snic.rx"]\nsustained_bytes_per_s = 1e15\nburst_bytes = 1e9\n', "sustained"),
+        (
+            '[[network.bucket]]\nports = ["pe.snic.rx"]\nsustained_bytes_per_s = 1e9\nburst_bytes = 1e9\n'
+            '[[network.bucket]]\nports = ["n0.snic.rx"]\nsustained_bytes_per_s = 1e9\nburst_bytes = 1e9\n',
+            "one bucket",
+        ),
     ]:
         path.write_text(head + bad)
         assert main(["run", str(path)]) == 2

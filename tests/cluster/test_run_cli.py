@@ -168,6 +168,10 @@ duration_s = 10.0
 period_s = 2.0
 on_s = 1.0
 lane = 3
+[[network.bucket]]
+ports = ["pe.snic.rx"]
+sustained_bytes_per_s = 1e9
+burst_bytes = 1e9
 [roofline]
 gemm_efficiency = 0.5
 attention_efficiency = 0.4

@@ -30,7 +30,8 @@ from dualpath_emu.cluster.config import (
 from dualpath_emu.cluster.kv_cache import EVICTIONS, Eviction
 from dualpath_emu.cluster.faults import MAX_TIME_S, engine_group_names, fault_tables, load_fault_file, read_fault_plan
 from dualpath_emu.cluster.roofline import Roofline, RooflineParams
-from dualpath_emu.cluster.topology import KV_LANE, BackgroundTraffic, NetworkSpec, VlTables
+from dualpath_emu._core import Core
+from dualpath_emu.cluster.topology import KV_LANE, BackgroundTraffic, NetworkSpec, TokenBucket, VlTables, build_topology
 from dualpath_emu.cluster.systems import NAME_PATTERN, SYSTEMS, System
 from dualpath_emu.cluster.topology import StorageSpec
 from dualpath_emu.cluster.user_systems import SystemLoader, is_user_spec
@@ -333,6 +334,11 @@ def scenario_from_table(top: Table, path: Path) -> ClusterScenario:
     )
     storage = _storage(storage_table, base.storage)
     network = _network(network_table, base.network, pe_nodes, de_nodes, node.gpus)
+    if network.buckets:  # a bucket's sustained rate must be under its port's own: the topology checks it
+        try:
+            build_topology(Core(), node, pe_nodes, de_nodes, storage, network)
+        except ValueError as error:
+            raise ScenarioError(f"{network_table.where('bucket')}: {error}") from None
     kv_store = _kv_tier(kv_table.table("store"), base.kv_store, path.parent)
     kv_pool = _kv_pool(kv_table.table("pool"), base.kv_pool, path.parent, kv_store.bounded)
     hbm_table = kv_table.table("hbm")
@@ -506,8 +512,23 @@ def _network(t: Table, base: NetworkSpec, pe_nodes: int, de_nodes: int, gpus: in
         lane = b.get_int("lane", KV_LANE, min=0, max=14)
         b.finish()
         background.append(BackgroundTraffic(ports, rate, at_s, duration_s, period_s, on_s, lane))
+    entries = t.tables("bucket")
+    buckets = list(base.buckets) if not entries else []
+    for b in entries:
+        ports = tuple(p for spec in b.get_str_list("ports") for p in _ports(b, spec, pe_nodes, de_nodes, gpus))
+        if not ports:
+            raise b.error("ports", "at least one port", [])
+        taken = {p for bucket in buckets for p in bucket.ports}
+        if taken & set(ports) or len(set(ports)) != len(ports):
+            raise b.error("ports", "each port in one bucket, once", sorted(taken & set(ports)) or ports)
+        sustained = b.get_float(
+            "sustained_bytes_per_s", min=LIMITS.nic_bytes_per_s[0], max=LIMITS.storage_bytes_per_s[1]
+        )
+        burst = b.get_float("burst_bytes", min=0.0, max=1e15, min_exclusive=True)
+        b.finish()
+        buckets.append(TokenBucket(ports, sustained, burst))
     t.finish()
-    return NetworkSpec(isolation, cnic_vl, tuple(background))
+    return NetworkSpec(isolation, cnic_vl, tuple(background), tuple(buckets))
 
 
 def _ports(t: Table, spec: str, pe_nodes: int, de_nodes: int, gpus: int) -> list[str]:

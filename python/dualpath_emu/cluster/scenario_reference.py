@@ -59,8 +59,9 @@ def schema() -> list[Key]:
     # The network's VL tables and a background traffic in bursts read every key of [network].
     vl = {"max_vls": 4, "high_limit": 255, "vlarb_high": "0:255", "vlarb_low": "2:1"}
     background = {"ports": ["de.snic.rx"], "rate_bytes_per_s": 1e9, "duration_s": 1.0, "period_s": 1.0}
+    bucket = {"ports": ["pe.snic.rx"], "sustained_bytes_per_s": 1e9, "burst_bytes": 1e9}
     example = {"kind": "cluster", "faults": [fault, crash], "random_faults": {},
-               "network": {"cnic_vl": vl, "background": [background]}}  # fmt: skip
+               "network": {"cnic_vl": vl, "background": [background], "bucket": [bucket]}}  # fmt: skip
     scenario_module.scenario_from_table(Table(example, "reference", schema=rows), Path("reference.toml"))
     packaged = tomllib.loads(PACKAGED_FILE.read_text(encoding="utf-8"))
     Catalog().with_entries(Table(packaged, str(PACKAGED_FILE), schema=rows))  # every kind of entry is in it

@@ -22,7 +22,8 @@ from dualpath_emu._core import Arbitration, Core
 from dualpath_emu.cluster.catalog import NodeSpec
 
 __all__ = [
-    "KV_LANE", "MODEL_LANE", "BackgroundTraffic", "NetworkSpec", "NodePorts", "StorageSpec", "Topology", "VlTables",
+    "KV_LANE", "MODEL_LANE", "BackgroundTraffic", "NetworkSpec", "NodePorts", "StorageSpec", "TokenBucket", "Topology",
+    "VlTables",
     "build_topology", "port_names",
 ]  # fmt: skip
 
@@ -81,14 +82,26 @@ class BackgroundTraffic:
 
 
 @dataclass(frozen=True)
+class TokenBucket:
+    """A token bucket on ``ports`` (``[[network.bucket]]``): each runs at its own rate (the line rate) while it has
+    tokens, and at ``sustained_bytes_per_s`` once ``burst_bytes`` more than that have gone (a policer, or a NIC's
+    burst credit)."""
+
+    ports: tuple[str, ...]
+    sustained_bytes_per_s: float
+    burst_bytes: float
+
+
+@dataclass(frozen=True)
 class NetworkSpec:
     """The network's QoS and other traffic (``[network]``): ``isolation`` False puts model traffic in the KV's lane
     (one lane, no priority: a fabric without QoS); ``cnic_vl`` the compute NICs' VL tables (None: the paper's,
-    App. A.1); ``background``: traffic the engines do not make."""
+    App. A.1); ``background``: traffic the engines do not make; ``buckets``: token buckets on ports."""
 
     isolation: bool = True
     cnic_vl: VlTables | None = None
     background: tuple[BackgroundTraffic, ...] = ()
+    buckets: tuple[TokenBucket, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,9 +175,21 @@ def build_topology(core: Core, node: NodeSpec, pe_nodes: int, de_nodes: int, sto
                    network: NetworkSpec = NetworkSpec()) -> Topology:  # fmt: skip
     """Add the cluster's ports and storage to ``core``; prefill nodes are 0 … pe_nodes-1, then decode nodes."""
     paper = network.cnic_vl.arbitration() if network.cnic_vl is not None else Arbitration.paper()
+    buckets = {name: bucket for bucket in network.buckets for name in bucket.ports}
+
+    def add_port(name: str, rate: float, arbitration: Arbitration | None = None) -> int:
+        bucket = buckets.get(name)
+        if bucket is None:
+            return core.add_port(name, rate, arbitration=arbitration)
+        if not bucket.sustained_bytes_per_s < rate:
+            raise ValueError(f"port {name}: expected a sustained rate under the port's own {rate:g} B/s, got "
+                             f"{bucket.sustained_bytes_per_s:g}")  # fmt: skip
+        return core.add_port(name, bucket.sustained_bytes_per_s, peak_bytes_per_s=rate,
+                             burst_bytes=bucket.burst_bytes, arbitration=arbitration)  # fmt: skip
+
     count = pe_nodes + de_nodes
-    storage_read = core.add_port("3fs.read", storage.read_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
-    storage_write = core.add_port("3fs.write", storage.write_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
+    storage_read = add_port("3fs.read", storage.read_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
+    storage_write = add_port("3fs.write", storage.write_bytes_per_s or count * node.snic_bytes_per_s * node.snics)
     core.configure_storage(read_port=storage_read, write_port=storage_write,
                            read_latency_ns=round(storage.read_latency_s * 1e9),
                            write_latency_ns=round(storage.write_latency_s * 1e9))  # fmt: skip
@@ -172,15 +197,11 @@ def build_topology(core: Core, node: NodeSpec, pe_nodes: int, de_nodes: int, sto
     for i in range(count):
         role = "pe" if i < pe_nodes else "de"
         prefix = f"n{i}"
-        snic_rx = core.add_port(f"{prefix}.snic.rx", node.snic_bytes_per_s * node.snics)
-        snic_tx = core.add_port(f"{prefix}.snic.tx", node.snic_bytes_per_s * node.snics)
-        dram = core.add_port(f"{prefix}.dram", node.host_dram_bytes_per_s)
-        cnic_tx = tuple(
-            core.add_port(f"{prefix}.cnic{g}.tx", node.cnic_bytes_per_s, arbitration=paper) for g in range(node.gpus)
-        )
-        cnic_rx = tuple(
-            core.add_port(f"{prefix}.cnic{g}.rx", node.cnic_bytes_per_s, arbitration=paper) for g in range(node.gpus)
-        )
+        snic_rx = add_port(f"{prefix}.snic.rx", node.snic_bytes_per_s * node.snics)
+        snic_tx = add_port(f"{prefix}.snic.tx", node.snic_bytes_per_s * node.snics)
+        dram = add_port(f"{prefix}.dram", node.host_dram_bytes_per_s)
+        cnic_tx = tuple(add_port(f"{prefix}.cnic{g}.tx", node.cnic_bytes_per_s, paper) for g in range(node.gpus))
+        cnic_rx = tuple(add_port(f"{prefix}.cnic{g}.rx", node.cnic_bytes_per_s, paper) for g in range(node.gpus))
         # The read path follows the storage cluster's own port (configure_storage).
         storage_node = core.add_storage_node(
             prefix, read_path=[snic_rx, dram], write_path=[dram, snic_tx], queue_depth=storage.queue_depth

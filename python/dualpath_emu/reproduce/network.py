@@ -70,7 +70,7 @@ def load_cells(quick: bool) -> list[Cell]:
     out = []
     for system in ("basic", "dualpath"):
         for share, bursty in [(s, False) for s in LOADS] + [(LOADS[-1], True)]:
-            background = ()
+            background: tuple[BackgroundTraffic, ...] = ()
             if share:
                 period, on = BURST if bursty else (0.0, 0.0)
                 background = (BackgroundTraffic(("de.snic.rx",), share * snic, 0.0, horizon, period, on),)
@@ -160,15 +160,21 @@ def _row(r: CellResult) -> dict[str, Any]:
 def plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """Left: JCT and TTFT's prefill part per lane setting. Right: JCT against the load, Basic and DualPath."""
     fig, (left, right) = panels(2, width=4.6, height=3.4)
-    lanes = [row for row in rows if row["part"] == "lanes"]
-    xs = [row["network"] for row in lanes]
-    left.bar(xs, [row["jct_s"] for row in lanes], color="tab:red")
+    twin = left.twinx()
+    for k, (loaded, color, style) in enumerate(((False, "tab:red", "o--"), (True, "darkred", "s-"))):
+        lanes = [row for row in rows if row["part"] == "lanes" and bool(row["load"]) == loaded]
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(lanes))]
+        label = f"{CNIC_LOAD:.0%} other traffic on PE CNICs" if loaded else "no other traffic"
+        left.bar(xs, [row["jct_s"] for row in lanes], width=0.36, color=color, label=f"JCT, {label}")
+        twin.plot(range(len(lanes)), [row["ttft_prefill_s"] for row in lanes], style, color="black",
+                  label=f"TTFT prefill, {label}")  # fmt: skip
+    left.set_xticks(range(len(LANES)), list(LANES))
     left.set_ylabel("DualPath JCT (s)")
     left.set_ylim(bottom=0)
-    twin = left.twinx()
-    twin.plot(xs, [row["ttft_prefill_s"] for row in lanes], "ko-", label="TTFT: prefill (s)")
+    twin.set_ylabel("TTFT: prefill part (s)")
     twin.set_ylim(bottom=0)
-    twin.legend(fontsize=7, loc="lower right")
+    left.legend(fontsize=6, loc="lower left")
+    twin.legend(fontsize=6, loc="lower right")
     for system, color in (("basic", "tab:blue"), ("dualpath", "tab:red")):
         points = [row for row in rows if row["part"] == "load" and row["system"] == system]
         right.plot([row["load"] for row in points], [row["jct_s"] for row in points], "o-", color=color, label=system)
