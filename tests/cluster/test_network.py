@@ -7,6 +7,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dualpath_emu.cli import main
 from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
@@ -126,3 +128,23 @@ def test_a_scenario_writes_the_network_and_a_bad_key_is_one_line(
                     "rate_bytes_per_s = 1e9\nduration_s = 1\n")  # fmt: skip
     with pytest.raises(ScenarioError, match="modelled only"):
         load_cluster_scenario(path)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    isolation=st.booleans(), equal_vls=st.booleans(), system=st.sampled_from(["basic", "dualpath", "oracle"]),
+    ports=st.lists(st.sampled_from(["n0.snic.rx", "n2.snic.rx", "n3.snic.tx", "n1.cnic0.tx", "n2.cnic3.rx", "n0.dram",
+                                    "3fs.read"]), min_size=0, max_size=3, unique=True),
+    rate=st.sampled_from([1e6, 1e8, 5e9]), period=st.sampled_from([0.0, 1.0, 3.0]),
+    bucket=st.sampled_from([None, "n0.snic.rx", "n2.cnic0.rx"]), burst=st.sampled_from([1e3, 1e8]),
+)  # fmt: skip
+def test_any_lanes_background_and_bucket_lose_no_request_and_account_every_byte(
+    isolation: bool, equal_vls: bool, system: str, ports: list[str], rate: float, period: float,
+    bucket: str | None, burst: float,
+) -> None:  # fmt: skip
+    background = (BackgroundTraffic(tuple(ports), rate, 0.5, 5.0, period, period / 2),) if ports else ()
+    buckets = (TokenBucket((bucket,), 1e8, burst),) if bucket else ()
+    net = NetworkSpec(isolation, VlTables(4, 0, "", "0:1,2:1") if equal_vls else None, background, buckets)
+    result = run_system(dataclasses.replace(CONFIG, network=net), system, work(8, 3))  # raises on a broken invariant
+    assert result.complete and result.turns_done == result.turns
+    assert all(v >= -1e-3 for v in (*result.snic_read_bytes.values(), *result.snic_write_bytes.values()))

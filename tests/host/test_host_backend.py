@@ -486,3 +486,20 @@ def test_retention_on_the_host_backend_moves_kept_hits_from_the_decode_process_a
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0 and host["mismatched_blocks"] == 0
     kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
     assert "DE→PE" in kinds  # the kept hits, from the decode GPU's HBM into the prefill GPU's, layer by layer
+
+
+@pytest.mark.processes
+def test_the_host_backend_takes_the_networks_lanes_vl_tables_and_buckets(tmp_path: Path) -> None:
+    # Isolation off (the engines put every transfer in the KV's lane), equal VL tables (the compute NICs' pacers
+    # arbitrate by them) and a bucket (paced at its sustained rate): the run moves and verifies its bytes as ever.
+    import dataclasses
+
+    from dualpath_emu.cluster.topology import NetworkSpec, TokenBucket, VlTables
+
+    rate = config().node.snic_bytes_per_s * config().node.snics
+    net = NetworkSpec(False, VlTables(4, 0, "", "0:1,2:1"), (), (TokenBucket(("n0.snic.rx",), rate / 2, 1e6),))
+    result = run_live(dataclasses.replace(config(), network=net), SYSTEMS["dualpath"], work(), run_dir=tmp_path / "run",
+                      backend="host", byte_scale=SCALE, timeout_s=120.0)  # fmt: skip
+    host = result.extra["host"]
+    assert result.complete and host["mismatched_blocks"] == 0 and host["bytes_read"] == host["verified_read_bytes"] > 0
+    assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0

@@ -54,6 +54,11 @@ class HostPlan:
     byte_scale: float
     pool_blocks: int = 0
     """The DRAM pool's capacity in Full Blocks, every node's together (0: the system keeps no KV in one)."""
+    cnic_vl: tuple[int, int, str, str] | None = None
+    """The compute NICs' VL tables (``Arbitration.parse``'s arguments; None: the paper's)."""
+
+    def cnic_arbitration(self) -> Arbitration:
+        return Arbitration.parse(*self.cnic_vl) if self.cnic_vl is not None else Arbitration.paper()
 
     @property
     def port_node(self) -> Mapping[int, int]:
@@ -99,6 +104,7 @@ class HostDataPlane(WallClockCore):
         channel.on_port = self._peer_port
         channel.on_pool = self._pool_read_here
         self.store = store
+        self._cnic_arbitration = plan.cnic_arbitration()
         self.dram_pool = (DramPool(store.contents, store.stride, plan.pool_blocks)
                           if store is not None and plan.pool_blocks else None)  # fmt: skip
         """The blocks this process's nodes hold in the DRAM pool, in real memory (a system with a pool)."""
@@ -397,7 +403,7 @@ class HostDataPlane(WallClockCore):
             raise ValueError(f"process {self.process!r} was asked to send on port {port}, not one of its nodes'")
         ident = self._new_id()
         self._jobs[ident] = _Job(dest, job, ack)
-        self._pacer(port, NET_CHUNK_BYTES, Arbitration.paper(), self.plan.byte_scale).enqueue(lane, nbytes, ident)
+        self._pacer(port, NET_CHUNK_BYTES, self._cnic_arbitration, self.plan.byte_scale).enqueue(lane, nbytes, ident)
 
     def _admit(self, rx: int, lane: int, nbytes: int, then: Callable[[], None] | None) -> bool:
         """The channel's hook for a chunk arriving through port ``rx``: False lets it in now (see the module)."""
@@ -409,7 +415,7 @@ class HostDataPlane(WallClockCore):
         if pacer is None:
             rate = self.plan.port_rate[rx] * self.plan.byte_scale
             pacer = self._admission[rx] = Pacer(rate, NET_CHUNK_BYTES, self.clock_ns, self._on_admitted,
-                                                arbitration=Arbitration.paper(), on_error=self._fail)  # fmt: skip
+                                                arbitration=self._cnic_arbitration, on_error=self._fail)  # fmt: skip
             pacer.start(self.loop)
             pacer.set_rate(rate * self._factor_of(rx))
         ident = self._new_id()

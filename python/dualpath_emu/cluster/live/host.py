@@ -89,7 +89,9 @@ def host_plan(app: ClusterApplication, scenario: RunScenario) -> HostPlan:
     block_bytes = BLOCK_TOKENS * app.derived.kv_bytes_per_token
     pooled = with_tiers(app.system, app.config).pool
     pool_blocks = app.config.kv_pool.tier(len(app.topology.nodes)).capacity_bytes // block_bytes if pooled else 0
-    return HostPlan(app.topology, owners, rates, block_bytes, app.byte_scale, pool_blocks)
+    vl = app.config.network.cnic_vl
+    cnic_vl = (vl.max_vls, vl.high_limit, vl.vlarb_high, vl.vlarb_low) if vl is not None else None
+    return HostPlan(app.topology, owners, rates, block_bytes, app.byte_scale, pool_blocks, cnic_vl)
 
 
 def host_part(host: HostDataPlane, topology: Topology) -> dict[str, Any]:
