@@ -15,7 +15,10 @@ from dualpath_emu.cluster.catalog import MODELS, TESTBED_NODE
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
-from dualpath_emu.cluster.topology import BackgroundTraffic, NetworkSpec, TokenBucket, VlTables
+from dualpath_emu._core import Core
+from dualpath_emu.cluster.topology import (
+    KV_LANE, MODEL_LANE, BackgroundTraffic, NetworkSpec, TokenBucket, VlTables, build_topology,
+)  # fmt: skip
 from dualpath_emu.config import ScenarioError
 from dualpath_emu.workload.generator import generate
 from dualpath_emu.workload.trajectory import Trajectory
@@ -43,12 +46,12 @@ def test_isolation_off_puts_the_collectives_in_the_kv_lane_and_the_paper_tables_
     paper = run_system(CONFIG, "dualpath", trajectories)
     shared = run_system(network(isolation=False), "dualpath", trajectories)
     fair = run_system(network(cnic_vl=VlTables(4, 0, "", "0:1,2:1")), "dualpath", trajectories)
-    # KV and the collectives compete on the compute NICs: without priority the KV goes faster and the prefill's
-    # collectives wait (its forward passes wait for them), so TTFT rises while the storage-bound JCT falls.
+    # KV and the collectives compete on the compute NICs: the runs differ (which way depends on the load and the
+    # delivery order: reproduce network measures it), and each finishes every turn.
     assert shared.event_log_sha256 != paper.event_log_sha256 != fair.event_log_sha256
-    assert shared.jct_s < paper.jct_s and fair.jct_s < paper.jct_s
-    assert shared.ttft_s["p50"] > paper.ttft_s["p50"]
-    assert shared.complete and fair.complete and shared.turns_done == paper.turns_done
+    assert shared.complete and fair.complete and shared.turns_done == fair.turns_done == paper.turns_done
+    assert build_topology(Core(), NODE, 1, 1, CONFIG.storage, NetworkSpec(isolation=False)).model_lane == KV_LANE
+    assert build_topology(Core(), NODE, 1, 1, CONFIG.storage).model_lane == MODEL_LANE
 
 
 def test_background_traffic_on_the_decode_nodes_storage_nics_slows_dualpath_and_leaves_basic_alone() -> None:
@@ -58,16 +61,27 @@ def test_background_traffic_on_the_decode_nodes_storage_nics_slows_dualpath_and_
     loaded = dataclasses.replace(config, network=load)
     basic, basic_loaded = run_system(config, "basic", trajectories), run_system(loaded, "basic", trajectories)
     dual, dual_loaded = run_system(config, "dualpath", trajectories), run_system(loaded, "dualpath", trajectories)
-    # Basic reads on the prefill side only: the decode nodes' storage NICs are not on its way, event for event.
-    assert basic_loaded.event_log_sha256 == basic.event_log_sha256
+    # Basic reads on the prefill side only: the decode nodes' storage NICs are not on its way (event for event in
+    # FIFO delivery: the test below; a shuffled order shuffles the background's own inputs in too).
+    assert basic_loaded.jct_s == pytest.approx(basic.jct_s, rel=0.02)
     # DualPath's read-side choice does not see the load (only the read queues): its decode-side reads slow down.
     assert dual_loaded.jct_s > dual.jct_s * 1.05
     # The KV metrics count the engines' bytes, not the background's; the ports' utilisation counts both.
-    assert basic_loaded.snic_read_bytes == basic.snic_read_bytes
+    assert basic_loaded.snic_read_bytes == pytest.approx(basic.snic_read_bytes, rel=1e-9)
     assert basic_loaded.snic_util["de"]["rx"]["mean"] > basic.snic_util["de"]["rx"]["mean"] == 0
-    # Bursts: 0.5 s of every 2 s for 10 s move what 2.5 s without a pause do (before the workload ends, 13.8 s
-    # here: a burst due after it is not started).
     assert BackgroundTraffic(("x",), 1.0, 1.0, 5.0, 2.0, 0.5).bursts() == [(1.0, 0.5), (3.0, 0.5), (5.0, 0.5)]
+
+
+@pytest.mark.fifo_only
+def test_background_traffic_off_a_systems_path_leaves_its_run_as_it_was_event_for_event() -> None:
+    trajectories = work()
+    config = dataclasses.replace(CONFIG, pe_nodes=1, de_nodes=2, prefill_ep_nodes=1, decode_ep_nodes=1)
+    load = NetworkSpec(background=(BackgroundTraffic(("n1.snic.rx", "n2.snic.rx"), 0.25e9, 0.0, 30.0),))
+    loaded = dataclasses.replace(config, network=load)
+    basic = run_system(config, "basic", trajectories)
+    assert run_system(loaded, "basic", trajectories).event_log_sha256 == basic.event_log_sha256
+    # Bursts: 0.5 s of every 2 s for 10 s move what 2.5 s without a pause do (before the workload ends, 13.8 s
+    # here: a burst due after it is not started); the same run length, so the same mean utilisation.
     utilisation = []
     for traffic in (BackgroundTraffic(("n1.snic.rx",), 0.25e9, 0.0, 10.0, 2.0, 0.5),
                     BackgroundTraffic(("n1.snic.rx",), 0.25e9, 0.0, 2.5)):  # fmt: skip
