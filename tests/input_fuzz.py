@@ -130,6 +130,9 @@ _CLUSTER_KEYS: dict[str, list[str]] = {
                    "max_redispatches", "read_timeout_s", "stall_timeout_s"],
     "random_faults": ["down_per_node_hour", "degrade_per_node_hour", "latency_per_node_hour", "crash_per_node_hour",
                       "mean_duration_s", "factor", "restart_s"],
+    "network": ["isolation"],
+    "network.cnic_vl": ["max_vls", "high_limit", "vlarb_high", "vlarb_low"],
+    "kv.pool": ["bytes_per_node", "eviction", "ttl_s", "write"],
 }  # fmt: skip
 _RUN_KEYS: dict[str, list[str]] = {
     "": ["app", "seed", "mode", "latency_s", "time_scale", "transport", "host", "timeout_s", "heartbeat_timeout_s",
@@ -158,6 +161,10 @@ _PLAUSIBLE: dict[str, list[Any]] = {
     "first_round_sigma": [0, 5], "total_min_fraction": [1e-9, 0.5, 0.999999, 1], "first_append": [1, 32_767, 32_768, 65_535],
     "alpha_read_s": [1e-3, 3600, 3601, 9e-4], "beta_compute_s": [1e-3, 3600], "attention_quota_s": [1e-3, 3600, 0],
     "attention_quota_per": ["forward", "layer"], "fetch_period_s": [1e-6, 60, 61, 1e-7], "hit_block_aligned": [True, False],
+    "isolation": [True, False, "no"], "max_vls": [1, 4, 15, 16, 0], "high_limit": [0, 255, 256],
+    "vlarb_high": ["", "0:255", "0:x", "99:1"], "vlarb_low": ["2:1", "0:1,2:1", "", "2:"],
+    "bytes_per_node": [1, 1_500_000_000_000, 0], "eviction": ["lru", "ttl", "tool_wait", "fifo"],
+    "ttl_s": [0.0, 30.0, -1.0], "write": ["through", "back", "around"],
     "de_hbm_reserve_fraction": [0, 0.99, 0.995], "pe_hbm_reserve_fraction": [0, 0.99], "pipeline_stages": [0, 1, 1024, 1025],
     "app": ["cluster", "other"], "latency_s": [0, 10, 11], "time_scale": [1e-6, 1e6, 1e-7, 2e6], "transport": ["ipc", "tcp"],
     "host": ["127.0.0.1", ""], "timeout_s": [1, 1e6, 2e6], "heartbeat_timeout_s": [0.1, 3600, 0.09, 5],
