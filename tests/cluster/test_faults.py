@@ -16,7 +16,7 @@ from dualpath_emu.cluster.catalog import MODELS
 from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.cluster.faults import Fault, FaultPlan, FaultWindow, RandomFaults, fault_report, target_ports
 from dualpath_emu.cluster.observations import FaultChanged, parse
-from dualpath_emu.cluster.policies import DualPathPolicy, ReadSide, ReadView
+from dualpath_emu.cluster.policies import DualPathPolicy, ReadDecision, ReadView
 from dualpath_emu.cluster.run import run_system
 from dualpath_emu.cluster.scenario import load_cluster_scenario
 from dualpath_emu.cluster.systems import System
@@ -167,7 +167,7 @@ class _Watching(DualPathPolicy):
 
     seen: list[bool] = []
 
-    def read_side(self, view: ReadView) -> ReadSide:
+    def read_side(self, view: ReadView) -> ReadDecision:
         _Watching.seen.append(view.health.can_read(view.pe_node))
         return super().read_side(view)
 

@@ -392,3 +392,13 @@ def test_background_traffic_and_isolation_off_run_live_as_in_virtual_time(tmp_pa
     assert result.complete and result.turns_done == plain.turns_done
     assert expected.jct_s > plain.jct_s * 1.05 and result.jct_s > plain.jct_s * 1.05
     assert result.snic_read_bytes["de"] == pytest.approx(expected.snic_read_bytes["de"], rel=0.25)
+
+
+def test_split_reads_run_live_as_in_virtual_time(tmp_path: Path) -> None:
+    # Each part of a split hit is read by its own side's process and loaded from its own buffer: the live run
+    # finishes every turn and reads what virtual time reads, on both sides.
+    expected = run_system(small_config(), "dualpath-split", work())
+    result = run_live(small_config(), SYSTEMS["dualpath-split"], work(), run_dir=tmp_path / "run", options=LIVE)
+    assert result.complete and result.turns_done == expected.turns_done
+    assert sum(result.snic_read_bytes.values()) == pytest.approx(sum(expected.snic_read_bytes.values()), rel=1e-6)
+    assert result.snic_read_bytes["pe"] > 0 and result.snic_read_bytes["de"] > 0

@@ -269,7 +269,7 @@ BAD = [
      "key 'hardware.gpu': expected one of 'h800', 'h100', 'h200', 'h20', got the string 'b200'"),
     ('kind = "cluster"\nsystems = ["basic", "fast"]\n',
      "key 'systems': expected names of systems (basic, basic+layerwise, basic+layerwise+dualpath, dualpath, "
-     "oracle, sglmc, dualpath+retention) or module:Name, file.py:Name, each once, got the string 'fast'"),
+     "oracle, sglmc, dualpath+retention, dualpath-split) or module:Name, file.py:Name, each once, got the string 'fast'"),
     ('kind = "cluster"\n[workload]\ndataset = "128k"\n',
      "key 'workload.dataset': expected one of '32k', '48k', '64k', got the string '128k'"),
     ('kind = "cluster"\n[workload]\nmode = "batch"\n',
@@ -478,7 +478,7 @@ def test_system_selection_and_seed_override(
     ("argv", "message"),
     [
         (["--system", "fast"], "--system: expected names of systems (basic, basic+layerwise, "
-                               "basic+layerwise+dualpath, dualpath, oracle, sglmc, dualpath+retention) or module:Name, file.py:Name, each "
+                               "basic+layerwise+dualpath, dualpath, oracle, sglmc, dualpath+retention, dualpath-split) or module:Name, file.py:Name, each "
                                "once, got 'fast'"),
         (["--agents", "0"], "--agents: expected an integer in [1, 100000], got 0"),
         (["--seed", "-1"], "--seed: expected an integer in [0, 9223372036854775807], got -1"),

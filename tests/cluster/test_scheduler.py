@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpath_emu.cluster.policies import (
-    POLICIES, AffinityPolicy, DecodeAssignment, DecodeView, DualPathPolicy, EngineState, GroupState, Health, Policy, PolicyError, PrefillAssignment,
+    POLICIES, AffinityPolicy, SplitPolicy, DecodeAssignment, DecodeView, DualPathPolicy, EngineState, GroupState, Health, Policy, PolicyError, PrefillAssignment,
     PrefillView, ReadView, Request, RoundRobinPolicy, RouteView, check_decode, check_prefill, check_read_side,
 )  # fmt: skip
 from dualpath_emu.testing import (
@@ -148,7 +148,7 @@ def test_affinity_sends_a_request_to_the_group_and_the_de_that_keep_its_kv() -> 
 
 def test_the_registry_names_the_built_in_policies() -> None:
     assert POLICIES == {"dualpath": DualPathPolicy, "round_robin": RoundRobinPolicy,
-                        "dualpath_affinity": AffinityPolicy}  # fmt: skip
+                        "dualpath_affinity": AffinityPolicy, "dualpath_split": SplitPolicy}  # fmt: skip
     assert DualPathPolicy.promises == {"fifo", "overload", "read_side", "high_water"}
     assert AffinityPolicy.promises == {"fifo", "overload", "read_side"}
     assert RoundRobinPolicy.promises == {"fifo"} and Policy.promises == frozenset()

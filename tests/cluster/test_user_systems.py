@@ -200,7 +200,7 @@ def test_a_policy_gets_the_arguments_its_constructor_takes() -> None:
         ({"name": "a/b"}, "System.name: expected 1-64 letters, digits and _.+- (not first), got 'a/b'"),
         ({"name": ""}, "System.name: expected 1-64 letters, digits and _.+- (not first), got ''"),
         ({"name": "x" * 65}, f"System.name: expected 1-64 letters, digits and _.+- (not first), got '{'x' * 65}'"),
-        ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin', 'dualpath_affinity' or a Policy subclass, "
+        ({"scheduler": "fifo"}, "System 'x': scheduler: expected 'dualpath', 'round_robin', 'dualpath_affinity', 'dualpath_split' or a Policy subclass, "
                                 "got 'fifo'"),
         ({"scheduler": Policy}, "System 'x': scheduler Policy is abstract (define assign_decode, assign_prefill)"),
     ],
@@ -278,6 +278,7 @@ def test_the_built_in_systems_are_unchanged() -> None:
         "oracle",
         "sglmc",
         "dualpath+retention",
+        "dualpath-split",
     ]
     with pytest.raises(TypeError):
         SYSTEMS["mine"] = SYSTEMS["basic"]  # type: ignore[index]

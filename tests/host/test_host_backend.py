@@ -503,3 +503,14 @@ def test_the_host_backend_takes_the_networks_lanes_vl_tables_and_buckets(tmp_pat
     host = result.extra["host"]
     assert result.complete and host["mismatched_blocks"] == 0 and host["bytes_read"] == host["verified_read_bytes"] > 0
     assert host["network_bytes_sent"] == host["network_bytes_verified"] > 0
+
+
+@pytest.mark.processes
+def test_split_reads_on_the_host_backend_read_each_part_on_its_side_and_verify_it(tmp_path: Path) -> None:
+    virtual = run_system(config(), "dualpath-split", work())
+    result = host_run(tmp_path, "dualpath-split")
+    host = result.extra["host"]
+    assert result.complete and result.turns == virtual.turns
+    assert host["mismatched_blocks"] == 0 and host["bytes_read"] == host["verified_read_bytes"] > 0
+    kinds = {kind for kind, row in host["paths"].items() if row["count"] > 0}
+    assert {"storage read (PE)", "storage read (DE)", "DE→PE"} <= kinds

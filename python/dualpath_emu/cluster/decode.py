@@ -214,7 +214,7 @@ class DecodeGroup(EngineGroup):
 
     def _pending_read(self, task: DecodeTask, done: bool) -> int:
         """Hit tokens counted in this node's read queue whose read has not ended."""
-        return _stored(task) if task.hit > 0 and task.read_on_de and not done and not self.cluster.system.oracle else 0
+        return _read_here(task) if task.hit > 0 and not done and not self.cluster.system.oracle else 0
 
     def _lose(self, lost: list[tuple[int, int]], why: str, kept: tuple[int, ...] = ()) -> None:
         """Tell the scheduler these ``(rid, pending read tokens)`` are no longer here (and these are ``kept``)."""
@@ -290,14 +290,14 @@ class DecodeGroup(EngineGroup):
     def _expect(self, now: int, msg: DecodeTask) -> None:
         started = self._early_read_here.pop(msg.rid, None)
         system = self.cluster.system
-        if started is not None and not msg.read_on_de:  # the prefill group moved the read here already
-            msg = dataclasses.replace(msg, read_on_de=True)
+        if started is not None and not msg.read_on_de:  # the prefill group moved the read (or its part) here already
+            msg = dataclasses.replace(msg, read_on_de=True, de_part=0)
             if started:
                 self._started_elsewhere.add(msg.rid)
-        elif msg.read_on_de and not msg.kept and self._snic_down and system.dual_path and not system.oracle:
+        elif _read_here(msg) and not msg.kept and self._snic_down and system.dual_path and not system.oracle:
             # Assigned here before the scheduler heard that this storage NIC is down: read on the prefill side.
-            msg = dataclasses.replace(msg, read_on_de=False)
-            self.out.send("scheduler", ReadMoved(self.node, msg.pe_node, _stored(msg)))
+            self.out.send("scheduler", ReadMoved(self.node, msg.pe_node, _read_here(msg)))
+            msg = dataclasses.replace(msg, read_on_de=False, de_part=0)
             self.out.send(self.cluster.group_name("pe", msg.pe_node), ReadHere(msg.rid, False))
         self.expected[msg.rid] = msg
         early = self._early_kv.pop(msg.rid, None)
@@ -317,7 +317,7 @@ class DecodeGroup(EngineGroup):
         if msg.kept:  # the hit is in this DE's HBM: the PE may load it now
             self._read_done.add(rid)
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))
-        elif msg.read_on_de:
+        elif msg.read_on_de or msg.de_part:
             self._read(now, msg)
         else:
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, False))
@@ -333,7 +333,14 @@ class DecodeGroup(EngineGroup):
             return
         if task.read_on_de:
             return  # read here already
-        task = self.expected[msg.rid] = dataclasses.replace(task, read_on_de=True)
+        if task.de_part and msg.rid in self._read_done:  # a split whose part here is read: read the rest too
+            self._read_done.discard(msg.rid)
+            first = task.hit - task.de_part
+            task = self.expected[msg.rid] = dataclasses.replace(task, read_on_de=True, de_part=0)
+            self._read(now, task, until=first)
+            return
+        self._reading.pop(msg.rid, None)  # a split's part here under way: the whole hit is read instead
+        task = self.expected[msg.rid] = dataclasses.replace(task, read_on_de=True, de_part=0)
         if msg.started:
             self._started_elsewhere.add(msg.rid)
         if msg.rid in self._buffered:
@@ -350,13 +357,13 @@ class DecodeGroup(EngineGroup):
         ):
             return
         for rid, task in list(self.expected.items()):
-            if not task.read_on_de or task.kept or rid in self._read_done:
+            if not _read_here(task) or task.kept or rid in self._read_done:
                 continue
             started = rid in self._reading
             if started:
                 del self._reading[rid]  # its completion is ignored
-            self.expected[rid] = dataclasses.replace(task, read_on_de=False)
-            self.out.send("scheduler", ReadMoved(self.node, task.pe_node, _stored(task)))
+            self.expected[rid] = dataclasses.replace(task, read_on_de=False, de_part=0)
+            self.out.send("scheduler", ReadMoved(self.node, task.pe_node, _read_here(task)))
             self.out.send(
                 self.cluster.group_name("pe", task.pe_node), ReadHere(rid, started or rid in self._started_elsewhere)
             )
@@ -364,9 +371,11 @@ class DecodeGroup(EngineGroup):
             if rid in self._buffered:  # the PE may send the KV as soon as it has read the hit
                 self.out.send(self.cluster.group_name("pe", task.pe_node), HitReady(rid, False))
 
-    def _read(self, now: int, msg: DecodeTask) -> None:
-        """DE-read (§4, Fig. 4b steps 1-2): storage → DE SNIC → DE DRAM buffer, which the PE streams layer by layer."""
-        if msg.rid not in self._started_elsewhere:  # a moved read that had started observed its start there
+    def _read(self, now: int, msg: DecodeTask, until: int = 0) -> None:
+        """DE-read (§4, Fig. 4b steps 1-2): storage → DE SNIC → DE DRAM buffer, which the PE streams layer by layer
+        (a split: the hit's last ``de_part`` tokens; ``until`` > 0: its first ``until`` tokens, the rest read here
+        already, when the prefill side's part moved here)."""
+        if not msg.de_part and not until and msg.rid not in self._started_elsewhere:  # (a split's: the PE's start)
             self.out.observe(ReadStarted(msg.rid))
         self._started_elsewhere.discard(msg.rid)
         self._reads += 1
@@ -374,17 +383,20 @@ class DecodeGroup(EngineGroup):
         if self._timeout_ns:
             self.plane.timer(now + self._timeout_ns, lambda at: self._check_read(at, msg.rid, number))
 
+        tokens = until or _read_here(msg)
+
         def finished(now: int) -> None:
             if self._reading.get(msg.rid) != number:
                 return  # moved, dropped or given up meanwhile, or the engine crashed: the late bytes are dropped
             del self._reading[msg.rid]
             self._read_done.add(msg.rid)
             self.out.observe(HitRead(msg.rid, self.node))
-            self.out.send("scheduler", ReadDone(self.node, _stored(msg)))
+            self.out.send("scheduler", ReadDone(self.node, tokens))
             self.out.send(self.cluster.group_name("pe", msg.pe_node), HitReady(msg.rid, True))
 
-        read_hit(self.plane, self.cluster.topology, now, self.node, msg.de_gpu, msg.context, msg.hit, msg.pooled,
-                 self._kv, finished)  # fmt: skip
+        first = msg.hit - msg.de_part if msg.de_part else 0
+        read_hit(self.plane, self.cluster.topology, now, self.node, msg.de_gpu, msg.context, until or msg.hit,
+                 msg.pooled, self._kv, finished, first)  # fmt: skip
 
     def _check_read(self, now: int, rid: int, number: int) -> None:
         """``read_timeout_s`` after a read started here: give it up if stalled on a dead NIC, else look later."""
@@ -461,6 +473,11 @@ class DecodeGroup(EngineGroup):
 def _stored(task: DecodeTask) -> int:
     """Hit tokens of ``task`` read from storage (a read queue's count): :func:`stored_tokens`."""
     return stored_tokens(task.hit, task.pooled, task.kept)
+
+
+def _read_here(task: DecodeTask) -> int:
+    """Hit tokens of ``task`` this node reads from storage: a split's part, a DE-read's whole, else none."""
+    return task.de_part if task.de_part else _stored(task) if task.read_on_de else 0
 
 
 def _extents(flat: tuple[int, ...]) -> Extents:

@@ -43,28 +43,30 @@ def stored_tokens(hit: int, pooled: Sequence[int], kept: bool) -> int:
 
 
 def read_hit(plane: Ledger, topology: Topology, now: int, node: int, gpu: int, context: int, hit: int,
-             pooled: Sequence[int], kv_bytes: int, then: Then) -> None:  # fmt: skip
+             pooled: Sequence[int], kv_bytes: int, then: Then, first: int = 0) -> None:  # fmt: skip
     """Bring a hit of ``hit`` tokens of ``context`` into ``node``'s DRAM (its PE or DE buffer), then ``then``: the
     runs the DRAM pool holds (``pooled``: ``node, tokens`` pairs, flat, one per run of blocks in block order) from
     the nodes holding them, one transfer per node over the compute network through GPU ``gpu``'s CNICs at both ends
     (a run on ``node`` itself is there already; the pool serves each node's blocks), and the rest from storage
-    through ``node``'s storage NIC (§4, Fig. 4 steps 1-2)."""
+    through ``node``'s storage NIC (§4, Fig. 4 steps 1-2). ``first``: a split read's part from that token on (a
+    whole block's start; nothing pooled)."""
     tokens_of: dict[int, int] = {}  # source -> its tokens, in the order of its first run
     blocks_of: dict[int, list[tuple[int, int, int]]] = {}  # source -> its runs' Full Blocks
-    start = first = 0
+    start = block = 0
     for i in range(0, len(pooled), 2):
         source, end = pooled[i], start + pooled[i + 1]
         tokens_of[source] = tokens_of.get(source, 0) + pooled[i + 1]
         last = end // BLOCK_TOKENS
-        if last > first:
-            blocks_of.setdefault(source, []).append((context, first, last - first))
-        start, first = end, last
+        if last > block:
+            blocks_of.setdefault(source, []).append((context, block, last - block))
+        start, block = end, last
     moves: list[tuple[tuple[int, ...], int]] = []
     for source, tokens in tokens_of.items():
         if source in blocks_of:
             plane.pool(source, "read", tuple(blocks_of[source]))
         if source != node:
             moves.append((topology.buffer_to_buffer(source, gpu, node, gpu), tokens * kv_bytes))
+    start = max(start, first)
     stored = hit - start
     if not moves and stored <= 0:
         plane.timer(now, then)  # the pool on this node holds it all

@@ -76,6 +76,9 @@ class PrefillTask(Message):
     """Where the DRAM pool holds the hit's start: ``node, tokens`` pairs, flat (:attr:`Request.pooled`)."""
     kept: bool = False
     """The hit is in the DE's HBM, kept from the context's last turn: the PE loads it from there, nothing is read."""
+    de_part: int = 0
+    """A split read (:class:`~dualpath_emu.cluster.policies.Split`, ``read_on_de`` False): the hit's last ``de_part``
+    tokens are read on the decode side and loaded from its buffer, the rest here (0: the hit is read whole)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,8 @@ class DecodeTask(Message):
     """As :attr:`PrefillTask.pooled`."""
     kept: bool = False
     """As :attr:`PrefillTask.kept`: the DE's buffer and H2D carry the new tokens' KV only."""
+    de_part: int = 0
+    """As :attr:`PrefillTask.de_part`: the hit's last tokens this node reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +262,7 @@ class Start(Message):
 
 
 _VERSIONS: Final[dict[type[Message], int]] = {
-    Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 3, Prefill: 2, DecodeTask: 3, Expect: 2, HitReady: 2, ReadDone: 1,
+    Turn: 2, Submit: 2, Fetch: 2, PrefillTask: 4, Prefill: 2, DecodeTask: 4, Expect: 2, HitReady: 2, ReadDone: 1,
     KvReady: 3, PrefillDone: 2, DecodeDone: 3, TurnDone: 3, Health: 1, ReadHere: 1, ReadMoved: 1, Start: 1, Crash: 1,
     Restart: 1, Lost: 2, Drop: 2, TurnFailed: 1, WhichEnded: 1, TurnsEnded: 1, PoolChange: 1,
 }  # fmt: skip

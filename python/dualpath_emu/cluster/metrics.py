@@ -179,6 +179,10 @@ class BusyTime:
         return max(1, min(self.interval_ns, until_ns - k * self.interval_ns))
 
 
+READ_SIDES: Final = ("pe", "de", "split")
+"""Where a request's hit is read (``Assigned.side``), as :attr:`Metrics.read_on_de` numbers them."""
+
+
 @dataclass
 class KvTierStats:
     """What a bounded KV tier held and dropped over a run (:mod:`~dualpath_emu.cluster.kv_cache`), in blocks."""
@@ -254,6 +258,7 @@ class Metrics:
         self.pe = _column("i")
         self.de = _column("i")
         self.read_on_de = _column("b")
+        """Per request, where its hit was read: an index of :data:`READ_SIDES` (0 the PE, 1 the DE, 2 both)."""
         self.forward_ns = _column()  # Start of each prefill forward pass (all groups, in start order).
         self.redispatch_ns = _column()  # When each redispatch after an engine crash happened (:meth:`redispatched`).
         self.read_moved_ns = _column()
@@ -335,7 +340,7 @@ class Metrics:
     def _assigned(self, t_ns: int, r: Assigned) -> None:
         rid = r.rid
         self.scheduled_de_ns[rid] = t_ns
-        self.pe[rid], self.de[rid], self.read_on_de[rid] = r.pe, r.de, int(r.side == "de")
+        self.pe[rid], self.de[rid], self.read_on_de[rid] = r.pe, r.de, READ_SIDES.index(r.side)
 
     def _read_started(self, t_ns: int, r: ReadStarted) -> None:
         self.read_start_ns[r.rid] = t_ns

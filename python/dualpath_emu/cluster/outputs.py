@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from dualpath_emu import __version__
-from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.metrics import READ_SIDES, Metrics
 from dualpath_emu.cluster.run import SystemResult, speedup
 from dualpath_emu.cluster.scenario import ClusterScenario
 from dualpath_emu.cluster.systems import SYSTEMS, System, system_colours
@@ -84,7 +84,7 @@ def write_requests(file: TextIO, results: Mapping[str, SystemResult]) -> int:
         oracle = spec is not None and spec.oracle
         for rid in range(len(m)):
             on_de = m.read_on_de[rid]
-            side = "none" if oracle or m.hit[rid] == 0 or on_de < 0 else ("de" if on_de else "pe")
+            side = "none" if oracle or m.hit[rid] == 0 or on_de < 0 else READ_SIDES[on_de]
             out.writerow((
                 name, rid, m.agent[rid], m.prompt[rid], m.hit[rid], m.gen[rid], _seconds(m.arrive_ns[rid]),
                 _seconds(m.first_token_ns[rid]), _seconds(m.second_token_ns[rid]), _seconds(m.done_ns[rid]),

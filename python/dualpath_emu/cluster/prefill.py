@@ -42,11 +42,22 @@ class _PrefillItem:
     dropped: bool = False  # The scheduler dropped it (its decode engine crashed) while a forward pass had it.
     pooled: tuple[int, ...] = ()  # Where the DRAM pool holds the hit's start (PrefillTask.pooled).
     kept: bool = False  # The hit is in the DE's HBM, kept from the last turn: loaded from there (PrefillTask.kept).
+    de_part: int = 0  # A split read: the hit's last tokens, read on the decode side (PrefillTask.de_part).
 
     @property
     def stored(self) -> int:
         """Hit tokens read from storage (a read queue's count): :func:`stored_tokens`."""
         return stored_tokens(self.hit, self.pooled, self.kept)
+
+    @property
+    def read_here(self) -> int:
+        """Hit tokens this side reads from storage (counted in its node's read queue)."""
+        return 0 if self.read_on_de else self.stored - self.de_part
+
+    @property
+    def de_reads(self) -> bool:
+        """Whether the decode side reads (part of) the hit: its notice then says it has (``HitReady.read``)."""
+        return self.read_on_de or self.de_part > 0
 
     @property
     def ready(self) -> bool:
@@ -99,8 +110,8 @@ class PrefillGroup(EngineGroup):
     @on(Prefill)
     def on_prefill(self, now: int, msg: Prefill, sender: str) -> None:
         if self._down:  # a dead engine takes nothing: the scheduler dispatches these again
-            self._lose([(t.rid, t.pe_node, self._pending_read(stored_tokens(t.hit, t.pooled, t.kept), t.read_on_de,
-                                                              False)) for t in msg.tasks], "down")  # fmt: skip
+            self._lose([(t.rid, t.pe_node, self._pending_read(stored_tokens(t.hit, t.pooled, t.kept) - t.de_part,
+                                                              t.read_on_de, False)) for t in msg.tasks], "down")  # fmt: skip
             return
         for task in msg.tasks:
             self._add(now, task)
@@ -127,7 +138,7 @@ class PrefillGroup(EngineGroup):
         lost = []
         for rid, ((node, _), item) in self.items.items():
             item.attempt += 1  # its read under way, if any, is stale
-            lost.append((rid, node, self._pending_read(item.stored, item.read_on_de, item.pe_ready)))
+            lost.append((rid, node, self._pending_read(item.read_here, item.read_on_de, item.pe_ready)))
         self.items.clear()
         for queue in self.queues.values():
             queue.clear()
@@ -152,7 +163,7 @@ class PrefillGroup(EngineGroup):
             return rid, 0, 0
         (node, gpu), item = entry
         self.queues[(node, gpu)].remove(item)
-        lost = (rid, node, self._pending_read(item.stored, item.read_on_de, item.pe_ready))
+        lost = (rid, node, self._pending_read(item.read_here, item.read_on_de, item.pe_ready))
         item.attempt += 1
         item.dropped, item.reading = True, False
         if item.buffered:
@@ -163,7 +174,8 @@ class PrefillGroup(EngineGroup):
 
     def _add(self, now: int, msg: PrefillTask) -> None:
         item = _PrefillItem(msg.rid, msg.hit, msg.prompt - msg.hit, msg.context, de_node=msg.de_node,
-                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de, pooled=msg.pooled, kept=msg.kept)  # fmt: skip
+                            de_gpu=msg.de_gpu, read_on_de=msg.read_on_de, pooled=msg.pooled, kept=msg.kept,
+                            de_part=msg.de_part)  # fmt: skip
         key = (msg.pe_node, msg.pe_gpu)
         self.queues[key].append(item)
         self.items[msg.rid] = (key, item)
@@ -171,8 +183,8 @@ class PrefillGroup(EngineGroup):
             self._early_hits.discard(msg.rid)
             item.de_ready = True
         started = self._early_read_here.pop(msg.rid, None)
-        if started is not None and item.read_on_de:  # the decode group moved the read here already
-            item.read_on_de, item.started_elsewhere, item.de_ready = False, started, False
+        if started is not None and item.de_reads:  # the decode group moved its read (or part) here already
+            item.read_on_de, item.de_part, item.started_elsewhere, item.de_ready = False, 0, started, False
         system = self.cluster.system
         if system.oracle:
             item.de_ready = True
@@ -182,21 +194,24 @@ class PrefillGroup(EngineGroup):
         elif msg.pe_node in self._snic_down and system.dual_path:
             # Assigned here before the scheduler heard that this storage NIC is down (its Health and this
             # task raced): the read goes to the decode side, as on_health moves the reads already here.
-            item.read_on_de = True
-            self.out.send("scheduler", ReadMoved(msg.pe_node, msg.de_node, item.stored))
+            moved = item.read_here
+            item.read_on_de, item.de_part = True, 0
+            self.out.send("scheduler", ReadMoved(msg.pe_node, msg.de_node, moved))
             self.out.send(self.cluster.group_name("de", msg.de_node), ReadHere(msg.rid, False))
             self._pe_ready(now, item)
         else:
             self._read_here(now, msg.pe_node, item)
 
-    def _read_here(self, now: int, node: int, item: _PrefillItem) -> None:
-        """Hold the PE buffer for the hit, then read it (:meth:`_read`)."""
-        item.buffered = size = item.hit * self._kv
+    def _read_here(self, now: int, node: int, item: _PrefillItem, first: int = 0) -> None:
+        """Hold the PE buffer for the hit (a split's part here; from token ``first`` on, a range added to what it
+        holds), then read it (:meth:`_read`)."""
+        size = (item.hit - item.de_part - first) * self._kv
+        item.buffered += size
         attempt = item.attempt
-        self.buffers[node].acquire(now, item.rid, size, lambda now: self._read(now, node, item, attempt, size))
+        self.buffers[node].acquire(now, item.rid, size, lambda now: self._read(now, node, item, attempt, size, first))
 
-    def _read(self, now: int, node: int, item: _PrefillItem, attempt: int, size: int) -> None:
-        """PE-read (§4, Fig. 4a steps 1-2): the hit KV, storage → PE SNIC → PE DRAM buffer."""
+    def _read(self, now: int, node: int, item: _PrefillItem, attempt: int, size: int, first: int = 0) -> None:
+        """PE-read (§4, Fig. 4a steps 1-2): the hit KV (a split's part), storage → PE SNIC → PE DRAM buffer."""
         if attempt != item.attempt:  # moved to the DE side before it could start: the buffer is not needed
             self.buffers[node].release(now, item.rid, size)
             return
@@ -206,17 +221,20 @@ class PrefillGroup(EngineGroup):
         if self._timeout_ns:
             self.plane.timer(now + self._timeout_ns, lambda now: self._check_read(now, node, item, attempt))
 
+        tokens = item.hit - item.de_part if not first else item.hit - first  # (what this read counts)
+        tokens = tokens - (item.hit - item.stored) if not first else tokens  # (less what the DRAM pool holds)
+
         def finished(now: int) -> None:
             if attempt != item.attempt:  # the port came back: the late bytes are dropped (buffer freed at the move)
                 return
             item.reading = False
             self.out.observe(HitRead(item.rid, node))
-            self.out.send("scheduler", ReadDone(node, item.stored))
+            self.out.send("scheduler", ReadDone(node, tokens))
             self._pe_ready(now, item)
 
         key = self.items[item.rid][0]
-        read_hit(self.plane, self.cluster.topology, now, node, key[1], item.context, item.hit, item.pooled, self._kv,
-                 finished)  # fmt: skip
+        read_hit(self.plane, self.cluster.topology, now, node, key[1], item.context, item.hit - item.de_part,
+                 item.pooled, self._kv, finished, first)  # fmt: skip
 
     def _check_read(self, now: int, node: int, item: _PrefillItem, attempt: int) -> None:
         """``read_timeout_s`` after a read started: give it up if stalled on a dead storage NIC, else look later."""
@@ -247,13 +265,14 @@ class PrefillGroup(EngineGroup):
         for (node, _), item in list(self.items.values()):
             if node in down and not item.read_on_de and item.hit > 0 and not item.pe_ready:
                 started = item.reading or item.started_elsewhere
+                moved = item.read_here
                 item.attempt += 1  # the read under way (or waiting for its buffer) is stale from now
-                item.read_on_de, item.started_elsewhere = True, False
+                item.read_on_de, item.de_part, item.started_elsewhere = True, 0, False  # (a split: the whole hit)
                 if item.reading:  # abandoned: its buffer is free now (one still awaited, when granted)
                     self.buffers[node].release(now, item.rid, item.buffered)
                 item.reading, item.buffered = False, 0
                 item.de_ready = False  # until the decode group has read it
-                self.out.send("scheduler", ReadMoved(node, item.de_node, item.stored))
+                self.out.send("scheduler", ReadMoved(node, item.de_node, moved))
                 self.out.send(self.cluster.group_name("de", item.de_node), ReadHere(item.rid, started))
                 self._pe_ready(now, item)
 
@@ -266,11 +285,20 @@ class PrefillGroup(EngineGroup):
         if entry is None:
             self._early_read_here[msg.rid] = msg.started  # its Prefill is on its way (real time: they race)
             return
-        if not entry[1].read_on_de:
+        if not entry[1].de_reads:
             return  # a race in real time: it reads here already
         (node, _), item = entry
+        if item.de_part and item.pe_ready and not item.read_on_de:  # a split whose part here is read: add the rest
+            first, item.de_part = item.hit - item.de_part, 0
+            item.pe_ready = item.de_ready = False
+            self._read_here(now, node, item, first)
+            return
         item.attempt += 1
-        item.read_on_de, item.started_elsewhere = False, msg.started
+        if item.buffered:  # a split's part here under way, or waiting for its buffer: read the whole hit instead
+            if not self.buffers[node].cancel(now, item.rid):
+                self.buffers[node].release(now, item.rid, item.buffered)
+            item.buffered, item.reading = 0, False
+        item.read_on_de, item.de_part, item.started_elsewhere = False, 0, msg.started
         item.pe_ready = item.de_ready = False  # the hit is to be read here; the DE's buffer notice comes again
         self._read_here(now, node, item)
 
@@ -283,7 +311,7 @@ class PrefillGroup(EngineGroup):
             self._early_hits.add(msg.rid)
             return
         item = entry[1]
-        if msg.read != item.read_on_de:
+        if msg.read != item.de_reads:
             return  # a notice from before a failover moved the read: not the one this read waits for
         item.de_ready = True
         if item.ready:
@@ -380,15 +408,21 @@ class PrefillGroup(EngineGroup):
                     continue
                 if system.layerwise:
                     load = None
-                    if item.done_new == 0 and item.hit > 0:  # the hit KV streams in with the first chunk
+                    first = item.done_new == 0 and item.hit > 0  # the hit KV streams in with the first chunk
+                    if first:
                         path = (topo.gpu_to_gpu(item.de_node, item.de_gpu, node, gpu) if item.kept
                                 else topo.buffer_to_gpu(item.de_node, item.de_gpu, node, gpu) if item.read_on_de
                                 else topo.h2d(node, gpu))  # fmt: skip
-                        load = (path, KV_LANE, item.hit * self._kv // stages)
-                    # The DE needs the full KV (PE-read) or the miss only (DE-read, it holds the hit).
-                    sent = miss_bytes + (item.hit * self._kv if not item.read_on_de and item.done_new == 0 else 0)
+                        load = (path, KV_LANE, (item.hit - item.de_part) * self._kv // stages)
+                    # The DE needs the full KV (PE-read) or the miss only (DE-read, it holds the hit); a split's
+                    # DE part is in its buffer already.
+                    here = (item.hit - item.de_part) * self._kv if not item.read_on_de and item.done_new == 0 else 0
+                    sent = miss_bytes + here
                     store = (topo.gpu_to_buffer(node, gpu, item.de_node, item.de_gpu), KV_LANE, sent // stages)
                     ranks.append((load, attn_ns, store))
+                    if first and item.de_part:  # a split's DE part: a second load stream, from the DE buffer
+                        path = topo.buffer_to_gpu(item.de_node, item.de_gpu, node, gpu)
+                        ranks.append(((path, KV_LANE, item.de_part * self._kv // stages), 0, None))
                 else:
                     ranks.append((None, attn_ns, None))
                     if not item.in_hbm and item.hit > 0:

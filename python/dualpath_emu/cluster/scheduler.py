@@ -20,7 +20,7 @@ from dualpath_emu.cluster.messages import (
 )  # fmt: skip
 from dualpath_emu.cluster.observations import Assigned, PrefillChosen, ReadRerouted
 from dualpath_emu.cluster.policies import (
-    DecodeView, EngineState, GroupState, PrefillView, QueueView, ReadView, Request, RouteView, check_decode,
+    DecodeView, EngineState, GroupState, PrefillView, QueueView, ReadView, Request, RouteView, Split, check_decode,
     check_prefill, check_read_side, check_routes,
 )  # fmt: skip
 from dualpath_emu.cluster.policies import Health as HealthView
@@ -321,23 +321,30 @@ class Scheduler(ClusterEngine):
                 retention.make_room(de, self._de[node][de_gpu].free_hbm_bytes)
             de_of[rid] = de
             read_on_de = False
+            de_part = 0
             if kept:
                 read_on_de = True  # its hit is in the DE's HBM: nothing to read
             elif not oracle and r.hit_tokens > 0:
                 read = ReadView(r, pe_node, node, self._read_q_view, self._health)
                 side = policy.read_side(read)
                 check_read_side(policy, side, read, self._dual_path)
-                read_on_de = side == "de"
-                read_node = node if read_on_de else pe_node
-                read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
-            observe(Assigned(rid, pe, de, "de" if read_on_de else "pe"))
+                if isinstance(side, Split):  # each side's part in its own read queue
+                    de_part = side.de_tokens
+                    read_q[node] = read_q.get(node, 0) + de_part
+                    read_q[pe_node] = read_q.get(pe_node, 0) + r.stored_tokens - de_part
+                else:
+                    read_on_de = side == "de"
+                    read_node = node if read_on_de else pe_node
+                    read_q[read_node] = read_q.get(read_node, 0) + r.stored_tokens
+            observe(Assigned(rid, pe, de, "split" if de_part else "de" if read_on_de else "pe"))
             prompt, hit, gen = r.prompt_tokens, r.hit_tokens, r.gen_tokens
             pooled = self._pool_runs.get(rid, ()) if not kept else ()  # the pool's runs, node by node in block order
             task = PrefillTask(
-                rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled, kept
+                rid, prompt, hit, gen, pe_node, pe_gpu, node, de_gpu, read_on_de, r.context, pooled, kept, de_part
             )
             prefill.setdefault(pe_group[pe_node], []).append(task)
-            expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, pooled, kept))
+            expect.append(DecodeTask(rid, prompt, hit, gen, node, de_gpu, pe_node, read_on_de, r.context, pooled, kept,
+                                     de_part))  # fmt: skip
         for group, tasks in prefill.items():
             self.out.send(group, Prefill(tuple(tasks)))
         self.out.send(self._de_group[node], Expect(tuple(expect)))

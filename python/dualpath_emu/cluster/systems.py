@@ -83,6 +83,8 @@ SYSTEMS: Final[Mapping[str, System]] = MappingProxyType(
                    True, False, "round_robin", pool=True),
             System("dualpath+retention", "DualPath whose decode GPUs keep a session's KV in HBM across turns, its "
                    "next turn sent there (session affinity)", True, True, "dualpath_affinity", retain=True),
+            System("dualpath-split", "DualPath whose long hits are read on both sides at once, split to level the "
+                   "read queues (§6.1)", True, True, "dualpath_split"),
         )
     }
 )  # fmt: skip
@@ -123,6 +125,7 @@ SYSTEM_COLORS: Final[Mapping[str, str]] = MappingProxyType({
     "oracle": "tab:gray",
     "sglmc": "tab:green",
     "dualpath+retention": "tab:brown",
+    "dualpath-split": "tab:pink",
 })  # fmt: skip
 """The built-in systems' colours in every plot (``run --out``, ``sweep``, ``reproduce``)."""
 

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from dualpath_emu._core import Core
 from dualpath_emu.cluster.config import ClusterConfig
-from dualpath_emu.cluster.metrics import Metrics
+from dualpath_emu.cluster.metrics import READ_SIDES, Metrics
 from dualpath_emu.cluster.topology import Topology
 
 __all__ = ["REQUESTS_PID", "STORAGE_PID", "node_pid", "port_pids", "trace_events", "write_trace"]
@@ -99,7 +99,7 @@ def _requests(metrics: Metrics, event: Any) -> Iterator[str]:
         on_de = m.read_on_de[rid]
         args = {"rid": rid, "agent": m.agent[rid], "prompt": m.prompt[rid], "hit": m.hit[rid], "gen": m.gen[rid],
                 "pe": m.pe[rid], "de": m.de[rid], "read_side": "none" if on_de < 0 or m.hit[rid] == 0 else
-                ("de" if on_de else "pe")}  # fmt: skip
+                READ_SIDES[on_de]}  # fmt: skip
         phases = [("request", arrive, done, args), ("waiting", arrive, start, None),
                   ("read KV", m.read_start_ns[rid], m.read_done_ns[rid], None), ("prefill", start, first, None),
                   ("hand-off", first, second if second >= 0 else done, None),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dualpath_emu.cluster.policies import (
-    DecodeView, EngineState, GroupState, Health, Policy, PrefillView, ReadView, Request, RouteView,
+    DecodeView, EngineState, GroupState, Health, Policy, PrefillView, ReadView, Request, RouteView, Split,
 )  # fmt: skip
 from dualpath_emu.testing.invariants import check_decode_call, check_prefill_call, check_read_call, check_route_call
 from dualpath_emu.testing.strategies import KV_BYTES_PER_TOKEN
@@ -121,7 +121,11 @@ class PolicyMachine(RuleBasedStateMachine):
                 read = ReadView(r, pe_node, node, dict(self.read_q), self.health)
                 side = self.policy.read_side(read)
                 check_read_call(self.policy, read, side, self.dual_path)
-                self.read_q[node if side == "de" else pe_node] += r.hit_tokens
+                if isinstance(side, Split):
+                    self.read_q[node] += side.de_tokens
+                    self.read_q[pe_node] += r.hit_tokens - side.de_tokens
+                else:
+                    self.read_q[node if side == "de" else pe_node] += r.hit_tokens
 
     @precondition(lambda self: bool(self.prefilling))
     @rule(index=st.integers(0, 1_000))

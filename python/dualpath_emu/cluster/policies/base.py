@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dualpath_emu.cluster.policies.view import (
-    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, ReadSide, ReadView, Request, RouteView,
+    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, ReadDecision, ReadSide, ReadView, Request,
+    RouteView,
 )  # fmt: skip
 
 __all__ = ["Policy"]
@@ -62,7 +63,7 @@ class Policy(ABC):
     def assign_decode(self, view: DecodeView) -> Sequence[DecodeAssignment]:
         """Phase 2: requests from the head of the group's private queue to its DEs, while they fit in their HBM."""
 
-    def read_side(self, view: ReadView) -> ReadSide:
+    def read_side(self, view: ReadView) -> ReadDecision:
         """The side that reads the request's hit KV (§6.3): the node with the shorter read queue; on a tie the DE, whose
         storage NIC a single-path system leaves idle [our choice: the paper names no tie rule; breaking ties towards the
         PE piles light-load reads on the fewer prefill nodes]. PE-only systems read on the PE."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from dualpath_emu.cluster.policies.view import (
-    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, ReadView, Request, RouteView,
+    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, ReadView, Request, RouteView, Split,
 )  # fmt: skip
+from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.errors import UsageError
 from dualpath_emu.inputs import short_repr
 
@@ -112,10 +113,21 @@ def check_decode(policy: object, answer: object, view: DecodeView) -> Sequence[D
 
 
 def check_read_side(policy: object, answer: object, view: ReadView, dual_path: bool) -> None:
-    """``answer`` to :meth:`~dualpath_emu.cluster.policies.base.Policy.read_side`: ``"pe"``, or ``"de"`` in a system
-    whose reads may go through the decode node."""
+    """``answer`` to :meth:`~dualpath_emu.cluster.policies.base.Policy.read_side`: ``"pe"``, or ``"de"`` or a
+    :class:`Split` in a system whose reads may go through the decode node (a split: of a hit the DRAM pool holds no
+    part of, the decode side's tokens in (0, hit), the prefill side's whole blocks)."""
     if answer == "pe" or (answer == "de" and dual_path):
         return
+    if isinstance(answer, Split) and dual_path:
+        request, de = view.request, answer.de_tokens
+        hit = request.hit_tokens
+        why = ("the DRAM pool holds part of its hit (read whole)" if request.pooled
+               else f"de_tokens must be an int in (0, {hit})" if type(de) is not int or not 0 < de < hit
+               else f"the prefill side's {hit - de} tokens are not whole Full Blocks of {BLOCK_TOKENS}"
+               if (hit - de) % BLOCK_TOKENS else "")  # fmt: skip
+        if not why:
+            return
+        raise PolicyError(f"{_name(policy, 'read_side')} returned {short_repr(answer)} for request {request.id}: {why}")
     expected = "'pe' or 'de'" if dual_path else "'pe' (the system's reads do not go through the decode node)"
     raise PolicyError(f"{_name(policy, 'read_side')} returned {short_repr(answer)} for request {view.request.id}; "
                       f"expected {expected}")  # fmt: skip

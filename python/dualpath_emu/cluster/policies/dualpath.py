@@ -27,11 +27,12 @@ from operator import attrgetter
 from typing import ClassVar, Final
 
 from dualpath_emu.cluster.policies.base import Policy
+from dualpath_emu.cluster.config import BLOCK_TOKENS
 from dualpath_emu.cluster.policies.view import (
-    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, RouteView,
+    DecodeAssignment, DecodeRoute, DecodeView, PrefillAssignment, PrefillView, ReadDecision, ReadView, RouteView, Split,
 )  # fmt: skip
 
-__all__ = ["DE_HIGH_TOKEN_FACTOR", "AffinityPolicy", "DualPathPolicy"]
+__all__ = ["DE_HIGH_TOKEN_FACTOR", "MIN_SPLIT_TOKENS", "AffinityPolicy", "DualPathPolicy", "SplitPolicy"]
 
 DE_HIGH_TOKEN_FACTOR: Final = 1.05  # The 1.05 of the decode high-token threshold Z (§6.2; not explained in the paper).
 
@@ -164,3 +165,32 @@ class AffinityPolicy(DualPathPolicy):
             loads[target][1] = stamp
             out.append(DecodeRoute(request, target))
         return out
+
+
+MIN_SPLIT_TOKENS: Final = 16 * BLOCK_TOKENS
+"""The smallest hit :class:`SplitPolicy` divides (16 Full Blocks): a smaller one is read whole, on one side."""
+
+
+@dataclass
+class SplitPolicy(DualPathPolicy):
+    """DualPath's scheduler whose reads may be split (``dualpath-split``, §6.1's open question): a hit of at least
+    :data:`MIN_SPLIT_TOKENS` is divided so that both sides' read queues, in tokens, end as level as whole blocks allow
+    (the prefill side reads the first blocks, the decode side the rest); a hit the balance gives wholly to one side
+    is read there, and a side whose storage NIC is down reads nothing (failover, as DualPath's). It promises what
+    DualPath's does but the shorter-queue rule, which a split does not follow."""
+
+    promises: ClassVar[frozenset[str]] = frozenset({"fifo", "overload", "high_water"})
+
+    def read_side(self, view: ReadView) -> ReadDecision:
+        side = super().read_side(view)
+        request = view.request
+        tokens = request.stored_tokens
+        if not self.read_both_sides or request.pooled or tokens < MIN_SPLIT_TOKENS or not view.health.all_up:
+            return side
+        q_pe, q_de = view.read_q.get(view.pe_node, 0), view.read_q.get(view.de_node, 0)
+        pe_tokens = (q_de + tokens - q_pe) // 2 // BLOCK_TOKENS * BLOCK_TOKENS  # both queues level, whole blocks
+        if pe_tokens <= 0:
+            return "de"
+        if pe_tokens >= tokens - BLOCK_TOKENS // 2:
+            return "pe"
+        return Split(tokens - pe_tokens)

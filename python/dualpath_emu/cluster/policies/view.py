@@ -17,11 +17,24 @@ from dualpath_emu.messages import fast_frozen_init
 
 __all__ = [
     "DecodeAssignment", "DecodeRoute", "DecodeView", "EngineState", "GroupState", "Health", "PrefillAssignment",
-    "PrefillView", "QueueView", "ReadSide", "ReadView", "Request", "RouteView",
+    "PrefillView", "QueueView", "ReadDecision", "ReadSide", "ReadView", "Request", "RouteView", "Split",
 ]  # fmt: skip
 
 ReadSide = Literal["pe", "de"]
 """Which node's storage NIC reads a request's hit KV: its prefill engine's (``"pe"``) or its decode engine's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A hit read on both sides (§6.1's open question): the decode node's storage NIC reads its last ``de_tokens``
+    tokens, the prefill node's the rest, whole Full Blocks from the start; each part takes its own path into the PE
+    GPU's HBM, layer by layer (PE-read's from the PE buffer, DE-read's from the DE buffer)."""
+
+    de_tokens: int
+
+
+ReadDecision = ReadSide | Split
+"""What :meth:`~dualpath_emu.cluster.policies.base.Policy.read_side` answers: one side, or a :class:`Split`."""
 
 
 @fast_frozen_init
