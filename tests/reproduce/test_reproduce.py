@@ -19,7 +19,20 @@ from dualpath_emu.cluster.config import ClusterConfig
 from dualpath_emu.reproduce import EXPERIMENTS
 from dualpath_emu.reproduce.common import Cell, deployment, run_cells, run_parallel
 
-QUICK = ("fig7", "fig8", "fig9", "fig12", "fig13", "toolwaits", "kvstore", "sglmc", "retention", "faults", "network")
+QUICK = (
+    "fig7",
+    "fig8",
+    "fig9",
+    "fig12",
+    "fig13",
+    "toolwaits",
+    "kvstore",
+    "sglmc",
+    "retention",
+    "faults",
+    "network",
+    "split",
+)
 
 
 def run_quick(name: str, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

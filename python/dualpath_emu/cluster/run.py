@@ -20,7 +20,7 @@ from dualpath_emu.cluster.messages import Start
 from dualpath_emu.cluster.config import ClusterConfig, derived
 from dualpath_emu.cluster.core_report import ROLES, CoreReport, ports_of
 from dualpath_emu.cluster.invariants import EventLogChecker, InvariantError, check_core_bytes
-from dualpath_emu.cluster.metrics import Metrics, percentiles
+from dualpath_emu.cluster.metrics import READ_SIDES, Metrics, percentiles
 from dualpath_emu.cluster.observations import LINE_FORMATS, FaultChanged, FaultPlanned, WorkloadEnded
 from dualpath_emu.cluster.policies import PolicyError
 from dualpath_emu.cluster.systems import System, built_in, with_tiers
@@ -323,6 +323,9 @@ def build_result(
         events=events, core_events=report.stats["queue_events"], core_stats=dict(report.stats), metrics=metrics,
         timelines=timelines, sample_interval_s=(report.sample_interval_ns or metrics.gpu_busy["pe"].interval_ns) / 1e9,
     )  # fmt: skip
+    splits = metrics.read_on_de.count(READ_SIDES.index("split"))
+    if splits:  # hits read on both sides (a split read, e.g. dualpath-split)
+        result.extra["split_reads"] = splits
     if metrics.kv:  # a bounded KV tier: what it held, dropped and found
         result.extra["kv"] = {tier: stats.summary() for tier, stats in metrics.kv.items()}
     return result

@@ -29,6 +29,7 @@ SUMMARIES: Final[Mapping[str, str]] = MappingProxyType(
         "retention": "decode-side retention with session affinity against DualPath, over HBM headroom and tool waits",
         "faults": "a prefill node's storage NIC down and random fault schedules, Basic vs DualPath (the paper has none)",
         "network": "virtual-lane isolation on and off at cluster scale, and a checkpoint load on the decode storage NICs",
+        "split": "split reads (a long hit read on both sides at once) against DualPath's whole reads (§6.1)",
         "calibrate": "fit the hardware parameters the paper does not give, on Basic and Oracle runs",
         "markdown": "the reports (NAME.json) as Markdown, for EVALUATION.md",
     }
