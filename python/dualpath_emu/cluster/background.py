@@ -28,8 +28,6 @@ class BackgroundLoad(ClusterEngine):
     def __init__(self, cluster: Cluster, out: Outbox, plane: DataPlane) -> None:
         super().__init__(BACKGROUND, cluster, out, plane)
         self.traffic = cluster.config.network.background
-        self.bursts = 0
-        """Bursts started so far (a transfer per target port each)."""
 
     @on(Start)
     def on_start(self, now_ns: int, msg: Start, sender: str) -> None:
@@ -46,7 +44,6 @@ class BackgroundLoad(ClusterEngine):
             return
 
         def start(now: int) -> None:
-            self.bursts += left_s <= PIECE_S  # (counted as its last piece starts)
             for path in paths:
                 self.plane.transfer(path, lane, size)
             if left_s > PIECE_S:

@@ -29,7 +29,7 @@ from dualpath_emu.cluster.messages import (
 from dualpath_emu.cluster.observations import DecodeSegment, Ended, HitRead, ReadStarted
 from dualpath_emu.cluster.pool import Pool
 from dualpath_emu.cluster.topology import KV_LANE, MODEL_LANE
-from dualpath_emu.runtime.engine import DataPlane, Extents, Outbox, on
+from dualpath_emu.runtime.engine import DataPlane, Outbox, extents_of, on
 
 __all__ = ["DecodeGroup", "DecodeListener", "DecodeSteps", "DecodingRequest"]
 
@@ -249,13 +249,13 @@ class DecodeGroup(EngineGroup):
         storage first, DRAM → SNIC → storage), what it holds now is there. The pool is not the engine's (a Mooncake
         store runs beside it): a crash loses none of it, and a crashed engine's node goes on writing back."""
         if msg.drop:
-            self.plane.pool(self.node, "drop", _extents(msg.drop))
+            self.plane.pool(self.node, "drop", extents_of(msg.drop))
         if msg.write:
-            extents = _extents(msg.write)
+            extents = extents_of(msg.write)
             size = sum(blocks for _, _, blocks in extents) * BLOCK_TOKENS * self._kv
             self.plane.io(self.node, "write", KV_LANE, size, extents)
         if msg.put:
-            self.plane.pool(self.node, "put", _extents(msg.put))
+            self.plane.pool(self.node, "put", extents_of(msg.put))
 
     @on(Drop)
     def on_drop(self, now: int, msg: Drop, sender: str) -> None:
@@ -478,11 +478,6 @@ def _stored(task: DecodeTask) -> int:
 def _read_here(task: DecodeTask) -> int:
     """Hit tokens of ``task`` this node reads from storage: a split's part, a DE-read's whole, else none."""
     return task.de_part if task.de_part else _stored(task) if task.read_on_de else 0
-
-
-def _extents(flat: tuple[int, ...]) -> Extents:
-    """Flat ``(context, first, blocks)`` triples (:class:`PoolChange`) as extents."""
-    return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
 
 
 def _buffered(task: DecodeTask) -> int:

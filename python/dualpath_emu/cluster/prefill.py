@@ -221,8 +221,7 @@ class PrefillGroup(EngineGroup):
         if self._timeout_ns:
             self.plane.timer(now + self._timeout_ns, lambda now: self._check_read(now, node, item, attempt))
 
-        tokens = item.hit - item.de_part if not first else item.hit - first  # (what this read counts)
-        tokens = tokens - (item.hit - item.stored) if not first else tokens  # (less what the DRAM pool holds)
+        tokens = item.hit - first if first else item.read_here  # what this read counts in the read queue
 
         def finished(now: int) -> None:
             if attempt != item.attempt:  # the port came back: the late bytes are dropped (buffer freed at the move)

@@ -25,7 +25,7 @@ from dualpath_emu.cluster.policies import (
 )  # fmt: skip
 from dualpath_emu.cluster.policies import Health as HealthView
 from dualpath_emu.cluster.recovery import CrashRecovery
-from dualpath_emu.runtime.engine import DataPlane, Extents, Outbox, on
+from dualpath_emu.runtime.engine import DataPlane, Extents, Outbox, flat_extents, on
 
 __all__ = ["Scheduler"]
 
@@ -41,11 +41,6 @@ class _Pull:
     prefill: bool  # Whether the group hosts PEs (a fetch then runs Algorithm 1 over every PE).
     last_ns: int = -(10**18)
     timer: bool = False  # Set while the next serving waits for the period to pass.
-
-
-def _flat(extents: Extents) -> tuple[int, ...]:
-    """``(context, first, blocks)`` extents as one flat tuple (a message's field)."""
-    return tuple(x for extent in extents for x in extent)
 
 
 def _take(queue: deque[Request], taken: Sequence[Request]) -> None:
@@ -441,7 +436,7 @@ class Scheduler(ClusterEngine):
 
     def _pool_changed(self, node: int, put: Extents, drop: Extents, write: Extents) -> None:
         """The DRAM pool's blocks on decode node ``node`` changed: its decode group applies it (and writes back)."""
-        self.out.send(self._de_group[node], PoolChange(_flat(put), _flat(drop), _flat(write)))
+        self.out.send(self._de_group[node], PoolChange(flat_extents(put), flat_extents(drop), flat_extents(write)))
 
     # --- engine crashes (issue 26): the recovery component's ---------------------------------------------
 

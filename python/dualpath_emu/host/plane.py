@@ -25,6 +25,7 @@ from dualpath_emu.host.paths import Layout, PathStats, io_kind, port_nodes, tran
 from dualpath_emu.host.storage import BlockStore, HostStorageError, StorageView
 from dualpath_emu.host.transport import ByteChannel
 from dualpath_emu.runtime.core_work import Extents, clear_faults
+from dualpath_emu.runtime.engine import extents_of, flat_extents
 from dualpath_emu.runtime.dataplane.protocol import DataPlaneError
 from dualpath_emu.runtime.realtime import WallClockCore
 
@@ -445,7 +446,7 @@ class HostDataPlane(WallClockCore):
                 self._fail(ValueError(f"process {self.process!r} was asked to {op} blocks of node {node}'s DRAM pool, "
                                       "not one of its nodes'"))  # fmt: skip
                 return
-            self.channel.send_pool(self.plan.process_of_node[node], node, [x for e in extents for x in e])
+            self.channel.send_pool(self.plan.process_of_node[node], node, list(flat_extents(extents)))
             return
         pool = self.dram_pool
         if pool is None:
@@ -469,7 +470,7 @@ class HostDataPlane(WallClockCore):
         """A peer's engine reads these blocks (flat triples) from this process's node ``node``."""
         if node not in self.own_nodes:
             raise ValueError(f"a pool read of node {node}, not one of process {self.process!r}'s")
-        self.pool(node, "read", tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3)))
+        self.pool(node, "read", extents_of(flat))
 
     def _pool_read(self, node: int, extents: Extents, deadline: float) -> None:
         """Check the blocks a read takes from ``node``; those not put there yet are waited for until ``deadline``."""

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar
 from dualpath_emu.messages import Message
 
 __all__ = [
-    "DataPlane", "DecodeReport", "Engine", "Extents", "Hop", "Observed", "Outbox", "Then", "UnhandledInputError",
+    "DataPlane", "DecodeReport", "Engine", "Extents", "extents_of", "flat_extents", "Hop", "Observed", "Outbox", "Then", "UnhandledInputError",
     "Watch", "forward_bytes", "on", "seeded_random", "watching",
 ]  # fmt: skip
 
@@ -38,6 +38,17 @@ Extents: TypeAlias = tuple[tuple[int, int, int], ...]
 """Which stored objects a storage I/O moves, as ``(context, first block, blocks)`` runs (the cluster's Full
 Blocks). A modelled data plane ignores them; one that moves real bytes (the host backend) reads and writes
 exactly those."""
+
+
+def flat_extents(extents: Extents) -> tuple[int, ...]:
+    """``extents`` as one flat tuple of ``(context, first, blocks)`` triples (a message's or a frame's field)."""
+    return tuple(x for extent in extents for x in extent)
+
+
+def extents_of(flat: Sequence[int]) -> Extents:
+    """The extents a flat run of triples holds (:func:`flat_extents` undone)."""
+    return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
+
 
 _F = TypeVar("_F", bound=Callable[..., None])
 _HopLike: TypeAlias = tuple[Sequence[int], int, int]
